@@ -1,0 +1,84 @@
+//! Admin HTTP (axum), on 127.0.0.1 by default.
+//!
+//! **API Boundary:** `/healthz` (200 while the process serves), `/readyz` (200 once canaries
+//! are scheduled, 503 after shutdown begins), `/metrics` (Prometheus text exposition of the
+//! same meter provider that feeds OTLP; names translated as the OTel Prometheus
+//! compatibility spec says: dots to underscores, unit suffix, `_total` on counters) and
+//! `/api/v1/status` (JSON: targets with counts by outcome and last result, exporter queue
+//! and drop counts).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::Serialize;
+
+use crate::status::{AgentStatus, TargetSnapshot};
+use crate::telemetry::Telemetry;
+use crate::telemetry::export::ExportSnapshot;
+
+/// Shared state of the admin handlers.
+#[derive(Debug, Clone)]
+pub struct AdminState {
+    pub status: Arc<AgentStatus>,
+    pub telemetry: Arc<Telemetry>,
+}
+
+/// The `/api/v1/status` document.
+#[derive(Debug, Serialize)]
+pub struct StatusDoc {
+    pub version: &'static str,
+    pub uptime_s: f64,
+    pub ready: bool,
+    pub targets: Vec<TargetSnapshot>,
+    pub exporter: ExportSnapshot,
+}
+
+/// The admin router, for serving or for driving with `oneshot` in tests.
+pub fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/api/v1/status", get(status))
+        .with_state(state)
+}
+
+async fn readyz(State(s): State<AdminState>) -> Response {
+    if s.status.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+    }
+}
+
+async fn metrics(State(s): State<AdminState>) -> Response {
+    let families = s.telemetry.registry.gather();
+    let mut out = String::new();
+    match prometheus::TextEncoder::new().encode_utf8(&families, &mut out) {
+        Ok(()) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "Encoding /metrics failed.");
+            (StatusCode::INTERNAL_SERVER_ERROR, "metrics encoding failed\n").into_response()
+        }
+    }
+}
+
+/// Builds the status document.
+pub fn status_doc(s: &AdminState) -> StatusDoc {
+    StatusDoc {
+        version: env!("CARGO_PKG_VERSION"),
+        uptime_s: s.status.started.elapsed().map(|d| d.as_secs_f64()).unwrap_or(0.0),
+        ready: s.status.ready.load(Ordering::Relaxed),
+        targets: s.status.targets.iter().map(|t| t.snapshot()).collect(),
+        exporter: s.telemetry.spans.snapshot(),
+    }
+}
+
+async fn status(State(s): State<AdminState>) -> axum::Json<StatusDoc> {
+    axum::Json(status_doc(&s))
+}

@@ -1,0 +1,114 @@
+//! `lmperf agent`: wires config → canary loops → telemetry → admin, and shuts down in order.
+//!
+//! Shutdown (SIGTERM or SIGINT): `/readyz` turns 503 and no new canary starts; requests in
+//! flight get `shutdown_timeout` to finish, then are cancelled (recorded as `cancelled`);
+//! spans and metrics are flushed within what is left of a 9.5 s budget; exit 0.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+
+use tokio_util::task::TaskTracker;
+
+use crate::admin::{self, AdminState};
+use crate::canary::client::Clients;
+use crate::canary::{Shutdown, TargetRunner};
+use crate::config::{AgentConfig, Env};
+use crate::status::{AgentStatus, TargetState};
+use crate::telemetry::{Telemetry, TelemetryError};
+
+/// Total time from the signal to exit, within the 10 s a supervisor allows.
+pub const SHUTDOWN_BUDGET: Duration = Duration::from_millis(9500);
+
+/// The agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Telemetry(#[from] TelemetryError),
+    #[error("HTTP client for target {target}: {source}")]
+    Client { target: String, source: reqwest::Error },
+    #[error("admin HTTP cannot listen on {addr}: {source}")]
+    AdminBind { addr: std::net::SocketAddr, source: std::io::Error },
+}
+
+/// Runs the agent until `signal` completes, then shuts down. Returns when everything is
+/// flushed or the budget is spent.
+///
+/// # Errors
+/// Only start-up failures; nothing that happens to targets or the collector later.
+pub async fn run(cfg: AgentConfig, env: &dyn Env, signal: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
+    let telemetry = Arc::new(Telemetry::init(&cfg.otlp, env)?);
+    let states: Vec<Arc<TargetState>> = cfg.targets.iter().map(|t| Arc::new(TargetState::new(t))).collect();
+    let status = Arc::new(AgentStatus { targets: states.clone(), started: SystemTime::now(), ready: false.into() });
+
+    let listener = tokio::net::TcpListener::bind(cfg.admin_addr)
+        .await
+        .map_err(|source| AgentError::AdminBind { addr: cfg.admin_addr, source })?;
+    let admin_addr = listener.local_addr().unwrap_or(cfg.admin_addr);
+    let admin_stop = tokio_util::sync::CancellationToken::new();
+    let app = admin::router(AdminState { status: status.clone(), telemetry: telemetry.clone() });
+    let stop = admin_stop.clone();
+    let admin_task = tokio::spawn(async move {
+        let served = axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "Admin HTTP server failed.");
+        }
+    });
+
+    let shutdown = Shutdown::default();
+    let tracker = TaskTracker::new();
+    let mut loops = Vec::new();
+    for (i, (t, state)) in cfg.targets.iter().zip(&states).enumerate() {
+        let clients = Clients::new(t.connect_timeout).map_err(|source| AgentError::Client { target: t.name.clone(), source })?;
+        let runner = TargetRunner::new(Arc::new(t.clone()), clients, telemetry.clone(), state.clone(), cfg.console);
+        let seed = rand::random::<u64>() ^ i as u64;
+        loops.push(tokio::spawn(runner.run(shutdown.clone(), tracker.clone(), seed)));
+    }
+    status.ready.store(true, Ordering::Relaxed);
+    tracing::info!(
+        admin = %admin_addr,
+        targets = cfg.targets.len(),
+        otlp = cfg.otlp.enabled,
+        otlp_protocol = ?cfg.otlp.protocol,
+        traces_endpoint = %cfg.otlp.traces_endpoint,
+        "Agent started."
+    );
+
+    signal.await;
+    let t_signal = tokio::time::Instant::now();
+    tracing::info!("Shutting down: no new canaries.");
+    status.ready.store(false, Ordering::Relaxed);
+    shutdown.stop.cancel();
+    for l in loops {
+        let _ = l.await;
+    }
+    tracker.close();
+    if tokio::time::timeout(cfg.shutdown_timeout, tracker.wait()).await.is_err() {
+        tracing::info!(in_flight = states.iter().map(|s| s.in_flight.load(Ordering::Relaxed)).sum::<u64>(), "Cancelling canaries still in flight.");
+        shutdown.cancel.cancel();
+        let _ = tokio::time::timeout(Duration::from_millis(500), tracker.wait()).await;
+    }
+    let left = SHUTDOWN_BUDGET.saturating_sub(t_signal.elapsed()).max(Duration::from_millis(500));
+    telemetry.shutdown(left).await;
+    admin_stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_millis(200), admin_task).await;
+    let e = telemetry.spans.snapshot();
+    tracing::info!(exported = e.exported, dropped = e.dropped_queue_full, failed = e.failed, "Agent stopped.");
+    Ok(())
+}
+
+/// Completes on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,341 @@
+//! Sends one streaming canary request and measures it.
+//!
+//! The clock: `Instant::now()` right before the request is handed to the connection (send),
+//! and again each time the body yields bytes read from the socket. [`crate::measure`] turns
+//! those offsets into TTFT, ITL, TPOT and E2E.
+//!
+//! Stale keep-alive connections: servers close idle connections (llama.cpp advertises
+//! `Keep-Alive: timeout=5`), and a request written onto a connection the server has just
+//! closed fails without the server having seen it. That is the client's fault, not the
+//! server's, so such a failure (reset or closed before any response byte, on a pooled
+//! connection) is re-sent once on a fresh connection, and the retry is recorded
+//! (`lmperf.retries`). The pool also forgets idle connections after
+//! [`POOL_IDLE_TIMEOUT`], below common server keep-alive timeouts.
+
+use std::error::Error as _;
+use std::time::{Duration, Instant, SystemTime};
+
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Api, TargetConfig};
+use crate::measure::{Outcome, RequestError, RequestRecord, StreamEnd, StreamMeasurer, error_type};
+
+/// Idle pooled connections are dropped after this: shorter than llama.cpp's 5 s keep-alive.
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(3);
+/// A non-2xx body is read up to this many bytes.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+/// After `[DONE]`, wait at most this long for the body to end before dropping it.
+const AFTER_DONE_GRACE: Duration = Duration::from_millis(200);
+
+/// The two HTTP clients a target uses: a pooled one, and one that never reuses a connection
+/// (for the retry after a stale connection).
+#[derive(Debug, Clone)]
+pub struct Clients {
+    pooled: reqwest::Client,
+    fresh: reqwest::Client,
+}
+
+impl Clients {
+    /// # Errors
+    /// When the TLS backend cannot be set up.
+    pub fn new(connect_timeout: Duration) -> Result<Self, reqwest::Error> {
+        crate::install_tls_provider();
+        let base = || {
+            reqwest::Client::builder()
+                .connect_timeout(connect_timeout)
+                .tcp_nodelay(true)
+                .user_agent(concat!("lmperf/", env!("CARGO_PKG_VERSION")))
+        };
+        Ok(Self {
+            pooled: base().pool_idle_timeout(POOL_IDLE_TIMEOUT).build()?,
+            fresh: base().pool_max_idle_per_host(0).build()?,
+        })
+    }
+}
+
+/// What to send.
+#[derive(Debug, Clone)]
+pub struct CanaryRequest<'a> {
+    pub api: Api,
+    pub model: &'a str,
+    pub prompt: &'a str,
+    pub max_tokens: u32,
+    /// W3C `traceparent` header value.
+    pub traceparent: &'a str,
+}
+
+/// One measured request with the context a span needs.
+#[derive(Debug, Clone)]
+pub struct Measured {
+    pub record: RequestRecord,
+    /// Wall-clock time of the send (span start).
+    pub wall_start: SystemTime,
+    /// Re-sends after a stale connection (0 or 1).
+    pub retries: u32,
+}
+
+/// The JSON body of a canary request: streaming with usage, temperature 0, bounded output.
+pub fn request_body(req: &CanaryRequest<'_>) -> serde_json::Value {
+    let mut body = serde_json::json!({
+        "model": req.model,
+        "stream": true,
+        "stream_options": { "include_usage": true },
+        "max_tokens": req.max_tokens,
+        "temperature": 0,
+    });
+    match req.api {
+        Api::Chat => body["messages"] = serde_json::json!([{ "role": "user", "content": req.prompt }]),
+        Api::Completions => body["prompt"] = serde_json::Value::from(req.prompt),
+    }
+    body
+}
+
+fn headers(target: &TargetConfig, traceparent: &str) -> Result<HeaderMap, String> {
+    let mut h = HeaderMap::new();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    h.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
+    h.insert("traceparent", HeaderValue::from_str(traceparent).map_err(|e| format!("traceparent: {e}"))?);
+    if let Some(key) = &target.api_key {
+        let mut v = HeaderValue::from_str(&format!("Bearer {}", key.expose()))
+            .map_err(|_| "the API key holds characters not allowed in a header".to_owned())?;
+        v.set_sensitive(true);
+        h.insert(AUTHORIZATION, v);
+    }
+    Ok(h)
+}
+
+/// Sends `req` to `target` and measures it. Never fails: every failure is a measured outcome.
+/// `cancel` ends the request early (recorded as `cancelled`).
+pub async fn execute(clients: &Clients, target: &TargetConfig, req: &CanaryRequest<'_>, cancel: &CancellationToken) -> Measured {
+    let url = match target.base_url.join(req.api.path()) {
+        Ok(u) => u,
+        Err(e) => return build_failure(format!("url: {e}")),
+    };
+    let headers = match headers(target, req.traceparent) {
+        Ok(h) => h,
+        Err(e) => return build_failure(e),
+    };
+    let body = match serde_json::to_vec(&request_body(req)) {
+        Ok(b) => b,
+        Err(e) => return build_failure(format!("body: {e}")),
+    };
+    let mut retries = 0;
+    loop {
+        let client = if retries == 0 { &clients.pooled } else { &clients.fresh };
+        let request = client.post(url.clone()).headers(headers.clone()).body(body.clone());
+        match attempt(request, target, cancel).await {
+            Attempt::StaleConnection if retries == 0 => retries += 1,
+            Attempt::StaleConnection => {
+                // Cannot happen with `fresh`, but never loop: report it.
+                let record = RequestRecord::failed(
+                    Outcome::Error,
+                    RequestError::new(error_type::CONNECTION_ERROR, Some("connection closed before any response".into())),
+                    None,
+                    Duration::ZERO,
+                );
+                return Measured { record, wall_start: SystemTime::now(), retries };
+            }
+            Attempt::Done(record, wall_start) => return Measured { record, wall_start, retries },
+        }
+    }
+}
+
+fn build_failure(message: String) -> Measured {
+    let record = RequestRecord::failed(Outcome::Error, RequestError::new(error_type::REQUEST_BUILD, Some(message)), None, Duration::ZERO);
+    Measured { record, wall_start: SystemTime::now(), retries: 0 }
+}
+
+enum Attempt {
+    Done(RequestRecord, SystemTime),
+    /// The connection failed before any response byte in a way a stale keep-alive
+    /// connection does: re-send on a fresh connection.
+    StaleConnection,
+}
+
+async fn attempt(request: reqwest::RequestBuilder, target: &TargetConfig, cancel: &CancellationToken) -> Attempt {
+    let wall_start = SystemTime::now();
+    let t0 = Instant::now();
+    let deadline = tokio::time::Instant::from_std(t0 + target.timeout);
+    let sent = tokio::select! {
+        biased;
+        _ = cancel.cancelled() => {
+            let r = RequestRecord::failed(Outcome::Cancelled, RequestError::new(error_type::CANCELLED, None), None, t0.elapsed());
+            return Attempt::Done(r, wall_start);
+        }
+        r = tokio::time::timeout_at(deadline, request.send()) => r,
+    };
+    let response = match sent {
+        Err(_elapsed) => {
+            let r = RequestRecord::failed(Outcome::Timeout, RequestError::new(error_type::TIMEOUT, Some("no response headers".into())), None, t0.elapsed());
+            return Attempt::Done(r, wall_start);
+        }
+        Ok(Err(e)) => {
+            let e2e = t0.elapsed();
+            if is_stale_connection(&e) {
+                return Attempt::StaleConnection;
+            }
+            return Attempt::Done(transport_failure(e, e2e), wall_start);
+        }
+        Ok(Ok(resp)) => resp,
+    };
+    let status = response.status().as_u16();
+    if !response.status().is_success() {
+        let body = read_error_body(response, deadline).await;
+        return Attempt::Done(RequestRecord::http_error(status, &body, t0.elapsed()), wall_start);
+    }
+    Attempt::Done(read_stream(response, status, target, t0, deadline, cancel).await, wall_start)
+}
+
+async fn read_stream(
+    mut response: reqwest::Response,
+    status: u16,
+    target: &TargetConfig,
+    t0: Instant,
+    deadline: tokio::time::Instant,
+    cancel: &CancellationToken,
+) -> RequestRecord {
+    let mut m = StreamMeasurer::new(status, target.max_event_bytes);
+    let mut deadline = deadline;
+    let mut after_done = false;
+    let end = loop {
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled(), if !after_done => break StreamEnd::Cancelled,
+            _ = tokio::time::sleep_until(deadline) => {
+                break if after_done { StreamEnd::Eof } else { StreamEnd::Timeout };
+            }
+            chunk = response.chunk() => match chunk {
+                Ok(Some(bytes)) => {
+                    let at = t0.elapsed();
+                    if !m.on_bytes(at, &bytes) {
+                        break StreamEnd::Eof;
+                    }
+                    if m.is_done() && !after_done {
+                        after_done = true;
+                        deadline = deadline.min(tokio::time::Instant::now() + AFTER_DONE_GRACE);
+                    }
+                }
+                Ok(None) => break StreamEnd::Eof,
+                Err(e) => break StreamEnd::BodyError(error_chain(&e)),
+            },
+        }
+    };
+    m.finish(end, t0.elapsed())
+}
+
+async fn read_error_body(mut response: reqwest::Response, deadline: tokio::time::Instant) -> Vec<u8> {
+    let mut body = Vec::new();
+    while body.len() < MAX_ERROR_BODY {
+        match tokio::time::timeout_at(deadline, response.chunk()).await {
+            Ok(Ok(Some(b))) => body.extend_from_slice(&b[..b.len().min(MAX_ERROR_BODY - body.len())]),
+            _ => break,
+        }
+    }
+    body
+}
+
+/// The error and its sources, joined by `: `, without the URL.
+fn error_chain(e: &reqwest::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(cause) = src {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        src = cause.source();
+    }
+    s
+}
+
+fn io_kind(e: &reqwest::Error) -> Option<std::io::ErrorKind> {
+    let mut src = e.source();
+    while let Some(cause) = src {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            return Some(io.kind());
+        }
+        src = cause.source();
+    }
+    None
+}
+
+fn hyper_incomplete(e: &reqwest::Error) -> bool {
+    let mut src = e.source();
+    while let Some(cause) = src {
+        if let Some(h) = cause.downcast_ref::<hyper::Error>()
+            && (h.is_incomplete_message() || h.is_canceled())
+        {
+            return true;
+        }
+        src = cause.source();
+    }
+    false
+}
+
+fn is_stale_connection(e: &reqwest::Error) -> bool {
+    use std::io::ErrorKind::*;
+    if e.is_connect() || e.is_timeout() {
+        return false;
+    }
+    hyper_incomplete(e) || matches!(io_kind(e), Some(ConnectionReset | BrokenPipe | ConnectionAborted | UnexpectedEof))
+}
+
+fn transport_failure(e: reqwest::Error, e2e: Duration) -> RequestRecord {
+    let e = e.without_url();
+    let message = Some(error_chain(&e));
+    let (outcome, kind) = if e.is_timeout() {
+        (Outcome::Timeout, error_type::TIMEOUT)
+    } else if io_kind(&e) == Some(std::io::ErrorKind::ConnectionRefused) {
+        (Outcome::Error, error_type::CONNECTION_REFUSED)
+    } else {
+        (Outcome::Error, error_type::CONNECTION_ERROR)
+    };
+    RequestRecord::failed(outcome, RequestError::new(kind, message), None, e2e)
+}
+
+/// One entry of `GET /v1/models`.
+#[derive(Debug, Clone, Deserialize)]
+struct ModelEntry {
+    id: String,
+    #[serde(default)]
+    owned_by: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ModelList {
+    data: Vec<ModelEntry>,
+}
+
+/// The served model found by [`discover_model`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Discovered {
+    pub model: String,
+    /// `owned_by` of that model (e.g. `llamacpp`, `vllm`), if given.
+    pub owned_by: Option<String>,
+}
+
+/// Asks `GET /v1/models` for the served model (the first listed).
+///
+/// # Errors
+/// The failure as a measured record (`error.type` as for a canary), so a dead target shows
+/// in the metrics even before its model is known.
+pub async fn discover_model(clients: &Clients, target: &TargetConfig) -> Result<Discovered, RequestRecord> {
+    let t0 = Instant::now();
+    let fail = |kind: &str, msg: String| {
+        RequestRecord::failed(Outcome::Error, RequestError::new(kind, Some(format!("model discovery: {msg}"))), None, t0.elapsed())
+    };
+    let url = target.base_url.join("v1/models").map_err(|e| fail(error_type::REQUEST_BUILD, e.to_string()))?;
+    let mut req = clients.pooled.get(url).timeout(target.timeout.min(Duration::from_secs(10)));
+    if let Some(key) = &target.api_key {
+        req = req.bearer_auth(key.expose());
+    }
+    let resp = req.send().await.map_err(|e| transport_failure(e, t0.elapsed()))?;
+    let status = resp.status().as_u16();
+    if !resp.status().is_success() {
+        let body = resp.bytes().await.unwrap_or_default();
+        return Err(RequestRecord::http_error(status, &body, t0.elapsed()));
+    }
+    let list: ModelList = resp.json().await.map_err(|e| fail(error_type::INVALID_CHUNK, e.to_string()))?;
+    let first = list.data.into_iter().next().ok_or_else(|| fail("no_model", "the server lists no model".into()))?;
+    Ok(Discovered { model: first.id, owned_by: first.owned_by })
+}

@@ -1,0 +1,162 @@
+//! Canary traffic: one independent loop per target.
+//!
+//! Each target's [`schedule::Ticker`] fires on an absolute schedule; each tick spawns its own
+//! request task, so a slow or dead target never delays its own next canary nor any other
+//! target's. At most `max_in_flight` requests per target run at once; a tick beyond that is
+//! skipped and counted (`lmperf.canary.skipped`).
+
+pub mod client;
+pub mod prompts;
+pub mod schedule;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::{Mutex, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::TargetConfig;
+use crate::status::TargetState;
+use crate::telemetry::Telemetry;
+use crate::telemetry::spans::SpanContextInfo;
+use client::{CanaryRequest, Clients, Discovered, Measured};
+use schedule::{Gaps, Ticker};
+
+/// What one target's loop needs.
+#[derive(Debug, Clone)]
+pub struct TargetRunner {
+    pub target: Arc<TargetConfig>,
+    pub clients: Clients,
+    pub telemetry: Arc<Telemetry>,
+    pub state: Arc<TargetState>,
+    /// Print one line per measured request on stdout.
+    pub console: bool,
+    /// Discovered model and provider, once known.
+    discovered: Arc<Mutex<Option<Discovered>>>,
+    in_flight: Arc<Semaphore>,
+}
+
+/// Stop signals: `stop` ends scheduling, `cancel` ends requests in flight.
+#[derive(Debug, Clone, Default)]
+pub struct Shutdown {
+    pub stop: CancellationToken,
+    pub cancel: CancellationToken,
+}
+
+impl TargetRunner {
+    pub fn new(target: Arc<TargetConfig>, clients: Clients, telemetry: Arc<Telemetry>, state: Arc<TargetState>, console: bool) -> Self {
+        let in_flight = Arc::new(Semaphore::new(target.max_in_flight));
+        Self { target, clients, telemetry, state, console, discovered: Arc::default(), in_flight }
+    }
+
+    /// Runs the schedule until `shutdown.stop`; request tasks are spawned on `tracker`.
+    pub async fn run(self, shutdown: Shutdown, tracker: TaskTracker, seed: u64) {
+        let mut ticker = Ticker::staggered(Gaps::new(self.target.schedule, seed), tokio::time::Instant::now());
+        loop {
+            let tick = tokio::select! {
+                biased;
+                _ = shutdown.stop.cancelled() => return,
+                t = ticker.tick() => t,
+            };
+            let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
+                self.state.skipped.fetch_add(1, Ordering::Relaxed);
+                self.telemetry.instruments.record_skipped(&self.target.name);
+                tracing::debug!(target_name = %self.target.name, "Canary skipped: max_in_flight requests still running.");
+                continue;
+            };
+            let runner = self.clone();
+            let cancel = shutdown.cancel.clone();
+            tracker.spawn(async move {
+                runner.state.in_flight.fetch_add(1, Ordering::Relaxed);
+                runner.one(tick.seq, &cancel).await;
+                runner.state.in_flight.fetch_sub(1, Ordering::Relaxed);
+                drop(permit);
+            });
+        }
+    }
+
+    /// The model and provider to use; `Err` carries the measured discovery failure.
+    async fn resolve(&self) -> Result<(String, String), Measured> {
+        let t = &self.target;
+        let configured_provider = t.provider.clone();
+        if let (Some(model), Some(provider)) = (&t.model, &configured_provider) {
+            return Ok((model.clone(), provider.clone()));
+        }
+        let mut cached = self.discovered.lock().await;
+        if cached.is_none() {
+            match client::discover_model(&self.clients, t).await {
+                Ok(d) => {
+                    tracing::info!(target_name = %t.name, model = %d.model, owned_by = ?d.owned_by, "Discovered the served model.");
+                    *cached = Some(d);
+                }
+                Err(record) if t.model.is_none() => {
+                    return Err(Measured { record, wall_start: std::time::SystemTime::now(), retries: 0 });
+                }
+                Err(_) => {} // model configured: go on with the default provider
+            }
+        }
+        let d = cached.as_ref();
+        let model = t.model.clone().or_else(|| d.map(|d| d.model.clone())).unwrap_or_default();
+        let provider = configured_provider.or_else(|| d.and_then(|d| d.owned_by.clone())).unwrap_or_else(|| "openai".to_owned());
+        Ok((model, provider))
+    }
+
+    async fn one(&self, seq: u64, cancel: &CancellationToken) {
+        let t = &self.target;
+        let prompt = prompts::nth(seq);
+        let ids = self.telemetry.new_trace();
+        let (model, provider, measured) = match self.resolve().await {
+            Ok((model, provider)) => {
+                self.state.set_model(&model);
+                let traceparent = ids.traceparent();
+                let req = CanaryRequest { api: t.api, model: &model, prompt: prompt.text, max_tokens: t.max_tokens, traceparent: &traceparent };
+                let m = client::execute(&self.clients, t, &req, cancel).await;
+                (model, provider, m)
+            }
+            Err(m) => (String::new(), t.provider.clone().unwrap_or_else(|| "openai".to_owned()), m),
+        };
+        let info = SpanContextInfo {
+            target: &t.name,
+            operation: t.api.operation_name(),
+            provider: &provider,
+            request_model: &model,
+            max_tokens: t.max_tokens,
+            server_address: &t.host,
+            server_port: t.port,
+            prompt_id: prompt.id,
+        };
+        self.telemetry.record(&info, ids, &measured);
+        self.state.record(&measured, ids.trace_id.to_string());
+        let r = &measured.record;
+        if r.outcome != crate::measure::Outcome::Ok {
+            tracing::debug!(target_name = %t.name, outcome = r.outcome.as_str(), error_type = ?r.error.as_ref().map(|e| &e.error_type), "Canary failed.");
+        }
+        if self.console {
+            println!("{}", console_line(&t.name, &model, &measured, &ids.trace_id.to_string()));
+        }
+    }
+}
+
+fn fmt_ms(d: Option<Duration>) -> String {
+    d.map_or_else(|| "-".to_owned(), |d| format!("{:.1}", d.as_secs_f64() * 1000.0))
+}
+
+/// One human-readable line per request (the demo's live view).
+pub fn console_line(target: &str, model: &str, m: &Measured, trace_id: &str) -> String {
+    let r = &m.record;
+    let err = r.error.as_ref().filter(|_| r.outcome != crate::measure::Outcome::Ok).map_or(String::new(), |e| format!(" error.type={}", e.error_type));
+    format!(
+        "span target={target} model={model} outcome={}{err} ttft_ms={} tpot_ms={} e2e_ms={:.1} tokens_in={} tokens_out={} ({}) finish={} retries={} trace_id={trace_id}",
+        r.outcome.as_str(),
+        fmt_ms(r.ttft),
+        fmt_ms(r.tpot),
+        r.e2e.as_secs_f64() * 1000.0,
+        r.input_tokens.map_or("-".to_owned(), |v| v.to_string()),
+        r.output_tokens.map_or("-".to_owned(), |v| v.to_string()),
+        r.usage_source.map_or("-", |s| s.as_str()),
+        if r.finish_reasons.is_empty() { "-".to_owned() } else { r.finish_reasons.join(",") },
+        m.retries,
+    )
+}

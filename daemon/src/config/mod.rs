@@ -1,0 +1,566 @@
+//! Configuration in two stages (as ripgrep does): [`raw`] is the TOML file as written, strict;
+//! [`load`] merges it with the command line and the `OTEL_*` environment and validates it into
+//! [`AgentConfig`], whose values are parsed (URLs, durations, addresses) and ready to use.
+//!
+//! Precedence, highest first: command-line flags, the config file, `OTEL_*` environment
+//! variables (OpenTelemetry SDK environment variable specification), built-in defaults.
+//! Canary flags on the command line apply to every target.
+
+pub mod raw;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use url::Url;
+
+use raw::{RawCanary, RawConfig};
+
+/// A configuration that cannot be used. Its `Display` is one line naming the field and value.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config file {path} line {line} ({text}): {message}")]
+    Parse { path: PathBuf, line: usize, text: String, message: String },
+    #[error("{field} = {value:?}: {reason}")]
+    Invalid { field: String, value: String, reason: String },
+}
+
+impl ConfigError {
+    fn invalid(field: impl Into<String>, value: impl fmt::Display, reason: impl Into<String>) -> Self {
+        ConfigError::Invalid { field: field.into(), value: value.to_string(), reason: reason.into() }
+    }
+}
+
+/// Which OpenAI-compatible API a canary calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// `POST /v1/chat/completions`
+    Chat,
+    /// `POST /v1/completions`
+    Completions,
+}
+
+impl Api {
+    pub fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "v1/chat/completions",
+            Api::Completions => "v1/completions",
+        }
+    }
+    /// `gen_ai.operation.name` for this API.
+    pub fn operation_name(self) -> &'static str {
+        match self {
+            Api::Chat => crate::telemetry::names::OPERATION_CHAT,
+            Api::Completions => crate::telemetry::names::OPERATION_TEXT_COMPLETION,
+        }
+    }
+}
+
+/// Gaps between request arrivals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// Exponential gaps (a Poisson process).
+    Poisson,
+    /// Equal gaps.
+    Constant,
+}
+
+/// When a target's canaries are sent.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Schedule {
+    /// One request per `period` on average, each gap jittered uniformly by ±10 %.
+    Interval { period: Duration },
+    /// `per_second` requests per second with the given gaps.
+    Rate { per_second: f64, arrival: Arrival },
+}
+
+/// An API key. Never printed: `Debug` shows `***`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// One validated target.
+#[derive(Debug, Clone)]
+pub struct TargetConfig {
+    /// Low-cardinality name for metrics and logs (default `host:port`).
+    pub name: String,
+    /// Base URL; API paths are joined to it (a trailing `/v1` is accepted and removed).
+    pub base_url: Url,
+    /// `server.address`
+    pub host: String,
+    /// `server.port`
+    pub port: u16,
+    /// `None`: discovered from `GET /v1/models`.
+    pub model: Option<String>,
+    pub api: Api,
+    pub schedule: Schedule,
+    pub max_tokens: u32,
+    pub timeout: Duration,
+    pub connect_timeout: Duration,
+    /// Canaries of this target in flight at once; a tick beyond this is skipped and counted.
+    pub max_in_flight: usize,
+    pub max_event_bytes: usize,
+    pub api_key: Option<Secret>,
+    /// `gen_ai.provider.name`; `None`: from `owned_by` of `/v1/models`, else `openai`.
+    pub provider: Option<String>,
+}
+
+/// OTLP wire protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    Grpc,
+    HttpProtobuf,
+}
+
+/// Where and how telemetry is exported.
+#[derive(Debug, Clone)]
+pub struct OtlpConfig {
+    pub enabled: bool,
+    pub protocol: OtlpProtocol,
+    /// Full URL for spans (HTTP: `…/v1/traces`; gRPC: the endpoint).
+    pub traces_endpoint: String,
+    /// Full URL for metrics (HTTP: `…/v1/metrics`; gRPC: the endpoint).
+    pub metrics_endpoint: String,
+    pub export_interval: Duration,
+    pub export_timeout: Duration,
+    /// Spans waiting for export at most; more are dropped and counted.
+    pub queue_size: usize,
+    pub batch_size: usize,
+}
+
+/// The whole validated agent configuration.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub targets: Vec<TargetConfig>,
+    pub admin_addr: SocketAddr,
+    pub shutdown_timeout: Duration,
+    pub console: bool,
+    pub otlp: OtlpConfig,
+}
+
+/// What the command line sets (see `cli.rs`); `None` leaves the file's or default value.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub config: Option<PathBuf>,
+    pub targets: Vec<String>,
+    pub canary: RawCanary,
+    pub admin_addr: Option<String>,
+    pub console: bool,
+    pub otlp_endpoint: Option<String>,
+    pub otlp_protocol: Option<String>,
+    pub no_otlp: bool,
+}
+
+/// Reads the environment; a seam so tests need not touch the process environment.
+pub trait Env {
+    fn var(&self, key: &str) -> Option<String>;
+}
+
+/// The process environment.
+pub struct ProcessEnv;
+
+impl Env for ProcessEnv {
+    fn var(&self, key: &str) -> Option<String> {
+        std::env::var(key).ok().filter(|v| !v.is_empty())
+    }
+}
+
+pub const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:9464";
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
+pub const DEFAULT_MAX_TOKENS: u32 = 32;
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 4;
+/// OpenAI chunks are well under a few KB; 1 MiB leaves room and bounds memory.
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 1 << 20;
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(8);
+pub const DEFAULT_API_KEY_ENV: &str = "LMPERF_API_KEY";
+
+/// Loads the file named in `overrides` (if any), merges the command line and environment, and
+/// validates.
+///
+/// # Errors
+/// [`ConfigError`] naming the first bad field and its value.
+pub fn load(overrides: Overrides, env: &dyn Env) -> Result<AgentConfig, ConfigError> {
+    let raw = match &overrides.config {
+        Some(path) => parse_file(path)?,
+        None => RawConfig::default(),
+    };
+    validate(raw, overrides, env)
+}
+
+/// Parses TOML text; `path` only names it in errors.
+pub fn parse_str(path: &Path, text: &str) -> Result<RawConfig, ConfigError> {
+    toml::from_str(text).map_err(|e| {
+        let (line, line_text) = match e.span() {
+            Some(span) => {
+                let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+                (line, text.lines().nth(line - 1).unwrap_or("").trim().to_owned())
+            }
+            None => (0, String::new()),
+        };
+        ConfigError::Parse {
+            path: path.to_owned(),
+            line,
+            text: line_text,
+            message: e.message().replace('\n', " "),
+        }
+    })
+}
+
+fn parse_file(path: &Path) -> Result<RawConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+    parse_str(path, &text)
+}
+
+fn validate(mut raw: RawConfig, o: Overrides, env: &dyn Env) -> Result<AgentConfig, ConfigError> {
+    if let Some(url) = &raw.canary.url {
+        return Err(ConfigError::invalid("canary.url", url, "a URL belongs in a [[target]] table"));
+    }
+    if let Some(name) = &raw.canary.name {
+        return Err(ConfigError::invalid("canary.name", name, "a name belongs in a [[target]] table"));
+    }
+    // Command-line canary settings win over the file; a schedule given on the command line
+    // replaces the file's (interval and rate exclude each other).
+    let cli = o.canary;
+    if cli.interval.is_some() || cli.rate.is_some() {
+        for t in raw.targets.iter_mut().chain(std::iter::once(&mut raw.canary)) {
+            t.interval = None;
+            t.rate = None;
+        }
+    }
+    let raw_targets: Vec<(String, RawCanary)> = if o.targets.is_empty() {
+        raw.targets.into_iter().enumerate().map(|(i, t)| (format!("target[{i}]"), t)).collect()
+    } else {
+        o.targets.iter().enumerate().map(|(i, url)| {
+            (format!("--target[{i}]"), RawCanary { url: Some(url.clone()), ..RawCanary::default() })
+        }).collect()
+    };
+    if raw_targets.is_empty() {
+        return Err(ConfigError::invalid("target", "", "no target: give --target URL or a [[target]] table"));
+    }
+    let mut targets = Vec::with_capacity(raw_targets.len());
+    for (field, t) in raw_targets {
+        let merged = cli.clone().or(&t.or(&raw.canary));
+        targets.push(validate_target(&field, merged, env)?);
+    }
+    let mut names: Vec<&str> = targets.iter().map(|t| t.name.as_str()).collect();
+    names.sort_unstable();
+    if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+        return Err(ConfigError::invalid("target.name", w[0], "two targets have the same name"));
+    }
+
+    let admin = o.admin_addr.or(raw.admin_addr).unwrap_or_else(|| DEFAULT_ADMIN_ADDR.to_owned());
+    let admin_addr = admin
+        .parse::<SocketAddr>()
+        .map_err(|e| ConfigError::invalid("admin_addr", &admin, format!("not an IP:port address ({e})")))?;
+    let shutdown_timeout = raw.shutdown_timeout.unwrap_or(DEFAULT_SHUTDOWN_TIMEOUT);
+    if shutdown_timeout > Duration::from_secs(9) {
+        return Err(ConfigError::invalid(
+            "shutdown_timeout",
+            humantime::format_duration(shutdown_timeout),
+            "at most 9s, so the agent exits within 10 s of SIGTERM",
+        ));
+    }
+    let otlp = validate_otlp(raw.otlp, o.otlp_endpoint, o.otlp_protocol, o.no_otlp, env)?;
+    Ok(AgentConfig { targets, admin_addr, shutdown_timeout, console: o.console || raw.console.unwrap_or(false), otlp })
+}
+
+fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetConfig, ConfigError> {
+    let url_text = t.url.clone().ok_or_else(|| ConfigError::invalid(format!("{field}.url"), "", "missing"))?;
+    let mut base_url = Url::parse(&url_text)
+        .map_err(|e| ConfigError::invalid(format!("{field}.url"), &url_text, e.to_string()))?;
+    if !matches!(base_url.scheme(), "http" | "https") {
+        return Err(ConfigError::invalid(format!("{field}.url"), &url_text, "scheme must be http or https"));
+    }
+    let host = base_url
+        .host_str()
+        .ok_or_else(|| ConfigError::invalid(format!("{field}.url"), &url_text, "no host"))?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let port = base_url
+        .port_or_known_default()
+        .ok_or_else(|| ConfigError::invalid(format!("{field}.url"), &url_text, "no port"))?;
+    // Accept "http://h:p", "http://h:p/" and "http://h:p/v1": API paths are joined below.
+    let path = base_url.path().trim_end_matches('/').trim_end_matches("/v1").to_owned();
+    base_url.set_path(&format!("{path}/"));
+
+    let api = match t.api.as_deref() {
+        None | Some("chat") => Api::Chat,
+        Some("completions") => Api::Completions,
+        Some(other) => return Err(ConfigError::invalid(format!("{field}.api"), other, "expected chat or completions")),
+    };
+    let schedule = match (t.interval, t.rate) {
+        (Some(_), Some(r)) => {
+            return Err(ConfigError::invalid(format!("{field}.rate"), r, "interval and rate exclude each other"));
+        }
+        (Some(period), None) => {
+            if period < Duration::from_millis(10) {
+                return Err(ConfigError::invalid(
+                    format!("{field}.interval"),
+                    humantime::format_duration(period),
+                    "at least 10ms",
+                ));
+            }
+            if t.arrival.is_some() {
+                return Err(ConfigError::invalid(format!("{field}.arrival"), t.arrival.unwrap_or_default(), "arrival needs rate"));
+            }
+            Schedule::Interval { period }
+        }
+        (None, Some(per_second)) => {
+            if !(per_second.is_finite() && per_second > 0.0 && per_second <= 1000.0) {
+                return Err(ConfigError::invalid(format!("{field}.rate"), per_second, "requests per second in (0, 1000]"));
+            }
+            let arrival = match t.arrival.as_deref() {
+                None | Some("poisson") => Arrival::Poisson,
+                Some("constant") => Arrival::Constant,
+                Some(other) => {
+                    return Err(ConfigError::invalid(format!("{field}.arrival"), other, "expected poisson or constant"));
+                }
+            };
+            Schedule::Rate { per_second, arrival }
+        }
+        (None, None) => Schedule::Interval { period: DEFAULT_INTERVAL },
+    };
+    let max_tokens = t.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+    if max_tokens == 0 || max_tokens > 4096 {
+        return Err(ConfigError::invalid(format!("{field}.max_tokens"), max_tokens, "between 1 and 4096"));
+    }
+    let timeout = t.timeout.unwrap_or(DEFAULT_TIMEOUT);
+    if timeout.is_zero() {
+        return Err(ConfigError::invalid(format!("{field}.timeout"), "0s", "must be positive"));
+    }
+    let max_in_flight = t.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT);
+    if max_in_flight == 0 {
+        return Err(ConfigError::invalid(format!("{field}.max_in_flight"), 0, "at least 1"));
+    }
+    let max_event_bytes = t.max_event_bytes.unwrap_or(DEFAULT_MAX_EVENT_BYTES);
+    if max_event_bytes < 1024 {
+        return Err(ConfigError::invalid(format!("{field}.max_event_bytes"), max_event_bytes, "at least 1024"));
+    }
+    if let Some(m) = &t.model
+        && m.trim().is_empty()
+    {
+        return Err(ConfigError::invalid(format!("{field}.model"), m, "empty model name"));
+    }
+    let api_key = read_api_key(field, &t, env)?;
+    let name = t.name.clone().unwrap_or_else(|| format!("{host}:{port}"));
+    Ok(TargetConfig {
+        name,
+        base_url,
+        host,
+        port,
+        model: t.model,
+        api,
+        schedule,
+        max_tokens,
+        timeout,
+        connect_timeout: t.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+        max_in_flight,
+        max_event_bytes,
+        api_key,
+        provider: t.provider,
+    })
+}
+
+/// The key comes from a file (`api_key_file`) or an environment variable (`api_key_env`,
+/// default `LMPERF_API_KEY`), never from a flag value that `ps` would show.
+fn read_api_key(field: &str, t: &RawCanary, env: &dyn Env) -> Result<Option<Secret>, ConfigError> {
+    if let Some(path) = &t.api_key_file {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError::invalid(format!("{field}.api_key_file"), path, format!("cannot read: {e}"))
+        })?;
+        let key = text.trim();
+        if key.is_empty() {
+            return Err(ConfigError::invalid(format!("{field}.api_key_file"), path, "file is empty"));
+        }
+        return Ok(Some(Secret(key.to_owned())));
+    }
+    let var = t.api_key_env.as_deref().unwrap_or(DEFAULT_API_KEY_ENV);
+    match env.var(var) {
+        Some(v) => Ok(Some(Secret(v.trim().to_owned()))),
+        None if t.api_key_env.is_some() => {
+            Err(ConfigError::invalid(format!("{field}.api_key_env"), var, "environment variable is not set"))
+        }
+        None => Ok(None),
+    }
+}
+
+fn validate_otlp(
+    raw: raw::RawOtlp,
+    cli_endpoint: Option<String>,
+    cli_protocol: Option<String>,
+    no_otlp: bool,
+    env: &dyn Env,
+) -> Result<OtlpConfig, ConfigError> {
+    let sdk_disabled = env.var("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    let enabled = !no_otlp && raw.enabled.unwrap_or(!sdk_disabled);
+    let (proto_field, proto_text) = match (cli_protocol, raw.protocol) {
+        (Some(p), _) => ("--otlp-protocol", p),
+        (None, Some(p)) => ("otlp.protocol", p),
+        (None, None) => match env.var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").or_else(|| env.var("OTEL_EXPORTER_OTLP_PROTOCOL")) {
+            Some(p) => ("OTEL_EXPORTER_OTLP_PROTOCOL", p),
+            None => ("otlp.protocol", "http/protobuf".to_owned()),
+        },
+    };
+    let protocol = match proto_text.as_str() {
+        "grpc" => OtlpProtocol::Grpc,
+        "http/protobuf" => OtlpProtocol::HttpProtobuf,
+        other => return Err(ConfigError::invalid(proto_field, other, "expected grpc or http/protobuf")),
+    };
+    let default_base = match protocol {
+        OtlpProtocol::Grpc => "http://localhost:4317",
+        OtlpProtocol::HttpProtobuf => "http://localhost:4318",
+    };
+    let explicit = cli_endpoint.map(|e| ("--otlp-endpoint", e)).or(raw.endpoint.map(|e| ("otlp.endpoint", e)));
+    let base = explicit.clone().or(env.var("OTEL_EXPORTER_OTLP_ENDPOINT").map(|e| ("OTEL_EXPORTER_OTLP_ENDPOINT", e)));
+    let (base_field, base) = base.unwrap_or(("otlp.endpoint", default_base.to_owned()));
+    let parsed = Url::parse(&base).map_err(|e| ConfigError::invalid(base_field, &base, e.to_string()))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(ConfigError::invalid(base_field, &base, "scheme must be http or https"));
+    }
+    let signal = |suffix: &str, var: &str| -> String {
+        if explicit.is_none()
+            && let Some(v) = env.var(var)
+        {
+            return v;
+        }
+        match protocol {
+            OtlpProtocol::Grpc => base.clone(),
+            OtlpProtocol::HttpProtobuf => format!("{}/{suffix}", base.trim_end_matches('/')),
+        }
+    };
+    let traces_endpoint = signal("v1/traces", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
+    let metrics_endpoint = signal("v1/metrics", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT");
+    let env_ms = |var: &str| -> Result<Option<Duration>, ConfigError> {
+        match env.var(var) {
+            None => Ok(None),
+            Some(v) => v
+                .parse::<u64>()
+                .map(|ms| Some(Duration::from_millis(ms)))
+                .map_err(|_| ConfigError::invalid(var, &v, "milliseconds as an integer")),
+        }
+    };
+    let export_interval = match raw.export_interval {
+        Some(d) => d,
+        None => env_ms("OTEL_METRIC_EXPORT_INTERVAL")?.unwrap_or(Duration::from_secs(60)),
+    };
+    if export_interval < Duration::from_millis(100) {
+        return Err(ConfigError::invalid("otlp.export_interval", humantime::format_duration(export_interval), "at least 100ms"));
+    }
+    let export_timeout = match raw.export_timeout {
+        Some(d) => d,
+        None => env_ms("OTEL_EXPORTER_OTLP_TIMEOUT")?.unwrap_or(Duration::from_secs(10)),
+    };
+    let queue_size = raw.queue_size.unwrap_or(2048);
+    let batch_size = raw.batch_size.unwrap_or(512);
+    if queue_size == 0 || batch_size == 0 || batch_size > queue_size {
+        return Err(ConfigError::invalid("otlp.batch_size", batch_size, format!("between 1 and queue_size ({queue_size})")));
+    }
+    Ok(OtlpConfig { enabled, protocol, traces_endpoint, metrics_endpoint, export_interval, export_timeout, queue_size, batch_size })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    struct MapEnv(HashMap<&'static str, &'static str>);
+    impl Env for MapEnv {
+        fn var(&self, key: &str) -> Option<String> {
+            self.0.get(key).map(|v| v.to_string())
+        }
+    }
+
+    fn from_toml(text: &str, o: Overrides, env: &[(&'static str, &'static str)]) -> Result<AgentConfig, ConfigError> {
+        let raw = parse_str(Path::new("t.toml"), text)?;
+        validate(raw, o, &MapEnv(env.iter().copied().collect()))
+    }
+
+    #[test]
+    fn unknown_key_is_rejected_with_line_and_name() {
+        let err = from_toml("[canary]\nintervall = \"5s\"\n", Overrides::default(), &[]).unwrap_err().to_string();
+        assert!(err.contains("line 2") && err.contains("intervall"), "{err}");
+        assert!(!err.contains('\n'), "one line: {err}");
+    }
+
+    #[test]
+    fn bad_values_name_field_and_value() {
+        let cases = [
+            ("[[target]]\nurl = \"ftp://x\"\n", "target[0].url = \"ftp://x\""),
+            ("[[target]]\nurl = \"http://x:1\"\napi = \"embeddings\"\n", "target[0].api = \"embeddings\""),
+            ("[[target]]\nurl = \"http://x:1\"\nrate = -1.0\n", "target[0].rate = \"-1\""),
+            ("admin_addr = \"localhost\"\n[[target]]\nurl = \"http://x:1\"\n", "admin_addr = \"localhost\""),
+            ("[otlp]\nprotocol = \"http/json\"\n[[target]]\nurl = \"http://x:1\"\n", "otlp.protocol = \"http/json\""),
+        ];
+        for (text, want) in cases {
+            let err = from_toml(text, Overrides::default(), &[]).unwrap_err().to_string();
+            assert!(err.starts_with(want), "{err} should start with {want}");
+        }
+        let err = from_toml("[canary]\ninterval = \"5 parsecs\"\n", Overrides::default(), &[]).unwrap_err().to_string();
+        assert!(err.contains("interval = \"5 parsecs\""), "{err}");
+    }
+
+    #[test]
+    fn cli_overrides_file_and_targets_merge_defaults() {
+        let text = "[canary]\ninterval = \"2s\"\nmax_tokens = 8\n[[target]]\nurl = \"http://127.0.0.1:8000/v1\"\nmodel = \"a\"\n[[target]]\nurl = \"http://[::1]:9000\"\nname = \"b\"\nmax_tokens = 16\n";
+        let c = from_toml(text, Overrides::default(), &[]).unwrap();
+        assert_eq!(c.targets[0].base_url.as_str(), "http://127.0.0.1:8000/");
+        assert_eq!(c.targets[0].name, "127.0.0.1:8000");
+        assert_eq!(c.targets[0].max_tokens, 8);
+        assert_eq!(c.targets[1].max_tokens, 16);
+        assert_eq!(c.targets[1].host, "::1");
+        assert_eq!(c.targets[0].schedule, Schedule::Interval { period: Duration::from_secs(2) });
+        let o = Overrides {
+            canary: RawCanary { rate: Some(3.0), max_tokens: Some(4), ..RawCanary::default() },
+            ..Overrides::default()
+        };
+        let c = from_toml(text, o, &[]).unwrap();
+        assert_eq!(c.targets[1].schedule, Schedule::Rate { per_second: 3.0, arrival: Arrival::Poisson });
+        assert_eq!(c.targets[1].max_tokens, 4);
+    }
+
+    #[test]
+    fn otlp_follows_the_environment_spec() {
+        let o = || Overrides { targets: vec!["http://127.0.0.1:1".into()], ..Overrides::default() };
+        let c = from_toml("", o(), &[]).unwrap();
+        assert_eq!(c.otlp.protocol, OtlpProtocol::HttpProtobuf);
+        assert_eq!(c.otlp.traces_endpoint, "http://localhost:4318/v1/traces");
+        let env = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "1500"),
+        ];
+        let c = from_toml("", o(), &env).unwrap();
+        assert_eq!((c.otlp.protocol, c.otlp.traces_endpoint.as_str()), (OtlpProtocol::Grpc, "http://collector:4317"));
+        assert_eq!(c.otlp.export_interval, Duration::from_millis(1500));
+        let c = from_toml("", o(), &[("OTEL_SDK_DISABLED", "true")]).unwrap();
+        assert!(!c.otlp.enabled);
+    }
+
+    #[test]
+    fn api_key_from_env_or_file_never_debug_printed() {
+        let o = Overrides { targets: vec!["http://127.0.0.1:1".into()], ..Overrides::default() };
+        let c = from_toml("", o.clone(), &[("LMPERF_API_KEY", "sk-secret-1")]).unwrap();
+        assert_eq!(c.targets[0].api_key.as_ref().map(Secret::expose), Some("sk-secret-1"));
+        assert!(!format!("{c:?}").contains("sk-secret-1"));
+        let err = from_toml("[canary]\napi_key_env = \"NOPE\"\n", o, &[]).unwrap_err().to_string();
+        assert!(err.starts_with("--target[0].api_key_env = \"NOPE\""), "{err}");
+    }
+}

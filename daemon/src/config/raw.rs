@@ -1,0 +1,110 @@
+//! The configuration file as written (TOML), strict: unknown keys are rejected.
+//!
+//! ```toml
+//! admin_addr = "127.0.0.1:9464"     # admin HTTP: /healthz /readyz /metrics /api/v1/status
+//! shutdown_timeout = "8s"           # in-flight canaries are cancelled after this on SIGTERM
+//! console = false                   # print one line per measured request on stdout
+//!
+//! [canary]                          # defaults for every target
+//! api = "chat"                      # chat | completions
+//! interval = "5s"                   # mean gap, jittered ±10 %; or `rate` below
+//! # rate = 2.0                      # requests per second per target
+//! # arrival = "poisson"             # poisson | constant (with `rate`)
+//! max_tokens = 32
+//! timeout = "60s"
+//! connect_timeout = "5s"
+//! max_in_flight = 4
+//! api_key_env = "LMPERF_API_KEY"    # or api_key_file = "/run/secrets/key"
+//!
+//! [[target]]
+//! url = "http://127.0.0.1:8000"
+//! name = "vllm-0"                   # default: host:port
+//! model = "meta-llama/Llama-3.1-8B-Instruct"   # default: first of GET /v1/models
+//!
+//! [otlp]
+//! endpoint = "http://127.0.0.1:4318"  # default: OTEL_EXPORTER_OTLP_ENDPOINT, else the spec's
+//! protocol = "http/protobuf"          # grpc | http/protobuf (OTEL_EXPORTER_OTLP_PROTOCOL)
+//! ```
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub admin_addr: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    pub shutdown_timeout: Option<Duration>,
+    pub console: Option<bool>,
+    #[serde(default)]
+    pub canary: RawCanary,
+    /// `[[target]]` tables: a `url`, an optional `name`, and any canary field.
+    #[serde(default, rename = "target")]
+    pub targets: Vec<RawCanary>,
+    #[serde(default)]
+    pub otlp: RawOtlp,
+}
+
+/// Canary settings; every field may be set in `[canary]` (defaults) or per `[[target]]`;
+/// `url` and `name` only per target.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCanary {
+    pub url: Option<String>,
+    pub name: Option<String>,
+    pub model: Option<String>,
+    pub api: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    pub interval: Option<Duration>,
+    pub rate: Option<f64>,
+    pub arrival: Option<String>,
+    pub max_tokens: Option<u32>,
+    #[serde(default, with = "humantime_serde")]
+    pub timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub connect_timeout: Option<Duration>,
+    pub max_in_flight: Option<usize>,
+    pub max_event_bytes: Option<usize>,
+    pub api_key_env: Option<String>,
+    pub api_key_file: Option<String>,
+    pub provider: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOtlp {
+    pub enabled: Option<bool>,
+    pub endpoint: Option<String>,
+    pub protocol: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    pub export_interval: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub export_timeout: Option<Duration>,
+    pub queue_size: Option<usize>,
+    pub batch_size: Option<usize>,
+}
+
+impl RawCanary {
+    /// `self`'s values where set, else `base`'s.
+    pub fn or(self, base: &RawCanary) -> RawCanary {
+        let b = base.clone();
+        RawCanary {
+            url: self.url.or(b.url),
+            name: self.name.or(b.name),
+            model: self.model.or(b.model),
+            api: self.api.or(b.api),
+            interval: self.interval.or(b.interval),
+            rate: self.rate.or(b.rate),
+            arrival: self.arrival.or(b.arrival),
+            max_tokens: self.max_tokens.or(b.max_tokens),
+            timeout: self.timeout.or(b.timeout),
+            connect_timeout: self.connect_timeout.or(b.connect_timeout),
+            max_in_flight: self.max_in_flight.or(b.max_in_flight),
+            max_event_bytes: self.max_event_bytes.or(b.max_event_bytes),
+            api_key_env: self.api_key_env.or(b.api_key_env),
+            api_key_file: self.api_key_file.or(b.api_key_file),
+            provider: self.provider.or(b.provider),
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! lmperf: the node-resident LLM inference canary agent.
+//!
+//! Data flows canary → measurement → span/metric → exporter (see `ARCHITECTURE.md`):
+//! [`canary`] sends streaming requests on a schedule, [`measure`] turns socket arrival times
+//! into TTFT/ITL/TPOT/E2E, [`telemetry`] records GenAI metrics and spans and exports them over
+//! OTLP, [`admin`] serves health, Prometheus metrics and status.
+
+pub mod admin;
+pub mod agent;
+pub mod canary;
+pub mod cli;
+pub mod config;
+pub mod measure;
+pub mod status;
+pub mod telemetry;
+
+/// Installs rustls' `ring` crypto provider as the process default (the one TLS stack of
+/// lmperf), before any HTTP client is built. Idempotent.
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -1,0 +1,50 @@
+//! The `lmperf` binary: parse, configure, run. Exit codes: 0 done, 1 runtime failure,
+//! 2 bad command line or configuration.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use lmperf::cli::{Cli, Command};
+use lmperf::config::{self, ProcessEnv};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    match cli.command {
+        Command::Agent(args) => {
+            let cfg = match config::load(args.into_overrides(), &ProcessEnv) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("lmperf: config error: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("lmperf: cannot start the runtime: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            match rt.block_on(lmperf::agent::run(cfg, &ProcessEnv, lmperf::agent::shutdown_signal())) {
+                Ok(()) => {
+                    rt.shutdown_timeout(std::time::Duration::from_millis(200));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("lmperf: {e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+    }
+}
+
+/// Logs to stderr; `RUST_LOG` filters (default `info`). The exporters' own HTTP/gRPC stacks
+/// are kept at `warn` so that telemetry does not log about itself.
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,hyper=warn,h2=warn,tonic=warn,reqwest=warn,opentelemetry=warn,opentelemetry_sdk=warn,opentelemetry_otlp=warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+}

@@ -1,0 +1,543 @@
+//! Exact measurement of one streamed request. No IO, no clock: the caller reads a monotonic
+//! clock when bytes arrive from the socket and passes the offset since the send.
+//!
+//! Definitions (the same as `../shared/cases/README.md`):
+//! - **TTFT**: send → first chunk that carries generated text, reasoning text or a tool call
+//!   (not a role-only or empty chunk).
+//! - **ITL**: gap between consecutive token-carrying chunks, divided evenly over the tokens that
+//!   the later chunk carries when the server reports them (continuous usage stats); one token
+//!   per chunk otherwise.
+//! - **TPOT**: (time of last token − time of first token) / (output tokens − 1).
+//! - **E2E**: send → end of stream (`[DONE]`, else the end of the body).
+//! - **Output tokens**: from the server's `usage` when present; else the number of
+//!   token-carrying chunks, and [`UsageSource::Chunks`] says so.
+
+pub mod chunk;
+pub mod sse;
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use chunk::{Payload, StreamError};
+use sse::{SseEvent, SseParser};
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Tokens received and the stream ended cleanly (`finish_reason` in the clean set or `[DONE]`).
+    Ok,
+    /// The server or the transport failed; `error.type` says how.
+    Error,
+    /// The server ended generation early (`finish_reason` such as `abort`).
+    Aborted,
+    /// The request ran past its deadline.
+    Timeout,
+    /// The agent cancelled it (shutdown).
+    Cancelled,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Error => "error",
+            Outcome::Aborted => "aborted",
+            Outcome::Timeout => "timeout",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Where the token counts come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UsageSource {
+    /// The server's `usage` object.
+    Server,
+    /// Counted as one token per token-carrying chunk (the server sent no usage).
+    Chunks,
+}
+
+impl UsageSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UsageSource::Server => "server",
+            UsageSource::Chunks => "chunks",
+        }
+    }
+}
+
+/// `error.type` values that lmperf itself assigns (the server's own types pass through).
+pub mod error_type {
+    pub const CONNECTION_REFUSED: &str = "connection_refused";
+    pub const CONNECTION_ERROR: &str = "connection_error";
+    pub const TIMEOUT: &str = "timeout";
+    pub const CANCELLED: &str = "cancelled";
+    pub const STREAM_TRUNCATED: &str = "stream_truncated";
+    pub const INVALID_CHUNK: &str = "invalid_chunk";
+    pub const SSE_EVENT_TOO_LARGE: &str = "sse_event_too_large";
+    pub const NO_TOKEN_RECEIVED: &str = "no_token_received";
+    pub const ABORTED: &str = "aborted";
+    pub const UNEXPECTED_FINISH_REASON: &str = "unexpected_finish_reason";
+    pub const STREAM_ERROR: &str = "stream_error";
+    pub const REQUEST_BUILD: &str = "request_error";
+}
+
+/// Why a request failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RequestError {
+    /// Low-cardinality class: an HTTP status (`"503"`), the server's own error `type`, or one of
+    /// [`error_type`].
+    pub error_type: String,
+    /// The server's or the transport's message, cut to 512 bytes.
+    pub message: Option<String>,
+    /// The server's error code, where it sent one.
+    pub code: Option<String>,
+}
+
+impl RequestError {
+    pub fn new(error_type: impl Into<String>, message: Option<String>) -> Self {
+        Self { error_type: error_type.into(), message: message.map(cut_message), code: None }
+    }
+}
+
+const MAX_MESSAGE_BYTES: usize = 512;
+
+fn cut_message(mut m: String) -> String {
+    if m.len() > MAX_MESSAGE_BYTES {
+        let mut end = MAX_MESSAGE_BYTES;
+        while !m.is_char_boundary(end) {
+            end -= 1;
+        }
+        m.truncate(end);
+    }
+    m
+}
+
+/// The measurement of one request. Times are offsets from the send.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RequestRecord {
+    pub outcome: Outcome,
+    pub error: Option<RequestError>,
+    pub http_status: Option<u16>,
+    pub ttft: Option<Duration>,
+    /// Send → first chunk with visible content (text or tool call), not reasoning.
+    pub time_to_first_content: Option<Duration>,
+    /// Arrival offset of every token-carrying chunk.
+    pub token_chunk_times: Vec<Duration>,
+    pub itl: Vec<Duration>,
+    pub tpot: Option<Duration>,
+    pub e2e: Duration,
+    pub input_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+    pub reasoning_tokens: Option<u64>,
+    pub usage_source: Option<UsageSource>,
+    /// Raw `finish_reason` values, in order of arrival.
+    pub finish_reasons: Vec<String>,
+    pub response_id: Option<String>,
+    pub response_model: Option<String>,
+    /// Number of SSE comment lines (keep-alives) seen.
+    pub sse_comments: u64,
+}
+
+impl RequestRecord {
+    /// A request that failed before any response body was measured.
+    pub fn failed(outcome: Outcome, error: RequestError, http_status: Option<u16>, e2e: Duration) -> Self {
+        Self {
+            outcome,
+            error: Some(error),
+            http_status,
+            ttft: None,
+            time_to_first_content: None,
+            token_chunk_times: Vec::new(),
+            itl: Vec::new(),
+            tpot: None,
+            e2e,
+            input_tokens: None,
+            output_tokens: None,
+            reasoning_tokens: None,
+            usage_source: None,
+            finish_reasons: Vec::new(),
+            response_id: None,
+            response_model: None,
+            sse_comments: 0,
+        }
+    }
+
+    /// A non-2xx reply: `error.type` is the status code; the body's OpenAI-style
+    /// `{"error": {"message", "type", "code"}}` (or `{"message"}`) fills message and code.
+    pub fn http_error(status: u16, body: &[u8], e2e: Duration) -> Self {
+        let mut error = RequestError::new(status.to_string(), None);
+        match serde_json::from_slice::<serde_json::Value>(body) {
+            Ok(v) => {
+                let e = v.get("error").unwrap_or(&v);
+                let text = |k: &str| match e.get(k) {
+                    Some(serde_json::Value::String(s)) => Some(s.clone()),
+                    Some(serde_json::Value::Null) | None => None,
+                    Some(other) => Some(other.to_string()),
+                };
+                error.message = text("message").or_else(|| e.as_str().map(str::to_owned)).map(cut_message);
+                error.code = text("code").or_else(|| text("type"));
+            }
+            Err(_) if !body.is_empty() => {
+                error.message = Some(cut_message(String::from_utf8_lossy(body).into_owned()));
+            }
+            Err(_) => {}
+        }
+        Self::failed(Outcome::Error, error, Some(status), e2e)
+    }
+
+    /// Mean ITL, if any.
+    pub fn itl_mean(&self) -> Option<Duration> {
+        let n = u32::try_from(self.itl.len()).ok().filter(|&n| n > 0)?;
+        Some(self.itl.iter().sum::<Duration>() / n)
+    }
+
+    pub fn itl_max(&self) -> Option<Duration> {
+        self.itl.iter().max().copied()
+    }
+
+    /// Time of the last token-carrying chunk.
+    pub fn last_token(&self) -> Option<Duration> {
+        self.token_chunk_times.last().copied()
+    }
+}
+
+/// How the response body ended, as the transport saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamEnd {
+    /// The body ended normally.
+    Eof,
+    /// Reading the body failed (connection reset, incomplete chunked encoding).
+    BodyError(String),
+    /// The request's deadline passed.
+    Timeout,
+    /// The agent cancelled the request.
+    Cancelled,
+}
+
+/// Finish reasons that mean a clean completion (OpenAI API).
+const CLEAN_FINISH_REASONS: &[&str] = &["stop", "length", "tool_calls", "content_filter", "function_call", "eos"];
+const ABORT_FINISH_REASONS: &[&str] = &["abort", "aborted", "cancelled", "canceled"];
+
+/// Measures one streamed response. Feed it with [`StreamMeasurer::on_bytes`] as bytes arrive,
+/// then call [`StreamMeasurer::finish`].
+#[derive(Debug)]
+pub struct StreamMeasurer {
+    parser: SseParser,
+    events: Vec<SseEvent>,
+    http_status: u16,
+    /// (arrival, server's cumulative completion_tokens on that chunk if it sent usage)
+    token_chunks: Vec<(Duration, Option<u64>)>,
+    time_to_first_content: Option<Duration>,
+    done_at: Option<Duration>,
+    finish_reasons: Vec<String>,
+    usage: Option<chunk::Usage>,
+    last_completion_tokens: Option<u64>,
+    response_id: Option<String>,
+    response_model: Option<String>,
+    stream_error: Option<StreamError>,
+    invalid: Option<String>,
+    too_large: Option<String>,
+}
+
+impl StreamMeasurer {
+    /// A measurer for a response with status `http_status` whose SSE events may not exceed
+    /// `max_event_bytes`.
+    pub fn new(http_status: u16, max_event_bytes: usize) -> Self {
+        Self {
+            parser: SseParser::new(max_event_bytes),
+            events: Vec::new(),
+            http_status,
+            token_chunks: Vec::new(),
+            time_to_first_content: None,
+            done_at: None,
+            finish_reasons: Vec::new(),
+            usage: None,
+            last_completion_tokens: None,
+            response_id: None,
+            response_model: None,
+            stream_error: None,
+            invalid: None,
+            too_large: None,
+        }
+    }
+
+    /// Bytes that arrived `at` after the send. Returns `false` when reading should stop (the
+    /// stream broke a limit); the body may then be dropped.
+    pub fn on_bytes(&mut self, at: Duration, bytes: &[u8]) -> bool {
+        if self.too_large.is_some() {
+            return false;
+        }
+        let mut events = std::mem::take(&mut self.events);
+        let ok = match self.parser.push(bytes, &mut events) {
+            Ok(()) => true,
+            Err(e) => {
+                self.too_large = Some(e.to_string());
+                false
+            }
+        };
+        for ev in events.drain(..) {
+            self.on_event(at, &ev.data);
+        }
+        self.events = events;
+        ok
+    }
+
+    /// Whether `[DONE]` has arrived.
+    pub fn is_done(&self) -> bool {
+        self.done_at.is_some()
+    }
+
+    fn on_event(&mut self, at: Duration, data: &str) {
+        if self.done_at.is_some() {
+            return;
+        }
+        match chunk::parse_payload(data) {
+            Payload::Done => self.done_at = Some(at),
+            Payload::Error(e) => {
+                if self.stream_error.is_none() {
+                    self.stream_error = Some(e);
+                }
+            }
+            Payload::Invalid(msg) => {
+                if self.invalid.is_none() {
+                    self.invalid = Some(msg);
+                }
+            }
+            Payload::Chunk(c) => {
+                if self.response_id.is_none() {
+                    self.response_id = c.id.map(|s| s.into_owned());
+                }
+                if self.response_model.is_none() {
+                    self.response_model = c.model.map(|s| s.into_owned());
+                }
+                if let Some(u) = c.usage {
+                    self.usage = Some(u);
+                }
+                let completion = c.usage.and_then(|u| u.completion_tokens);
+                if c.carries_tokens {
+                    self.token_chunks.push((at, completion));
+                    if c.carries_content && self.time_to_first_content.is_none() {
+                        self.time_to_first_content = Some(at);
+                    }
+                }
+                if completion.is_some() {
+                    self.last_completion_tokens = completion;
+                }
+                self.finish_reasons.extend(c.finish_reasons.into_iter().map(|r| r.into_owned()));
+            }
+        }
+    }
+
+    /// Closes the measurement: `end` says how the body ended, `at` when.
+    pub fn finish(mut self, end: StreamEnd, at: Duration) -> RequestRecord {
+        if matches!(end, StreamEnd::Eof) && self.too_large.is_none() {
+            let mut events = std::mem::take(&mut self.events);
+            // Errors here only concern an unterminated oversize tail: record it.
+            if let Err(e) = self.parser.finish(&mut events) {
+                self.too_large = Some(e.to_string());
+            }
+            for ev in events.drain(..) {
+                self.on_event(at, &ev.data);
+            }
+        }
+        let e2e = self.done_at.unwrap_or(at);
+
+        let ttft = self.token_chunks.first().map(|(t, _)| *t);
+        let server_output = self.usage.and_then(|u| u.completion_tokens);
+        let (output_tokens, usage_source) = match server_output {
+            Some(n) => (n, UsageSource::Server),
+            None => (self.token_chunks.len() as u64, UsageSource::Chunks),
+        };
+        let itl = inter_token_latencies(&self.token_chunks);
+        let tpot = match (ttft, self.token_chunks.last()) {
+            (Some(first), Some((last, _))) if output_tokens > 1 => {
+                u32::try_from(output_tokens - 1).ok().map(|n| (*last - first) / n)
+            }
+            _ => None,
+        };
+
+        let (outcome, error) = self.classify(&end, ttft.is_some());
+        RequestRecord {
+            outcome,
+            error,
+            http_status: Some(self.http_status),
+            ttft,
+            time_to_first_content: self.time_to_first_content,
+            token_chunk_times: self.token_chunks.iter().map(|(t, _)| *t).collect(),
+            itl,
+            tpot,
+            e2e,
+            input_tokens: self.usage.and_then(|u| u.prompt_tokens),
+            output_tokens: Some(output_tokens),
+            reasoning_tokens: self.usage.and_then(|u| u.reasoning_tokens),
+            usage_source: Some(usage_source),
+            finish_reasons: self.finish_reasons,
+            response_id: self.response_id,
+            response_model: self.response_model,
+            sse_comments: self.parser.comments,
+        }
+    }
+
+    fn classify(&mut self, end: &StreamEnd, got_tokens: bool) -> (Outcome, Option<RequestError>) {
+        use error_type as et;
+        if let Some(e) = self.stream_error.take() {
+            let error_type = e.error_type.clone().or_else(|| e.code.clone()).unwrap_or_else(|| et::STREAM_ERROR.into());
+            return (
+                Outcome::Error,
+                Some(RequestError { error_type, message: e.message.map(cut_message), code: e.code }),
+            );
+        }
+        if let Some(msg) = self.too_large.take() {
+            return (Outcome::Error, Some(RequestError::new(et::SSE_EVENT_TOO_LARGE, Some(msg))));
+        }
+        let ended_cleanly = self.done_at.is_some();
+        match end {
+            StreamEnd::Timeout if !ended_cleanly => {
+                return (Outcome::Timeout, Some(RequestError::new(et::TIMEOUT, None)));
+            }
+            StreamEnd::Cancelled if !ended_cleanly => {
+                return (Outcome::Cancelled, Some(RequestError::new(et::CANCELLED, None)));
+            }
+            _ => {}
+        }
+        if let Some(msg) = self.invalid.take() {
+            return (Outcome::Error, Some(RequestError::new(et::INVALID_CHUNK, Some(msg))));
+        }
+        if let Some(reason) = self.finish_reasons.iter().find(|r| !CLEAN_FINISH_REASONS.contains(&r.as_str())) {
+            let msg = Some(format!("finish_reason {reason:?}"));
+            return if ABORT_FINISH_REASONS.contains(&reason.as_str()) {
+                (Outcome::Aborted, Some(RequestError::new(et::ABORTED, msg)))
+            } else {
+                (Outcome::Error, Some(RequestError::new(et::UNEXPECTED_FINISH_REASON, msg)))
+            };
+        }
+        if !ended_cleanly && self.finish_reasons.is_empty() {
+            let msg = match end {
+                StreamEnd::BodyError(m) => Some(m.clone()),
+                _ => Some("stream ended without finish_reason or [DONE]".to_owned()),
+            };
+            return (Outcome::Error, Some(RequestError::new(et::STREAM_TRUNCATED, msg)));
+        }
+        if !got_tokens {
+            return (Outcome::Error, Some(RequestError::new(et::NO_TOKEN_RECEIVED, None)));
+        }
+        (Outcome::Ok, None)
+    }
+}
+
+/// ITL list from token-carrying chunk arrivals. When every token chunk carried the server's
+/// cumulative `completion_tokens` (continuous usage stats), a chunk that carries `n` tokens
+/// contributes `n` equal gaps; otherwise each chunk counts as one token.
+fn inter_token_latencies(chunks: &[(Duration, Option<u64>)]) -> Vec<Duration> {
+    let continuous = !chunks.is_empty() && chunks.iter().all(|(_, c)| c.is_some());
+    let mut itl = Vec::with_capacity(chunks.len());
+    for pair in chunks.windows(2) {
+        let [(t0, c0), (t1, c1)] = pair else { continue };
+        let gap = t1.saturating_sub(*t0);
+        let n = match (continuous, c0, c1) {
+            (true, Some(a), Some(b)) => b.saturating_sub(*a).max(1),
+            _ => 1,
+        };
+        let n32 = u32::try_from(n).unwrap_or(u32::MAX);
+        itl.extend(std::iter::repeat_n(gap / n32, n32 as usize));
+    }
+    itl
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: u64) -> Duration {
+        Duration::from_millis(v)
+    }
+
+    /// Feeds `(t_ms, bytes)` frames and finishes at the last frame's time.
+    fn measure(frames: &[(u64, &str)], end: StreamEnd) -> RequestRecord {
+        let mut m = StreamMeasurer::new(200, 1 << 20);
+        for (t, b) in frames {
+            m.on_bytes(ms(*t), b.as_bytes());
+        }
+        let last = frames.last().map_or(0, |f| f.0);
+        m.finish(end, ms(last))
+    }
+
+    #[test]
+    fn multi_token_chunks_spread_the_gap() {
+        let chunks = vec![(ms(100), Some(1)), (ms(160), Some(4)), (ms(180), Some(5))];
+        assert_eq!(inter_token_latencies(&chunks), vec![ms(20); 4]);
+        let chunks = vec![(ms(100), None), (ms(160), None), (ms(180), None)];
+        assert_eq!(inter_token_latencies(&chunks), vec![ms(60), ms(20)]);
+    }
+
+    #[test]
+    fn final_usage_in_the_finish_chunk_does_not_spread() {
+        // llama.cpp /v1/completions puts the total usage in the finish chunk only.
+        let r = measure(
+            &[
+                (10, "data: {\"choices\":[{\"text\":\"a\"}]}\n\n"),
+                (20, "data: {\"choices\":[{\"text\":\"b\"}]}\n\n"),
+                (30, "data: {\"choices\":[{\"text\":\"c\",\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":3}}\n\n"),
+                (31, "data: [DONE]\n\n"),
+            ],
+            StreamEnd::Eof,
+        );
+        assert_eq!(r.itl, vec![ms(10), ms(10)]);
+        assert_eq!(r.output_tokens, Some(3));
+        assert_eq!(r.usage_source, Some(UsageSource::Server));
+        assert_eq!(r.tpot, Some(ms(10)));
+        assert_eq!(r.outcome, Outcome::Ok);
+    }
+
+    #[test]
+    fn truncated_stream_is_an_error_with_partial_measurement() {
+        let r = measure(
+            &[(10, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n")],
+            StreamEnd::BodyError("connection reset".into()),
+        );
+        assert_eq!(r.outcome, Outcome::Error);
+        assert_eq!(r.error.as_ref().map(|e| e.error_type.as_str()), Some(error_type::STREAM_TRUNCATED));
+        assert_eq!(r.ttft, Some(ms(10)));
+    }
+
+    #[test]
+    fn timeout_and_cancel_win_over_truncation() {
+        let frames = [(10, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n")];
+        assert_eq!(measure(&frames, StreamEnd::Timeout).outcome, Outcome::Timeout);
+        assert_eq!(measure(&frames, StreamEnd::Cancelled).outcome, Outcome::Cancelled);
+    }
+
+    #[test]
+    fn invalid_json_is_recorded_and_reading_goes_on() {
+        let r = measure(
+            &[
+                (10, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"),
+                (20, "data: {not json\n\n"),
+                (30, "data: {\"choices\":[{\"delta\":{\"content\":\"b\"},\"finish_reason\":\"stop\"}]}\n\n"),
+                (40, "data: [DONE]\n\n"),
+            ],
+            StreamEnd::Eof,
+        );
+        assert_eq!(r.outcome, Outcome::Error);
+        assert_eq!(r.error.as_ref().map(|e| e.error_type.as_str()), Some(error_type::INVALID_CHUNK));
+        assert_eq!(r.token_chunk_times, vec![ms(10), ms(30)]);
+        assert_eq!(r.e2e, ms(40));
+    }
+
+    #[test]
+    fn http_error_body_is_read() {
+        let r = RequestRecord::http_error(
+            429,
+            br#"{"error":{"message":"rate limited","type":"rate_limit_error","code":"rate_limit_exceeded"}}"#,
+            ms(5),
+        );
+        let e = r.error.unwrap();
+        assert_eq!((e.error_type.as_str(), e.message.as_deref(), e.code.as_deref()), ("429", Some("rate limited"), Some("rate_limit_exceeded")));
+        let r = RequestRecord::http_error(500, b"Internal Server Error", ms(5));
+        assert_eq!(r.error.unwrap().message.as_deref(), Some("Internal Server Error"));
+    }
+}

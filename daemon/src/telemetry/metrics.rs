@@ -1,0 +1,139 @@
+//! The GenAI client metrics and lmperf's canary counters, recorded for every request whether
+//! or not its trace is kept.
+//!
+//! Instruments and bucket boundaries follow the GenAI semantic conventions ("Generative AI
+//! client metrics"): `gen_ai.client.operation.duration` (s), `gen_ai.client.token.usage`
+//! ({token}, by `gen_ai.token.type`), `gen_ai.client.operation.time_to_first_chunk` (s) and
+//! `gen_ai.client.operation.time_per_output_chunk` (s, one value per chunk after the first).
+
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::{Counter, Histogram, Meter};
+
+use super::names as n;
+use crate::canary::client::Measured;
+use crate::measure::Outcome;
+
+/// The instruments.
+#[derive(Debug, Clone)]
+pub struct Instruments {
+    duration: Histogram<f64>,
+    token_usage: Histogram<u64>,
+    time_to_first_chunk: Histogram<f64>,
+    time_per_output_chunk: Histogram<f64>,
+    requests: Counter<u64>,
+    retries: Counter<u64>,
+    skipped: Counter<u64>,
+}
+
+/// Attributes of one request's metric points.
+#[derive(Debug, Clone)]
+pub struct MetricContext<'a> {
+    pub target: &'a str,
+    pub operation: &'static str,
+    pub provider: &'a str,
+    pub request_model: &'a str,
+    pub server_address: &'a str,
+    pub server_port: u16,
+}
+
+impl Instruments {
+    pub fn new(meter: &Meter) -> Self {
+        Self {
+            duration: meter
+                .f64_histogram(n::METRIC_OPERATION_DURATION)
+                .with_unit("s")
+                .with_description("GenAI operation duration.")
+                .with_boundaries(n::BUCKETS_OPERATION_DURATION.to_vec())
+                .build(),
+            token_usage: meter
+                .u64_histogram(n::METRIC_TOKEN_USAGE)
+                .with_unit("{token}")
+                .with_description("Number of input and output tokens used.")
+                .with_boundaries(n::BUCKETS_TOKEN_USAGE.to_vec())
+                .build(),
+            time_to_first_chunk: meter
+                .f64_histogram(n::METRIC_TIME_TO_FIRST_CHUNK)
+                .with_unit("s")
+                .with_description("Time to receive the first chunk, from when the client issues the request.")
+                .with_boundaries(n::BUCKETS_TIME_TO_FIRST_CHUNK.to_vec())
+                .build(),
+            time_per_output_chunk: meter
+                .f64_histogram(n::METRIC_TIME_PER_OUTPUT_CHUNK)
+                .with_unit("s")
+                .with_description("Time between consecutive output chunks, for each chunk after the first.")
+                .with_boundaries(n::BUCKETS_TIME_PER_OUTPUT_CHUNK.to_vec())
+                .build(),
+            requests: meter
+                .u64_counter(n::METRIC_CANARY_REQUESTS)
+                .with_unit("{request}")
+                .with_description("Canary requests by outcome and error type.")
+                .build(),
+            retries: meter
+                .u64_counter(n::METRIC_CANARY_RETRIES)
+                .with_unit("{request}")
+                .with_description("Canary requests re-sent once after a stale keep-alive connection.")
+                .build(),
+            skipped: meter
+                .u64_counter("lmperf.canary.skipped")
+                .with_unit("{request}")
+                .with_description("Scheduled canaries not sent because max_in_flight were still running.")
+                .build(),
+        }
+    }
+
+    /// Records one measured request.
+    pub fn record(&self, c: &MetricContext<'_>, m: &Measured) {
+        let r = &m.record;
+        let mut attrs = vec![
+            KeyValue::new(n::GEN_AI_OPERATION_NAME, c.operation),
+            KeyValue::new(n::GEN_AI_PROVIDER_NAME, c.provider.to_owned()),
+            KeyValue::new(n::GEN_AI_REQUEST_MODEL, c.request_model.to_owned()),
+            KeyValue::new(n::SERVER_ADDRESS, c.server_address.to_owned()),
+            KeyValue::new(n::SERVER_PORT, i64::from(c.server_port)),
+            KeyValue::new(n::LMPERF_TARGET, c.target.to_owned()),
+        ];
+        if let Some(model) = &r.response_model {
+            attrs.push(KeyValue::new(n::GEN_AI_RESPONSE_MODEL, model.clone()));
+        }
+        let error = r.error.as_ref().filter(|_| r.outcome != Outcome::Ok);
+        if let Some(e) = error {
+            attrs.push(KeyValue::new(n::ERROR_TYPE, e.error_type.clone()));
+        }
+        self.duration.record(r.e2e.as_secs_f64(), &attrs);
+        if let Some(t) = r.ttft {
+            self.time_to_first_chunk.record(t.as_secs_f64(), &attrs);
+        }
+        for w in r.token_chunk_times.windows(2) {
+            self.time_per_output_chunk.record(w[1].saturating_sub(w[0]).as_secs_f64(), &attrs);
+        }
+        // Token usage: only what the server or the stream reported.
+        let with_type = |ty: &'static str, v: u64| {
+            let mut a = attrs.clone();
+            a.push(KeyValue::new(n::GEN_AI_TOKEN_TYPE, ty));
+            self.token_usage.record(v, &a);
+        };
+        if let Some(v) = r.input_tokens {
+            with_type(n::TOKEN_TYPE_INPUT, v);
+        }
+        if let Some(v) = r.output_tokens.filter(|_| r.http_status.is_some_and(|s| (200..300).contains(&s))) {
+            with_type(n::TOKEN_TYPE_OUTPUT, v);
+        }
+        let mut counter_attrs = vec![
+            KeyValue::new(n::LMPERF_TARGET, c.target.to_owned()),
+            KeyValue::new(n::GEN_AI_REQUEST_MODEL, c.request_model.to_owned()),
+            KeyValue::new(n::LMPERF_OUTCOME, r.outcome.as_str()),
+        ];
+        if let Some(e) = error {
+            counter_attrs.push(KeyValue::new(n::ERROR_TYPE, e.error_type.clone()));
+        }
+        self.requests.add(1, &counter_attrs);
+        if m.retries > 0 {
+            self.retries.add(u64::from(m.retries), &[KeyValue::new(n::LMPERF_TARGET, c.target.to_owned())]);
+        }
+    }
+
+    /// Counts a scheduled canary that was not sent.
+    pub fn record_skipped(&self, target: &str) {
+        self.skipped.add(1, &[KeyValue::new(n::LMPERF_TARGET, target.to_owned())]);
+    }
+}

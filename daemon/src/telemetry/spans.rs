@@ -1,0 +1,220 @@
+//! One CLIENT span per canary request, built after the request ends from its measurement
+//! (the agent owns the whole client trace, so the span needs no live SDK span).
+//!
+//! Shape (OpenTelemetry GenAI semantic conventions, "Inference" client spans): name
+//! `{gen_ai.operation.name} {gen_ai.request.model}`, kind CLIENT, start at the send, end at
+//! the end of the stream, status ERROR with `error.type` on failure and unset otherwise.
+
+use std::borrow::Cow;
+use std::time::SystemTime;
+
+use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState};
+use opentelemetry::{InstrumentationScope, KeyValue, Value};
+use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
+use rand::Rng;
+
+use super::names as n;
+use crate::canary::client::Measured;
+use crate::measure::Outcome;
+
+/// Ids of a canary's trace, made before the request so they can go out in `traceparent`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceIds {
+    pub trace_id: TraceId,
+    pub span_id: SpanId,
+    pub sampled: bool,
+}
+
+impl TraceIds {
+    /// Random, non-zero ids (W3C Trace Context §3.2.2.3, §3.2.2.4).
+    pub fn random(sampler: &Sampler) -> Self {
+        let mut rng = rand::rng();
+        let trace_id = TraceId::from(rng.random_range(1..=u128::MAX));
+        let span_id = SpanId::from(rng.random_range(1..=u64::MAX));
+        Self { trace_id, span_id, sampled: sampler.should_sample(trace_id) }
+    }
+
+    /// The W3C `traceparent` header value: `00-{trace-id}-{parent-id}-{flags}`.
+    pub fn traceparent(&self) -> String {
+        format!("00-{}-{}-{:02x}", self.trace_id, self.span_id, if self.sampled { 1 } else { 0 })
+    }
+}
+
+/// Head sampler from the standard `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG` variables
+/// (OpenTelemetry SDK environment variable specification). Canaries are root spans, so the
+/// `parentbased_*` samplers act as their root sampler.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Sampler {
+    AlwaysOn,
+    AlwaysOff,
+    /// Keep a trace when its id falls below the ratio (as the SDK's `TraceIdRatioBased`).
+    TraceIdRatio(f64),
+}
+
+impl Sampler {
+    /// Reads the sampler from the two variables' values. Unknown or bad values fall back to
+    /// `always_on` with a warning, as the spec asks.
+    pub fn from_env_values(name: Option<&str>, arg: Option<&str>) -> Self {
+        let ratio = || match arg.map(str::parse::<f64>) {
+            Some(Ok(r)) if (0.0..=1.0).contains(&r) => r,
+            None => 1.0,
+            Some(_) => {
+                tracing::warn!(value = ?arg, "OTEL_TRACES_SAMPLER_ARG is not a ratio in [0, 1]; using 1.0.");
+                1.0
+            }
+        };
+        match name {
+            None | Some("always_on" | "parentbased_always_on") => Sampler::AlwaysOn,
+            Some("always_off" | "parentbased_always_off") => Sampler::AlwaysOff,
+            Some("traceidratio" | "parentbased_traceidratio") => Sampler::TraceIdRatio(ratio()),
+            Some(other) => {
+                tracing::warn!(value = other, "Unsupported OTEL_TRACES_SAMPLER; using always_on.");
+                Sampler::AlwaysOn
+            }
+        }
+    }
+
+    pub fn should_sample(&self, trace_id: TraceId) -> bool {
+        match *self {
+            Sampler::AlwaysOn => true,
+            Sampler::AlwaysOff => false,
+            Sampler::TraceIdRatio(r) => {
+                let bound = (r * (1u64 << 63) as f64) as u64;
+                let rnd = (u128::from_be_bytes(trace_id.to_bytes()) >> 64) as u64 >> 1;
+                rnd < bound
+            }
+        }
+    }
+}
+
+/// What the span needs besides the measurement.
+#[derive(Debug, Clone)]
+pub struct SpanContextInfo<'a> {
+    pub target: &'a str,
+    pub operation: &'static str,
+    pub provider: &'a str,
+    pub request_model: &'a str,
+    pub max_tokens: u32,
+    pub server_address: &'a str,
+    pub server_port: u16,
+    pub prompt_id: &'a str,
+}
+
+fn secs(d: std::time::Duration) -> Value {
+    Value::F64(d.as_secs_f64())
+}
+
+/// Builds the span of one measured request.
+pub fn build_span(ids: TraceIds, info: &SpanContextInfo<'_>, m: &Measured, scope: &InstrumentationScope) -> SpanData {
+    let r = &m.record;
+    let mut a: Vec<KeyValue> = Vec::with_capacity(32);
+    a.push(KeyValue::new(n::GEN_AI_OPERATION_NAME, info.operation));
+    a.push(KeyValue::new(n::GEN_AI_PROVIDER_NAME, info.provider.to_owned()));
+    a.push(KeyValue::new(n::GEN_AI_REQUEST_MODEL, info.request_model.to_owned()));
+    a.push(KeyValue::new(n::GEN_AI_REQUEST_MAX_TOKENS, i64::from(info.max_tokens)));
+    a.push(KeyValue::new(n::GEN_AI_REQUEST_TEMPERATURE, 0.0));
+    a.push(KeyValue::new(n::GEN_AI_REQUEST_STREAM, true));
+    a.push(KeyValue::new(n::SERVER_ADDRESS, info.server_address.to_owned()));
+    a.push(KeyValue::new(n::SERVER_PORT, i64::from(info.server_port)));
+    a.push(KeyValue::new(n::LMPERF_TARGET, info.target.to_owned()));
+    a.push(KeyValue::new(n::LMPERF_PROMPT_ID, info.prompt_id.to_owned()));
+    a.push(KeyValue::new(n::LMPERF_OUTCOME, r.outcome.as_str()));
+    a.push(KeyValue::new(n::LMPERF_E2E, secs(r.e2e)));
+    a.push(KeyValue::new(n::LMPERF_RETRIES, i64::from(m.retries)));
+    if let Some(id) = &r.response_id {
+        a.push(KeyValue::new(n::GEN_AI_RESPONSE_ID, id.clone()));
+    }
+    if let Some(model) = &r.response_model {
+        a.push(KeyValue::new(n::GEN_AI_RESPONSE_MODEL, model.clone()));
+    }
+    if !r.finish_reasons.is_empty() {
+        let v: Vec<opentelemetry::StringValue> = r.finish_reasons.iter().map(|s| s.clone().into()).collect();
+        a.push(KeyValue::new(n::GEN_AI_RESPONSE_FINISH_REASONS, Value::Array(v.into())));
+    }
+    if let Some(t) = r.ttft {
+        a.push(KeyValue::new(n::GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, secs(t)));
+    }
+    if let Some(t) = r.time_to_first_content {
+        a.push(KeyValue::new(n::LMPERF_TIME_TO_FIRST_CONTENT, secs(t)));
+    }
+    if let Some(v) = r.input_tokens {
+        a.push(KeyValue::new(n::GEN_AI_USAGE_INPUT_TOKENS, v as i64));
+    }
+    if let Some(v) = r.output_tokens {
+        a.push(KeyValue::new(n::GEN_AI_USAGE_OUTPUT_TOKENS, v as i64));
+    }
+    if let Some(v) = r.reasoning_tokens {
+        a.push(KeyValue::new(n::GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, v as i64));
+    }
+    if let Some(src) = r.usage_source {
+        a.push(KeyValue::new(n::LMPERF_USAGE_SOURCE, src.as_str()));
+    }
+    if let Some(v) = r.itl_mean() {
+        a.push(KeyValue::new(n::LMPERF_ITL_MEAN, secs(v)));
+    }
+    if let Some(v) = r.itl_max() {
+        a.push(KeyValue::new(n::LMPERF_ITL_MAX, secs(v)));
+    }
+    if let Some(v) = r.tpot {
+        a.push(KeyValue::new(n::LMPERF_TPOT, secs(v)));
+    }
+    a.push(KeyValue::new(n::LMPERF_TOKEN_CHUNKS, r.token_chunk_times.len() as i64));
+    if let Some(s) = r.http_status {
+        a.push(KeyValue::new(n::HTTP_RESPONSE_STATUS_CODE, i64::from(s)));
+    }
+    let status = match &r.error {
+        Some(e) if r.outcome != Outcome::Ok => {
+            a.push(KeyValue::new(n::ERROR_TYPE, e.error_type.clone()));
+            if let Some(msg) = &e.message {
+                a.push(KeyValue::new(n::LMPERF_ERROR_MESSAGE, msg.clone()));
+            }
+            if let Some(code) = &e.code {
+                a.push(KeyValue::new(n::LMPERF_ERROR_CODE, code.clone()));
+            }
+            Status::error(e.message.clone().unwrap_or_else(|| e.error_type.clone()))
+        }
+        _ => Status::Unset,
+    };
+    let name: Cow<'static, str> = if info.request_model.is_empty() {
+        Cow::Borrowed(info.operation)
+    } else {
+        Cow::Owned(format!("{} {}", info.operation, info.request_model))
+    };
+    let flags = if ids.sampled { TraceFlags::SAMPLED } else { TraceFlags::default() };
+    SpanData {
+        span_context: SpanContext::new(ids.trace_id, ids.span_id, flags, false, TraceState::default()),
+        parent_span_id: SpanId::INVALID,
+        parent_span_is_remote: false,
+        span_kind: SpanKind::Client,
+        name,
+        start_time: m.wall_start,
+        end_time: m.wall_start.checked_add(r.e2e).unwrap_or_else(SystemTime::now),
+        attributes: a,
+        dropped_attributes_count: 0,
+        events: SpanEvents::default(),
+        links: SpanLinks::default(),
+        status,
+        instrumentation_scope: scope.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traceparent_is_w3c() {
+        let ids = TraceIds { trace_id: TraceId::from(0x0af7651916cd43dd8448eb211c80319c_u128), span_id: SpanId::from(0xb7ad6b7169203331_u64), sampled: true };
+        assert_eq!(ids.traceparent(), "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+    }
+
+    #[test]
+    fn sampler_from_env_values() {
+        assert_eq!(Sampler::from_env_values(None, None), Sampler::AlwaysOn);
+        assert_eq!(Sampler::from_env_values(Some("parentbased_always_off"), None), Sampler::AlwaysOff);
+        assert_eq!(Sampler::from_env_values(Some("traceidratio"), Some("0.25")), Sampler::TraceIdRatio(0.25));
+        let s = Sampler::TraceIdRatio(0.25);
+        let kept = (0..40_000u128).filter(|i| s.should_sample(TraceId::from(i.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835)))).count();
+        assert!((9_000..11_000).contains(&kept), "kept {kept} of 40000");
+    }
+}
