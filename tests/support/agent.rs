@@ -1,0 +1,183 @@
+//! Runs the real `lmperf` binary as a child process and talks to its admin HTTP.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+}
+
+/// `target/debug/lmperf`, next to this test binary (`target/debug/deps/…`).
+pub fn lmperf_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let bin = dir.join("lmperf");
+    assert!(bin.exists(), "{} is missing: run `cargo build -p lmperf` first (cargo xtask ci does)", bin.display());
+    bin
+}
+
+/// A running agent; killed when dropped.
+pub struct Agent {
+    child: Child,
+    pub admin: SocketAddr,
+    pub stdout: Arc<Mutex<Vec<String>>>,
+    pub stderr: Arc<Mutex<Vec<String>>>,
+}
+
+fn pump(r: impl Read + Send + 'static, into: Arc<Mutex<Vec<String>>>, started: Option<std::sync::mpsc::Sender<SocketAddr>>) {
+    std::thread::spawn(move || {
+        for line in BufReader::new(r).lines().map_while(Result::ok) {
+            if let Some(tx) = &started
+                && line.contains("Agent started.")
+                && let Some(a) = line.split_whitespace().find_map(|w| w.strip_prefix("admin="))
+                && let Ok(addr) = a.parse()
+            {
+                let _ = tx.send(addr);
+            }
+            if let Ok(mut g) = into.lock() {
+                g.push(line);
+            }
+        }
+    });
+}
+
+impl Agent {
+    /// Starts `lmperf agent ARGS` (with `--admin-addr 127.0.0.1:0` unless given) and waits for
+    /// its "Agent started." line. Panics with the agent's stderr if it does not start.
+    pub fn spawn(args: &[&str], envs: &[(&str, &str)]) -> Agent {
+        let mut cmd = Command::new(lmperf_bin());
+        cmd.arg("agent").args(args);
+        if !args.contains(&"--admin-addr") {
+            cmd.args(["--admin-addr", "127.0.0.1:0"]);
+        }
+        cmd.env_remove("OTEL_EXPORTER_OTLP_ENDPOINT").env_remove("OTEL_EXPORTER_OTLP_PROTOCOL").env_remove("LMPERF_API_KEY");
+        cmd.env("RUST_LOG", "info");
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
+        let mut child = cmd.spawn().expect("spawn lmperf");
+        let stdout: Arc<Mutex<Vec<String>>> = Arc::default();
+        let stderr: Arc<Mutex<Vec<String>>> = Arc::default();
+        let (tx, rx) = std::sync::mpsc::channel();
+        pump(child.stdout.take().expect("stdout"), stdout.clone(), None);
+        pump(child.stderr.take().expect("stderr"), stderr.clone(), Some(tx));
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(admin) => Agent { child, admin, stdout, stderr },
+            Err(_) => {
+                let _ = child.kill();
+                std::thread::sleep(Duration::from_millis(200));
+                panic!("agent did not start; stderr:\n{}", stderr.lock().map(|g| g.join("\n")).unwrap_or_default());
+            }
+        }
+    }
+
+    /// `GET path` on the admin server: (status, body).
+    pub fn get(&self, path: &str) -> (u16, String) {
+        http_get(self.admin, path)
+    }
+
+    /// The `/api/v1/status` document.
+    pub fn status(&self) -> serde_json::Value {
+        let (code, body) = self.get("/api/v1/status");
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).expect("status JSON")
+    }
+
+    /// Waits until `pred(status)` holds or `timeout` passes; returns the last status.
+    pub fn wait_status(&self, timeout: Duration, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        let t = Instant::now();
+        loop {
+            let s = self.status();
+            if pred(&s) || t.elapsed() > timeout {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn sigterm(&self) {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+    }
+
+    /// Waits for the exit, at most `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let t = Instant::now();
+        while t.elapsed() < timeout {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                // Let the pump threads drain.
+                std::thread::sleep(Duration::from_millis(100));
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    pub fn stderr_text(&self) -> String {
+        self.stderr.lock().map(|g| g.join("\n")).unwrap_or_default()
+    }
+
+    pub fn stdout_text(&self) -> String {
+        self.stdout.lock().map(|g| g.join("\n")).unwrap_or_default()
+    }
+
+    /// Resident set size in KiB, from /proc.
+    pub fn rss_kib(&self) -> Option<u64> {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok())
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A minimal blocking HTTP/1.1 GET: (status, body).
+pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect admin");
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").expect("write");
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_owned() };
+    (code, body)
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((len, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].strip_prefix("\r\n").unwrap_or(&rest[n..]);
+    }
+    out
+}
+
+/// Sum of a Prometheus counter's samples whose line matches all `labels` (`k="v"`).
+pub fn prom_sum(text: &str, metric: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(&format!("{metric}{{")) || l.starts_with(&format!("{metric} ")))
+        .filter(|l| labels.iter().all(|lab| l.contains(lab)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

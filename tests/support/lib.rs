@@ -1,0 +1,13 @@
+//! Test support for lmperf's end-to-end tests: a scripted SSE server, the agent as a child
+//! process, and the real peers (model server, OTLP collector).
+
+pub mod agent;
+pub mod peers;
+pub mod scripted;
+
+/// The shared cases copied into `tests/fixtures/cases` (from `../shared/cases`).
+pub fn case(name: &str) -> serde_json::Value {
+    let path = agent::workspace_root().join("tests/fixtures/cases").join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}

@@ -1,0 +1,241 @@
+//! The real third-party peers installed by `tests/peers/install.sh`: llama.cpp's server
+//! (xllamacpp) with Gemma 3 270M, and the rotel OpenTelemetry collector.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::agent::workspace_root;
+
+/// A free loopback port (bound, then released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+fn venv_ready() {
+    let root = workspace_root();
+    assert!(
+        root.join(".venv-peers/bin/python").exists(),
+        "the real peers are not installed: run tests/peers/install.sh (cargo xtask ci does)"
+    );
+}
+
+fn kill_term(child: &mut Child) {
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(3) {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// llama.cpp's server with Gemma 3 270M (model id `gemma-3-270m`).
+pub struct ModelServer {
+    child: Child,
+    pub port: u16,
+}
+
+impl ModelServer {
+    pub fn start() -> Self {
+        venv_ready();
+        let port = free_port();
+        let mut child = Command::new("python3")
+            .arg(workspace_root().join("tests/peers/model-server.py"))
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start model server");
+        let out = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if line.starts_with("READY") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        if rx.recv_timeout(Duration::from_secs(120)).is_err() {
+            let _ = child.kill();
+            panic!("model server did not become ready on port {port}");
+        }
+        Self { child, port }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's own Prometheus counters (`llamacpp:*`).
+    pub fn metrics(&self) -> String {
+        crate::agent::http_get(SocketAddr::from(([127, 0, 0, 1], self.port)), "/metrics").1
+    }
+}
+
+impl Drop for ModelServer {
+    fn drop(&mut self) {
+        kill_term(&mut self.child);
+    }
+}
+
+/// One span as rotel's debug exporter printed it.
+#[derive(Debug, Clone, Default)]
+pub struct PrintedSpan {
+    pub trace_id: String,
+    pub name: String,
+    pub kind: String,
+    pub status: String,
+    /// Attribute → printed value, e.g. `Int(16)`, `Str(chat)`, `Double(0.1)`.
+    pub attributes: BTreeMap<String, String>,
+    /// Resource attributes of its batch.
+    pub resource: BTreeMap<String, String>,
+}
+
+/// The rotel collector (OTLP gRPC + HTTP receivers, debug printing).
+pub struct Collector {
+    child: Child,
+    pub grpc: u16,
+    pub http: u16,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Collector {
+    pub fn start() -> Self {
+        venv_ready();
+        let (grpc, http) = (free_port(), free_port());
+        let mut child = Command::new("bash")
+            .arg(workspace_root().join("tests/peers/collector.sh"))
+            .args(["--grpc", &format!("127.0.0.1:{grpc}"), "--http", &format!("127.0.0.1:{http}")])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start collector");
+        let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+        let out = child.stdout.take().expect("stdout");
+        let l = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if let Ok(mut g) = l.lock() {
+                    g.push(line);
+                }
+            }
+        });
+        let t = Instant::now();
+        while TcpStream::connect(("127.0.0.1", http)).is_err() || TcpStream::connect(("127.0.0.1", grpc)).is_err() {
+            assert!(t.elapsed() < Duration::from_secs(30), "collector did not listen");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self { child, grpc, http, lines }
+    }
+
+    pub fn text(&self) -> String {
+        self.lines.lock().map(|g| g.join("\n")).unwrap_or_default()
+    }
+
+    /// Every span printed so far.
+    pub fn spans(&self) -> Vec<PrintedSpan> {
+        parse_spans(&self.text())
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        kill_term(&mut self.child);
+    }
+}
+
+fn attr_line(l: &str) -> Option<(String, String)> {
+    let rest = l.trim_start().strip_prefix("-> ")?;
+    let (k, v) = rest.split_once(": ")?;
+    Some((k.to_owned(), v.to_owned()))
+}
+
+/// Parses rotel's `--debug-log-verbosity detailed` span output.
+pub fn parse_spans(text: &str) -> Vec<PrintedSpan> {
+    #[derive(PartialEq)]
+    enum Sec {
+        None,
+        Resource,
+        Span,
+        Attrs,
+        Other,
+    }
+    let mut out = Vec::new();
+    let mut resource = BTreeMap::new();
+    let mut cur: Option<PrintedSpan> = None;
+    let mut sec = Sec::None;
+    for l in text.lines() {
+        let t = l.trim();
+        if t.starts_with("ResourceSpans #") || t.starts_with("ResourceMetrics #") || t.starts_with("ResourceLog") {
+            out.extend(cur.take());
+            resource = BTreeMap::new();
+            sec = if t.starts_with("ResourceSpans") { Sec::Resource } else { Sec::Other };
+            continue;
+        }
+        if t == "Resource attributes:" {
+            continue;
+        }
+        if t.starts_with("Span #") {
+            out.extend(cur.take());
+            cur = Some(PrintedSpan { resource: resource.clone(), ..PrintedSpan::default() });
+            sec = Sec::Span;
+            continue;
+        }
+        if t == "Attributes:" && cur.is_some() {
+            sec = Sec::Attrs;
+            continue;
+        }
+        if t == "Events:" || t == "Links:" || t.starts_with("ScopeSpans") || t.starts_with("InstrumentationScope") {
+            if t.starts_with("ScopeSpans") || t.starts_with("InstrumentationScope") {
+                out.extend(cur.take());
+            }
+            if sec == Sec::Attrs || sec == Sec::Span {
+                sec = Sec::Other;
+            }
+            continue;
+        }
+        match sec {
+            Sec::Resource => {
+                if let Some((k, v)) = attr_line(l) {
+                    resource.insert(k, v);
+                }
+            }
+            Sec::Span => {
+                if let Some(c) = cur.as_mut()
+                    && let Some((k, v)) = t.split_once(':')
+                {
+                    let v = v.trim().to_owned();
+                    match k.trim() {
+                        "Trace ID" => c.trace_id = v,
+                        "Name" => c.name = v,
+                        "Kind" => c.kind = v,
+                        "Status code" => c.status = v,
+                        _ => {}
+                    }
+                }
+            }
+            Sec::Attrs => {
+                if let (Some(c), Some((k, v))) = (cur.as_mut(), attr_line(l)) {
+                    c.attributes.insert(k, v);
+                }
+            }
+            _ => {}
+        }
+    }
+    out.extend(cur);
+    out
+}
+
+/// The inner value of a printed attribute: `Int(16)` → `16`.
+pub fn inner(v: &str) -> &str {
+    v.split_once('(').map(|(_, r)| r.strip_suffix(')').unwrap_or(r)).unwrap_or(v)
+}

@@ -1,0 +1,264 @@
+//! A scripted HTTP/1.1 server over real loopback TCP: it answers each request with a
+//! scripted reply whose body frames are written at their `t_ms` after the request arrived
+//! (chunked transfer encoding, flushed per frame), as `../shared/cases/README.md` describes.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+
+/// One body frame: `bytes` written at `at` after the request arrived.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    pub at: Duration,
+    pub bytes: Vec<u8>,
+}
+
+/// What the server does with one request.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// A status, extra headers, and frames; `cut` closes the connection after the frames
+    /// without ending the chunked body (a stream cut mid-way).
+    Stream { status: u16, content_type: String, frames: Vec<Frame>, cut: bool },
+    /// Read the request, then close the connection without a byte of response.
+    CloseWithoutResponse,
+    /// Read the request and never answer (until the client gives up).
+    Hang,
+}
+
+impl Reply {
+    pub fn sse(frames: Vec<Frame>) -> Self {
+        Reply::Stream { status: 200, content_type: "text/event-stream".into(), frames, cut: false }
+    }
+    pub fn json(status: u16, body: &str) -> Self {
+        Reply::Stream {
+            status,
+            content_type: "application/json".into(),
+            frames: vec![Frame { at: Duration::ZERO, bytes: body.as_bytes().to_vec() }],
+            cut: false,
+        }
+    }
+}
+
+/// A request as the server received it.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub method: String,
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// Index of the connection it came on (0, 1, …).
+    pub connection: usize,
+    /// Index of the request on that connection.
+    pub on_connection: usize,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+/// Chooses the reply for a request.
+pub type Script = Arc<dyn Fn(&Received, usize) -> Reply + Send + Sync>;
+
+/// The server; dropped, it stops accepting.
+pub struct ScriptedServer {
+    pub addr: std::net::SocketAddr,
+    pub received: Arc<Mutex<Vec<Received>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ScriptedServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl ScriptedServer {
+    /// Serves `script(request, n)` for the `n`-th request (from 0) on 127.0.0.1.
+    pub async fn start(script: Script) -> Self {
+        Self::start_with(script, None).await
+    }
+
+    /// As [`start`](Self::start); `idle_close` closes a connection that stays idle that long
+    /// after a response (a keep-alive timeout, as llama.cpp's 5 s).
+    pub async fn start_with(script: Script, idle_close: Option<Duration>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let received: Arc<Mutex<Vec<Received>>> = Arc::default();
+        let counter = Arc::new(AtomicUsize::new(0));
+        let rec = received.clone();
+        let task = tokio::spawn(async move {
+            let mut conn_id = 0;
+            while let Ok((sock, _)) = listener.accept().await {
+                let _ = sock.set_nodelay(true);
+                let (script, rec, counter) = (script.clone(), rec.clone(), counter.clone());
+                tokio::spawn(serve_connection(sock, conn_id, script, rec, counter, idle_close));
+                conn_id += 1;
+            }
+        });
+        Self { addr, received, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn requests(&self) -> Vec<Received> {
+        self.received.lock().map(|g| g.clone()).unwrap_or_default()
+    }
+}
+
+async fn read_request(sock: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String, String, Vec<(String, String)>, Vec<u8>)> {
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+            let mut lines = head.split("\r\n");
+            let mut first = lines.next()?.split_whitespace();
+            let method = first.next()?.to_owned();
+            let path = first.next()?.to_owned();
+            let headers: Vec<(String, String)> = lines
+                .filter_map(|l| l.split_once(':').map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned())))
+                .collect();
+            let len = headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+                .and_then(|(_, v)| v.parse::<usize>().ok())
+                .unwrap_or(0);
+            while buf.len() < end + 4 + len {
+                let mut tmp = [0u8; 65536];
+                let n = sock.read(&mut tmp).await.ok()?;
+                if n == 0 {
+                    return None;
+                }
+                buf.extend_from_slice(&tmp[..n]);
+            }
+            let body = buf[end + 4..end + 4 + len].to_vec();
+            buf.drain(..end + 4 + len);
+            return Some((method, path, headers, body));
+        }
+        let mut tmp = [0u8; 65536];
+        let n = sock.read(&mut tmp).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&tmp[..n]);
+    }
+}
+
+async fn serve_connection(
+    mut sock: TcpStream,
+    conn_id: usize,
+    script: Script,
+    rec: Arc<Mutex<Vec<Received>>>,
+    counter: Arc<AtomicUsize>,
+    idle_close: Option<Duration>,
+) {
+    let mut buf = Vec::new();
+    let mut on_conn = 0;
+    loop {
+        let next = read_request(&mut sock, &mut buf);
+        let got = match (idle_close, on_conn) {
+            (Some(idle), n) if n > 0 => match tokio::time::timeout(idle, next).await {
+                Ok(r) => r,
+                Err(_) => return, // idle keep-alive timeout: close
+            },
+            _ => next.await,
+        };
+        let Some((method, path, headers, body)) = got else { return };
+        let arrived = Instant::now();
+        let req = Received { method, path, headers, body, connection: conn_id, on_connection: on_conn };
+        on_conn += 1;
+        let n = counter.fetch_add(1, Ordering::SeqCst);
+        let reply = script(&req, n);
+        if let Ok(mut g) = rec.lock() {
+            g.push(req);
+        }
+        match reply {
+            Reply::CloseWithoutResponse => return,
+            Reply::Hang => {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                return;
+            }
+            Reply::Stream { status, content_type, frames, cut } => {
+                let head = format!(
+                    "HTTP/1.1 {status} {}\r\nContent-Type: {content_type}\r\nTransfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100\r\n\r\n",
+                    reason(status)
+                );
+                if sock.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                for f in frames {
+                    tokio::time::sleep_until(arrived + f.at).await;
+                    if f.bytes.is_empty() {
+                        continue;
+                    }
+                    let mut chunk = format!("{:x}\r\n", f.bytes.len()).into_bytes();
+                    chunk.extend_from_slice(&f.bytes);
+                    chunk.extend_from_slice(b"\r\n");
+                    if sock.write_all(&chunk).await.is_err() {
+                        return;
+                    }
+                    let _ = sock.flush().await;
+                }
+                if cut {
+                    return;
+                }
+                if sock.write_all(b"0\r\n\r\n").await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        429 => "Too Many Requests",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        _ => "Status",
+    }
+}
+
+/// Frames of a `../shared/cases/sse/*.json` request (`frames` array).
+pub fn case_frames(frames: &serde_json::Value) -> Vec<Frame> {
+    frames
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|f| Frame {
+                    at: Duration::from_secs_f64(f["t_ms"].as_f64().unwrap_or(0.0) / 1000.0),
+                    bytes: f["bytes"].as_str().unwrap_or("").as_bytes().to_vec(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// An SSE stream of `n` chat tokens, one every `gap`, then finish `stop`, usage and `[DONE]`.
+pub fn chat_stream(n: usize, first: Duration, gap: Duration, prompt_tokens: u64) -> Vec<Frame> {
+    let mut frames = vec![Frame {
+        at: first,
+        bytes: b"data: {\"id\":\"chatcmpl-s\",\"model\":\"scripted\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n".to_vec(),
+    }];
+    for i in 0..n {
+        let fin = if i + 1 == n { "\"stop\"" } else { "null" };
+        frames.push(Frame {
+            at: first + gap * i as u32,
+            bytes: format!("data: {{\"id\":\"chatcmpl-s\",\"model\":\"scripted\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i} \"}},\"finish_reason\":{fin}}}]}}\n\n").into_bytes(),
+        });
+    }
+    let end = first + gap * n.saturating_sub(1) as u32;
+    frames.push(Frame {
+        at: end,
+        bytes: format!("data: {{\"id\":\"chatcmpl-s\",\"model\":\"scripted\",\"choices\":[],\"usage\":{{\"prompt_tokens\":{prompt_tokens},\"completion_tokens\":{n},\"total_tokens\":{}}}}}\n\ndata: [DONE]\n\n", prompt_tokens + n as u64).into_bytes(),
+    });
+    frames
+}
