@@ -43,8 +43,9 @@ fn main() -> ExitCode {
 /// Logs to stderr; `RUST_LOG` filters (default `info`). The exporters' own HTTP/gRPC stacks
 /// are kept at `warn` so that telemetry does not log about itself.
 fn init_logging() {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,hyper=warn,h2=warn,tonic=warn,reqwest=warn,opentelemetry=warn,opentelemetry_sdk=warn,opentelemetry_otlp=warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal()).with_target(false).init();
 }
