@@ -1,1 +1,85 @@
-fn main(){}
+//! Project automation (the cargo-xtask pattern): `cargo xtask <task>`, see `.cargo/config.toml`.
+//!
+//!   cargo xtask ci [-- <cargo test args>]   install the peers, build everything, run all tests
+//!   cargo xtask demo [--seconds N]          model server + collector + agent, live spans
+
+mod ci;
+mod demo;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+use anyhow::{Context, Result, bail};
+
+const USAGE: &str = "\
+usage: cargo xtask <task>
+
+tasks:
+  ci [-- <cargo test args>]   install the peers, build the workspace, run every test
+  demo [--seconds N]          run a local model server, an OTLP collector and the agent;
+                              stop after N seconds or on Ctrl-C";
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let task = args.next();
+    let rest: Vec<String> = args.collect();
+    let result = match task.as_deref() {
+        Some("ci") => ci::run(&rest),
+        Some("demo") => demo::run(&rest),
+        Some("-h" | "--help" | "help") => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Some(other) => Err(anyhow::anyhow!("unknown task {other:?}\n\n{USAGE}")),
+        None => Err(anyhow::anyhow!("no task given\n\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The workspace root: the parent of this crate's directory.
+pub fn root() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    dir.parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
+
+/// The cargo that launched us (`$CARGO`), else `cargo` from PATH.
+pub fn cargo() -> Command {
+    let bin = std::env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
+    let mut cmd = Command::new(bin);
+    cmd.current_dir(root());
+    cmd
+}
+
+/// Prints a step header, runs `cmd` with inherited stdio and fails unless it exits 0.
+pub fn step(header: &str, mut cmd: Command) -> Result<()> {
+    println!("\n==> {header}");
+    let started = std::time::Instant::now();
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot start `{header}`"))?;
+    if !status.success() {
+        bail!("`{header}` failed ({status})");
+    }
+    println!(
+        "==> {header}: ok ({:.1} s)",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `tests/peers/install.sh` (idempotent): llama.cpp server, Gemma 3 270M, rotel.
+pub fn install_peers_cmd() -> Command {
+    let mut cmd = Command::new("bash");
+    cmd.arg(root().join("tests/peers/install.sh"))
+        .current_dir(root());
+    cmd
+}

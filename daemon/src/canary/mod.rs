@@ -78,7 +78,7 @@ impl TargetRunner {
     }
 
     /// The model and provider to use; `Err` carries the measured discovery failure.
-    async fn resolve(&self) -> Result<(String, String), Measured> {
+    async fn resolve(&self, cancel: &CancellationToken) -> Result<(String, String), Measured> {
         let t = &self.target;
         let configured_provider = t.provider.clone();
         if let (Some(model), Some(provider)) = (&t.model, &configured_provider) {
@@ -86,12 +86,22 @@ impl TargetRunner {
         }
         let mut cached = self.discovered.lock().await;
         if cached.is_none() {
-            match client::discover_model(&self.clients, t).await {
+            let discovered = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => Err(crate::measure::RequestRecord::failed(
+                    crate::measure::Outcome::Cancelled,
+                    crate::measure::RequestError::new(crate::measure::error_type::CANCELLED, Some("during model discovery".into())),
+                    None,
+                    Duration::ZERO,
+                )),
+                d = client::discover_model(&self.clients, t) => d,
+            };
+            match discovered {
                 Ok(d) => {
                     tracing::info!(target_name = %t.name, model = %d.model, owned_by = ?d.owned_by, "Discovered the served model.");
                     *cached = Some(d);
                 }
-                Err(record) if t.model.is_none() => {
+                Err(record) if t.model.is_none() || record.outcome == crate::measure::Outcome::Cancelled => {
                     return Err(Measured { record, wall_start: std::time::SystemTime::now(), retries: 0 });
                 }
                 Err(_) => {} // model configured: go on with the default provider
@@ -107,7 +117,7 @@ impl TargetRunner {
         let t = &self.target;
         let prompt = prompts::nth(seq);
         let ids = self.telemetry.new_trace();
-        let (model, provider, measured) = match self.resolve().await {
+        let (model, provider, measured) = match self.resolve(cancel).await {
             Ok((model, provider)) => {
                 self.state.set_model(&model);
                 let traceparent = ids.traceparent();

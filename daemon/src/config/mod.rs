@@ -187,7 +187,7 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 4;
 /// OpenAI chunks are well under a few KB; 1 MiB leaves room and bounds memory.
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 1 << 20;
-pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(8);
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_API_KEY_ENV: &str = "LMPERF_API_KEY";
 
 /// Loads the file named in `overrides` (if any), merges the command line and environment, and
@@ -269,11 +269,11 @@ fn validate(mut raw: RawConfig, o: Overrides, env: &dyn Env) -> Result<AgentConf
         .parse::<SocketAddr>()
         .map_err(|e| ConfigError::invalid("admin_addr", &admin, format!("not an IP:port address ({e})")))?;
     let shutdown_timeout = raw.shutdown_timeout.unwrap_or(DEFAULT_SHUTDOWN_TIMEOUT);
-    if shutdown_timeout > Duration::from_secs(9) {
+    if shutdown_timeout > Duration::from_secs(8) {
         return Err(ConfigError::invalid(
             "shutdown_timeout",
             humantime::format_duration(shutdown_timeout),
-            "at most 9s, so the agent exits within 10 s of SIGTERM",
+            "at most 8s, so the agent flushes and exits within 10 s of SIGTERM",
         ));
     }
     let otlp = validate_otlp(raw.otlp, o.otlp_endpoint, o.otlp_protocol, o.no_otlp, env)?;
@@ -534,6 +534,9 @@ mod tests {
         let c = from_toml(text, o, &[]).unwrap();
         assert_eq!(c.targets[1].schedule, Schedule::Rate { per_second: 3.0, arrival: Arrival::Poisson });
         assert_eq!(c.targets[1].max_tokens, 4);
+        // A target's own rate replaces the default interval.
+        let c = from_toml("[canary]\ninterval = \"2s\"\n[[target]]\nurl = \"http://x:1\"\nrate = 4.0\narrival = \"constant\"\n", Overrides::default(), &[]).unwrap();
+        assert_eq!(c.targets[0].schedule, Schedule::Rate { per_second: 4.0, arrival: Arrival::Constant });
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! ```toml
 //! admin_addr = "127.0.0.1:9464"     # admin HTTP: /healthz /readyz /metrics /api/v1/status
-//! shutdown_timeout = "8s"           # in-flight canaries are cancelled after this on SIGTERM
+//! shutdown_timeout = "5s"           # in-flight canaries are cancelled after this on SIGTERM
 //! console = false                   # print one line per measured request on stdout
 //!
 //! [canary]                          # defaults for every target
@@ -86,9 +86,15 @@ pub struct RawOtlp {
 }
 
 impl RawCanary {
-    /// `self`'s values where set, else `base`'s.
+    /// `self`'s values where set, else `base`'s. A schedule (`interval` or `rate`) is taken
+    /// whole: a target's `rate` replaces a default `interval` and the reverse.
     pub fn or(self, base: &RawCanary) -> RawCanary {
-        let b = base.clone();
+        let mut b = base.clone();
+        if self.interval.is_some() || self.rate.is_some() {
+            b.interval = None;
+            b.rate = None;
+            b.arrival = None;
+        }
         RawCanary {
             url: self.url.or(b.url),
             name: self.name.or(b.name),

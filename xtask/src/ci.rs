@@ -1,0 +1,74 @@
+//! `cargo xtask ci [-- <cargo test args>]`: the one test command (also `.ci/run`).
+//!
+//! 1. `tests/peers/install.sh`: the real peers the integration tests talk to
+//! 2. `cargo build --workspace --all-targets --locked` (the e2e tests spawn target/debug/lmperf)
+//! 3. `cargo test --workspace --locked [args]`: daemon unit tests and tests/ e2e tests
+
+use anyhow::{Result, bail};
+
+pub fn run(args: &[String]) -> Result<()> {
+    let test_args: &[String] = match args.split_first() {
+        None => &[],
+        Some((first, rest)) if first == "--" => rest,
+        Some((first, _)) if first == "-h" || first == "--help" => {
+            println!(
+                "usage: cargo xtask ci [-- <cargo test args>]   e.g. cargo xtask ci -- sse -- --nocapture"
+            );
+            return Ok(());
+        }
+        Some((first, _)) => {
+            bail!("unexpected argument {first:?}; pass cargo test arguments after `--`")
+        }
+    };
+
+    crate::step("[1/3] tests/peers/install.sh", crate::install_peers_cmd())?;
+
+    let mut build = crate::cargo();
+    build.args(["build", "--workspace", "--all-targets", "--locked"]);
+    crate::step(
+        "[2/3] cargo build --workspace --all-targets --locked",
+        build,
+    )?;
+
+    let mut test = crate::cargo();
+    test.args(["test", "--workspace", "--locked"])
+        .args(test_args);
+    let header = format!(
+        "[3/3] cargo test --workspace --locked {}",
+        test_args.join(" ")
+    );
+    println!("==> {}", header.trim_end());
+    let (passed, failed, ok) = run_counting(test)?;
+    // One plain closing line, so a reader of the log sees the whole suite's count rather than
+    // the last test binary's (often the empty doc-test run).
+    println!("\nci: {passed} passed, {failed} failed");
+    if !ok || failed > 0 {
+        bail!("`{}` failed", header.trim_end());
+    }
+    Ok(())
+}
+
+/// Runs `cmd`, echoing its stdout, and sums the `test result:` lines of libtest.
+fn run_counting(mut cmd: std::process::Command) -> Result<(u64, u64, bool)> {
+    use std::io::{BufRead, BufReader};
+    let mut child = cmd.stdout(std::process::Stdio::piped()).spawn()?;
+    let (mut passed, mut failed) = (0, 0);
+    if let Some(out) = child.stdout.take() {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            println!("{line}");
+            if let Some(rest) = line.strip_prefix("test result: ") {
+                passed += count(rest, " passed");
+                failed += count(rest, " failed");
+            }
+        }
+    }
+    Ok((passed, failed, child.wait()?.success()))
+}
+
+/// `ok. 22 passed; 0 failed; …` → the number before `what`.
+fn count(line: &str, what: &str) -> u64 {
+    line.split(';')
+        .find_map(|part| part.trim().trim_start_matches("ok. ").trim_start_matches("FAILED. ").strip_suffix(what.trim_start()).map(str::trim))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
