@@ -272,4 +272,33 @@ async fn api_key_never_leaks() {
         assert!(!text.contains(SECRET) && !text.contains("3f9a1c0e7b2d4a68"), "secret found in captured output {i}");
     }
     assert!(agent.stdout_text().contains("span target="), "console lines were printed");
+
+    // Every canary carried a W3C traceparent whose trace id is its span's.
+    let parents: Vec<String> = reqs.iter().filter(|r| r.path == "/v1/chat/completions").filter_map(|r| r.header("traceparent").map(str::to_owned)).collect();
+    assert_eq!(parents.len(), reqs.iter().filter(|r| r.path == "/v1/chat/completions").count());
+    for p in &parents {
+        let parts: Vec<&str> = p.split('-').collect();
+        assert!(parts.len() == 4 && parts[0] == "00" && parts[1].len() == 32 && parts[2].len() == 16 && parts[3] == "01", "{p}");
+        assert!(spans.iter().any(|sp| sp.trace_id == parts[1] && sp.span_id == parts[2]), "no span for traceparent {p}");
+    }
+}
+
+/// A bad configuration: one line naming the field and the value, exit code 2.
+#[test]
+fn bad_config_exits_2_with_one_line() {
+    let dir = std::env::temp_dir().join(format!("lmperf-badcfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (text, want) in [
+        ("[canary]\nintervall = \"5s\"\n[[target]]\nurl = \"http://127.0.0.1:9\"\n", "intervall"),
+        ("[[target]]\nurl = \"http://127.0.0.1:9\"\nmax_tokens = 0\n", "target[0].max_tokens = \"0\""),
+        ("[otlp]\nprotocol = \"http/json\"\n[[target]]\nurl = \"http://127.0.0.1:9\"\n", "otlp.protocol = \"http/json\""),
+    ] {
+        let cfg = dir.join("bad.toml");
+        std::fs::write(&cfg, text).unwrap();
+        let out = std::process::Command::new(lmperf_e2e::agent::lmperf_bin()).args(["agent", "--config", cfg.to_str().unwrap()]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+        assert!(err.contains(want), "{err} should name {want}");
+    }
 }
