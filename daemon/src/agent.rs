@@ -70,7 +70,7 @@ pub async fn run(cfg: AgentConfig, env: &dyn Env, signal: impl std::future::Futu
         targets = cfg.targets.len(),
         otlp = cfg.otlp.enabled,
         otlp_protocol = ?cfg.otlp.protocol,
-        traces_endpoint = %cfg.otlp.traces_endpoint,
+        traces_endpoint = %(if cfg.otlp.enabled { cfg.otlp.traces_endpoint.as_str() } else { "-" }),
         "Agent started."
     );
 

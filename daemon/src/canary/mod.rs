@@ -36,6 +36,8 @@ pub struct TargetRunner {
     /// Discovered model and provider, once known.
     discovered: Arc<Mutex<Option<Discovered>>>,
     in_flight: Arc<Semaphore>,
+    /// Discovery failed last time (warn once per failing streak).
+    discovery_failing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Stop signals: `stop` ends scheduling, `cancel` ends requests in flight.
@@ -48,7 +50,7 @@ pub struct Shutdown {
 impl TargetRunner {
     pub fn new(target: Arc<TargetConfig>, clients: Clients, telemetry: Arc<Telemetry>, state: Arc<TargetState>, console: bool) -> Self {
         let in_flight = Arc::new(Semaphore::new(target.max_in_flight));
-        Self { target, clients, telemetry, state, console, discovered: Arc::default(), in_flight }
+        Self { target, clients, telemetry, state, console, discovered: Arc::default(), in_flight, discovery_failing: Arc::default() }
     }
 
     /// Runs the schedule until `shutdown.stop`; request tasks are spawned on `tracker`.
@@ -98,10 +100,19 @@ impl TargetRunner {
             };
             match discovered {
                 Ok(d) => {
+                    self.discovery_failing.store(false, Ordering::Relaxed);
                     tracing::info!(target_name = %t.name, model = %d.model, owned_by = ?d.owned_by, "Discovered the served model.");
                     *cached = Some(d);
                 }
                 Err(record) if t.model.is_none() || record.outcome == crate::measure::Outcome::Cancelled => {
+                    if record.outcome != crate::measure::Outcome::Cancelled && !self.discovery_failing.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            target_name = %t.name,
+                            error_type = record.error.as_ref().map_or("-", |e| e.error_type.as_str()),
+                            error = record.error.as_ref().and_then(|e| e.message.as_deref()).unwrap_or("-"),
+                            "Model discovery (GET /v1/models) failed; canaries are recorded as errors until it succeeds."
+                        );
+                    }
                     return Err(Measured { record, wall_start: std::time::SystemTime::now(), retries: 0 });
                 }
                 Err(_) => {} // model configured: go on with the default provider

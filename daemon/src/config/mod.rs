@@ -251,7 +251,7 @@ fn validate(mut raw: RawConfig, o: Overrides, env: &dyn Env) -> Result<AgentConf
         }).collect()
     };
     if raw_targets.is_empty() {
-        return Err(ConfigError::invalid("target", "", "no target: give --target URL or a [[target]] table"));
+        return Err(ConfigError::invalid("--target", "", "no target: give --target URL or a [[target]] table"));
     }
     let mut targets = Vec::with_capacity(raw_targets.len());
     for (field, t) in raw_targets {
@@ -335,7 +335,12 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
             };
             Schedule::Rate { per_second, arrival }
         }
-        (None, None) => Schedule::Interval { period: DEFAULT_INTERVAL },
+        (None, None) => {
+            if let Some(a) = &t.arrival {
+                return Err(ConfigError::invalid(format!("{field}.arrival"), a, "arrival needs rate"));
+            }
+            Schedule::Interval { period: DEFAULT_INTERVAL }
+        }
     };
     let max_tokens = t.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
     if max_tokens == 0 || max_tokens > 4096 {
@@ -469,7 +474,10 @@ fn validate_otlp(
     };
     let queue_size = raw.queue_size.unwrap_or(2048);
     let batch_size = raw.batch_size.unwrap_or(512);
-    if queue_size == 0 || batch_size == 0 || batch_size > queue_size {
+    if queue_size == 0 {
+        return Err(ConfigError::invalid("otlp.queue_size", queue_size, "at least 1"));
+    }
+    if batch_size == 0 || batch_size > queue_size {
         return Err(ConfigError::invalid("otlp.batch_size", batch_size, format!("between 1 and queue_size ({queue_size})")));
     }
     Ok(OtlpConfig { enabled, protocol, traces_endpoint, metrics_endpoint, export_interval, export_timeout, queue_size, batch_size })
@@ -508,6 +516,8 @@ mod tests {
             ("[[target]]\nurl = \"http://x:1\"\nrate = -1.0\n", "target[0].rate = \"-1\""),
             ("admin_addr = \"localhost\"\n[[target]]\nurl = \"http://x:1\"\n", "admin_addr = \"localhost\""),
             ("[otlp]\nprotocol = \"http/json\"\n[[target]]\nurl = \"http://x:1\"\n", "otlp.protocol = \"http/json\""),
+            ("[otlp]\nqueue_size = 0\n[[target]]\nurl = \"http://x:1\"\n", "otlp.queue_size = \"0\""),
+            ("[[target]]\nurl = \"http://x:1\"\narrival = \"poisson\"\n", "target[0].arrival = \"poisson\""),
         ];
         for (text, want) in cases {
             let err = from_toml(text, Overrides::default(), &[]).unwrap_err().to_string();

@@ -33,6 +33,8 @@ pub struct ExportStats {
     pub dropped_queue_full: AtomicU64,
     pub failed: AtomicU64,
     pub export_errors: AtomicU64,
+    /// Spans taken from the queue and being exported now.
+    pub exporting: AtomicU64,
     last_error: Mutex<Option<String>>,
 }
 
@@ -42,6 +44,9 @@ pub struct ExportSnapshot {
     pub enabled: bool,
     pub queue_len: usize,
     pub queue_capacity: usize,
+    /// Spans in the batch being filled or exported now (enqueued = queue_len + exporting + exported +
+    /// failed, once dropped spans are left out).
+    pub exporting: u64,
     pub enqueued: u64,
     pub exported: u64,
     pub dropped_queue_full: u64,
@@ -119,6 +124,7 @@ impl SpanQueue {
             enabled: self.tx.is_some(),
             queue_len: self.tx.as_ref().map_or(0, |tx| tx.max_capacity() - tx.capacity()),
             queue_capacity: self.capacity,
+            exporting: s.exporting.load(Ordering::Relaxed),
             enqueued: s.enqueued.load(Ordering::Relaxed),
             exported: s.exported.load(Ordering::Relaxed),
             dropped_queue_full: s.dropped_queue_full.load(Ordering::Relaxed),
@@ -165,7 +171,10 @@ impl<E: SpanExporter> ExportTask<E> {
                     return;
                 }
                 span = self.rx.recv() => match span {
-                    Some(s) => batch.push(s),
+                    Some(s) => {
+                        batch.push(s);
+                        self.stats.exporting.store(1, Ordering::Relaxed);
+                    }
                     None => return,
                 },
             }
@@ -173,7 +182,10 @@ impl<E: SpanExporter> ExportTask<E> {
             let fill_until = Instant::now() + BATCH_DELAY;
             while batch.len() < self.batch_size {
                 match tokio::time::timeout_at(fill_until, self.rx.recv()).await {
-                    Ok(Some(s)) => batch.push(s),
+                    Ok(Some(s)) => {
+                        batch.push(s);
+                        self.stats.exporting.store(batch.len() as u64, Ordering::Relaxed);
+                    }
                     _ => break,
                 }
             }
@@ -207,11 +219,14 @@ impl<E: SpanExporter> ExportTask<E> {
     }
 
     async fn export(&self, batch: Vec<SpanData>, timeout: Duration) -> Result<(), String> {
-        match tokio::time::timeout(timeout, self.exporter.export(batch)).await {
+        self.stats.exporting.store(batch.len() as u64, Ordering::Relaxed);
+        let result = match tokio::time::timeout(timeout, self.exporter.export(batch)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err(format!("export timed out after {timeout:?}")),
-        }
+        };
+        self.stats.exporting.store(0, Ordering::Relaxed);
+        result
     }
 
     fn warn(&mut self, error: &str, backoff: Duration) {
