@@ -147,6 +147,7 @@ impl TargetRunner {
             server_address: &t.host,
             server_port: t.port,
             prompt_id: prompt.id,
+            extra: Vec::new(),
         };
         self.telemetry.record(&info, ids, &measured);
         self.state.record(&measured, ids.trace_id.to_string());

@@ -98,6 +98,8 @@ pub struct SpanContextInfo<'a> {
     pub server_address: &'a str,
     pub server_port: u16,
     pub prompt_id: &'a str,
+    /// Attributes other sources add to the span (GPU, kernel network view), appended last.
+    pub extra: Vec<KeyValue>,
 }
 
 fn secs(d: std::time::Duration) -> Value {
@@ -162,6 +164,7 @@ pub fn build_span(ids: TraceIds, info: &SpanContextInfo<'_>, m: &Measured, scope
     if let Some(s) = r.http_status {
         a.push(KeyValue::new(n::HTTP_RESPONSE_STATUS_CODE, i64::from(s)));
     }
+    a.extend(info.extra.iter().cloned());
     let status = match &r.error {
         Some(e) if r.outcome != Outcome::Ok => {
             a.push(KeyValue::new(n::ERROR_TYPE, e.error_type.clone()));
