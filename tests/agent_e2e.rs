@@ -53,7 +53,8 @@ async fn real_server_grpc_receiver() {
     let args = ["--target", &server.url(), "--interval", "300ms", "--max-tokens", "16", "--otlp-protocol", "grpc", "--otlp-endpoint", &collector.endpoint()]
         .map(String::from)
         .to_vec();
-    let envs = vec![("OTEL_METRIC_EXPORT_INTERVAL".to_owned(), "1000".to_owned())];
+    // Keep every span (the standard variable replaces the adaptive sampler).
+    let envs = vec![("OTEL_METRIC_EXPORT_INTERVAL".to_owned(), "1000".to_owned()), ("OTEL_TRACES_SAMPLER".to_owned(), "always_on".to_owned())];
     let mut agent = spawn_blocking_agent(args, envs).await.unwrap();
 
     let s = agent.wait_status(Duration::from_secs(90), |s| s["targets"][0]["requests"].as_u64().unwrap_or(0) >= 12);
@@ -145,7 +146,12 @@ async fn real_server_grpc_receiver() {
 async fn real_server_http_protobuf_to_real_collector() {
     let server = tokio::task::spawn_blocking(ModelServer::start).await.unwrap();
     let collector = tokio::task::spawn_blocking(Collector::start).await.unwrap();
-    let args = ["--target", &server.url(), "--api", "completions", "--interval", "300ms", "--max-tokens", "8", "--otlp-protocol", "http/protobuf", "--otlp-endpoint", &format!("http://127.0.0.1:{}", collector.http)]
+    // Keep every span through the adaptive sampler's own settings.
+    let dir = std::env::temp_dir().join(format!("lmperf-http-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("agent.toml");
+    std::fs::write(&cfg, "[canary]\nsampling_ratio = 1.0\nsampling_max_per_second = 100\n").unwrap();
+    let args = ["--config", cfg.to_str().unwrap(), "--target", &server.url(), "--api", "completions", "--interval", "300ms", "--max-tokens", "8", "--otlp-protocol", "http/protobuf", "--otlp-endpoint", &format!("http://127.0.0.1:{}", collector.http)]
         .map(String::from)
         .to_vec();
     let envs = vec![("OTEL_METRIC_EXPORT_INTERVAL".to_owned(), "1000".to_owned()), ("K8S_NODE_NAME".to_owned(), "node-a".to_owned())];
@@ -175,6 +181,7 @@ async fn real_server_http_protobuf_to_real_collector() {
         assert!(sp.attributes["gen_ai.response.time_to_first_chunk"].starts_with("Double("));
         assert!(sp.attributes["gen_ai.usage.output_tokens"].starts_with("Int("));
         assert!(sp.attributes["gen_ai.response.finish_reasons"].starts_with("Slice(Str("));
+        assert_eq!(inner(&sp.attributes["lmperf.sampling.reason"]), "base");
     }
     let text = collector.text();
     assert!(text.contains("Name: gen_ai.client.operation.duration"), "metrics reached the collector");
@@ -242,7 +249,11 @@ async fn api_key_never_leaks() {
     let args = ["--target", &server.url(), "--api-key-file", key.to_str().unwrap(), "--interval", "150ms", "--console", "--otlp-protocol", "grpc", "--otlp-endpoint", &collector.endpoint()]
         .map(String::from)
         .to_vec();
-    let envs = vec![("RUST_LOG".to_owned(), "debug".to_owned()), ("OTEL_METRIC_EXPORT_INTERVAL".to_owned(), "500".to_owned())];
+    let envs = vec![
+        ("RUST_LOG".to_owned(), "debug".to_owned()),
+        ("OTEL_METRIC_EXPORT_INTERVAL".to_owned(), "500".to_owned()),
+        ("OTEL_TRACES_SAMPLER".to_owned(), "always_on".to_owned()),
+    ];
     let mut agent = spawn_blocking_agent(args, envs).await.unwrap();
     let s = agent.wait_status(Duration::from_secs(20), |s| s["targets"][0]["requests"].as_u64().unwrap_or(0) >= 6);
     let (_, metrics) = agent.get("/metrics");

@@ -39,6 +39,7 @@ pub enum AgentError {
 pub async fn run(cfg: AgentConfig, env: &dyn Env, signal: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
     let telemetry = Arc::new(Telemetry::init(&cfg.otlp, env)?);
     let states: Vec<Arc<TargetState>> = cfg.targets.iter().map(|t| Arc::new(TargetState::new(t))).collect();
+    telemetry.register_spike_gauge(states.clone());
     let status = Arc::new(AgentStatus { targets: states.clone(), started: SystemTime::now(), ready: false.into() });
 
     let listener = tokio::net::TcpListener::bind(cfg.admin_addr)

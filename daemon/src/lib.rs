@@ -11,6 +11,7 @@ pub mod canary;
 pub mod cli;
 pub mod config;
 pub mod measure;
+pub mod sampler;
 pub mod status;
 pub mod telemetry;
 

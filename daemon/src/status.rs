@@ -41,6 +41,8 @@ pub struct TargetState {
     pub api: &'static str,
     pub in_flight: AtomicU64,
     pub skipped: AtomicU64,
+    /// In spike mode (every span kept).
+    pub spike: AtomicBool,
     inner: Mutex<Inner>,
 }
 
@@ -56,6 +58,7 @@ pub struct TargetSnapshot {
     pub by_outcome: BTreeMap<&'static str, u64>,
     pub in_flight: u64,
     pub skipped: u64,
+    pub spike: bool,
     pub last: Option<LastResult>,
 }
 
@@ -71,6 +74,7 @@ impl TargetState {
             api: t.api.path(),
             in_flight: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
+            spike: AtomicBool::new(false),
             inner: Mutex::new(Inner { model: t.model.clone(), ..Inner::default() }),
         }
     }
@@ -114,6 +118,7 @@ impl TargetState {
             by_outcome,
             in_flight: self.in_flight.load(Ordering::Relaxed),
             skipped: self.skipped.load(Ordering::Relaxed),
+            spike: self.spike.load(Ordering::Relaxed),
             last,
         }
     }

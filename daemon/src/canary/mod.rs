@@ -21,6 +21,8 @@ use crate::config::TargetConfig;
 use crate::status::TargetState;
 use crate::telemetry::Telemetry;
 use crate::telemetry::spans::SpanContextInfo;
+use crate::measure::Outcome;
+use crate::sampler::adaptive::{Decision, Observed, Reason, SpikeTransition, TargetSampler};
 use client::{CanaryRequest, Clients, Discovered, Measured};
 use schedule::{Gaps, Ticker};
 
@@ -36,6 +38,8 @@ pub struct TargetRunner {
     /// Discovered model and provider, once known.
     discovered: Arc<Mutex<Option<Discovered>>>,
     in_flight: Arc<Semaphore>,
+    /// The target's adaptive tail sampler.
+    sampler: Arc<std::sync::Mutex<TargetSampler>>,
     /// Discovery failed last time (warn once per failing streak).
     discovery_failing: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -50,7 +54,8 @@ pub struct Shutdown {
 impl TargetRunner {
     pub fn new(target: Arc<TargetConfig>, clients: Clients, telemetry: Arc<Telemetry>, state: Arc<TargetState>, console: bool) -> Self {
         let in_flight = Arc::new(Semaphore::new(target.max_in_flight));
-        Self { target, clients, telemetry, state, console, discovered: Arc::default(), in_flight, discovery_failing: Arc::default() }
+        let sampling = target.sampling;
+        Self { target, clients, telemetry, state, console, discovered: Arc::default(), in_flight, discovery_failing: Arc::default(), sampler: Arc::new(std::sync::Mutex::new(TargetSampler::new(sampling))) }
     }
 
     /// Runs the schedule until `shutdown.stop`; request tasks are spawned on `tracker`.
@@ -77,6 +82,37 @@ impl TargetRunner {
                 drop(permit);
             });
         }
+    }
+
+    /// The sampling decision for a finished request: the head sampler's when
+    /// `OTEL_TRACES_SAMPLER` is set, else the target's adaptive sampler's.
+    fn decide(&self, ids: crate::telemetry::spans::TraceIds, m: &Measured) -> Decision {
+        if let Some(head) = self.telemetry.head_sampler {
+            return Decision { keep: ids.sampled, reason: Reason::Head, probability: head.probability(), transition: None };
+        }
+        let r = &m.record;
+        let observed = Observed {
+            failed: r.outcome != Outcome::Ok,
+            ttft: r.ttft,
+            e2e: r.e2e,
+            trace_id: u128::from_be_bytes(ids.trace_id.to_bytes()),
+        };
+        let decision = match self.sampler.lock() {
+            Ok(mut s) => s.decide(tokio::time::Instant::now(), observed),
+            // A poisoned lock only means another canary panicked: keep the span.
+            Err(_) => Decision { keep: true, reason: Reason::Base, probability: 1.0, transition: None },
+        };
+        if let Some(t) = decision.transition {
+            let entered = t == SpikeTransition::Entered;
+            self.state.spike.store(entered, Ordering::Relaxed);
+            let p = &self.target.sampling;
+            if entered {
+                tracing::warn!(target_name = %self.target.name, window = ?p.spike_window, error_rate = p.spike_error_rate, p99 = ?p.spike_p99, hold = ?p.spike_hold, "Spike mode entered: keeping every span.");
+            } else {
+                tracing::info!(target_name = %self.target.name, "Spike mode left: back to base sampling.");
+            }
+        }
+        decision
     }
 
     /// The model and provider to use; `Err` carries the measured discovery failure.
@@ -149,7 +185,8 @@ impl TargetRunner {
             prompt_id: prompt.id,
             extra: Vec::new(),
         };
-        self.telemetry.record(&info, ids, &measured);
+        let decision = self.decide(ids, &measured);
+        self.telemetry.record(&info, ids, &measured, &decision);
         self.state.record(&measured, ids.trace_id.to_string());
         let r = &measured.record;
         if r.outcome != crate::measure::Outcome::Ok {

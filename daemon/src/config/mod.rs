@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use url::Url;
 
+use crate::sampler::adaptive::SamplingPolicy;
 use raw::{RawCanary, RawConfig};
 
 /// A configuration that cannot be used. Its `Display` is one line naming the field and value.
@@ -117,6 +118,7 @@ pub struct TargetConfig {
     pub api_key: Option<Secret>,
     /// `gen_ai.provider.name`; `None`: from `owned_by` of `/v1/models`, else `openai`.
     pub provider: Option<String>,
+    pub sampling: SamplingPolicy,
 }
 
 /// OTLP wire protocol.
@@ -363,6 +365,7 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
     {
         return Err(ConfigError::invalid(format!("{field}.model"), m, "empty model name"));
     }
+    let sampling = validate_sampling(field, &t)?;
     let api_key = read_api_key(field, &t, env)?;
     let name = t.name.clone().unwrap_or_else(|| format!("{host}:{port}"));
     Ok(TargetConfig {
@@ -380,6 +383,41 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
         max_event_bytes,
         api_key,
         provider: t.provider,
+        sampling,
+    })
+}
+
+fn validate_sampling(field: &str, t: &RawCanary) -> Result<SamplingPolicy, ConfigError> {
+    let d = SamplingPolicy::default();
+    let unit = |name: &str, v: Option<f64>, default: f64, zero_ok: bool| -> Result<f64, ConfigError> {
+        let v = v.unwrap_or(default);
+        let ok = v.is_finite() && v <= 1.0 && (v > 0.0 || (zero_ok && v == 0.0));
+        if ok { Ok(v) } else { Err(ConfigError::invalid(format!("{field}.{name}"), v, "a share in [0, 1]")) }
+    };
+    let base_ratio = unit("sampling_ratio", t.sampling_ratio, d.base_ratio, true)?;
+    let spike_error_rate = unit("spike_error_rate", t.spike_error_rate, d.spike_error_rate, false)?;
+    let max_base_per_second = t.sampling_max_per_second.unwrap_or(d.max_base_per_second);
+    if !(max_base_per_second.is_finite() && max_base_per_second >= 0.0) {
+        return Err(ConfigError::invalid(format!("{field}.sampling_max_per_second"), max_base_per_second, "spans per second, 0 or more"));
+    }
+    let spike_window = t.spike_window.unwrap_or(d.spike_window);
+    if spike_window < Duration::from_secs(1) {
+        return Err(ConfigError::invalid(format!("{field}.spike_window"), humantime::format_duration(spike_window), "at least 1s"));
+    }
+    let spike_min_requests = t.spike_min_requests.unwrap_or(d.spike_min_requests);
+    if spike_min_requests == 0 {
+        return Err(ConfigError::invalid(format!("{field}.spike_min_requests"), 0, "at least 1"));
+    }
+    Ok(SamplingPolicy {
+        base_ratio,
+        max_base_per_second,
+        slo_ttft: t.slo_ttft,
+        slo_e2e: t.slo_e2e,
+        spike_window,
+        spike_error_rate,
+        spike_p99: t.spike_p99.or(t.slo_e2e),
+        spike_hold: t.spike_hold.unwrap_or(d.spike_hold),
+        spike_min_requests,
     })
 }
 

@@ -15,6 +15,15 @@
 //! connect_timeout = "5s"
 //! max_in_flight = 4
 //! api_key_env = "LMPERF_API_KEY"    # or api_key_file = "/run/secrets/key"
+//! sampling_ratio = 0.1              # healthy spans kept outside spikes
+//! sampling_max_per_second = 10      # cap on those per target
+//! # slo_ttft = "500ms"              # a breach keeps the span
+//! # slo_e2e = "5s"
+//! spike_window = "30s"              # spike mode: error rate or p99 over this window
+//! spike_error_rate = 0.05
+//! # spike_p99 = "5s"                # default: slo_e2e
+//! spike_hold = "60s"
+//! spike_min_requests = 10
 //!
 //! [[target]]
 //! url = "http://127.0.0.1:8000"
@@ -69,6 +78,22 @@ pub struct RawCanary {
     pub api_key_env: Option<String>,
     pub api_key_file: Option<String>,
     pub provider: Option<String>,
+    /// Adaptive sampling (see `sampler::adaptive`): share of healthy spans kept, [0, 1].
+    pub sampling_ratio: Option<f64>,
+    /// At most this many healthy spans kept per second.
+    pub sampling_max_per_second: Option<f64>,
+    #[serde(default, with = "humantime_serde")]
+    pub slo_ttft: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub slo_e2e: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub spike_window: Option<Duration>,
+    pub spike_error_rate: Option<f64>,
+    #[serde(default, with = "humantime_serde")]
+    pub spike_p99: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub spike_hold: Option<Duration>,
+    pub spike_min_requests: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -111,6 +136,15 @@ impl RawCanary {
             api_key_env: self.api_key_env.or(b.api_key_env),
             api_key_file: self.api_key_file.or(b.api_key_file),
             provider: self.provider.or(b.provider),
+            sampling_ratio: self.sampling_ratio.or(b.sampling_ratio),
+            sampling_max_per_second: self.sampling_max_per_second.or(b.sampling_max_per_second),
+            slo_ttft: self.slo_ttft.or(b.slo_ttft),
+            slo_e2e: self.slo_e2e.or(b.slo_e2e),
+            spike_window: self.spike_window.or(b.spike_window),
+            spike_error_rate: self.spike_error_rate.or(b.spike_error_rate),
+            spike_p99: self.spike_p99.or(b.spike_p99),
+            spike_hold: self.spike_hold.or(b.spike_hold),
+            spike_min_requests: self.spike_min_requests.or(b.spike_min_requests),
         }
     }
 }

@@ -1,26 +1,33 @@
-//! The span export path: a bounded queue and one export task.
+//! The span export path: one bounded two-lane queue and one export task.
 //!
-//! `enqueue` never blocks and never allocates beyond the queue's bound: when the queue is full
-//! the span is dropped and counted (`dropped_queue_full`). The task takes up to `batch_size`
-//! spans (or what arrived within [`BATCH_DELAY`]), exports them with a timeout, and after a
-//! failure waits with exponential backoff and jitter ([`BACKOFF_MIN`]…[`BACKOFF_MAX`]) before
-//! the next attempt, while the queue keeps absorbing (and, when full, dropping) new spans. A
-//! failed batch is counted (`failed`) and not retried, so memory stays bounded. Warnings are
-//! rate-limited to one per [`WARN_EVERY`].
+//! Lanes: *priority* spans (kept for an error, an SLO breach or a spike) and *healthy* spans
+//! (kept by chance). The queue holds at most `capacity` spans in all. When it is full, a new
+//! healthy span is dropped (the newest healthy span goes first); a new priority span evicts
+//! the newest healthy span, and is itself dropped only when the queue holds nothing but
+//! priority spans. Every drop is counted by the dropped span's sampling reason.
+//!
+//! `enqueue` never blocks on IO: a short mutex section and a notify. The task takes a batch
+//! (priority lane first, so a spike's spans still queued go first when a collector comes
+//! back), exports it with a timeout, and after a failure waits with exponential backoff and
+//! jitter ([`BACKOFF_MIN`]…[`BACKOFF_MAX`]) while the queue keeps absorbing (and, when full,
+//! dropping) spans. A failed batch is counted (`failed`) and not retried, so memory stays
+//! bounded. Warnings are rate-limited to one per [`WARN_EVERY`].
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use rand::Rng;
 use serde::Serialize;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 
+use crate::sampler::adaptive::Reason;
+
 /// Longest wait for a batch to fill.
-pub const BATCH_DELAY: Duration = Duration::from_millis(500);
+pub const BATCH_DELAY: Duration = Duration::from_millis(200);
 pub const BACKOFF_MIN: Duration = Duration::from_millis(500);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
 pub const WARN_EVERY: Duration = Duration::from_secs(30);
@@ -30,32 +37,21 @@ pub const WARN_EVERY: Duration = Duration::from_secs(30);
 pub struct ExportStats {
     pub enqueued: AtomicU64,
     pub exported: AtomicU64,
-    pub dropped_queue_full: AtomicU64,
+    /// Dropped because the queue was full, by the dropped span's [`Reason`] index.
+    pub dropped: [AtomicU64; 5],
     pub failed: AtomicU64,
     pub export_errors: AtomicU64,
-    /// Spans taken from the queue and being exported now.
+    /// Spans taken from the queue and being batched or exported now.
     pub exporting: AtomicU64,
     last_error: Mutex<Option<String>>,
-}
-
-/// A point-in-time copy of [`ExportStats`] plus the queue's fill.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct ExportSnapshot {
-    pub enabled: bool,
-    pub queue_len: usize,
-    pub queue_capacity: usize,
-    /// Spans in the batch being filled or exported now (enqueued = queue_len + exporting + exported +
-    /// failed, once dropped spans are left out).
-    pub exporting: u64,
-    pub enqueued: u64,
-    pub exported: u64,
-    pub dropped_queue_full: u64,
-    pub failed: u64,
-    pub export_errors: u64,
-    pub last_error: Option<String>,
+    warned_full: AtomicBool,
 }
 
 impl ExportStats {
+    pub fn dropped_total(&self) -> u64 {
+        self.dropped.iter().map(|d| d.load(Ordering::Relaxed)).sum()
+    }
+
     fn set_error(&self, e: String) {
         if let Ok(mut g) = self.last_error.lock() {
             *g = Some(e);
@@ -63,18 +59,57 @@ impl ExportStats {
     }
 }
 
+/// A point-in-time copy of [`ExportStats`] plus the queue's fill.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ExportSnapshot {
+    pub enabled: bool,
+    pub queue_len: usize,
+    pub queue_priority: usize,
+    pub queue_capacity: usize,
+    /// Spans being batched or exported now (enqueued = queue_len + exporting + exported +
+    /// failed + spans evicted from the queue).
+    pub exporting: u64,
+    pub enqueued: u64,
+    pub exported: u64,
+    pub dropped_queue_full: u64,
+    /// Drops by the sampling reason of the dropped span.
+    pub dropped_by_reason: std::collections::BTreeMap<&'static str, u64>,
+    pub failed: u64,
+    pub export_errors: u64,
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct Lanes {
+    priority: VecDeque<(SpanData, Reason)>,
+    healthy: VecDeque<(SpanData, Reason)>,
+}
+
+impl Lanes {
+    fn len(&self) -> usize {
+        self.priority.len() + self.healthy.len()
+    }
+
+    /// Up to `n` spans, priority lane first.
+    fn take(&mut self, n: usize, into: &mut Vec<SpanData>) {
+        while into.len() < n {
+            match self.priority.pop_front().or_else(|| self.healthy.pop_front()) {
+                Some((s, _)) => into.push(s),
+                None => break,
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    lanes: Mutex<Lanes>,
+    ready: Notify,
+}
+
 enum Control {
     /// Export everything queued, then stop; reply when done or at the deadline.
     Shutdown { deadline: Instant, done: oneshot::Sender<()> },
-}
-
-/// The sending side, held by the pipeline.
-#[derive(Debug, Clone)]
-pub struct SpanQueue {
-    tx: Option<mpsc::Sender<SpanData>>,
-    control: Option<mpsc::Sender<ControlMsg>>,
-    capacity: usize,
-    pub stats: Arc<ExportStats>,
 }
 
 /// Wrapper so `Control` stays private while `SpanQueue` is `Debug`.
@@ -86,33 +121,62 @@ impl std::fmt::Debug for ControlMsg {
     }
 }
 
+/// The sending side, held by the pipeline.
+#[derive(Debug, Clone)]
+pub struct SpanQueue {
+    shared: Option<Arc<Shared>>,
+    control: Option<mpsc::Sender<ControlMsg>>,
+    capacity: usize,
+    pub stats: Arc<ExportStats>,
+}
+
 impl SpanQueue {
-    /// A queue that drops everything (export disabled); counts nothing as dropped.
+    /// A queue that exports nothing (export disabled); counts nothing as dropped.
     pub fn disabled() -> Self {
-        Self { tx: None, control: None, capacity: 0, stats: Arc::default() }
+        Self { shared: None, control: None, capacity: 0, stats: Arc::default() }
     }
 
     /// Starts the export task on the current tokio runtime.
     pub fn start<E: SpanExporter + 'static>(exporter: E, capacity: usize, batch_size: usize, export_timeout: Duration) -> Self {
-        let (tx, rx) = mpsc::channel(capacity);
+        let shared = Arc::new(Shared::default());
         let (ctl_tx, ctl_rx) = mpsc::channel(1);
         let stats = Arc::new(ExportStats::default());
-        let task = ExportTask { exporter, rx, control: ctl_rx, batch_size, export_timeout, stats: stats.clone(), last_warn: None };
+        let task = ExportTask { exporter, shared: shared.clone(), control: ctl_rx, batch_size, export_timeout, stats: stats.clone(), last_warn: None };
         tokio::spawn(task.run());
-        Self { tx: Some(tx), control: Some(ctl_tx), capacity, stats }
+        Self { shared: Some(shared), control: Some(ctl_tx), capacity, stats }
     }
 
-    /// Queues a span for export; drops and counts it when the queue is full.
-    pub fn enqueue(&self, span: SpanData) {
-        let Some(tx) = &self.tx else { return };
-        match tx.try_send(span) {
-            Ok(()) => {
-                self.stats.enqueued.fetch_add(1, Ordering::Relaxed);
+    /// Queues a span kept for `reason`; when the queue is full, drops per the lane rules and
+    /// counts the drop.
+    pub fn enqueue(&self, span: SpanData, reason: Reason) {
+        let Some(shared) = &self.shared else { return };
+        let dropped = {
+            let Ok(mut lanes) = shared.lanes.lock() else { return };
+            if lanes.len() < self.capacity {
+                if reason.is_priority() { lanes.priority.push_back((span, reason)) } else { lanes.healthy.push_back((span, reason)) }
+                None
+            } else if reason.is_priority() {
+                match lanes.healthy.pop_back() {
+                    Some((_, evicted)) => {
+                        lanes.priority.push_back((span, reason));
+                        Some(evicted)
+                    }
+                    None => Some(reason),
+                }
+            } else {
+                Some(reason)
             }
-            Err(mpsc::error::TrySendError::Full(_)) | Err(mpsc::error::TrySendError::Closed(_)) => {
-                let n = self.stats.dropped_queue_full.fetch_add(1, Ordering::Relaxed);
-                if n == 0 {
-                    tracing::warn!(capacity = self.capacity, "Span export queue is full; dropping spans (counted in lmperf.export.spans).");
+        };
+        self.stats.enqueued.fetch_add(1, Ordering::Relaxed);
+        match dropped {
+            None => shared.ready.notify_one(),
+            Some(r) => {
+                if reason.is_priority() && r != reason {
+                    shared.ready.notify_one();
+                }
+                self.stats.dropped[r.index()].fetch_add(1, Ordering::Relaxed);
+                if !self.stats.warned_full.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(capacity = self.capacity, "Span export queue is full; dropping the newest healthy spans first (counted in lmperf.export.spans).");
                 }
             }
         }
@@ -120,14 +184,21 @@ impl SpanQueue {
 
     pub fn snapshot(&self) -> ExportSnapshot {
         let s = &self.stats;
+        let (queue_len, queue_priority) = self
+            .shared
+            .as_ref()
+            .and_then(|sh| sh.lanes.lock().ok().map(|l| (l.len(), l.priority.len())))
+            .unwrap_or((0, 0));
         ExportSnapshot {
-            enabled: self.tx.is_some(),
-            queue_len: self.tx.as_ref().map_or(0, |tx| tx.max_capacity() - tx.capacity()),
+            enabled: self.shared.is_some(),
+            queue_len,
+            queue_priority,
             queue_capacity: self.capacity,
             exporting: s.exporting.load(Ordering::Relaxed),
             enqueued: s.enqueued.load(Ordering::Relaxed),
             exported: s.exported.load(Ordering::Relaxed),
-            dropped_queue_full: s.dropped_queue_full.load(Ordering::Relaxed),
+            dropped_queue_full: s.dropped_total(),
+            dropped_by_reason: Reason::ALL.iter().map(|r| (r.as_str(), s.dropped[r.index()].load(Ordering::Relaxed))).collect(),
             failed: s.failed.load(Ordering::Relaxed),
             export_errors: s.export_errors.load(Ordering::Relaxed),
             last_error: s.last_error.lock().ok().and_then(|g| g.clone()),
@@ -147,7 +218,7 @@ impl SpanQueue {
 
 struct ExportTask<E> {
     exporter: E,
-    rx: mpsc::Receiver<SpanData>,
+    shared: Arc<Shared>,
     control: mpsc::Receiver<ControlMsg>,
     batch_size: usize,
     export_timeout: Duration,
@@ -156,41 +227,43 @@ struct ExportTask<E> {
 }
 
 impl<E: SpanExporter> ExportTask<E> {
+    fn take(&self, into: &mut Vec<SpanData>) {
+        if let Ok(mut lanes) = self.shared.lanes.lock() {
+            lanes.take(self.batch_size, into);
+        }
+        self.stats.exporting.store(into.len() as u64, Ordering::Relaxed);
+    }
+
+    fn queued(&self) -> usize {
+        self.shared.lanes.lock().map(|l| l.len()).unwrap_or(0)
+    }
+
     async fn run(mut self) {
         let mut backoff = BACKOFF_MIN;
         let mut batch = Vec::with_capacity(self.batch_size);
         loop {
-            // Wait for the first span or a shutdown.
-            tokio::select! {
-                biased;
-                msg = self.control.recv() => {
-                    if let Some(ControlMsg(Control::Shutdown { deadline, done })) = msg {
-                        self.drain(deadline).await;
-                        let _ = done.send(());
-                    }
-                    return;
+            // Wait for spans (or a shutdown), then give a batch a short while to fill.
+            if self.queued() == 0 {
+                tokio::select! {
+                    biased;
+                    msg = self.control.recv() => return self.stop(msg).await,
+                    _ = self.shared.ready.notified() => {}
                 }
-                span = self.rx.recv() => match span {
-                    Some(s) => {
-                        batch.push(s);
-                        self.stats.exporting.store(1, Ordering::Relaxed);
-                    }
-                    None => return,
-                },
             }
-            // Fill the batch for a short while.
-            let fill_until = Instant::now() + BATCH_DELAY;
-            while batch.len() < self.batch_size {
-                match tokio::time::timeout_at(fill_until, self.rx.recv()).await {
-                    Ok(Some(s)) => {
-                        batch.push(s);
-                        self.stats.exporting.store(batch.len() as u64, Ordering::Relaxed);
-                    }
-                    _ => break,
+            if self.queued() < self.batch_size {
+                tokio::select! {
+                    biased;
+                    msg = self.control.recv() => return self.stop(msg).await,
+                    _ = tokio::time::sleep(BATCH_DELAY) => {}
                 }
+            }
+            self.take(&mut batch);
+            if batch.is_empty() {
+                continue;
             }
             let n = batch.len() as u64;
-            match self.export(std::mem::take(&mut batch), self.export_timeout).await {
+            let result = self.export(std::mem::take(&mut batch), self.export_timeout).await;
+            match result {
                 Ok(()) => {
                     self.stats.exported.fetch_add(n, Ordering::Relaxed);
                     backoff = BACKOFF_MIN;
@@ -198,35 +271,32 @@ impl<E: SpanExporter> ExportTask<E> {
                 Err(e) => {
                     self.stats.failed.fetch_add(n, Ordering::Relaxed);
                     self.warn(&e, backoff);
-                    // Back off, but stay responsive to shutdown.
-                    let jitter = rand::rng().random_range(0.5..=1.0);
-                    let wait = backoff.mul_f64(jitter);
+                    let wait = backoff.mul_f64(rand::rng().random_range(0.5..=1.0));
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                     tokio::select! {
                         biased;
-                        msg = self.control.recv() => {
-                            if let Some(ControlMsg(Control::Shutdown { deadline, done })) = msg {
-                                self.drain(deadline).await;
-                                let _ = done.send(());
-                            }
-                            return;
-                        }
+                        msg = self.control.recv() => return self.stop(msg).await,
                         _ = tokio::time::sleep(wait) => {}
                     }
                 }
             }
+            self.stats.exporting.store(0, Ordering::Relaxed);
+        }
+    }
+
+    async fn stop(&mut self, msg: Option<ControlMsg>) {
+        if let Some(ControlMsg(Control::Shutdown { deadline, done })) = msg {
+            self.drain(deadline).await;
+            let _ = done.send(());
         }
     }
 
     async fn export(&self, batch: Vec<SpanData>, timeout: Duration) -> Result<(), String> {
-        self.stats.exporting.store(batch.len() as u64, Ordering::Relaxed);
-        let result = match tokio::time::timeout(timeout, self.exporter.export(batch)).await {
+        match tokio::time::timeout(timeout, self.exporter.export(batch)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err(format!("export timed out after {timeout:?}")),
-        };
-        self.stats.exporting.store(0, Ordering::Relaxed);
-        result
+        }
     }
 
     fn warn(&mut self, error: &str, backoff: Duration) {
@@ -239,34 +309,121 @@ impl<E: SpanExporter> ExportTask<E> {
         }
     }
 
-    /// Exports everything queued until `deadline`.
+    /// Exports everything queued until `deadline`; what is left then is counted as failed.
     async fn drain(&mut self, deadline: Instant) {
         loop {
             let mut batch = Vec::with_capacity(self.batch_size);
-            while batch.len() < self.batch_size {
-                match self.rx.try_recv() {
-                    Ok(s) => batch.push(s),
-                    Err(_) => break,
-                }
-            }
+            self.take(&mut batch);
             if batch.is_empty() {
                 return;
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                self.stats.failed.fetch_add(batch.len() as u64, Ordering::Relaxed);
-                return;
-            }
             let n = batch.len() as u64;
-            match self.export(batch, left.min(self.export_timeout)).await {
+            let result = if left.is_zero() { Err("shutdown deadline passed".to_owned()) } else { self.export(batch, left.min(self.export_timeout)).await };
+            self.stats.exporting.store(0, Ordering::Relaxed);
+            match result {
                 Ok(()) => {
                     self.stats.exported.fetch_add(n, Ordering::Relaxed);
                 }
                 Err(e) => {
                     self.stats.failed.fetch_add(n, Ordering::Relaxed);
                     self.warn(&e, Duration::ZERO);
+                    if Instant::now() >= deadline {
+                        let rest = self.queued() as u64;
+                        self.stats.failed.fetch_add(rest, Ordering::Relaxed);
+                        return;
+                    }
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry_sdk::error::OTelSdkResult;
+
+    /// An exporter that fails until told otherwise and records what it got.
+    #[derive(Debug, Default, Clone)]
+    struct Switch {
+        up: Arc<AtomicBool>,
+        got: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl SpanExporter for Switch {
+        async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+            if !self.up.load(Ordering::SeqCst) {
+                return Err(opentelemetry_sdk::error::OTelSdkError::InternalFailure("down".into()));
+            }
+            if let Ok(mut g) = self.got.lock() {
+                g.extend(batch.into_iter().map(|s| s.name.into_owned()));
+            }
+            Ok(())
+        }
+    }
+
+    fn span(name: &str) -> SpanData {
+        use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status};
+        SpanData {
+            span_context: SpanContext::empty_context(),
+            parent_span_id: SpanId::INVALID,
+            parent_span_is_remote: false,
+            span_kind: SpanKind::Client,
+            name: name.to_owned().into(),
+            start_time: std::time::SystemTime::now(),
+            end_time: std::time::SystemTime::now(),
+            attributes: Vec::new(),
+            dropped_attributes_count: 0,
+            events: Default::default(),
+            links: Default::default(),
+            status: Status::Unset,
+            instrumentation_scope: Default::default(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn full_queue_drops_newest_healthy_first_and_spikes_go_first() {
+        let ex = Switch::default();
+        let q = SpanQueue::start(ex.clone(), 4, 10, Duration::from_secs(1));
+        // Collector down: the first spans fail, then the queue fills.
+        q.enqueue(span("h0"), Reason::Base);
+        tokio::time::sleep(Duration::from_millis(300)).await; // h0 exported (failed)
+        for i in 1..=4 {
+            q.enqueue(span(&format!("h{i}")), Reason::Base);
+        }
+        q.enqueue(span("h5"), Reason::Base); // full: the new healthy span is dropped
+        q.enqueue(span("s0"), Reason::Spike); // full: evicts the newest healthy (h4)
+        q.enqueue(span("e0"), Reason::Error); // evicts h3
+        let snap = q.snapshot();
+        assert_eq!((snap.queue_len, snap.queue_priority), (4, 2));
+        assert_eq!(snap.dropped_by_reason["base"], 3);
+        assert_eq!(snap.dropped_by_reason["spike"], 0);
+        // Only priority spans left and full: a new priority span is dropped, counted as such.
+        q.enqueue(span("s1"), Reason::Spike);
+        q.enqueue(span("s2"), Reason::Spike);
+        q.enqueue(span("s3"), Reason::Spike);
+        assert_eq!(q.snapshot().dropped_by_reason["spike"], 1);
+        // The collector comes back: the priority lane goes first, without a restart.
+        ex.up.store(true, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let got = ex.got.lock().unwrap().clone();
+        assert_eq!(got, vec!["s0", "e0", "s1", "s2"]);
+        let snap = q.snapshot();
+        assert_eq!(snap.failed, 1);
+        assert_eq!(snap.exported, 4);
+        assert_eq!(snap.enqueued, snap.exported + snap.failed + snap.dropped_queue_full + snap.queue_len as u64);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_flushes_what_is_queued() {
+        let ex = Switch::default();
+        ex.up.store(true, Ordering::SeqCst);
+        let q = SpanQueue::start(ex.clone(), 100, 10, Duration::from_secs(1));
+        for i in 0..25 {
+            q.enqueue(span(&format!("x{i}")), Reason::Base);
+        }
+        q.shutdown(Duration::from_secs(2)).await;
+        assert_eq!(ex.got.lock().unwrap().len(), 25);
     }
 }

@@ -26,7 +26,10 @@ use crate::canary::client::Measured;
 use crate::config::{Env, OtlpConfig, OtlpProtocol};
 use export::{ExportStats, SpanQueue};
 use metrics::{Instruments, MetricContext};
-use spans::{Sampler, SpanContextInfo, TraceIds};
+use crate::sampler::adaptive::{Decision, Reason};
+use crate::sampler::head::HeadSampler;
+use crate::status::TargetState;
+use spans::{SpanContextInfo, TraceIds};
 
 /// Telemetry could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -44,11 +47,13 @@ pub enum TelemetryError {
 pub struct Telemetry {
     pub instruments: Instruments,
     pub spans: SpanQueue,
-    pub sampler: Sampler,
+    /// `Some` when `OTEL_TRACES_SAMPLER` is set: head sampling replaces the adaptive sampler.
+    pub head_sampler: Option<HeadSampler>,
     /// Where `/metrics` reads from.
     pub registry: prometheus::Registry,
     scope: InstrumentationScope,
     meter_provider: SdkMeterProvider,
+    sampling_spans: opentelemetry::metrics::Counter<u64>,
 }
 
 /// The resource: `service.name` (`lmperf` unless `OTEL_SERVICE_NAME` or
@@ -114,17 +119,45 @@ impl Telemetry {
         let meter = meter_provider.meter_with_scope(scope.clone());
         let instruments = Instruments::new(&meter);
         register_export_counters(&meter, spans.stats.clone());
-        let sampler = Sampler::from_env_values(env.var("OTEL_TRACES_SAMPLER").as_deref(), env.var("OTEL_TRACES_SAMPLER_ARG").as_deref());
-        Ok(Self { instruments, spans, sampler, registry, scope, meter_provider })
+        let head_sampler = env
+            .var("OTEL_TRACES_SAMPLER")
+            .map(|name| HeadSampler::from_env_values(Some(&name), env.var("OTEL_TRACES_SAMPLER_ARG").as_deref()));
+        let sampling_spans = meter
+            .u64_counter(names::METRIC_SAMPLING_SPANS)
+            .with_unit("{span}")
+            .with_description("Sampling decisions by target, reason and decision (kept or dropped); every request once.")
+            .build();
+        Ok(Self { instruments, spans, head_sampler, registry, scope, meter_provider, sampling_spans })
     }
 
-    /// New trace ids for a request about to be sent, with the sampling decision.
+    /// New trace ids for a request about to be sent. With the adaptive sampler the
+    /// `traceparent` says "sampled" (the span may be kept); a head sampler decides here.
     pub fn new_trace(&self) -> TraceIds {
-        TraceIds::random(&self.sampler)
+        TraceIds::random(&self.head_sampler.unwrap_or(HeadSampler::AlwaysOn))
     }
 
-    /// Records the metrics of a measured request and, when its trace is sampled, queues its span.
-    pub fn record(&self, info: &SpanContextInfo<'_>, ids: TraceIds, m: &Measured) {
+    /// The meter of the agent's own instruments (for other sources' metrics).
+    pub fn meter(&self) -> opentelemetry::metrics::Meter {
+        self.meter_provider.meter_with_scope(self.scope.clone())
+    }
+
+    /// `lmperf.sampling.spike{lmperf.target}`: 1 while a target is in spike mode.
+    pub fn register_spike_gauge(&self, targets: Vec<Arc<TargetState>>) {
+        let _gauge = self
+            .meter()
+            .u64_observable_gauge(names::METRIC_SAMPLING_SPIKE)
+            .with_description("1 while the target is in spike mode (every span kept), else 0.")
+            .with_callback(move |obs| {
+                for t in &targets {
+                    obs.observe(u64::from(t.spike.load(Ordering::Relaxed)), &[KeyValue::new(names::LMPERF_TARGET, t.name.clone())]);
+                }
+            })
+            .build();
+    }
+
+    /// Records the metrics of a measured request (always) and, when `decision` keeps it,
+    /// queues its span.
+    pub fn record(&self, info: &SpanContextInfo<'_>, ids: TraceIds, m: &Measured, decision: &Decision) {
         let mc = MetricContext {
             target: info.target,
             operation: info.operation,
@@ -134,8 +167,16 @@ impl Telemetry {
             server_port: info.server_port,
         };
         self.instruments.record(&mc, m);
-        if ids.sampled {
-            self.spans.enqueue(spans::build_span(ids, info, m, &self.scope));
+        self.sampling_spans.add(
+            1,
+            &[
+                KeyValue::new(names::LMPERF_TARGET, info.target.to_owned()),
+                KeyValue::new(names::LMPERF_SAMPLING_REASON, decision.reason.as_str()),
+                KeyValue::new(names::LMPERF_SAMPLING_DECISION, if decision.keep { "kept" } else { "dropped" }),
+            ],
+        );
+        if decision.keep {
+            self.spans.enqueue(spans::build_span(ids, info, m, decision, &self.scope), decision.reason);
         }
     }
 
@@ -188,19 +229,22 @@ fn metric_exporter(cfg: &OtlpConfig) -> Result<opentelemetry_otlp::MetricExporte
     }
 }
 
-/// `lmperf.export.spans{lmperf.export.result=exported|dropped_queue_full|failed}`.
+/// `lmperf.export.spans{lmperf.export.result=exported|failed}` and
+/// `lmperf.export.spans{lmperf.export.result=dropped_queue_full, lmperf.sampling.reason=…}`.
 fn register_export_counters(meter: &opentelemetry::metrics::Meter, stats: Arc<ExportStats>) {
     let _counter = meter
         .u64_observable_counter(names::METRIC_EXPORT_SPANS)
         .with_unit("{span}")
         .with_description("Spans by export result: exported, dropped because the queue was full, or failed to export.")
         .with_callback(move |obs| {
-            for (result, v) in [
-                ("exported", &stats.exported),
-                ("dropped_queue_full", &stats.dropped_queue_full),
-                ("failed", &stats.failed),
-            ] {
+            for (result, v) in [("exported", &stats.exported), ("failed", &stats.failed)] {
                 obs.observe(v.load(Ordering::Relaxed), &[KeyValue::new(names::LMPERF_EXPORT_RESULT, result)]);
+            }
+            for r in Reason::ALL {
+                obs.observe(
+                    stats.dropped[r.index()].load(Ordering::Relaxed),
+                    &[KeyValue::new(names::LMPERF_EXPORT_RESULT, "dropped_queue_full"), KeyValue::new(names::LMPERF_SAMPLING_REASON, r.as_str())],
+                );
             }
         })
         .build();

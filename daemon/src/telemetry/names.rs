@@ -95,3 +95,18 @@ pub const SERVICE_NAME: &str = "service.name";
 pub const HOST_NAME: &str = "host.name";
 pub const K8S_NODE_NAME: &str = "k8s.node.name";
 pub const K8S_POD_NAME: &str = "k8s.pod.name";
+
+// ---- Sampling (see `sampler`) ----
+/// Why a kept span was kept: error | slo_breach | spike | base | head.
+pub const LMPERF_SAMPLING_REASON: &str = "lmperf.sampling.reason";
+/// kept | dropped.
+pub const LMPERF_SAMPLING_DECISION: &str = "lmperf.sampling.decision";
+/// Counter of sampling decisions by target, reason and decision (every request counted once).
+pub const METRIC_SAMPLING_SPANS: &str = "lmperf.sampling.spans";
+/// Gauge: 1 while a target is in spike mode, else 0.
+pub const METRIC_SAMPLING_SPIKE: &str = "lmperf.sampling.spike";
+/// Span events marking spike mode changes.
+pub const EVENT_SPIKE_ENTERED: &str = "lmperf.spike.entered";
+pub const EVENT_SPIKE_LEFT: &str = "lmperf.spike.left";
+/// The `tracestate` list member of OpenTelemetry ("ot"), holding the sampling threshold `th`.
+pub const TRACESTATE_OT: &str = "ot";

@@ -11,10 +11,14 @@ use std::time::SystemTime;
 use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState};
 use opentelemetry::{InstrumentationScope, KeyValue, Value};
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
+
+use crate::sampler::adaptive::{Decision, SpikeTransition};
+use crate::sampler::threshold;
 use rand::Rng;
 
 use super::names as n;
 use crate::canary::client::Measured;
+use crate::sampler::head::HeadSampler;
 use crate::measure::Outcome;
 
 /// Ids of a canary's trace, made before the request so they can go out in `traceparent`.
@@ -27,7 +31,7 @@ pub struct TraceIds {
 
 impl TraceIds {
     /// Random, non-zero ids (W3C Trace Context §3.2.2.3, §3.2.2.4).
-    pub fn random(sampler: &Sampler) -> Self {
+    pub fn random(sampler: &HeadSampler) -> Self {
         let mut rng = rand::rng();
         let trace_id = TraceId::from(rng.random_range(1..=u128::MAX));
         let span_id = SpanId::from(rng.random_range(1..=u64::MAX));
@@ -37,53 +41,6 @@ impl TraceIds {
     /// The W3C `traceparent` header value: `00-{trace-id}-{parent-id}-{flags}`.
     pub fn traceparent(&self) -> String {
         format!("00-{}-{}-{:02x}", self.trace_id, self.span_id, if self.sampled { 1 } else { 0 })
-    }
-}
-
-/// Head sampler from the standard `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG` variables
-/// (OpenTelemetry SDK environment variable specification). Canaries are root spans, so the
-/// `parentbased_*` samplers act as their root sampler.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Sampler {
-    AlwaysOn,
-    AlwaysOff,
-    /// Keep a trace when its id falls below the ratio (as the SDK's `TraceIdRatioBased`).
-    TraceIdRatio(f64),
-}
-
-impl Sampler {
-    /// Reads the sampler from the two variables' values. Unknown or bad values fall back to
-    /// `always_on` with a warning, as the spec asks.
-    pub fn from_env_values(name: Option<&str>, arg: Option<&str>) -> Self {
-        let ratio = || match arg.map(str::parse::<f64>) {
-            Some(Ok(r)) if (0.0..=1.0).contains(&r) => r,
-            None => 1.0,
-            Some(_) => {
-                tracing::warn!(value = ?arg, "OTEL_TRACES_SAMPLER_ARG is not a ratio in [0, 1]; using 1.0.");
-                1.0
-            }
-        };
-        match name {
-            None | Some("always_on" | "parentbased_always_on") => Sampler::AlwaysOn,
-            Some("always_off" | "parentbased_always_off") => Sampler::AlwaysOff,
-            Some("traceidratio" | "parentbased_traceidratio") => Sampler::TraceIdRatio(ratio()),
-            Some(other) => {
-                tracing::warn!(value = other, "Unsupported OTEL_TRACES_SAMPLER; using always_on.");
-                Sampler::AlwaysOn
-            }
-        }
-    }
-
-    pub fn should_sample(&self, trace_id: TraceId) -> bool {
-        match *self {
-            Sampler::AlwaysOn => true,
-            Sampler::AlwaysOff => false,
-            Sampler::TraceIdRatio(r) => {
-                let bound = (r * (1u64 << 63) as f64) as u64;
-                let rnd = (u128::from_be_bytes(trace_id.to_bytes()) >> 64) as u64 >> 1;
-                rnd < bound
-            }
-        }
     }
 }
 
@@ -106,8 +63,10 @@ fn secs(d: std::time::Duration) -> Value {
     Value::F64(d.as_secs_f64())
 }
 
-/// Builds the span of one measured request.
-pub fn build_span(ids: TraceIds, info: &SpanContextInfo<'_>, m: &Measured, scope: &InstrumentationScope) -> SpanData {
+/// Builds the span of one measured request, kept by `decision`: it carries
+/// `lmperf.sampling.reason`, its sampling probability as `tracestate: ot=th:…`, and a span
+/// event when spike mode changed with this request.
+pub fn build_span(ids: TraceIds, info: &SpanContextInfo<'_>, m: &Measured, decision: &Decision, scope: &InstrumentationScope) -> SpanData {
     let r = &m.record;
     let mut a: Vec<KeyValue> = Vec::with_capacity(32);
     a.push(KeyValue::new(n::GEN_AI_OPERATION_NAME, info.operation));
@@ -164,6 +123,7 @@ pub fn build_span(ids: TraceIds, info: &SpanContextInfo<'_>, m: &Measured, scope
     if let Some(s) = r.http_status {
         a.push(KeyValue::new(n::HTTP_RESPONSE_STATUS_CODE, i64::from(s)));
     }
+    a.push(KeyValue::new(n::LMPERF_SAMPLING_REASON, decision.reason.as_str()));
     a.extend(info.extra.iter().cloned());
     let status = match &r.error {
         Some(e) if r.outcome != Outcome::Ok => {
@@ -183,18 +143,28 @@ pub fn build_span(ids: TraceIds, info: &SpanContextInfo<'_>, m: &Measured, scope
     } else {
         Cow::Owned(format!("{} {}", info.operation, info.request_model))
     };
-    let flags = if ids.sampled { TraceFlags::SAMPLED } else { TraceFlags::default() };
+    let end_time = m.wall_start.checked_add(r.e2e).unwrap_or_else(SystemTime::now);
+    let mut events = SpanEvents::default();
+    if let Some(t) = decision.transition {
+        let name = match t {
+            SpikeTransition::Entered => n::EVENT_SPIKE_ENTERED,
+            SpikeTransition::Left => n::EVENT_SPIKE_LEFT,
+        };
+        events.events.push(opentelemetry::trace::Event::new(name, end_time, vec![KeyValue::new(n::LMPERF_TARGET, info.target.to_owned())], 0));
+    }
+    let th = format!("th:{}", threshold::encode(threshold::threshold(decision.probability)));
+    let trace_state = TraceState::from_key_value([(n::TRACESTATE_OT, th.as_str())]).unwrap_or_default();
     SpanData {
-        span_context: SpanContext::new(ids.trace_id, ids.span_id, flags, false, TraceState::default()),
+        span_context: SpanContext::new(ids.trace_id, ids.span_id, TraceFlags::SAMPLED, false, trace_state),
         parent_span_id: SpanId::INVALID,
         parent_span_is_remote: false,
         span_kind: SpanKind::Client,
         name,
         start_time: m.wall_start,
-        end_time: m.wall_start.checked_add(r.e2e).unwrap_or_else(SystemTime::now),
+        end_time,
         attributes: a,
         dropped_attributes_count: 0,
-        events: SpanEvents::default(),
+        events,
         links: SpanLinks::default(),
         status,
         instrumentation_scope: scope.clone(),
@@ -211,13 +181,4 @@ mod tests {
         assert_eq!(ids.traceparent(), "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
     }
 
-    #[test]
-    fn sampler_from_env_values() {
-        assert_eq!(Sampler::from_env_values(None, None), Sampler::AlwaysOn);
-        assert_eq!(Sampler::from_env_values(Some("parentbased_always_off"), None), Sampler::AlwaysOff);
-        assert_eq!(Sampler::from_env_values(Some("traceidratio"), Some("0.25")), Sampler::TraceIdRatio(0.25));
-        let s = Sampler::TraceIdRatio(0.25);
-        let kept = (0..40_000u128).filter(|i| s.should_sample(TraceId::from(i.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835)))).count();
-        assert!((9_000..11_000).contains(&kept), "kept {kept} of 40000");
-    }
 }

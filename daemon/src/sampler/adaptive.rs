@@ -1,0 +1,327 @@
+//! The adaptive tail sampler: one per target, decided when a canary ends.
+//!
+//! Keep always on error, abort, timeout, cancel or SLO breach; in spike mode keep 100 %; else
+//! keep a base ratio (consistent with the trace id, so the `ot=th:` threshold is exact) within a
+//! per-target rate cap (token bucket). Anchors: the OpenTelemetry Collector's
+//! `tailsamplingprocessor` policies (status_code, latency, probabilistic, rate_limiting).
+//!
+//! Spike mode: over a sliding window of the target's requests, when the error rate reaches
+//! `spike_error_rate` or the window's p99 E2E reaches `spike_p99` (with at least
+//! `spike_min_requests` in the window), keep everything until `spike_hold` after the condition
+//! was last true. Hysteresis: once in spike mode, the condition to stay is half the error
+//! rate and 80 % of the latency threshold, so a window hovering at the threshold does not flap.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::threshold;
+
+/// Why a span was kept (`lmperf.sampling.reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    Error,
+    SloBreach,
+    Spike,
+    Base,
+    /// Decided by `OTEL_TRACES_SAMPLER` (head sampling) instead of the adaptive sampler.
+    Head,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 5] = [Reason::Error, Reason::SloBreach, Reason::Spike, Reason::Base, Reason::Head];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Error => "error",
+            Reason::SloBreach => "slo_breach",
+            Reason::Spike => "spike",
+            Reason::Base => "base",
+            Reason::Head => "head",
+        }
+    }
+
+    /// Spans kept for a reason other than chance: they go first and are dropped last.
+    pub fn is_priority(self) -> bool {
+        matches!(self, Reason::Error | Reason::SloBreach | Reason::Spike)
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Entering or leaving spike mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpikeTransition {
+    Entered,
+    Left,
+}
+
+/// A sampling decision.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Decision {
+    pub keep: bool,
+    pub reason: Reason,
+    /// Probability with which a span like this one is kept (1.0 for priority reasons).
+    pub probability: f64,
+    /// Spike mode changed with this request.
+    pub transition: Option<SpikeTransition>,
+}
+
+/// Per-target sampling policy (validated config).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingPolicy {
+    /// Share of healthy spans kept outside spikes, in [0, 1]. Default 0.1.
+    pub base_ratio: f64,
+    /// At most this many base-sampled spans per second per target. Default 10.
+    pub max_base_per_second: f64,
+    /// A TTFT above this is an SLO breach (kept).
+    pub slo_ttft: Option<Duration>,
+    /// An E2E above this is an SLO breach (kept).
+    pub slo_e2e: Option<Duration>,
+    pub spike_window: Duration,
+    /// Error share of the window that starts a spike, in (0, 1]. Default 0.05.
+    pub spike_error_rate: f64,
+    /// Window p99 E2E that starts a spike; default `slo_e2e`, else none.
+    pub spike_p99: Option<Duration>,
+    pub spike_hold: Duration,
+    pub spike_min_requests: usize,
+}
+
+impl Default for SamplingPolicy {
+    fn default() -> Self {
+        Self {
+            base_ratio: 0.1,
+            max_base_per_second: 10.0,
+            slo_ttft: None,
+            slo_e2e: None,
+            spike_window: Duration::from_secs(30),
+            spike_error_rate: 0.05,
+            spike_p99: None,
+            spike_hold: Duration::from_secs(60),
+            spike_min_requests: 10,
+        }
+    }
+}
+
+/// Window entries kept at most, whatever the rate (memory bound).
+const MAX_WINDOW: usize = 20_000;
+
+/// One finished request as the sampler sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Observed {
+    pub failed: bool,
+    pub ttft: Option<Duration>,
+    pub e2e: Duration,
+    pub trace_id: u128,
+}
+
+/// The sampler of one target.
+#[derive(Debug)]
+pub struct TargetSampler {
+    policy: SamplingPolicy,
+    window: VecDeque<(Instant, bool, Duration)>,
+    errors_in_window: usize,
+    spike_until: Option<Instant>,
+    tokens: f64,
+    last_refill: Option<Instant>,
+}
+
+impl TargetSampler {
+    pub fn new(policy: SamplingPolicy) -> Self {
+        Self { policy, window: VecDeque::new(), errors_in_window: 0, spike_until: None, tokens: policy.max_base_per_second.max(1.0), last_refill: None }
+    }
+
+    pub fn in_spike(&self) -> bool {
+        self.spike_until.is_some()
+    }
+
+    /// Decides on one finished request at `now`.
+    pub fn decide(&mut self, now: Instant, o: Observed) -> Decision {
+        let transition = self.update_window(now, o);
+        let p = self.policy;
+        let slo_breach = p.slo_ttft.is_some_and(|t| o.ttft.is_some_and(|v| v > t)) || p.slo_e2e.is_some_and(|t| o.e2e > t);
+        let (keep, reason, probability) = if o.failed {
+            (true, Reason::Error, 1.0)
+        } else if slo_breach {
+            (true, Reason::SloBreach, 1.0)
+        } else if self.in_spike() || transition.is_some() {
+            (true, Reason::Spike, 1.0)
+        } else {
+            let keep = threshold::keeps(o.trace_id, p.base_ratio) && self.take_token(now);
+            (keep, Reason::Base, p.base_ratio)
+        };
+        Decision { keep, reason, probability, transition }
+    }
+
+    fn take_token(&mut self, now: Instant) -> bool {
+        let rate = self.policy.max_base_per_second;
+        let cap = rate.max(1.0);
+        if let Some(last) = self.last_refill {
+            self.tokens = (self.tokens + now.saturating_duration_since(last).as_secs_f64() * rate).min(cap);
+        }
+        self.last_refill = Some(now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn update_window(&mut self, now: Instant, o: Observed) -> Option<SpikeTransition> {
+        self.window.push_back((now, o.failed, o.e2e));
+        self.errors_in_window += o.failed as usize;
+        while let Some(&(t, failed, _)) = self.window.front() {
+            if now.saturating_duration_since(t) > self.policy.spike_window || self.window.len() > MAX_WINDOW {
+                self.window.pop_front();
+                self.errors_in_window -= failed as usize;
+            } else {
+                break;
+            }
+        }
+        let in_spike = self.in_spike();
+        // Hysteresis: staying in a spike needs less than entering one.
+        let (err_factor, lat_factor) = if in_spike { (0.5, 0.8) } else { (1.0, 1.0) };
+        let n = self.window.len();
+        let hot = n >= self.policy.spike_min_requests
+            && (self.errors_in_window as f64 / n as f64 >= self.policy.spike_error_rate * err_factor
+                || self.policy.spike_p99.is_some_and(|t| self.p99() >= t.mul_f64(lat_factor)));
+        if hot {
+            self.spike_until = Some(now + self.policy.spike_hold);
+            return (!in_spike).then_some(SpikeTransition::Entered);
+        }
+        if let Some(until) = self.spike_until
+            && now >= until
+        {
+            self.spike_until = None;
+            return Some(SpikeTransition::Left);
+        }
+        None
+    }
+
+    fn p99(&self) -> Duration {
+        let mut v: Vec<Duration> = self.window.iter().map(|e| e.2).collect();
+        if v.is_empty() {
+            return Duration::ZERO;
+        }
+        let last = v.len() - 1;
+        let idx = (((v.len() as f64) * 0.99).ceil() as usize).saturating_sub(1).min(last);
+        let (_, nth, _) = v.select_nth_unstable(idx);
+        *nth
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obs(failed: bool, e2e_ms: u64, id: u128) -> Observed {
+        Observed { failed, ttft: Some(Duration::from_millis(e2e_ms / 4)), e2e: Duration::from_millis(e2e_ms), trace_id: id }
+    }
+
+    fn policy() -> SamplingPolicy {
+        SamplingPolicy {
+            spike_window: Duration::from_secs(3),
+            spike_error_rate: 0.1,
+            spike_hold: Duration::from_secs(5),
+            max_base_per_second: 1000.0,
+            ..SamplingPolicy::default()
+        }
+    }
+
+    /// A simple LCG for trace ids.
+    fn ids() -> impl FnMut() -> u128 {
+        let mut x: u128 = 42;
+        move || {
+            x = x.wrapping_mul(0x2360_ED05_1FC6_5DA4_4385_DF64_9FCC_F645).wrapping_add(0x5851_F42D_4C95_7F2D_1405_7B7E_F767_814F);
+            x
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calm_burst_calm() {
+        let mut s = TargetSampler::new(policy());
+        let mut id = ids();
+        let step = Duration::from_millis(50); // 20 req/s
+        let t0 = Instant::now();
+        let (mut kept_calm, mut calm) = (0, 0);
+        for _ in 0..200 {
+            tokio::time::advance(step).await;
+            let d = s.decide(Instant::now(), obs(false, 100, id()));
+            assert_eq!(d.reason, Reason::Base);
+            calm += 1;
+            kept_calm += d.keep as u32;
+        }
+        assert!((10..=32).contains(&kept_calm), "kept {kept_calm} of {calm} calm spans");
+        // Burst: 30 % errors for 20 s.
+        let burst_start = Instant::now();
+        let mut entered_at = None;
+        for i in 0..400 {
+            tokio::time::advance(step).await;
+            let d = s.decide(Instant::now(), obs(i % 10 < 3, 100, id()));
+            if d.transition == Some(SpikeTransition::Entered) {
+                entered_at = Some(Instant::now() - burst_start);
+            }
+            if entered_at.is_some() {
+                assert!(d.keep, "everything kept in a spike");
+            }
+        }
+        let entered = entered_at.expect("spike entered");
+        assert!(entered <= Duration::from_secs(2), "entered after {entered:?}");
+        // Calm again: leaves after the window drains and the hold passes, once.
+        let burst_end = Instant::now();
+        let mut left_at = None;
+        for _ in 0..400 {
+            tokio::time::advance(step).await;
+            let d = s.decide(Instant::now(), obs(false, 100, id()));
+            match d.transition {
+                Some(SpikeTransition::Left) => {
+                    assert!(left_at.is_none(), "left twice");
+                    left_at = Some(Instant::now() - burst_end);
+                }
+                Some(SpikeTransition::Entered) => panic!("flapped"),
+                None => {}
+            }
+        }
+        let left = left_at.expect("spike left");
+        assert!(left >= Duration::from_secs(5) && left <= Duration::from_secs(9), "left {left:?} after the burst");
+        let _ = t0;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn errors_and_slo_breaches_always_kept_and_base_is_rate_capped() {
+        let mut s = TargetSampler::new(SamplingPolicy { slo_e2e: Some(Duration::from_millis(500)), base_ratio: 1.0, max_base_per_second: 2.0, spike_min_requests: 1000, ..SamplingPolicy::default() });
+        let mut id = ids();
+        let now = Instant::now();
+        assert_eq!(s.decide(now, obs(true, 10, id())).reason, Reason::Error);
+        let d = s.decide(now, obs(false, 900, id()));
+        assert!(d.keep && d.reason == Reason::SloBreach);
+        // Ratio 1.0 but 2/s cap: 10 healthy spans at one instant, 2 kept.
+        let kept = (0..10).filter(|_| s.decide(now, obs(false, 10, id())).keep).count();
+        assert_eq!(kept, 2);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let kept = (0..10).filter(|_| s.decide(Instant::now(), obs(false, 10, id())).keep).count();
+        assert_eq!(kept, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn latency_spike_uses_window_p99() {
+        let mut s = TargetSampler::new(SamplingPolicy { spike_p99: Some(Duration::from_millis(400)), spike_window: Duration::from_secs(2), spike_min_requests: 10, ..SamplingPolicy::default() });
+        let mut id = ids();
+        for _ in 0..20 {
+            tokio::time::advance(Duration::from_millis(50)).await;
+            assert!(!s.in_spike() && s.decide(Instant::now(), obs(false, 100, id())).transition.is_none());
+        }
+        let mut entered = false;
+        for _ in 0..5 {
+            tokio::time::advance(Duration::from_millis(50)).await;
+            entered |= s.decide(Instant::now(), obs(false, 900, id())).transition == Some(SpikeTransition::Entered);
+        }
+        assert!(entered && s.in_spike());
+    }
+}

@@ -1,0 +1,10 @@
+//! Which spans are kept. Metrics never depend on this: they count every request.
+//!
+//! - [`adaptive`]: the default, a per-target tail sampler decided when a canary ends.
+//! - [`head`]: `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG`, which replace the adaptive
+//!   sampler when set.
+//! - [`threshold`]: the `ot=th:` tracestate encoding of a sampling probability.
+
+pub mod adaptive;
+pub mod head;
+pub mod threshold;
