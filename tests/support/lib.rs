@@ -5,6 +5,7 @@ pub mod agent;
 pub mod otlp;
 pub mod peers;
 pub mod scripted;
+pub mod spans;
 
 /// The shared cases copied into `tests/fixtures/cases` (from `../shared/cases`).
 pub fn case(name: &str) -> serde_json::Value {
