@@ -107,6 +107,49 @@ pub struct Collector {
     lines: Arc<Mutex<Vec<String>>>,
 }
 
+/// The `rotel-agent` executable inside the peers' virtual environment.
+pub fn rotel_agent() -> std::path::PathBuf {
+    venv_ready();
+    let lib = workspace_root().join(".venv-peers/lib");
+    std::fs::read_dir(&lib)
+        .ok()
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|e| e.path().join("site-packages/rotel/rotel-agent"))
+        .find(|p| p.exists())
+        .expect("rotel-agent in .venv-peers")
+}
+
+/// rotel with the blackhole exporter and no printing: a fast real OTLP receiver.
+pub struct QuietCollector {
+    child: Child,
+}
+
+impl QuietCollector {
+    pub fn start(grpc: u16, http: u16) -> Self {
+        let child = Command::new(rotel_agent())
+            .args(["start", "--otlp-grpc-endpoint", &format!("127.0.0.1:{grpc}"), "--otlp-http-endpoint", &format!("127.0.0.1:{http}"), "--exporter", "blackhole"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start rotel");
+        let t = Instant::now();
+        while TcpStream::connect(("127.0.0.1", grpc)).is_err() {
+            assert!(t.elapsed() < Duration::from_secs(30), "rotel did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self { child }
+    }
+}
+
+impl Drop for QuietCollector {
+    fn drop(&mut self) {
+        kill_term(&mut self.child);
+    }
+}
+
 impl Collector {
     pub fn start() -> Self {
         venv_ready();

@@ -142,6 +142,8 @@ pub struct OtlpConfig {
     /// Spans waiting for export at most; more are dropped and counted.
     pub queue_size: usize,
     pub batch_size: usize,
+    /// Span batches in flight to the collector at once (one connection each). Default 2.
+    pub export_concurrency: usize,
 }
 
 /// The whole validated agent configuration.
@@ -518,7 +520,11 @@ fn validate_otlp(
     if batch_size == 0 || batch_size > queue_size {
         return Err(ConfigError::invalid("otlp.batch_size", batch_size, format!("between 1 and queue_size ({queue_size})")));
     }
-    Ok(OtlpConfig { enabled, protocol, traces_endpoint, metrics_endpoint, export_interval, export_timeout, queue_size, batch_size })
+    let export_concurrency = raw.export_concurrency.unwrap_or(2);
+    if !(1..=16).contains(&export_concurrency) {
+        return Err(ConfigError::invalid("otlp.export_concurrency", export_concurrency, "between 1 and 16"));
+    }
+    Ok(OtlpConfig { enabled, protocol, traces_endpoint, metrics_endpoint, export_interval, export_timeout, queue_size, batch_size, export_concurrency })
 }
 
 #[cfg(test)]

@@ -108,6 +108,7 @@ pub struct RawOtlp {
     pub export_timeout: Option<Duration>,
     pub queue_size: Option<usize>,
     pub batch_size: Option<usize>,
+    pub export_concurrency: Option<usize>,
 }
 
 impl RawCanary {

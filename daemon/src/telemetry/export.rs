@@ -21,8 +21,10 @@ use std::time::Duration;
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use rand::Rng;
 use serde::Serialize;
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::sampler::adaptive::Reason;
 
@@ -105,27 +107,18 @@ impl Lanes {
 struct Shared {
     lanes: Mutex<Lanes>,
     ready: Notify,
-}
-
-enum Control {
-    /// Export everything queued, then stop; reply when done or at the deadline.
-    Shutdown { deadline: Instant, done: oneshot::Sender<()> },
-}
-
-/// Wrapper so `Control` stays private while `SpanQueue` is `Debug`.
-pub struct ControlMsg(Control);
-
-impl std::fmt::Debug for ControlMsg {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ControlMsg")
-    }
+    /// Shutdown: export what is queued until `deadline`, then stop.
+    stop: CancellationToken,
+    deadline: Mutex<Option<Instant>>,
+    /// Last export warning, shared by the export tasks (rate limit).
+    last_warn: Mutex<Option<Instant>>,
 }
 
 /// The sending side, held by the pipeline.
 #[derive(Debug, Clone)]
 pub struct SpanQueue {
     shared: Option<Arc<Shared>>,
-    control: Option<mpsc::Sender<ControlMsg>>,
+    tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
     capacity: usize,
     pub stats: Arc<ExportStats>,
 }
@@ -133,17 +126,27 @@ pub struct SpanQueue {
 impl SpanQueue {
     /// A queue that exports nothing (export disabled); counts nothing as dropped.
     pub fn disabled() -> Self {
-        Self { shared: None, control: None, capacity: 0, stats: Arc::default() }
+        Self { shared: None, tasks: Arc::default(), capacity: 0, stats: Arc::default() }
     }
 
-    /// Starts the export task on the current tokio runtime.
+    /// Starts one export task on the current tokio runtime.
     pub fn start<E: SpanExporter + 'static>(exporter: E, capacity: usize, batch_size: usize, export_timeout: Duration) -> Self {
+        Self::start_many(vec![exporter], capacity, batch_size, export_timeout)
+    }
+
+    /// Starts one export task per exporter, all taking batches from the same queue, so that
+    /// several batches can be in flight to a collector whose round trip is slow.
+    pub fn start_many<E: SpanExporter + 'static>(exporters: Vec<E>, capacity: usize, batch_size: usize, export_timeout: Duration) -> Self {
         let shared = Arc::new(Shared::default());
-        let (ctl_tx, ctl_rx) = mpsc::channel(1);
         let stats = Arc::new(ExportStats::default());
-        let task = ExportTask { exporter, shared: shared.clone(), control: ctl_rx, batch_size, export_timeout, stats: stats.clone(), last_warn: None };
-        tokio::spawn(task.run());
-        Self { shared: Some(shared), control: Some(ctl_tx), capacity, stats }
+        let tasks = exporters
+            .into_iter()
+            .map(|exporter| {
+                let task = ExportTask { exporter, shared: shared.clone(), batch_size, export_timeout, stats: stats.clone() };
+                tokio::spawn(task.run())
+            })
+            .collect();
+        Self { shared: Some(shared), tasks: Arc::new(Mutex::new(tasks)), capacity, stats }
     }
 
     /// Queues a span kept for `reason`; when the queue is full, drops per the lane rules and
@@ -205,13 +208,17 @@ impl SpanQueue {
         }
     }
 
-    /// Exports what is queued, within `timeout`, and stops the task.
+    /// Exports what is queued, within `timeout`, and stops the tasks.
     pub async fn shutdown(&self, timeout: Duration) {
-        let Some(control) = &self.control else { return };
-        let (done, wait) = oneshot::channel();
+        let Some(shared) = &self.shared else { return };
         let deadline = Instant::now() + timeout;
-        if control.send(ControlMsg(Control::Shutdown { deadline, done })).await.is_ok() {
-            let _ = tokio::time::timeout_at(deadline, wait).await;
+        if let Ok(mut d) = shared.deadline.lock() {
+            *d = Some(deadline);
+        }
+        shared.stop.cancel();
+        let tasks = self.tasks.lock().map(|mut t| std::mem::take(&mut *t)).unwrap_or_default();
+        for t in tasks {
+            let _ = tokio::time::timeout_at(deadline, t).await;
         }
     }
 }
@@ -219,11 +226,9 @@ impl SpanQueue {
 struct ExportTask<E> {
     exporter: E,
     shared: Arc<Shared>,
-    control: mpsc::Receiver<ControlMsg>,
     batch_size: usize,
     export_timeout: Duration,
     stats: Arc<ExportStats>,
-    last_warn: Option<Instant>,
 }
 
 impl<E: SpanExporter> ExportTask<E> {
@@ -231,7 +236,7 @@ impl<E: SpanExporter> ExportTask<E> {
         if let Ok(mut lanes) = self.shared.lanes.lock() {
             lanes.take(self.batch_size, into);
         }
-        self.stats.exporting.store(into.len() as u64, Ordering::Relaxed);
+        self.stats.exporting.fetch_add(into.len() as u64, Ordering::Relaxed);
     }
 
     fn queued(&self) -> usize {
@@ -246,15 +251,18 @@ impl<E: SpanExporter> ExportTask<E> {
             if self.queued() == 0 {
                 tokio::select! {
                     biased;
-                    msg = self.control.recv() => return self.stop(msg).await,
+                    _ = self.shared.stop.cancelled() => return self.stop().await,
                     _ = self.shared.ready.notified() => {}
                 }
             }
-            if self.queued() < self.batch_size {
+            // Give a batch up to BATCH_DELAY to fill; under load it is full at once.
+            let fill_until = Instant::now() + BATCH_DELAY;
+            while self.queued() < self.batch_size {
                 tokio::select! {
                     biased;
-                    msg = self.control.recv() => return self.stop(msg).await,
-                    _ = tokio::time::sleep(BATCH_DELAY) => {}
+                    _ = self.shared.stop.cancelled() => return self.stop().await,
+                    _ = self.shared.ready.notified() => {}
+                    _ = tokio::time::sleep_until(fill_until) => break,
                 }
             }
             self.take(&mut batch);
@@ -263,6 +271,7 @@ impl<E: SpanExporter> ExportTask<E> {
             }
             let n = batch.len() as u64;
             let result = self.export(std::mem::take(&mut batch), self.export_timeout).await;
+            self.stats.exporting.fetch_sub(n, Ordering::Relaxed);
             match result {
                 Ok(()) => {
                     self.stats.exported.fetch_add(n, Ordering::Relaxed);
@@ -275,20 +284,17 @@ impl<E: SpanExporter> ExportTask<E> {
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                     tokio::select! {
                         biased;
-                        msg = self.control.recv() => return self.stop(msg).await,
+                        _ = self.shared.stop.cancelled() => return self.stop().await,
                         _ = tokio::time::sleep(wait) => {}
                     }
                 }
             }
-            self.stats.exporting.store(0, Ordering::Relaxed);
         }
     }
 
-    async fn stop(&mut self, msg: Option<ControlMsg>) {
-        if let Some(ControlMsg(Control::Shutdown { deadline, done })) = msg {
-            self.drain(deadline).await;
-            let _ = done.send(());
-        }
+    async fn stop(&mut self) {
+        let deadline = self.shared.deadline.lock().ok().and_then(|d| *d).unwrap_or_else(Instant::now);
+        self.drain(deadline).await;
     }
 
     async fn export(&self, batch: Vec<SpanData>, timeout: Duration) -> Result<(), String> {
@@ -299,12 +305,18 @@ impl<E: SpanExporter> ExportTask<E> {
         }
     }
 
-    fn warn(&mut self, error: &str, backoff: Duration) {
+    fn warn(&self, error: &str, backoff: Duration) {
         self.stats.export_errors.fetch_add(1, Ordering::Relaxed);
         self.stats.set_error(error.to_owned());
         let now = Instant::now();
-        if self.last_warn.is_none_or(|t| now - t >= WARN_EVERY) {
-            self.last_warn = Some(now);
+        let due = match self.shared.last_warn.lock() {
+            Ok(mut last) if last.is_none_or(|t| now - t >= WARN_EVERY) => {
+                *last = Some(now);
+                true
+            }
+            _ => false,
+        };
+        if due {
             tracing::warn!(error = %error, retry_in = ?backoff, "Span export failed; spans of the failed batch are counted as failed.");
         }
     }
@@ -320,7 +332,7 @@ impl<E: SpanExporter> ExportTask<E> {
             let left = deadline.saturating_duration_since(Instant::now());
             let n = batch.len() as u64;
             let result = if left.is_zero() { Err("shutdown deadline passed".to_owned()) } else { self.export(batch, left.min(self.export_timeout)).await };
-            self.stats.exporting.store(0, Ordering::Relaxed);
+            self.stats.exporting.fetch_sub(n, Ordering::Relaxed);
             match result {
                 Ok(()) => {
                     self.stats.exported.fetch_add(n, Ordering::Relaxed);

@@ -100,8 +100,12 @@ impl Telemetry {
             .map_err(|e| TelemetryError::Prometheus(e.to_string()))?;
         let mut mp = SdkMeterProvider::builder().with_resource(resource.clone()).with_reader(prom);
         let spans = if cfg.enabled {
-            let mut exporter = span_exporter(cfg).map_err(|source| TelemetryError::SpanExporter { endpoint: cfg.traces_endpoint.clone(), source })?;
-            exporter.set_resource(&resource);
+            let mut exporters = Vec::with_capacity(cfg.export_concurrency);
+            for _ in 0..cfg.export_concurrency {
+                let mut exporter = span_exporter(cfg).map_err(|source| TelemetryError::SpanExporter { endpoint: cfg.traces_endpoint.clone(), source })?;
+                exporter.set_resource(&resource);
+                exporters.push(exporter);
+            }
             let metric_exporter = metric_exporter(cfg).map_err(|source| TelemetryError::MetricExporter { endpoint: cfg.metrics_endpoint.clone(), source })?;
             let reader = opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicReader::builder(
                 metric_exporter,
@@ -110,7 +114,7 @@ impl Telemetry {
             .with_interval(cfg.export_interval)
             .build();
             mp = mp.with_reader(reader);
-            SpanQueue::start(exporter, cfg.queue_size, cfg.batch_size, cfg.export_timeout)
+            SpanQueue::start_many(exporters, cfg.queue_size, cfg.batch_size, cfg.export_timeout)
         } else {
             SpanQueue::disabled()
         };
