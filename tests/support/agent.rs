@@ -17,7 +17,7 @@ pub fn lmperf_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
     let bin = dir.join("lmperf");
-    assert!(bin.exists(), "{} is missing: run `cargo build -p lmperf` first (cargo xtask ci does)", bin.display());
+    assert!(bin.exists(), "{} is missing: run `cargo build -p lmperf` first (`--release` for benchmarks; cargo xtask ci builds the debug one)", bin.display());
     bin
 }
 
