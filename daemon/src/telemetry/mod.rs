@@ -118,6 +118,12 @@ impl Telemetry {
         Ok(Self { instruments, spans, sampler, registry, scope, meter_provider })
     }
 
+    /// A meter of the agent's provider (scope `lmperf`), for instruments defined elsewhere
+    /// (GPU metrics); what it records reaches OTLP and `/metrics` like the rest.
+    pub fn meter(&self) -> opentelemetry::metrics::Meter {
+        self.meter_provider.meter_with_scope(self.scope.clone())
+    }
+
     /// New trace ids for a request about to be sent, with the sampling decision.
     pub fn new_trace(&self) -> TraceIds {
         TraceIds::random(&self.sampler)
