@@ -72,7 +72,7 @@ impl FakeDevice {
 pub struct FakeNvml {
     /// `Some(reason)`: `init` fails as if `libnvidia-ml.so.1` were missing.
     pub no_library: Option<String>,
-    /// `init` fails with a driver error while set (a driver being reloaded).
+    /// Every call fails with a driver error while set (a driver being reloaded).
     pub driver_down: bool,
     pub driver_version: String,
     /// Physical GPUs, each followed by its MIG instances (`info.mig` set).
@@ -116,6 +116,9 @@ pub struct FakeBackend(pub FakeHandle);
 
 impl FakeNvml {
     fn device(&self, d: DeviceRef, field: &'static str) -> Result<&FakeDevice, GpuError> {
+        if self.driver_down {
+            return Err(GpuError::Driver("Uninitialized".into()));
+        }
         if !self.initialized {
             return Err(GpuError::Driver("NVML not initialized".into()));
         }

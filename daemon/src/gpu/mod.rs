@@ -16,6 +16,8 @@ pub mod nvml;
 pub mod procs;
 pub mod sampler;
 pub mod state;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 

@@ -74,6 +74,8 @@ pub struct Sampler<B: GpuBackend> {
     devices: Vec<Tracked>,
     /// (hw.id, field) pairs already warned about.
     warned: HashSet<(String, &'static str)>,
+    /// Field warnings logged.
+    warnings: u64,
     /// Discovery due at this time (`None`: not needed).
     discover_at: Option<Instant>,
     /// A discovery failure was already logged in this streak.
@@ -102,6 +104,7 @@ impl<B: GpuBackend> Sampler<B> {
             driver_version: String::new(),
             devices: Vec::new(),
             warned: HashSet::new(),
+            warnings: 0,
             discover_at: Some(Instant::now()),
             discovery_warned: false,
             xid_counts: BTreeMap::new(),
@@ -122,6 +125,11 @@ impl<B: GpuBackend> Sampler<B> {
         let mut v: Vec<_> = self.warned.iter().cloned().collect();
         v.sort();
         v
+    }
+
+    /// Field warnings logged so far (each (hw.id, field) at most once).
+    pub fn warnings(&self) -> u64 {
+        self.warnings
     }
 
     /// The backend (tests inspect the fake).
@@ -303,6 +311,7 @@ impl<B: GpuBackend> Sampler<B> {
 
     fn warn_once(&mut self, hw_id: &str, field: &'static str, e: &GpuError) {
         if self.warned.insert((hw_id.to_owned(), field)) {
+            self.warnings += 1;
             match e {
                 GpuError::NotSupported => tracing::warn!(hw_id, field, "GPU field not supported by this device; it is not exported (warned once)."),
                 _ => tracing::warn!(hw_id, field, error = %e, "Reading a GPU field failed; it is not exported while it fails (warned once)."),
