@@ -38,9 +38,10 @@ pub enum AgentError {
 /// Only start-up failures; nothing that happens to targets or the collector later.
 pub async fn run(cfg: AgentConfig, env: &dyn Env, signal: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
     let telemetry = Arc::new(Telemetry::init(&cfg.otlp, env)?);
+    let (gpu, gpu_monitor) = crate::gpu::start(&cfg.gpu, &telemetry.meter());
     let states: Vec<Arc<TargetState>> = cfg.targets.iter().map(|t| Arc::new(TargetState::new(t))).collect();
     telemetry.register_spike_gauge(states.clone());
-    let status = Arc::new(AgentStatus { targets: states.clone(), started: SystemTime::now(), ready: false.into() });
+    let status = Arc::new(AgentStatus { targets: states.clone(), started: SystemTime::now(), ready: false.into(), gpu: gpu.clone() });
 
     let listener = tokio::net::TcpListener::bind(cfg.admin_addr)
         .await
@@ -61,7 +62,7 @@ pub async fn run(cfg: AgentConfig, env: &dyn Env, signal: impl std::future::Futu
     let mut loops = Vec::new();
     for (i, (t, state)) in cfg.targets.iter().zip(&states).enumerate() {
         let clients = Clients::new(t.connect_timeout).map_err(|source| AgentError::Client { target: t.name.clone(), source })?;
-        let runner = TargetRunner::new(Arc::new(t.clone()), clients, telemetry.clone(), state.clone(), cfg.console);
+        let runner = TargetRunner::new(Arc::new(t.clone()), clients, telemetry.clone(), state.clone(), cfg.console).with_gpu(gpu.clone());
         let seed = rand::random::<u64>() ^ i as u64;
         loops.push(tokio::spawn(runner.run(shutdown.clone(), tracker.clone(), seed)));
     }
@@ -70,6 +71,7 @@ pub async fn run(cfg: AgentConfig, env: &dyn Env, signal: impl std::future::Futu
         admin = %admin_addr,
         targets = cfg.targets.len(),
         otlp = cfg.otlp.enabled,
+        gpu_interval = %(if cfg.gpu.enabled { humantime::format_duration(cfg.gpu.interval).to_string() } else { "disabled".to_owned() }),
         otlp_protocol = ?cfg.otlp.protocol,
         traces_endpoint = %(if cfg.otlp.enabled { cfg.otlp.traces_endpoint.as_str() } else { "-" }),
         "Agent started."
@@ -89,6 +91,8 @@ pub async fn run(cfg: AgentConfig, env: &dyn Env, signal: impl std::future::Futu
         shutdown.cancel.cancel();
         let _ = tokio::time::timeout(Duration::from_millis(500), tracker.wait()).await;
     }
+    // Stop sampling before the final metric flush; an NVML call in progress is not waited for.
+    let _ = tokio::task::spawn_blocking(move || gpu_monitor.stop(Duration::from_millis(200))).await;
     let left = SHUTDOWN_BUDGET.saturating_sub(t_signal.elapsed()).max(Duration::from_millis(500));
     telemetry.shutdown(left).await;
     admin_stop.cancel();

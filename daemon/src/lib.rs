@@ -3,13 +3,14 @@
 //! Data flows canary → measurement → span/metric → exporter (see `ARCHITECTURE.md`):
 //! [`canary`] sends streaming requests on a schedule, [`measure`] turns socket arrival times
 //! into TTFT/ITL/TPOT/E2E, [`telemetry`] records GenAI metrics and spans and exports them over
-//! OTLP, [`admin`] serves health, Prometheus metrics and status.
+//! OTLP, [`gpu`] samples the node's GPUs through NVML, [`admin`] serves health, Prometheus metrics and status.
 
 pub mod admin;
 pub mod agent;
 pub mod canary;
 pub mod cli;
 pub mod config;
+pub mod gpu;
 pub mod measure;
 pub mod sampler;
 pub mod status;

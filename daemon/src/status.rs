@@ -1,5 +1,6 @@
 //! The agent's live state for `/api/v1/status`: per target, counts by outcome and the last
-//! result; the exporter's queue and drop counts come from [`crate::telemetry::export`].
+//! result; the exporter's queue and drop counts come from [`crate::telemetry::export`], the
+//! GPU section from [`crate::gpu::state`].
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -131,4 +132,6 @@ pub struct AgentStatus {
     pub started: SystemTime,
     /// False once shutdown has begun (`/readyz` then answers 503).
     pub ready: AtomicBool,
+    /// GPU monitoring: mode, reason when off, devices, events.
+    pub gpu: std::sync::Arc<crate::gpu::state::GpuState>,
 }

@@ -2,9 +2,11 @@
 //!
 //!   cargo xtask ci [-- <cargo test args>]   install the peers, build everything, run all tests
 //!   cargo xtask demo [--seconds N]          model server + collector + agent, live spans
+//!   cargo xtask gpu-check [--seconds N]     GPU metrics against nvidia-smi on a real GPU
 
 mod ci;
 mod demo;
+mod gpu_check;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -18,7 +20,9 @@ usage: cargo xtask <task>
 tasks:
   ci [-- <cargo test args>]   install the peers, build the workspace, run every test
   demo [--seconds N]          run a local model server, an OTLP collector and the agent;
-                              stop after N seconds or on Ctrl-C";
+                              stop after N seconds or on Ctrl-C
+  gpu-check [--seconds N]     on a machine with an NVIDIA GPU: run the agent under a
+                              torch load and check its GPU metrics against nvidia-smi";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -27,6 +31,7 @@ fn main() -> ExitCode {
     let result = match task.as_deref() {
         Some("ci") => ci::run(&rest),
         Some("demo") => demo::run(&rest),
+        Some("gpu-check") => gpu_check::run(&rest),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

@@ -5,7 +5,7 @@
 //! same meter provider that feeds OTLP; names translated as the OTel Prometheus
 //! compatibility spec says: dots to underscores, unit suffix, `_total` on counters) and
 //! `/api/v1/status` (JSON: targets with counts by outcome and last result, exporter queue
-//! and drop counts).
+//! and drop counts, GPU monitoring state).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -17,6 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Serialize;
 
+use crate::gpu::state::GpuStatus;
 use crate::status::{AgentStatus, TargetSnapshot};
 use crate::telemetry::Telemetry;
 use crate::telemetry::export::ExportSnapshot;
@@ -36,6 +37,9 @@ pub struct StatusDoc {
     pub ready: bool,
     pub targets: Vec<TargetSnapshot>,
     pub exporter: ExportSnapshot,
+    /// GPU monitoring: `mode` (on | off | discovering | disabled | starting), `reason` when
+    /// not on, devices with unsupported fields and processes, lost/recovered/XID events.
+    pub gpu: GpuStatus,
 }
 
 /// The admin router, for serving or for driving with `oneshot` in tests.
@@ -76,6 +80,7 @@ pub fn status_doc(s: &AdminState) -> StatusDoc {
         ready: s.status.ready.load(Ordering::Relaxed),
         targets: s.status.targets.iter().map(|t| t.snapshot()).collect(),
         exporter: s.telemetry.spans.snapshot(),
+        gpu: s.status.gpu.status(),
     }
 }
 

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::TargetConfig;
+use crate::gpu::state::GpuState;
 use crate::status::TargetState;
 use crate::telemetry::Telemetry;
 use crate::telemetry::spans::SpanContextInfo;
@@ -35,6 +36,8 @@ pub struct TargetRunner {
     pub state: Arc<TargetState>,
     /// Print one line per measured request on stdout.
     pub console: bool,
+    /// GPU state, for the `lmperf.gpu.*` span attributes; `None`: none added.
+    pub gpu: Option<Arc<GpuState>>,
     /// Discovered model and provider, once known.
     discovered: Arc<Mutex<Option<Discovered>>>,
     in_flight: Arc<Semaphore>,
@@ -55,7 +58,24 @@ impl TargetRunner {
     pub fn new(target: Arc<TargetConfig>, clients: Clients, telemetry: Arc<Telemetry>, state: Arc<TargetState>, console: bool) -> Self {
         let in_flight = Arc::new(Semaphore::new(target.max_in_flight));
         let sampling = target.sampling;
-        Self { target, clients, telemetry, state, console, discovered: Arc::default(), in_flight, discovery_failing: Arc::default(), sampler: Arc::new(std::sync::Mutex::new(TargetSampler::new(sampling))) }
+        Self {
+            target,
+            clients,
+            telemetry,
+            state,
+            console,
+            gpu: None,
+            discovered: Arc::default(),
+            in_flight,
+            discovery_failing: Arc::default(),
+            sampler: Arc::new(std::sync::Mutex::new(TargetSampler::new(sampling))),
+        }
+    }
+
+    /// Adds the node's GPU state during each request to its span (`lmperf.gpu.*`).
+    pub fn with_gpu(mut self, gpu: Arc<GpuState>) -> Self {
+        self.gpu = Some(gpu);
+        self
     }
 
     /// Runs the schedule until `shutdown.stop`; request tasks are spawned on `tracker`.
@@ -183,7 +203,10 @@ impl TargetRunner {
             server_address: &t.host,
             server_port: t.port,
             prompt_id: prompt.id,
-            extra: Vec::new(),
+            extra: match &self.gpu {
+                Some(g) => g.request_attributes(measured.wall_start, measured.wall_start + measured.record.e2e),
+                None => Vec::new(),
+            },
         };
         let decision = self.decide(ids, &measured);
         self.telemetry.record(&info, ids, &measured, &decision);

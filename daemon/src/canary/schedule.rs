@@ -124,18 +124,31 @@ mod tests {
             while t.elapsed() < d {}
         };
 
+        // A drifting scheduler misses every attempt by the same growing amount; a loaded CI
+        // machine can delay one wake-up now and then. So: up to three attempts, one must be
+        // exact for every dispatch.
         let schedule = Schedule::Rate { per_second: 1000.0 / gap_ms, arrival: Arrival::Constant };
-        let t0 = Instant::now() + Duration::from_millis(5);
-        let mut ticker = Ticker::new(Gaps::new(schedule, 1), t0);
-        let mut got = Vec::new();
-        for _ in &want {
-            ticker.tick().await;
-            got.push((Instant::now() - t0).as_secs_f64() * 1000.0);
-            busy(work);
+        let mut attempts = Vec::new();
+        for _ in 0..3 {
+            let t0 = Instant::now() + Duration::from_millis(5);
+            let mut ticker = Ticker::new(Gaps::new(schedule, 1), t0);
+            let mut got = Vec::new();
+            for _ in &want {
+                ticker.tick().await;
+                got.push((Instant::now() - t0).as_secs_f64() * 1000.0);
+                busy(work);
+            }
+            let exact = got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= tolerance);
+            attempts.push(got);
+            if exact {
+                break;
+            }
         }
-        for (g, w) in got.iter().zip(&want) {
-            assert!((g - w).abs() <= tolerance, "dispatched at {got:?} ms, want {want:?} ± {tolerance}");
-        }
+        let last = attempts.last().unwrap();
+        assert!(
+            last.iter().zip(&want).all(|(g, w)| (g - w).abs() <= tolerance),
+            "dispatched at {attempts:?} ms, want {want:?} ± {tolerance}"
+        );
 
         let rate = case["input"]["long_run"]["rate_rps"].as_f64().unwrap();
         let n = case["input"]["long_run"]["num_requests"].as_u64().unwrap() / 10;

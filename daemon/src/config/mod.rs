@@ -146,6 +146,20 @@ pub struct OtlpConfig {
     pub export_concurrency: usize,
 }
 
+/// GPU monitoring (`[gpu]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuConfig {
+    pub enabled: bool,
+    /// Sampling interval, [`MIN_GPU_INTERVAL`] to [`MAX_GPU_INTERVAL`].
+    pub interval: Duration,
+    /// NVML library path; `None`: `libnvidia-ml.so.1` from the loader's path.
+    pub nvml_library: Option<PathBuf>,
+}
+
+pub const DEFAULT_GPU_INTERVAL: Duration = Duration::from_secs(1);
+pub const MIN_GPU_INTERVAL: Duration = Duration::from_millis(100);
+pub const MAX_GPU_INTERVAL: Duration = Duration::from_secs(60);
+
 /// The whole validated agent configuration.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -154,6 +168,7 @@ pub struct AgentConfig {
     pub shutdown_timeout: Duration,
     pub console: bool,
     pub otlp: OtlpConfig,
+    pub gpu: GpuConfig,
 }
 
 /// What the command line sets (see `cli.rs`); `None` leaves the file's or default value.
@@ -281,7 +296,20 @@ fn validate(mut raw: RawConfig, o: Overrides, env: &dyn Env) -> Result<AgentConf
         ));
     }
     let otlp = validate_otlp(raw.otlp, o.otlp_endpoint, o.otlp_protocol, o.no_otlp, env)?;
-    Ok(AgentConfig { targets, admin_addr, shutdown_timeout, console: o.console || raw.console.unwrap_or(false), otlp })
+    let gpu = validate_gpu(raw.gpu)?;
+    Ok(AgentConfig { targets, admin_addr, shutdown_timeout, console: o.console || raw.console.unwrap_or(false), otlp, gpu })
+}
+
+fn validate_gpu(raw: raw::RawGpu) -> Result<GpuConfig, ConfigError> {
+    let interval = raw.interval.unwrap_or(DEFAULT_GPU_INTERVAL);
+    if !(MIN_GPU_INTERVAL..=MAX_GPU_INTERVAL).contains(&interval) {
+        return Err(ConfigError::invalid("gpu.interval", humantime::format_duration(interval), "between 100ms and 60s"));
+    }
+    let nvml_library = match raw.nvml_library {
+        Some(p) if p.trim().is_empty() => return Err(ConfigError::invalid("gpu.nvml_library", p, "empty path")),
+        p => p.map(PathBuf::from),
+    };
+    Ok(GpuConfig { enabled: raw.enabled.unwrap_or(true), interval, nvml_library })
 }
 
 fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetConfig, ConfigError> {
@@ -562,6 +590,9 @@ mod tests {
             ("[otlp]\nprotocol = \"http/json\"\n[[target]]\nurl = \"http://x:1\"\n", "otlp.protocol = \"http/json\""),
             ("[otlp]\nqueue_size = 0\n[[target]]\nurl = \"http://x:1\"\n", "otlp.queue_size = \"0\""),
             ("[[target]]\nurl = \"http://x:1\"\narrival = \"poisson\"\n", "target[0].arrival = \"poisson\""),
+            ("[gpu]\ninterval = \"50ms\"\n[[target]]\nurl = \"http://x:1\"\n", "gpu.interval = \"50ms\""),
+            ("[gpu]\ninterval = \"2m\"\n[[target]]\nurl = \"http://x:1\"\n", "gpu.interval = \"2m\""),
+            ("[gpu]\nnvml_library = \" \"\n[[target]]\nurl = \"http://x:1\"\n", "gpu.nvml_library = \" \""),
         ];
         for (text, want) in cases {
             let err = from_toml(text, Overrides::default(), &[]).unwrap_err().to_string();
@@ -609,6 +640,17 @@ mod tests {
         assert_eq!(c.otlp.export_interval, Duration::from_millis(1500));
         let c = from_toml("", o(), &[("OTEL_SDK_DISABLED", "true")]).unwrap();
         assert!(!c.otlp.enabled);
+    }
+
+    #[test]
+    fn gpu_table_defaults_and_bounds() {
+        let o = || Overrides { targets: vec!["http://127.0.0.1:1".into()], ..Overrides::default() };
+        let c = from_toml("", o(), &[]).unwrap();
+        assert_eq!(c.gpu, GpuConfig { enabled: true, interval: Duration::from_secs(1), nvml_library: None });
+        let c = from_toml("[gpu]\nenabled = false\ninterval = \"100ms\"\nnvml_library = \"/x/libnvidia-ml.so.1\"\n", o(), &[]).unwrap();
+        assert_eq!(c.gpu, GpuConfig { enabled: false, interval: Duration::from_millis(100), nvml_library: Some("/x/libnvidia-ml.so.1".into()) });
+        let err = from_toml("[gpu]\nintervall = \"1s\"\n", o(), &[]).unwrap_err().to_string();
+        assert!(err.contains("line 2") && err.contains("intervall"), "{err}");
     }
 
     #[test]

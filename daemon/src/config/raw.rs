@@ -33,6 +33,11 @@
 //! [otlp]
 //! endpoint = "http://127.0.0.1:4318"  # default: OTEL_EXPORTER_OTLP_ENDPOINT, else the spec's
 //! protocol = "http/protobuf"          # grpc | http/protobuf (OTEL_EXPORTER_OTLP_PROTOCOL)
+//!
+//! [gpu]
+//! enabled = true                      # GPU metrics through NVML; off by itself without a driver
+//! interval = "1s"                     # sampling interval, 100ms to 60s
+//! # nvml_library = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 //! ```
 
 use std::time::Duration;
@@ -53,6 +58,8 @@ pub struct RawConfig {
     pub targets: Vec<RawCanary>,
     #[serde(default)]
     pub otlp: RawOtlp,
+    #[serde(default)]
+    pub gpu: RawGpu,
 }
 
 /// Canary settings; every field may be set in `[canary]` (defaults) or per `[[target]]`;
@@ -109,6 +116,17 @@ pub struct RawOtlp {
     pub queue_size: Option<usize>,
     pub batch_size: Option<usize>,
     pub export_concurrency: Option<usize>,
+}
+
+/// `[gpu]`: GPU metrics through NVML.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGpu {
+    pub enabled: Option<bool>,
+    #[serde(default, with = "humantime_serde")]
+    pub interval: Option<Duration>,
+    /// Path of the NVML library instead of `libnvidia-ml.so.1` from the loader's path.
+    pub nvml_library: Option<String>,
 }
 
 impl RawCanary {

@@ -110,3 +110,113 @@ pub const EVENT_SPIKE_ENTERED: &str = "lmperf.spike.entered";
 pub const EVENT_SPIKE_LEFT: &str = "lmperf.spike.left";
 /// The `tracestate` list member of OpenTelemetry ("ot"), holding the sampling threshold `th`.
 pub const TRACESTATE_OT: &str = "ot";
+
+// ---- Hardware metrics (OpenTelemetry semantic conventions, "Semantic conventions for
+// hardware metrics": docs/hardware/common.md, gpu.md, temperature.md; status Development) ----
+/// Gauge, unit `1`: fraction of time the GPU spent in a task (`hw.gpu.task`), 0..1 (gpu.md).
+pub const METRIC_HW_GPU_UTILIZATION: &str = "hw.gpu.utilization";
+/// UpDownCounter, unit `By`: GPU memory used (gpu.md).
+pub const METRIC_HW_GPU_MEMORY_USAGE: &str = "hw.gpu.memory.usage";
+/// UpDownCounter, unit `By`: size of the GPU memory (gpu.md).
+pub const METRIC_HW_GPU_MEMORY_LIMIT: &str = "hw.gpu.memory.limit";
+/// Gauge, unit `1`: fraction of GPU memory used, 0..1 (gpu.md).
+pub const METRIC_HW_GPU_MEMORY_UTILIZATION: &str = "hw.gpu.memory.utilization";
+/// Counter, unit `By`: bytes received and transmitted by the GPU, by `network.io.direction`
+/// (gpu.md). From NVML's PCIe throughput (KB/s over 20 ms) integrated over the sampling
+/// interval, so an estimate.
+pub const METRIC_HW_GPU_IO: &str = "hw.gpu.io";
+/// Gauge, unit `W`: instantaneous power consumed (common.md).
+pub const METRIC_HW_POWER: &str = "hw.power";
+/// Counter, unit `J`: energy consumed (common.md).
+pub const METRIC_HW_ENERGY: &str = "hw.energy";
+/// Counter, unit `{error}`: errors, by `error.type` = corrected | uncorrected (gpu.md, `hw.errors` (GPU)).
+pub const METRIC_HW_ERRORS: &str = "hw.errors";
+/// UpDownCounter, unit `1`: 1 for the current `hw.state` (ok | failed), 0 for the others (gpu.md, `hw.status` (GPU)).
+pub const METRIC_HW_STATUS: &str = "hw.status";
+/// Gauge, unit `Cel`: temperature (temperature.md); `hw.type` = temperature, `hw.parent` = the GPU.
+pub const METRIC_HW_TEMPERATURE: &str = "hw.temperature";
+
+// ---- Hardware attributes (docs/registry/attributes/hardware.md) ----
+/// Identifier unique within the host: the GPU's NVML UUID (`GPU-…`, `MIG-…`).
+pub const HW_ID: &str = "hw.id";
+/// Easily recognizable name: `GPU {index}` (`GPU 0 MIG 1`).
+pub const HW_NAME: &str = "hw.name";
+/// Descriptive model name: NVML's product name (`NVIDIA H200`).
+pub const HW_MODEL: &str = "hw.model";
+/// Vendor name: `NVIDIA`.
+pub const HW_VENDOR: &str = "hw.vendor";
+/// Component type: `gpu` (or `temperature` for the GPU's temperature sensor).
+pub const HW_TYPE: &str = "hw.type";
+/// Driver version (`nvmlSystemGetDriverVersion`).
+pub const HW_DRIVER_VERSION: &str = "hw.driver_version";
+/// `hw.id` of the parent: the physical GPU of a MIG instance or a temperature sensor.
+pub const HW_PARENT: &str = "hw.parent";
+/// Task of `hw.gpu.utilization`: `general` (kernels running).
+pub const HW_GPU_TASK: &str = "hw.gpu.task";
+/// State of `hw.status`: ok | failed.
+pub const HW_STATE: &str = "hw.state";
+/// Direction of `hw.gpu.io`: receive | transmit (docs/registry/attributes/network.md).
+pub const NETWORK_IO_DIRECTION: &str = "network.io.direction";
+/// Process id (docs/registry/attributes/process.md).
+pub const PROCESS_PID: &str = "process.pid";
+/// Executable name, from `/proc/PID/comm` (docs/registry/attributes/process.md).
+pub const PROCESS_EXECUTABLE_NAME: &str = "process.executable.name";
+/// Container id, from `/proc/PID/cgroup` (docs/registry/attributes/container.md).
+pub const CONTAINER_ID: &str = "container.id";
+
+/// Values of `hw.type`, `hw.vendor`, `hw.gpu.task`, `hw.state`, `error.type` of `hw.errors`.
+pub const HW_TYPE_GPU: &str = "gpu";
+pub const HW_TYPE_TEMPERATURE: &str = "temperature";
+pub const HW_VENDOR_NVIDIA: &str = "NVIDIA";
+pub const HW_GPU_TASK_GENERAL: &str = "general";
+pub const HW_STATE_OK: &str = "ok";
+pub const HW_STATE_FAILED: &str = "failed";
+pub const HW_ERROR_CORRECTED: &str = "corrected";
+pub const HW_ERROR_UNCORRECTED: &str = "uncorrected";
+
+// ---- lmperf's own GPU metrics (what the hardware conventions lack; dcgm-exporter's default
+// counter set names the same quantities) ----
+/// Gauge, unit `1`: fraction of time device memory was read or written (NVML "memory" utilization).
+pub const METRIC_GPU_MEMORY_COPY_UTILIZATION: &str = "lmperf.gpu.memory_copy.utilization";
+/// Gauge, unit `W`: enforced power limit.
+pub const METRIC_GPU_POWER_LIMIT: &str = "lmperf.gpu.power.limit";
+/// Gauge, unit `Hz`: clock frequency, by `lmperf.gpu.clock` = sm | memory.
+pub const METRIC_GPU_CLOCK: &str = "lmperf.gpu.clock.frequency";
+/// Gauge, unit `1`: 1 while the clock throttle reason `lmperf.gpu.throttle.reason` is active, else 0.
+pub const METRIC_GPU_THROTTLE: &str = "lmperf.gpu.throttle";
+/// Counter, unit `{replay}`: PCIe replays.
+pub const METRIC_GPU_PCIE_REPLAYS: &str = "lmperf.gpu.pcie.replays";
+/// Counter, unit `{event}`: critical XID events, by `lmperf.gpu.xid`.
+pub const METRIC_GPU_XID: &str = "lmperf.gpu.xid_errors";
+/// UpDownCounter, unit `By`: GPU memory held by a process (`process.pid`, `process.executable.name`, `container.id`).
+pub const METRIC_GPU_PROCESS_MEMORY_USAGE: &str = "lmperf.gpu.process.memory.usage";
+/// Gauge, unit `1`: fraction of SM time used by a process over the last interval.
+pub const METRIC_GPU_PROCESS_UTILIZATION: &str = "lmperf.gpu.process.utilization";
+/// Counter, unit `{event}`: GPUs lost (`GPU_IS_LOST`, driver gone) since start.
+pub const METRIC_GPU_LOST: &str = "lmperf.gpu.lost";
+
+/// Attributes of the lmperf GPU metrics.
+pub const LMPERF_GPU_INDEX: &str = "lmperf.gpu.index";
+pub const LMPERF_GPU_PCI_BUS_ID: &str = "lmperf.gpu.pci_bus_id";
+/// MIG profile of a MIG instance (`1g.5gb`).
+pub const LMPERF_GPU_MIG_PROFILE: &str = "lmperf.gpu.mig.profile";
+pub const LMPERF_GPU_CLOCK: &str = "lmperf.gpu.clock";
+pub const LMPERF_GPU_THROTTLE_REASON: &str = "lmperf.gpu.throttle.reason";
+pub const LMPERF_GPU_XID: &str = "lmperf.gpu.xid";
+
+// ---- lmperf.gpu.* span attributes: the node's GPUs during one canary request (samples
+// taken between the send and the end of the stream, else the latest before the end) ----
+/// Highest `hw.gpu.utilization` of any GPU, 0..1.
+pub const LMPERF_GPU_UTILIZATION_MAX: &str = "lmperf.gpu.utilization.max";
+/// Highest fraction of memory used of any GPU, 0..1.
+pub const LMPERF_GPU_MEMORY_UTILIZATION_MAX: &str = "lmperf.gpu.memory.utilization.max";
+/// True when any slowdown throttle reason was active on any GPU.
+pub const LMPERF_GPU_THROTTLED: &str = "lmperf.gpu.throttled";
+/// The slowdown throttle reasons seen (string array).
+pub const LMPERF_GPU_THROTTLE_REASONS: &str = "lmperf.gpu.throttle.reasons";
+/// True when an XID event arrived during the request.
+pub const LMPERF_GPU_XID_SEEN: &str = "lmperf.gpu.xid.seen";
+/// The XID codes seen during the request (int array).
+pub const LMPERF_GPU_XID_CODES: &str = "lmperf.gpu.xid.codes";
+/// GPU samples the values come from.
+pub const LMPERF_GPU_SAMPLES: &str = "lmperf.gpu.samples";

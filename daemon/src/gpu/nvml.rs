@@ -1,0 +1,255 @@
+//! The real backend: NVML through `nvml-wrapper`, which loads `libnvidia-ml.so.1` at run
+//! time (`dlopen`), so the agent builds and starts on machines without an NVIDIA driver.
+//!
+//! XID events come from an NVML event set waited on by a small thread per initialization
+//! (`lmperf-gpu-xid`, 500 ms waits), which queues them for [`GpuBackend::poll_xids`].
+
+use std::ffi::OsString;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, PcieUtilCounter, TemperatureSensor};
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::error::NvmlError;
+
+use super::backend::*;
+
+/// XIDs queued between two polls at most; more are dropped (the counter undercounts).
+const XID_QUEUE: usize = 256;
+
+/// NVML's error, reduced to what the sampler acts on.
+pub fn map_err(e: NvmlError) -> GpuError {
+    match e {
+        NvmlError::LibloadingError(e) => GpuError::NoLibrary(e.to_string()),
+        // One function missing from an old driver: that field is not supported.
+        NvmlError::FailedToLoadSymbol(_) | NvmlError::NotSupported | NvmlError::FunctionNotFound => GpuError::NotSupported,
+        NvmlError::NotFound => GpuError::NotFound,
+        NvmlError::GpuLost => GpuError::GpuLost,
+        e @ (NvmlError::DriverNotLoaded | NvmlError::Uninitialized | NvmlError::LibraryNotFound | NvmlError::LibRmVersionMismatch) => {
+            GpuError::Driver(e.to_string())
+        }
+        e => GpuError::Other(e.to_string()),
+    }
+}
+
+#[derive(Debug, Default)]
+struct XidQueue {
+    events: Mutex<Vec<XidEvent>>,
+    stop: AtomicBool,
+}
+
+/// [`GpuBackend`] over NVML.
+#[derive(Debug)]
+pub struct NvmlBackend {
+    lib_path: Option<OsString>,
+    nvml: Option<Arc<Nvml>>,
+    xids: Option<Arc<XidQueue>>,
+}
+
+impl NvmlBackend {
+    /// A backend loading `lib_path`, or `libnvidia-ml.so.1` from the loader's path.
+    pub fn new(lib_path: Option<OsString>) -> Self {
+        Self { lib_path, nvml: None, xids: None }
+    }
+
+    fn nvml(&self) -> Result<&Nvml, GpuError> {
+        self.nvml.as_deref().ok_or_else(|| GpuError::Driver("NVML not initialized".into()))
+    }
+
+    fn with<T>(&self, d: DeviceRef, f: impl FnOnce(&nvml_wrapper::Device<'_>) -> Result<T, NvmlError>) -> Result<T, GpuError> {
+        let nvml = self.nvml()?;
+        let dev = nvml.device_by_index(d.index).map_err(map_err)?;
+        match d.mig_index {
+            None => f(&dev).map_err(map_err),
+            Some(m) => {
+                let mig = dev.mig_device_by_index(m).map_err(map_err)?;
+                f(&mig).map_err(map_err)
+            }
+        }
+    }
+}
+
+fn start_xid_thread(nvml: Arc<Nvml>, q: Arc<XidQueue>) {
+    let spawned = std::thread::Builder::new().name("lmperf-gpu-xid".into()).spawn(move || {
+        let Ok(count) = nvml.device_count() else { return };
+        let Ok(mut set) = nvml.create_event_set() else { return };
+        let mut registered = 0;
+        for i in 0..count {
+            let Ok(dev) = nvml.device_by_index(i) else { continue };
+            match dev.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+                Ok(s) => {
+                    set = s;
+                    registered += 1;
+                }
+                // The set is consumed on failure; start a fresh one for the remaining GPUs.
+                Err(_) => match nvml.create_event_set() {
+                    Ok(s) => set = s,
+                    Err(_) => return,
+                },
+            }
+        }
+        if registered == 0 {
+            tracing::debug!("No GPU supports XID events; XID counting is off.");
+            return;
+        }
+        while !q.stop.load(Ordering::Relaxed) {
+            match set.wait(500) {
+                Ok(ev) => {
+                    let code = match ev.event_data {
+                        Some(XidError::Value(v)) => v,
+                        _ => 0,
+                    };
+                    let uuid = ev.device.uuid().unwrap_or_default();
+                    let mut g = q.events.lock().unwrap_or_else(|p| p.into_inner());
+                    if g.len() < XID_QUEUE {
+                        g.push(XidEvent { uuid, code });
+                    }
+                }
+                Err(NvmlError::Timeout) => {}
+                // GPU lost or driver gone: the sampler sees it too and rediscovers.
+                Err(_) => return,
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "Cannot start the XID event thread; XID events are not counted.");
+    }
+}
+
+impl GpuBackend for NvmlBackend {
+    fn init(&mut self) -> Result<String, GpuError> {
+        let mut b = Nvml::builder();
+        if let Some(p) = &self.lib_path {
+            b.lib_path(p);
+        }
+        let nvml = Arc::new(b.init().map_err(map_err)?);
+        let version = nvml.sys_driver_version().map_err(map_err)?;
+        let q = Arc::new(XidQueue::default());
+        start_xid_thread(nvml.clone(), q.clone());
+        self.nvml = Some(nvml);
+        self.xids = Some(q);
+        Ok(version)
+    }
+
+    fn shutdown(&mut self) {
+        if let Some(q) = self.xids.take() {
+            q.stop.store(true, Ordering::Relaxed);
+        }
+        // nvmlShutdown runs when the XID thread also lets go (≤ 500 ms).
+        self.nvml = None;
+    }
+
+    fn device_count(&mut self) -> Result<u32, GpuError> {
+        self.nvml()?.device_count().map_err(map_err)
+    }
+
+    fn devices_at(&mut self, index: u32) -> Result<Vec<DeviceInfo>, GpuError> {
+        let nvml = self.nvml()?;
+        let dev = nvml.device_by_index(index).map_err(map_err)?;
+        let uuid = dev.uuid().map_err(map_err)?;
+        let name = dev.name().map_err(map_err)?;
+        let pci_bus_id = dev.pci_info().map(|p| p.bus_id).unwrap_or_default();
+        let mig_enabled = dev.mig_mode().ok().map(|m| m.current == 1);
+        let mut out = vec![DeviceInfo { index, uuid: uuid.clone(), name, pci_bus_id: pci_bus_id.clone(), mig_enabled, mig: None }];
+        if mig_enabled == Some(true) {
+            let n = dev.mig_device_count().map_err(map_err)?;
+            for m in 0..n {
+                // Slots without an instance answer NOT_FOUND.
+                let Ok(mig) = dev.mig_device_by_index(m) else { continue };
+                let Ok(mig_uuid) = mig.uuid() else { continue };
+                let mig_name = mig.name().unwrap_or_default();
+                let profile = mig_name.split_once("MIG ").map_or_else(|| mig_name.clone(), |(_, p)| p.trim().to_owned());
+                out.push(DeviceInfo {
+                    index,
+                    uuid: mig_uuid,
+                    name: mig_name,
+                    pci_bus_id: pci_bus_id.clone(),
+                    mig_enabled: None,
+                    mig: Some(MigInstance { profile, parent_uuid: uuid.clone(), mig_index: m }),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    fn utilization(&mut self, d: DeviceRef) -> Result<Utilization, GpuError> {
+        self.with(d, |x| x.utilization_rates()).map(|u| Utilization { gpu_pct: u.gpu, memory_pct: u.memory })
+    }
+    fn memory(&mut self, d: DeviceRef) -> Result<MemoryInfo, GpuError> {
+        self.with(d, |x| x.memory_info()).map(|m| MemoryInfo { used: m.used, total: m.total })
+    }
+    fn power_mw(&mut self, d: DeviceRef) -> Result<u32, GpuError> {
+        self.with(d, |x| x.power_usage())
+    }
+    fn power_limit_mw(&mut self, d: DeviceRef) -> Result<u32, GpuError> {
+        self.with(d, |x| x.enforced_power_limit())
+    }
+    fn energy_mj(&mut self, d: DeviceRef) -> Result<u64, GpuError> {
+        self.with(d, |x| x.total_energy_consumption())
+    }
+    fn temperature_c(&mut self, d: DeviceRef) -> Result<u32, GpuError> {
+        self.with(d, |x| x.temperature(TemperatureSensor::Gpu))
+    }
+    fn clock_mhz(&mut self, d: DeviceRef, kind: ClockKind) -> Result<u32, GpuError> {
+        let c = match kind {
+            ClockKind::Sm => Clock::SM,
+            ClockKind::Memory => Clock::Memory,
+        };
+        self.with(d, |x| x.clock_info(c))
+    }
+    fn throttle_reasons(&mut self, d: DeviceRef) -> Result<u64, GpuError> {
+        self.with(d, |x| x.current_throttle_reasons()).map(|r| r.bits())
+    }
+    fn pcie_kb_per_s(&mut self, d: DeviceRef, dir: PcieDirection) -> Result<u32, GpuError> {
+        let c = match dir {
+            PcieDirection::Transmit => PcieUtilCounter::Send,
+            PcieDirection::Receive => PcieUtilCounter::Receive,
+        };
+        self.with(d, |x| x.pcie_throughput(c))
+    }
+    fn pcie_replays(&mut self, d: DeviceRef) -> Result<u64, GpuError> {
+        self.with(d, |x| x.pcie_replay_counter()).map(u64::from)
+    }
+    fn ecc_errors(&mut self, d: DeviceRef, kind: EccKind) -> Result<u64, GpuError> {
+        let k = match kind {
+            EccKind::Corrected => MemoryError::Corrected,
+            EccKind::Uncorrected => MemoryError::Uncorrected,
+        };
+        self.with(d, |x| x.total_ecc_errors(k, EccCounter::Volatile))
+    }
+    fn processes(&mut self, d: DeviceRef) -> Result<Vec<GpuProcess>, GpuError> {
+        self.with(d, |x| x.running_compute_processes()).map(|v| {
+            v.into_iter()
+                .map(|p| GpuProcess {
+                    pid: p.pid,
+                    used_bytes: match p.used_gpu_memory {
+                        UsedGpuMemory::Used(b) => Some(b),
+                        UsedGpuMemory::Unavailable => None,
+                    },
+                })
+                .collect()
+        })
+    }
+    fn process_utilization(&mut self, d: DeviceRef, last_seen_us: u64) -> Result<Vec<ProcessUtilization>, GpuError> {
+        self.with(d, |x| x.process_utilization_stats(last_seen_us)).map(|v| {
+            v.into_iter()
+                .map(|s| ProcessUtilization { pid: s.pid, timestamp_us: s.timestamp, sm_pct: s.sm_util, memory_pct: s.mem_util })
+                .collect()
+        })
+    }
+    fn poll_xids(&mut self) -> Result<Vec<XidEvent>, GpuError> {
+        match &self.xids {
+            Some(q) => Ok(std::mem::take(&mut *q.events.lock().unwrap_or_else(|p| p.into_inner()))),
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
+impl Drop for NvmlBackend {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

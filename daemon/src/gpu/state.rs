@@ -1,0 +1,365 @@
+//! What the sampler publishes and everyone else reads: the latest [`Snapshot`] (metrics
+//! callbacks), a short history of per-sample summaries (the `lmperf.gpu.*` attributes of a
+//! canary span), XID and lost/recovered events, and the `/api/v1/status` view.
+//!
+//! Readers only take a mutex for a pointer copy or a scan of at most [`HISTORY`] small
+//! entries; the sampler publishes once per interval.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use opentelemetry::{Array, KeyValue, StringValue, Value};
+use serde::Serialize;
+
+use super::backend::{DeviceInfo, throttle};
+use crate::telemetry::names as n;
+
+/// Per-sample summaries kept for span attributes: 10 minutes at 1 s, 1 minute at 100 ms.
+pub const HISTORY: usize = 600;
+/// XID events kept for span attributes.
+pub const XID_HISTORY: usize = 256;
+/// Events kept for `/api/v1/status`.
+pub const EVENTS: usize = 32;
+
+/// One process on a GPU, attributed through `/proc`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProcessSample {
+    pub pid: u32,
+    /// Bytes of GPU memory held; `None` where NVML cannot tell.
+    pub used_bytes: Option<u64>,
+    /// Fraction of SM time over the last interval, 0..1; `None` without a fresh sample.
+    pub sm_utilization: Option<f64>,
+    /// `/proc/PID/comm`.
+    pub executable: Option<String>,
+    /// `/proc/PID/cmdline`, arguments joined by spaces, at most 256 bytes.
+    pub command: Option<String>,
+    /// Container id from `/proc/PID/cgroup`.
+    pub container_id: Option<String>,
+}
+
+/// One device's values at one sample; a field is `None` when NVML did not give it (never 0
+/// in its place). Units are the exported ones.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DeviceSample {
+    /// Fraction of time kernels ran, 0..1.
+    pub utilization: Option<f64>,
+    /// Fraction of time device memory was read or written, 0..1.
+    pub memory_copy_utilization: Option<f64>,
+    /// Bytes.
+    pub memory_used: Option<u64>,
+    /// Bytes.
+    pub memory_total: Option<u64>,
+    /// W.
+    pub power_w: Option<f64>,
+    /// W.
+    pub power_limit_w: Option<f64>,
+    /// J since the driver loaded.
+    pub energy_j: Option<f64>,
+    /// °C.
+    pub temperature_c: Option<f64>,
+    /// Hz.
+    pub sm_clock_hz: Option<f64>,
+    /// Hz.
+    pub memory_clock_hz: Option<f64>,
+    /// NVML throttle reason bits ([`throttle`]).
+    pub throttle: Option<u64>,
+    /// Bytes since monitoring began (estimate, see `hw.gpu.io`).
+    pub pcie_tx_bytes: Option<u64>,
+    pub pcie_rx_bytes: Option<u64>,
+    pub pcie_replays: Option<u64>,
+    pub ecc_corrected: Option<u64>,
+    pub ecc_uncorrected: Option<u64>,
+    pub processes: Vec<ProcessSample>,
+}
+
+impl DeviceSample {
+    /// Fraction of memory used, 0..1.
+    pub fn memory_utilization(&self) -> Option<f64> {
+        match (self.memory_used, self.memory_total) {
+            (Some(u), Some(t)) if t > 0 => Some(u as f64 / t as f64),
+            _ => None,
+        }
+    }
+}
+
+/// A device the sampler tracks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceEntry {
+    pub info: DeviceInfo,
+    /// `GPU_IS_LOST` (or the driver went away): no values until rediscovery finds it again.
+    pub lost: bool,
+    /// Fields NVML answered `NOT_SUPPORTED` for.
+    pub unsupported: Vec<&'static str>,
+    /// The values; `None` while lost.
+    pub sample: Option<DeviceSample>,
+}
+
+/// Everything one sampling tick saw.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Snapshot {
+    pub at: Option<SystemTime>,
+    pub driver_version: String,
+    pub devices: Vec<DeviceEntry>,
+    /// Critical XID events since start, by (`hw.id`, code).
+    pub xid_counts: BTreeMap<(String, u64), u64>,
+    /// GPUs lost since start.
+    pub lost_total: u64,
+}
+
+/// Whether GPU monitoring runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// `[gpu] enabled = false`.
+    Disabled,
+    /// Not yet initialized.
+    Starting,
+    /// No NVML library: off for the agent's life.
+    Off,
+    /// NVML loaded but not usable, or every GPU lost: retrying discovery.
+    Discovering,
+    /// Sampling.
+    On,
+}
+
+/// A lost, recovered or XID event, for `/api/v1/status`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuEvent {
+    pub at_unix_s: f64,
+    /// lost | recovered | xid | driver_unavailable
+    pub kind: &'static str,
+    pub hw_id: Option<String>,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Summary {
+    at: SystemTime,
+    max_util: Option<f64>,
+    max_mem: Option<f64>,
+    throttle: u64,
+}
+
+#[derive(Debug)]
+struct Inner {
+    mode: Mode,
+    reason: Option<String>,
+    latest: Arc<Snapshot>,
+    history: VecDeque<Summary>,
+    xids: VecDeque<(SystemTime, u64)>,
+    events: VecDeque<GpuEvent>,
+    samples: u64,
+    last_tick_us: u64,
+}
+
+/// The shared GPU state.
+#[derive(Debug)]
+pub struct GpuState {
+    interval: Duration,
+    inner: Mutex<Inner>,
+}
+
+/// `/api/v1/status` → `gpu`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct GpuStatus {
+    pub mode: Mode,
+    /// Why GPU metrics are off or not yet on.
+    pub reason: Option<String>,
+    pub driver_version: Option<String>,
+    pub interval_ms: u64,
+    /// Sampling ticks done.
+    pub samples: u64,
+    /// Duration of the last tick, µs (the sampling cost).
+    pub last_tick_us: u64,
+    pub devices: Vec<GpuDeviceStatus>,
+    /// Most recent last.
+    pub events: Vec<GpuEvent>,
+}
+
+/// One device in `/api/v1/status`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct GpuDeviceStatus {
+    pub index: u32,
+    pub hw_id: String,
+    pub name: String,
+    pub pci_bus_id: String,
+    pub mig_profile: Option<String>,
+    pub lost: bool,
+    pub unsupported_fields: Vec<&'static str>,
+    pub utilization: Option<f64>,
+    pub memory_used_bytes: Option<u64>,
+    pub memory_total_bytes: Option<u64>,
+    pub processes: Vec<ProcessSample>,
+}
+
+fn unix_s(t: SystemTime) -> f64 {
+    t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+impl GpuState {
+    /// A state for sampling every `interval`, in `mode` (`Starting` or `Disabled`).
+    pub fn new(interval: Duration, mode: Mode) -> Self {
+        let reason = (mode == Mode::Disabled).then(|| "disabled in the configuration ([gpu] enabled = false)".to_owned());
+        Self {
+            interval,
+            inner: Mutex::new(Inner {
+                mode,
+                reason,
+                latest: Arc::default(),
+                history: VecDeque::with_capacity(HISTORY),
+                xids: VecDeque::new(),
+                events: VecDeque::new(),
+                samples: 0,
+                last_tick_us: 0,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // The state holds plain values: a panic elsewhere cannot leave it half-written in a
+        // way readers could misread, so a poisoned lock is taken over.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The sampling interval.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// The current mode.
+    pub fn mode(&self) -> Mode {
+        self.lock().mode
+    }
+
+    /// Sets the mode and its reason.
+    pub fn set_mode(&self, mode: Mode, reason: Option<String>) {
+        let mut g = self.lock();
+        g.mode = mode;
+        g.reason = reason;
+    }
+
+    /// Records an event for `/api/v1/status`.
+    pub fn event(&self, at: SystemTime, kind: &'static str, hw_id: Option<&str>, detail: String) {
+        let mut g = self.lock();
+        if g.events.len() == EVENTS {
+            g.events.pop_front();
+        }
+        g.events.push_back(GpuEvent { at_unix_s: unix_s(at), kind, hw_id: hw_id.map(str::to_owned), detail });
+    }
+
+    /// Records XID codes seen at `at`.
+    pub fn xids(&self, at: SystemTime, codes: &[u64]) {
+        let mut g = self.lock();
+        for &c in codes {
+            if g.xids.len() == XID_HISTORY {
+                g.xids.pop_front();
+            }
+            g.xids.push_back((at, c));
+        }
+    }
+
+    /// Publishes a tick's snapshot; `cost` is how long the tick took.
+    pub fn publish(&self, snap: Snapshot, cost: Duration) {
+        let at = snap.at.unwrap_or_else(SystemTime::now);
+        let mut s = Summary { at, max_util: None, max_mem: None, throttle: 0 };
+        for d in snap.devices.iter().filter_map(|d| d.sample.as_ref()) {
+            s.max_util = max_opt(s.max_util, d.utilization);
+            s.max_mem = max_opt(s.max_mem, d.memory_utilization());
+            s.throttle |= d.throttle.unwrap_or(0);
+        }
+        let mut g = self.lock();
+        if g.history.len() == HISTORY {
+            g.history.pop_front();
+        }
+        g.history.push_back(s);
+        g.latest = Arc::new(snap);
+        g.samples += 1;
+        g.last_tick_us = cost.as_micros() as u64;
+    }
+
+    /// The latest snapshot (empty before the first tick and while monitoring is off).
+    pub fn latest(&self) -> Arc<Snapshot> {
+        self.lock().latest.clone()
+    }
+
+    /// The `lmperf.gpu.*` attributes of a request sent at `start` that ended at `end`: from
+    /// the samples taken in between, else from the latest one before `end` (a request shorter
+    /// than the interval). Empty when no sample exists (GPU monitoring off).
+    pub fn request_attributes(&self, start: SystemTime, end: SystemTime) -> Vec<KeyValue> {
+        let g = self.lock();
+        let mut used: Vec<Summary> = g.history.iter().filter(|s| s.at >= start && s.at <= end).copied().collect();
+        if used.is_empty()
+            && let Some(s) = g.history.iter().rev().find(|s| s.at <= end)
+        {
+            used.push(*s);
+        }
+        if used.is_empty() {
+            return Vec::new();
+        }
+        let xids: Vec<i64> = g.xids.iter().filter(|(t, _)| *t >= start && *t <= end).map(|(_, c)| *c as i64).collect();
+        drop(g);
+        let max_util = used.iter().fold(None, |m, s| max_opt(m, s.max_util));
+        let max_mem = used.iter().fold(None, |m, s| max_opt(m, s.max_mem));
+        let bits = used.iter().fold(0, |b, s| b | s.throttle);
+        let reasons = throttle::names(bits);
+        let mut kv = Vec::with_capacity(7);
+        if let Some(u) = max_util {
+            kv.push(KeyValue::new(n::LMPERF_GPU_UTILIZATION_MAX, u));
+        }
+        if let Some(m) = max_mem {
+            kv.push(KeyValue::new(n::LMPERF_GPU_MEMORY_UTILIZATION_MAX, m));
+        }
+        kv.push(KeyValue::new(n::LMPERF_GPU_THROTTLED, !reasons.is_empty()));
+        if !reasons.is_empty() {
+            let arr: Vec<StringValue> = reasons.into_iter().map(StringValue::from).collect();
+            kv.push(KeyValue::new(n::LMPERF_GPU_THROTTLE_REASONS, Value::Array(Array::String(arr))));
+        }
+        kv.push(KeyValue::new(n::LMPERF_GPU_XID_SEEN, !xids.is_empty()));
+        if !xids.is_empty() {
+            kv.push(KeyValue::new(n::LMPERF_GPU_XID_CODES, Value::Array(Array::I64(xids))));
+        }
+        kv.push(KeyValue::new(n::LMPERF_GPU_SAMPLES, used.len() as i64));
+        kv
+    }
+
+    /// The `gpu` section of `/api/v1/status`.
+    pub fn status(&self) -> GpuStatus {
+        let g = self.lock();
+        let snap = g.latest.clone();
+        GpuStatus {
+            mode: g.mode,
+            reason: g.reason.clone(),
+            driver_version: (!snap.driver_version.is_empty()).then(|| snap.driver_version.clone()),
+            interval_ms: self.interval.as_millis() as u64,
+            samples: g.samples,
+            last_tick_us: g.last_tick_us,
+            events: g.events.iter().cloned().collect(),
+            devices: snap
+                .devices
+                .iter()
+                .map(|d| GpuDeviceStatus {
+                    index: d.info.index,
+                    hw_id: d.info.uuid.clone(),
+                    name: d.info.name.clone(),
+                    pci_bus_id: d.info.pci_bus_id.clone(),
+                    mig_profile: d.info.mig.as_ref().map(|m| m.profile.clone()),
+                    lost: d.lost,
+                    unsupported_fields: d.unsupported.clone(),
+                    utilization: d.sample.as_ref().and_then(|s| s.utilization),
+                    memory_used_bytes: d.sample.as_ref().and_then(|s| s.memory_used),
+                    memory_total_bytes: d.sample.as_ref().and_then(|s| s.memory_total),
+                    processes: d.sample.as_ref().map(|s| s.processes.clone()).unwrap_or_default(),
+                })
+                .collect(),
+        }
+    }
+}
+
+fn max_opt(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.max(y)),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
