@@ -31,7 +31,7 @@ fn target(url: &str, timeout: Duration) -> TargetConfig {
 const TP: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
 
 async fn one(clients: &Clients, t: &TargetConfig) -> Measured {
-    let req = CanaryRequest { api: Api::Chat, model: "m", prompt: "hi", max_tokens: 8, traceparent: TP };
+    let req = CanaryRequest { api: Api::Chat, model: "m", prompt: "hi", max_tokens: 8, traceparent: TP, extra_body: None };
     client::execute(clients, t, &req, &CancellationToken::new()).await
 }
 

@@ -48,7 +48,7 @@ async fn replay(api: Api, frames: &serde_json::Value, status: u16) -> Measured {
     .await;
     let t = target(&server.url());
     let clients = Clients::new(t.connect_timeout).expect("clients");
-    let req = CanaryRequest { api, model: "m", prompt: "hi", max_tokens: 16, traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01" };
+    let req = CanaryRequest { api, model: "m", prompt: "hi", max_tokens: 16, traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", extra_body: None };
     let m = client::execute(&clients, &t, &req, &CancellationToken::new()).await;
     let got = server.requests();
     assert_eq!(got.len(), 1, "one request on the wire");

@@ -20,6 +20,160 @@ pub struct Cli {
 pub enum Command {
     /// Run the node agent: continuous canary requests to the targets, exported over OTLP.
     Agent(AgentArgs),
+    /// Run one-shot benchmarks (one per concurrency × input length) and write
+    /// requests.jsonl and summary.json to --output-dir.
+    Run(RunArgs),
+}
+
+/// `lmperf run` flags (the names of `vllm bench serve` where they exist).
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Base URL of an OpenAI-compatible server.
+    #[arg(long, value_name = "URL")]
+    pub target: String,
+    /// Model name; default: the first model of GET /v1/models.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// API to call.
+    #[arg(long, value_parser = ["chat", "completions"], default_value = "completions")]
+    pub api: String,
+    /// Concurrency levels: requests in flight at most, one benchmark each.
+    #[arg(long = "batch-sizes", visible_alias = "concurrency", num_args = 1.., default_values_t = [1usize], conflicts_with = "max_concurrency")]
+    pub batch_sizes: Vec<usize>,
+    /// One concurrency level (same as a single --batch-sizes value).
+    #[arg(long)]
+    pub max_concurrency: Option<usize>,
+    /// Input lengths in tokens, one benchmark each.
+    #[arg(long = "seq-lengths", visible_alias = "input-lengths", num_args = 1.., default_values_t = [128u32])]
+    pub seq_lengths: Vec<u32>,
+    /// Output length in tokens (max_tokens; with ignore_eos/min_tokens where the server has them).
+    #[arg(long, default_value_t = 128)]
+    pub output_len: u32,
+    /// Measured requests per benchmark.
+    #[arg(long, default_value_t = 100)]
+    pub num_prompts: usize,
+    /// Requests per second, or `inf` to send all at once (bounded by the concurrency).
+    #[arg(long, default_value = "inf")]
+    pub request_rate: String,
+    /// Gaps between sends with a finite rate.
+    #[arg(long, value_parser = ["poisson", "gamma", "constant"], default_value = "poisson")]
+    pub arrival: String,
+    /// Gamma shape of the gaps (1 = Poisson, < 1 burstier, > 1 steadier).
+    #[arg(long, default_value_t = 1.0)]
+    pub burstiness: f64,
+    /// Requests before each benchmark that are not counted.
+    #[arg(long, default_value_t = 0)]
+    pub warmup: usize,
+    /// Stop scheduling after this long (e.g. 60s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+    /// Seed of prompts and schedule (same seed, same run).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// SLOs for goodput: ttft:MS tpot:MS e2el:MS.
+    #[arg(long, num_args = 1..)]
+    pub goodput: Vec<String>,
+    /// Exit 3 when a gate trips: e.g. ttft_p99_ms>500 e2el_mean_ms>2000 error_rate>0.01.
+    #[arg(long, num_args = 1..)]
+    pub fail_on: Vec<String>,
+    /// Do not ask the server to ignore EOS (output lengths then vary).
+    #[arg(long)]
+    pub no_ignore_eos: bool,
+    /// Deadline of one request.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "600s")]
+    pub timeout: Duration,
+    /// Name of the environment variable that holds the API key (default LMPERF_API_KEY).
+    #[arg(long, value_name = "VAR")]
+    pub api_key_env: Option<String>,
+    /// File that holds the API key.
+    #[arg(long, value_name = "FILE")]
+    pub api_key_file: Option<String>,
+    /// Where requests.jsonl and summary.json go.
+    #[arg(long, value_name = "DIR")]
+    pub output_dir: std::path::PathBuf,
+}
+
+/// `--goodput ttft:500 tpot:50 e2el:2000`.
+pub fn parse_goodput(items: &[String]) -> Result<crate::bench::Goodput, String> {
+    let mut g = crate::bench::Goodput::default();
+    for it in items {
+        let (k, v) = it.split_once(':').ok_or_else(|| format!("--goodput {it:?}: expected ttft:MS, tpot:MS or e2el:MS"))?;
+        let v: f64 = v.parse().ok().filter(|v: &f64| v.is_finite() && *v > 0.0).ok_or_else(|| format!("--goodput {it:?}: {v:?} is not a positive number of milliseconds"))?;
+        match k {
+            "ttft" => g.ttft_ms = Some(v),
+            "tpot" => g.tpot_ms = Some(v),
+            "e2el" => g.e2el_ms = Some(v),
+            _ => return Err(format!("--goodput {it:?}: unknown SLO {k:?} (ttft, tpot, e2el)")),
+        }
+    }
+    Ok(g)
+}
+
+impl RunArgs {
+    /// Validates into a run specification; the error is one line naming the flag and value.
+    pub fn into_spec(self, env: &dyn crate::config::Env) -> Result<crate::bench::RunSpec, String> {
+        use crate::bench::{RunArrival, RunSpec, parse_gate};
+        let overrides = Overrides {
+            targets: vec![self.target.clone()],
+            canary: RawCanary {
+                model: self.model,
+                api: Some(self.api),
+                timeout: Some(self.timeout),
+                max_tokens: Some(self.output_len),
+                api_key_env: self.api_key_env,
+                api_key_file: self.api_key_file,
+                ..RawCanary::default()
+            },
+            no_otlp: true,
+            ..Overrides::default()
+        };
+        let mut cfg = crate::config::load(overrides, env).map_err(|e| e.to_string())?;
+        let target = cfg.targets.remove(0);
+        let request_rate = match self.request_rate.as_str() {
+            "inf" => None,
+            r => Some(r.parse::<f64>().ok().filter(|v| v.is_finite() && *v > 0.0).ok_or_else(|| format!("--request-rate {r:?}: a positive number or inf"))?),
+        };
+        if !(self.burstiness.is_finite() && self.burstiness > 0.0) {
+            return Err(format!("--burstiness {}: a positive number", self.burstiness));
+        }
+        let arrival = match (self.arrival.as_str(), self.burstiness) {
+            ("constant", _) => RunArrival::Constant,
+            ("gamma", b) => RunArrival::Gamma(b),
+            (_, b) if (b - 1.0).abs() > f64::EPSILON => RunArrival::Gamma(b),
+            _ => RunArrival::Poisson,
+        };
+        let concurrencies = match self.max_concurrency {
+            Some(c) => vec![c],
+            None => self.batch_sizes,
+        };
+        if concurrencies.contains(&0) {
+            return Err("--batch-sizes 0: concurrency is at least 1".to_owned());
+        }
+        if self.seq_lengths.contains(&0) {
+            return Err("--seq-lengths 0: input length is at least 1 token".to_owned());
+        }
+        if self.num_prompts == 0 {
+            return Err("--num-prompts 0: at least 1".to_owned());
+        }
+        let fail_on = self.fail_on.iter().map(|g| parse_gate(g)).collect::<Result<Vec<_>, _>>().map_err(|e| format!("--fail-on {e}"))?;
+        Ok(RunSpec {
+            target,
+            concurrencies,
+            input_lengths: self.seq_lengths,
+            output_len: self.output_len,
+            num_prompts: self.num_prompts,
+            request_rate,
+            arrival,
+            warmup: self.warmup,
+            duration: self.duration,
+            seed: self.seed,
+            ignore_eos: !self.no_ignore_eos,
+            goodput: parse_goodput(&self.goodput)?,
+            fail_on,
+            output_dir: self.output_dir,
+            progress: true,
+        })
+    }
 }
 
 /// `lmperf agent` flags. Canary flags apply to every target and override the config file.

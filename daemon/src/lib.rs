@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod agent;
+pub mod bench;
 pub mod canary;
 pub mod cli;
 pub mod config;

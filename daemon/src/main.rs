@@ -11,6 +11,37 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
     match cli.command {
+        Command::Run(args) => {
+            let spec = match args.into_spec(&ProcessEnv) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("lmperf: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("lmperf: cannot start the runtime: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            let dir = spec.output_dir.clone();
+            match rt.block_on(lmperf::bench::run(spec)) {
+                Ok(summary) if !summary.failed_gates.is_empty() => {
+                    eprintln!("lmperf run: gates tripped: {}; results in {}", summary.failed_gates.join(", "), dir.display());
+                    ExitCode::from(3)
+                }
+                Ok(_) => {
+                    eprintln!("lmperf run: results in {}", dir.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("lmperf run: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
         Command::Agent(args) => {
             let cfg = match config::load(args.into_overrides(), &ProcessEnv) {
                 Ok(c) => c,

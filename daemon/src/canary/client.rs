@@ -55,6 +55,13 @@ impl Clients {
     }
 }
 
+impl Clients {
+    /// The pooled client, for requests besides canaries (tokenize, model list).
+    pub fn http(&self) -> &reqwest::Client {
+        &self.pooled
+    }
+}
+
 /// What to send.
 #[derive(Debug, Clone)]
 pub struct CanaryRequest<'a> {
@@ -64,6 +71,8 @@ pub struct CanaryRequest<'a> {
     pub max_tokens: u32,
     /// W3C `traceparent` header value.
     pub traceparent: &'a str,
+    /// Fields merged into the JSON body (e.g. `ignore_eos`, `min_tokens` for benchmarks).
+    pub extra_body: Option<&'a serde_json::Map<String, serde_json::Value>>,
 }
 
 /// One measured request with the context a span needs.
@@ -88,6 +97,11 @@ pub fn request_body(req: &CanaryRequest<'_>) -> serde_json::Value {
     match req.api {
         Api::Chat => body["messages"] = serde_json::json!([{ "role": "user", "content": req.prompt }]),
         Api::Completions => body["prompt"] = serde_json::Value::from(req.prompt),
+    }
+    if let (Some(extra), Some(obj)) = (req.extra_body, body.as_object_mut()) {
+        for (k, v) in extra {
+            obj.insert(k.clone(), v.clone());
+        }
     }
     body
 }

@@ -188,7 +188,7 @@ impl TargetRunner {
             Ok((model, provider)) => {
                 self.state.set_model(&model);
                 let traceparent = ids.traceparent();
-                let req = CanaryRequest { api: t.api, model: &model, prompt: prompt.text, max_tokens: t.max_tokens, traceparent: &traceparent };
+                let req = CanaryRequest { api: t.api, model: &model, prompt: prompt.text, max_tokens: t.max_tokens, traceparent: &traceparent, extra_body: None };
                 let m = client::execute(&self.clients, t, &req, cancel).await;
                 (model, provider, m)
             }

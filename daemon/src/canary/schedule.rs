@@ -48,6 +48,19 @@ impl Gaps {
     }
 }
 
+/// Waits until `at` (returns at once when it has passed): tokio's timer until [`SPIN_BEFORE`]
+/// ahead, then yielding in a loop, so the wake-up is exact to well under a millisecond.
+pub async fn wait_until(at: Instant) {
+    if let Some(coarse) = at.checked_sub(SPIN_BEFORE)
+        && coarse > Instant::now()
+    {
+        tokio::time::sleep_until(coarse).await;
+    }
+    while Instant::now() < at {
+        tokio::task::yield_now().await;
+    }
+}
+
 /// One due request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tick {
@@ -87,14 +100,7 @@ impl Ticker {
     /// is then exact to well under a millisecond, at the cost of at most that much spinning
     /// (yielding) per request.
     pub async fn tick(&mut self) -> Tick {
-        if let Some(coarse) = self.next.checked_sub(SPIN_BEFORE)
-            && coarse > Instant::now()
-        {
-            tokio::time::sleep_until(coarse).await;
-        }
-        while Instant::now() < self.next {
-            tokio::task::yield_now().await;
-        }
+        wait_until(self.next).await;
         let now = Instant::now();
         let tick = Tick { seq: self.seq, scheduled: self.next, lag: now.saturating_duration_since(self.next) };
         self.seq += 1;

@@ -1,0 +1,496 @@
+//! `lmperf run`: one-shot benchmarks with the agent's own client and measurement.
+//!
+//! One benchmark per (concurrency, input length). Each sends `num_prompts` synthetic prompts
+//! of that exact token length, open loop on an absolute schedule (`--request-rate`, Poisson /
+//! gamma / constant gaps; `inf` sends all at once) with at most `concurrency` in flight. A
+//! request that waits for a free slot records its dispatch delay, and latencies are reported
+//! both from the send and from the schedule (`../shared/cases/sse/07_*`). Results go to
+//! `requests.jsonl` (one line per request) and `summary.json` (schema below, versioned).
+
+pub mod prompts;
+pub mod stats;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use rand_distr::{Distribution as _, Exp, Gamma};
+use serde::Serialize;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::canary::client::{self, CanaryRequest, Clients, Measured};
+use crate::config::{Api, TargetConfig};
+use crate::measure::Outcome;
+use prompts::{Prompt, TokenizeClient, Tokenizer};
+use stats::Distribution;
+
+/// Version of `summary.json` and `requests.jsonl`; bumped on any incompatible change.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Gaps between scheduled sends.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RunArrival {
+    Poisson,
+    /// Gamma-distributed gaps with this shape (burstiness; 1 = Poisson, < 1 burstier).
+    Gamma(f64),
+    Constant,
+}
+
+/// SLOs for goodput (vLLM's `--goodput`): a request counts when it meets every one set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Goodput {
+    pub ttft_ms: Option<f64>,
+    pub tpot_ms: Option<f64>,
+    pub e2el_ms: Option<f64>,
+}
+
+/// A `--fail-on` gate: `metric_stat_ms>value` (e.g. `ttft_p99_ms>500`) or `error_rate>0.01`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gate {
+    pub text: String,
+    pub metric: String,
+    pub stat: Option<String>,
+    pub limit: f64,
+}
+
+/// Errors that stop a run before it measures anything.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("output directory {path}: {source}")]
+    Output { path: PathBuf, source: std::io::Error },
+    #[error("HTTP client: {0}")]
+    Client(#[from] reqwest::Error),
+    #[error("no model: give --model, or the server must list one at GET /v1/models ({0})")]
+    NoModel(String),
+    #[error("bad value {field} = {value:?}: {reason}")]
+    Invalid { field: &'static str, value: String, reason: String },
+}
+
+/// A whole `lmperf run`.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    pub target: TargetConfig,
+    pub concurrencies: Vec<usize>,
+    pub input_lengths: Vec<u32>,
+    pub output_len: u32,
+    pub num_prompts: usize,
+    /// Requests per second; `None` = all at once (`inf`).
+    pub request_rate: Option<f64>,
+    pub arrival: RunArrival,
+    pub warmup: usize,
+    pub duration: Option<Duration>,
+    pub seed: u64,
+    pub ignore_eos: bool,
+    pub goodput: Goodput,
+    pub fail_on: Vec<Gate>,
+    pub output_dir: PathBuf,
+    /// Print progress lines on stderr.
+    pub progress: bool,
+}
+
+/// One request of a benchmark: a line of `requests.jsonl`. Times in milliseconds; `*_ms`
+/// offsets are from the benchmark's start (the first scheduled send).
+#[derive(Debug, Clone, Serialize)]
+pub struct RequestRow {
+    pub schema_version: u32,
+    pub benchmark: String,
+    pub index: usize,
+    pub concurrency: usize,
+    pub scheduled_ms: f64,
+    /// Time the request waited for a free concurrency slot after its scheduled time.
+    pub dispatch_delay_ms: f64,
+    pub send_ms: f64,
+    pub ttft_ms: Option<f64>,
+    pub ttft_from_schedule_ms: Option<f64>,
+    pub time_to_first_content_ms: Option<f64>,
+    pub itl_ms: Vec<f64>,
+    pub tpot_ms: Option<f64>,
+    pub e2el_ms: f64,
+    pub e2el_from_schedule_ms: f64,
+    /// Prompt length by the tokenizer (see `summary.json` `tokenizer`).
+    pub prompt_tokens: u32,
+    pub prompt_tokens_target: u32,
+    /// Input tokens from the server's usage.
+    pub input_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+    pub usage_source: Option<&'static str>,
+    pub finish_reasons: Vec<String>,
+    pub outcome: &'static str,
+    pub error_type: Option<String>,
+    pub http_status: Option<u16>,
+    pub retries: u32,
+}
+
+/// One benchmark of `summary.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchSummary {
+    pub benchmark: String,
+    pub concurrency: usize,
+    pub input_len: u32,
+    pub output_len: u32,
+    /// `"inf"` or requests per second.
+    pub request_rate: serde_json::Value,
+    pub num_requests: usize,
+    pub completed: usize,
+    /// Failed requests by `error.type`.
+    pub errors: BTreeMap<String, usize>,
+    /// First send to last end, seconds.
+    pub duration_s: f64,
+    /// Completed requests per second.
+    pub request_throughput: f64,
+    pub output_token_throughput: f64,
+    pub total_input_tokens: u64,
+    pub total_output_tokens: u64,
+    /// Requests per second meeting every `--goodput` SLO (null without SLOs).
+    pub goodput: Option<f64>,
+    pub ttft_ms: Option<Distribution>,
+    pub itl_ms: Option<Distribution>,
+    pub tpot_ms: Option<Distribution>,
+    pub e2el_ms: Option<Distribution>,
+    pub ttft_from_schedule_ms: Option<Distribution>,
+    pub e2el_from_schedule_ms: Option<Distribution>,
+    pub dispatch_delay_ms: Option<Distribution>,
+    pub output_tokens: Option<Distribution>,
+    pub prompt_tokens: Option<Distribution>,
+}
+
+/// `summary.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub schema_version: u32,
+    pub lmperf_version: &'static str,
+    pub target: String,
+    pub model: String,
+    pub api: &'static str,
+    pub tokenizer: Tokenizer,
+    pub seed: u64,
+    pub goodput_slo: Goodput,
+    pub benchmarks: Vec<BenchSummary>,
+    /// `--fail-on` gates that tripped.
+    pub failed_gates: Vec<String>,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Waits until `at` precisely: the timer wheel for all but the last 1.5 ms, then yields.
+async fn wait_until(at: Instant) {
+    crate::canary::schedule::wait_until(at).await;
+}
+
+fn offsets(spec: &RunSpec, n: usize, seed: u64) -> Result<Vec<Duration>, BenchError> {
+    let Some(rate) = spec.request_rate else { return Ok(vec![Duration::ZERO; n]) };
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let invalid = |e: String| BenchError::Invalid { field: "--request-rate", value: rate.to_string(), reason: e };
+    let mut t = Duration::ZERO;
+    let mut out = Vec::with_capacity(n);
+    let exp = Exp::new(rate).map_err(|e| invalid(e.to_string()))?;
+    let gamma = match spec.arrival {
+        RunArrival::Gamma(shape) => Some(Gamma::new(shape, 1.0 / (rate * shape)).map_err(|e| invalid(e.to_string()))?),
+        _ => None,
+    };
+    for i in 0..n {
+        if i > 0 {
+            let gap = match spec.arrival {
+                RunArrival::Constant => 1.0 / rate,
+                RunArrival::Poisson => exp.sample(&mut rng),
+                RunArrival::Gamma(_) => gamma.as_ref().map_or(1.0 / rate, |g| g.sample(&mut rng)),
+            };
+            t += Duration::from_secs_f64(gap);
+        }
+        out.push(t);
+    }
+    Ok(out)
+}
+
+/// Runs every benchmark of `spec`, writes `requests.jsonl` and `summary.json`, and returns the
+/// summary (its `failed_gates` say whether a `--fail-on` gate tripped).
+///
+/// # Errors
+/// Only what stops the run from starting (output directory, HTTP client, no model).
+pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
+    std::fs::create_dir_all(&spec.output_dir).map_err(|source| BenchError::Output { path: spec.output_dir.clone(), source })?;
+    let clients = Clients::new(spec.target.connect_timeout)?;
+    let model = match &spec.target.model {
+        Some(m) => m.clone(),
+        None => client::discover_model(&clients, &spec.target)
+            .await
+            .map(|d| d.model)
+            .map_err(|r| BenchError::NoModel(r.error.map(|e| format!("{}: {}", e.error_type, e.message.unwrap_or_default())).unwrap_or_default()))?,
+    };
+    let tok = TokenizeClient::detect(&clients, &spec.target, &model).await;
+    if spec.progress {
+        eprintln!("lmperf run: target {} model {model} tokenizer {:?}", spec.target.base_url, tok.kind);
+    }
+    let mut extra = serde_json::Map::new();
+    if spec.ignore_eos {
+        extra.insert("ignore_eos".into(), serde_json::Value::Bool(true));
+        extra.insert("min_tokens".into(), serde_json::Value::from(spec.output_len));
+    }
+    let mut rows_all = Vec::new();
+    let mut benchmarks = Vec::new();
+    for &input_len in &spec.input_lengths {
+        for &concurrency in &spec.concurrencies {
+            let name = format!("c{concurrency}_in{input_len}");
+            // Fresh prompts per benchmark: a server's prefix cache must not carry one
+            // benchmark's prompts into the next.
+            let seed = spec.seed ^ (concurrency as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let prompts = prompts::synthetic(&tok, spec.warmup + spec.num_prompts, input_len, seed).await;
+            let (warm, measured) = prompts.split_at(spec.warmup.min(prompts.len()));
+            if !warm.is_empty() {
+                let _ = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, warm, None).await?;
+            }
+            let rows = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, measured, Some(spec.seed)).await?;
+            let summary = summarize(&spec, &name, concurrency, input_len, &rows);
+            if spec.progress {
+                eprintln!(
+                    "lmperf run: {name}: {} requests, {} ok, {:.2} req/s, TTFT p50 {:.1} ms p99 {:.1} ms, E2EL p99 {:.1} ms",
+                    summary.num_requests,
+                    summary.completed,
+                    summary.request_throughput,
+                    summary.ttft_ms.as_ref().map_or(f64::NAN, |d| d.p50),
+                    summary.ttft_ms.as_ref().map_or(f64::NAN, |d| d.p99),
+                    summary.e2el_ms.as_ref().map_or(f64::NAN, |d| d.p99),
+                );
+            }
+            benchmarks.push(summary);
+            rows_all.extend(rows);
+        }
+    }
+    let failed_gates = spec.fail_on.iter().filter(|g| benchmarks.iter().any(|b| gate_trips(g, b))).map(|g| g.text.clone()).collect();
+    let summary = Summary {
+        schema_version: SCHEMA_VERSION,
+        lmperf_version: env!("CARGO_PKG_VERSION"),
+        target: spec.target.base_url.to_string(),
+        model,
+        api: match spec.target.api {
+            Api::Chat => "chat",
+            Api::Completions => "completions",
+        },
+        tokenizer: tok.kind,
+        seed: spec.seed,
+        goodput_slo: spec.goodput,
+        benchmarks,
+        failed_gates,
+    };
+    write_outputs(&spec.output_dir, &rows_all, &summary)?;
+    Ok(summary)
+}
+
+fn write_outputs(dir: &std::path::Path, rows: &[RequestRow], summary: &Summary) -> Result<(), BenchError> {
+    let io = |source| BenchError::Output { path: dir.to_owned(), source };
+    let mut lines = String::new();
+    for r in rows {
+        let line = serde_json::to_string(r).map_err(|e| io(std::io::Error::other(e)))?;
+        lines.push_str(&line);
+        lines.push('\n');
+    }
+    std::fs::write(dir.join("requests.jsonl"), lines).map_err(io)?;
+    let text = serde_json::to_string_pretty(summary).map_err(|e| io(std::io::Error::other(e)))?;
+    std::fs::write(dir.join("summary.json"), text + "\n").map_err(io)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn one_benchmark(
+    spec: &RunSpec,
+    clients: &Clients,
+    model: &str,
+    extra: &serde_json::Map<String, serde_json::Value>,
+    name: &str,
+    concurrency: usize,
+    prompts: &[Prompt],
+    seed: Option<u64>,
+) -> Result<Vec<RequestRow>, BenchError> {
+    let n = prompts.len();
+    // Warm-up runs closed loop; measured runs follow the rate.
+    let offsets = match seed {
+        Some(s) => offsets(spec, n, s)?,
+        None => vec![Duration::ZERO; n],
+    };
+    let slots = Arc::new(Semaphore::new(concurrency.max(1)));
+    let target = Arc::new(spec.target.clone());
+    let extra = Arc::new(extra.clone());
+    let model: Arc<str> = Arc::from(model);
+    let done = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let cancel = CancellationToken::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    let t0 = Instant::now() + Duration::from_millis(10);
+    let mut last_progress = Instant::now();
+    for (i, (prompt, offset)) in prompts.iter().zip(offsets).enumerate() {
+        let scheduled = t0 + offset;
+        if let Some(d) = spec.duration
+            && scheduled.saturating_duration_since(t0) > d
+        {
+            break;
+        }
+        wait_until(scheduled).await;
+        let Ok(permit) = slots.clone().acquire_owned().await else { break };
+        let dispatched = Instant::now();
+        let (clients, target, extra, model, task_done, task_errors, cancel) =
+            (clients.clone(), target.clone(), extra.clone(), model.clone(), done.clone(), errors.clone(), cancel.clone());
+        let prompt = prompt.clone();
+        let (bench_name, max_tokens) = (name.to_owned(), spec.output_len);
+        tasks.spawn(async move {
+            let traceparent = crate::telemetry::spans::TraceIds::random(&crate::sampler::head::HeadSampler::AlwaysOn).traceparent();
+            let req = CanaryRequest { api: target.api, model: &model, prompt: &prompt.text, max_tokens, traceparent: &traceparent, extra_body: Some(&extra) };
+            let m = client::execute(&clients, &target, &req, &cancel).await;
+            drop(permit);
+            task_done.fetch_add(1, Ordering::Relaxed);
+            if m.record.outcome != Outcome::Ok {
+                task_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            row(&bench_name, i, concurrency, t0, scheduled, dispatched, &prompt, &m)
+        });
+        if spec.progress && seed.is_some() && last_progress.elapsed() >= Duration::from_secs(2) {
+            last_progress = Instant::now();
+            let d = done.load(Ordering::Relaxed);
+            eprintln!("lmperf run: {name}: {d}/{n} done, {} errors, {:.1} req/s", errors.load(Ordering::Relaxed), d as f64 / t0.elapsed().as_secs_f64());
+        }
+    }
+    let mut rows = Vec::with_capacity(n);
+    while let Some(r) = tasks.join_next().await {
+        if let Ok(r) = r {
+            rows.push(r);
+        }
+    }
+    rows.sort_by_key(|r| r.index);
+    Ok(rows)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn row(name: &str, index: usize, concurrency: usize, t0: Instant, scheduled: Instant, dispatched: Instant, prompt: &Prompt, m: &Measured) -> RequestRow {
+    let r = &m.record;
+    let delay = dispatched.saturating_duration_since(scheduled);
+    RequestRow {
+        schema_version: SCHEMA_VERSION,
+        benchmark: name.to_owned(),
+        index,
+        concurrency,
+        scheduled_ms: ms(scheduled.saturating_duration_since(t0)),
+        dispatch_delay_ms: ms(delay),
+        send_ms: ms(dispatched.saturating_duration_since(t0)),
+        ttft_ms: r.ttft.map(ms),
+        ttft_from_schedule_ms: r.ttft.map(|t| ms(t + delay)),
+        time_to_first_content_ms: r.time_to_first_content.map(ms),
+        itl_ms: r.itl.iter().map(|d| ms(*d)).collect(),
+        tpot_ms: r.tpot.map(ms),
+        e2el_ms: ms(r.e2e),
+        e2el_from_schedule_ms: ms(r.e2e + delay),
+        prompt_tokens: prompt.tokens,
+        prompt_tokens_target: prompt.target_tokens,
+        input_tokens: r.input_tokens,
+        output_tokens: r.output_tokens,
+        usage_source: r.usage_source.map(|s| s.as_str()),
+        finish_reasons: r.finish_reasons.clone(),
+        outcome: r.outcome.as_str(),
+        error_type: r.error.as_ref().filter(|_| r.outcome != Outcome::Ok).map(|e| e.error_type.clone()),
+        http_status: r.http_status,
+        retries: m.retries,
+    }
+}
+
+/// The summary of one benchmark's rows. Latency distributions use the successful requests
+/// only (a failed request has no meaningful TTFT); errors are counted by type.
+pub fn summarize(spec: &RunSpec, name: &str, concurrency: usize, input_len: u32, rows: &[RequestRow]) -> BenchSummary {
+    let ok: Vec<&RequestRow> = rows.iter().filter(|r| r.outcome == "ok").collect();
+    let mut errors = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.outcome != "ok") {
+        *errors.entry(r.error_type.clone().unwrap_or_else(|| r.outcome.to_owned())).or_insert(0) += 1;
+    }
+    let start = rows.iter().map(|r| r.send_ms).fold(f64::INFINITY, f64::min);
+    let end = rows.iter().map(|r| r.send_ms + r.e2el_ms).fold(0.0, f64::max);
+    let duration_s = if rows.is_empty() { 0.0 } else { ((end - start) / 1000.0).max(1e-9) };
+    let total_output_tokens: u64 = ok.iter().filter_map(|r| r.output_tokens).sum();
+    let total_input_tokens: u64 = ok.iter().filter_map(|r| r.input_tokens).sum();
+    let vals = |f: &dyn Fn(&RequestRow) -> Option<f64>| -> Option<Distribution> { Distribution::of(&ok.iter().filter_map(|r| f(r)).collect::<Vec<_>>()) };
+    let g = spec.goodput;
+    let goodput = (g.ttft_ms.is_some() || g.tpot_ms.is_some() || g.e2el_ms.is_some()).then(|| {
+        let meets = ok
+            .iter()
+            .filter(|r| {
+                g.ttft_ms.is_none_or(|s| r.ttft_ms.is_some_and(|v| v <= s))
+                    && g.tpot_ms.is_none_or(|s| r.tpot_ms.is_none_or(|v| v <= s))
+                    && g.e2el_ms.is_none_or(|s| r.e2el_ms <= s)
+            })
+            .count();
+        meets as f64 / duration_s
+    });
+    BenchSummary {
+        benchmark: name.to_owned(),
+        concurrency,
+        input_len,
+        output_len: spec.output_len,
+        request_rate: spec.request_rate.map_or(serde_json::Value::from("inf"), serde_json::Value::from),
+        num_requests: rows.len(),
+        completed: ok.len(),
+        errors,
+        duration_s,
+        request_throughput: ok.len() as f64 / duration_s,
+        output_token_throughput: total_output_tokens as f64 / duration_s,
+        total_input_tokens,
+        total_output_tokens,
+        goodput,
+        ttft_ms: vals(&|r| r.ttft_ms),
+        itl_ms: Distribution::of(&ok.iter().flat_map(|r| r.itl_ms.iter().copied()).collect::<Vec<_>>()),
+        tpot_ms: vals(&|r| r.tpot_ms),
+        e2el_ms: vals(&|r| Some(r.e2el_ms)),
+        ttft_from_schedule_ms: vals(&|r| r.ttft_from_schedule_ms),
+        e2el_from_schedule_ms: vals(&|r| Some(r.e2el_from_schedule_ms)),
+        dispatch_delay_ms: Distribution::of(&rows.iter().map(|r| r.dispatch_delay_ms).collect::<Vec<_>>()),
+        output_tokens: vals(&|r| r.output_tokens.map(|v| v as f64)),
+        prompt_tokens: Distribution::of(&rows.iter().map(|r| f64::from(r.prompt_tokens)).collect::<Vec<_>>()),
+    }
+}
+
+/// Parses `ttft_p99_ms>500`, `e2el_mean_ms>2000`, `error_rate>0.01`.
+pub fn parse_gate(text: &str) -> Result<Gate, String> {
+    let (name, limit) = text.split_once('>').ok_or_else(|| format!("{text:?}: expected NAME>VALUE, e.g. ttft_p99_ms>500"))?;
+    let limit: f64 = limit.trim().parse().map_err(|_| format!("{text:?}: {limit:?} is not a number"))?;
+    let name = name.trim();
+    if name == "error_rate" {
+        return Ok(Gate { text: text.to_owned(), metric: name.to_owned(), stat: None, limit });
+    }
+    let body = name.strip_suffix("_ms").ok_or_else(|| format!("{text:?}: expected METRIC_STAT_ms (ttft|itl|tpot|e2el, mean|p50|p90|p95|p99|p99.9|max)"))?;
+    let (metric, stat) = body.split_once('_').ok_or_else(|| format!("{text:?}: expected METRIC_STAT_ms"))?;
+    if !["ttft", "itl", "tpot", "e2el"].contains(&metric) || Distribution::default().get(stat).is_none() {
+        return Err(format!("{text:?}: unknown metric or statistic"));
+    }
+    Ok(Gate { text: text.to_owned(), metric: metric.to_owned(), stat: Some(stat.to_owned()), limit })
+}
+
+fn gate_trips(g: &Gate, b: &BenchSummary) -> bool {
+    if g.metric == "error_rate" {
+        let failed: usize = b.errors.values().sum();
+        return b.num_requests > 0 && failed as f64 / b.num_requests as f64 > g.limit;
+    }
+    let d = match g.metric.as_str() {
+        "ttft" => &b.ttft_ms,
+        "itl" => &b.itl_ms,
+        "tpot" => &b.tpot_ms,
+        _ => &b.e2el_ms,
+    };
+    d.as_ref().and_then(|d| d.get(g.stat.as_deref().unwrap_or("mean"))).is_some_and(|v| v > g.limit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gates_parse_and_reject() {
+        let g = parse_gate("ttft_p99_ms>500").unwrap();
+        assert_eq!((g.metric.as_str(), g.stat.as_deref(), g.limit), ("ttft", Some("p99"), 500.0));
+        assert!(parse_gate("error_rate>0.01").is_ok());
+        assert!(parse_gate("ttft_p99>500").is_err());
+        assert!(parse_gate("latency_p99_ms>5").is_err());
+        assert!(parse_gate("ttft_p98_ms>5").is_err());
+    }
+}

@@ -1,0 +1,163 @@
+//! Synthetic prompts of an exact token length.
+//!
+//! Text is drawn from a fixed word list with a seeded generator (same seed, same prompts), with
+//! a per-prompt random head so prompts share no prefix (no prefix-cache hits). The length is
+//! calibrated against the server's own tokenizer through `POST /tokenize` (llama.cpp:
+//! `{"content"}`; vLLM / SGLang: `{"model", "prompt"}`), searching the word count whose token
+//! count equals the target. Without `/tokenize` the length is an estimate (0.75 words per
+//! token) and the summary says so.
+
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::canary::client::Clients;
+use crate::config::TargetConfig;
+
+/// How prompt lengths were measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tokenizer {
+    /// llama.cpp's `/tokenize` (`content`).
+    ServerLlamaCpp,
+    /// vLLM / SGLang `/tokenize` (`model`, `prompt`).
+    ServerOpenAiStyle,
+    /// No tokenizer: 0.75 words per token.
+    Estimate,
+}
+
+/// One generated prompt.
+#[derive(Debug, Clone, Serialize)]
+pub struct Prompt {
+    pub text: String,
+    /// Wanted input length in tokens.
+    pub target_tokens: u32,
+    /// Its length by the tokenizer (the estimate without one).
+    pub tokens: u32,
+}
+
+const WORDS: &[&str] = &[
+    "time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child", "world", "school", "state",
+    "family", "student", "group", "country", "problem", "hand", "part", "place", "case", "week", "company", "system",
+    "program", "question", "work", "government", "number", "night", "point", "home", "water", "room", "mother",
+    "area", "money", "story", "fact", "month", "lot", "right", "study", "book", "eye", "job", "word", "business",
+    "issue", "side", "kind", "head", "house", "service", "friend", "father", "power", "hour", "game", "line", "end",
+    "member", "law", "car", "city", "community", "name", "president", "team", "minute", "idea", "kid", "body",
+    "information", "back", "parent", "face", "others", "level", "office", "door", "health", "person", "art", "war",
+    "history", "party", "result", "change", "morning", "reason", "research", "girl", "guy", "moment", "air",
+    "teacher", "force", "education", "river", "garden", "music", "market", "energy", "window", "paper", "light",
+    "table", "sound", "field", "picture", "language", "island", "forest", "bridge", "engine", "signal", "cloud",
+    "winter", "summer", "letter", "answer", "number", "orange", "silver", "village", "machine", "theory", "method",
+    "quickly", "slowly", "bright", "quiet", "simple", "careful", "ancient", "modern", "gentle", "strong", "little",
+    "and", "the", "of", "to", "in", "with", "for", "on", "at", "from", "by", "about", "as", "into", "like", "through",
+];
+
+/// Tokenizer access for calibration.
+#[derive(Debug, Clone)]
+pub struct TokenizeClient {
+    clients: Clients,
+    target: TargetConfig,
+    model: String,
+    pub kind: Tokenizer,
+}
+
+#[derive(serde::Deserialize)]
+struct TokenizeReply {
+    #[serde(default)]
+    tokens: Vec<serde_json::Value>,
+    #[serde(default)]
+    count: Option<u32>,
+}
+
+impl TokenizeClient {
+    /// Finds which `/tokenize` the server speaks, if any.
+    pub async fn detect(clients: &Clients, target: &TargetConfig, model: &str) -> Self {
+        let mut me = Self { clients: clients.clone(), target: target.clone(), model: model.to_owned(), kind: Tokenizer::Estimate };
+        for kind in [Tokenizer::ServerLlamaCpp, Tokenizer::ServerOpenAiStyle] {
+            me.kind = kind;
+            if matches!(me.count("Hello world").await, Some(n) if n > 0) {
+                return me;
+            }
+        }
+        me.kind = Tokenizer::Estimate;
+        me
+    }
+
+    /// Tokens in `text` (no special tokens), or the estimate.
+    pub async fn count(&self, text: &str) -> Option<u32> {
+        let body = match self.kind {
+            Tokenizer::ServerLlamaCpp => serde_json::json!({ "content": text, "add_special": false }),
+            Tokenizer::ServerOpenAiStyle => serde_json::json!({ "model": self.model, "prompt": text, "add_special_tokens": false }),
+            Tokenizer::Estimate => return Some(estimate(text)),
+        };
+        let url = self.target.base_url.join("tokenize").ok()?;
+        let mut req = self.clients.http().post(url).json(&body).timeout(Duration::from_secs(10));
+        if let Some(k) = &self.target.api_key {
+            req = req.bearer_auth(k.expose());
+        }
+        let resp = req.send().await.ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        let r: TokenizeReply = resp.json().await.ok()?;
+        Some(r.count.unwrap_or(r.tokens.len() as u32))
+    }
+}
+
+fn estimate(text: &str) -> u32 {
+    ((text.split_whitespace().count() as f64) / 0.75).round() as u32
+}
+
+fn words(rng: &mut SmallRng, n: usize) -> String {
+    let mut s = String::with_capacity(n * 7);
+    for i in 0..n {
+        if i > 0 {
+            s.push(' ');
+        }
+        s.push_str(WORDS[rng.random_range(0..WORDS.len())]);
+    }
+    s
+}
+
+/// `n` prompts of `target_tokens` tokens each, reproducible from `seed`.
+pub async fn synthetic(tok: &TokenizeClient, n: usize, target_tokens: u32, seed: u64) -> Vec<Prompt> {
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut rng = SmallRng::seed_from_u64(seed ^ (u64::from(target_tokens) << 32) ^ i as u64);
+        // Enough words for any tokenizer, then cut to the target.
+        let pool: Vec<&str> = (0..(target_tokens as usize * 2 + 8)).map(|_| WORDS[rng.random_range(0..WORDS.len())]).collect();
+        let head = format!("{} {}:", i, words(&mut rng, 2));
+        let text_of = |k: usize| format!("{head} {}", pool[..k.min(pool.len())].join(" "));
+        // Search the word count whose token count is closest to the target (counts grow with k).
+        let (mut lo, mut hi) = (0usize, pool.len());
+        let mut best: Option<(u32, String)> = None;
+        while lo <= hi {
+            let mid = (lo + hi) / 2;
+            let text = text_of(mid);
+            let Some(c) = tok.count(&text).await else { break };
+            let better = best.as_ref().is_none_or(|(b, _)| c.abs_diff(target_tokens) < b.abs_diff(target_tokens));
+            if better {
+                best = Some((c, text));
+            }
+            if c == target_tokens {
+                break;
+            }
+            if c < target_tokens {
+                lo = mid + 1;
+            } else if mid == 0 {
+                break;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        let (tokens, text) = best.unwrap_or_else(|| {
+            let k = (target_tokens as f64 * 0.75) as usize;
+            let t = text_of(k);
+            (estimate(&t), t)
+        });
+        out.push(Prompt { text, target_tokens, tokens });
+    }
+    out
+}
