@@ -39,13 +39,24 @@ pub struct TargetRunner {
     /// GPU state, for the `lmperf.gpu.*` span attributes; `None`: none added.
     pub gpu: Option<Arc<GpuState>>,
     /// Discovered model and provider, once known.
-    discovered: Arc<Mutex<Option<Discovered>>>,
+    discovered: Arc<Mutex<Discovery>>,
     in_flight: Arc<Semaphore>,
     /// The target's adaptive tail sampler.
     sampler: Arc<std::sync::Mutex<TargetSampler>>,
     /// Discovery failed last time (warn once per failing streak).
     discovery_failing: Arc<std::sync::atomic::AtomicBool>,
 }
+
+/// What model discovery found, and when it last tried.
+#[derive(Debug, Default)]
+struct Discovery {
+    found: Option<Discovered>,
+    last_attempt: Option<tokio::time::Instant>,
+}
+
+/// With a configured model, discovery (for the provider name only) is retried at most this
+/// often, so a server without `/v1/models` costs one extra request per period, not per canary.
+const REDISCOVER_EVERY: Duration = Duration::from_secs(60);
 
 /// Stop signals: `stop` ends scheduling, `cancel` ends requests in flight.
 #[derive(Debug, Clone, Default)]
@@ -143,7 +154,9 @@ impl TargetRunner {
             return Ok((model.clone(), provider.clone()));
         }
         let mut cached = self.discovered.lock().await;
-        if cached.is_none() {
+        let due = t.model.is_none() || cached.last_attempt.is_none_or(|at| at.elapsed() >= REDISCOVER_EVERY);
+        if cached.found.is_none() && due {
+            cached.last_attempt = Some(tokio::time::Instant::now());
             let discovered = tokio::select! {
                 biased;
                 _ = cancel.cancelled() => Err(crate::measure::RequestRecord::failed(
@@ -158,7 +171,7 @@ impl TargetRunner {
                 Ok(d) => {
                     self.discovery_failing.store(false, Ordering::Relaxed);
                     tracing::info!(target_name = %t.name, model = %d.model, owned_by = ?d.owned_by, "Discovered the served model.");
-                    *cached = Some(d);
+                    cached.found = Some(d);
                 }
                 Err(record) if t.model.is_none() || record.outcome == crate::measure::Outcome::Cancelled => {
                     if record.outcome != crate::measure::Outcome::Cancelled && !self.discovery_failing.swap(true, Ordering::Relaxed) {
@@ -174,7 +187,7 @@ impl TargetRunner {
                 Err(_) => {} // model configured: go on with the default provider
             }
         }
-        let d = cached.as_ref();
+        let d = cached.found.as_ref();
         let model = t.model.clone().or_else(|| d.map(|d| d.model.clone())).unwrap_or_default();
         let provider = configured_provider.or_else(|| d.and_then(|d| d.owned_by.clone())).unwrap_or_else(|| "openai".to_owned());
         Ok((model, provider))
