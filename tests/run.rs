@@ -153,6 +153,20 @@ fn seed_command_on_the_real_server() {
         assert!(b["ttft_ms"]["p50"].as_f64().unwrap() < b["e2el_ms"]["p50"].as_f64().unwrap());
     }
     assert_eq!(total, rows.len());
+
+    // report.html: self-contained, and its heatmap holds summary.json's values.
+    let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    for fetch in ["<script", "<link", "<img", "<iframe", "src=", "href=", "url(", "@import"] {
+        assert!(!html.contains(fetch), "report.html must fetch nothing: found {fetch}");
+    }
+    for b in benches {
+        assert!(html.contains(&format!("<td>{}</td>", b["benchmark"].as_str().unwrap())));
+    }
+    for len in [64, 128] {
+        let worst = benches.iter().filter(|b| b["input_len"] == len).map(|b| b["ttft_ms"]["p99"].as_f64().unwrap()).fold(0.0, f64::max);
+        assert!(html.contains(&format!("data-value=\"{worst:.3}\"")), "heatmap cell for input {len}: p99 TTFT {worst:.3}");
+    }
+    assert!(html.contains("SLO compliance") && html.contains("(pass)"), "the e2el:5000 SLO passes");
 }
 
 #[test]

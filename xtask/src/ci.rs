@@ -31,10 +31,10 @@ pub fn run(args: &[String]) -> Result<()> {
     )?;
 
     let mut test = crate::cargo();
-    test.args(["test", "--workspace", "--locked"])
+    test.args(["test", "--workspace", "--locked", "--no-fail-fast"])
         .args(test_args);
     let header = format!(
-        "[3/3] cargo test --workspace --locked {}",
+        "[3/3] cargo test --workspace --locked --no-fail-fast {}",
         test_args.join(" ")
     );
     println!("==> {}", header.trim_end());

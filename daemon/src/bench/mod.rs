@@ -5,9 +5,11 @@
 //! gamma / constant gaps; `inf` sends all at once) with at most `concurrency` in flight. A
 //! request that waits for a free slot records its dispatch delay, and latencies are reported
 //! both from the send and from the schedule (`../shared/cases/sse/07_*`). Results go to
-//! `requests.jsonl` (one line per request) and `summary.json` (schema below, versioned).
+//! `requests.jsonl` (one line per request), `summary.json` (schema below, versioned) and
+//! `report.html` (self-contained charts and tables, see [`report`]).
 
 pub mod prompts;
+pub mod report;
 pub mod stats;
 
 use std::collections::BTreeMap;
@@ -294,7 +296,8 @@ fn write_outputs(dir: &std::path::Path, rows: &[RequestRow], summary: &Summary) 
     }
     std::fs::write(dir.join("requests.jsonl"), lines).map_err(io)?;
     let text = serde_json::to_string_pretty(summary).map_err(|e| io(std::io::Error::other(e)))?;
-    std::fs::write(dir.join("summary.json"), text + "\n").map_err(io)
+    std::fs::write(dir.join("summary.json"), text + "\n").map_err(io)?;
+    std::fs::write(dir.join("report.html"), report::render(summary, rows)).map_err(io)
 }
 
 #[allow(clippy::too_many_arguments)]

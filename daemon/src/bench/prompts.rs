@@ -54,6 +54,9 @@ const WORDS: &[&str] = &[
     "and", "the", "of", "to", "in", "with", "for", "on", "at", "from", "by", "about", "as", "into", "like", "through",
 ];
 
+/// Short words that are one token in common tokenizers.
+const FILLERS: &[&str] = &["the", "and", "of", "to", "in", "a"];
+
 /// Tokenizer access for calibration.
 #[derive(Debug, Clone)]
 pub struct TokenizeClient {
@@ -93,16 +96,21 @@ impl TokenizeClient {
             Tokenizer::Estimate => return Some(estimate(text)),
         };
         let url = self.target.base_url.join("tokenize").ok()?;
-        let mut req = self.clients.http().post(url).json(&body).timeout(Duration::from_secs(10));
-        if let Some(k) = &self.target.api_key {
-            req = req.bearer_auth(k.expose());
+        // A pooled connection the server has just closed (keep-alive timeout or `max`) fails
+        // without the server having seen the request: try once more on a new connection.
+        for client in [self.clients.http(), self.clients.http_fresh()] {
+            let mut req = client.post(url.clone()).json(&body).timeout(Duration::from_secs(10));
+            if let Some(k) = &self.target.api_key {
+                req = req.bearer_auth(k.expose());
+            }
+            let Ok(resp) = req.send().await else { continue };
+            if !resp.status().is_success() {
+                return None;
+            }
+            let r: TokenizeReply = resp.json().await.ok()?;
+            return Some(r.count.unwrap_or(r.tokens.len() as u32));
         }
-        let resp = req.send().await.ok()?;
-        if !resp.status().is_success() {
-            return None;
-        }
-        let r: TokenizeReply = resp.json().await.ok()?;
-        Some(r.count.unwrap_or(r.tokens.len() as u32))
+        None
     }
 }
 
@@ -152,11 +160,33 @@ pub async fn synthetic(tok: &TokenizeClient, n: usize, target_tokens: u32, seed:
                 hi = mid - 1;
             }
         }
-        let (tokens, text) = best.unwrap_or_else(|| {
+        let (mut tokens, mut text) = best.unwrap_or_else(|| {
             let k = (target_tokens as f64 * 0.75) as usize;
             let t = text_of(k);
             (estimate(&t), t)
         });
+        // Words can be several tokens: finish with single-token steps (drop the last word when
+        // over, add a short common word when under).
+        for _ in 0..12 {
+            if tokens == target_tokens || tok.kind == Tokenizer::Estimate {
+                break;
+            }
+            let candidate = if tokens > target_tokens {
+                match text.rsplit_once(' ') {
+                    Some((head, _)) => head.to_owned(),
+                    None => break,
+                }
+            } else {
+                format!("{text} {}", FILLERS[(tokens as usize) % FILLERS.len()])
+            };
+            match tok.count(&candidate).await {
+                Some(c) => {
+                    tokens = c;
+                    text = candidate;
+                }
+                None => break,
+            }
+        }
         out.push(Prompt { text, target_tokens, tokens });
     }
     out

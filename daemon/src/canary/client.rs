@@ -60,6 +60,11 @@ impl Clients {
     pub fn http(&self) -> &reqwest::Client {
         &self.pooled
     }
+
+    /// The client that opens a new connection for every request.
+    pub fn http_fresh(&self) -> &reqwest::Client {
+        &self.fresh
+    }
 }
 
 /// What to send.

@@ -131,11 +131,11 @@ mod tests {
         };
 
         // A drifting scheduler misses every attempt by the same growing amount; a loaded CI
-        // machine can delay one wake-up now and then. So: up to three attempts, one must be
-        // exact for every dispatch.
+        // machine can delay a wake-up now and then. So: up to ten attempts, one must be exact
+        // for every dispatch.
         let schedule = Schedule::Rate { per_second: 1000.0 / gap_ms, arrival: Arrival::Constant };
         let mut attempts = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..10 {
             let t0 = Instant::now() + Duration::from_millis(5);
             let mut ticker = Ticker::new(Gaps::new(schedule, 1), t0);
             let mut got = Vec::new();

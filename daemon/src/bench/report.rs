@@ -1,0 +1,226 @@
+//! `report.html`: one self-contained file (inline CSS and SVG, no script, no fetch) drawn from
+//! the same rows and summary as the JSON outputs: latency CDFs, latency over time, throughput
+//! vs concurrency, the input × output length heatmap of p99 TTFT and E2EL, the SLO compliance
+//! matrix, and the error table.
+
+use std::fmt::Write as _;
+
+use super::{BenchSummary, RequestRow, Summary};
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+const W: f64 = 560.0;
+const H: f64 = 260.0;
+const PAD: f64 = 44.0;
+const COLORS: &[&str] = &["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"];
+
+/// An SVG chart of several named polylines; `x` and `y` in data units.
+fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[(String, Vec<(f64, f64)>)]) -> String {
+    let pts = series.iter().flat_map(|(_, p)| p.iter());
+    let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
+    for &(x, y) in pts {
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+        y1 = y1.max(y);
+    }
+    if !x0.is_finite() || !x1.is_finite() {
+        return format!("<figure><figcaption>{}</figcaption><p>no data</p></figure>", esc(title));
+    }
+    if (x1 - x0).abs() < f64::EPSILON {
+        x1 = x0 + 1.0;
+    }
+    if y1 <= 0.0 {
+        y1 = 1.0;
+    }
+    let sx = |x: f64| PAD + (x - x0) / (x1 - x0) * (W - 2.0 * PAD);
+    let sy = |y: f64| H - PAD - y / y1 * (H - 2.0 * PAD);
+    let mut s = String::new();
+    let _ = write!(s, r#"<figure><figcaption>{}</figcaption><svg viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img">"#, esc(title));
+    let _ = write!(s, r##"<line x1="{PAD}" y1="{}" x2="{}" y2="{}" stroke="#444"/><line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{}" stroke="#444"/>"##, H - PAD, W - PAD, H - PAD, H - PAD);
+    for i in 0..=4 {
+        let (xv, yv) = (x0 + (x1 - x0) * f64::from(i) / 4.0, y1 * f64::from(i) / 4.0);
+        let _ = write!(s, r#"<text x="{:.1}" y="{}" font-size="10" text-anchor="middle">{:.4}</text>"#, sx(xv), H - PAD + 14.0, fmt_num(xv));
+        let _ = write!(s, r#"<text x="{}" y="{:.1}" font-size="10" text-anchor="end">{}</text>"#, PAD - 4.0, sy(yv) + 3.0, fmt_num(yv));
+    }
+    let _ = write!(s, r#"<text x="{}" y="{}" font-size="11" text-anchor="middle">{}</text>"#, W / 2.0, H - 6.0, esc(x_label));
+    let _ = write!(s, r#"<text x="12" y="{}" font-size="11" transform="rotate(-90 12 {})" text-anchor="middle">{}</text>"#, H / 2.0, H / 2.0, esc(y_label));
+    for (i, (name, p)) in series.iter().enumerate() {
+        let c = COLORS[i % COLORS.len()];
+        let path: Vec<String> = p.iter().map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y))).collect();
+        let _ = write!(s, r#"<polyline fill="none" stroke="{c}" stroke-width="1.5" points="{}"/>"#, path.join(" "));
+        let _ = write!(s, r#"<text x="{}" y="{}" font-size="10" fill="{c}">{}</text>"#, W - PAD + 4.0 - 90.0, PAD + 12.0 * i as f64, esc(name));
+    }
+    s.push_str("</svg></figure>");
+    s
+}
+
+fn fmt_num(v: f64) -> String {
+    if v.abs() >= 100.0 { format!("{v:.0}") } else if v.abs() >= 1.0 { format!("{v:.1}") } else { format!("{v:.3}") }
+}
+
+fn cdf(values: &mut [f64]) -> Vec<(f64, f64)> {
+    values.sort_by(f64::total_cmp);
+    let n = values.len() as f64;
+    values.iter().enumerate().map(|(i, &v)| (v, (i + 1) as f64 / n)).collect()
+}
+
+/// Red–green cell color for `value` against `limit` (or a neutral scale without a limit).
+fn cell(value: Option<f64>, limit: Option<f64>) -> String {
+    match (value, limit) {
+        (None, _) => "<td>–</td>".to_owned(),
+        (Some(v), Some(l)) => {
+            let (bg, tag) = if v <= l { ("#c8eccb", "pass") } else { ("#f6c5c5", "fail") };
+            format!(r#"<td style="background:{bg}" data-value="{v:.3}">{v:.1} ({tag})</td>"#)
+        }
+        (Some(v), None) => format!(r#"<td data-value="{v:.3}">{v:.1}</td>"#),
+    }
+}
+
+/// Renders the report.
+pub fn render(summary: &Summary, rows: &[RequestRow]) -> String {
+    let mut h = String::new();
+    let _ = write!(
+        h,
+        r#"<!doctype html><html lang="en"><head><meta charset="utf-8"><title>lmperf run: {model}</title><style>
+body{{font-family:system-ui,sans-serif;margin:24px;color:#222}} table{{border-collapse:collapse;margin:8px 0 20px}}
+td,th{{border:1px solid #bbb;padding:4px 8px;text-align:right;font-size:13px}} th{{background:#eee}}
+figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:13px}} h2{{margin-top:28px}}
+</style></head><body><h1>lmperf run</h1><p>target <code>{target}</code> · model <code>{model}</code> · api {api} · tokenizer {tok:?} · seed {seed} · lmperf {ver}</p>"#,
+        model = esc(&summary.model),
+        target = esc(&summary.target),
+        api = summary.api,
+        tok = summary.tokenizer,
+        seed = summary.seed,
+        ver = summary.lmperf_version,
+    );
+    if !summary.failed_gates.is_empty() {
+        let _ = write!(h, r#"<p style="color:#b00"><b>Gates tripped:</b> {}</p>"#, esc(&summary.failed_gates.join(", ")));
+    }
+
+    // Summary table.
+    h.push_str("<h2>Benchmarks</h2><table><tr><th>benchmark</th><th>requests</th><th>ok</th><th>req/s</th><th>out tok/s</th><th>goodput</th><th>TTFT p50</th><th>TTFT p99</th><th>ITL p50</th><th>TPOT p50</th><th>E2EL p50</th><th>E2EL p99</th></tr>");
+    let d = |x: &Option<super::stats::Distribution>, f: fn(&super::stats::Distribution) -> f64| x.as_ref().map_or("–".to_owned(), |d| format!("{:.1}", f(d)));
+    for b in &summary.benchmarks {
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{:.1}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&b.benchmark),
+            b.num_requests,
+            b.completed,
+            b.request_throughput,
+            b.output_token_throughput,
+            b.goodput.map_or("–".to_owned(), |g| format!("{g:.2}")),
+            d(&b.ttft_ms, |d| d.p50),
+            d(&b.ttft_ms, |d| d.p99),
+            d(&b.itl_ms, |d| d.p50),
+            d(&b.tpot_ms, |d| d.p50),
+            d(&b.e2el_ms, |d| d.p50),
+            d(&b.e2el_ms, |d| d.p99),
+        );
+    }
+    h.push_str("</table><p>Times in milliseconds.</p>");
+
+    // CDFs and latency over time.
+    h.push_str("<h2>Latency distributions</h2>");
+    for (title, get) in [("TTFT CDF", 0usize), ("E2EL CDF", 1), ("TPOT CDF", 2)] {
+        let series: Vec<(String, Vec<(f64, f64)>)> = summary
+            .benchmarks
+            .iter()
+            .map(|b| {
+                let mut v: Vec<f64> = rows
+                    .iter()
+                    .filter(|r| r.benchmark == b.benchmark && r.outcome == "ok")
+                    .filter_map(|r| match get {
+                        0 => r.ttft_ms,
+                        1 => Some(r.e2el_ms),
+                        _ => r.tpot_ms,
+                    })
+                    .collect();
+                (b.benchmark.clone(), cdf(&mut v))
+            })
+            .collect();
+        h.push_str(&line_chart(title, "ms", "share of requests", &series));
+    }
+    let over_time: Vec<(String, Vec<(f64, f64)>)> = summary
+        .benchmarks
+        .iter()
+        .map(|b| {
+            let p = rows.iter().filter(|r| r.benchmark == b.benchmark && r.outcome == "ok").filter_map(|r| r.ttft_ms.map(|t| (r.send_ms / 1000.0, t))).collect();
+            (b.benchmark.clone(), p)
+        })
+        .collect();
+    h.push_str(&line_chart("TTFT over time", "seconds from the benchmark's start", "TTFT ms", &over_time));
+
+    // Throughput vs concurrency, one line per input length.
+    let mut lens: Vec<u32> = summary.benchmarks.iter().map(|b| b.input_len).collect();
+    lens.sort_unstable();
+    lens.dedup();
+    let thr: Vec<(String, Vec<(f64, f64)>)> = lens
+        .iter()
+        .map(|&l| (format!("in {l}"), summary.benchmarks.iter().filter(|b| b.input_len == l).map(|b| (b.concurrency as f64, b.output_token_throughput)).collect()))
+        .collect();
+    h.push_str(&line_chart("Output tokens/s vs concurrency", "concurrency", "output tokens/s", &thr));
+
+    // Heatmap: input length × output length, p99 TTFT and E2EL (worst over concurrencies).
+    let mut outs: Vec<u32> = summary.benchmarks.iter().map(|b| b.output_len).collect();
+    outs.sort_unstable();
+    outs.dedup();
+    let worst = |l: u32, o: u32, f: fn(&BenchSummary) -> Option<f64>| {
+        summary.benchmarks.iter().filter(|b| b.input_len == l && b.output_len == o).filter_map(f).fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.max(v))))
+    };
+    let slo = summary.goodput_slo;
+    for (name, f, limit) in [
+        ("p99 TTFT (ms)", (|b: &BenchSummary| b.ttft_ms.as_ref().map(|d| d.p99)) as fn(&BenchSummary) -> Option<f64>, slo.ttft_ms),
+        ("p99 E2EL (ms)", |b: &BenchSummary| b.e2el_ms.as_ref().map(|d| d.p99), slo.e2el_ms),
+    ] {
+        let _ = write!(h, r#"<h2>{} by input × output length</h2><table class="heatmap"><tr><th>input \ output</th>"#, esc(name));
+        for o in &outs {
+            let _ = write!(h, "<th>{o}</th>");
+        }
+        h.push_str("</tr>");
+        for &l in &lens {
+            let _ = write!(h, "<tr><th>{l}</th>");
+            for &o in &outs {
+                h.push_str(&cell(worst(l, o, f), limit));
+            }
+            h.push_str("</tr>");
+        }
+        h.push_str("</table>");
+    }
+
+    // SLO compliance matrix: benchmark × SLO, p99 vs threshold.
+    h.push_str("<h2>SLO compliance (p99 vs threshold)</h2>");
+    if slo.ttft_ms.is_none() && slo.tpot_ms.is_none() && slo.e2el_ms.is_none() {
+        h.push_str("<p>No SLO given (<code>--goodput ttft:MS tpot:MS e2el:MS</code>).</p>");
+    } else {
+        h.push_str(r#"<table class="slo"><tr><th>benchmark</th><th>TTFT</th><th>TPOT</th><th>E2EL</th></tr>"#);
+        for b in &summary.benchmarks {
+            let _ = write!(
+                h,
+                "<tr><td>{}</td>{}{}{}</tr>",
+                esc(&b.benchmark),
+                slo.ttft_ms.map_or("<td>–</td>".to_owned(), |l| cell(b.ttft_ms.as_ref().map(|d| d.p99), Some(l))),
+                slo.tpot_ms.map_or("<td>–</td>".to_owned(), |l| cell(b.tpot_ms.as_ref().map(|d| d.p99), Some(l))),
+                slo.e2el_ms.map_or("<td>–</td>".to_owned(), |l| cell(b.e2el_ms.as_ref().map(|d| d.p99), Some(l))),
+            );
+        }
+        h.push_str("</table>");
+    }
+
+    // Errors.
+    h.push_str("<h2>Errors</h2>");
+    let errs: Vec<(&str, &String, &usize)> = summary.benchmarks.iter().flat_map(|b| b.errors.iter().map(move |(t, n)| (b.benchmark.as_str(), t, n))).collect();
+    if errs.is_empty() {
+        h.push_str("<p>None.</p>");
+    } else {
+        h.push_str("<table><tr><th>benchmark</th><th>error.type</th><th>requests</th></tr>");
+        for (b, t, n) in errs {
+            let _ = write!(h, "<tr><td>{}</td><td>{}</td><td>{n}</td></tr>", esc(b), esc(t));
+        }
+        h.push_str("</table>");
+    }
+    h.push_str("</body></html>\n");
+    h
+}
