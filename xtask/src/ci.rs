@@ -31,8 +31,11 @@ pub fn run(args: &[String]) -> Result<()> {
     )?;
 
     let mut test = crate::cargo();
+    // One test at a time inside each test binary: the end-to-end tests measure time against
+    // real servers on a 2-core machine, and parallel tests would measure each other.
     test.args(["test", "--workspace", "--locked", "--no-fail-fast"])
-        .args(test_args);
+        .args(test_args)
+        .env("RUST_TEST_THREADS", "1");
     let header = format!(
         "[3/3] cargo test --workspace --locked --no-fail-fast {}",
         test_args.join(" ")
