@@ -415,3 +415,22 @@ fn compose_stack_is_complete_and_its_files_exist() {
     let types: BTreeSet<&str> = ds["datasources"].as_array().expect("datasources").iter().filter_map(|d| d["type"].as_str()).collect();
     assert!(types.contains("prometheus") && types.contains("jaeger"), "{types:?}");
 }
+
+/// `helm lint` (Helm's own, through the same SDK) finds nothing above "info" for any values set.
+#[test]
+fn helm_lint_is_clean_for_every_values_set() {
+    for (name, files) in value_sets() {
+        let mut args = vec!["lint".to_owned()];
+        for f in &files {
+            args.extend(["-f".to_owned(), f.display().to_string()]);
+        }
+        let (ok, stdout, stderr) = render_py(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(ok, "{name}: {stderr}");
+        let report: Value = serde_json::from_str(&stdout).expect("lint JSON");
+        assert_eq!(report["total_charts_linted"], 1, "{name}: {report}");
+        assert_eq!(report["errors"], Value::Array(vec![]), "{name}: {report}");
+        // Helm's severities: 1 info, 2 warning, 3 error.
+        let bad: Vec<&Value> = report["messages"].as_array().into_iter().flatten().filter(|m| m["severity"].as_u64().unwrap_or(3) >= 2).collect();
+        assert!(bad.is_empty(), "{name}: helm lint: {bad:?}");
+    }
+}

@@ -5,6 +5,7 @@ Run it with the peers' Python (tests/peers/install.sh installs the pinned packag
 
   .venv-peers/bin/python deploy/tools/render.py render [-f VALUES]... [--json] [--validate]
   .venv-peers/bin/python deploy/tools/render.py write-k8s      # regenerates deploy/k8s/lmperf.yaml
+  .venv-peers/bin/python deploy/tools/render.py lint [-f VALUES]...  # helm lint, as JSON
   .venv-peers/bin/python deploy/tools/render.py yaml2json FILE...
 
 `render` renders deploy/helm/lmperf with Helm's own template engine: helm-python-sdk binds
@@ -129,6 +130,8 @@ def main():
     r.add_argument("--validate", action="store_true", help="schema-check every manifest; exit 1 on errors")
     sub.add_parser("write-k8s", help=f"write {K8S_OUT.relative_to(ROOT)}")
     sub.add_parser("k8s-text", help="print what write-k8s would write")
+    li = sub.add_parser("lint", help="helm lint; print its findings as JSON")
+    li.add_argument("-f", "--values", action="append", default=[], help="values file (repeatable)")
     y = sub.add_parser("yaml2json", help="print each file's YAML documents as JSON")
     y.add_argument("files", nargs="+")
     a = p.parse_args()
@@ -136,6 +139,14 @@ def main():
     if a.cmd == "yaml2json":
         docs = {f: list(yaml.safe_load_all(Path(f).read_text())) for f in a.files}
         print(json.dumps(docs))
+        return 0
+    if a.cmd == "lint":
+        import helm_python as helm
+
+        values = {}
+        for f in a.values:
+            values = deep_merge(values, yaml.safe_load(Path(f).read_text()) or {})
+        print(json.dumps(helm.lint(str(CHART), values=values)))
         return 0
     if a.cmd in ("write-k8s", "k8s-text"):
         text = K8S_HEADER + to_yaml(render([]))
