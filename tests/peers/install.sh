@@ -37,4 +37,5 @@ PY
 agent="$("$venv/bin/python" -c 'import rotel, pathlib; print(pathlib.Path(rotel.__file__).parent / "rotel-agent")')"
 [[ -x "$agent" ]] || die "rotel-agent binary missing at $agent"
 "$venv/bin/python" -c 'import xllamacpp' || die "xllamacpp does not import"
+"$venv/bin/python" -c 'import helm_python, kubernetes_validate, yaml' || die "the deploy test tools (helm-python-sdk, kubernetes-validate, PyYAML) do not import"
 echo "peers installed in $venv"
