@@ -26,9 +26,9 @@ const PENDING: &[(&str, u32)] = &[
     ("hw_gpu_utilization_ratio", 4),
     ("hw_gpu_memory_usage_bytes", 4),
     ("hw_gpu_memory_limit_bytes", 4),
-    ("hw_gpu_power_watts", 4),
-    ("lmperf_gpu_throttle_active", 4),
-    ("lmperf_gpu_xid_events_total", 4),
+    ("hw_power_watts", 4),
+    ("lmperf_gpu_throttle_ratio", 4),
+    ("lmperf_gpu_xid_errors_total", 4),
     // Issue 5: kernel TCP view through eBPF.
     ("lmperf_tcp_srtt_seconds_bucket", 5),
     ("lmperf_tcp_retransmits_total", 5),
