@@ -19,12 +19,9 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+            let rt = match runtime() {
                 Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("lmperf: cannot start the runtime: {e}");
-                    return ExitCode::from(1);
-                }
+                Err(code) => return code,
             };
             let dir = spec.output_dir.clone();
             match rt.block_on(lmperf::bench::run(spec)) {
@@ -50,12 +47,9 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+            let rt = match runtime() {
                 Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("lmperf: cannot start the runtime: {e}");
-                    return ExitCode::from(1);
-                }
+                Err(code) => return code,
             };
             match rt.block_on(lmperf::agent::run(cfg, &ProcessEnv, lmperf::agent::shutdown_signal())) {
                 Ok(()) => {
@@ -69,6 +63,14 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// The tokio runtime: two workers (the agent's work is IO, and nodes lend it little CPU).
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| {
+        eprintln!("lmperf: cannot start the runtime: {e}");
+        ExitCode::from(1)
+    })
 }
 
 /// Logs to stderr; `RUST_LOG` filters (default `info`). The exporters' own HTTP/gRPC stacks
