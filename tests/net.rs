@@ -226,3 +226,23 @@ async fn agent_exports_tcp_series_and_net_span_attributes() {
     assert!(prom_sum(&metrics, "lmperf_tcp_connect_duration_seconds_count", &[&port_label]) >= 1.0, "{metrics}");
     assert!(prom_sum(&metrics, "lmperf_tcp_probe_events_total", &["lmperf_tcp_event=\"rtt\""]) >= 10.0, "{metrics}");
 }
+
+/// The DaemonSet's minimal set: CAP_BPF and CAP_PERFMON attach every probe (uid 0, every
+/// other capability dropped); CAP_BPF alone loads maps but not tracing programs.
+#[test]
+fn cap_bpf_and_cap_perfmon_are_enough() {
+    let url = format!("http://127.0.0.1:{}", lmperf_e2e::peers::free_port());
+    let args = ["--target", url.as_str(), "--model", "m", "--no-otlp"];
+    let both = Agent::spawn_wrapped(&["setpriv", "--inh-caps=-all", "--bounding-set=-all,+bpf,+perfmon", "--"], &args, &[]);
+    let net = both.wait_status(Duration::from_secs(5), |s| s["net"]["mode"] != "starting")["net"].clone();
+    if net["mode"] != "on" && !required() {
+        eprintln!("skipped: {net}");
+        return;
+    }
+    assert_eq!(net["mode"], "on", "{net}");
+    assert!(net["probes"].as_array().is_some_and(|p| p.len() == 3 && p.iter().all(|p| p["live"] == true)), "{net}");
+    let bpf_only = Agent::spawn_wrapped(&["setpriv", "--inh-caps=-all", "--bounding-set=-all,+bpf", "--"], &args, &[]);
+    let net = bpf_only.wait_status(Duration::from_secs(5), |s| s["net"]["mode"] != "starting")["net"].clone();
+    assert_eq!(net["mode"], "off", "{net}");
+    assert!(net["reason"].as_str().is_some_and(|r| r.contains("tp_btf/tcp_probe")), "{net}");
+}
