@@ -113,11 +113,16 @@ async fn real_server_grpc_receiver() {
         assert!(a["gen_ai.usage.input_tokens"].parse::<u64>().unwrap() > 5);
         output_sum += out;
     }
-    // The server's own count of generated tokens equals the sum of the spans' usage (only the
-    // agent talks to this server; every request was ok or is counted below).
-    let all_out: u64 = spans.iter().map(|sp| attrs(&sp.attributes)).filter_map(|a| a.get("gen_ai.usage.output_tokens").and_then(|v| v.parse::<u64>().ok())).sum();
+    // The server's own count of generated tokens equals the sum of the ok spans' usage (only
+    // the agent talks to this server). A canary cancelled at shutdown has no server usage; the
+    // server may or may not count its tokens, at most max_tokens (16) each.
+    let not_ok = spans.len() - ok.len();
     let predicted = prom_sum(&server.metrics(), "llamacpp:tokens_predicted_total", &[]);
-    assert_eq!(all_out as f64, predicted, "sum of gen_ai.usage.output_tokens vs llamacpp:tokens_predicted_total");
+    let ok_out = output_sum as f64;
+    assert!(predicted >= ok_out && predicted <= ok_out + 16.0 * not_ok as f64, "llamacpp:tokens_predicted_total {predicted} vs ok spans' gen_ai.usage.output_tokens {ok_out} ({not_ok} spans not ok)");
+    if not_ok == 0 {
+        assert_eq!(predicted, ok_out);
+    }
     assert!(output_sum > 0);
 
     // Metrics reached the receiver with non-zero counts; the last export counts every request.
