@@ -76,31 +76,31 @@ async fn case_07_vllm_54101_client_queueing() {
     assert_eq!(rows.len(), n);
     let col = |k: &str| rows.iter().map(|r| r[k].as_f64().unwrap()).collect::<Vec<_>>();
     // A real server's 500 ms is 500 ms plus a millisecond or two of timer and loopback, and
-    // with one slot each send waits for the previous end: allow 5 ms + 3 ms per request.
+    // with one slot each send waits for the previous end: allow 10 ms + 5 ms per request.
     let close = |got: &[f64], want: &serde_json::Value, what: &str| {
         let want: Vec<f64> = want.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
         assert_eq!(got.len(), want.len());
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert!((g - w).abs() <= 5.0 + 3.0 * i as f64, "{what}: got {got:?}, want {want:?}");
+            assert!((g - w).abs() <= 10.0 + 5.0 * i as f64, "{what}: got {got:?}, want {want:?}");
         }
     };
     // The limiter dispatches each request as soon as the previous one ends.
     let (send, e2e) = (col("send_ms"), col("e2el_ms"));
     for i in 1..n {
-        assert!((send[i] - (send[i - 1] + e2e[i - 1])).abs() <= 3.0, "send {i} at {} ms, previous ended at {} ms", send[i], send[i - 1] + e2e[i - 1]);
+        assert!((send[i] - (send[i - 1] + e2e[i - 1])).abs() <= 10.0, "send {i} at {} ms, previous ended at {} ms", send[i], send[i - 1] + e2e[i - 1]);
     }
     close(&col("send_ms"), &want["send_offsets_ms"], "send offsets");
     close(&col("dispatch_delay_ms"), &want["dispatch_delay_ms"], "dispatch delay");
     close(&col("e2el_from_schedule_ms"), &want["e2e_from_schedule_ms"], "E2E from schedule");
     let mean = |v: Vec<f64>| v.iter().sum::<f64>() / v.len() as f64;
-    assert!((mean(col("e2el_ms")) - want["e2e_from_send_mean_ms"].as_f64().unwrap()).abs() <= 10.0);
-    assert!((mean(col("e2el_from_schedule_ms")) - want["e2e_from_schedule_mean_ms"].as_f64().unwrap()).abs() <= 20.0);
-    assert!((mean(col("ttft_from_schedule_ms")) - want["ttft_from_schedule_mean_ms"].as_f64().unwrap()).abs() <= 20.0);
+    assert!((mean(col("e2el_ms")) - want["e2e_from_send_mean_ms"].as_f64().unwrap()).abs() <= 15.0);
+    assert!((mean(col("e2el_from_schedule_ms")) - want["e2e_from_schedule_mean_ms"].as_f64().unwrap()).abs() <= 30.0);
+    assert!((mean(col("ttft_from_schedule_ms")) - want["ttft_from_schedule_mean_ms"].as_f64().unwrap()).abs() <= 30.0);
     // Both views are in the summary too.
     let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     let b = &summary["benchmarks"][0];
-    assert!((b["e2el_from_schedule_ms"]["mean"].as_f64().unwrap() - 1900.0).abs() <= 20.0, "{b}");
-    assert!((b["e2el_ms"]["mean"].as_f64().unwrap() - 500.0).abs() <= 10.0, "{b}");
+    assert!((b["e2el_from_schedule_ms"]["mean"].as_f64().unwrap() - 1900.0).abs() <= 30.0, "{b}");
+    assert!((b["e2el_ms"]["mean"].as_f64().unwrap() - 500.0).abs() <= 15.0, "{b}");
     assert_eq!(summary["tokenizer"], "estimate", "no /tokenize on this server");
 }
 
