@@ -39,13 +39,16 @@ pub fn run(args: &[String]) -> Result<()> {
     )?;
 
     let mut test = crate::cargo();
-    test.args(["test", "--workspace", "--locked"])
-        .args(test_args);
+    // One test at a time per binary (as on main, bb1acdf): the timing tests and the real
+    // model server share this machine's CPUs.
+    test.args(["test", "--workspace", "--locked", "--no-fail-fast"])
+        .args(test_args)
+        .env("RUST_TEST_THREADS", "1");
     if root && std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
         test.env("LMPERF_REQUIRE_EBPF", "1");
     }
     let header = format!(
-        "[3/3] cargo test --workspace --locked {}",
+        "[3/3] cargo test --workspace --locked --no-fail-fast {}",
         test_args.join(" ")
     );
     println!("==> {}", header.trim_end());
