@@ -41,7 +41,9 @@ pub async fn run(cfg: AgentConfig, env: &dyn Env, signal: impl std::future::Futu
     let (gpu, gpu_monitor) = crate::gpu::start(&cfg.gpu, &telemetry.meter());
     let states: Vec<Arc<TargetState>> = cfg.targets.iter().map(|t| Arc::new(TargetState::new(t))).collect();
     telemetry.register_spike_gauge(states.clone());
-    let status = Arc::new(AgentStatus { targets: states.clone(), started: SystemTime::now(), ready: false.into(), gpu: gpu.clone() });
+    let ports: Vec<u16> = cfg.targets.iter().map(|t| t.port).collect();
+    let (net, net_monitor) = crate::net::start(&cfg.net, &ports, &telemetry.meter());
+    let status = Arc::new(AgentStatus { targets: states.clone(), started: SystemTime::now(), ready: false.into(), gpu: gpu.clone(), net: net.clone() });
 
     let listener = tokio::net::TcpListener::bind(cfg.admin_addr)
         .await
@@ -62,7 +64,7 @@ pub async fn run(cfg: AgentConfig, env: &dyn Env, signal: impl std::future::Futu
     let mut loops = Vec::new();
     for (i, (t, state)) in cfg.targets.iter().zip(&states).enumerate() {
         let clients = Clients::new(t.connect_timeout).map_err(|source| AgentError::Client { target: t.name.clone(), source })?;
-        let runner = TargetRunner::new(Arc::new(t.clone()), clients, telemetry.clone(), state.clone(), cfg.console).with_gpu(gpu.clone());
+        let runner = TargetRunner::new(Arc::new(t.clone()), clients, telemetry.clone(), state.clone(), cfg.console).with_gpu(gpu.clone()).with_net(net.clone());
         let seed = rand::random::<u64>() ^ i as u64;
         loops.push(tokio::spawn(runner.run(shutdown.clone(), tracker.clone(), seed)));
     }
@@ -72,6 +74,7 @@ pub async fn run(cfg: AgentConfig, env: &dyn Env, signal: impl std::future::Futu
         targets = cfg.targets.len(),
         otlp = cfg.otlp.enabled,
         gpu_interval = %(if cfg.gpu.enabled { humantime::format_duration(cfg.gpu.interval).to_string() } else { "disabled".to_owned() }),
+        net = ?net.mode(),
         otlp_protocol = ?cfg.otlp.protocol,
         traces_endpoint = %(if cfg.otlp.enabled { cfg.otlp.traces_endpoint.as_str() } else { "-" }),
         "Agent started."
@@ -93,6 +96,7 @@ pub async fn run(cfg: AgentConfig, env: &dyn Env, signal: impl std::future::Futu
     }
     // Stop sampling before the final metric flush; an NVML call in progress is not waited for.
     let _ = tokio::task::spawn_blocking(move || gpu_monitor.stop(Duration::from_millis(200))).await;
+    let _ = tokio::task::spawn_blocking(move || net_monitor.stop()).await;
     let left = SHUTDOWN_BUDGET.saturating_sub(t_signal.elapsed()).max(Duration::from_millis(500));
     telemetry.shutdown(left).await;
     admin_stop.cancel();

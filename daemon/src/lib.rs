@@ -13,6 +13,7 @@ pub mod cli;
 pub mod config;
 pub mod gpu;
 pub mod measure;
+pub mod net;
 pub mod sampler;
 pub mod status;
 pub mod telemetry;

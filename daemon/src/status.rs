@@ -134,4 +134,6 @@ pub struct AgentStatus {
     pub ready: AtomicBool,
     /// GPU monitoring: mode, reason when off, devices, events.
     pub gpu: std::sync::Arc<crate::gpu::state::GpuState>,
+    /// eBPF TCP probes: mode, reason when off, probes, event counts.
+    pub net: std::sync::Arc<crate::net::state::NetState>,
 }

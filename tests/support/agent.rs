@@ -50,7 +50,19 @@ impl Agent {
     /// Starts `lmperf agent ARGS` (with `--admin-addr 127.0.0.1:0` unless given) and waits for
     /// its "Agent started." line. Panics with the agent's stderr if it does not start.
     pub fn spawn(args: &[&str], envs: &[(&str, &str)]) -> Agent {
-        let mut cmd = Command::new(lmperf_bin());
+        Self::spawn_wrapped(&[], args, envs)
+    }
+
+    /// As [`Agent::spawn`], run through `wrapper` (e.g. `setpriv … --`) when not empty.
+    pub fn spawn_wrapped(wrapper: &[&str], args: &[&str], envs: &[(&str, &str)]) -> Agent {
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(lmperf_bin());
+                c
+            }
+            None => Command::new(lmperf_bin()),
+        };
         cmd.arg("agent").args(args);
         if !args.contains(&"--admin-addr") {
             cmd.args(["--admin-addr", "127.0.0.1:0"]);

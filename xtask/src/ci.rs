@@ -1,8 +1,10 @@
 //! `cargo xtask ci [-- <cargo test args>]`: the one test command (also `.ci/run`).
 //!
-//! 1. `tests/peers/install.sh`: the real peers the integration tests talk to
+//! 1. `tests/peers/install.sh`: the real peers the integration tests talk to; as root, the
+//!    apt packages that build the eBPF probes (`clang libbpf-dev bpftool`), when missing
 //! 2. `cargo build --workspace --all-targets --locked` (the e2e tests spawn target/debug/lmperf)
-//! 3. `cargo test --workspace --locked [args]`: daemon unit tests and tests/ e2e tests
+//! 3. `cargo test --workspace --locked [args]`: daemon unit tests and tests/ e2e tests; as
+//!    root on a kernel with BTF, with `LMPERF_REQUIRE_EBPF=1` so the probe tests must run
 
 use anyhow::{Result, bail};
 
@@ -22,6 +24,12 @@ pub fn run(args: &[String]) -> Result<()> {
     };
 
     crate::step("[1/3] tests/peers/install.sh", crate::install_peers_cmd())?;
+    let root = is_root();
+    if root {
+        install_ebpf_packages()?;
+    } else {
+        println!("==> not root: eBPF build packages not installed, probe tests skip themselves");
+    }
 
     let mut build = crate::cargo();
     build.args(["build", "--workspace", "--all-targets", "--locked"]);
@@ -31,11 +39,14 @@ pub fn run(args: &[String]) -> Result<()> {
     )?;
 
     let mut test = crate::cargo();
-    // One test at a time inside each test binary: the end-to-end tests measure time against
-    // real servers on a 2-core machine, and parallel tests would measure each other.
+    // One test at a time per binary (as on main, bb1acdf): the timing tests and the real
+    // model server share this machine's CPUs.
     test.args(["test", "--workspace", "--locked", "--no-fail-fast"])
         .args(test_args)
         .env("RUST_TEST_THREADS", "1");
+    if root && std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        test.env("LMPERF_REQUIRE_EBPF", "1");
+    }
     let header = format!(
         "[3/3] cargo test --workspace --locked --no-fail-fast {}",
         test_args.join(" ")
@@ -49,6 +60,40 @@ pub fn run(args: &[String]) -> Result<()> {
         bail!("`{}` failed", header.trim_end());
     }
     Ok(())
+}
+
+/// Packages that build `ebpf/` (clang for `-target bpf`, libbpf's headers, bpftool for
+/// inspecting the object).
+const EBPF_PACKAGES: [&str; 3] = ["clang", "libbpf-dev", "bpftool"];
+
+fn is_root() -> bool {
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// Installs [`EBPF_PACKAGES`] with apt when `dpkg -s` says one is missing (idempotent).
+fn install_ebpf_packages() -> Result<()> {
+    let missing: Vec<&str> = EBPF_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| {
+            !std::process::Command::new("dpkg")
+                .args(["-s", p])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .collect();
+    if missing.is_empty() {
+        println!("==> eBPF build packages present ({})", EBPF_PACKAGES.join(" "));
+        return Ok(());
+    }
+    let mut cmd = std::process::Command::new("sh");
+    cmd.args(["-c", &format!("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {}", missing.join(" "))]);
+    crate::step(&format!("apt-get install {}", missing.join(" ")), cmd)
 }
 
 /// Runs `cmd`, echoing its stdout, and sums the `test result:` lines of libtest.

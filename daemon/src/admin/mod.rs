@@ -5,7 +5,7 @@
 //! same meter provider that feeds OTLP; names translated as the OTel Prometheus
 //! compatibility spec says: dots to underscores, unit suffix, `_total` on counters) and
 //! `/api/v1/status` (JSON: targets with counts by outcome and last result, exporter queue
-//! and drop counts, GPU monitoring state).
+//! and drop counts, GPU monitoring state, eBPF probe state).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -18,6 +18,7 @@ use axum::routing::get;
 use serde::Serialize;
 
 use crate::gpu::state::GpuStatus;
+use crate::net::state::NetStatus;
 use crate::status::{AgentStatus, TargetSnapshot};
 use crate::telemetry::Telemetry;
 use crate::telemetry::export::ExportSnapshot;
@@ -40,6 +41,9 @@ pub struct StatusDoc {
     /// GPU monitoring: `mode` (on | off | discovering | disabled | starting), `reason` when
     /// not on, devices with unsupported fields and processes, lost/recovered/XID events.
     pub gpu: GpuStatus,
+    /// eBPF TCP probes: `mode` (on | off | disabled | starting), `reason` when off (or when
+    /// some probes are not attached), the port filter, each probe, event and drop counts.
+    pub net: NetStatus,
 }
 
 /// The admin router, for serving or for driving with `oneshot` in tests.
@@ -81,6 +85,7 @@ pub fn status_doc(s: &AdminState) -> StatusDoc {
         targets: s.status.targets.iter().map(|t| t.snapshot()).collect(),
         exporter: s.telemetry.spans.snapshot(),
         gpu: s.status.gpu.status(),
+        net: s.status.net.status(),
     }
 }
 

@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::TargetConfig;
 use crate::gpu::state::GpuState;
+use crate::net::state::NetState;
 use crate::status::TargetState;
 use crate::telemetry::Telemetry;
 use crate::telemetry::spans::SpanContextInfo;
@@ -38,6 +39,8 @@ pub struct TargetRunner {
     pub console: bool,
     /// GPU state, for the `lmperf.gpu.*` span attributes; `None`: none added.
     pub gpu: Option<Arc<GpuState>>,
+    /// eBPF probe state, for the `lmperf.net.*` span attributes; `None`: none added.
+    pub net: Option<Arc<NetState>>,
     /// Discovered model and provider, once known.
     discovered: Arc<Mutex<Discovery>>,
     in_flight: Arc<Semaphore>,
@@ -76,6 +79,7 @@ impl TargetRunner {
             state,
             console,
             gpu: None,
+            net: None,
             discovered: Arc::default(),
             in_flight,
             discovery_failing: Arc::default(),
@@ -86,6 +90,13 @@ impl TargetRunner {
     /// Adds the node's GPU state during each request to its span (`lmperf.gpu.*`).
     pub fn with_gpu(mut self, gpu: Arc<GpuState>) -> Self {
         self.gpu = Some(gpu);
+        self
+    }
+
+    /// Adds the kernel's view of the target's connections during each request to its span
+    /// (`lmperf.net.*`).
+    pub fn with_net(mut self, net: Arc<NetState>) -> Self {
+        self.net = Some(net);
         self
     }
 
@@ -216,9 +227,13 @@ impl TargetRunner {
             server_address: &t.host,
             server_port: t.port,
             prompt_id: prompt.id,
-            extra: match &self.gpu {
-                Some(g) => g.request_attributes(measured.wall_start, measured.wall_start + measured.record.e2e),
-                None => Vec::new(),
+            extra: {
+                let (from, to) = (measured.wall_start, measured.wall_start + measured.record.e2e);
+                let mut extra = self.gpu.as_ref().map(|g| g.request_attributes(from, to)).unwrap_or_default();
+                if let Some(n) = &self.net {
+                    extra.extend(n.request_attributes(t.port, from, to));
+                }
+                extra
             },
         };
         let decision = self.decide(ids, &measured);

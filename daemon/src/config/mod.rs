@@ -160,6 +160,13 @@ pub const DEFAULT_GPU_INTERVAL: Duration = Duration::from_secs(1);
 pub const MIN_GPU_INTERVAL: Duration = Duration::from_millis(100);
 pub const MAX_GPU_INTERVAL: Duration = Duration::from_secs(60);
 
+/// Kernel TCP measurements through eBPF (`[net]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NetConfig {
+    /// Load the probes (default true; without permission they are off and the status says why).
+    pub enabled: bool,
+}
+
 /// The whole validated agent configuration.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -169,6 +176,7 @@ pub struct AgentConfig {
     pub console: bool,
     pub otlp: OtlpConfig,
     pub gpu: GpuConfig,
+    pub net: NetConfig,
 }
 
 /// What the command line sets (see `cli.rs`); `None` leaves the file's or default value.
@@ -297,7 +305,8 @@ fn validate(mut raw: RawConfig, o: Overrides, env: &dyn Env) -> Result<AgentConf
     }
     let otlp = validate_otlp(raw.otlp, o.otlp_endpoint, o.otlp_protocol, o.no_otlp, env)?;
     let gpu = validate_gpu(raw.gpu)?;
-    Ok(AgentConfig { targets, admin_addr, shutdown_timeout, console: o.console || raw.console.unwrap_or(false), otlp, gpu })
+    let net = NetConfig { enabled: raw.net.enabled.unwrap_or(true) };
+    Ok(AgentConfig { targets, admin_addr, shutdown_timeout, console: o.console || raw.console.unwrap_or(false), otlp, gpu, net })
 }
 
 fn validate_gpu(raw: raw::RawGpu) -> Result<GpuConfig, ConfigError> {
@@ -640,6 +649,15 @@ mod tests {
         assert_eq!(c.otlp.export_interval, Duration::from_millis(1500));
         let c = from_toml("", o(), &[("OTEL_SDK_DISABLED", "true")]).unwrap();
         assert!(!c.otlp.enabled);
+    }
+
+    #[test]
+    fn net_table_default_on_and_strict() {
+        let o = || Overrides { targets: vec!["http://127.0.0.1:1".into()], ..Overrides::default() };
+        assert_eq!(from_toml("", o(), &[]).unwrap().net, NetConfig { enabled: true });
+        assert_eq!(from_toml("[net]\nenabled = false\n", o(), &[]).unwrap().net, NetConfig { enabled: false });
+        let err = from_toml("[net]\nenable = true\n", o(), &[]).unwrap_err().to_string();
+        assert!(err.contains("enable"), "{err}");
     }
 
     #[test]

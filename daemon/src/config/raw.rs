@@ -38,6 +38,9 @@
 //! enabled = true                      # GPU metrics through NVML; off by itself without a driver
 //! interval = "1s"                     # sampling interval, 100ms to 60s
 //! # nvml_library = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+//!
+//! [net]
+//! enabled = true                      # eBPF TCP probes on the targets' ports; off by itself without permission
 //! ```
 
 use std::time::Duration;
@@ -60,6 +63,8 @@ pub struct RawConfig {
     pub otlp: RawOtlp,
     #[serde(default)]
     pub gpu: RawGpu,
+    #[serde(default)]
+    pub net: RawNet,
 }
 
 /// Canary settings; every field may be set in `[canary]` (defaults) or per `[[target]]`;
@@ -127,6 +132,13 @@ pub struct RawGpu {
     pub interval: Option<Duration>,
     /// Path of the NVML library instead of `libnvidia-ml.so.1` from the loader's path.
     pub nvml_library: Option<String>,
+}
+
+/// `[net]`: kernel TCP measurements through eBPF.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawNet {
+    pub enabled: Option<bool>,
 }
 
 impl RawCanary {

@@ -220,3 +220,44 @@ pub const LMPERF_GPU_XID_SEEN: &str = "lmperf.gpu.xid.seen";
 pub const LMPERF_GPU_XID_CODES: &str = "lmperf.gpu.xid.codes";
 /// GPU samples the values come from.
 pub const LMPERF_GPU_SAMPLES: &str = "lmperf.gpu.samples";
+
+// ---- Kernel TCP measurements through eBPF (`net`) ----
+// No stable OpenTelemetry convention names TCP RTT, connect latency or retransmits, so the
+// metrics carry the `lmperf.tcp.` prefix; their attributes follow the general registry:
+// `server.address`, `server.port` (docs/registry/attributes/server.md) and `network.type`
+// (docs/registry/attributes/network.md). The quantities are those of libbpf-tools `tcprtt`,
+// `tcpconnlat` and `tcpretrans`.
+/// Histogram, unit `s`: the socket's smoothed RTT (`tcp_sock.srtt_us`) after each received
+/// segment (tracepoint `tcp_probe`).
+pub const METRIC_TCP_RTT: &str = "lmperf.tcp.rtt";
+/// Histogram, unit `s`: SYN_SENT → ESTABLISHED (tracepoint `inet_sock_set_state`).
+pub const METRIC_TCP_CONNECT_DURATION: &str = "lmperf.tcp.connect.duration";
+/// Counter, unit `{segment}`: retransmitted segments (tracepoint `tcp_retransmit_skb`).
+pub const METRIC_TCP_RETRANSMITS: &str = "lmperf.tcp.retransmits";
+/// Counter, unit `{event}`: probe events by `lmperf.tcp.event` (rtt | connect | retransmit | dropped).
+pub const METRIC_TCP_PROBE_EVENTS: &str = "lmperf.tcp.probe.events";
+/// Which end of the connection the measuring socket is: client | server (the server being
+/// the end on a target's port).
+pub const LMPERF_TCP_SIDE: &str = "lmperf.tcp.side";
+pub const LMPERF_TCP_EVENT: &str = "lmperf.tcp.event";
+/// `ipv4` | `ipv6` (docs/registry/attributes/network.md).
+pub const NETWORK_TYPE: &str = "network.type";
+/// Bucket boundaries, in seconds, of `lmperf.tcp.rtt` and `lmperf.tcp.connect.duration`:
+/// 25 µs (loopback) to about 1.3 s.
+pub const BUCKETS_TCP_RTT: &[f64] = &[
+    0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08,
+    0.16, 0.32, 0.64, 1.28,
+];
+
+// ---- lmperf.net.* span attributes: the kernel's view of client sockets to the target's
+// port during one canary request (matched by the server port and the request's time window,
+// not the canary's own socket) ----
+/// Smallest and largest smoothed RTT seen, seconds.
+pub const LMPERF_NET_SRTT_MIN: &str = "lmperf.net.srtt.min";
+pub const LMPERF_NET_SRTT_MAX: &str = "lmperf.net.srtt.max";
+/// RTT samples (received segments) the min/max come from.
+pub const LMPERF_NET_RTT_SAMPLES: &str = "lmperf.net.rtt.samples";
+/// Segments retransmitted.
+pub const LMPERF_NET_RETRANSMITS: &str = "lmperf.net.retransmits";
+/// Connect latency in seconds, when a connection was opened during the request.
+pub const LMPERF_NET_CONNECT_DURATION: &str = "lmperf.net.connect.duration";

@@ -1,0 +1,64 @@
+//! Compiles the kernel programs of `../ebpf/src` with clang into `OUT_DIR/lmperf_net.bpf.o`,
+//! which `net::loader` embeds.
+//!
+//! A machine without clang (or libbpf's headers) still builds the agent: the object is then
+//! empty, `LMPERF_EBPF_BUILD` says why, and the agent reports "probes not built" at start and
+//! in `/api/v1/status`. `LMPERF_CLANG` names another clang; `LMPERF_NO_EBPF=1` skips the
+//! kernel programs on purpose.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn main() {
+    let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
+    let src = manifest.join("../ebpf/src");
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").unwrap_or_default()).join("lmperf_net.bpf.o");
+    for f in ["lmperf_net.bpf.c", "lmperf_net.h", "vmlinux.h"] {
+        println!("cargo:rerun-if-changed={}", src.join(f).display());
+    }
+    println!("cargo:rerun-if-env-changed=LMPERF_CLANG");
+    println!("cargo:rerun-if-env-changed=LMPERF_NO_EBPF");
+
+    let status = if std::env::var_os("LMPERF_NO_EBPF").is_some_and(|v| v != "0") {
+        Err("LMPERF_NO_EBPF was set at build time".to_owned())
+    } else {
+        compile(&src, &out)
+    };
+    let note = match status {
+        Ok(()) => "built".to_owned(),
+        Err(why) => {
+            println!("cargo:warning=eBPF probes not built ({why}); the agent will run without them");
+            let _ = std::fs::write(&out, b"");
+            why
+        }
+    };
+    println!("cargo:rustc-env=LMPERF_EBPF_BUILD={note}");
+}
+
+fn compile(src: &std::path::Path, out: &std::path::Path) -> Result<(), String> {
+    let clang = std::env::var("LMPERF_CLANG").unwrap_or_else(|_| "clang".to_owned());
+    let arch = match std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default().as_str() {
+        "x86_64" => "x86",
+        "aarch64" => "arm64",
+        "riscv64" => "riscv",
+        other => return Err(format!("no eBPF target arch for {other}")),
+    };
+    let output = Command::new(&clang)
+        .args(["-target", "bpf", "-O2", "-g", "-Wall", "-Werror"])
+        .arg(format!("-D__TARGET_ARCH_{arch}"))
+        .arg("-I")
+        .arg(src)
+        .arg("-c")
+        .arg(src.join("lmperf_net.bpf.c"))
+        .arg("-o")
+        .arg(out)
+        .output()
+        .map_err(|e| format!("{clang} not found: {e}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let first = stderr.lines().find(|l| l.contains("error")).unwrap_or("no message").trim().to_owned();
+        Err(format!("{clang} failed (libbpf-dev installed?): {first}"))
+    }
+}

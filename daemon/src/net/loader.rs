@@ -1,0 +1,195 @@
+//! Loads and attaches the probes with aya, writes the port filter, and drains the ring buffer
+//! on its own OS thread (`lmperf-net`).
+//!
+//! Each program is attached on its own; the ones the kernel refuses are listed with the
+//! reason and the others run. Only when none attaches are the probes off.
+
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::BtfTracePoint;
+use aya::{Btf, Ebpf, EbpfLoader};
+
+use super::event::{AF_INET6, RawEvent};
+use super::metrics::NetInstruments;
+use super::state::{Mode, NetState, ProbeStatus};
+
+/// The compiled kernel programs (empty when `build.rs` found no clang).
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lmperf_net.bpf.o"));
+/// Why the object is empty, or `built`.
+pub const BUILD_NOTE: &str = env!("LMPERF_EBPF_BUILD");
+
+/// (program, BTF tracepoint) in the order they are tried.
+pub const PROBES: [(&str, &str, &str); 3] = [
+    ("lmperf_tcp_probe", "tcp_probe", "tp_btf/tcp_probe"),
+    ("lmperf_set_state", "inet_sock_set_state", "tp_btf/inet_sock_set_state"),
+    ("lmperf_retransmit", "tcp_retransmit_skb", "tp_btf/tcp_retransmit_skb"),
+];
+
+/// Why the probes are off.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("probes not built into this binary: {0}")]
+    NotBuilt(&'static str),
+    #[error("kernel BTF unavailable (/sys/kernel/btf/vmlinux; needs CONFIG_DEBUG_INFO_BTF): {0}")]
+    Btf(#[source] aya::BtfError),
+    #[error("loading the eBPF object failed{hint}: {source}")]
+    Load { hint: &'static str, source: aya::EbpfError },
+    #[error("eBPF map {name}: {source}")]
+    Map { name: &'static str, source: aya::maps::MapError },
+    #[error("eBPF map {0} missing from the object")]
+    MissingMap(&'static str),
+    #[error("no probe attached: {0}")]
+    NoProbe(String),
+    #[error("cannot start the probe thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
+/// Keeps the probes attached while its thread runs; `stop` detaches them.
+#[derive(Debug)]
+pub struct NetMonitor {
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl NetMonitor {
+    /// A monitor with nothing to stop.
+    pub fn none() -> Self {
+        Self { stop: Arc::new(AtomicBool::new(true)), handle: None }
+    }
+
+    /// Stops the thread (within one poll interval) and detaches the probes.
+    pub fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle {
+            let _ = h.join();
+        }
+    }
+}
+
+fn is_permission(e: &aya::EbpfError) -> bool {
+    let text = format!("{e:?}");
+    text.contains("PermissionDenied") || text.contains("EPERM") || text.contains("Operation not permitted")
+}
+
+/// One line of an error that may carry a verifier log.
+fn short(e: &dyn std::fmt::Display) -> String {
+    let s = e.to_string();
+    let first = s.split(". Verifier output").next().unwrap_or(&s);
+    first.chars().take(300).collect()
+}
+
+/// Loads, attaches, fills the port filter and starts draining.
+///
+/// # Errors
+/// [`NetError`] when no probe can run; the agent then runs without them.
+pub fn start(state: Arc<NetState>, instruments: NetInstruments) -> Result<NetMonitor, NetError> {
+    if OBJECT.is_empty() {
+        return Err(NetError::NotBuilt(BUILD_NOTE));
+    }
+    let btf = Btf::from_sys_fs().map_err(NetError::Btf)?;
+    let mut ebpf = EbpfLoader::new().btf(Some(&btf)).load(OBJECT).map_err(|source| NetError::Load {
+        hint: if is_permission(&source) { " (needs CAP_BPF and CAP_PERFMON, or root)" } else { "" },
+        source,
+    })?;
+    {
+        let map = ebpf.map_mut("lmperf_ports").ok_or(NetError::MissingMap("lmperf_ports"))?;
+        let mut ports: BpfHashMap<_, u16, u8> = BpfHashMap::try_from(map).map_err(|source| NetError::Map { name: "lmperf_ports", source })?;
+        for p in state.filter.ports() {
+            ports.insert(p, 1, 0).map_err(|source| NetError::Map { name: "lmperf_ports", source })?;
+        }
+    }
+    let probes: Vec<ProbeStatus> = PROBES.iter().map(|&(program, tp, attach_name)| {
+        let error = attach(&mut ebpf, program, tp, &btf).err();
+        if let Some(e) = &error {
+            tracing::warn!(probe = attach_name, error = %e, "eBPF probe not attached.");
+        }
+        ProbeStatus { program, attach: attach_name, live: error.is_none(), error }
+    }).collect();
+    let failed: Vec<String> = probes.iter().filter_map(|p| p.error.as_ref().map(|e| format!("{}: {e}", p.attach))).collect();
+    if failed.len() == probes.len() {
+        state.set_probes(probes);
+        return Err(NetError::NoProbe(failed.join("; ")));
+    }
+    let ring = RingBuf::try_from(ebpf.take_map("lmperf_events").ok_or(NetError::MissingMap("lmperf_events"))?)
+        .map_err(|source| NetError::Map { name: "lmperf_events", source })?;
+    let drops: PerCpuArray<MapData, u64> = PerCpuArray::try_from(ebpf.take_map("lmperf_drops").ok_or(NetError::MissingMap("lmperf_drops"))?)
+        .map_err(|source| NetError::Map { name: "lmperf_drops", source })?;
+    let live: Vec<&str> = probes.iter().filter(|p| p.live).map(|p| p.attach).collect();
+    let reason = (!failed.is_empty()).then(|| format!("some probes not attached: {}", failed.join("; ")));
+    tracing::info!(probes = ?live, ports = ?state.filter.ports().collect::<Vec<_>>(), "eBPF network probes attached.");
+    state.set_probes(probes);
+    state.set_mode(Mode::On, reason);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let handle = std::thread::Builder::new()
+        .name("lmperf-net".to_owned())
+        .spawn(move || drain_loop(ebpf, ring, drops, &state, &instruments, &flag))
+        .map_err(NetError::Thread)?;
+    Ok(NetMonitor { stop, handle: Some(handle) })
+}
+
+fn attach(ebpf: &mut Ebpf, program: &str, tracepoint: &str, btf: &Btf) -> Result<(), String> {
+    let prog: &mut BtfTracePoint = ebpf
+        .program_mut(program)
+        .ok_or_else(|| format!("program {program} missing from the object"))?
+        .try_into()
+        .map_err(|e| short(&e))?;
+    prog.load(tracepoint, btf).map_err(|e| short(&e))?;
+    prog.attach().map_err(|e| short(&e))?;
+    Ok(())
+}
+
+/// CLOCK_MONOTONIC now, in nanoseconds (the clock of `bpf_ktime_get_ns`).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+}
+
+/// Waits until `fd` is readable or `timeout` passes.
+fn wait_readable(fd: i32, timeout: Duration) {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd for the duration of the call.
+    let _ = unsafe { libc::poll(&mut p, 1, timeout.as_millis() as i32) };
+}
+
+fn drain_loop(
+    _ebpf: Ebpf,
+    mut ring: RingBuf<MapData>,
+    drops: PerCpuArray<MapData, u64>,
+    state: &NetState,
+    instruments: &NetInstruments,
+    stop: &AtomicBool,
+) {
+    let fd = ring.as_raw_fd();
+    let mut last_drops_read = std::time::Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        wait_readable(fd, Duration::from_millis(100));
+        let (mono, wall) = (monotonic_ns(), SystemTime::now());
+        while let Some(item) = ring.next() {
+            let Some(ev) = RawEvent::parse(&item) else { continue };
+            drop(item);
+            let Some(kind) = ev.kind() else { continue };
+            let (local, remote) = (ev.local(), ev.remote());
+            let Some((side, server)) = state.filter.classify(local, remote) else { continue };
+            let at = wall.checked_sub(Duration::from_nanos(mono.saturating_sub(ev.ts_ns))).unwrap_or(wall);
+            instruments.record(side, server, ev.family == AF_INET6, kind);
+            state.push(at, side, server, local, kind);
+        }
+        if last_drops_read.elapsed() >= Duration::from_secs(1) {
+            last_drops_read = std::time::Instant::now();
+            if let Ok(per_cpu) = drops.get(&0, 0) {
+                state.dropped.store(per_cpu.iter().sum(), Ordering::Relaxed);
+            }
+        }
+    }
+}

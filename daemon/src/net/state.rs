@@ -1,0 +1,285 @@
+//! What the probes saw, for the span attributes and `/api/v1/status`.
+//!
+//! A bounded history of recent client-side events (newest last, at most [`HISTORY`]) with
+//! their wall-clock time, converted from the kernel's CLOCK_MONOTONIC when drained.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use opentelemetry::KeyValue;
+use serde::Serialize;
+
+use super::event::Kind;
+use super::filter::{PortFilter, Side};
+use crate::telemetry::names;
+
+/// Client-side events kept for span matching (about 56 bytes each).
+pub const HISTORY: usize = 16_384;
+
+/// Whether the probes run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Not yet loaded.
+    Starting,
+    /// At least one probe attached.
+    On,
+    /// Refused or not built: `reason` says why.
+    Off,
+    /// `[net] enabled = false`.
+    Disabled,
+}
+
+/// One probe as loaded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProbeStatus {
+    /// The program (`lmperf_tcp_probe`, ...).
+    pub program: &'static str,
+    /// How it attaches (`tp_btf/tcp_probe`, ...).
+    pub attach: &'static str,
+    pub live: bool,
+    /// Why not live.
+    pub error: Option<String>,
+}
+
+/// One event of a client socket (the canary's side).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sample {
+    pub at: SystemTime,
+    pub server: SocketAddr,
+    pub local: SocketAddr,
+    pub kind: Kind,
+}
+
+/// The `net` section of `/api/v1/status`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NetStatus {
+    /// on | off | disabled | starting.
+    pub mode: Mode,
+    /// Why the probes are off (or some of them), when they are.
+    pub reason: Option<String>,
+    /// Ports reported by the kernel filter (the targets').
+    pub ports: Vec<u16>,
+    pub probes: Vec<ProbeStatus>,
+    /// Events received since start, by kind.
+    pub events: EventCounts,
+    /// Events the kernel dropped because the ring buffer was full.
+    pub dropped: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct EventCounts {
+    pub rtt: u64,
+    pub connect: u64,
+    pub retransmit: u64,
+}
+
+#[derive(Debug)]
+struct Inner {
+    mode: Mode,
+    reason: Option<String>,
+    probes: Vec<ProbeStatus>,
+    history: VecDeque<Sample>,
+}
+
+/// Shared state of the probes.
+#[derive(Debug)]
+pub struct NetState {
+    pub filter: PortFilter,
+    inner: Mutex<Inner>,
+    pub rtt_events: AtomicU64,
+    pub connect_events: AtomicU64,
+    pub retransmit_events: AtomicU64,
+    pub dropped: AtomicU64,
+}
+
+/// Attributes of one request: what the kernel saw on client sockets to `server_port` between
+/// `from` and `to`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RequestNet {
+    pub srtt_min: Option<Duration>,
+    pub srtt_max: Option<Duration>,
+    pub rtt_samples: u64,
+    pub retransmits: u64,
+    pub connect: Option<Duration>,
+}
+
+impl NetState {
+    pub fn new(filter: PortFilter) -> Self {
+        Self {
+            filter,
+            inner: Mutex::new(Inner { mode: Mode::Starting, reason: None, probes: Vec::new(), history: VecDeque::new() }),
+            rtt_events: AtomicU64::new(0),
+            connect_events: AtomicU64::new(0),
+            retransmit_events: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    pub fn set_mode(&self, mode: Mode, reason: Option<String>) {
+        if let Ok(mut g) = self.inner.lock() {
+            g.mode = mode;
+            g.reason = reason;
+        }
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.inner.lock().map_or(Mode::Off, |g| g.mode)
+    }
+
+    pub fn set_probes(&self, probes: Vec<ProbeStatus>) {
+        if let Ok(mut g) = self.inner.lock() {
+            g.probes = probes;
+        }
+    }
+
+    /// Counts an event and, when the reporting socket is a client's, keeps it for spans.
+    pub fn push(&self, at: SystemTime, side: Side, server: SocketAddr, local: SocketAddr, kind: Kind) {
+        let counter = match kind {
+            Kind::Rtt { .. } => &self.rtt_events,
+            Kind::Connect { .. } => &self.connect_events,
+            Kind::Retransmit { .. } => &self.retransmit_events,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        if side != Side::Client {
+            return;
+        }
+        if let Ok(mut g) = self.inner.lock() {
+            if g.history.len() >= HISTORY {
+                g.history.pop_front();
+            }
+            g.history.push_back(Sample { at, server, local, kind });
+        }
+    }
+
+    /// What client sockets to `server_port` saw between `from` and `to` (inclusive).
+    ///
+    /// Matched by the server's port and the time window, not by the canary's own socket
+    /// (reqwest does not expose its local port): another client of the same port on this
+    /// node during the request is counted too.
+    pub fn request(&self, server_port: u16, from: SystemTime, to: SystemTime) -> RequestNet {
+        let mut r = RequestNet::default();
+        let Ok(g) = self.inner.lock() else { return r };
+        for s in g.history.iter().rev() {
+            if s.at < from {
+                break;
+            }
+            if s.at > to || s.server.port() != server_port {
+                continue;
+            }
+            match s.kind {
+                Kind::Rtt { srtt_us } => {
+                    let d = Duration::from_micros(srtt_us);
+                    r.srtt_min = Some(r.srtt_min.map_or(d, |m| m.min(d)));
+                    r.srtt_max = Some(r.srtt_max.map_or(d, |m| m.max(d)));
+                    r.rtt_samples += 1;
+                }
+                Kind::Connect { ns } => r.connect = Some(Duration::from_nanos(ns)),
+                Kind::Retransmit { .. } => r.retransmits += 1,
+            }
+        }
+        r
+    }
+
+    /// The `lmperf.net.*` span attributes of a request to `server_port` from `from` to `to`;
+    /// empty while the probes are not on.
+    pub fn request_attributes(&self, server_port: u16, from: SystemTime, to: SystemTime) -> Vec<KeyValue> {
+        if self.mode() != Mode::On {
+            return Vec::new();
+        }
+        let r = self.request(server_port, from, to);
+        let mut a = vec![
+            KeyValue::new(names::LMPERF_NET_RTT_SAMPLES, r.rtt_samples as i64),
+            KeyValue::new(names::LMPERF_NET_RETRANSMITS, r.retransmits as i64),
+        ];
+        if let (Some(min), Some(max)) = (r.srtt_min, r.srtt_max) {
+            a.push(KeyValue::new(names::LMPERF_NET_SRTT_MIN, min.as_secs_f64()));
+            a.push(KeyValue::new(names::LMPERF_NET_SRTT_MAX, max.as_secs_f64()));
+        }
+        if let Some(c) = r.connect {
+            a.push(KeyValue::new(names::LMPERF_NET_CONNECT_DURATION, c.as_secs_f64()));
+        }
+        a
+    }
+
+    /// The kept client-side events, oldest first.
+    pub fn recent(&self) -> Vec<Sample> {
+        self.inner.lock().map(|g| g.history.iter().copied().collect()).unwrap_or_default()
+    }
+
+    pub fn status(&self) -> NetStatus {
+        let (mode, reason, probes) = match self.inner.lock() {
+            Ok(g) => (g.mode, g.reason.clone(), g.probes.clone()),
+            Err(_) => (Mode::Off, Some("state lock poisoned".to_owned()), Vec::new()),
+        };
+        NetStatus {
+            mode,
+            reason,
+            ports: self.filter.ports().collect(),
+            probes,
+            events: EventCounts {
+                rtt: self.rtt_events.load(Ordering::Relaxed),
+                connect: self.connect_events.load(Ordering::Relaxed),
+                retransmit: self.retransmit_events.load(Ordering::Relaxed),
+            },
+            dropped: self.dropped.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_request_sees_its_port_and_window_only() {
+        let st = NetState::new(PortFilter::new([8000, 9000]));
+        st.set_mode(Mode::On, None);
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let ms = |n| t0 + Duration::from_millis(n);
+        let (srv, other, local) = (a("10.0.0.2:8000"), a("10.0.0.2:9000"), a("10.0.0.1:40000"));
+        st.push(ms(0), Side::Client, srv, local, Kind::Rtt { srtt_us: 100 }); // before
+        st.push(ms(10), Side::Client, srv, local, Kind::Connect { ns: 250_000 });
+        st.push(ms(11), Side::Client, srv, local, Kind::Rtt { srtt_us: 300 });
+        st.push(ms(12), Side::Client, other, local, Kind::Rtt { srtt_us: 9000 }); // other port
+        st.push(ms(13), Side::Server, srv, local, Kind::Rtt { srtt_us: 7 }); // server side: not kept
+        st.push(ms(14), Side::Client, srv, local, Kind::Rtt { srtt_us: 200 });
+        st.push(ms(15), Side::Client, srv, local, Kind::Retransmit { total: 1 });
+        st.push(ms(30), Side::Client, srv, local, Kind::Rtt { srtt_us: 1 }); // after
+        let r = st.request(8000, ms(5), ms(20));
+        assert_eq!(
+            r,
+            RequestNet {
+                srtt_min: Some(Duration::from_micros(200)),
+                srtt_max: Some(Duration::from_micros(300)),
+                rtt_samples: 2,
+                retransmits: 1,
+                connect: Some(Duration::from_micros(250)),
+            }
+        );
+        assert_eq!(st.status().events, EventCounts { rtt: 6, connect: 1, retransmit: 1 });
+        let attrs = st.request_attributes(8000, ms(5), ms(20));
+        assert!(attrs.iter().any(|kv| kv.key.as_str() == names::LMPERF_NET_CONNECT_DURATION && kv.value == opentelemetry::Value::F64(0.00025)));
+        st.set_mode(Mode::Off, Some("x".into()));
+        assert!(st.request_attributes(8000, ms(5), ms(20)).is_empty());
+    }
+
+    #[test]
+    fn history_is_bounded() {
+        let st = NetState::new(PortFilter::new([8000]));
+        let t0 = SystemTime::UNIX_EPOCH;
+        for i in 0..(HISTORY as u64 + 10) {
+            st.push(t0 + Duration::from_micros(i), Side::Client, a("10.0.0.2:8000"), a("10.0.0.1:1"), Kind::Rtt { srtt_us: i });
+        }
+        let r = st.request(8000, t0, t0 + Duration::from_secs(1));
+        assert_eq!(r.rtt_samples, HISTORY as u64);
+        assert_eq!(r.srtt_min, Some(Duration::from_micros(10)));
+    }
+}

@@ -1,0 +1,139 @@
+// SPDX-License-Identifier: GPL-2.0 OR Apache-2.0
+/*
+ * lmperf network probes (libbpf-tools tcprtt / tcpconnlat / tcpretrans, as BTF tracepoints).
+ *
+ * - tp_btf/tcp_probe            every received segment of an established socket: its srtt
+ * - tp_btf/inet_sock_set_state  SYN_SENT -> ESTABLISHED: connect latency (start kept per socket)
+ * - tp_btf/tcp_retransmit_skb   a retransmitted segment
+ *
+ * Only sockets whose local or remote port is in `lmperf_ports` are reported (the targets'
+ * ports, written by user space before attaching). Events go through the `lmperf_events` ring
+ * buffer; a full ring drops the event and counts it in `lmperf_drops`.
+ *
+ * Needs no kprobes, no fentry and no tracefs: BTF tracepoints only (kernel >= 5.5 with BTF).
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_endian.h>
+#include "lmperf_net.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Ports to report, host order -> 1. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, __u16);
+	__type(value, __u8);
+} lmperf_ports SEC(".maps");
+
+/* Socket -> bpf_ktime_get_ns() at SYN_SENT; bounded, entries removed at ESTABLISHED/CLOSE. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, __u64);
+} lmperf_connect_start SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+} lmperf_events SEC(".maps");
+
+/* [0]: events dropped because the ring buffer was full. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} lmperf_drops SEC(".maps");
+
+static __always_inline bool port_wanted(__u16 port)
+{
+	return port && bpf_map_lookup_elem(&lmperf_ports, &port) != 0;
+}
+
+static __always_inline bool sock_wanted(const struct sock *sk)
+{
+	__u16 sport = BPF_CORE_READ(sk, __sk_common.skc_num);
+	__u16 dport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+	return port_wanted(sport) || port_wanted(dport);
+}
+
+static __always_inline void emit(const struct sock *sk, __u8 kind, __u64 value)
+{
+	struct lmperf_event *e = bpf_ringbuf_reserve(&lmperf_events, sizeof(*e), 0);
+	if (!e) {
+		__u32 zero = 0;
+		__u64 *n = bpf_map_lookup_elem(&lmperf_drops, &zero);
+		if (n)
+			*n += 1;
+		return;
+	}
+	__u16 family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	e->ts_ns = bpf_ktime_get_ns();
+	e->value = value;
+	e->family = family;
+	e->kind = kind;
+	e->state = BPF_CORE_READ(sk, __sk_common.skc_state);
+	e->sport = BPF_CORE_READ(sk, __sk_common.skc_num);
+	e->dport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+	__builtin_memset(e->saddr, 0, sizeof(e->saddr));
+	__builtin_memset(e->daddr, 0, sizeof(e->daddr));
+	if (family == LMPERF_AF_INET6) {
+		bpf_probe_read_kernel(e->saddr, 16, &sk->__sk_common.skc_v6_rcv_saddr);
+		bpf_probe_read_kernel(e->daddr, 16, &sk->__sk_common.skc_v6_daddr);
+	} else {
+		bpf_probe_read_kernel(e->saddr, 4, &sk->__sk_common.skc_rcv_saddr);
+		bpf_probe_read_kernel(e->daddr, 4, &sk->__sk_common.skc_daddr);
+	}
+	bpf_ringbuf_submit(e, 0);
+}
+
+SEC("tp_btf/tcp_probe")
+int BPF_PROG(lmperf_tcp_probe, struct sock *sk, const struct sk_buff *skb)
+{
+	if (!sock_wanted(sk))
+		return 0;
+	const struct tcp_sock *tp = (const struct tcp_sock *)sk;
+	__u32 srtt = BPF_CORE_READ(tp, srtt_us) >> 3;
+	emit(sk, LMPERF_EV_RTT, srtt);
+	return 0;
+}
+
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(lmperf_set_state, const struct sock *sk, const int oldstate, const int newstate)
+{
+	__u64 key = (__u64)sk;
+	if (newstate == TCP_SYN_SENT) {
+		/* The local port may not be chosen yet: filter on the remote one. */
+		__u16 dport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+		if (!port_wanted(dport))
+			return 0;
+		__u64 now = bpf_ktime_get_ns();
+		bpf_map_update_elem(&lmperf_connect_start, &key, &now, BPF_ANY);
+		return 0;
+	}
+	if (oldstate != TCP_SYN_SENT)
+		return 0;
+	__u64 *start = bpf_map_lookup_elem(&lmperf_connect_start, &key);
+	if (!start)
+		return 0;
+	__u64 took = bpf_ktime_get_ns() - *start;
+	bpf_map_delete_elem(&lmperf_connect_start, &key);
+	if (newstate == TCP_ESTABLISHED)
+		emit(sk, LMPERF_EV_CONNECT, took);
+	return 0;
+}
+
+SEC("tp_btf/tcp_retransmit_skb")
+int BPF_PROG(lmperf_retransmit, const struct sock *sk, const struct sk_buff *skb)
+{
+	if (!sock_wanted(sk))
+		return 0;
+	const struct tcp_sock *tp = (const struct tcp_sock *)sk;
+	emit(sk, LMPERF_EV_RETRANS, BPF_CORE_READ(tp, total_retrans));
+	return 0;
+}

@@ -1,0 +1,248 @@
+//! eBPF network probes (issue 5), as root: run by `cargo xtask ci`, which sets
+//! `LMPERF_REQUIRE_EBPF=1` when it runs as root on a kernel with BTF. Without that variable a
+//! test whose probes cannot load says so and passes (a developer's unprivileged machine).
+//!
+//! - acceptance 1: loopback flows inside the test: RTT samples, one connect latency per
+//!   connection, a retransmit forced by a full accept queue dropping a SYN;
+//! - acceptance 4: the agent without BPF capabilities runs and says why in the status;
+//! - the agent with probes on: `lmperf_tcp_*` series on `/metrics`, `lmperf.net.*` span
+//!   attributes on its canaries.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use fake_opentelemetry_collector::FakeCollectorServer;
+use lmperf::config::NetConfig;
+use lmperf::net::event::Kind;
+use lmperf::net::state::{Mode, NetState};
+use lmperf_e2e::agent::{Agent, prom_sum};
+use lmperf_e2e::otlp::attrs;
+use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
+use opentelemetry::metrics::MeterProvider as _;
+
+fn required() -> bool {
+    std::env::var("LMPERF_REQUIRE_EBPF").is_ok_and(|v| v == "1")
+}
+
+/// Starts the probes for `port`; `None` (after saying why) when they cannot load here and
+/// the test is not required to run them.
+fn probes(port: u16) -> Option<(Arc<NetState>, lmperf::net::loader::NetMonitor)> {
+    let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder().build();
+    let (state, monitor) = lmperf::net::start(&NetConfig { enabled: true }, &[port], &provider.meter("net-test"));
+    if state.mode() != Mode::On {
+        let why = state.status().reason.unwrap_or_default();
+        assert!(!required(), "probes required (LMPERF_REQUIRE_EBPF=1) but off: {why}");
+        eprintln!("skipped: eBPF probes cannot load here: {why}");
+        return None;
+    }
+    Some((state, monitor))
+}
+
+fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < timeout {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f()
+}
+
+#[test]
+fn loopback_flows_report_rtt_connect_latency_and_a_forced_retransmit() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let Some((state, monitor)) = probes(port) else { return };
+    let from = SystemTime::now();
+
+    // Three connections, 20 request/response round trips each.
+    let server = {
+        let listener = listener.try_clone().unwrap();
+        std::thread::spawn(move || {
+            for _ in 0..3 {
+                let (mut s, _) = listener.accept().unwrap();
+                let mut buf = [0u8; 64];
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 || s.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+        })
+    };
+    let mut locals = Vec::new();
+    for _ in 0..3 {
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.set_nodelay(true).unwrap();
+        locals.push(c.local_addr().unwrap());
+        let mut buf = [0u8; 5];
+        for _ in 0..20 {
+            c.write_all(b"hello").unwrap();
+            c.read_exact(&mut buf).unwrap();
+        }
+    }
+    server.join().unwrap();
+
+    let client_events = |st: &NetState| st.recent().into_iter().filter(|s| s.server.port() == port && s.at >= from).collect::<Vec<_>>();
+    assert!(
+        wait_for(Duration::from_secs(2), || {
+            let ev = client_events(&state);
+            locals.iter().all(|l| ev.iter().any(|s| s.local == *l && matches!(s.kind, Kind::Connect { .. })))
+        }),
+        "a connect latency for each connection: {:?}",
+        client_events(&state)
+    );
+    let ev = client_events(&state);
+    for l in &locals {
+        let connects: Vec<u64> = ev.iter().filter(|s| s.local == *l).filter_map(|s| match s.kind { Kind::Connect { ns } => Some(ns), _ => None }).collect();
+        assert_eq!(connects.len(), 1, "one connect event for {l}: {connects:?}");
+        assert!(connects[0] > 0 && connects[0] < 100_000_000, "loopback connect took {} ns", connects[0]);
+        let rtts: Vec<u64> = ev.iter().filter(|s| s.local == *l).filter_map(|s| match s.kind { Kind::Rtt { srtt_us } => Some(srtt_us), _ => None }).collect();
+        assert!(rtts.len() >= 20, "RTT samples for {l}: {rtts:?}");
+        assert!(rtts.iter().all(|&us| us < 50_000), "loopback srtt below 50 ms: {rtts:?}");
+    }
+    let r = state.request(port, from, SystemTime::now());
+    eprintln!("loopback: {r:?}");
+    assert!(r.srtt_min.is_some() && r.connect.is_some());
+    let st = state.status();
+    assert!(st.events.rtt >= 120, "both ends sample RTT: {st:?}");
+    assert_eq!(st.dropped, 0);
+
+    // A full accept queue drops the next SYN; the client retransmits it after the 1 s
+    // initial RTO. The second connection waits in the queue, the third's SYN is dropped.
+    drop(listener);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port2 = listener.local_addr().unwrap().port();
+    drop(monitor);
+    let Some((state, monitor)) = probes(port2) else { return };
+    // SAFETY: a valid listening socket; listen() again only changes the backlog.
+    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+    let t = Instant::now();
+    let first = TcpStream::connect(("127.0.0.1", port2)).unwrap();
+    let late = std::thread::spawn(move || {
+        let c = TcpStream::connect_timeout(&([127, 0, 0, 1], port2).into(), Duration::from_secs(5));
+        (c.map(|c| c.local_addr().unwrap()), t.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let (_a, _) = listener.accept().unwrap(); // room for the retransmitted SYN
+    let (late_local, took) = late.join().unwrap();
+    let late_local = late_local.expect("the retransmitted SYN connects");
+    assert!(took >= Duration::from_millis(900), "connected after a SYN retransmit: {took:?}");
+    assert!(
+        wait_for(Duration::from_secs(2), || state.recent().iter().any(|s| s.local == late_local && matches!(s.kind, Kind::Retransmit { .. }))),
+        "retransmit seen for {late_local}: {:?}",
+        state.recent()
+    );
+    let connect = state.recent().iter().find_map(|s| match s.kind { Kind::Connect { ns } if s.local == late_local => Some(ns), _ => None });
+    assert!(connect.is_some_and(|ns| ns >= 900_000_000), "connect latency includes the SYN retransmit: {connect:?}");
+    eprintln!("forced retransmit: connect took {took:?}, kernel connect latency {connect:?} ns, status {:?}", state.status().events);
+    drop(first);
+    monitor.stop();
+}
+
+fn config(extra: &str) -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!("lmperf-net-{}-{}.toml", std::process::id(), lmperf_e2e::peers::free_port()));
+    std::fs::write(&p, format!("[canary]\nsampling_ratio = 1.0\n{extra}")).unwrap();
+    p
+}
+
+#[test]
+fn agent_without_bpf_capabilities_runs_and_says_why() {
+    let cfg = config("");
+    // Root without any capability: the bpf() syscall is refused.
+    let wrapper = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--"];
+    let port = lmperf_e2e::peers::free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let agent = Agent::spawn_wrapped(&wrapper, &["--config", cfg.to_str().unwrap(), "--target", &url, "--model", "m", "--interval", "200ms", "--no-otlp"], &[]);
+    let status = agent.wait_status(Duration::from_secs(5), |s| s["targets"][0]["requests"].as_u64().unwrap_or(0) >= 3);
+    let net = &status["net"];
+    assert_eq!(net["mode"], "off", "{net}");
+    let reason = net["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("CAP_BPF") || reason.contains("not built"), "the reason says what is missing: {reason}");
+    assert!(status["targets"][0]["requests"].as_u64().unwrap_or(0) >= 3, "canaries run: {status}");
+    let (code, metrics) = agent.get("/metrics");
+    assert_eq!(code, 200);
+    assert!(!metrics.contains("lmperf_tcp_rtt"), "{metrics}");
+    assert_eq!(agent.stderr_text().matches("eBPF network probes are off").count(), 1, "{}", agent.stderr_text());
+    let _ = std::fs::remove_file(cfg);
+}
+
+#[test]
+fn agent_with_net_disabled_says_so() {
+    let cfg = config("[net]\nenabled = false\n");
+    let url = format!("http://127.0.0.1:{}", lmperf_e2e::peers::free_port());
+    let agent = Agent::spawn(&["--config", cfg.to_str().unwrap(), "--target", &url, "--model", "m", "--no-otlp"], &[]);
+    let net = agent.status()["net"].clone();
+    assert_eq!(net["mode"], "disabled", "{net}");
+    let _ = std::fs::remove_file(cfg);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_exports_tcp_series_and_net_span_attributes() {
+    let server = ScriptedServer::start(Arc::new(|_, _| Reply::sse(chat_stream(3, Duration::from_millis(5), Duration::from_millis(5), 4)))).await;
+    let mut collector = FakeCollectorServer::start().await.unwrap();
+    // Model and provider configured: no discovery request opens the connection before the
+    // first canary, so that canary's span carries the connect latency.
+    let cfg = config("provider = \"openai\"\n");
+    let (url, endpoint) = (server.url(), collector.endpoint());
+    let agent = tokio::task::spawn_blocking(move || {
+        Agent::spawn(&["--config", cfg.to_str().unwrap(), "--target", &url, "--model", "m", "--interval", "200ms", "--otlp-protocol", "grpc", "--otlp-endpoint", &endpoint], &[])
+    })
+    .await
+    .unwrap();
+    let status = agent.status();
+    if status["net"]["mode"] != "on" {
+        assert!(!required(), "probes required but off: {}", status["net"]);
+        eprintln!("skipped: {}", status["net"]);
+        return;
+    }
+    let mut spans = Vec::new();
+    let t = Instant::now();
+    while spans.len() < 5 && t.elapsed() < Duration::from_secs(10) {
+        spans.extend(collector.exported_spans(usize::MAX, Duration::from_millis(300)).await);
+    }
+    assert!(spans.len() >= 5, "{} spans", spans.len());
+    let a: Vec<_> = spans.iter().map(|s| attrs(&s.attributes)).collect();
+    for s in &a {
+        let samples: u64 = s.get("lmperf.net.rtt.samples").and_then(|v| v.parse().ok()).unwrap_or(0);
+        assert!(samples >= 1, "RTT samples during the request: {s:?}");
+        let (min, max): (f64, f64) = (s["lmperf.net.srtt.min"].parse().unwrap(), s["lmperf.net.srtt.max"].parse().unwrap());
+        assert!(min > 0.0 && min <= max && max < 0.05, "loopback srtt {min}..{max} s");
+        assert_eq!(s["lmperf.net.retransmits"], "0");
+    }
+    let connected = a.iter().filter(|s| s.contains_key("lmperf.net.connect.duration")).count();
+    assert!(connected >= 1, "the span of the request that connected carries the connect latency: {a:?}");
+
+    let (code, metrics) = tokio::task::spawn_blocking(move || agent.get("/metrics")).await.unwrap();
+    assert_eq!(code, 200);
+    let port = server.url().rsplit(':').next().unwrap().trim_end_matches('/').to_owned();
+    let port_label = format!("server_port=\"{port}\"");
+    assert!(prom_sum(&metrics, "lmperf_tcp_rtt_seconds_count", &[&port_label, "lmperf_tcp_side=\"client\""]) >= 5.0, "{metrics}");
+    assert!(prom_sum(&metrics, "lmperf_tcp_rtt_seconds_count", &[&port_label, "lmperf_tcp_side=\"server\""]) >= 5.0, "{metrics}");
+    assert!(prom_sum(&metrics, "lmperf_tcp_connect_duration_seconds_count", &[&port_label]) >= 1.0, "{metrics}");
+    assert!(prom_sum(&metrics, "lmperf_tcp_probe_events_total", &["lmperf_tcp_event=\"rtt\""]) >= 10.0, "{metrics}");
+}
+
+/// The DaemonSet's minimal set: CAP_BPF and CAP_PERFMON attach every probe (uid 0, every
+/// other capability dropped); CAP_BPF alone loads maps but not tracing programs.
+#[test]
+fn cap_bpf_and_cap_perfmon_are_enough() {
+    let url = format!("http://127.0.0.1:{}", lmperf_e2e::peers::free_port());
+    let args = ["--target", url.as_str(), "--model", "m", "--no-otlp"];
+    let both = Agent::spawn_wrapped(&["setpriv", "--inh-caps=-all", "--bounding-set=-all,+bpf,+perfmon", "--"], &args, &[]);
+    let net = both.wait_status(Duration::from_secs(5), |s| s["net"]["mode"] != "starting")["net"].clone();
+    if net["mode"] != "on" && !required() {
+        eprintln!("skipped: {net}");
+        return;
+    }
+    assert_eq!(net["mode"], "on", "{net}");
+    assert!(net["probes"].as_array().is_some_and(|p| p.len() == 3 && p.iter().all(|p| p["live"] == true)), "{net}");
+    let bpf_only = Agent::spawn_wrapped(&["setpriv", "--inh-caps=-all", "--bounding-set=-all,+bpf", "--"], &args, &[]);
+    let net = bpf_only.wait_status(Duration::from_secs(5), |s| s["net"]["mode"] != "starting")["net"].clone();
+    assert_eq!(net["mode"], "off", "{net}");
+    assert!(net["reason"].as_str().is_some_and(|r| r.contains("tp_btf/tcp_probe")), "{net}");
+}
