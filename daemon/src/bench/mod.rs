@@ -209,6 +209,20 @@ fn offsets(spec: &RunSpec, n: usize, seed: u64) -> Result<Vec<Duration>, BenchEr
         }
         out.push(t);
     }
+    // Random gaps: scale them so the last send is at exactly (n − 1) / rate. For Poisson this
+    // is the Poisson process conditioned on n arrivals in that time (its arrival times are
+    // then uniform order statistics and its gaps still exponential), so the run's rate is the
+    // requested one, not a sample of it (±1/√n).
+    if !matches!(spec.arrival, RunArrival::Constant)
+        && n > 1
+        && let Some(last) = out.last().copied().filter(|l| !l.is_zero())
+    {
+        let want = (n - 1) as f64 / rate;
+        let k = want / last.as_secs_f64();
+        for o in &mut out {
+            *o = o.mul_f64(k);
+        }
+    }
     Ok(out)
 }
 
