@@ -91,7 +91,7 @@ impl TargetState {
         let last = LastResult {
             at_unix_s: m.wall_start.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
             outcome: r.outcome.as_str(),
-            error_type: r.error.as_ref().filter(|_| r.outcome.as_str() != "ok").map(|e| e.error_type.clone()),
+            error_type: r.failure().map(|e| e.error_type.clone()),
             http_status: r.http_status,
             ttft_ms: r.ttft.map(ms),
             e2e_ms: ms(r.e2e),

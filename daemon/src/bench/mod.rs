@@ -182,11 +182,6 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// Waits until `at` precisely: the timer wheel for all but the last 1.5 ms, then yields.
-async fn wait_until(at: Instant) {
-    crate::canary::schedule::wait_until(at).await;
-}
-
 fn offsets(spec: &RunSpec, n: usize, seed: u64) -> Result<Vec<Duration>, BenchError> {
     let Some(rate) = spec.request_rate else { return Ok(vec![Duration::ZERO; n]) };
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -348,7 +343,7 @@ async fn one_benchmark(
         {
             break;
         }
-        wait_until(scheduled).await;
+        crate::canary::schedule::wait_until(scheduled).await;
         let Ok(permit) = slots.clone().acquire_owned().await else { break };
         let dispatched = Instant::now();
         let (clients, target, extra, model, task_done, task_errors, cancel) =
@@ -408,7 +403,7 @@ fn row(name: &str, index: usize, concurrency: usize, t0: Instant, scheduled: Ins
         usage_source: r.usage_source.map(|s| s.as_str()),
         finish_reasons: r.finish_reasons.clone(),
         outcome: r.outcome.as_str(),
-        error_type: r.error.as_ref().filter(|_| r.outcome != Outcome::Ok).map(|e| e.error_type.clone()),
+        error_type: r.failure().map(|e| e.error_type.clone()),
         http_status: r.http_status,
         retries: m.retries,
     }

@@ -256,7 +256,7 @@ fn fmt_ms(d: Option<Duration>) -> String {
 /// One human-readable line per request (the demo's live view).
 pub fn console_line(target: &str, model: &str, m: &Measured, trace_id: &str) -> String {
     let r = &m.record;
-    let err = r.error.as_ref().filter(|_| r.outcome != crate::measure::Outcome::Ok).map_or(String::new(), |e| format!(" error.type={}", e.error_type));
+    let err = r.failure().map_or(String::new(), |e| format!(" error.type={}", e.error_type));
     format!(
         "span target={target} model={model} outcome={}{err} ttft_ms={} tpot_ms={} e2e_ms={:.1} tokens_in={} tokens_out={} ({}) finish={} retries={} trace_id={trace_id}",
         r.outcome.as_str(),

@@ -189,6 +189,11 @@ impl RequestRecord {
         Self::failed(Outcome::Error, error, Some(status), e2e)
     }
 
+    /// The failure of a request that did not end `ok` (`error.type` and message).
+    pub fn failure(&self) -> Option<&RequestError> {
+        self.error.as_ref().filter(|_| self.outcome != Outcome::Ok)
+    }
+
     /// Mean ITL, if any.
     pub fn itl_mean(&self) -> Option<Duration> {
         let n = u32::try_from(self.itl.len()).ok().filter(|&n| n > 0)?;

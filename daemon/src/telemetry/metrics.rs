@@ -11,7 +11,6 @@ use opentelemetry::metrics::{Counter, Histogram, Meter};
 
 use super::names as n;
 use crate::canary::client::Measured;
-use crate::measure::Outcome;
 
 /// The instruments.
 #[derive(Debug, Clone)]
@@ -95,7 +94,7 @@ impl Instruments {
         if let Some(model) = &r.response_model {
             attrs.push(KeyValue::new(n::GEN_AI_RESPONSE_MODEL, model.clone()));
         }
-        let error = r.error.as_ref().filter(|_| r.outcome != Outcome::Ok);
+        let error = r.failure();
         if let Some(e) = error {
             attrs.push(KeyValue::new(n::ERROR_TYPE, e.error_type.clone()));
         }

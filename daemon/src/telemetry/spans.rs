@@ -19,7 +19,6 @@ use rand::Rng;
 use super::names as n;
 use crate::canary::client::Measured;
 use crate::sampler::head::HeadSampler;
-use crate::measure::Outcome;
 
 /// Ids of a canary's trace, made before the request so they can go out in `traceparent`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,8 +124,8 @@ pub fn build_span(ids: TraceIds, info: &SpanContextInfo<'_>, m: &Measured, decis
     }
     a.push(KeyValue::new(n::LMPERF_SAMPLING_REASON, decision.reason.as_str()));
     a.extend(info.extra.iter().cloned());
-    let status = match &r.error {
-        Some(e) if r.outcome != Outcome::Ok => {
+    let status = match r.failure() {
+        Some(e) => {
             a.push(KeyValue::new(n::ERROR_TYPE, e.error_type.clone()));
             if let Some(msg) = &e.message {
                 a.push(KeyValue::new(n::LMPERF_ERROR_MESSAGE, msg.clone()));
