@@ -96,21 +96,22 @@ impl TokenizeClient {
             Tokenizer::Estimate => return Some(estimate(text)),
         };
         let url = self.target.base_url.join("tokenize").ok()?;
-        // A pooled connection the server has just closed (keep-alive timeout or `max`) fails
-        // without the server having seen the request: try once more on a new connection.
-        for client in [self.clients.http(), self.clients.http_fresh()] {
-            let mut req = client.post(url.clone()).json(&body).timeout(Duration::from_secs(10));
-            if let Some(k) = &self.target.api_key {
-                req = req.bearer_auth(k.expose());
-            }
-            let Ok(resp) = req.send().await else { continue };
-            if !resp.status().is_success() {
-                return None;
-            }
-            let r: TokenizeReply = resp.json().await.ok()?;
-            return Some(r.count.unwrap_or(r.tokens.len() as u32));
+        let resp = self
+            .clients
+            .send_idempotent(|c| {
+                let req = c.post(url.clone()).json(&body).timeout(Duration::from_secs(10));
+                match &self.target.api_key {
+                    Some(k) => req.bearer_auth(k.expose()),
+                    None => req,
+                }
+            })
+            .await
+            .ok()?;
+        if !resp.status().is_success() {
+            return None;
         }
-        None
+        let r: TokenizeReply = resp.json().await.ok()?;
+        Some(r.count.unwrap_or(r.tokens.len() as u32))
     }
 }
 

@@ -56,14 +56,14 @@ impl Clients {
 }
 
 impl Clients {
-    /// The pooled client, for requests besides canaries (tokenize, model list).
-    pub fn http(&self) -> &reqwest::Client {
-        &self.pooled
-    }
-
-    /// The client that opens a new connection for every request.
-    pub fn http_fresh(&self) -> &reqwest::Client {
-        &self.fresh
+    /// Sends an idempotent request besides a canary (model list, tokenize), built by `build`
+    /// for the client given: on the pooled client, and once more on a fresh connection when
+    /// the first attempt fails the way a stale keep-alive connection does.
+    pub async fn send_idempotent(&self, build: impl Fn(&reqwest::Client) -> reqwest::RequestBuilder) -> Result<reqwest::Response, reqwest::Error> {
+        match build(&self.pooled).send().await {
+            Err(e) if is_stale_connection(&e) => build(&self.fresh).send().await,
+            other => other,
+        }
     }
 }
 
@@ -345,11 +345,16 @@ pub async fn discover_model(clients: &Clients, target: &TargetConfig) -> Result<
         RequestRecord::failed(Outcome::Error, RequestError::new(kind, Some(format!("model discovery: {msg}"))), None, t0.elapsed())
     };
     let url = target.base_url.join("v1/models").map_err(|e| fail(error_type::REQUEST_BUILD, e.to_string()))?;
-    let mut req = clients.pooled.get(url).timeout(target.timeout.min(Duration::from_secs(10)));
-    if let Some(key) = &target.api_key {
-        req = req.bearer_auth(key.expose());
-    }
-    let resp = req.send().await.map_err(|e| transport_failure(e, t0.elapsed()))?;
+    let resp = clients
+        .send_idempotent(|c| {
+            let req = c.get(url.clone()).timeout(target.timeout.min(Duration::from_secs(10)));
+            match &target.api_key {
+                Some(key) => req.bearer_auth(key.expose()),
+                None => req,
+            }
+        })
+        .await
+        .map_err(|e| transport_failure(e, t0.elapsed()))?;
     let status = resp.status().as_u16();
     if !resp.status().is_success() {
         let body = resp.bytes().await.unwrap_or_default();
