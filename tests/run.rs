@@ -70,6 +70,7 @@ async fn case_07_vllm_54101_client_queueing() {
         fail_on: Vec::new(),
         output_dir: dir.clone(),
         progress: false,
+        gpu: lmperf::bench::vram::GpuSource::Off,
     };
     lmperf::bench::run(spec).await.unwrap();
     let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("requests.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
@@ -217,6 +218,7 @@ async fn poisson_200_per_second_for_60_s() {
         fail_on: Vec::new(),
         output_dir: dir.clone(),
         progress: false,
+        gpu: lmperf::bench::vram::GpuSource::Off,
     };
     let summary = lmperf::bench::run(spec).await.unwrap();
     assert_eq!(summary.benchmarks[0].completed, n, "every request ok: {:?}", summary.benchmarks[0].errors);
@@ -252,4 +254,73 @@ async fn poisson_200_per_second_for_60_s() {
     assert!(lag < 2.0, "dispatch delay p99 {lag:.3} ms");
     println!("poisson {rate}/s for {seconds} s: achieved {achieved:.2} req/s, KS D schedule {d:.5} / sends {d_sent:.5} (critical {critical:.5})");
     println!("dispatch delay p99 {lag:.3} ms");
+}
+
+/// Issue 4's `lmperf run` parts: peak VRAM per benchmark, VRAM efficiency, and the
+/// `--fail-on vram_pct>92` gate, with a scripted NVML whose second GPU fills up while the
+/// second benchmark (concurrency 2) runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peak_vram_per_benchmark_and_the_vram_gate() {
+    use lmperf::bench::vram::GpuSource;
+    use lmperf::gpu::fake::FakeHandle;
+    let fake = FakeHandle::with_gpus(2);
+    let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let script_fake = fake.clone();
+    let server = ScriptedServer::start(Arc::new(move |req, _| {
+        if req.path != "/v1/completions" {
+            return Reply::json(404, r#"{"error":{"message":"not found"}}"#);
+        }
+        // The server "allocates" more KV cache once it is asked for the second benchmark's
+        // prompts (every request after the 10th).
+        if in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 10 {
+            script_fake.lock().devices[1].memory.used = 133 << 30;
+        }
+        let tok = |t: u64, fin: &str| Frame { at: Duration::from_millis(t), bytes: format!("data: {{\"choices\":[{{\"text\":\"a\",\"finish_reason\":{fin}}}]}}\n\n").into_bytes() };
+        Reply::sse(vec![tok(20, "null"), tok(60, "null"), tok(100, "\"length\""), Frame { at: Duration::from_millis(100), bytes: b"data: [DONE]\n\n".to_vec() }])
+    }))
+    .await;
+    let o = Overrides {
+        targets: vec![server.url()],
+        canary: RawCanary { model: Some("m".into()), api: Some("completions".into()), max_tokens: Some(3), ..RawCanary::default() },
+        ..Overrides::default()
+    };
+    let target = config::load(o, &NoEnv).unwrap().targets.remove(0);
+    let dir = std::env::temp_dir().join(format!("lmperf-vram-{}", std::process::id()));
+    let spec = RunSpec {
+        target,
+        concurrencies: vec![1, 2],
+        input_lengths: vec![8],
+        output_len: 3,
+        num_prompts: 10,
+        request_rate: None,
+        arrival: RunArrival::Poisson,
+        warmup: 0,
+        duration: None,
+        seed: 3,
+        ignore_eos: false,
+        goodput: Goodput::default(),
+        fail_on: vec![lmperf::bench::parse_gate("vram_pct>92").unwrap()],
+        output_dir: dir.clone(),
+        progress: false,
+        gpu: GpuSource::Fake(fake.clone()),
+    };
+    let summary = lmperf::bench::run(spec).await.unwrap();
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(json["gpu"]["mode"], "on", "{}", json["gpu"]);
+    let (b1, b2) = (&json["benchmarks"][0]["vram"], &json["benchmarks"][1]["vram"]);
+    let gib = |g: u64| (g << 30) as f64;
+    // Benchmark 1: both GPUs at the fake's 71 GiB of 141 GiB.
+    assert_eq!(b1["peak_used_bytes"].as_f64().unwrap(), gib(71) * 2.0, "{b1}");
+    assert_eq!(b1["total_bytes"].as_f64().unwrap(), gib(141) * 2.0);
+    assert!((b1["peak_used_pct"].as_f64().unwrap() - 71.0 / 141.0 * 100.0).abs() < 1e-6, "{b1}");
+    // Benchmark 2: GPU 1 at 133 GiB = 94.3 %.
+    assert_eq!(b2["peak_used_bytes"].as_f64().unwrap(), gib(71) + gib(133), "{b2}");
+    assert!((b2["peak_used_pct"].as_f64().unwrap() - 133.0 / 141.0 * 100.0).abs() < 1e-6, "{b2}");
+    for (b, v) in summary.benchmarks.iter().zip([b1, b2]) {
+        let want = b.output_token_throughput / (v["peak_used_bytes"].as_f64().unwrap() / 1e9);
+        assert!((v["efficiency_tok_s_per_gb"].as_f64().unwrap() - want).abs() < 1e-9 * want, "{v}");
+        assert!(v["samples"].as_u64().unwrap() >= 1);
+    }
+    // The gate trips on the second benchmark only, and says so.
+    assert_eq!(summary.failed_gates, vec!["vram_pct>92".to_owned()]);
 }

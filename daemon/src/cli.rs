@@ -88,6 +88,12 @@ pub struct RunArgs {
     /// File that holds the API key.
     #[arg(long, value_name = "FILE")]
     pub api_key_file: Option<String>,
+    /// Peak VRAM per benchmark from NVML (`auto`: when a driver is present), or `off`.
+    #[arg(long, value_parser = ["auto", "off"], default_value = "auto")]
+    pub gpu: String,
+    /// NVML library path (default: libnvidia-ml.so.1 from the loader's path).
+    #[arg(long, value_name = "PATH")]
+    pub nvml_library: Option<std::path::PathBuf>,
     /// Where requests.jsonl and summary.json go.
     #[arg(long, value_name = "DIR")]
     pub output_dir: std::path::PathBuf,
@@ -172,6 +178,11 @@ impl RunArgs {
             fail_on,
             output_dir: self.output_dir,
             progress: true,
+            gpu: match (self.gpu.as_str(), self.nvml_library) {
+                ("off", _) => crate::bench::vram::GpuSource::Off,
+                (_, Some(p)) => crate::bench::vram::GpuSource::NvmlAt(p),
+                (_, None) => crate::bench::vram::GpuSource::Nvml,
+            },
         })
     }
 }

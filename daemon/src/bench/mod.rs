@@ -11,6 +11,7 @@
 pub mod prompts;
 pub mod report;
 pub mod stats;
+pub mod vram;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -94,6 +95,8 @@ pub struct RunSpec {
     pub output_dir: PathBuf,
     /// Print progress lines on stderr.
     pub progress: bool,
+    /// Where peak VRAM per benchmark comes from ([`vram`]).
+    pub gpu: vram::GpuSource,
 }
 
 /// One request of a benchmark: a line of `requests.jsonl`. Times in milliseconds; `*_ms`
@@ -160,6 +163,8 @@ pub struct BenchSummary {
     pub dispatch_delay_ms: Option<Distribution>,
     pub output_tokens: Option<Distribution>,
     pub prompt_tokens: Option<Distribution>,
+    /// Peak GPU memory during the benchmark; null without GPU figures (see `Summary::gpu`).
+    pub vram: Option<vram::VramStats>,
 }
 
 /// `summary.json`.
@@ -174,6 +179,8 @@ pub struct Summary {
     pub seed: u64,
     pub goodput_slo: Goodput,
     pub benchmarks: Vec<BenchSummary>,
+    /// Whether the benchmarks have GPU memory figures, and why not.
+    pub gpu: vram::GpuRunStatus,
     /// `--fail-on` gates that tripped.
     pub failed_gates: Vec<String>,
 }
@@ -245,6 +252,7 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
         extra.insert("ignore_eos".into(), serde_json::Value::Bool(true));
         extra.insert("min_tokens".into(), serde_json::Value::from(spec.output_len));
     }
+    let watch = vram::VramWatch::start(&spec.gpu);
     let mut rows_all = Vec::new();
     let mut benchmarks = Vec::new();
     for &input_len in &spec.input_lengths {
@@ -258,8 +266,10 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
             if !warm.is_empty() {
                 let _ = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, warm, None).await?;
             }
+            watch.reset();
             let rows = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, measured, Some(spec.seed)).await?;
-            let summary = summarize(&spec, &name, concurrency, input_len, &rows);
+            let mut summary = summarize(&spec, &name, concurrency, input_len, &rows);
+            summary.vram = watch.take(summary.output_token_throughput);
             if spec.progress {
                 eprintln!(
                     "lmperf run: {name}: {} requests, {} ok, {:.2} req/s, TTFT p50 {:.1} ms p99 {:.1} ms, E2EL p99 {:.1} ms",
@@ -275,6 +285,8 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
             rows_all.extend(rows);
         }
     }
+    let gpu = watch.status();
+    watch.stop();
     let failed_gates = spec.fail_on.iter().filter(|g| benchmarks.iter().any(|b| gate_trips(g, b))).map(|g| g.text.clone()).collect();
     let summary = Summary {
         schema_version: SCHEMA_VERSION,
@@ -289,6 +301,7 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
         seed: spec.seed,
         goodput_slo: spec.goodput,
         benchmarks,
+        gpu,
         failed_gates,
     };
     write_outputs(&spec.output_dir, &rows_all, &summary)?;
@@ -459,15 +472,17 @@ pub fn summarize(spec: &RunSpec, name: &str, concurrency: usize, input_len: u32,
         dispatch_delay_ms: Distribution::of(&rows.iter().map(|r| r.dispatch_delay_ms).collect::<Vec<_>>()),
         output_tokens: vals(&|r| r.output_tokens.map(|v| v as f64)),
         prompt_tokens: Distribution::of(&rows.iter().map(|r| f64::from(r.prompt_tokens)).collect::<Vec<_>>()),
+        vram: None,
     }
 }
 
-/// Parses `ttft_p99_ms>500`, `e2el_mean_ms>2000`, `error_rate>0.01`.
+/// Parses `ttft_p99_ms>500`, `e2el_mean_ms>2000`, `error_rate>0.01`, `vram_pct>92` (peak
+/// used VRAM of any one GPU, percent; a benchmark without GPU figures does not trip it).
 pub fn parse_gate(text: &str) -> Result<Gate, String> {
     let (name, limit) = text.split_once('>').ok_or_else(|| format!("{text:?}: expected NAME>VALUE, e.g. ttft_p99_ms>500"))?;
     let limit: f64 = limit.trim().parse().map_err(|_| format!("{text:?}: {limit:?} is not a number"))?;
     let name = name.trim();
-    if name == "error_rate" {
+    if name == "error_rate" || name == "vram_pct" {
         return Ok(Gate { text: text.to_owned(), metric: name.to_owned(), stat: None, limit });
     }
     let body = name.strip_suffix("_ms").ok_or_else(|| format!("{text:?}: expected METRIC_STAT_ms (ttft|itl|tpot|e2el, mean|p50|p90|p95|p99|p99.9|max)"))?;
@@ -482,6 +497,9 @@ fn gate_trips(g: &Gate, b: &BenchSummary) -> bool {
     if g.metric == "error_rate" {
         let failed: usize = b.errors.values().sum();
         return b.num_requests > 0 && failed as f64 / b.num_requests as f64 > g.limit;
+    }
+    if g.metric == "vram_pct" {
+        return b.vram.as_ref().is_some_and(|v| v.peak_used_pct > g.limit);
     }
     let d = match g.metric.as_str() {
         "ttft" => &b.ttft_ms,
@@ -501,6 +519,7 @@ mod tests {
         let g = parse_gate("ttft_p99_ms>500").unwrap();
         assert_eq!((g.metric.as_str(), g.stat.as_deref(), g.limit), ("ttft", Some("p99"), 500.0));
         assert!(parse_gate("error_rate>0.01").is_ok());
+        assert_eq!(parse_gate("vram_pct>92").unwrap().metric, "vram_pct");
         assert!(parse_gate("ttft_p99>500").is_err());
         assert!(parse_gate("latency_p99_ms>5").is_err());
         assert!(parse_gate("ttft_p98_ms>5").is_err());
