@@ -78,6 +78,11 @@ fn compile_proto() -> Result<(), Box<dyn std::error::Error>> {
     let file = root.join("lmperf/v1/agent.proto");
     println!("cargo:rerun-if-changed={}", file.display());
     let fds = protox::compile([&file], [&root])?;
-    tonic_prost_build::configure().build_transport(false).compile_fds(fds)?;
+    // Maps as BTreeMap and serde on every message: `lmperf ctl --json` prints them as they are.
+    tonic_prost_build::configure()
+        .build_transport(false)
+        .btree_map(".")
+        .type_attribute(".lmperf.v1", "#[derive(serde::Serialize)]")
+        .compile_fds(fds)?;
     Ok(())
 }
