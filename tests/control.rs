@@ -313,5 +313,16 @@ async fn non_loopback_without_token_is_refused_at_start() {
     let (code, out, err) = ctl(&["--addr", &at, "--json", "status"], &[]).await;
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("\"name\": \"t0\""), "{out}");
+    drop(agent);
+
+    // No [control] table: the default socket, which `lmperf ctl` finds without --addr.
+    let cfg = write_config(&dir, &url, "");
+    let agent = spawn(vec!["--config".into(), cfg.to_str().unwrap().into(), "--no-otlp".into()], vec![]).await;
+    let sock = agent.runtime_dir.join("lmperf/control.sock");
+    assert_eq!(control_at(&agent), format!("unix:{}", sock.display()));
+    let runtime = agent.runtime_dir.to_str().unwrap().to_owned();
+    let (code, out, err) = ctl(&["status"], &[("XDG_RUNTIME_DIR", &runtime)]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("target t0"), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
