@@ -240,3 +240,46 @@ pub struct AgentStatus {
     /// The last measured requests (control API).
     pub recent: std::sync::Arc<RecentRequests>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summary(target: &str, outcome: &'static str, source: &'static str, at: f64) -> RequestSummary {
+        RequestSummary {
+            source,
+            target: target.to_owned(),
+            model: "m".to_owned(),
+            at_unix_s: at,
+            outcome,
+            error_type: None,
+            http_status: Some(200),
+            ttft_ms: Some(1.0),
+            tpot_ms: None,
+            e2e_ms: 2.0,
+            input_tokens: None,
+            output_tokens: None,
+            trace_id: format!("{at}"),
+            retries: 0,
+            load_id: None,
+        }
+    }
+
+    #[test]
+    fn recent_ring_keeps_the_newest_and_filters() {
+        let ring = RecentRequests::new(3);
+        for (i, (t, o, s)) in [("a", "ok", "canary"), ("b", "error", "canary"), ("a", "error", "inject"), ("a", "ok", "inject")].into_iter().enumerate() {
+            ring.push(summary(t, o, s, i as f64));
+        }
+        let all = |f: RecentFilter| ring.list(&RecentFilter { limit: 10, ..f }).iter().map(|s| s.at_unix_s).collect::<Vec<_>>();
+        // The oldest (0) fell out; newest first.
+        assert_eq!(all(RecentFilter::default()), [3.0, 2.0, 1.0]);
+        assert_eq!(all(RecentFilter { target: Some("a".into()), ..Default::default() }), [3.0, 2.0]);
+        assert_eq!(all(RecentFilter { outcome: Some("error".into()), ..Default::default() }), [2.0, 1.0]);
+        assert_eq!(all(RecentFilter { source: Some("canary".into()), ..Default::default() }), [1.0]);
+        assert_eq!(ring.list(&RecentFilter { limit: 1, ..Default::default() }).len(), 1);
+        let none = RecentRequests::new(0);
+        none.push(summary("a", "ok", "canary", 0.0));
+        assert!(none.list(&RecentFilter { limit: 5, ..Default::default() }).is_empty());
+    }
+}
