@@ -5,11 +5,20 @@
 //! empty, `LMPERF_EBPF_BUILD` says why, and the agent reports "probes not built" at start and
 //! in `/api/v1/status`. `LMPERF_CLANG` names another clang; `LMPERF_NO_EBPF=1` skips the
 //! kernel programs on purpose.
+//!
+//! It also generates the gRPC control API (`../proto/lmperf/v1/agent.proto`) into `OUT_DIR`:
+//! `protox` parses the proto in pure Rust (no `protoc` binary), `tonic-prost-build` writes the
+//! messages, the server and the client.
 
 use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
+    if let Err(e) = compile_proto() {
+        // The control API is part of the agent: without it the crate cannot build.
+        eprintln!("lmperf build: control API proto: {e}");
+        std::process::exit(1);
+    }
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
     let src = manifest.join("../ebpf/src");
     let out = PathBuf::from(std::env::var_os("OUT_DIR").unwrap_or_default()).join("lmperf_net.bpf.o");
@@ -61,4 +70,19 @@ fn compile(src: &std::path::Path, out: &std::path::Path) -> Result<(), String> {
         let first = stderr.lines().find(|l| l.contains("error")).unwrap_or("no message").trim().to_owned();
         Err(format!("{clang} failed (libbpf-dev installed?): {first}"))
     }
+}
+
+fn compile_proto() -> Result<(), Box<dyn std::error::Error>> {
+    let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
+    let root = manifest.join("../proto");
+    let file = root.join("lmperf/v1/agent.proto");
+    println!("cargo:rerun-if-changed={}", file.display());
+    let fds = protox::compile([&file], [&root])?;
+    // Maps as BTreeMap and serde on every message: `lmperf ctl --json` prints them as they are.
+    tonic_prost_build::configure()
+        .build_transport(false)
+        .btree_map(".")
+        .type_attribute(".lmperf.v1", "#[derive(serde::Serialize)]")
+        .compile_fds(fds)?;
+    Ok(())
 }

@@ -239,6 +239,10 @@ fn rendered_config_loads_in_the_agent_and_matches_the_pod() {
         let attrs = env.0.get("OTEL_RESOURCE_ATTRIBUTES").cloned().unwrap_or_default();
         assert!(attrs.contains("k8s.namespace.name=lmperf") && attrs.contains("k8s.daemonset.name=lmperf"), "{name}: {attrs}");
         assert_eq!(cfg.otlp.enabled, name != "no-otlp-values", "{name}");
+        // The control API stays on the pod's loopback: no token, no port of the pod.
+        assert!(cfg.control.enabled, "{name}");
+        assert!(matches!(&cfg.control.listen, lmperf::config::ControlListen::Tcp(a) if a.ip().is_loopback()), "{name}: control on {}", cfg.control.listen);
+        assert!(arr(&c["ports"]).iter().all(|p| p["name"] == "http-admin"), "{name}: only the admin port is exposed: {}", c["ports"]);
         if cfg.otlp.enabled {
             let endpoint = env.0.get("OTEL_EXPORTER_OTLP_ENDPOINT").expect("endpoint env");
             assert!(cfg.otlp.traces_endpoint.starts_with(endpoint.as_str()), "{name}: {} from {endpoint}", cfg.otlp.traces_endpoint);
@@ -398,6 +402,7 @@ fn compose_stack_is_complete_and_its_files_exist() {
     let cfg = load(Overrides { config: Some(dir.join("lmperf.toml")), ..Overrides::default() }, &env).expect("compose lmperf.toml");
     assert!(cfg.otlp.enabled && cfg.otlp.traces_endpoint.starts_with("http://otel-collector:4317"));
     assert_eq!(cfg.targets[0].host, "model-server");
+    assert_eq!(cfg.control.listen.to_string(), "127.0.0.1:50051", "control API on the container's loopback");
     let prom = &yaml_docs(&dir.join("prometheus.yml"))[0];
     let targets: Vec<String> = arr(&prom["scrape_configs"])
         .iter()

@@ -1,4 +1,5 @@
-//! `lmperf agent`: wires config → canary loops → telemetry → admin, and shuts down in order.
+//! `lmperf agent`: wires config → canary loops → telemetry → admin and control API, and shuts
+//! down in order.
 //!
 //! Shutdown (SIGTERM or SIGINT): `/readyz` turns 503 and no new canary starts; requests in
 //! flight get `shutdown_timeout` to finish, then are cancelled (recorded as `cancelled`);
@@ -14,7 +15,9 @@ use crate::admin::{self, AdminState};
 use crate::canary::client::Clients;
 use crate::canary::{Shutdown, TargetRunner};
 use crate::config::{AgentConfig, Env};
-use crate::status::{AgentStatus, TargetState};
+use crate::control::ControlService;
+use crate::control::load::LoadManager;
+use crate::status::{AgentStatus, RecentRequests, TargetState};
 use crate::telemetry::{Telemetry, TelemetryError};
 
 /// Total time from the signal to exit, within the 10 s a supervisor allows.
@@ -43,14 +46,16 @@ pub async fn run(cfg: AgentConfig, env: &dyn Env, signal: impl std::future::Futu
     telemetry.register_spike_gauge(states.clone());
     let ports: Vec<u16> = cfg.targets.iter().map(|t| t.port).collect();
     let (net, net_monitor) = crate::net::start(&cfg.net, &ports, &telemetry.meter());
-    let status = Arc::new(AgentStatus { targets: states.clone(), started: SystemTime::now(), ready: false.into(), gpu: gpu.clone(), net: net.clone() });
+    let recent = Arc::new(RecentRequests::new(cfg.control.recent_requests));
+    let status = Arc::new(AgentStatus { targets: states.clone(), started: SystemTime::now(), ready: false.into(), gpu: gpu.clone(), net: net.clone(), recent: recent.clone() });
 
     let listener = tokio::net::TcpListener::bind(cfg.admin_addr)
         .await
         .map_err(|source| AgentError::AdminBind { addr: cfg.admin_addr, source })?;
     let admin_addr = listener.local_addr().unwrap_or(cfg.admin_addr);
     let admin_stop = tokio_util::sync::CancellationToken::new();
-    let app = admin::router(AdminState { status: status.clone(), telemetry: telemetry.clone() });
+    let admin_state = AdminState { status: status.clone(), telemetry: telemetry.clone() };
+    let app = admin::router(admin_state.clone());
     let stop = admin_stop.clone();
     let admin_task = tokio::spawn(async move {
         let served = axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await;
@@ -62,15 +67,24 @@ pub async fn run(cfg: AgentConfig, env: &dyn Env, signal: impl std::future::Futu
     let shutdown = Shutdown::default();
     let tracker = TaskTracker::new();
     let mut loops = Vec::new();
+    let mut runners = Vec::new();
     for (i, (t, state)) in cfg.targets.iter().zip(&states).enumerate() {
         let clients = Clients::new(t.connect_timeout).map_err(|source| AgentError::Client { target: t.name.clone(), source })?;
-        let runner = TargetRunner::new(Arc::new(t.clone()), clients, telemetry.clone(), state.clone(), cfg.console).with_gpu(gpu.clone()).with_net(net.clone());
+        let runner = TargetRunner::new(Arc::new(t.clone()), clients, telemetry.clone(), state.clone(), cfg.console)
+            .with_gpu(gpu.clone())
+            .with_net(net.clone())
+            .with_recent(recent.clone());
         let seed = rand::random::<u64>() ^ i as u64;
+        runners.push(runner.clone());
         loops.push(tokio::spawn(runner.run(shutdown.clone(), tracker.clone(), seed)));
     }
+    let loads = Arc::new(LoadManager::new(runners, cfg.control.caps, shutdown.clone(), tracker.clone()));
+    let control_stop = tokio_util::sync::CancellationToken::new();
+    let control = crate::control::start(&cfg.control, ControlService { admin: admin_state, recent, loads }, control_stop.clone()).await;
     status.ready.store(true, Ordering::Relaxed);
     tracing::info!(
         admin = %admin_addr,
+        control = %control.as_ref().map_or("off", |(at, _)| at.as_str()),
         targets = cfg.targets.len(),
         otlp = cfg.otlp.enabled,
         gpu_interval = %(if cfg.gpu.enabled { humantime::format_duration(cfg.gpu.interval).to_string() } else { "disabled".to_owned() }),
@@ -100,7 +114,11 @@ pub async fn run(cfg: AgentConfig, env: &dyn Env, signal: impl std::future::Futu
     let left = SHUTDOWN_BUDGET.saturating_sub(t_signal.elapsed()).max(Duration::from_millis(500));
     telemetry.shutdown(left).await;
     admin_stop.cancel();
+    control_stop.cancel();
     let _ = tokio::time::timeout(Duration::from_millis(200), admin_task).await;
+    if let Some((_, task)) = control {
+        let _ = tokio::time::timeout(Duration::from_millis(200), task).await;
+    }
     let e = telemetry.spans.snapshot();
     tracing::info!(exported = e.exported, dropped = e.dropped_queue_full, failed = e.failed, "Agent stopped.");
     Ok(())

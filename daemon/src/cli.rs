@@ -23,6 +23,77 @@ pub enum Command {
     /// Run one-shot benchmarks (one per concurrency × input length) and write
     /// requests.jsonl and summary.json to --output-dir.
     Run(RunArgs),
+    /// Talk to a running agent's control API (gRPC): status, recent requests, inject load.
+    Ctl(CtlArgs),
+}
+
+/// `lmperf ctl` flags. Exit codes: 0 done, 1 agent unreachable or failed, 2 bad command
+/// line, 3 refused by the agent.
+#[derive(Debug, Args)]
+pub struct CtlArgs {
+    /// The agent's control address: unix:/path or IP:port (default: the agent's default socket).
+    #[arg(long, value_name = "ADDR", global = true)]
+    pub addr: Option<String>,
+    /// File that holds the control token (default: the LMPERF_CONTROL_TOKEN environment variable).
+    #[arg(long, value_name = "FILE", global = true)]
+    pub token_file: Option<PathBuf>,
+    /// Print the reply as JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+/// The calls of `lmperf ctl`.
+#[derive(Debug, Subcommand)]
+pub enum CtlCommand {
+    /// Targets, exporter queue, GPU and probe state, the injected load.
+    Status,
+    /// The last measured requests with their trace ids, newest first.
+    Recent {
+        /// At most this many.
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+        /// Only this target.
+        #[arg(long)]
+        target: Option<String>,
+        /// Only this outcome (ok, error, aborted, timeout, cancelled).
+        #[arg(long)]
+        outcome: Option<String>,
+        /// Only canaries or only injected requests.
+        #[arg(long, value_parser = ["canary", "inject"])]
+        source: Option<String>,
+    },
+    /// Start a bounded burst against a target (within the agent's caps).
+    Inject {
+        /// Target name (may be left out when the agent has one target).
+        #[arg(long)]
+        target: Option<String>,
+        /// Requests per second (e.g. 5 or 5/s).
+        #[arg(long, value_parser = parse_rate)]
+        rate: f64,
+        /// How long to send (e.g. 30s).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        duration: Duration,
+        /// Requests in flight at most.
+        #[arg(long, default_value_t = 1)]
+        concurrency: u32,
+        /// Requests to send at most (default: rate × duration).
+        #[arg(long)]
+        max_requests: Option<u64>,
+        /// Gaps between sends.
+        #[arg(long, value_parser = ["poisson", "constant"], default_value = "poisson")]
+        arrival: String,
+        /// Replay a trace file instead (not available in this build).
+        #[arg(long, value_name = "FILE")]
+        trace_file: Option<String>,
+    },
+    /// Stop the running injected load.
+    Stop {
+        /// The load's id (default: the running one).
+        #[arg(long)]
+        id: Option<String>,
+    },
 }
 
 /// `lmperf run` flags (the names of `vllm bench serve` where they exist).

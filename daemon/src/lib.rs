@@ -3,7 +3,8 @@
 //! Data flows canary → measurement → span/metric → exporter (see `ARCHITECTURE.md`):
 //! [`canary`] sends streaming requests on a schedule, [`measure`] turns socket arrival times
 //! into TTFT/ITL/TPOT/E2E, [`telemetry`] records GenAI metrics and spans and exports them over
-//! OTLP, [`gpu`] samples the node's GPUs through NVML, [`admin`] serves health, Prometheus metrics and status.
+//! OTLP, [`gpu`] samples the node's GPUs through NVML, [`admin`] serves health, Prometheus metrics and status,
+//! [`control`] the gRPC control API and its client (`lmperf ctl`).
 
 pub mod admin;
 pub mod agent;
@@ -11,6 +12,7 @@ pub mod bench;
 pub mod canary;
 pub mod cli;
 pub mod config;
+pub mod control;
 pub mod gpu;
 pub mod measure;
 pub mod net;

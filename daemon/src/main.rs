@@ -39,6 +39,13 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Ctl(args) => {
+            let rt = match runtime() {
+                Ok(rt) => rt,
+                Err(code) => return code,
+            };
+            ExitCode::from(rt.block_on(lmperf::control::client::run(args, &ProcessEnv)))
+        }
         Command::Agent(args) => {
             let cfg = match config::load(args.into_overrides(), &ProcessEnv) {
                 Ok(c) => c,

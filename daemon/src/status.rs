@@ -1,8 +1,9 @@
 //! The agent's live state for `/api/v1/status`: per target, counts by outcome and the last
 //! result; the exporter's queue and drop counts come from [`crate::telemetry::export`], the
-//! GPU section from [`crate::gpu::state`].
+//! GPU section from [`crate::gpu::state`]. [`RecentRequests`] keeps the last measured requests
+//! for the control API (`ListRecentRequests`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::SystemTime;
@@ -12,26 +13,137 @@ use serde::Serialize;
 use crate::canary::client::Measured;
 use crate::config::TargetConfig;
 
-/// The last measured request of a target.
+/// Where a measured request came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// The target's canary schedule.
+    Canary,
+    /// Load injected through the control API (`InjectLoad`), with the load's id.
+    Inject { load_id: std::sync::Arc<str> },
+}
+
+impl Source {
+    /// `canary` | `inject`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Source::Canary => "canary",
+            Source::Inject { .. } => "inject",
+        }
+    }
+}
+
+/// One measured request as the status and the control API show it: the last of a target in
+/// `/api/v1/status`, each of [`RecentRequests`]. Times in milliseconds as the names say.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct LastResult {
+pub struct RequestSummary {
+    /// `canary` | `inject`.
+    pub source: &'static str,
+    pub target: String,
+    /// The model asked for (empty when discovery failed).
+    pub model: String,
     /// Unix time of the send, in seconds.
     pub at_unix_s: f64,
     pub outcome: &'static str,
     pub error_type: Option<String>,
     pub http_status: Option<u16>,
     pub ttft_ms: Option<f64>,
+    pub tpot_ms: Option<f64>,
     pub e2e_ms: f64,
+    pub input_tokens: Option<u64>,
     pub output_tokens: Option<u64>,
+    /// W3C trace id of the request's span (32 hex digits).
     pub trace_id: String,
     pub retries: u32,
+    /// The injected load it belongs to (source `inject`).
+    pub load_id: Option<String>,
+}
+
+impl RequestSummary {
+    /// The summary of `m`, measured for `target` and `model`, traced as `trace_id`.
+    pub fn new(source: &Source, target: &str, model: &str, m: &Measured, trace_id: String) -> Self {
+        let r = &m.record;
+        RequestSummary {
+            source: source.as_str(),
+            target: target.to_owned(),
+            model: model.to_owned(),
+            at_unix_s: m.wall_start.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
+            outcome: r.outcome.as_str(),
+            error_type: r.failure().map(|e| e.error_type.clone()),
+            http_status: r.http_status,
+            ttft_ms: r.ttft.map(ms),
+            tpot_ms: r.tpot.map(ms),
+            e2e_ms: ms(r.e2e),
+            input_tokens: r.input_tokens,
+            output_tokens: r.output_tokens,
+            trace_id,
+            retries: m.retries,
+            load_id: match source {
+                Source::Inject { load_id } => Some(load_id.to_string()),
+                Source::Canary => None,
+            },
+        }
+    }
+}
+
+/// The last measured requests of every target (canaries and injected), a bounded ring: the
+/// oldest is dropped when it is full.
+#[derive(Debug)]
+pub struct RecentRequests {
+    capacity: usize,
+    ring: Mutex<VecDeque<RequestSummary>>,
+}
+
+/// What [`RecentRequests::list`] returns.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecentFilter {
+    /// At most this many.
+    pub limit: usize,
+    /// Only this target, outcome, source (`None`: all).
+    pub target: Option<String>,
+    pub outcome: Option<String>,
+    pub source: Option<String>,
+}
+
+impl RecentRequests {
+    /// A ring of `capacity` requests (0 keeps none).
+    pub fn new(capacity: usize) -> Self {
+        Self { capacity, ring: Mutex::new(VecDeque::with_capacity(capacity.min(4096))) }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn push(&self, s: RequestSummary) {
+        if self.capacity == 0 {
+            return;
+        }
+        if let Ok(mut g) = self.ring.lock() {
+            if g.len() == self.capacity {
+                g.pop_front();
+            }
+            g.push_back(s);
+        }
+    }
+
+    /// The newest first, filtered.
+    pub fn list(&self, f: &RecentFilter) -> Vec<RequestSummary> {
+        let Ok(g) = self.ring.lock() else { return Vec::new() };
+        let matches = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
+        g.iter()
+            .rev()
+            .filter(|s| matches(&f.target, &s.target) && matches(&f.outcome, s.outcome) && matches(&f.source, s.source))
+            .take(f.limit)
+            .cloned()
+            .collect()
+    }
 }
 
 #[derive(Debug, Default)]
 struct Inner {
     model: Option<String>,
     counts: BTreeMap<&'static str, u64>,
-    last: Option<LastResult>,
+    last: Option<RequestSummary>,
 }
 
 /// Live state of one target.
@@ -60,7 +172,7 @@ pub struct TargetSnapshot {
     pub in_flight: u64,
     pub skipped: u64,
     pub spike: bool,
-    pub last: Option<LastResult>,
+    pub last: Option<RequestSummary>,
 }
 
 fn ms(d: std::time::Duration) -> f64 {
@@ -86,22 +198,11 @@ impl TargetState {
         }
     }
 
-    pub fn record(&self, m: &Measured, trace_id: String) {
-        let r = &m.record;
-        let last = LastResult {
-            at_unix_s: m.wall_start.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
-            outcome: r.outcome.as_str(),
-            error_type: r.failure().map(|e| e.error_type.clone()),
-            http_status: r.http_status,
-            ttft_ms: r.ttft.map(ms),
-            e2e_ms: ms(r.e2e),
-            output_tokens: r.output_tokens,
-            trace_id,
-            retries: m.retries,
-        };
+    /// Counts a measured canary and keeps it as the last result.
+    pub fn record(&self, last: &RequestSummary) {
         if let Ok(mut g) = self.inner.lock() {
-            *g.counts.entry(r.outcome.as_str()).or_default() += 1;
-            g.last = Some(last);
+            *g.counts.entry(last.outcome).or_default() += 1;
+            g.last = Some(last.clone());
         }
     }
 
@@ -136,4 +237,49 @@ pub struct AgentStatus {
     pub gpu: std::sync::Arc<crate::gpu::state::GpuState>,
     /// eBPF TCP probes: mode, reason when off, probes, event counts.
     pub net: std::sync::Arc<crate::net::state::NetState>,
+    /// The last measured requests (control API).
+    pub recent: std::sync::Arc<RecentRequests>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summary(target: &str, outcome: &'static str, source: &'static str, at: f64) -> RequestSummary {
+        RequestSummary {
+            source,
+            target: target.to_owned(),
+            model: "m".to_owned(),
+            at_unix_s: at,
+            outcome,
+            error_type: None,
+            http_status: Some(200),
+            ttft_ms: Some(1.0),
+            tpot_ms: None,
+            e2e_ms: 2.0,
+            input_tokens: None,
+            output_tokens: None,
+            trace_id: format!("{at}"),
+            retries: 0,
+            load_id: None,
+        }
+    }
+
+    #[test]
+    fn recent_ring_keeps_the_newest_and_filters() {
+        let ring = RecentRequests::new(3);
+        for (i, (t, o, s)) in [("a", "ok", "canary"), ("b", "error", "canary"), ("a", "error", "inject"), ("a", "ok", "inject")].into_iter().enumerate() {
+            ring.push(summary(t, o, s, i as f64));
+        }
+        let all = |f: RecentFilter| ring.list(&RecentFilter { limit: 10, ..f }).iter().map(|s| s.at_unix_s).collect::<Vec<_>>();
+        // The oldest (0) fell out; newest first.
+        assert_eq!(all(RecentFilter::default()), [3.0, 2.0, 1.0]);
+        assert_eq!(all(RecentFilter { target: Some("a".into()), ..Default::default() }), [3.0, 2.0]);
+        assert_eq!(all(RecentFilter { outcome: Some("error".into()), ..Default::default() }), [2.0, 1.0]);
+        assert_eq!(all(RecentFilter { source: Some("canary".into()), ..Default::default() }), [1.0]);
+        assert_eq!(ring.list(&RecentFilter { limit: 1, ..Default::default() }).len(), 1);
+        let none = RecentRequests::new(0);
+        none.push(summary("a", "ok", "canary", 0.0));
+        assert!(none.list(&RecentFilter { limit: 5, ..Default::default() }).is_empty());
+    }
 }

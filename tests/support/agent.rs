@@ -25,6 +25,9 @@ pub fn lmperf_bin() -> PathBuf {
 pub struct Agent {
     child: Child,
     pub admin: SocketAddr,
+    /// Its own `XDG_RUNTIME_DIR`, so that agents running at once do not share the default
+    /// control socket (`<dir>/lmperf/control.sock`); removed when dropped.
+    pub runtime_dir: PathBuf,
     pub stdout: Arc<Mutex<Vec<String>>>,
     pub stderr: Arc<Mutex<Vec<String>>>,
 }
@@ -69,6 +72,10 @@ impl Agent {
         }
         cmd.env_remove("OTEL_EXPORTER_OTLP_ENDPOINT").env_remove("OTEL_EXPORTER_OTLP_PROTOCOL").env_remove("LMPERF_API_KEY");
         cmd.env("RUST_LOG", "info");
+        static SPAWNED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let runtime_dir = std::env::temp_dir().join(format!("lmperf-test-run-{}-{}", std::process::id(), SPAWNED.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
+        let _ = std::fs::create_dir_all(&runtime_dir);
+        cmd.env("XDG_RUNTIME_DIR", &runtime_dir);
         for (k, v) in envs {
             cmd.env(k, v);
         }
@@ -80,7 +87,7 @@ impl Agent {
         pump(child.stdout.take().expect("stdout"), stdout.clone(), None);
         pump(child.stderr.take().expect("stderr"), stderr.clone(), Some(tx));
         match rx.recv_timeout(Duration::from_secs(20)) {
-            Ok(admin) => Agent { child, admin, stdout, stderr },
+            Ok(admin) => Agent { child, admin, runtime_dir, stdout, stderr },
             Err(_) => {
                 let _ = child.kill();
                 std::thread::sleep(Duration::from_millis(200));
@@ -154,6 +161,7 @@ impl Drop for Agent {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.runtime_dir);
     }
 }
 

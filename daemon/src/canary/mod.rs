@@ -4,6 +4,9 @@
 //! request task, so a slow or dead target never delays its own next canary nor any other
 //! target's. At most `max_in_flight` requests per target run at once; a tick beyond that is
 //! skipped and counted (`lmperf.canary.skipped`).
+//!
+//! [`TargetRunner::measure`] is also the path of load injected through the control API
+//! (`crate::control`): same client, same measurement, its own span marking and counter.
 
 pub mod client;
 pub mod prompts;
@@ -20,7 +23,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::TargetConfig;
 use crate::gpu::state::GpuState;
 use crate::net::state::NetState;
-use crate::status::TargetState;
+use crate::status::{RecentRequests, RequestSummary, Source, TargetState};
 use crate::telemetry::Telemetry;
 use crate::telemetry::spans::SpanContextInfo;
 use crate::measure::Outcome;
@@ -41,6 +44,8 @@ pub struct TargetRunner {
     pub gpu: Option<Arc<GpuState>>,
     /// eBPF probe state, for the `lmperf.net.*` span attributes; `None`: none added.
     pub net: Option<Arc<NetState>>,
+    /// Where each measured request's summary goes (control API); `None`: nowhere.
+    pub recent: Option<Arc<RecentRequests>>,
     /// Discovered model and provider, once known.
     discovered: Arc<Mutex<Discovery>>,
     in_flight: Arc<Semaphore>,
@@ -80,6 +85,7 @@ impl TargetRunner {
             console,
             gpu: None,
             net: None,
+            recent: None,
             discovered: Arc::default(),
             in_flight,
             discovery_failing: Arc::default(),
@@ -97,6 +103,12 @@ impl TargetRunner {
     /// (`lmperf.net.*`).
     pub fn with_net(mut self, net: Arc<NetState>) -> Self {
         self.net = Some(net);
+        self
+    }
+
+    /// Keeps a summary of each measured request (canary or injected) in `recent`.
+    pub fn with_recent(mut self, recent: Arc<RecentRequests>) -> Self {
+        self.recent = Some(recent);
         self
     }
 
@@ -119,7 +131,7 @@ impl TargetRunner {
             let cancel = shutdown.cancel.clone();
             tracker.spawn(async move {
                 runner.state.in_flight.fetch_add(1, Ordering::Relaxed);
-                runner.one(tick.seq, &cancel).await;
+                runner.measure(tick.seq, &cancel, &Source::Canary).await;
                 runner.state.in_flight.fetch_sub(1, Ordering::Relaxed);
                 drop(permit);
             });
@@ -204,7 +216,22 @@ impl TargetRunner {
         Ok((model, provider))
     }
 
-    async fn one(&self, seq: u64, cancel: &CancellationToken) {
+    /// The sampling decision for an injected request: every span is kept (failures in the
+    /// priority lane), unless `OTEL_TRACES_SAMPLER` decides. Injected load never moves the
+    /// canaries' adaptive sampler (spike mode).
+    fn decide_inject(&self, ids: crate::telemetry::spans::TraceIds, m: &Measured) -> Decision {
+        if let Some(head) = self.telemetry.head_sampler {
+            return Decision { keep: ids.sampled, reason: Reason::Head, probability: head.probability(), transition: None };
+        }
+        let reason = if m.record.outcome == Outcome::Ok { Reason::Inject } else { Reason::Error };
+        Decision { keep: true, reason, probability: 1.0, transition: None }
+    }
+
+    /// Sends the `seq`-th prompt to the target, measures it, and records it as `source` says:
+    /// a canary feeds the GenAI metrics, the target's counts and the adaptive sampler; an
+    /// injected request only `lmperf.inject.requests` and a span marked
+    /// `lmperf.request.source=inject`. Both go to the recent-requests ring.
+    pub async fn measure(&self, seq: u64, cancel: &CancellationToken, source: &Source) -> RequestSummary {
         let t = &self.target;
         let prompt = prompts::nth(seq);
         let ids = self.telemetry.new_trace();
@@ -233,19 +260,37 @@ impl TargetRunner {
                 if let Some(n) = &self.net {
                     extra.extend(n.request_attributes(t.port, from, to));
                 }
+                if let Source::Inject { load_id } = source {
+                    extra.push(opentelemetry::KeyValue::new(crate::telemetry::names::LMPERF_REQUEST_SOURCE, source.as_str()));
+                    extra.push(opentelemetry::KeyValue::new(crate::telemetry::names::LMPERF_LOAD_ID, load_id.to_string()));
+                }
                 extra
             },
         };
-        let decision = self.decide(ids, &measured);
-        self.telemetry.record(&info, ids, &measured, &decision);
-        self.state.record(&measured, ids.trace_id.to_string());
+        let summary = RequestSummary::new(source, &t.name, &model, &measured, ids.trace_id.to_string());
+        match source {
+            Source::Canary => {
+                let decision = self.decide(ids, &measured);
+                self.telemetry.record(&info, ids, &measured, &decision);
+                self.state.record(&summary);
+            }
+            Source::Inject { .. } => {
+                let decision = self.decide_inject(ids, &measured);
+                self.telemetry.instruments.record_inject(&t.name, &measured);
+                self.telemetry.record_span(&info, ids, &measured, &decision);
+            }
+        }
+        if let Some(recent) = &self.recent {
+            recent.push(summary.clone());
+        }
         let r = &measured.record;
         if r.outcome != crate::measure::Outcome::Ok {
-            tracing::debug!(target_name = %t.name, outcome = r.outcome.as_str(), error_type = ?r.error.as_ref().map(|e| &e.error_type), "Canary failed.");
+            tracing::debug!(target_name = %t.name, source = source.as_str(), outcome = r.outcome.as_str(), error_type = ?r.error.as_ref().map(|e| &e.error_type), "Request failed.");
         }
-        if self.console {
+        if self.console && *source == Source::Canary {
             println!("{}", console_line(&t.name, &model, &measured, &ids.trace_id.to_string()));
         }
+        summary
     }
 }
 

@@ -83,6 +83,11 @@ pub enum Schedule {
 pub struct Secret(String);
 
 impl Secret {
+    /// Wraps a secret value (an API key, a control token).
+    pub fn new(value: String) -> Self {
+        Secret(value)
+    }
+
     pub fn expose(&self) -> &str {
         &self.0
     }
@@ -167,6 +172,95 @@ pub struct NetConfig {
     pub enabled: bool,
 }
 
+/// Where the control API listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ControlListen {
+    /// A unix socket (`unix:/path`), created owner-only (mode 0600).
+    Unix(PathBuf),
+    /// A TCP address (`IP:port`).
+    Tcp(SocketAddr),
+}
+
+impl ControlListen {
+    /// Parses `unix:/path` or `IP:port`.
+    ///
+    /// # Errors
+    /// A reason, for the caller to name the field and value.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if let Some(path) = text.strip_prefix("unix:") {
+            if path.trim().is_empty() {
+                return Err("empty socket path".to_owned());
+            }
+            return Ok(ControlListen::Unix(PathBuf::from(path)));
+        }
+        text.parse::<SocketAddr>().map(ControlListen::Tcp).map_err(|e| format!("expected unix:/path or IP:port ({e})"))
+    }
+
+    /// A unix socket or a loopback address (no token needed).
+    pub fn is_local(&self) -> bool {
+        match self {
+            ControlListen::Unix(_) => true,
+            ControlListen::Tcp(a) => a.ip().is_loopback(),
+        }
+    }
+}
+
+impl fmt::Display for ControlListen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ControlListen::Unix(p) => write!(f, "unix:{}", p.display()),
+            ControlListen::Tcp(a) => write!(f, "{a}"),
+        }
+    }
+}
+
+/// The default control socket, the same for the agent and `lmperf ctl`:
+/// `$XDG_RUNTIME_DIR/lmperf/control.sock`, else `/run/lmperf/control.sock` for root, else
+/// `/tmp/lmperf-<uid>/control.sock`.
+pub fn default_control_socket(env: &dyn Env) -> PathBuf {
+    if let Some(dir) = env.var("XDG_RUNTIME_DIR") {
+        return PathBuf::from(dir).join("lmperf/control.sock");
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    if uid == 0 { PathBuf::from("/run/lmperf/control.sock") } else { PathBuf::from(format!("/tmp/lmperf-{uid}/control.sock")) }
+}
+
+/// Hard caps of load injected through the control API; a request beyond one is refused.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct InjectCaps {
+    /// `control.max_inject_rate`, requests per second.
+    pub max_rate_per_second: f64,
+    /// `control.max_inject_duration`.
+    pub max_duration: Duration,
+    /// `control.max_inject_concurrency`, requests in flight.
+    pub max_concurrency: u32,
+    /// `control.max_inject_requests`, requests per load.
+    pub max_requests: u64,
+}
+
+impl Default for InjectCaps {
+    fn default() -> Self {
+        Self { max_rate_per_second: 20.0, max_duration: Duration::from_secs(300), max_concurrency: 8, max_requests: 10_000 }
+    }
+}
+
+/// The gRPC control API (`[control]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControlConfig {
+    pub enabled: bool,
+    pub listen: ControlListen,
+    /// Required on every call when set (`authorization: Bearer …`); required for a
+    /// non-loopback `listen`.
+    pub token: Option<Secret>,
+    /// Measured requests kept for `ListRecentRequests`.
+    pub recent_requests: usize,
+    pub caps: InjectCaps,
+}
+
+pub const DEFAULT_CONTROL_TOKEN_ENV: &str = "LMPERF_CONTROL_TOKEN";
+pub const DEFAULT_RECENT_REQUESTS: usize = 256;
+
 /// The whole validated agent configuration.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -177,6 +271,7 @@ pub struct AgentConfig {
     pub otlp: OtlpConfig,
     pub gpu: GpuConfig,
     pub net: NetConfig,
+    pub control: ControlConfig,
 }
 
 /// What the command line sets (see `cli.rs`); `None` leaves the file's or default value.
@@ -306,7 +401,66 @@ fn validate(mut raw: RawConfig, o: Overrides, env: &dyn Env) -> Result<AgentConf
     let otlp = validate_otlp(raw.otlp, o.otlp_endpoint, o.otlp_protocol, o.no_otlp, env)?;
     let gpu = validate_gpu(raw.gpu)?;
     let net = NetConfig { enabled: raw.net.enabled.unwrap_or(true) };
-    Ok(AgentConfig { targets, admin_addr, shutdown_timeout, console: o.console || raw.console.unwrap_or(false), otlp, gpu, net })
+    let control = validate_control(raw.control, env)?;
+    Ok(AgentConfig { targets, admin_addr, shutdown_timeout, console: o.console || raw.console.unwrap_or(false), otlp, gpu, net, control })
+}
+
+fn validate_control(raw: raw::RawControl, env: &dyn Env) -> Result<ControlConfig, ConfigError> {
+    let listen = match &raw.listen {
+        Some(text) => ControlListen::parse(text).map_err(|why| ConfigError::invalid("control.listen", text, why))?,
+        None => ControlListen::Unix(default_control_socket(env)),
+    };
+    let token = match (&raw.token_file, &raw.token_env) {
+        (Some(f), Some(_)) => return Err(ConfigError::invalid("control.token_env", f, "token_file and token_env exclude each other")),
+        (Some(path), None) => {
+            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::invalid("control.token_file", path, format!("cannot read: {e}")))?;
+            let t = text.trim();
+            if t.is_empty() {
+                return Err(ConfigError::invalid("control.token_file", path, "file is empty"));
+            }
+            Some(Secret(t.to_owned()))
+        }
+        (None, Some(var)) => match env.var(var) {
+            Some(v) if !v.trim().is_empty() => Some(Secret(v.trim().to_owned())),
+            _ => return Err(ConfigError::invalid("control.token_env", var, "environment variable is not set")),
+        },
+        (None, None) => env.var(DEFAULT_CONTROL_TOKEN_ENV).map(|v| v.trim().to_owned()).filter(|v| !v.is_empty()).map(Secret),
+    };
+    let enabled = raw.enabled.unwrap_or(true);
+    if enabled && token.is_none() && !listen.is_local() {
+        return Err(ConfigError::invalid(
+            "control.listen",
+            &listen,
+            format!("a non-loopback address needs a token (control.token_file, or the {DEFAULT_CONTROL_TOKEN_ENV} environment variable)"),
+        ));
+    }
+    if let Some(t) = &token
+        && t.0.bytes().any(|b| !(0x21..0x7f).contains(&b))
+    {
+        return Err(ConfigError::invalid("control.token", "***", "printable ASCII without spaces (it goes in a header)"));
+    }
+    let d = InjectCaps::default();
+    let max_rate_per_second = raw.max_inject_rate.unwrap_or(d.max_rate_per_second);
+    if !(max_rate_per_second.is_finite() && max_rate_per_second > 0.0 && max_rate_per_second <= 1000.0) {
+        return Err(ConfigError::invalid("control.max_inject_rate", max_rate_per_second, "requests per second in (0, 1000]"));
+    }
+    let max_duration = raw.max_inject_duration.unwrap_or(d.max_duration);
+    if !(Duration::from_secs(1)..=Duration::from_secs(86_400)).contains(&max_duration) {
+        return Err(ConfigError::invalid("control.max_inject_duration", humantime::format_duration(max_duration), "between 1s and 24h"));
+    }
+    let max_concurrency = raw.max_inject_concurrency.unwrap_or(d.max_concurrency);
+    if !(1..=1024).contains(&max_concurrency) {
+        return Err(ConfigError::invalid("control.max_inject_concurrency", max_concurrency, "between 1 and 1024"));
+    }
+    let max_requests = raw.max_inject_requests.unwrap_or(d.max_requests);
+    if !(1..=1_000_000).contains(&max_requests) {
+        return Err(ConfigError::invalid("control.max_inject_requests", max_requests, "between 1 and 1000000"));
+    }
+    let recent_requests = raw.recent_requests.unwrap_or(DEFAULT_RECENT_REQUESTS);
+    if recent_requests > 100_000 {
+        return Err(ConfigError::invalid("control.recent_requests", recent_requests, "at most 100000"));
+    }
+    Ok(ControlConfig { enabled, listen, token, recent_requests, caps: InjectCaps { max_rate_per_second, max_duration, max_concurrency, max_requests } })
 }
 
 fn validate_gpu(raw: raw::RawGpu) -> Result<GpuConfig, ConfigError> {
@@ -669,6 +823,35 @@ mod tests {
         assert_eq!(c.gpu, GpuConfig { enabled: false, interval: Duration::from_millis(100), nvml_library: Some("/x/libnvidia-ml.so.1".into()) });
         let err = from_toml("[gpu]\nintervall = \"1s\"\n", o(), &[]).unwrap_err().to_string();
         assert!(err.contains("line 2") && err.contains("intervall"), "{err}");
+    }
+
+    #[test]
+    fn control_defaults_local_and_token_for_non_loopback() {
+        let o = || Overrides { targets: vec!["http://127.0.0.1:1".into()], ..Overrides::default() };
+        let c = from_toml("", o(), &[("XDG_RUNTIME_DIR", "/run/user/7")]).unwrap().control;
+        assert_eq!(c.listen, ControlListen::Unix("/run/user/7/lmperf/control.sock".into()));
+        assert!(c.enabled && c.token.is_none());
+        assert_eq!((c.recent_requests, c.caps), (DEFAULT_RECENT_REQUESTS, InjectCaps::default()));
+        let c = from_toml("[control]\nlisten = \"127.0.0.1:5000\"\nmax_inject_rate = 5.0\n", o(), &[]).unwrap().control;
+        assert_eq!((c.listen.to_string().as_str(), c.caps.max_rate_per_second), ("127.0.0.1:5000", 5.0));
+        let err = from_toml("[control]\nlisten = \"0.0.0.0:5000\"\n", o(), &[]).unwrap_err().to_string();
+        assert!(err.starts_with("control.listen = \"0.0.0.0:5000\": a non-loopback address needs a token"), "{err}");
+        let c = from_toml("[control]\nlisten = \"0.0.0.0:5000\"\n", o(), &[("LMPERF_CONTROL_TOKEN", "tok-1")]).unwrap().control;
+        assert_eq!(c.token.as_ref().map(Secret::expose), Some("tok-1"));
+        assert!(!format!("{c:?}").contains("tok-1"));
+        // Disabled, a non-loopback address is not an error.
+        assert!(!from_toml("[control]\nenabled = false\nlisten = \"0.0.0.0:5000\"\n", o(), &[]).unwrap().control.enabled);
+        for (text, want) in [
+            ("[control]\nlisten = \"unix:\"\n", "control.listen = \"unix:\""),
+            ("[control]\nlisten = \"localhost\"\n", "control.listen = \"localhost\""),
+            ("[control]\nmax_inject_rate = 0.0\n", "control.max_inject_rate = \"0\""),
+            ("[control]\nmax_inject_concurrency = 0\n", "control.max_inject_concurrency = \"0\""),
+            ("[control]\ntoken_env = \"NOPE_TOKEN\"\n", "control.token_env = \"NOPE_TOKEN\""),
+            ("[control]\nlisten_addr = \"x\"\n", "config file t.toml line 2"),
+        ] {
+            let err = from_toml(text, o(), &[]).unwrap_err().to_string();
+            assert!(err.starts_with(want), "{err} should start with {want}");
+        }
     }
 
     #[test]

@@ -41,6 +41,16 @@
 //!
 //! [net]
 //! enabled = true                      # eBPF TCP probes on the targets' ports; off by itself without permission
+//!
+//! [control]                           # the gRPC control API (`lmperf ctl`)
+//! enabled = true
+//! listen = "unix:/run/lmperf/control.sock"   # or "127.0.0.1:50051"; default: a unix socket (see README)
+//! # token_file = "/run/secrets/lmperf-control-token"  # or token_env (default LMPERF_CONTROL_TOKEN)
+//! recent_requests = 256               # measured requests kept for ListRecentRequests
+//! max_inject_rate = 20.0              # caps of InjectLoad: requests per second,
+//! max_inject_duration = "5m"          # duration,
+//! max_inject_concurrency = 8          # requests in flight,
+//! max_inject_requests = 10000         # requests per load
 //! ```
 
 use std::time::Duration;
@@ -65,6 +75,8 @@ pub struct RawConfig {
     pub gpu: RawGpu,
     #[serde(default)]
     pub net: RawNet,
+    #[serde(default)]
+    pub control: RawControl,
 }
 
 /// Canary settings; every field may be set in `[canary]` (defaults) or per `[[target]]`;
@@ -139,6 +151,23 @@ pub struct RawGpu {
 #[serde(deny_unknown_fields)]
 pub struct RawNet {
     pub enabled: Option<bool>,
+}
+
+/// `[control]`: the gRPC control API.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawControl {
+    pub enabled: Option<bool>,
+    /// `unix:/path` or `IP:port`.
+    pub listen: Option<String>,
+    pub token_file: Option<String>,
+    pub token_env: Option<String>,
+    pub recent_requests: Option<usize>,
+    pub max_inject_rate: Option<f64>,
+    #[serde(default, with = "humantime_serde")]
+    pub max_inject_duration: Option<Duration>,
+    pub max_inject_concurrency: Option<u32>,
+    pub max_inject_requests: Option<u64>,
 }
 
 impl RawCanary {

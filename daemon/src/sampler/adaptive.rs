@@ -29,10 +29,12 @@ pub enum Reason {
     Base,
     /// Decided by `OTEL_TRACES_SAMPLER` (head sampling) instead of the adaptive sampler.
     Head,
+    /// A healthy request of load injected through the control API (every one is kept).
+    Inject,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 5] = [Reason::Error, Reason::SloBreach, Reason::Spike, Reason::Base, Reason::Head];
+    pub const ALL: [Reason; 6] = [Reason::Error, Reason::SloBreach, Reason::Spike, Reason::Base, Reason::Head, Reason::Inject];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -41,6 +43,7 @@ impl Reason {
             Reason::Spike => "spike",
             Reason::Base => "base",
             Reason::Head => "head",
+            Reason::Inject => "inject",
         }
     }
 

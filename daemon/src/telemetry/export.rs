@@ -40,7 +40,7 @@ pub struct ExportStats {
     pub enqueued: AtomicU64,
     pub exported: AtomicU64,
     /// Dropped because the queue was full, by the dropped span's [`Reason`] index.
-    pub dropped: [AtomicU64; 5],
+    pub dropped: [AtomicU64; Reason::ALL.len()],
     pub failed: AtomicU64,
     pub export_errors: AtomicU64,
     /// Spans taken from the queue and being batched or exported now.

@@ -22,6 +22,7 @@ pub struct Instruments {
     requests: Counter<u64>,
     retries: Counter<u64>,
     skipped: Counter<u64>,
+    injected: Counter<u64>,
 }
 
 /// Attributes of one request's metric points.
@@ -77,6 +78,11 @@ impl Instruments {
                 .with_unit("{request}")
                 .with_description("Scheduled canaries not sent because max_in_flight were still running.")
                 .build(),
+            injected: meter
+                .u64_counter(n::METRIC_INJECT_REQUESTS)
+                .with_unit("{request}")
+                .with_description("Requests injected through the control API, by outcome and error type.")
+                .build(),
         }
     }
 
@@ -129,6 +135,16 @@ impl Instruments {
         if m.retries > 0 {
             self.retries.add(u64::from(m.retries), &[KeyValue::new(n::LMPERF_TARGET, c.target.to_owned())]);
         }
+    }
+
+    /// Counts one measured injected request (only here: injected load stays out of the canary
+    /// counters and the GenAI histograms, which describe the canaries).
+    pub fn record_inject(&self, target: &str, m: &Measured) {
+        let mut attrs = vec![KeyValue::new(n::LMPERF_TARGET, target.to_owned()), KeyValue::new(n::LMPERF_OUTCOME, m.record.outcome.as_str())];
+        if let Some(e) = m.record.failure() {
+            attrs.push(KeyValue::new(n::ERROR_TYPE, e.error_type.clone()));
+        }
+        self.injected.add(1, &attrs);
     }
 
     /// Counts a scheduled canary that was not sent.

@@ -171,6 +171,12 @@ impl Telemetry {
             server_port: info.server_port,
         };
         self.instruments.record(&mc, m);
+        self.record_span(info, ids, m, decision);
+    }
+
+    /// Counts the sampling decision of a measured request and, when it keeps it, queues its
+    /// span (no GenAI metric: [`Telemetry::record`] adds those for canaries).
+    pub fn record_span(&self, info: &SpanContextInfo<'_>, ids: TraceIds, m: &Measured, decision: &Decision) {
         self.sampling_spans.add(
             1,
             &[

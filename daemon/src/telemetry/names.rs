@@ -54,6 +54,11 @@ pub const LMPERF_RETRIES: &str = "lmperf.retries";
 pub const LMPERF_ERROR_MESSAGE: &str = "lmperf.error.message";
 pub const LMPERF_ERROR_CODE: &str = "lmperf.error.code";
 pub const LMPERF_PROMPT_ID: &str = "lmperf.prompt.id";
+/// Where a request came from: `inject` for load injected through the control API (set on those
+/// spans only; canary spans carry none).
+pub const LMPERF_REQUEST_SOURCE: &str = "lmperf.request.source";
+/// The id of the injected load a request belongs to.
+pub const LMPERF_LOAD_ID: &str = "lmperf.load.id";
 
 // ---- Metrics from the GenAI conventions (client side only; `gen_ai.server.*` is the server's) ----
 pub const METRIC_OPERATION_DURATION: &str = "gen_ai.client.operation.duration";
@@ -66,6 +71,9 @@ pub const METRIC_TIME_PER_OUTPUT_CHUNK: &str = "gen_ai.client.operation.time_per
 pub const METRIC_CANARY_REQUESTS: &str = "lmperf.canary.requests";
 /// Counter of requests re-sent after a stale keep-alive connection.
 pub const METRIC_CANARY_RETRIES: &str = "lmperf.canary.retries";
+/// Counter of requests injected through the control API, by `lmperf.target`, `lmperf.outcome`
+/// and `error.type` (they stay out of the canary counters and the GenAI histograms).
+pub const METRIC_INJECT_REQUESTS: &str = "lmperf.inject.requests";
 /// Counter of spans by export result (`lmperf.export.result` = exported | dropped_queue_full | failed).
 pub const METRIC_EXPORT_SPANS: &str = "lmperf.export.spans";
 pub const LMPERF_EXPORT_RESULT: &str = "lmperf.export.result";

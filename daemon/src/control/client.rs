@@ -1,0 +1,393 @@
+//! The control API's client, `lmperf ctl status|recent|inject|stop`: one call, printed as text
+//! (or `--json`, the message as it is).
+//!
+//! Exit codes: 0 done; 1 the agent cannot be reached (or failed); 2 bad command line; 3 the
+//! agent refused the call (a cap, a bad value, a missing token, no such target or load).
+
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime};
+
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Status};
+
+use super::proto::{self, agent_control_client::AgentControlClient};
+use crate::config::{ControlListen, Secret};
+
+/// Time to connect to the agent.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Time for one call (StopLoad waits up to 2 s for cancelled requests).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A failed `lmperf ctl` call.
+#[derive(Debug, thiserror::Error)]
+pub enum CtlError {
+    #[error("cannot reach the agent at {at}: {reason}")]
+    Connect { at: String, reason: String },
+    #[error("{}: {}", code_name(.0.code()), .0.message())]
+    Rpc(Status),
+}
+
+impl CtlError {
+    /// The exit code: 3 when the agent refused, else 1.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CtlError::Rpc(s) if matches!(
+                s.code(),
+                Code::InvalidArgument | Code::NotFound | Code::AlreadyExists | Code::FailedPrecondition | Code::Unauthenticated | Code::PermissionDenied | Code::OutOfRange
+            ) => 3,
+            _ => 1,
+        }
+    }
+}
+
+/// The gRPC code in the spec's upper snake case (`INVALID_ARGUMENT`).
+pub fn code_name(c: Code) -> &'static str {
+    match c {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// A connection to an agent's control API.
+#[derive(Debug, Clone)]
+pub struct CtlClient {
+    inner: AgentControlClient<Channel>,
+    token: Option<Secret>,
+}
+
+impl CtlClient {
+    /// Connects to `at` (a unix socket or `IP:port`); `token` goes with every call.
+    ///
+    /// # Errors
+    /// [`CtlError::Connect`] when nothing answers there.
+    pub async fn connect(at: &ControlListen, token: Option<Secret>) -> Result<Self, CtlError> {
+        let fail = |e: &dyn std::fmt::Display| CtlError::Connect { at: at.to_string(), reason: e.to_string() };
+        let channel = match at {
+            ControlListen::Tcp(addr) => {
+                let ep = Endpoint::from_shared(format!("http://{addr}")).map_err(|e| fail(&e))?.connect_timeout(CONNECT_TIMEOUT).timeout(CALL_TIMEOUT);
+                ep.connect().await.map_err(|e| fail(&source_chain(&e)))?
+            }
+            ControlListen::Unix(path) => {
+                let path = path.clone();
+                let ep = Endpoint::from_static("http://localhost").connect_timeout(CONNECT_TIMEOUT).timeout(CALL_TIMEOUT);
+                ep.connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                    let path = path.clone();
+                    async move { tokio::net::UnixStream::connect(path).await.map(hyper_util::rt::TokioIo::new) }
+                }))
+                .await
+                .map_err(|e| fail(&source_chain(&e)))?
+            }
+        };
+        Ok(Self { inner: AgentControlClient::new(channel), token })
+    }
+
+    fn request<T>(&self, msg: T) -> Request<T> {
+        let mut r = Request::new(msg);
+        if let Some(t) = &self.token
+            && let Ok(mut v) = tonic::metadata::MetadataValue::try_from(format!("Bearer {}", t.expose()))
+        {
+            v.set_sensitive(true);
+            r.metadata_mut().insert("authorization", v);
+        }
+        r
+    }
+
+    /// `GetStatus`.
+    ///
+    /// # Errors
+    /// The call's status.
+    pub async fn status(&mut self) -> Result<proto::GetStatusResponse, CtlError> {
+        let r = self.request(proto::GetStatusRequest {});
+        self.inner.get_status(r).await.map(|r| r.into_inner()).map_err(CtlError::Rpc)
+    }
+
+    /// `ListRecentRequests`.
+    ///
+    /// # Errors
+    /// The call's status.
+    pub async fn recent(&mut self, req: proto::ListRecentRequestsRequest) -> Result<proto::ListRecentRequestsResponse, CtlError> {
+        let r = self.request(req);
+        self.inner.list_recent_requests(r).await.map(|r| r.into_inner()).map_err(CtlError::Rpc)
+    }
+
+    /// `InjectLoad`.
+    ///
+    /// # Errors
+    /// The call's status (`INVALID_ARGUMENT` beyond a cap).
+    pub async fn inject(&mut self, req: proto::InjectLoadRequest) -> Result<proto::InjectLoadResponse, CtlError> {
+        let r = self.request(req);
+        self.inner.inject_load(r).await.map(|r| r.into_inner()).map_err(CtlError::Rpc)
+    }
+
+    /// `StopLoad`.
+    ///
+    /// # Errors
+    /// The call's status (`NOT_FOUND` when no load runs).
+    pub async fn stop(&mut self, id: String) -> Result<proto::StopLoadResponse, CtlError> {
+        let r = self.request(proto::StopLoadRequest { id });
+        self.inner.stop_load(r).await.map(|r| r.into_inner()).map_err(CtlError::Rpc)
+    }
+}
+
+fn source_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let _ = write!(s, ": {c}");
+        cur = c.source();
+    }
+    s
+}
+
+fn opt_ms(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"))
+}
+
+fn opt_u64(v: Option<u64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}
+
+fn outcomes(m: &std::collections::BTreeMap<String, u64>) -> String {
+    if m.is_empty() {
+        return "-".to_owned();
+    }
+    m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
+}
+
+/// Seconds since a unix time, for "12.3s ago".
+fn ago(at_unix_s: f64) -> String {
+    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+    format!("{:.1}s ago", (now - at_unix_s).max(0.0))
+}
+
+/// `lmperf ctl status` as text.
+pub fn format_status(s: &proto::GetStatusResponse) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "lmperf {}  up {:.0}s  {}", s.version, s.uptime_s, if s.ready { "ready" } else { "not ready" });
+    for t in &s.targets {
+        let _ = writeln!(
+            o,
+            "target {}  {}{}  model={}  requests={} ({})  in_flight={} skipped={}{}",
+            t.name,
+            t.url,
+            t.api,
+            t.model.as_deref().unwrap_or("-"),
+            t.requests,
+            outcomes(&t.by_outcome),
+            t.in_flight,
+            t.skipped,
+            if t.spike { "  SPIKE" } else { "" }
+        );
+        if let Some(l) = &t.last {
+            let _ = writeln!(o, "  last: {} {} ttft_ms={} e2e_ms={:.1} trace_id={}", ago(l.at_unix_s), l.outcome, opt_ms(l.ttft_ms), l.e2e_ms, l.trace_id);
+        }
+    }
+    if let Some(e) = &s.exporter {
+        let _ = writeln!(
+            o,
+            "exporter: {}  queue {}/{}  exported={} dropped={} failed={}{}",
+            if e.enabled { "on" } else { "off" },
+            e.queue_len,
+            e.queue_capacity,
+            e.exported,
+            e.dropped_queue_full,
+            e.failed,
+            e.last_error.as_ref().map_or(String::new(), |x| format!("  last error: {x}"))
+        );
+    }
+    if let Some(g) = &s.gpu {
+        let _ = writeln!(o, "gpu: {}{}  devices={}", g.mode, g.reason.as_ref().map_or(String::new(), |r| format!(" ({r})")), g.devices.len());
+        for d in &g.devices {
+            let _ = writeln!(o, "  gpu{} {} util={} mem={}/{} B{}", d.index, d.name, d.utilization.map_or("-".to_owned(), |u| format!("{:.0}%", u * 100.0)), opt_u64(d.memory_used_bytes), opt_u64(d.memory_total_bytes), if d.lost { " LOST" } else { "" });
+        }
+    }
+    if let Some(n) = &s.net {
+        let live: Vec<&str> = n.probes.iter().filter(|p| p.live).map(|p| p.program.as_str()).collect();
+        let _ = writeln!(o, "net: {}{}  probes live={}", n.mode, n.reason.as_ref().map_or(String::new(), |r| format!(" ({r})")), if live.is_empty() { "-".to_owned() } else { live.join(",") });
+    }
+    match &s.load {
+        Some(l) => o.push_str(&format!("load: {}", format_load(l))),
+        None => o.push_str("load: none\n"),
+    }
+    if let Some(c) = &s.caps {
+        let _ = writeln!(o, "inject caps: rate<={}/s duration<={}s concurrency<={} requests<={}", c.max_rate_per_second, c.max_duration_s, c.max_concurrency, c.max_requests);
+    }
+    o
+}
+
+/// One load as text (one line).
+pub fn format_load(l: &proto::LoadStatus) -> String {
+    format!(
+        "{} {} target={} rate={}/s ({}) duration={}s concurrency={} max_requests={}  elapsed={:.1}s sent={} skipped={} in_flight={} ({})\n",
+        l.id,
+        l.state,
+        l.target,
+        l.rate_per_second,
+        l.arrival,
+        l.duration_s,
+        l.concurrency,
+        l.max_requests,
+        l.elapsed_s,
+        l.sent,
+        l.skipped,
+        l.in_flight,
+        outcomes(&l.by_outcome)
+    )
+}
+
+/// `lmperf ctl recent` as text: one line per request, newest first.
+pub fn format_recent(r: &proto::ListRecentRequestsResponse) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "{:<10} {:<7} {:<20} {:<9} {:>9} {:>9} {:>9} {:>6}  {:<32}  error.type", "age", "source", "target", "outcome", "ttft_ms", "tpot_ms", "e2e_ms", "tokens", "trace_id");
+    for s in &r.requests {
+        let _ = writeln!(
+            o,
+            "{:<10} {:<7} {:<20} {:<9} {:>9} {:>9} {:>9.1} {:>6}  {:<32}  {}",
+            ago(s.at_unix_s),
+            s.source,
+            s.target,
+            s.outcome,
+            opt_ms(s.ttft_ms),
+            opt_ms(s.tpot_ms),
+            s.e2e_ms,
+            opt_u64(s.output_tokens),
+            s.trace_id,
+            s.error_type.as_deref().unwrap_or("-")
+        );
+    }
+    let _ = writeln!(o, "({} shown; the agent keeps the last {})", r.requests.len(), r.capacity);
+    o
+}
+
+/// Runs one `lmperf ctl` command, prints the reply on stdout (errors on stderr), and returns
+/// the exit code.
+pub async fn run(args: crate::cli::CtlArgs, env: &dyn crate::config::Env) -> u8 {
+    use crate::cli::CtlCommand;
+    let at = match &args.addr {
+        Some(a) => match ControlListen::parse(a) {
+            Ok(at) => at,
+            Err(why) => {
+                eprintln!("lmperf ctl: --addr {a:?}: {why}");
+                return 2;
+            }
+        },
+        None => ControlListen::Unix(crate::config::default_control_socket(env)),
+    };
+    let token = match &args.token_file {
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(t) if !t.trim().is_empty() => Some(Secret::new(t.trim().to_owned())),
+            Ok(_) => {
+                eprintln!("lmperf ctl: --token-file {}: file is empty", path.display());
+                return 2;
+            }
+            Err(e) => {
+                eprintln!("lmperf ctl: --token-file {}: {e}", path.display());
+                return 2;
+            }
+        },
+        None => env.var(crate::config::DEFAULT_CONTROL_TOKEN_ENV).map(|t| Secret::new(t.trim().to_owned())),
+    };
+    let result = async {
+        let mut c = CtlClient::connect(&at, token).await?;
+        let out: (String, String) = match args.command {
+            CtlCommand::Status => {
+                let r = c.status().await?;
+                (format_status(&r), json(&r))
+            }
+            CtlCommand::Recent { limit, target, outcome, source } => {
+                let req = proto::ListRecentRequestsRequest { limit, target: target.unwrap_or_default(), outcome: outcome.unwrap_or_default(), source: source.unwrap_or_default() };
+                let r = c.recent(req).await?;
+                (format_recent(&r), json(&r))
+            }
+            CtlCommand::Inject { target, rate, duration, concurrency, max_requests, arrival, trace_file } => {
+                let req = proto::InjectLoadRequest {
+                    target: target.unwrap_or_default(),
+                    rate_per_second: rate,
+                    duration_s: duration.as_secs_f64(),
+                    concurrency,
+                    max_requests: max_requests.unwrap_or(0),
+                    arrival,
+                    trace_file: trace_file.unwrap_or_default(),
+                };
+                let r = c.inject(req).await?;
+                (r.load.as_ref().map_or_else(String::new, |l| format!("started {}", format_load(l))), json(&r))
+            }
+            CtlCommand::Stop { id } => {
+                let r = c.stop(id.unwrap_or_default()).await?;
+                (r.load.as_ref().map_or_else(String::new, |l| format!("stopped {}", format_load(l))), json(&r))
+            }
+        };
+        Ok::<_, CtlError>(out)
+    }
+    .await;
+    match result {
+        Ok((text, json_text)) => {
+            if args.json {
+                println!("{json_text}");
+            } else {
+                print!("{text}");
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("lmperf ctl: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+fn json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_exit_3_and_transport_failures_exit_1() {
+        assert_eq!(CtlError::Rpc(Status::invalid_argument("x")).exit_code(), 3);
+        assert_eq!(CtlError::Rpc(Status::unauthenticated("x")).exit_code(), 3);
+        assert_eq!(CtlError::Rpc(Status::unavailable("x")).exit_code(), 1);
+        assert_eq!(CtlError::Connect { at: "unix:/x".into(), reason: "no".into() }.exit_code(), 1);
+        assert_eq!(CtlError::Rpc(Status::invalid_argument("rate_per_second = 50: above")).to_string(), "INVALID_ARGUMENT: rate_per_second = 50: above");
+    }
+
+    #[test]
+    fn recent_lines_show_trace_ids_and_values() {
+        let r = proto::ListRecentRequestsResponse {
+            requests: vec![proto::RequestSummary {
+                source: "inject".into(),
+                target: "t0".into(),
+                outcome: "error".into(),
+                error_type: Some("http.503".into()),
+                ttft_ms: None,
+                e2e_ms: 12.34,
+                trace_id: "0af7651916cd43dd8448eb211c80319c".into(),
+                ..Default::default()
+            }],
+            capacity: 256,
+        };
+        let text = format_recent(&r);
+        let line = text.lines().nth(1).unwrap();
+        for want in ["inject", "t0", "error", "12.3", "0af7651916cd43dd8448eb211c80319c", "http.503"] {
+            assert!(line.contains(want), "{want} in {line}");
+        }
+        assert!(text.ends_with("(1 shown; the agent keeps the last 256)\n"), "{text}");
+    }
+}

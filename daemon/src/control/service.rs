@@ -1,0 +1,169 @@
+//! The `AgentControl` service: the status the admin HTTP serves, the recent-requests ring,
+//! and the load manager, as proto messages.
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use super::load::LoadManager;
+use super::proto;
+use crate::admin::{AdminState, status_doc};
+use crate::status::{RecentFilter, RecentRequests, RequestSummary};
+
+/// Requests `ListRecentRequests` returns without a `limit`.
+pub const DEFAULT_RECENT_LIMIT: usize = 20;
+
+/// The service state: what `/api/v1/status` reads, the recent requests, the loads.
+#[derive(Debug, Clone)]
+pub struct ControlService {
+    pub admin: AdminState,
+    pub recent: Arc<RecentRequests>,
+    pub loads: Arc<LoadManager>,
+}
+
+/// A serde enum or value (`Mode`) as its JSON string.
+fn label<T: serde::Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(other) => other.to_string(),
+        Err(_) => String::new(),
+    }
+}
+
+impl From<&RequestSummary> for proto::RequestSummary {
+    fn from(s: &RequestSummary) -> Self {
+        proto::RequestSummary {
+            source: s.source.to_owned(),
+            target: s.target.clone(),
+            model: s.model.clone(),
+            at_unix_s: s.at_unix_s,
+            outcome: s.outcome.to_owned(),
+            error_type: s.error_type.clone(),
+            http_status: s.http_status.map(u32::from),
+            ttft_ms: s.ttft_ms,
+            tpot_ms: s.tpot_ms,
+            e2e_ms: s.e2e_ms,
+            input_tokens: s.input_tokens,
+            output_tokens: s.output_tokens,
+            trace_id: s.trace_id.clone(),
+            retries: s.retries,
+            load_id: s.load_id.clone(),
+        }
+    }
+}
+
+impl ControlService {
+    fn status(&self) -> proto::GetStatusResponse {
+        let doc = status_doc(&self.admin);
+        let e = &doc.exporter;
+        let caps = self.loads.caps();
+        proto::GetStatusResponse {
+            version: doc.version.to_owned(),
+            uptime_s: doc.uptime_s,
+            ready: doc.ready,
+            targets: doc
+                .targets
+                .iter()
+                .map(|t| proto::TargetStatus {
+                    name: t.name.clone(),
+                    url: t.url.clone(),
+                    api: t.api.to_owned(),
+                    model: t.model.clone(),
+                    requests: t.requests,
+                    by_outcome: t.by_outcome.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
+                    in_flight: t.in_flight,
+                    skipped: t.skipped,
+                    spike: t.spike,
+                    last: t.last.as_ref().map(Into::into),
+                })
+                .collect(),
+            exporter: Some(proto::ExporterStatus {
+                enabled: e.enabled,
+                queue_len: e.queue_len as u64,
+                queue_priority: e.queue_priority as u64,
+                queue_capacity: e.queue_capacity as u64,
+                exporting: e.exporting,
+                enqueued: e.enqueued,
+                exported: e.exported,
+                dropped_queue_full: e.dropped_queue_full,
+                dropped_by_reason: e.dropped_by_reason.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
+                failed: e.failed,
+                export_errors: e.export_errors,
+                last_error: e.last_error.clone(),
+            }),
+            gpu: Some(proto::GpuStatus {
+                mode: label(&doc.gpu.mode),
+                reason: doc.gpu.reason.clone(),
+                driver_version: doc.gpu.driver_version.clone(),
+                interval_ms: doc.gpu.interval_ms,
+                samples: doc.gpu.samples,
+                devices: doc
+                    .gpu
+                    .devices
+                    .iter()
+                    .map(|d| proto::GpuDevice {
+                        index: d.index,
+                        hw_id: d.hw_id.clone(),
+                        name: d.name.clone(),
+                        pci_bus_id: d.pci_bus_id.clone(),
+                        lost: d.lost,
+                        utilization: d.utilization,
+                        memory_used_bytes: d.memory_used_bytes,
+                        memory_total_bytes: d.memory_total_bytes,
+                    })
+                    .collect(),
+            }),
+            net: Some(proto::NetStatus {
+                mode: label(&doc.net.mode),
+                reason: doc.net.reason.clone(),
+                ports: doc.net.ports.iter().map(|p| u32::from(*p)).collect(),
+                probes: doc.net.probes.iter().map(|p| proto::Probe { program: p.program.to_owned(), attach: p.attach.to_owned(), live: p.live, error: p.error.clone() }).collect(),
+                rtt_events: doc.net.events.rtt,
+                connect_events: doc.net.events.connect,
+                retransmit_events: doc.net.events.retransmit,
+                dropped: doc.net.dropped,
+            }),
+            load: self.loads.current().map(|l| l.to_proto()),
+            caps: Some(proto::InjectCaps {
+                max_rate_per_second: caps.max_rate_per_second,
+                max_duration_s: caps.max_duration.as_secs_f64(),
+                max_concurrency: caps.max_concurrency,
+                max_requests: caps.max_requests,
+            }),
+            status_json: serde_json::to_string(&doc).unwrap_or_default(),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl proto::agent_control_server::AgentControl for ControlService {
+    async fn get_status(&self, _req: Request<proto::GetStatusRequest>) -> Result<Response<proto::GetStatusResponse>, Status> {
+        Ok(Response::new(self.status()))
+    }
+
+    async fn list_recent_requests(&self, req: Request<proto::ListRecentRequestsRequest>) -> Result<Response<proto::ListRecentRequestsResponse>, Status> {
+        let r = req.into_inner();
+        let some = |s: String| (!s.is_empty()).then_some(s);
+        let filter = RecentFilter {
+            limit: if r.limit == 0 { DEFAULT_RECENT_LIMIT } else { r.limit as usize },
+            target: some(r.target),
+            outcome: some(r.outcome),
+            source: some(r.source),
+        };
+        if let Some(s) = filter.source.as_deref().filter(|s| !matches!(*s, "canary" | "inject")) {
+            return Err(Status::invalid_argument(format!("source = {s:?}: canary or inject")));
+        }
+        let requests = self.recent.list(&filter).iter().map(Into::into).collect();
+        Ok(Response::new(proto::ListRecentRequestsResponse { requests, capacity: u32::try_from(self.recent.capacity()).unwrap_or(u32::MAX) }))
+    }
+
+    async fn inject_load(&self, req: Request<proto::InjectLoadRequest>) -> Result<Response<proto::InjectLoadResponse>, Status> {
+        let load = self.loads.start(req.get_ref())?;
+        Ok(Response::new(proto::InjectLoadResponse { load: Some(load.to_proto()) }))
+    }
+
+    async fn stop_load(&self, req: Request<proto::StopLoadRequest>) -> Result<Response<proto::StopLoadResponse>, Status> {
+        let load = self.loads.stop(&req.get_ref().id).await?;
+        Ok(Response::new(proto::StopLoadResponse { load: Some(load.to_proto()) }))
+    }
+}

@@ -1,0 +1,328 @@
+//! The gRPC control API end to end: the real agent binary serving it, the real `lmperf ctl`
+//! client calling it, a scripted model server on loopback, a fake OTLP collector.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fake_opentelemetry_collector::FakeCollectorServer;
+use lmperf_e2e::agent::{Agent, lmperf_bin, prom_sum};
+use lmperf_e2e::otlp::attrs;
+use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
+use serde_json::Value;
+
+/// `lmperf ctl ARGS`: (exit code, stdout, stderr). No token unless `envs` gives one.
+async fn ctl(args: &[&str], envs: &[(&str, &str)]) -> (i32, String, String) {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let envs: Vec<(String, String)> = envs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new(lmperf_bin())
+            .arg("ctl")
+            .args(&args)
+            .env_remove("LMPERF_CONTROL_TOKEN")
+            .env_remove("XDG_RUNTIME_DIR")
+            .envs(envs)
+            .output()
+            .expect("run lmperf ctl");
+        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    })
+    .await
+    .unwrap()
+}
+
+/// `lmperf ctl --json ARGS`, which must succeed; the reply.
+async fn ctl_json(addr: &str, args: &[&str]) -> Value {
+    let mut a = vec!["--addr", addr, "--json"];
+    a.extend_from_slice(args);
+    let (code, out, err) = ctl(&a, &[]).await;
+    assert_eq!(code, 0, "lmperf ctl {args:?}: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("lmperf-ctl-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn write_config(dir: &Path, target: &str, control: &str) -> PathBuf {
+    let path = dir.join("agent.toml");
+    let text = format!(
+        "[canary]\ninterval = \"300ms\"\nmodel = \"m\"\nprovider = \"openai\"\n\n[[target]]\nurl = \"{target}\"\nname = \"t0\"\n\n[gpu]\nenabled = false\n\n[net]\nenabled = false\n\n[control]\n{control}"
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+async fn spawn(args: Vec<String>, envs: Vec<(String, String)>) -> Agent {
+    tokio::task::spawn_blocking(move || {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        let e: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        Agent::spawn(&a, &e)
+    })
+    .await
+    .unwrap()
+}
+
+/// The `control=` address of the agent's "Agent started." line (the pump thread may add the
+/// line just after `Agent::spawn` returns).
+fn control_at(agent: &Agent) -> String {
+    let t = Instant::now();
+    loop {
+        let log = agent.stderr_text();
+        if let Some(at) = log.lines().filter(|l| l.contains("Agent started.")).flat_map(|l| l.split_whitespace()).find_map(|w| w.strip_prefix("control=")) {
+            return at.to_owned();
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "no control address in {log}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The trace ids the model server saw in `traceparent`.
+fn server_trace_ids(server: &ScriptedServer) -> Vec<String> {
+    server.requests().iter().filter_map(|r| r.header("traceparent").and_then(|t| t.split('-').nth(1)).map(str::to_owned)).collect()
+}
+
+fn is_trace_id(s: &str) -> bool {
+    s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit()) && s != "00000000000000000000000000000000"
+}
+
+/// Every RPC over the default kind of listener (a unix socket, no token): status, recent
+/// canaries with the trace ids the server received, an injected burst measured, counted and
+/// exported as marked spans, refusals beyond the caps, stop, and the ctl exit codes.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_rpc_end_to_end_over_a_unix_socket() {
+    let server = ScriptedServer::start(Arc::new(|_, _| Reply::sse(chat_stream(3, Duration::from_millis(5), Duration::from_millis(5), 4)))).await;
+    let mut collector = FakeCollectorServer::start().await.unwrap();
+    let dir = temp_dir("rpc");
+    let sock = dir.join("control.sock");
+    let addr = format!("unix:{}", sock.display());
+    let control = format!(
+        "listen = \"{addr}\"\nrecent_requests = 64\nmax_inject_rate = 50.0\nmax_inject_concurrency = 4\nmax_inject_requests = 1000\nmax_inject_duration = \"2m\"\n"
+    );
+    let cfg = write_config(&dir, &server.url(), &control);
+    let args = ["--config", cfg.to_str().unwrap(), "--otlp-protocol", "grpc", "--otlp-endpoint", &collector.endpoint()].map(str::to_owned).to_vec();
+    let mut agent = spawn(args, vec![]).await;
+    assert_eq!(control_at(&agent), addr);
+
+    // GetStatus, once a few canaries are in.
+    let t = Instant::now();
+    let status = loop {
+        let s = ctl_json(&addr, &["status"]).await;
+        if s["targets"][0]["requests"].as_u64().unwrap_or(0) >= 3 || t.elapsed() > Duration::from_secs(10) {
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let t0 = &status["targets"][0];
+    assert_eq!((t0["name"].as_str(), t0["model"].as_str()), (Some("t0"), Some("m")), "{status}");
+    assert!(t0["by_outcome"]["ok"].as_u64().unwrap() >= 3, "{status}");
+    assert!(is_trace_id(t0["last"]["trace_id"].as_str().unwrap()), "{status}");
+    assert_eq!(status["gpu"]["mode"], "disabled");
+    assert_eq!(status["net"]["mode"], "disabled");
+    assert_eq!(status["exporter"]["enabled"], true);
+    assert_eq!(status["exporter"]["queue_capacity"], 2048);
+    assert_eq!(status["caps"]["max_rate_per_second"], 50.0);
+    assert_eq!(status["caps"]["max_duration_s"], 120.0);
+    assert!(status["load"].is_null(), "{status}");
+    let doc: Value = serde_json::from_str(status["status_json"].as_str().unwrap()).unwrap();
+    assert_eq!(doc["targets"][0]["name"], "t0");
+    let (code, text, _) = ctl(&["--addr", &addr, "status"], &[]).await;
+    assert_eq!(code, 0);
+    assert!(text.contains("target t0") && text.contains("inject caps: rate<=50/s duration<=120s concurrency<=4 requests<=1000"), "{text}");
+
+    // ListRecentRequests: canaries, newest first, with the trace ids the server received.
+    let recent = ctl_json(&addr, &["recent", "--limit", "2", "--source", "canary"]).await;
+    let reqs = recent["requests"].as_array().unwrap();
+    assert_eq!((reqs.len(), recent["capacity"].as_u64()), (2, Some(64)), "{recent}");
+    assert!(reqs[0]["at_unix_s"].as_f64() >= reqs[1]["at_unix_s"].as_f64(), "{recent}");
+    let seen = server_trace_ids(&server);
+    for r in reqs {
+        assert_eq!((r["source"].as_str(), r["target"].as_str(), r["outcome"].as_str()), (Some("canary"), Some("t0"), Some("ok")), "{r}");
+        assert_eq!(r["output_tokens"], 3);
+        assert!(r["ttft_ms"].as_f64().unwrap() > 0.0 && r["e2e_ms"].as_f64().unwrap() >= r["ttft_ms"].as_f64().unwrap(), "{r}");
+        assert!(seen.contains(&r["trace_id"].as_str().unwrap().to_owned()), "trace id {} sent in traceparent", r["trace_id"]);
+    }
+    let (code, _, err) = ctl(&["--addr", &addr, "recent", "--outcome", "timeout", "--json"], &[]).await;
+    assert_eq!(code, 0, "{err}");
+
+    // InjectLoad refused beyond the caps, with the field, the value and the cap.
+    let refusals: [(&[&str], &str); 6] = [
+        (&["--rate", "1000", "--duration", "1s"], "INVALID_ARGUMENT: rate_per_second = 1000: above the cap of 50 (control.max_inject_rate)"),
+        (&["--rate", "5", "--duration", "1h"], "INVALID_ARGUMENT: duration_s = 3600: above the cap of 120 (control.max_inject_duration)"),
+        (&["--rate", "5", "--duration", "1s", "--concurrency", "5"], "INVALID_ARGUMENT: concurrency = 5: above the cap of 4 (control.max_inject_concurrency)"),
+        (&["--rate", "5", "--duration", "1s", "--max-requests", "1001"], "INVALID_ARGUMENT: max_requests = 1001: above the cap of 1000 (control.max_inject_requests)"),
+        (&["--rate", "5", "--duration", "1s", "--target", "nope"], "NOT_FOUND: target = \"nope\": not a configured target (t0)"),
+        (&["--rate", "5", "--duration", "1s", "--trace-file", "/tmp/x.jsonl"], "FAILED_PRECONDITION: trace replay not available in this build"),
+    ];
+    for (extra, want) in refusals {
+        let mut a = vec!["--addr", addr.as_str(), "inject"];
+        a.extend_from_slice(extra);
+        let (code, _, err) = ctl(&a, &[]).await;
+        assert_eq!((code, err.trim()), (3, format!("lmperf ctl: {want}").as_str()), "{extra:?}");
+    }
+    let (code, _, err) = ctl(&["--addr", &addr, "stop"], &[]).await;
+    assert_eq!((code, err.trim()), (3, "lmperf ctl: NOT_FOUND: no load is running"));
+
+    // A bounded burst: 20/s for 1 s, constant gaps, measured like canaries.
+    let started = ctl_json(&addr, &["inject", "--target", "t0", "--rate", "20", "--duration", "1s", "--concurrency", "4", "--arrival", "constant"]).await;
+    let id = started["load"]["id"].as_str().unwrap().to_owned();
+    assert_eq!((started["load"]["state"].as_str(), started["load"]["max_requests"].as_u64()), (Some("running"), Some(20)), "{started}");
+    let (code, _, err) = ctl(&["--addr", &addr, "inject", "--rate", "1", "--duration", "1s"], &[]).await;
+    assert_eq!((code, err.trim()), (3, format!("lmperf ctl: ALREADY_EXISTS: load {id} is running; stop it first (StopLoad)").as_str()));
+    let t = Instant::now();
+    let load = loop {
+        let s = ctl_json(&addr, &["status"]).await;
+        if s["load"]["state"] != "running" || t.elapsed() > Duration::from_secs(10) {
+            break s["load"].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!((load["state"].as_str(), load["sent"].as_u64(), load["skipped"].as_u64(), load["in_flight"].as_u64()), (Some("done"), Some(20), Some(0), Some(0)), "{load}");
+    assert_eq!(load["by_outcome"]["ok"], 20, "{load}");
+    let elapsed = load["elapsed_s"].as_f64().unwrap();
+    assert!((0.95..3.0).contains(&elapsed), "20 sends 50 ms apart take about 1 s: {elapsed}");
+    println!("inject 20/s × 1 s: elapsed {elapsed:.3} s");
+
+    let recent = ctl_json(&addr, &["recent", "--source", "inject", "--limit", "64"]).await;
+    let injected = recent["requests"].as_array().unwrap();
+    assert_eq!(injected.len(), 20, "{recent}");
+    let seen = server_trace_ids(&server);
+    for r in injected {
+        assert_eq!((r["load_id"].as_str(), r["outcome"].as_str(), r["target"].as_str()), (Some(id.as_str()), Some("ok"), Some("t0")), "{r}");
+        assert!(seen.contains(&r["trace_id"].as_str().unwrap().to_owned()), "{r}");
+    }
+    let inject_ids: Vec<String> = injected.iter().map(|r| r["trace_id"].as_str().unwrap().to_owned()).collect();
+
+    // Counted apart from the canaries.
+    let (code, metrics) = tokio::task::spawn_blocking({
+        let admin = agent.admin;
+        move || lmperf_e2e::agent::http_get(admin, "/metrics")
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 200);
+    assert_eq!(prom_sum(&metrics, "lmperf_inject_requests_total", &["lmperf_target=\"t0\"", "lmperf_outcome=\"ok\""]), 20.0, "{metrics}");
+
+    // Exported as spans marked as injected (all of them kept).
+    let mut spans = Vec::new();
+    let t = Instant::now();
+    let marked = |spans: &Vec<BTreeMap<String, String>>| spans.iter().filter(|a| a.get("lmperf.request.source").map(String::as_str) == Some("inject")).count();
+    while marked(&spans) < 20 && t.elapsed() < Duration::from_secs(10) {
+        spans.extend(collector.exported_spans(usize::MAX, Duration::from_millis(300)).await.iter().map(|s| attrs(&s.attributes)));
+    }
+    let inject_spans: Vec<_> = spans.iter().filter(|a| a.get("lmperf.request.source").map(String::as_str) == Some("inject")).collect();
+    assert_eq!(inject_spans.len(), 20);
+    for a in &inject_spans {
+        assert_eq!((a["lmperf.load.id"].as_str(), a["lmperf.sampling.reason"].as_str(), a["lmperf.target"].as_str()), (id.as_str(), "inject", "t0"), "{a:?}");
+        assert_eq!(a["lmperf.outcome"], "ok");
+    }
+    assert!(spans.iter().filter(|a| !a.contains_key("lmperf.request.source")).all(|a| a["lmperf.sampling.reason"] != "inject"), "canary spans are not marked");
+    let _ = inject_ids;
+
+    // StopLoad: a long load stopped early; its requests in flight cancelled.
+    let started = ctl_json(&addr, &["inject", "--rate", "10", "--duration", "60s"]).await;
+    let id2 = started["load"]["id"].as_str().unwrap().to_owned();
+    assert_ne!(id2, id);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let (code, _, err) = ctl(&["--addr", &addr, "stop", "--id", "load-999"], &[]).await;
+    assert_eq!((code, err.trim()), (3, "lmperf ctl: NOT_FOUND: id = \"load-999\": not the running load"));
+    let stopped = ctl_json(&addr, &["stop"]).await;
+    let l = &stopped["load"];
+    assert_eq!((l["id"].as_str(), l["state"].as_str(), l["in_flight"].as_u64()), (Some(id2.as_str()), Some("stopped"), Some(0)), "{stopped}");
+    let sent = l["sent"].as_u64().unwrap();
+    assert!((1..=30).contains(&sent) && l["elapsed_s"].as_f64().unwrap() < 5.0, "stopped within a second or two: {stopped}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = ctl_json(&addr, &["status"]).await;
+    assert_eq!((after["load"]["state"].as_str(), after["load"]["sent"].as_u64()), (Some("stopped"), Some(sent)), "no send after the stop: {after}");
+
+    // Exit codes of the client itself.
+    let (code, _, err) = ctl(&["--addr", &format!("unix:{}", dir.join("nobody.sock").display()), "status"], &[]).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("cannot reach the agent"), "{err}");
+    let (code, _, err) = ctl(&["--addr", "bogus", "status"], &[]).await;
+    assert_eq!(code, 2, "{err}");
+    let (code, _, _) = ctl(&["--addr", &addr, "inject", "--rate", "x", "--duration", "1s"], &[]).await;
+    assert_eq!(code, 2);
+
+    agent.sigterm();
+    let exit = tokio::task::spawn_blocking(move || agent.wait_exit(Duration::from_secs(10))).await.unwrap();
+    assert_eq!(exit.and_then(|s| s.code()), Some(0));
+    assert!(!sock.exists(), "socket removed at exit");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Bound to 0.0.0.0 (reached over 127.0.0.1 only), every call needs the token.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_non_loopback_bind_needs_the_token_on_every_call() {
+    let server = ScriptedServer::start(Arc::new(|_, _| Reply::sse(chat_stream(2, Duration::from_millis(2), Duration::from_millis(2), 4)))).await;
+    let dir = temp_dir("token");
+    let cfg = write_config(&dir, &server.url(), "listen = \"0.0.0.0:0\"\n");
+    let agent = spawn(vec!["--config".into(), cfg.to_str().unwrap().into(), "--no-otlp".into()], vec![("LMPERF_CONTROL_TOKEN".into(), "tok-e2e-1".into())]).await;
+    let at = control_at(&agent);
+    let port = at.strip_prefix("0.0.0.0:").unwrap_or_else(|| panic!("bound to 0.0.0.0: {at}"));
+    let addr = format!("127.0.0.1:{port}");
+
+    let calls: [&[&str]; 4] = [&["status"], &["recent"], &["stop"], &["inject", "--rate", "1", "--duration", "1s"]];
+    for call in calls {
+        let mut a = vec!["--addr", addr.as_str()];
+        a.extend_from_slice(call);
+        let (code, _, err) = ctl(&a, &[]).await;
+        assert_eq!(code, 3, "{call:?} without a token: {err}");
+        assert!(err.starts_with("lmperf ctl: UNAUTHENTICATED: missing or wrong token"), "{err}");
+        let (code, _, err) = ctl(&a, &[("LMPERF_CONTROL_TOKEN", "tok-e2e-2")]).await;
+        assert_eq!(code, 3, "{call:?} with a wrong token: {err}");
+        assert!(err.contains("UNAUTHENTICATED"), "{err}");
+    }
+    let (code, out, err) = ctl(&["--addr", &addr, "--json", "status"], &[("LMPERF_CONTROL_TOKEN", "tok-e2e-1")]).await;
+    assert_eq!(code, 0, "{err}");
+    let s: Value = serde_json::from_str(&out).unwrap();
+    assert!(s["load"].is_null(), "the unauthenticated inject started nothing: {s}");
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, "tok-e2e-1\n").unwrap();
+    let (code, _, err) = ctl(&["--addr", &addr, "--token-file", token_file.to_str().unwrap(), "recent"], &[]).await;
+    assert_eq!(code, 0, "{err}");
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A non-loopback bind without a token is a configuration error (exit 2); a loopback port
+/// needs none.
+#[tokio::test(flavor = "multi_thread")]
+async fn non_loopback_without_token_is_refused_at_start() {
+    let dir = temp_dir("notoken");
+    let url = format!("http://127.0.0.1:{}", lmperf_e2e::peers::free_port());
+    let cfg = write_config(&dir, &url, "listen = \"0.0.0.0:0\"\n");
+    let out = tokio::task::spawn_blocking({
+        let cfg = cfg.clone();
+        move || Command::new(lmperf_bin()).args(["agent", "--config", cfg.to_str().unwrap(), "--no-otlp", "--admin-addr", "127.0.0.1:0"]).env_remove("LMPERF_CONTROL_TOKEN").output().unwrap()
+    })
+    .await
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("config error: control.listen = \"0.0.0.0:0\": a non-loopback address needs a token"), "{err}");
+
+    let cfg = write_config(&dir, &url, "listen = \"127.0.0.1:0\"\n");
+    let agent = spawn(vec!["--config".into(), cfg.to_str().unwrap().into(), "--no-otlp".into()], vec![]).await;
+    let at = control_at(&agent);
+    assert!(at.starts_with("127.0.0.1:"), "{at}");
+    let (code, out, err) = ctl(&["--addr", &at, "--json", "status"], &[]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\"name\": \"t0\""), "{out}");
+    drop(agent);
+
+    // No [control] table: the default socket, which `lmperf ctl` finds without --addr.
+    let cfg = write_config(&dir, &url, "");
+    let agent = spawn(vec!["--config".into(), cfg.to_str().unwrap().into(), "--no-otlp".into()], vec![]).await;
+    let sock = agent.runtime_dir.join("lmperf/control.sock");
+    assert_eq!(control_at(&agent), format!("unix:{}", sock.display()));
+    let runtime = agent.runtime_dir.to_str().unwrap().to_owned();
+    let (code, out, err) = ctl(&["status"], &[("XDG_RUNTIME_DIR", &runtime)]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("target t0"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
