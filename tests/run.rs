@@ -70,6 +70,7 @@ async fn case_07_vllm_54101_client_queueing() {
         fail_on: Vec::new(),
         output_dir: dir.clone(),
         progress: false,
+        workload: Default::default(),
     };
     lmperf::bench::run(spec).await.unwrap();
     let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("requests.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
@@ -217,6 +218,7 @@ async fn poisson_200_per_second_for_60_s() {
         fail_on: Vec::new(),
         output_dir: dir.clone(),
         progress: false,
+        workload: Default::default(),
     };
     let summary = lmperf::bench::run(spec).await.unwrap();
     assert_eq!(summary.benchmarks[0].completed, n, "every request ok: {:?}", summary.benchmarks[0].errors);

@@ -91,6 +91,9 @@ pub struct RunArgs {
     /// Where requests.jsonl and summary.json go.
     #[arg(long, value_name = "DIR")]
     pub output_dir: std::path::PathBuf,
+    /// Length distributions, trace replay, prompt files, ramps.
+    #[command(flatten)]
+    pub workload: crate::bench::workload::WorkloadArgs,
 }
 
 /// `--goodput ttft:500 tpot:50 e2el:2000`.
@@ -172,6 +175,7 @@ impl RunArgs {
             fail_on,
             output_dir: self.output_dir,
             progress: true,
+            workload: self.workload.into_workload()?,
         })
     }
 }
