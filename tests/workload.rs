@@ -371,13 +371,13 @@ fn trace_on_the_real_server() {
     let dir = tmp("real-trace");
     let out = Command::new(lmperf_bin())
         .args(["run", "--target", &server.url(), "--model", "gemma-3-270m", "--trace", fixture("azure_llm_2023_conv.head2000.csv").to_str().unwrap()])
-        .args(["--trace-limit", "5", "--trace-speedup", "20", "--output-dir", dir.to_str().unwrap()])
+        .args(["--trace-limit", "4", "--trace-speedup", "20", "--batch-sizes", "4", "--output-dir", dir.to_str().unwrap()])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let want = expected("azure_llm_2023_conv.head2000.csv", 5);
+    let want = expected("azure_llm_2023_conv.head2000.csv", 4);
     let rows = rows(&dir);
-    assert_eq!(rows.len(), 5);
+    assert_eq!(rows.len(), 4);
     for (r, (_, input, output)) in rows.iter().zip(&want) {
         assert_eq!(r["outcome"], "ok", "{r}");
         assert_eq!(r["prompt_tokens"].as_u64(), Some(*input), "{r}");

@@ -17,6 +17,7 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once
 pub enum Command {
     /// Run the node agent: continuous canary requests to the targets, exported over OTLP.
     Agent(AgentArgs),

@@ -28,13 +28,16 @@ pub struct DatasetError {
     pub reason: String,
 }
 
+/// One CSV record: its 1-based first line and its fields.
+pub type CsvRecord = (usize, Vec<String>);
+
 /// Splits CSV text into records of fields: RFC 4180 (fields in double quotes may hold commas,
 /// line breaks and `""` for a quote), CRLF or LF line ends, a UTF-8 BOM and a missing final
 /// line end tolerated, empty lines skipped. Returns each record with its 1-based first line.
 ///
 /// # Errors
 /// A quoted field still open at the end of the text (its line in the message).
-pub fn parse_csv(text: &str) -> Result<Vec<(usize, Vec<String>)>, (usize, String)> {
+pub fn parse_csv(text: &str) -> Result<Vec<CsvRecord>, (usize, String)> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut records = Vec::new();
     let (mut record, mut field) = (Vec::new(), String::new());

@@ -380,7 +380,8 @@ const FILE_STREAM: u64 = 0x2545_F491_4F6C_DD1D;
 pub async fn items(spec: &RunSpec, tok: &TokenizeClient, n: usize, input_len: u32, seed: u64) -> Vec<Item> {
     let w = &spec.workload;
     let mut out_rng = SmallRng::seed_from_u64(seed ^ OUTPUT_STREAM);
-    let (prompts, trace_outputs): (Vec<(Prompt, Vec<(String, u32)>)>, Option<Vec<u32>>) = if let Some(t) = &w.trace {
+    type Prompts = Vec<(Prompt, Vec<(String, u32)>)>;
+    let (prompts, trace_outputs): (Prompts, Option<Vec<u32>>) = if let Some(t) = &w.trace {
         // The whole trace (its length is `--trace-limit`'s business, not `--num-prompts`').
         let reqs: Vec<_> = t.trace.requests.iter().collect();
         let mut ps = Vec::with_capacity(reqs.len());
