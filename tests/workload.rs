@@ -157,9 +157,11 @@ async fn trace_samples_replay_with_speedup() {
         let dir = tmp(name);
         let before = srv.requests().len();
         let w = Workload { trace: Some(TraceReplay { trace: Arc::new(trace), speedup }), ..Workload::default() };
-        let summary = lmperf::bench::run(spec(&srv.url(), "completions", &dir, w)).await.unwrap();
+        let mut sp = spec(&srv.url(), "completions", &dir, w);
+        sp.warmup = 2;
+        let summary = lmperf::bench::run(sp).await.unwrap();
         let rows = rows(&dir);
-        assert_eq!(rows.len(), want.len(), "{name}: one request per trace row");
+        assert_eq!(rows.len(), want.len(), "{name}: one request per trace row, warm-up not counted");
         assert_eq!(summary.benchmarks[0].completed, want.len(), "{name}: {:?}", summary.benchmarks[0].errors);
         for (r, (at, input, output)) in rows.iter().zip(&want) {
             assert_eq!(r["prompt_tokens"].as_u64(), Some(*input), "{name}: input length of {r}");
@@ -171,7 +173,15 @@ async fn trace_samples_replay_with_speedup() {
             assert!(r["send_ms"].as_f64().unwrap() - sched < 50.0, "{name}: sent on time: {r}");
         }
         // What reached the server: prompts of the trace's lengths, its max_tokens and min_tokens.
-        let sent: Vec<Value> = srv.requests()[before..].iter().filter(|r| r.path == "/v1/completions").map(body).collect();
+        let mut sent: Vec<Value> = srv.requests()[before..].iter().filter(|r| r.path == "/v1/completions").map(body).collect();
+        // Warm-up first: the first two rows' shapes, with prompts the replay does not reuse.
+        let warm: Vec<Value> = sent.drain(..2).collect();
+        let mut warm_shapes: Vec<(u64, u64)> = warm.iter().map(|w| (w["prompt"].as_str().unwrap().split_whitespace().count() as u64, w["max_tokens"].as_u64().unwrap())).collect();
+        let mut first_two: Vec<(u64, u64)> = want.iter().take(2).map(|r| (r.1, r.2)).collect();
+        warm_shapes.sort_unstable();
+        first_two.sort_unstable();
+        assert_eq!(warm_shapes, first_two, "{name}: warm-up shapes");
+        assert!(warm.iter().all(|w| sent.iter().all(|s| s["prompt"] != w["prompt"])), "{name}: warm-up prompt reused");
         let mut got: Vec<(u64, u64, u64)> = sent.iter().map(|b| (b["prompt"].as_str().unwrap().split_whitespace().count() as u64, b["max_tokens"].as_u64().unwrap(), b["min_tokens"].as_u64().unwrap())).collect();
         let mut wanted: Vec<(u64, u64, u64)> = want.iter().map(|w| (w.1, w.2, w.2)).collect();
         got.sort_unstable();

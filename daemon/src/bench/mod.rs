@@ -273,16 +273,23 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
             // Fresh prompts per benchmark: a server's prefix cache must not carry one
             // benchmark's prompts into the next.
             let seed = spec.seed ^ (concurrency as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            let items = workload::items(&spec, &tok, spec.warmup + spec.num_prompts, input_len, seed).await;
-            // A trace replays all its requests; warm-up takes its first ones again.
-            let (warm, measured) = if spec.workload.trace.is_some() {
-                (&items[..spec.warmup.min(items.len())], &items[..])
-            } else {
-                items.split_at(spec.warmup.min(items.len()))
+            let (warm, measured) = match &spec.workload.trace {
+                // A trace replays all its requests; warm-up sends the shapes of its first ones
+                // with other prompts (no prefix-cache hit carried into the measured replay).
+                Some(t) => (
+                    workload::items(&spec, &tok, spec.warmup, input_len, seed ^ 0x5741_524D_5550).await,
+                    workload::items(&spec, &tok, t.trace.requests.len(), input_len, seed).await,
+                ),
+                None => {
+                    let mut all = workload::items(&spec, &tok, spec.warmup + spec.num_prompts, input_len, seed).await;
+                    let measured = all.split_off(spec.warmup.min(all.len()));
+                    (all, measured)
+                }
             };
             if !warm.is_empty() {
-                let _ = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, warm, None).await?;
+                let _ = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, &warm, None).await?;
             }
+            let measured = &measured[..];
             let offsets = workload::schedule(&spec, measured.len(), spec.seed)?;
             let rows = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, measured, Some(offsets)).await?;
             let input_len = if spec.workload.own_inputs() {

@@ -376,14 +376,13 @@ const INPUT_STREAM: u64 = 0x1A2B_3C4D_5E6F_7081;
 const OUTPUT_STREAM: u64 = 0x5DEE_CE66_D1CE_4E5B;
 const FILE_STREAM: u64 = 0x2545_F491_4F6C_DD1D;
 
-/// The items of one benchmark: `n` of them (for a trace: all its requests), from `seed`.
+/// The items of one benchmark: `n` of them (for a trace: its first `n` requests), from `seed`.
 pub async fn items(spec: &RunSpec, tok: &TokenizeClient, n: usize, input_len: u32, seed: u64) -> Vec<Item> {
     let w = &spec.workload;
     let mut out_rng = SmallRng::seed_from_u64(seed ^ OUTPUT_STREAM);
     type Prompts = Vec<(Prompt, Vec<(String, u32)>)>;
     let (prompts, trace_outputs): (Prompts, Option<Vec<u32>>) = if let Some(t) = &w.trace {
-        // The whole trace (its length is `--trace-limit`'s business, not `--num-prompts`').
-        let reqs: Vec<_> = t.trace.requests.iter().collect();
+        let reqs: Vec<_> = t.trace.requests.iter().take(n).collect();
         let mut ps = Vec::with_capacity(reqs.len());
         for (i, r) in reqs.iter().enumerate() {
             ps.push((one_prompt(tok, r.input_tokens, seed, i).await, Vec::new()));
