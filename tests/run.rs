@@ -71,6 +71,7 @@ async fn case_07_vllm_54101_client_queueing() {
         output_dir: dir.clone(),
         progress: false,
         gpu: lmperf::bench::vram::GpuSource::Off,
+        workload: Default::default(),
     };
     lmperf::bench::run(spec).await.unwrap();
     let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("requests.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
@@ -219,6 +220,7 @@ async fn poisson_200_per_second_for_60_s() {
         output_dir: dir.clone(),
         progress: false,
         gpu: lmperf::bench::vram::GpuSource::Off,
+        workload: Default::default(),
     };
     let summary = lmperf::bench::run(spec).await.unwrap();
     assert_eq!(summary.benchmarks[0].completed, n, "every request ok: {:?}", summary.benchmarks[0].errors);
@@ -303,6 +305,7 @@ async fn peak_vram_per_benchmark_and_the_vram_gate() {
         output_dir: dir.clone(),
         progress: false,
         gpu: GpuSource::Fake(fake.clone()),
+        workload: Default::default(),
     };
     let summary = lmperf::bench::run(spec).await.unwrap();
     let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();

@@ -17,6 +17,7 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once
 pub enum Command {
     /// Run the node agent: continuous canary requests to the targets, exported over OTLP.
     Agent(AgentArgs),
@@ -168,6 +169,9 @@ pub struct RunArgs {
     /// Where requests.jsonl and summary.json go.
     #[arg(long, value_name = "DIR")]
     pub output_dir: std::path::PathBuf,
+    /// Length distributions, trace replay, prompt files, ramps.
+    #[command(flatten)]
+    pub workload: crate::bench::workload::WorkloadArgs,
 }
 
 /// `--goodput ttft:500 tpot:50 e2el:2000`.
@@ -254,6 +258,7 @@ impl RunArgs {
                 (_, Some(p)) => crate::bench::vram::GpuSource::NvmlAt(p),
                 (_, None) => crate::bench::vram::GpuSource::Nvml,
             },
+            workload: self.workload.into_workload()?,
         })
     }
 }

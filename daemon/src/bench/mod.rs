@@ -8,10 +8,13 @@
 //! `requests.jsonl` (one line per request), `summary.json` (schema below, versioned) and
 //! `report.html` (self-contained charts and tables, see [`report`]).
 
+pub mod dataset;
 pub mod prompts;
 pub mod report;
 pub mod stats;
 pub mod vram;
+pub mod trace;
+pub mod workload;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -97,6 +100,8 @@ pub struct RunSpec {
     pub progress: bool,
     /// Where peak VRAM per benchmark comes from ([`vram`]).
     pub gpu: vram::GpuSource,
+    /// Length distributions, ramp, trace replay, prompt file ([`workload`]).
+    pub workload: workload::Workload,
 }
 
 /// One request of a benchmark: a line of `requests.jsonl`. Times in milliseconds; `*_ms`
@@ -121,6 +126,10 @@ pub struct RequestRow {
     /// Prompt length by the tokenizer (see `summary.json` `tokenizer`).
     pub prompt_tokens: u32,
     pub prompt_tokens_target: u32,
+    /// `max_tokens` asked (and `min_tokens` with ignore-EOS); `output_tokens` is what came.
+    pub output_tokens_target: u32,
+    /// Turn of a multi-turn conversation (0, 1, …; `index` is the conversation's).
+    pub turn: u32,
     /// Input tokens from the server's usage.
     pub input_tokens: Option<u64>,
     pub output_tokens: Option<u64>,
@@ -162,6 +171,10 @@ pub struct BenchSummary {
     pub e2el_from_schedule_ms: Option<Distribution>,
     pub dispatch_delay_ms: Option<Distribution>,
     pub output_tokens: Option<Distribution>,
+    /// Output lengths asked (`max_tokens`), against the achieved `output_tokens`.
+    pub output_tokens_target: Option<Distribution>,
+    /// Successful requests that ended with fewer output tokens than asked.
+    pub output_tokens_short: usize,
     pub prompt_tokens: Option<Distribution>,
     /// Peak GPU memory during the benchmark; null without GPU figures (see `Summary::gpu`).
     pub vram: Option<vram::VramStats>,
@@ -181,6 +194,10 @@ pub struct Summary {
     pub benchmarks: Vec<BenchSummary>,
     /// Whether the benchmarks have GPU memory figures, and why not.
     pub gpu: vram::GpuRunStatus,
+    /// The replayed trace (`--trace`), if any.
+    pub trace: Option<workload::TraceInfo>,
+    /// Length distributions, prompt file, ramp.
+    pub workload: workload::WorkloadInfo,
     /// `--fail-on` gates that tripped.
     pub failed_gates: Vec<String>,
 }
@@ -250,24 +267,45 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
     let mut extra = serde_json::Map::new();
     if spec.ignore_eos {
         extra.insert("ignore_eos".into(), serde_json::Value::Bool(true));
-        extra.insert("min_tokens".into(), serde_json::Value::from(spec.output_len));
+    }
+    if spec.workload.multi_turn && spec.target.api != Api::Chat {
+        return Err(BenchError::Invalid { field: "--multi-turn", value: "completions".into(), reason: "multi-turn needs --api chat".into() });
     }
     let watch = vram::VramWatch::start(&spec.gpu);
     let mut rows_all = Vec::new();
     let mut benchmarks = Vec::new();
-    for &input_len in &spec.input_lengths {
+    let input_lengths = if spec.workload.own_inputs() { vec![0] } else { spec.input_lengths.clone() };
+    for &input_len in &input_lengths {
         for &concurrency in &spec.concurrencies {
-            let name = format!("c{concurrency}_in{input_len}");
+            let name = format!("c{concurrency}_{}", spec.workload.label(input_len));
             // Fresh prompts per benchmark: a server's prefix cache must not carry one
             // benchmark's prompts into the next.
             let seed = spec.seed ^ (concurrency as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            let prompts = prompts::synthetic(&tok, spec.warmup + spec.num_prompts, input_len, seed).await;
-            let (warm, measured) = prompts.split_at(spec.warmup.min(prompts.len()));
+            let (warm, measured) = match &spec.workload.trace {
+                // A trace replays all its requests; warm-up sends the shapes of its first ones
+                // with other prompts (no prefix-cache hit carried into the measured replay).
+                Some(t) => (
+                    workload::items(&spec, &tok, spec.warmup, input_len, seed ^ 0x5741_524D_5550).await,
+                    workload::items(&spec, &tok, t.trace.requests.len(), input_len, seed).await,
+                ),
+                None => {
+                    let mut all = workload::items(&spec, &tok, spec.warmup + spec.num_prompts, input_len, seed).await;
+                    let measured = all.split_off(spec.warmup.min(all.len()));
+                    (all, measured)
+                }
+            };
             if !warm.is_empty() {
-                let _ = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, warm, None).await?;
+                let _ = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, &warm, None).await?;
             }
+            let measured = &measured[..];
+            let offsets = workload::schedule(&spec, measured.len(), spec.seed)?;
             watch.reset();
-            let rows = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, measured, Some(spec.seed)).await?;
+            let rows = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, measured, Some(offsets)).await?;
+            let input_len = if spec.workload.own_inputs() {
+                (measured.iter().map(|i| f64::from(i.prompt.target_tokens)).sum::<f64>() / measured.len().max(1) as f64).round() as u32
+            } else {
+                input_len
+            };
             let mut summary = summarize(&spec, &name, concurrency, input_len, &rows);
             summary.vram = watch.take(summary.output_token_throughput);
             if spec.progress {
@@ -302,6 +340,8 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
         goodput_slo: spec.goodput,
         benchmarks,
         gpu,
+        trace: spec.workload.trace.as_ref().map(workload::TraceReplay::info),
+        workload: spec.workload.info(),
         failed_gates,
     };
     write_outputs(&spec.output_dir, &rows_all, &summary)?;
@@ -330,15 +370,13 @@ async fn one_benchmark(
     extra: &serde_json::Map<String, serde_json::Value>,
     name: &str,
     concurrency: usize,
-    prompts: &[Prompt],
-    seed: Option<u64>,
+    items: &[workload::Item],
+    offsets: Option<Vec<Duration>>,
 ) -> Result<Vec<RequestRow>, BenchError> {
-    let n = prompts.len();
-    // Warm-up runs closed loop; measured runs follow the rate.
-    let offsets = match seed {
-        Some(s) => offsets(spec, n, s)?,
-        None => vec![Duration::ZERO; n],
-    };
+    let n = items.len();
+    // Warm-up (no offsets) runs closed loop; measured runs follow the schedule.
+    let measured = offsets.is_some();
+    let offsets = offsets.unwrap_or_else(|| vec![Duration::ZERO; n]);
     let slots = Arc::new(Semaphore::new(concurrency.max(1)));
     let target = Arc::new(spec.target.clone());
     let extra = Arc::new(extra.clone());
@@ -349,7 +387,7 @@ async fn one_benchmark(
     let mut tasks = tokio::task::JoinSet::new();
     let t0 = Instant::now() + Duration::from_millis(10);
     let mut last_progress = Instant::now();
-    for (i, (prompt, offset)) in prompts.iter().zip(offsets).enumerate() {
+    for (i, (item, offset)) in items.iter().zip(offsets).enumerate() {
         let scheduled = t0 + offset;
         if let Some(d) = spec.duration
             && scheduled.saturating_duration_since(t0) > d
@@ -361,20 +399,44 @@ async fn one_benchmark(
         let dispatched = Instant::now();
         let (clients, target, extra, model, task_done, task_errors, cancel) =
             (clients.clone(), target.clone(), extra.clone(), model.clone(), done.clone(), errors.clone(), cancel.clone());
-        let prompt = prompt.clone();
-        let (bench_name, max_tokens) = (name.to_owned(), spec.output_len);
+        let item = item.clone();
+        let (bench_name, multi_turn, ignore_eos) = (name.to_owned(), spec.workload.multi_turn, spec.ignore_eos);
         tasks.spawn(async move {
-            let traceparent = crate::telemetry::spans::TraceIds::random(&crate::sampler::head::HeadSampler::AlwaysOn).traceparent();
-            let req = CanaryRequest { api: target.api, model: &model, prompt: &prompt.text, max_tokens, traceparent: &traceparent, extra_body: Some(&extra) };
-            let m = client::execute(&clients, &target, &req, &cancel).await;
+            let mut extra = (*extra).clone();
+            if ignore_eos {
+                extra.insert("min_tokens".into(), serde_json::Value::from(item.max_tokens));
+            }
+            let mut rows = Vec::with_capacity(1 + item.next_turns.len());
+            let mut messages = vec![serde_json::json!({ "role": "user", "content": item.prompt.text })];
+            let mut prompt = item.prompt.clone();
+            let (mut scheduled, mut dispatched) = (scheduled, dispatched);
+            for turn in 0..=item.next_turns.len() {
+                if multi_turn {
+                    extra.insert("messages".into(), serde_json::Value::Array(messages.clone()));
+                }
+                let traceparent = crate::telemetry::spans::TraceIds::random(&crate::sampler::head::HeadSampler::AlwaysOn).traceparent();
+                let req = CanaryRequest { api: target.api, model: &model, prompt: &prompt.text, max_tokens: item.max_tokens, traceparent: &traceparent, extra_body: Some(&extra) };
+                let m = client::execute_with(&clients, &target, &req, &cancel, multi_turn).await;
+                let ok = m.record.outcome == Outcome::Ok;
+                if !ok {
+                    task_errors.fetch_add(1, Ordering::Relaxed);
+                }
+                rows.push(row(&bench_name, i, turn as u32, concurrency, t0, scheduled, dispatched, &prompt, item.max_tokens, &m));
+                // The next turn: after this answer, with the history.
+                let Some((text, tokens)) = item.next_turns.get(turn).cloned() else { break };
+                if !ok {
+                    break;
+                }
+                messages.push(serde_json::json!({ "role": "assistant", "content": m.record.output_text.unwrap_or_default() }));
+                messages.push(serde_json::json!({ "role": "user", "content": text }));
+                prompt = Prompt { text, target_tokens: tokens, tokens };
+                (scheduled, dispatched) = (Instant::now(), Instant::now());
+            }
             drop(permit);
             task_done.fetch_add(1, Ordering::Relaxed);
-            if m.record.outcome != Outcome::Ok {
-                task_errors.fetch_add(1, Ordering::Relaxed);
-            }
-            row(&bench_name, i, concurrency, t0, scheduled, dispatched, &prompt, &m)
+            rows
         });
-        if spec.progress && seed.is_some() && last_progress.elapsed() >= Duration::from_secs(2) {
+        if spec.progress && measured && last_progress.elapsed() >= Duration::from_secs(2) {
             last_progress = Instant::now();
             let d = done.load(Ordering::Relaxed);
             eprintln!("lmperf run: {name}: {d}/{n} done, {} errors, {:.1} req/s", errors.load(Ordering::Relaxed), d as f64 / t0.elapsed().as_secs_f64());
@@ -383,15 +445,15 @@ async fn one_benchmark(
     let mut rows = Vec::with_capacity(n);
     while let Some(r) = tasks.join_next().await {
         if let Ok(r) = r {
-            rows.push(r);
+            rows.extend(r);
         }
     }
-    rows.sort_by_key(|r| r.index);
+    rows.sort_by_key(|r| (r.index, r.turn));
     Ok(rows)
 }
 
 #[allow(clippy::too_many_arguments)]
-fn row(name: &str, index: usize, concurrency: usize, t0: Instant, scheduled: Instant, dispatched: Instant, prompt: &Prompt, m: &Measured) -> RequestRow {
+fn row(name: &str, index: usize, turn: u32, concurrency: usize, t0: Instant, scheduled: Instant, dispatched: Instant, prompt: &Prompt, max_tokens: u32, m: &Measured) -> RequestRow {
     let r = &m.record;
     let delay = dispatched.saturating_duration_since(scheduled);
     RequestRow {
@@ -411,6 +473,8 @@ fn row(name: &str, index: usize, concurrency: usize, t0: Instant, scheduled: Ins
         e2el_from_schedule_ms: ms(r.e2e + delay),
         prompt_tokens: prompt.tokens,
         prompt_tokens_target: prompt.target_tokens,
+        output_tokens_target: max_tokens,
+        turn,
         input_tokens: r.input_tokens,
         output_tokens: r.output_tokens,
         usage_source: r.usage_source.map(|s| s.as_str()),
@@ -452,7 +516,11 @@ pub fn summarize(spec: &RunSpec, name: &str, concurrency: usize, input_len: u32,
         benchmark: name.to_owned(),
         concurrency,
         input_len,
-        output_len: spec.output_len,
+        output_len: if spec.workload.output_dist.is_some() || spec.workload.trace.is_some() {
+            (rows.iter().map(|r| f64::from(r.output_tokens_target)).sum::<f64>() / rows.len().max(1) as f64).round() as u32
+        } else {
+            spec.output_len
+        },
         request_rate: spec.request_rate.map_or(serde_json::Value::from("inf"), serde_json::Value::from),
         num_requests: rows.len(),
         completed: ok.len(),
@@ -471,6 +539,8 @@ pub fn summarize(spec: &RunSpec, name: &str, concurrency: usize, input_len: u32,
         e2el_from_schedule_ms: vals(&|r| Some(r.e2el_from_schedule_ms)),
         dispatch_delay_ms: Distribution::of(&rows.iter().map(|r| r.dispatch_delay_ms).collect::<Vec<_>>()),
         output_tokens: vals(&|r| r.output_tokens.map(|v| v as f64)),
+        output_tokens_target: Distribution::of(&rows.iter().map(|r| f64::from(r.output_tokens_target)).collect::<Vec<_>>()),
+        output_tokens_short: ok.iter().filter(|r| r.output_tokens.is_some_and(|o| o < u64::from(r.output_tokens_target))).count(),
         prompt_tokens: Distribution::of(&rows.iter().map(|r| f64::from(r.prompt_tokens)).collect::<Vec<_>>()),
         vram: None,
     }

@@ -95,6 +95,9 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
         seed = summary.seed,
         ver = summary.lmperf_version,
     );
+    if let Some(t) = &summary.trace {
+        let _ = write!(h, "<p>trace <code>{}</code> ({:?}, {} requests, speedup {}×)</p>", esc(&t.name), t.format, t.requests, t.speedup);
+    }
     if !summary.failed_gates.is_empty() {
         let _ = write!(h, r#"<p style="color:#b00"><b>Gates tripped:</b> {}</p>"#, esc(&summary.failed_gates.join(", ")));
     }

@@ -128,6 +128,12 @@ fn headers(target: &TargetConfig, traceparent: &str) -> Result<HeaderMap, String
 /// Sends `req` to `target` and measures it. Never fails: every failure is a measured outcome.
 /// `cancel` ends the request early (recorded as `cancelled`).
 pub async fn execute(clients: &Clients, target: &TargetConfig, req: &CanaryRequest<'_>, cancel: &CancellationToken) -> Measured {
+    execute_with(clients, target, req, cancel, false).await
+}
+
+/// [`execute`]; with `keep_text` the record also holds the generated text
+/// ([`RequestRecord::output_text`]).
+pub async fn execute_with(clients: &Clients, target: &TargetConfig, req: &CanaryRequest<'_>, cancel: &CancellationToken, keep_text: bool) -> Measured {
     let url = match target.base_url.join(req.api.path()) {
         Ok(u) => u,
         Err(e) => return build_failure(format!("url: {e}")),
@@ -144,7 +150,7 @@ pub async fn execute(clients: &Clients, target: &TargetConfig, req: &CanaryReque
     loop {
         let client = if retries == 0 { &clients.pooled } else { &clients.fresh };
         let request = client.post(url.clone()).headers(headers.clone()).body(body.clone());
-        match attempt(request, target, cancel).await {
+        match attempt(request, target, cancel, keep_text).await {
             Attempt::StaleConnection if retries == 0 => retries += 1,
             Attempt::StaleConnection => {
                 // Cannot happen with `fresh`, but never loop: report it.
@@ -174,7 +180,7 @@ enum Attempt {
     StaleConnection,
 }
 
-async fn attempt(request: reqwest::RequestBuilder, target: &TargetConfig, cancel: &CancellationToken) -> Attempt {
+async fn attempt(request: reqwest::RequestBuilder, target: &TargetConfig, cancel: &CancellationToken, keep_text: bool) -> Attempt {
     let wall_start = SystemTime::now();
     let t0 = Instant::now();
     let deadline = tokio::time::Instant::from_std(t0 + target.timeout);
@@ -205,7 +211,7 @@ async fn attempt(request: reqwest::RequestBuilder, target: &TargetConfig, cancel
         let body = read_error_body(response, deadline).await;
         return Attempt::Done(RequestRecord::http_error(status, &body, t0.elapsed()), wall_start);
     }
-    Attempt::Done(read_stream(response, status, target, t0, deadline, cancel).await, wall_start)
+    Attempt::Done(read_stream(response, status, target, t0, deadline, cancel, keep_text).await, wall_start)
 }
 
 async fn read_stream(
@@ -215,8 +221,12 @@ async fn read_stream(
     t0: Instant,
     deadline: tokio::time::Instant,
     cancel: &CancellationToken,
+    keep_text: bool,
 ) -> RequestRecord {
     let mut m = StreamMeasurer::new(status, target.max_event_bytes);
+    if keep_text {
+        m = m.keep_text();
+    }
     let mut deadline = deadline;
     let mut after_done = false;
     let end = loop {

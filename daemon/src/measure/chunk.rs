@@ -50,6 +50,8 @@ pub struct Chunk<'a> {
     pub carries_tokens: bool,
     /// Carries visible output (text or a tool call), not only reasoning.
     pub carries_content: bool,
+    /// Visible text of the first choice that has some (`delta.content` or `text`).
+    pub text: Option<Cow<'a, str>>,
     /// Raw `finish_reason` of each choice that set one.
     pub finish_reasons: Vec<Cow<'a, str>>,
     pub usage: Option<Usage>,
@@ -137,17 +139,24 @@ pub fn parse_payload(data: &str) -> Payload<'_> {
         ..Chunk::default()
     };
     for choice in raw.choices.into_iter().flatten() {
-        if let Some(delta) = &choice.delta {
+        if let Some(delta) = choice.delta {
             let tool = delta.tool_calls.as_ref().is_some_and(|t| !t.is_empty())
                 || delta.function_call.is_some();
-            let content = non_empty(&delta.content) || tool;
+            let text = non_empty(&delta.content);
+            let content = text || tool;
             chunk.carries_content |= content;
             chunk.carries_tokens |=
                 content || non_empty(&delta.reasoning) || non_empty(&delta.reasoning_content);
+            if text && chunk.text.is_none() {
+                chunk.text = delta.content;
+            }
         }
         if non_empty(&choice.text) {
             chunk.carries_content = true;
             chunk.carries_tokens = true;
+            if chunk.text.is_none() {
+                chunk.text = choice.text;
+            }
         }
         if let Some(reason) = choice.finish_reason {
             chunk.finish_reasons.push(reason);

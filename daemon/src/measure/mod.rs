@@ -140,6 +140,9 @@ pub struct RequestRecord {
     pub response_model: Option<String>,
     /// Number of SSE comment lines (keep-alives) seen.
     pub sse_comments: u64,
+    /// The generated text, when asked for ([`StreamMeasurer::keep_text`]; multi-turn
+    /// benchmarks send it back as the assistant turn).
+    pub output_text: Option<String>,
 }
 
 impl RequestRecord {
@@ -163,6 +166,7 @@ impl RequestRecord {
             response_id: None,
             response_model: None,
             sse_comments: 0,
+            output_text: None,
         }
     }
 
@@ -246,6 +250,8 @@ pub struct StreamMeasurer {
     stream_error: Option<StreamError>,
     invalid: Option<String>,
     too_large: Option<String>,
+    /// The generated text so far, when kept.
+    text: Option<String>,
 }
 
 impl StreamMeasurer {
@@ -267,7 +273,14 @@ impl StreamMeasurer {
             stream_error: None,
             invalid: None,
             too_large: None,
+            text: None,
         }
+    }
+
+    /// Keeps the generated text (first choice) for [`RequestRecord::output_text`].
+    pub fn keep_text(mut self) -> Self {
+        self.text = Some(String::new());
+        self
     }
 
     /// Bytes that arrived `at` after the send. Returns `false` when reading should stop (the
@@ -323,6 +336,9 @@ impl StreamMeasurer {
                     self.usage = Some(u);
                 }
                 let completion = c.usage.and_then(|u| u.completion_tokens);
+                if let (Some(keep), Some(t)) = (self.text.as_mut(), c.text.as_deref()) {
+                    keep.push_str(t);
+                }
                 if c.carries_tokens {
                     self.token_chunks.push((at, completion));
                     if c.carries_content && self.time_to_first_content.is_none() {
@@ -384,6 +400,7 @@ impl StreamMeasurer {
             response_id: self.response_id,
             response_model: self.response_model,
             sse_comments: self.parser.comments,
+            output_text: self.text,
         }
     }
 
@@ -469,6 +486,16 @@ mod tests {
         }
         let last = frames.last().map_or(0, |f| f.0);
         m.finish(end, ms(last))
+    }
+
+    #[test]
+    fn kept_text_joins_the_first_choice() {
+        let mut m = StreamMeasurer::new(200, 1 << 20).keep_text();
+        m.on_bytes(ms(1), b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n");
+        m.on_bytes(ms(2), b"data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"lo \\\"x\\\"\"}}]}\n\n");
+        m.on_bytes(ms(3), b"data: {\"choices\":[{\"text\":\"!\",\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n");
+        assert_eq!(m.finish(StreamEnd::Eof, ms(3)).output_text.as_deref(), Some("Hello \"x\"!"));
+        assert_eq!(measure(&[(1, "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n")], StreamEnd::Eof).output_text, None, "not kept by default");
     }
 
     #[test]

@@ -1,0 +1,282 @@
+//! Trace replay for `lmperf run --trace`: request arrival times and input / output token
+//! lengths read from public LLM inference traces (`../shared/traces/PROVENANCE.md`):
+//!
+//! - Azure LLM inference trace 2023 (CSV `TIMESTAMP,ContextTokens,GeneratedTokens`, CRLF,
+//!   timestamps `YYYY-MM-DD HH:MM:SS.fffffff` with 7 fractional digits and no time zone);
+//! - BurstGPT (CSV `Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type`, v3
+//!   adds `Session ID,Elapsed time`; columns are found by name; timestamps in seconds; rows
+//!   with `Response tokens` = 0 are failed requests and are skipped, and counted);
+//! - Mooncake (JSONL `timestamp` in milliseconds, `input_length`, `output_length`, `hash_ids`;
+//!   many requests share a timestamp).
+//!
+//! Arrival offsets are relative to the earliest request; requests keep the file's order among
+//! equal timestamps.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::dataset::{column, parse_csv};
+
+/// A supported trace format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TraceFormat {
+    /// Azure LLM inference trace (2023; the 2024 week-long files have the same columns).
+    Azure,
+    BurstGpt,
+    Mooncake,
+}
+
+impl TraceFormat {
+    /// `azure`, `burstgpt` or `mooncake` (the `--trace-format` values).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "azure" => Some(Self::Azure),
+            "burstgpt" => Some(Self::BurstGpt),
+            "mooncake" => Some(Self::Mooncake),
+            _ => None,
+        }
+    }
+}
+
+/// One request of a trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TraceRequest {
+    /// Arrival after the trace's first request (before `--trace-speedup`).
+    pub at: Duration,
+    /// Prompt length in tokens (at least 1).
+    pub input_tokens: u32,
+    /// Output length in tokens, sent as `max_tokens` (at least 1).
+    pub output_tokens: u32,
+}
+
+/// A loaded trace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trace {
+    /// File name (no directory), as the summary and report name it.
+    pub name: String,
+    pub format: TraceFormat,
+    /// In arrival order, at most `--trace-limit`.
+    pub requests: Vec<TraceRequest>,
+    /// BurstGPT rows skipped as failed (`Response tokens` = 0) among the rows read.
+    pub skipped_failed: usize,
+}
+
+/// A trace that cannot be replayed; the message names the file, line, field and value.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}{}: {reason}", line.map(|l| format!(" line {l}")).unwrap_or_default())]
+pub struct TraceError {
+    pub path: String,
+    pub line: Option<usize>,
+    pub reason: String,
+}
+
+/// The format of a trace from its first line: JSON object → Mooncake; a CSV header with
+/// `ContextTokens` → Azure; with `Request tokens` → BurstGPT.
+pub fn detect(text: &str) -> Option<TraceFormat> {
+    let first = text.trim_start_matches('\u{feff}').lines().find(|l| !l.trim().is_empty())?.trim();
+    if first.starts_with('{') {
+        return Some(TraceFormat::Mooncake);
+    }
+    let lower = first.to_ascii_lowercase();
+    if lower.contains("contexttokens") {
+        Some(TraceFormat::Azure)
+    } else if lower.contains("request tokens") {
+        Some(TraceFormat::BurstGpt)
+    } else {
+        None
+    }
+}
+
+/// Nanoseconds since 1970-01-01 of `YYYY-MM-DD HH:MM:SS[.f…]` (or with `T`; a trailing `Z` is
+/// ignored; no other time zone). Up to 9 fractional digits are kept.
+pub fn parse_datetime_ns(s: &str) -> Option<i128> {
+    let s = s.trim().trim_end_matches('Z');
+    let (date, time) = s.split_once([' ', 'T'])?;
+    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let (hms, frac) = time.split_once('.').unwrap_or((time, ""));
+    let mut t = hms.splitn(3, ':').map(|p| p.parse::<i64>().ok());
+    let (hh, mm, ss) = (t.next()??, t.next()??, t.next()??);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&day) || hh > 23 || mm > 59 || ss > 60 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let digits = &frac[..frac.len().min(9)];
+    let frac_ns = if digits.is_empty() { 0 } else { digits.parse::<i128>().ok()? * 10i128.pow(9 - digits.len() as u32) };
+    // Days from civil (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = i128::from(days) * 86_400 + i128::from(hh * 3600 + mm * 60 + ss);
+    Some(secs * 1_000_000_000 + frac_ns)
+}
+
+/// Reads a trace: `format` or detected; the first `limit` replayable requests.
+///
+/// # Errors
+/// Unreadable file, unknown format, a missing column, a value that is not a number or
+/// timestamp, or no request at all.
+pub fn load(path: &Path, format: Option<TraceFormat>, limit: Option<usize>) -> Result<Trace, TraceError> {
+    let err = |line: Option<usize>, reason: String| TraceError { path: path.display().to_string(), line, reason };
+    let text = std::fs::read_to_string(path).map_err(|e| err(None, e.to_string()))?;
+    let format = match format.or_else(|| detect(&text)) {
+        Some(f) => f,
+        None => return Err(err(Some(1), "unknown trace format: give --trace-format azure|burstgpt|mooncake".into())),
+    };
+    let limit = limit.unwrap_or(usize::MAX);
+    // (timestamp in ns, input, output)
+    let mut rows: Vec<(i128, u32, u32)> = Vec::new();
+    let mut skipped_failed = 0;
+    let tokens = |line: usize, field: &str, v: &str| -> Result<u32, TraceError> {
+        let t = v.trim();
+        t.parse::<u64>()
+            .ok()
+            .or_else(|| t.parse::<f64>().ok().filter(|f| f.is_finite() && *f >= 0.0 && f.fract() == 0.0).map(|f| f as u64))
+            .map(|n| n.min(u64::from(u32::MAX)) as u32)
+            .ok_or_else(|| err(Some(line), format!("{field} = {v:?}: not a token count")))
+    };
+    match format {
+        TraceFormat::Mooncake => {
+            for (i, l) in text.lines().enumerate() {
+                if rows.len() >= limit {
+                    break;
+                }
+                let l = l.trim().trim_start_matches('\u{feff}');
+                if l.is_empty() {
+                    continue;
+                }
+                let line = i + 1;
+                let v: serde_json::Value = serde_json::from_str(l).map_err(|e| err(Some(line), format!("not JSON: {e}")))?;
+                let field = |k: &str| v.get(k).ok_or_else(|| err(Some(line), format!("no field `{k}`")));
+                let ts = field("timestamp")?;
+                let ms = ts.as_f64().filter(|t| t.is_finite() && *t >= 0.0).ok_or_else(|| err(Some(line), format!("timestamp = {ts}: not a number of milliseconds")))?;
+                let num = |k: &str| -> Result<u32, TraceError> {
+                    let f = field(k)?;
+                    tokens(line, k, &f.to_string())
+                };
+                rows.push(((ms * 1e6).round() as i128, num("input_length")?, num("output_length")?));
+            }
+        }
+        TraceFormat::Azure | TraceFormat::BurstGpt => {
+            let records = parse_csv(&text).map_err(|(line, reason)| err(Some(line), reason))?;
+            let Some(((_, header), body)) = records.split_first() else { return Err(err(None, "empty file".into())) };
+            let names: (&[&str], &[&str], &[&str]) = match format {
+                TraceFormat::Azure => (&["TIMESTAMP"], &["ContextTokens"], &["GeneratedTokens"]),
+                _ => (&["Timestamp"], &["Request tokens"], &["Response tokens"]),
+            };
+            let col = |names: &[&str]| column(header, names).ok_or_else(|| err(Some(1), format!("header {header:?} has no column {:?}", names[0])));
+            let (ct, ci, co) = (col(names.0)?, col(names.1)?, col(names.2)?);
+            for (line, r) in body {
+                if rows.len() >= limit {
+                    break;
+                }
+                let get = |c: usize, name: &str| r.get(c).map(String::as_str).ok_or_else(|| err(Some(*line), format!("{} fields, no {name}", r.len())));
+                let ts_text = get(ct, names.0[0])?;
+                let ts = match format {
+                    TraceFormat::Azure => parse_datetime_ns(ts_text),
+                    _ => ts_text.trim().parse::<f64>().ok().filter(|t| t.is_finite() && *t >= 0.0).map(|s| (s * 1e9).round() as i128),
+                }
+                .ok_or_else(|| err(Some(*line), format!("{} = {ts_text:?}: not a timestamp", names.0[0])))?;
+                let input = tokens(*line, names.1[0], get(ci, names.1[0])?)?;
+                let output = tokens(*line, names.2[0], get(co, names.2[0])?)?;
+                if format == TraceFormat::BurstGpt && output == 0 {
+                    skipped_failed += 1;
+                    continue;
+                }
+                rows.push((ts, input, output));
+            }
+        }
+    }
+    let Some(first) = rows.iter().map(|r| r.0).min() else { return Err(err(None, "no request in the trace".into())) };
+    // Stable: requests that share a timestamp keep the file's order.
+    rows.sort_by_key(|r| r.0);
+    let requests = rows
+        .into_iter()
+        .map(|(ts, input, output)| TraceRequest {
+            at: Duration::from_nanos(u64::try_from(ts - first).unwrap_or(u64::MAX)),
+            input_tokens: input.max(1),
+            output_tokens: output.max(1),
+        })
+        .collect();
+    let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    Ok(Trace { name, format, requests, skipped_failed })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/traces").join(name)
+    }
+
+    #[test]
+    fn datetimes_with_seven_fractional_digits() {
+        let a = parse_datetime_ns("2023-11-16 18:17:03.9799600").unwrap();
+        let b = parse_datetime_ns("2023-11-16 18:17:04.0319600").unwrap();
+        assert_eq!(b - a, 52_000_000);
+        // 2023-11-16T00:00:00Z is 1700092800 s after the epoch.
+        assert_eq!(parse_datetime_ns("2023-11-16 00:00:00").unwrap(), 1_700_092_800 * 1_000_000_000);
+        assert_eq!(parse_datetime_ns("2024-03-01T00:00:00.5Z").unwrap() - parse_datetime_ns("2024-02-29 23:59:59").unwrap(), 1_500_000_000);
+        for bad in ["2023-13-01 00:00:00", "2023-11-16", "yesterday", "2023-11-16 18:17:0x"] {
+            assert_eq!(parse_datetime_ns(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn azure_code_sample() {
+        let t = load(&fixture("azure_llm_2023_code.head2000.csv"), None, None).unwrap();
+        assert_eq!(t.format, TraceFormat::Azure);
+        assert_eq!(t.requests.len(), 2000, "a header and 2000 rows");
+        assert_eq!(t.requests[0], TraceRequest { at: Duration::ZERO, input_tokens: 4808, output_tokens: 10 });
+        assert_eq!(t.requests[1], TraceRequest { at: Duration::from_millis(52), input_tokens: 3180, output_tokens: 8 });
+        let span = t.requests.last().unwrap().at.as_secs_f64();
+        assert!((span - 853.0).abs() < 1.0, "PROVENANCE: code spans 853 s, got {span}");
+        let conv = load(&fixture("azure_llm_2023_conv.head2000.csv"), None, Some(10)).unwrap();
+        assert_eq!(conv.requests.len(), 10);
+        assert_eq!(conv.requests[1].at, Duration::from_nanos(4_314_579_000), "18:15:50.9951690 − 18:15:46.6805900");
+    }
+
+    #[test]
+    fn burstgpt_v1_v3_and_failed_rows() {
+        let t = load(&fixture("burstgpt_1.head3.csv"), None, None).unwrap();
+        assert_eq!(t.format, TraceFormat::BurstGpt);
+        assert_eq!(t.requests[0], TraceRequest { at: Duration::ZERO, input_tokens: 472, output_tokens: 18 });
+        assert_eq!(t.requests[1], TraceRequest { at: Duration::from_secs(40), input_tokens: 1087, output_tokens: 230 });
+        let dir = std::env::temp_dir().join(format!("lmperf-trace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let v3 = dir.join("burstgpt_v3.csv");
+        std::fs::write(&v3, "Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,Log Type\r\n10,s1,1.5,GPT-4,100,0,100,Conversation log\r\n12.5,s1,2.0,GPT-4,200,30,230,Conversation log").unwrap();
+        let t = load(&v3, None, None).unwrap();
+        assert_eq!(t.skipped_failed, 1, "the zero-response row is a failed request");
+        assert_eq!(t.requests, vec![TraceRequest { at: Duration::ZERO, input_tokens: 200, output_tokens: 30 }]);
+        std::fs::write(&v3, "Timestamp,Model,Request tokens,Response tokens\n5,x,many,3\n").unwrap();
+        let e = load(&v3, None, None).unwrap_err().to_string();
+        assert!(e.contains("line 2") && e.contains("Request tokens") && e.contains("many"), "{e}");
+    }
+
+    #[test]
+    fn mooncake_shared_timestamps_keep_file_order() {
+        let t = load(&fixture("mooncake_conversation_trace.head2000.jsonl"), None, Some(5)).unwrap();
+        assert_eq!(t.format, TraceFormat::Mooncake);
+        assert_eq!(t.requests.iter().map(|r| (r.at, r.input_tokens)).collect::<Vec<_>>(), [6758, 7322, 7236, 2290, 6760].map(|n| (Duration::ZERO, n)));
+        let s = load(&fixture("mooncake_synthetic_trace.head2000.jsonl"), None, None).unwrap();
+        assert_eq!(s.requests[2].at, Duration::from_millis(40));
+        assert_eq!(s.requests.iter().map(|r| r.input_tokens).max(), Some(134_773));
+        assert!(s.requests.windows(2).all(|w| w[0].at <= w[1].at));
+    }
+
+    #[test]
+    fn unknown_format_is_an_error() {
+        let e = load(&fixture("mt_bench_questions.jsonl"), None, None).unwrap_err().to_string();
+        assert!(e.contains("no field `timestamp`"), "{e}");
+        let e = load(&fixture("awesome_chatgpt_prompts.csv"), None, None).unwrap_err().to_string();
+        assert!(e.contains("--trace-format"), "{e}");
+    }
+}

@@ -1,0 +1,403 @@
+//! `lmperf run` workloads (issue 3): trace replay of every sample in `fixtures/traces/`
+//! (acceptance 3), length distributions with targets vs achieved, prompt files and MT-Bench
+//! multi-turn, rate ramps, seed reproducibility, and the flags' errors.
+//!
+//! The scripted server here has a `/tokenize` in llama.cpp's form whose tokens are the
+//! whitespace-separated words, so calibration is exact and what was *sent* can be counted
+//! again from the received bodies; `trace_on_the_real_server` uses llama.cpp's real tokenizer.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lmperf::bench::workload::{LengthDist, Ramp, TraceReplay, Workload};
+use lmperf::bench::{Goodput, RunArrival, RunSpec};
+use lmperf::config::{self, Env, Overrides, raw::RawCanary};
+use lmperf_e2e::agent::{lmperf_bin, workspace_root};
+use lmperf_e2e::peers::ModelServer;
+use lmperf_e2e::scripted::{Frame, Received, Reply, ScriptedServer};
+use serde_json::Value;
+
+struct NoEnv;
+impl Env for NoEnv {
+    fn var(&self, _: &str) -> Option<String> {
+        None
+    }
+}
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    workspace_root().join("tests/fixtures/traces").join(name)
+}
+
+fn body(r: &Received) -> Value {
+    serde_json::from_slice(&r.body).unwrap()
+}
+
+/// A fast OpenAI-compatible server: `/tokenize` counts words; completions and chat stream
+/// `min(max_tokens, cap)` one-word tokens at once, then usage. Chat answers "answer to
+/// <words of the last user message>" first.
+async fn server(cap: u64) -> ScriptedServer {
+    ScriptedServer::start(Arc::new(move |req, _| {
+        let b: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
+        match req.path.as_str() {
+            "/tokenize" => {
+                let n = b["content"].as_str().map_or(0, |s| s.split_whitespace().count());
+                Reply::json(200, &serde_json::json!({ "tokens": vec![1; n] }).to_string())
+            }
+            "/v1/completions" | "/v1/chat/completions" => {
+                let chat = req.path.contains("chat");
+                let n = b["max_tokens"].as_u64().unwrap_or(1).min(cap);
+                let prompt_words = if chat {
+                    b["messages"].as_array().map_or(0, |m| m.iter().map(|x| x["content"].as_str().unwrap_or("").split_whitespace().count()).sum())
+                } else {
+                    b["prompt"].as_str().unwrap_or("").split_whitespace().count()
+                };
+                let last_user = b["messages"].as_array().and_then(|m| m.iter().rev().find(|x| x["role"] == "user")).and_then(|x| x["content"].as_str()).unwrap_or("");
+                let mut s = String::new();
+                for i in 0..n {
+                    let text = if i == 0 { format!("answer to {} words ", last_user.split_whitespace().count()) } else { format!("w{i} ") };
+                    let choice = if chat { serde_json::json!({ "index": 0, "delta": { "content": text } }) } else { serde_json::json!({ "index": 0, "text": text }) };
+                    s += &format!("data: {}\n\n", serde_json::json!({ "choices": [choice] }));
+                }
+                s += &format!("data: {}\n\ndata: [DONE]\n\n", serde_json::json!({ "choices": [], "usage": { "prompt_tokens": prompt_words, "completion_tokens": n } }));
+                Reply::sse(vec![Frame { at: Duration::ZERO, bytes: s.into_bytes() }])
+            }
+            _ => Reply::json(404, r#"{"error":{"message":"not found"}}"#),
+        }
+    }))
+    .await
+}
+
+fn spec(url: &str, api: &str, dir: &std::path::Path, workload: Workload) -> RunSpec {
+    let o = Overrides {
+        targets: vec![url.to_owned()],
+        canary: RawCanary { model: Some("m".into()), api: Some(api.into()), max_tokens: Some(8), ..RawCanary::default() },
+        ..Overrides::default()
+    };
+    RunSpec {
+        target: config::load(o, &NoEnv).unwrap().targets.remove(0),
+        concurrencies: vec![64],
+        input_lengths: vec![16],
+        output_len: 8,
+        num_prompts: 10,
+        request_rate: None,
+        arrival: RunArrival::Poisson,
+        warmup: 0,
+        duration: None,
+        seed: 5,
+        ignore_eos: true,
+        goodput: Goodput::default(),
+        fail_on: Vec::new(),
+        output_dir: dir.to_owned(),
+        progress: false,
+        workload,
+        gpu: lmperf::bench::vram::GpuSource::Off,
+    }
+}
+
+fn rows(dir: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("requests.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("lmperf-wl-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// (offset s, input, output) of a trace file, parsed here independently of the daemon.
+fn expected(name: &str, limit: usize) -> Vec<(f64, u64, u64)> {
+    let text = std::fs::read_to_string(fixture(name)).unwrap();
+    let mut v: Vec<(f64, u64, u64)> = if name.ends_with(".jsonl") {
+        text.lines().take(limit).map(|l| serde_json::from_str::<Value>(l).unwrap()).map(|j| (j["timestamp"].as_f64().unwrap() / 1000.0, j["input_length"].as_u64().unwrap(), j["output_length"].as_u64().unwrap())).collect()
+    } else {
+        let lines = text.split("\r\n").flat_map(|l| l.split('\n')).filter(|l| !l.is_empty()).skip(1);
+        lines
+            .map(|l| l.split(',').collect::<Vec<_>>())
+            .filter(|f| f[0].contains(':') || f[3] != "0")
+            .take(limit)
+            .map(|f| {
+                if f[0].contains(':') {
+                    // Azure: same-day `YYYY-MM-DD HH:MM:SS.fffffff`.
+                    let hms: Vec<f64> = f[0].split(' ').nth(1).unwrap().split(':').map(|x| x.parse().unwrap()).collect();
+                    (hms[0] * 3600.0 + hms[1] * 60.0 + hms[2], f[1].parse().unwrap(), f[2].parse().unwrap())
+                } else {
+                    (f[0].parse().unwrap(), f[2].parse().unwrap(), f[3].parse().unwrap())
+                }
+            })
+            .collect()
+    };
+    let t0 = v.iter().map(|r| r.0).fold(f64::INFINITY, f64::min);
+    for r in &mut v {
+        r.0 -= t0;
+    }
+    v
+}
+
+/// Acceptance 3: every trace sample replays with a speedup and a limit; the sent prompts have
+/// the trace's input lengths (exact with this tokenizer), `max_tokens` / `min_tokens` its
+/// output lengths, the schedule is the trace's offsets / speedup, and the summary and report
+/// name the trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_samples_replay_with_speedup() {
+    let srv = server(1000).await;
+    let samples = [
+        ("azure_llm_2023_code.head2000.csv", 20),
+        ("azure_llm_2023_conv.head2000.csv", 20),
+        ("burstgpt_1.head3.csv", 3),
+        ("mooncake_arxiv_trace.head20.jsonl", 20),
+        ("mooncake_conversation_trace.head2000.jsonl", 12),
+        ("mooncake_synthetic_trace.head2000.jsonl", 8),
+    ];
+    for (name, limit) in samples {
+        let want = expected(name, limit);
+        let span = want.iter().map(|r| r.0).fold(0.0, f64::max);
+        // Half a second of replay.
+        let speedup = span / 0.5;
+        assert!(speedup > 1.0, "{name}: the limit spans some time");
+        let trace = lmperf::bench::trace::load(&fixture(name), None, Some(limit)).unwrap();
+        let dir = tmp(name);
+        let before = srv.requests().len();
+        let w = Workload { trace: Some(TraceReplay { trace: Arc::new(trace), speedup }), ..Workload::default() };
+        let mut sp = spec(&srv.url(), "completions", &dir, w);
+        sp.warmup = 2;
+        let summary = lmperf::bench::run(sp).await.unwrap();
+        let rows = rows(&dir);
+        assert_eq!(rows.len(), want.len(), "{name}: one request per trace row, warm-up not counted");
+        assert_eq!(summary.benchmarks[0].completed, want.len(), "{name}: {:?}", summary.benchmarks[0].errors);
+        for (r, (at, input, output)) in rows.iter().zip(&want) {
+            assert_eq!(r["prompt_tokens"].as_u64(), Some(*input), "{name}: input length of {r}");
+            assert_eq!(r["prompt_tokens_target"].as_u64(), Some(*input));
+            assert_eq!(r["output_tokens_target"].as_u64(), Some(*output));
+            assert_eq!(r["output_tokens"].as_u64(), Some(*output), "{name}: achieved output");
+            let sched = r["scheduled_ms"].as_f64().unwrap();
+            assert!((sched - at / speedup * 1000.0).abs() < 0.01, "{name}: scheduled {sched} ms, trace {at} s / {speedup}");
+            assert!(r["send_ms"].as_f64().unwrap() - sched < 50.0, "{name}: sent on time: {r}");
+        }
+        // What reached the server: prompts of the trace's lengths, its max_tokens and min_tokens.
+        let mut sent: Vec<Value> = srv.requests()[before..].iter().filter(|r| r.path == "/v1/completions").map(body).collect();
+        // Warm-up first: the first two rows' shapes, with prompts the replay does not reuse.
+        let warm: Vec<Value> = sent.drain(..2).collect();
+        let mut warm_shapes: Vec<(u64, u64)> = warm.iter().map(|w| (w["prompt"].as_str().unwrap().split_whitespace().count() as u64, w["max_tokens"].as_u64().unwrap())).collect();
+        let mut first_two: Vec<(u64, u64)> = want.iter().take(2).map(|r| (r.1, r.2)).collect();
+        warm_shapes.sort_unstable();
+        first_two.sort_unstable();
+        assert_eq!(warm_shapes, first_two, "{name}: warm-up shapes");
+        assert!(warm.iter().all(|w| sent.iter().all(|s| s["prompt"] != w["prompt"])), "{name}: warm-up prompt reused");
+        let mut got: Vec<(u64, u64, u64)> = sent.iter().map(|b| (b["prompt"].as_str().unwrap().split_whitespace().count() as u64, b["max_tokens"].as_u64().unwrap(), b["min_tokens"].as_u64().unwrap())).collect();
+        let mut wanted: Vec<(u64, u64, u64)> = want.iter().map(|w| (w.1, w.2, w.2)).collect();
+        got.sort_unstable();
+        wanted.sort_unstable();
+        assert_eq!(got, wanted, "{name}: sent lengths");
+        let s: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+        assert_eq!(s["trace"]["name"], name);
+        assert_eq!(s["trace"]["requests"].as_u64(), Some(want.len() as u64));
+        assert_eq!(s["benchmarks"][0]["benchmark"], "c64_trace");
+        assert!(std::fs::read_to_string(dir.join("report.html")).unwrap().contains(&format!("trace <code>{name}</code>")), "{name}: report names the trace");
+        let lag = rows.iter().map(|r| r["send_ms"].as_f64().unwrap() - r["scheduled_ms"].as_f64().unwrap()).fold(0.0, f64::max);
+        println!("{name}: {} requests, speedup {speedup:.2}, span {:.3} s, send lag max {lag:.2} ms", want.len(), span / speedup);
+    }
+}
+
+/// The largest Mooncake input in the samples (134,773 tokens, synthetic trace line 250) is
+/// made to its exact length and sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mooncake_134k_token_prompt() {
+    let srv = server(4).await;
+    let line = std::fs::read_to_string(fixture("mooncake_synthetic_trace.head2000.jsonl")).unwrap().lines().nth(249).unwrap().to_owned();
+    assert!(line.contains("\"input_length\": 134773"));
+    let dir = tmp("moon134k");
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("big.jsonl");
+    std::fs::write(&f, line + "\n").unwrap();
+    let trace = lmperf::bench::trace::load(&f, None, None).unwrap();
+    let w = Workload { trace: Some(TraceReplay { trace: Arc::new(trace), speedup: 1.0 }), ..Workload::default() };
+    lmperf::bench::run(spec(&srv.url(), "completions", &dir, w)).await.unwrap();
+    let r = &rows(&dir)[0];
+    assert_eq!(r["prompt_tokens"], 134_773);
+    let sent = srv.requests().iter().filter(|r| r.path == "/v1/completions").map(body).next().unwrap();
+    assert_eq!(sent["prompt"].as_str().unwrap().split_whitespace().count(), 134_773);
+}
+
+/// Length distributions: per-request targets from the seeded samplers, prompts of exactly the
+/// sampled input length, max_tokens / min_tokens the sampled output length, achieved output
+/// reported per request and in the summary (a server that stops at 300 tokens falls short).
+/// Same seed, same prompts and schedule; another seed, others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn length_distributions_targets_vs_achieved_and_seed() {
+    let srv = server(300).await;
+    let w = || Workload {
+        input_dist: Some(LengthDist::parse("--input-dist", "lognormal:mu=4.5,sigma=0.5,max=400").unwrap()),
+        output_dist: Some(LengthDist::parse("--output-dist", "uniform:min=100,max=500").unwrap()),
+        ..Workload::default()
+    };
+    let mut runs = Vec::new();
+    for (i, seed) in [5u64, 5, 6].into_iter().enumerate() {
+        let dir = tmp(&format!("dist{i}"));
+        let before = srv.requests().len();
+        let mut sp = spec(&srv.url(), "completions", &dir, w());
+        sp.seed = seed;
+        sp.num_prompts = 40;
+        sp.request_rate = Some(200.0);
+        let summary = lmperf::bench::run(sp).await.unwrap();
+        let rows = rows(&dir);
+        assert_eq!(rows.len(), 40);
+        let b = &summary.benchmarks[0];
+        assert_eq!(b.benchmark, "c64_dist");
+        for r in &rows {
+            assert_eq!(r["prompt_tokens"], r["prompt_tokens_target"], "exact input length: {r}");
+            let (target, got) = (r["output_tokens_target"].as_u64().unwrap(), r["output_tokens"].as_u64().unwrap());
+            assert!((100..=500).contains(&target));
+            assert_eq!(got, target.min(300), "achieved = what the server gave");
+        }
+        let short = rows.iter().filter(|r| r["output_tokens_target"].as_u64().unwrap() > 300).count();
+        assert!(short > 0 && short < 40);
+        assert_eq!(b.output_tokens_short, short);
+        let mean_target = rows.iter().map(|r| r["output_tokens_target"].as_f64().unwrap()).sum::<f64>() / 40.0;
+        assert!((b.output_tokens_target.as_ref().unwrap().mean - mean_target).abs() < 1e-9);
+        assert!(b.output_tokens.as_ref().unwrap().max <= 300.0);
+        let sent: Vec<(String, u64, u64)> = srv.requests()[before..]
+            .iter()
+            .filter(|r| r.path == "/v1/completions")
+            .map(body)
+            .map(|b| (b["prompt"].as_str().unwrap().to_owned(), b["max_tokens"].as_u64().unwrap(), b["min_tokens"].as_u64().unwrap()))
+            .collect();
+        assert!(sent.iter().all(|s| s.1 == s.2), "min_tokens = max_tokens with ignore-EOS");
+        let mut sent = sent;
+        sent.sort();
+        let sched: Vec<f64> = rows.iter().map(|r| r["scheduled_ms"].as_f64().unwrap()).collect();
+        runs.push((sent, sched));
+    }
+    assert_eq!(runs[0], runs[1], "same seed: same prompts, lengths and schedule");
+    assert_ne!(runs[0].0, runs[2].0, "another seed: other prompts");
+    assert_ne!(runs[0].1, runs[2].1, "another seed: another schedule");
+}
+
+/// A CSV prompt file (CRLF, quoted) on completions, and MT-Bench two-turn conversations on
+/// chat: the second turn goes after the first answer and carries it; both are measured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_file_and_multi_turn() {
+    let srv = server(5).await;
+    let dir = tmp("csv");
+    let file = lmperf::bench::dataset::load(&fixture("awesome_chatgpt_prompts.csv"), false).unwrap();
+    let all: Vec<String> = file.conversations.iter().map(|c| c.turns[0].clone()).collect();
+    let w = Workload { prompt_file: Some(Arc::new(file)), ..Workload::default() };
+    lmperf::bench::run(spec(&srv.url(), "completions", &dir, w)).await.unwrap();
+    let rows_csv = rows(&dir);
+    let sent: Vec<String> = srv.requests().iter().filter(|r| r.path == "/v1/completions").map(|r| body(r)["prompt"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(sent.len(), 10);
+    assert!(sent.iter().all(|p| all.contains(p)), "prompts come from the file, verbatim");
+    for r in &rows_csv {
+        assert_eq!(r["benchmark"], "c64_file");
+        let p = &sent.iter().find(|p| p.split_whitespace().count() as u64 == r["prompt_tokens"].as_u64().unwrap());
+        assert!(p.is_some(), "prompt_tokens is the tokenizer's count: {r}");
+    }
+
+    let dir = tmp("mt");
+    let file = lmperf::bench::dataset::load(&fixture("mt_bench_questions.jsonl"), true).unwrap();
+    let w = Workload { prompt_file: Some(Arc::new(file)), multi_turn: true, ..Workload::default() };
+    let mut sp = spec(&srv.url(), "chat", &dir, w);
+    sp.num_prompts = 6;
+    sp.concurrencies = vec![3];
+    let summary = lmperf::bench::run(sp).await.unwrap();
+    let rows = rows(&dir);
+    assert_eq!(rows.len(), 12, "6 conversations × 2 turns");
+    assert_eq!(summary.benchmarks[0].completed, 12);
+    for pair in rows.chunks(2) {
+        assert_eq!((pair[0]["index"].clone(), pair[0]["turn"].clone(), pair[1]["turn"].clone()), (pair[1]["index"].clone(), 0.into(), 1.into()));
+        let first_end = pair[0]["send_ms"].as_f64().unwrap() + pair[0]["e2el_ms"].as_f64().unwrap();
+        assert!(pair[1]["send_ms"].as_f64().unwrap() >= first_end - 0.01, "turn 2 after turn 1 ends: {pair:?}");
+        assert!(pair[1]["input_tokens"].as_u64().unwrap() > pair[0]["input_tokens"].as_u64().unwrap(), "turn 2 carries the history");
+    }
+    let chats: Vec<Value> = srv.requests().iter().filter(|r| r.path == "/v1/chat/completions").map(body).collect();
+    let seconds: Vec<&Value> = chats.iter().filter(|b| b["messages"].as_array().unwrap().len() == 3).collect();
+    assert_eq!(seconds.len(), 6);
+    for b in seconds {
+        let m = b["messages"].as_array().unwrap();
+        let first_user = m[0]["content"].as_str().unwrap();
+        let want_answer = format!("answer to {} words w1 w2 w3 w4 ", first_user.split_whitespace().count());
+        assert_eq!((m[1]["role"].as_str(), m[1]["content"].as_str()), (Some("assistant"), Some(want_answer.as_str())), "the first answer, verbatim");
+        assert_eq!(m[2]["role"], "user");
+        let q = chats.iter().find(|c| c["messages"].as_array().unwrap().len() == 1 && c["messages"][0]["content"] == first_user);
+        assert!(q.is_some(), "the first turn was sent alone");
+    }
+}
+
+/// `--ramp linear` through the command line: the offsets follow the integral of the rate
+/// (constant arrivals: request i at Λ⁻¹(i)), and the sends follow the offsets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ramp_linear_from_the_command_line() {
+    let srv = server(2).await;
+    let dir = tmp("ramp");
+    let (url, out_dir) = (srv.url(), dir.clone());
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(lmperf_bin())
+            .args(["run", "--target", &url, "--model", "m", "--num-prompts", "150", "--seq-lengths", "8", "--output-len", "2", "--batch-sizes", "32"])
+            .args(["--ramp", "linear", "--ramp-from", "20", "--ramp-to", "180", "--ramp-duration", "1s", "--arrival", "constant", "--seed", "3", "--output-dir", out_dir.to_str().unwrap()])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows = rows(&dir);
+    assert_eq!(rows.len(), 150);
+    let r = Ramp::new("linear", 20.0, 180.0, Duration::from_secs(1)).unwrap();
+    // Λ(t) = 20 t + 80 t² for t ≤ 1 s (100 requests), then 180/s.
+    for (i, row) in rows.iter().enumerate() {
+        let t = row["scheduled_ms"].as_f64().unwrap() / 1000.0;
+        let lambda = if t <= 1.0 { 20.0 * t + 80.0 * t * t } else { 100.0 + 180.0 * (t - 1.0) };
+        assert!((lambda - i as f64).abs() < 1e-3, "request {i} at {t} s: Λ = {lambda}");
+        assert!((r.integral(t) - lambda).abs() < 1e-6);
+        assert!(row["send_ms"].as_f64().unwrap() - row["scheduled_ms"].as_f64().unwrap() < 50.0);
+    }
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(s["workload"]["ramp"]["kind"], "linear");
+}
+
+#[test]
+fn bad_workload_flags_exit_2_naming_the_flag() {
+    let trace = fixture("burstgpt_1.head3.csv");
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["--input-dist", "lognormal:mu=7.1"],
+        vec!["--output-dist", "uniform:min=9,max=1"],
+        vec!["--trace", "/nonexistent/trace.csv"],
+        vec!["--trace-speedup", "0", "--trace", trace.to_str().unwrap()],
+        vec!["--ramp-from", "0", "--ramp", "exponential", "--ramp-to", "5", "--ramp-duration", "1s"],
+        vec!["--prompt-file", "/nonexistent/p.jsonl"],
+    ];
+    for args in cases {
+        let out = Command::new(lmperf_bin()).args(["run", "--target", "http://127.0.0.1:9", "--output-dir", "/tmp/x"]).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(args[0]) && err.trim_end().lines().count() == 1, "{args:?}: {err}");
+    }
+}
+
+/// Acceptance 3 on the real server: an Azure conversation trace replayed with llama.cpp's
+/// own tokenizer. The calibrated prompts have exactly the trace's lengths by `/tokenize`
+/// (tolerance 0 tokens; the search ends with single-token steps); the server's own
+/// `prompt_tokens` adds its BOS token (tolerance +1).
+#[test]
+fn trace_on_the_real_server() {
+    let server = ModelServer::start();
+    let dir = tmp("real-trace");
+    let out = Command::new(lmperf_bin())
+        .args(["run", "--target", &server.url(), "--model", "gemma-3-270m", "--trace", fixture("azure_llm_2023_conv.head2000.csv").to_str().unwrap()])
+        .args(["--trace-limit", "4", "--trace-speedup", "20", "--batch-sizes", "4", "--output-dir", dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let want = expected("azure_llm_2023_conv.head2000.csv", 4);
+    let rows = rows(&dir);
+    assert_eq!(rows.len(), 4);
+    for (r, (_, input, output)) in rows.iter().zip(&want) {
+        assert_eq!(r["outcome"], "ok", "{r}");
+        assert_eq!(r["prompt_tokens"].as_u64(), Some(*input), "{r}");
+        let server_in = r["input_tokens"].as_u64().unwrap();
+        assert!(server_in >= *input && server_in <= input + 1, "server counts {server_in} for {input}: {r}");
+        assert_eq!(r["output_tokens"].as_u64(), Some(*output), "ignore_eos + min_tokens: {r}");
+    }
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!((s["trace"]["name"].as_str(), s["trace"]["format"].as_str(), s["tokenizer"].as_str()), (Some("azure_llm_2023_conv.head2000.csv"), Some("azure"), Some("server_llama_cpp")));
+}
