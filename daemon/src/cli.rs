@@ -110,7 +110,9 @@ pub struct RunArgs {
     #[arg(long, value_parser = ["chat", "completions"], default_value = "completions")]
     pub api: String,
     /// Concurrency levels: requests in flight at most, one benchmark each.
-    #[arg(long = "batch-sizes", visible_alias = "concurrency", num_args = 1.., default_values_t = [1usize], conflicts_with = "max_concurrency")]
+    /// Default: 1, or 4096 with `--trace` (a replay is open loop: the trace's own arrivals
+    /// decide the concurrency, as in `vllm bench serve` without `--max-concurrency`).
+    #[arg(long = "batch-sizes", visible_alias = "concurrency", num_args = 1.., conflicts_with = "max_concurrency")]
     pub batch_sizes: Vec<usize>,
     /// One concurrency level (same as a single --batch-sizes value).
     #[arg(long)]
@@ -174,6 +176,10 @@ pub struct RunArgs {
     pub workload: crate::bench::workload::WorkloadArgs,
 }
 
+/// Concurrency of a trace replay without `--batch-sizes`: high enough that the trace's
+/// arrivals, not a client limit, decide what is in flight.
+pub const TRACE_CONCURRENCY: usize = 4096;
+
 /// `--goodput ttft:500 tpot:50 e2el:2000`.
 pub fn parse_goodput(items: &[String]) -> Result<crate::bench::Goodput, String> {
     let mut g = crate::bench::Goodput::default();
@@ -225,6 +231,7 @@ impl RunArgs {
         };
         let concurrencies = match self.max_concurrency {
             Some(c) => vec![c],
+            None if self.batch_sizes.is_empty() => vec![if self.workload.trace.is_some() { TRACE_CONCURRENCY } else { 1 }],
             None => self.batch_sizes,
         };
         if concurrencies.contains(&0) {
