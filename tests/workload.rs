@@ -401,3 +401,72 @@ fn trace_on_the_real_server() {
     let s: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     assert_eq!((s["trace"]["name"].as_str(), s["trace"]["format"].as_str(), s["tokenizer"].as_str()), (Some("azure_llm_2023_conv.head2000.csv"), Some("azure"), Some("server_llama_cpp")));
 }
+
+/// A local `tokenizer.json` (`--tokenizer`) calibrates the prompts without one `/tokenize` call:
+/// the fixture's tokens are whitespace-separated words, as the scripted server counts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_tokenizer_json_instead_of_tokenize() {
+    let server = server(4).await;
+    let dir = tmp("local-tokenizer");
+    let tok = lmperf::bench::prompts::LocalTokenizer::load(&workspace_root().join("tests/fixtures/tokenizers/whitespace-words.json")).unwrap();
+    assert_eq!(tok.count("the quick  brown\tfox and"), Some(5));
+    let mut s = spec(&server.url(), "completions", &dir, Workload { tokenizer: Some(tok), ..Workload::default() });
+    s.input_lengths = vec![37];
+    s.num_prompts = 6;
+    let summary = lmperf::bench::run(s).await.unwrap();
+    assert_eq!(summary.benchmarks[0].completed, 6);
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(json["tokenizer"], "local_file");
+    assert!(json["workload"]["tokenizer_file"].as_str().unwrap().ends_with("whitespace-words.json"));
+    for r in rows(&dir) {
+        assert_eq!((r["prompt_tokens"].as_u64(), r["input_tokens"].as_u64()), (Some(37), Some(37)), "{r}");
+    }
+    let received = server.requests();
+    assert!(received.iter().all(|r| r.path != "/tokenize"), "no /tokenize call with a local tokenizer");
+    assert_eq!(received.len(), 6);
+    // A file that is not a tokenizer is refused naming the flag and the file.
+    let out = Command::new(lmperf_bin())
+        .args(["run", "--target", &server.url(), "--model", "m", "--tokenizer", "Cargo.toml", "--output-dir", dir.to_str().unwrap()])
+        .current_dir(workspace_root())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--tokenizer") && err.contains("Cargo.toml: not a usable tokenizer.json"), "{err}");
+}
+
+/// The Gemma 3 tokenizer.json built from the GGUF's metadata (tests/peers/install.sh) counts
+/// exactly as llama.cpp's `/tokenize` does, and `lmperf run --tokenizer` with it sends prompts
+/// of the exact length (the server's usage adds its BOS token).
+#[test]
+fn gemma_tokenizer_json_matches_llama_cpp() {
+    let path = workspace_root().join(".venv-peers/tokenizer/tokenizer.json");
+    assert!(path.exists(), "{} missing: run tests/peers/install.sh", path.display());
+    let tok = lmperf::bench::prompts::LocalTokenizer::load(&path).unwrap();
+    let server = ModelServer::start();
+    let texts: Vec<String> = std::fs::read_to_string(fixture("mt_bench_questions.jsonl"))
+        .unwrap()
+        .lines()
+        .take(25)
+        .flat_map(|l| serde_json::from_str::<Value>(l).unwrap()["turns"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_owned()).collect::<Vec<_>>())
+        .chain(["Hello world, this is a test.".to_owned(), "ünïcödé — 東京 🚀 tabs\tand  spaces\n\nnew lines".to_owned()])
+        .collect();
+    let addr: std::net::SocketAddr = server.url().trim_start_matches("http://").trim_end_matches('/').parse().unwrap();
+    for t in &texts {
+        let (code, body) = lmperf_e2e::agent::http_post_json(addr, "/tokenize", &serde_json::json!({ "content": t, "add_special": false }).to_string());
+        assert_eq!(code, 200, "{body}");
+        let server_count = serde_json::from_str::<Value>(&body).unwrap()["tokens"].as_array().unwrap().len() as u32;
+        assert_eq!(tok.count(t), Some(server_count), "{t:?}");
+    }
+    let dir = tmp("gemma-tokenizer");
+    let out = Command::new(lmperf_bin())
+        .args(["run", "--target", &server.url(), "--model", "gemma-3-270m", "--tokenizer", path.to_str().unwrap()])
+        .args(["--seq-lengths", "64", "--num-prompts", "3", "--output-len", "4", "--output-dir", dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    for r in rows(&dir) {
+        assert_eq!(r["prompt_tokens"].as_u64(), Some(64), "{r}");
+        assert!(matches!(r["input_tokens"].as_u64(), Some(64 | 65)), "server counts {}: {r}", r["input_tokens"]);
+    }
+}

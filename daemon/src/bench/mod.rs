@@ -260,7 +260,10 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
             .map(|d| d.model)
             .map_err(|r| BenchError::NoModel(r.error.map(|e| format!("{}: {}", e.error_type, e.message.unwrap_or_default())).unwrap_or_default()))?,
     };
-    let tok = TokenizeClient::detect(&clients, &spec.target, &model).await;
+    let tok = match &spec.workload.tokenizer {
+        Some(local) => TokenizeClient::local(&clients, &spec.target, &model, local.clone()),
+        None => TokenizeClient::detect(&clients, &spec.target, &model).await,
+    };
     if spec.progress {
         eprintln!("lmperf run: target {} model {model} tokenizer {:?}", spec.target.base_url, tok.kind);
     }

@@ -2,10 +2,11 @@
 //!
 //! Text is drawn from a fixed word list with a seeded generator (same seed, same prompts), with
 //! a per-prompt random head so prompts share no prefix (no prefix-cache hits). The length is
-//! calibrated against the server's own tokenizer through `POST /tokenize` (llama.cpp:
-//! `{"content"}`; vLLM / SGLang: `{"model", "prompt"}`), searching the word count whose token
-//! count equals the target. Without `/tokenize` the length is an estimate (0.75 words per
-//! token) and the summary says so.
+//! calibrated against the model's tokenizer, searching the word count whose token count equals
+//! the target: a local `tokenizer.json` when `--tokenizer` names one (Hugging Face `tokenizers`),
+//! else the server's own `POST /tokenize` (llama.cpp: `{"content"}`; vLLM / SGLang:
+//! `{"model", "prompt"}`). Without either the length is an estimate (0.75 words per token) and
+//! the summary says so.
 
 use std::time::Duration;
 
@@ -24,6 +25,8 @@ pub enum Tokenizer {
     ServerLlamaCpp,
     /// vLLM / SGLang `/tokenize` (`model`, `prompt`).
     ServerOpenAiStyle,
+    /// A local Hugging Face `tokenizer.json` (`--tokenizer`).
+    LocalFile,
     /// No tokenizer: 0.75 words per token.
     Estimate,
 }
@@ -57,12 +60,49 @@ const WORDS: &[&str] = &[
 /// Short words that are one token in common tokenizers.
 const FILLERS: &[&str] = &["the", "and", "of", "to", "in", "a"];
 
+/// A Hugging Face `tokenizer.json` loaded with the `tokenizers` crate.
+#[derive(Clone)]
+pub struct LocalTokenizer {
+    path: std::path::PathBuf,
+    tokenizer: std::sync::Arc<tokenizers::Tokenizer>,
+}
+
+impl std::fmt::Debug for LocalTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalTokenizer").field("path", &self.path).finish_non_exhaustive()
+    }
+}
+
+impl LocalTokenizer {
+    /// Loads `path` (a `tokenizer.json`, or a directory holding one).
+    ///
+    /// # Errors
+    /// One line naming the file and what is wrong with it.
+    pub fn load(path: &std::path::Path) -> Result<Self, String> {
+        let file = if path.is_dir() { path.join("tokenizer.json") } else { path.to_owned() };
+        let tokenizer = tokenizers::Tokenizer::from_file(&file).map_err(|e| format!("{}: not a usable tokenizer.json: {e}", file.display()))?;
+        Ok(Self { path: file, tokenizer: std::sync::Arc::new(tokenizer) })
+    }
+
+    /// Tokens in `text` without special tokens (no BOS), as a server's `/tokenize` with
+    /// `add_special: false` counts them.
+    pub fn count(&self, text: &str) -> Option<u32> {
+        self.tokenizer.encode(text, false).ok().map(|e| e.len() as u32)
+    }
+
+    /// The file it was loaded from.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
 /// Tokenizer access for calibration.
 #[derive(Debug, Clone)]
 pub struct TokenizeClient {
     clients: Clients,
     target: TargetConfig,
     model: String,
+    local: Option<LocalTokenizer>,
     pub kind: Tokenizer,
 }
 
@@ -77,7 +117,7 @@ struct TokenizeReply {
 impl TokenizeClient {
     /// Finds which `/tokenize` the server speaks, if any.
     pub async fn detect(clients: &Clients, target: &TargetConfig, model: &str) -> Self {
-        let mut me = Self { clients: clients.clone(), target: target.clone(), model: model.to_owned(), kind: Tokenizer::Estimate };
+        let mut me = Self { clients: clients.clone(), target: target.clone(), model: model.to_owned(), local: None, kind: Tokenizer::Estimate };
         for kind in [Tokenizer::ServerLlamaCpp, Tokenizer::ServerOpenAiStyle] {
             me.kind = kind;
             if matches!(me.count("Hello world").await, Some(n) if n > 0) {
@@ -88,9 +128,15 @@ impl TokenizeClient {
         me
     }
 
+    /// Counts with a local `tokenizer.json` (no `/tokenize` calls).
+    pub fn local(clients: &Clients, target: &TargetConfig, model: &str, local: LocalTokenizer) -> Self {
+        Self { clients: clients.clone(), target: target.clone(), model: model.to_owned(), local: Some(local), kind: Tokenizer::LocalFile }
+    }
+
     /// Tokens in `text` (no special tokens), or the estimate.
     pub async fn count(&self, text: &str) -> Option<u32> {
         let body = match self.kind {
+            Tokenizer::LocalFile => return self.local.as_ref().and_then(|t| t.count(text)),
             Tokenizer::ServerLlamaCpp => serde_json::json!({ "content": text, "add_special": false }),
             Tokenizer::ServerOpenAiStyle => serde_json::json!({ "model": self.model, "prompt": text, "add_special_tokens": false }),
             Tokenizer::Estimate => return Some(estimate(text)),

@@ -14,7 +14,7 @@ use rand_distr::{Distribution as _, Exp, Gamma, LogNormal, Normal, Zipf};
 use serde::Serialize;
 
 use super::dataset::PromptSet;
-use super::prompts::{self, Prompt, TokenizeClient};
+use super::prompts::{self, LocalTokenizer, Prompt, TokenizeClient};
 use super::trace::{Trace, TraceFormat};
 use super::{RunArrival, RunSpec};
 
@@ -283,6 +283,8 @@ pub struct Workload {
     pub prompt_file: Option<Arc<PromptSet>>,
     pub multi_turn: bool,
     pub ramp: Option<Ramp>,
+    /// A local tokenizer for exact prompt lengths (`--tokenizer`).
+    pub tokenizer: Option<LocalTokenizer>,
 }
 
 impl Workload {
@@ -313,6 +315,7 @@ impl Workload {
             prompt_file: self.prompt_file.as_ref().map(|p| p.name.clone()),
             multi_turn: self.multi_turn,
             ramp: self.ramp,
+            tokenizer_file: self.tokenizer.as_ref().map(|t| t.path().display().to_string()),
         }
     }
 }
@@ -325,6 +328,8 @@ pub struct WorkloadInfo {
     pub prompt_file: Option<String>,
     pub multi_turn: bool,
     pub ramp: Option<Ramp>,
+    /// The local tokenizer.json of `--tokenizer` (`tokenizer` is then `local_file`).
+    pub tokenizer_file: Option<String>,
 }
 
 /// `summary.json` `trace`: the replayed trace.
@@ -484,6 +489,10 @@ pub struct WorkloadArgs {
     /// Length of the ramp (the sawtooth's period), e.g. 60s.
     #[arg(long, value_name = "D", value_parser = humantime::parse_duration, requires = "ramp")]
     pub ramp_duration: Option<Duration>,
+    /// A Hugging Face tokenizer.json (or its directory) for exact prompt lengths, used instead
+    /// of the server's /tokenize (needed where the server has none).
+    #[arg(long, value_name = "PATH")]
+    pub tokenizer: Option<std::path::PathBuf>,
 }
 
 impl WorkloadArgs {
@@ -513,7 +522,16 @@ impl WorkloadArgs {
             (Some(k), Some(a), Some(b), Some(d)) => Some(Ramp::new(k, a, b, d)?),
             _ => None,
         };
-        Ok(Workload { input_dist: dist("--input-dist", &self.input_dist)?, output_dist: dist("--output-dist", &self.output_dist)?, trace, prompt_file, multi_turn: self.multi_turn, ramp })
+        let tokenizer = self.tokenizer.as_deref().map(LocalTokenizer::load).transpose().map_err(|e| format!("--tokenizer {e}"))?;
+        Ok(Workload {
+            input_dist: dist("--input-dist", &self.input_dist)?,
+            output_dist: dist("--output-dist", &self.output_dist)?,
+            trace,
+            prompt_file,
+            multi_turn: self.multi_turn,
+            ramp,
+            tokenizer,
+        })
     }
 }
 
