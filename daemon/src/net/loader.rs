@@ -82,11 +82,25 @@ fn short(e: &dyn std::fmt::Display) -> String {
     first.chars().take(300).collect()
 }
 
-/// Loads, attaches, fills the port filter and starts draining.
+/// The probes loaded and attached, not yet drained: the privileged part of the start, done
+/// before the agent drops its capabilities ([`crate::caps`]).
+pub struct Loaded {
+    ebpf: Ebpf,
+    ring: RingBuf<MapData>,
+    drops: PerCpuArray<MapData, u64>,
+}
+
+impl std::fmt::Debug for Loaded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Loaded")
+    }
+}
+
+/// Loads, attaches and fills the port filter; sets the state's mode to on.
 ///
 /// # Errors
 /// [`NetError`] when no probe can run; the agent then runs without them.
-pub fn start(state: Arc<NetState>, instruments: NetInstruments) -> Result<NetMonitor, NetError> {
+pub fn load(state: &NetState) -> Result<Loaded, NetError> {
     if OBJECT.is_empty() {
         return Err(NetError::NotBuilt(BUILD_NOTE));
     }
@@ -123,14 +137,24 @@ pub fn start(state: Arc<NetState>, instruments: NetInstruments) -> Result<NetMon
     tracing::info!(probes = ?live, ports = ?state.filter.ports().collect::<Vec<_>>(), "eBPF network probes attached.");
     state.set_probes(probes);
     state.set_mode(Mode::On, reason);
+    Ok(Loaded { ebpf, ring, drops })
+}
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    let handle = std::thread::Builder::new()
-        .name("lmperf-net".to_owned())
-        .spawn(move || drain_loop(ebpf, ring, drops, &state, &instruments, &flag))
-        .map_err(NetError::Thread)?;
-    Ok(NetMonitor { stop, handle: Some(handle) })
+impl Loaded {
+    /// Starts draining the ring buffer on the `lmperf-net` thread (needs no capability).
+    ///
+    /// # Errors
+    /// [`NetError::Thread`] when the thread cannot start.
+    pub fn spawn(self, state: Arc<NetState>, instruments: NetInstruments) -> Result<NetMonitor, NetError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let Loaded { ebpf, ring, drops } = self;
+        let handle = std::thread::Builder::new()
+            .name("lmperf-net".to_owned())
+            .spawn(move || drain_loop(ebpf, ring, drops, &state, &instruments, &flag))
+            .map_err(NetError::Thread)?;
+        Ok(NetMonitor { stop, handle: Some(handle) })
+    }
 }
 
 fn attach(ebpf: &mut Ebpf, program: &str, tracepoint: &str, btf: &Btf) -> Result<(), String> {
