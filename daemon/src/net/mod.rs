@@ -6,7 +6,8 @@
 //! them with aya and drains the ring buffer on its own thread; [`event`] is the Rust mirror of
 //! the event struct; [`filter`] decides which end of a flow is the server; [`state`] keeps a
 //! bounded history for the `lmperf.net.*` span attributes and the status section;
-//! [`metrics`] records the `lmperf.tcp.*` instruments.
+//! [`metrics`] records the `lmperf.tcp.*` instruments; [`tcp_info`] is the fallback while the
+//! probes are not on (`getsockopt(TCP_INFO)` of the canary's own connection).
 //!
 //! **Architecture Invariant:** a kernel that refuses the probes (no permission, no BTF, no
 //! program type, probes not built) never stops the agent: the state says why, once in the
