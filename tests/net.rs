@@ -35,7 +35,7 @@ fn required() -> bool {
 /// the test is not required to run them.
 fn probes(port: u16) -> Option<(Arc<NetState>, lmperf::net::loader::NetMonitor)> {
     let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder().build();
-    let (state, monitor) = lmperf::net::start(&NetConfig { enabled: true }, &[port], &provider.meter("net-test"));
+    let (state, monitor) = lmperf::net::start(&NetConfig { enabled: true, programs: Default::default() }, &[port], &provider.meter("net-test"));
     if state.mode() != Mode::On {
         let why = state.status().reason.unwrap_or_default();
         assert!(!required(), "probes required (LMPERF_REQUIRE_EBPF=1) but off: {why}");
@@ -394,5 +394,39 @@ fn agent_drops_its_capabilities_after_start_and_probes_still_deliver() {
     let after = rtt(&agent.wait_status(Duration::from_secs(5), |s| rtt(s) >= before + 20));
     assert!(after >= before + 20, "RTT events after the drop: {before} then {after}");
     assert!(agent.stderr_text().contains("Capabilities dropped"), "{}", agent.stderr_text());
+    let _ = std::fs::remove_file(cfg);
+}
+
+/// The classic tracepoint twins (what `programs = "auto"` falls back to, probe by probe, when a
+/// kernel refuses `tp_btf`), chosen with `programs = "tracepoint"`, in a private mount namespace
+/// with tracefs mounted (they need it): every probe live as `tracepoint/...`, events flow.
+#[test]
+fn classic_tracepoints_deliver_events_when_chosen() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let server = rt.block_on(ScriptedServer::start(Arc::new(|_, _| Reply::sse(chat_stream(3, Duration::from_millis(2), Duration::from_millis(2), 4)))));
+    let cfg = config("provider = \"openai\"\n[net]\nprograms = \"tracepoint\"\n");
+    let with_tracefs = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", "mount -t tracefs tracefs /sys/kernel/tracing && exec \"$0\" \"$@\""];
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(!required(), "root required");
+        eprintln!("skipped: mounting tracefs needs root");
+        return;
+    }
+    let agent = Agent::spawn_wrapped(&with_tracefs, &["--config", cfg.to_str().unwrap(), "--target", &server.url(), "--model", "m", "--interval", "100ms", "--no-otlp"], &[]);
+    let net = agent.wait_status(Duration::from_secs(5), |s| s["net"]["mode"] != "starting")["net"].clone();
+    if net["mode"] != "on" {
+        assert!(!required(), "probes required but off: {net}");
+        eprintln!("skipped: {net}");
+        return;
+    }
+    let probes = net["probes"].as_array().cloned().unwrap_or_default();
+    assert_eq!(probes.len(), 3, "{net}");
+    for p in &probes {
+        assert_eq!(p["live"], true, "{net}");
+        assert!(p["attach"].as_str().is_some_and(|a| a.starts_with("tracepoint/")) && p["program"].as_str().is_some_and(|n| n.ends_with("_tp")), "{net}");
+    }
+    let ev = |s: &serde_json::Value, k: &str| s["net"]["events"][k].as_u64().unwrap_or(0);
+    let s = agent.wait_status(Duration::from_secs(5), |s| ev(s, "rtt") >= 20 && ev(s, "connect") >= 1);
+    assert!(ev(&s, "rtt") >= 20 && ev(&s, "connect") >= 1, "events through the classic tracepoints: {}", s["net"]);
     let _ = std::fs::remove_file(cfg);
 }

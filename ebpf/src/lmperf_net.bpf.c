@@ -10,7 +10,9 @@
  * ports, written by user space before attaching). Events go through the `lmperf_events` ring
  * buffer; a full ring drops the event and counts it in `lmperf_drops`.
  *
- * Needs no kprobes, no fentry and no tracefs: BTF tracepoints only (kernel >= 5.5 with BTF).
+ * Needs no kprobes, no fentry and no tracefs: BTF tracepoints (kernel >= 5.5 with BTF). Each has
+ * a classic tracepoint twin (`*_tp`, SEC("tracepoint/...")) with the same body, which user space
+ * attaches when the kernel refuses the BTF one; those need tracefs mounted.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -92,48 +94,86 @@ static __always_inline void emit(const struct sock *sk, __u8 kind, __u64 value)
 	bpf_ringbuf_submit(e, 0);
 }
 
-SEC("tp_btf/tcp_probe")
-int BPF_PROG(lmperf_tcp_probe, struct sock *sk, const struct sk_buff *skb)
+static __always_inline void on_segment(const struct sock *sk)
 {
 	if (!sock_wanted(sk))
-		return 0;
+		return;
 	const struct tcp_sock *tp = (const struct tcp_sock *)sk;
 	__u32 srtt = BPF_CORE_READ(tp, srtt_us) >> 3;
 	emit(sk, LMPERF_EV_RTT, srtt);
-	return 0;
 }
 
-SEC("tp_btf/inet_sock_set_state")
-int BPF_PROG(lmperf_set_state, const struct sock *sk, const int oldstate, const int newstate)
+static __always_inline void on_state(const struct sock *sk, int oldstate, int newstate)
 {
 	__u64 key = (__u64)sk;
 	if (newstate == TCP_SYN_SENT) {
 		/* The local port may not be chosen yet: filter on the remote one. */
 		__u16 dport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
 		if (!port_wanted(dport))
-			return 0;
+			return;
 		__u64 now = bpf_ktime_get_ns();
 		bpf_map_update_elem(&lmperf_connect_start, &key, &now, BPF_ANY);
-		return 0;
+		return;
 	}
 	if (oldstate != TCP_SYN_SENT)
-		return 0;
+		return;
 	__u64 *start = bpf_map_lookup_elem(&lmperf_connect_start, &key);
 	if (!start)
-		return 0;
+		return;
 	__u64 took = bpf_ktime_get_ns() - *start;
 	bpf_map_delete_elem(&lmperf_connect_start, &key);
 	if (newstate == TCP_ESTABLISHED)
 		emit(sk, LMPERF_EV_CONNECT, took);
+}
+
+static __always_inline void on_retransmit(const struct sock *sk)
+{
+	if (!sock_wanted(sk))
+		return;
+	const struct tcp_sock *tp = (const struct tcp_sock *)sk;
+	emit(sk, LMPERF_EV_RETRANS, BPF_CORE_READ(tp, total_retrans));
+}
+
+SEC("tp_btf/tcp_probe")
+int BPF_PROG(lmperf_tcp_probe, struct sock *sk, const struct sk_buff *skb)
+{
+	on_segment(sk);
+	return 0;
+}
+
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(lmperf_set_state, const struct sock *sk, const int oldstate, const int newstate)
+{
+	on_state(sk, oldstate, newstate);
 	return 0;
 }
 
 SEC("tp_btf/tcp_retransmit_skb")
 int BPF_PROG(lmperf_retransmit, const struct sock *sk, const struct sk_buff *skb)
 {
-	if (!sock_wanted(sk))
-		return 0;
-	const struct tcp_sock *tp = (const struct tcp_sock *)sk;
-	emit(sk, LMPERF_EV_RETRANS, BPF_CORE_READ(tp, total_retrans));
+	on_retransmit(sk);
+	return 0;
+}
+
+/* The classic tracepoint twins: the record holds the socket's address (`skaddr`). */
+
+SEC("tracepoint/tcp/tcp_probe")
+int lmperf_tcp_probe_tp(struct trace_event_raw_tcp_probe *ctx)
+{
+	on_segment((const struct sock *)BPF_CORE_READ(ctx, skaddr));
+	return 0;
+}
+
+SEC("tracepoint/sock/inet_sock_set_state")
+int lmperf_set_state_tp(struct trace_event_raw_inet_sock_set_state *ctx)
+{
+	on_state((const struct sock *)BPF_CORE_READ(ctx, skaddr), BPF_CORE_READ(ctx, oldstate), BPF_CORE_READ(ctx, newstate));
+	return 0;
+}
+
+SEC("tracepoint/tcp/tcp_retransmit_skb")
+int lmperf_retransmit_tp(struct trace_event_raw_tcp_retransmit_skb *ctx)
+{
+	on_retransmit((const struct sock *)BPF_CORE_READ(ctx, skaddr));
 	return 0;
 }

@@ -88,6 +88,31 @@ struct tcp_sock {
 	u32 total_retrans;
 };
 
+/* Classic tracepoint records (the fallback when tp_btf is refused): only `skaddr` is read. */
+struct trace_entry {
+	unsigned short type;
+	unsigned char flags;
+	unsigned char preempt_count;
+	int pid;
+};
+
+struct trace_event_raw_tcp_probe {
+	struct trace_entry ent;
+	const void *skaddr;
+};
+
+struct trace_event_raw_inet_sock_set_state {
+	struct trace_entry ent;
+	const void *skaddr;
+	int oldstate;
+	int newstate;
+};
+
+struct trace_event_raw_tcp_retransmit_skb {
+	struct trace_entry ent;
+	const void *skaddr;
+};
+
 #pragma clang attribute pop
 
 #endif

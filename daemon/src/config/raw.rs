@@ -41,6 +41,7 @@
 //!
 //! [net]
 //! enabled = true                      # eBPF TCP probes on the targets' ports; off by itself without permission
+//! programs = "auto"                   # auto (BTF tracepoints, else classic ones) | tp_btf | tracepoint
 //! ```
 
 use std::time::Duration;
@@ -139,6 +140,7 @@ pub struct RawGpu {
 #[serde(deny_unknown_fields)]
 pub struct RawNet {
     pub enabled: Option<bool>,
+    pub programs: Option<String>,
 }
 
 impl RawCanary {

@@ -1,8 +1,9 @@
 //! Loads and attaches the probes with aya, writes the port filter, and drains the ring buffer
 //! on its own OS thread (`lmperf-net`).
 //!
-//! Each program is attached on its own; the ones the kernel refuses are listed with the
-//! reason and the others run. Only when none attaches are the probes off.
+//! Each probe is attached on its own, as a BTF tracepoint or, when the kernel refuses that, as
+//! a classic tracepoint (`[net] programs`); the ones refused both ways are listed with the
+//! reasons and the others run. Only when none attaches are the probes off.
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -10,10 +11,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
-use aya::programs::BtfTracePoint;
+use aya::programs::{BtfTracePoint, TracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
 
 use super::event::{AF_INET6, RawEvent};
+use crate::config::NetPrograms;
 use super::metrics::NetInstruments;
 use super::state::{Mode, NetState, ProbeStatus};
 
@@ -22,11 +24,50 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lm
 /// Why the object is empty, or `built`.
 pub const BUILD_NOTE: &str = env!("LMPERF_EBPF_BUILD");
 
-/// (program, BTF tracepoint) in the order they are tried.
-pub const PROBES: [(&str, &str, &str); 3] = [
-    ("lmperf_tcp_probe", "tcp_probe", "tp_btf/tcp_probe"),
-    ("lmperf_set_state", "inet_sock_set_state", "tp_btf/inet_sock_set_state"),
-    ("lmperf_retransmit", "tcp_retransmit_skb", "tp_btf/tcp_retransmit_skb"),
+/// One probe: its BTF tracepoint program and the classic tracepoint twin tried when the
+/// kernel refuses the first (`[net] programs = "auto"`).
+#[derive(Debug, Clone, Copy)]
+pub struct Probe {
+    pub btf_program: &'static str,
+    /// The BTF tracepoint (`tp_btf/<name>`).
+    pub btf_tracepoint: &'static str,
+    pub btf_attach: &'static str,
+    pub tp_program: &'static str,
+    /// The classic tracepoint's category and name (`tracepoint/<category>/<name>`).
+    pub tp_category: &'static str,
+    pub tp_name: &'static str,
+    pub tp_attach: &'static str,
+}
+
+/// The probes, each tried as a BTF tracepoint, then as a classic one.
+pub const PROBES: [Probe; 3] = [
+    Probe {
+        btf_program: "lmperf_tcp_probe",
+        btf_tracepoint: "tcp_probe",
+        btf_attach: "tp_btf/tcp_probe",
+        tp_program: "lmperf_tcp_probe_tp",
+        tp_category: "tcp",
+        tp_name: "tcp_probe",
+        tp_attach: "tracepoint/tcp/tcp_probe",
+    },
+    Probe {
+        btf_program: "lmperf_set_state",
+        btf_tracepoint: "inet_sock_set_state",
+        btf_attach: "tp_btf/inet_sock_set_state",
+        tp_program: "lmperf_set_state_tp",
+        tp_category: "sock",
+        tp_name: "inet_sock_set_state",
+        tp_attach: "tracepoint/sock/inet_sock_set_state",
+    },
+    Probe {
+        btf_program: "lmperf_retransmit",
+        btf_tracepoint: "tcp_retransmit_skb",
+        btf_attach: "tp_btf/tcp_retransmit_skb",
+        tp_program: "lmperf_retransmit_tp",
+        tp_category: "tcp",
+        tp_name: "tcp_retransmit_skb",
+        tp_attach: "tracepoint/tcp/tcp_retransmit_skb",
+    },
 ];
 
 /// Why the probes are off.
@@ -100,7 +141,7 @@ impl std::fmt::Debug for Loaded {
 ///
 /// # Errors
 /// [`NetError`] when no probe can run; the agent then runs without them.
-pub fn load(state: &NetState) -> Result<Loaded, NetError> {
+pub fn load(state: &NetState, programs: NetPrograms) -> Result<Loaded, NetError> {
     if OBJECT.is_empty() {
         return Err(NetError::NotBuilt(BUILD_NOTE));
     }
@@ -116,13 +157,7 @@ pub fn load(state: &NetState) -> Result<Loaded, NetError> {
             ports.insert(p, 1, 0).map_err(|source| NetError::Map { name: "lmperf_ports", source })?;
         }
     }
-    let probes: Vec<ProbeStatus> = PROBES.iter().map(|&(program, tp, attach_name)| {
-        let error = attach(&mut ebpf, program, tp, &btf).err();
-        if let Some(e) = &error {
-            tracing::warn!(probe = attach_name, error = %e, "eBPF probe not attached.");
-        }
-        ProbeStatus { program, attach: attach_name, live: error.is_none(), error }
-    }).collect();
+    let probes: Vec<ProbeStatus> = PROBES.iter().map(|p| attach_probe(&mut ebpf, p, &btf, programs)).collect();
     let failed: Vec<String> = probes.iter().filter_map(|p| p.error.as_ref().map(|e| format!("{}: {e}", p.attach))).collect();
     if failed.len() == probes.len() {
         state.set_probes(probes);
@@ -157,7 +192,50 @@ impl Loaded {
     }
 }
 
-fn attach(ebpf: &mut Ebpf, program: &str, tracepoint: &str, btf: &Btf) -> Result<(), String> {
+/// Attaches `p` as the configured program types allow: the BTF tracepoint, then (auto) the
+/// classic one; the status names the one that runs, or both errors.
+fn attach_probe(ebpf: &mut Ebpf, p: &Probe, btf: &Btf, programs: NetPrograms) -> ProbeStatus {
+    let btf_error = match programs {
+        NetPrograms::Tracepoint => None,
+        NetPrograms::Auto | NetPrograms::TpBtf => match attach_btf(ebpf, p.btf_program, p.btf_tracepoint, btf) {
+            Ok(()) => return ProbeStatus { program: p.btf_program, attach: p.btf_attach, live: true, error: None },
+            Err(e) => Some(e),
+        },
+    };
+    if programs == NetPrograms::TpBtf {
+        tracing::warn!(probe = p.btf_attach, error = ?btf_error, "eBPF probe not attached.");
+        return ProbeStatus { program: p.btf_program, attach: p.btf_attach, live: false, error: btf_error };
+    }
+    match attach_classic(ebpf, p) {
+        Ok(()) => {
+            if let Some(e) = &btf_error {
+                tracing::info!(probe = p.tp_attach, refused = p.btf_attach, error = %e, "eBPF probe attached as a classic tracepoint.");
+            }
+            ProbeStatus { program: p.tp_program, attach: p.tp_attach, live: true, error: None }
+        }
+        Err(e) => {
+            let error = match btf_error {
+                Some(b) => format!("{b}; then {}: {e}", p.tp_attach),
+                None => e,
+            };
+            tracing::warn!(probe = p.btf_attach, error = %error, "eBPF probe not attached.");
+            ProbeStatus { program: p.btf_program, attach: if programs == NetPrograms::Tracepoint { p.tp_attach } else { p.btf_attach }, live: false, error: Some(error) }
+        }
+    }
+}
+
+fn attach_classic(ebpf: &mut Ebpf, p: &Probe) -> Result<(), String> {
+    let prog: &mut TracePoint = ebpf
+        .program_mut(p.tp_program)
+        .ok_or_else(|| format!("program {} missing from the object", p.tp_program))?
+        .try_into()
+        .map_err(|e| short(&e))?;
+    prog.load().map_err(|e| short(&e))?;
+    prog.attach(p.tp_category, p.tp_name).map_err(|e| short(&e))?;
+    Ok(())
+}
+
+fn attach_btf(ebpf: &mut Ebpf, program: &str, tracepoint: &str, btf: &Btf) -> Result<(), String> {
     let prog: &mut BtfTracePoint = ebpf
         .program_mut(program)
         .ok_or_else(|| format!("program {program} missing from the object"))?

@@ -43,7 +43,7 @@ pub fn load(cfg: &NetConfig, ports: &[u16]) -> Prepared {
         state.set_mode(Mode::Disabled, Some("disabled in the configuration ([net] enabled = false)".to_owned()));
         return Prepared { state, enabled: false, loaded: None };
     }
-    let loaded = loader::load(&state).map_err(|e| off(&state, &e)).ok();
+    let loaded = loader::load(&state, cfg.programs).map_err(|e| off(&state, &e)).ok();
     Prepared { state, enabled: true, loaded }
 }
 
