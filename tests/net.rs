@@ -269,6 +269,7 @@ fn canaries_across(one_way: Duration, n: usize, probes: bool) -> Option<(Vec<std
     let bind = std::net::SocketAddr::new(link.addr_b.into(), 0);
     // The first token leaves as soon as the request arrives: TTFT is the link plus the stacks.
     let server = link.b.spawn(move || {
+        lmperf_e2e::netns::realtime(); // its response carries the ACK that the client's RTT sample ends on
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async move {
             let s = ScriptedServer::start_at(bind, Arc::new(|_, _| Reply::sse(chat_stream(3, Duration::ZERO, Duration::from_millis(2), 4))), None).await;

@@ -39,6 +39,16 @@ enum {
 	BPF_ANY = 0,
 };
 
+/* bpf_ringbuf_submit() flags and bpf_ringbuf_query() flags (uapi linux/bpf.h). */
+enum {
+	BPF_RB_NO_WAKEUP = 1,
+	BPF_RB_FORCE_WAKEUP = 2,
+};
+
+enum {
+	BPF_RB_AVAIL_DATA = 0,
+};
+
 enum {
 	TCP_ESTABLISHED = 1,
 	TCP_SYN_SENT = 2,

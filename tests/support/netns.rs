@@ -149,9 +149,10 @@ impl DelayLink {
     }
 }
 
-/// Runs the calling forwarder thread at a real-time priority (SCHED_FIFO 10, as root), so
-/// that a busy machine (parallel builds) does not stretch the delay; best effort.
-fn realtime() {
+/// Runs the calling thread at a real-time priority (SCHED_FIFO 10, as root), so that a busy
+/// machine (parallel builds) does not stretch the delay (the forwarder) or a peer's ACKs (a
+/// server whose response carries the ACK); best effort.
+pub fn realtime() {
     let p = libc::sched_param { sched_priority: 10 };
     // SAFETY: pid 0 is the calling thread; p is valid for reading.
     unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) };

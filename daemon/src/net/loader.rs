@@ -6,11 +6,11 @@
 //! reasons and the others run. Only when none attaches are the probes off.
 
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use aya::maps::{Array, MapData, PerCpuArray, RingBuf};
 use aya::programs::{BtfTracePoint, TracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
 
@@ -69,6 +69,11 @@ pub const PROBES: [Probe; 3] = [
         tp_attach: "tracepoint/tcp/tcp_retransmit_skb",
     },
 ];
+
+/// The longest an event waits in the ring buffer when no span asks for it (metrics freshness).
+pub const POLL: Duration = Duration::from_millis(100);
+/// Events waiting at which the kernel wakes the reader (`LMPERF_WAKEUP_BYTES` in the C).
+pub const WAKEUP_EVENTS: usize = 64;
 
 /// Why the probes are off.
 #[derive(Debug, thiserror::Error)]
@@ -151,10 +156,13 @@ pub fn load(state: &NetState, programs: NetPrograms) -> Result<Loaded, NetError>
         source,
     })?;
     {
+        // A bitmap: bit (port % 64) of entry (port / 64).
         let map = ebpf.map_mut("lmperf_ports").ok_or(NetError::MissingMap("lmperf_ports"))?;
-        let mut ports: BpfHashMap<_, u16, u8> = BpfHashMap::try_from(map).map_err(|source| NetError::Map { name: "lmperf_ports", source })?;
+        let mut bits: Array<_, u64> = Array::try_from(map).map_err(|source| NetError::Map { name: "lmperf_ports", source })?;
         for p in state.filter.ports() {
-            ports.insert(p, 1, 0).map_err(|source| NetError::Map { name: "lmperf_ports", source })?;
+            let i = u32::from(p / 64);
+            let word = bits.get(&i, 0).map_err(|source| NetError::Map { name: "lmperf_ports", source })?;
+            bits.set(i, word | (1u64 << (p % 64)), 0).map_err(|source| NetError::Map { name: "lmperf_ports", source })?;
         }
     }
     let probes: Vec<ProbeStatus> = PROBES.iter().map(|p| attach_probe(&mut ebpf, p, &btf, programs)).collect();
@@ -184,9 +192,17 @@ impl Loaded {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let Loaded { ebpf, ring, drops } = self;
+        let fd = ring.as_raw_fd();
+        let drain = Arc::new(Mutex::new(Drain { ring, drops, instruments, last_drops_read: Instant::now() }));
+        let on_demand = drain.clone();
+        state.set_drainer(Box::new(move |st: &NetState| {
+            if let Ok(mut d) = on_demand.lock() {
+                d.drain(st);
+            }
+        }));
         let handle = std::thread::Builder::new()
             .name("lmperf-net".to_owned())
-            .spawn(move || drain_loop(ebpf, ring, drops, &state, &instruments, &flag))
+            .spawn(move || drain_loop(ebpf, fd, &drain, &state, &flag))
             .map_err(NetError::Thread)?;
         Ok(NetMonitor { stop, handle: Some(handle) })
     }
@@ -264,34 +280,45 @@ fn wait_readable(fd: i32, timeout: Duration) {
     let _ = unsafe { libc::poll(&mut p, 1, timeout.as_millis() as i32) };
 }
 
-fn drain_loop(
-    _ebpf: Ebpf,
-    mut ring: RingBuf<MapData>,
+/// The ring buffer's reader, shared by the probe thread and span building (which drains what
+/// is waiting before it reads the history: the kernel wakes the thread only for batches).
+struct Drain {
+    ring: RingBuf<MapData>,
     drops: PerCpuArray<MapData, u64>,
-    state: &NetState,
-    instruments: &NetInstruments,
-    stop: &AtomicBool,
-) {
-    let fd = ring.as_raw_fd();
-    let mut last_drops_read = std::time::Instant::now();
-    while !stop.load(Ordering::Relaxed) {
-        wait_readable(fd, Duration::from_millis(100));
+    instruments: NetInstruments,
+    last_drops_read: Instant,
+}
+
+impl Drain {
+    /// Converts every waiting event into metrics and history.
+    fn drain(&mut self, state: &NetState) {
         let (mono, wall) = (monotonic_ns(), SystemTime::now());
-        while let Some(item) = ring.next() {
+        while let Some(item) = self.ring.next() {
             let Some(ev) = RawEvent::parse(&item) else { continue };
             drop(item);
             let Some(kind) = ev.kind() else { continue };
             let (local, remote) = (ev.local(), ev.remote());
             let Some((side, server)) = state.filter.classify(local, remote) else { continue };
             let at = wall.checked_sub(Duration::from_nanos(mono.saturating_sub(ev.ts_ns))).unwrap_or(wall);
-            instruments.record(side, server, ev.family == AF_INET6, kind);
+            self.instruments.record(side, server, ev.family == AF_INET6, kind);
             state.push(at, side, server, local, kind);
         }
-        if last_drops_read.elapsed() >= Duration::from_secs(1) {
-            last_drops_read = std::time::Instant::now();
-            if let Ok(per_cpu) = drops.get(&0, 0) {
+        if self.last_drops_read.elapsed() >= Duration::from_secs(1) {
+            self.last_drops_read = Instant::now();
+            if let Ok(per_cpu) = self.drops.get(&0, 0) {
                 state.dropped.store(per_cpu.iter().sum(), Ordering::Relaxed);
             }
+        }
+    }
+}
+
+/// Drains when the kernel wakes it (a batch of [`WAKEUP_EVENTS`] waiting) or every
+/// [`POLL`], until `stop`; holds the programs attached (`_ebpf`) until then.
+fn drain_loop(_ebpf: Ebpf, fd: i32, drain: &Mutex<Drain>, state: &NetState, stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        wait_readable(fd, POLL);
+        if let Ok(mut d) = drain.lock() {
+            d.drain(state);
         }
     }
 }

@@ -90,9 +90,21 @@ struct Inner {
     history: VecDeque<Sample>,
 }
 
+/// Drains the probes' waiting events into the state (set by the loader).
+pub type DrainFn = Box<dyn Fn(&NetState) + Send + Sync>;
+
+struct Drainer(DrainFn);
+
+impl std::fmt::Debug for Drainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Drainer")
+    }
+}
+
 /// Shared state of the probes.
 #[derive(Debug)]
 pub struct NetState {
+    drainer: std::sync::OnceLock<Drainer>,
     pub filter: PortFilter,
     inner: Mutex<Inner>,
     pub rtt_events: AtomicU64,
@@ -117,6 +129,7 @@ pub struct RequestNet {
 impl NetState {
     pub fn new(filter: PortFilter) -> Self {
         Self {
+            drainer: std::sync::OnceLock::new(),
             filter,
             inner: Mutex::new(Inner { mode: Mode::Starting, reason: None, probes: Vec::new(), history: VecDeque::new() }),
             rtt_events: AtomicU64::new(0),
@@ -124,6 +137,19 @@ impl NetState {
             retransmit_events: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             tcp_info_samples: AtomicU64::new(0),
+        }
+    }
+
+    /// Sets how [`Self::drain_now`] reaches the ring buffer (once; later calls are ignored).
+    pub fn set_drainer(&self, f: DrainFn) {
+        let _ = self.drainer.set(Drainer(f));
+    }
+
+    /// Moves the events waiting in the ring buffer into the history (the kernel wakes the
+    /// probe thread only for batches, so a request's last events may still wait there).
+    pub fn drain_now(&self) {
+        if let Some(d) = self.drainer.get() {
+            (d.0)(self);
         }
     }
 
@@ -204,6 +230,7 @@ impl NetState {
                 KeyValue::new(names::LMPERF_NET_SRTT_MAX, info.srtt.as_secs_f64()),
             ];
         }
+        self.drain_now();
         let r = self.request(server_port, conn.map(|c| c.0), from, to);
         let mut a = vec![
             KeyValue::new(names::LMPERF_NET_SOURCE, names::NET_SOURCE_EBPF),
@@ -222,6 +249,7 @@ impl NetState {
 
     /// The kept client-side events, oldest first.
     pub fn recent(&self) -> Vec<Sample> {
+        self.drain_now();
         self.inner.lock().map(|g| g.history.iter().copied().collect()).unwrap_or_default()
     }
 
