@@ -4,6 +4,9 @@
 //!
 //! - acceptance 1: loopback flows inside the test: RTT samples, one connect latency per
 //!   connection, a retransmit forced by a full accept queue dropping a SYN;
+//! - acceptance 2: canaries across a 20 ms RTT link between two namespaces the test creates
+//!   (`support::netns::DelayLink`, 10 ms each way): kernel srtt ≈ 20 ms on the span, TTFT at
+//!   least 20 ms above the same link without delay;
 //! - acceptance 4: the agent without BPF capabilities runs and says why in the status;
 //! - the agent with probes on: `lmperf_tcp_*` series on `/metrics`, `lmperf.net.*` span
 //!   attributes on its canaries.
@@ -19,6 +22,7 @@ use lmperf::config::NetConfig;
 use lmperf::net::event::Kind;
 use lmperf::net::state::{Mode, NetState};
 use lmperf_e2e::agent::{Agent, prom_sum};
+use lmperf_e2e::netns::DelayLink;
 use lmperf_e2e::otlp::attrs;
 use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
 use opentelemetry::metrics::MeterProvider as _;
@@ -31,7 +35,7 @@ fn required() -> bool {
 /// the test is not required to run them.
 fn probes(port: u16) -> Option<(Arc<NetState>, lmperf::net::loader::NetMonitor)> {
     let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder().build();
-    let (state, monitor) = lmperf::net::start(&NetConfig { enabled: true }, &[port], &provider.meter("net-test"));
+    let (state, monitor) = lmperf::net::start(&NetConfig { enabled: true, programs: Default::default() }, &[port], &provider.meter("net-test"));
     if state.mode() != Mode::On {
         let why = state.status().reason.unwrap_or_default();
         assert!(!required(), "probes required (LMPERF_REQUIRE_EBPF=1) but off: {why}");
@@ -105,7 +109,7 @@ fn loopback_flows_report_rtt_connect_latency_and_a_forced_retransmit() {
         assert!(rtts.len() >= 20, "RTT samples for {l}: {rtts:?}");
         assert!(rtts.iter().all(|&us| us < 50_000), "loopback srtt below 50 ms: {rtts:?}");
     }
-    let r = state.request(port, from, SystemTime::now());
+    let r = state.request(port, None, from, SystemTime::now());
     eprintln!("loopback: {r:?}");
     assert!(r.srtt_min.is_some() && r.connect.is_some());
     let st = state.status();
@@ -245,4 +249,185 @@ fn cap_bpf_and_cap_perfmon_are_enough() {
     let net = bpf_only.wait_status(Duration::from_secs(5), |s| s["net"]["mode"] != "starting")["net"].clone();
     assert_eq!(net["mode"], "off", "{net}");
     assert!(net["reason"].as_str().is_some_and(|r| r.contains("tp_btf/tcp_probe")), "{net}");
+}
+
+/// The spans of `n` canaries from an agent in namespace `a` to a scripted server in namespace
+/// `b`, across a [`DelayLink`] of `one_way` each direction, with the probes on (`probes`) or
+/// disabled in the configuration, and the agent's last status; `None` when namespaces or
+/// probes cannot be had here (not root) and the test is not required.
+fn canaries_across(one_way: Duration, n: usize, probes: bool) -> Option<(Vec<std::collections::BTreeMap<String, String>>, serde_json::Value)> {
+    let link = match DelayLink::new(one_way) {
+        Ok(l) => l,
+        Err(e) => {
+            assert!(!required(), "namespaces and TUN required (LMPERF_REQUIRE_EBPF=1): {e}");
+            eprintln!("skipped: cannot build a delay link here: {e}");
+            return None;
+        }
+    };
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let bind = std::net::SocketAddr::new(link.addr_b.into(), 0);
+    // The first token leaves as soon as the request arrives: TTFT is the link plus the stacks.
+    let server = link.b.spawn(move || {
+        lmperf_e2e::netns::realtime(); // its response carries the ACK that the client's RTT sample ends on
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let s = ScriptedServer::start_at(bind, Arc::new(|_, _| Reply::sse(chat_stream(3, Duration::ZERO, Duration::from_millis(2), 4))), None).await;
+            addr_tx.send(s.addr).unwrap();
+            let _ = done_rx.await;
+        })
+    });
+    let server_addr = addr_rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    let spans = link.a.run(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let mut collector = rt.block_on(FakeCollectorServer::start()).unwrap();
+        let cfg = config(if probes { "provider = \"openai\"\n" } else { "provider = \"openai\"\n[net]\nenabled = false\n" });
+        let url = format!("http://{server_addr}");
+        let endpoint = collector.endpoint();
+        let agent = Agent::spawn(&["--config", cfg.to_str().unwrap(), "--target", &url, "--model", "m", "--interval", "200ms", "--otlp-protocol", "grpc", "--otlp-endpoint", &endpoint], &[]);
+        let net = agent.status()["net"].clone();
+        if probes && net["mode"] != "on" {
+            assert!(!required(), "probes required but off: {net}");
+            eprintln!("skipped: {net}");
+            return None;
+        }
+        let spans = rt.block_on(async {
+            let mut spans = Vec::new();
+            let t = Instant::now();
+            while spans.len() < n && t.elapsed() < Duration::from_secs(15) {
+                spans.extend(collector.exported_spans(usize::MAX, Duration::from_millis(300)).await);
+            }
+            spans
+        });
+        let _ = std::fs::remove_file(cfg);
+        Some((spans.iter().map(|s| attrs(&s.attributes)).collect::<Vec<_>>(), agent.status()))
+    });
+    let _ = done_tx.send(());
+    server.join().unwrap();
+    spans
+}
+
+fn secs(a: &std::collections::BTreeMap<String, String>, key: &str) -> f64 {
+    a.get(key).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{key} missing: {a:?}"))
+}
+
+/// Acceptance 2. The delay is 10 ms each way, so the round trip is 20 ms longer (as
+/// `tc netem delay 20ms` on one end would make it): kernel srtt within 20 ± 3 ms on every span
+/// and TTFT at least 20 ms above that of the same link without delay (the smallest of 8
+/// against the smallest of 8: the floor of each, which a busy machine does not move).
+#[test]
+fn canary_across_a_20ms_rtt_link_sees_it_in_kernel_rtt_and_ttft() {
+    const TTFT: &str = "gen_ai.response.time_to_first_chunk";
+    let Some((base, _)) = canaries_across(Duration::ZERO, 8, true) else { return };
+    let Some((delayed, _)) = canaries_across(Duration::from_millis(10), 8, true) else { return };
+    assert!(base.len() >= 8 && delayed.len() >= 8, "{} and {} spans", base.len(), delayed.len());
+    for s in &base {
+        assert!(secs(s, "lmperf.net.srtt.max") < 0.005, "no delay: srtt below 5 ms: {s:?}");
+    }
+    for s in &delayed {
+        assert_eq!(s["lmperf.net.source"], "ebpf");
+        let (min, max) = (secs(s, "lmperf.net.srtt.min"), secs(s, "lmperf.net.srtt.max"));
+        assert!((0.017..=0.023).contains(&min) && (0.017..=0.023).contains(&max), "kernel srtt {min}..{max} s on a 20 ms RTT link: {s:?}");
+    }
+    let min = |v: &[std::collections::BTreeMap<String, String>]| v.iter().map(|s| secs(s, TTFT)).fold(f64::INFINITY, f64::min);
+    let (ttft_base, ttft_delayed) = (min(&base), min(&delayed));
+    eprintln!("smallest TTFT {:.2} ms without delay, {:.2} ms across 20 ms RTT; kernel srtt max {:?}", ttft_base * 1e3, ttft_delayed * 1e3, delayed.iter().map(|s| &s["lmperf.net.srtt.max"]).collect::<Vec<_>>());
+    assert!(ttft_delayed - ttft_base >= 0.020, "TTFT {ttft_delayed} s vs {ttft_base} s without delay");
+}
+
+/// The TCP_INFO fallback: with the probes disabled, each span carries one `getsockopt(TCP_INFO)`
+/// reading of the canary's own connection (source `tcp_info`), 20 ± 3 ms across the 20 ms
+/// RTT link, and the status says where the values come from.
+#[test]
+fn tcp_info_fallback_reads_the_canary_connection_rtt_when_probes_are_disabled() {
+    let Some((spans, status)) = canaries_across(Duration::from_millis(10), 4, false) else { return };
+    assert!(spans.len() >= 4, "{} spans", spans.len());
+    eprintln!("TCP_INFO srtt {:?}", spans.iter().map(|s| &s["lmperf.net.srtt.max"]).collect::<Vec<_>>());
+    for s in &spans {
+        assert_eq!(s.get("lmperf.net.source").map(String::as_str), Some("tcp_info"), "{s:?}");
+        assert_eq!(s["lmperf.net.rtt.samples"], "1");
+        let srtt = secs(s, "lmperf.net.srtt.max");
+        assert!((0.017..=0.023).contains(&srtt), "TCP_INFO srtt {srtt} s on a 20 ms RTT link: {s:?}");
+        assert!(!s.contains_key("lmperf.net.retransmits"), "TCP_INFO gives no per-request retransmits: {s:?}");
+    }
+    let net = &status["net"];
+    assert_eq!(net["mode"], "disabled", "{net}");
+    assert_eq!(net["source"], "tcp_info", "{net}");
+    assert!(net["tcp_info_samples"].as_u64().unwrap_or(0) >= 4, "{net}");
+}
+
+fn status_field(pid: u32, task: &str, field: &str) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{task}/status")).unwrap_or_default();
+    text.lines().find_map(|l| l.strip_prefix(field)).unwrap_or("").trim().to_owned()
+}
+
+/// Item of the issue: after loading the probes the agent drops every capability (all its
+/// threads: effective, permitted, ambient empty, `no_new_privs` set), and the probes it
+/// attached before keep delivering events.
+#[test]
+fn agent_drops_its_capabilities_after_start_and_probes_still_deliver() {
+    let own = u64::from_str_radix(&status_field(std::process::id(), &std::process::id().to_string(), "CapEff:"), 16).unwrap_or(0);
+    if own == 0 {
+        assert!(!required(), "root with capabilities required");
+        eprintln!("skipped: this test process has no capability to drop");
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let server = rt.block_on(ScriptedServer::start(Arc::new(|_, _| Reply::sse(chat_stream(3, Duration::from_millis(2), Duration::from_millis(2), 4)))));
+    let cfg = config("provider = \"openai\"\n");
+    let agent = Agent::spawn(&["--config", cfg.to_str().unwrap(), "--target", &server.url(), "--model", "m", "--interval", "100ms", "--no-otlp"], &[]);
+    let net = agent.wait_status(Duration::from_secs(5), |s| s["net"]["mode"] != "starting")["net"].clone();
+    if net["mode"] != "on" {
+        assert!(!required(), "probes required but off: {net}");
+        eprintln!("skipped: {net}");
+        return;
+    }
+    let tasks: Vec<String> = std::fs::read_dir(format!("/proc/{}/task", agent.pid())).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert!(tasks.len() >= 3, "the runtime and probe threads run: {tasks:?}");
+    for t in &tasks {
+        for f in ["CapEff:", "CapPrm:", "CapInh:", "CapAmb:"] {
+            assert_eq!(status_field(agent.pid(), t, f), "0000000000000000", "{f} of thread {t} (ours: {own:x})");
+        }
+        assert_eq!(status_field(agent.pid(), t, "NoNewPrivs:"), "1", "thread {t}");
+    }
+    let rtt = |s: &serde_json::Value| s["net"]["events"]["rtt"].as_u64().unwrap_or(0);
+    let before = rtt(&agent.status());
+    let after = rtt(&agent.wait_status(Duration::from_secs(5), |s| rtt(s) >= before + 20));
+    assert!(after >= before + 20, "RTT events after the drop: {before} then {after}");
+    assert!(agent.stderr_text().contains("Capabilities dropped"), "{}", agent.stderr_text());
+    let _ = std::fs::remove_file(cfg);
+}
+
+/// The classic tracepoint twins (what `programs = "auto"` falls back to, probe by probe, when a
+/// kernel refuses `tp_btf`), chosen with `programs = "tracepoint"`, in a private mount namespace
+/// with tracefs mounted (they need it): every probe live as `tracepoint/...`, events flow.
+#[test]
+fn classic_tracepoints_deliver_events_when_chosen() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let server = rt.block_on(ScriptedServer::start(Arc::new(|_, _| Reply::sse(chat_stream(3, Duration::from_millis(2), Duration::from_millis(2), 4)))));
+    let cfg = config("provider = \"openai\"\n[net]\nprograms = \"tracepoint\"\n");
+    let with_tracefs = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", "mount -t tracefs tracefs /sys/kernel/tracing && exec \"$0\" \"$@\""];
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(!required(), "root required");
+        eprintln!("skipped: mounting tracefs needs root");
+        return;
+    }
+    let agent = Agent::spawn_wrapped(&with_tracefs, &["--config", cfg.to_str().unwrap(), "--target", &server.url(), "--model", "m", "--interval", "100ms", "--no-otlp"], &[]);
+    let net = agent.wait_status(Duration::from_secs(5), |s| s["net"]["mode"] != "starting")["net"].clone();
+    if net["mode"] != "on" {
+        assert!(!required(), "probes required but off: {net}");
+        eprintln!("skipped: {net}");
+        return;
+    }
+    let probes = net["probes"].as_array().cloned().unwrap_or_default();
+    assert_eq!(probes.len(), 3, "{net}");
+    for p in &probes {
+        assert_eq!(p["live"], true, "{net}");
+        assert!(p["attach"].as_str().is_some_and(|a| a.starts_with("tracepoint/")) && p["program"].as_str().is_some_and(|n| n.ends_with("_tp")), "{net}");
+    }
+    let ev = |s: &serde_json::Value, k: &str| s["net"]["events"][k].as_u64().unwrap_or(0);
+    let s = agent.wait_status(Duration::from_secs(5), |s| ev(s, "rtt") >= 20 && ev(s, "connect") >= 1);
+    assert!(ev(&s, "rtt") >= 20 && ev(&s, "connect") >= 1, "events through the classic tracepoints: {}", s["net"]);
+    let _ = std::fs::remove_file(cfg);
 }

@@ -34,24 +34,48 @@ pub enum AgentError {
     AdminBind { addr: std::net::SocketAddr, source: std::io::Error },
 }
 
+/// What the agent sets up while it holds its capabilities: the eBPF probes and the admin
+/// listener (a port below 1024 needs CAP_NET_BIND_SERVICE).
+#[derive(Debug)]
+pub struct Privileged {
+    net: crate::net::Prepared,
+    admin: std::net::TcpListener,
+}
+
+/// The privileged part of the start: loads the probes, binds the admin listener, then drops
+/// every capability ([`crate::caps::drop_all`]). Call it before any other thread exists
+/// (capabilities are per thread; later threads inherit the emptied sets).
+///
+/// # Errors
+/// [`AgentError::AdminBind`]. A capability drop that fails is logged, not an error.
+pub fn prepare(cfg: &AgentConfig) -> Result<Privileged, AgentError> {
+    let ports: Vec<u16> = cfg.targets.iter().map(|t| t.port).collect();
+    let net = crate::net::load(&cfg.net, &ports);
+    let admin = std::net::TcpListener::bind(cfg.admin_addr)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .map_err(|source| AgentError::AdminBind { addr: cfg.admin_addr, source })?;
+    match crate::caps::drop_all() {
+        Ok(before) => tracing::info!(effective_before = %format!("{before:#x}"), "Capabilities dropped: the agent needs none after start."),
+        Err(e) => tracing::warn!(error = %e, "Cannot drop capabilities; the agent keeps those it was given."),
+    }
+    Ok(Privileged { net, admin })
+}
+
 /// Runs the agent until `signal` completes, then shuts down. Returns when everything is
 /// flushed or the budget is spent.
 ///
 /// # Errors
 /// Only start-up failures; nothing that happens to targets or the collector later.
-pub async fn run(cfg: AgentConfig, env: &dyn Env, signal: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
+pub async fn run(cfg: AgentConfig, privileged: Privileged, env: &dyn Env, signal: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
     let telemetry = Arc::new(Telemetry::init(&cfg.otlp, env)?);
     let (gpu, gpu_monitor) = crate::gpu::start(&cfg.gpu, &telemetry.meter());
     let states: Vec<Arc<TargetState>> = cfg.targets.iter().map(|t| Arc::new(TargetState::new(t))).collect();
     telemetry.register_spike_gauge(states.clone());
-    let ports: Vec<u16> = cfg.targets.iter().map(|t| t.port).collect();
-    let (net, net_monitor) = crate::net::start(&cfg.net, &ports, &telemetry.meter());
+    let (net, net_monitor) = privileged.net.start(&telemetry.meter());
     let recent = Arc::new(RecentRequests::new(cfg.control.recent_requests));
     let status = Arc::new(AgentStatus { targets: states.clone(), started: SystemTime::now(), ready: false.into(), gpu: gpu.clone(), net: net.clone(), recent: recent.clone() });
 
-    let listener = tokio::net::TcpListener::bind(cfg.admin_addr)
-        .await
-        .map_err(|source| AgentError::AdminBind { addr: cfg.admin_addr, source })?;
+    let listener = tokio::net::TcpListener::from_std(privileged.admin).map_err(|source| AgentError::AdminBind { addr: cfg.admin_addr, source })?;
     let admin_addr = listener.local_addr().unwrap_or(cfg.admin_addr);
     let admin_stop = tokio_util::sync::CancellationToken::new();
     let admin_state = AdminState { status: status.clone(), telemetry: telemetry.clone() };

@@ -10,6 +10,7 @@ pub mod admin;
 pub mod agent;
 pub mod bench;
 pub mod canary;
+pub mod caps;
 pub mod cli;
 pub mod config;
 pub mod control;

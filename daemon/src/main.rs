@@ -54,11 +54,19 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            // Before the runtime: the process has one thread while it drops its capabilities.
+            let privileged = match lmperf::agent::prepare(&cfg) {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!("lmperf: {e:#}");
+                    return ExitCode::from(1);
+                }
+            };
             let rt = match runtime() {
                 Ok(rt) => rt,
                 Err(code) => return code,
             };
-            match rt.block_on(lmperf::agent::run(cfg, &ProcessEnv, lmperf::agent::shutdown_signal())) {
+            match rt.block_on(lmperf::agent::run(cfg, privileged, &ProcessEnv, lmperf::agent::shutdown_signal())) {
                 Ok(()) => {
                     rt.shutdown_timeout(std::time::Duration::from_millis(200));
                     ExitCode::SUCCESS

@@ -10,7 +10,9 @@
  * ports, written by user space before attaching). Events go through the `lmperf_events` ring
  * buffer; a full ring drops the event and counts it in `lmperf_drops`.
  *
- * Needs no kprobes, no fentry and no tracefs: BTF tracepoints only (kernel >= 5.5 with BTF).
+ * Needs no kprobes, no fentry and no tracefs: BTF tracepoints (kernel >= 5.5 with BTF). Each has
+ * a classic tracepoint twin (`*_tp`, SEC("tracepoint/...")) with the same body, which user space
+ * attaches when the kernel refuses the BTF one; those need tracefs mounted.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -21,12 +23,16 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-/* Ports to report, host order -> 1. */
+/* Unread bytes in the ring buffer at which a submit wakes the reader (64 events). */
+#define LMPERF_WAKEUP_BYTES (64 * (sizeof(struct lmperf_event) + 8))
+
+/* Ports to report: a bitmap, bit (port % 64) of entry (port / 64), host order. An array, so
+ * the verifier inlines the lookup (no helper call, no hashing) on every event. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 64);
-	__type(key, __u16);
-	__type(value, __u8);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, __u64);
 } lmperf_ports SEC(".maps");
 
 /* Socket -> bpf_ktime_get_ns() at SYN_SENT; bounded, entries removed at ESTABLISHED/CLOSE. */
@@ -50,19 +56,30 @@ struct {
 	__type(value, __u64);
 } lmperf_drops SEC(".maps");
 
+/*
+ * Reads a socket field: a direct load in tp_btf programs, whose socket pointer the verifier
+ * knows (BTF-typed; CO-RE relocated through preserve_access_index), and bpf_probe_read_kernel
+ * in classic tracepoint programs, whose socket is a plain number from the record. `trusted`
+ * is a constant in each program, so only one branch is compiled into it. Fields of tcp_sock
+ * lie beyond struct sock, which a direct load may not reach: always BPF_CORE_READ.
+ */
+#define RD(trusted, p, field) ((trusted) ? (p)->field : BPF_CORE_READ(p, field))
+
 static __always_inline bool port_wanted(__u16 port)
 {
-	return port && bpf_map_lookup_elem(&lmperf_ports, &port) != 0;
+	__u32 key = port / 64;
+	__u64 *bits = bpf_map_lookup_elem(&lmperf_ports, &key);
+	return port && bits && (*bits & (1ULL << (port % 64)));
 }
 
-static __always_inline bool sock_wanted(const struct sock *sk)
+static __always_inline bool sock_wanted(const struct sock *sk, bool trusted)
 {
-	__u16 sport = BPF_CORE_READ(sk, __sk_common.skc_num);
-	__u16 dport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+	__u16 sport = RD(trusted, sk, __sk_common.skc_num);
+	__u16 dport = bpf_ntohs(RD(trusted, sk, __sk_common.skc_dport));
 	return port_wanted(sport) || port_wanted(dport);
 }
 
-static __always_inline void emit(const struct sock *sk, __u8 kind, __u64 value)
+static __always_inline void emit(const struct sock *sk, bool trusted, __u8 kind, __u64 value)
 {
 	struct lmperf_event *e = bpf_ringbuf_reserve(&lmperf_events, sizeof(*e), 0);
 	if (!e) {
@@ -72,68 +89,111 @@ static __always_inline void emit(const struct sock *sk, __u8 kind, __u64 value)
 			*n += 1;
 		return;
 	}
-	__u16 family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	__u16 family = RD(trusted, sk, __sk_common.skc_family);
 	e->ts_ns = bpf_ktime_get_ns();
 	e->value = value;
 	e->family = family;
 	e->kind = kind;
-	e->state = BPF_CORE_READ(sk, __sk_common.skc_state);
-	e->sport = BPF_CORE_READ(sk, __sk_common.skc_num);
-	e->dport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+	e->state = RD(trusted, sk, __sk_common.skc_state);
+	e->sport = RD(trusted, sk, __sk_common.skc_num);
+	e->dport = bpf_ntohs(RD(trusted, sk, __sk_common.skc_dport));
 	__builtin_memset(e->saddr, 0, sizeof(e->saddr));
 	__builtin_memset(e->daddr, 0, sizeof(e->daddr));
 	if (family == LMPERF_AF_INET6) {
 		bpf_probe_read_kernel(e->saddr, 16, &sk->__sk_common.skc_v6_rcv_saddr);
 		bpf_probe_read_kernel(e->daddr, 16, &sk->__sk_common.skc_v6_daddr);
 	} else {
-		bpf_probe_read_kernel(e->saddr, 4, &sk->__sk_common.skc_rcv_saddr);
-		bpf_probe_read_kernel(e->daddr, 4, &sk->__sk_common.skc_daddr);
+		/* The record is 8-aligned and the addresses at offsets 16 and 32. */
+		*(__u32 *)e->saddr = RD(trusted, sk, __sk_common.skc_rcv_saddr);
+		*(__u32 *)e->daddr = RD(trusted, sk, __sk_common.skc_daddr);
 	}
-	bpf_ringbuf_submit(e, 0);
+	/* Wake the reader only when a batch is waiting: a wakeup per event costs microseconds in
+	 * the kernel and in the agent. The reader also drains on a short timer and before each
+	 * span is built (daemon/src/net/loader.rs). */
+	__u64 waiting = bpf_ringbuf_query(&lmperf_events, BPF_RB_AVAIL_DATA);
+	bpf_ringbuf_submit(e, waiting >= LMPERF_WAKEUP_BYTES ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+}
+
+static __always_inline void on_segment(const struct sock *sk, bool trusted)
+{
+	if (!sock_wanted(sk, trusted))
+		return;
+	const struct tcp_sock *tp = (const struct tcp_sock *)sk;
+	__u32 srtt = BPF_CORE_READ(tp, srtt_us) >> 3;
+	emit(sk, trusted, LMPERF_EV_RTT, srtt);
+}
+
+static __always_inline void on_state(const struct sock *sk, bool trusted, int oldstate, int newstate)
+{
+	__u64 key = (__u64)sk;
+	if (newstate == TCP_SYN_SENT) {
+		/* The local port may not be chosen yet: filter on the remote one. */
+		__u16 dport = bpf_ntohs(RD(trusted, sk, __sk_common.skc_dport));
+		if (!port_wanted(dport))
+			return;
+		__u64 now = bpf_ktime_get_ns();
+		bpf_map_update_elem(&lmperf_connect_start, &key, &now, BPF_ANY);
+		return;
+	}
+	if (oldstate != TCP_SYN_SENT)
+		return;
+	__u64 *start = bpf_map_lookup_elem(&lmperf_connect_start, &key);
+	if (!start)
+		return;
+	__u64 took = bpf_ktime_get_ns() - *start;
+	bpf_map_delete_elem(&lmperf_connect_start, &key);
+	if (newstate == TCP_ESTABLISHED)
+		emit(sk, trusted, LMPERF_EV_CONNECT, took);
+}
+
+static __always_inline void on_retransmit(const struct sock *sk, bool trusted)
+{
+	if (!sock_wanted(sk, trusted))
+		return;
+	const struct tcp_sock *tp = (const struct tcp_sock *)sk;
+	emit(sk, trusted, LMPERF_EV_RETRANS, BPF_CORE_READ(tp, total_retrans));
 }
 
 SEC("tp_btf/tcp_probe")
 int BPF_PROG(lmperf_tcp_probe, struct sock *sk, const struct sk_buff *skb)
 {
-	if (!sock_wanted(sk))
-		return 0;
-	const struct tcp_sock *tp = (const struct tcp_sock *)sk;
-	__u32 srtt = BPF_CORE_READ(tp, srtt_us) >> 3;
-	emit(sk, LMPERF_EV_RTT, srtt);
+	on_segment(sk, true);
 	return 0;
 }
 
 SEC("tp_btf/inet_sock_set_state")
 int BPF_PROG(lmperf_set_state, const struct sock *sk, const int oldstate, const int newstate)
 {
-	__u64 key = (__u64)sk;
-	if (newstate == TCP_SYN_SENT) {
-		/* The local port may not be chosen yet: filter on the remote one. */
-		__u16 dport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
-		if (!port_wanted(dport))
-			return 0;
-		__u64 now = bpf_ktime_get_ns();
-		bpf_map_update_elem(&lmperf_connect_start, &key, &now, BPF_ANY);
-		return 0;
-	}
-	if (oldstate != TCP_SYN_SENT)
-		return 0;
-	__u64 *start = bpf_map_lookup_elem(&lmperf_connect_start, &key);
-	if (!start)
-		return 0;
-	__u64 took = bpf_ktime_get_ns() - *start;
-	bpf_map_delete_elem(&lmperf_connect_start, &key);
-	if (newstate == TCP_ESTABLISHED)
-		emit(sk, LMPERF_EV_CONNECT, took);
+	on_state(sk, true, oldstate, newstate);
 	return 0;
 }
 
 SEC("tp_btf/tcp_retransmit_skb")
 int BPF_PROG(lmperf_retransmit, const struct sock *sk, const struct sk_buff *skb)
 {
-	if (!sock_wanted(sk))
-		return 0;
-	const struct tcp_sock *tp = (const struct tcp_sock *)sk;
-	emit(sk, LMPERF_EV_RETRANS, BPF_CORE_READ(tp, total_retrans));
+	on_retransmit(sk, true);
+	return 0;
+}
+
+/* The classic tracepoint twins: the record holds the socket's address (`skaddr`). */
+
+SEC("tracepoint/tcp/tcp_probe")
+int lmperf_tcp_probe_tp(struct trace_event_raw_tcp_probe *ctx)
+{
+	on_segment((const struct sock *)BPF_CORE_READ(ctx, skaddr), false);
+	return 0;
+}
+
+SEC("tracepoint/sock/inet_sock_set_state")
+int lmperf_set_state_tp(struct trace_event_raw_inet_sock_set_state *ctx)
+{
+	on_state((const struct sock *)BPF_CORE_READ(ctx, skaddr), false, BPF_CORE_READ(ctx, oldstate), BPF_CORE_READ(ctx, newstate));
+	return 0;
+}
+
+SEC("tracepoint/tcp/tcp_retransmit_skb")
+int lmperf_retransmit_tp(struct trace_event_raw_tcp_retransmit_skb *ctx)
+{
+	on_retransmit((const struct sock *)BPF_CORE_READ(ctx, skaddr), false);
 	return 0;
 }

@@ -39,6 +39,16 @@ enum {
 	BPF_ANY = 0,
 };
 
+/* bpf_ringbuf_submit() flags and bpf_ringbuf_query() flags (uapi linux/bpf.h). */
+enum {
+	BPF_RB_NO_WAKEUP = 1,
+	BPF_RB_FORCE_WAKEUP = 2,
+};
+
+enum {
+	BPF_RB_AVAIL_DATA = 0,
+};
+
 enum {
 	TCP_ESTABLISHED = 1,
 	TCP_SYN_SENT = 2,
@@ -86,6 +96,31 @@ struct sk_buff;
 struct tcp_sock {
 	u32 srtt_us;
 	u32 total_retrans;
+};
+
+/* Classic tracepoint records (the fallback when tp_btf is refused): only `skaddr` is read. */
+struct trace_entry {
+	unsigned short type;
+	unsigned char flags;
+	unsigned char preempt_count;
+	int pid;
+};
+
+struct trace_event_raw_tcp_probe {
+	struct trace_entry ent;
+	const void *skaddr;
+};
+
+struct trace_event_raw_inet_sock_set_state {
+	struct trace_entry ent;
+	const void *skaddr;
+	int oldstate;
+	int newstate;
+};
+
+struct trace_event_raw_tcp_retransmit_skb {
+	struct trace_entry ent;
+	const void *skaddr;
 };
 
 #pragma clang attribute pop

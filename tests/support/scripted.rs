@@ -87,7 +87,13 @@ impl ScriptedServer {
     /// As [`start`](Self::start); `idle_close` closes a connection that stays idle that long
     /// after a response (a keep-alive timeout, as llama.cpp's 5 s).
     pub async fn start_with(script: Script, idle_close: Option<Duration>) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        Self::start_at(([127, 0, 0, 1], 0).into(), script, idle_close).await
+    }
+
+    /// As [`start_with`](Self::start_with), listening on `bind` (an address of a network
+    /// namespace the test created, for instance).
+    pub async fn start_at(bind: std::net::SocketAddr, script: Script, idle_close: Option<Duration>) -> Self {
+        let listener = TcpListener::bind(bind).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let received: Arc<Mutex<Vec<Received>>> = Arc::default();
         let counter = Arc::new(AtomicUsize::new(0));

@@ -18,7 +18,7 @@ pub fn measured() -> Measured {
         m.on_bytes(Duration::from_millis(50 + 10 * i), format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"t\"}},\"finish_reason\":{fin}}}]}}\n\n").as_bytes());
     }
     m.on_bytes(Duration::from_millis(201), b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":30,\"completion_tokens\":16}}\n\ndata: [DONE]\n\n");
-    Measured { record: m.finish(StreamEnd::Eof, Duration::from_millis(202)), wall_start: SystemTime::now(), retries: 0 }
+    Measured { record: m.finish(StreamEnd::Eof, Duration::from_millis(202)), wall_start: SystemTime::now(), retries: 0, conn: None }
 }
 
 /// A factory of spans like the agent's (about 30 attributes).

@@ -88,6 +88,22 @@ pub struct Measured {
     pub wall_start: SystemTime,
     /// Re-sends after a stale connection (0 or 1).
     pub retries: u32,
+    /// The connection that carried the response, when one did.
+    pub conn: Option<Conn>,
+}
+
+/// The addresses of a request's TCP connection, as the HTTP client saw them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conn {
+    pub local: std::net::SocketAddr,
+    pub remote: std::net::SocketAddr,
+}
+
+impl Conn {
+    fn of(response: &reqwest::Response) -> Option<Conn> {
+        let info = response.extensions().get::<hyper_util::client::legacy::connect::HttpInfo>()?;
+        Some(Conn { local: info.local_addr(), remote: info.remote_addr() })
+    }
 }
 
 /// The JSON body of a canary request: streaming with usage, temperature 0, bounded output.
@@ -160,21 +176,21 @@ pub async fn execute_with(clients: &Clients, target: &TargetConfig, req: &Canary
                     None,
                     Duration::ZERO,
                 );
-                return Measured { record, wall_start: SystemTime::now(), retries };
+                return Measured { record, wall_start: SystemTime::now(), retries, conn: None };
             }
-            Attempt::Done(record, wall_start) => return Measured { record, wall_start, retries },
+            Attempt::Done(record, wall_start, conn) => return Measured { record, wall_start, retries, conn },
         }
     }
 }
 
 fn build_failure(message: String) -> Measured {
     let record = RequestRecord::failed(Outcome::Error, RequestError::new(error_type::REQUEST_BUILD, Some(message)), None, Duration::ZERO);
-    Measured { record, wall_start: SystemTime::now(), retries: 0 }
+    Measured { record, wall_start: SystemTime::now(), retries: 0, conn: None }
 }
 
 #[allow(clippy::large_enum_variant)] // one per request, moved once: boxing would buy nothing
 enum Attempt {
-    Done(RequestRecord, SystemTime),
+    Done(RequestRecord, SystemTime, Option<Conn>),
     /// The connection failed before any response byte in a way a stale keep-alive
     /// connection does: re-send on a fresh connection.
     StaleConnection,
@@ -188,30 +204,31 @@ async fn attempt(request: reqwest::RequestBuilder, target: &TargetConfig, cancel
         biased;
         _ = cancel.cancelled() => {
             let r = RequestRecord::failed(Outcome::Cancelled, RequestError::new(error_type::CANCELLED, None), None, t0.elapsed());
-            return Attempt::Done(r, wall_start);
+            return Attempt::Done(r, wall_start, None);
         }
         r = tokio::time::timeout_at(deadline, request.send()) => r,
     };
     let response = match sent {
         Err(_elapsed) => {
             let r = RequestRecord::failed(Outcome::Timeout, RequestError::new(error_type::TIMEOUT, Some("no response headers".into())), None, t0.elapsed());
-            return Attempt::Done(r, wall_start);
+            return Attempt::Done(r, wall_start, None);
         }
         Ok(Err(e)) => {
             let e2e = t0.elapsed();
             if is_stale_connection(&e) {
                 return Attempt::StaleConnection;
             }
-            return Attempt::Done(transport_failure(e, e2e), wall_start);
+            return Attempt::Done(transport_failure(e, e2e), wall_start, None);
         }
         Ok(Ok(resp)) => resp,
     };
     let status = response.status().as_u16();
+    let conn = Conn::of(&response);
     if !response.status().is_success() {
         let body = read_error_body(response, deadline).await;
-        return Attempt::Done(RequestRecord::http_error(status, &body, t0.elapsed()), wall_start);
+        return Attempt::Done(RequestRecord::http_error(status, &body, t0.elapsed()), wall_start, conn);
     }
-    Attempt::Done(read_stream(response, status, target, t0, deadline, cancel, keep_text).await, wall_start)
+    Attempt::Done(read_stream(response, status, target, t0, deadline, cancel, keep_text).await, wall_start, conn)
 }
 
 async fn read_stream(

@@ -205,7 +205,7 @@ impl TargetRunner {
                             "Model discovery (GET /v1/models) failed; canaries are recorded as errors until it succeeds."
                         );
                     }
-                    return Err(Measured { record, wall_start: std::time::SystemTime::now(), retries: 0 });
+                    return Err(Measured { record, wall_start: std::time::SystemTime::now(), retries: 0, conn: None });
                 }
                 Err(_) => {} // model configured: go on with the default provider
             }
@@ -258,7 +258,7 @@ impl TargetRunner {
                 let (from, to) = (measured.wall_start, measured.wall_start + measured.record.e2e);
                 let mut extra = self.gpu.as_ref().map(|g| g.request_attributes(from, to)).unwrap_or_default();
                 if let Some(n) = &self.net {
-                    extra.extend(n.request_attributes(t.port, from, to));
+                    extra.extend(n.request_attributes(t.port, measured.conn.map(|c| (c.local, c.remote)), from, to));
                 }
                 if let Source::Inject { load_id } = source {
                     extra.push(opentelemetry::KeyValue::new(crate::telemetry::names::LMPERF_REQUEST_SOURCE, source.as_str()));

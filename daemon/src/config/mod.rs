@@ -170,6 +170,21 @@ pub const MAX_GPU_INTERVAL: Duration = Duration::from_secs(60);
 pub struct NetConfig {
     /// Load the probes (default true; without permission they are off and the status says why).
     pub enabled: bool,
+    /// Which program types to attach (`[net] programs`, default auto).
+    pub programs: NetPrograms,
+}
+
+/// The program types the probes may attach as (`[net] programs`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NetPrograms {
+    /// BTF tracepoints (`tp_btf`), and for each one the kernel refuses, the classic
+    /// tracepoint (needs tracefs mounted).
+    #[default]
+    Auto,
+    /// BTF tracepoints only.
+    TpBtf,
+    /// Classic tracepoints only (kernels whose BTF tracepoints misbehave).
+    Tracepoint,
 }
 
 /// Where the control API listens.
@@ -400,7 +415,13 @@ fn validate(mut raw: RawConfig, o: Overrides, env: &dyn Env) -> Result<AgentConf
     }
     let otlp = validate_otlp(raw.otlp, o.otlp_endpoint, o.otlp_protocol, o.no_otlp, env)?;
     let gpu = validate_gpu(raw.gpu)?;
-    let net = NetConfig { enabled: raw.net.enabled.unwrap_or(true) };
+    let programs = match raw.net.programs.as_deref() {
+        None | Some("auto") => NetPrograms::Auto,
+        Some("tp_btf") => NetPrograms::TpBtf,
+        Some("tracepoint") => NetPrograms::Tracepoint,
+        Some(other) => return Err(ConfigError::invalid("net.programs", other, "one of auto, tp_btf, tracepoint")),
+    };
+    let net = NetConfig { enabled: raw.net.enabled.unwrap_or(true), programs };
     let control = validate_control(raw.control, env)?;
     Ok(AgentConfig { targets, admin_addr, shutdown_timeout, console: o.console || raw.console.unwrap_or(false), otlp, gpu, net, control })
 }
@@ -808,8 +829,11 @@ mod tests {
     #[test]
     fn net_table_default_on_and_strict() {
         let o = || Overrides { targets: vec!["http://127.0.0.1:1".into()], ..Overrides::default() };
-        assert_eq!(from_toml("", o(), &[]).unwrap().net, NetConfig { enabled: true });
-        assert_eq!(from_toml("[net]\nenabled = false\n", o(), &[]).unwrap().net, NetConfig { enabled: false });
+        assert_eq!(from_toml("", o(), &[]).unwrap().net, NetConfig { enabled: true, programs: NetPrograms::Auto });
+        assert_eq!(from_toml("[net]\nenabled = false\n", o(), &[]).unwrap().net, NetConfig { enabled: false, programs: NetPrograms::Auto });
+        assert_eq!(from_toml("[net]\nprograms = \"tracepoint\"\n", o(), &[]).unwrap().net.programs, NetPrograms::Tracepoint);
+        let e = from_toml("[net]\nprograms = \"kprobe\"\n", o(), &[]).unwrap_err().to_string();
+        assert!(e.contains("net.programs") && e.contains("kprobe"), "{e}");
         let err = from_toml("[net]\nenable = true\n", o(), &[]).unwrap_err().to_string();
         assert!(err.contains("enable"), "{err}");
     }

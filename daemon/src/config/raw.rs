@@ -41,6 +41,7 @@
 //!
 //! [net]
 //! enabled = true                      # eBPF TCP probes on the targets' ports; off by itself without permission
+//! programs = "auto"                   # auto (BTF tracepoints, else classic ones) | tp_btf | tracepoint
 //!
 //! [control]                           # the gRPC control API (`lmperf ctl`)
 //! enabled = true
@@ -151,6 +152,7 @@ pub struct RawGpu {
 #[serde(deny_unknown_fields)]
 pub struct RawNet {
     pub enabled: Option<bool>,
+    pub programs: Option<String>,
 }
 
 /// `[control]`: the gRPC control API.

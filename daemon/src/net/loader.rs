@@ -1,19 +1,21 @@
 //! Loads and attaches the probes with aya, writes the port filter, and drains the ring buffer
 //! on its own OS thread (`lmperf-net`).
 //!
-//! Each program is attached on its own; the ones the kernel refuses are listed with the
-//! reason and the others run. Only when none attaches are the probes off.
+//! Each probe is attached on its own, as a BTF tracepoint or, when the kernel refuses that, as
+//! a classic tracepoint (`[net] programs`); the ones refused both ways are listed with the
+//! reasons and the others run. Only when none attaches are the probes off.
 
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
-use aya::programs::BtfTracePoint;
+use aya::maps::{Array, MapData, PerCpuArray, RingBuf};
+use aya::programs::{BtfTracePoint, TracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
 
 use super::event::{AF_INET6, RawEvent};
+use crate::config::NetPrograms;
 use super::metrics::NetInstruments;
 use super::state::{Mode, NetState, ProbeStatus};
 
@@ -22,12 +24,56 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lm
 /// Why the object is empty, or `built`.
 pub const BUILD_NOTE: &str = env!("LMPERF_EBPF_BUILD");
 
-/// (program, BTF tracepoint) in the order they are tried.
-pub const PROBES: [(&str, &str, &str); 3] = [
-    ("lmperf_tcp_probe", "tcp_probe", "tp_btf/tcp_probe"),
-    ("lmperf_set_state", "inet_sock_set_state", "tp_btf/inet_sock_set_state"),
-    ("lmperf_retransmit", "tcp_retransmit_skb", "tp_btf/tcp_retransmit_skb"),
+/// One probe: its BTF tracepoint program and the classic tracepoint twin tried when the
+/// kernel refuses the first (`[net] programs = "auto"`).
+#[derive(Debug, Clone, Copy)]
+pub struct Probe {
+    pub btf_program: &'static str,
+    /// The BTF tracepoint (`tp_btf/<name>`).
+    pub btf_tracepoint: &'static str,
+    pub btf_attach: &'static str,
+    pub tp_program: &'static str,
+    /// The classic tracepoint's category and name (`tracepoint/<category>/<name>`).
+    pub tp_category: &'static str,
+    pub tp_name: &'static str,
+    pub tp_attach: &'static str,
+}
+
+/// The probes, each tried as a BTF tracepoint, then as a classic one.
+pub const PROBES: [Probe; 3] = [
+    Probe {
+        btf_program: "lmperf_tcp_probe",
+        btf_tracepoint: "tcp_probe",
+        btf_attach: "tp_btf/tcp_probe",
+        tp_program: "lmperf_tcp_probe_tp",
+        tp_category: "tcp",
+        tp_name: "tcp_probe",
+        tp_attach: "tracepoint/tcp/tcp_probe",
+    },
+    Probe {
+        btf_program: "lmperf_set_state",
+        btf_tracepoint: "inet_sock_set_state",
+        btf_attach: "tp_btf/inet_sock_set_state",
+        tp_program: "lmperf_set_state_tp",
+        tp_category: "sock",
+        tp_name: "inet_sock_set_state",
+        tp_attach: "tracepoint/sock/inet_sock_set_state",
+    },
+    Probe {
+        btf_program: "lmperf_retransmit",
+        btf_tracepoint: "tcp_retransmit_skb",
+        btf_attach: "tp_btf/tcp_retransmit_skb",
+        tp_program: "lmperf_retransmit_tp",
+        tp_category: "tcp",
+        tp_name: "tcp_retransmit_skb",
+        tp_attach: "tracepoint/tcp/tcp_retransmit_skb",
+    },
 ];
+
+/// The longest an event waits in the ring buffer when no span asks for it (metrics freshness).
+pub const POLL: Duration = Duration::from_millis(100);
+/// Events waiting at which the kernel wakes the reader (`LMPERF_WAKEUP_BYTES` in the C).
+pub const WAKEUP_EVENTS: usize = 64;
 
 /// Why the probes are off.
 #[derive(Debug, thiserror::Error)]
@@ -82,11 +128,25 @@ fn short(e: &dyn std::fmt::Display) -> String {
     first.chars().take(300).collect()
 }
 
-/// Loads, attaches, fills the port filter and starts draining.
+/// The probes loaded and attached, not yet drained: the privileged part of the start, done
+/// before the agent drops its capabilities ([`crate::caps`]).
+pub struct Loaded {
+    ebpf: Ebpf,
+    ring: RingBuf<MapData>,
+    drops: PerCpuArray<MapData, u64>,
+}
+
+impl std::fmt::Debug for Loaded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Loaded")
+    }
+}
+
+/// Loads, attaches and fills the port filter; sets the state's mode to on.
 ///
 /// # Errors
 /// [`NetError`] when no probe can run; the agent then runs without them.
-pub fn start(state: Arc<NetState>, instruments: NetInstruments) -> Result<NetMonitor, NetError> {
+pub fn load(state: &NetState, programs: NetPrograms) -> Result<Loaded, NetError> {
     if OBJECT.is_empty() {
         return Err(NetError::NotBuilt(BUILD_NOTE));
     }
@@ -96,19 +156,16 @@ pub fn start(state: Arc<NetState>, instruments: NetInstruments) -> Result<NetMon
         source,
     })?;
     {
+        // A bitmap: bit (port % 64) of entry (port / 64).
         let map = ebpf.map_mut("lmperf_ports").ok_or(NetError::MissingMap("lmperf_ports"))?;
-        let mut ports: BpfHashMap<_, u16, u8> = BpfHashMap::try_from(map).map_err(|source| NetError::Map { name: "lmperf_ports", source })?;
+        let mut bits: Array<_, u64> = Array::try_from(map).map_err(|source| NetError::Map { name: "lmperf_ports", source })?;
         for p in state.filter.ports() {
-            ports.insert(p, 1, 0).map_err(|source| NetError::Map { name: "lmperf_ports", source })?;
+            let i = u32::from(p / 64);
+            let word = bits.get(&i, 0).map_err(|source| NetError::Map { name: "lmperf_ports", source })?;
+            bits.set(i, word | (1u64 << (p % 64)), 0).map_err(|source| NetError::Map { name: "lmperf_ports", source })?;
         }
     }
-    let probes: Vec<ProbeStatus> = PROBES.iter().map(|&(program, tp, attach_name)| {
-        let error = attach(&mut ebpf, program, tp, &btf).err();
-        if let Some(e) = &error {
-            tracing::warn!(probe = attach_name, error = %e, "eBPF probe not attached.");
-        }
-        ProbeStatus { program, attach: attach_name, live: error.is_none(), error }
-    }).collect();
+    let probes: Vec<ProbeStatus> = PROBES.iter().map(|p| attach_probe(&mut ebpf, p, &btf, programs)).collect();
     let failed: Vec<String> = probes.iter().filter_map(|p| p.error.as_ref().map(|e| format!("{}: {e}", p.attach))).collect();
     if failed.len() == probes.len() {
         state.set_probes(probes);
@@ -123,17 +180,78 @@ pub fn start(state: Arc<NetState>, instruments: NetInstruments) -> Result<NetMon
     tracing::info!(probes = ?live, ports = ?state.filter.ports().collect::<Vec<_>>(), "eBPF network probes attached.");
     state.set_probes(probes);
     state.set_mode(Mode::On, reason);
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    let handle = std::thread::Builder::new()
-        .name("lmperf-net".to_owned())
-        .spawn(move || drain_loop(ebpf, ring, drops, &state, &instruments, &flag))
-        .map_err(NetError::Thread)?;
-    Ok(NetMonitor { stop, handle: Some(handle) })
+    Ok(Loaded { ebpf, ring, drops })
 }
 
-fn attach(ebpf: &mut Ebpf, program: &str, tracepoint: &str, btf: &Btf) -> Result<(), String> {
+impl Loaded {
+    /// Starts draining the ring buffer on the `lmperf-net` thread (needs no capability).
+    ///
+    /// # Errors
+    /// [`NetError::Thread`] when the thread cannot start.
+    pub fn spawn(self, state: Arc<NetState>, instruments: NetInstruments) -> Result<NetMonitor, NetError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let Loaded { ebpf, ring, drops } = self;
+        let fd = ring.as_raw_fd();
+        let drain = Arc::new(Mutex::new(Drain { ring, drops, instruments, last_drops_read: Instant::now() }));
+        let on_demand = drain.clone();
+        state.set_drainer(Box::new(move |st: &NetState| {
+            if let Ok(mut d) = on_demand.lock() {
+                d.drain(st);
+            }
+        }));
+        let handle = std::thread::Builder::new()
+            .name("lmperf-net".to_owned())
+            .spawn(move || drain_loop(ebpf, fd, &drain, &state, &flag))
+            .map_err(NetError::Thread)?;
+        Ok(NetMonitor { stop, handle: Some(handle) })
+    }
+}
+
+/// Attaches `p` as the configured program types allow: the BTF tracepoint, then (auto) the
+/// classic one; the status names the one that runs, or both errors.
+fn attach_probe(ebpf: &mut Ebpf, p: &Probe, btf: &Btf, programs: NetPrograms) -> ProbeStatus {
+    let btf_error = match programs {
+        NetPrograms::Tracepoint => None,
+        NetPrograms::Auto | NetPrograms::TpBtf => match attach_btf(ebpf, p.btf_program, p.btf_tracepoint, btf) {
+            Ok(()) => return ProbeStatus { program: p.btf_program, attach: p.btf_attach, live: true, error: None },
+            Err(e) => Some(e),
+        },
+    };
+    if programs == NetPrograms::TpBtf {
+        tracing::warn!(probe = p.btf_attach, error = ?btf_error, "eBPF probe not attached.");
+        return ProbeStatus { program: p.btf_program, attach: p.btf_attach, live: false, error: btf_error };
+    }
+    match attach_classic(ebpf, p) {
+        Ok(()) => {
+            if let Some(e) = &btf_error {
+                tracing::info!(probe = p.tp_attach, refused = p.btf_attach, error = %e, "eBPF probe attached as a classic tracepoint.");
+            }
+            ProbeStatus { program: p.tp_program, attach: p.tp_attach, live: true, error: None }
+        }
+        Err(e) => {
+            let error = match btf_error {
+                Some(b) => format!("{b}; then {}: {e}", p.tp_attach),
+                None => e,
+            };
+            tracing::warn!(probe = p.btf_attach, error = %error, "eBPF probe not attached.");
+            ProbeStatus { program: p.btf_program, attach: if programs == NetPrograms::Tracepoint { p.tp_attach } else { p.btf_attach }, live: false, error: Some(error) }
+        }
+    }
+}
+
+fn attach_classic(ebpf: &mut Ebpf, p: &Probe) -> Result<(), String> {
+    let prog: &mut TracePoint = ebpf
+        .program_mut(p.tp_program)
+        .ok_or_else(|| format!("program {} missing from the object", p.tp_program))?
+        .try_into()
+        .map_err(|e| short(&e))?;
+    prog.load().map_err(|e| short(&e))?;
+    prog.attach(p.tp_category, p.tp_name).map_err(|e| short(&e))?;
+    Ok(())
+}
+
+fn attach_btf(ebpf: &mut Ebpf, program: &str, tracepoint: &str, btf: &Btf) -> Result<(), String> {
     let prog: &mut BtfTracePoint = ebpf
         .program_mut(program)
         .ok_or_else(|| format!("program {program} missing from the object"))?
@@ -162,34 +280,45 @@ fn wait_readable(fd: i32, timeout: Duration) {
     let _ = unsafe { libc::poll(&mut p, 1, timeout.as_millis() as i32) };
 }
 
-fn drain_loop(
-    _ebpf: Ebpf,
-    mut ring: RingBuf<MapData>,
+/// The ring buffer's reader, shared by the probe thread and span building (which drains what
+/// is waiting before it reads the history: the kernel wakes the thread only for batches).
+struct Drain {
+    ring: RingBuf<MapData>,
     drops: PerCpuArray<MapData, u64>,
-    state: &NetState,
-    instruments: &NetInstruments,
-    stop: &AtomicBool,
-) {
-    let fd = ring.as_raw_fd();
-    let mut last_drops_read = std::time::Instant::now();
-    while !stop.load(Ordering::Relaxed) {
-        wait_readable(fd, Duration::from_millis(100));
+    instruments: NetInstruments,
+    last_drops_read: Instant,
+}
+
+impl Drain {
+    /// Converts every waiting event into metrics and history.
+    fn drain(&mut self, state: &NetState) {
         let (mono, wall) = (monotonic_ns(), SystemTime::now());
-        while let Some(item) = ring.next() {
+        while let Some(item) = self.ring.next() {
             let Some(ev) = RawEvent::parse(&item) else { continue };
             drop(item);
             let Some(kind) = ev.kind() else { continue };
             let (local, remote) = (ev.local(), ev.remote());
             let Some((side, server)) = state.filter.classify(local, remote) else { continue };
             let at = wall.checked_sub(Duration::from_nanos(mono.saturating_sub(ev.ts_ns))).unwrap_or(wall);
-            instruments.record(side, server, ev.family == AF_INET6, kind);
+            self.instruments.record(side, server, ev.family == AF_INET6, kind);
             state.push(at, side, server, local, kind);
         }
-        if last_drops_read.elapsed() >= Duration::from_secs(1) {
-            last_drops_read = std::time::Instant::now();
-            if let Ok(per_cpu) = drops.get(&0, 0) {
+        if self.last_drops_read.elapsed() >= Duration::from_secs(1) {
+            self.last_drops_read = Instant::now();
+            if let Ok(per_cpu) = self.drops.get(&0, 0) {
                 state.dropped.store(per_cpu.iter().sum(), Ordering::Relaxed);
             }
+        }
+    }
+}
+
+/// Drains when the kernel wakes it (a batch of [`WAKEUP_EVENTS`] waiting) or every
+/// [`POLL`], until `stop`; holds the programs attached (`_ebpf`) until then.
+fn drain_loop(_ebpf: Ebpf, fd: i32, drain: &Mutex<Drain>, state: &NetState, stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        wait_readable(fd, POLL);
+        if let Ok(mut d) = drain.lock() {
+            d.drain(state);
         }
     }
 }

@@ -68,6 +68,11 @@ pub struct NetStatus {
     pub events: EventCounts,
     /// Events the kernel dropped because the ring buffer was full.
     pub dropped: u64,
+    /// Where the spans' `lmperf.net.*` attributes come from: `ebpf` while the probes are on,
+    /// else `tcp_info` (the agent's own sockets, `getsockopt(TCP_INFO)`).
+    pub source: &'static str,
+    /// Spans given a TCP_INFO reading.
+    pub tcp_info_samples: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -85,15 +90,29 @@ struct Inner {
     history: VecDeque<Sample>,
 }
 
+/// Drains the probes' waiting events into the state (set by the loader).
+pub type DrainFn = Box<dyn Fn(&NetState) + Send + Sync>;
+
+struct Drainer(DrainFn);
+
+impl std::fmt::Debug for Drainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Drainer")
+    }
+}
+
 /// Shared state of the probes.
 #[derive(Debug)]
 pub struct NetState {
+    drainer: std::sync::OnceLock<Drainer>,
     pub filter: PortFilter,
     inner: Mutex<Inner>,
     pub rtt_events: AtomicU64,
     pub connect_events: AtomicU64,
     pub retransmit_events: AtomicU64,
     pub dropped: AtomicU64,
+    /// Spans given a TCP_INFO reading (the fallback while the probes are not on).
+    pub tcp_info_samples: AtomicU64,
 }
 
 /// Attributes of one request: what the kernel saw on client sockets to `server_port` between
@@ -110,12 +129,27 @@ pub struct RequestNet {
 impl NetState {
     pub fn new(filter: PortFilter) -> Self {
         Self {
+            drainer: std::sync::OnceLock::new(),
             filter,
             inner: Mutex::new(Inner { mode: Mode::Starting, reason: None, probes: Vec::new(), history: VecDeque::new() }),
             rtt_events: AtomicU64::new(0),
             connect_events: AtomicU64::new(0),
             retransmit_events: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
+            tcp_info_samples: AtomicU64::new(0),
+        }
+    }
+
+    /// Sets how [`Self::drain_now`] reaches the ring buffer (once; later calls are ignored).
+    pub fn set_drainer(&self, f: DrainFn) {
+        let _ = self.drainer.set(Drainer(f));
+    }
+
+    /// Moves the events waiting in the ring buffer into the history (the kernel wakes the
+    /// probe thread only for batches, so a request's last events may still wait there).
+    pub fn drain_now(&self) {
+        if let Some(d) = self.drainer.get() {
+            (d.0)(self);
         }
     }
 
@@ -155,19 +189,17 @@ impl NetState {
         }
     }
 
-    /// What client sockets to `server_port` saw between `from` and `to` (inclusive).
-    ///
-    /// Matched by the server's port and the time window, not by the canary's own socket
-    /// (reqwest does not expose its local port): another client of the same port on this
-    /// node during the request is counted too.
-    pub fn request(&self, server_port: u16, from: SystemTime, to: SystemTime) -> RequestNet {
+    /// What client sockets to `server_port` saw between `from` and `to` (inclusive); only the
+    /// socket bound to `local` when given (the request's own connection), else every client
+    /// of that port on this node during the request.
+    pub fn request(&self, server_port: u16, local: Option<SocketAddr>, from: SystemTime, to: SystemTime) -> RequestNet {
         let mut r = RequestNet::default();
         let Ok(g) = self.inner.lock() else { return r };
         for s in g.history.iter().rev() {
             if s.at < from {
                 break;
             }
-            if s.at > to || s.server.port() != server_port {
+            if s.at > to || s.server.port() != server_port || local.is_some_and(|l| l != s.local) {
                 continue;
             }
             match s.kind {
@@ -184,14 +216,24 @@ impl NetState {
         r
     }
 
-    /// The `lmperf.net.*` span attributes of a request to `server_port` from `from` to `to`;
-    /// empty while the probes are not on.
-    pub fn request_attributes(&self, server_port: u16, from: SystemTime, to: SystemTime) -> Vec<KeyValue> {
+    /// The `lmperf.net.*` span attributes of a request to `server_port` from `from` to `to`
+    /// over `conn` (local, remote) when known: the probes' events while they are on, else one
+    /// TCP_INFO reading of that connection (nothing when it is closed or unknown).
+    pub fn request_attributes(&self, server_port: u16, conn: Option<(SocketAddr, SocketAddr)>, from: SystemTime, to: SystemTime) -> Vec<KeyValue> {
         if self.mode() != Mode::On {
-            return Vec::new();
+            let Some(info) = conn.and_then(|(local, remote)| super::tcp_info::own_connection(local, remote)) else { return Vec::new() };
+            self.tcp_info_samples.fetch_add(1, Ordering::Relaxed);
+            return vec![
+                KeyValue::new(names::LMPERF_NET_SOURCE, names::NET_SOURCE_TCP_INFO),
+                KeyValue::new(names::LMPERF_NET_RTT_SAMPLES, 1),
+                KeyValue::new(names::LMPERF_NET_SRTT_MIN, info.srtt.as_secs_f64()),
+                KeyValue::new(names::LMPERF_NET_SRTT_MAX, info.srtt.as_secs_f64()),
+            ];
         }
-        let r = self.request(server_port, from, to);
+        self.drain_now();
+        let r = self.request(server_port, conn.map(|c| c.0), from, to);
         let mut a = vec![
+            KeyValue::new(names::LMPERF_NET_SOURCE, names::NET_SOURCE_EBPF),
             KeyValue::new(names::LMPERF_NET_RTT_SAMPLES, r.rtt_samples as i64),
             KeyValue::new(names::LMPERF_NET_RETRANSMITS, r.retransmits as i64),
         ];
@@ -207,6 +249,7 @@ impl NetState {
 
     /// The kept client-side events, oldest first.
     pub fn recent(&self) -> Vec<Sample> {
+        self.drain_now();
         self.inner.lock().map(|g| g.history.iter().copied().collect()).unwrap_or_default()
     }
 
@@ -226,6 +269,8 @@ impl NetState {
                 retransmit: self.retransmit_events.load(Ordering::Relaxed),
             },
             dropped: self.dropped.load(Ordering::Relaxed),
+            source: if mode == Mode::On { names::NET_SOURCE_EBPF } else { names::NET_SOURCE_TCP_INFO },
+            tcp_info_samples: self.tcp_info_samples.load(Ordering::Relaxed),
         }
     }
 }
@@ -253,7 +298,7 @@ mod tests {
         st.push(ms(14), Side::Client, srv, local, Kind::Rtt { srtt_us: 200 });
         st.push(ms(15), Side::Client, srv, local, Kind::Retransmit { total: 1 });
         st.push(ms(30), Side::Client, srv, local, Kind::Rtt { srtt_us: 1 }); // after
-        let r = st.request(8000, ms(5), ms(20));
+        let r = st.request(8000, None, ms(5), ms(20));
         assert_eq!(
             r,
             RequestNet {
@@ -265,10 +310,16 @@ mod tests {
             }
         );
         assert_eq!(st.status().events, EventCounts { rtt: 6, connect: 1, retransmit: 1 });
-        let attrs = st.request_attributes(8000, ms(5), ms(20));
+        assert_eq!(st.status().source, names::NET_SOURCE_EBPF);
+        let other_local = a("10.0.0.1:40001");
+        st.push(ms(16), Side::Client, srv, other_local, Kind::Rtt { srtt_us: 5 }); // another client socket
+        assert_eq!(st.request(8000, Some(local), ms(5), ms(20)), r, "the request's own socket only");
+        assert_eq!(st.request(8000, None, ms(5), ms(20)).srtt_min, Some(Duration::from_micros(5)));
+        let attrs = st.request_attributes(8000, Some((local, srv)), ms(5), ms(20));
         assert!(attrs.iter().any(|kv| kv.key.as_str() == names::LMPERF_NET_CONNECT_DURATION && kv.value == opentelemetry::Value::F64(0.00025)));
         st.set_mode(Mode::Off, Some("x".into()));
-        assert!(st.request_attributes(8000, ms(5), ms(20)).is_empty());
+        assert!(st.request_attributes(8000, Some((local, srv)), ms(5), ms(20)).is_empty(), "off, and no such socket for TCP_INFO");
+        assert_eq!(st.status().source, names::NET_SOURCE_TCP_INFO);
     }
 
     #[test]
@@ -278,7 +329,7 @@ mod tests {
         for i in 0..(HISTORY as u64 + 10) {
             st.push(t0 + Duration::from_micros(i), Side::Client, a("10.0.0.2:8000"), a("10.0.0.1:1"), Kind::Rtt { srtt_us: i });
         }
-        let r = st.request(8000, t0, t0 + Duration::from_secs(1));
+        let r = st.request(8000, None, t0, t0 + Duration::from_secs(1));
         assert_eq!(r.rtt_samples, HISTORY as u64);
         assert_eq!(r.srtt_min, Some(Duration::from_micros(10)));
     }

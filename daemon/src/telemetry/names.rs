@@ -257,9 +257,17 @@ pub const BUCKETS_TCP_RTT: &[f64] = &[
     0.16, 0.32, 0.64, 1.28,
 ];
 
-// ---- lmperf.net.* span attributes: the kernel's view of client sockets to the target's
-// port during one canary request (matched by the server port and the request's time window,
-// not the canary's own socket) ----
+// ---- lmperf.net.* span attributes: the kernel's view of the canary's connection during one
+// request (eBPF events of its own socket, by local address, when the HTTP client reports the
+// connection; else of client sockets to the target's port in the request's time window; or
+// one TCP_INFO reading when the probes are not on) ----
+/// Where the `lmperf.net.*` values come from: [`NET_SOURCE_EBPF`] or [`NET_SOURCE_TCP_INFO`].
+pub const LMPERF_NET_SOURCE: &str = "lmperf.net.source";
+/// The probes' events during the request.
+pub const NET_SOURCE_EBPF: &str = "ebpf";
+/// One `getsockopt(TCP_INFO)` of the canary's own socket at the end of the request
+/// (`srtt.min` = `srtt.max` = `tcpi_rtt`, one sample; no retransmits or connect latency).
+pub const NET_SOURCE_TCP_INFO: &str = "tcp_info";
 /// Smallest and largest smoothed RTT seen, seconds.
 pub const LMPERF_NET_SRTT_MIN: &str = "lmperf.net.srtt.min";
 pub const LMPERF_NET_SRTT_MAX: &str = "lmperf.net.srtt.max";
