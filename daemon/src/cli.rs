@@ -23,6 +23,53 @@ pub enum Command {
     /// Run one-shot benchmarks (one per concurrency × input length) and write
     /// requests.jsonl and summary.json to --output-dir.
     Run(RunArgs),
+    /// Compare two `lmperf run` output directories: deltas with bootstrap intervals and
+    /// Mann-Whitney U p-values; writes compare.json and compare.html.
+    Compare(CompareArgs),
+}
+
+/// `lmperf compare` flags.
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// Output directory of the base run (summary.json, requests.jsonl).
+    #[arg(value_name = "BASE_DIR")]
+    pub base_dir: PathBuf,
+    /// Output directory of the new run.
+    #[arg(value_name = "NEW_DIR")]
+    pub new_dir: PathBuf,
+    /// Exit 3 when a gate trips: METRIC:+X% (increase over X %), METRIC:-X% (decrease), or
+    /// an absolute X in the metric's unit; e.g. ttft_p99:+5% tpot_mean:+5% output_throughput:-5%.
+    #[arg(long, num_args = 1..)]
+    pub fail_on: Vec<String>,
+    /// Where compare.json and compare.html go (default: NEW_DIR).
+    #[arg(long, value_name = "DIR")]
+    pub output_dir: Option<PathBuf>,
+    /// Bootstrap resamples.
+    #[arg(long, default_value_t = 2000)]
+    pub resamples: usize,
+    /// Confidence level of the intervals.
+    #[arg(long, default_value_t = 0.95)]
+    pub confidence: f64,
+    /// Seed of the bootstrap (same seed, same intervals).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl CompareArgs {
+    /// Validates into a comparison specification; the error is one line naming the flag.
+    pub fn into_spec(self) -> Result<crate::bench::compare::CompareSpec, String> {
+        use crate::bench::compare::{CompareSpec, parse_compare_gate};
+        let gates = self.fail_on.iter().map(|g| parse_compare_gate(g)).collect::<Result<Vec<_>, _>>().map_err(|e| format!("--fail-on {e}"))?;
+        Ok(CompareSpec {
+            output_dir: self.output_dir.unwrap_or_else(|| self.new_dir.clone()),
+            base_dir: self.base_dir,
+            new_dir: self.new_dir,
+            gates,
+            resamples: self.resamples,
+            confidence: self.confidence,
+            seed: self.seed,
+        })
+    }
 }
 
 /// `lmperf run` flags (the names of `vllm bench serve` where they exist).
@@ -91,6 +138,10 @@ pub struct RunArgs {
     /// Where requests.jsonl and summary.json go.
     #[arg(long, value_name = "DIR")]
     pub output_dir: std::path::PathBuf,
+    /// Run each benchmark K times; summary.json gives the coefficient of variation of each
+    /// metric across the runs and flags those above 1.5 %.
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub repeat: usize,
 }
 
 /// `--goodput ttft:500 tpot:50 e2el:2000`.
@@ -152,6 +203,9 @@ impl RunArgs {
         if self.seq_lengths.contains(&0) {
             return Err("--seq-lengths 0: input length is at least 1 token".to_owned());
         }
+        if self.repeat == 0 {
+            return Err("--repeat 0: at least 1".to_owned());
+        }
         if self.num_prompts == 0 {
             return Err("--num-prompts 0: at least 1".to_owned());
         }
@@ -172,6 +226,7 @@ impl RunArgs {
             fail_on,
             output_dir: self.output_dir,
             progress: true,
+            repeat: self.repeat,
         })
     }
 }

@@ -8,14 +8,17 @@
 //! `requests.jsonl` (one line per request), `summary.json` (schema below, versioned) and
 //! `report.html` (self-contained charts and tables, see [`report`]).
 
+pub mod compare;
+pub mod progress;
 pub mod prompts;
+pub mod repeat;
 pub mod report;
 pub mod stats;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use rand::SeedableRng;
@@ -94,6 +97,8 @@ pub struct RunSpec {
     pub output_dir: PathBuf,
     /// Print progress lines on stderr.
     pub progress: bool,
+    /// Runs of each benchmark (`--repeat`, at least 1); see [`repeat`].
+    pub repeat: usize,
 }
 
 /// One request of a benchmark: a line of `requests.jsonl`. Times in milliseconds; `*_ms`
@@ -103,6 +108,8 @@ pub struct RequestRow {
     pub schema_version: u32,
     pub benchmark: String,
     pub index: usize,
+    /// Which run of the benchmark (0-based, `--repeat`); offsets restart at each.
+    pub repeat: usize,
     pub concurrency: usize,
     pub scheduled_ms: f64,
     /// Time the request waited for a free concurrency slot after its scheduled time.
@@ -160,6 +167,8 @@ pub struct BenchSummary {
     pub dispatch_delay_ms: Option<Distribution>,
     pub output_tokens: Option<Distribution>,
     pub prompt_tokens: Option<Distribution>,
+    /// Variation across `--repeat` runs (null with one run); the fields above pool all runs.
+    pub repeat: Option<repeat::RepeatStats>,
 }
 
 /// `summary.json`.
@@ -252,14 +261,25 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
             let name = format!("c{concurrency}_in{input_len}");
             // Fresh prompts per benchmark: a server's prefix cache must not carry one
             // benchmark's prompts into the next.
-            let seed = spec.seed ^ (concurrency as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            let prompts = prompts::synthetic(&tok, spec.warmup + spec.num_prompts, input_len, seed).await;
-            let (warm, measured) = prompts.split_at(spec.warmup.min(prompts.len()));
-            if !warm.is_empty() {
-                let _ = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, warm, None).await?;
+            let mut rows = Vec::new();
+            let mut per_repeat = Vec::new();
+            for k in 0..spec.repeat.max(1) {
+                // Each repeat: fresh prompts too, on the same schedule.
+                let seed = spec.seed ^ (concurrency as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (k as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
+                let prompts = prompts::synthetic(&tok, spec.warmup + spec.num_prompts, input_len, seed).await;
+                let (warm, measured) = prompts.split_at(spec.warmup.min(prompts.len()));
+                if !warm.is_empty() {
+                    let _ = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, warm, None).await?;
+                }
+                let mut r = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, measured, Some(spec.seed)).await?;
+                r.iter_mut().for_each(|row| row.repeat = k);
+                if spec.repeat > 1 {
+                    per_repeat.push(summarize(&spec, &name, concurrency, input_len, &r));
+                }
+                rows.extend(r);
             }
-            let rows = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, measured, Some(spec.seed)).await?;
-            let summary = summarize(&spec, &name, concurrency, input_len, &rows);
+            let mut summary = summarize(&spec, &name, concurrency, input_len, &rows);
+            summary.repeat = repeat::repeat_stats(&per_repeat);
             if spec.progress {
                 eprintln!(
                     "lmperf run: {name}: {} requests, {} ok, {:.2} req/s, TTFT p50 {:.1} ms p99 {:.1} ms, E2EL p99 {:.1} ms",
@@ -330,12 +350,12 @@ async fn one_benchmark(
     let target = Arc::new(spec.target.clone());
     let extra = Arc::new(extra.clone());
     let model: Arc<str> = Arc::from(model);
-    let done = Arc::new(AtomicU64::new(0));
-    let errors = Arc::new(AtomicU64::new(0));
+    let counters = progress::Counters::default();
+    let (done, errors) = (counters.done.clone(), counters.errors.clone());
+    let shown = progress::Progress::start(name, n, &counters, spec.progress && seed.is_some());
     let cancel = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
     let t0 = Instant::now() + Duration::from_millis(10);
-    let mut last_progress = Instant::now();
     for (i, (prompt, offset)) in prompts.iter().zip(offsets).enumerate() {
         let scheduled = t0 + offset;
         if let Some(d) = spec.duration
@@ -361,11 +381,6 @@ async fn one_benchmark(
             }
             row(&bench_name, i, concurrency, t0, scheduled, dispatched, &prompt, &m)
         });
-        if spec.progress && seed.is_some() && last_progress.elapsed() >= Duration::from_secs(2) {
-            last_progress = Instant::now();
-            let d = done.load(Ordering::Relaxed);
-            eprintln!("lmperf run: {name}: {d}/{n} done, {} errors, {:.1} req/s", errors.load(Ordering::Relaxed), d as f64 / t0.elapsed().as_secs_f64());
-        }
     }
     let mut rows = Vec::with_capacity(n);
     while let Some(r) = tasks.join_next().await {
@@ -373,6 +388,7 @@ async fn one_benchmark(
             rows.push(r);
         }
     }
+    shown.finish().await;
     rows.sort_by_key(|r| r.index);
     Ok(rows)
 }
@@ -385,6 +401,7 @@ fn row(name: &str, index: usize, concurrency: usize, t0: Instant, scheduled: Ins
         schema_version: SCHEMA_VERSION,
         benchmark: name.to_owned(),
         index,
+        repeat: 0,
         concurrency,
         scheduled_ms: ms(scheduled.saturating_duration_since(t0)),
         dispatch_delay_ms: ms(delay),
@@ -417,9 +434,13 @@ pub fn summarize(spec: &RunSpec, name: &str, concurrency: usize, input_len: u32,
     for r in rows.iter().filter(|r| r.outcome != "ok") {
         *errors.entry(r.error_type.clone().unwrap_or_else(|| r.outcome.to_owned())).or_insert(0) += 1;
     }
-    let start = rows.iter().map(|r| r.send_ms).fold(f64::INFINITY, f64::min);
-    let end = rows.iter().map(|r| r.send_ms + r.e2el_ms).fold(0.0, f64::max);
-    let duration_s = if rows.is_empty() { 0.0 } else { ((end - start) / 1000.0).max(1e-9) };
+    // First send to last end of each repeat (their offsets restart), summed.
+    let mut spans: BTreeMap<usize, (f64, f64)> = BTreeMap::new();
+    for r in rows {
+        let s = spans.entry(r.repeat).or_insert((f64::INFINITY, 0.0));
+        *s = (s.0.min(r.send_ms), s.1.max(r.send_ms + r.e2el_ms));
+    }
+    let duration_s = if rows.is_empty() { 0.0 } else { (spans.values().map(|(a, b)| b - a).sum::<f64>() / 1000.0).max(1e-9) };
     let total_output_tokens: u64 = ok.iter().filter_map(|r| r.output_tokens).sum();
     let total_input_tokens: u64 = ok.iter().filter_map(|r| r.input_tokens).sum();
     let vals = |f: &dyn Fn(&RequestRow) -> Option<f64>| -> Option<Distribution> { Distribution::of(&ok.iter().filter_map(|r| f(r)).collect::<Vec<_>>()) };
@@ -459,6 +480,7 @@ pub fn summarize(spec: &RunSpec, name: &str, concurrency: usize, input_len: u32,
         dispatch_delay_ms: Distribution::of(&rows.iter().map(|r| r.dispatch_delay_ms).collect::<Vec<_>>()),
         output_tokens: vals(&|r| r.output_tokens.map(|v| v as f64)),
         prompt_tokens: Distribution::of(&rows.iter().map(|r| f64::from(r.prompt_tokens)).collect::<Vec<_>>()),
+        repeat: None,
     }
 }
 
