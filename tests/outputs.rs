@@ -311,3 +311,86 @@ fn reports_render_in_headless_chromium() {
         assert_eq!(tds.iter().filter(|c| c.contains_key("data-metric") && c.contains_key("data-value")).count(), 2 * benches.len(), "heatmap cells");
     }
 }
+
+/// numpy's default (linear) percentile, written independently of the daemon's.
+fn np_percentile(v: &[f64], q: f64) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let pos = q * (s.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    s[lo] + (s[hi] - s[lo]) * (pos - lo as f64)
+}
+
+/// `--repeat 3` at a constant 20 req/s: every run in requests.jsonl, per-run values and their
+/// coefficient of variation recomputed from it, the pooled throughput over the summed run
+/// time, the table in report.html; with stderr not a terminal, plain progress lines.
+#[test]
+fn repeat_gives_cv_per_metric_and_plain_progress_lines() {
+    let root = std::env::temp_dir().join(format!("lmperf-repeat-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let server = rt.block_on(ScriptedServer::start(Arc::new(|req, _| {
+        if req.path != "/v1/completions" {
+            return Reply::json(404, r#"{"error":{"message":"not found"}}"#);
+        }
+        let tok = |ms: u64, fin: &str| Frame { at: Duration::from_millis(ms), bytes: format!("data: {{\"choices\":[{{\"text\":\"a\",\"finish_reason\":{fin}}}]}}\n\n").into_bytes() };
+        Reply::sse(vec![tok(5, "null"), tok(7, "null"), tok(9, "\"length\""), Frame { at: Duration::from_millis(9), bytes: b"data: [DONE]\n\n".to_vec() }])
+    })));
+    let out = Command::new(lmperf_bin())
+        .args(["run", "--target", &server.url(), "--model", "m", "--batch-sizes", "2", "--seq-lengths", "8", "--num-prompts", "50", "--output-len", "3", "--no-ignore-eos"])
+        .args(["--request-rate", "20", "--arrival", "constant", "--repeat", "3", "--output-dir", root.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    drop(server);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+
+    // Plain progress: each 2.5 s run prints a line at 2 s, at about the scheduled rate.
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("lmperf run: c2_in8: ") && l.contains(" done, ")).collect();
+    assert!(lines.len() >= 3, "{stderr}");
+    for l in &lines {
+        let rate: f64 = l.rsplit(", ").next().unwrap().trim_end_matches(" req/s").parse().unwrap();
+        assert!((10.0..=30.0).contains(&rate), "{l}");
+        assert!(l.contains("/50 done, 0 errors"), "{l}");
+    }
+    assert!(!stderr.contains('\r') && !stderr.contains("\u{1b}["), "no terminal control codes when stderr is not a terminal");
+
+    let s = json(&root.join("summary.json"));
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(root.join("requests.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let b = &s["benchmarks"][0];
+    assert_eq!((b["num_requests"].as_u64(), rows.len()), (Some(150), 150));
+    let rep = &b["repeat"];
+    assert_eq!(rep["k"], 3);
+    assert_eq!(rep["cv_limit_pct"], 1.5);
+    // Pooled throughput is over the summed time of the three runs: about 20 req/s, not 60.
+    let thr = b["request_throughput"].as_f64().unwrap();
+    assert!((17.0..=21.0).contains(&thr), "pooled request throughput {thr}");
+    for (metric, field, q) in [("ttft_p50_ms", "ttft_ms", 0.5), ("ttft_p99_ms", "ttft_ms", 0.99), ("e2el_p90_ms", "e2el_ms", 0.9)] {
+        let m = &rep["metrics"][metric];
+        let values: Vec<f64> = m["values"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        assert_eq!(values.len(), 3);
+        for (k, got) in values.iter().enumerate() {
+            let mine: Vec<f64> = rows.iter().filter(|r| r["repeat"] == k).map(|r| r[field].as_f64().unwrap()).collect();
+            assert_eq!(mine.len(), 50, "repeat {k}");
+            let want = np_percentile(&mine, q);
+            assert!((got - want).abs() < 1e-9, "{metric} run {k}: {got} vs {want}");
+        }
+        let mean = values.iter().sum::<f64>() / 3.0;
+        let sd = (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / 2.0).sqrt();
+        let cv = m["cv_pct"].as_f64().unwrap();
+        assert!((cv - 100.0 * sd / mean).abs() < 1e-9, "{metric}: cv {cv}");
+        assert_eq!(m["unstable"].as_bool().unwrap(), cv > 1.5);
+        assert_eq!(rep["unstable"].as_array().unwrap().iter().any(|u| u == metric), cv > 1.5);
+    }
+    for v in rep["metrics"]["request_throughput"]["values"].as_array().unwrap() {
+        assert!((17.0..=21.0).contains(&v.as_f64().unwrap()), "one run's throughput {v}");
+    }
+    let html = std::fs::read_to_string(root.join("report.html")).unwrap();
+    assert!(html.contains("Repeatability (3 runs per benchmark)"));
+    let cv = rep["metrics"]["ttft_p99_ms"]["cv_pct"].as_f64().unwrap();
+    let attr = r#"data-repeat-metric="ttft_p99_ms" data-cv=""#;
+    let at = html.find(attr).unwrap() + attr.len();
+    let shown: f64 = html[at..at + html[at..].find('"').unwrap()].parse().unwrap();
+    assert!((shown - cv).abs() <= 1e-12 * cv.max(1.0), "report cv {shown} vs summary {cv}");
+}

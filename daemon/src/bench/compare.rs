@@ -212,7 +212,6 @@ struct Req {
 #[derive(Debug, Default)]
 struct Bench {
     requests: Vec<Req>,
-    duration_s: f64,
     request_throughput: Option<f64>,
     output_throughput: Option<f64>,
 }
@@ -244,7 +243,6 @@ fn read_run(dir: &Path) -> Result<Run, CompareError> {
         let name = b["benchmark"].as_str().ok_or_else(|| fmt(&path, format!("benchmark without a name: {b}")))?.to_owned();
         let bench = Bench {
             requests: Vec::new(),
-            duration_s: b["duration_s"].as_f64().unwrap_or(0.0),
             request_throughput: b["request_throughput"].as_f64(),
             output_throughput: b["output_token_throughput"].as_f64(),
         };

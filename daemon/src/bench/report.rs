@@ -79,6 +79,40 @@ fn cell(value: Option<f64>, limit: Option<f64>, attrs: &str) -> String {
     }
 }
 
+/// `--repeat`: the coefficient of variation of each metric across the runs, one column per
+/// benchmark; cells above the limit are red and marked "unstable".
+fn repeatability(h: &mut String, summary: &Summary) {
+    let with: Vec<&BenchSummary> = summary.benchmarks.iter().filter(|b| b.repeat.is_some()).collect();
+    let Some(first) = with.first().and_then(|b| b.repeat.as_ref()) else { return };
+    let _ = write!(h, "<h2>Repeatability ({} runs per benchmark)</h2><p>Coefficient of variation across runs (sample std / mean); above {} % is flagged.</p><table class=\"repeat\"><tr><th>metric</th>", first.k, first.cv_limit_pct);
+    for b in &with {
+        let _ = write!(h, "<th>{}</th>", esc(&b.benchmark));
+    }
+    h.push_str("</tr>");
+    for metric in first.metrics.keys() {
+        let _ = write!(h, "<tr><td>{}</td>", esc(metric));
+        for b in &with {
+            match b.repeat.as_ref().and_then(|r| r.metrics.get(metric)) {
+                Some(m) => {
+                    let cv = m.cv_pct.map_or_else(|| "–".to_owned(), |c| format!("{c:.2} %"));
+                    let (style, tag) = if m.unstable { (r#" style="background:#f6c5c5""#, " unstable") } else { ("", "") };
+                    let _ = write!(
+                        h,
+                        r#"<td{style} data-benchmark="{}" data-repeat-metric="{}" data-cv="{}" data-unstable="{}">{cv}{tag}</td>"#,
+                        esc(&b.benchmark),
+                        esc(metric),
+                        m.cv_pct.map_or_else(String::new, |c| c.to_string()),
+                        m.unstable
+                    );
+                }
+                None => h.push_str("<td>–</td>"),
+            }
+        }
+        h.push_str("</tr>");
+    }
+    h.push_str("</table>");
+}
+
 /// Renders the report.
 pub fn render(summary: &Summary, rows: &[RequestRow]) -> String {
     let mut h = String::new();
@@ -122,6 +156,7 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
         );
     }
     h.push_str("</table><p>Times in milliseconds.</p>");
+    repeatability(&mut h, summary);
 
     // CDFs and latency over time.
     h.push_str("<h2>Latency distributions</h2>");
