@@ -394,3 +394,73 @@ fn repeat_gives_cv_per_metric_and_plain_progress_lines() {
     let shown: f64 = html[at..at + html[at..].find('"').unwrap()].parse().unwrap();
     assert!((shown - cv).abs() <= 1e-12 * cv.max(1.0), "report cv {shown} vs summary {cv}");
 }
+
+/// `lmperf run --otlp-endpoint` (and the `OTEL_EXPORTER_OTLP_*` variables instead of the flag):
+/// every measured request arrives at a real OTLP receiver (gRPC) as the agent's GenAI span with
+/// `lmperf.request.source=bench` and `lmperf.benchmark`, and the GenAI client metrics arrive
+/// with those labels and one count per request, flushed before the run exits.
+#[tokio::test(flavor = "multi_thread")]
+async fn run_exports_spans_and_metrics_over_otlp() {
+    use fake_opentelemetry_collector::FakeCollectorServer;
+    use lmperf_e2e::otlp::attrs;
+    let server = ScriptedServer::start(Arc::new(|req, _| {
+        if req.path != "/v1/completions" {
+            return Reply::json(404, r#"{"error":{"message":"not found"}}"#);
+        }
+        let tok = |ms: u64, fin: &str| Frame { at: Duration::from_millis(ms), bytes: format!("data: {{\"choices\":[{{\"text\":\"a\",\"finish_reason\":{fin}}}]}}\n\n").into_bytes() };
+        Reply::sse(vec![tok(2, "null"), tok(3, "\"length\""), Frame { at: Duration::from_millis(3), bytes: b"data: [DONE]\n\n".to_vec() }])
+    }))
+    .await;
+    let mut collector = FakeCollectorServer::start().await.unwrap();
+    let root = std::env::temp_dir().join(format!("lmperf-otlp-{}", std::process::id()));
+    // Exporting runs: with the flags (in8), with the variables only (in16); a run with
+    // neither (in32) exports nothing.
+    for (len, mode) in [("8", "flags"), ("16", "env"), ("32", "none")] {
+        let mut cmd = Command::new(lmperf_bin());
+        cmd.args(["run", "--target", &server.url(), "--model", "m", "--batch-sizes", "2", "--seq-lengths", len, "--num-prompts", "10", "--output-len", "2", "--no-ignore-eos"])
+            .arg("--output-dir")
+            .arg(root.join(len))
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+            // No periodic metric export during the run: what arrives came from the final flush.
+            .env("OTEL_METRIC_EXPORT_INTERVAL", "600000");
+        match mode {
+            "flags" => cmd.args(["--otlp-endpoint", &collector.endpoint(), "--otlp-protocol", "grpc"]),
+            "env" => cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint()).env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            _ => &mut cmd,
+        };
+        let out = tokio::task::spawn_blocking(move || cmd.output().unwrap()).await.unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    // Every run has exited, so whatever they exported is already at the receiver.
+    let spans = collector.exported_spans(21, Duration::from_secs(2)).await;
+    assert_eq!(spans.len(), 20, "one span per measured request of the two exporting runs");
+    let mut by_bench: BTreeMap<String, usize> = BTreeMap::new();
+    for sp in &spans {
+        let a = attrs(&sp.attributes);
+        assert_eq!(sp.name, "text_completion m");
+        assert_eq!(sp.kind, "SPAN_KIND_CLIENT");
+        assert_eq!(a["lmperf.request.source"], "bench", "{a:?}");
+        assert_eq!(a["gen_ai.operation.name"], "text_completion");
+        assert_eq!(a["lmperf.outcome"], "ok");
+        assert!(a.contains_key("gen_ai.response.time_to_first_chunk"), "{a:?}");
+        *by_bench.entry(a["lmperf.benchmark"].clone()).or_default() += 1;
+    }
+    assert_eq!(by_bench, BTreeMap::from([("c2_in16".to_owned(), 10), ("c2_in8".to_owned(), 10)]));
+
+    let exports = collector.exported_metrics(2, Duration::from_secs(10)).await;
+    let mut durations: BTreeMap<String, u64> = BTreeMap::new();
+    for e in &exports {
+        for m in e.metrics.iter().filter(|m| m.name == "gen_ai.client.operation.duration") {
+            let data = serde_json::to_value(&m.data).unwrap_or_default();
+            for p in data["Histogram"]["data_points"].as_array().cloned().unwrap_or_default() {
+                let text = p["attributes"].to_string();
+                assert!(text.contains("lmperf.request.source") && text.contains("bench"), "{text}");
+                let bench = if text.contains("c2_in16") { "c2_in16" } else if text.contains("c2_in8") { "c2_in8" } else { panic!("no lmperf.benchmark: {text}") };
+                *durations.entry(bench.to_owned()).or_default() += p["count"].as_u64().unwrap();
+            }
+        }
+    }
+    assert_eq!(durations, BTreeMap::from([("c2_in16".to_owned(), 10), ("c2_in8".to_owned(), 10)]), "one duration point per request");
+}

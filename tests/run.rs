@@ -71,6 +71,7 @@ async fn case_07_vllm_54101_client_queueing() {
         output_dir: dir.clone(),
         progress: false,
         repeat: 1,
+        otlp: None,
     };
     lmperf::bench::run(spec).await.unwrap();
     let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("requests.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
@@ -225,6 +226,7 @@ async fn poisson_200_per_second_for_60_s() {
         output_dir: dir.clone(),
         progress: false,
         repeat: 1,
+        otlp: None,
     };
     let summary = lmperf::bench::run(spec).await.unwrap();
     assert_eq!(summary.benchmarks[0].completed, n, "every request ok: {:?}", summary.benchmarks[0].errors);

@@ -138,6 +138,13 @@ pub struct RunArgs {
     /// Where requests.jsonl and summary.json go.
     #[arg(long, value_name = "DIR")]
     pub output_dir: std::path::PathBuf,
+    /// Export each measured request as a GenAI span and metric points to this OTLP endpoint
+    /// (also OTEL_EXPORTER_OTLP_ENDPOINT and the other OTEL_EXPORTER_OTLP_* variables).
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else http/protobuf).
+    #[arg(long, value_parser = ["grpc", "http/protobuf"])]
+    pub otlp_protocol: Option<String>,
     /// Run each benchmark K times; summary.json gives the coefficient of variation of each
     /// metric across the runs and flags those above 1.5 %.
     #[arg(long, value_name = "K", default_value_t = 1)]
@@ -175,7 +182,11 @@ impl RunArgs {
                 api_key_file: self.api_key_file,
                 ..RawCanary::default()
             },
-            no_otlp: true,
+            // Export only when asked: the flag or an OTLP endpoint variable.
+            no_otlp: self.otlp_endpoint.is_none()
+                && ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"].iter().all(|v| env.var(v).is_none()),
+            otlp_endpoint: self.otlp_endpoint,
+            otlp_protocol: self.otlp_protocol,
             ..Overrides::default()
         };
         let mut cfg = crate::config::load(overrides, env).map_err(|e| e.to_string())?;
@@ -227,6 +238,7 @@ impl RunArgs {
             output_dir: self.output_dir,
             progress: true,
             repeat: self.repeat,
+            otlp: cfg.otlp.enabled.then_some(cfg.otlp.clone()),
         })
     }
 }

@@ -9,6 +9,7 @@
 //! `report.html` (self-contained charts and tables, see [`report`]).
 
 pub mod compare;
+pub mod export;
 pub mod progress;
 pub mod prompts;
 pub mod repeat;
@@ -75,6 +76,8 @@ pub enum BenchError {
     NoModel(String),
     #[error("bad value {field} = {value:?}: {reason}")]
     Invalid { field: &'static str, value: String, reason: String },
+    #[error("OTLP export: {0}")]
+    Telemetry(#[from] crate::telemetry::TelemetryError),
 }
 
 /// A whole `lmperf run`.
@@ -99,6 +102,8 @@ pub struct RunSpec {
     pub progress: bool,
     /// Runs of each benchmark (`--repeat`, at least 1); see [`repeat`].
     pub repeat: usize,
+    /// Span and metric export of every measured request (see [`export`]); `None`: none.
+    pub otlp: Option<crate::config::OtlpConfig>,
 }
 
 /// One request of a benchmark: a line of `requests.jsonl`. Times in milliseconds; `*_ms`
@@ -238,6 +243,10 @@ fn offsets(spec: &RunSpec, n: usize, seed: u64) -> Result<Vec<Duration>, BenchEr
 pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
     std::fs::create_dir_all(&spec.output_dir).map_err(|source| BenchError::Output { path: spec.output_dir.clone(), source })?;
     let clients = Clients::new(spec.target.connect_timeout)?;
+    let telemetry = match &spec.otlp {
+        Some(cfg) => Some(Arc::new(export::BenchTelemetry::start(cfg, &crate::config::ProcessEnv)?)),
+        None => None,
+    };
     let model = match &spec.target.model {
         Some(m) => m.clone(),
         None => client::discover_model(&clients, &spec.target)
@@ -269,9 +278,9 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
                 let prompts = prompts::synthetic(&tok, spec.warmup + spec.num_prompts, input_len, seed).await;
                 let (warm, measured) = prompts.split_at(spec.warmup.min(prompts.len()));
                 if !warm.is_empty() {
-                    let _ = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, warm, None).await?;
+                    let _ = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, warm, None, None).await?;
                 }
-                let mut r = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, measured, Some(spec.seed)).await?;
+                let mut r = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, measured, Some(spec.seed), telemetry.clone()).await?;
                 r.iter_mut().for_each(|row| row.repeat = k);
                 if spec.repeat > 1 {
                     per_repeat.push(summarize(&spec, &name, concurrency, input_len, &r));
@@ -312,6 +321,9 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
         failed_gates,
     };
     write_outputs(&spec.output_dir, &rows_all, &summary)?;
+    if let Some(t) = telemetry {
+        t.shutdown().await;
+    }
     Ok(summary)
 }
 
@@ -339,6 +351,7 @@ async fn one_benchmark(
     concurrency: usize,
     prompts: &[Prompt],
     seed: Option<u64>,
+    telemetry: Option<Arc<export::BenchTelemetry>>,
 ) -> Result<Vec<RequestRow>, BenchError> {
     let n = prompts.len();
     // Warm-up runs closed loop; measured runs follow the rate.
@@ -369,12 +382,16 @@ async fn one_benchmark(
         let (clients, target, extra, model, task_done, task_errors, cancel) =
             (clients.clone(), target.clone(), extra.clone(), model.clone(), done.clone(), errors.clone(), cancel.clone());
         let prompt = prompt.clone();
-        let (bench_name, max_tokens) = (name.to_owned(), spec.output_len);
+        let (bench_name, max_tokens, telemetry) = (name.to_owned(), spec.output_len, telemetry.clone());
         tasks.spawn(async move {
-            let traceparent = crate::telemetry::spans::TraceIds::random(&crate::sampler::head::HeadSampler::AlwaysOn).traceparent();
+            let ids = export::BenchTelemetry::new_trace();
+            let traceparent = ids.traceparent();
             let req = CanaryRequest { api: target.api, model: &model, prompt: &prompt.text, max_tokens, traceparent: &traceparent, extra_body: Some(&extra) };
             let m = client::execute(&clients, &target, &req, &cancel).await;
             drop(permit);
+            if let Some(t) = &telemetry {
+                t.record(&export::RequestContext { target: &target, model: &model, benchmark: &bench_name, max_tokens, index: i }, ids, &m);
+            }
             task_done.fetch_add(1, Ordering::Relaxed);
             if m.record.outcome != Outcome::Ok {
                 task_errors.fetch_add(1, Ordering::Relaxed);

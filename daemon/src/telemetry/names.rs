@@ -54,6 +54,12 @@ pub const LMPERF_RETRIES: &str = "lmperf.retries";
 pub const LMPERF_ERROR_MESSAGE: &str = "lmperf.error.message";
 pub const LMPERF_ERROR_CODE: &str = "lmperf.error.code";
 pub const LMPERF_PROMPT_ID: &str = "lmperf.prompt.id";
+/// Who sent the request: `canary` is implied when absent; `bench` for `lmperf run` (on spans
+/// and metric points).
+pub const LMPERF_REQUEST_SOURCE: &str = "lmperf.request.source";
+pub const REQUEST_SOURCE_BENCH: &str = "bench";
+/// `lmperf run`'s benchmark name, e.g. `c4_in512` (on spans and metric points).
+pub const LMPERF_BENCHMARK: &str = "lmperf.benchmark";
 
 // ---- Metrics from the GenAI conventions (client side only; `gen_ai.server.*` is the server's) ----
 pub const METRIC_OPERATION_DURATION: &str = "gen_ai.client.operation.duration";
