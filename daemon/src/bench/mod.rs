@@ -98,7 +98,7 @@ pub struct RunSpec {
     pub goodput: Goodput,
     pub fail_on: Vec<Gate>,
     pub output_dir: PathBuf,
-    /// Print progress lines on stderr.
+    /// Show progress on stderr (a bar on a terminal, else plain lines; see [`progress`]).
     pub progress: bool,
     /// Runs of each benchmark (`--repeat`, at least 1); see [`repeat`].
     pub repeat: usize,

@@ -90,8 +90,8 @@ async fn bar(name: String, total: usize, c: Counters, stop: CancellationToken) {
     let mut last = (Instant::now(), 0);
     loop {
         let d = c.done.load(Ordering::Relaxed);
-        pb.set_position(d);
         pb.set_message(format!("errors {}, {:.1} req/s", c.errors.load(Ordering::Relaxed), rate(last.1, d, last.0.elapsed())));
+        pb.set_position(d);
         last = (Instant::now(), d);
         tokio::select! {
             () = stop.cancelled() => break,
