@@ -19,7 +19,8 @@
 //!     metrics: [{ metric ("ttft_p99", "output_throughput", "error_rate", …), unit ("ms",
 //!       "req/s", "tok/s", "ratio"), better ("lower"|"higher"), base, new, delta (new − base),
 //!       delta_pct (100 × delta / base; null when base = 0), ci_low, ci_high (delta, same unit),
-//!       p_value (null for throughput; for error_rate on failure indicators), verdict ("regression"|"improvement"|"unchanged") }] }],
+//!       p_value (rank test on one value per request, so the same for a metric's four
+//!       statistics; null for throughput; for error_rate on failure indicators), verdict ("regression"|"improvement"|"unchanged") }] }],
 //!   only_in_base, only_in_new: [benchmark names],
 //!   gates: [{ gate, tripped, benchmarks: [where it tripped] }], failed_gates: [gate texts] }
 //! ```
@@ -265,16 +266,24 @@ pub struct Clustered {
     values: Vec<f64>,
     /// `starts[i]..starts[i + 1]` are request i's values; `starts.len()` = requests + 1.
     starts: Vec<usize>,
+    /// Every value with its request, sorted by value (for resampling without sorting).
+    sorted: Vec<(f64, u32)>,
 }
 
 impl Clustered {
     /// From one value list per request.
     pub fn new<'a>(groups: impl IntoIterator<Item = &'a [f64]>) -> Self {
-        let mut c = Self { values: Vec::new(), starts: vec![0] };
+        let mut c = Self { values: Vec::new(), starts: vec![0], sorted: Vec::new() };
         for g in groups {
             c.values.extend(g.iter().copied().filter(|v| v.is_finite()));
             c.starts.push(c.values.len());
         }
+        let mut sorted: Vec<(f64, u32)> = (0..c.requests()).flat_map(|i| {
+            let r = u32::try_from(i).unwrap_or(u32::MAX);
+            c.group(i).iter().map(move |&v| (v, r))
+        }).collect();
+        sorted.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+        c.sorted = sorted;
         c
     }
 
@@ -307,13 +316,55 @@ fn sorted_all(c: &Clustered) -> Vec<f64> {
     v
 }
 
-fn resample_into(c: &Clustered, rng: &mut SmallRng, buf: &mut Vec<f64>) {
-    buf.clear();
+/// Draws `c.requests()` requests with replacement into `counts` (times each is drawn).
+fn draw(c: &Clustered, rng: &mut SmallRng, counts: &mut Vec<u32>) {
     let n = c.requests();
+    counts.clear();
+    counts.resize(n, 0);
     for _ in 0..n {
-        buf.extend_from_slice(c.group(rng.random_range(0..n)));
+        counts[rng.random_range(0..n)] += 1;
     }
-    buf.sort_unstable_by(f64::total_cmp);
+}
+
+/// [`stats_of`] of the resample in which request i appears `counts[i]` times, read in one
+/// pass over the presorted values (each weighted by its request's count), no sort: the
+/// sorted resample is the presorted values, each repeated its weight times.
+fn weighted_stats(c: &Clustered, counts: &[u32]) -> Option<[f64; 4]> {
+    let weight = |r: u32| counts.get(r as usize).copied().unwrap_or(0) as u64;
+    let total: u64 = c.sorted.iter().map(|&(_, r)| weight(r)).sum();
+    if total == 0 {
+        return None;
+    }
+    // numpy linear: position q·(W − 1) between ranks lo and lo + 1 (0-based).
+    let qs = [0.5, 0.9, 0.99];
+    let pos: Vec<(u64, f64)> = qs
+        .iter()
+        .map(|q| {
+            let p = q * (total - 1) as f64;
+            (p.floor() as u64, p - p.floor())
+        })
+        .collect();
+    // The six ranks wanted (slot 2k: lo of quantile k, 2k + 1: lo + 1), sorted by rank and
+    // filled by one walk over the values.
+    let mut ranks: Vec<(u64, usize)> = pos.iter().flat_map(|&(lo, _)| [lo, (lo + 1).min(total - 1)]).enumerate().map(|(slot, r)| (r, slot)).collect();
+    ranks.sort_unstable();
+    let mut found = [f64::NAN; 6];
+    let (mut seen, mut sum, mut next) = (0u64, 0.0, 0usize);
+    for &(v, r) in &c.sorted {
+        let w = weight(r);
+        if w == 0 {
+            continue;
+        }
+        sum += v * w as f64;
+        seen += w;
+        while next < ranks.len() && ranks[next].0 < seen {
+            found[ranks[next].1] = v;
+            next += 1;
+        }
+    }
+    let at = [[found[0], found[1]], [found[2], found[3]], [found[4], found[5]]];
+    let p = |k: usize| at[k][0] + (at[k][1] - at[k][0]) * pos[k].1;
+    Some([sum / total as f64, p(0), p(1), p(2)])
 }
 
 /// Percentile bootstrap of (mean, p50, p90, p99)(new) − (…)(base): `resamples` times, each
@@ -322,11 +373,11 @@ fn resample_into(c: &Clustered, rng: &mut SmallRng, buf: &mut Vec<f64>) {
 /// `None` for a statistic that some resample leaves without data.
 pub fn bootstrap_latency(base: &Clustered, new: &Clustered, resamples: usize, confidence: f64, rng: &mut SmallRng) -> [Option<(f64, f64)>; 4] {
     let mut deltas: [Vec<f64>; 4] = Default::default();
-    let (mut bb, mut nb) = (Vec::new(), Vec::new());
+    let (mut bc, mut nc) = (Vec::new(), Vec::new());
     for _ in 0..resamples {
-        resample_into(base, rng, &mut bb);
-        resample_into(new, rng, &mut nb);
-        if let (Some(b), Some(n)) = (stats_of(&bb), stats_of(&nb)) {
+        draw(base, rng, &mut bc);
+        draw(new, rng, &mut nc);
+        if let (Some(b), Some(n)) = (weighted_stats(base, &bc), weighted_stats(new, &nc)) {
             for k in 0..4 {
                 deltas[k].push(n[k] - b[k]);
             }
@@ -728,6 +779,25 @@ mod tests {
         let p = mann_whitney_u(&base, &shifted).unwrap().1;
         assert!(p < 1e-6, "a 5 ms shift on a 0–20 ms spread is significant: p = {p}");
         assert!(mann_whitney_u(&base, &same).unwrap().1 > 0.01);
+    }
+
+    #[test]
+    fn weighted_stats_equal_the_sorted_resample() {
+        // Requests with 0–3 values each, drawn 0–2 times: the one-pass weighted statistics
+        // equal numpy-style statistics of the explicitly expanded and sorted resample.
+        let groups: Vec<Vec<f64>> = vec![vec![5.0, 1.0], vec![], vec![3.0], vec![2.0, 2.0, 9.0], vec![7.5], vec![0.5, 4.0]];
+        let c = Clustered::new(groups.iter().map(Vec::as_slice));
+        let mut rng = SmallRng::seed_from_u64(3);
+        for _ in 0..200 {
+            let counts: Vec<u32> = (0..groups.len()).map(|_| rng.random_range(0..3)).collect();
+            let mut expanded: Vec<f64> = groups.iter().zip(&counts).flat_map(|(g, &k)| (0..k).flat_map(move |_| g.iter().copied())).collect();
+            expanded.sort_by(f64::total_cmp);
+            let (got, want) = (weighted_stats(&c, &counts), stats_of(&expanded));
+            match (got, want) {
+                (Some(g), Some(w)) => assert!(g.iter().zip(&w).all(|(a, b)| (a - b).abs() < 1e-12), "{counts:?}: {g:?} vs {w:?}"),
+                (g, w) => assert_eq!(g, w, "{counts:?}"),
+            }
+        }
     }
 
     #[test]
