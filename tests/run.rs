@@ -179,7 +179,7 @@ fn seed_command_on_the_real_server() {
 
 #[test]
 fn bad_flags_exit_2() {
-    for args in [vec!["--request-rate", "fast"], vec!["--fail-on", "ttft_p98_ms>5"], vec!["--goodput", "latency:5"], vec!["--batch-sizes", "0"]] {
+    for args in [vec!["--request-rate", "fast"], vec!["--fail-on", "ttft_p98_ms>5"], vec!["--goodput", "latency:5"], vec!["--batch-sizes", "0"], vec!["--repeat", "0"], vec!["--otlp-endpoint", "ftp://127.0.0.1:4317"]] {
         let out = Command::new(lmperf_bin()).args(["run", "--target", "http://127.0.0.1:9", "--output-dir", "/tmp/x"]).args(&args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
