@@ -92,6 +92,8 @@ fn spec(url: &str, api: &str, dir: &std::path::Path, workload: Workload) -> RunS
         progress: false,
         workload,
         gpu: lmperf::bench::vram::GpuSource::Off,
+        repeat: 1,
+        otlp: None,
     }
 }
 

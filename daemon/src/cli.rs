@@ -26,6 +26,9 @@ pub enum Command {
     Run(RunArgs),
     /// Talk to a running agent's control API (gRPC): status, recent requests, inject load.
     Ctl(CtlArgs),
+    /// Compare two `lmperf run` output directories: deltas with bootstrap intervals and
+    /// Mann-Whitney U p-values; writes compare.json and compare.html.
+    Compare(CompareArgs),
 }
 
 /// `lmperf ctl` flags. Exit codes: 0 done, 1 agent unreachable or failed, 2 bad command
@@ -95,6 +98,50 @@ pub enum CtlCommand {
         #[arg(long)]
         id: Option<String>,
     },
+}
+
+/// `lmperf compare` flags.
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// Output directory of the base run (summary.json, requests.jsonl).
+    #[arg(value_name = "BASE_DIR")]
+    pub base_dir: PathBuf,
+    /// Output directory of the new run.
+    #[arg(value_name = "NEW_DIR")]
+    pub new_dir: PathBuf,
+    /// Exit 3 when a gate trips: METRIC:+X% (increase over X %), METRIC:-X% (decrease), or
+    /// an absolute X in the metric's unit; e.g. ttft_p99:+5% tpot_mean:+5% output_throughput:-5%.
+    #[arg(long, num_args = 1..)]
+    pub fail_on: Vec<String>,
+    /// Where compare.json and compare.html go (default: NEW_DIR).
+    #[arg(long, value_name = "DIR")]
+    pub output_dir: Option<PathBuf>,
+    /// Bootstrap resamples.
+    #[arg(long, default_value_t = 2000)]
+    pub resamples: usize,
+    /// Confidence level of the intervals.
+    #[arg(long, default_value_t = 0.95)]
+    pub confidence: f64,
+    /// Seed of the bootstrap (same seed, same intervals).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl CompareArgs {
+    /// Validates into a comparison specification; the error is one line naming the flag.
+    pub fn into_spec(self) -> Result<crate::bench::compare::CompareSpec, String> {
+        use crate::bench::compare::{CompareSpec, parse_compare_gate};
+        let gates = self.fail_on.iter().map(|g| parse_compare_gate(g)).collect::<Result<Vec<_>, _>>().map_err(|e| format!("--fail-on {e}"))?;
+        Ok(CompareSpec {
+            output_dir: self.output_dir.unwrap_or_else(|| self.new_dir.clone()),
+            base_dir: self.base_dir,
+            new_dir: self.new_dir,
+            gates,
+            resamples: self.resamples,
+            confidence: self.confidence,
+            seed: self.seed,
+        })
+    }
 }
 
 /// `lmperf run` flags (the names of `vllm bench serve` where they exist).
@@ -174,6 +221,17 @@ pub struct RunArgs {
     /// Length distributions, trace replay, prompt files, ramps.
     #[command(flatten)]
     pub workload: crate::bench::workload::WorkloadArgs,
+    /// Export each measured request as a GenAI span and metric points to this OTLP endpoint
+    /// (also OTEL_EXPORTER_OTLP_ENDPOINT and the other OTEL_EXPORTER_OTLP_* variables).
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else http/protobuf).
+    #[arg(long, value_parser = ["grpc", "http/protobuf"])]
+    pub otlp_protocol: Option<String>,
+    /// Run each benchmark K times; summary.json gives the coefficient of variation of each
+    /// metric across the runs and flags those above 1.5 %.
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub repeat: usize,
 }
 
 /// Concurrency of a trace replay without `--batch-sizes`: high enough that the trace's
@@ -211,7 +269,11 @@ impl RunArgs {
                 api_key_file: self.api_key_file,
                 ..RawCanary::default()
             },
-            no_otlp: true,
+            // Export only when asked: the flag or an OTLP endpoint variable.
+            no_otlp: self.otlp_endpoint.is_none()
+                && ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"].iter().all(|v| env.var(v).is_none()),
+            otlp_endpoint: self.otlp_endpoint,
+            otlp_protocol: self.otlp_protocol,
             ..Overrides::default()
         };
         let mut cfg = crate::config::load(overrides, env).map_err(|e| e.to_string())?;
@@ -240,6 +302,9 @@ impl RunArgs {
         if self.seq_lengths.contains(&0) {
             return Err("--seq-lengths 0: input length is at least 1 token".to_owned());
         }
+        if self.repeat == 0 {
+            return Err("--repeat 0: at least 1".to_owned());
+        }
         if self.num_prompts == 0 {
             return Err("--num-prompts 0: at least 1".to_owned());
         }
@@ -266,6 +331,8 @@ impl RunArgs {
                 (_, None) => crate::bench::vram::GpuSource::Nvml,
             },
             workload: self.workload.into_workload()?,
+            repeat: self.repeat,
+            otlp: cfg.otlp.enabled.then_some(cfg.otlp.clone()),
         })
     }
 }

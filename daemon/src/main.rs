@@ -46,6 +46,7 @@ fn main() -> ExitCode {
             };
             ExitCode::from(rt.block_on(lmperf::control::client::run(args, &ProcessEnv)))
         }
+        Command::Compare(args) => compare(args),
         Command::Agent(args) => {
             let cfg = match config::load(args.into_overrides(), &ProcessEnv) {
                 Ok(c) => c,
@@ -76,6 +77,37 @@ fn main() -> ExitCode {
                     ExitCode::from(1)
                 }
             }
+        }
+    }
+}
+
+/// `lmperf compare`: 0 done, 1 unreadable input or output, 2 bad flags, 3 a gate tripped.
+fn compare(args: lmperf::cli::CompareArgs) -> ExitCode {
+    let spec = match args.into_spec() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("lmperf: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match lmperf::bench::compare::compare(&spec) {
+        Ok(c) => {
+            let regressions: usize = c.benchmarks.iter().map(|b| b.metrics.iter().filter(|m| m.verdict == lmperf::bench::compare::Verdict::Regression).count()).sum();
+            eprintln!("lmperf compare: {} benchmarks, {regressions} regressions; compare.json and compare.html in {}", c.benchmarks.len(), spec.output_dir.display());
+            if c.failed_gates.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("lmperf compare: gates tripped: {}", c.failed_gates.join(", "));
+                ExitCode::from(3)
+            }
+        }
+        Err(e @ lmperf::bench::compare::CompareError::Invalid { .. }) => {
+            eprintln!("lmperf: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("lmperf compare: {e}");
+            ExitCode::from(1)
         }
     }
 }

@@ -1,10 +1,12 @@
 //! `cargo xtask ci [-- <cargo test args>]`: the one test command (also `.ci/run`).
 //!
 //! 1. `tests/peers/install.sh`: the real peers the integration tests talk to; as root, the
-//!    apt packages that build the eBPF probes (`clang libbpf-dev bpftool`), when missing
+//!    apt packages that build the eBPF probes (`clang libbpf-dev bpftool`) and render the
+//!    HTML reports (`chromium`), when missing
 //! 2. `cargo build --workspace --all-targets --locked` (the e2e tests spawn target/debug/lmperf)
 //! 3. `cargo test --workspace --locked [args]`: daemon unit tests and tests/ e2e tests; as
-//!    root on a kernel with BTF, with `LMPERF_REQUIRE_EBPF=1` so the probe tests must run
+//!    root on a kernel with BTF, with `LMPERF_REQUIRE_EBPF=1` so the probe tests must run; as
+//!    root, with `LMPERF_REQUIRE_CHROMIUM=1` so the report render tests must run
 
 use anyhow::{Result, bail};
 
@@ -26,9 +28,9 @@ pub fn run(args: &[String]) -> Result<()> {
     crate::step("[1/3] tests/peers/install.sh", crate::install_peers_cmd())?;
     let root = is_root();
     if root {
-        install_ebpf_packages()?;
+        install_apt_packages()?;
     } else {
-        println!("==> not root: eBPF build packages not installed, probe tests skip themselves");
+        println!("==> not root: eBPF build packages and chromium not installed, probe and render tests skip themselves");
     }
 
     let mut build = crate::cargo();
@@ -44,6 +46,9 @@ pub fn run(args: &[String]) -> Result<()> {
     test.args(["test", "--workspace", "--locked", "--no-fail-fast"])
         .args(test_args)
         .env("RUST_TEST_THREADS", "1");
+    if root {
+        test.env("LMPERF_REQUIRE_CHROMIUM", "1");
+    }
     if root && std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
         test.env("LMPERF_REQUIRE_EBPF", "1");
     }
@@ -63,8 +68,9 @@ pub fn run(args: &[String]) -> Result<()> {
 }
 
 /// Packages that build `ebpf/` (clang for `-target bpf`, libbpf's headers, bpftool for
-/// inspecting the object).
-const EBPF_PACKAGES: [&str; 3] = ["clang", "libbpf-dev", "bpftool"];
+/// inspecting the object), and Debian's `chromium`, which `tests/outputs.rs` renders
+/// report.html and compare.html with.
+const APT_PACKAGES: [&str; 4] = ["clang", "libbpf-dev", "bpftool", "chromium"];
 
 fn is_root() -> bool {
     std::process::Command::new("id")
@@ -73,9 +79,9 @@ fn is_root() -> bool {
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
 
-/// Installs [`EBPF_PACKAGES`] with apt when `dpkg -s` says one is missing (idempotent).
-fn install_ebpf_packages() -> Result<()> {
-    let missing: Vec<&str> = EBPF_PACKAGES
+/// Installs [`APT_PACKAGES`] with apt when `dpkg -s` says one is missing (idempotent).
+fn install_apt_packages() -> Result<()> {
+    let missing: Vec<&str> = APT_PACKAGES
         .iter()
         .copied()
         .filter(|p| {
@@ -88,7 +94,7 @@ fn install_ebpf_packages() -> Result<()> {
         })
         .collect();
     if missing.is_empty() {
-        println!("==> eBPF build packages present ({})", EBPF_PACKAGES.join(" "));
+        println!("==> apt packages present ({})", APT_PACKAGES.join(" "));
         return Ok(());
     }
     let mut cmd = std::process::Command::new("sh");

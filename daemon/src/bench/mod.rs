@@ -8,18 +8,22 @@
 //! `requests.jsonl` (one line per request), `summary.json` (schema below, versioned) and
 //! `report.html` (self-contained charts and tables, see [`report`]).
 
+pub mod compare;
 pub mod dataset;
+pub mod export;
+pub mod progress;
 pub mod prompts;
+pub mod repeat;
 pub mod report;
 pub mod stats;
-pub mod vram;
 pub mod trace;
+pub mod vram;
 pub mod workload;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use rand::SeedableRng;
@@ -76,6 +80,8 @@ pub enum BenchError {
     NoModel(String),
     #[error("bad value {field} = {value:?}: {reason}")]
     Invalid { field: &'static str, value: String, reason: String },
+    #[error("OTLP export: {0}")]
+    Telemetry(#[from] crate::telemetry::TelemetryError),
 }
 
 /// A whole `lmperf run`.
@@ -96,12 +102,16 @@ pub struct RunSpec {
     pub goodput: Goodput,
     pub fail_on: Vec<Gate>,
     pub output_dir: PathBuf,
-    /// Print progress lines on stderr.
+    /// Show progress on stderr (a bar on a terminal, else plain lines; see [`progress`]).
     pub progress: bool,
     /// Where peak VRAM per benchmark comes from ([`vram`]).
     pub gpu: vram::GpuSource,
     /// Length distributions, ramp, trace replay, prompt file ([`workload`]).
     pub workload: workload::Workload,
+    /// Runs of each benchmark (`--repeat`, at least 1); see [`repeat`].
+    pub repeat: usize,
+    /// Span and metric export of every measured request (see [`export`]); `None`: none.
+    pub otlp: Option<crate::config::OtlpConfig>,
 }
 
 /// One request of a benchmark: a line of `requests.jsonl`. Times in milliseconds; `*_ms`
@@ -111,6 +121,8 @@ pub struct RequestRow {
     pub schema_version: u32,
     pub benchmark: String,
     pub index: usize,
+    /// Which run of the benchmark (0-based, `--repeat`); offsets restart at each.
+    pub repeat: usize,
     pub concurrency: usize,
     pub scheduled_ms: f64,
     /// Time the request waited for a free concurrency slot after its scheduled time.
@@ -178,6 +190,8 @@ pub struct BenchSummary {
     pub prompt_tokens: Option<Distribution>,
     /// Peak GPU memory during the benchmark; null without GPU figures (see `Summary::gpu`).
     pub vram: Option<vram::VramStats>,
+    /// Variation across `--repeat` runs (null with one run); the fields above pool all runs.
+    pub repeat: Option<repeat::RepeatStats>,
 }
 
 /// `summary.json`.
@@ -253,6 +267,10 @@ fn offsets(spec: &RunSpec, n: usize, seed: u64) -> Result<Vec<Duration>, BenchEr
 pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
     std::fs::create_dir_all(&spec.output_dir).map_err(|source| BenchError::Output { path: spec.output_dir.clone(), source })?;
     let clients = Clients::new(spec.target.connect_timeout)?;
+    let telemetry = match &spec.otlp {
+        Some(cfg) => Some(Arc::new(export::BenchTelemetry::start(cfg, &crate::config::ProcessEnv)?)),
+        None => None,
+    };
     let model = match &spec.target.model {
         Some(m) => m.clone(),
         None => client::discover_model(&clients, &spec.target)
@@ -283,33 +301,45 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
             let name = format!("c{concurrency}_{}", spec.workload.label(input_len));
             // Fresh prompts per benchmark: a server's prefix cache must not carry one
             // benchmark's prompts into the next.
-            let seed = spec.seed ^ (concurrency as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            let (warm, measured) = match &spec.workload.trace {
-                // A trace replays all its requests; warm-up sends the shapes of its first ones
-                // with other prompts (no prefix-cache hit carried into the measured replay).
-                Some(t) => (
-                    workload::items(&spec, &tok, spec.warmup, input_len, seed ^ 0x5741_524D_5550).await,
-                    workload::items(&spec, &tok, t.trace.requests.len(), input_len, seed).await,
-                ),
-                None => {
-                    let mut all = workload::items(&spec, &tok, spec.warmup + spec.num_prompts, input_len, seed).await;
-                    let measured = all.split_off(spec.warmup.min(all.len()));
-                    (all, measured)
+            let mut rows = Vec::new();
+            let mut per_repeat = Vec::new();
+            let mut summary_input_len = input_len;
+            for k in 0..spec.repeat.max(1) {
+                // Each repeat: fresh prompts too (the first is the run without --repeat), on
+                // the same schedule.
+                let seed = spec.seed ^ (concurrency as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (k as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
+                let (warm, measured) = match &spec.workload.trace {
+                    // A trace replays all its requests; warm-up sends the shapes of its first ones
+                    // with other prompts (no prefix-cache hit carried into the measured replay).
+                    Some(t) => (
+                        workload::items(&spec, &tok, spec.warmup, input_len, seed ^ 0x5741_524D_5550).await,
+                        workload::items(&spec, &tok, t.trace.requests.len(), input_len, seed).await,
+                    ),
+                    None => {
+                        let mut all = workload::items(&spec, &tok, spec.warmup + spec.num_prompts, input_len, seed).await;
+                        let measured = all.split_off(spec.warmup.min(all.len()));
+                        (all, measured)
+                    }
+                };
+                if !warm.is_empty() {
+                    let _ = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, &warm, None, None).await?;
                 }
-            };
-            if !warm.is_empty() {
-                let _ = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, &warm, None).await?;
+                let offsets = workload::schedule(&spec, measured.len(), spec.seed)?;
+                if k == 0 {
+                    watch.reset();
+                }
+                let mut r = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, &measured, Some(offsets), telemetry.clone()).await?;
+                r.iter_mut().for_each(|row| row.repeat = k);
+                if spec.workload.own_inputs() {
+                    summary_input_len = (measured.iter().map(|i| f64::from(i.prompt.target_tokens)).sum::<f64>() / measured.len().max(1) as f64).round() as u32;
+                }
+                if spec.repeat > 1 {
+                    per_repeat.push(summarize(&spec, &name, concurrency, summary_input_len, &r));
+                }
+                rows.extend(r);
             }
-            let measured = &measured[..];
-            let offsets = workload::schedule(&spec, measured.len(), spec.seed)?;
-            watch.reset();
-            let rows = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, measured, Some(offsets)).await?;
-            let input_len = if spec.workload.own_inputs() {
-                (measured.iter().map(|i| f64::from(i.prompt.target_tokens)).sum::<f64>() / measured.len().max(1) as f64).round() as u32
-            } else {
-                input_len
-            };
-            let mut summary = summarize(&spec, &name, concurrency, input_len, &rows);
+            let mut summary = summarize(&spec, &name, concurrency, summary_input_len, &rows);
+            summary.repeat = repeat::repeat_stats(&per_repeat);
             summary.vram = watch.take(summary.output_token_throughput);
             if spec.progress {
                 eprintln!(
@@ -348,6 +378,9 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
         failed_gates,
     };
     write_outputs(&spec.output_dir, &rows_all, &summary)?;
+    if let Some(t) = telemetry {
+        t.shutdown().await;
+    }
     Ok(summary)
 }
 
@@ -375,6 +408,7 @@ async fn one_benchmark(
     concurrency: usize,
     items: &[workload::Item],
     offsets: Option<Vec<Duration>>,
+    telemetry: Option<Arc<export::BenchTelemetry>>,
 ) -> Result<Vec<RequestRow>, BenchError> {
     let n = items.len();
     // Warm-up (no offsets) runs closed loop; measured runs follow the schedule.
@@ -384,12 +418,12 @@ async fn one_benchmark(
     let target = Arc::new(spec.target.clone());
     let extra = Arc::new(extra.clone());
     let model: Arc<str> = Arc::from(model);
-    let done = Arc::new(AtomicU64::new(0));
-    let errors = Arc::new(AtomicU64::new(0));
+    let counters = progress::Counters::default();
+    let (done, errors) = (counters.done.clone(), counters.errors.clone());
+    let shown = progress::Progress::start(name, n, &counters, spec.progress && measured);
     let cancel = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
     let t0 = Instant::now() + Duration::from_millis(10);
-    let mut last_progress = Instant::now();
     for (i, (item, offset)) in items.iter().zip(offsets).enumerate() {
         let scheduled = t0 + offset;
         if let Some(d) = spec.duration
@@ -403,7 +437,7 @@ async fn one_benchmark(
         let (clients, target, extra, model, task_done, task_errors, cancel) =
             (clients.clone(), target.clone(), extra.clone(), model.clone(), done.clone(), errors.clone(), cancel.clone());
         let item = item.clone();
-        let (bench_name, multi_turn, ignore_eos) = (name.to_owned(), spec.workload.multi_turn, spec.ignore_eos);
+        let (bench_name, multi_turn, ignore_eos, telemetry) = (name.to_owned(), spec.workload.multi_turn, spec.ignore_eos, telemetry.clone());
         tasks.spawn(async move {
             let mut extra = (*extra).clone();
             if ignore_eos {
@@ -417,9 +451,13 @@ async fn one_benchmark(
                 if multi_turn {
                     extra.insert("messages".into(), serde_json::Value::Array(messages.clone()));
                 }
-                let traceparent = crate::telemetry::spans::TraceIds::random(&crate::sampler::head::HeadSampler::AlwaysOn).traceparent();
+                let ids = export::BenchTelemetry::new_trace();
+                let traceparent = ids.traceparent();
                 let req = CanaryRequest { api: target.api, model: &model, prompt: &prompt.text, max_tokens: item.max_tokens, traceparent: &traceparent, extra_body: Some(&extra) };
                 let m = client::execute_with(&clients, &target, &req, &cancel, multi_turn).await;
+                if let Some(t) = &telemetry {
+                    t.record(&export::RequestContext { target: &target, model: &model, benchmark: &bench_name, max_tokens: item.max_tokens, index: i }, ids, &m);
+                }
                 let ok = m.record.outcome == Outcome::Ok;
                 if !ok {
                     task_errors.fetch_add(1, Ordering::Relaxed);
@@ -439,11 +477,6 @@ async fn one_benchmark(
             task_done.fetch_add(1, Ordering::Relaxed);
             rows
         });
-        if spec.progress && measured && last_progress.elapsed() >= Duration::from_secs(2) {
-            last_progress = Instant::now();
-            let d = done.load(Ordering::Relaxed);
-            eprintln!("lmperf run: {name}: {d}/{n} done, {} errors, {:.1} req/s", errors.load(Ordering::Relaxed), d as f64 / t0.elapsed().as_secs_f64());
-        }
     }
     let mut rows = Vec::with_capacity(n);
     while let Some(r) = tasks.join_next().await {
@@ -451,6 +484,7 @@ async fn one_benchmark(
             rows.extend(r);
         }
     }
+    shown.finish().await;
     rows.sort_by_key(|r| (r.index, r.turn));
     Ok(rows)
 }
@@ -463,6 +497,7 @@ fn row(name: &str, index: usize, turn: u32, concurrency: usize, t0: Instant, sch
         schema_version: SCHEMA_VERSION,
         benchmark: name.to_owned(),
         index,
+        repeat: 0,
         concurrency,
         scheduled_ms: ms(scheduled.saturating_duration_since(t0)),
         dispatch_delay_ms: ms(delay),
@@ -497,9 +532,13 @@ pub fn summarize(spec: &RunSpec, name: &str, concurrency: usize, input_len: u32,
     for r in rows.iter().filter(|r| r.outcome != "ok") {
         *errors.entry(r.error_type.clone().unwrap_or_else(|| r.outcome.to_owned())).or_insert(0) += 1;
     }
-    let start = rows.iter().map(|r| r.send_ms).fold(f64::INFINITY, f64::min);
-    let end = rows.iter().map(|r| r.send_ms + r.e2el_ms).fold(0.0, f64::max);
-    let duration_s = if rows.is_empty() { 0.0 } else { ((end - start) / 1000.0).max(1e-9) };
+    // First send to last end of each repeat (their offsets restart), summed.
+    let mut spans: BTreeMap<usize, (f64, f64)> = BTreeMap::new();
+    for r in rows {
+        let s = spans.entry(r.repeat).or_insert((f64::INFINITY, 0.0));
+        *s = (s.0.min(r.send_ms), s.1.max(r.send_ms + r.e2el_ms));
+    }
+    let duration_s = if rows.is_empty() { 0.0 } else { (spans.values().map(|(a, b)| b - a).sum::<f64>() / 1000.0).max(1e-9) };
     let total_output_tokens: u64 = ok.iter().filter_map(|r| r.output_tokens).sum();
     let total_input_tokens: u64 = ok.iter().filter_map(|r| r.input_tokens).sum();
     let vals = |f: &dyn Fn(&RequestRow) -> Option<f64>| -> Option<Distribution> { Distribution::of(&ok.iter().filter_map(|r| f(r)).collect::<Vec<_>>()) };
@@ -546,6 +585,7 @@ pub fn summarize(spec: &RunSpec, name: &str, concurrency: usize, input_len: u32,
         output_tokens_short: ok.iter().filter(|r| r.output_tokens.is_some_and(|o| o < u64::from(r.output_tokens_target))).count(),
         prompt_tokens: Distribution::of(&rows.iter().map(|r| f64::from(r.prompt_tokens)).collect::<Vec<_>>()),
         vram: None,
+        repeat: None,
     }
 }
 

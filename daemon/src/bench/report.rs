@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use super::{BenchSummary, RequestRow, Summary};
 
-fn esc(s: &str) -> String {
+pub(super) fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
@@ -17,7 +17,7 @@ const PAD: f64 = 44.0;
 const COLORS: &[&str] = &["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"];
 
 /// An SVG chart of several named polylines; `x` and `y` in data units.
-fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[(String, Vec<(f64, f64)>)]) -> String {
+pub(super) fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[(String, Vec<(f64, f64)>)]) -> String {
     let pts = series.iter().flat_map(|(_, p)| p.iter());
     let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
     for &(x, y) in pts {
@@ -66,16 +66,51 @@ fn cdf(values: &mut [f64]) -> Vec<(f64, f64)> {
     values.iter().enumerate().map(|(i, &v)| (v, (i + 1) as f64 / n)).collect()
 }
 
-/// Red–green cell color for `value` against `limit` (or a neutral scale without a limit).
-fn cell(value: Option<f64>, limit: Option<f64>) -> String {
+/// A table cell holding `value` (`data-value`: the exact number of `summary.json`, shortest
+/// round-trip form), red or green against `limit` when there is one; `attrs` name the cell.
+fn cell(value: Option<f64>, limit: Option<f64>, attrs: &str) -> String {
     match (value, limit) {
-        (None, _) => "<td>–</td>".to_owned(),
+        (None, _) => format!("<td {attrs}>–</td>"),
         (Some(v), Some(l)) => {
             let (bg, tag) = if v <= l { ("#c8eccb", "pass") } else { ("#f6c5c5", "fail") };
-            format!(r#"<td style="background:{bg}" data-value="{v:.3}">{v:.1} ({tag})</td>"#)
+            format!(r#"<td style="background:{bg}" {attrs} data-value="{v}" data-limit="{l}" data-pass="{}">{v:.1} ({tag})</td>"#, v <= l)
         }
-        (Some(v), None) => format!(r#"<td data-value="{v:.3}">{v:.1}</td>"#),
+        (Some(v), None) => format!(r#"<td {attrs} data-value="{v}">{v:.1}</td>"#),
     }
+}
+
+/// `--repeat`: the coefficient of variation of each metric across the runs, one column per
+/// benchmark; cells above the limit are red and marked "unstable".
+fn repeatability(h: &mut String, summary: &Summary) {
+    let with: Vec<&BenchSummary> = summary.benchmarks.iter().filter(|b| b.repeat.is_some()).collect();
+    let Some(first) = with.first().and_then(|b| b.repeat.as_ref()) else { return };
+    let _ = write!(h, "<h2>Repeatability ({} runs per benchmark)</h2><p>Coefficient of variation across runs (sample std / mean); above {} % is flagged.</p><table class=\"repeat\"><tr><th>metric</th>", first.k, first.cv_limit_pct);
+    for b in &with {
+        let _ = write!(h, "<th>{}</th>", esc(&b.benchmark));
+    }
+    h.push_str("</tr>");
+    for metric in first.metrics.keys() {
+        let _ = write!(h, "<tr><td>{}</td>", esc(metric));
+        for b in &with {
+            match b.repeat.as_ref().and_then(|r| r.metrics.get(metric)) {
+                Some(m) => {
+                    let cv = m.cv_pct.map_or_else(|| "–".to_owned(), |c| format!("{c:.2} %"));
+                    let (style, tag) = if m.unstable { (r#" style="background:#f6c5c5""#, " unstable") } else { ("", "") };
+                    let _ = write!(
+                        h,
+                        r#"<td{style} data-benchmark="{}" data-repeat-metric="{}" data-cv="{}" data-unstable="{}">{cv}{tag}</td>"#,
+                        esc(&b.benchmark),
+                        esc(metric),
+                        m.cv_pct.map_or_else(String::new, |c| c.to_string()),
+                        m.unstable
+                    );
+                }
+                None => h.push_str("<td>–</td>"),
+            }
+        }
+        h.push_str("</tr>");
+    }
+    h.push_str("</table>");
 }
 
 /// Renders the report.
@@ -124,6 +159,7 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
         );
     }
     h.push_str("</table><p>Times in milliseconds.</p>");
+    repeatability(&mut h, summary);
 
     // CDFs and latency over time.
     h.push_str("<h2>Latency distributions</h2>");
@@ -166,48 +202,56 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
         .collect();
     h.push_str(&line_chart("Output tokens/s vs concurrency", "concurrency", "output tokens/s", &thr));
 
-    // Heatmap: input length × output length, p99 TTFT and E2EL (worst over concurrencies).
+    // Heatmaps: input length × output length of p99 TTFT and E2EL, one table per concurrency,
+    // each cell one benchmark's value from summary.json (colored against the SLO when given).
     let mut outs: Vec<u32> = summary.benchmarks.iter().map(|b| b.output_len).collect();
     outs.sort_unstable();
     outs.dedup();
-    let worst = |l: u32, o: u32, f: fn(&BenchSummary) -> Option<f64>| {
-        summary.benchmarks.iter().filter(|b| b.input_len == l && b.output_len == o).filter_map(f).fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.max(v))))
-    };
+    let mut concs: Vec<usize> = summary.benchmarks.iter().map(|b| b.concurrency).collect();
+    concs.sort_unstable();
+    concs.dedup();
     let slo = summary.goodput_slo;
-    for (name, f, limit) in [
-        ("p99 TTFT (ms)", (|b: &BenchSummary| b.ttft_ms.as_ref().map(|d| d.p99)) as fn(&BenchSummary) -> Option<f64>, slo.ttft_ms),
-        ("p99 E2EL (ms)", |b: &BenchSummary| b.e2el_ms.as_ref().map(|d| d.p99), slo.e2el_ms),
+    let p99 = |d: &Option<super::stats::Distribution>| d.as_ref().map(|d| d.p99);
+    for (name, key, f, limit) in [
+        ("p99 TTFT (ms)", "ttft_p99", (|b: &BenchSummary| b.ttft_ms.as_ref().map(|d| d.p99)) as fn(&BenchSummary) -> Option<f64>, slo.ttft_ms),
+        ("p99 E2EL (ms)", "e2el_p99", |b: &BenchSummary| b.e2el_ms.as_ref().map(|d| d.p99), slo.e2el_ms),
     ] {
-        let _ = write!(h, r#"<h2>{} by input × output length</h2><table class="heatmap"><tr><th>input \ output</th>"#, esc(name));
-        for o in &outs {
-            let _ = write!(h, "<th>{o}</th>");
-        }
-        h.push_str("</tr>");
-        for &l in &lens {
-            let _ = write!(h, "<tr><th>{l}</th>");
-            for &o in &outs {
-                h.push_str(&cell(worst(l, o, f), limit));
+        let _ = write!(h, "<h2>{} by input × output length</h2>", esc(name));
+        for &c in &concs {
+            let _ = write!(h, r#"<table class="heatmap" data-metric="{key}" data-concurrency="{c}"><caption>concurrency {c}</caption><tr><th>input \ output</th>"#);
+            for o in &outs {
+                let _ = write!(h, "<th>{o}</th>");
             }
             h.push_str("</tr>");
+            for &l in &lens {
+                let _ = write!(h, "<tr><th>{l}</th>");
+                for &o in &outs {
+                    let b = summary.benchmarks.iter().find(|b| b.concurrency == c && b.input_len == l && b.output_len == o);
+                    let attrs = format!(r#"data-metric="{key}" data-benchmark="{}" data-input="{l}" data-output="{o}""#, b.map_or(String::new(), |b| esc(&b.benchmark)));
+                    h.push_str(&cell(b.and_then(f), limit, &attrs));
+                }
+                h.push_str("</tr>");
+            }
+            h.push_str("</table>");
         }
-        h.push_str("</table>");
     }
 
-    // SLO compliance matrix: benchmark × SLO, p99 vs threshold.
+    // SLO compliance matrix: (concurrency, input bucket, output bucket) × SLO, p99 vs threshold.
     h.push_str("<h2>SLO compliance (p99 vs threshold)</h2>");
     if slo.ttft_ms.is_none() && slo.tpot_ms.is_none() && slo.e2el_ms.is_none() {
         h.push_str("<p>No SLO given (<code>--goodput ttft:MS tpot:MS e2el:MS</code>).</p>");
     } else {
-        h.push_str(r#"<table class="slo"><tr><th>benchmark</th><th>TTFT</th><th>TPOT</th><th>E2EL</th></tr>"#);
+        h.push_str(r#"<table class="slo"><tr><th>benchmark</th><th>concurrency</th><th>input</th><th>output</th><th>TTFT</th><th>TPOT</th><th>E2EL</th></tr>"#);
         for b in &summary.benchmarks {
-            let _ = write!(
-                h,
-                "<tr><td>{}</td>{}{}{}</tr>",
-                esc(&b.benchmark),
-                slo.ttft_ms.map_or("<td>–</td>".to_owned(), |l| cell(b.ttft_ms.as_ref().map(|d| d.p99), Some(l))),
-                slo.tpot_ms.map_or("<td>–</td>".to_owned(), |l| cell(b.tpot_ms.as_ref().map(|d| d.p99), Some(l))),
-                slo.e2el_ms.map_or("<td>–</td>".to_owned(), |l| cell(b.e2el_ms.as_ref().map(|d| d.p99), Some(l))),
-            );
+            let _ = write!(h, "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td>", esc(&b.benchmark), b.concurrency, b.input_len, b.output_len);
+            for (key, limit, v) in [("ttft_p99", slo.ttft_ms, p99(&b.ttft_ms)), ("tpot_p99", slo.tpot_ms, p99(&b.tpot_ms)), ("e2el_p99", slo.e2el_ms, p99(&b.e2el_ms))] {
+                let attrs = format!(r#"data-benchmark="{}" data-slo="{key}""#, esc(&b.benchmark));
+                match limit {
+                    Some(l) => h.push_str(&cell(v, Some(l), &attrs)),
+                    None => h.push_str("<td>–</td>"),
+                }
+            }
+            h.push_str("</tr>");
         }
         h.push_str("</table>");
     }

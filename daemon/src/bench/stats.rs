@@ -36,12 +36,12 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
 }
 
 impl Distribution {
-    /// `None` when there is no value.
+    /// `None` when there is no finite value (non-finite values are left out).
     pub fn of(values: &[f64]) -> Option<Self> {
-        if values.is_empty() {
+        let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+        if v.is_empty() {
             return None;
         }
-        let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
         v.sort_by(f64::total_cmp);
         let n = v.len() as f64;
         let mean = v.iter().sum::<f64>() / n;
@@ -92,5 +92,8 @@ mod tests {
         let d = Distribution::of(&[120.0, 140.0]).unwrap();
         assert_eq!((d.mean, d.p50, d.min, d.max), (130.0, 130.0, 120.0, 140.0));
         assert!((d.std - 10.0).abs() < 1e-9);
+        // Non-finite values are left out; none finite is no distribution (not a panic).
+        assert_eq!(Distribution::of(&[f64::NAN, 1.0]).unwrap().count, 1);
+        assert_eq!(Distribution::of(&[f64::NAN]), None);
     }
 }

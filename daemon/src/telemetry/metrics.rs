@@ -34,6 +34,8 @@ pub struct MetricContext<'a> {
     pub request_model: &'a str,
     pub server_address: &'a str,
     pub server_port: u16,
+    /// Added to every point (low cardinality): `lmperf run`'s source and benchmark name.
+    pub labels: &'a [KeyValue],
 }
 
 impl Instruments {
@@ -97,6 +99,7 @@ impl Instruments {
             KeyValue::new(n::SERVER_PORT, i64::from(c.server_port)),
             KeyValue::new(n::LMPERF_TARGET, c.target.to_owned()),
         ];
+        attrs.extend(c.labels.iter().cloned());
         if let Some(model) = &r.response_model {
             attrs.push(KeyValue::new(n::GEN_AI_RESPONSE_MODEL, model.clone()));
         }
@@ -128,6 +131,7 @@ impl Instruments {
             KeyValue::new(n::GEN_AI_REQUEST_MODEL, c.request_model.to_owned()),
             KeyValue::new(n::LMPERF_OUTCOME, r.outcome.as_str()),
         ];
+        counter_attrs.extend(c.labels.iter().cloned());
         if let Some(e) = error {
             counter_attrs.push(KeyValue::new(n::ERROR_TYPE, e.error_type.clone()));
         }

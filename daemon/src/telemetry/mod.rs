@@ -162,7 +162,14 @@ impl Telemetry {
     /// Records the metrics of a measured request (always) and, when `decision` keeps it,
     /// queues its span.
     pub fn record(&self, info: &SpanContextInfo<'_>, ids: TraceIds, m: &Measured, decision: &Decision) {
+        self.record_labeled(info, ids, m, decision, &[]);
+    }
+
+    /// [`Telemetry::record`] with `labels` added to every metric point (low cardinality, e.g.
+    /// `lmperf.request.source`; a span carries its own in `info.extra`).
+    pub fn record_labeled(&self, info: &SpanContextInfo<'_>, ids: TraceIds, m: &Measured, decision: &Decision, labels: &[KeyValue]) {
         let mc = MetricContext {
+            labels,
             target: info.target,
             operation: info.operation,
             provider: info.provider,

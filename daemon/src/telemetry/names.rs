@@ -54,11 +54,14 @@ pub const LMPERF_RETRIES: &str = "lmperf.retries";
 pub const LMPERF_ERROR_MESSAGE: &str = "lmperf.error.message";
 pub const LMPERF_ERROR_CODE: &str = "lmperf.error.code";
 pub const LMPERF_PROMPT_ID: &str = "lmperf.prompt.id";
-/// Where a request came from: `inject` for load injected through the control API (set on those
-/// spans only; canary spans carry none).
+/// Where a request came from: `inject` for load injected through the control API, `bench` for
+/// `lmperf run` (on spans and, for `bench`, metric points); canary spans carry none.
 pub const LMPERF_REQUEST_SOURCE: &str = "lmperf.request.source";
+pub const REQUEST_SOURCE_BENCH: &str = "bench";
 /// The id of the injected load a request belongs to.
 pub const LMPERF_LOAD_ID: &str = "lmperf.load.id";
+/// `lmperf run`'s benchmark name, e.g. `c4_in512` (on spans and metric points).
+pub const LMPERF_BENCHMARK: &str = "lmperf.benchmark";
 
 // ---- Metrics from the GenAI conventions (client side only; `gen_ai.server.*` is the server's) ----
 pub const METRIC_OPERATION_DURATION: &str = "gen_ai.client.operation.duration";

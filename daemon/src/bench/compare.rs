@@ -1,0 +1,833 @@
+//! `lmperf compare BASE_DIR NEW_DIR`: A/B comparison of two `lmperf run` output directories.
+//!
+//! Both runs' `summary.json` and `requests.jsonl` are read; benchmarks are matched by name.
+//! Per matched benchmark and metric (TTFT, ITL, TPOT, E2EL: mean, p50, p90, p99; request and
+//! output-token throughput; error rate) it gives the new − base delta, a percentile bootstrap
+//! confidence interval of that delta (requests resampled with replacement, each run on its
+//! own, seeded), and a two-sided Mann-Whitney U p-value (normal approximation with tie and
+//! continuity correction, as `scipy.stats.mannwhitneyu(method="asymptotic")`). Throughput and
+//! error rate are bootstrapped over 10 time windows of each run (batch means). A change is a
+//! regression when the whole interval lies on the worse side of zero (higher latency or error
+//! rate, lower throughput), an improvement when it lies on the better side.
+//!
+//! `compare.json` schema ([`COMPARE_SCHEMA_VERSION`] = 1):
+//! ```text
+//! { schema_version, lmperf_version,
+//!   base: {dir, target, model, lmperf_version}, new: {…},
+//!   confidence (e.g. 0.95), resamples, seed,
+//!   benchmarks: [{ benchmark, base_requests, new_requests,
+//!     metrics: [{ metric ("ttft_p99", "output_throughput", "error_rate", …), unit ("ms",
+//!       "req/s", "tok/s", "ratio"), better ("lower"|"higher"), base, new, delta (new − base),
+//!       delta_pct (100 × delta / base; null when base = 0), ci_low, ci_high (delta, same unit),
+//!       p_value (rank test on one value per request, so the same for a metric's four
+//!       statistics; null for throughput; for error_rate on failure indicators), verdict ("regression"|"improvement"|"unchanged") }] }],
+//!   only_in_base, only_in_new: [benchmark names],
+//!   gates: [{ gate, tripped, benchmarks: [where it tripped] }], failed_gates: [gate texts] }
+//! ```
+//! Values without data (no successful request) are null.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use rand::rngs::SmallRng;
+use rand::{Rng as _, SeedableRng as _};
+use serde::{Deserialize, Serialize};
+
+use super::report::{esc, line_chart};
+use super::stats::percentile;
+
+/// Version of `compare.json`; bumped on any incompatible change.
+pub const COMPARE_SCHEMA_VERSION: u32 = 1;
+
+/// The `summary.json` schema versions this build reads.
+const READS_SUMMARY_VERSION: u64 = super::SCHEMA_VERSION as u64;
+
+/// A compare that could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum CompareError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {reason}")]
+    Format { path: PathBuf, reason: String },
+    #[error("bad value {field} = {value:?}: {reason}")]
+    Invalid { field: &'static str, value: String, reason: String },
+}
+
+/// Options of a comparison.
+#[derive(Debug, Clone)]
+pub struct CompareSpec {
+    pub base_dir: PathBuf,
+    pub new_dir: PathBuf,
+    /// Where `compare.json` and `compare.html` go.
+    pub output_dir: PathBuf,
+    pub gates: Vec<CompareGate>,
+    /// Bootstrap resamples (at least 100).
+    pub resamples: usize,
+    /// Two-sided confidence level of the interval, in (0, 1).
+    pub confidence: f64,
+    pub seed: u64,
+}
+
+/// A `--fail-on` gate of compare: `METRIC:+X%`, `METRIC:-X%`, `METRIC:+X` (absolute, in the
+/// metric's unit). `+` trips when the delta is above X, `-` when it is below −X.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompareGate {
+    pub text: String,
+    pub metric: String,
+    /// +1 (trips on an increase) or −1 (on a decrease).
+    pub sign: f64,
+    pub limit: f64,
+    pub percent: bool,
+}
+
+/// Statistics of each latency metric, in this order.
+const STATS: [&str; 4] = ["mean", "p50", "p90", "p99"];
+/// Latency metrics (`requests.jsonl` fields without `_ms`).
+const LATENCIES: [&str; 4] = ["ttft", "itl", "tpot", "e2el"];
+/// Run-level metrics.
+const RATES: [(&str, &str, Better); 3] =
+    [("request_throughput", "req/s", Better::Higher), ("output_throughput", "tok/s", Better::Higher), ("error_rate", "ratio", Better::Lower)];
+
+/// Every metric name a gate may use.
+pub fn metric_names() -> Vec<String> {
+    let mut v: Vec<String> = LATENCIES.iter().flat_map(|m| STATS.iter().map(move |s| format!("{m}_{s}"))).collect();
+    v.extend(RATES.iter().map(|r| r.0.to_owned()));
+    v
+}
+
+/// Parses `ttft_p99:+5%`, `output_throughput:-3%`, `error_rate:+0.01`.
+pub fn parse_compare_gate(text: &str) -> Result<CompareGate, String> {
+    let (metric, thr) = text.split_once(':').ok_or_else(|| format!("{text:?}: expected METRIC:+X% or METRIC:-X%, e.g. ttft_p99:+5%"))?;
+    let metric = metric.trim();
+    if !metric_names().iter().any(|m| m == metric) {
+        return Err(format!("{text:?}: unknown metric {metric:?} (one of {})", metric_names().join(", ")));
+    }
+    let thr = thr.trim();
+    let (sign, rest) = match thr.as_bytes().first() {
+        Some(b'+') => (1.0, &thr[1..]),
+        Some(b'-') => (-1.0, &thr[1..]),
+        _ => return Err(format!("{text:?}: the threshold needs a sign: + trips on an increase, - on a decrease")),
+    };
+    let (num, percent) = match rest.strip_suffix('%') {
+        Some(n) => (n, true),
+        None => (rest, false),
+    };
+    let limit: f64 = num.parse().ok().filter(|v: &f64| v.is_finite() && *v >= 0.0).ok_or_else(|| format!("{text:?}: {num:?} is not a non-negative number"))?;
+    Ok(CompareGate { text: text.to_owned(), metric: metric.to_owned(), sign, limit, percent })
+}
+
+/// Which direction of a metric is better.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Better {
+    Lower,
+    Higher,
+}
+
+/// Verdict on one metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Regression,
+    Improvement,
+    Unchanged,
+}
+
+/// One metric of one benchmark in `compare.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct MetricDelta {
+    pub metric: String,
+    pub unit: &'static str,
+    pub better: Better,
+    pub base: Option<f64>,
+    pub new: Option<f64>,
+    pub delta: Option<f64>,
+    pub delta_pct: Option<f64>,
+    pub ci_low: Option<f64>,
+    pub ci_high: Option<f64>,
+    pub p_value: Option<f64>,
+    pub verdict: Verdict,
+}
+
+/// One matched benchmark.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchComparison {
+    pub benchmark: String,
+    pub base_requests: usize,
+    pub new_requests: usize,
+    pub metrics: Vec<MetricDelta>,
+}
+
+/// A run as named in `compare.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunInfo {
+    pub dir: String,
+    pub target: String,
+    pub model: String,
+    pub lmperf_version: String,
+}
+
+/// A gate's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct GateResult {
+    pub gate: String,
+    pub tripped: bool,
+    pub benchmarks: Vec<String>,
+}
+
+/// `compare.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    pub schema_version: u32,
+    pub lmperf_version: &'static str,
+    pub base: RunInfo,
+    pub new: RunInfo,
+    pub confidence: f64,
+    pub resamples: usize,
+    pub seed: u64,
+    pub benchmarks: Vec<BenchComparison>,
+    pub only_in_base: Vec<String>,
+    pub only_in_new: Vec<String>,
+    pub gates: Vec<GateResult>,
+    pub failed_gates: Vec<String>,
+}
+
+/// The fields of a `requests.jsonl` line that compare uses.
+#[derive(Debug, Clone, Deserialize)]
+struct Req {
+    benchmark: String,
+    outcome: String,
+    #[serde(default)]
+    repeat: usize,
+    send_ms: f64,
+    ttft_ms: Option<f64>,
+    #[serde(default)]
+    itl_ms: Vec<f64>,
+    tpot_ms: Option<f64>,
+    e2el_ms: f64,
+    output_tokens: Option<u64>,
+}
+
+/// One benchmark of one run.
+#[derive(Debug, Default)]
+struct Bench {
+    requests: Vec<Req>,
+    request_throughput: Option<f64>,
+    output_throughput: Option<f64>,
+}
+
+struct Run {
+    info: RunInfo,
+    benches: BTreeMap<String, Bench>,
+    order: Vec<String>,
+}
+
+fn read_run(dir: &Path) -> Result<Run, CompareError> {
+    let path = dir.join("summary.json");
+    let io = |path: &Path| {
+        let p = path.to_owned();
+        move |source| CompareError::Io { path: p, source }
+    };
+    let fmt = |path: &Path, reason: String| CompareError::Format { path: path.to_owned(), reason };
+    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    let summary: serde_json::Value = serde_json::from_str(&text).map_err(|e| fmt(&path, e.to_string()))?;
+    match summary["schema_version"].as_u64() {
+        Some(READS_SUMMARY_VERSION) => {}
+        v => return Err(fmt(&path, format!("schema_version {v:?}: this lmperf reads summary.json version {READS_SUMMARY_VERSION}"))),
+    }
+    let s = |k: &str| summary[k].as_str().unwrap_or_default().to_owned();
+    let info = RunInfo { dir: dir.display().to_string(), target: s("target"), model: s("model"), lmperf_version: s("lmperf_version") };
+    let mut benches = BTreeMap::new();
+    let mut order = Vec::new();
+    for b in summary["benchmarks"].as_array().ok_or_else(|| fmt(&path, "no \"benchmarks\" array".into()))? {
+        let name = b["benchmark"].as_str().ok_or_else(|| fmt(&path, format!("benchmark without a name: {b}")))?.to_owned();
+        let bench = Bench {
+            requests: Vec::new(),
+            request_throughput: b["request_throughput"].as_f64(),
+            output_throughput: b["output_token_throughput"].as_f64(),
+        };
+        order.push(name.clone());
+        benches.insert(name, bench);
+    }
+    let rpath = dir.join("requests.jsonl");
+    let rtext = std::fs::read_to_string(&rpath).map_err(io(&rpath))?;
+    for (i, line) in rtext.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let r: Req = serde_json::from_str(line).map_err(|e| fmt(&rpath, format!("line {}: {e}", i + 1)))?;
+        let b = benches.get_mut(&r.benchmark).ok_or_else(|| fmt(&rpath, format!("line {}: benchmark {:?} is not in summary.json", i + 1, r.benchmark)))?;
+        b.requests.push(r);
+    }
+    Ok(Run { info, benches, order })
+}
+
+/// Values grouped by request (a request's ITLs stay together when resampled).
+#[derive(Debug, Default, Clone)]
+pub struct Clustered {
+    values: Vec<f64>,
+    /// `starts[i]..starts[i + 1]` are request i's values; `starts.len()` = requests + 1.
+    starts: Vec<usize>,
+    /// Every value with its request, sorted by value (for resampling without sorting).
+    sorted: Vec<(f64, u32)>,
+}
+
+impl Clustered {
+    /// From one value list per request.
+    pub fn new<'a>(groups: impl IntoIterator<Item = &'a [f64]>) -> Self {
+        let mut c = Self { values: Vec::new(), starts: vec![0], sorted: Vec::new() };
+        for g in groups {
+            c.values.extend(g.iter().copied().filter(|v| v.is_finite()));
+            c.starts.push(c.values.len());
+        }
+        let mut sorted: Vec<(f64, u32)> = (0..c.requests()).flat_map(|i| {
+            let r = u32::try_from(i).unwrap_or(u32::MAX);
+            c.group(i).iter().map(move |&v| (v, r))
+        }).collect();
+        sorted.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+        c.sorted = sorted;
+        c
+    }
+
+    fn requests(&self) -> usize {
+        self.starts.len().saturating_sub(1)
+    }
+
+    fn group(&self, i: usize) -> &[f64] {
+        &self.values[self.starts[i]..self.starts[i + 1]]
+    }
+
+    /// The mean of each request's values (one value per request with any), for the rank test.
+    fn per_request_means(&self) -> Vec<f64> {
+        (0..self.requests()).map(|i| self.group(i)).filter(|g| !g.is_empty()).map(|g| g.iter().sum::<f64>() / g.len() as f64).collect()
+    }
+}
+
+/// Mean, p50, p90, p99 of sorted values (numpy's linear percentiles), `None` when empty.
+fn stats_of(sorted: &[f64]) -> Option<[f64; 4]> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let mean = sorted.iter().sum::<f64>() / sorted.len() as f64;
+    Some([mean, percentile(sorted, 0.5), percentile(sorted, 0.9), percentile(sorted, 0.99)])
+}
+
+fn sorted_all(c: &Clustered) -> Vec<f64> {
+    let mut v = c.values.clone();
+    v.sort_unstable_by(f64::total_cmp);
+    v
+}
+
+/// Draws `c.requests()` requests with replacement into `counts` (times each is drawn).
+fn draw(c: &Clustered, rng: &mut SmallRng, counts: &mut Vec<u32>) {
+    let n = c.requests();
+    counts.clear();
+    counts.resize(n, 0);
+    for _ in 0..n {
+        counts[rng.random_range(0..n)] += 1;
+    }
+}
+
+/// [`stats_of`] of the resample in which request i appears `counts[i]` times, read in one
+/// pass over the presorted values (each weighted by its request's count), no sort: the
+/// sorted resample is the presorted values, each repeated its weight times.
+fn weighted_stats(c: &Clustered, counts: &[u32]) -> Option<[f64; 4]> {
+    let weight = |r: u32| counts.get(r as usize).copied().unwrap_or(0) as u64;
+    let total: u64 = c.sorted.iter().map(|&(_, r)| weight(r)).sum();
+    if total == 0 {
+        return None;
+    }
+    // numpy linear: position q·(W − 1) between ranks lo and lo + 1 (0-based).
+    let qs = [0.5, 0.9, 0.99];
+    let pos: Vec<(u64, f64)> = qs
+        .iter()
+        .map(|q| {
+            let p = q * (total - 1) as f64;
+            (p.floor() as u64, p - p.floor())
+        })
+        .collect();
+    // The six ranks wanted (slot 2k: lo of quantile k, 2k + 1: lo + 1), sorted by rank and
+    // filled by one walk over the values.
+    let mut ranks: Vec<(u64, usize)> = pos.iter().flat_map(|&(lo, _)| [lo, (lo + 1).min(total - 1)]).enumerate().map(|(slot, r)| (r, slot)).collect();
+    ranks.sort_unstable();
+    let mut found = [f64::NAN; 6];
+    let (mut seen, mut sum, mut next) = (0u64, 0.0, 0usize);
+    for &(v, r) in &c.sorted {
+        let w = weight(r);
+        if w == 0 {
+            continue;
+        }
+        sum += v * w as f64;
+        seen += w;
+        while next < ranks.len() && ranks[next].0 < seen {
+            found[ranks[next].1] = v;
+            next += 1;
+        }
+    }
+    let at = [[found[0], found[1]], [found[2], found[3]], [found[4], found[5]]];
+    let p = |k: usize| at[k][0] + (at[k][1] - at[k][0]) * pos[k].1;
+    Some([sum / total as f64, p(0), p(1), p(2)])
+}
+
+/// Percentile bootstrap of (mean, p50, p90, p99)(new) − (…)(base): `resamples` times, each
+/// run's requests are drawn with replacement (a request's values together), and the interval
+/// is the (1 − confidence)/2 and (1 + confidence)/2 quantiles of the resampled deltas.
+/// `None` for a statistic that some resample leaves without data.
+pub fn bootstrap_latency(base: &Clustered, new: &Clustered, resamples: usize, confidence: f64, rng: &mut SmallRng) -> [Option<(f64, f64)>; 4] {
+    let mut deltas: [Vec<f64>; 4] = Default::default();
+    let (mut bc, mut nc) = (Vec::new(), Vec::new());
+    for _ in 0..resamples {
+        draw(base, rng, &mut bc);
+        draw(new, rng, &mut nc);
+        if let (Some(b), Some(n)) = (weighted_stats(base, &bc), weighted_stats(new, &nc)) {
+            for k in 0..4 {
+                deltas[k].push(n[k] - b[k]);
+            }
+        }
+    }
+    deltas.map(|mut d| interval(&mut d, resamples, confidence))
+}
+
+fn interval(d: &mut [f64], resamples: usize, confidence: f64) -> Option<(f64, f64)> {
+    // A statistic that some resamples could not compute has no honest interval.
+    if d.is_empty() || d.len() < resamples {
+        return None;
+    }
+    d.sort_unstable_by(f64::total_cmp);
+    let a = (1.0 - confidence) / 2.0;
+    Some((percentile(d, a), percentile(d, 1.0 - a)))
+}
+
+/// Two-sided Mann-Whitney U test, normal approximation with tie correction and continuity
+/// correction, as `scipy.stats.mannwhitneyu(x, y, method="asymptotic")` (SciPy ≥ 1.7):
+/// U1 = R1 − n1(n1 + 1)/2 (R1: sum of x's mid-ranks in the pooled sample), U = max(U1,
+/// n1·n2 − U1), σ² = n1·n2/12 · ((n + 1) − Σ(t³ − t)/(n(n − 1))) over tie groups t,
+/// z = (U − n1·n2/2 − 0.5)/σ, p = 2·(1 − Φ(z)) capped at 1. Returns (U1, p); `None` when a
+/// sample is empty. When every value is tied (σ = 0) p is 1.
+pub fn mann_whitney_u(x: &[f64], y: &[f64]) -> Option<(f64, f64)> {
+    let (n1, n2) = (x.len(), y.len());
+    if n1 == 0 || n2 == 0 {
+        return None;
+    }
+    let mut pooled: Vec<(f64, bool)> = x.iter().map(|&v| (v, true)).chain(y.iter().map(|&v| (v, false))).collect();
+    pooled.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+    let n = pooled.len();
+    let (mut r1, mut ties) = (0.0, 0.0);
+    let mut i = 0;
+    while i < n {
+        let mut j = i;
+        while j + 1 < n && pooled[j + 1].0 == pooled[i].0 {
+            j += 1;
+        }
+        let t = (j - i + 1) as f64;
+        let rank = (i + j) as f64 / 2.0 + 1.0;
+        r1 += rank * pooled[i..=j].iter().filter(|p| p.1).count() as f64;
+        ties += t * t * t - t;
+        i = j + 1;
+    }
+    let (n1f, n2f, nf) = (n1 as f64, n2 as f64, n as f64);
+    let u1 = r1 - n1f * (n1f + 1.0) / 2.0;
+    let u = u1.max(n1f * n2f - u1);
+    let mu = n1f * n2f / 2.0;
+    let var = n1f * n2f / 12.0 * ((nf + 1.0) - if n > 1 { ties / (nf * (nf - 1.0)) } else { 0.0 });
+    if var <= 0.0 {
+        return Some((u1, 1.0));
+    }
+    let z = (u - mu - 0.5) / var.sqrt();
+    let p = 2.0 * normal_sf(z);
+    Some((u1, p.min(1.0)))
+}
+
+/// 1 − Φ(z) of the standard normal distribution.
+fn normal_sf(z: f64) -> f64 {
+    use statrs::distribution::{ContinuousCDF as _, Normal};
+    Normal::standard().sf(z)
+}
+
+fn verdict(better: Better, ci: Option<(f64, f64)>) -> Verdict {
+    match (better, ci) {
+        (Better::Lower, Some((lo, _))) if lo > 0.0 => Verdict::Regression,
+        (Better::Lower, Some((_, hi))) if hi < 0.0 => Verdict::Improvement,
+        (Better::Higher, Some((_, hi))) if hi < 0.0 => Verdict::Regression,
+        (Better::Higher, Some((lo, _))) if lo > 0.0 => Verdict::Improvement,
+        _ => Verdict::Unchanged,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn delta(metric: String, unit: &'static str, better: Better, base: Option<f64>, new: Option<f64>, ci: Option<(f64, f64)>, p_value: Option<f64>) -> MetricDelta {
+    let d = base.zip(new).map(|(b, n)| n - b);
+    let pct = base.zip(d).and_then(|(b, d)| (b != 0.0).then(|| 100.0 * d / b));
+    MetricDelta { metric, unit, better, base, new, delta: d, delta_pct: pct, ci_low: ci.map(|c| c.0), ci_high: ci.map(|c| c.1), p_value, verdict: verdict(better, ci) }
+}
+
+/// Stable per-benchmark seed (FNV-1a of the name, mixed with the user's seed).
+fn bench_seed(seed: u64, name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)) ^ seed
+}
+
+fn latency_values(b: &Bench, metric: &str) -> Clustered {
+    let ok = b.requests.iter().filter(|r| r.outcome == "ok");
+    let one = |v: Option<f64>| v.map_or_else(Vec::new, |v| vec![v]);
+    let groups: Vec<Vec<f64>> = match metric {
+        "ttft" => ok.map(|r| one(r.ttft_ms)).collect(),
+        "itl" => ok.map(|r| r.itl_ms.clone()).collect(),
+        "tpot" => ok.map(|r| one(r.tpot_ms)).collect(),
+        _ => ok.map(|r| vec![r.e2el_ms]).collect(),
+    };
+    Clustered::new(groups.iter().map(Vec::as_slice))
+}
+
+fn compare_bench(name: &str, base: &Bench, new: &Bench, spec: &CompareSpec) -> BenchComparison {
+    let mut rng = SmallRng::seed_from_u64(bench_seed(spec.seed, name));
+    let mut metrics = Vec::new();
+    for m in LATENCIES {
+        let (b, n) = (latency_values(base, m), latency_values(new, m));
+        let (bs, ns) = (stats_of(&sorted_all(&b)), stats_of(&sorted_all(&n)));
+        let cis = bootstrap_latency(&b, &n, spec.resamples, spec.confidence, &mut rng);
+        // The rank test compares requests: one value each (a request's mean ITL for ITL).
+        let p = mann_whitney_u(&b.per_request_means(), &n.per_request_means()).map(|r| r.1);
+        for (k, stat) in STATS.iter().enumerate() {
+            metrics.push(delta(format!("{m}_{stat}"), "ms", Better::Lower, bs.map(|s| s[k]), ns.map(|s| s[k]), cis[k], p));
+        }
+    }
+    // Throughput and error rate: a batch-means bootstrap. Each run (each repeat) is cut into
+    // WINDOWS equal time windows by request end; windows are resampled, so the interval shows
+    // how steady the rate was over the run, not only how many requests there were.
+    let (bw, nw) = (windows(base), windows(new));
+    let mut deltas: [Vec<f64>; 3] = Default::default();
+    if !bw.is_empty() && !nw.is_empty() {
+        let (mut bb, mut nb) = (Vec::with_capacity(bw.len()), Vec::with_capacity(nw.len()));
+        for _ in 0..spec.resamples {
+            bb.clear();
+            nb.clear();
+            bb.extend((0..bw.len()).map(|_| bw[rng.random_range(0..bw.len())]));
+            nb.extend((0..nw.len()).map(|_| nw[rng.random_range(0..nw.len())]));
+            let (rb, rn) = (window_rates(&bb), window_rates(&nb));
+            for k in 0..3 {
+                deltas[k].push(rn[k] - rb[k]);
+            }
+        }
+    }
+    let point = |b: &Bench| -> [Option<f64>; 3] {
+        let failed = b.requests.iter().filter(|r| r.outcome != "ok").count() as f64;
+        [b.request_throughput, b.output_throughput, (!b.requests.is_empty()).then(|| failed / b.requests.len() as f64)]
+    };
+    let (pb, pn) = (point(base), point(new));
+    let indicator = |b: &Bench| b.requests.iter().map(|r| if r.outcome == "ok" { 0.0 } else { 1.0 }).collect::<Vec<f64>>();
+    for (k, (metric, unit, better)) in RATES.iter().enumerate() {
+        let ci = interval(&mut deltas[k], spec.resamples, spec.confidence);
+        // Error rate: the rank test on failure indicators (with ties, the two-proportion z test).
+        let p = (*metric == "error_rate").then(|| mann_whitney_u(&indicator(base), &indicator(new)).map(|r| r.1)).flatten();
+        metrics.push(delta((*metric).to_owned(), unit, *better, pb[k], pn[k], ci, p));
+    }
+    BenchComparison { benchmark: name.to_owned(), base_requests: base.requests.len(), new_requests: new.requests.len(), metrics }
+}
+
+/// Time windows per run (per repeat) of the throughput bootstrap.
+const WINDOWS: usize = 10;
+
+/// One time window of a run: requests ended in it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Window {
+    ok: f64,
+    tokens: f64,
+    failed: f64,
+    total: f64,
+    seconds: f64,
+}
+
+/// The [`WINDOWS`] equal windows of each repeat of `b`, from its first send to its last end.
+fn windows(b: &Bench) -> Vec<Window> {
+    let mut by_repeat: BTreeMap<usize, Vec<&Req>> = BTreeMap::new();
+    for r in &b.requests {
+        by_repeat.entry(r.repeat).or_default().push(r);
+    }
+    let mut out = Vec::new();
+    for reqs in by_repeat.values() {
+        let start = reqs.iter().map(|r| r.send_ms).fold(f64::INFINITY, f64::min);
+        let end = reqs.iter().map(|r| r.send_ms + r.e2el_ms).fold(f64::NEG_INFINITY, f64::max);
+        let span = (end - start).max(1e-6);
+        let mut w = vec![Window { seconds: span / 1000.0 / WINDOWS as f64, ..Window::default() }; WINDOWS];
+        for r in reqs {
+            let i = (((r.send_ms + r.e2el_ms - start) / span * WINDOWS as f64) as usize).min(WINDOWS - 1);
+            let ok = r.outcome == "ok";
+            w[i].total += 1.0;
+            if ok {
+                w[i].ok += 1.0;
+                w[i].tokens += r.output_tokens.unwrap_or(0) as f64;
+            } else {
+                w[i].failed += 1.0;
+            }
+        }
+        out.extend(w);
+    }
+    out
+}
+
+/// Request throughput, output-token throughput and error rate of a set of windows.
+fn window_rates(w: &[Window]) -> [f64; 3] {
+    let sum = |f: fn(&Window) -> f64| w.iter().map(f).sum::<f64>();
+    let (secs, total) = (sum(|w| w.seconds).max(1e-9), sum(|w| w.total));
+    [sum(|w| w.ok) / secs, sum(|w| w.tokens) / secs, if total > 0.0 { sum(|w| w.failed) / total } else { 0.0 }]
+}
+
+fn gate_trips(g: &CompareGate, m: &MetricDelta) -> bool {
+    let d = if g.percent { m.delta_pct } else { m.delta };
+    d.is_some_and(|d| d * g.sign > g.limit)
+}
+
+/// Compares the two runs and writes `compare.json` and `compare.html` to `spec.output_dir`.
+///
+/// # Errors
+/// A directory without a readable `summary.json` / `requests.jsonl` of a known schema, or an
+/// output that cannot be written.
+pub fn compare(spec: &CompareSpec) -> Result<Comparison, CompareError> {
+    if spec.resamples < 100 {
+        return Err(CompareError::Invalid { field: "--resamples", value: spec.resamples.to_string(), reason: "at least 100".into() });
+    }
+    if !(spec.confidence > 0.0 && spec.confidence < 1.0) {
+        return Err(CompareError::Invalid { field: "--confidence", value: spec.confidence.to_string(), reason: "between 0 and 1, e.g. 0.95".into() });
+    }
+    let base = read_run(&spec.base_dir)?;
+    let new = read_run(&spec.new_dir)?;
+    let mut benchmarks = Vec::new();
+    for name in &new.order {
+        if let (Some(b), Some(n)) = (base.benches.get(name), new.benches.get(name)) {
+            benchmarks.push(compare_bench(name, b, n, spec));
+        }
+    }
+    let only_in_base = base.order.iter().filter(|n| !new.benches.contains_key(*n)).cloned().collect();
+    let only_in_new = new.order.iter().filter(|n| !base.benches.contains_key(*n)).cloned().collect();
+    let gates: Vec<GateResult> = spec
+        .gates
+        .iter()
+        .map(|g| {
+            let hit: Vec<String> = benchmarks.iter().filter(|b| b.metrics.iter().any(|m| m.metric == g.metric && gate_trips(g, m))).map(|b| b.benchmark.clone()).collect();
+            GateResult { gate: g.text.clone(), tripped: !hit.is_empty(), benchmarks: hit }
+        })
+        .collect();
+    let failed_gates = gates.iter().filter(|g| g.tripped).map(|g| g.gate.clone()).collect();
+    let c = Comparison {
+        schema_version: COMPARE_SCHEMA_VERSION,
+        lmperf_version: env!("CARGO_PKG_VERSION"),
+        base: base.info.clone(),
+        new: new.info.clone(),
+        confidence: spec.confidence,
+        resamples: spec.resamples,
+        seed: spec.seed,
+        benchmarks,
+        only_in_base,
+        only_in_new,
+        gates,
+        failed_gates,
+    };
+    let out = &spec.output_dir;
+    let io = |source| CompareError::Io { path: out.clone(), source };
+    std::fs::create_dir_all(out).map_err(io)?;
+    let json = serde_json::to_string_pretty(&c).map_err(|e| io(std::io::Error::other(e)))?;
+    std::fs::write(out.join("compare.json"), json + "\n").map_err(io)?;
+    std::fs::write(out.join("compare.html"), render(&c, &base, &new)).map_err(io)?;
+    Ok(c)
+}
+
+fn num(v: Option<f64>, digits: usize) -> String {
+    v.map_or_else(|| "–".to_owned(), |v| format!("{v:.digits$}"))
+}
+
+fn render(c: &Comparison, base: &Run, new: &Run) -> String {
+    let mut h = String::new();
+    let _ = write!(
+        h,
+        r#"<!doctype html><html lang="en"><head><meta charset="utf-8"><title>lmperf compare</title><style>
+body{{font-family:system-ui,sans-serif;margin:24px;color:#222}} table{{border-collapse:collapse;margin:8px 0 20px}}
+td,th{{border:1px solid #bbb;padding:4px 8px;text-align:right;font-size:13px}} th{{background:#eee}} td.m{{text-align:left}}
+tr.regression td{{background:#f6c5c5}} tr.improvement td{{background:#c8eccb}}
+figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:13px}} h2{{margin-top:28px}}
+</style></head><body><h1>lmperf compare</h1><p>base <code>{bd}</code> ({bm}) · new <code>{nd}</code> ({nm}) · {conf:.0} % bootstrap intervals, {res} resamples, seed {seed} · Mann-Whitney U p-values</p>"#,
+        bd = esc(&c.base.dir),
+        bm = esc(&c.base.model),
+        nd = esc(&c.new.dir),
+        nm = esc(&c.new.model),
+        conf = c.confidence * 100.0,
+        res = c.resamples,
+        seed = c.seed,
+    );
+    if !c.failed_gates.is_empty() {
+        let _ = write!(h, r#"<p id="gates" style="color:#b00"><b>Gates tripped:</b> {}</p>"#, esc(&c.failed_gates.join(", ")));
+    }
+    for (what, list) in [("Only in base", &c.only_in_base), ("Only in new", &c.only_in_new)] {
+        if !list.is_empty() {
+            let _ = write!(h, "<p>{what}: {}</p>", esc(&list.join(", ")));
+        }
+    }
+    for b in &c.benchmarks {
+        let _ = write!(
+            h,
+            r#"<h2>{name}</h2><p>{} base requests, {} new requests</p><table class="compare" data-benchmark="{name}"><tr><th>metric</th><th>unit</th><th>base</th><th>new</th><th>Δ</th><th>Δ %</th><th>CI of Δ</th><th>p</th><th>verdict</th></tr>"#,
+            b.base_requests,
+            b.new_requests,
+            name = esc(&b.benchmark),
+        );
+        for m in &b.metrics {
+            let v = match m.verdict {
+                Verdict::Regression => "regression",
+                Verdict::Improvement => "improvement",
+                Verdict::Unchanged => "unchanged",
+            };
+            let digits = if m.unit == "ratio" { 4 } else { 2 };
+            let _ = write!(
+                h,
+                r#"<tr class="{v}" data-metric="{}" data-delta="{}"><td class="m">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>[{}, {}]</td><td>{}</td><td>{v}</td></tr>"#,
+                m.metric,
+                m.delta.map_or_else(String::new, |d| format!("{d}")),
+                m.metric,
+                m.unit,
+                num(m.base, digits),
+                num(m.new, digits),
+                num(m.delta, digits),
+                num(m.delta_pct, 1),
+                num(m.ci_low, digits),
+                num(m.ci_high, digits),
+                m.p_value.map_or_else(|| "–".to_owned(), |p| format!("{p:.3e}")),
+            );
+        }
+        h.push_str("</table>");
+        for (title, metric) in [("TTFT CDF", "ttft"), ("E2EL CDF", "e2el")] {
+            let series: Vec<(String, Vec<(f64, f64)>)> = [("base", base), ("new", new)]
+                .iter()
+                .filter_map(|(label, run)| run.benches.get(&b.benchmark).map(|bench| (label.to_string(), cdf(&latency_values(bench, metric)))))
+                .collect();
+            h.push_str(&line_chart(&format!("{} {title}", b.benchmark), "ms", "share of requests", &series));
+        }
+    }
+    if !c.gates.is_empty() {
+        h.push_str("<h2>Gates</h2><table><tr><th>gate</th><th>tripped</th><th>benchmarks</th></tr>");
+        for g in &c.gates {
+            let _ = write!(h, "<tr><td>{}</td><td>{}</td><td>{}</td></tr>", esc(&g.gate), g.tripped, esc(&g.benchmarks.join(", ")));
+        }
+        h.push_str("</table>");
+    }
+    h.push_str("</body></html>\n");
+    h
+}
+
+fn cdf(c: &Clustered) -> Vec<(f64, f64)> {
+    let v = sorted_all(c);
+    let n = v.len() as f64;
+    v.iter().enumerate().map(|(i, &x)| (x, (i + 1) as f64 / n)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64, tol: f64) -> bool {
+        (a - b).abs() <= tol
+    }
+
+    #[test]
+    fn mann_whitney_known_values() {
+        // SciPy's own docstring example (scipy.stats.mannwhitneyu, "Examples", after Conover,
+        // Practical Nonparametric Statistics): males vs females.
+        // scipy.stats.mannwhitneyu(males, females, method="asymptotic") → U1 = 17.0,
+        // pvalue = 0.11134688653314041.
+        let males = [19.0, 22.0, 16.0, 29.0, 24.0];
+        let females = [20.0, 11.0, 17.0, 12.0];
+        let (u, p) = mann_whitney_u(&males, &females).unwrap();
+        assert_eq!(u, 17.0);
+        assert!(close(p, 0.111_346_886_533_140_41, 1e-9), "p = {p}");
+        // Hand-computed: x = 1..5, y = 6..10, no ties: U1 = 0, U = 25, μ = 12.5,
+        // σ = √(25·11/12) = 4.787136, z = (25 − 12.5 − 0.5)/σ = 2.506718,
+        // p = 2·(1 − Φ(z)) = erfc(z/√2) = 0.012185 (Python: math.erfc(2.506718/2**0.5)).
+        let x: Vec<f64> = (1..=5).map(f64::from).collect();
+        let y: Vec<f64> = (6..=10).map(f64::from).collect();
+        let (u, p) = mann_whitney_u(&x, &y).unwrap();
+        assert_eq!(u, 0.0);
+        assert!(close(p, 0.012_185, 2e-6), "p = {p}");
+        // With ties (tie groups 2×3, 3×3, 4×2, 7×2): U1 = 9, σ² = 42/12·(14 − 60/156),
+        // z = 1.6659, p = 0.0957333848646 (same formula in Python's stdlib, math.erfc).
+        let (u, p2) = mann_whitney_u(&[1.0, 2.0, 2.0, 3.0, 4.0, 4.0], &[2.0, 3.0, 3.0, 5.0, 6.0, 7.0, 7.0]).unwrap();
+        assert_eq!(u, 9.0);
+        assert!(close(p2, 0.095_733_384_864_633_76, 1e-9), "p = {p2}");
+        // Symmetric in its arguments; all ties → p = 1.
+        assert!(close(mann_whitney_u(&y, &x).unwrap().1, p, 1e-12));
+        assert_eq!(mann_whitney_u(&[3.0, 3.0], &[3.0, 3.0, 3.0]).unwrap().1, 1.0);
+        assert!(mann_whitney_u(&[], &[1.0]).is_none());
+    }
+
+    #[test]
+    fn bootstrap_ci_covers_a_known_shift() {
+        // New = base + 5 ms on 400 lognormal-ish values: the 95 % intervals of every statistic
+        // contain 5 and exclude 0; with no shift they contain 0.
+        let mut rng = SmallRng::seed_from_u64(11);
+        let base: Vec<f64> = (0..400).map(|_| 100.0 + 20.0 * rng.random::<f64>().powi(3)).collect();
+        let shifted: Vec<f64> = (0..400).map(|_| 105.0 + 20.0 * rng.random::<f64>().powi(3)).collect();
+        let same: Vec<f64> = (0..400).map(|_| 100.0 + 20.0 * rng.random::<f64>().powi(3)).collect();
+        let c = |v: &[f64]| Clustered::new(v.iter().map(std::slice::from_ref));
+        let cis = bootstrap_latency(&c(&base), &c(&shifted), 2000, 0.95, &mut SmallRng::seed_from_u64(1));
+        for (k, ci) in cis.iter().enumerate() {
+            let (lo, hi) = ci.unwrap();
+            assert!(lo < 5.0 && 5.0 < hi && lo > 0.0, "{}: [{lo}, {hi}]", STATS[k]);
+        }
+        let cis = bootstrap_latency(&c(&base), &c(&same), 2000, 0.95, &mut SmallRng::seed_from_u64(1));
+        for (k, ci) in cis.iter().enumerate() {
+            let (lo, hi) = ci.unwrap();
+            assert!(lo < 0.0 && 0.0 < hi, "{}: [{lo}, {hi}]", STATS[k]);
+        }
+        // Seeded: the same seed gives the same interval.
+        let again = bootstrap_latency(&c(&base), &c(&same), 2000, 0.95, &mut SmallRng::seed_from_u64(1));
+        assert_eq!(again, cis);
+        let p = mann_whitney_u(&base, &shifted).unwrap().1;
+        assert!(p < 1e-6, "a 5 ms shift on a 0–20 ms spread is significant: p = {p}");
+        assert!(mann_whitney_u(&base, &same).unwrap().1 > 0.01);
+    }
+
+    #[test]
+    fn weighted_stats_equal_the_sorted_resample() {
+        // Requests with 0–3 values each, drawn 0–2 times: the one-pass weighted statistics
+        // equal numpy-style statistics of the explicitly expanded and sorted resample.
+        let groups: Vec<Vec<f64>> = vec![vec![5.0, 1.0], vec![], vec![3.0], vec![2.0, 2.0, 9.0], vec![7.5], vec![0.5, 4.0]];
+        let c = Clustered::new(groups.iter().map(Vec::as_slice));
+        let mut rng = SmallRng::seed_from_u64(3);
+        for _ in 0..200 {
+            let counts: Vec<u32> = (0..groups.len()).map(|_| rng.random_range(0..3)).collect();
+            let mut expanded: Vec<f64> = groups.iter().zip(&counts).flat_map(|(g, &k)| (0..k).flat_map(move |_| g.iter().copied())).collect();
+            expanded.sort_by(f64::total_cmp);
+            let (got, want) = (weighted_stats(&c, &counts), stats_of(&expanded));
+            match (got, want) {
+                (Some(g), Some(w)) => assert!(g.iter().zip(&w).all(|(a, b)| (a - b).abs() < 1e-12), "{counts:?}: {g:?} vs {w:?}"),
+                (g, w) => assert_eq!(g, w, "{counts:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn verdicts_follow_direction() {
+        assert_eq!(verdict(Better::Lower, Some((1.0, 2.0))), Verdict::Regression);
+        assert_eq!(verdict(Better::Lower, Some((-2.0, -1.0))), Verdict::Improvement);
+        assert_eq!(verdict(Better::Higher, Some((-2.0, -1.0))), Verdict::Regression);
+        assert_eq!(verdict(Better::Higher, Some((1.0, 2.0))), Verdict::Improvement);
+        assert_eq!(verdict(Better::Lower, Some((-1.0, 2.0))), Verdict::Unchanged);
+        assert_eq!(verdict(Better::Lower, Some((0.0, 0.0))), Verdict::Unchanged);
+        assert_eq!(verdict(Better::Lower, None), Verdict::Unchanged);
+    }
+
+    #[test]
+    fn gates_parse_and_trip() {
+        let g = parse_compare_gate("ttft_p99:+5%").unwrap();
+        assert_eq!((g.metric.as_str(), g.sign, g.limit, g.percent), ("ttft_p99", 1.0, 5.0, true));
+        let t = parse_compare_gate("output_throughput:-3%").unwrap();
+        let e = parse_compare_gate("error_rate:+0.01").unwrap();
+        assert!(!e.percent);
+        for bad in ["ttft_p99+5%", "ttft_p98:+5%", "ttft_p99:5%", "ttft_p99:+x%", "ttft_p99:+-5%"] {
+            assert!(parse_compare_gate(bad).is_err(), "{bad}");
+        }
+        let m = |metric: &str, base: f64, new: f64| delta(metric.into(), "ms", Better::Lower, Some(base), Some(new), None, None);
+        assert!(gate_trips(&g, &m("ttft_p99", 100.0, 106.0)));
+        assert!(!gate_trips(&g, &m("ttft_p99", 100.0, 104.0)));
+        assert!(!gate_trips(&g, &m("ttft_p99", 100.0, 90.0)));
+        assert!(gate_trips(&t, &m("output_throughput", 100.0, 96.0)));
+        assert!(!gate_trips(&t, &m("output_throughput", 100.0, 98.0)));
+        assert!(gate_trips(&e, &m("error_rate", 0.0, 0.02)));
+        assert!(!gate_trips(&e, &m("error_rate", 0.0, 0.005)));
+    }
+}

@@ -1,0 +1,466 @@
+//! `report.html` and `compare.html` (issue 3, acceptance 4): two `lmperf run`s against a
+//! scripted server (TTFT 5 ms, then 10 ms), `lmperf compare` of the two (regression found,
+//! gate exits 3), and both pages rendered by headless Chromium (Debian `chromium`): no console
+//! message, a non-blank screenshot of the asked size, and heatmap and SLO matrix cells in the
+//! rendered DOM equal to `summary.json`.
+//!
+//! `cargo xtask ci` installs `chromium` as root and sets `LMPERF_REQUIRE_CHROMIUM=1`; without
+//! that variable the Chromium tests say so and pass on a machine without the browser.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use lmperf_e2e::agent::lmperf_bin;
+use lmperf_e2e::scripted::{Frame, Reply, ScriptedServer};
+
+struct Fixture {
+    base: PathBuf,
+    new: PathBuf,
+    root: PathBuf,
+}
+
+/// Two runs (server TTFT 5 ms, then 10 ms), 2 concurrencies × 2 input lengths, SLOs set.
+fn fixture() -> &'static Fixture {
+    static F: OnceLock<Fixture> = OnceLock::new();
+    F.get_or_init(|| {
+        let root = std::env::temp_dir().join(format!("lmperf-reports-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let ttft_ms = Arc::new(AtomicU64::new(5));
+        let t = ttft_ms.clone();
+        let server = rt.block_on(ScriptedServer::start(Arc::new(move |req, _| {
+            if req.path != "/v1/completions" {
+                return Reply::json(404, r#"{"error":{"message":"not found"}}"#);
+            }
+            let first = Duration::from_millis(t.load(Ordering::Relaxed));
+            let tok = |at: Duration, fin: &str| Frame { at, bytes: format!("data: {{\"choices\":[{{\"text\":\"a\",\"finish_reason\":{fin}}}]}}\n\n").into_bytes() };
+            Reply::sse(vec![
+                tok(first, "null"),
+                tok(first + Duration::from_millis(2), "null"),
+                tok(first + Duration::from_millis(4), "\"length\""),
+                Frame { at: first + Duration::from_millis(4), bytes: b"data: [DONE]\n\n".to_vec() },
+            ])
+        })));
+        let run = |dir: &Path| {
+            let out = Command::new(lmperf_bin())
+                .args(["run", "--target", &server.url(), "--model", "m", "--api", "completions", "--batch-sizes", "1", "2", "--seq-lengths", "8", "16"])
+                .args(["--num-prompts", "30", "--output-len", "3", "--no-ignore-eos", "--goodput", "ttft:7", "e2el:50", "--output-dir", dir.to_str().unwrap()])
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        };
+        let (base, new) = (root.join("base"), root.join("new"));
+        run(&base);
+        ttft_ms.store(10, Ordering::Relaxed);
+        run(&new);
+        drop(server);
+        Fixture { base, new, root }
+    })
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
+}
+
+fn compare(base: &Path, new: &Path, out: &Path, gates: &[&str]) -> (Option<i32>, String) {
+    let mut cmd = Command::new(lmperf_bin());
+    cmd.arg("compare").arg(base).arg(new).arg("--output-dir").arg(out);
+    if !gates.is_empty() {
+        cmd.arg("--fail-on").args(gates);
+    }
+    let o = cmd.output().unwrap();
+    (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+/// `lmperf compare`: TTFT doubled is a regression of every benchmark with a 95 % interval
+/// around the true +5 ms, a tiny p-value, a gate that exits 3; a run against itself changes
+/// nothing and the gate passes.
+#[test]
+fn compare_finds_the_ttft_regression() {
+    let f = fixture();
+    let out = f.root.join("cmp");
+    let (code, err) = compare(&f.base, &f.new, &out, &["ttft_p50:+20%", "error_rate:+0.01"]);
+    assert_eq!(code, Some(3), "{err}");
+    let c = json(&out.join("compare.json"));
+    assert_eq!(c["schema_version"], 1);
+    assert_eq!(c["failed_gates"], serde_json::json!(["ttft_p50:+20%"]));
+    assert_eq!(c["gates"][0]["benchmarks"].as_array().unwrap().len(), 4);
+    let benches = c["benchmarks"].as_array().unwrap();
+    assert_eq!(benches.len(), 4, "c1/c2 × in8/in16 matched by name");
+    for b in benches {
+        let metric = |name: &str| b["metrics"].as_array().unwrap().iter().find(|m| m["metric"] == name).unwrap_or_else(|| panic!("{name} in {b}")).clone();
+        // p50 is robust to a loaded machine's tail; every statistic's interval holds its delta.
+        let p50 = metric("ttft_p50");
+        let d = p50["delta"].as_f64().unwrap();
+        assert!((3.0..=10.0).contains(&d), "ttft_p50: delta {d} ms for a 5 ms server change (and a loaded machine)");
+        assert_eq!(p50["better"], "lower");
+        for name in ["ttft_mean", "ttft_p50"] {
+            let m = metric(name);
+            assert_eq!(m["verdict"], "regression", "{m}");
+            assert!(m["ci_low"].as_f64().unwrap() > 0.0, "{m}");
+            assert!(m["p_value"].as_f64().unwrap() < 1e-6, "{m}");
+        }
+        for name in ["ttft_mean", "ttft_p50", "ttft_p90", "ttft_p99", "e2el_p50", "tpot_mean"] {
+            let m = metric(name);
+            let (d, lo, hi) = (m["delta"].as_f64().unwrap(), m["ci_low"].as_f64().unwrap(), m["ci_high"].as_f64().unwrap());
+            assert!(lo <= d && d <= hi, "{name}: [{lo}, {hi}] around {d}");
+        }
+        let e = metric("error_rate");
+        assert_eq!((e["base"].as_f64(), e["new"].as_f64(), e["verdict"].as_str()), (Some(0.0), Some(0.0), Some("unchanged")));
+        assert_eq!(metric("output_throughput")["better"], "higher");
+        assert_eq!(b["base_requests"], 30);
+    }
+    let html = std::fs::read_to_string(out.join("compare.html")).unwrap();
+    for fetch in ["<script", "<link", "<img", "<iframe", "src=", "href=", "url(", "@import"] {
+        assert!(!html.contains(fetch), "compare.html must fetch nothing: found {fetch}");
+    }
+
+    // A run against itself: every delta 0, nothing regresses, the gate passes.
+    let same = f.root.join("same");
+    let (code, err) = compare(&f.base, &f.base, &same, &["ttft_p50:+20%"]);
+    assert_eq!(code, Some(0), "{err}");
+    let c = json(&same.join("compare.json"));
+    for b in c["benchmarks"].as_array().unwrap() {
+        for m in b["metrics"].as_array().unwrap() {
+            assert_ne!(m["verdict"], "regression", "{m}");
+            if let Some(d) = m["delta"].as_f64() {
+                assert_eq!(d, 0.0, "{m}");
+            }
+        }
+    }
+
+    // Bad input: a missing directory is exit 1 naming it; a bad gate is exit 2.
+    let (code, err) = compare(&f.base, &f.root.join("nope"), &same, &[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("nope/summary.json"), "{err}");
+    let (code, err) = compare(&f.base, &f.new, &same, &["ttft_p99:5%"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--fail-on") && err.contains("ttft_p99:5%"), "{err}");
+}
+
+fn required() -> bool {
+    std::env::var("LMPERF_REQUIRE_CHROMIUM").is_ok_and(|v| v == "1")
+}
+
+/// The Chromium binary (`LMPERF_CHROMIUM`, else `chromium` / `chromium-browser` on PATH);
+/// `None` (after saying why) when there is none and the test is not required to run it.
+fn chromium() -> Option<PathBuf> {
+    let found = std::env::var_os("LMPERF_CHROMIUM").map(PathBuf::from).or_else(|| {
+        let path = std::env::var_os("PATH")?;
+        std::env::split_paths(&path).flat_map(|d| ["chromium", "chromium-browser"].map(|n| d.join(n))).find(|p| p.exists())
+    });
+    if found.is_none() {
+        assert!(!required(), "Chromium required (LMPERF_REQUIRE_CHROMIUM=1) but not found: apt-get install chromium");
+        eprintln!("skipped: no chromium on PATH (cargo xtask ci installs it as root)");
+    }
+    found
+}
+
+/// Runs headless Chromium on `page` with `args`; returns (stdout, console lines). Bounded at
+/// 120 s.
+fn headless(bin: &Path, page: &Path, args: &[&str], profile: &Path) -> (String, Vec<String>) {
+    let mut child = Command::new(bin)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run", "--hide-scrollbars"])
+        .args(["--enable-logging=stderr", "--v=0"])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(format!("file://{}", page.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (mut so, mut se) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut so, &mut s).unwrap();
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut se, &mut s).unwrap();
+        s
+    });
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("chromium on {} took over 120 s", page.display());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (stdout, stderr) = (out.join().unwrap(), err.join().unwrap());
+    // Page console messages (errors, uncaught exceptions, failed loads) are logged as
+    // `…:INFO:CONSOLE:1] "message", source: …`; the reports have no script, so any is a fault.
+    let console = stderr.lines().filter(|l| l.contains(":CONSOLE") || l.contains("Uncaught")).map(str::to_owned).collect();
+    (stdout, console)
+}
+
+/// Attributes of every `<td …>` of a serialized DOM.
+fn cells(dom: &str) -> Vec<BTreeMap<String, String>> {
+    let mut out = Vec::new();
+    for part in dom.split("<td").skip(1) {
+        let tag = &part[..part.find('>').unwrap_or(part.len())];
+        let mut attrs = BTreeMap::new();
+        let mut rest = tag;
+        while let Some(eq) = rest.find("=\"") {
+            let key = rest[..eq].trim().rsplit(' ').next().unwrap_or_default().to_owned();
+            let after = &rest[eq + 2..];
+            let end = after.find('"').unwrap();
+            attrs.insert(key, after[..end].replace("&quot;", "\"").replace("&amp;", "&"));
+            rest = &after[end + 1..];
+        }
+        out.push(attrs);
+    }
+    out
+}
+
+/// Screenshot checks: a PNG of exactly `w`×`h`, not blank (many non-white pixels), with the
+/// red "fail" cell color when `want_fail_cells`.
+fn check_screenshot(path: &Path, w: u32, h: u32, want_fail_cells: bool) -> (f64, usize) {
+    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(path).unwrap()));
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    assert_eq!((info.width, info.height), (w, h), "{}", path.display());
+    let ch = info.color_type.samples();
+    assert!(ch >= 3, "{:?}", info.color_type);
+    let px: Vec<&[u8]> = buf[..info.buffer_size()].chunks(ch).collect();
+    let non_white = px.iter().filter(|p| p[0] < 245 || p[1] < 245 || p[2] < 245).count();
+    let share = non_white as f64 / px.len() as f64;
+    let fail_red = px.iter().filter(|p| (p[0], p[1], p[2]) == (0xf6, 0xc5, 0xc5)).count();
+    assert!(share > 0.01, "{}: only {:.3} % of pixels drawn", path.display(), share * 100.0);
+    if want_fail_cells {
+        assert!(fail_red > 500, "{}: {fail_red} pixels of the fail color", path.display());
+    }
+    (share, fail_red)
+}
+
+/// Acceptance 4: both pages render with no console message and a real screenshot, and the
+/// rendered heatmap and SLO cells hold `summary.json`'s values.
+#[test]
+fn reports_render_in_headless_chromium() {
+    let Some(bin) = chromium() else { return };
+    let f = fixture();
+    let profile = f.root.join("chromium-profile");
+
+    // The console check catches a broken page (so a clean page means something).
+    let bad = f.root.join("bad.html");
+    std::fs::write(&bad, r#"<!doctype html><html><body><p>x</p><script>console.error("broken"); missing();</script></body></html>"#).unwrap();
+    let (_, console) = headless(&bin, &bad, &["--dump-dom"], &profile);
+    assert!(console.iter().any(|l| l.contains("broken")) && console.iter().any(|l| l.contains("missing")), "console lines of a broken page: {console:?}");
+
+    let cmp = f.root.join("cmp-render");
+    let (code, err) = compare(&f.base, &f.new, &cmp, &[]);
+    assert_eq!(code, Some(0), "{err}");
+    let (w, h) = (1280u32, 3000u32);
+    for (page, summary) in [(f.base.join("report.html"), Some(f.base.join("summary.json"))), (f.new.join("report.html"), Some(f.new.join("summary.json"))), (cmp.join("compare.html"), None)] {
+        let (dom, console) = headless(&bin, &page, &["--dump-dom"], &profile);
+        assert!(console.is_empty(), "{}: console messages {console:?}", page.display());
+        assert!(dom.contains("</table>"), "{}: DOM {dom:.300}", page.display());
+        let shot = page.with_extension("png");
+        let _ = std::fs::remove_file(&shot);
+        let (_, console) = headless(&bin, &page, &[&format!("--screenshot={}", shot.display()), &format!("--window-size={w},{h}")], &profile);
+        assert!(console.is_empty(), "{}: console messages {console:?}", page.display());
+        let is_new = page.starts_with(&f.new);
+        let (share, red) = check_screenshot(&shot, w, h, is_new);
+        println!("{}: {:.1} % of pixels drawn, {red} fail-colored", page.display(), share * 100.0);
+
+        let tds = cells(&dom);
+        let Some(summary) = summary else {
+            // compare.html: one row per metric and benchmark, TTFT p50 marked a regression.
+            let c = json(&cmp.join("compare.json"));
+            for b in c["benchmarks"].as_array().unwrap() {
+                assert!(dom.contains(&format!(r#"data-benchmark="{}""#, b["benchmark"].as_str().unwrap())));
+            }
+            assert_eq!(dom.matches(r#"<tr class="regression" data-metric="ttft_p50""#).count(), 4, "rendered regression rows");
+            continue;
+        };
+        let s = json(&summary);
+        let benches = s["benchmarks"].as_array().unwrap();
+        let find = |attr: &str, key: &str, name: &str| -> BTreeMap<String, String> {
+            let hits: Vec<_> = tds.iter().filter(|c| c.get(attr).map(String::as_str) == Some(key) && c.get("data-benchmark").map(String::as_str) == Some(name)).collect();
+            assert_eq!(hits.len(), 1, "{}: one {attr}={key} cell for {name}", page.display());
+            hits[0].clone()
+        };
+        let num = |c: &BTreeMap<String, String>, k: &str| -> f64 { c[k].parse().unwrap_or_else(|_| panic!("{k} of {c:?}")) };
+        // serde_json's default parser may miss the exact double by an ulp (no float_roundtrip).
+        let same = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1.0);
+        for b in benches {
+            let name = b["benchmark"].as_str().unwrap();
+            for (key, field) in [("ttft_p99", "ttft_ms"), ("e2el_p99", "e2el_ms")] {
+                let want = b[field]["p99"].as_f64().unwrap();
+                let c = find("data-metric", key, name);
+                assert!(same(num(&c, "data-value"), want), "{}: heatmap {key} of {name}: {c:?} vs {want}", page.display());
+                assert_eq!(c["data-input"], b["input_len"].to_string());
+                assert_eq!(c["data-output"], b["output_len"].to_string());
+                let slo = find("data-slo", key, name);
+                let limit = s["goodput_slo"][field].as_f64().unwrap();
+                assert!(same(num(&slo, "data-value"), want) && num(&slo, "data-limit") == limit, "{}: SLO {key} of {name}: {slo:?} vs {want}", page.display());
+                assert_eq!(slo["data-pass"], (want <= limit).to_string());
+            }
+            if is_new {
+                assert_eq!(find("data-slo", "ttft_p99", name)["data-pass"], "false", "TTFT ≥ 10 ms misses the 7 ms SLO");
+            }
+        }
+        assert_eq!(tds.iter().filter(|c| c.contains_key("data-metric") && c.contains_key("data-value")).count(), 2 * benches.len(), "heatmap cells");
+    }
+}
+
+/// numpy's default (linear) percentile, written independently of the daemon's.
+fn np_percentile(v: &[f64], q: f64) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let pos = q * (s.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    s[lo] + (s[hi] - s[lo]) * (pos - lo as f64)
+}
+
+/// `--repeat 3` at a constant 20 req/s: every run in requests.jsonl, per-run values and their
+/// coefficient of variation recomputed from it, the pooled throughput over the summed run
+/// time, the table in report.html; with stderr not a terminal, plain progress lines.
+#[test]
+fn repeat_gives_cv_per_metric_and_plain_progress_lines() {
+    let root = std::env::temp_dir().join(format!("lmperf-repeat-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let server = rt.block_on(ScriptedServer::start(Arc::new(|req, _| {
+        if req.path != "/v1/completions" {
+            return Reply::json(404, r#"{"error":{"message":"not found"}}"#);
+        }
+        let tok = |ms: u64, fin: &str| Frame { at: Duration::from_millis(ms), bytes: format!("data: {{\"choices\":[{{\"text\":\"a\",\"finish_reason\":{fin}}}]}}\n\n").into_bytes() };
+        Reply::sse(vec![tok(5, "null"), tok(7, "null"), tok(9, "\"length\""), Frame { at: Duration::from_millis(9), bytes: b"data: [DONE]\n\n".to_vec() }])
+    })));
+    let out = Command::new(lmperf_bin())
+        .args(["run", "--target", &server.url(), "--model", "m", "--batch-sizes", "2", "--seq-lengths", "8", "--num-prompts", "50", "--output-len", "3", "--no-ignore-eos"])
+        .args(["--request-rate", "20", "--arrival", "constant", "--repeat", "3", "--output-dir", root.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    drop(server);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+
+    // Plain progress: each 2.5 s run prints a line at 2 s, at about the scheduled rate.
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("lmperf run: c2_in8: ") && l.contains(" done, ")).collect();
+    assert!(lines.len() >= 3, "{stderr}");
+    for l in &lines {
+        let rate: f64 = l.rsplit(", ").next().unwrap().trim_end_matches(" req/s").parse().unwrap();
+        assert!((10.0..=30.0).contains(&rate), "{l}");
+        assert!(l.contains("/50 done, 0 errors"), "{l}");
+    }
+    assert!(!stderr.contains('\r') && !stderr.contains("\u{1b}["), "no terminal control codes when stderr is not a terminal");
+
+    let s = json(&root.join("summary.json"));
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(root.join("requests.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let b = &s["benchmarks"][0];
+    assert_eq!((b["num_requests"].as_u64(), rows.len()), (Some(150), 150));
+    let rep = &b["repeat"];
+    assert_eq!(rep["k"], 3);
+    assert_eq!(rep["cv_limit_pct"], 1.5);
+    // Pooled throughput is over the summed time of the three runs: about 20 req/s, not 60.
+    let thr = b["request_throughput"].as_f64().unwrap();
+    assert!((17.0..=21.0).contains(&thr), "pooled request throughput {thr}");
+    for (metric, field, q) in [("ttft_p50_ms", "ttft_ms", 0.5), ("ttft_p99_ms", "ttft_ms", 0.99), ("e2el_p90_ms", "e2el_ms", 0.9)] {
+        let m = &rep["metrics"][metric];
+        let values: Vec<f64> = m["values"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        assert_eq!(values.len(), 3);
+        for (k, got) in values.iter().enumerate() {
+            let mine: Vec<f64> = rows.iter().filter(|r| r["repeat"] == k).map(|r| r[field].as_f64().unwrap()).collect();
+            assert_eq!(mine.len(), 50, "repeat {k}");
+            let want = np_percentile(&mine, q);
+            assert!((got - want).abs() < 1e-9, "{metric} run {k}: {got} vs {want}");
+        }
+        let mean = values.iter().sum::<f64>() / 3.0;
+        let sd = (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / 2.0).sqrt();
+        let cv = m["cv_pct"].as_f64().unwrap();
+        assert!((cv - 100.0 * sd / mean).abs() < 1e-9, "{metric}: cv {cv}");
+        assert_eq!(m["unstable"].as_bool().unwrap(), cv > 1.5);
+        assert_eq!(rep["unstable"].as_array().unwrap().iter().any(|u| u == metric), cv > 1.5);
+    }
+    for v in rep["metrics"]["request_throughput"]["values"].as_array().unwrap() {
+        assert!((17.0..=21.0).contains(&v.as_f64().unwrap()), "one run's throughput {v}");
+    }
+    let html = std::fs::read_to_string(root.join("report.html")).unwrap();
+    assert!(html.contains("Repeatability (3 runs per benchmark)"));
+    let cv = rep["metrics"]["ttft_p99_ms"]["cv_pct"].as_f64().unwrap();
+    let attr = r#"data-repeat-metric="ttft_p99_ms" data-cv=""#;
+    let at = html.find(attr).unwrap() + attr.len();
+    let shown: f64 = html[at..at + html[at..].find('"').unwrap()].parse().unwrap();
+    assert!((shown - cv).abs() <= 1e-12 * cv.max(1.0), "report cv {shown} vs summary {cv}");
+}
+
+/// `lmperf run --otlp-endpoint` (and the `OTEL_EXPORTER_OTLP_*` variables instead of the flag):
+/// every measured request arrives at a real OTLP receiver (gRPC) as the agent's GenAI span with
+/// `lmperf.request.source=bench` and `lmperf.benchmark`, and the GenAI client metrics arrive
+/// with those labels and one count per request, flushed before the run exits.
+#[tokio::test(flavor = "multi_thread")]
+async fn run_exports_spans_and_metrics_over_otlp() {
+    use fake_opentelemetry_collector::FakeCollectorServer;
+    use lmperf_e2e::otlp::attrs;
+    let server = ScriptedServer::start(Arc::new(|req, _| {
+        if req.path != "/v1/completions" {
+            return Reply::json(404, r#"{"error":{"message":"not found"}}"#);
+        }
+        let tok = |ms: u64, fin: &str| Frame { at: Duration::from_millis(ms), bytes: format!("data: {{\"choices\":[{{\"text\":\"a\",\"finish_reason\":{fin}}}]}}\n\n").into_bytes() };
+        Reply::sse(vec![tok(2, "null"), tok(3, "\"length\""), Frame { at: Duration::from_millis(3), bytes: b"data: [DONE]\n\n".to_vec() }])
+    }))
+    .await;
+    let mut collector = FakeCollectorServer::start().await.unwrap();
+    let root = std::env::temp_dir().join(format!("lmperf-otlp-{}", std::process::id()));
+    // Exporting runs: with the flags (in8), with the variables only (in16); a run with
+    // neither (in32) exports nothing.
+    for (len, mode) in [("8", "flags"), ("16", "env"), ("32", "none")] {
+        let mut cmd = Command::new(lmperf_bin());
+        cmd.args(["run", "--target", &server.url(), "--model", "m", "--batch-sizes", "2", "--seq-lengths", len, "--num-prompts", "10", "--output-len", "2", "--no-ignore-eos"])
+            .arg("--output-dir")
+            .arg(root.join(len))
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+            // No periodic metric export during the run: what arrives came from the final flush.
+            .env("OTEL_METRIC_EXPORT_INTERVAL", "600000");
+        match mode {
+            "flags" => cmd.args(["--otlp-endpoint", &collector.endpoint(), "--otlp-protocol", "grpc"]),
+            "env" => cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint()).env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            _ => &mut cmd,
+        };
+        let out = tokio::task::spawn_blocking(move || cmd.output().unwrap()).await.unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    // Every run has exited, so whatever they exported is already at the receiver.
+    let spans = collector.exported_spans(21, Duration::from_secs(2)).await;
+    assert_eq!(spans.len(), 20, "one span per measured request of the two exporting runs");
+    let mut by_bench: BTreeMap<String, usize> = BTreeMap::new();
+    for sp in &spans {
+        let a = attrs(&sp.attributes);
+        assert_eq!(sp.name, "text_completion m");
+        assert_eq!(sp.kind, "SPAN_KIND_CLIENT");
+        assert_eq!(a["lmperf.request.source"], "bench", "{a:?}");
+        assert_eq!(a["gen_ai.operation.name"], "text_completion");
+        assert_eq!(a["lmperf.outcome"], "ok");
+        assert!(a.contains_key("gen_ai.response.time_to_first_chunk"), "{a:?}");
+        *by_bench.entry(a["lmperf.benchmark"].clone()).or_default() += 1;
+    }
+    assert_eq!(by_bench, BTreeMap::from([("c2_in16".to_owned(), 10), ("c2_in8".to_owned(), 10)]));
+
+    let exports = collector.exported_metrics(2, Duration::from_secs(10)).await;
+    let mut durations: BTreeMap<String, u64> = BTreeMap::new();
+    for e in &exports {
+        for m in e.metrics.iter().filter(|m| m.name == "gen_ai.client.operation.duration") {
+            let data = serde_json::to_value(&m.data).unwrap_or_default();
+            for p in data["Histogram"]["data_points"].as_array().cloned().unwrap_or_default() {
+                let text = p["attributes"].to_string();
+                assert!(text.contains("lmperf.request.source") && text.contains("bench"), "{text}");
+                let bench = if text.contains("c2_in16") { "c2_in16" } else if text.contains("c2_in8") { "c2_in8" } else { panic!("no lmperf.benchmark: {text}") };
+                *durations.entry(bench.to_owned()).or_default() += p["count"].as_u64().unwrap();
+            }
+        }
+    }
+    assert_eq!(durations, BTreeMap::from([("c2_in16".to_owned(), 10), ("c2_in8".to_owned(), 10)]), "one duration point per request");
+}
