@@ -59,6 +59,9 @@ pub const LMPERF_PROMPT_ID: &str = "lmperf.prompt.id";
 pub const LMPERF_REQUEST_SOURCE: &str = "lmperf.request.source";
 /// The id of the injected load a request belongs to.
 pub const LMPERF_LOAD_ID: &str = "lmperf.load.id";
+/// Input length in tokens a replayed trace asked for (the prompt is synthetic text of about
+/// that length); set on injected trace-replay spans only.
+pub const LMPERF_REQUEST_INPUT_TOKENS_TARGET: &str = "lmperf.request.input_tokens_target";
 
 // ---- Metrics from the GenAI conventions (client side only; `gen_ai.server.*` is the server's) ----
 pub const METRIC_OPERATION_DURATION: &str = "gen_ai.client.operation.duration";
