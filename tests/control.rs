@@ -41,6 +41,18 @@ async fn ctl_json(addr: &str, args: &[&str]) -> Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
 }
 
+/// The load of `GetStatus` once it is no longer running (or after 10 s).
+async fn load_when_ended(addr: &str) -> Value {
+    let t = Instant::now();
+    loop {
+        let s = ctl_json(addr, &["status"]).await;
+        if s["load"]["state"] != "running" || t.elapsed() > Duration::from_secs(10) {
+            return s["load"].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("lmperf-ctl-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -150,13 +162,12 @@ async fn every_rpc_end_to_end_over_a_unix_socket() {
     assert_eq!(code, 0, "{err}");
 
     // InjectLoad refused beyond the caps, with the field, the value and the cap.
-    let refusals: [(&[&str], &str); 6] = [
+    let refusals: [(&[&str], &str); 5] = [
         (&["--rate", "1000", "--duration", "1s"], "INVALID_ARGUMENT: rate_per_second = 1000: above the cap of 50 (control.max_inject_rate)"),
         (&["--rate", "5", "--duration", "1h"], "INVALID_ARGUMENT: duration_s = 3600: above the cap of 120 (control.max_inject_duration)"),
         (&["--rate", "5", "--duration", "1s", "--concurrency", "5"], "INVALID_ARGUMENT: concurrency = 5: above the cap of 4 (control.max_inject_concurrency)"),
         (&["--rate", "5", "--duration", "1s", "--max-requests", "1001"], "INVALID_ARGUMENT: max_requests = 1001: above the cap of 1000 (control.max_inject_requests)"),
         (&["--rate", "5", "--duration", "1s", "--target", "nope"], "NOT_FOUND: target = \"nope\": not a configured target (t0)"),
-        (&["--rate", "5", "--duration", "1s", "--trace-file", "/tmp/x.jsonl"], "FAILED_PRECONDITION: trace replay not available in this build"),
     ];
     for (extra, want) in refusals {
         let mut a = vec!["--addr", addr.as_str(), "inject"];
@@ -173,14 +184,7 @@ async fn every_rpc_end_to_end_over_a_unix_socket() {
     assert_eq!((started["load"]["state"].as_str(), started["load"]["max_requests"].as_u64()), (Some("running"), Some(20)), "{started}");
     let (code, _, err) = ctl(&["--addr", &addr, "inject", "--rate", "1", "--duration", "1s"], &[]).await;
     assert_eq!((code, err.trim()), (3, format!("lmperf ctl: ALREADY_EXISTS: load {id} is running; stop it first (StopLoad)").as_str()));
-    let t = Instant::now();
-    let load = loop {
-        let s = ctl_json(&addr, &["status"]).await;
-        if s["load"]["state"] != "running" || t.elapsed() > Duration::from_secs(10) {
-            break s["load"].clone();
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let load = load_when_ended(&addr).await;
     assert_eq!((load["state"].as_str(), load["sent"].as_u64(), load["skipped"].as_u64(), load["in_flight"].as_u64()), (Some("done"), Some(20), Some(0), Some(0)), "{load}");
     assert_eq!(load["by_outcome"]["ok"], 20, "{load}");
     let elapsed = load["elapsed_s"].as_f64().unwrap();
@@ -252,6 +256,118 @@ async fn every_rpc_end_to_end_over_a_unix_socket() {
     let exit = tokio::task::spawn_blocking(move || agent.wait_exit(Duration::from_secs(10))).await.unwrap();
     assert_eq!(exit.and_then(|s| s.code()), Some(0));
     assert!(!sock.exists(), "socket removed at exit");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn trace_fixture(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/traces").join(name).to_str().unwrap().to_owned()
+}
+
+/// InjectLoad with a trace: the first 10 requests of the Azure code trace replayed at speedup
+/// 0.8 (1.3 s of trace in 1.62 s) reach the server on the trace's schedule, each with
+/// max_tokens = its output tokens and a prompt of its input tokens × 0.75 words; the spans
+/// are marked as injected; traces beyond the duration or rate cap, or missing, are refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_trace_replay_sends_the_traces_requests_on_its_schedule() {
+    // (received at, trace id of traceparent, body) of every request.
+    type Log = Arc<std::sync::Mutex<Vec<(Instant, String, Value)>>>;
+    let log: Log = Arc::default();
+    let server = ScriptedServer::start(Arc::new({
+        let log = log.clone();
+        move |r: &lmperf_e2e::scripted::Received, _| {
+            let id = r.header("traceparent").and_then(|t| t.split('-').nth(1)).unwrap_or_default().to_owned();
+            log.lock().unwrap().push((Instant::now(), id, serde_json::from_slice(&r.body).unwrap_or(Value::Null)));
+            Reply::sse(chat_stream(3, Duration::from_millis(5), Duration::from_millis(5), 4))
+        }
+    }))
+    .await;
+    let mut collector = FakeCollectorServer::start().await.unwrap();
+    let dir = temp_dir("trace");
+    let addr = format!("unix:{}", dir.join("control.sock").display());
+    let control = format!("listen = \"{addr}\"\nmax_inject_rate = 10.0\nmax_inject_concurrency = 4\nmax_inject_requests = 100\nmax_inject_duration = \"10s\"\n");
+    let cfg = write_config(&dir, &server.url(), &control);
+    let args = ["--config", cfg.to_str().unwrap(), "--otlp-protocol", "grpc", "--otlp-endpoint", &collector.endpoint()].map(str::to_owned).to_vec();
+    let agent = spawn(args, vec![]).await;
+    assert_eq!(control_at(&agent), addr);
+
+    // Refused: the replay beyond the duration cap, the peak beyond the rate cap, a missing file.
+    let (burst, arxiv, missing) = (trace_fixture("burstgpt_1.head3.csv"), trace_fixture("mooncake_arxiv_trace.head20.jsonl"), trace_fixture("nope.csv"));
+    let refusals = [
+        (vec!["--trace", burst.as_str()], format!("trace_file = {burst:?}: replay duration_s = 113 at trace_speedup 1: above the cap of 10 (control.max_inject_duration)")),
+        (vec!["--trace", arxiv.as_str()], format!("trace_file = {arxiv:?}: peak rate_per_second = 15 (sends in 1 s at trace_speedup 1): above the cap of 10 (control.max_inject_rate)")),
+        (vec!["--trace", arxiv.as_str(), "--trace-speedup", "0.1", "--trace-format", "mooncake"], format!("trace_file = {arxiv:?}: replay duration_s = 30.52 at trace_speedup 0.1: above the cap of 10 (control.max_inject_duration)")),
+        (vec!["--trace", missing.as_str()], format!("trace_file = {missing:?}: No such file or directory (os error 2)")),
+    ];
+    for (extra, want) in refusals {
+        let mut a = vec!["--addr", addr.as_str(), "inject"];
+        a.extend_from_slice(&extra);
+        let (code, _, err) = ctl(&a, &[]).await;
+        assert_eq!((code, err.trim()), (3, format!("lmperf ctl: INVALID_ARGUMENT: {want}").as_str()), "{extra:?}");
+    }
+    let (code, _, _) = ctl(&["--addr", &addr, "inject", "--trace", &burst, "--rate", "5"], &[]).await;
+    assert_eq!(code, 2, "--rate does not go with --trace");
+
+    // Rows 1-10 of the Azure code trace: (offset from the first in ms, input tokens, output tokens).
+    let rows: [(f64, u32, u32); 10] = [
+        (0.0, 4808, 10), (52.0, 3180, 8), (98.189, 110, 27), (140.684, 7433, 14), (444.994, 34, 12),
+        (539.187, 374, 14), (698.571, 6985, 9), (1016.041, 34, 23), (1299.312, 1145, 7), (1299.337, 201, 24),
+    ];
+    let azure = trace_fixture("azure_llm_2023_code.head2000.csv");
+    let started = ctl_json(&addr, &["inject", "--trace", &azure, "--trace-speedup", "0.8", "--max-requests", "10", "--concurrency", "4"]).await;
+    let l = &started["load"];
+    let id = l["id"].as_str().unwrap().to_owned();
+    assert_eq!((l["trace"].as_str(), l["arrival"].as_str(), l["max_requests"].as_u64(), l["trace_speedup"].as_f64()), (Some("azure_llm_2023_code.head2000.csv"), Some("trace"), Some(10), Some(0.8)), "{started}");
+    assert!((l["duration_s"].as_f64().unwrap() - 1.299337 / 0.8).abs() < 1e-6, "{started}");
+    assert_eq!(l["trace_peak_rate_per_second"], 7.0, "{started}");
+    let load = load_when_ended(&addr).await;
+    assert_eq!((load["state"].as_str(), load["sent"].as_u64(), load["skipped"].as_u64()), (Some("done"), Some(10), Some(0)), "{load}");
+    assert_eq!(load["by_outcome"]["ok"], 10, "{load}");
+    let (code, text, _) = ctl(&["--addr", &addr, "status"], &[]).await;
+    assert_eq!(code, 0);
+    assert!(text.contains(&format!("load: {id} done target=t0 trace=azure_llm_2023_code.head2000.csv speedup=0.8")), "{text}");
+
+    // What the server received: the 10 requests of the load (by their trace ids), on the schedule.
+    let recent = ctl_json(&addr, &["recent", "--source", "inject", "--limit", "64"]).await;
+    let ids: Vec<String> = recent["requests"].as_array().unwrap().iter().map(|r| r["trace_id"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(ids.len(), 10, "{recent}");
+    let mut got: Vec<(Instant, Value)> = log.lock().unwrap().iter().filter(|(_, t, _)| ids.contains(t)).map(|(at, _, b)| (*at, b.clone())).collect();
+    assert_eq!(got.len(), 10);
+    got.sort_by_key(|g| g.0);
+    let words = |b: &Value| b["messages"][0]["content"].as_str().unwrap().split_whitespace().count() as u64;
+    let mut shapes: Vec<(u64, u64)> = got.iter().map(|(_, b)| (b["max_tokens"].as_u64().unwrap(), words(b))).collect();
+    let mut want: Vec<(u64, u64)> = rows.iter().map(|r| (u64::from(r.2), (f64::from(r.1) * 0.75).round() as u64)).collect();
+    shapes.sort();
+    want.sort();
+    assert_eq!(shapes, want, "(max_tokens, prompt words) of each request");
+    let mut worst: f64 = 0.0;
+    for ((at, _), row) in got.iter().zip(&rows) {
+        let off_ms = (*at - got[0].0).as_secs_f64() * 1000.0;
+        let dev = off_ms - row.0 / 0.8;
+        worst = worst.max(dev.abs());
+        assert!(dev.abs() < 150.0, "sent at {off_ms:.1} ms, due at {:.1} ms", row.0 / 0.8);
+    }
+    println!("trace replay of 10 requests at speedup 0.8: worst send offset deviation {worst:.2} ms");
+
+    // Exported as spans marked as injected, with the trace's lengths.
+    let mut spans = Vec::new();
+    let t = Instant::now();
+    let marked = |spans: &Vec<BTreeMap<String, String>>| spans.iter().filter(|a| a.get("lmperf.load.id") == Some(&id)).count();
+    while marked(&spans) < 10 && t.elapsed() < Duration::from_secs(10) {
+        spans.extend(collector.exported_spans(usize::MAX, Duration::from_millis(300)).await.iter().map(|s| attrs(&s.attributes)));
+    }
+    let mut lengths: Vec<(u64, u64)> = spans
+        .iter()
+        .filter(|a| a.get("lmperf.load.id") == Some(&id))
+        .map(|a| {
+            assert_eq!((a["lmperf.request.source"].as_str(), a["lmperf.prompt.id"].as_str(), a["lmperf.outcome"].as_str()), ("inject", "synthetic", "ok"), "{a:?}");
+            (a["gen_ai.request.max_tokens"].parse().unwrap(), a["lmperf.request.input_tokens_target"].parse().unwrap())
+        })
+        .collect();
+    lengths.sort();
+    let mut want: Vec<(u64, u64)> = rows.iter().map(|r| (u64::from(r.2), u64::from(r.1))).collect();
+    want.sort();
+    assert_eq!(lengths, want, "(gen_ai.request.max_tokens, lmperf.request.input_tokens_target) of the spans");
+    drop(agent);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -68,17 +68,17 @@ pub enum CtlCommand {
         #[arg(long, value_parser = ["canary", "inject"])]
         source: Option<String>,
     },
-    /// Start a bounded burst against a target (within the agent's caps).
+    /// Start a bounded burst or a trace replay against a target (within the agent's caps).
     Inject {
         /// Target name (may be left out when the agent has one target).
         #[arg(long)]
         target: Option<String>,
         /// Requests per second (e.g. 5 or 5/s).
-        #[arg(long, value_parser = parse_rate)]
-        rate: f64,
+        #[arg(long, value_parser = parse_rate, required_unless_present = "trace_file", conflicts_with = "trace_file")]
+        rate: Option<f64>,
         /// How long to send (e.g. 30s).
-        #[arg(long, value_parser = humantime::parse_duration)]
-        duration: Duration,
+        #[arg(long, value_parser = humantime::parse_duration, required_unless_present = "trace_file", conflicts_with = "trace_file")]
+        duration: Option<Duration>,
         /// Requests in flight at most.
         #[arg(long, default_value_t = 1)]
         concurrency: u32,
@@ -88,9 +88,16 @@ pub enum CtlCommand {
         /// Gaps between sends.
         #[arg(long, value_parser = ["poisson", "constant"], default_value = "poisson")]
         arrival: String,
-        /// Replay a trace file instead (not available in this build).
-        #[arg(long, value_name = "FILE")]
+        /// Replay a trace instead of --rate/--duration: a file on the agent's node, read by the
+        /// agent (Azure LLM CSV, BurstGPT CSV, Mooncake JSONL); --max-requests replays its first N.
+        #[arg(long = "trace", visible_alias = "trace-file", value_name = "FILE")]
         trace_file: Option<String>,
+        /// Replay the trace this many times faster (arrival offsets divided by it).
+        #[arg(long, value_name = "X", requires = "trace_file")]
+        trace_speedup: Option<f64>,
+        /// Trace format (default: detected from the first line).
+        #[arg(long, value_parser = ["azure", "burstgpt", "mooncake"], requires = "trace_file")]
+        trace_format: Option<String>,
     },
     /// Stop the running injected load.
     Stop {

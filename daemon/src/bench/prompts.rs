@@ -165,6 +165,15 @@ fn estimate(text: &str) -> u32 {
     ((text.split_whitespace().count() as f64) / 0.75).round() as u32
 }
 
+/// About `tokens` tokens of synthetic text without a tokenizer: `tokens` × 0.75 words (at
+/// least one) of the built-in word list, so that [`TokenizeClient::count`]'s estimate gives
+/// `tokens` back (± 1); distinct per `seed`, so no two share a prefix cache. For trace replay
+/// through the control API, where one request must not wait for `/tokenize` calls.
+pub fn estimated(tokens: u32, seed: u64) -> String {
+    let n = ((f64::from(tokens) * 0.75).round() as usize).max(1);
+    words(&mut SmallRng::seed_from_u64(seed), n)
+}
+
 fn words(rng: &mut SmallRng, n: usize) -> String {
     let mut s = String::with_capacity(n * 7);
     for i in 0..n {
@@ -237,4 +246,19 @@ pub async fn synthetic(tok: &TokenizeClient, n: usize, target_tokens: u32, seed:
         out.push(Prompt { text, target_tokens, tokens });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn estimated_text_counts_back_to_its_length() {
+        for tokens in [1, 7, 110, 4808] {
+            let text = estimated(tokens, 3);
+            assert!(estimate(&text).abs_diff(tokens) <= 1, "{tokens}: {}", estimate(&text));
+        }
+        assert_eq!(estimated(200, 1), estimated(200, 1));
+        assert_ne!(estimated(200, 1), estimated(200, 2));
+    }
 }

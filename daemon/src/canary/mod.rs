@@ -66,6 +66,20 @@ struct Discovery {
 /// often, so a server without `/v1/models` costs one extra request per period, not per canary.
 const REDISCOVER_EVERY: Duration = Duration::from_secs(60);
 
+/// The prompt and output length of one request replayed from a trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestShape<'a> {
+    /// Synthetic text of about `input_tokens` tokens.
+    pub prompt: &'a str,
+    /// The input length the trace asked for, in tokens.
+    pub input_tokens: u32,
+    /// Sent as `max_tokens`: the trace's output length.
+    pub max_tokens: u32,
+}
+
+/// `lmperf.prompt.id` of a request with a [`RequestShape`] prompt.
+pub const SYNTHETIC_PROMPT_ID: &str = "synthetic";
+
 /// Stop signals: `stop` ends scheduling, `cancel` ends requests in flight.
 #[derive(Debug, Clone, Default)]
 pub struct Shutdown {
@@ -232,14 +246,27 @@ impl TargetRunner {
     /// injected request only `lmperf.inject.requests` and a span marked
     /// `lmperf.request.source=inject`. Both go to the recent-requests ring.
     pub async fn measure(&self, seq: u64, cancel: &CancellationToken, source: &Source) -> RequestSummary {
+        self.measure_with(seq, cancel, source, None).await
+    }
+
+    /// As [`measure`](Self::measure), with `shape`'s prompt and `max_tokens` instead of the
+    /// `seq`-th canary prompt and the target's `max_tokens` (trace replay); the span then
+    /// carries `lmperf.prompt.id=synthetic` and `lmperf.request.input_tokens_target`.
+    pub async fn measure_with(&self, seq: u64, cancel: &CancellationToken, source: &Source, shape: Option<RequestShape<'_>>) -> RequestSummary {
         let t = &self.target;
-        let prompt = prompts::nth(seq);
+        let (prompt_id, prompt_text, max_tokens) = match shape {
+            Some(s) => (SYNTHETIC_PROMPT_ID, s.prompt, s.max_tokens),
+            None => {
+                let p = prompts::nth(seq);
+                (p.id, p.text, t.max_tokens)
+            }
+        };
         let ids = self.telemetry.new_trace();
         let (model, provider, measured) = match self.resolve(cancel).await {
             Ok((model, provider)) => {
                 self.state.set_model(&model);
                 let traceparent = ids.traceparent();
-                let req = CanaryRequest { api: t.api, model: &model, prompt: prompt.text, max_tokens: t.max_tokens, traceparent: &traceparent, extra_body: None };
+                let req = CanaryRequest { api: t.api, model: &model, prompt: prompt_text, max_tokens, traceparent: &traceparent, extra_body: None };
                 let m = client::execute(&self.clients, t, &req, cancel).await;
                 (model, provider, m)
             }
@@ -250,10 +277,10 @@ impl TargetRunner {
             operation: t.api.operation_name(),
             provider: &provider,
             request_model: &model,
-            max_tokens: t.max_tokens,
+            max_tokens,
             server_address: &t.host,
             server_port: t.port,
-            prompt_id: prompt.id,
+            prompt_id,
             extra: {
                 let (from, to) = (measured.wall_start, measured.wall_start + measured.record.e2e);
                 let mut extra = self.gpu.as_ref().map(|g| g.request_attributes(from, to)).unwrap_or_default();
@@ -263,6 +290,9 @@ impl TargetRunner {
                 if let Source::Inject { load_id } = source {
                     extra.push(opentelemetry::KeyValue::new(crate::telemetry::names::LMPERF_REQUEST_SOURCE, source.as_str()));
                     extra.push(opentelemetry::KeyValue::new(crate::telemetry::names::LMPERF_LOAD_ID, load_id.to_string()));
+                }
+                if let Some(s) = shape {
+                    extra.push(opentelemetry::KeyValue::new(crate::telemetry::names::LMPERF_REQUEST_INPUT_TOKENS_TARGET, i64::from(s.input_tokens)));
                 }
                 extra
             },

@@ -232,13 +232,16 @@ pub fn format_status(s: &proto::GetStatusResponse) -> String {
 
 /// One load as text (one line).
 pub fn format_load(l: &proto::LoadStatus) -> String {
+    let shape = if l.trace.is_empty() {
+        format!("rate={}/s ({})", l.rate_per_second, l.arrival)
+    } else {
+        format!("trace={} speedup={} rate={:.2}/s (peak {}/s)", l.trace, l.trace_speedup, l.rate_per_second, l.trace_peak_rate_per_second)
+    };
     format!(
-        "{} {} target={} rate={}/s ({}) duration={}s concurrency={} max_requests={}  elapsed={:.1}s sent={} skipped={} in_flight={} ({})\n",
+        "{} {} target={} {shape} duration={}s concurrency={} max_requests={}  elapsed={:.1}s sent={} skipped={} in_flight={} ({})\n",
         l.id,
         l.state,
         l.target,
-        l.rate_per_second,
-        l.arrival,
         l.duration_s,
         l.concurrency,
         l.max_requests,
@@ -314,15 +317,18 @@ pub async fn run(args: crate::cli::CtlArgs, env: &dyn crate::config::Env) -> u8 
                 let r = c.recent(req).await?;
                 (format_recent(&r), json(&r))
             }
-            CtlCommand::Inject { target, rate, duration, concurrency, max_requests, arrival, trace_file } => {
+            CtlCommand::Inject { target, rate, duration, concurrency, max_requests, arrival, trace_file, trace_speedup, trace_format } => {
                 let req = proto::InjectLoadRequest {
                     target: target.unwrap_or_default(),
-                    rate_per_second: rate,
-                    duration_s: duration.as_secs_f64(),
+                    rate_per_second: rate.unwrap_or(0.0),
+                    duration_s: duration.map_or(0.0, |d| d.as_secs_f64()),
                     concurrency,
                     max_requests: max_requests.unwrap_or(0),
                     arrival,
-                    trace_file: trace_file.unwrap_or_default(),
+                    // The agent reads the file; a relative path is taken from here.
+                    trace_file: trace_file.map(|f| std::path::absolute(&f).map_or(f, |p| p.display().to_string())).unwrap_or_default(),
+                    trace_speedup: trace_speedup.unwrap_or(0.0),
+                    trace_format: trace_format.unwrap_or_default(),
                 };
                 let r = c.inject(req).await?;
                 (r.load.as_ref().map_or_else(String::new, |l| format!("started {}", format_load(l))), json(&r))

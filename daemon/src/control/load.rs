@@ -3,11 +3,14 @@
 //!
 //! A load is open loop on an absolute schedule ([`crate::canary::schedule`], Poisson or
 //! constant gaps) for `duration`, at most `max_requests` sends, at most `concurrency` in
-//! flight (a send due while that many run is skipped and counted). Each request goes through
-//! [`TargetRunner::measure`], the canaries' client and measurement, marked as injected. Every
-//! bound is checked against [`InjectCaps`] before anything is sent; a request beyond a cap is
-//! refused whole. Loads run on the agent's task tracker, so the agent's shutdown stops them
-//! and waits for (or cancels) their requests like canaries.
+//! flight (a send due while that many run is skipped and counted). A trace replay
+//! ([`crate::bench::trace`]) sends request i at the start + its arrival offset ÷ speedup, with
+//! synthetic text of about its input tokens and `max_tokens` = its output tokens. Each request
+//! goes through [`TargetRunner::measure_with`], the canaries' client and measurement, marked
+//! as injected. Every bound is checked against [`InjectCaps`] before anything is sent (for a
+//! trace: its request count, replay duration and peak rate); a request beyond a cap is refused
+//! whole. Loads run on the agent's task tracker, so the agent's shutdown stops them and waits
+//! for (or cancels) their requests like canaries.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,8 +22,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::proto;
-use crate::canary::schedule::{Gaps, Ticker};
-use crate::canary::{Shutdown, TargetRunner};
+use crate::bench::trace::{self, TraceFormat, TraceRequest};
+use crate::canary::schedule::{Gaps, Ticker, wait_until};
+use crate::canary::{RequestShape, Shutdown, TargetRunner};
 use crate::config::{Arrival, InjectCaps, Schedule};
 use crate::status::Source;
 
@@ -34,10 +38,11 @@ pub enum Refusal {
     AboveCap { field: &'static str, value: String, cap: String, key: &'static str },
     #[error("target = {name:?}: not a configured target ({known})")]
     UnknownTarget { name: String, known: String },
+    /// A trace whose replay is beyond a cap; `what` names the quantity and its value.
+    #[error("trace_file = {file:?}: {what}: above the cap of {cap} ({key})")]
+    TraceAboveCap { file: String, what: String, cap: String, key: &'static str },
     #[error("load {0} is running; stop it first (StopLoad)")]
     Busy(String),
-    #[error("trace replay not available in this build")]
-    TraceReplayUnavailable,
     #[error("the agent is shutting down")]
     ShuttingDown,
     #[error("no load is running")]
@@ -50,10 +55,9 @@ impl From<Refusal> for tonic::Status {
     fn from(r: Refusal) -> Self {
         let msg = r.to_string();
         match r {
-            Refusal::Invalid { .. } | Refusal::AboveCap { .. } => tonic::Status::invalid_argument(msg),
+            Refusal::Invalid { .. } | Refusal::AboveCap { .. } | Refusal::TraceAboveCap { .. } => tonic::Status::invalid_argument(msg),
             Refusal::UnknownTarget { .. } | Refusal::NoneRunning | Refusal::UnknownLoad(_) => tonic::Status::not_found(msg),
             Refusal::Busy(_) => tonic::Status::already_exists(msg),
-            Refusal::TraceReplayUnavailable => tonic::Status::failed_precondition(msg),
             Refusal::ShuttingDown => tonic::Status::unavailable(msg),
         }
     }
@@ -65,21 +69,53 @@ pub struct LoadSpec {
     /// Index of the target in the agent's runners.
     pub target: usize,
     pub target_name: String,
+    /// For a trace: its mean rate ((requests − 1) ÷ duration; 0 when all at once).
     pub rate_per_second: f64,
+    /// For a trace: its replay duration (last offset ÷ speedup).
     pub duration: Duration,
     pub concurrency: u32,
     pub max_requests: u64,
     pub arrival: Arrival,
+    /// A trace to replay instead of the rate.
+    pub replay: Option<Replay>,
 }
 
-/// Checks an `InjectLoad` request against the targets and the caps.
+/// A trace to replay, as validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replay {
+    /// The trace's file name (no directory).
+    pub name: String,
+    pub speedup: f64,
+    /// Most sends in any 1 s of the replay (any `1/cap` s when the rate cap is below 1/s,
+    /// scaled to a rate).
+    pub peak_rate_per_second: f64,
+    /// Its requests in order, `at` already divided by the speedup.
+    pub requests: Arc<[TraceRequest]>,
+}
+
+/// The most requests whose offsets fall in any window `[t, t + window)`; `offsets` sorted.
+fn peak_count(offsets: impl Iterator<Item = Duration> + Clone, window: Duration) -> usize {
+    let mut start = offsets.clone();
+    let (mut first, mut in_window, mut peak) = (start.next(), 0usize, 0usize);
+    for at in offsets {
+        in_window += 1;
+        while let Some(f) = first
+            && at.saturating_sub(f) >= window
+        {
+            in_window -= 1;
+            first = start.next();
+        }
+        peak = peak.max(in_window);
+    }
+    peak
+}
+
+/// Checks an `InjectLoad` request against the targets and the caps. With a `trace_file` this
+/// reads the file (blocking).
 ///
 /// # Errors
 /// The first field that is invalid or beyond its cap, as a [`Refusal`].
 pub fn validate(req: &proto::InjectLoadRequest, targets: &[&str], caps: &InjectCaps) -> Result<LoadSpec, Refusal> {
-    if !req.trace_file.is_empty() {
-        return Err(Refusal::TraceReplayUnavailable);
-    }
     let invalid = |field, value: String, reason: &str| Refusal::Invalid { field, value, reason: reason.to_owned() };
     let target = match (req.target.as_str(), targets) {
         ("", [_]) => 0,
@@ -89,6 +125,9 @@ pub fn validate(req: &proto::InjectLoadRequest, targets: &[&str], caps: &InjectC
             .position(|t| *t == name)
             .ok_or_else(|| Refusal::UnknownTarget { name: name.to_owned(), known: targets.join(", ") })?,
     };
+    if !req.trace_file.is_empty() {
+        return validate_trace(req, target, targets[target], caps);
+    }
     let rate = req.rate_per_second;
     if !(rate.is_finite() && rate > 0.0) {
         return Err(invalid("rate_per_second", rate.to_string(), "requests per second, above 0"));
@@ -103,10 +142,7 @@ pub fn validate(req: &proto::InjectLoadRequest, targets: &[&str], caps: &InjectC
     if secs > caps.max_duration.as_secs_f64() {
         return Err(Refusal::AboveCap { field: "duration_s", value: secs.to_string(), cap: caps.max_duration.as_secs_f64().to_string(), key: "control.max_inject_duration" });
     }
-    let concurrency = req.concurrency.max(1);
-    if concurrency > caps.max_concurrency {
-        return Err(Refusal::AboveCap { field: "concurrency", value: concurrency.to_string(), cap: caps.max_concurrency.to_string(), key: "control.max_inject_concurrency" });
-    }
+    let concurrency = concurrency_within(req, caps)?;
     let arrival = match req.arrival.as_str() {
         "" | "poisson" => Arrival::Poisson,
         "constant" => Arrival::Constant,
@@ -128,6 +164,76 @@ pub fn validate(req: &proto::InjectLoadRequest, targets: &[&str], caps: &InjectC
         concurrency,
         max_requests,
         arrival,
+        replay: None,
+    })
+}
+
+fn concurrency_within(req: &proto::InjectLoadRequest, caps: &InjectCaps) -> Result<u32, Refusal> {
+    let concurrency = req.concurrency.max(1);
+    if concurrency > caps.max_concurrency {
+        return Err(Refusal::AboveCap { field: "concurrency", value: concurrency.to_string(), cap: caps.max_concurrency.to_string(), key: "control.max_inject_concurrency" });
+    }
+    Ok(concurrency)
+}
+
+/// [`validate`] for a trace replay: reads at most `max_requests` (else the request cap + 1)
+/// requests, then checks their count, the replay's duration and its peak rate.
+fn validate_trace(req: &proto::InjectLoadRequest, target: usize, target_name: &str, caps: &InjectCaps) -> Result<LoadSpec, Refusal> {
+    let invalid = |field, value: String, reason: String| Refusal::Invalid { field, value, reason };
+    let speedup = if req.trace_speedup == 0.0 { 1.0 } else { req.trace_speedup };
+    if !(speedup.is_finite() && speedup > 0.0) {
+        return Err(invalid("trace_speedup", req.trace_speedup.to_string(), "a factor above 0 (0: 1)".into()));
+    }
+    let format = match req.trace_format.as_str() {
+        "" => None,
+        f => Some(TraceFormat::parse(f).ok_or_else(|| invalid("trace_format", format!("{f:?}"), "azure, burstgpt or mooncake".into()))?),
+    };
+    if req.max_requests > caps.max_requests {
+        return Err(Refusal::AboveCap { field: "max_requests", value: req.max_requests.to_string(), cap: caps.max_requests.to_string(), key: "control.max_inject_requests" });
+    }
+    let concurrency = concurrency_within(req, caps)?;
+    let limit = if req.max_requests > 0 { req.max_requests } else { caps.max_requests.saturating_add(1) };
+    let path = std::path::Path::new(&req.trace_file);
+    let file = req.trace_file.clone();
+    let t = trace::load(path, format, Some(usize::try_from(limit).unwrap_or(usize::MAX))).map_err(|e| {
+        let reason = match e.line {
+            Some(l) => format!("line {l}: {}", e.reason),
+            None => e.reason,
+        };
+        invalid("trace_file", format!("{file:?}"), reason)
+    })?;
+    let above = |what: String, cap: String, key| Refusal::TraceAboveCap { file: file.clone(), what, cap, key };
+    let n = t.requests.len() as u64;
+    if n > caps.max_requests {
+        return Err(above(format!("requests = {n} or more (give max_requests)"), caps.max_requests.to_string(), "control.max_inject_requests"));
+    }
+    // In whole nanoseconds, rounded (exact at speedup 1).
+    let scaled = |at: Duration| Duration::from_nanos((at.as_nanos() as f64 / speedup).round().min(u64::MAX as f64) as u64);
+    let requests: Arc<[TraceRequest]> = t.requests.iter().map(|r| TraceRequest { at: scaled(r.at), ..*r }).collect();
+    let duration = requests.last().map_or(Duration::ZERO, |r| r.at);
+    if duration > caps.max_duration {
+        return Err(above(format!("replay duration_s = {} at trace_speedup {speedup}", duration.as_secs_f64()), caps.max_duration.as_secs_f64().to_string(), "control.max_inject_duration"));
+    }
+    // A cap below 1/s is a count per 1/cap s (else one request would exceed it).
+    let window = Duration::from_secs_f64((1.0 / caps.max_rate_per_second).clamp(1.0, 86_400.0));
+    let peak = peak_count(requests.iter().map(|r| r.at), window) as f64 / window.as_secs_f64();
+    if peak > caps.max_rate_per_second {
+        return Err(above(
+            format!("peak rate_per_second = {peak} (sends in {} s at trace_speedup {speedup})", window.as_secs_f64()),
+            caps.max_rate_per_second.to_string(),
+            "control.max_inject_rate",
+        ));
+    }
+    let mean = if n > 1 && !duration.is_zero() { (n - 1) as f64 / duration.as_secs_f64() } else { 0.0 };
+    Ok(LoadSpec {
+        target,
+        target_name: target_name.to_owned(),
+        rate_per_second: mean,
+        duration,
+        concurrency,
+        max_requests: n,
+        arrival: Arrival::Constant,
+        replay: Some(Replay { name: t.name, speedup, peak_rate_per_second: peak, requests }),
     })
 }
 
@@ -196,9 +302,10 @@ impl Load {
             duration_s: self.spec.duration.as_secs_f64(),
             concurrency: self.spec.concurrency,
             max_requests: self.spec.max_requests,
-            arrival: match self.spec.arrival {
-                Arrival::Poisson => "poisson",
-                Arrival::Constant => "constant",
+            arrival: match (&self.spec.replay, self.spec.arrival) {
+                (Some(_), _) => "trace",
+                (None, Arrival::Poisson) => "poisson",
+                (None, Arrival::Constant) => "constant",
             }
             .to_owned(),
             started_unix_s: self.started.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
@@ -207,7 +314,38 @@ impl Load {
             skipped: self.skipped.load(Ordering::Relaxed),
             in_flight: self.in_flight.load(Ordering::Relaxed),
             by_outcome: self.by_outcome().into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            trace: self.spec.replay.as_ref().map(|r| r.name.clone()).unwrap_or_default(),
+            trace_speedup: self.spec.replay.as_ref().map_or(0.0, |r| r.speedup),
+            trace_peak_rate_per_second: self.spec.replay.as_ref().map_or(0.0, |r| r.peak_rate_per_second),
         }
+    }
+
+    /// Sends request `seq` on its own task when a concurrency slot is free, else counts it
+    /// skipped. A trace request gets synthetic text of about its input tokens (made on the
+    /// request's task, distinct per `seed` and `seq`) and its output tokens as `max_tokens`.
+    fn send(self: &Arc<Self>, s: &Sender, seq: u64, trace_request: Option<TraceRequest>, seed: u64) {
+        let Ok(permit) = s.slots.clone().try_acquire_owned() else {
+            self.skipped.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        self.sent.fetch_add(1, Ordering::Relaxed);
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        let (load, runner, source) = (self.clone(), s.runner.clone(), s.source.clone());
+        s.tracker.spawn(s.requests.track_future(async move {
+            let summary = match trace_request {
+                Some(r) => {
+                    let prompt = crate::bench::prompts::estimated(r.input_tokens, seed ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                    let shape = RequestShape { prompt: &prompt, input_tokens: r.input_tokens, max_tokens: r.output_tokens };
+                    runner.measure_with(seq, &load.cancel, &source, Some(shape)).await
+                }
+                None => runner.measure(seq, &load.cancel, &source).await,
+            };
+            if let Ok(mut g) = load.by_outcome.lock() {
+                *g.entry(summary.outcome).or_default() += 1;
+            }
+            load.in_flight.fetch_sub(1, Ordering::Relaxed);
+            drop(permit);
+        }));
     }
 
     fn set_state_if_running(&self, s: LoadState) {
@@ -218,42 +356,47 @@ impl Load {
         }
     }
 
-    /// The schedule: sends until the duration, the request count or a stop; then waits for
-    /// the requests in flight.
+    /// The schedule: sends until the duration, the request count or a stop (a trace: until
+    /// its last request or a stop); then waits for the requests in flight.
     async fn run(self: Arc<Self>, runner: TargetRunner, tracker: TaskTracker, seed: u64) {
         let spec = &self.spec;
-        let slots = Arc::new(Semaphore::new(spec.concurrency as usize));
-        let requests = TaskTracker::new();
-        let deadline = self.started_at + spec.duration;
-        let schedule = Schedule::Rate { per_second: spec.rate_per_second, arrival: spec.arrival };
-        let mut ticker = Ticker::new(Gaps::new(schedule, seed), self.started_at);
-        let source = Source::Inject { load_id: self.id.clone() };
-        while self.sent.load(Ordering::Relaxed) < spec.max_requests {
-            let tick = tokio::select! {
-                biased;
-                _ = self.stop.cancelled() => break,
-                _ = tokio::time::sleep_until(deadline) => break,
-                t = ticker.tick() => t,
-            };
-            if tick.scheduled >= deadline {
-                break;
-            }
-            let Ok(permit) = slots.clone().try_acquire_owned() else {
-                self.skipped.fetch_add(1, Ordering::Relaxed);
-                continue;
-            };
-            self.sent.fetch_add(1, Ordering::Relaxed);
-            self.in_flight.fetch_add(1, Ordering::Relaxed);
-            let (load, runner, source) = (self.clone(), runner.clone(), source.clone());
-            tracker.spawn(requests.track_future(async move {
-                let summary = runner.measure(tick.seq, &load.cancel, &source).await;
-                if let Ok(mut g) = load.by_outcome.lock() {
-                    *g.entry(summary.outcome).or_default() += 1;
+        let sender = Sender {
+            slots: Arc::new(Semaphore::new(spec.concurrency as usize)),
+            requests: TaskTracker::new(),
+            tracker,
+            runner,
+            source: Source::Inject { load_id: self.id.clone() },
+        };
+        match &spec.replay {
+            Some(replay) => {
+                for (seq, r) in replay.requests.iter().enumerate() {
+                    tokio::select! {
+                        biased;
+                        _ = self.stop.cancelled() => break,
+                        _ = wait_until(self.started_at + r.at) => {}
+                    }
+                    self.send(&sender, seq as u64, Some(*r), seed);
                 }
-                load.in_flight.fetch_sub(1, Ordering::Relaxed);
-                drop(permit);
-            }));
+            }
+            None => {
+                let deadline = self.started_at + spec.duration;
+                let schedule = Schedule::Rate { per_second: spec.rate_per_second, arrival: spec.arrival };
+                let mut ticker = Ticker::new(Gaps::new(schedule, seed), self.started_at);
+                while self.sent.load(Ordering::Relaxed) < spec.max_requests {
+                    let tick = tokio::select! {
+                        biased;
+                        _ = self.stop.cancelled() => break,
+                        _ = tokio::time::sleep_until(deadline) => break,
+                        t = ticker.tick() => t,
+                    };
+                    if tick.scheduled >= deadline {
+                        break;
+                    }
+                    self.send(&sender, tick.seq, None, seed);
+                }
+            }
         }
+        let requests = sender.requests;
         requests.close();
         requests.wait().await;
         if let Ok(mut g) = self.finished_at.lock() {
@@ -263,6 +406,16 @@ impl Load {
         tracing::info!(load = %self.id, target_name = %spec.target_name, state = self.state().as_str(), sent = self.sent.load(Ordering::Relaxed), skipped = self.skipped.load(Ordering::Relaxed), "Injected load finished.");
         self.finished.cancel();
     }
+}
+
+/// What [`Load::send`] needs: the concurrency slots, the load's own requests (waited for at
+/// its end), the agent's tracker, the target, the span marking.
+struct Sender {
+    slots: Arc<Semaphore>,
+    requests: TaskTracker,
+    tracker: TaskTracker,
+    runner: TargetRunner,
+    source: Source,
 }
 
 /// Starts and stops injected loads; holds the running (or last) one.
@@ -295,13 +448,20 @@ impl LoadManager {
         self.current.lock().ok().and_then(|g| g.clone())
     }
 
-    /// Validates `req` and starts its load.
+    /// Validates `req` (a trace file is read on a blocking thread) and starts its load.
     ///
     /// # Errors
     /// [`Refusal`]: invalid or beyond a cap, another load running, shutting down.
-    pub fn start(&self, req: &proto::InjectLoadRequest) -> Result<Arc<Load>, Refusal> {
-        let names: Vec<&str> = self.runners.iter().map(|r| r.target.name.as_str()).collect();
-        let spec = validate(req, &names, &self.caps)?;
+    pub async fn start(&self, req: &proto::InjectLoadRequest) -> Result<Arc<Load>, Refusal> {
+        let names: Vec<String> = self.runners.iter().map(|r| r.target.name.clone()).collect();
+        let spec = if req.trace_file.is_empty() {
+            validate(req, &names.iter().map(String::as_str).collect::<Vec<_>>(), &self.caps)?
+        } else {
+            let (req, caps) = (req.clone(), self.caps);
+            tokio::task::spawn_blocking(move || validate(&req, &names.iter().map(String::as_str).collect::<Vec<_>>(), &caps))
+                .await
+                .map_err(|_| Refusal::ShuttingDown)??
+        };
         if self.shutdown.stop.is_cancelled() {
             return Err(Refusal::ShuttingDown);
         }
@@ -326,7 +486,7 @@ impl LoadManager {
             cancel: self.shutdown.cancel.child_token(),
             finished: CancellationToken::new(),
         });
-        tracing::info!(load = %load.id, target_name = %load.spec.target_name, rate = load.spec.rate_per_second, duration = ?load.spec.duration, concurrency = load.spec.concurrency, max_requests = load.spec.max_requests, "Injected load started.");
+        tracing::info!(load = %load.id, target_name = %load.spec.target_name, trace = load.spec.replay.as_ref().map_or("-", |r| r.name.as_str()), rate = load.spec.rate_per_second, duration = ?load.spec.duration, concurrency = load.spec.concurrency, max_requests = load.spec.max_requests, "Injected load started.");
         self.tracker.spawn(load.clone().run(runner, self.tracker.clone(), rand::random()));
         *current = Some(load.clone());
         Ok(load)
@@ -396,8 +556,99 @@ mod tests {
         let mut r = req(1.0, 1.0);
         r.arrival = "gamma".into();
         assert!(matches!(validate(&r, &one, &caps), Err(Refusal::Invalid { field: "arrival", .. })));
-        r.trace_file = "/tmp/t.jsonl".into();
-        let status = tonic::Status::from(validate(&r, &one, &caps).unwrap_err());
-        assert_eq!((status.code(), status.message()), (tonic::Code::FailedPrecondition, "trace replay not available in this build"));
+    }
+
+    fn fixture(name: &str) -> String {
+        format!("{}/../tests/fixtures/traces/{name}", env!("CARGO_MANIFEST_DIR"))
+    }
+
+    fn trace_req(file: &str, speedup: f64, max_requests: u64) -> proto::InjectLoadRequest {
+        proto::InjectLoadRequest { trace_file: fixture(file), trace_speedup: speedup, max_requests, ..Default::default() }
+    }
+
+    #[test]
+    fn a_trace_is_read_and_scaled_and_ignores_rate_and_duration() {
+        let caps = InjectCaps { max_rate_per_second: 10.0, max_duration: Duration::from_secs(60), max_concurrency: 4, max_requests: 100 };
+        // Azure code sample, first 10 rows: 0 … 1.2993 s apart from the first; 7 in the busiest second.
+        let mut r = trace_req("azure_llm_2023_code.head2000.csv", 0.0, 10);
+        r.rate_per_second = 1e9;
+        r.duration_s = -1.0;
+        let spec = validate(&r, &["t"], &caps).unwrap();
+        let replay = spec.replay.as_ref().unwrap();
+        assert_eq!((replay.name.as_str(), replay.speedup, replay.requests.len(), spec.max_requests), ("azure_llm_2023_code.head2000.csv", 1.0, 10, 10));
+        assert_eq!(replay.requests[1], TraceRequest { at: Duration::from_millis(52), input_tokens: 3180, output_tokens: 8 });
+        assert_eq!(spec.duration, Duration::from_nanos(1_299_337_000));
+        assert!((spec.rate_per_second - 9.0 / 1.299337).abs() < 1e-9, "{}", spec.rate_per_second);
+        assert_eq!(replay.peak_rate_per_second, 7.0);
+        let fast = validate(&trace_req("azure_llm_2023_code.head2000.csv", 4.0, 10), &["t"], &caps).unwrap();
+        assert_eq!(fast.duration, Duration::from_nanos(1_299_337_000 / 4));
+        assert_eq!(fast.replay.unwrap().requests[1].at, Duration::from_millis(13));
+        // The whole trace when max_requests is 0.
+        let b = validate(&trace_req("burstgpt_1.head3.csv", 2.0, 0), &["t"], &caps).unwrap();
+        assert_eq!((b.max_requests, b.duration, b.replay.unwrap().peak_rate_per_second), (3, Duration::from_millis(56_500), 1.0));
+    }
+
+    #[test]
+    fn a_trace_cannot_bypass_a_cap() {
+        let caps = InjectCaps { max_rate_per_second: 10.0, max_duration: Duration::from_secs(60), max_concurrency: 4, max_requests: 100 };
+        let err = |r: &proto::InjectLoadRequest| {
+            let e = validate(r, &["t"], &caps).unwrap_err();
+            (tonic::Status::from(e.clone()).code(), e.to_string())
+        };
+        let file = fixture("burstgpt_1.head3.csv");
+        // 5 s, 45 s, 118 s: 113 s > 60 s at speedup 1.
+        assert_eq!(
+            err(&trace_req("burstgpt_1.head3.csv", 1.0, 0)),
+            (tonic::Code::InvalidArgument, format!("trace_file = {file:?}: replay duration_s = 113 at trace_speedup 1: above the cap of 60 (control.max_inject_duration)"))
+        );
+        // 15 requests at 0 ms, 5 at 3052 ms.
+        let file = fixture("mooncake_arxiv_trace.head20.jsonl");
+        assert_eq!(
+            err(&trace_req("mooncake_arxiv_trace.head20.jsonl", 1.0, 0)).1,
+            format!("trace_file = {file:?}: peak rate_per_second = 15 (sends in 1 s at trace_speedup 1): above the cap of 10 (control.max_inject_rate)")
+        );
+        // A rate cap below 1/s counts sends per 1/cap s: 3 sends 40 s and 73 s apart fit 1 per 30 s.
+        let slow = InjectCaps { max_rate_per_second: 1.0 / 30.0, max_duration: Duration::from_secs(600), ..caps };
+        assert!(validate(&trace_req("burstgpt_1.head3.csv", 1.0, 0), &["t"], &slow).is_ok());
+        assert!(validate(&trace_req("burstgpt_1.head3.csv", 2.0, 0), &["t"], &slow).is_err(), "40 s → 20 s apart: 2 in 30 s");
+        let file = fixture("azure_llm_2023_code.head2000.csv");
+        assert_eq!(
+            err(&trace_req("azure_llm_2023_code.head2000.csv", 100.0, 0)).1,
+            format!("trace_file = {file:?}: requests = 101 or more (give max_requests): above the cap of 100 (control.max_inject_requests)")
+        );
+        assert!(matches!(validate(&trace_req("azure_llm_2023_code.head2000.csv", 1.0, 101), &["t"], &caps), Err(Refusal::AboveCap { field: "max_requests", .. })));
+        let mut r = trace_req("azure_llm_2023_code.head2000.csv", 1.0, 10);
+        r.concurrency = 5;
+        assert!(matches!(validate(&r, &["t"], &caps), Err(Refusal::AboveCap { field: "concurrency", .. })));
+    }
+
+    #[test]
+    fn a_bad_trace_names_the_field_and_the_parsers_message() {
+        let caps = InjectCaps::default();
+        let mut r = trace_req("no-such-trace.csv", 1.0, 0);
+        let missing = r.trace_file.clone();
+        assert_eq!(validate(&r, &["t"], &caps).unwrap_err().to_string(), format!("trace_file = {missing:?}: No such file or directory (os error 2)"));
+        r.trace_file = fixture("awesome_chatgpt_prompts.csv");
+        let e = validate(&r, &["t"], &caps).unwrap_err().to_string();
+        assert!(e.starts_with("trace_file = ") && e.contains("line 1: unknown trace format"), "{e}");
+        for (speedup, format, field) in [(-1.0, "", "trace_speedup"), (f64::NAN, "", "trace_speedup"), (1.0, "sharegpt", "trace_format")] {
+            let mut r = trace_req("burstgpt_1.head3.csv", speedup, 0);
+            r.trace_format = format.into();
+            assert!(matches!(validate(&r, &["t"], &caps), Err(Refusal::Invalid { field: f, .. }) if f == field), "{field}");
+        }
+        let mut r = trace_req("burstgpt_1.head3.csv", 1.0, 0);
+        r.trace_format = "mooncake".into();
+        let e = validate(&r, &["t"], &caps).unwrap_err().to_string();
+        assert!(e.contains("line 1: not JSON"), "{e}");
+    }
+
+    #[test]
+    fn peak_counts_sends_in_a_half_open_window() {
+        let ms = |v: &[u64]| v.iter().map(|m| Duration::from_millis(*m)).collect::<Vec<_>>();
+        let w = Duration::from_secs(1);
+        assert_eq!(peak_count(ms(&[]).into_iter(), w), 0);
+        assert_eq!(peak_count(ms(&[0, 0, 0]).into_iter(), w), 3);
+        assert_eq!(peak_count(ms(&[0, 999, 1000, 1001, 2001]).into_iter(), w), 3);
+        assert_eq!(peak_count(ms(&[0, 1000, 2000]).into_iter(), w), 1);
     }
 }

@@ -158,7 +158,7 @@ impl proto::agent_control_server::AgentControl for ControlService {
     }
 
     async fn inject_load(&self, req: Request<proto::InjectLoadRequest>) -> Result<Response<proto::InjectLoadResponse>, Status> {
-        let load = self.loads.start(req.get_ref())?;
+        let load = self.loads.start(req.get_ref()).await?;
         Ok(Response::new(proto::InjectLoadResponse { load: Some(load.to_proto()) }))
     }
 

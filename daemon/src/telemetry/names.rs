@@ -62,6 +62,9 @@ pub const REQUEST_SOURCE_BENCH: &str = "bench";
 pub const LMPERF_LOAD_ID: &str = "lmperf.load.id";
 /// `lmperf run`'s benchmark name, e.g. `c4_in512` (on spans and metric points).
 pub const LMPERF_BENCHMARK: &str = "lmperf.benchmark";
+/// Input length in tokens a replayed trace asked for (the prompt is synthetic text of about
+/// that length); set on injected trace-replay spans only.
+pub const LMPERF_REQUEST_INPUT_TOKENS_TARGET: &str = "lmperf.request.input_tokens_target";
 
 // ---- Metrics from the GenAI conventions (client side only; `gen_ai.server.*` is the server's) ----
 pub const METRIC_OPERATION_DURATION: &str = "gen_ai.client.operation.duration";
