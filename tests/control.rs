@@ -284,19 +284,26 @@ async fn a_trace_replay_sends_the_traces_requests_on_its_schedule() {
     let mut collector = FakeCollectorServer::start().await.unwrap();
     let dir = temp_dir("trace");
     let addr = format!("unix:{}", dir.join("control.sock").display());
-    let control = format!("listen = \"{addr}\"\nmax_inject_rate = 10.0\nmax_inject_concurrency = 4\nmax_inject_requests = 100\nmax_inject_duration = \"10s\"\n");
+    let traces = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/traces");
+    let control = format!(
+        "listen = \"{addr}\"\nmax_inject_rate = 10.0\nmax_inject_concurrency = 4\nmax_inject_requests = 100\nmax_inject_duration = \"10s\"\ntrace_dir = \"{}\"\n",
+        traces.display()
+    );
     let cfg = write_config(&dir, &server.url(), &control);
     let args = ["--config", cfg.to_str().unwrap(), "--otlp-protocol", "grpc", "--otlp-endpoint", &collector.endpoint()].map(str::to_owned).to_vec();
     let agent = spawn(args, vec![]).await;
     assert_eq!(control_at(&agent), addr);
 
-    // Refused: the replay beyond the duration cap, the peak beyond the rate cap, a missing file.
+    // Refused: the replay beyond the duration cap, the peak beyond the rate cap, a missing file,
+    // a file outside control.trace_dir.
     let (burst, arxiv, missing) = (trace_fixture("burstgpt_1.head3.csv"), trace_fixture("mooncake_arxiv_trace.head20.jsonl"), trace_fixture("nope.csv"));
+    let outside = format!("not a readable file under control.trace_dir ({})", traces.display());
     let refusals = [
         (vec!["--trace", burst.as_str()], format!("trace_file = {burst:?}: replay duration_s = 113 at trace_speedup 1: above the cap of 10 (control.max_inject_duration)")),
         (vec!["--trace", arxiv.as_str()], format!("trace_file = {arxiv:?}: peak rate_per_second = 15 (sends in 1 s at trace_speedup 1): above the cap of 10 (control.max_inject_rate)")),
         (vec!["--trace", arxiv.as_str(), "--trace-speedup", "0.1", "--trace-format", "mooncake"], format!("trace_file = {arxiv:?}: replay duration_s = 30.52 at trace_speedup 0.1: above the cap of 10 (control.max_inject_duration)")),
-        (vec!["--trace", missing.as_str()], format!("trace_file = {missing:?}: No such file or directory (os error 2)")),
+        (vec!["--trace", missing.as_str()], format!("trace_file = {missing:?}: {outside}")),
+        (vec!["--trace", "/etc/passwd"], format!("trace_file = \"/etc/passwd\": {outside}")),
     ];
     for (extra, want) in refusals {
         let mut a = vec!["--addr", addr.as_str(), "inject"];

@@ -102,7 +102,7 @@ pub async fn run(cfg: AgentConfig, privileged: Privileged, env: &dyn Env, signal
         runners.push(runner.clone());
         loops.push(tokio::spawn(runner.run(shutdown.clone(), tracker.clone(), seed)));
     }
-    let loads = Arc::new(LoadManager::new(runners, cfg.control.caps, shutdown.clone(), tracker.clone()));
+    let loads = Arc::new(LoadManager::new(runners, cfg.control.caps.clone(), shutdown.clone(), tracker.clone()));
     let control_stop = tokio_util::sync::CancellationToken::new();
     let control = crate::control::start(&cfg.control, ControlService { admin: admin_state, recent, loads }, control_stop.clone()).await;
     status.ready.store(true, Ordering::Relaxed);

@@ -242,7 +242,7 @@ pub fn default_control_socket(env: &dyn Env) -> PathBuf {
 }
 
 /// Hard caps of load injected through the control API; a request beyond one is refused.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct InjectCaps {
     /// `control.max_inject_rate`, requests per second.
     pub max_rate_per_second: f64,
@@ -252,11 +252,14 @@ pub struct InjectCaps {
     pub max_concurrency: u32,
     /// `control.max_inject_requests`, requests per load.
     pub max_requests: u64,
+    /// `control.trace_dir`: trace files an `InjectLoad` may replay must lie under it (after
+    /// resolving links); `None`: no trace replay, so the API cannot make the agent read files.
+    pub trace_dir: Option<PathBuf>,
 }
 
 impl Default for InjectCaps {
     fn default() -> Self {
-        Self { max_rate_per_second: 20.0, max_duration: Duration::from_secs(300), max_concurrency: 8, max_requests: 10_000 }
+        Self { max_rate_per_second: 20.0, max_duration: Duration::from_secs(300), max_concurrency: 8, max_requests: 10_000, trace_dir: None }
     }
 }
 
@@ -477,11 +480,16 @@ fn validate_control(raw: raw::RawControl, env: &dyn Env) -> Result<ControlConfig
     if !(1..=1_000_000).contains(&max_requests) {
         return Err(ConfigError::invalid("control.max_inject_requests", max_requests, "between 1 and 1000000"));
     }
+    let trace_dir = match &raw.trace_dir {
+        Some(d) if !Path::new(d).is_absolute() => return Err(ConfigError::invalid("control.trace_dir", d, "an absolute path")),
+        Some(d) if !Path::new(d).is_dir() => return Err(ConfigError::invalid("control.trace_dir", d, "not a directory")),
+        d => d.as_ref().map(PathBuf::from),
+    };
     let recent_requests = raw.recent_requests.unwrap_or(DEFAULT_RECENT_REQUESTS);
     if recent_requests > 100_000 {
         return Err(ConfigError::invalid("control.recent_requests", recent_requests, "at most 100000"));
     }
-    Ok(ControlConfig { enabled, listen, token, recent_requests, caps: InjectCaps { max_rate_per_second, max_duration, max_concurrency, max_requests } })
+    Ok(ControlConfig { enabled, listen, token, recent_requests, caps: InjectCaps { max_rate_per_second, max_duration, max_concurrency, max_requests, trace_dir } })
 }
 
 fn validate_gpu(raw: raw::RawGpu) -> Result<GpuConfig, ConfigError> {

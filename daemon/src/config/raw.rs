@@ -52,6 +52,7 @@
 //! max_inject_duration = "5m"          # duration,
 //! max_inject_concurrency = 8          # requests in flight,
 //! max_inject_requests = 10000         # requests per load
+//! # trace_dir = "/var/lib/lmperf/traces"  # trace replay only of files under it; unset: no replay
 //! ```
 
 use std::time::Duration;
@@ -170,6 +171,8 @@ pub struct RawControl {
     pub max_inject_duration: Option<Duration>,
     pub max_inject_concurrency: Option<u32>,
     pub max_inject_requests: Option<u64>,
+    /// Directory of the trace files `InjectLoad` may replay (absolute).
+    pub trace_dir: Option<String>,
 }
 
 impl RawCanary {

@@ -193,8 +193,17 @@ fn validate_trace(req: &proto::InjectLoadRequest, target: usize, target_name: &s
     }
     let concurrency = concurrency_within(req, caps)?;
     let limit = if req.max_requests > 0 { req.max_requests } else { caps.max_requests.saturating_add(1) };
-    let path = std::path::Path::new(&req.trace_file);
     let file = req.trace_file.clone();
+    // Only files under control.trace_dir (links resolved): the API must not make the agent read,
+    // or quote in a refusal, any file it can open.
+    let Some(dir) = &caps.trace_dir else {
+        return Err(invalid("trace_file", format!("{file:?}"), "trace replay is off: set control.trace_dir to the directory of replayable traces".into()));
+    };
+    let inside = std::fs::canonicalize(&req.trace_file).ok().zip(std::fs::canonicalize(dir).ok()).filter(|(p, d)| p.starts_with(d) && p.is_file());
+    let Some((path, _)) = inside else {
+        return Err(invalid("trace_file", format!("{file:?}"), format!("not a readable file under control.trace_dir ({})", dir.display())));
+    };
+    let path = path.as_path();
     let t = trace::load(path, format, Some(usize::try_from(limit).unwrap_or(usize::MAX))).map_err(|e| {
         let reason = match e.line {
             Some(l) => format!("line {l}: {}", e.reason),
@@ -440,7 +449,7 @@ impl LoadManager {
     }
 
     pub fn caps(&self) -> InjectCaps {
-        self.caps
+        self.caps.clone()
     }
 
     /// The running load, else the last one.
@@ -457,7 +466,7 @@ impl LoadManager {
         let spec = if req.trace_file.is_empty() {
             validate(req, &names.iter().map(String::as_str).collect::<Vec<_>>(), &self.caps)?
         } else {
-            let (req, caps) = (req.clone(), self.caps);
+            let (req, caps) = (req.clone(), self.caps.clone());
             tokio::task::spawn_blocking(move || validate(&req, &names.iter().map(String::as_str).collect::<Vec<_>>(), &caps))
                 .await
                 .map_err(|_| Refusal::ShuttingDown)??
@@ -520,7 +529,7 @@ mod tests {
 
     #[test]
     fn caps_refuse_naming_field_value_and_cap() {
-        let caps = InjectCaps { max_rate_per_second: 10.0, max_duration: Duration::from_secs(60), max_concurrency: 4, max_requests: 100 };
+        let caps = InjectCaps { max_rate_per_second: 10.0, max_duration: Duration::from_secs(60), max_concurrency: 4, max_requests: 100, trace_dir: None };
         let t = ["a", "b"];
         let mut r = req(11.0, 5.0);
         r.target = "a".into();
@@ -562,13 +571,17 @@ mod tests {
         format!("{}/../tests/fixtures/traces/{name}", env!("CARGO_MANIFEST_DIR"))
     }
 
+    fn with_traces(caps: InjectCaps) -> InjectCaps {
+        InjectCaps { trace_dir: Some(format!("{}/../tests/fixtures/traces", env!("CARGO_MANIFEST_DIR")).into()), ..caps }
+    }
+
     fn trace_req(file: &str, speedup: f64, max_requests: u64) -> proto::InjectLoadRequest {
         proto::InjectLoadRequest { trace_file: fixture(file), trace_speedup: speedup, max_requests, ..Default::default() }
     }
 
     #[test]
     fn a_trace_is_read_and_scaled_and_ignores_rate_and_duration() {
-        let caps = InjectCaps { max_rate_per_second: 10.0, max_duration: Duration::from_secs(60), max_concurrency: 4, max_requests: 100 };
+        let caps = with_traces(InjectCaps { max_rate_per_second: 10.0, max_duration: Duration::from_secs(60), max_concurrency: 4, max_requests: 100, trace_dir: None });
         // Azure code sample, first 10 rows: 0 … 1.2993 s apart from the first; 7 in the busiest second.
         let mut r = trace_req("azure_llm_2023_code.head2000.csv", 0.0, 10);
         r.rate_per_second = 1e9;
@@ -590,7 +603,7 @@ mod tests {
 
     #[test]
     fn a_trace_cannot_bypass_a_cap() {
-        let caps = InjectCaps { max_rate_per_second: 10.0, max_duration: Duration::from_secs(60), max_concurrency: 4, max_requests: 100 };
+        let caps = with_traces(InjectCaps { max_rate_per_second: 10.0, max_duration: Duration::from_secs(60), max_concurrency: 4, max_requests: 100, trace_dir: None });
         let err = |r: &proto::InjectLoadRequest| {
             let e = validate(r, &["t"], &caps).unwrap_err();
             (tonic::Status::from(e.clone()).code(), e.to_string())
@@ -608,7 +621,7 @@ mod tests {
             format!("trace_file = {file:?}: peak rate_per_second = 15 (sends in 1 s at trace_speedup 1): above the cap of 10 (control.max_inject_rate)")
         );
         // A rate cap below 1/s counts sends per 1/cap s: 3 sends 40 s and 73 s apart fit 1 per 30 s.
-        let slow = InjectCaps { max_rate_per_second: 1.0 / 30.0, max_duration: Duration::from_secs(600), ..caps };
+        let slow = InjectCaps { max_rate_per_second: 1.0 / 30.0, max_duration: Duration::from_secs(600), ..caps.clone() };
         assert!(validate(&trace_req("burstgpt_1.head3.csv", 1.0, 0), &["t"], &slow).is_ok());
         assert!(validate(&trace_req("burstgpt_1.head3.csv", 2.0, 0), &["t"], &slow).is_err(), "40 s → 20 s apart: 2 in 30 s");
         let file = fixture("azure_llm_2023_code.head2000.csv");
@@ -624,10 +637,21 @@ mod tests {
 
     #[test]
     fn a_bad_trace_names_the_field_and_the_parsers_message() {
-        let caps = InjectCaps::default();
+        // No trace_dir: no replay at all.
+        let r = trace_req("burstgpt_1.head3.csv", 1.0, 0);
+        let e = validate(&r, &["t"], &InjectCaps::default()).unwrap_err().to_string();
+        assert!(e.ends_with("trace replay is off: set control.trace_dir to the directory of replayable traces"), "{e}");
+        let caps = with_traces(InjectCaps::default());
+        let dir = caps.trace_dir.clone().unwrap();
+        let outside = format!("not a readable file under control.trace_dir ({})", dir.display());
         let mut r = trace_req("no-such-trace.csv", 1.0, 0);
         let missing = r.trace_file.clone();
-        assert_eq!(validate(&r, &["t"], &caps).unwrap_err().to_string(), format!("trace_file = {missing:?}: No such file or directory (os error 2)"));
+        assert_eq!(validate(&r, &["t"], &caps).unwrap_err().to_string(), format!("trace_file = {missing:?}: {outside}"));
+        // Outside the directory, also through `..`, is refused without reading the file.
+        for f in ["/etc/passwd".to_owned(), fixture("../cases/README.md"), fixture("../../Cargo.toml")] {
+            r.trace_file = f.clone();
+            assert_eq!(validate(&r, &["t"], &caps).unwrap_err().to_string(), format!("trace_file = {f:?}: {outside}"));
+        }
         r.trace_file = fixture("awesome_chatgpt_prompts.csv");
         let e = validate(&r, &["t"], &caps).unwrap_err().to_string();
         assert!(e.starts_with("trace_file = ") && e.contains("line 1: unknown trace format"), "{e}");
