@@ -314,13 +314,15 @@ fn secs(a: &std::collections::BTreeMap<String, String>, key: &str) -> f64 {
 /// Acceptance 2. The delay is 10 ms each way, so the round trip is 20 ms longer (as
 /// `tc netem delay 20ms` on one end would make it): kernel srtt within 20 ± 3 ms on every span
 /// and TTFT at least 20 ms above that of the same link without delay (the smallest of 8
-/// against the smallest of 8: the floor of each, which a busy machine does not move).
+/// against the smallest of 24: the floor of each, which a busy machine does not lower).
 #[test]
 fn canary_across_a_20ms_rtt_link_sees_it_in_kernel_rtt_and_ttft() {
     const TTFT: &str = "gen_ai.response.time_to_first_chunk";
-    let Some((base, _)) = canaries_across(Duration::ZERO, 8, true) else { return };
+    // More canaries without delay: their smallest TTFT is the floor the delayed ones stand on,
+    // and a busy machine only ever raises a sample (a floor taken over 8 was 1 ms high once).
+    let Some((base, _)) = canaries_across(Duration::ZERO, 24, true) else { return };
     let Some((delayed, _)) = canaries_across(Duration::from_millis(10), 8, true) else { return };
-    assert!(base.len() >= 8 && delayed.len() >= 8, "{} and {} spans", base.len(), delayed.len());
+    assert!(base.len() >= 24 && delayed.len() >= 8, "{} and {} spans", base.len(), delayed.len());
     for s in &base {
         assert!(secs(s, "lmperf.net.srtt.max") < 0.005, "no delay: srtt below 5 ms: {s:?}");
     }

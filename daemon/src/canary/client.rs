@@ -244,13 +244,15 @@ async fn read_stream(
     if keep_text {
         m = m.keep_text();
     }
-    let mut deadline = deadline;
     let mut after_done = false;
+    // One timer for the whole stream (reset once after [DONE]), not one per chunk.
+    let timer = tokio::time::sleep_until(deadline);
+    tokio::pin!(timer);
     let end = loop {
         tokio::select! {
             biased;
             _ = cancel.cancelled(), if !after_done => break StreamEnd::Cancelled,
-            _ = tokio::time::sleep_until(deadline) => {
+            _ = &mut timer => {
                 break if after_done { StreamEnd::Eof } else { StreamEnd::Timeout };
             }
             chunk = response.chunk() => match chunk {
@@ -261,7 +263,8 @@ async fn read_stream(
                     }
                     if m.is_done() && !after_done {
                         after_done = true;
-                        deadline = deadline.min(tokio::time::Instant::now() + AFTER_DONE_GRACE);
+                        let grace = deadline.min(tokio::time::Instant::now() + AFTER_DONE_GRACE);
+                        timer.as_mut().reset(grace);
                     }
                 }
                 Ok(None) => break StreamEnd::Eof,
