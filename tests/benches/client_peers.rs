@@ -12,12 +12,14 @@
 //!   tool: take the last N completion requests the server received (N = rate × STEP_S, the
 //!   count asked for), sorted by arrival a_0 ≤ … ≤ a_(N−1); request i misses when it never
 //!   arrived, when its reply was not written in full, or when a_i > a_0 + i / rate + TOL
-//!   (TOL = 10 ms by default). Falling behind by 1 % for 3 s is 30 ms late: a miss.
+//!   (TOL = 10 ms by default). Falling behind by 1 % for 3 s is 30 ms late: a miss. Also
+//!   printed: the highest arrival rate of any sweep step whose requests all arrived, on time
+//!   or not (the tool's throughput ceiling, comparable to figures that ignore lateness).
 //! - **client CPU per 1,000 requests**: user + system CPU of the client's whole process tree
 //!   (the harness is a child subreaper and reads `RUSAGE_CHILDREN` around each run, so worker
 //!   processes count too): the marginal cost (least-squares slope of CPU over request count
-//!   across the passing sweep steps) with the fixed start-up cost (the intercept), and the
-//!   total at the fixed 500 req/s run.
+//!   across the sweep steps whose requests all arrived) with the fixed start-up cost (the
+//!   intercept), and the total per 1,000 requests at the fixed 500 and 5,000 req/s runs.
 //! - **TTFT error** at fixed Poisson rates (500 and 5,000 req/s, `STEP_S` seconds each):
 //!   the tool's own TTFT percentile minus the same percentile of the server's TTFT (from the
 //!   whole request read to the return of the write that holds the first token), p50 and p99.
@@ -25,7 +27,8 @@
 //!   server's TTFT is tight (printed), so this is the client's added latency.
 //!
 //! Settings (environment): `LMPERF_BENCH_TOOLS` (default `lmperf,guidellm,aiperf`),
-//! `LMPERF_BENCH_STEP_S` (3), `LMPERF_BENCH_RATES` (sweep, req/s, comma separated),
+//! `LMPERF_BENCH_STEP_S` (3), `LMPERF_BENCH_RATES` (sweep, req/s, comma separated; default
+//! 100 doubling to 51,200),
 //! `LMPERF_BENCH_FIXED_RATES` (500,5000), `LMPERF_BENCH_TOL_MS` (10), `LMPERF_BENCH_VENV`
 //! (`.venv-bench`, one venv per peer below it), `LMPERF_BENCH_TOKENIZER` (a directory with
 //! `tokenizer.json`, default `<venv>/tokenizer`), `LMPERF_BENCH_FIRST_DELAY_MS` and
@@ -84,7 +87,7 @@ impl Settings {
         Self {
             tools: env_or("LMPERF_BENCH_TOOLS", "lmperf,guidellm,aiperf").split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect(),
             step_s: env_or("LMPERF_BENCH_STEP_S", "3").parse().unwrap_or(3.0),
-            rates: list(&env_or("LMPERF_BENCH_RATES", "250,500,1000,2000,4000,8000,16000,32000,64000")),
+            rates: list(&env_or("LMPERF_BENCH_RATES", "100,200,400,800,1600,3200,6400,12800,25600,51200")),
             fixed_rates: list(&env_or("LMPERF_BENCH_FIXED_RATES", "500,5000")),
             tol: Duration::from_secs_f64(env_or("LMPERF_BENCH_TOL_MS", "10").parse::<f64>().unwrap_or(10.0) / 1000.0),
             tokenizer,
@@ -309,8 +312,9 @@ fn run_tool(s: &Settings, server: &StreamServer, tool: Tool, rate: f64, n: usize
     let mut cmd = tool.command(s, &server.url(), rate, n, arrival, &dir);
     let log = |name: &str| std::fs::File::create(dir.join(name)).map(Stdio::from).unwrap_or_else(|_| Stdio::null());
     cmd.stdin(Stdio::null()).stdout(log("stdout.log")).stderr(log("stderr.log"));
-    // No proxies for loopback, no telemetry or hub lookups from the peers.
-    cmd.env("NO_PROXY", "127.0.0.1,localhost").env("HF_HUB_OFFLINE", "1").env("TRANSFORMERS_OFFLINE", "1");
+    // No proxy for loopback. (HF_HUB_OFFLINE=1 would make AIPerf take the tokenizer directory
+    // for a hub repository id.)
+    cmd.env("NO_PROXY", "127.0.0.1,localhost");
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     let limit = Duration::from_secs_f64(s.startup_s + 3.0 * n as f64 / rate + 30.0);
     server.clear();
@@ -400,7 +404,6 @@ fn fit(points: &[(f64, f64)]) -> Option<(f64, f64)> {
 
 struct Fixed {
     rate: f64,
-    n: usize,
     client_n: usize,
     client: (f64, f64),
     server: (f64, f64),
@@ -412,12 +415,17 @@ struct Fixed {
 struct ToolResult {
     tool: Tool,
     sustained: Option<f64>,
+    /// Highest arrival rate of a completed sweep step, on time or not.
+    max_achieved: f64,
     cpu_fit: Option<(f64, f64)>,
     fixed: Vec<Fixed>,
     skipped: Option<String>,
 }
 
-fn sweep_step(s: &Settings, server: &StreamServer, tool: Tool, rate: f64, points: &mut Vec<(f64, f64)>) -> bool {
+/// One sweep step: whether it passed. Steps where every request arrived and was answered
+/// (late or not) add a (requests, CPU seconds) point for the CPU fit; `max_achieved` keeps the
+/// highest arrival rate seen (the tool's throughput ceiling, however late).
+fn sweep_step(s: &Settings, server: &StreamServer, tool: Tool, rate: f64, points: &mut Vec<(f64, f64)>, max_achieved: &mut f64) -> bool {
     let n = ((rate * s.step_s).round() as usize).max(10);
     let run = run_tool(s, server, tool, rate, n, Arrival::Constant, &format!("sweep-{rate}"));
     let sc = schedule(&run, s.tol);
@@ -441,8 +449,9 @@ fn sweep_step(s: &Settings, server: &StreamServer, tool: Tool, rate: f64, points
     if !pass && run.exit != Some(0) {
         println!("           (logs in {})", run.dir.display());
     }
-    if pass {
+    if run.exit == Some(0) && sc.arrived == n {
         points.push((n as f64, run.cpu.as_secs_f64()));
+        *max_achieved = max_achieved.max(sc.achieved);
     }
     pass
 }
@@ -450,19 +459,20 @@ fn sweep_step(s: &Settings, server: &StreamServer, tool: Tool, rate: f64, points
 fn bench_tool(s: &Settings, server: &StreamServer, tool: Tool) -> ToolResult {
     if let Some(why) = tool.missing(s) {
         println!("  {:<8} skipped: {why}", tool.name());
-        return ToolResult { tool, sustained: None, cpu_fit: None, fixed: vec![], skipped: Some(why) };
+        return ToolResult { tool, sustained: None, max_achieved: 0.0, cpu_fit: None, fixed: vec![], skipped: Some(why) };
     }
     let mut points = Vec::new();
+    let mut max_achieved = 0.0;
     let mut sustained = None;
     for &rate in &s.rates {
-        if sweep_step(s, server, tool, rate, &mut points) {
+        if sweep_step(s, server, tool, rate, &mut points, &mut max_achieved) {
             sustained = Some(rate);
             continue;
         }
         // One step at the geometric middle of the last pass and this failure.
         let lo = sustained.unwrap_or(rate / 2.0);
         let mid = ((lo * rate).sqrt() / 10.0).round() * 10.0;
-        if mid > lo && sweep_step(s, server, tool, mid, &mut points) {
+        if mid > lo && sweep_step(s, server, tool, mid, &mut points, &mut max_achieved) {
             sustained = Some(mid);
         }
         break;
@@ -483,7 +493,6 @@ fn bench_tool(s: &Settings, server: &StreamServer, tool: Tool) -> ToolResult {
         };
         let f = Fixed {
             rate,
-            n,
             client_n: client.len(),
             client: (quantile(&client, 0.5), quantile(&client, 0.99)),
             server: (quantile(&server_ttft, 0.5), quantile(&server_ttft, 0.99)),
@@ -513,7 +522,7 @@ fn bench_tool(s: &Settings, server: &StreamServer, tool: Tool) -> ToolResult {
         );
         fixed.push(f);
     }
-    ToolResult { tool, sustained, cpu_fit: fit(&points), fixed, skipped: None }
+    ToolResult { tool, sustained, max_achieved, cpu_fit: fit(&points), fixed, skipped: None }
 }
 
 fn main() {
@@ -548,7 +557,7 @@ fn main() {
         results.push(bench_tool(&s, &server, tool));
     }
     println!("\nsummary (load {}):", loadavg());
-    println!("  tool     | sustained req/s (<=1 % miss) | CPU ms/1k req (marginal; start-up s) | CPU ms/1k @500/s | TTFT err p50/p99 ms @500/s | @5000/s");
+    println!("  tool     | sustained req/s (<=1 % miss) | max achieved req/s | CPU ms/1k req (marginal; start-up s) | CPU ms/1k @500/s | @5000/s | TTFT err p50/p99 ms @500/s | @5000/s");
     for r in &results {
         if let Some(why) = &r.skipped {
             println!("  {:<8} | skipped: {why}", r.tool.name());
@@ -556,12 +565,15 @@ fn main() {
         }
         let at = |rate: f64| r.fixed.iter().find(|f| f.rate == rate);
         let err = |rate: f64| at(rate).map_or("-".to_owned(), |f| format!("{:.3} / {:.3}", f.client.0 - f.server.0, f.client.1 - f.server.1));
+        let cpu = |rate: f64| at(rate).map_or("-".to_owned(), |f| format!("{:.0}", f.cpu_per_1k_ms));
         println!(
-            "  {:<8} | {:>28} | {:>36} | {:>16} | {:>26} | {}",
+            "  {:<8} | {:>28} | {:>18.0} | {:>36} | {:>16} | {:>7} | {:>26} | {}",
             r.tool.name(),
             r.sustained.map_or("none".to_owned(), |v| format!("{v:.0}")),
+            r.max_achieved,
             r.cpu_fit.map_or("-".to_owned(), |(slope, icpt)| format!("{:.0}; {:.2}", slope * 1e6, icpt)),
-            at(500.0).map_or("-".to_owned(), |f| format!("{:.0}", f.cpu_per_1k_ms)),
+            cpu(500.0),
+            cpu(5000.0),
             err(500.0),
             err(5000.0)
         );
