@@ -7,6 +7,7 @@ pub mod otlp;
 pub mod peers;
 pub mod scripted;
 pub mod spans;
+pub mod stream_server;
 
 /// The shared cases copied into `tests/fixtures/cases` (from `../shared/cases`).
 pub fn case(name: &str) -> serde_json::Value {

@@ -3,7 +3,9 @@
 //!   cargo xtask ci [-- <cargo test args>]   install the peers, build everything, run all tests
 //!   cargo xtask demo [--seconds N]          model server + collector + agent, live spans
 //!   cargo xtask gpu-check [--seconds N]     GPU metrics against nvidia-smi on a real GPU
+//!   cargo xtask bench-client                lmperf run vs GuideLLM and AIPerf (figures)
 
+mod bench_client;
 mod ci;
 mod demo;
 mod gpu_check;
@@ -22,7 +24,10 @@ tasks:
   demo [--seconds N]          run a local model server, an OTLP collector and the agent;
                               stop after N seconds or on Ctrl-C
   gpu-check [--seconds N]     on a machine with an NVIDIA GPU: run the agent under a
-                              torch load and check its GPU metrics against nvidia-smi";
+                              torch load and check its GPU metrics against nvidia-smi
+  bench-client                install GuideLLM and AIPerf (.venv-bench/), then print lmperf's
+                              and their sustained rate, CPU per request and TTFT error
+                              against one local stream server (LMPERF_BENCH_* settings)";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -32,6 +37,7 @@ fn main() -> ExitCode {
         Some("ci") => ci::run(&rest),
         Some("demo") => demo::run(&rest),
         Some("gpu-check") => gpu_check::run(&rest),
+        Some("bench-client") => bench_client::run(&rest),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
