@@ -322,13 +322,14 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
                     }
                 };
                 if !warm.is_empty() {
-                    let _ = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, &warm, None, None).await?;
+                    let _ = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, warm.into(), None, None).await?;
                 }
                 let offsets = workload::schedule(&spec, measured.len(), spec.seed)?;
                 if k == 0 {
                     watch.reset();
                 }
-                let mut r = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, &measured, Some(offsets), telemetry.clone()).await?;
+                let measured: Arc<[workload::Item]> = measured.into();
+                let mut r = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, measured.clone(), Some(offsets), telemetry.clone()).await?;
                 r.iter_mut().for_each(|row| row.repeat = k);
                 if spec.workload.own_inputs() {
                     summary_input_len = (measured.iter().map(|i| f64::from(i.prompt.target_tokens)).sum::<f64>() / measured.len().max(1) as f64).round() as u32;
@@ -406,7 +407,7 @@ async fn one_benchmark(
     extra: &serde_json::Map<String, serde_json::Value>,
     name: &str,
     concurrency: usize,
-    items: &[workload::Item],
+    items: Arc<[workload::Item]>,
     offsets: Option<Vec<Duration>>,
     telemetry: Option<Arc<export::BenchTelemetry>>,
 ) -> Result<Vec<RequestRow>, BenchError> {
@@ -422,62 +423,72 @@ async fn one_benchmark(
     let (done, errors) = (counters.done.clone(), counters.errors.clone());
     let shown = progress::Progress::start(name, n, &counters, spec.progress && measured);
     let cancel = CancellationToken::new();
-    let mut tasks = tokio::task::JoinSet::new();
     let t0 = Instant::now() + Duration::from_millis(10);
-    for (i, (item, offset)) in items.iter().zip(offsets).enumerate() {
-        let scheduled = t0 + offset;
-        if let Some(d) = spec.duration
-            && scheduled.saturating_duration_since(t0) > d
-        {
-            break;
+    let (bench_name, multi_turn, ignore_eos, max_offset) = (name.to_owned(), spec.workload.multi_turn, spec.ignore_eos, spec.duration);
+    // The dispatcher runs on its own thread: it sleeps until each send (no spinning on the
+    // runtime's workers, which do the HTTP), waits for a free slot, and spawns the request.
+    let (handle, clients) = (tokio::runtime::Handle::current(), clients.clone());
+    let dispatcher = tokio::task::spawn_blocking(move || {
+        crate::canary::schedule::pacer_thread_init();
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, offset) in offsets.into_iter().enumerate().take(items.len()) {
+            let scheduled = t0 + offset;
+            if max_offset.is_some_and(|d| offset > d) {
+                break;
+            }
+            crate::canary::schedule::pace_until(scheduled.into_std());
+            let Ok(permit) = handle.block_on(slots.clone().acquire_owned()) else { break };
+            let dispatched = Instant::now();
+            let (clients, target, extra, model, task_done, task_errors, cancel) =
+                (clients.clone(), target.clone(), extra.clone(), model.clone(), done.clone(), errors.clone(), cancel.clone());
+            let (items, bench_name, telemetry) = (items.clone(), bench_name.clone(), telemetry.clone());
+            tasks.spawn_on(
+                async move {
+                    let item = &items[i];
+                    let mut extra = (*extra).clone();
+                    if ignore_eos {
+                        extra.insert("min_tokens".into(), serde_json::Value::from(item.max_tokens));
+                    }
+                    let mut rows = Vec::with_capacity(1 + item.next_turns.len());
+                    let mut messages = if multi_turn { vec![serde_json::json!({ "role": "user", "content": item.prompt.text })] } else { Vec::new() };
+                    let mut prompt = item.prompt.clone();
+                    let (mut scheduled, mut dispatched) = (scheduled, dispatched);
+                    for turn in 0..=item.next_turns.len() {
+                        if multi_turn {
+                            extra.insert("messages".into(), serde_json::Value::Array(messages.clone()));
+                        }
+                        let ids = export::BenchTelemetry::new_trace();
+                        let traceparent = ids.traceparent();
+                        let req = CanaryRequest { api: target.api, model: &model, prompt: &prompt.text, max_tokens: item.max_tokens, traceparent: &traceparent, extra_body: Some(&extra) };
+                        let m = client::execute_with(&clients, &target, &req, &cancel, multi_turn).await;
+                        if let Some(t) = &telemetry {
+                            t.record(&export::RequestContext { target: &target, model: &model, benchmark: &bench_name, max_tokens: item.max_tokens, index: i }, ids, &m);
+                        }
+                        let ok = m.record.outcome == Outcome::Ok;
+                        if !ok {
+                            task_errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                        rows.push(row(&bench_name, i, turn as u32, concurrency, t0, scheduled, dispatched, &prompt, item.max_tokens, &m));
+                        // The next turn: after this answer, with the history.
+                        let Some((text, tokens)) = item.next_turns.get(turn).cloned() else { break };
+                        if !ok {
+                            break;
+                        }
+                        messages.push(serde_json::json!({ "role": "assistant", "content": m.record.output_text.unwrap_or_default() }));
+                        messages.push(serde_json::json!({ "role": "user", "content": text }));
+                        prompt = Prompt { text, target_tokens: tokens, tokens };
+                        (scheduled, dispatched) = (Instant::now(), Instant::now());
+                    }
+                    drop(permit);
+                    task_done.fetch_add(1, Ordering::Relaxed);
+                    rows
+                },
+                &handle,
+            );
         }
-        crate::canary::schedule::wait_until(scheduled).await;
-        let Ok(permit) = slots.clone().acquire_owned().await else { break };
-        let dispatched = Instant::now();
-        let (clients, target, extra, model, task_done, task_errors, cancel) =
-            (clients.clone(), target.clone(), extra.clone(), model.clone(), done.clone(), errors.clone(), cancel.clone());
-        let item = item.clone();
-        let (bench_name, multi_turn, ignore_eos, telemetry) = (name.to_owned(), spec.workload.multi_turn, spec.ignore_eos, telemetry.clone());
-        tasks.spawn(async move {
-            let mut extra = (*extra).clone();
-            if ignore_eos {
-                extra.insert("min_tokens".into(), serde_json::Value::from(item.max_tokens));
-            }
-            let mut rows = Vec::with_capacity(1 + item.next_turns.len());
-            let mut messages = vec![serde_json::json!({ "role": "user", "content": item.prompt.text })];
-            let mut prompt = item.prompt.clone();
-            let (mut scheduled, mut dispatched) = (scheduled, dispatched);
-            for turn in 0..=item.next_turns.len() {
-                if multi_turn {
-                    extra.insert("messages".into(), serde_json::Value::Array(messages.clone()));
-                }
-                let ids = export::BenchTelemetry::new_trace();
-                let traceparent = ids.traceparent();
-                let req = CanaryRequest { api: target.api, model: &model, prompt: &prompt.text, max_tokens: item.max_tokens, traceparent: &traceparent, extra_body: Some(&extra) };
-                let m = client::execute_with(&clients, &target, &req, &cancel, multi_turn).await;
-                if let Some(t) = &telemetry {
-                    t.record(&export::RequestContext { target: &target, model: &model, benchmark: &bench_name, max_tokens: item.max_tokens, index: i }, ids, &m);
-                }
-                let ok = m.record.outcome == Outcome::Ok;
-                if !ok {
-                    task_errors.fetch_add(1, Ordering::Relaxed);
-                }
-                rows.push(row(&bench_name, i, turn as u32, concurrency, t0, scheduled, dispatched, &prompt, item.max_tokens, &m));
-                // The next turn: after this answer, with the history.
-                let Some((text, tokens)) = item.next_turns.get(turn).cloned() else { break };
-                if !ok {
-                    break;
-                }
-                messages.push(serde_json::json!({ "role": "assistant", "content": m.record.output_text.unwrap_or_default() }));
-                messages.push(serde_json::json!({ "role": "user", "content": text }));
-                prompt = Prompt { text, target_tokens: tokens, tokens };
-                (scheduled, dispatched) = (Instant::now(), Instant::now());
-            }
-            drop(permit);
-            task_done.fetch_add(1, Ordering::Relaxed);
-            rows
-        });
-    }
+        tasks
+    });
+    let mut tasks = dispatcher.await.map_err(|e| BenchError::Invalid { field: "dispatcher", value: String::new(), reason: e.to_string() })?;
     let mut rows = Vec::with_capacity(n);
     while let Some(r) = tasks.join_next().await {
         if let Ok(r) = r {
