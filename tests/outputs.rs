@@ -451,7 +451,8 @@ fn length_distribution_heatmap_buckets_requests_by_their_lengths() {
     assert!(g["output_buckets"].as_array().unwrap().len() >= 3, "{g}");
 
     // Recomputed from requests.jsonl: each row's buckets, each cell's count and percentiles.
-    let mut by_cell: BTreeMap<((u64, u64), (u64, u64)), Vec<&serde_json::Value>> = BTreeMap::new();
+    type Span = (u64, u64);
+    let mut by_cell: BTreeMap<(Span, Span), Vec<&serde_json::Value>> = BTreeMap::new();
     for r in &rows {
         assert_eq!(r["outcome"], "ok");
         let out = r["output_tokens"].as_u64().unwrap();

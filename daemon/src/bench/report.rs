@@ -212,6 +212,13 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
         let _ = write!(h, "<h3>{} by input × output tokens</h3>", esc(name));
         for g in &summary.length_buckets {
             let c = g.concurrency;
+            let value = |b: &super::buckets::BucketCell| match key {
+                "ttft_p99" => b.ttft_p99_ms,
+                "e2el_p99" => b.e2el_p99_ms,
+                _ => Some(b.count as f64),
+            };
+            // Without an SLO to color against, shade by the value (darkest: the largest).
+            let top = g.cells.iter().filter_map(value).fold(0.0f64, f64::max);
             let _ = write!(h, r#"<table class="heatmap" data-metric="{key}" data-concurrency="{c}"><caption>concurrency {c} ({})</caption><tr><th>input \ output</th>"#, esc(&g.benchmarks.join(", ")));
             for o in &g.output_buckets {
                 let _ = write!(h, "<th>{}</th>", o.label());
@@ -224,13 +231,15 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
                         h.push_str("<td>–</td>");
                         continue;
                     };
-                    let attrs = format!(r#"data-metric="{key}" data-concurrency="{c}" data-input="{}" data-output="{}" data-count="{}""#, i.label(), o.label(), b.count);
-                    match key {
-                        "count" => {
-                            let _ = write!(h, "<td {attrs}>{}</td>", b.count);
-                        }
-                        "ttft_p99" => h.push_str(&cell(b.ttft_p99_ms, limit, &attrs)),
-                        _ => h.push_str(&cell(b.e2el_p99_ms, limit, &attrs)),
+                    let shade = match (limit, value(b)) {
+                        (None, Some(v)) if top > 0.0 => format!(r#"style="background:rgba(31,119,180,{:.2})" "#, 0.1 + 0.5 * v / top),
+                        _ => String::new(),
+                    };
+                    let attrs = format!(r#"{shade}data-metric="{key}" data-concurrency="{c}" data-input="{}" data-output="{}" data-count="{}""#, i.label(), o.label(), b.count);
+                    if key == "count" {
+                        let _ = write!(h, "<td {attrs}>{}</td>", b.count);
+                    } else {
+                        h.push_str(&cell(value(b), limit, &attrs));
                     }
                 }
                 h.push_str("</tr>");
