@@ -2,7 +2,8 @@
 //! scripted server (TTFT 5 ms, then 10 ms), `lmperf compare` of the two (regression found,
 //! gate exits 3), and both pages rendered by headless Chromium (Debian `chromium`): no console
 //! message, a non-blank screenshot of the asked size, and heatmap and SLO matrix cells in the
-//! rendered DOM equal to `summary.json`.
+//! rendered DOM equal to `summary.json`'s `length_buckets`; a length-distribution run whose
+//! buckets are recomputed from `requests.jsonl`.
 //!
 //! `cargo xtask ci` installs `chromium` as root and sets `LMPERF_REQUIRE_CHROMIUM=1`; without
 //! that variable the Chromium tests say so and pass on a machine without the browser.
@@ -283,33 +284,213 @@ fn reports_render_in_headless_chromium() {
         };
         let s = json(&summary);
         let benches = s["benchmarks"].as_array().unwrap();
-        let find = |attr: &str, key: &str, name: &str| -> BTreeMap<String, String> {
-            let hits: Vec<_> = tds.iter().filter(|c| c.get(attr).map(String::as_str) == Some(key) && c.get("data-benchmark").map(String::as_str) == Some(name)).collect();
-            assert_eq!(hits.len(), 1, "{}: one {attr}={key} cell for {name}", page.display());
-            hits[0].clone()
-        };
         let num = |c: &BTreeMap<String, String>, k: &str| -> f64 { c[k].parse().unwrap_or_else(|_| panic!("{k} of {c:?}")) };
         // serde_json's default parser may miss the exact double by an ulp (no float_roundtrip).
         let same = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1.0);
+        // The per-benchmark SLO table: each benchmark's pooled p99 against the SLO.
         for b in benches {
             let name = b["benchmark"].as_str().unwrap();
             for (key, field) in [("ttft_p99", "ttft_ms"), ("e2el_p99", "e2el_ms")] {
                 let want = b[field]["p99"].as_f64().unwrap();
-                let c = find("data-metric", key, name);
-                assert!(same(num(&c, "data-value"), want), "{}: heatmap {key} of {name}: {c:?} vs {want}", page.display());
-                assert_eq!(c["data-input"], b["input_len"].to_string());
-                assert_eq!(c["data-output"], b["output_len"].to_string());
-                let slo = find("data-slo", key, name);
+                let hits: Vec<_> = tds.iter().filter(|c| c.get("data-bench-slo").map(String::as_str) == Some(key) && c.get("data-benchmark").map(String::as_str) == Some(name)).collect();
+                assert_eq!(hits.len(), 1, "{}: one {key} cell for {name}", page.display());
                 let limit = s["goodput_slo"][field].as_f64().unwrap();
-                assert!(same(num(&slo, "data-value"), want) && num(&slo, "data-limit") == limit, "{}: SLO {key} of {name}: {slo:?} vs {want}", page.display());
-                assert_eq!(slo["data-pass"], (want <= limit).to_string());
-            }
-            if is_new {
-                assert_eq!(find("data-slo", "ttft_p99", name)["data-pass"], "false", "TTFT ≥ 10 ms misses the 7 ms SLO");
+                assert!(same(num(hits[0], "data-value"), want) && num(hits[0], "data-limit") == limit, "{}: SLO {key} of {name}: {:?} vs {want}", page.display(), hits[0]);
+                assert_eq!(hits[0]["data-pass"], (want <= limit).to_string());
             }
         }
-        assert_eq!(tds.iter().filter(|c| c.contains_key("data-metric") && c.contains_key("data-value")).count(), 2 * benches.len(), "heatmap cells");
+        // Heatmaps and SLO matrix: every cell of summary.json's length_buckets, exactly.
+        let (values, slos) = check_length_cells(&s, &tds, &page);
+        let groups = s["length_buckets"].as_array().unwrap();
+        assert_eq!(groups.iter().map(|g| g["concurrency"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 2]);
+        for g in groups {
+            // 2 input lengths (8 and 16 tokens by the estimate: own buckets) × 3 output tokens.
+            assert_eq!(g["num_requests"], 60, "{g}");
+            assert!(g["input_buckets"].as_array().unwrap().len() >= 2, "{g}");
+            assert_eq!(g["output_buckets"], serde_json::json!([{ "lo": 2, "hi": 4 }]), "3 tokens achieved");
+            if is_new {
+                for c in g["cells"].as_array().unwrap() {
+                    assert_eq!(c["slo"][0]["slo"], "ttft");
+                    assert_eq!(c["slo"][0]["pass"], false, "TTFT ≥ 10 ms misses the 7 ms SLO: {c}");
+                }
+            }
+        }
+        let rendered = |attr: &str| tds.iter().filter(|c| c.contains_key(attr) && c.contains_key("data-value")).count();
+        assert_eq!(rendered("data-metric"), values, "heatmap cells with a value");
+        assert_eq!(rendered("data-slo"), slos, "SLO matrix cells with a value");
+        assert!(values >= 8 && slos == values, "{values} heatmap, {slos} SLO cells");
     }
+}
+
+/// `[lo,hi)` of a summary.json bucket.
+fn label(b: &serde_json::Value) -> String {
+    format!("[{},{})", b["lo"], b["hi"])
+}
+
+/// Checks that the report's heatmap and SLO matrix cells (`tds`) hold the values of
+/// `summary.json`'s `length_buckets`, exactly; returns how many of each have a value.
+fn check_length_cells(s: &serde_json::Value, tds: &[BTreeMap<String, String>], page: &Path) -> (usize, usize) {
+    let num = |c: &BTreeMap<String, String>, k: &str| -> f64 { c[k].parse().unwrap_or_else(|_| panic!("{k} of {c:?}")) };
+    let same = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1.0);
+    let (mut values, mut slos) = (0, 0);
+    for g in s["length_buckets"].as_array().unwrap() {
+        let conc = g["concurrency"].to_string();
+        let cells = g["cells"].as_array().unwrap();
+        assert_eq!(cells.iter().map(|c| c["count"].as_u64().unwrap()).sum::<u64>(), g["num_requests"].as_u64().unwrap(), "{g}");
+        for c in cells {
+            let (i, o) = (label(&c["input"]), label(&c["output"]));
+            let at = |attr: &str, key: &str| -> BTreeMap<String, String> {
+                let hits: Vec<_> = tds
+                    .iter()
+                    .filter(|t| {
+                        t.get(attr).map(String::as_str) == Some(key)
+                            && t.get("data-concurrency") == Some(&conc)
+                            && t.get("data-input") == Some(&i)
+                            && t.get("data-output") == Some(&o)
+                    })
+                    .collect();
+                assert_eq!(hits.len(), 1, "{}: one {attr}={key} cell for c{conc} {i} × {o}", page.display());
+                hits[0].clone()
+            };
+            assert_eq!(at("data-metric", "count")["data-count"], c["count"].to_string());
+            for (key, field, slo) in [("ttft_p99", "ttft_p99_ms", "ttft_ms"), ("e2el_p99", "e2el_p99_ms", "e2el_ms")] {
+                let t = at("data-metric", key);
+                assert_eq!(t["data-count"], c["count"].to_string());
+                match c[field].as_f64() {
+                    Some(want) => {
+                        assert!(same(num(&t, "data-value"), want), "{}: heatmap {key} c{conc} {i} × {o}: {t:?} vs {want}", page.display());
+                        if let Some(limit) = s["goodput_slo"][slo].as_f64() {
+                            assert_eq!((num(&t, "data-limit"), t["data-pass"].clone()), (limit, (want <= limit).to_string()));
+                        }
+                        values += 1;
+                    }
+                    None => assert!(!t.contains_key("data-value"), "{t:?}"),
+                }
+            }
+            for check in c["slo"].as_array().unwrap() {
+                let key = format!("{}_p99", check["slo"].as_str().unwrap());
+                let t = at("data-slo", &key);
+                let (limit, p99) = (check["threshold_ms"].as_f64().unwrap(), check["p99_ms"].as_f64());
+                assert_eq!(num(&t, "data-limit"), limit);
+                match p99 {
+                    Some(want) => {
+                        assert!(same(num(&t, "data-value"), want), "{}: SLO {key} c{conc} {i} × {o}: {t:?} vs {want}", page.display());
+                        assert_eq!(check["pass"], want <= limit);
+                        assert_eq!(t["data-pass"], (want <= limit).to_string());
+                        assert_eq!(c[format!("{key}_ms")], check["p99_ms"], "the matrix's p99 is the cell's");
+                        slos += 1;
+                    }
+                    None => assert!(check["pass"].is_null() && !t.contains_key("data-value"), "{t:?}"),
+                }
+            }
+        }
+    }
+    (values, slos)
+}
+
+/// The power-of-two bucket `[lo, hi)` of `n` tokens (0 in `[0, 1)`), written independently.
+fn pow2_bucket(n: u64) -> (u64, u64) {
+    if n == 0 { (0, 1) } else { (1 << (63 - n.leading_zeros()), 2 << (63 - n.leading_zeros())) }
+}
+
+/// One benchmark with many lengths (`--input-dist uniform:min=16,max=600`, `--output-dist`):
+/// summary.json's `length_buckets` buckets the requests by their own lengths (several input
+/// buckets, counts summing to the requests), each cell's count and percentiles recomputed from
+/// `requests.jsonl`, TTFT growing with the input (the server waits 20 µs per prompt word), and
+/// report.html's heatmap and SLO cells equal to summary.json.
+#[test]
+fn length_distribution_heatmap_buckets_requests_by_their_lengths() {
+    let root = std::env::temp_dir().join(format!("lmperf-heat-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let server = rt.block_on(ScriptedServer::start(Arc::new(|req, _| {
+        let b: serde_json::Value = serde_json::from_slice(&req.body).unwrap_or_default();
+        match req.path.as_str() {
+            // llama.cpp's form; the tokens are the words, so calibration is exact.
+            "/tokenize" => {
+                let n = b["content"].as_str().map_or(0, |s| s.split_whitespace().count());
+                Reply::json(200, &serde_json::json!({ "tokens": vec![1; n] }).to_string())
+            }
+            "/v1/completions" => {
+                let words = b["prompt"].as_str().unwrap_or("").split_whitespace().count() as u64;
+                let n = b["max_tokens"].as_u64().unwrap_or(1);
+                let first = Duration::from_micros(20 * words);
+                let mut frames: Vec<Frame> = (0..n)
+                    .map(|i| Frame { at: first + Duration::from_micros(200 * i), bytes: format!("data: {}\n\n", serde_json::json!({ "choices": [{ "index": 0, "text": format!("w{i} ") }] })).into_bytes() })
+                    .collect();
+                let end = first + Duration::from_micros(200 * n);
+                let usage = serde_json::json!({ "choices": [], "usage": { "prompt_tokens": words, "completion_tokens": n } });
+                frames.push(Frame { at: end, bytes: format!("data: {usage}\n\ndata: [DONE]\n\n").into_bytes() });
+                Reply::sse(frames)
+            }
+            _ => Reply::json(404, r#"{"error":{"message":"not found"}}"#),
+        }
+    })));
+    let out = Command::new(lmperf_bin())
+        .args(["run", "--target", &server.url(), "--model", "m", "--api", "completions", "--batch-sizes", "4", "--num-prompts", "80"])
+        .args(["--input-dist", "uniform:min=16,max=600", "--output-dist", "uniform:min=2,max=40", "--goodput", "ttft:8", "tpot:50", "--output-dir", root.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    drop(server);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let s = json(&root.join("summary.json"));
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(root.join("requests.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 80);
+    assert_eq!(s["tokenizer"], "server_llama_cpp");
+    let groups = s["length_buckets"].as_array().unwrap();
+    assert_eq!(groups.len(), 1);
+    let g = &groups[0];
+    assert_eq!((g["concurrency"].as_u64(), g["benchmarks"].clone()), (Some(4), serde_json::json!(["c4_dist"])));
+    assert!(g["scheme"].as_str().unwrap().starts_with("powers of two"));
+    let bcells = g["cells"].as_array().unwrap();
+    assert_eq!(g["num_requests"], 80);
+    assert_eq!(bcells.iter().map(|c| c["count"].as_u64().unwrap()).sum::<u64>(), 80, "counts sum to the requests");
+    let inputs = g["input_buckets"].as_array().unwrap();
+    assert!(inputs.len() >= 4, "uniform 16..600 spans [16,32) to [512,1024): {inputs:?}");
+    assert!(g["output_buckets"].as_array().unwrap().len() >= 3, "{g}");
+
+    // Recomputed from requests.jsonl: each row's buckets, each cell's count and percentiles.
+    type Span = (u64, u64);
+    let mut by_cell: BTreeMap<(Span, Span), Vec<&serde_json::Value>> = BTreeMap::new();
+    for r in &rows {
+        assert_eq!(r["outcome"], "ok");
+        let out = r["output_tokens"].as_u64().unwrap();
+        assert_eq!(out, r["output_tokens_target"].as_u64().unwrap());
+        by_cell.entry((pow2_bucket(r["prompt_tokens"].as_u64().unwrap()), pow2_bucket(out))).or_default().push(r);
+    }
+    assert_eq!(by_cell.len(), bcells.len());
+    for c in bcells {
+        let key = ((c["input"]["lo"].as_u64().unwrap(), c["input"]["hi"].as_u64().unwrap()), (c["output"]["lo"].as_u64().unwrap(), c["output"]["hi"].as_u64().unwrap()));
+        let mine = &by_cell[&key];
+        assert_eq!((c["count"].as_u64(), c["completed"].as_u64()), (Some(mine.len() as u64), Some(mine.len() as u64)));
+        let vals = |f: &str| -> Vec<f64> { mine.iter().filter_map(|r| r[f].as_f64()).collect() };
+        for (field, metric, q) in [("ttft_p50_ms", "ttft_ms", 0.5), ("ttft_p99_ms", "ttft_ms", 0.99), ("e2el_p99_ms", "e2el_ms", 0.99), ("tpot_p99_ms", "tpot_ms", 0.99)] {
+            let v = vals(metric);
+            match c[field].as_f64() {
+                Some(got) => assert!((got - np_percentile(&v, q)).abs() < 1e-9, "{field} of {c}"),
+                None => assert!(v.is_empty(), "{field} of {c}"),
+            }
+        }
+        // The server waits 20 µs per prompt word before the first token.
+        let floor = 0.02 * key.0.0 as f64;
+        assert!(c["ttft_p50_ms"].as_f64().unwrap() >= floor, "TTFT of {c} under the server's {floor} ms");
+        assert_eq!(c["slo"].as_array().unwrap().len(), 2, "ttft and tpot SLOs: {c}");
+    }
+    let ttft_at = |b: &serde_json::Value| bcells.iter().filter(|c| c["input"] == *b).map(|c| c["ttft_p50_ms"].as_f64().unwrap()).fold(f64::NAN, f64::max);
+    assert!(ttft_at(&inputs[inputs.len() - 1]) > ttft_at(&inputs[0]), "longer prompts, later first tokens");
+
+    // report.html: every heatmap and SLO cell equals summary.json; the count heatmap shows
+    // several input rows whose counts sum to the requests.
+    let html = std::fs::read_to_string(root.join("report.html")).unwrap();
+    let tds = cells(&html);
+    let (values, slos) = check_length_cells(&s, &tds, &root.join("report.html"));
+    assert_eq!(values, 2 * bcells.len());
+    assert!(slos >= bcells.len(), "{slos}");
+    let counts: Vec<&BTreeMap<String, String>> = tds.iter().filter(|t| t.get("data-metric").map(String::as_str) == Some("count")).collect();
+    assert_eq!(counts.iter().map(|t| t["data-count"].parse::<u64>().unwrap()).sum::<u64>(), 80);
+    let rows_shown: std::collections::BTreeSet<&String> = counts.iter().map(|t| &t["data-input"]).collect();
+    assert_eq!(rows_shown.len(), inputs.len());
 }
 
 /// numpy's default (linear) percentile, written independently of the daemon's.

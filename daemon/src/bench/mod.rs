@@ -8,6 +8,7 @@
 //! `requests.jsonl` (one line per request), `summary.json` (schema below, versioned) and
 //! `report.html` (self-contained charts and tables, see [`report`]).
 
+pub mod buckets;
 pub mod compare;
 pub mod dataset;
 pub mod export;
@@ -206,6 +207,9 @@ pub struct Summary {
     pub seed: u64,
     pub goodput_slo: Goodput,
     pub benchmarks: Vec<BenchSummary>,
+    /// Per concurrency, its requests bucketed by their own input × output lengths (the
+    /// report's heatmaps and SLO matrix; scheme in [`buckets`]).
+    pub length_buckets: Vec<buckets::LengthBuckets>,
     /// Whether the benchmarks have GPU memory figures, and why not.
     pub gpu: vram::GpuRunStatus,
     /// The replayed trace (`--trace`), if any.
@@ -373,6 +377,7 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
         seed: spec.seed,
         goodput_slo: spec.goodput,
         benchmarks,
+        length_buckets: buckets::by_concurrency(&rows_all, spec.goodput),
         gpu,
         trace: spec.workload.trace.as_ref().map(workload::TraceReplay::info),
         workload: spec.workload.info(),

@@ -1,7 +1,8 @@
 //! `report.html`: one self-contained file (inline CSS and SVG, no script, no fetch) drawn from
 //! the same rows and summary as the JSON outputs: latency CDFs, latency over time, throughput
-//! vs concurrency, the input × output length heatmap of p99 TTFT and E2EL, the SLO compliance
-//! matrix, and the error table.
+//! vs concurrency, the input × output length-bucket heatmaps of p99 TTFT and E2EL and the SLO
+//! compliance matrix (both drawn from `summary.json`'s `length_buckets`, see [`super::buckets`]),
+//! and the error table.
 
 use std::fmt::Write as _;
 
@@ -202,33 +203,44 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
         .collect();
     h.push_str(&line_chart("Output tokens/s vs concurrency", "concurrency", "output tokens/s", &thr));
 
-    // Heatmaps: input length × output length of p99 TTFT and E2EL, one table per concurrency,
-    // each cell one benchmark's value from summary.json (colored against the SLO when given).
-    let mut outs: Vec<u32> = summary.benchmarks.iter().map(|b| b.output_len).collect();
-    outs.sort_unstable();
-    outs.dedup();
-    let mut concs: Vec<usize> = summary.benchmarks.iter().map(|b| b.concurrency).collect();
-    concs.sort_unstable();
-    concs.dedup();
+    // Heatmaps: input bucket × output bucket of p99 TTFT and E2EL (colored against the SLO
+    // when given) and the request count, one table per concurrency, every value one of
+    // summary.json's `length_buckets` (requests bucketed by their own lengths).
     let slo = summary.goodput_slo;
-    let p99 = |d: &Option<super::stats::Distribution>| d.as_ref().map(|d| d.p99);
-    for (name, key, f, limit) in [
-        ("p99 TTFT (ms)", "ttft_p99", (|b: &BenchSummary| b.ttft_ms.as_ref().map(|d| d.p99)) as fn(&BenchSummary) -> Option<f64>, slo.ttft_ms),
-        ("p99 E2EL (ms)", "e2el_p99", |b: &BenchSummary| b.e2el_ms.as_ref().map(|d| d.p99), slo.e2el_ms),
-    ] {
-        let _ = write!(h, "<h2>{} by input × output length</h2>", esc(name));
-        for &c in &concs {
-            let _ = write!(h, r#"<table class="heatmap" data-metric="{key}" data-concurrency="{c}"><caption>concurrency {c}</caption><tr><th>input \ output</th>"#);
-            for o in &outs {
-                let _ = write!(h, "<th>{o}</th>");
+    let _ = write!(h, "<h2>Input × output length heatmaps</h2><p>Requests bucketed by their own lengths: {}. Times in ms.</p>", esc(super::buckets::SCHEME));
+    for (name, key, limit) in [("p99 TTFT (ms)", "ttft_p99", slo.ttft_ms), ("p99 E2EL (ms)", "e2el_p99", slo.e2el_ms), ("requests", "count", None)] {
+        let _ = write!(h, "<h3>{} by input × output tokens</h3>", esc(name));
+        for g in &summary.length_buckets {
+            let c = g.concurrency;
+            let value = |b: &super::buckets::BucketCell| match key {
+                "ttft_p99" => b.ttft_p99_ms,
+                "e2el_p99" => b.e2el_p99_ms,
+                _ => Some(b.count as f64),
+            };
+            // Without an SLO to color against, shade by the value (darkest: the largest).
+            let top = g.cells.iter().filter_map(value).fold(0.0f64, f64::max);
+            let _ = write!(h, r#"<table class="heatmap" data-metric="{key}" data-concurrency="{c}"><caption>concurrency {c} ({})</caption><tr><th>input \ output</th>"#, esc(&g.benchmarks.join(", ")));
+            for o in &g.output_buckets {
+                let _ = write!(h, "<th>{}</th>", o.label());
             }
             h.push_str("</tr>");
-            for &l in &lens {
-                let _ = write!(h, "<tr><th>{l}</th>");
-                for &o in &outs {
-                    let b = summary.benchmarks.iter().find(|b| b.concurrency == c && b.input_len == l && b.output_len == o);
-                    let attrs = format!(r#"data-metric="{key}" data-benchmark="{}" data-input="{l}" data-output="{o}""#, b.map_or(String::new(), |b| esc(&b.benchmark)));
-                    h.push_str(&cell(b.and_then(f), limit, &attrs));
+            for i in &g.input_buckets {
+                let _ = write!(h, "<tr><th>{}</th>", i.label());
+                for o in &g.output_buckets {
+                    let Some(b) = g.cells.iter().find(|b| b.input == *i && b.output == *o) else {
+                        h.push_str("<td>–</td>");
+                        continue;
+                    };
+                    let shade = match (limit, value(b)) {
+                        (None, Some(v)) if top > 0.0 => format!(r#"style="background:rgba(31,119,180,{:.2})" "#, 0.1 + 0.5 * v / top),
+                        _ => String::new(),
+                    };
+                    let attrs = format!(r#"{shade}data-metric="{key}" data-concurrency="{c}" data-input="{}" data-output="{}" data-count="{}""#, i.label(), o.label(), b.count);
+                    if key == "count" {
+                        let _ = write!(h, "<td {attrs}>{}</td>", b.count);
+                    } else {
+                        h.push_str(&cell(value(b), limit, &attrs));
+                    }
                 }
                 h.push_str("</tr>");
             }
@@ -236,26 +248,55 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
         }
     }
 
-    // SLO compliance matrix: (concurrency, input bucket, output bucket) × SLO, p99 vs threshold.
+    // SLO compliance matrix: (concurrency, input bucket, output bucket) × SLO, p99 vs
+    // threshold, from summary.json's cells; then the same per benchmark, all lengths pooled.
     h.push_str("<h2>SLO compliance (p99 vs threshold)</h2>");
-    if slo.ttft_ms.is_none() && slo.tpot_ms.is_none() && slo.e2el_ms.is_none() {
+    let slos: Vec<(&str, &str, f64)> = [("ttft", "TTFT", slo.ttft_ms), ("tpot", "TPOT", slo.tpot_ms), ("e2el", "E2EL", slo.e2el_ms)].into_iter().filter_map(|(k, n, l)| l.map(|l| (k, n, l))).collect();
+    if slos.is_empty() {
         h.push_str("<p>No SLO given (<code>--goodput ttft:MS tpot:MS e2el:MS</code>).</p>");
     } else {
-        h.push_str(r#"<table class="slo"><tr><th>benchmark</th><th>concurrency</th><th>input</th><th>output</th><th>TTFT</th><th>TPOT</th><th>E2EL</th></tr>"#);
+        h.push_str(r#"<table class="slo"><tr><th>concurrency</th><th>input tokens</th><th>output tokens</th><th>requests</th>"#);
+        for (_, n, l) in &slos {
+            let _ = write!(h, "<th>{n} p99 ≤ {l} ms</th>");
+        }
+        h.push_str("</tr>");
+        for g in &summary.length_buckets {
+            for b in &g.cells {
+                let (i, o) = (b.input.label(), b.output.label());
+                let _ = write!(h, "<tr><td>{}</td><td>{i}</td><td>{o}</td><td>{}</td>", g.concurrency, b.count);
+                for (k, _, _) in &slos {
+                    match b.slo.iter().find(|s| s.slo == *k) {
+                        Some(s) => {
+                            let attrs = format!(r#"data-slo="{k}_p99" data-concurrency="{}" data-input="{i}" data-output="{o}""#, g.concurrency);
+                            h.push_str(&cell(s.p99_ms, Some(s.threshold_ms), &attrs));
+                        }
+                        None => h.push_str("<td>–</td>"),
+                    }
+                }
+                h.push_str("</tr>");
+            }
+        }
+        h.push_str("</table><h3>Per benchmark (all lengths pooled)</h3>");
+        h.push_str(r#"<table class="slo-benchmark"><tr><th>benchmark</th><th>concurrency</th><th>input</th><th>output</th>"#);
+        for (_, n, _) in &slos {
+            let _ = write!(h, "<th>{n}</th>");
+        }
+        h.push_str("</tr>");
         for b in &summary.benchmarks {
             let _ = write!(h, "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td>", esc(&b.benchmark), b.concurrency, b.input_len, b.output_len);
-            for (key, limit, v) in [("ttft_p99", slo.ttft_ms, p99(&b.ttft_ms)), ("tpot_p99", slo.tpot_ms, p99(&b.tpot_ms)), ("e2el_p99", slo.e2el_ms, p99(&b.e2el_ms))] {
-                let attrs = format!(r#"data-benchmark="{}" data-slo="{key}""#, esc(&b.benchmark));
-                match limit {
-                    Some(l) => h.push_str(&cell(v, Some(l), &attrs)),
-                    None => h.push_str("<td>–</td>"),
-                }
+            for (k, _, l) in &slos {
+                let d = match *k {
+                    "ttft" => &b.ttft_ms,
+                    "tpot" => &b.tpot_ms,
+                    _ => &b.e2el_ms,
+                };
+                let attrs = format!(r#"data-benchmark="{}" data-bench-slo="{k}_p99""#, esc(&b.benchmark));
+                h.push_str(&cell(d.as_ref().map(|d| d.p99), Some(*l), &attrs));
             }
             h.push_str("</tr>");
         }
         h.push_str("</table>");
     }
-
     // Errors.
     h.push_str("<h2>Errors</h2>");
     let errs: Vec<(&str, &String, &usize)> = summary.benchmarks.iter().flat_map(|b| b.errors.iter().map(move |(t, n)| (b.benchmark.as_str(), t, n))).collect();
