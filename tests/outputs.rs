@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use lmperf_e2e::np_percentile;
 use lmperf_e2e::agent::lmperf_bin;
 use lmperf_e2e::scripted::{Frame, Reply, ScriptedServer};
 
@@ -491,15 +492,6 @@ fn length_distribution_heatmap_buckets_requests_by_their_lengths() {
     assert_eq!(counts.iter().map(|t| t["data-count"].parse::<u64>().unwrap()).sum::<u64>(), 80);
     let rows_shown: std::collections::BTreeSet<&String> = counts.iter().map(|t| &t["data-input"]).collect();
     assert_eq!(rows_shown.len(), inputs.len());
-}
-
-/// numpy's default (linear) percentile, written independently of the daemon's.
-fn np_percentile(v: &[f64], q: f64) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let pos = q * (s.len() - 1) as f64;
-    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-    s[lo] + (s[hi] - s[lo]) * (pos - lo as f64)
 }
 
 /// `--repeat 3` at a constant 20 req/s: every run in requests.jsonl, per-run values and their

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use lmperf::bench::{Goodput, RunArrival, RunSpec};
 use lmperf::config::{self, Env, Overrides, raw::RawCanary};
+use lmperf_e2e::np_percentile;
 use lmperf_e2e::agent::lmperf_bin;
 use lmperf_e2e::peers::ModelServer;
 use lmperf_e2e::scripted::{Frame, Reply, ScriptedServer};
@@ -16,15 +17,6 @@ impl Env for NoEnv {
     fn var(&self, _: &str) -> Option<String> {
         None
     }
-}
-
-/// numpy's default (linear) percentile, written independently of the daemon's.
-fn np_percentile(v: &[f64], q: f64) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let pos = q * (s.len() - 1) as f64;
-    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-    s[lo] + (s[hi] - s[lo]) * (pos - lo as f64)
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -15,3 +15,13 @@ pub fn case(name: &str) -> serde_json::Value {
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
+
+/// numpy's default (linear) percentile of `v` at `q` in [0, 1], written independently of the
+/// daemon's, for recomputing `summary.json` from `requests.jsonl`.
+pub fn np_percentile(v: &[f64], q: f64) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let pos = q * (s.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    s[lo] + (s[hi] - s[lo]) * (pos - lo as f64)
+}
