@@ -15,6 +15,7 @@ pub mod progress;
 pub mod prompts;
 pub mod repeat;
 pub mod report;
+pub mod slots;
 pub mod stats;
 pub mod trace;
 pub mod vram;
@@ -30,7 +31,6 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use rand_distr::{Distribution as _, Exp, Gamma};
 use serde::Serialize;
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -124,6 +124,9 @@ pub struct RequestRow {
     /// Which run of the benchmark (0-based, `--repeat`); offsets restart at each.
     pub repeat: usize,
     pub concurrency: usize,
+    /// Requests allowed in flight when this one was dispatched: `concurrency`, or the
+    /// ramp's limit then with `--ramp-over concurrency` ([`workload::Ramp::concurrency_at`]).
+    pub concurrency_limit: usize,
     pub scheduled_ms: f64,
     /// Time the request waited for a free concurrency slot after its scheduled time.
     pub dispatch_delay_ms: f64,
@@ -414,7 +417,6 @@ async fn one_benchmark(
     // Warm-up (no offsets) runs closed loop; measured runs follow the schedule.
     let measured = offsets.is_some();
     let offsets = offsets.unwrap_or_else(|| vec![Duration::ZERO; n]);
-    let slots = Arc::new(Semaphore::new(concurrency.max(1)));
     let target = Arc::new(spec.target.clone());
     let extra = Arc::new(extra.clone());
     let model: Arc<str> = Arc::from(model);
@@ -424,6 +426,11 @@ async fn one_benchmark(
     let cancel = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
     let t0 = Instant::now() + Duration::from_millis(10);
+    let slots = match spec.workload.ramp {
+        // Measured runs of a concurrency ramp: closed loop, slots follow the ramp.
+        Some(r) if measured && r.over == workload::RampOver::Concurrency => slots::Slots::ramp(r, t0, spec.duration.map(|d| t0 + d)),
+        _ => slots::Slots::fixed(concurrency),
+    };
     for (i, (item, offset)) in items.iter().zip(offsets).enumerate() {
         let scheduled = t0 + offset;
         if let Some(d) = spec.duration
@@ -432,7 +439,7 @@ async fn one_benchmark(
             break;
         }
         crate::canary::schedule::wait_until(scheduled).await;
-        let Ok(permit) = slots.clone().acquire_owned().await else { break };
+        let Some((permit, limit)) = slots.acquire().await else { break };
         let dispatched = Instant::now();
         let (clients, target, extra, model, task_done, task_errors, cancel) =
             (clients.clone(), target.clone(), extra.clone(), model.clone(), done.clone(), errors.clone(), cancel.clone());
@@ -462,7 +469,7 @@ async fn one_benchmark(
                 if !ok {
                     task_errors.fetch_add(1, Ordering::Relaxed);
                 }
-                rows.push(row(&bench_name, i, turn as u32, concurrency, t0, scheduled, dispatched, &prompt, item.max_tokens, &m));
+                rows.push(row(&bench_name, i, turn as u32, (concurrency, limit), t0, scheduled, dispatched, &prompt, item.max_tokens, &m));
                 // The next turn: after this answer, with the history.
                 let Some((text, tokens)) = item.next_turns.get(turn).cloned() else { break };
                 if !ok {
@@ -490,7 +497,7 @@ async fn one_benchmark(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn row(name: &str, index: usize, turn: u32, concurrency: usize, t0: Instant, scheduled: Instant, dispatched: Instant, prompt: &Prompt, max_tokens: u32, m: &Measured) -> RequestRow {
+fn row(name: &str, index: usize, turn: u32, (concurrency, concurrency_limit): (usize, usize), t0: Instant, scheduled: Instant, dispatched: Instant, prompt: &Prompt, max_tokens: u32, m: &Measured) -> RequestRow {
     let r = &m.record;
     let delay = dispatched.saturating_duration_since(scheduled);
     RequestRow {
@@ -499,6 +506,7 @@ fn row(name: &str, index: usize, turn: u32, concurrency: usize, t0: Instant, sch
         index,
         repeat: 0,
         concurrency,
+        concurrency_limit,
         scheduled_ms: ms(scheduled.saturating_duration_since(t0)),
         dispatch_delay_ms: ms(delay),
         send_ms: ms(dispatched.saturating_duration_since(t0)),
