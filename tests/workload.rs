@@ -451,6 +451,8 @@ async fn concurrency_ramp_linear_from_the_command_line() {
     let s: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     assert_eq!((s["workload"]["ramp"]["over"].as_str(), s["workload"]["ramp"]["to"].as_f64()), (Some("concurrency"), Some(8.0)));
     assert_eq!(s["benchmarks"][0]["concurrency"], 8);
+    let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    assert!(html.contains("Latency vs concurrency (ramp)") && html.contains("c8_in8: latency vs concurrency limit"), "report section");
     let per_step: Vec<usize> = (1..=8).map(|k| seen.iter().filter(|s| s.1 == k).count()).collect();
     println!("concurrency ramp 1 → 8: {} requests, per limit {per_step:?}, server peaks per 0.5 s {:?}", rows.len(), (0..5).map(|k| peak(k as f64 * 0.5, (k + 1) as f64 * 0.5)).collect::<Vec<_>>());
 }

@@ -15,6 +15,7 @@ pub mod progress;
 pub mod prompts;
 pub mod repeat;
 pub mod report;
+pub mod report_ramp;
 pub mod slots;
 pub mod stats;
 pub mod trace;

@@ -201,6 +201,7 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
         .map(|&l| (format!("in {l}"), summary.benchmarks.iter().filter(|b| b.input_len == l).map(|b| (b.concurrency as f64, b.output_token_throughput)).collect()))
         .collect();
     h.push_str(&line_chart("Output tokens/s vs concurrency", "concurrency", "output tokens/s", &thr));
+    h.push_str(&super::report_ramp::section(summary, rows));
 
     // Heatmaps: input length × output length of p99 TTFT and E2EL, one table per concurrency,
     // each cell one benchmark's value from summary.json (colored against the SLO when given).
