@@ -1,6 +1,6 @@
 //! `lmperf run` workloads (issue 3): trace replay of every sample in `fixtures/traces/`
 //! (acceptance 3), length distributions with targets vs achieved, prompt files and MT-Bench
-//! multi-turn, rate ramps, seed reproducibility, and the flags' errors.
+//! multi-turn, rate and concurrency ramps, seed reproducibility, and the flags' errors.
 //!
 //! The scripted server here has a `/tokenize` in llama.cpp's form whose tokens are the
 //! whitespace-separated words, so calibration is exact and what was *sent* can be counted
@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lmperf::bench::workload::{LengthDist, Ramp, TraceReplay, Workload};
+use lmperf::bench::workload::{LengthDist, Ramp, RampOver, TraceReplay, Workload};
 use lmperf::bench::{Goodput, RunArrival, RunSpec};
 use lmperf::config::{self, Env, Overrides, raw::RawCanary};
 use lmperf_e2e::agent::{lmperf_bin, workspace_root};
@@ -357,6 +357,132 @@ async fn ramp_linear_from_the_command_line() {
     assert_eq!(s["workload"]["ramp"]["kind"], "linear");
 }
 
+/// Replies take `SLOW` (one token, usage, `[DONE]` all at once then). The usage's
+/// `prompt_tokens` is the server's arrival number of the request, so each row of
+/// `requests.jsonl` (its `input_tokens`) names the arrival the server recorded for it.
+const SLOW: Duration = Duration::from_millis(50);
+
+type Arrivals = Arc<std::sync::Mutex<Vec<(u64, tokio::time::Instant)>>>;
+
+async fn slow_server() -> (ScriptedServer, Arrivals) {
+    let arrivals: Arrivals = Arc::default();
+    let log = arrivals.clone();
+    let srv = ScriptedServer::start(Arc::new(move |req, n| {
+        let b: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
+        if req.path == "/tokenize" {
+            let n = b["content"].as_str().map_or(0, |s| s.split_whitespace().count());
+            return Reply::json(200, &serde_json::json!({ "tokens": vec![1; n] }).to_string());
+        }
+        log.lock().unwrap().push((n as u64, tokio::time::Instant::now()));
+        let chunk = serde_json::json!({ "choices": [{ "index": 0, "text": "w " }] });
+        let usage = serde_json::json!({ "choices": [], "usage": { "prompt_tokens": n, "completion_tokens": 1 } });
+        Reply::sse(vec![Frame { at: SLOW, bytes: format!("data: {chunk}\n\ndata: {usage}\n\ndata: [DONE]\n\n").into_bytes() }])
+    }))
+    .await;
+    (srv, arrivals)
+}
+
+/// Per measured row, by send time: (send s, concurrency_limit, requests in flight at the
+/// server when it arrived, the highest concurrency_limit among those). In flight at the
+/// server: arrived at or before it and within `SLOW` − 1 ms of their arrival (the server
+/// writes its reply at `SLOW`; 1 ms allows for its own lag in recording an arrival). The
+/// last-dispatched of those was dispatched with all of them in flight, so a correct limiter
+/// keeps the count ≤ that highest limit, with no tolerance.
+fn in_flight_at_server(rows: &[Value], arrivals: &[(u64, tokio::time::Instant)]) -> Vec<(f64, usize, usize, usize)> {
+    let at: std::collections::HashMap<u64, tokio::time::Instant> = arrivals.iter().copied().collect();
+    let window = SLOW - Duration::from_millis(1);
+    let mut out: Vec<(f64, usize, usize, usize)> = rows
+        .iter()
+        .map(|r| {
+            let a = at[&r["input_tokens"].as_u64().unwrap()];
+            let with: Vec<&Value> = rows
+                .iter()
+                .filter(|o| {
+                    let b = at[&o["input_tokens"].as_u64().unwrap()];
+                    b <= a && a < b + window
+                })
+                .collect();
+            let max_limit = with.iter().map(|o| o["concurrency_limit"].as_u64().unwrap() as usize).max().unwrap();
+            (r["send_ms"].as_f64().unwrap() / 1000.0, r["concurrency_limit"].as_u64().unwrap() as usize, with.len(), max_limit)
+        })
+        .collect();
+    out.sort_by(|x, y| x.0.total_cmp(&y.0));
+    out
+}
+
+/// `--ramp linear --ramp-over concurrency 1 → 8 over 2 s` through the command line against a
+/// server whose replies take 50 ms: requests go closed loop, the server never has more in
+/// flight than the limit (+0), reaches 8 near the end, the recorded limits rise with the
+/// ramp, and `--duration` ends the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_ramp_linear_from_the_command_line() {
+    let (srv, arrivals) = slow_server().await;
+    let dir = tmp("cramp");
+    let (url, out_dir) = (srv.url(), dir.clone());
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(lmperf_bin())
+            .args(["run", "--target", &url, "--model", "m", "--num-prompts", "1000", "--seq-lengths", "8", "--output-len", "1", "--duration", "2500ms"])
+            .args(["--ramp", "linear", "--ramp-over", "concurrency", "--ramp-from", "1", "--ramp-to", "8", "--ramp-duration", "2s", "--output-dir", out_dir.to_str().unwrap()])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows = rows(&dir);
+    let ramp = Ramp::new_over("linear", 1.0, 8.0, Duration::from_secs(2), RampOver::Concurrency).unwrap();
+    // Closed loop at 1..8 in flight, 50 ms each: ∫ c(t) dt / 50 ms ≈ 4.5·2/0.05 + 8·0.5/0.05 = 260.
+    assert!((200..=275).contains(&rows.len()), "{} requests in 2.5 s", rows.len());
+    assert!(rows.iter().all(|r| r["outcome"] == "ok" && r["benchmark"] == "c8_in8"), "{:?}", rows[0]);
+    let seen = in_flight_at_server(&rows, &arrivals.lock().unwrap());
+    for &(t, limit, in_flight, max_limit) in &seen {
+        assert!(t <= 2.5 + 0.002, "sent at {t} s, after --duration");
+        // The limit at dispatch is the ramp's then (read within the 1 ms tick; 10 ms allows for a busy machine).
+        assert!(limit == ramp.concurrency_at(t) || limit == ramp.concurrency_at(t - 0.01), "limit {limit} at {t} s");
+        assert!(in_flight <= max_limit, "{in_flight} in flight at the server at {t} s, limit {max_limit}");
+    }
+    let limits: Vec<usize> = seen.iter().map(|s| s.1).collect();
+    assert!(limits.windows(2).all(|w| w[0] <= w[1]), "limits rise: {limits:?}");
+    assert_eq!((limits[0], limits[limits.len() - 1]), (1, 8));
+    assert!((1..=8).all(|k| limits.contains(&k)), "every step of the ramp: {limits:?}");
+    let peak = |a: f64, b: f64| seen.iter().filter(|s| (a..b).contains(&s.0)).map(|s| s.2).max().unwrap_or(0);
+    assert_eq!(peak(0.0, 0.1), 1, "one at a time at the start");
+    assert_eq!(peak(1.9, 2.6), 8, "8 in flight at the server near the end");
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!((s["workload"]["ramp"]["over"].as_str(), s["workload"]["ramp"]["to"].as_f64()), (Some("concurrency"), Some(8.0)));
+    assert_eq!(s["benchmarks"][0]["concurrency"], 8);
+    let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    assert!(html.contains("Latency vs concurrency (ramp)") && html.contains("c8_in8: latency vs concurrency limit"), "report section");
+    let per_step: Vec<usize> = (1..=8).map(|k| seen.iter().filter(|s| s.1 == k).count()).collect();
+    println!("concurrency ramp 1 → 8: {} requests, per limit {per_step:?}, server peaks per 0.5 s {:?}", rows.len(), (0..5).map(|k| peak(k as f64 * 0.5, (k + 1) as f64 * 0.5)).collect::<Vec<_>>());
+}
+
+/// A sawtooth concurrency ramp (1 → 6 every second) through the library: the limit rises,
+/// falls back to 1 at 1 s and rises again; the server sees the in-flight count fall with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_ramp_sawtooth_falls_back() {
+    let (srv, arrivals) = slow_server().await;
+    let dir = tmp("cramp-saw");
+    let ramp = Ramp::new_over("sawtooth", 1.0, 6.0, Duration::from_secs(1), RampOver::Concurrency).unwrap();
+    let mut sp = spec(&srv.url(), "completions", &dir, Workload { ramp: Some(ramp), ..Workload::default() });
+    sp.num_prompts = 1000;
+    sp.duration = Some(Duration::from_millis(1600));
+    sp.input_lengths = vec![8];
+    lmperf::bench::run(sp).await.unwrap();
+    let rows = rows(&dir);
+    let seen = in_flight_at_server(&rows, &arrivals.lock().unwrap());
+    assert!(seen.iter().all(|s| s.2 <= s.3), "{seen:?}");
+    assert!(seen.iter().all(|s| s.1 == ramp.concurrency_at(s.0) || s.1 == ramp.concurrency_at(s.0 - 0.01)), "{seen:?}");
+    let window = |a: f64, b: f64| seen.iter().filter(|s| (a..b).contains(&s.0)).collect::<Vec<_>>();
+    let (top, fallen, again) = (window(0.9, 1.0), window(1.15, 1.3), window(1.5, 1.6));
+    assert!(top.iter().map(|s| s.2).max() >= Some(5), "near 6 in flight before the fall: {top:?}");
+    assert!(!fallen.is_empty() && fallen.iter().all(|s| s.1 <= 2 && s.2 <= 2), "fell back to ≤ 2 in flight after 1 s: {fallen:?}");
+    assert!(again.iter().map(|s| s.1).max() >= Some(4), "rising again: {again:?}");
+    let limits: Vec<usize> = seen.iter().map(|s| s.1).collect();
+    let fall = limits.windows(2).position(|w| w[1] < w[0]).unwrap();
+    assert!(limits[fall] >= 5 && limits[fall + 1] <= 2, "{limits:?}");
+}
+
 #[test]
 fn bad_workload_flags_exit_2_naming_the_flag() {
     let trace = fixture("burstgpt_1.head3.csv");
@@ -367,6 +493,10 @@ fn bad_workload_flags_exit_2_naming_the_flag() {
         vec!["--trace-speedup", "0", "--trace", trace.to_str().unwrap()],
         vec!["--ramp-from", "0", "--ramp", "exponential", "--ramp-to", "5", "--ramp-duration", "1s"],
         vec!["--prompt-file", "/nonexistent/p.jsonl"],
+        vec!["--request-rate", "10", "--ramp", "linear", "--ramp-over", "concurrency", "--ramp-from", "1", "--ramp-to", "8", "--ramp-duration", "2s"],
+        vec!["--ramp-from", "0.5", "--ramp", "linear", "--ramp-over", "concurrency", "--ramp-to", "8", "--ramp-duration", "2s"],
+        vec!["--ramp-to", "0", "--ramp", "sawtooth", "--ramp-over", "concurrency", "--ramp-from", "2", "--ramp-duration", "2s"],
+        vec!["--batch-sizes", "4", "--ramp", "linear", "--ramp-over", "concurrency", "--ramp-from", "1", "--ramp-to", "8", "--ramp-duration", "2s"],
     ];
     for args in cases {
         let out = Command::new(lmperf_bin()).args(["run", "--target", "http://127.0.0.1:9", "--output-dir", "/tmp/x"]).args(&args).output().unwrap();

@@ -298,9 +298,21 @@ impl RunArgs {
             (_, b) if (b - 1.0).abs() > f64::EPSILON => RunArrival::Gamma(b),
             _ => RunArrival::Poisson,
         };
+        let workload = self.workload.into_workload()?;
+        let concurrency_ramp = workload.ramp.filter(|r| r.over == crate::bench::workload::RampOver::Concurrency);
+        if let Some(r) = concurrency_ramp {
+            if let Some(rate) = request_rate {
+                return Err(format!("--request-rate {rate}: --ramp-over concurrency sends closed loop (as soon as a slot is free); leave --request-rate at inf"));
+            }
+            if !self.batch_sizes.is_empty() || self.max_concurrency.is_some() {
+                return Err(format!("--batch-sizes: not with --ramp-over concurrency (the ramp sets the concurrency, {} → {})", r.from, r.to));
+            }
+        }
         let concurrencies = match self.max_concurrency {
             Some(c) => vec![c],
-            None if self.batch_sizes.is_empty() => vec![if self.workload.trace.is_some() { TRACE_CONCURRENCY } else { 1 }],
+            // One benchmark, named by the ramp's highest concurrency.
+            None if concurrency_ramp.is_some() => vec![concurrency_ramp.map_or(1, |r| r.max_concurrency())],
+            None if self.batch_sizes.is_empty() => vec![if workload.trace.is_some() { TRACE_CONCURRENCY } else { 1 }],
             None => self.batch_sizes,
         };
         if concurrencies.contains(&0) {
@@ -337,7 +349,7 @@ impl RunArgs {
                 (_, Some(p)) => crate::bench::vram::GpuSource::NvmlAt(p),
                 (_, None) => crate::bench::vram::GpuSource::Nvml,
             },
-            workload: self.workload.into_workload()?,
+            workload,
             repeat: self.repeat,
             otlp: cfg.otlp.enabled.then_some(cfg.otlp.clone()),
         })

@@ -170,6 +170,7 @@ mod tests {
             index: 0,
             repeat: 0,
             concurrency: 4,
+            concurrency_limit: 4,
             scheduled_ms: 0.0,
             dispatch_delay_ms: 0.0,
             send_ms: 0.0,

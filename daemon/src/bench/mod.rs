@@ -16,6 +16,8 @@ pub mod progress;
 pub mod prompts;
 pub mod repeat;
 pub mod report;
+pub mod report_ramp;
+pub mod slots;
 pub mod stats;
 pub mod trace;
 pub mod vram;
@@ -31,7 +33,6 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use rand_distr::{Distribution as _, Exp, Gamma};
 use serde::Serialize;
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -125,6 +126,9 @@ pub struct RequestRow {
     /// Which run of the benchmark (0-based, `--repeat`); offsets restart at each.
     pub repeat: usize,
     pub concurrency: usize,
+    /// Requests allowed in flight when this one was dispatched: `concurrency`, or the
+    /// ramp's limit then with `--ramp-over concurrency` ([`workload::Ramp::concurrency_at`]).
+    pub concurrency_limit: usize,
     pub scheduled_ms: f64,
     /// Time the request waited for a free concurrency slot after its scheduled time.
     pub dispatch_delay_ms: f64,
@@ -420,7 +424,6 @@ async fn one_benchmark(
     // Warm-up (no offsets) runs closed loop; measured runs follow the schedule.
     let measured = offsets.is_some();
     let offsets = offsets.unwrap_or_else(|| vec![Duration::ZERO; n]);
-    let slots = Arc::new(Semaphore::new(concurrency.max(1)));
     let target = Arc::new(spec.target.clone());
     let extra = Arc::new(extra.clone());
     let model: Arc<str> = Arc::from(model);
@@ -432,6 +435,11 @@ async fn one_benchmark(
     let (bench_name, multi_turn, ignore_eos, max_offset) = (name.to_owned(), spec.workload.multi_turn, spec.ignore_eos, spec.duration);
     // The dispatcher runs on its own thread: it sleeps until each send (no spinning on the
     // runtime's workers, which do the HTTP), waits for a free slot, and spawns the request.
+    let slots = match spec.workload.ramp {
+        // Measured runs of a concurrency ramp: closed loop, slots follow the ramp.
+        Some(r) if measured && r.over == workload::RampOver::Concurrency => slots::Slots::ramp(r, t0, spec.duration.map(|d| t0 + d)),
+        _ => slots::Slots::fixed(concurrency),
+    };
     let (handle, clients) = (tokio::runtime::Handle::current(), clients.clone());
     let dispatcher = tokio::task::spawn_blocking(move || {
         crate::canary::schedule::pacer_thread_init();
@@ -442,7 +450,7 @@ async fn one_benchmark(
                 break;
             }
             crate::canary::schedule::pace_until(scheduled.into_std());
-            let Ok(permit) = handle.block_on(slots.clone().acquire_owned()) else { break };
+            let Some((permit, limit)) = handle.block_on(slots.acquire()) else { break };
             let dispatched = Instant::now();
             let (clients, target, extra, model, task_done, task_errors, cancel) =
                 (clients.clone(), target.clone(), extra.clone(), model.clone(), done.clone(), errors.clone(), cancel.clone());
@@ -473,7 +481,7 @@ async fn one_benchmark(
                         if !ok {
                             task_errors.fetch_add(1, Ordering::Relaxed);
                         }
-                        rows.push(row(&bench_name, i, turn as u32, concurrency, t0, scheduled, dispatched, &prompt, item.max_tokens, &m));
+                        rows.push(row(&bench_name, i, turn as u32, (concurrency, limit), t0, scheduled, dispatched, &prompt, item.max_tokens, &m));
                         // The next turn: after this answer, with the history.
                         let Some((text, tokens)) = item.next_turns.get(turn).cloned() else { break };
                         if !ok {
@@ -506,7 +514,7 @@ async fn one_benchmark(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn row(name: &str, index: usize, turn: u32, concurrency: usize, t0: Instant, scheduled: Instant, dispatched: Instant, prompt: &Prompt, max_tokens: u32, m: &Measured) -> RequestRow {
+fn row(name: &str, index: usize, turn: u32, (concurrency, concurrency_limit): (usize, usize), t0: Instant, scheduled: Instant, dispatched: Instant, prompt: &Prompt, max_tokens: u32, m: &Measured) -> RequestRow {
     let r = &m.record;
     let delay = dispatched.saturating_duration_since(scheduled);
     RequestRow {
@@ -515,6 +523,7 @@ fn row(name: &str, index: usize, turn: u32, concurrency: usize, t0: Instant, sch
         index,
         repeat: 0,
         concurrency,
+        concurrency_limit,
         scheduled_ms: ms(scheduled.saturating_duration_since(t0)),
         dispatch_delay_ms: ms(delay),
         send_ms: ms(dispatched.saturating_duration_since(t0)),

@@ -1,5 +1,6 @@
 //! What `lmperf run` sends and when, beyond fixed lengths at a steady rate: input and output
-//! length distributions (`--input-dist`, `--output-dist`), rate ramps (`--ramp`), trace
+//! length distributions (`--input-dist`, `--output-dist`), rate and concurrency ramps
+//! (`--ramp`, `--ramp-over`), trace
 //! replay (`--trace`, see [`super::trace`]) and prompt files with multi-turn conversations
 //! (`--prompt-file`, `--multi-turn`, see [`super::dataset`]). Everything is drawn from
 //! `--seed`: the same seed gives the same lengths, prompts and schedule.
@@ -137,7 +138,7 @@ impl std::fmt::Display for LengthDist {
     }
 }
 
-/// Shape of a request-rate ramp.
+/// Shape of a ramp (of the request rate or of the concurrency).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RampKind {
@@ -149,31 +150,64 @@ pub enum RampKind {
     Sawtooth,
 }
 
-/// An open-loop request-rate ramp (`--ramp KIND --ramp-from R --ramp-to R --ramp-duration D`):
-/// the instantaneous rate `r(t)` follows the ramp, and the i-th send is where the integral of
-/// the rate `Λ(t) = ∫₀ᵗ r` reaches the i-th arrival of a unit-rate process (constant: `i`;
-/// Poisson / gamma: sums of unit-mean gaps). This is the time change of a renewal process,
-/// so a Poisson ramp is a non-homogeneous Poisson process of intensity `r(t)`.
+/// What a ramp drives (`--ramp-over`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RampOver {
+    /// The request rate, open loop (requests per second).
+    #[default]
+    Rate,
+    /// The number of requests in flight, closed loop: a request goes as soon as fewer than
+    /// [`Ramp::concurrency_at`] are in flight.
+    Concurrency,
+}
+
+/// A ramp (`--ramp KIND --ramp-from R --ramp-to R --ramp-duration D [--ramp-over rate|concurrency]`).
+///
+/// Over the rate (open loop): the instantaneous rate `r(t)` follows the ramp, and the i-th
+/// send is where the integral of the rate `Λ(t) = ∫₀ᵗ r` reaches the i-th arrival of a
+/// unit-rate process (constant: `i`; Poisson / gamma: sums of unit-mean gaps). This is the
+/// time change of a renewal process, so a Poisson ramp is a non-homogeneous Poisson process
+/// of intensity `r(t)`.
+///
+/// Over the concurrency (closed loop): the number of requests allowed in flight at `t`
+/// seconds is `r(t)` rounded, at least 1 ([`Ramp::concurrency_at`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Ramp {
     pub kind: RampKind,
-    /// Requests per second at the start (> 0 for exponential, ≥ 0 otherwise).
+    /// Requests per second (> 0 for exponential, ≥ 0 otherwise), or requests in flight
+    /// (≥ 1), at the start.
     pub from: f64,
-    /// Requests per second at the end of the ramp (> 0).
+    /// Requests per second (> 0), or requests in flight (≥ 1), at the end of the ramp.
     pub to: f64,
     #[serde(with = "humantime_serde")]
     pub duration: Duration,
+    /// What the ramp drives.
+    pub over: RampOver,
 }
 
 impl Ramp {
-    /// Validates the flags; errors name the flag and value.
+    /// A request-rate ramp; validates the flags; errors name the flag and value.
     pub fn new(kind: &str, from: f64, to: f64, duration: Duration) -> Result<Self, String> {
+        Self::new_over(kind, from, to, duration, RampOver::Rate)
+    }
+
+    /// A ramp of the rate or of the concurrency; validates the flags (a concurrency ramp goes
+    /// from and to at least 1); errors name the flag and value.
+    pub fn new_over(kind: &str, from: f64, to: f64, duration: Duration, over: RampOver) -> Result<Self, String> {
         let kind = match kind {
             "linear" => RampKind::Linear,
             "exponential" => RampKind::Exponential,
             "sawtooth" => RampKind::Sawtooth,
             k => return Err(format!("--ramp {k:?}: linear, exponential or sawtooth")),
         };
+        if over == RampOver::Concurrency {
+            for (flag, v) in [("--ramp-from", from), ("--ramp-to", to)] {
+                if !(v.is_finite() && v >= 1.0) {
+                    return Err(format!("{flag} {v}: requests in flight ≥ 1 with --ramp-over concurrency"));
+                }
+            }
+        }
         let min_from = if kind == RampKind::Exponential { "> 0 for an exponential ramp" } else { "≥ 0" };
         if !(from.is_finite() && (from > 0.0 || (from == 0.0 && kind != RampKind::Exponential))) {
             return Err(format!("--ramp-from {from}: requests per second {min_from}"));
@@ -184,7 +218,18 @@ impl Ramp {
         if duration.is_zero() {
             return Err("--ramp-duration 0s: longer than zero".to_owned());
         }
-        Ok(Self { kind, from, to, duration })
+        Ok(Self { kind, from, to, duration, over })
+    }
+
+    /// Requests allowed in flight at `t` seconds of a concurrency ramp: [`Ramp::rate`]
+    /// rounded to the nearest integer, at least 1.
+    pub fn concurrency_at(&self, t: f64) -> usize {
+        self.rate(t).round().max(1.0) as usize
+    }
+
+    /// The highest [`Ramp::concurrency_at`] of the ramp (its `from` or `to`, rounded).
+    pub fn max_concurrency(&self) -> usize {
+        self.from.max(self.to).round().max(1.0) as usize
     }
 
     /// The rate at `t` seconds, requests per second.
@@ -440,7 +485,7 @@ pub fn schedule(spec: &RunSpec, n: usize, seed: u64) -> Result<Vec<Duration>, su
     if let Some(t) = &spec.workload.trace {
         return Ok(t.offsets(n));
     }
-    if let Some(r) = &spec.workload.ramp {
+    if let Some(r) = spec.workload.ramp.filter(|r| r.over == RampOver::Rate) {
         return Ok(r.offsets(n, spec.arrival, seed));
     }
     super::offsets(spec, n, seed)
@@ -477,13 +522,18 @@ pub struct WorkloadArgs {
     /// turn sent after the previous answer, with the history (needs --api chat).
     #[arg(long, requires = "prompt_file")]
     pub multi_turn: bool,
-    /// Ramp the request rate (open loop) instead of --request-rate.
+    /// Ramp the request rate (open loop) instead of --request-rate, or the concurrency
+    /// (closed loop, see --ramp-over).
     #[arg(long, value_parser = ["linear", "exponential", "sawtooth"], requires_all = ["ramp_from", "ramp_to", "ramp_duration"])]
     pub ramp: Option<String>,
-    /// Rate at the start of the ramp, requests per second.
+    /// What the ramp drives: the request rate (default), or the concurrency (requests in
+    /// flight, sent as soon as a slot is free; needs --request-rate inf).
+    #[arg(long, value_parser = ["rate", "concurrency"], requires = "ramp")]
+    pub ramp_over: Option<String>,
+    /// Rate (requests per second) or concurrency at the start of the ramp.
     #[arg(long, value_name = "R", requires = "ramp")]
     pub ramp_from: Option<f64>,
-    /// Rate at the end of the ramp, requests per second.
+    /// Rate (requests per second) or concurrency at the end of the ramp.
     #[arg(long, value_name = "R", requires = "ramp")]
     pub ramp_to: Option<f64>,
     /// Length of the ramp (the sawtooth's period), e.g. 60s.
@@ -519,7 +569,10 @@ impl WorkloadArgs {
             None => None,
         };
         let ramp = match (&self.ramp, self.ramp_from, self.ramp_to, self.ramp_duration) {
-            (Some(k), Some(a), Some(b), Some(d)) => Some(Ramp::new(k, a, b, d)?),
+            (Some(k), Some(a), Some(b), Some(d)) => {
+                let over = if self.ramp_over.as_deref() == Some("concurrency") { RampOver::Concurrency } else { RampOver::Rate };
+                Some(Ramp::new_over(k, a, b, d, over)?)
+            }
             _ => None,
         };
         let tokenizer = self.tokenizer.as_deref().map(LocalTokenizer::load).transpose().map_err(|e| format!("--tokenizer {e}"))?;
@@ -642,5 +695,38 @@ mod tests {
         assert_eq!(r.offsets(50, RunArrival::Poisson, 9), r.offsets(50, RunArrival::Poisson, 9));
         assert!(Ramp::new("exponential", 0.0, 5.0, Duration::from_secs(1)).unwrap_err().contains("--ramp-from 0"));
         assert!(Ramp::new("step", 1.0, 5.0, Duration::from_secs(1)).unwrap_err().contains("--ramp \"step\""));
+    }
+
+    #[test]
+    fn concurrency_ramp_limits() {
+        let c = |kind: &str, from: f64, to: f64, secs: u64| Ramp::new_over(kind, from, to, Duration::from_secs(secs), RampOver::Concurrency).unwrap();
+        // Linear 1 → 64 over 60 s: 1 + 63·t/60, rounded; 64 from 60 s on.
+        let r = c("linear", 1.0, 64.0, 60);
+        let at = |r: &Ramp, ts: &[f64]| ts.iter().map(|&t| r.concurrency_at(t)).collect::<Vec<_>>();
+        assert_eq!(at(&r, &[0.0, 0.47, 0.48, 10.0, 30.0, 59.99, 60.0, 600.0]), vec![1, 1, 2, 12, 33, 64, 64, 64]);
+        // Linear 1 → 8 over 2 s (the e2e test's): steps of 1 every 2/7 s, a half step late.
+        let r = c("linear", 1.0, 8.0, 2);
+        for k in 1..=7usize {
+            let step = (k as f64 - 0.5) * 2.0 / 7.0;
+            assert_eq!((r.concurrency_at(step - 1e-9), r.concurrency_at(step + 1e-9)), (k, k + 1), "step {k} at {step} s");
+        }
+        // Exponential 1 → 64 over 6 s: doubles every second.
+        let r = c("exponential", 1.0, 64.0, 6);
+        assert_eq!(at(&r, &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]), vec![1, 2, 4, 8, 16, 32, 64, 64]);
+        assert_eq!(at(&r, &[2.5]), vec![6], "4·√2 = 5.66");
+        // Sawtooth 2 → 10 over 4 s: rises, falls back to 2 at each period.
+        let r = c("sawtooth", 2.0, 10.0, 4);
+        assert_eq!(at(&r, &[0.0, 2.0, 3.99, 4.0, 6.0, 7.99, 8.0]), vec![2, 6, 10, 2, 6, 10, 2]);
+        // Falling linear 16 → 1, never below 1; a fractional 1.2 rounds to 1.
+        let r = c("linear", 16.0, 1.2, 10);
+        assert_eq!(at(&r, &[0.0, 5.0, 10.0, 100.0]), vec![16, 9, 1, 1]);
+        assert_eq!((r.max_concurrency(), c("linear", 1.0, 63.6, 1).max_concurrency()), (16, 64));
+        // Errors name the flag and value.
+        let e = |from: f64, to: f64| Ramp::new_over("linear", from, to, Duration::from_secs(1), RampOver::Concurrency).unwrap_err();
+        assert_eq!(e(0.5, 8.0), "--ramp-from 0.5: requests in flight ≥ 1 with --ramp-over concurrency");
+        assert_eq!(e(1.0, 0.0), "--ramp-to 0: requests in flight ≥ 1 with --ramp-over concurrency");
+        assert!(e(1.0, f64::INFINITY).starts_with("--ramp-to inf"));
+        // A rate ramp from 0.5 is fine.
+        assert!(Ramp::new("linear", 0.5, 8.0, Duration::from_secs(1)).is_ok());
     }
 }

@@ -1,0 +1,132 @@
+//! Concurrency slots of a benchmark: a fixed number (`--batch-sizes`), or a number that
+//! follows a ramp over time (`--ramp-over concurrency`, see [`Ramp::concurrency_at`]).
+//!
+//! A ramped limit is checked when a slot is asked for, again whenever a slot is freed, and
+//! every [`TICK`] while the caller waits (so a rising limit is taken up within about a
+//! millisecond). A falling limit (sawtooth) takes no request back: no new one goes until
+//! fewer than the new limit are in flight.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use super::workload::Ramp;
+
+/// How often a waiting caller re-reads a ramped limit.
+pub const TICK: Duration = Duration::from_millis(1);
+
+/// The slots of one benchmark.
+#[derive(Debug)]
+pub enum Slots {
+    /// At most this many in flight.
+    Fixed { sem: Arc<Semaphore>, limit: usize },
+    /// At most `ramp.concurrency_at(now − t0)` in flight; none given after `deadline`.
+    Ramp { ramp: Ramp, t0: Instant, deadline: Option<Instant>, in_flight: Arc<AtomicUsize>, freed: Arc<Notify> },
+}
+
+/// A taken slot; dropping it frees it.
+#[derive(Debug)]
+pub enum Slot {
+    Fixed(OwnedSemaphorePermit),
+    Ramp { in_flight: Arc<AtomicUsize>, freed: Arc<Notify> },
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Slot::Ramp { in_flight, freed } = self {
+            in_flight.fetch_sub(1, Ordering::AcqRel);
+            freed.notify_one();
+        }
+    }
+}
+
+impl Slots {
+    /// `limit` slots (at least 1).
+    pub fn fixed(limit: usize) -> Self {
+        let limit = limit.max(1);
+        Self::Fixed { sem: Arc::new(Semaphore::new(limit)), limit }
+    }
+
+    /// Slots that follow a concurrency ramp whose time 0 is `t0`; none are given after
+    /// `deadline` (`--duration`).
+    pub fn ramp(ramp: Ramp, t0: Instant, deadline: Option<Instant>) -> Self {
+        Self::Ramp { ramp, t0, deadline, in_flight: Arc::default(), freed: Arc::new(Notify::new()) }
+    }
+
+    /// Requests in flight now (slots taken and not yet dropped).
+    pub fn in_flight(&self) -> usize {
+        match self {
+            Self::Fixed { sem, limit } => limit - sem.available_permits().min(*limit),
+            Self::Ramp { in_flight, .. } => in_flight.load(Ordering::Acquire),
+        }
+    }
+
+    /// Waits for a free slot. Returns it with the limit in force when it was taken (the
+    /// `concurrency_limit` of `requests.jsonl`), or `None` past the deadline.
+    pub async fn acquire(&self) -> Option<(Slot, usize)> {
+        match self {
+            Self::Fixed { sem, limit } => sem.clone().acquire_owned().await.ok().map(|p| (Slot::Fixed(p), *limit)),
+            Self::Ramp { ramp, t0, deadline, in_flight, freed } => loop {
+                // Registered before the check, so a slot freed in between still wakes us.
+                let woken = freed.notified();
+                let now = Instant::now();
+                if deadline.is_some_and(|d| now > d) {
+                    return None;
+                }
+                let limit = ramp.concurrency_at(now.saturating_duration_since(*t0).as_secs_f64());
+                if in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1)).is_ok() {
+                    return Some((Slot::Ramp { in_flight: in_flight.clone(), freed: freed.clone() }, limit));
+                }
+                tokio::select! {
+                    () = woken => {}
+                    () = tokio::time::sleep(TICK) => {}
+                }
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::workload::RampOver;
+
+    #[tokio::test(start_paused = true)]
+    async fn ramped_slots_follow_the_limit() {
+        let ramp = Ramp::new_over("sawtooth", 1.0, 4.0, Duration::from_secs(3), RampOver::Concurrency).unwrap();
+        let t0 = Instant::now();
+        let slots = Slots::ramp(ramp, t0, Some(t0 + Duration::from_secs(5)));
+        // t = 0: limit 1.
+        let (a, l) = slots.acquire().await.unwrap();
+        assert_eq!((l, slots.in_flight()), (1, 1));
+        // The second waits until the limit is 2: r(t) = 1 + t ≥ 1.5 at t = 0.5 s.
+        let (b, l) = slots.acquire().await.unwrap();
+        assert_eq!(l, 2);
+        let waited = (Instant::now() - t0).as_secs_f64();
+        assert!((0.5..0.502).contains(&waited), "second slot at {waited} s");
+        // Up to 4 in flight by t = 2.5 s.
+        let (c, _) = slots.acquire().await.unwrap();
+        let (d, l) = slots.acquire().await.unwrap();
+        assert_eq!((l, slots.in_flight()), (4, 4));
+        assert!(((Instant::now() - t0).as_secs_f64() - 2.5).abs() < 0.002);
+        // After the fall at t = 3 s the limit is 1: freeing one slot of four gives nothing
+        // until fewer than the limit are in flight.
+        tokio::time::sleep_until(t0 + Duration::from_millis(3100)).await;
+        drop(a);
+        let next = tokio::time::timeout(Duration::from_millis(300), slots.acquire()).await;
+        assert!(next.is_err(), "3 in flight > limit 1");
+        drop((b, c, d));
+        let (_e, l) = slots.acquire().await.unwrap();
+        assert_eq!((l, slots.in_flight()), (1, 1));
+        // Past the deadline: none.
+        tokio::time::sleep_until(t0 + Duration::from_millis(5001)).await;
+        assert!(slots.acquire().await.is_none());
+        // Fixed slots report their limit.
+        let f = Slots::fixed(3);
+        let (_s, l) = f.acquire().await.unwrap();
+        assert_eq!((l, f.in_flight()), (3, 1));
+    }
+}
