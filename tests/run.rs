@@ -5,7 +5,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lmperf::bench::{Goodput, RunArrival, RunSpec};
+use lmperf::bench::{RunArrival, RunSpec};
 use lmperf::config::{self, Env, Overrides, raw::RawCanary};
 use lmperf_e2e::np_percentile;
 use lmperf_e2e::agent::lmperf_bin;
@@ -47,25 +47,15 @@ async fn case_07_vllm_54101_client_queueing() {
     let dir = std::env::temp_dir().join(format!("lmperf-case07-{}", std::process::id()));
     let n = input["num_requests"].as_u64().unwrap() as usize;
     let spec = RunSpec {
-        target,
         concurrencies: vec![input["max_concurrency"].as_u64().unwrap() as usize],
         input_lengths: vec![8],
         output_len: 3,
         num_prompts: n,
         request_rate: Some(1000.0 / input["arrival_interval_ms"].as_f64().unwrap()),
         arrival: RunArrival::Constant,
-        warmup: 0,
-        duration: None,
         seed: 1,
         ignore_eos: false,
-        goodput: Goodput::default(),
-        fail_on: Vec::new(),
-        output_dir: dir.clone(),
-        progress: false,
-        gpu: lmperf::bench::vram::GpuSource::Off,
-        workload: Default::default(),
-        repeat: 1,
-        otlp: None,
+        ..RunSpec::new(target, dir.clone())
     };
     lmperf::bench::run(spec).await.unwrap();
     let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("requests.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
@@ -204,25 +194,14 @@ async fn poisson_200_per_second_for_60_s() {
     let dir = std::env::temp_dir().join(format!("lmperf-poisson-{}", std::process::id()));
     let n = seconds * rate as usize;
     let spec = RunSpec {
-        target,
         concurrencies: vec![256],
         input_lengths: vec![4],
         output_len: 1,
         num_prompts: n,
         request_rate: Some(rate),
-        arrival: RunArrival::Poisson,
-        warmup: 0,
-        duration: None,
         seed: 7,
         ignore_eos: false,
-        goodput: Goodput::default(),
-        fail_on: Vec::new(),
-        output_dir: dir.clone(),
-        progress: false,
-        gpu: lmperf::bench::vram::GpuSource::Off,
-        workload: Default::default(),
-        repeat: 1,
-        otlp: None,
+        ..RunSpec::new(target, dir.clone())
     };
     let summary = lmperf::bench::run(spec).await.unwrap();
     assert_eq!(summary.benchmarks[0].completed, n, "every request ok: {:?}", summary.benchmarks[0].errors);
@@ -291,25 +270,15 @@ async fn peak_vram_per_benchmark_and_the_vram_gate() {
     let target = config::load(o, &NoEnv).unwrap().targets.remove(0);
     let dir = std::env::temp_dir().join(format!("lmperf-vram-{}", std::process::id()));
     let spec = RunSpec {
-        target,
         concurrencies: vec![1, 2],
         input_lengths: vec![8],
         output_len: 3,
         num_prompts: 10,
-        request_rate: None,
-        arrival: RunArrival::Poisson,
-        warmup: 0,
-        duration: None,
         seed: 3,
         ignore_eos: false,
-        goodput: Goodput::default(),
         fail_on: vec![lmperf::bench::parse_gate("vram_pct>92").unwrap()],
-        output_dir: dir.clone(),
-        progress: false,
         gpu: GpuSource::Fake(fake.clone()),
-        workload: Default::default(),
-        repeat: 1,
-        otlp: None,
+        ..RunSpec::new(target, dir.clone())
     };
     let summary = lmperf::bench::run(spec).await.unwrap();
     let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lmperf::bench::workload::{LengthDist, Ramp, RampOver, TraceReplay, Workload};
-use lmperf::bench::{Goodput, RunArrival, RunSpec};
+use lmperf::bench::RunSpec;
 use lmperf::config::{self, Env, Overrides, raw::RawCanary};
 use lmperf_e2e::agent::{lmperf_bin, workspace_root};
 use lmperf_e2e::peers::ModelServer;
@@ -75,25 +75,13 @@ fn spec(url: &str, api: &str, dir: &std::path::Path, workload: Workload) -> RunS
         ..Overrides::default()
     };
     RunSpec {
-        target: config::load(o, &NoEnv).unwrap().targets.remove(0),
         concurrencies: vec![64],
         input_lengths: vec![16],
         output_len: 8,
         num_prompts: 10,
-        request_rate: None,
-        arrival: RunArrival::Poisson,
-        warmup: 0,
-        duration: None,
         seed: 5,
-        ignore_eos: true,
-        goodput: Goodput::default(),
-        fail_on: Vec::new(),
-        output_dir: dir.to_owned(),
-        progress: false,
         workload,
-        gpu: lmperf::bench::vram::GpuSource::Off,
-        repeat: 1,
-        otlp: None,
+        ..RunSpec::new(config::load(o, &NoEnv).unwrap().targets.remove(0), dir.to_owned())
     }
 }
 

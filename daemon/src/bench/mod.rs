@@ -116,6 +116,35 @@ pub struct RunSpec {
     pub otlp: Option<crate::config::OtlpConfig>,
 }
 
+impl RunSpec {
+    /// A run against `target` writing to `output_dir`, otherwise `lmperf run`'s defaults
+    /// (concurrency 1, 128 input and output tokens, 100 prompts, all at once, seed 0,
+    /// ignore EOS) with no progress, no GPU figures and no export.
+    pub fn new(target: TargetConfig, output_dir: PathBuf) -> Self {
+        Self {
+            target,
+            concurrencies: vec![1],
+            input_lengths: vec![128],
+            output_len: 128,
+            num_prompts: 100,
+            request_rate: None,
+            arrival: RunArrival::Poisson,
+            warmup: 0,
+            duration: None,
+            seed: 0,
+            ignore_eos: true,
+            goodput: Goodput::default(),
+            fail_on: Vec::new(),
+            output_dir,
+            progress: false,
+            gpu: vram::GpuSource::Off,
+            workload: workload::Workload::default(),
+            repeat: 1,
+            otlp: None,
+        }
+    }
+}
+
 /// One request of a benchmark: a line of `requests.jsonl`. Times in milliseconds; `*_ms`
 /// offsets are from the benchmark's start (the first scheduled send).
 #[derive(Debug, Clone, Serialize)]
