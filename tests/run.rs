@@ -148,10 +148,14 @@ fn seed_command_on_the_real_server() {
     for b in benches {
         assert!(html.contains(&format!("<td>{}</td>", b["benchmark"].as_str().unwrap())));
     }
+    // Each benchmark's requests fill one length bucket of its concurrency's heatmap (exact
+    // prompt lengths 64 → [64,128), 128 → [128,256); 16 output tokens → [16,32)), so that cell's
+    // p99 TTFT is the benchmark's.
     for b in benches {
         let name = b["benchmark"].as_str().unwrap();
-        let attr = format!(r#"data-benchmark="{name}" data-input="{}" data-output="16" data-value=""#, b["input_len"]);
-        let at = html.find(&attr).unwrap_or_else(|| panic!("no heatmap cell for {name}"));
+        let input = if b["input_len"] == 64 { "[64,128)" } else { "[128,256)" };
+        let attr = format!(r#"data-metric="ttft_p99" data-concurrency="{}" data-input="{input}" data-output="[16,32)" data-count="20" data-value=""#, b["concurrency"]);
+        let at = html.find(&attr).unwrap_or_else(|| panic!("no heatmap cell for {name}: {attr}"));
         let rest = &html[at + attr.len()..];
         let value: f64 = rest[..rest.find('"').unwrap()].parse().unwrap();
         // Within an ulp: serde_json's default float parser is not exactly rounded.

@@ -80,6 +80,8 @@ pub enum BenchError {
     Client(#[from] reqwest::Error),
     #[error("no model: give --model, or the server must list one at GET /v1/models ({0})")]
     NoModel(String),
+    #[error("the dispatcher thread ended abnormally: {0}")]
+    Dispatcher(String),
     #[error("bad value {field} = {value:?}: {reason}")]
     Invalid { field: &'static str, value: String, reason: String },
     #[error("OTLP export: {0}")]
@@ -530,7 +532,7 @@ async fn one_benchmark(
         }
         tasks
     });
-    let mut tasks = dispatcher.await.map_err(|e| BenchError::Invalid { field: "dispatcher", value: String::new(), reason: e.to_string() })?;
+    let mut tasks = dispatcher.await.map_err(|e| BenchError::Dispatcher(e.to_string()))?;
     let mut rows = Vec::with_capacity(n);
     while let Some(r) = tasks.join_next().await {
         if let Ok(r) = r {
