@@ -79,9 +79,10 @@ pub enum CtlCommand {
         /// How long to send (e.g. 30s).
         #[arg(long, value_parser = humantime::parse_duration, required_unless_present = "trace_file", conflicts_with = "trace_file")]
         duration: Option<Duration>,
-        /// Requests in flight at most.
-        #[arg(long, default_value_t = 1)]
-        concurrency: u32,
+        /// Requests in flight at most (default 1; a trace replay: the agent's cap,
+        /// control.max_inject_concurrency, so the trace's arrivals decide).
+        #[arg(long)]
+        concurrency: Option<u32>,
         /// Requests to send at most (default: rate × duration).
         #[arg(long)]
         max_requests: Option<u64>,

@@ -92,8 +92,13 @@ fn compare(args: lmperf::cli::CompareArgs) -> ExitCode {
     };
     match lmperf::bench::compare::compare(&spec) {
         Ok(c) => {
-            let regressions: usize = c.benchmarks.iter().map(|b| b.metrics.iter().filter(|m| m.verdict == lmperf::bench::compare::Verdict::Regression).count()).sum();
-            eprintln!("lmperf compare: {} benchmarks, {regressions} regressions; compare.json and compare.html in {}", c.benchmarks.len(), spec.output_dir.display());
+            let regressions: Vec<String> = c
+                .benchmarks
+                .iter()
+                .flat_map(|b| b.metrics.iter().filter(|m| m.verdict == lmperf::bench::compare::Verdict::Regression).map(move |m| format!("{} {}", b.benchmark, m.metric)))
+                .collect();
+            let listed = if regressions.is_empty() { String::new() } else { format!(" ({})", regressions.join(", ")) };
+            eprintln!("lmperf compare: {} benchmarks, {} regressions{listed}; compare.json and compare.html in {}", c.benchmarks.len(), regressions.len(), spec.output_dir.display());
             if c.failed_gates.is_empty() {
                 ExitCode::SUCCESS
             } else {

@@ -322,7 +322,8 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
         None => TokenizeClient::detect(&clients, &spec.target, &model).await,
     };
     if spec.progress {
-        eprintln!("lmperf run: target {} model {model} tokenizer {:?}", spec.target.base_url, tok.kind);
+        let kind = serde_json::to_value(tok.kind).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+        eprintln!("lmperf run: target {} model {model} tokenizer {kind}", spec.target.base_url);
     }
     let mut extra = serde_json::Map::new();
     if spec.ignore_eos {
@@ -382,14 +383,20 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
             summary.repeat = repeat::repeat_stats(&per_repeat);
             summary.vram = watch.take(summary.output_token_throughput);
             if spec.progress {
+                let errors = if summary.errors.is_empty() {
+                    String::new()
+                } else {
+                    format!(", failed: {}", summary.errors.iter().map(|(t, n)| format!("{n} {t}")).collect::<Vec<_>>().join(", "))
+                };
+                let ms = |d: &Option<Distribution>, f: fn(&Distribution) -> f64| d.as_ref().map_or("-".to_owned(), |d| format!("{:.1}", f(d)));
                 eprintln!(
-                    "lmperf run: {name}: {} requests, {} ok, {:.2} req/s, TTFT p50 {:.1} ms p99 {:.1} ms, E2EL p99 {:.1} ms",
+                    "lmperf run: {name}: {} requests, {} ok{errors}, {:.2} req/s, TTFT p50 {} ms p99 {} ms, E2EL p99 {} ms",
                     summary.num_requests,
                     summary.completed,
                     summary.request_throughput,
-                    summary.ttft_ms.as_ref().map_or(f64::NAN, |d| d.p50),
-                    summary.ttft_ms.as_ref().map_or(f64::NAN, |d| d.p99),
-                    summary.e2el_ms.as_ref().map_or(f64::NAN, |d| d.p99),
+                    ms(&summary.ttft_ms, |d| d.p50),
+                    ms(&summary.ttft_ms, |d| d.p99),
+                    ms(&summary.e2el_ms, |d| d.p99),
                 );
             }
             benchmarks.push(summary);

@@ -322,7 +322,7 @@ pub async fn run(args: crate::cli::CtlArgs, env: &dyn crate::config::Env) -> u8 
                     target: target.unwrap_or_default(),
                     rate_per_second: rate.unwrap_or(0.0),
                     duration_s: duration.map_or(0.0, |d| d.as_secs_f64()),
-                    concurrency,
+                    concurrency: concurrency.unwrap_or(0),
                     max_requests: max_requests.unwrap_or(0),
                     arrival,
                     // The agent reads the file; a relative path is taken from here.

@@ -191,7 +191,9 @@ fn validate_trace(req: &proto::InjectLoadRequest, target: usize, target_name: &s
     if req.max_requests > caps.max_requests {
         return Err(Refusal::AboveCap { field: "max_requests", value: req.max_requests.to_string(), cap: caps.max_requests.to_string(), key: "control.max_inject_requests" });
     }
-    let concurrency = concurrency_within(req, caps)?;
+    // A replay without a concurrency: the cap, so the trace's arrivals (not a limit of 1)
+    // decide what is in flight.
+    let concurrency = if req.concurrency == 0 { caps.max_concurrency } else { concurrency_within(req, caps)? };
     let limit = if req.max_requests > 0 { req.max_requests } else { caps.max_requests.saturating_add(1) };
     let file = req.trace_file.clone();
     // Only files under control.trace_dir (links resolved): the API must not make the agent read,
@@ -593,6 +595,10 @@ mod tests {
         assert_eq!(spec.duration, Duration::from_nanos(1_299_337_000));
         assert!((spec.rate_per_second - 9.0 / 1.299337).abs() < 1e-9, "{}", spec.rate_per_second);
         assert_eq!(replay.peak_rate_per_second, 7.0);
+        assert_eq!(spec.concurrency, 4, "no concurrency given: the cap, so the trace decides");
+        let mut one = trace_req("azure_llm_2023_code.head2000.csv", 0.0, 10);
+        one.concurrency = 1;
+        assert_eq!(validate(&one, &["t"], &caps).unwrap().concurrency, 1);
         let fast = validate(&trace_req("azure_llm_2023_code.head2000.csv", 4.0, 10), &["t"], &caps).unwrap();
         assert_eq!(fast.duration, Duration::from_nanos(1_299_337_000 / 4));
         assert_eq!(fast.replay.unwrap().requests[1].at, Duration::from_millis(13));
