@@ -19,6 +19,16 @@ impl Env for NoEnv {
     }
 }
 
+/// A `/v1/completions` target at `url` for model `m`, `max_tokens` per request.
+fn completions_target(url: &str, max_tokens: u32) -> lmperf::config::TargetConfig {
+    let o = Overrides {
+        targets: vec![url.to_owned()],
+        canary: RawCanary { model: Some("m".into()), api: Some("completions".into()), max_tokens: Some(max_tokens), ..RawCanary::default() },
+        ..Overrides::default()
+    };
+    config::load(o, &NoEnv).unwrap().targets.remove(0)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn case_07_vllm_54101_client_queueing() {
     let case = lmperf_e2e::case("sse/07_vllm_54101_client_queueing.json");
@@ -38,12 +48,7 @@ async fn case_07_vllm_54101_client_queueing() {
         ])
     }))
     .await;
-    let o = Overrides {
-        targets: vec![server.url()],
-        canary: RawCanary { model: Some("m".into()), api: Some("completions".into()), max_tokens: Some(3), ..RawCanary::default() },
-        ..Overrides::default()
-    };
-    let target = config::load(o, &NoEnv).unwrap().targets.remove(0);
+    let target = completions_target(&server.url(), 3);
     let dir = std::env::temp_dir().join(format!("lmperf-case07-{}", std::process::id()));
     let n = input["num_requests"].as_u64().unwrap() as usize;
     let spec = RunSpec {
@@ -189,12 +194,7 @@ async fn poisson_200_per_second_for_60_s() {
         Reply::sse(vec![Frame { at: Duration::ZERO, bytes: b"data: {\"choices\":[{\"text\":\"a\",\"finish_reason\":\"length\"}]}\n\ndata: [DONE]\n\n".to_vec() }])
     }))
     .await;
-    let o = Overrides {
-        targets: vec![server.url()],
-        canary: RawCanary { model: Some("m".into()), api: Some("completions".into()), max_tokens: Some(1), ..RawCanary::default() },
-        ..Overrides::default()
-    };
-    let target = config::load(o, &NoEnv).unwrap().targets.remove(0);
+    let target = completions_target(&server.url(), 1);
     let dir = std::env::temp_dir().join(format!("lmperf-poisson-{}", std::process::id()));
     let n = seconds * rate as usize;
     let spec = RunSpec {
@@ -266,12 +266,7 @@ async fn peak_vram_per_benchmark_and_the_vram_gate() {
         Reply::sse(vec![tok(20, "null"), tok(60, "null"), tok(100, "\"length\""), Frame { at: Duration::from_millis(100), bytes: b"data: [DONE]\n\n".to_vec() }])
     }))
     .await;
-    let o = Overrides {
-        targets: vec![server.url()],
-        canary: RawCanary { model: Some("m".into()), api: Some("completions".into()), max_tokens: Some(3), ..RawCanary::default() },
-        ..Overrides::default()
-    };
-    let target = config::load(o, &NoEnv).unwrap().targets.remove(0);
+    let target = completions_target(&server.url(), 3);
     let dir = std::env::temp_dir().join(format!("lmperf-vram-{}", std::process::id()));
     let spec = RunSpec {
         concurrencies: vec![1, 2],

@@ -85,6 +85,11 @@ fn spec(url: &str, api: &str, dir: &std::path::Path, workload: Workload) -> RunS
     }
 }
 
+/// `lmperf ARGS` on a blocking thread (the scripted server keeps serving on the runtime).
+async fn run_cli(args: Vec<String>) -> std::process::Output {
+    tokio::task::spawn_blocking(move || Command::new(lmperf_bin()).args(&args).output().unwrap()).await.unwrap()
+}
+
 fn rows(dir: &std::path::Path) -> Vec<Value> {
     std::fs::read_to_string(dir.join("requests.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
@@ -319,16 +324,7 @@ async fn prompt_file_and_multi_turn() {
 async fn ramp_linear_from_the_command_line() {
     let srv = server(2).await;
     let dir = tmp("ramp");
-    let (url, out_dir) = (srv.url(), dir.clone());
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(lmperf_bin())
-            .args(["run", "--target", &url, "--model", "m", "--num-prompts", "150", "--seq-lengths", "8", "--output-len", "2", "--batch-sizes", "32"])
-            .args(["--ramp", "linear", "--ramp-from", "20", "--ramp-to", "180", "--ramp-duration", "1s", "--arrival", "constant", "--seed", "3", "--output-dir", out_dir.to_str().unwrap()])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let out = run_cli(["run", "--target", &srv.url(), "--model", "m", "--num-prompts", "150", "--seq-lengths", "8", "--output-len", "2", "--batch-sizes", "32", "--ramp", "linear", "--ramp-from", "20", "--ramp-to", "180", "--ramp-duration", "1s", "--arrival", "constant", "--seed", "3", "--output-dir", dir.to_str().unwrap()].map(str::to_owned).to_vec()).await;
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let rows = rows(&dir);
     assert_eq!(rows.len(), 150);
@@ -406,16 +402,7 @@ fn in_flight_at_server(rows: &[Value], arrivals: &[(u64, tokio::time::Instant)])
 async fn concurrency_ramp_linear_from_the_command_line() {
     let (srv, arrivals) = slow_server().await;
     let dir = tmp("cramp");
-    let (url, out_dir) = (srv.url(), dir.clone());
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(lmperf_bin())
-            .args(["run", "--target", &url, "--model", "m", "--num-prompts", "1000", "--seq-lengths", "8", "--output-len", "1", "--duration", "2500ms"])
-            .args(["--ramp", "linear", "--ramp-over", "concurrency", "--ramp-from", "1", "--ramp-to", "8", "--ramp-duration", "2s", "--output-dir", out_dir.to_str().unwrap()])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let out = run_cli(["run", "--target", &srv.url(), "--model", "m", "--num-prompts", "1000", "--seq-lengths", "8", "--output-len", "1", "--duration", "2500ms", "--ramp", "linear", "--ramp-over", "concurrency", "--ramp-from", "1", "--ramp-to", "8", "--ramp-duration", "2s", "--output-dir", dir.to_str().unwrap()].map(str::to_owned).to_vec()).await;
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let rows = rows(&dir);
     let ramp = Ramp::new_over("linear", 1.0, 8.0, Duration::from_secs(2), RampOver::Concurrency).unwrap();

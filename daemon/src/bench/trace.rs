@@ -52,6 +52,14 @@ pub struct TraceRequest {
     pub output_tokens: u32,
 }
 
+impl TraceRequest {
+    /// Its arrival replayed `speedup` times faster: `at / speedup`, rounded to the nanosecond
+    /// (exact at speedup 1). Used by `lmperf run --trace` and by `InjectLoad` replays alike.
+    pub fn at_speedup(&self, speedup: f64) -> Duration {
+        Duration::from_nanos((self.at.as_nanos() as f64 / speedup).round().min(u64::MAX as f64) as u64)
+    }
+}
+
 /// A loaded trace.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Trace {

@@ -407,7 +407,7 @@ impl TraceReplay {
 
     /// Offsets of the trace's requests divided by the speedup.
     pub fn offsets(&self, n: usize) -> Vec<Duration> {
-        self.trace.requests.iter().take(n).map(|r| r.at.div_f64(self.speedup)).collect()
+        self.trace.requests.iter().take(n).map(|r| r.at_speedup(self.speedup)).collect()
     }
 }
 

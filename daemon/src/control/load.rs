@@ -218,9 +218,7 @@ fn validate_trace(req: &proto::InjectLoadRequest, target: usize, target_name: &s
     if n > caps.max_requests {
         return Err(above(format!("requests = {n} or more (give max_requests)"), caps.max_requests.to_string(), "control.max_inject_requests"));
     }
-    // In whole nanoseconds, rounded (exact at speedup 1).
-    let scaled = |at: Duration| Duration::from_nanos((at.as_nanos() as f64 / speedup).round().min(u64::MAX as f64) as u64);
-    let requests: Arc<[TraceRequest]> = t.requests.iter().map(|r| TraceRequest { at: scaled(r.at), ..*r }).collect();
+    let requests: Arc<[TraceRequest]> = t.requests.iter().map(|r| TraceRequest { at: r.at_speedup(speedup), ..*r }).collect();
     let duration = requests.last().map_or(Duration::ZERO, |r| r.at);
     if duration > caps.max_duration {
         return Err(above(format!("replay duration_s = {} at trace_speedup {speedup}", duration.as_secs_f64()), caps.max_duration.as_secs_f64().to_string(), "control.max_inject_duration"));
