@@ -39,7 +39,9 @@ fn string(v: &Value, key: &str) -> Option<String> {
 
 /// Reads the body of `kind`'s [`info_path`] into `id` (fields it lacks are left as they are).
 pub fn read_info(kind: ServerKind, body: &[u8], id: &mut Identity) {
-    let Ok(v) = serde_json::from_slice::<Value>(body) else { return };
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return;
+    };
     match kind {
         ServerKind::Vllm => id.version = string(&v, "version").or(id.version.take()),
         ServerKind::Tgi => {
@@ -54,7 +56,9 @@ pub fn read_info(kind: ServerKind, body: &[u8], id: &mut Identity) {
         }
         ServerKind::Sglang => {
             id.version = string(&v, "version").or(id.version.take());
-            id.model = string(&v, "served_model_name").or_else(|| string(&v, "model_path")).or(id.model.take());
+            id.model = string(&v, "served_model_name")
+                .or_else(|| string(&v, "model_path"))
+                .or(id.model.take());
             id.model_revision = string(&v, "model_path").or(id.model_revision.take());
         }
         ServerKind::Unknown => {}
@@ -64,8 +68,16 @@ pub fn read_info(kind: ServerKind, body: &[u8], id: &mut Identity) {
 /// Reads an OpenAI `/v1/models` body: the first model's `id` and `root` (vLLM's path or
 /// repository). These win over the info route's model, which some servers fill differently.
 pub fn read_models(body: &[u8], id: &mut Identity) {
-    let Ok(v) = serde_json::from_slice::<Value>(body) else { return };
-    let Some(first) = v.get("data").and_then(|d| d.as_array()).and_then(|a| a.first()) else { return };
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return;
+    };
+    let Some(first) = v
+        .get("data")
+        .and_then(|d| d.as_array())
+        .and_then(|a| a.first())
+    else {
+        return;
+    };
     if let Some(m) = string(first, "id") {
         id.model = Some(m);
     }
@@ -115,12 +127,20 @@ pub fn diff(old: &Identity, new: &Identity) -> Vec<Change> {
         if let (Some(x), Some(y)) = (a, b)
             && x != y
         {
-            out.push(Change { kind, old: Some(x.clone()), new: Some(y.clone()) });
+            out.push(Change {
+                kind,
+                old: Some(x.clone()),
+                new: Some(y.clone()),
+            });
         }
     };
     check(ChangeKind::Version, &old.version, &new.version);
     check(ChangeKind::Model, &old.model, &new.model);
-    check(ChangeKind::ModelRevision, &old.model_revision, &new.model_revision);
+    check(
+        ChangeKind::ModelRevision,
+        &old.model_revision,
+        &new.model_revision,
+    );
     out
 }
 
@@ -132,22 +152,66 @@ mod tests {
     fn reads_each_servers_info() {
         let mut id = Identity::default();
         read_info(ServerKind::LlamaCpp, br#"{"model_alias":"gemma-3-270m","model_path":"/m/g.gguf","build_info":"b6000-abc","total_slots":2}"#, &mut id);
-        assert_eq!(id, Identity { version: Some("b6000-abc".into()), model: Some("gemma-3-270m".into()), model_revision: Some("/m/g.gguf".into()) });
+        assert_eq!(
+            id,
+            Identity {
+                version: Some("b6000-abc".into()),
+                model: Some("gemma-3-270m".into()),
+                model_revision: Some("/m/g.gguf".into())
+            }
+        );
         let mut id = Identity::default();
         read_info(ServerKind::Tgi, br#"{"model_id":"bigscience/bloom-560m","model_sha":"4f4b","version":"2.4.1","sha":"x"}"#, &mut id);
-        assert_eq!((id.version.as_deref(), id.model.as_deref(), id.model_revision.as_deref()), (Some("2.4.1"), Some("bigscience/bloom-560m"), Some("4f4b")));
+        assert_eq!(
+            (
+                id.version.as_deref(),
+                id.model.as_deref(),
+                id.model_revision.as_deref()
+            ),
+            (Some("2.4.1"), Some("bigscience/bloom-560m"), Some("4f4b"))
+        );
         let mut id = Identity::default();
         read_info(ServerKind::Vllm, br#"{"version":"0.11.0"}"#, &mut id);
         read_models(br#"{"object":"list","data":[{"id":"llama-3","created":1,"root":"meta-llama/Llama-3.1-8B"}]}"#, &mut id);
-        assert_eq!((id.version.as_deref(), id.model.as_deref(), id.model_revision.as_deref()), (Some("0.11.0"), Some("llama-3"), Some("meta-llama/Llama-3.1-8B")));
+        assert_eq!(
+            (
+                id.version.as_deref(),
+                id.model.as_deref(),
+                id.model_revision.as_deref()
+            ),
+            (
+                Some("0.11.0"),
+                Some("llama-3"),
+                Some("meta-llama/Llama-3.1-8B")
+            )
+        );
         read_info(ServerKind::Vllm, b"<html>", &mut id);
-        assert_eq!(id.version.as_deref(), Some("0.11.0"), "a bad body keeps what was known");
+        assert_eq!(
+            id.version.as_deref(),
+            Some("0.11.0"),
+            "a bad body keeps what was known"
+        );
     }
 
     #[test]
     fn diff_ignores_unknowns() {
-        let a = Identity { version: Some("1".into()), model: Some("a".into()), model_revision: None };
-        let b = Identity { version: None, model: Some("b".into()), model_revision: Some("r".into()) };
-        assert_eq!(diff(&a, &b), vec![Change { kind: ChangeKind::Model, old: Some("a".into()), new: Some("b".into()) }]);
+        let a = Identity {
+            version: Some("1".into()),
+            model: Some("a".into()),
+            model_revision: None,
+        };
+        let b = Identity {
+            version: None,
+            model: Some("b".into()),
+            model_revision: Some("r".into()),
+        };
+        assert_eq!(
+            diff(&a, &b),
+            vec![Change {
+                kind: ChangeKind::Model,
+                old: Some("a".into()),
+                new: Some("b".into())
+            }]
+        );
     }
 }

@@ -53,26 +53,56 @@ pub struct ServerSample {
 }
 
 fn unix_s<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_f64(t.duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()))
+    s.serialize_f64(
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64()),
+    )
 }
 
 /// Increase of a counter from `prev` to `cur`; a decrease is a reset (increase = `cur`).
 /// Returns the increase and whether it was a reset.
 pub fn increase(prev: Option<f64>, cur: Option<f64>) -> Option<(f64, bool)> {
     let (p, c) = (prev?, cur?);
-    if c < p { Some((c, true)) } else { Some((c - p, false)) }
+    if c < p {
+        Some((c, true))
+    } else {
+        Some((c - p, false))
+    }
 }
 
 /// Per-interval delta of a cumulative histogram; a `_count` or bucket that went down is a reset
 /// (the delta is then the current histogram). Returns the delta and whether it was a reset.
 pub fn histogram_delta(prev: &Histogram, cur: &Histogram) -> (Histogram, bool) {
-    let same_bounds = prev.buckets.len() == cur.buckets.len() && prev.buckets.iter().zip(&cur.buckets).all(|(a, b)| a.0 == b.0);
-    let reset = cur.count < prev.count || !same_bounds || prev.buckets.iter().zip(&cur.buckets).any(|(a, b)| b.1 < a.1);
+    let same_bounds = prev.buckets.len() == cur.buckets.len()
+        && prev
+            .buckets
+            .iter()
+            .zip(&cur.buckets)
+            .all(|(a, b)| a.0 == b.0);
+    let reset = cur.count < prev.count
+        || !same_bounds
+        || prev
+            .buckets
+            .iter()
+            .zip(&cur.buckets)
+            .any(|(a, b)| b.1 < a.1);
     if reset {
         return (cur.clone(), true);
     }
-    let buckets = prev.buckets.iter().zip(&cur.buckets).map(|(a, b)| (b.0, b.1 - a.1)).collect();
-    (Histogram { buckets, count: cur.count - prev.count, sum: cur.sum - prev.sum }, false)
+    let buckets = prev
+        .buckets
+        .iter()
+        .zip(&cur.buckets)
+        .map(|(a, b)| (b.0, b.1 - a.1))
+        .collect();
+    (
+        Histogram {
+            buckets,
+            count: cur.count - prev.count,
+            sum: cur.sum - prev.sum,
+        },
+        false,
+    )
 }
 
 /// Mean, p50 and p99 of a (delta) histogram.
@@ -82,7 +112,12 @@ pub fn latency_stats(h: &Histogram) -> LatencyStats {
         return LatencyStats::default();
     }
     let mean = (h.sum.is_finite() && h.count > 0.0).then(|| h.sum / h.count);
-    LatencyStats { mean, p50: histogram_quantile(0.5, &h.buckets), p99: histogram_quantile(0.99, &h.buckets), count }
+    LatencyStats {
+        mean,
+        p50: histogram_quantile(0.5, &h.buckets),
+        p99: histogram_quantile(0.99, &h.buckets),
+        count,
+    }
 }
 
 fn stats(prev: Option<&Histogram>, cur: Option<&Histogram>, reset: &mut bool) -> LatencyStats {
@@ -168,11 +203,26 @@ mod tests {
     #[test]
     fn histogram_delta_and_reset() {
         let inf = f64::INFINITY;
-        let a = Histogram { buckets: vec![(1.0, 2.0), (inf, 4.0)], count: 4.0, sum: 3.0 };
-        let b = Histogram { buckets: vec![(1.0, 5.0), (inf, 10.0)], count: 10.0, sum: 9.0 };
+        let a = Histogram {
+            buckets: vec![(1.0, 2.0), (inf, 4.0)],
+            count: 4.0,
+            sum: 3.0,
+        };
+        let b = Histogram {
+            buckets: vec![(1.0, 5.0), (inf, 10.0)],
+            count: 10.0,
+            sum: 9.0,
+        };
         let (d, r) = histogram_delta(&a, &b);
         assert!(!r);
-        assert_eq!(d, Histogram { buckets: vec![(1.0, 3.0), (inf, 6.0)], count: 6.0, sum: 6.0 });
+        assert_eq!(
+            d,
+            Histogram {
+                buckets: vec![(1.0, 3.0), (inf, 6.0)],
+                count: 6.0,
+                sum: 6.0
+            }
+        );
         let (d, r) = histogram_delta(&b, &a);
         assert!(r);
         assert_eq!(d, a);
@@ -181,9 +231,18 @@ mod tests {
     #[test]
     fn first_scrape_has_no_rates_and_reset_is_flagged() {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
-        let mut r = crate::server::normalize::normalize(&crate::server::parse::parse("vllm:prompt_tokens_total 100\nvllm:num_requests_waiting 2\n").unwrap(), None);
+        let mut r = crate::server::normalize::normalize(
+            &crate::server::parse::parse(
+                "vllm:prompt_tokens_total 100\nvllm:num_requests_waiting 2\n",
+            )
+            .unwrap(),
+            None,
+        );
         let s = sample(None, &r, t0);
-        assert_eq!((s.requests_waiting, s.prompt_tokens_per_s, s.interval_s), (Some(2.0), None, None));
+        assert_eq!(
+            (s.requests_waiting, s.prompt_tokens_per_s, s.interval_s),
+            (Some(2.0), None, None)
+        );
         let prev = r.clone();
         r.counters.prompt_tokens = Some(40.0);
         let s = sample(Some((&prev, t0)), &r, t0 + Duration::from_secs(2));

@@ -64,7 +64,12 @@ pub fn detect(page: &Page) -> ServerKind {
         };
         n[k] += 1;
     }
-    let kinds = [ServerKind::Vllm, ServerKind::Sglang, ServerKind::Tgi, ServerKind::LlamaCpp];
+    let kinds = [
+        ServerKind::Vllm,
+        ServerKind::Sglang,
+        ServerKind::Tgi,
+        ServerKind::LlamaCpp,
+    ];
     match n.iter().enumerate().max_by_key(|(_, c)| **c) {
         Some((i, c)) if *c > 0 => kinds[i],
         _ => ServerKind::Unknown,
@@ -123,11 +128,14 @@ pub struct Reading {
 }
 
 fn sum_of<'a>(it: impl Iterator<Item = &'a Sample>) -> Option<f64> {
-    it.map(|s| s.value).fold(None, |acc, v| Some(acc.unwrap_or(0.0) + v))
+    it.map(|s| s.value)
+        .fold(None, |acc, v| Some(acc.unwrap_or(0.0) + v))
 }
 
 fn max_of<'a>(it: impl Iterator<Item = &'a Sample>) -> Option<f64> {
-    it.map(|s| s.value).fold(None, |acc: Option<f64>, v| Some(acc.map_or(v, |a| a.max(v))))
+    it.map(|s| s.value).fold(None, |acc: Option<f64>, v| {
+        Some(acc.map_or(v, |a| a.max(v)))
+    })
 }
 
 fn mean_of<'a>(it: impl Iterator<Item = &'a Sample>) -> Option<f64> {
@@ -142,7 +150,10 @@ fn sum_first(page: &Page, names: &[&str]) -> Option<f64> {
 
 /// A counter under its `_total` name, or (OpenMetrics-less exporters) its bare name.
 fn counter(page: &Page, names: &[&str]) -> Option<f64> {
-    names.iter().find_map(|n| sum_of(page.named(n)).or_else(|| n.strip_suffix("_total").and_then(|b| sum_of(page.named(b)))))
+    names.iter().find_map(|n| {
+        sum_of(page.named(n))
+            .or_else(|| n.strip_suffix("_total").and_then(|b| sum_of(page.named(b))))
+    })
 }
 
 /// The histogram `family` summed over its series, keeping only series whose labels include
@@ -151,8 +162,15 @@ pub fn histogram(page: &Page, family: &str, only: &[(&str, &str)]) -> Option<His
     let keep = |s: &&Sample| only.iter().all(|(k, v)| s.label(k) == Some(*v));
     let bucket = format!("{family}_bucket");
     let mut buckets: Vec<(f64, f64)> = Vec::new();
-    for s in page.samples.iter().filter(|s| s.name == bucket).filter(keep) {
-        let Some(le) = s.label("le").and_then(super::parse::parse_value) else { continue };
+    for s in page
+        .samples
+        .iter()
+        .filter(|s| s.name == bucket)
+        .filter(keep)
+    {
+        let Some(le) = s.label("le").and_then(super::parse::parse_value) else {
+            continue;
+        };
         if le.is_nan() {
             continue;
         }
@@ -165,9 +183,15 @@ pub fn histogram(page: &Page, family: &str, only: &[(&str, &str)]) -> Option<His
         return None;
     }
     buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let count = sum_of(page.named(&format!("{family}_count")).filter(keep)).or_else(|| buckets.last().map(|b| b.1)).unwrap_or(0.0);
+    let count = sum_of(page.named(&format!("{family}_count")).filter(keep))
+        .or_else(|| buckets.last().map(|b| b.1))
+        .unwrap_or(0.0);
     let sum = sum_of(page.named(&format!("{family}_sum")).filter(keep)).unwrap_or(f64::NAN);
-    Some(Histogram { buckets, count, sum })
+    Some(Histogram {
+        buckets,
+        count,
+        sum,
+    })
 }
 
 fn first_histogram(page: &Page, families: &[&str]) -> Option<Histogram> {
@@ -192,11 +216,24 @@ pub fn normalize(page: &Page, kind: Option<ServerKind>) -> Reading {
         ServerKind::Vllm => {
             r.requests_running = sum_first(page, &["vllm:num_requests_running"]);
             r.requests_waiting = sum_first(page, &["vllm:num_requests_waiting"]);
-            r.kv_cache_usage = max_of(page.named("vllm:kv_cache_usage_perc")).or_else(|| max_of(page.named("vllm:gpu_cache_usage_perc")));
+            r.kv_cache_usage = max_of(page.named("vllm:kv_cache_usage_perc"))
+                .or_else(|| max_of(page.named("vllm:gpu_cache_usage_perc")));
             r.counters = Counters {
                 preemptions: counter(page, &["vllm:num_preemptions_total"]),
-                prefix_hits: counter(page, &["vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"]),
-                prefix_queries: counter(page, &["vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"]),
+                prefix_hits: counter(
+                    page,
+                    &[
+                        "vllm:prefix_cache_hits_total",
+                        "vllm:gpu_prefix_cache_hits_total",
+                    ],
+                ),
+                prefix_queries: counter(
+                    page,
+                    &[
+                        "vllm:prefix_cache_queries_total",
+                        "vllm:gpu_prefix_cache_queries_total",
+                    ],
+                ),
                 prompt_tokens: counter(page, &["vllm:prompt_tokens_total"]),
                 generation_tokens: counter(page, &["vllm:generation_tokens_total"]),
                 requests: counter(page, &["vllm:request_success_total"]),
@@ -204,7 +241,13 @@ pub fn normalize(page: &Page, kind: Option<ServerKind>) -> Reading {
             };
             r.histograms = Histograms {
                 ttft: first_histogram(page, &["vllm:time_to_first_token_seconds"]),
-                itl: first_histogram(page, &["vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"]),
+                itl: first_histogram(
+                    page,
+                    &[
+                        "vllm:inter_token_latency_seconds",
+                        "vllm:time_per_output_token_seconds",
+                    ],
+                ),
                 queue: first_histogram(page, &["vllm:request_queue_time_seconds"]),
                 prefill: first_histogram(page, &["vllm:request_prefill_time_seconds"]),
                 decode: first_histogram(page, &["vllm:request_decode_time_seconds"]),
@@ -276,7 +319,10 @@ pub fn normalize(page: &Page, kind: Option<ServerKind>) -> Reading {
 /// Whether `name` is typed as a counter on the page (for the unknown kind's reset check).
 pub fn is_counter(page: &Page, name: &str) -> bool {
     let family = name.strip_suffix("_total").unwrap_or(name);
-    matches!(page.types.get(family).or_else(|| page.types.get(name)), Some(MetricType::Counter))
+    matches!(
+        page.types.get(family).or_else(|| page.types.get(name)),
+        Some(MetricType::Counter)
+    )
 }
 
 #[cfg(test)]
@@ -286,10 +332,22 @@ mod tests {
 
     #[test]
     fn detects_kind_by_prefix_majority() {
-        assert_eq!(detect(&parse("vllm:a 1\nvllm:b 2\nprocess_start_time_seconds 3\n").unwrap()), ServerKind::Vllm);
-        assert_eq!(detect(&parse("llamacpp:requests_processing 1\n").unwrap()), ServerKind::LlamaCpp);
-        assert_eq!(detect(&parse("tgi_queue_size 1\ntgi_batch_current_size 2\nsglang:x 1\n").unwrap()), ServerKind::Tgi);
-        assert_eq!(detect(&parse("go_goroutines 5\n").unwrap()), ServerKind::Unknown);
+        assert_eq!(
+            detect(&parse("vllm:a 1\nvllm:b 2\nprocess_start_time_seconds 3\n").unwrap()),
+            ServerKind::Vllm
+        );
+        assert_eq!(
+            detect(&parse("llamacpp:requests_processing 1\n").unwrap()),
+            ServerKind::LlamaCpp
+        );
+        assert_eq!(
+            detect(&parse("tgi_queue_size 1\ntgi_batch_current_size 2\nsglang:x 1\n").unwrap()),
+            ServerKind::Tgi
+        );
+        assert_eq!(
+            detect(&parse("go_goroutines 5\n").unwrap()),
+            ServerKind::Unknown
+        );
     }
 
     #[test]

@@ -39,7 +39,10 @@ pub struct Sample {
 impl Sample {
     /// The value of label `key`.
     pub fn label(&self, key: &str) -> Option<&str> {
-        self.labels.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.labels
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -98,7 +101,10 @@ pub fn parse(text: &str) -> Result<Page, PageError> {
     if head.starts_with('<') {
         return Err(PageError::Html);
     }
-    let mut page = Page { samples: Vec::with_capacity(text.len() / 96), ..Page::default() };
+    let mut page = Page {
+        samples: Vec::with_capacity(text.len() / 96),
+        ..Page::default()
+    };
     let mut seen: HashSet<u64> = HashSet::with_capacity(text.len() / 96);
     for (i, raw) in text.lines().enumerate() {
         let line = raw.trim();
@@ -131,13 +137,17 @@ pub fn parse(text: &str) -> Result<Page, PageError> {
             Err(why) => {
                 page.stats.bad_lines += 1;
                 if page.stats.first_bad.is_none() {
-                    page.stats.first_bad = Some(format!("line {}: {why}: {:?}", i + 1, clip(line, 120)));
+                    page.stats.first_bad =
+                        Some(format!("line {}: {why}: {:?}", i + 1, clip(line, 120)));
                 }
             }
         }
     }
     if page.samples.is_empty() && page.stats.non_finite == 0 && page.stats.bad_lines > 0 {
-        return Err(PageError::NoSamples { bad_lines: page.stats.bad_lines, first: page.stats.first_bad.clone().unwrap_or_default() });
+        return Err(PageError::NoSamples {
+            bad_lines: page.stats.bad_lines,
+            first: page.stats.first_bad.clone().unwrap_or_default(),
+        });
     }
     Ok(page)
 }
@@ -215,11 +225,19 @@ fn sample_line(line: &str) -> Result<Sample, &'static str> {
             }
         }
     }
-    Ok(Sample { name: name.to_owned(), labels, value })
+    Ok(Sample {
+        name: name.to_owned(),
+        labels,
+        value,
+    })
 }
 
 /// Parses `k="v",...}` from `start` (after `{`); returns the index after `}`.
-fn label_set(line: &str, start: usize, out: &mut Vec<(String, String)>) -> Result<usize, &'static str> {
+fn label_set(
+    line: &str,
+    start: usize,
+    out: &mut Vec<(String, String)>,
+) -> Result<usize, &'static str> {
     let b = line.as_bytes();
     let mut i = start;
     loop {
@@ -316,7 +334,14 @@ mod tests {
         assert_eq!(page.samples.len(), 2);
         assert_eq!(page.samples[0].value, 350.0);
         assert_eq!(page.samples[0].label("y"), Some("q\"\\\n"));
-        assert_eq!(page.samples[1], Sample { name: "b".into(), labels: vec![], value: 7.0 });
+        assert_eq!(
+            page.samples[1],
+            Sample {
+                name: "b".into(),
+                labels: vec![],
+                value: 7.0
+            }
+        );
         assert_eq!(page.stats, ParseStats::default());
     }
 
@@ -334,20 +359,37 @@ mod tests {
 
     #[test]
     fn bad_lines_nan_and_duplicates_are_counted_not_fatal() {
-        let page = parse("ok 1\n{broken 2\nx{a=b} 3\nnan_gauge NaN\ninf +Inf\nok 5\ny{a=\"1\"} abc\nz 1 2 3\n").unwrap();
+        let page = parse(
+            "ok 1\n{broken 2\nx{a=b} 3\nnan_gauge NaN\ninf +Inf\nok 5\ny{a=\"1\"} abc\nz 1 2 3\n",
+        )
+        .unwrap();
         assert_eq!(page.samples.len(), 1);
         assert_eq!(page.samples[0].value, 1.0);
         assert_eq!(page.stats.duplicates, 1);
         assert_eq!(page.stats.non_finite, 2);
         assert_eq!(page.stats.bad_lines, 4);
-        assert!(page.stats.first_bad.as_deref().unwrap().starts_with("line 2: not a metric name"), "{:?}", page.stats.first_bad);
+        assert!(
+            page.stats
+                .first_bad
+                .as_deref()
+                .unwrap()
+                .starts_with("line 2: not a metric name"),
+            "{:?}",
+            page.stats.first_bad
+        );
     }
 
     #[test]
     fn html_empty_and_garbage_pages_are_errors() {
-        assert_eq!(parse("  <!DOCTYPE html><html>nope</html>").unwrap_err(), PageError::Html);
+        assert_eq!(
+            parse("  <!DOCTYPE html><html>nope</html>").unwrap_err(),
+            PageError::Html
+        );
         assert_eq!(parse("\n \n").unwrap_err(), PageError::Empty);
-        assert!(matches!(parse("hello world\n???\n").unwrap_err(), PageError::NoSamples { bad_lines: 2, .. }));
+        assert!(matches!(
+            parse("hello world\n???\n").unwrap_err(),
+            PageError::NoSamples { bad_lines: 2, .. }
+        ));
     }
 
     #[test]

@@ -77,16 +77,30 @@ mod tests {
 
     #[test]
     fn nan_cases_are_none() {
-        assert_eq!(histogram_quantile(0.5, &[(0.1, 1.0), (1.0, 2.0)]), None, "no +Inf bucket");
+        assert_eq!(
+            histogram_quantile(0.5, &[(0.1, 1.0), (1.0, 2.0)]),
+            None,
+            "no +Inf bucket"
+        );
         assert_eq!(histogram_quantile(0.5, &[(INF, 3.0)]), None, "one bucket");
-        assert_eq!(histogram_quantile(0.5, &[(1.0, 0.0), (INF, 0.0)]), None, "empty");
+        assert_eq!(
+            histogram_quantile(0.5, &[(1.0, 0.0), (INF, 0.0)]),
+            None,
+            "empty"
+        );
         assert_eq!(histogram_quantile(1.5, &[(1.0, 1.0), (INF, 1.0)]), None);
     }
 
     #[test]
     fn non_positive_first_bound_and_non_monotonic_counts() {
-        assert_eq!(histogram_quantile(0.2, &[(0.0, 5.0), (1.0, 10.0), (INF, 10.0)]), Some(0.0));
+        assert_eq!(
+            histogram_quantile(0.2, &[(0.0, 5.0), (1.0, 10.0), (INF, 10.0)]),
+            Some(0.0)
+        );
         // 1.0's count 3 < 4 is raised to 4: p50 rank 4 → bucket 0.5 (first with c ≥ 4), start 0.
-        assert!((histogram_quantile(0.5, &[(0.5, 4.0), (1.0, 3.0), (INF, 8.0)]).unwrap() - 0.5).abs() < 1e-12);
+        assert!(
+            (histogram_quantile(0.5, &[(0.5, 4.0), (1.0, 3.0), (INF, 8.0)]).unwrap() - 0.5).abs()
+                < 1e-12
+        );
     }
 }

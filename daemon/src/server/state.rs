@@ -31,7 +31,10 @@ pub struct ServerEvent {
 }
 
 fn unix_s<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_f64(t.duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()))
+    s.serialize_f64(
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64()),
+    )
 }
 
 /// Whether a target's server is scraped.
@@ -115,7 +118,11 @@ pub struct TargetServerView {
 
 impl TargetServer {
     pub fn new(target: &str, metrics_url: Option<String>, off_reason: Option<String>) -> Self {
-        let mode = if off_reason.is_some() { Mode::Off } else { Mode::Starting };
+        let mode = if off_reason.is_some() {
+            Mode::Off
+        } else {
+            Mode::Starting
+        };
         Self {
             target: target.to_owned(),
             metrics_url,
@@ -141,12 +148,19 @@ impl TargetServer {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Records a read page: its sample, the skipped-line counts, the kind. Returns `true` when
     /// this is the first success after a failure (a reconnect: re-read the identity).
-    pub fn record_ok(&self, sample: ServerSample, kind: ServerKind, stats: &super::parse::ParseStats) -> bool {
+    pub fn record_ok(
+        &self,
+        sample: ServerSample,
+        kind: ServerKind,
+        stats: &super::parse::ParseStats,
+    ) -> bool {
         let mut i = self.lock();
         let reconnect = i.mode != Mode::On;
         i.mode = Mode::On;
@@ -178,7 +192,12 @@ impl TargetServer {
     }
 
     /// Records a failed scrape. Returns `true` when the reason is new (log it once).
-    pub fn record_failure(&self, at: SystemTime, reason_kind: &'static str, reason: String) -> bool {
+    pub fn record_failure(
+        &self,
+        at: SystemTime,
+        reason_kind: &'static str,
+        reason: String,
+    ) -> bool {
         let mut i = self.lock();
         i.last_scrape = Some(at);
         *i.failures.entry(reason_kind).or_insert(0) += 1;
@@ -205,7 +224,12 @@ impl TargetServer {
     /// Records a change event (status, next canary span, counter).
     pub fn push_event(&self, at: SystemTime, change: Change) {
         let mut i = self.lock();
-        let e = ServerEvent { at, kind: change.kind, old: change.old, new: change.new };
+        let e = ServerEvent {
+            at,
+            kind: change.kind,
+            old: change.old,
+            new: change.new,
+        };
         *i.changes.entry(e.kind.as_str()).or_insert(0) += 1;
         if i.events.len() == EVENTS {
             i.events.pop_front();
@@ -257,7 +281,10 @@ impl TargetServer {
     pub fn view(&self) -> TargetServerView {
         let i = self.lock();
         let now = SystemTime::now();
-        let secs = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        let secs = |t: SystemTime| {
+            t.duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64())
+        };
         TargetServerView {
             target: self.target.clone(),
             mode: i.mode,
@@ -268,7 +295,9 @@ impl TargetServer {
             model: i.identity.model.clone(),
             model_revision: i.identity.model_revision.clone(),
             last_scrape_unix_s: i.last_scrape.map(secs),
-            last_ok_age_s: i.last_ok.map(|t| now.duration_since(t).unwrap_or_default().as_secs_f64()),
+            last_ok_age_s: i
+                .last_ok
+                .map(|t| now.duration_since(t).unwrap_or_default().as_secs_f64()),
             scrapes_ok: i.scrapes_ok,
             failures: i.failures.clone(),
             bad_lines: i.bad_lines,

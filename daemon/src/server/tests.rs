@@ -10,13 +10,25 @@ use super::parse::parse;
 
 fn pair(name: &str) -> (ServerKind, ServerSample) {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/server/");
-    let read = |s: &str| std::fs::read_to_string(format!("{dir}{name}.{s}.prom")).unwrap_or_else(|e| panic!("{name}.{s}.prom: {e}"));
+    let read = |s: &str| {
+        std::fs::read_to_string(format!("{dir}{name}.{s}.prom"))
+            .unwrap_or_else(|e| panic!("{name}.{s}.prom: {e}"))
+    };
     let (a, b) = (parse(&read("a")).unwrap(), parse(&read("b")).unwrap());
-    assert_eq!(a.stats.bad_lines + b.stats.bad_lines, 0, "{:?} {:?}", a.stats, b.stats);
+    assert_eq!(
+        a.stats.bad_lines + b.stats.bad_lines,
+        0,
+        "{:?} {:?}",
+        a.stats,
+        b.stats
+    );
     let (ra, rb) = (normalize(&a, None), normalize(&b, None));
     assert_eq!(ra.kind, rb.kind);
     let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_764_500_000);
-    (rb.kind, sample(Some((&ra, t0)), &rb, t0 + Duration::from_secs(5)))
+    (
+        rb.kind,
+        sample(Some((&ra, t0)), &rb, t0 + Duration::from_secs(5)),
+    )
 }
 
 #[track_caller]
@@ -28,9 +40,15 @@ fn close(got: Option<f64>, want: f64) {
 fn vllm(name: &str) {
     let (kind, s) = pair(name);
     assert_eq!(kind, ServerKind::Vllm);
-    assert_eq!((s.requests_running, s.requests_waiting, s.kv_cache_usage), (Some(16.0), Some(9.0), Some(0.87)));
+    assert_eq!(
+        (s.requests_running, s.requests_waiting, s.kv_cache_usage),
+        (Some(16.0), Some(9.0), Some(0.87))
+    );
     close(s.preemptions_per_s, 1.0); // (12 − 7) preemptions in 5 s
-    close(s.prefix_cache_hit_ratio, (4200.0 - 3000.0) / (14000.0 - 10000.0));
+    close(
+        s.prefix_cache_hit_ratio,
+        (4200.0 - 3000.0) / (14000.0 - 10000.0),
+    );
     close(s.prompt_tokens_per_s, (60000.0 - 50000.0) / 5.0);
     close(s.generation_tokens_per_s, (85000.0 - 80000.0) / 5.0);
     // request_success_total summed over finished_reason: (165 + 15) − (90 + 10) = 80.
@@ -52,7 +70,10 @@ fn vllm(name: &str) {
     close(s.queue.p50, 0.24);
     close(s.queue.mean, 8.0 / 80.0);
     assert_eq!(s.prefill.count, 0.0);
-    assert_eq!(s.prefill.p50, None, "no prefill histogram on the page: absent, not 0");
+    assert_eq!(
+        s.prefill.p50, None,
+        "no prefill histogram on the page: absent, not 0"
+    );
     assert!(!s.reset);
 }
 
@@ -70,7 +91,15 @@ fn vllm_old_names_give_the_same_vocabulary() {
 fn sglang_openmetrics_page() {
     let (kind, s) = pair("sglang");
     assert_eq!(kind, ServerKind::Sglang);
-    assert_eq!((s.requests_running, s.requests_waiting, s.kv_cache_usage, s.prefix_cache_hit_ratio), (Some(64.0), Some(21.0), Some(0.97), Some(0.5)));
+    assert_eq!(
+        (
+            s.requests_running,
+            s.requests_waiting,
+            s.kv_cache_usage,
+            s.prefix_cache_hit_ratio
+        ),
+        (Some(64.0), Some(21.0), Some(0.97), Some(0.5))
+    );
     close(s.preemptions_per_s, 3.0 / 5.0);
     close(s.prompt_tokens_per_s, 5000.0 / 5.0);
     close(s.generation_tokens_per_s, 2500.0 / 5.0);
@@ -89,7 +118,10 @@ fn sglang_openmetrics_page() {
 fn tgi_page() {
     let (kind, s) = pair("tgi");
     assert_eq!(kind, ServerKind::Tgi);
-    assert_eq!((s.requests_running, s.requests_waiting, s.kv_cache_usage), (Some(32.0), Some(17.0), None));
+    assert_eq!(
+        (s.requests_running, s.requests_waiting, s.kv_cache_usage),
+        (Some(32.0), Some(17.0), None)
+    );
     // Token rates from the input/generated length histograms' sums.
     close(s.prompt_tokens_per_s, (71680.0 - 51200.0) / 5.0);
     close(s.generation_tokens_per_s, (35840.0 - 25600.0) / 5.0);
@@ -109,7 +141,10 @@ fn tgi_page() {
 fn llamacpp_page() {
     let (kind, s) = pair("llamacpp");
     assert_eq!(kind, ServerKind::LlamaCpp);
-    assert_eq!((s.requests_running, s.requests_waiting, s.kv_cache_usage), (Some(2.0), Some(5.0), None));
+    assert_eq!(
+        (s.requests_running, s.requests_waiting, s.kv_cache_usage),
+        (Some(2.0), Some(5.0), None)
+    );
     close(s.prompt_tokens_per_s, 600.0 / 5.0);
     close(s.generation_tokens_per_s, 300.0 / 5.0);
     // Cached Δ300 of queried Δ(300 cached + 600 processed).
@@ -120,8 +155,14 @@ fn llamacpp_page() {
 #[test]
 fn restart_between_scrapes_is_a_reset_with_the_new_values_as_increase() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/server/");
-    let a = normalize(&parse(&std::fs::read_to_string(format!("{dir}vllm-new.a.prom")).unwrap()).unwrap(), None);
-    let b = normalize(&parse(&std::fs::read_to_string(format!("{dir}vllm-new.b.prom")).unwrap()).unwrap(), None);
+    let a = normalize(
+        &parse(&std::fs::read_to_string(format!("{dir}vllm-new.a.prom")).unwrap()).unwrap(),
+        None,
+    );
+    let b = normalize(
+        &parse(&std::fs::read_to_string(format!("{dir}vllm-new.b.prom")).unwrap()).unwrap(),
+        None,
+    );
     let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_764_500_000);
     // b then a: every counter went down, so the server restarted and counted a's values since.
     let s = sample(Some((&b, t0)), &a, t0 + Duration::from_secs(10));
@@ -164,7 +205,13 @@ fn mutated_pages_never_panic() {
             let r = normalize(&p, None);
             let t0 = SystemTime::UNIX_EPOCH;
             let s = sample(Some((&r, t0)), &r, t0 + Duration::from_secs(1));
-            for v in [s.requests_waiting, s.kv_cache_usage, s.ttft.p50, s.ttft.p99, s.queue.mean] {
+            for v in [
+                s.requests_waiting,
+                s.kv_cache_usage,
+                s.ttft.p50,
+                s.ttft.p99,
+                s.queue.mean,
+            ] {
                 assert!(v.is_none_or(f64::is_finite), "{v:?}");
             }
         }
