@@ -403,3 +403,111 @@ async fn restart_under_another_alias_is_one_model_change() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Headless Chromium (`LMPERF_CHROMIUM`, else `chromium` on PATH); `None` when absent and not
+/// required (`LMPERF_REQUIRE_CHROMIUM=1`, as `cargo xtask ci` sets as root).
+fn chromium() -> Option<std::path::PathBuf> {
+    let found = std::env::var_os("LMPERF_CHROMIUM")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            let path = std::env::var_os("PATH")?;
+            std::env::split_paths(&path)
+                .flat_map(|d| ["chromium", "chromium-browser"].map(|n| d.join(n)))
+                .find(|p| p.exists())
+        });
+    if found.is_none() {
+        assert!(
+            std::env::var("LMPERF_REQUIRE_CHROMIUM").as_deref() != Ok("1"),
+            "Chromium required but not found"
+        );
+        eprintln!("skipped the Chromium render: no chromium on PATH");
+    }
+    found
+}
+
+/// Acceptance 4: `lmperf run` at 6 concurrent requests against the real 2-slot server:
+/// `summary.json`'s `server.waiting_max > 0`, and `report.html` draws the queue plot beside
+/// the client's TTFT (rendered in headless Chromium when present).
+#[test]
+fn lmperf_run_against_the_overloaded_server_reports_its_queue() {
+    let server = ModelServer::start();
+    let dir = tempdir("run");
+    let out = std::process::Command::new(lmperf_e2e::agent::lmperf_bin())
+        .args([
+            "run",
+            "--target",
+            &server.url(),
+            "--batch-sizes",
+            "6",
+            "--seq-lengths",
+            "32",
+            "--num-prompts",
+            "18",
+            "--output-len",
+            "24",
+            "--warmup",
+            "0",
+        ])
+        .arg("--output-dir")
+        .arg(&dir)
+        .output()
+        .expect("run lmperf");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let b = &summary["benchmarks"][0];
+    let sv = &b["server"];
+    assert_eq!(
+        (sv["kind"].as_str(), sv["model"].as_str()),
+        (Some("llama.cpp"), Some("gemma-3-270m")),
+        "{sv}"
+    );
+    assert!(
+        sv["waiting_max"].as_f64().unwrap() > 0.0,
+        "6 requests on 2 slots queue: {sv}"
+    );
+    assert_eq!(sv["running_max"].as_f64(), Some(2.0), "{sv}");
+    // The server's token counter over the benchmark equals the tokens the run received
+    // (only this run talks to the server).
+    let generated = sv["generation_tokens"].as_f64().unwrap();
+    assert_eq!(
+        generated,
+        b["total_output_tokens"].as_f64().unwrap(),
+        "{sv}"
+    );
+    assert!(sv["timeline"].as_array().unwrap().len() >= 2);
+    let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    let ttft = html.find("TTFT over time").expect("client TTFT plot");
+    let queue = html
+        .find("Server queue over time")
+        .expect("server queue plot");
+    assert!(queue > ttft, "the queue plot follows the TTFT plot");
+    assert!(html.contains(&format!(
+        r#"data-waiting-max="{}""#,
+        sv["waiting_max"].as_f64().unwrap()
+    )));
+    if let Some(bin) = chromium() {
+        let profile = dir.join("chromium-profile");
+        let o = std::process::Command::new(bin)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--dump-dom",
+            ])
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .arg(format!("file://{}", dir.join("report.html").display()))
+            .output()
+            .expect("chromium");
+        let dom = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            dom.contains("Server queue over time") && dom.contains("<polyline"),
+            "rendered DOM lacks the queue plot"
+        );
+        assert!(dom.contains(r#"<table class="server">"#));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -261,7 +261,12 @@ impl Scraper {
             }
             Err(f) => {
                 if self.target.record_failure(at, f.kind, f.message.clone()) {
-                    tracing::warn!(target_name = %self.target.target, reason = f.kind, "Server metrics not read: {}", f.message);
+                    // A server without a metrics endpoint is common, not a fault: said at info.
+                    if f.kind == "http_status" && f.message.contains("HTTP 404") {
+                        tracing::info!(target_name = %self.target.target, reason = f.kind, "Server metrics not read: {}", f.message);
+                    } else {
+                        tracing::warn!(target_name = %self.target.target, reason = f.kind, "Server metrics not read: {}", f.message);
+                    }
                 }
                 false
             }
