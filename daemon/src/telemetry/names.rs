@@ -53,6 +53,13 @@ pub const LMPERF_USAGE_SOURCE: &str = "lmperf.usage.source";
 pub const LMPERF_RETRIES: &str = "lmperf.retries";
 pub const LMPERF_ERROR_MESSAGE: &str = "lmperf.error.message";
 pub const LMPERF_ERROR_CODE: &str = "lmperf.error.code";
+/// The server's own error `type` (e.g. `exceed_context_size_error`); `error.type` may be the
+/// HTTP status.
+pub const LMPERF_ERROR_SERVER_TYPE: &str = "lmperf.error.server_type";
+/// The server's `Retry-After` on an HTTP error, seconds.
+pub const LMPERF_ERROR_RETRY_AFTER: &str = "lmperf.error.retry_after";
+/// Choices of an `n > 1` stream.
+pub const LMPERF_CHOICES: &str = "lmperf.choices";
 pub const LMPERF_PROMPT_ID: &str = "lmperf.prompt.id";
 /// Where a request came from: `inject` for load injected through the control API, `bench` for
 /// `lmperf run` (on spans and, for `bench`, metric points); canary spans carry none.

@@ -119,6 +119,9 @@ pub fn build_span(ids: TraceIds, info: &SpanContextInfo<'_>, m: &Measured, decis
         a.push(KeyValue::new(n::LMPERF_TPOT, secs(v)));
     }
     a.push(KeyValue::new(n::LMPERF_TOKEN_CHUNKS, r.token_chunk_times.len() as i64));
+    if !r.choices.is_empty() {
+        a.push(KeyValue::new(n::LMPERF_CHOICES, r.choices.len() as i64));
+    }
     if let Some(s) = r.http_status {
         a.push(KeyValue::new(n::HTTP_RESPONSE_STATUS_CODE, i64::from(s)));
     }
@@ -132,6 +135,12 @@ pub fn build_span(ids: TraceIds, info: &SpanContextInfo<'_>, m: &Measured, decis
             }
             if let Some(code) = &e.code {
                 a.push(KeyValue::new(n::LMPERF_ERROR_CODE, code.clone()));
+            }
+            if let Some(t) = &e.server_type {
+                a.push(KeyValue::new(n::LMPERF_ERROR_SERVER_TYPE, t.clone()));
+            }
+            if let Some(d) = e.retry_after {
+                a.push(KeyValue::new(n::LMPERF_ERROR_RETRY_AFTER, secs(d)));
             }
             Status::error(e.message.clone().unwrap_or_else(|| e.error_type.clone()))
         }
