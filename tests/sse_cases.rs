@@ -404,3 +404,47 @@ async fn case_25_ik_llamacpp_467_no_done_marker() {
 async fn case_26_vllm_55508_usage_tail_tpot() {
     check_case("sse/26_vllm_55508_usage_tail_tpot.json").await;
 }
+
+/// Case 22 through `lmperf run`: requests.jsonl keeps the server's reason (type, code, message,
+/// Retry-After) and summary.json groups the errors by status and server type; latency samples
+/// come from the one success only.
+#[tokio::test(flavor = "multi_thread")]
+async fn case_22_llamacpp_16486_non200_error_bodies_in_lmperf_run() {
+    let c = case("sse/22_llamacpp_16486_non200_error_bodies.json");
+    let e = &c["expected"];
+    let server = lmperf_e2e::scripted::case_server(&c).await;
+    let dir = std::env::temp_dir().join(format!("lmperf-case22-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let spec = lmperf::bench::RunSpec { num_prompts: 5, input_lengths: vec![8], output_len: 4, ignore_eos: false, ..lmperf::bench::RunSpec::new(target(&server.url()), dir.clone()) };
+    let summary = lmperf::bench::run(spec).await.expect("run");
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("requests.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 5);
+    let per = &e["per_request"];
+    for (row, id) in rows.iter().zip(["R1", "R2", "R3", "R4", "R5"]) {
+        let want = &per[id];
+        assert_eq!(row["outcome"], want["outcome"], "{id}");
+        assert_eq!(row["http_status"], want["http_status"].as_u64().map_or(serde_json::json!(200), |s| serde_json::json!(s)), "{id}");
+        if want["outcome"] == "error" {
+            let server_type = row["error_server_type"].as_str().or(row["error_type"].as_str());
+            assert_eq!(server_type, want["error_type"].as_str(), "{id}");
+            assert_eq!(row["error_type"], row["http_status"].to_string().as_str(), "{id}: error.type stays the status");
+            assert!(row["error_message"].as_str().is_some_and(|m| !m.is_empty()), "{id}: message kept");
+        }
+        if let Some(code) = want["error_code"].as_u64() {
+            assert_eq!(row["error_code"], code.to_string().as_str(), "{id}");
+        }
+        assert_eq!(row["retry_after_ms"].as_f64(), want["retry_after_ms"].as_f64(), "{id}");
+    }
+    assert!(rows[0]["error_message"].as_str().unwrap().contains("exceeds the available context size"));
+    assert!(rows[3]["error_message"].as_str().unwrap().contains(e["per_request"]["R4"]["error_body_snippet"].as_str().unwrap()));
+    let b = &summary.benchmarks[0];
+    assert_eq!(b.completed as u64, e["success_count"].as_u64().unwrap());
+    assert_eq!(serde_json::json!(b.errors_by_status), e["errors_by_status"]);
+    assert_eq!(
+        serde_json::json!(b.errors_by_status_and_type),
+        serde_json::json!({"400": {"BadRequestError": 1, "exceed_context_size_error": 1}, "429": {"rate_limit_exceeded": 1}, "503": {"503": 1}})
+    );
+    let ttft = b.ttft_ms.as_ref().expect("ttft of the success");
+    assert_eq!(ttft.count, 1, "failed requests give no latency sample");
+    let _ = std::fs::remove_dir_all(&dir);
+}
