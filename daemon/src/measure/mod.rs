@@ -281,6 +281,21 @@ impl RequestRecord {
     pub fn last_token(&self) -> Option<Duration> {
         self.token_chunk_times.last().copied()
     }
+
+    /// The record with every time set to zero (lists keep their lengths): what must not
+    /// depend on how the bytes were split into reads (chunk-boundary invariance; the property
+    /// test and the fuzz target compare these).
+    pub fn timeless(&self) -> RequestRecord {
+        let zero = |v: &Option<Duration>| v.map(|_| Duration::ZERO);
+        let zeros = |v: &[Duration]| vec![Duration::ZERO; v.len()];
+        let mut r = self.clone();
+        (r.ttft, r.time_to_first_content, r.tpot, r.e2e) = (zero(&r.ttft), zero(&r.time_to_first_content), zero(&r.tpot), Duration::ZERO);
+        (r.token_chunk_times, r.itl) = (zeros(&r.token_chunk_times), zeros(&r.itl));
+        for c in &mut r.choices {
+            (c.first_token, c.last_token, c.tpot, c.itl) = (zero(&c.first_token), zero(&c.last_token), zero(&c.tpot), zeros(&c.itl));
+        }
+        r
+    }
 }
 
 /// How the response body ended, as the transport saw it.
