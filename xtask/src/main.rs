@@ -4,10 +4,12 @@
 //!   cargo xtask demo [--seconds N]          model server + collector + agent, live spans
 //!   cargo xtask gpu-check [--seconds N]     GPU metrics against nvidia-smi on a real GPU
 //!   cargo xtask bench-client                lmperf run vs GuideLLM and AIPerf (figures)
+//!   cargo xtask fuzz [--seconds N]          cargo fuzz over the stream measurement (figures)
 
 mod bench_client;
 mod ci;
 mod demo;
+mod fuzz;
 mod gpu_check;
 
 use std::ffi::OsString;
@@ -27,7 +29,10 @@ tasks:
                               torch load and check its GPU metrics against nvidia-smi
   bench-client                install GuideLLM and AIPerf (.venv-bench/), then print lmperf's
                               and their sustained rate, CPU per request and TTFT error
-                              against one local stream server (LMPERF_BENCH_* settings)";
+                              against one local stream server (LMPERF_BENCH_* settings)
+  fuzz [--seconds N]          cargo fuzz over StreamMeasurer (daemon/fuzz/) for N seconds
+                              (default 600; installs cargo-fuzz into target/tools, needs
+                              nightly), then executions, coverage and time";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -38,6 +43,7 @@ fn main() -> ExitCode {
         Some("demo") => demo::run(&rest),
         Some("gpu-check") => gpu_check::run(&rest),
         Some("bench-client") => bench_client::run(&rest),
+        Some("fuzz") => fuzz::run(&rest),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
