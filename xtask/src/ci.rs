@@ -7,6 +7,9 @@
 //! 3. `cargo test --workspace --locked [args]`: daemon unit tests and tests/ e2e tests; as
 //!    root on a kernel with BTF, with `LMPERF_REQUIRE_EBPF=1` so the probe tests must run; as
 //!    root, with `LMPERF_REQUIRE_CHROMIUM=1` so the report render tests must run
+//! 4. `cargo xtask fuzz --seconds 60`: a short run of the fuzz target over the stream
+//!    measurement (installs cargo-fuzz, builds with nightly: about 4 minutes on 2 cores in all;
+//!    the long run is `cargo xtask fuzz`, 10 minutes)
 
 use anyhow::{Result, bail};
 
@@ -64,8 +67,13 @@ pub fn run(args: &[String]) -> Result<()> {
     if !ok || failed > 0 {
         bail!("`{}` failed", header.trim_end());
     }
+    println!("\n==> [fuzz] cargo xtask fuzz --seconds {CI_FUZZ_SECONDS}");
+    crate::fuzz::run(&["--seconds".to_owned(), CI_FUZZ_SECONDS.to_string()])?;
     Ok(())
 }
+
+/// Seconds of the fuzz run in CI (`cargo xtask fuzz` alone runs 600).
+const CI_FUZZ_SECONDS: u64 = 60;
 
 /// Packages that build `ebpf/` (clang for `-target bpf`, libbpf's headers, bpftool for
 /// inspecting the object), and Debian's `chromium`, which `tests/outputs.rs` renders

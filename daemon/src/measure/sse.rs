@@ -156,7 +156,7 @@ impl SseParser {
                 self.push_bare(&line, out);
                 self.line = line;
                 self.line.clear();
-                return Ok(());
+                return self.within_limit();
             }
             // An SSE field line ends the bare document.
             self.flush_bare(out);
@@ -187,6 +187,18 @@ impl SseParser {
         // Reuse the line's allocation.
         self.line = line;
         self.line.clear();
+        self.within_limit()
+    }
+
+    /// The held event within the limit also after decoding (an invalid UTF-8 byte becomes
+    /// the 3-byte U+FFFD) and the `\n` between lines; over it, the event is dropped.
+    fn within_limit(&mut self) -> Result<(), SseError> {
+        if self.buffered_bytes() > self.max_event_bytes {
+            self.data = String::new();
+            self.bare = String::new();
+            self.has_data = false;
+            return Err(SseError::EventTooLarge { limit: self.max_event_bytes });
+        }
         Ok(())
     }
 
@@ -304,5 +316,9 @@ mod tests {
         let mut p = SseParser::new(16);
         p.push(b"data: 0123456789\n", &mut out).unwrap();
         assert!(p.push(b"data: 0123456789\n", &mut out).is_err());
+        // Invalid UTF-8 grows when decoded (U+FFFD is 3 bytes): still within the limit held.
+        let mut p = SseParser::new(16);
+        assert!(p.push(b"data: \xff\xff\xff\xff\xff\xff\n", &mut out).is_err());
+        assert!(p.buffered_bytes() <= 16, "found by the fuzz target");
     }
 }
