@@ -4,10 +4,12 @@
 //!   cargo xtask demo [--seconds N]          model server + collector + agent, live spans
 //!   cargo xtask gpu-check [--seconds N]     GPU metrics against nvidia-smi on a real GPU
 //!   cargo xtask bench-client                lmperf run vs GuideLLM and AIPerf (figures)
+//!   cargo xtask fake-nvml DIR               the scripted libnvidia-ml.so.1 (tests, no GPU)
 
 mod bench_client;
 mod ci;
 mod demo;
+mod fake_nvml;
 mod gpu_check;
 
 use std::ffi::OsString;
@@ -27,7 +29,9 @@ tasks:
                               torch load and check its GPU metrics against nvidia-smi
   bench-client                install GuideLLM and AIPerf (.venv-bench/), then print lmperf's
                               and their sustained rate, CPU per request and TTFT error
-                              against one local stream server (LMPERF_BENCH_* settings)";
+                              against one local stream server (LMPERF_BENCH_* settings)
+  fake-nvml DIR [--omit SYM]  build the scripted NVML into DIR/libnvidia-ml.so.1 with cc
+                              (tests/support/fake_nvml/README.md)";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -38,6 +42,7 @@ fn main() -> ExitCode {
         Some("demo") => demo::run(&rest),
         Some("gpu-check") => gpu_check::run(&rest),
         Some("bench-client") => bench_client::run(&rest),
+        Some("fake-nvml") => fake_nvml::run(&rest),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

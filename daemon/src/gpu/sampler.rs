@@ -314,6 +314,9 @@ impl<B: GpuBackend> Sampler<B> {
             self.warnings += 1;
             match e {
                 GpuError::NotSupported => tracing::warn!(hw_id, field, "GPU field not supported by this device; it is not exported (warned once)."),
+                GpuError::MissingFunction(f) => {
+                    tracing::warn!(hw_id, field, function = %f, "The NVML library lacks the function for this GPU field (driver too old); it is not exported (warned once).")
+                }
                 _ => tracing::warn!(hw_id, field, error = %e, "Reading a GPU field failed; it is not exported while it fails (warned once)."),
             }
         }
@@ -327,7 +330,7 @@ impl<B: GpuBackend> Sampler<B> {
             Err(GpuError::GpuLost) => Err(Stop::Lost),
             Err(GpuError::Driver(why) | GpuError::NoLibrary(why)) => Err(Stop::Driver(why)),
             Err(e) => {
-                if e == GpuError::NotSupported && !self.devices[i].unsupported.contains(&field) {
+                if matches!(e, GpuError::NotSupported | GpuError::MissingFunction(_)) && !self.devices[i].unsupported.contains(&field) {
                     self.devices[i].unsupported.push(field);
                 }
                 let id = self.devices[i].info.uuid.clone();
@@ -341,9 +344,9 @@ impl<B: GpuBackend> Sampler<B> {
         let d = self.devices[i].dref;
         let mut s = DeviceSample::default();
         let r = self.backend.utilization(d);
-        if let Err(GpuError::NotSupported) = &r {
+        if let Err(e @ (GpuError::NotSupported | GpuError::MissingFunction(_))) = &r {
             // One NVML call gives both; both are absent.
-            self.field::<()>(i, "gpu.memory_copy_utilization", Err(GpuError::NotSupported))?;
+            self.field::<()>(i, "gpu.memory_copy_utilization", Err(e.clone()))?;
         }
         if let Some(u) = self.field(i, "gpu.utilization", r)? {
             s.utilization = Some(f64::from(u.gpu_pct.min(100)) / 100.0);
