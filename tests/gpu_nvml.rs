@@ -197,13 +197,14 @@ async fn two_scripted_gpus_every_series_with_the_scripted_values() {
     }
     assert_eq!(prom(&m, "hw_temperature_celsius", &[&format!("hw_parent=\"{GPU0}\"")]), Some(64.0));
     assert_eq!(prom(&m, "hw_temperature_celsius", &[&format!("hw_parent=\"{GPU1}\"")]), Some(38.0));
-    // PCIe: KB/s × 1024 × the interval, summed per sample: a whole number of samples' bytes.
+    // PCIe: KB/s × 1024 × the interval, summed per sample, exported as whole bytes.
     for (id, tx, rx) in [(&g0, 1024.0, 2048.0), (&g1, 10.0, 20.0)] {
         for (dir, kb) in [("transmit", tx), ("receive", rx)] {
             let got = prom(&m, "hw_gpu_io_bytes_total", &[id, &format!("network_io_direction=\"{dir}\"")]).expect("hw.gpu.io");
             let per_sample = kb * 1024.0 * 0.1;
-            let n = got / per_sample;
-            assert!(n >= 1.0 && (n - n.round()).abs() < 1e-6, "hw.gpu.io {dir} {got} is not a multiple of {per_sample}");
+            // Whole bytes of a whole number of samples.
+            let n = (got / per_sample).round();
+            assert!(n >= 1.0 && (got - n * per_sample).abs() < 1.0, "hw.gpu.io {dir} {got} is not a multiple of {per_sample}");
         }
     }
     let pid_label = format!("process_pid=\"{pid}\"");
@@ -229,6 +230,8 @@ async fn two_scripted_gpus_every_series_with_the_scripted_values() {
         ("lmperf.gpu.pcie.replays", None, 3.0, 0.0),
         ("hw.errors", Some(("error.type", "corrected")), 7.0, 0.0),
         ("hw.status", Some(("hw.state", "ok")), 1.0, 1.0),
+        ("hw.gpu.memory.utilization", None, 76235669504.0 / 150754820096.0, 1073741824.0 / 150754820096.0),
+        ("lmperf.gpu.throttle", Some(("lmperf.gpu.throttle.reason", "hw_thermal")), 0.0, 0.0),
     ];
     let names: Vec<&(String, String)> = points.keys().collect();
     for (name, extra, v0, v1) in otlp_expect {
@@ -236,6 +239,16 @@ async fn two_scripted_gpus_every_series_with_the_scripted_values() {
             let got = otlp(name, id, *extra).unwrap_or_else(|| panic!("OTLP {name} {id} missing; have {names:?}"));
             assert!((got - want).abs() <= 1e-9 * want.abs().max(1.0), "OTLP {name} {id} = {got}, scripted {want}");
         }
+    }
+    assert_eq!(otlp("hw.temperature", &format!("{GPU0}-temperature"), None), Some(64.0));
+    assert_eq!(otlp("hw.temperature", &format!("{GPU1}-temperature"), None), Some(38.0));
+    assert_eq!(otlp("lmperf.gpu.lost", "", None), Some(0.0));
+    assert_eq!(otlp("lmperf.gpu.process.utilization", GPU0, None), Some(0.83));
+    for (id, tx) in [(GPU0, 1024.0), (GPU1, 10.0)] {
+        let got = otlp("hw.gpu.io", id, Some(("network.io.direction", "transmit"))).expect("OTLP hw.gpu.io");
+        let per_sample = tx * 1024.0 * 0.1;
+        let n = (got / per_sample).round();
+        assert!(n >= 1.0 && (got - n * per_sample).abs() < 1.0, "OTLP hw.gpu.io {got}");
     }
     let proc_mem = points.get(&("lmperf.gpu.process.memory.usage".to_owned(), GPU0.to_owned())).expect("OTLP process memory");
     let (attrs, v) = proc_mem.last().expect("a point");
@@ -447,4 +460,37 @@ fn lmperf_run_peak_vram_and_the_vram_gate_through_the_library() {
     let pct2 = b2["peak_used_pct"].as_f64().unwrap();
     assert!((pct2 - 133.0 / 141.0 * 100.0).abs() < 1e-6 && pct2 > 92.0, "{b2}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Acceptance 3, error codes within a time window: `UNKNOWN` from `nvmlDeviceGetTemperature` of
+/// GPU 0 and `TIMEOUT` from every `nvmlDeviceGetClockInfo` until t=2 s. Those series are absent
+/// meanwhile (never 0), warned once each, and come back with the scripted values after.
+#[test]
+fn unknown_and_timeout_for_a_while_then_values_again() {
+    let mut s = fake_nvml::example("two_gpus.json");
+    s["faults"] = json!([
+        { "call": "nvmlDeviceGetTemperature", "device": 0, "error": "UNKNOWN", "until": 2.0 },
+        { "call": "nvmlDeviceGetClockInfo", "error": "TIMEOUT", "until": 2.0 }
+    ]);
+    let script = Script::write("window", &s);
+    let agent = spawn_agent(&script, &fake_nvml::library(&[]), &refused_target());
+    let t0 = script.wait_t0(Duration::from_secs(5));
+    let st = agent.wait_status(Duration::from_secs(5), |s| s["gpu"]["samples"].as_u64().unwrap_or(0) >= 3);
+    assert!(fake_nvml::since(t0, std::time::SystemTime::now()) < 1.8, "the check below must run inside the window");
+    let (_, m) = agent.get("/metrics");
+    assert_eq!(prom(&m, "hw_temperature_celsius", &[&format!("hw_parent=\"{GPU0}\"")]), None, "{m}");
+    assert_eq!(prom(&m, "hw_temperature_celsius", &[&format!("hw_parent=\"{GPU1}\"")]), Some(38.0));
+    assert_eq!(prom(&m, "lmperf_gpu_clock_frequency_hertz", &[]), None);
+    assert_eq!(st["gpu"]["devices"][0]["unsupported_fields"], json!([]), "a failing call is not \"unsupported\"");
+    let st = agent.wait_status(Duration::from_secs(5), |_| fake_nvml::since(t0, std::time::SystemTime::now()) > 2.5);
+    assert_eq!(st["gpu"]["mode"], "on");
+    let (_, m) = agent.get("/metrics");
+    assert_eq!(prom(&m, "hw_temperature_celsius", &[&format!("hw_parent=\"{GPU0}\"")]), Some(64.0), "{m}");
+    assert_eq!(prom(&m, "lmperf_gpu_clock_frequency_hertz", &[&hw_id(GPU1), "lmperf_gpu_clock=\"sm\""]), Some(1410e6));
+    let err = agent.stderr_text();
+    let failed: Vec<&str> = err.lines().filter(|l| l.contains("Reading a GPU field failed")).collect();
+    // Temperature of GPU 0 once; the SM clock once per GPU.
+    assert_eq!(failed.iter().filter(|l| l.contains("gpu.temperature")).count(), 1, "{err}");
+    assert_eq!(failed.iter().filter(|l| l.contains("gpu.clock.sm")).count(), 2, "{err}");
+    assert!(failed.iter().any(|l| l.contains("Timeout") || l.contains("timed out") || l.contains("timeout")), "{failed:?}");
 }

@@ -21,7 +21,9 @@ pub fn library(omit: &[&str]) -> PathBuf {
         return p.clone();
     }
     let name = if omit.is_empty() { "full".to_owned() } else { format!("without-{}", omit.join("-")) };
-    let dir = workspace_root().join("target/fake-nvml").join(format!("{name}-{}", std::process::id()));
+    // Rebuilt once per test process (the sources may have changed); build.sh replaces the file
+    // atomically, so test processes building at once never load a half-written library.
+    let dir = workspace_root().join("target/fake-nvml").join(name);
     let out = Command::new("sh").arg(workspace_root().join("tests/support/fake_nvml/build.sh")).arg(&dir).args(omit).output().expect("run sh build.sh");
     assert!(out.status.success(), "building the fake NVML failed:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     let lib = dir.join("libnvidia-ml.so.1");
