@@ -494,3 +494,41 @@ fn unknown_and_timeout_for_a_while_then_values_again() {
     assert_eq!(failed.iter().filter(|l| l.contains("gpu.clock.sm")).count(), 2, "{err}");
     assert!(failed.iter().any(|l| l.contains("Timeout") || l.contains("timed out") || l.contains("timeout")), "{failed:?}");
 }
+
+/// The driver through the real path: `nvmlInit` answers `DRIVER_NOT_LOADED` until t=1 s (the
+/// agent starts discovering and finds both GPUs at the 5 s retry), then every call answers
+/// `UNINITIALIZED` from t=7 s to t=9 s (the driver went away: every GPU lost, one event, then
+/// rediscovery). The script's clock runs across the library's reloads.
+#[test]
+fn driver_not_loaded_at_start_then_gone_and_back() {
+    let mut s = fake_nvml::example("two_gpus.json");
+    s["faults"] = json!([
+        { "call": "nvmlInit_v2", "error": "DRIVER_NOT_LOADED", "until": 1.0 },
+        { "call": "*", "error": "UNINITIALIZED", "from": 7.0, "until": 9.0 }
+    ]);
+    let script = Script::write("driver", &s);
+    let agent = spawn_agent(&script, &fake_nvml::library(&[]), &refused_target());
+    let t0 = script.wait_t0(Duration::from_secs(5));
+    let st = agent.wait_status(Duration::from_secs(3), |s| s["gpu"]["mode"] == "discovering");
+    assert_eq!(st["gpu"]["mode"], "discovering", "{}", st["gpu"]);
+    assert!(st["gpu"]["reason"].as_str().unwrap_or_default().contains("not loaded"), "{}", st["gpu"]);
+    let st = agent.wait_status(Duration::from_secs(8), |s| s["gpu"]["mode"] == "on");
+    assert_eq!(st["gpu"]["devices"].as_array().map(Vec::len), Some(2), "{}", st["gpu"]);
+    let on_at = fake_nvml::since(t0, std::time::SystemTime::now());
+    assert!((4.5..6.5).contains(&on_at), "found at t={on_at:.2} s: the 5 s retry");
+    let st = agent.wait_status(Duration::from_secs(5), |s| !events(s, "driver_unavailable").is_empty());
+    assert_eq!(st["gpu"]["mode"], "discovering", "{}", st["gpu"]);
+    assert!(st["gpu"]["reason"].as_str().unwrap_or_default().contains("UNINITIALIZED"), "{}", st["gpu"]);
+    assert!(st["gpu"]["devices"].as_array().unwrap().iter().all(|d| d["lost"] == true));
+    let (_, m) = agent.get("/metrics");
+    assert_eq!(prom(&m, "lmperf_gpu_lost_total", &[]), Some(2.0));
+    assert_eq!(prom(&m, "hw_gpu_utilization_ratio", &[]), None, "no values while the driver is gone");
+    let st = agent.wait_status(Duration::from_secs(8), |s| s["gpu"]["mode"] == "on");
+    assert_eq!(events(&st, "recovered").len(), 2, "{}", st["gpu"]);
+    let back_at = fake_nvml::since(t0, std::time::SystemTime::now());
+    assert!((9.0..14.0).contains(&back_at), "back at t={back_at:.2} s");
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, m) = agent.get("/metrics");
+    assert_eq!(prom(&m, "hw_gpu_utilization_ratio", &[&hw_id(GPU1)]), Some(0.12), "{m}");
+    assert!(!agent.stderr_text().contains("panicked"));
+}

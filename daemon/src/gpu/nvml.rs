@@ -29,9 +29,10 @@ pub fn map_err(e: NvmlError) -> GpuError {
         NvmlError::NotSupported | NvmlError::FunctionNotFound => GpuError::NotSupported,
         NvmlError::NotFound => GpuError::NotFound,
         NvmlError::GpuLost => GpuError::GpuLost,
-        e @ (NvmlError::DriverNotLoaded | NvmlError::Uninitialized | NvmlError::LibraryNotFound | NvmlError::LibRmVersionMismatch) => {
-            GpuError::Driver(e.to_string())
-        }
+        // nvml-wrapper's text for this one blames the caller ("not first initialized with
+        // `Nvml::init()`"); after a successful init it means the driver went away or reloaded.
+        NvmlError::Uninitialized => GpuError::Driver("NVML answered UNINITIALIZED (the driver went away or was reloaded)".into()),
+        e @ (NvmlError::DriverNotLoaded | NvmlError::LibraryNotFound | NvmlError::LibRmVersionMismatch) => GpuError::Driver(e.to_string()),
         e => GpuError::Other(e.to_string()),
     }
 }

@@ -17,7 +17,7 @@ vs="$out/.exports.$$"
     echo "};"
 } > "$vs"
 ${CC:-cc} -shared -fPIC -O2 -Wall -Wextra -fvisibility=hidden \
-    -Wl,--version-script="$vs" -Wl,-soname,libnvidia-ml.so.1 \
+    -Wl,--version-script="$vs" -Wl,-soname,libnvidia-ml.so.1 -Wl,-z,nodelete \
     -o "$tmp" "$src/fake_nvml.c" "$src/vendor/cjson/cJSON.c" -lpthread -lm
 rm -f "$vs"
 mv -f "$tmp" "$out/libnvidia-ml.so.1"
