@@ -532,3 +532,30 @@ fn driver_not_loaded_at_start_then_gone_and_back() {
     assert_eq!(prom(&m, "hw_gpu_utilization_ratio", &[&hw_id(GPU1)]), Some(0.12), "{m}");
     assert!(!agent.stderr_text().contains("panicked"));
 }
+
+/// XID 79 as GPU 0 falls off the bus (it answers GPU_IS_LOST from the same instant, so its
+/// UUID is no longer readable), while GPU 1 refuses XID registration: the event and the counter
+/// still name GPU 0. (Two bugs the real path showed: nvml-wrapper frees the whole event set when
+/// one registration fails, which silently dropped GPU 0's registration; and the UUID was read
+/// at the event, giving `hw.id=""`.)
+#[test]
+fn xid_79_as_the_gpu_falls_off_the_bus_next_to_a_gpu_without_xid_events() {
+    let mut s = fake_nvml::example("two_gpus.json");
+    s["faults"] = json!([{ "call": "nvmlDeviceRegisterEvents", "device": 1, "error": "NOT_SUPPORTED" }]);
+    s["devices"][0]["xids"] = json!([{ "at": 1.0, "code": 79 }]);
+    s["devices"][0]["lost"] = json!([{ "from": 1.0, "until": 100.0 }]);
+    s["devices"][1]["xids"] = json!([{ "at": 1.0, "code": 48 }]);
+    let script = Script::write("xid79", &s);
+    let agent = spawn_agent(&script, &fake_nvml::library(&[]), &refused_target());
+    let st = agent.wait_status(Duration::from_secs(8), |s| !events(s, "xid").is_empty() && !events(s, "lost").is_empty());
+    let xid = events(&st, "xid");
+    assert_eq!(xid.len(), 1, "{}", st["gpu"]);
+    assert_eq!(xid[0]["hw_id"], GPU0, "{}", st["gpu"]);
+    assert_eq!(xid[0]["detail"], "XID 79");
+    assert_eq!(events(&st, "lost")[0]["hw_id"], GPU0);
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, m) = agent.get("/metrics");
+    assert_eq!(prom(&m, "lmperf_gpu_xid_errors_total", &[&hw_id(GPU0), "lmperf_gpu_xid=\"79\""]), Some(1.0), "{m}");
+    assert_eq!(prom(&m, "lmperf_gpu_xid_errors_total", &["lmperf_gpu_xid=\"48\""]), None, "GPU 1 is not registered");
+    assert_eq!(prom(&m, "lmperf_gpu_xid_errors_total", &["hw_id=\"\""]), None);
+}

@@ -109,6 +109,39 @@ impl NvmlBackend {
     }
 }
 
+/// One event set with every GPU that takes XID events, and each registered handle's UUID,
+/// read now: a GPU that raises XID 79 (fallen off the bus) no longer answers its UUID. `None`
+/// when no GPU registers.
+fn register_xids(nvml: &Nvml) -> Option<(nvml_wrapper::event::EventSet<'_>, Vec<(usize, String)>)> {
+    let mut candidates: Vec<u32> = (0..nvml.device_count().ok()?).collect();
+    'retry: loop {
+        let mut set = nvml.create_event_set().ok()?;
+        let mut uuids = Vec::new();
+        for k in 0..candidates.len() {
+            let Ok(dev) = nvml.device_by_index(candidates[k]) else {
+                candidates.remove(k);
+                continue 'retry;
+            };
+            // SAFETY: the handle is only kept to compare with events' handles.
+            let handle = unsafe { dev.handle() } as usize;
+            let uuid = dev.uuid().unwrap_or_default();
+            match dev.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+                Ok(s) => {
+                    set = s;
+                    uuids.push((handle, uuid));
+                }
+                // nvml-wrapper frees the whole set when one registration fails, the GPUs
+                // registered before with it: start over without this GPU.
+                Err(_) => {
+                    candidates.remove(k);
+                    continue 'retry;
+                }
+            }
+        }
+        return (!uuids.is_empty()).then_some((set, uuids));
+    }
+}
+
 fn start_xid_thread(nvml: Arc<Nvml>, q: Arc<XidQueue>, stop: Arc<AtomicBool>) {
     // nvml-wrapper frees an event set in `Drop` with `expect`: without nvmlEventSetFree that
     // would panic, so no event set is made.
@@ -117,27 +150,10 @@ fn start_xid_thread(nvml: Arc<Nvml>, q: Arc<XidQueue>, stop: Arc<AtomicBool>) {
         return;
     }
     let spawned = std::thread::Builder::new().name("lmperf-gpu-xid".into()).spawn(move || {
-        let Ok(count) = nvml.device_count() else { return };
-        let Ok(mut set) = nvml.create_event_set() else { return };
-        let mut registered = 0;
-        for i in 0..count {
-            let Ok(dev) = nvml.device_by_index(i) else { continue };
-            match dev.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
-                Ok(s) => {
-                    set = s;
-                    registered += 1;
-                }
-                // The set is consumed on failure; start a fresh one for the remaining GPUs.
-                Err(_) => match nvml.create_event_set() {
-                    Ok(s) => set = s,
-                    Err(_) => return,
-                },
-            }
-        }
-        if registered == 0 {
+        let Some((set, uuids)) = register_xids(&nvml) else {
             tracing::debug!("No GPU supports XID events; XID counting is off.");
             return;
-        }
+        };
         while !stop.load(Ordering::Relaxed) {
             match set.wait(500) {
                 Ok(ev) => {
@@ -145,7 +161,10 @@ fn start_xid_thread(nvml: Arc<Nvml>, q: Arc<XidQueue>, stop: Arc<AtomicBool>) {
                         Some(XidError::Value(v)) => v,
                         _ => 0,
                     };
-                    let uuid = ev.device.uuid().unwrap_or_default();
+                    // SAFETY: the handle is only compared, never dereferenced.
+                    let handle = unsafe { ev.device.handle() } as usize;
+                    let known = uuids.iter().find(|(h, _)| *h == handle).map(|(_, u)| u.clone());
+                    let uuid = known.or_else(|| ev.device.uuid().ok()).unwrap_or_default();
                     let mut g = q.events.lock().unwrap_or_else(|p| p.into_inner());
                     if g.len() < XID_QUEUE {
                         g.push(XidEvent { uuid, code });
