@@ -366,15 +366,18 @@ fn a_hung_nvml_call_delays_gpu_samples_never_canaries() {
     assert!(agent.stderr_text().lines().all(|l| !l.contains("panicked")));
 }
 
-/// Acceptance 3, symbols an older driver lacks. Without `nvmlDeviceGetMemoryInfo_v2` (before
-/// R510) VRAM comes from the v1 call; without `nvmlDeviceGetTotalEnergyConsumption` energy is
+/// Acceptance 3, symbols a driver lacks. Without `nvmlDeviceGetMemoryInfo_v2` (before R510)
+/// VRAM comes from the v1 call; without `nvmlDeviceGetCurrentClocksThrottleReasons` (renamed
+/// `…ClocksEventReasons` since R535) throttle reasons come from the new name; without `nvmlDeviceGetTotalEnergyConsumption` energy is
 /// absent and the warning names the function; without `nvmlEventSetFree` XID counting is off
 /// with its reason; the agent samples everything else. A library without `nvmlShutdown` is
 /// refused with a reason, never a panic.
 #[test]
 fn missing_symbols_fall_back_or_say_why() {
-    let script = Script::write("missing", &fake_nvml::example("two_gpus.json"));
-    let lib = fake_nvml::library(&["nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetTotalEnergyConsumption", "nvmlEventSetFree"]);
+    let mut s = fake_nvml::example("two_gpus.json");
+    s["devices"][0]["throttle_reasons"] = json!(0x20);
+    let script = Script::write("missing", &s);
+    let lib = fake_nvml::library(&["nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetCurrentClocksThrottleReasons", "nvmlDeviceGetTotalEnergyConsumption", "nvmlEventSetFree"]);
     let agent = spawn_agent(&script, &lib, &refused_target());
     let st = agent.wait_status(Duration::from_secs(10), |s| s["gpu"]["samples"].as_u64().unwrap_or(0) >= 5);
     assert_eq!(st["gpu"]["mode"], "on", "{}", st["gpu"]);
@@ -385,6 +388,9 @@ fn missing_symbols_fall_back_or_say_why() {
     assert_eq!(prom(&m, "hw_gpu_memory_usage_bytes", &[&hw_id(GPU0)]), Some(76235669504.0), "v1 fallback:\n{m}");
     assert_eq!(prom(&m, "hw_gpu_memory_limit_bytes", &[&hw_id(GPU1)]), Some(150754820096.0));
     assert_eq!(prom(&m, "hw_energy_joules_total", &[]), None);
+    // Throttle reasons from nvmlDeviceGetCurrentClocksEventReasons, the successor's name.
+    assert_eq!(prom(&m, "lmperf_gpu_throttle_ratio", &[&hw_id(GPU0), "lmperf_gpu_throttle_reason=\"sw_thermal\""]), Some(1.0), "{m}");
+    assert_eq!(prom(&m, "lmperf_gpu_throttle_ratio", &[&hw_id(GPU1), "lmperf_gpu_throttle_reason=\"sw_thermal\""]), Some(0.0));
     assert_eq!(prom(&m, "hw_power_watts", &[&hw_id(GPU0)]), Some(512.345));
     let err = agent.stderr_text();
     let energy: Vec<&str> = err.lines().filter(|l| l.contains("function=nvmlDeviceGetTotalEnergyConsumption")).collect();

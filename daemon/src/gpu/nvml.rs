@@ -43,6 +43,23 @@ fn missing_symbol(why: &str) -> String {
     why.rsplit_once("undefined symbol: ").map_or(why, |(_, s)| s.trim()).to_owned()
 }
 
+/// `nvmlDeviceGetCurrentClocksThrottleReasons`, or its successor
+/// `nvmlDeviceGetCurrentClocksEventReasons` (same bits) on a driver that dropped the old name:
+/// nvml-wrapper 0.13 calls only the old one.
+fn throttle_reasons(dev: &nvml_wrapper::Device<'_>) -> Result<u64, NvmlError> {
+    match dev.current_throttle_reasons() {
+        Ok(r) => Ok(r.bits()),
+        Err(NvmlError::FailedToLoadSymbol(why)) => {
+            let Ok(f) = dev.nvml().lib().nvmlDeviceGetCurrentClocksEventReasons.as_ref() else { return Err(NvmlError::FailedToLoadSymbol(why)) };
+            let mut bits: u64 = 0;
+            // SAFETY: the handle is valid while `dev` borrows its `Nvml`; `bits` outlives the call.
+            nvml_wrapper::error::nvml_try(unsafe { f(dev.handle(), &raw mut bits) })?;
+            Ok(bits)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// `nvmlMemory_t` (nvml.h), for `nvmlDeviceGetMemoryInfo` on drivers without `_v2`.
 #[repr(C)]
 #[derive(Default)]
@@ -271,7 +288,7 @@ impl GpuBackend for NvmlBackend {
         self.with(d, |x| x.clock_info(c))
     }
     fn throttle_reasons(&mut self, d: DeviceRef) -> Result<u64, GpuError> {
-        self.with(d, |x| x.current_throttle_reasons()).map(|r| r.bits())
+        self.with(d, throttle_reasons)
     }
     fn pcie_kb_per_s(&mut self, d: DeviceRef, dir: PcieDirection) -> Result<u32, GpuError> {
         let c = match dir {
