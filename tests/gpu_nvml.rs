@@ -87,9 +87,12 @@ fn container_id_of(pid: u32) -> Option<String> {
     None
 }
 
-/// Every OTLP data point seen, by (metric name, hw.id or ""), last value.
-fn otlp_points(exports: &[fake_opentelemetry_collector::ExportedMetric]) -> BTreeMap<(String, String), Vec<(BTreeMap<String, String>, f64)>> {
-    let mut out: BTreeMap<(String, String), Vec<(BTreeMap<String, String>, f64)>> = BTreeMap::new();
+/// OTLP data points (attributes, value) by (metric name, `hw.id` or ""), in arrival order.
+type Points = BTreeMap<(String, String), Vec<(BTreeMap<String, String>, f64)>>;
+
+/// Every OTLP data point of `exports`.
+fn otlp_points(exports: &[fake_opentelemetry_collector::ExportedMetric]) -> Points {
+    let mut out = Points::new();
     for e in exports {
         for m in &e.metrics {
             let data = serde_json::to_value(&m.data).unwrap_or_default();
@@ -124,7 +127,7 @@ async fn two_scripted_gpus_every_series_with_the_scripted_values() {
     let mut collector = FakeCollectorServer::start().await.expect("collector");
     let mut envs = script.env();
     envs.push(("OTEL_METRIC_EXPORT_INTERVAL", "500".into()));
-    let args = vec!["--config".to_owned(), cfg.display().to_string(), "--otlp-protocol".into(), "grpc".into(), "--otlp-endpoint".into(), collector.endpoint()];
+    let args = ["--config".to_owned(), cfg.display().to_string(), "--otlp-protocol".into(), "grpc".into(), "--otlp-endpoint".into(), collector.endpoint()];
     let agent = tokio::task::spawn_blocking(move || {
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
         let e: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -218,7 +221,8 @@ async fn two_scripted_gpus_every_series_with_the_scripted_values() {
     let otlp = |name: &str, id: &str, extra: Option<(&str, &str)>| -> Option<f64> {
         points.get(&(name.to_owned(), id.to_owned()))?.iter().rev().find(|(a, _)| extra.is_none_or(|(k, v)| a.get(k).map(String::as_str) == Some(v))).map(|(_, v)| *v)
     };
-    let otlp_expect: &[(&str, Option<(&str, &str)>, f64, f64)] = &[
+    type Expect<'a> = (&'a str, Option<(&'a str, &'a str)>, f64, f64);
+    let otlp_expect: &[Expect] = &[
         ("hw.gpu.utilization", None, 0.87, 0.12),
         ("lmperf.gpu.memory_copy.utilization", None, 0.41, 0.05),
         ("hw.gpu.memory.usage", None, 76235669504.0, 1073741824.0),
@@ -564,4 +568,26 @@ fn xid_79_as_the_gpu_falls_off_the_bus_next_to_a_gpu_without_xid_events() {
     assert_eq!(prom(&m, "lmperf_gpu_xid_errors_total", &[&hw_id(GPU0), "lmperf_gpu_xid=\"79\""]), Some(1.0), "{m}");
     assert_eq!(prom(&m, "lmperf_gpu_xid_errors_total", &["lmperf_gpu_xid=\"48\""]), None, "GPU 1 is not registered");
     assert_eq!(prom(&m, "lmperf_gpu_xid_errors_total", &["hw_id=\"\""]), None);
+}
+
+/// Per-process utilization as NVML buffers it: one sample per 500 ms, while the agent samples
+/// every 100 ms, so 4 ticks in 5 get `NOT_FOUND`. The process's SM utilization stays on
+/// `/metrics` at every scrape (the last sample stands in for up to 3 s), never flickering.
+#[test]
+fn process_utilization_between_nvml_samples_does_not_flicker() {
+    let sleeper = Sleeper::start();
+    let mut s = fake_nvml::example("two_gpus.json");
+    s["devices"][0]["processes"][0]["pid"] = json!(sleeper.pid());
+    s["devices"][0]["process_sample_period_s"] = json!(0.5);
+    let script = Script::write("period", &s);
+    let agent = spawn_agent(&script, &fake_nvml::library(&[]), &refused_target());
+    agent.wait_status(Duration::from_secs(5), |s| s["gpu"]["samples"].as_u64().unwrap_or(0) >= 10);
+    let pid = format!("process_pid=\"{}\"", sleeper.pid());
+    let mut seen = Vec::new();
+    for _ in 0..20 {
+        let (_, m) = agent.get("/metrics");
+        seen.push(prom(&m, "lmperf_gpu_process_utilization_ratio", &[&hw_id(GPU0), &pid]));
+        std::thread::sleep(Duration::from_millis(70));
+    }
+    assert!(seen.iter().all(|v| *v == Some(0.83)), "{seen:?}");
 }

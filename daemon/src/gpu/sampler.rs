@@ -40,6 +40,11 @@ pub const FIELDS: &[&str] = &[
     "gpu.process.utilization",
 ];
 
+/// How long a process's last SM utilization sample stands in for a tick that got none: NVML
+/// samples processes on its own period (hundreds of ms), so a short `gpu.interval` often falls
+/// between two samples (`NOT_FOUND`), which would make the series flicker.
+pub const PROCESS_UTILIZATION_HOLD: Duration = Duration::from_secs(3);
+
 /// Default gap between discovery attempts while the driver is unusable or a GPU is lost.
 pub const DEFAULT_REDISCOVER: Duration = Duration::from_secs(5);
 
@@ -51,6 +56,8 @@ struct Tracked {
     unsupported: Vec<&'static str>,
     /// `last_seen_us` for the next process utilization call.
     last_seen_us: u64,
+    /// Each process's newest SM utilization sample: (its timestamp, µs since the epoch; percent).
+    last_sm: HashMap<u32, (u64, u32)>,
     pcie_tx: f64,
     pcie_rx: f64,
     sample: Option<DeviceSample>,
@@ -252,7 +259,7 @@ impl<B: GpuBackend> Sampler<B> {
                 }
                 None => {
                     tracing::info!(hw_id = %info.uuid, name = %info.name, index = info.index, mig = ?info.mig.as_ref().map(|m| &m.profile), "GPU found.");
-                    self.devices.push(Tracked { info, dref, lost: false, unsupported: Vec::new(), last_seen_us: 0, pcie_tx: 0.0, pcie_rx: 0.0, sample: None });
+                    self.devices.push(Tracked { info, dref, lost: false, unsupported: Vec::new(), last_seen_us: 0, last_sm: HashMap::new(), pcie_tx: 0.0, pcie_rx: 0.0, sample: None });
                 }
             }
         }
@@ -404,6 +411,19 @@ impl<B: GpuBackend> Sampler<B> {
         for u in &utils {
             let e = sm.entry(u.pid).or_default();
             *e = (*e).max(u.sm_pct);
+        }
+        let now_us = unix_us(wall);
+        let hold_us = PROCESS_UTILIZATION_HOLD.as_micros() as u64;
+        let t = &mut self.devices[i];
+        for (pid, pct) in &sm {
+            let ts = utils.iter().filter(|u| u.pid == *pid).map(|u| u.timestamp_us).max().unwrap_or(now_us);
+            t.last_sm.insert(*pid, (ts, *pct));
+        }
+        t.last_sm.retain(|pid, _| procs.iter().any(|p| p.pid == *pid));
+        for (pid, (ts, pct)) in &t.last_sm {
+            if now_us.saturating_sub(*ts) <= hold_us {
+                sm.entry(*pid).or_insert(*pct);
+            }
         }
         for p in procs {
             pids_seen.insert(p.pid);

@@ -787,8 +787,18 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessU
     const cJSON *ps[MAX_PROCS];
     int n = live_processes(d, ps, MAX_PROCS);
     if (n > MAX_PROCS) n = MAX_PROCS;
-    /* One sample per process, stamped now: nothing newer than last_seen means NOT_FOUND, as NVML. */
+    /*
+     * One sample per process, stamped now; or, with "process_sample_period_s", stamped at the
+     * driver's last sampling instant (t0 + k × period), as NVML buffers them. Nothing newer
+     * than last_seen means NOT_FOUND, as NVML.
+     */
     unsigned long long ts = unix_us();
+    double period;
+    if (field(d, "process_sample_period_s", &period) == NVML_SUCCESS && period > 0) {
+        double t = now_s();
+        double since_last = t - floor(t / period) * period;
+        ts -= (unsigned long long)(since_last * 1e6);
+    }
     if (n == 0 || ts <= last_seen) return NVML_ERROR_NOT_FOUND;
     if (!samples || *count < (unsigned int)n) {
         *count = (unsigned int)n;
