@@ -591,3 +591,43 @@ fn process_utilization_between_nvml_samples_does_not_flicker() {
     }
     assert!(seen.iter().all(|v| *v == Some(0.83)), "{seen:?}");
 }
+
+/// Every example of `tests/support/fake_nvml/examples/` loads without a complaint from the
+/// library (no unknown field, no script error), and the agent lists exactly its GPUs with the
+/// values the example gives at its start.
+#[test]
+fn every_example_script_loads_and_lists_its_gpus() {
+    let dir = lmperf_e2e::agent::workspace_root().join("tests/support/fake_nvml/examples");
+    let mut names: Vec<String> = std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| n.ends_with(".json")).collect();
+    names.sort();
+    assert_eq!(names, ["throttle.json", "two_gpus.json", "vram_full.json", "xid.json"]);
+    for name in &names {
+        let s = fake_nvml::example(name);
+        let script = Script::write(&format!("example-{}", name.trim_end_matches(".json")), &s);
+        let agent = spawn_agent(&script, &fake_nvml::library(&[]), &refused_target());
+        let st = agent.wait_status(Duration::from_secs(5), |s| s["gpu"]["samples"].as_u64().unwrap_or(0) >= 3);
+        assert_eq!(st["gpu"]["mode"], "on", "{name}: {}", st["gpu"]);
+        let want: Vec<&str> = s["devices"].as_array().unwrap().iter().map(|d| d["uuid"].as_str().unwrap()).collect();
+        let got: Vec<&str> = st["gpu"]["devices"].as_array().unwrap().iter().map(|d| d["hw_id"].as_str().unwrap()).collect();
+        assert_eq!(got, want, "{name}");
+        let err = agent.stderr_text();
+        assert!(!err.contains("fake-nvml:"), "{name}: the library complained:\n{err}");
+        let (_, m) = agent.get("/metrics");
+        let g0 = hw_id(want[0]);
+        match name.as_str() {
+            // Before t=20 s: full clock, no thermal reason.
+            "throttle.json" => {
+                assert_eq!(prom(&m, "lmperf_gpu_clock_frequency_hertz", &[&g0, "lmperf_gpu_clock=\"sm\""]), Some(1980e6), "{m}");
+                assert_eq!(prom(&m, "lmperf_gpu_throttle_ratio", &[&g0, "lmperf_gpu_throttle_reason=\"sw_thermal\""]), Some(0.0));
+            }
+            // Before t=10 s: 60 %.
+            "vram_full.json" => assert_eq!(prom(&m, "hw_gpu_memory_utilization_ratio", &[&g0]).map(|v| (v * 1e6).round() / 1e6), Some(0.6), "{m}"),
+            // Before t=30 s: no XID yet, nothing lost.
+            "xid.json" => {
+                assert_eq!(prom(&m, "lmperf_gpu_xid_errors_total", &[]), None);
+                assert_eq!(prom(&m, "lmperf_gpu_lost_total", &[]), Some(0.0));
+            }
+            _ => assert_eq!(prom(&m, "hw_power_watts", &[&g0]), Some(512.345)),
+        }
+    }
+}

@@ -230,6 +230,24 @@ static double num_or(const cJSON *o, const char *key, double dflt) {
     return cJSON_IsNumber(v) ? v->valuedouble : dflt;
 }
 
+/* Device fields the library reads (README.md); any other key is a typo, reported on stderr. */
+static const char *DEVICE_KEYS[] = {
+    "name", "uuid", "pci_bus_id", "mig_mode", "utilization_gpu_pct", "utilization_memory_pct", "memory_total_bytes",
+    "memory_used_bytes", "power_mw", "power_limit_mw", "energy_mj", "temperature_c", "clock_graphics_mhz", "clock_sm_mhz",
+    "clock_memory_mhz", "clock_video_mhz", "max_clock_graphics_mhz", "max_clock_sm_mhz", "max_clock_memory_mhz",
+    "max_clock_video_mhz", "throttle_reasons", "pcie_tx_kb_s", "pcie_rx_kb_s", "pcie_replays", "ecc_corrected",
+    "ecc_uncorrected", "processes", "process_sample_period_s", "xids", "lost", "comment", NULL,
+};
+
+static void check_keys(const cJSON *obj, const char *where) {
+    const cJSON *k;
+    cJSON_ArrayForEach(k, obj) {
+        int known = 0;
+        for (const char **p = DEVICE_KEYS; *p; p++) known |= strcmp(*p, k->string) == 0;
+        if (!known) logf_("%s.%s: unknown field (ignored; see README.md)", where, k->string);
+    }
+}
+
 /* Reads and checks the script once; 0 on success. Errors go to stderr with the field. */
 static int load_script(void) {
     if (loaded) return script ? 0 : -1;
@@ -288,6 +306,9 @@ static int load_script(void) {
             cJSON_Delete(root);
             return -1;
         }
+        char where[32];
+        snprintf(where, sizeof where, "devices[%d]", device_count);
+        check_keys(d, where);
         devices[device_count].index = device_count;
         devices[device_count].json = (cJSON *)d;
         const cJSON *xs = cJSON_GetObjectItemCaseSensitive(d, "xids");
@@ -302,6 +323,7 @@ static int load_script(void) {
         }
         device_count++;
     }
+    check_keys(cJSON_GetObjectItemCaseSensitive(root, "defaults"), "defaults");
     const cJSON *fs = cJSON_GetObjectItemCaseSensitive(root, "faults");
     const cJSON *fa;
     int i = 0;
