@@ -5,11 +5,13 @@
 //!   cargo xtask gpu-check [--seconds N]     GPU metrics against nvidia-smi on a real GPU
 //!   cargo xtask bench-client                lmperf run vs GuideLLM and AIPerf (figures)
 //!   cargo xtask fuzz [--seconds N]          cargo fuzz over the stream measurement (figures)
+//!   cargo xtask fake-nvml DIR               the scripted libnvidia-ml.so.1 (tests, no GPU)
 
 mod bench_client;
 mod ci;
 mod demo;
 mod fuzz;
+mod fake_nvml;
 mod gpu_check;
 
 use std::ffi::OsString;
@@ -32,7 +34,9 @@ tasks:
                               against one local stream server (LMPERF_BENCH_* settings)
   fuzz [--seconds N]          cargo fuzz over StreamMeasurer (daemon/fuzz/) for N seconds
                               (default 600; installs cargo-fuzz into target/tools, needs
-                              nightly), then executions, coverage and time";
+                              nightly), then executions, coverage and time
+  fake-nvml DIR [--omit SYM]  build the scripted NVML into DIR/libnvidia-ml.so.1 with cc
+                              (tests/support/fake_nvml/README.md)";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -44,6 +48,7 @@ fn main() -> ExitCode {
         Some("gpu-check") => gpu_check::run(&rest),
         Some("bench-client") => bench_client::run(&rest),
         Some("fuzz") => fuzz::run(&rest),
+        Some("fake-nvml") => fake_nvml::run(&rest),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
