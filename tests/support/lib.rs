@@ -5,6 +5,8 @@ pub mod agent;
 pub mod netns;
 pub mod otlp;
 pub mod peers;
+pub mod prometheus;
+pub mod promql;
 pub mod scripted;
 pub mod spans;
 pub mod stream_server;
