@@ -190,9 +190,15 @@ fn slo_thresholds_must_be_bucket_boundaries_of_the_agent_histograms() {
         )
         .expect("write values");
         let text = rules_text(&[&values]);
+        // Prometheus 3 stores an integer `le` as "10.0", Prometheus 2 as scraped ("10").
+        let le = if last.fract() == 0.0 {
+            format!("le=~\"{last}|{last}.0\"")
+        } else {
+            format!("le=\"{last}\"")
+        };
         assert!(
-            text.contains(&format!("le=\"{last}\"")),
-            "{key} threshold {last} not in the rules"
+            text.contains(&le),
+            "{key} threshold {last} not in the rules as {le}"
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
