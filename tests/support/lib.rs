@@ -6,6 +6,8 @@ pub mod fake_nvml;
 pub mod netns;
 pub mod otlp;
 pub mod peers;
+pub mod prometheus;
+pub mod promql;
 pub mod scripted;
 pub mod spans;
 pub mod stream_server;
