@@ -4,11 +4,13 @@
 //!   cargo xtask demo [--seconds N]          model server + collector + agent, live spans
 //!   cargo xtask gpu-check [--seconds N]     GPU metrics against nvidia-smi on a real GPU
 //!   cargo xtask bench-client                lmperf run vs GuideLLM and AIPerf (figures)
+//!   cargo xtask spike-calm [--seconds N]    calm run: spike mode never entered (issue 17)
 
 mod bench_client;
 mod ci;
 mod demo;
 mod gpu_check;
+mod spike_calm;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -27,7 +29,9 @@ tasks:
                               torch load and check its GPU metrics against nvidia-smi
   bench-client                install GuideLLM and AIPerf (.venv-bench/), then print lmperf's
                               and their sustained rate, CPU per request and TTFT error
-                              against one local stream server (LMPERF_BENCH_* settings)";
+                              against one local stream server (LMPERF_BENCH_* settings)
+  spike-calm [--seconds N]    the real model server under Poisson canaries for N s (600):
+                              spike mode must never be entered; prints TTFT figures";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -38,6 +42,7 @@ fn main() -> ExitCode {
         Some("demo") => demo::run(&rest),
         Some("gpu-check") => gpu_check::run(&rest),
         Some("bench-client") => bench_client::run(&rest),
+        Some("spike-calm") => spike_calm::run(&rest),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
