@@ -6,13 +6,15 @@
 //!   cargo xtask bench-client                lmperf run vs GuideLLM and AIPerf (figures)
 //!   cargo xtask fuzz [--seconds N]          cargo fuzz over the stream measurement (figures)
 //!   cargo xtask fake-nvml DIR               the scripted libnvidia-ml.so.1 (tests, no GPU)
+//!   cargo xtask spike-calm [--seconds N]    calm run: spike mode never entered (issue 17)
 
 mod bench_client;
 mod ci;
 mod demo;
-mod fuzz;
 mod fake_nvml;
+mod fuzz;
 mod gpu_check;
+mod spike_calm;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -36,7 +38,9 @@ tasks:
                               (default 600; installs cargo-fuzz into target/tools, needs
                               nightly), then executions, coverage and time
   fake-nvml DIR [--omit SYM]  build the scripted NVML into DIR/libnvidia-ml.so.1 with cc
-                              (tests/support/fake_nvml/README.md)";
+                              (tests/support/fake_nvml/README.md)
+  spike-calm [--seconds N]    the real model server under Poisson canaries for N s (600):
+                              spike mode must never be entered; prints TTFT figures";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -49,6 +53,7 @@ fn main() -> ExitCode {
         Some("bench-client") => bench_client::run(&rest),
         Some("fuzz") => fuzz::run(&rest),
         Some("fake-nvml") => fake_nvml::run(&rest),
+        Some("spike-calm") => spike_calm::run(&rest),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

@@ -632,6 +632,7 @@ fn validate_sampling(field: &str, t: &RawCanary) -> Result<SamplingPolicy, Confi
     if spike_min_requests == 0 {
         return Err(ConfigError::invalid(format!("{field}.spike_min_requests"), 0, "at least 1"));
     }
+    let spike_jump = validate_spike_jump(field, t)?;
     Ok(SamplingPolicy {
         base_ratio,
         max_base_per_second,
@@ -642,7 +643,27 @@ fn validate_sampling(field: &str, t: &RawCanary) -> Result<SamplingPolicy, Confi
         spike_p99: t.spike_p99.or(t.slo_e2e),
         spike_hold: t.spike_hold.unwrap_or(d.spike_hold),
         spike_min_requests,
+        spike_jump,
+        spike_detector: d.spike_detector,
     })
+}
+
+/// The latency-jump rule of spike mode; `spike_jump_ratio = 0` turns it off.
+fn validate_spike_jump(field: &str, t: &RawCanary) -> Result<Option<crate::diagnosis::detector::JumpRule>, ConfigError> {
+    let d = crate::sampler::adaptive::DEFAULT_SPIKE_JUMP;
+    let ratio = t.spike_jump_ratio.unwrap_or(d.ratio);
+    if ratio == 0.0 {
+        return Ok(None);
+    }
+    if !(ratio.is_finite() && ratio > 1.0) {
+        return Err(ConfigError::invalid(format!("{field}.spike_jump_ratio"), ratio, "0 (off) or a ratio above 1"));
+    }
+    let z = t.spike_jump_z.unwrap_or(d.z);
+    if !(z.is_finite() && z >= 0.0) {
+        return Err(ConfigError::invalid(format!("{field}.spike_jump_z"), z, "a robust z score, 0 or more"));
+    }
+    let floor = t.spike_jump_floor.map_or(d.floor, |f| f.as_secs_f64());
+    Ok(Some(crate::diagnosis::detector::JumpRule { ratio, z, floor }))
 }
 
 /// The key comes from a file (`api_key_file`) or an environment variable (`api_key_env`,

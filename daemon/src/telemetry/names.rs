@@ -129,6 +129,17 @@ pub const METRIC_SAMPLING_SPIKE: &str = "lmperf.sampling.spike";
 /// Span events marking spike mode changes.
 pub const EVENT_SPIKE_ENTERED: &str = "lmperf.spike.entered";
 pub const EVENT_SPIKE_LEFT: &str = "lmperf.spike.left";
+/// On `lmperf.spike.entered`: the rule that fired, error_rate | slo_p99 | latency_jump.
+pub const LMPERF_SPIKE_REASON: &str = "lmperf.spike.reason";
+/// The value the rule judged: error share, or p99 in seconds.
+pub const LMPERF_SPIKE_VALUE: &str = "lmperf.spike.value";
+/// The rule's threshold: error share, or p99 in seconds (slo_p99).
+pub const LMPERF_SPIKE_THRESHOLD: &str = "lmperf.spike.threshold";
+/// latency_jump: ttft | e2e, the baseline median (s), value ÷ median, robust z score.
+pub const LMPERF_SPIKE_SIGNAL: &str = "lmperf.spike.signal";
+pub const LMPERF_SPIKE_BASELINE: &str = "lmperf.spike.baseline";
+pub const LMPERF_SPIKE_RATIO: &str = "lmperf.spike.ratio";
+pub const LMPERF_SPIKE_Z: &str = "lmperf.spike.z";
 /// The `tracestate` list member of OpenTelemetry ("ot"), holding the sampling threshold `th`.
 pub const TRACESTATE_OT: &str = "ot";
 

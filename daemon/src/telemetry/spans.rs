@@ -158,7 +158,11 @@ pub fn build_span(ids: TraceIds, info: &SpanContextInfo<'_>, m: &Measured, decis
             SpikeTransition::Entered => n::EVENT_SPIKE_ENTERED,
             SpikeTransition::Left => n::EVENT_SPIKE_LEFT,
         };
-        events.events.push(opentelemetry::trace::Event::new(name, end_time, vec![KeyValue::new(n::LMPERF_TARGET, info.target.to_owned())], 0));
+        let mut attrs = vec![KeyValue::new(n::LMPERF_TARGET, info.target.to_owned())];
+        if let Some(rule) = decision.spike {
+            attrs.extend(spike_attributes(&rule));
+        }
+        events.events.push(opentelemetry::trace::Event::new(name, end_time, attrs, 0));
     }
     let th = format!("th:{}", threshold::encode(threshold::threshold(decision.probability)));
     let trace_state = TraceState::from_key_value([(n::TRACESTATE_OT, th.as_str())]).unwrap_or_default();
@@ -177,6 +181,30 @@ pub fn build_span(ids: TraceIds, info: &SpanContextInfo<'_>, m: &Measured, decis
         status,
         instrumentation_scope: scope.clone(),
     }
+}
+
+/// The `lmperf.spike.*` attributes of the rule that started a spike.
+pub fn spike_attributes(rule: &crate::sampler::adaptive::SpikeRule) -> Vec<KeyValue> {
+    use crate::sampler::adaptive::SpikeRule;
+    let mut a = vec![KeyValue::new(n::LMPERF_SPIKE_REASON, rule.as_str())];
+    match *rule {
+        SpikeRule::ErrorRate { error_rate, threshold, .. } => {
+            a.push(KeyValue::new(n::LMPERF_SPIKE_VALUE, error_rate));
+            a.push(KeyValue::new(n::LMPERF_SPIKE_THRESHOLD, threshold));
+        }
+        SpikeRule::SloP99 { p99_s, threshold_s } => {
+            a.push(KeyValue::new(n::LMPERF_SPIKE_VALUE, p99_s));
+            a.push(KeyValue::new(n::LMPERF_SPIKE_THRESHOLD, threshold_s));
+        }
+        SpikeRule::LatencyJump { signal, p99_s, baseline_s, ratio, z } => {
+            a.push(KeyValue::new(n::LMPERF_SPIKE_SIGNAL, signal));
+            a.push(KeyValue::new(n::LMPERF_SPIKE_VALUE, p99_s));
+            a.push(KeyValue::new(n::LMPERF_SPIKE_BASELINE, baseline_s));
+            a.push(KeyValue::new(n::LMPERF_SPIKE_RATIO, ratio));
+            a.push(KeyValue::new(n::LMPERF_SPIKE_Z, z));
+        }
+    }
+    a
 }
 
 #[cfg(test)]
