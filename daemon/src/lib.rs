@@ -14,6 +14,7 @@ pub mod caps;
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod diagnosis;
 pub mod gpu;
 pub mod measure;
 pub mod net;

@@ -50,7 +50,7 @@ impl SpanFactory {
             extra: Vec::new(),
         };
         let p = if reason.is_priority() { 1.0 } else { 0.1 };
-        build_span(ids, &info, &self.m, &Decision { keep: true, reason, probability: p, transition: None }, &self.scope)
+        build_span(ids, &info, &self.m, &Decision { keep: true, reason, probability: p, transition: None, spike: None }, &self.scope)
     }
 }
 

@@ -73,7 +73,7 @@ impl BenchTelemetry {
             extra: labels.to_vec(),
         };
         let failed = m.record.outcome != Outcome::Ok;
-        let decision = Decision { keep: true, reason: if failed { Reason::Error } else { Reason::Head }, probability: 1.0, transition: None };
+        let decision = Decision { keep: true, reason: if failed { Reason::Error } else { Reason::Head }, probability: 1.0, transition: None, spike: None };
         self.telemetry.record_labeled(&info, ids, m, &decision, &labels);
     }
 

@@ -117,6 +117,9 @@ pub struct RunSpec {
     pub repeat: usize,
     /// Span and metric export of every measured request (see [`export`]); `None`: none.
     pub otlp: Option<crate::config::OtlpConfig>,
+    /// Choices per request (`n` of the OpenAI API, `--n`); 1 sends no `n`. Each choice is
+    /// measured on its own ([`crate::measure::ChoiceRecord`], `choices` in `requests.jsonl`).
+    pub n: u32,
 }
 
 impl RunSpec {
@@ -144,13 +147,14 @@ impl RunSpec {
             workload: workload::Workload::default(),
             repeat: 1,
             otlp: None,
+            n: 1,
         }
     }
 }
 
 /// One request of a benchmark: a line of `requests.jsonl`. Times in milliseconds; `*_ms`
 /// offsets are from the benchmark's start (the first scheduled send).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct RequestRow {
     pub schema_version: u32,
     pub benchmark: String,
@@ -188,6 +192,30 @@ pub struct RequestRow {
     pub error_type: Option<String>,
     pub http_status: Option<u16>,
     pub retries: u32,
+    /// The server's own error type (e.g. `exceed_context_size_error`), where it sent one.
+    pub error_server_type: Option<String>,
+    /// The server's error code, as text.
+    pub error_code: Option<String>,
+    /// The server's (or the transport's) message, cut to 512 bytes.
+    pub error_message: Option<String>,
+    /// The server's `Retry-After` on an HTTP error, in milliseconds.
+    pub retry_after_ms: Option<f64>,
+    /// Per choice of an `n > 1` request (index, first token, ITL, TPOT, finish reason); empty
+    /// for one choice.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub choices: Vec<ChoiceRow>,
+}
+
+/// One choice of an `n > 1` request in `requests.jsonl`; times from the request's send.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChoiceRow {
+    pub index: u32,
+    pub ttft_ms: Option<f64>,
+    pub last_token_ms: Option<f64>,
+    pub token_chunks: usize,
+    pub itl_ms: Vec<f64>,
+    pub tpot_ms: Option<f64>,
+    pub finish_reason: Option<String>,
 }
 
 /// One benchmark of `summary.json`.
@@ -203,6 +231,11 @@ pub struct BenchSummary {
     pub completed: usize,
     /// Failed requests by `error.type`.
     pub errors: BTreeMap<String, usize>,
+    /// Failed requests by HTTP status (`"400"`; `"none"` without a response).
+    pub errors_by_status: BTreeMap<String, usize>,
+    /// Failed requests by HTTP status, then by the server's own error type (or `error.type`
+    /// when the server gave none): `{"400": {"exceed_context_size_error": 2}}`.
+    pub errors_by_status_and_type: BTreeMap<String, BTreeMap<String, usize>>,
     /// First send to last end, seconds.
     pub duration_s: f64,
     /// Completed requests per second.
@@ -332,6 +365,9 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
     let mut extra = serde_json::Map::new();
     if spec.ignore_eos {
         extra.insert("ignore_eos".into(), serde_json::Value::Bool(true));
+    }
+    if spec.n > 1 {
+        extra.insert("n".into(), serde_json::Value::from(spec.n));
     }
     if spec.workload.multi_turn && spec.target.api != Api::Chat {
         return Err(BenchError::Invalid { field: "--multi-turn", value: "completions".into(), reason: "multi-turn needs --api chat".into() });
@@ -592,6 +628,23 @@ fn row(name: &str, index: usize, turn: u32, (concurrency, concurrency_limit): (u
         error_type: r.failure().map(|e| e.error_type.clone()),
         http_status: r.http_status,
         retries: m.retries,
+        error_server_type: r.failure().and_then(|e| e.server_type.clone()),
+        error_code: r.failure().and_then(|e| e.code.clone()),
+        error_message: r.failure().and_then(|e| e.message.clone()),
+        retry_after_ms: r.failure().and_then(|e| e.retry_after).map(ms),
+        choices: r
+            .choices
+            .iter()
+            .map(|c| ChoiceRow {
+                index: c.index,
+                ttft_ms: c.first_token.map(ms),
+                last_token_ms: c.last_token.map(ms),
+                token_chunks: c.token_chunks,
+                itl_ms: c.itl.iter().map(|d| ms(*d)).collect(),
+                tpot_ms: c.tpot.map(ms),
+                finish_reason: c.finish_reason.clone(),
+            })
+            .collect(),
     }
 }
 
@@ -600,8 +653,14 @@ fn row(name: &str, index: usize, turn: u32, (concurrency, concurrency_limit): (u
 pub fn summarize(spec: &RunSpec, name: &str, concurrency: usize, input_len: u32, rows: &[RequestRow]) -> BenchSummary {
     let ok: Vec<&RequestRow> = rows.iter().filter(|r| r.outcome == "ok").collect();
     let mut errors = BTreeMap::new();
+    let (mut errors_by_status, mut errors_by_status_and_type) = (BTreeMap::new(), BTreeMap::<String, BTreeMap<String, usize>>::new());
     for r in rows.iter().filter(|r| r.outcome != "ok") {
-        *errors.entry(r.error_type.clone().unwrap_or_else(|| r.outcome.to_owned())).or_insert(0) += 1;
+        let error_type = r.error_type.clone().unwrap_or_else(|| r.outcome.to_owned());
+        let status = r.http_status.map_or_else(|| "none".to_owned(), |s| s.to_string());
+        let server_type = r.error_server_type.clone().unwrap_or_else(|| error_type.clone());
+        *errors_by_status_and_type.entry(status.clone()).or_default().entry(server_type).or_insert(0) += 1;
+        *errors_by_status.entry(status).or_insert(0) += 1;
+        *errors.entry(error_type).or_insert(0) += 1;
     }
     // First send to last end of each repeat (their offsets restart), summed.
     let mut spans: BTreeMap<usize, (f64, f64)> = BTreeMap::new();
@@ -638,6 +697,8 @@ pub fn summarize(spec: &RunSpec, name: &str, concurrency: usize, input_len: u32,
         num_requests: rows.len(),
         completed: ok.len(),
         errors,
+        errors_by_status,
+        errors_by_status_and_type,
         duration_s,
         request_throughput: ok.len() as f64 / duration_s,
         output_token_throughput: total_output_tokens as f64 / duration_s,

@@ -167,26 +167,29 @@ impl TargetRunner {
     /// `OTEL_TRACES_SAMPLER` is set, else the target's adaptive sampler's.
     fn decide(&self, ids: crate::telemetry::spans::TraceIds, m: &Measured) -> Decision {
         if let Some(head) = self.telemetry.head_sampler {
-            return Decision { keep: ids.sampled, reason: Reason::Head, probability: head.probability(), transition: None };
+            return Decision { keep: ids.sampled, reason: Reason::Head, probability: head.probability(), transition: None, spike: None };
         }
         let r = &m.record;
         let observed = Observed {
-            failed: r.outcome != Outcome::Ok,
+            failed: !matches!(r.outcome, Outcome::Ok | Outcome::Cancelled),
             ttft: r.ttft,
             e2e: r.e2e,
             trace_id: u128::from_be_bytes(ids.trace_id.to_bytes()),
+            cancelled: r.outcome == Outcome::Cancelled,
         };
         let decision = match self.sampler.lock() {
             Ok(mut s) => s.decide(tokio::time::Instant::now(), observed),
             // A poisoned lock only means another canary panicked: keep the span.
-            Err(_) => Decision { keep: true, reason: Reason::Base, probability: 1.0, transition: None },
+            Err(_) => Decision { keep: true, reason: Reason::Base, probability: 1.0, transition: None, spike: None },
         };
         if let Some(t) = decision.transition {
             let entered = t == SpikeTransition::Entered;
             self.state.spike.store(entered, Ordering::Relaxed);
+            self.state.set_spike_rule(decision.spike);
             let p = &self.target.sampling;
             if entered {
-                tracing::warn!(target_name = %self.target.name, window = ?p.spike_window, error_rate = p.spike_error_rate, p99 = ?p.spike_p99, hold = ?p.spike_hold, "Spike mode entered: keeping every span.");
+                let rule = decision.spike.map_or_else(|| "-".to_owned(), |r| r.describe());
+                tracing::warn!(target_name = %self.target.name, reason = decision.spike.map_or("-", |r| r.as_str()), rule = %rule, hold = ?p.spike_hold, "Spike mode entered: keeping every span.");
             } else {
                 tracing::info!(target_name = %self.target.name, "Spike mode left: back to base sampling.");
             }
@@ -246,10 +249,10 @@ impl TargetRunner {
     /// canaries' adaptive sampler (spike mode).
     fn decide_inject(&self, ids: crate::telemetry::spans::TraceIds, m: &Measured) -> Decision {
         if let Some(head) = self.telemetry.head_sampler {
-            return Decision { keep: ids.sampled, reason: Reason::Head, probability: head.probability(), transition: None };
+            return Decision { keep: ids.sampled, reason: Reason::Head, probability: head.probability(), transition: None, spike: None };
         }
         let reason = if m.record.outcome == Outcome::Ok { Reason::Inject } else { Reason::Error };
-        Decision { keep: true, reason, probability: 1.0, transition: None }
+        Decision { keep: true, reason, probability: 1.0, transition: None, spike: None }
     }
 
     /// Sends the `seq`-th prompt to the target, measures it, and records it as `source` says:

@@ -40,6 +40,11 @@ pub const FIELDS: &[&str] = &[
     "gpu.process.utilization",
 ];
 
+/// How long a process's last SM utilization sample stands in for a tick that got none: NVML
+/// samples processes on its own period (hundreds of ms), so a short `gpu.interval` often falls
+/// between two samples (`NOT_FOUND`), which would make the series flicker.
+pub const PROCESS_UTILIZATION_HOLD: Duration = Duration::from_secs(3);
+
 /// Default gap between discovery attempts while the driver is unusable or a GPU is lost.
 pub const DEFAULT_REDISCOVER: Duration = Duration::from_secs(5);
 
@@ -51,6 +56,8 @@ struct Tracked {
     unsupported: Vec<&'static str>,
     /// `last_seen_us` for the next process utilization call.
     last_seen_us: u64,
+    /// Each process's newest SM utilization sample: (its timestamp, µs since the epoch; percent).
+    last_sm: HashMap<u32, (u64, u32)>,
     pcie_tx: f64,
     pcie_rx: f64,
     sample: Option<DeviceSample>,
@@ -252,7 +259,7 @@ impl<B: GpuBackend> Sampler<B> {
                 }
                 None => {
                     tracing::info!(hw_id = %info.uuid, name = %info.name, index = info.index, mig = ?info.mig.as_ref().map(|m| &m.profile), "GPU found.");
-                    self.devices.push(Tracked { info, dref, lost: false, unsupported: Vec::new(), last_seen_us: 0, pcie_tx: 0.0, pcie_rx: 0.0, sample: None });
+                    self.devices.push(Tracked { info, dref, lost: false, unsupported: Vec::new(), last_seen_us: 0, last_sm: HashMap::new(), pcie_tx: 0.0, pcie_rx: 0.0, sample: None });
                 }
             }
         }
@@ -314,6 +321,9 @@ impl<B: GpuBackend> Sampler<B> {
             self.warnings += 1;
             match e {
                 GpuError::NotSupported => tracing::warn!(hw_id, field, "GPU field not supported by this device; it is not exported (warned once)."),
+                GpuError::MissingFunction(f) => {
+                    tracing::warn!(hw_id, field, function = %f, "The NVML library lacks the function for this GPU field (driver too old); it is not exported (warned once).")
+                }
                 _ => tracing::warn!(hw_id, field, error = %e, "Reading a GPU field failed; it is not exported while it fails (warned once)."),
             }
         }
@@ -327,7 +337,7 @@ impl<B: GpuBackend> Sampler<B> {
             Err(GpuError::GpuLost) => Err(Stop::Lost),
             Err(GpuError::Driver(why) | GpuError::NoLibrary(why)) => Err(Stop::Driver(why)),
             Err(e) => {
-                if e == GpuError::NotSupported && !self.devices[i].unsupported.contains(&field) {
+                if matches!(e, GpuError::NotSupported | GpuError::MissingFunction(_)) && !self.devices[i].unsupported.contains(&field) {
                     self.devices[i].unsupported.push(field);
                 }
                 let id = self.devices[i].info.uuid.clone();
@@ -341,9 +351,9 @@ impl<B: GpuBackend> Sampler<B> {
         let d = self.devices[i].dref;
         let mut s = DeviceSample::default();
         let r = self.backend.utilization(d);
-        if let Err(GpuError::NotSupported) = &r {
+        if let Err(e @ (GpuError::NotSupported | GpuError::MissingFunction(_))) = &r {
             // One NVML call gives both; both are absent.
-            self.field::<()>(i, "gpu.memory_copy_utilization", Err(GpuError::NotSupported))?;
+            self.field::<()>(i, "gpu.memory_copy_utilization", Err(e.clone()))?;
         }
         if let Some(u) = self.field(i, "gpu.utilization", r)? {
             s.utilization = Some(f64::from(u.gpu_pct.min(100)) / 100.0);
@@ -401,6 +411,19 @@ impl<B: GpuBackend> Sampler<B> {
         for u in &utils {
             let e = sm.entry(u.pid).or_default();
             *e = (*e).max(u.sm_pct);
+        }
+        let now_us = unix_us(wall);
+        let hold_us = PROCESS_UTILIZATION_HOLD.as_micros() as u64;
+        let t = &mut self.devices[i];
+        for (pid, pct) in &sm {
+            let ts = utils.iter().filter(|u| u.pid == *pid).map(|u| u.timestamp_us).max().unwrap_or(now_us);
+            t.last_sm.insert(*pid, (ts, *pct));
+        }
+        t.last_sm.retain(|pid, _| procs.iter().any(|p| p.pid == *pid));
+        for (pid, (ts, pct)) in &t.last_sm {
+            if now_us.saturating_sub(*ts) <= hold_us {
+                sm.entry(*pid).or_insert(*pct);
+            }
         }
         for p in procs {
             pids_seen.insert(p.pid);

@@ -152,10 +152,10 @@ pub fn sample(prev: Option<(&Reading, SystemTime)>, cur: &Reading, at: SystemTim
         interval_s: None,
         reset: false,
     };
-    let Some((p, p_at)) = prev else { return s };
+    let Some((p, p_at)) = prev else { return s.finite() };
     let dt = at.duration_since(p_at).map_or(0.0, |d| d.as_secs_f64());
     if dt <= 0.0 {
-        return s;
+        return s.finite();
     }
     s.interval_s = Some(dt);
     let (pc, cc) = (&p.counters, &cur.counters);
@@ -185,7 +185,36 @@ pub fn sample(prev: Option<(&Reading, SystemTime)>, cur: &Reading, at: SystemTim
     s.prefill = stats(ph.prefill.as_ref(), ch.prefill.as_ref(), &mut reset);
     s.decode = stats(ph.decode.as_ref(), ch.decode.as_ref(), &mut reset);
     s.reset = reset;
-    s
+    s.finite()
+}
+
+impl ServerSample {
+    /// Every figure finite or `None` (sums of absurd page values can overflow).
+    fn finite(mut self) -> Self {
+        let f = |v: &mut Option<f64>| {
+            if v.is_some_and(|x| !x.is_finite()) {
+                *v = None;
+            }
+        };
+        for v in [
+            &mut self.requests_waiting,
+            &mut self.requests_running,
+            &mut self.kv_cache_usage,
+            &mut self.preemptions_per_s,
+            &mut self.prefix_cache_hit_ratio,
+            &mut self.prompt_tokens_per_s,
+            &mut self.generation_tokens_per_s,
+            &mut self.requests_per_s,
+        ] {
+            f(v);
+        }
+        for l in [&mut self.ttft, &mut self.itl, &mut self.queue, &mut self.prefill, &mut self.decode] {
+            f(&mut l.mean);
+            f(&mut l.p50);
+            f(&mut l.p99);
+        }
+        self
+    }
 }
 
 #[cfg(test)]

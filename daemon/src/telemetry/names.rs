@@ -53,6 +53,13 @@ pub const LMPERF_USAGE_SOURCE: &str = "lmperf.usage.source";
 pub const LMPERF_RETRIES: &str = "lmperf.retries";
 pub const LMPERF_ERROR_MESSAGE: &str = "lmperf.error.message";
 pub const LMPERF_ERROR_CODE: &str = "lmperf.error.code";
+/// The server's own error `type` (e.g. `exceed_context_size_error`); `error.type` may be the
+/// HTTP status.
+pub const LMPERF_ERROR_SERVER_TYPE: &str = "lmperf.error.server_type";
+/// The server's `Retry-After` on an HTTP error, seconds.
+pub const LMPERF_ERROR_RETRY_AFTER: &str = "lmperf.error.retry_after";
+/// Choices of an `n > 1` stream.
+pub const LMPERF_CHOICES: &str = "lmperf.choices";
 pub const LMPERF_PROMPT_ID: &str = "lmperf.prompt.id";
 /// Where a request came from: `inject` for load injected through the control API, `bench` for
 /// `lmperf run` (on spans and, for `bench`, metric points); canary spans carry none.
@@ -122,6 +129,17 @@ pub const METRIC_SAMPLING_SPIKE: &str = "lmperf.sampling.spike";
 /// Span events marking spike mode changes.
 pub const EVENT_SPIKE_ENTERED: &str = "lmperf.spike.entered";
 pub const EVENT_SPIKE_LEFT: &str = "lmperf.spike.left";
+/// On `lmperf.spike.entered`: the rule that fired, error_rate | slo_p99 | latency_jump.
+pub const LMPERF_SPIKE_REASON: &str = "lmperf.spike.reason";
+/// The value the rule judged: error share, or p99 in seconds.
+pub const LMPERF_SPIKE_VALUE: &str = "lmperf.spike.value";
+/// The rule's threshold: error share, or p99 in seconds (slo_p99).
+pub const LMPERF_SPIKE_THRESHOLD: &str = "lmperf.spike.threshold";
+/// latency_jump: ttft | e2e, the baseline median (s), value ÷ median, robust z score.
+pub const LMPERF_SPIKE_SIGNAL: &str = "lmperf.spike.signal";
+pub const LMPERF_SPIKE_BASELINE: &str = "lmperf.spike.baseline";
+pub const LMPERF_SPIKE_RATIO: &str = "lmperf.spike.ratio";
+pub const LMPERF_SPIKE_Z: &str = "lmperf.spike.z";
 /// The `tracestate` list member of OpenTelemetry ("ot"), holding the sampling threshold `th`.
 pub const TRACESTATE_OT: &str = "ot";
 
