@@ -127,3 +127,6 @@ pub fn span_events(target: &TargetServer) -> Vec<opentelemetry::trace::Event> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod bad_inputs;
