@@ -17,7 +17,15 @@ pub const SCRAPE_LABELS: &[&str] = &["instance", "job", "node"];
 /// agent probes three scripted servers (streaming; 503; a stream cut after its first tokens,
 /// a failed request with a TTFT, so the latency histograms carry `error_type` too).
 pub async fn agent_metrics() -> String {
-    let ok = ScriptedServer::start(Arc::new(|_, _| {
+    // Its /metrics is a vLLM page (tests/fixtures/server): a, b, then a again (a restart), so
+    // the lmperf.server.* gauges, counters, latencies and a change event all have samples.
+    let pages = ["a", "b", "a"].map(|s| std::fs::read_to_string(crate::agent::workspace_root().join(format!("tests/fixtures/server/vllm-new.{s}.prom"))).expect("fixture page"));
+    let scrapes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let ok = ScriptedServer::start(Arc::new(move |req, _| {
+        if req.path == "/metrics" {
+            let i = scrapes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            return Reply::Stream { status: 200, content_type: "text/plain; version=0.0.4".into(), frames: vec![crate::scripted::Frame { at: Duration::ZERO, bytes: pages[i.min(2)].clone().into_bytes() }], cut: false };
+        }
         Reply::sse(chat_stream(
             3,
             Duration::from_millis(5),
@@ -53,6 +61,10 @@ pub async fn agent_metrics() -> String {
             "gen_ai_client_operation_time_to_first_chunk_seconds_bucket{error_type=",
             r#"gen_ai_token_type="output""#,
             "lmperf_sampling_spike",
+            "lmperf_server_requests_waiting",
+            "lmperf_server_latency_seconds",
+            "lmperf_server_preemptions_total",
+            "lmperf_server_changes_total",
         ];
         let t = Instant::now();
         loop {
