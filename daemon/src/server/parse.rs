@@ -13,6 +13,21 @@
 //! `+Inf`, `-Inf`, case-insensitive). Label values unescape `\\`, `\"`, `\n`.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+/// Names seen on a page: each name and label name is allocated once per page.
+type Interner = HashSet<Arc<str>>;
+
+fn intern(set: &mut Interner, s: &str) -> Arc<str> {
+    match set.get(s) {
+        Some(a) => a.clone(),
+        None => {
+            let a: Arc<str> = Arc::from(s);
+            set.insert(a.clone());
+            a
+        }
+    }
+}
 
 /// The type a `# TYPE` line gave a metric family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,10 +43,10 @@ pub enum MetricType {
 /// One sample line.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
-    /// The full sample name (`vllm:time_to_first_token_seconds_bucket`).
-    pub name: String,
-    /// Label pairs in page order.
-    pub labels: Vec<(String, String)>,
+    /// The full sample name (`vllm:time_to_first_token_seconds_bucket`), interned per page.
+    pub name: Arc<str>,
+    /// Label pairs in page order (names interned per page).
+    pub labels: Vec<(Arc<str>, String)>,
     /// Finite value (NaN and ±Inf samples are dropped and counted in [`ParseStats::non_finite`]).
     pub value: f64,
 }
@@ -41,7 +56,7 @@ impl Sample {
     pub fn label(&self, key: &str) -> Option<&str> {
         self.labels
             .iter()
-            .find(|(k, _)| k == key)
+            .find(|(k, _)| &**k == key)
             .map(|(_, v)| v.as_str())
     }
 }
@@ -68,12 +83,28 @@ pub struct Page {
     /// Family name → type, from `# TYPE` lines.
     pub types: HashMap<String, MetricType>,
     pub stats: ParseStats,
+    /// Sample name → indices into `samples`.
+    index: HashMap<String, Vec<u32>>,
 }
 
 impl Page {
-    /// Samples named exactly `name`.
-    pub fn named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Sample> + 'a {
-        self.samples.iter().filter(move |s| s.name == name)
+    /// Samples named exactly `name`, in page order.
+    pub fn named<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a Sample> + 'a {
+        self.index.get(name).map(Vec::as_slice).unwrap_or_default().iter().map(move |&i| &self.samples[i as usize])
+    }
+
+    fn build_index(&mut self) {
+        let mut index: HashMap<String, Vec<u32>> = HashMap::new();
+        for (i, s) in self.samples.iter().enumerate() {
+            let i = u32::try_from(i).unwrap_or(u32::MAX);
+            match index.get_mut(&*s.name) {
+                Some(v) => v.push(i),
+                None => {
+                    index.insert(s.name.to_string(), vec![i]);
+                }
+            }
+        }
+        self.index = index;
     }
 }
 
@@ -106,6 +137,7 @@ pub fn parse(text: &str) -> Result<Page, PageError> {
         ..Page::default()
     };
     let mut seen: HashSet<u64> = HashSet::with_capacity(text.len() / 96);
+    let mut names = Interner::new();
     for (i, raw) in text.lines().enumerate() {
         let line = raw.trim();
         if line.is_empty() {
@@ -125,7 +157,7 @@ pub fn parse(text: &str) -> Result<Page, PageError> {
             }
             continue;
         }
-        match sample_line(line) {
+        match sample_line(line, &mut names) {
             Ok(s) if !s.value.is_finite() => page.stats.non_finite += 1,
             Ok(s) => {
                 if seen.insert(series_hash(&s)) {
@@ -149,6 +181,7 @@ pub fn parse(text: &str) -> Result<Page, PageError> {
             first: page.stats.first_bad.clone().unwrap_or_default(),
         });
     }
+    page.build_index();
     Ok(page)
 }
 
@@ -162,14 +195,16 @@ fn metric_type(s: &str) -> MetricType {
     }
 }
 
+/// A hash of the name and the label set, independent of the labels' order (a sum of
+/// per-pair hashes).
 fn series_hash(s: &Sample) -> u64 {
     use std::hash::{Hash, Hasher};
-    let mut labels: Vec<&(String, String)> = s.labels.iter().collect();
-    labels.sort_unstable();
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    s.name.hash(&mut h);
-    labels.hash(&mut h);
-    h.finish()
+    fn one<T: Hash + ?Sized>(x: &T) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        x.hash(&mut h);
+        h.finish()
+    }
+    s.labels.iter().fold(one(&*s.name), |acc, (k, v)| acc.wrapping_add(one(&(&**k, v.as_str())).rotate_left(1)))
 }
 
 fn clip(s: &str, max: usize) -> &str {
@@ -192,7 +227,7 @@ fn is_name_char(b: u8) -> bool {
 }
 
 /// Parses one sample line (already trimmed, not a comment).
-fn sample_line(line: &str) -> Result<Sample, &'static str> {
+fn sample_line(line: &str, names: &mut Interner) -> Result<Sample, &'static str> {
     let b = line.as_bytes();
     if !b.first().copied().is_some_and(is_name_start) {
         return Err("not a metric name");
@@ -204,7 +239,7 @@ fn sample_line(line: &str) -> Result<Sample, &'static str> {
     let name = &line[..i];
     let mut labels = Vec::new();
     if b.get(i) == Some(&b'{') {
-        i = label_set(line, i + 1, &mut labels)?;
+        i = label_set(line, i + 1, &mut labels, names)?;
     }
     let rest = &line[i..];
     if !rest.starts_with([' ', '\t']) {
@@ -226,18 +261,14 @@ fn sample_line(line: &str) -> Result<Sample, &'static str> {
         }
     }
     Ok(Sample {
-        name: name.to_owned(),
+        name: intern(names, name),
         labels,
         value,
     })
 }
 
 /// Parses `k="v",...}` from `start` (after `{`); returns the index after `}`.
-fn label_set(
-    line: &str,
-    start: usize,
-    out: &mut Vec<(String, String)>,
-) -> Result<usize, &'static str> {
+fn label_set(line: &str, start: usize, out: &mut Vec<(Arc<str>, String)>, names: &mut Interner) -> Result<usize, &'static str> {
     let b = line.as_bytes();
     let mut i = start;
     loop {
@@ -291,7 +322,7 @@ fn label_set(
         }
         value.push_str(&line[v0..i]);
         i += 1;
-        out.push((key.to_owned(), value));
+        out.push((intern(names, key), value));
         while i < b.len() && b[i] == b' ' {
             i += 1;
         }
@@ -305,18 +336,18 @@ fn label_set(
 
 /// A value as Go's `strconv.ParseFloat` reads it (Prometheus' `textparse`).
 pub fn parse_value(s: &str) -> Option<f64> {
-    match s.to_ascii_lowercase().as_str() {
-        "nan" => Some(f64::NAN),
-        "+inf" | "inf" => Some(f64::INFINITY),
-        "-inf" => Some(f64::NEG_INFINITY),
-        v => {
-            // Rust accepts "infinity" and "nan" spellings Go's ParseFloat also accepts; reject
-            // anything with letters other than an exponent.
-            if v.bytes().any(|c| c.is_ascii_alphabetic() && c != b'e') {
-                return None;
-            }
-            v.parse::<f64>().ok()
-        }
+    if s.eq_ignore_ascii_case("nan") {
+        Some(f64::NAN)
+    } else if s.eq_ignore_ascii_case("+inf") || s.eq_ignore_ascii_case("inf") {
+        Some(f64::INFINITY)
+    } else if s.eq_ignore_ascii_case("-inf") {
+        Some(f64::NEG_INFINITY)
+    } else if s.bytes().any(|c| c.is_ascii_alphabetic() && c != b'e' && c != b'E') {
+        // Rust accepts "infinity" and other spellings Go's ParseFloat does not; reject
+        // anything with letters other than an exponent.
+        None
+    } else {
+        s.parse::<f64>().ok()
     }
 }
 
