@@ -30,6 +30,31 @@ fn tempdir(tag: &str) -> std::path::PathBuf {
     d
 }
 
+/// Starts the agent with `cfg`, exporting over gRPC to `endpoint`, every span kept.
+async fn spawn_agent(
+    cfg: std::path::PathBuf,
+    endpoint: String,
+    env: &'static [(&'static str, &'static str)],
+) -> Agent {
+    tokio::task::spawn_blocking(move || {
+        let mut envs = vec![("OTEL_TRACES_SAMPLER", "always_on")];
+        envs.extend_from_slice(env);
+        Agent::spawn(
+            &[
+                "--config",
+                cfg.to_str().unwrap(),
+                "--otlp-protocol",
+                "grpc",
+                "--otlp-endpoint",
+                &endpoint,
+            ],
+            &envs,
+        )
+    })
+    .await
+    .unwrap()
+}
+
 /// One blocking chat completion of `max_tokens` (no stream), with a long read timeout: a
 /// request the server defers waits for a free slot.
 fn chat(port: u16, max_tokens: u32) {
@@ -126,24 +151,7 @@ async fn overloaded_llamacpp_queue_running_tokens_and_span_attributes() {
     let cfg = config(&dir, &server.url(), "700ms");
     let before = prom_sum(&server.metrics(), "llamacpp:tokens_predicted_total", &[]);
     let endpoint = collector.endpoint();
-    let agent = tokio::task::spawn_blocking(move || {
-        Agent::spawn(
-            &[
-                "--config",
-                cfg.to_str().unwrap(),
-                "--otlp-protocol",
-                "grpc",
-                "--otlp-endpoint",
-                &endpoint,
-            ],
-            &[
-                ("OTEL_METRIC_EXPORT_INTERVAL", "1000"),
-                ("OTEL_TRACES_SAMPLER", "always_on"),
-            ],
-        )
-    })
-    .await
-    .unwrap();
+    let agent = spawn_agent(cfg, endpoint, &[("OTEL_METRIC_EXPORT_INTERVAL", "1000")]).await;
     let agent = Arc::new(agent);
 
     let checked = {
@@ -287,21 +295,7 @@ async fn restart_under_another_alias_is_one_model_change() {
     let dir = tempdir("restart");
     let cfg = config(&dir, &server.url(), "1s");
     let endpoint = collector.endpoint();
-    let agent = tokio::task::spawn_blocking(move || {
-        Agent::spawn(
-            &[
-                "--config",
-                cfg.to_str().unwrap(),
-                "--otlp-protocol",
-                "grpc",
-                "--otlp-endpoint",
-                &endpoint,
-            ],
-            &[("OTEL_TRACES_SAMPLER", "always_on")],
-        )
-    })
-    .await
-    .unwrap();
+    let agent = spawn_agent(cfg, endpoint, &[]).await;
     let agent = Arc::new(agent);
     let a2 = agent.clone();
     let job = tokio::task::spawn_blocking(move || {
@@ -442,9 +436,9 @@ fn lmperf_run_against_the_overloaded_server_reports_its_queue() {
             "--seq-lengths",
             "32",
             "--num-prompts",
-            "18",
+            "10",
             "--output-len",
-            "24",
+            "16",
             "--warmup",
             "0",
         ])

@@ -152,7 +152,9 @@ pub fn sample(prev: Option<(&Reading, SystemTime)>, cur: &Reading, at: SystemTim
         interval_s: None,
         reset: false,
     };
-    let Some((p, p_at)) = prev else { return s.finite() };
+    let Some((p, p_at)) = prev else {
+        return s.finite();
+    };
     let dt = at.duration_since(p_at).map_or(0.0, |d| d.as_secs_f64());
     if dt <= 0.0 {
         return s.finite();
@@ -208,7 +210,13 @@ impl ServerSample {
         ] {
             f(v);
         }
-        for l in [&mut self.ttft, &mut self.itl, &mut self.queue, &mut self.prefill, &mut self.decode] {
+        for l in [
+            &mut self.ttft,
+            &mut self.itl,
+            &mut self.queue,
+            &mut self.prefill,
+            &mut self.decode,
+        ] {
             f(&mut l.mean);
             f(&mut l.p50);
             f(&mut l.p99);

@@ -162,8 +162,7 @@ pub fn histogram(page: &Page, family: &str, only: &[(&str, &str)]) -> Option<His
     let keep = |s: &&Sample| only.iter().all(|(k, v)| s.label(k) == Some(*v));
     let bucket = format!("{family}_bucket");
     let mut buckets: Vec<(f64, f64)> = Vec::new();
-    for s in page.named(&bucket).filter(keep)
-    {
+    for s in page.named(&bucket).filter(keep) {
         let Some(le) = s.label("le").and_then(super::parse::parse_value) else {
             continue;
         };

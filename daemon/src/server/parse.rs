@@ -90,7 +90,12 @@ pub struct Page {
 impl Page {
     /// Samples named exactly `name`, in page order.
     pub fn named<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a Sample> + 'a {
-        self.index.get(name).map(Vec::as_slice).unwrap_or_default().iter().map(move |&i| &self.samples[i as usize])
+        self.index
+            .get(name)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .map(move |&i| &self.samples[i as usize])
     }
 
     fn build_index(&mut self) {
@@ -204,7 +209,9 @@ fn series_hash(s: &Sample) -> u64 {
         x.hash(&mut h);
         h.finish()
     }
-    s.labels.iter().fold(one(&*s.name), |acc, (k, v)| acc.wrapping_add(one(&(&**k, v.as_str())).rotate_left(1)))
+    s.labels.iter().fold(one(&*s.name), |acc, (k, v)| {
+        acc.wrapping_add(one(&(&**k, v.as_str())).rotate_left(1))
+    })
 }
 
 fn clip(s: &str, max: usize) -> &str {
@@ -268,7 +275,12 @@ fn sample_line(line: &str, names: &mut Interner) -> Result<Sample, &'static str>
 }
 
 /// Parses `k="v",...}` from `start` (after `{`); returns the index after `}`.
-fn label_set(line: &str, start: usize, out: &mut Vec<(Arc<str>, String)>, names: &mut Interner) -> Result<usize, &'static str> {
+fn label_set(
+    line: &str,
+    start: usize,
+    out: &mut Vec<(Arc<str>, String)>,
+    names: &mut Interner,
+) -> Result<usize, &'static str> {
     let b = line.as_bytes();
     let mut i = start;
     loop {
@@ -342,7 +354,10 @@ pub fn parse_value(s: &str) -> Option<f64> {
         Some(f64::INFINITY)
     } else if s.eq_ignore_ascii_case("-inf") {
         Some(f64::NEG_INFINITY)
-    } else if s.bytes().any(|c| c.is_ascii_alphabetic() && c != b'e' && c != b'E') {
+    } else if s
+        .bytes()
+        .any(|c| c.is_ascii_alphabetic() && c != b'e' && c != b'E')
+    {
         // Rust accepts "infinity" and other spellings Go's ParseFloat does not; reject
         // anything with letters other than an exponent.
         None

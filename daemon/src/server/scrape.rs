@@ -346,32 +346,28 @@ impl Scraper {
     /// Reads the kind's info route and `/v1/models`; a route that fails leaves its fields `None`.
     pub async fn read_identity(&self, kind: ServerKind) -> Identity {
         let mut id = Identity::default();
-        let timeout = self.cfg.timeout;
         if let Some(path) = identity::info_path(kind)
-            && let Ok(url) = self.base.join(path.trim_start_matches('/'))
-            && let Ok((body, _)) = fetch(
-                &self.client,
-                url.as_str(),
-                self.api_key.as_ref(),
-                timeout,
-                INFO_MAX_BYTES,
-            )
-            .await
+            && let Some(body) = self.get_info(path).await
         {
             identity::read_info(kind, &body, &mut id);
         }
-        if let Ok(url) = self.base.join("v1/models")
-            && let Ok((body, _)) = fetch(
-                &self.client,
-                url.as_str(),
-                self.api_key.as_ref(),
-                timeout,
-                INFO_MAX_BYTES,
-            )
-            .await
-        {
+        if let Some(body) = self.get_info("/v1/models").await {
             identity::read_models(&body, &mut id);
         }
         id
+    }
+
+    /// The body of `path` under the target's base URL, or `None` on any failure.
+    async fn get_info(&self, path: &str) -> Option<Vec<u8>> {
+        let url = self.base.join(path.trim_start_matches('/')).ok()?;
+        let got = fetch(
+            &self.client,
+            url.as_str(),
+            self.api_key.as_ref(),
+            self.cfg.timeout,
+            INFO_MAX_BYTES,
+        )
+        .await;
+        got.ok().map(|(body, _)| body)
     }
 }
