@@ -32,7 +32,11 @@ fn measure(body: &[u8], cap: usize, cuts: &[usize]) -> RequestRecord {
         }
         reads += 1;
         let ok = m.on_bytes(Duration::from_millis(reads), &body[start..c]);
-        assert!(m.buffered_bytes() <= cap, "parser holds {} bytes over the cap {cap}", m.buffered_bytes());
+        assert!(
+            m.buffered_bytes() <= cap,
+            "parser holds {} bytes over the cap {cap}",
+            m.buffered_bytes()
+        );
         start = c;
         if !ok {
             break;
@@ -42,7 +46,9 @@ fn measure(body: &[u8], cap: usize, cuts: &[usize]) -> RequestRecord {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let [cap_sel, seed, n_cuts, body @ ..] = data else { return };
+    let [cap_sel, seed, n_cuts, body @ ..] = data else {
+        return;
+    };
     let cap = 64 + usize::from(*cap_sel) * 64;
     // xorshift64 from the seed: the split points.
     let mut x = u64::from(*seed) << 32 | 0x9E37_79B9 | body.len() as u64;
@@ -58,14 +64,33 @@ fuzz_target!(|data: &[u8]| {
 
     let whole = measure(body, cap, &[]);
     let split = measure(body, cap, &cuts);
-    assert_eq!(split.timeless(), whole.timeless(), "chunk-boundary invariance, cuts {cuts:?}");
+    assert_eq!(
+        split.timeless(),
+        whole.timeless(),
+        "chunk-boundary invariance, cuts {cuts:?}"
+    );
 
     for r in [&whole, &split] {
         let text = r.output_text.as_ref().map_or(0, String::len);
-        assert!(text <= body.len(), "kept text {text} > input {}", body.len());
-        assert!(r.token_chunk_times.len() <= body.len() / 8 + 1, "more token chunks than events fit");
-        assert!(r.ttft.is_none_or(|t| t <= r.e2e), "TTFT {:?} after E2E {:?}", r.ttft, r.e2e);
-        assert!(r.token_chunk_times.windows(2).all(|w| w[0] <= w[1]), "token chunks out of order");
+        assert!(
+            text <= body.len(),
+            "kept text {text} > input {}",
+            body.len()
+        );
+        assert!(
+            r.token_chunk_times.len() <= body.len() / 8 + 1,
+            "more token chunks than events fit"
+        );
+        assert!(
+            r.ttft.is_none_or(|t| t <= r.e2e),
+            "TTFT {:?} after E2E {:?}",
+            r.ttft,
+            r.e2e
+        );
+        assert!(
+            r.token_chunk_times.windows(2).all(|w| w[0] <= w[1]),
+            "token chunks out of order"
+        );
         assert!(r.choices.len() <= measure::MAX_CHOICES);
     }
 });
