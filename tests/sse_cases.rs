@@ -448,3 +448,58 @@ async fn case_22_llamacpp_16486_non200_error_bodies_in_lmperf_run() {
     assert_eq!(ttft.count, 1, "failed requests give no latency sample");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// ---- Inputs of our own beyond the shared cases (issue 14), over loopback too. ----
+
+fn own_frames(frames: &[(u64, &str)]) -> serde_json::Value {
+    serde_json::Value::Array(frames.iter().map(|(t, b)| serde_json::json!({ "t_ms": t, "bytes": b })).collect())
+}
+
+const OWN_TOKEN: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n";
+
+#[tokio::test]
+async fn own_event_error_stream() {
+    let f = own_frames(&[(20, OWN_TOKEN), (40, "event: error\ndata: {\"error\":{\"message\":\"engine overloaded\",\"type\":\"overloaded_error\",\"code\":529}}\n\n"), (41, "data: [DONE]\n\n")]);
+    let r = replay(Api::Chat, &f, 200).await.record;
+    assert_eq!(r.outcome, Outcome::Error);
+    let e = r.error.as_ref().unwrap();
+    assert_eq!((e.error_type.as_str(), e.server_type.as_deref(), e.code.as_deref(), e.message.as_deref()), ("overloaded_error", Some("overloaded_error"), Some("529"), Some("engine overloaded")));
+    // Times: the token's, before the error's (exact times are the shared cases' business).
+    assert!(r.ttft.is_some_and(|t| t >= Duration::from_millis(20) && t < Duration::from_millis(40)), "TTFT kept: {:?}", r.ttft);
+    assert!(r.e2e >= Duration::from_millis(41), "E2E at [DONE]: {:?}", r.e2e);
+}
+
+#[tokio::test]
+async fn own_bare_json_error_after_tokens() {
+    let f = own_frames(&[(20, OWN_TOKEN), (30, OWN_TOKEN), (45, "{\"error\":{\"code\":500,\"message\":\"CUDA error: out of memory\",\"type\":\"server_error\"}}")]);
+    let r = replay(Api::Chat, &f, 200).await.record;
+    assert_eq!(r.outcome, Outcome::Error);
+    let e = r.error.as_ref().unwrap();
+    assert_eq!((e.error_type.as_str(), e.code.as_deref()), ("server_error", Some("500")));
+    assert!(e.message.as_deref().is_some_and(|m| m.contains("out of memory")));
+    assert_eq!(r.token_chunk_times.len(), 2);
+    assert!(r.e2e >= Duration::from_millis(45), "E2E at the end of the body: {:?}", r.e2e);
+}
+
+#[tokio::test]
+async fn own_n3_on_completions() {
+    let c = |t: &str| format!("data: {{\"object\":\"text_completion\",\"choices\":[{t}]}}\n\n");
+    let (a, b, d, e) = (
+        c(r#"{"index":0,"text":"A","finish_reason":null},{"index":2,"text":"C","finish_reason":null}"#),
+        c(r#"{"index":1,"text":"B","finish_reason":null}"#),
+        c(r#"{"index":2,"text":"c","finish_reason":"stop"},{"index":0,"text":"a","finish_reason":null},{"index":1,"text":"b","finish_reason":"length"}"#),
+        c(r#"{"index":0,"text":"!","finish_reason":"length"}"#),
+    );
+    let f = own_frames(&[(50, &a), (70, &b), (90, &d), (130, &e), (131, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":7}}\n\ndata: [DONE]\n\n")]);
+    let r = replay(Api::Completions, &f, 200).await.record;
+    assert_eq!(r.outcome, Outcome::Ok, "{:?}", r.error);
+    assert!(r.ttft.is_some_and(|t| t >= Duration::from_millis(50) && t < Duration::from_millis(70)), "TTFT: first token of any choice: {:?}", r.ttft);
+    assert_eq!(r.tpot, None, "no request-level TPOT across choices");
+    assert_eq!(r.finish_reasons, vec!["length", "length", "stop"]);
+    let per: Vec<(u32, usize, Option<&str>)> = r.choices.iter().map(|c| (c.index, c.token_chunks, c.finish_reason.as_deref())).collect();
+    assert_eq!(per, vec![(0, 3, Some("length")), (1, 2, Some("length")), (2, 2, Some("stop"))]);
+    let (c0, c1) = (&r.choices[0], &r.choices[1]);
+    assert!(c1.first_token > c0.first_token, "choice 1 starts with its own first token");
+    assert_eq!(c0.tpot, c0.last_token.zip(c0.first_token).map(|(l, f)| (l - f) / 2), "per-choice TPOT over its 3 chunks");
+    assert_eq!(r.choices[2].itl.len(), 1);
+}
