@@ -503,3 +503,34 @@ async fn own_n3_on_completions() {
     assert_eq!(c0.tpot, c0.last_token.zip(c0.first_token).map(|(l, f)| (l - f) / 2), "per-choice TPOT over its 3 chunks");
     assert_eq!(r.choices[2].itl.len(), 1);
 }
+
+/// Case 24 through `lmperf run --n 2`: `n` is sent, and requests.jsonl gives each choice its own
+/// TTFT, ITL and finish reason, with no request-level TPOT.
+#[tokio::test(flavor = "multi_thread")]
+async fn case_24_langfuse_16998_n2_interleaved_choices_in_lmperf_run() {
+    let c = case("sse/24_langfuse_16998_n2_interleaved_choices.json");
+    let server = lmperf_e2e::scripted::case_server(&c).await;
+    let dir = std::env::temp_dir().join(format!("lmperf-case24-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let spec = lmperf::bench::RunSpec { num_prompts: 2, input_lengths: vec![8], output_len: 4, ignore_eos: false, n: 2, ..lmperf::bench::RunSpec::new(target(&server.url()), dir.clone()) };
+    lmperf::bench::run(spec).await.expect("run");
+    let posts: Vec<_> = server.requests().into_iter().filter(|r| r.path == "/v1/chat/completions").collect();
+    assert_eq!(posts.len(), 2);
+    for p in &posts {
+        assert_eq!(serde_json::from_slice::<serde_json::Value>(&p.body).unwrap()["n"], 2, "--n is sent");
+    }
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("requests.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let want = &c["expected"];
+    for row in &rows {
+        assert_eq!(row["outcome"], "ok");
+        assert!(row["tpot_ms"].is_null(), "no request-level TPOT across choices");
+        let choices = row["choices"].as_array().expect("choices");
+        assert_eq!(choices.len(), 2);
+        for (got, w) in choices.iter().zip(want["choices"].as_array().unwrap()) {
+            assert_eq!((got["index"].clone(), got["finish_reason"].clone()), (w["index"].clone(), w["finish_reason"].clone()));
+            assert!((got["ttft_ms"].as_f64().unwrap() - w["first_token_ms"].as_f64().unwrap()).abs() <= 4.0 * TOLERANCE_MS);
+            assert_eq!(got["itl_ms"].as_array().unwrap().len(), want["itl_ms_per_choice"][w["index"].to_string()].as_array().unwrap().len());
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
