@@ -34,7 +34,10 @@ fn hw_id(uuid: &str) -> String {
 }
 
 fn gpu_lines<'a>(metrics: &'a str, uuid: &str) -> Vec<&'a str> {
-    metrics.lines().filter(|l| !l.starts_with('#') && l.contains(&format!("\"{uuid}\""))).collect()
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains(&format!("\"{uuid}\"")))
+        .collect()
 }
 
 /// An agent config with GPU sampling every 100 ms from `lib`, canaries to `target`.
@@ -57,7 +60,13 @@ struct Sleeper(Child);
 
 impl Sleeper {
     fn start() -> Self {
-        Sleeper(Command::new("sleep").arg("120").stdin(Stdio::null()).spawn().expect("spawn sleep"))
+        Sleeper(
+            Command::new("sleep")
+                .arg("120")
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("spawn sleep"),
+        )
     }
     fn pid(&self) -> u32 {
         self.0.id()
@@ -97,12 +106,22 @@ fn otlp_points(exports: &[fake_opentelemetry_collector::ExportedMetric]) -> Poin
         for m in &e.metrics {
             let data = serde_json::to_value(&m.data).unwrap_or_default();
             for kind in ["Gauge", "Sum"] {
-                for p in data[kind]["data_points"].as_array().cloned().unwrap_or_default() {
-                    let v = p["value"]["AsDouble"].as_f64().or_else(|| p["value"]["AsInt"].as_f64()).unwrap_or(f64::NAN);
-                    let raw: BTreeMap<String, String> = serde_json::from_value(p["attributes"].clone()).unwrap_or_default();
+                for p in data[kind]["data_points"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                {
+                    let v = p["value"]["AsDouble"]
+                        .as_f64()
+                        .or_else(|| p["value"]["AsInt"].as_f64())
+                        .unwrap_or(f64::NAN);
+                    let raw: BTreeMap<String, String> =
+                        serde_json::from_value(p["attributes"].clone()).unwrap_or_default();
                     let attrs = lmperf_e2e::otlp::attrs(&raw);
                     let id = attrs.get("hw.id").cloned().unwrap_or_default();
-                    out.entry((m.name.clone(), id)).or_default().push((attrs, v));
+                    out.entry((m.name.clone(), id))
+                        .or_default()
+                        .push((attrs, v));
                 }
             }
         }
@@ -127,7 +146,14 @@ async fn two_scripted_gpus_every_series_with_the_scripted_values() {
     let mut collector = FakeCollectorServer::start().await.expect("collector");
     let mut envs = script.env();
     envs.push(("OTEL_METRIC_EXPORT_INTERVAL", "500".into()));
-    let args = ["--config".to_owned(), cfg.display().to_string(), "--otlp-protocol".into(), "grpc".into(), "--otlp-endpoint".into(), collector.endpoint()];
+    let args = [
+        "--config".to_owned(),
+        cfg.display().to_string(),
+        "--otlp-protocol".into(),
+        "grpc".into(),
+        "--otlp-endpoint".into(),
+        collector.endpoint(),
+    ];
     let agent = tokio::task::spawn_blocking(move || {
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
         let e: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -135,13 +161,18 @@ async fn two_scripted_gpus_every_series_with_the_scripted_values() {
     })
     .await
     .unwrap();
-    let status = agent.wait_status(Duration::from_secs(10), |s| s["gpu"]["mode"] == "on" && s["gpu"]["samples"].as_u64().unwrap_or(0) >= 5);
+    let status = agent.wait_status(Duration::from_secs(10), |s| {
+        s["gpu"]["mode"] == "on" && s["gpu"]["samples"].as_u64().unwrap_or(0) >= 5
+    });
     let gpu = &status["gpu"];
     assert_eq!(gpu["mode"], "on", "{gpu}\n{}", agent.stderr_text());
     assert_eq!(gpu["driver_version"], "550.54.15");
     let devs = gpu["devices"].as_array().expect("devices");
     assert_eq!(devs.len(), 2, "{gpu}");
-    for (d, (uuid, bus, used)) in devs.iter().zip([(GPU0, "00000000:17:00.0", 76235669504u64), (GPU1, "00000000:2A:00.0", 1073741824)]) {
+    for (d, (uuid, bus, used)) in devs.iter().zip([
+        (GPU0, "00000000:17:00.0", 76235669504u64),
+        (GPU1, "00000000:2A:00.0", 1073741824),
+    ]) {
         assert_eq!(d["hw_id"], uuid);
         assert_eq!(d["name"], "NVIDIA H200");
         assert_eq!(d["pci_bus_id"], bus);
@@ -168,17 +199,47 @@ async fn two_scripted_gpus_every_series_with_the_scripted_values() {
     let g1 = hw_id(GPU1);
     // (series, extra label, GPU 0 value, GPU 1 value), in exported units.
     let expect: &[(&str, &str, f64, f64)] = &[
-        ("hw_gpu_utilization_ratio", "hw_gpu_task=\"general\"", 0.87, 0.12),
+        (
+            "hw_gpu_utilization_ratio",
+            "hw_gpu_task=\"general\"",
+            0.87,
+            0.12,
+        ),
         ("lmperf_gpu_memory_copy_utilization_ratio", "", 0.41, 0.05),
         ("hw_gpu_memory_usage_bytes", "", 76235669504.0, 1073741824.0),
-        ("hw_gpu_memory_limit_bytes", "", 150754820096.0, 150754820096.0),
-        ("hw_gpu_memory_utilization_ratio", "", 76235669504.0 / 150754820096.0, 1073741824.0 / 150754820096.0),
+        (
+            "hw_gpu_memory_limit_bytes",
+            "",
+            150754820096.0,
+            150754820096.0,
+        ),
+        (
+            "hw_gpu_memory_utilization_ratio",
+            "",
+            76235669504.0 / 150754820096.0,
+            1073741824.0 / 150754820096.0,
+        ),
         ("hw_power_watts", "", 512.345, 98.765),
         ("lmperf_gpu_power_limit_watts", "", 700.0, 700.0),
         ("hw_energy_joules_total", "", 123456.789, 98765.432),
-        ("lmperf_gpu_clock_frequency_hertz", "lmperf_gpu_clock=\"sm\"", 1980e6, 1410e6),
-        ("lmperf_gpu_clock_frequency_hertz", "lmperf_gpu_clock=\"memory\"", 3201e6, 3201e6),
-        ("lmperf_gpu_throttle_ratio", "lmperf_gpu_throttle_reason=\"sw_thermal\"", 0.0, 0.0),
+        (
+            "lmperf_gpu_clock_frequency_hertz",
+            "lmperf_gpu_clock=\"sm\"",
+            1980e6,
+            1410e6,
+        ),
+        (
+            "lmperf_gpu_clock_frequency_hertz",
+            "lmperf_gpu_clock=\"memory\"",
+            3201e6,
+            3201e6,
+        ),
+        (
+            "lmperf_gpu_throttle_ratio",
+            "lmperf_gpu_throttle_reason=\"sw_thermal\"",
+            0.0,
+            0.0,
+        ),
         ("lmperf_gpu_pcie_replays_total", "", 3.0, 0.0),
         ("hw_errors_total", "error_type=\"corrected\"", 7.0, 0.0),
         ("hw_errors_total", "error_type=\"uncorrected\"", 1.0, 0.0),
@@ -187,39 +248,99 @@ async fn two_scripted_gpus_every_series_with_the_scripted_values() {
     ];
     for (name, extra, v0, v1) in expect {
         for (id, want) in [(&g0, v0), (&g1, v1)] {
-            let labels: Vec<&str> = [id.as_str(), *extra].into_iter().filter(|s| !s.is_empty()).collect();
-            let got = prom(&m, name, &labels).unwrap_or_else(|| panic!("{name}{{{}}} missing:\n{m}", labels.join(",")));
-            assert!((got - want).abs() <= 1e-9 * want.abs().max(1.0), "{name}{{{}}} = {got}, scripted {want}", labels.join(","));
+            let labels: Vec<&str> = [id.as_str(), *extra]
+                .into_iter()
+                .filter(|s| !s.is_empty())
+                .collect();
+            let got = prom(&m, name, &labels)
+                .unwrap_or_else(|| panic!("{name}{{{}}} missing:\n{m}", labels.join(",")));
+            assert!(
+                (got - want).abs() <= 1e-9 * want.abs().max(1.0),
+                "{name}{{{}}} = {got}, scripted {want}",
+                labels.join(",")
+            );
         }
     }
     // Identity labels on every series of a GPU.
-    for l in gpu_lines(&m, GPU0).into_iter().filter(|l| l.starts_with("hw_gpu_") || l.starts_with("hw_power")) {
-        for lab in ["hw_model=\"NVIDIA H200\"", "hw_vendor=\"NVIDIA\"", "hw_type=\"gpu\"", "hw_driver_version=\"550.54.15\"", "lmperf_gpu_pci_bus_id=\"00000000:17:00.0\"", "hw_name=\"GPU 0\""] {
+    for l in gpu_lines(&m, GPU0)
+        .into_iter()
+        .filter(|l| l.starts_with("hw_gpu_") || l.starts_with("hw_power"))
+    {
+        for lab in [
+            "hw_model=\"NVIDIA H200\"",
+            "hw_vendor=\"NVIDIA\"",
+            "hw_type=\"gpu\"",
+            "hw_driver_version=\"550.54.15\"",
+            "lmperf_gpu_pci_bus_id=\"00000000:17:00.0\"",
+            "hw_name=\"GPU 0\"",
+        ] {
             assert!(l.contains(lab), "{l} lacks {lab}");
         }
     }
-    assert_eq!(prom(&m, "hw_temperature_celsius", &[&format!("hw_parent=\"{GPU0}\"")]), Some(64.0));
-    assert_eq!(prom(&m, "hw_temperature_celsius", &[&format!("hw_parent=\"{GPU1}\"")]), Some(38.0));
+    assert_eq!(
+        prom(
+            &m,
+            "hw_temperature_celsius",
+            &[&format!("hw_parent=\"{GPU0}\"")]
+        ),
+        Some(64.0)
+    );
+    assert_eq!(
+        prom(
+            &m,
+            "hw_temperature_celsius",
+            &[&format!("hw_parent=\"{GPU1}\"")]
+        ),
+        Some(38.0)
+    );
     // PCIe: KB/s × 1024 × the interval, summed per sample, exported as whole bytes.
     for (id, tx, rx) in [(&g0, 1024.0, 2048.0), (&g1, 10.0, 20.0)] {
         for (dir, kb) in [("transmit", tx), ("receive", rx)] {
-            let got = prom(&m, "hw_gpu_io_bytes_total", &[id, &format!("network_io_direction=\"{dir}\"")]).expect("hw.gpu.io");
+            let got = prom(
+                &m,
+                "hw_gpu_io_bytes_total",
+                &[id, &format!("network_io_direction=\"{dir}\"")],
+            )
+            .expect("hw.gpu.io");
             let per_sample = kb * 1024.0 * 0.1;
             // Whole bytes of a whole number of samples.
             let n = (got / per_sample).round();
-            assert!(n >= 1.0 && (got - n * per_sample).abs() < 1.0, "hw.gpu.io {dir} {got} is not a multiple of {per_sample}");
+            assert!(
+                n >= 1.0 && (got - n * per_sample).abs() < 1.0,
+                "hw.gpu.io {dir} {got} is not a multiple of {per_sample}"
+            );
         }
     }
     let pid_label = format!("process_pid=\"{pid}\"");
-    assert_eq!(prom(&m, "lmperf_gpu_process_memory_usage_bytes", &[&g0, &pid_label, "process_executable_name=\"sleep\""]), Some(75161927680.0), "{m}");
-    assert_eq!(prom(&m, "lmperf_gpu_process_utilization_ratio", &[&g0, &pid_label]), Some(0.83));
+    assert_eq!(
+        prom(
+            &m,
+            "lmperf_gpu_process_memory_usage_bytes",
+            &[&g0, &pid_label, "process_executable_name=\"sleep\""]
+        ),
+        Some(75161927680.0),
+        "{m}"
+    );
+    assert_eq!(
+        prom(
+            &m,
+            "lmperf_gpu_process_utilization_ratio",
+            &[&g0, &pid_label]
+        ),
+        Some(0.83)
+    );
     assert_eq!(prom(&m, "lmperf_gpu_lost_total", &[]), Some(0.0));
 
     // The same values over OTLP.
     let exports = collector.exported_metrics(2, Duration::from_secs(10)).await;
     let points = otlp_points(&exports);
     let otlp = |name: &str, id: &str, extra: Option<(&str, &str)>| -> Option<f64> {
-        points.get(&(name.to_owned(), id.to_owned()))?.iter().rev().find(|(a, _)| extra.is_none_or(|(k, v)| a.get(k).map(String::as_str) == Some(v))).map(|(_, v)| *v)
+        points
+            .get(&(name.to_owned(), id.to_owned()))?
+            .iter()
+            .rev()
+            .find(|(a, _)| extra.is_none_or(|(k, v)| a.get(k).map(String::as_str) == Some(v)))
+            .map(|(_, v)| *v)
     };
     type Expect<'a> = (&'a str, Option<(&'a str, &'a str)>, f64, f64);
     let otlp_expect: &[Expect] = &[
@@ -230,35 +351,79 @@ async fn two_scripted_gpus_every_series_with_the_scripted_values() {
         ("hw.power", None, 512.345, 98.765),
         ("lmperf.gpu.power.limit", None, 700.0, 700.0),
         ("hw.energy", None, 123456.789, 98765.432),
-        ("lmperf.gpu.clock.frequency", Some(("lmperf.gpu.clock", "sm")), 1980e6, 1410e6),
+        (
+            "lmperf.gpu.clock.frequency",
+            Some(("lmperf.gpu.clock", "sm")),
+            1980e6,
+            1410e6,
+        ),
         ("lmperf.gpu.pcie.replays", None, 3.0, 0.0),
         ("hw.errors", Some(("error.type", "corrected")), 7.0, 0.0),
         ("hw.status", Some(("hw.state", "ok")), 1.0, 1.0),
-        ("hw.gpu.memory.utilization", None, 76235669504.0 / 150754820096.0, 1073741824.0 / 150754820096.0),
-        ("lmperf.gpu.throttle", Some(("lmperf.gpu.throttle.reason", "hw_thermal")), 0.0, 0.0),
+        (
+            "hw.gpu.memory.utilization",
+            None,
+            76235669504.0 / 150754820096.0,
+            1073741824.0 / 150754820096.0,
+        ),
+        (
+            "lmperf.gpu.throttle",
+            Some(("lmperf.gpu.throttle.reason", "hw_thermal")),
+            0.0,
+            0.0,
+        ),
     ];
     let names: Vec<&(String, String)> = points.keys().collect();
     for (name, extra, v0, v1) in otlp_expect {
         for (id, want) in [(GPU0, v0), (GPU1, v1)] {
-            let got = otlp(name, id, *extra).unwrap_or_else(|| panic!("OTLP {name} {id} missing; have {names:?}"));
-            assert!((got - want).abs() <= 1e-9 * want.abs().max(1.0), "OTLP {name} {id} = {got}, scripted {want}");
+            let got = otlp(name, id, *extra)
+                .unwrap_or_else(|| panic!("OTLP {name} {id} missing; have {names:?}"));
+            assert!(
+                (got - want).abs() <= 1e-9 * want.abs().max(1.0),
+                "OTLP {name} {id} = {got}, scripted {want}"
+            );
         }
     }
-    assert_eq!(otlp("hw.temperature", &format!("{GPU0}-temperature"), None), Some(64.0));
-    assert_eq!(otlp("hw.temperature", &format!("{GPU1}-temperature"), None), Some(38.0));
+    assert_eq!(
+        otlp("hw.temperature", &format!("{GPU0}-temperature"), None),
+        Some(64.0)
+    );
+    assert_eq!(
+        otlp("hw.temperature", &format!("{GPU1}-temperature"), None),
+        Some(38.0)
+    );
     assert_eq!(otlp("lmperf.gpu.lost", "", None), Some(0.0));
-    assert_eq!(otlp("lmperf.gpu.process.utilization", GPU0, None), Some(0.83));
+    assert_eq!(
+        otlp("lmperf.gpu.process.utilization", GPU0, None),
+        Some(0.83)
+    );
     for (id, tx) in [(GPU0, 1024.0), (GPU1, 10.0)] {
-        let got = otlp("hw.gpu.io", id, Some(("network.io.direction", "transmit"))).expect("OTLP hw.gpu.io");
+        let got = otlp("hw.gpu.io", id, Some(("network.io.direction", "transmit")))
+            .expect("OTLP hw.gpu.io");
         let per_sample = tx * 1024.0 * 0.1;
         let n = (got / per_sample).round();
-        assert!(n >= 1.0 && (got - n * per_sample).abs() < 1.0, "OTLP hw.gpu.io {got}");
+        assert!(
+            n >= 1.0 && (got - n * per_sample).abs() < 1.0,
+            "OTLP hw.gpu.io {got}"
+        );
     }
-    let proc_mem = points.get(&("lmperf.gpu.process.memory.usage".to_owned(), GPU0.to_owned())).expect("OTLP process memory");
+    let proc_mem = points
+        .get(&(
+            "lmperf.gpu.process.memory.usage".to_owned(),
+            GPU0.to_owned(),
+        ))
+        .expect("OTLP process memory");
     let (attrs, v) = proc_mem.last().expect("a point");
     assert_eq!(*v, 75161927680.0);
-    assert_eq!(attrs.get("process.pid").map(String::as_str), Some(pid.to_string().as_str()), "{attrs:?}");
-    assert_eq!(attrs.get("process.executable.name").map(String::as_str), Some("sleep"));
+    assert_eq!(
+        attrs.get("process.pid").map(String::as_str),
+        Some(pid.to_string().as_str()),
+        "{attrs:?}"
+    );
+    assert_eq!(
+        attrs.get("process.executable.name").map(String::as_str),
+        Some("sleep")
+    );
     assert_eq!(attrs.get("container.id").cloned(), container_id_of(pid));
     drop(sleeper);
 }
@@ -271,7 +436,10 @@ fn spawn_agent(script: &Script, lib: &std::path::Path, target: &str) -> Agent {
 }
 
 fn events(status: &serde_json::Value, kind: &str) -> Vec<serde_json::Value> {
-    status["gpu"]["events"].as_array().map(|v| v.iter().filter(|e| e["kind"] == kind).cloned().collect()).unwrap_or_default()
+    status["gpu"]["events"]
+        .as_array()
+        .map(|v| v.iter().filter(|e| e["kind"] == kind).cloned().collect())
+        .unwrap_or_default()
 }
 
 /// Acceptance 3, faults through the real path: `NOT_SUPPORTED` on one field of GPU 1 (absent,
@@ -281,7 +449,8 @@ fn events(status: &serde_json::Value, kind: &str) -> Vec<serde_json::Value> {
 #[test]
 fn not_supported_gpu_lost_and_back_and_an_xid() {
     let mut s = fake_nvml::example("two_gpus.json");
-    s["faults"] = json!([{ "call": "nvmlDeviceGetPowerUsage", "device": 1, "error": "NOT_SUPPORTED" }]);
+    s["faults"] =
+        json!([{ "call": "nvmlDeviceGetPowerUsage", "device": 1, "error": "NOT_SUPPORTED" }]);
     s["devices"][1]["lost"] = json!([{ "from": 2.0, "until": 4.0 }]);
     s["devices"][0]["xids"] = json!([{ "at": 1.0, "code": 79 }]);
     let script = Script::write("faults", &s);
@@ -297,15 +466,36 @@ fn not_supported_gpu_lost_and_back_and_an_xid() {
     // The snapshot with the count is published at the end of the tick that logged the event.
     std::thread::sleep(Duration::from_millis(300));
     let (_, m) = agent.get("/metrics");
-    assert_eq!(prom(&m, "lmperf_gpu_xid_errors_total", &[&hw_id(GPU0), "lmperf_gpu_xid=\"79\""]), Some(1.0), "{m}");
+    assert_eq!(
+        prom(
+            &m,
+            "lmperf_gpu_xid_errors_total",
+            &[&hw_id(GPU0), "lmperf_gpu_xid=\"79\""]
+        ),
+        Some(1.0),
+        "{m}"
+    );
 
     // NOT_SUPPORTED: GPU 1 has no power series, GPU 0 has; the field is listed.
-    let st = agent.wait_status(Duration::from_secs(5), |s| s["gpu"]["devices"][1]["unsupported_fields"].as_array().is_some_and(|f| !f.is_empty()));
-    assert_eq!(st["gpu"]["devices"][1]["unsupported_fields"], json!(["gpu.power"]), "{}", st["gpu"]);
+    let st = agent.wait_status(Duration::from_secs(5), |s| {
+        s["gpu"]["devices"][1]["unsupported_fields"]
+            .as_array()
+            .is_some_and(|f| !f.is_empty())
+    });
+    assert_eq!(
+        st["gpu"]["devices"][1]["unsupported_fields"],
+        json!(["gpu.power"]),
+        "{}",
+        st["gpu"]
+    );
     assert_eq!(st["gpu"]["devices"][0]["unsupported_fields"], json!([]));
     assert_eq!(prom(&m, "hw_power_watts", &[&g1]), None, "{m}");
     assert_eq!(prom(&m, "hw_power_watts", &[&hw_id(GPU0)]), Some(512.345));
-    assert_eq!(prom(&m, "lmperf_gpu_power_limit_watts", &[&g1]), Some(700.0), "only the one field is absent");
+    assert_eq!(
+        prom(&m, "lmperf_gpu_power_limit_watts", &[&g1]),
+        Some(700.0),
+        "only the one field is absent"
+    );
 
     // GPU_IS_LOST from t=2 s: the lost event, GPU 1's value series stop, hw.status says failed.
     let st = agent.wait_status(Duration::from_secs(10), |s| !events(s, "lost").is_empty());
@@ -313,29 +503,64 @@ fn not_supported_gpu_lost_and_back_and_an_xid() {
     assert_eq!(lost.len(), 1, "{}", st["gpu"]);
     assert_eq!(lost[0]["hw_id"], GPU1);
     let t0 = script.wait_t0(Duration::from_secs(1));
-    let lost_at = lost[0]["at_unix_s"].as_f64().unwrap() - t0.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
-    assert!((2.0..2.6).contains(&lost_at), "lost seen at t={lost_at:.3} s, scripted at 2 s");
+    let lost_at = lost[0]["at_unix_s"].as_f64().unwrap()
+        - t0.duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+    assert!(
+        (2.0..2.6).contains(&lost_at),
+        "lost seen at t={lost_at:.3} s, scripted at 2 s"
+    );
     assert_eq!(st["gpu"]["devices"][1]["lost"], true);
     let (_, m) = agent.get("/metrics");
-    let values: Vec<&str> = gpu_lines(&m, GPU1).into_iter().filter(|l| !l.starts_with("hw_status_ratio")).collect();
-    assert_eq!(values, Vec::<&str>::new(), "a lost GPU keeps only hw.status");
-    assert_eq!(prom(&m, "hw_status_ratio", &[&g1, "hw_state=\"failed\""]), Some(1.0));
-    assert_eq!(prom(&m, "hw_status_ratio", &[&g1, "hw_state=\"ok\""]), Some(0.0));
+    let values: Vec<&str> = gpu_lines(&m, GPU1)
+        .into_iter()
+        .filter(|l| !l.starts_with("hw_status_ratio"))
+        .collect();
+    assert_eq!(
+        values,
+        Vec::<&str>::new(),
+        "a lost GPU keeps only hw.status"
+    );
+    assert_eq!(
+        prom(&m, "hw_status_ratio", &[&g1, "hw_state=\"failed\""]),
+        Some(1.0)
+    );
+    assert_eq!(
+        prom(&m, "hw_status_ratio", &[&g1, "hw_state=\"ok\""]),
+        Some(0.0)
+    );
     assert_eq!(prom(&m, "lmperf_gpu_lost_total", &[]), Some(1.0));
-    assert_eq!(prom(&m, "hw_gpu_memory_usage_bytes", &[&hw_id(GPU0)]), Some(76235669504.0), "GPU 0 goes on");
+    assert_eq!(
+        prom(&m, "hw_gpu_memory_usage_bytes", &[&hw_id(GPU0)]),
+        Some(76235669504.0),
+        "GPU 0 goes on"
+    );
 
     // Back at t=4 s; rediscovery (every 5 s) finds it, its series resume.
-    let st = agent.wait_status(Duration::from_secs(12), |s| !events(s, "recovered").is_empty() && s["gpu"]["devices"][1]["lost"] == false);
+    let st = agent.wait_status(Duration::from_secs(12), |s| {
+        !events(s, "recovered").is_empty() && s["gpu"]["devices"][1]["lost"] == false
+    });
     let rec = events(&st, "recovered");
     assert_eq!(rec.len(), 1, "{}", st["gpu"]);
     assert_eq!(rec[0]["hw_id"], GPU1);
     std::thread::sleep(Duration::from_millis(300));
     let (_, m) = agent.get("/metrics");
-    assert_eq!(prom(&m, "hw_gpu_memory_usage_bytes", &[&g1]), Some(1073741824.0), "{m}");
-    assert_eq!(prom(&m, "hw_status_ratio", &[&g1, "hw_state=\"ok\""]), Some(1.0));
+    assert_eq!(
+        prom(&m, "hw_gpu_memory_usage_bytes", &[&g1]),
+        Some(1073741824.0),
+        "{m}"
+    );
+    assert_eq!(
+        prom(&m, "hw_status_ratio", &[&g1, "hw_state=\"ok\""]),
+        Some(1.0)
+    );
     assert_eq!(prom(&m, "hw_power_watts", &[&g1]), None);
     let err = agent.stderr_text();
-    let warned = err.lines().filter(|l| l.contains("GPU field not supported") && l.contains("gpu.power")).count();
+    let warned = err
+        .lines()
+        .filter(|l| l.contains("GPU field not supported") && l.contains("gpu.power"))
+        .count();
     assert_eq!(warned, 1, "warned once across the rediscovery:\n{err}");
     assert_eq!(err.matches("GPU is lost (GPU_IS_LOST)").count(), 1, "{err}");
     assert!(!err.contains("panicked"), "{err}");
@@ -356,17 +581,29 @@ fn a_hung_nvml_call_delays_gpu_samples_never_canaries() {
             std::thread::sleep(wait);
         }
         let st = agent.status();
-        (st["gpu"]["samples"].as_u64().unwrap_or(0), st["targets"][0]["requests"].as_u64().unwrap_or(0))
+        (
+            st["gpu"]["samples"].as_u64().unwrap_or(0),
+            st["targets"][0]["requests"].as_u64().unwrap_or(0),
+        )
     };
     let (s_before, r_before) = at(3.5);
     let (s_after, r_after) = at(7.5);
     let (s_end, _) = at(9.0);
     // The sampler is stuck in the call: at most the tick already under way is published.
-    assert!(s_after <= s_before + 1, "GPU samples went on during the hung call: {s_before} → {s_after}");
-    assert!(s_end > s_after + 3, "GPU samples resume after it: {s_after} → {s_end}");
+    assert!(
+        s_after <= s_before + 1,
+        "GPU samples went on during the hung call: {s_before} → {s_after}"
+    );
+    assert!(
+        s_end > s_after + 3,
+        "GPU samples resume after it: {s_after} → {s_end}"
+    );
     // 4 s at one canary per 200 ms: 20 scheduled.
     let sent = r_after - r_before;
-    assert!((16..=24).contains(&sent), "{sent} canaries in the 4 s of the hung call, 20 scheduled");
+    assert!(
+        (16..=24).contains(&sent),
+        "{sent} canaries in the 4 s of the hung call, 20 scheduled"
+    );
     assert!(agent.stderr_text().lines().all(|l| !l.contains("panicked")));
 }
 
@@ -381,26 +618,68 @@ fn missing_symbols_fall_back_or_say_why() {
     let mut s = fake_nvml::example("two_gpus.json");
     s["devices"][0]["throttle_reasons"] = json!(0x20);
     let script = Script::write("missing", &s);
-    let lib = fake_nvml::library(&["nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetCurrentClocksThrottleReasons", "nvmlDeviceGetTotalEnergyConsumption", "nvmlEventSetFree"]);
+    let lib = fake_nvml::library(&[
+        "nvmlDeviceGetMemoryInfo_v2",
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlEventSetFree",
+    ]);
     let agent = spawn_agent(&script, &lib, &refused_target());
-    let st = agent.wait_status(Duration::from_secs(10), |s| s["gpu"]["samples"].as_u64().unwrap_or(0) >= 5);
+    let st = agent.wait_status(Duration::from_secs(10), |s| {
+        s["gpu"]["samples"].as_u64().unwrap_or(0) >= 5
+    });
     assert_eq!(st["gpu"]["mode"], "on", "{}", st["gpu"]);
     for d in st["gpu"]["devices"].as_array().unwrap() {
         assert_eq!(d["unsupported_fields"], json!(["gpu.energy"]), "{d}");
     }
     let (_, m) = agent.get("/metrics");
-    assert_eq!(prom(&m, "hw_gpu_memory_usage_bytes", &[&hw_id(GPU0)]), Some(76235669504.0), "v1 fallback:\n{m}");
-    assert_eq!(prom(&m, "hw_gpu_memory_limit_bytes", &[&hw_id(GPU1)]), Some(150754820096.0));
+    assert_eq!(
+        prom(&m, "hw_gpu_memory_usage_bytes", &[&hw_id(GPU0)]),
+        Some(76235669504.0),
+        "v1 fallback:\n{m}"
+    );
+    assert_eq!(
+        prom(&m, "hw_gpu_memory_limit_bytes", &[&hw_id(GPU1)]),
+        Some(150754820096.0)
+    );
     assert_eq!(prom(&m, "hw_energy_joules_total", &[]), None);
     // Throttle reasons from nvmlDeviceGetCurrentClocksEventReasons, the successor's name.
-    assert_eq!(prom(&m, "lmperf_gpu_throttle_ratio", &[&hw_id(GPU0), "lmperf_gpu_throttle_reason=\"sw_thermal\""]), Some(1.0), "{m}");
-    assert_eq!(prom(&m, "lmperf_gpu_throttle_ratio", &[&hw_id(GPU1), "lmperf_gpu_throttle_reason=\"sw_thermal\""]), Some(0.0));
+    assert_eq!(
+        prom(
+            &m,
+            "lmperf_gpu_throttle_ratio",
+            &[&hw_id(GPU0), "lmperf_gpu_throttle_reason=\"sw_thermal\""]
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        prom(
+            &m,
+            "lmperf_gpu_throttle_ratio",
+            &[&hw_id(GPU1), "lmperf_gpu_throttle_reason=\"sw_thermal\""]
+        ),
+        Some(0.0)
+    );
     assert_eq!(prom(&m, "hw_power_watts", &[&hw_id(GPU0)]), Some(512.345));
     let err = agent.stderr_text();
-    let energy: Vec<&str> = err.lines().filter(|l| l.contains("function=nvmlDeviceGetTotalEnergyConsumption")).collect();
+    let energy: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("function=nvmlDeviceGetTotalEnergyConsumption"))
+        .collect();
     assert_eq!(energy.len(), 2, "once per GPU, naming the function:\n{err}");
-    assert!(energy.iter().all(|l| l.contains("gpu.energy") && l.contains("driver too old")), "{energy:?}");
-    assert_eq!(err.matches("no nvmlEventSetFree; XID events are not counted").count(), 1, "{err}");
+    assert!(
+        energy
+            .iter()
+            .all(|l| l.contains("gpu.energy") && l.contains("driver too old")),
+        "{energy:?}"
+    );
+    assert_eq!(
+        err.matches("no nvmlEventSetFree; XID events are not counted")
+            .count(),
+        1,
+        "{err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
     drop(agent);
 
@@ -409,9 +688,17 @@ fn missing_symbols_fall_back_or_say_why() {
     let st = agent.wait_status(Duration::from_secs(10), |s| s["gpu"]["mode"] == "off");
     assert_eq!(st["gpu"]["mode"], "off", "{}", st["gpu"]);
     let reason = st["gpu"]["reason"].as_str().unwrap_or_default();
-    assert!(reason.contains("no nvmlShutdown") && reason.contains(lib.to_str().unwrap()), "{reason}");
-    let st = agent.wait_status(Duration::from_secs(5), |s| s["targets"][0]["requests"].as_u64().unwrap_or(0) >= 3);
-    assert!(st["targets"][0]["requests"].as_u64().unwrap_or(0) >= 3, "canaries go on: {st}");
+    assert!(
+        reason.contains("no nvmlShutdown") && reason.contains(lib.to_str().unwrap()),
+        "{reason}"
+    );
+    let st = agent.wait_status(Duration::from_secs(5), |s| {
+        s["targets"][0]["requests"].as_u64().unwrap_or(0) >= 3
+    });
+    assert!(
+        st["targets"][0]["requests"].as_u64().unwrap_or(0) >= 3,
+        "canaries go on: {st}"
+    );
     assert!(!agent.stderr_text().contains("panicked"));
 }
 
@@ -430,8 +717,15 @@ fn lmperf_run_peak_vram_and_the_vram_gate_through_the_library() {
         { "uuid": GPU0, "memory_used_bytes": gib(71) },
         { "uuid": GPU1, "memory_used_bytes": { "file": level.display().to_string(), "default": gib(71) } }
     ]);
-    let script = Script::write("run", &json!({ "defaults": { "memory_total_bytes": gib(141) }, "devices": devices }));
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let script = Script::write(
+        "run",
+        &json!({ "defaults": { "memory_total_bytes": gib(141) }, "devices": devices }),
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let file = level.clone();
     let server = rt.block_on(ScriptedServer::start(Arc::new(move |req, _| {
@@ -441,15 +735,54 @@ fn lmperf_run_peak_vram_and_the_vram_gate_through_the_library() {
         if served.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 10 {
             std::fs::write(&file, (133u64 << 30).to_string()).expect("write the GPU 1 level");
         }
-        let tok = |t: u64, fin: &str| Frame { at: Duration::from_millis(t), bytes: format!("data: {{\"choices\":[{{\"text\":\"a\",\"finish_reason\":{fin}}}]}}\n\n").into_bytes() };
-        Reply::sse(vec![tok(20, "null"), tok(60, "null"), tok(100, "\"length\""), Frame { at: Duration::from_millis(100), bytes: b"data: [DONE]\n\n".to_vec() }])
+        let tok = |t: u64, fin: &str| Frame {
+            at: Duration::from_millis(t),
+            bytes: format!(
+                "data: {{\"choices\":[{{\"text\":\"a\",\"finish_reason\":{fin}}}]}}\n\n"
+            )
+            .into_bytes(),
+        };
+        Reply::sse(vec![
+            tok(20, "null"),
+            tok(60, "null"),
+            tok(100, "\"length\""),
+            Frame {
+                at: Duration::from_millis(100),
+                bytes: b"data: [DONE]\n\n".to_vec(),
+            },
+        ])
     })));
     let out_dir = dir.join("out");
     let lib = fake_nvml::library(&[]);
     let t = Instant::now();
     let out = Command::new(lmperf_bin())
-        .args(["run", "--target", &server.url(), "--model", "m", "--api", "completions", "--batch-sizes", "1", "2", "--seq-lengths", "8", "--num-prompts", "10", "--output-len", "3"])
-        .args(["--no-ignore-eos", "--fail-on", "vram_pct>92", "--nvml-library", lib.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap()])
+        .args([
+            "run",
+            "--target",
+            &server.url(),
+            "--model",
+            "m",
+            "--api",
+            "completions",
+            "--batch-sizes",
+            "1",
+            "2",
+            "--seq-lengths",
+            "8",
+            "--num-prompts",
+            "10",
+            "--output-len",
+            "3",
+        ])
+        .args([
+            "--no-ignore-eos",
+            "--fail-on",
+            "vram_pct>92",
+            "--nvml-library",
+            lib.to_str().unwrap(),
+            "--output-dir",
+            out_dir.to_str().unwrap(),
+        ])
         .envs(script.env())
         .stdin(Stdio::null())
         .output()
@@ -457,18 +790,39 @@ fn lmperf_run_peak_vram_and_the_vram_gate_through_the_library() {
     drop(server);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(t.elapsed() < Duration::from_secs(60));
-    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap_or_else(|e| panic!("{e}\n{stderr}"))).unwrap();
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out_dir.join("summary.json"))
+            .unwrap_or_else(|e| panic!("{e}\n{stderr}")),
+    )
+    .unwrap();
     assert_eq!(summary["gpu"]["mode"], "on", "{}\n{stderr}", summary["gpu"]);
-    assert_ne!(out.status.code(), Some(0), "the gate fails the run:\n{stderr}");
+    assert_ne!(
+        out.status.code(),
+        Some(0),
+        "the gate fails the run:\n{stderr}"
+    );
     assert_eq!(summary["failed_gates"], json!(["vram_pct>92"]));
-    let (b1, b2) = (&summary["benchmarks"][0]["vram"], &summary["benchmarks"][1]["vram"]);
+    let (b1, b2) = (
+        &summary["benchmarks"][0]["vram"],
+        &summary["benchmarks"][1]["vram"],
+    );
     assert_eq!(b1["peak_used_bytes"].as_u64(), Some(gib(71) * 2), "{b1}");
     assert_eq!(b1["total_bytes"].as_u64(), Some(gib(141) * 2));
     let pct1 = b1["peak_used_pct"].as_f64().unwrap();
-    assert!((pct1 - 71.0 / 141.0 * 100.0).abs() < 1e-6 && pct1 <= 92.0, "{b1}");
-    assert_eq!(b2["peak_used_bytes"].as_u64(), Some(gib(71) + gib(133)), "{b2}");
+    assert!(
+        (pct1 - 71.0 / 141.0 * 100.0).abs() < 1e-6 && pct1 <= 92.0,
+        "{b1}"
+    );
+    assert_eq!(
+        b2["peak_used_bytes"].as_u64(),
+        Some(gib(71) + gib(133)),
+        "{b2}"
+    );
     let pct2 = b2["peak_used_pct"].as_f64().unwrap();
-    assert!((pct2 - 133.0 / 141.0 * 100.0).abs() < 1e-6 && pct2 > 92.0, "{b2}");
+    assert!(
+        (pct2 - 133.0 / 141.0 * 100.0).abs() < 1e-6 && pct2 > 92.0,
+        "{b2}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -485,24 +839,84 @@ fn unknown_and_timeout_for_a_while_then_values_again() {
     let script = Script::write("window", &s);
     let agent = spawn_agent(&script, &fake_nvml::library(&[]), &refused_target());
     let t0 = script.wait_t0(Duration::from_secs(5));
-    let st = agent.wait_status(Duration::from_secs(5), |s| s["gpu"]["samples"].as_u64().unwrap_or(0) >= 3);
-    assert!(fake_nvml::since(t0, std::time::SystemTime::now()) < 1.8, "the check below must run inside the window");
+    let st = agent.wait_status(Duration::from_secs(5), |s| {
+        s["gpu"]["samples"].as_u64().unwrap_or(0) >= 3
+    });
+    assert!(
+        fake_nvml::since(t0, std::time::SystemTime::now()) < 1.8,
+        "the check below must run inside the window"
+    );
     let (_, m) = agent.get("/metrics");
-    assert_eq!(prom(&m, "hw_temperature_celsius", &[&format!("hw_parent=\"{GPU0}\"")]), None, "{m}");
-    assert_eq!(prom(&m, "hw_temperature_celsius", &[&format!("hw_parent=\"{GPU1}\"")]), Some(38.0));
+    assert_eq!(
+        prom(
+            &m,
+            "hw_temperature_celsius",
+            &[&format!("hw_parent=\"{GPU0}\"")]
+        ),
+        None,
+        "{m}"
+    );
+    assert_eq!(
+        prom(
+            &m,
+            "hw_temperature_celsius",
+            &[&format!("hw_parent=\"{GPU1}\"")]
+        ),
+        Some(38.0)
+    );
     assert_eq!(prom(&m, "lmperf_gpu_clock_frequency_hertz", &[]), None);
-    assert_eq!(st["gpu"]["devices"][0]["unsupported_fields"], json!([]), "a failing call is not \"unsupported\"");
-    let st = agent.wait_status(Duration::from_secs(5), |_| fake_nvml::since(t0, std::time::SystemTime::now()) > 2.5);
+    assert_eq!(
+        st["gpu"]["devices"][0]["unsupported_fields"],
+        json!([]),
+        "a failing call is not \"unsupported\""
+    );
+    let st = agent.wait_status(Duration::from_secs(5), |_| {
+        fake_nvml::since(t0, std::time::SystemTime::now()) > 2.5
+    });
     assert_eq!(st["gpu"]["mode"], "on");
     let (_, m) = agent.get("/metrics");
-    assert_eq!(prom(&m, "hw_temperature_celsius", &[&format!("hw_parent=\"{GPU0}\"")]), Some(64.0), "{m}");
-    assert_eq!(prom(&m, "lmperf_gpu_clock_frequency_hertz", &[&hw_id(GPU1), "lmperf_gpu_clock=\"sm\""]), Some(1410e6));
+    assert_eq!(
+        prom(
+            &m,
+            "hw_temperature_celsius",
+            &[&format!("hw_parent=\"{GPU0}\"")]
+        ),
+        Some(64.0),
+        "{m}"
+    );
+    assert_eq!(
+        prom(
+            &m,
+            "lmperf_gpu_clock_frequency_hertz",
+            &[&hw_id(GPU1), "lmperf_gpu_clock=\"sm\""]
+        ),
+        Some(1410e6)
+    );
     let err = agent.stderr_text();
-    let failed: Vec<&str> = err.lines().filter(|l| l.contains("Reading a GPU field failed")).collect();
+    let failed: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("Reading a GPU field failed"))
+        .collect();
     // Temperature of GPU 0 once; the SM clock once per GPU.
-    assert_eq!(failed.iter().filter(|l| l.contains("gpu.temperature")).count(), 1, "{err}");
-    assert_eq!(failed.iter().filter(|l| l.contains("gpu.clock.sm")).count(), 2, "{err}");
-    assert!(failed.iter().any(|l| l.contains("Timeout") || l.contains("timed out") || l.contains("timeout")), "{failed:?}");
+    assert_eq!(
+        failed
+            .iter()
+            .filter(|l| l.contains("gpu.temperature"))
+            .count(),
+        1,
+        "{err}"
+    );
+    assert_eq!(
+        failed.iter().filter(|l| l.contains("gpu.clock.sm")).count(),
+        2,
+        "{err}"
+    );
+    assert!(
+        failed
+            .iter()
+            .any(|l| l.contains("Timeout") || l.contains("timed out") || l.contains("timeout")),
+        "{failed:?}"
+    );
 }
 
 /// The driver through the real path: `nvmlInit` answers `DRIVER_NOT_LOADED` until t=1 s (the
@@ -519,27 +933,67 @@ fn driver_not_loaded_at_start_then_gone_and_back() {
     let script = Script::write("driver", &s);
     let agent = spawn_agent(&script, &fake_nvml::library(&[]), &refused_target());
     let t0 = script.wait_t0(Duration::from_secs(5));
-    let st = agent.wait_status(Duration::from_secs(3), |s| s["gpu"]["mode"] == "discovering");
+    let st = agent.wait_status(Duration::from_secs(3), |s| {
+        s["gpu"]["mode"] == "discovering"
+    });
     assert_eq!(st["gpu"]["mode"], "discovering", "{}", st["gpu"]);
-    assert!(st["gpu"]["reason"].as_str().unwrap_or_default().contains("not loaded"), "{}", st["gpu"]);
+    assert!(
+        st["gpu"]["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not loaded"),
+        "{}",
+        st["gpu"]
+    );
     let st = agent.wait_status(Duration::from_secs(8), |s| s["gpu"]["mode"] == "on");
-    assert_eq!(st["gpu"]["devices"].as_array().map(Vec::len), Some(2), "{}", st["gpu"]);
+    assert_eq!(
+        st["gpu"]["devices"].as_array().map(Vec::len),
+        Some(2),
+        "{}",
+        st["gpu"]
+    );
     let on_at = fake_nvml::since(t0, std::time::SystemTime::now());
-    assert!((4.5..6.5).contains(&on_at), "found at t={on_at:.2} s: the 5 s retry");
-    let st = agent.wait_status(Duration::from_secs(5), |s| !events(s, "driver_unavailable").is_empty());
+    assert!(
+        (4.5..6.5).contains(&on_at),
+        "found at t={on_at:.2} s: the 5 s retry"
+    );
+    let st = agent.wait_status(Duration::from_secs(5), |s| {
+        !events(s, "driver_unavailable").is_empty()
+    });
     assert_eq!(st["gpu"]["mode"], "discovering", "{}", st["gpu"]);
-    assert!(st["gpu"]["reason"].as_str().unwrap_or_default().contains("UNINITIALIZED"), "{}", st["gpu"]);
-    assert!(st["gpu"]["devices"].as_array().unwrap().iter().all(|d| d["lost"] == true));
+    assert!(
+        st["gpu"]["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("UNINITIALIZED"),
+        "{}",
+        st["gpu"]
+    );
+    assert!(
+        st["gpu"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|d| d["lost"] == true)
+    );
     let (_, m) = agent.get("/metrics");
     assert_eq!(prom(&m, "lmperf_gpu_lost_total", &[]), Some(2.0));
-    assert_eq!(prom(&m, "hw_gpu_utilization_ratio", &[]), None, "no values while the driver is gone");
+    assert_eq!(
+        prom(&m, "hw_gpu_utilization_ratio", &[]),
+        None,
+        "no values while the driver is gone"
+    );
     let st = agent.wait_status(Duration::from_secs(8), |s| s["gpu"]["mode"] == "on");
     assert_eq!(events(&st, "recovered").len(), 2, "{}", st["gpu"]);
     let back_at = fake_nvml::since(t0, std::time::SystemTime::now());
     assert!((9.0..14.0).contains(&back_at), "back at t={back_at:.2} s");
     std::thread::sleep(Duration::from_millis(300));
     let (_, m) = agent.get("/metrics");
-    assert_eq!(prom(&m, "hw_gpu_utilization_ratio", &[&hw_id(GPU1)]), Some(0.12), "{m}");
+    assert_eq!(
+        prom(&m, "hw_gpu_utilization_ratio", &[&hw_id(GPU1)]),
+        Some(0.12),
+        "{m}"
+    );
     assert!(!agent.stderr_text().contains("panicked"));
 }
 
@@ -551,13 +1005,16 @@ fn driver_not_loaded_at_start_then_gone_and_back() {
 #[test]
 fn xid_79_as_the_gpu_falls_off_the_bus_next_to_a_gpu_without_xid_events() {
     let mut s = fake_nvml::example("two_gpus.json");
-    s["faults"] = json!([{ "call": "nvmlDeviceRegisterEvents", "device": 1, "error": "NOT_SUPPORTED" }]);
+    s["faults"] =
+        json!([{ "call": "nvmlDeviceRegisterEvents", "device": 1, "error": "NOT_SUPPORTED" }]);
     s["devices"][0]["xids"] = json!([{ "at": 1.0, "code": 79 }]);
     s["devices"][0]["lost"] = json!([{ "from": 1.0, "until": 100.0 }]);
     s["devices"][1]["xids"] = json!([{ "at": 1.0, "code": 48 }]);
     let script = Script::write("xid79", &s);
     let agent = spawn_agent(&script, &fake_nvml::library(&[]), &refused_target());
-    let st = agent.wait_status(Duration::from_secs(8), |s| !events(s, "xid").is_empty() && !events(s, "lost").is_empty());
+    let st = agent.wait_status(Duration::from_secs(8), |s| {
+        !events(s, "xid").is_empty() && !events(s, "lost").is_empty()
+    });
     let xid = events(&st, "xid");
     assert_eq!(xid.len(), 1, "{}", st["gpu"]);
     assert_eq!(xid[0]["hw_id"], GPU0, "{}", st["gpu"]);
@@ -565,9 +1022,28 @@ fn xid_79_as_the_gpu_falls_off_the_bus_next_to_a_gpu_without_xid_events() {
     assert_eq!(events(&st, "lost")[0]["hw_id"], GPU0);
     std::thread::sleep(Duration::from_millis(300));
     let (_, m) = agent.get("/metrics");
-    assert_eq!(prom(&m, "lmperf_gpu_xid_errors_total", &[&hw_id(GPU0), "lmperf_gpu_xid=\"79\""]), Some(1.0), "{m}");
-    assert_eq!(prom(&m, "lmperf_gpu_xid_errors_total", &["lmperf_gpu_xid=\"48\""]), None, "GPU 1 is not registered");
-    assert_eq!(prom(&m, "lmperf_gpu_xid_errors_total", &["hw_id=\"\""]), None);
+    assert_eq!(
+        prom(
+            &m,
+            "lmperf_gpu_xid_errors_total",
+            &[&hw_id(GPU0), "lmperf_gpu_xid=\"79\""]
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        prom(
+            &m,
+            "lmperf_gpu_xid_errors_total",
+            &["lmperf_gpu_xid=\"48\""]
+        ),
+        None,
+        "GPU 1 is not registered"
+    );
+    assert_eq!(
+        prom(&m, "lmperf_gpu_xid_errors_total", &["hw_id=\"\""]),
+        None
+    );
 }
 
 /// Per-process utilization as NVML buffers it: one sample per 500 ms, while the agent samples
@@ -581,12 +1057,18 @@ fn process_utilization_between_nvml_samples_does_not_flicker() {
     s["devices"][0]["process_sample_period_s"] = json!(0.5);
     let script = Script::write("period", &s);
     let agent = spawn_agent(&script, &fake_nvml::library(&[]), &refused_target());
-    agent.wait_status(Duration::from_secs(5), |s| s["gpu"]["samples"].as_u64().unwrap_or(0) >= 10);
+    agent.wait_status(Duration::from_secs(5), |s| {
+        s["gpu"]["samples"].as_u64().unwrap_or(0) >= 10
+    });
     let pid = format!("process_pid=\"{}\"", sleeper.pid());
     let mut seen = Vec::new();
     for _ in 0..20 {
         let (_, m) = agent.get("/metrics");
-        seen.push(prom(&m, "lmperf_gpu_process_utilization_ratio", &[&hw_id(GPU0), &pid]));
+        seen.push(prom(
+            &m,
+            "lmperf_gpu_process_utilization_ratio",
+            &[&hw_id(GPU0), &pid],
+        ));
         std::thread::sleep(Duration::from_millis(70));
     }
     assert!(seen.iter().all(|v| *v == Some(0.83)), "{seen:?}");
@@ -598,30 +1080,77 @@ fn process_utilization_between_nvml_samples_does_not_flicker() {
 #[test]
 fn every_example_script_loads_and_lists_its_gpus() {
     let dir = lmperf_e2e::agent::workspace_root().join("tests/support/fake_nvml/examples");
-    let mut names: Vec<String> = std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| n.ends_with(".json")).collect();
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".json"))
+        .collect();
     names.sort();
-    assert_eq!(names, ["throttle.json", "two_gpus.json", "vram_full.json", "xid.json"]);
+    assert_eq!(
+        names,
+        [
+            "throttle.json",
+            "two_gpus.json",
+            "vram_full.json",
+            "xid.json"
+        ]
+    );
     for name in &names {
         let s = fake_nvml::example(name);
         let script = Script::write(&format!("example-{}", name.trim_end_matches(".json")), &s);
         let agent = spawn_agent(&script, &fake_nvml::library(&[]), &refused_target());
-        let st = agent.wait_status(Duration::from_secs(5), |s| s["gpu"]["samples"].as_u64().unwrap_or(0) >= 3);
+        let st = agent.wait_status(Duration::from_secs(5), |s| {
+            s["gpu"]["samples"].as_u64().unwrap_or(0) >= 3
+        });
         assert_eq!(st["gpu"]["mode"], "on", "{name}: {}", st["gpu"]);
-        let want: Vec<&str> = s["devices"].as_array().unwrap().iter().map(|d| d["uuid"].as_str().unwrap()).collect();
-        let got: Vec<&str> = st["gpu"]["devices"].as_array().unwrap().iter().map(|d| d["hw_id"].as_str().unwrap()).collect();
+        let want: Vec<&str> = s["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["uuid"].as_str().unwrap())
+            .collect();
+        let got: Vec<&str> = st["gpu"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["hw_id"].as_str().unwrap())
+            .collect();
         assert_eq!(got, want, "{name}");
         let err = agent.stderr_text();
-        assert!(!err.contains("fake-nvml:"), "{name}: the library complained:\n{err}");
+        assert!(
+            !err.contains("fake-nvml:"),
+            "{name}: the library complained:\n{err}"
+        );
         let (_, m) = agent.get("/metrics");
         let g0 = hw_id(want[0]);
         match name.as_str() {
             // Before t=20 s: full clock, no thermal reason.
             "throttle.json" => {
-                assert_eq!(prom(&m, "lmperf_gpu_clock_frequency_hertz", &[&g0, "lmperf_gpu_clock=\"sm\""]), Some(1980e6), "{m}");
-                assert_eq!(prom(&m, "lmperf_gpu_throttle_ratio", &[&g0, "lmperf_gpu_throttle_reason=\"sw_thermal\""]), Some(0.0));
+                assert_eq!(
+                    prom(
+                        &m,
+                        "lmperf_gpu_clock_frequency_hertz",
+                        &[&g0, "lmperf_gpu_clock=\"sm\""]
+                    ),
+                    Some(1980e6),
+                    "{m}"
+                );
+                assert_eq!(
+                    prom(
+                        &m,
+                        "lmperf_gpu_throttle_ratio",
+                        &[&g0, "lmperf_gpu_throttle_reason=\"sw_thermal\""]
+                    ),
+                    Some(0.0)
+                );
             }
             // Before t=10 s: 60 %.
-            "vram_full.json" => assert_eq!(prom(&m, "hw_gpu_memory_utilization_ratio", &[&g0]).map(|v| (v * 1e6).round() / 1e6), Some(0.6), "{m}"),
+            "vram_full.json" => assert_eq!(
+                prom(&m, "hw_gpu_memory_utilization_ratio", &[&g0])
+                    .map(|v| (v * 1e6).round() / 1e6),
+                Some(0.6),
+                "{m}"
+            ),
             // Before t=30 s: no XID yet, nothing lost.
             "xid.json" => {
                 assert_eq!(prom(&m, "lmperf_gpu_xid_errors_total", &[]), None);
