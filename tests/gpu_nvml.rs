@@ -29,6 +29,15 @@ fn prom(text: &str, metric: &str, labels: &[&str]) -> Option<f64> {
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
+/// `hw.temperature` of the GPU `uuid` (its sensor's `hw.parent`).
+fn temperature(metrics: &str, uuid: &str) -> Option<f64> {
+    prom(
+        metrics,
+        "hw_temperature_celsius",
+        &[&format!("hw_parent=\"{uuid}\"")],
+    )
+}
+
 fn hw_id(uuid: &str) -> String {
     format!("hw_id=\"{uuid}\"")
 }
@@ -198,48 +207,19 @@ async fn two_scripted_gpus_every_series_with_the_scripted_values() {
     let g0 = hw_id(GPU0);
     let g1 = hw_id(GPU1);
     // (series, extra label, GPU 0 value, GPU 1 value), in exported units.
+    #[rustfmt::skip]
     let expect: &[(&str, &str, f64, f64)] = &[
-        (
-            "hw_gpu_utilization_ratio",
-            "hw_gpu_task=\"general\"",
-            0.87,
-            0.12,
-        ),
+        ("hw_gpu_utilization_ratio", "hw_gpu_task=\"general\"", 0.87, 0.12),
         ("lmperf_gpu_memory_copy_utilization_ratio", "", 0.41, 0.05),
         ("hw_gpu_memory_usage_bytes", "", 76235669504.0, 1073741824.0),
-        (
-            "hw_gpu_memory_limit_bytes",
-            "",
-            150754820096.0,
-            150754820096.0,
-        ),
-        (
-            "hw_gpu_memory_utilization_ratio",
-            "",
-            76235669504.0 / 150754820096.0,
-            1073741824.0 / 150754820096.0,
-        ),
+        ("hw_gpu_memory_limit_bytes", "", 150754820096.0, 150754820096.0),
+        ("hw_gpu_memory_utilization_ratio", "", 76235669504.0 / 150754820096.0, 1073741824.0 / 150754820096.0),
         ("hw_power_watts", "", 512.345, 98.765),
         ("lmperf_gpu_power_limit_watts", "", 700.0, 700.0),
         ("hw_energy_joules_total", "", 123456.789, 98765.432),
-        (
-            "lmperf_gpu_clock_frequency_hertz",
-            "lmperf_gpu_clock=\"sm\"",
-            1980e6,
-            1410e6,
-        ),
-        (
-            "lmperf_gpu_clock_frequency_hertz",
-            "lmperf_gpu_clock=\"memory\"",
-            3201e6,
-            3201e6,
-        ),
-        (
-            "lmperf_gpu_throttle_ratio",
-            "lmperf_gpu_throttle_reason=\"sw_thermal\"",
-            0.0,
-            0.0,
-        ),
+        ("lmperf_gpu_clock_frequency_hertz", "lmperf_gpu_clock=\"sm\"", 1980e6, 1410e6),
+        ("lmperf_gpu_clock_frequency_hertz", "lmperf_gpu_clock=\"memory\"", 3201e6, 3201e6),
+        ("lmperf_gpu_throttle_ratio", "lmperf_gpu_throttle_reason=\"sw_thermal\"", 0.0, 0.0),
         ("lmperf_gpu_pcie_replays_total", "", 3.0, 0.0),
         ("hw_errors_total", "error_type=\"corrected\"", 7.0, 0.0),
         ("hw_errors_total", "error_type=\"uncorrected\"", 1.0, 0.0),
@@ -277,22 +257,8 @@ async fn two_scripted_gpus_every_series_with_the_scripted_values() {
             assert!(l.contains(lab), "{l} lacks {lab}");
         }
     }
-    assert_eq!(
-        prom(
-            &m,
-            "hw_temperature_celsius",
-            &[&format!("hw_parent=\"{GPU0}\"")]
-        ),
-        Some(64.0)
-    );
-    assert_eq!(
-        prom(
-            &m,
-            "hw_temperature_celsius",
-            &[&format!("hw_parent=\"{GPU1}\"")]
-        ),
-        Some(38.0)
-    );
+    assert_eq!(temperature(&m, GPU0), Some(64.0));
+    assert_eq!(temperature(&m, GPU1), Some(38.0));
     // PCIe: KB/s × 1024 × the interval, summed per sample, exported as whole bytes.
     for (id, tx, rx) in [(&g0, 1024.0, 2048.0), (&g1, 10.0, 20.0)] {
         for (dir, kb) in [("transmit", tx), ("receive", rx)] {
@@ -343,6 +309,7 @@ async fn two_scripted_gpus_every_series_with_the_scripted_values() {
             .map(|(_, v)| *v)
     };
     type Expect<'a> = (&'a str, Option<(&'a str, &'a str)>, f64, f64);
+    #[rustfmt::skip]
     let otlp_expect: &[Expect] = &[
         ("hw.gpu.utilization", None, 0.87, 0.12),
         ("lmperf.gpu.memory_copy.utilization", None, 0.41, 0.05),
@@ -351,27 +318,12 @@ async fn two_scripted_gpus_every_series_with_the_scripted_values() {
         ("hw.power", None, 512.345, 98.765),
         ("lmperf.gpu.power.limit", None, 700.0, 700.0),
         ("hw.energy", None, 123456.789, 98765.432),
-        (
-            "lmperf.gpu.clock.frequency",
-            Some(("lmperf.gpu.clock", "sm")),
-            1980e6,
-            1410e6,
-        ),
+        ("lmperf.gpu.clock.frequency", Some(("lmperf.gpu.clock", "sm")), 1980e6, 1410e6),
         ("lmperf.gpu.pcie.replays", None, 3.0, 0.0),
         ("hw.errors", Some(("error.type", "corrected")), 7.0, 0.0),
         ("hw.status", Some(("hw.state", "ok")), 1.0, 1.0),
-        (
-            "hw.gpu.memory.utilization",
-            None,
-            76235669504.0 / 150754820096.0,
-            1073741824.0 / 150754820096.0,
-        ),
-        (
-            "lmperf.gpu.throttle",
-            Some(("lmperf.gpu.throttle.reason", "hw_thermal")),
-            0.0,
-            0.0,
-        ),
+        ("hw.gpu.memory.utilization", None, 76235669504.0 / 150754820096.0, 1073741824.0 / 150754820096.0),
+        ("lmperf.gpu.throttle", Some(("lmperf.gpu.throttle.reason", "hw_thermal")), 0.0, 0.0),
     ];
     let names: Vec<&(String, String)> = points.keys().collect();
     for (name, extra, v0, v1) in otlp_expect {
@@ -442,6 +394,24 @@ fn events(status: &serde_json::Value, kind: &str) -> Vec<serde_json::Value> {
         .unwrap_or_default()
 }
 
+/// `st` holds one XID event, 79 on GPU 0, and `/metrics` counts it once; returns `/metrics`.
+fn assert_one_xid_79_on_gpu0(agent: &Agent, st: &serde_json::Value) -> String {
+    let xid = events(st, "xid");
+    assert_eq!(xid.len(), 1, "{}", st["gpu"]);
+    assert_eq!(xid[0]["hw_id"], GPU0, "{}", st["gpu"]);
+    assert_eq!(xid[0]["detail"], "XID 79");
+    // The snapshot with the count is published at the end of the tick that logged the event.
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, m) = agent.get("/metrics");
+    let counted = prom(
+        &m,
+        "lmperf_gpu_xid_errors_total",
+        &[&hw_id(GPU0), "lmperf_gpu_xid=\"79\""],
+    );
+    assert_eq!(counted, Some(1.0), "{m}");
+    m
+}
+
 /// Acceptance 3, faults through the real path: `NOT_SUPPORTED` on one field of GPU 1 (absent,
 /// listed, warned once even across rediscoveries), GPU 1 answering `GPU_IS_LOST` from t=2 s to
 /// t=4 s (a `lost` event, its series stop, `hw.status` failed, then rediscovery finds it and
@@ -459,22 +429,7 @@ fn not_supported_gpu_lost_and_back_and_an_xid() {
 
     // XID 79 at t=1 s: the counter and the event.
     let st = agent.wait_status(Duration::from_secs(10), |s| !events(s, "xid").is_empty());
-    let xid = events(&st, "xid");
-    assert_eq!(xid.len(), 1, "{}", st["gpu"]);
-    assert_eq!(xid[0]["hw_id"], GPU0);
-    assert_eq!(xid[0]["detail"], "XID 79");
-    // The snapshot with the count is published at the end of the tick that logged the event.
-    std::thread::sleep(Duration::from_millis(300));
-    let (_, m) = agent.get("/metrics");
-    assert_eq!(
-        prom(
-            &m,
-            "lmperf_gpu_xid_errors_total",
-            &[&hw_id(GPU0), "lmperf_gpu_xid=\"79\""]
-        ),
-        Some(1.0),
-        "{m}"
-    );
+    let m = assert_one_xid_79_on_gpu0(&agent, &st);
 
     // NOT_SUPPORTED: GPU 1 has no power series, GPU 0 has; the field is listed.
     let st = agent.wait_status(Duration::from_secs(5), |s| {
@@ -847,23 +802,8 @@ fn unknown_and_timeout_for_a_while_then_values_again() {
         "the check below must run inside the window"
     );
     let (_, m) = agent.get("/metrics");
-    assert_eq!(
-        prom(
-            &m,
-            "hw_temperature_celsius",
-            &[&format!("hw_parent=\"{GPU0}\"")]
-        ),
-        None,
-        "{m}"
-    );
-    assert_eq!(
-        prom(
-            &m,
-            "hw_temperature_celsius",
-            &[&format!("hw_parent=\"{GPU1}\"")]
-        ),
-        Some(38.0)
-    );
+    assert_eq!(temperature(&m, GPU0), None, "{m}");
+    assert_eq!(temperature(&m, GPU1), Some(38.0));
     assert_eq!(prom(&m, "lmperf_gpu_clock_frequency_hertz", &[]), None);
     assert_eq!(
         st["gpu"]["devices"][0]["unsupported_fields"],
@@ -875,15 +815,7 @@ fn unknown_and_timeout_for_a_while_then_values_again() {
     });
     assert_eq!(st["gpu"]["mode"], "on");
     let (_, m) = agent.get("/metrics");
-    assert_eq!(
-        prom(
-            &m,
-            "hw_temperature_celsius",
-            &[&format!("hw_parent=\"{GPU0}\"")]
-        ),
-        Some(64.0),
-        "{m}"
-    );
+    assert_eq!(temperature(&m, GPU0), Some(64.0), "{m}");
     assert_eq!(
         prom(
             &m,
@@ -1015,22 +947,8 @@ fn xid_79_as_the_gpu_falls_off_the_bus_next_to_a_gpu_without_xid_events() {
     let st = agent.wait_status(Duration::from_secs(8), |s| {
         !events(s, "xid").is_empty() && !events(s, "lost").is_empty()
     });
-    let xid = events(&st, "xid");
-    assert_eq!(xid.len(), 1, "{}", st["gpu"]);
-    assert_eq!(xid[0]["hw_id"], GPU0, "{}", st["gpu"]);
-    assert_eq!(xid[0]["detail"], "XID 79");
     assert_eq!(events(&st, "lost")[0]["hw_id"], GPU0);
-    std::thread::sleep(Duration::from_millis(300));
-    let (_, m) = agent.get("/metrics");
-    assert_eq!(
-        prom(
-            &m,
-            "lmperf_gpu_xid_errors_total",
-            &[&hw_id(GPU0), "lmperf_gpu_xid=\"79\""]
-        ),
-        Some(1.0),
-        "{m}"
-    );
+    let m = assert_one_xid_79_on_gpu0(&agent, &st);
     assert_eq!(
         prom(
             &m,
