@@ -138,6 +138,32 @@ fn otlp_points(exports: &[fake_opentelemetry_collector::ExportedMetric]) -> Poin
     out
 }
 
+/// The agent with config `cfg`, exporting over gRPC to `collector`, with one more variable.
+async fn spawn_agent_otlp(
+    script: &Script,
+    cfg: &std::path::Path,
+    collector: &FakeCollectorServer,
+    extra: (&'static str, &str),
+) -> Agent {
+    let mut envs = script.env();
+    envs.push((extra.0, extra.1.to_owned()));
+    let args = [
+        "--config".to_owned(),
+        cfg.display().to_string(),
+        "--otlp-protocol".into(),
+        "grpc".into(),
+        "--otlp-endpoint".into(),
+        collector.endpoint(),
+    ];
+    tokio::task::spawn_blocking(move || {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        let e: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        Agent::spawn(&a, &e)
+    })
+    .await
+    .expect("spawn the agent")
+}
+
 /// Acceptance 1 and 2: two scripted GPUs through the real nvml-wrapper backend. Every
 /// `hw.gpu.*` / `lmperf.gpu.*` series on `/metrics` and over OTLP carries the script's value
 /// in the documented unit (mW → W, mJ → J, MHz → Hz, % → fraction, KB/s → bytes), the status
@@ -153,23 +179,13 @@ async fn two_scripted_gpus_every_series_with_the_scripted_values() {
     let lib = fake_nvml::library(&[]);
     let cfg = config(&script.dir, &lib, &refused_target());
     let mut collector = FakeCollectorServer::start().await.expect("collector");
-    let mut envs = script.env();
-    envs.push(("OTEL_METRIC_EXPORT_INTERVAL", "500".into()));
-    let args = [
-        "--config".to_owned(),
-        cfg.display().to_string(),
-        "--otlp-protocol".into(),
-        "grpc".into(),
-        "--otlp-endpoint".into(),
-        collector.endpoint(),
-    ];
-    let agent = tokio::task::spawn_blocking(move || {
-        let a: Vec<&str> = args.iter().map(String::as_str).collect();
-        let e: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        Agent::spawn(&a, &e)
-    })
-    .await
-    .unwrap();
+    let agent = spawn_agent_otlp(
+        &script,
+        &cfg,
+        &collector,
+        ("OTEL_METRIC_EXPORT_INTERVAL", "500"),
+    )
+    .await;
     let status = agent.wait_status(Duration::from_secs(10), |s| {
         s["gpu"]["mode"] == "on" && s["gpu"]["samples"].as_u64().unwrap_or(0) >= 5
     });
@@ -1077,4 +1093,85 @@ fn every_example_script_loads_and_lists_its_gpus() {
             _ => assert_eq!(prom(&m, "hw_power_watts", &[&g0]), Some(512.345)),
         }
     }
+}
+
+/// Each canary span carries the GPUs' state during its request, through the real backend:
+/// GPU 0 throttles for thermal reasons (0x60) from t=2 s and raises XID 13 then; spans sent
+/// before say neither, spans sent after say they were throttled, a span in flight at t=2 s
+/// saw the XID; all with the scripted maximum utilization and memory.
+#[tokio::test(flavor = "multi_thread")]
+async fn canary_spans_carry_the_scripted_gpu_state() {
+    let mut s = fake_nvml::example("two_gpus.json");
+    s["devices"][0]["throttle_reasons"] = json!({ "steps": [[0, 0], [2.0, 0x60]] });
+    s["devices"][0]["xids"] = json!([{ "at": 2.0, "code": 13 }]);
+    let script = Script::write("spans", &s);
+    // Streams of 600 ms, so that a request spans several 100 ms GPU samples.
+    let server = ScriptedServer::start(Arc::new(|_, _| {
+        Reply::sse(lmperf_e2e::scripted::chat_stream(
+            7,
+            Duration::from_millis(50),
+            Duration::from_millis(90),
+            5,
+        ))
+    }))
+    .await;
+    let cfg = config(&script.dir, &fake_nvml::library(&[]), &server.url());
+    let mut collector = FakeCollectorServer::start().await.expect("collector");
+    let agent = spawn_agent_otlp(
+        &script,
+        &cfg,
+        &collector,
+        ("OTEL_TRACES_SAMPLER", "always_on"),
+    )
+    .await;
+    let t0 = script.wait_t0(Duration::from_secs(5));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let spans = collector.exported_spans(15, Duration::from_secs(10)).await;
+    drop(agent);
+    let (mut before, mut after) = (0, 0);
+    for sp in &spans {
+        let a = lmperf_e2e::otlp::attrs(&sp.attributes);
+        let start = std::time::UNIX_EPOCH + Duration::from_nanos(sp.start_time_unix_nano);
+        let t = fake_nvml::since(t0, start);
+        let end = std::time::UNIX_EPOCH + Duration::from_nanos(sp.end_time_unix_nano);
+        let t_end = fake_nvml::since(t0, end);
+        let Some(samples) = a.get("lmperf.gpu.samples") else {
+            continue;
+        };
+        assert!(samples.parse::<u64>().unwrap() >= 1, "{a:?}");
+        assert_eq!(a["lmperf.gpu.utilization.max"], "0.87", "{a:?}");
+        let mem: f64 = a["lmperf.gpu.memory.utilization.max"].parse().unwrap();
+        assert!(
+            (mem - 76235669504.0 / 150754820096.0).abs() < 1e-12,
+            "{a:?}"
+        );
+        if t_end < 1.9 {
+            before += 1;
+            assert_eq!(a["lmperf.gpu.throttled"], "false", "t={t:.2}: {a:?}");
+            assert_eq!(a["lmperf.gpu.xid.seen"], "false", "t={t:.2}: {a:?}");
+        } else if t > 2.2 {
+            after += 1;
+            assert_eq!(a["lmperf.gpu.throttled"], "true", "t={t:.2}: {a:?}");
+            let reasons = &sp.attributes["lmperf.gpu.throttle.reasons"];
+            assert!(
+                reasons.contains("sw_thermal") && reasons.contains("hw_thermal"),
+                "{reasons}"
+            );
+        }
+    }
+    assert!(
+        before >= 3 && after >= 3,
+        "{before} spans before t=2 s, {after} after, of {}",
+        spans.len()
+    );
+    let xid_spans = spans
+        .iter()
+        .filter(|sp| {
+            lmperf_e2e::otlp::attrs(&sp.attributes)
+                .get("lmperf.gpu.xid.seen")
+                .map(String::as_str)
+                == Some("true")
+        })
+        .count();
+    assert!(xid_spans >= 1, "a span during the XID says so");
 }
