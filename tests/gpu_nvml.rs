@@ -479,7 +479,7 @@ fn not_supported_gpu_lost_and_back_and_an_xid() {
             .unwrap()
             .as_secs_f64();
     assert!(
-        (2.0..2.6).contains(&lost_at),
+        (2.0..3.0).contains(&lost_at),
         "lost seen at t={lost_at:.3} s, scripted at 2 s"
     );
     assert_eq!(st["gpu"]["devices"][1]["lost"], true);
@@ -552,14 +552,17 @@ fn a_hung_nvml_call_delays_gpu_samples_never_canaries() {
             std::thread::sleep(wait);
         }
         let st = agent.status();
+        let samples = st["gpu"]["samples"].as_u64().unwrap_or(0);
         (
-            st["gpu"]["samples"].as_u64().unwrap_or(0),
+            samples,
             st["targets"][0]["requests"].as_u64().unwrap_or(0),
+            Instant::now(),
         )
     };
-    let (s_before, r_before) = at(3.5);
-    let (s_after, r_after) = at(7.5);
-    let (s_end, _) = at(9.0);
+    // The call hangs from the first tick after t=3 s until about t=8 s.
+    let (s_before, r_before, t_before) = at(3.5);
+    let (s_after, r_after, t_after) = at(7.0);
+    let (s_end, _, _) = at(9.0);
     // The sampler is stuck in the call: at most the tick already under way is published.
     assert!(
         s_after <= s_before + 1,
@@ -569,11 +572,12 @@ fn a_hung_nvml_call_delays_gpu_samples_never_canaries() {
         s_end > s_after + 3,
         "GPU samples resume after it: {s_after} → {s_end}"
     );
-    // 4 s at one canary per 200 ms: 20 scheduled.
-    let sent = r_after - r_before;
+    // One canary per 200 ms (± 10 % jitter) all along: 17 or 18 in 3.5 s.
+    let sent = (r_after - r_before) as f64;
+    let scheduled = (t_after - t_before).as_secs_f64() / 0.2;
     assert!(
-        (16..=24).contains(&sent),
-        "{sent} canaries in the 4 s of the hung call, 20 scheduled"
+        (sent - scheduled).abs() <= 0.15 * scheduled + 1.0,
+        "{sent} canaries while the NVML call hung, {scheduled:.1} scheduled"
     );
     assert!(agent.stderr_text().lines().all(|l| !l.contains("panicked")));
 }
