@@ -60,6 +60,9 @@ struct Tracked {
     last_sm: HashMap<u32, (u64, u32)>,
     pcie_tx: f64,
     pcie_rx: f64,
+    /// When the PCIe throughput was last read: the next reading counts for the time since
+    /// (a slow or hung tick, skipped ticks), not for one interval.
+    pcie_at: Option<Instant>,
     sample: Option<DeviceSample>,
 }
 
@@ -252,6 +255,10 @@ impl<B: GpuBackend> Sampler<B> {
                         tracing::info!(hw_id = %info.uuid, index = info.index, "GPU recovered; its metrics resume.");
                         self.state.event(wall, "recovered", Some(&info.uuid), format!("GPU {} is back", info.index));
                     }
+                    if t.lost {
+                        // The time it was lost is not PCIe traffic.
+                        t.pcie_at = None;
+                    }
                     t.lost = false;
                     t.dref = dref;
                     t.info = info;
@@ -259,7 +266,7 @@ impl<B: GpuBackend> Sampler<B> {
                 }
                 None => {
                     tracing::info!(hw_id = %info.uuid, name = %info.name, index = info.index, mig = ?info.mig.as_ref().map(|m| &m.profile), "GPU found.");
-                    self.devices.push(Tracked { info, dref, lost: false, unsupported: Vec::new(), last_seen_us: 0, last_sm: HashMap::new(), pcie_tx: 0.0, pcie_rx: 0.0, sample: None });
+                    self.devices.push(Tracked { info, dref, lost: false, unsupported: Vec::new(), last_seen_us: 0, last_sm: HashMap::new(), pcie_tx: 0.0, pcie_rx: 0.0, pcie_at: None, sample: None });
                 }
             }
         }
@@ -273,7 +280,7 @@ impl<B: GpuBackend> Sampler<B> {
             if self.devices[i].lost {
                 continue;
             }
-            match self.sample_one(i, wall, &mut pids_seen) {
+            match self.sample_one(i, now, wall, &mut pids_seen) {
                 Ok(s) => self.devices[i].sample = Some(s),
                 Err(Stop::Lost) => {
                     let d = &mut self.devices[i];
@@ -347,7 +354,7 @@ impl<B: GpuBackend> Sampler<B> {
         }
     }
 
-    fn sample_one(&mut self, i: usize, wall: SystemTime, pids_seen: &mut HashSet<u32>) -> Result<DeviceSample, Stop> {
+    fn sample_one(&mut self, i: usize, now: Instant, wall: SystemTime, pids_seen: &mut HashSet<u32>) -> Result<DeviceSample, Stop> {
         let d = self.devices[i].dref;
         let mut s = DeviceSample::default();
         let r = self.backend.utilization(d);
@@ -382,8 +389,9 @@ impl<B: GpuBackend> Sampler<B> {
         if let Some(tx) = self.field(i, "gpu.pcie.throughput", r)? {
             let r = self.backend.pcie_kb_per_s(d, PcieDirection::Receive);
             if let Some(rx) = self.field(i, "gpu.pcie.throughput", r)? {
-                let secs = self.interval.as_secs_f64();
                 let t = &mut self.devices[i];
+                let secs = t.pcie_at.map_or(self.interval, |at| now.saturating_duration_since(at)).as_secs_f64();
+                t.pcie_at = Some(now);
                 t.pcie_tx += f64::from(tx) * 1024.0 * secs;
                 t.pcie_rx += f64::from(rx) * 1024.0 * secs;
                 s.pcie_tx_bytes = Some(t.pcie_tx as u64);
