@@ -1198,3 +1198,40 @@ async fn canary_spans_carry_the_scripted_gpu_state() {
         .count();
     assert!(xid_spans >= 1, "a span during the XID says so");
 }
+
+/// A GPU already lost when the agent starts (GPU_IS_LOST from its handle until t=3 s) is
+/// never identified at the first discovery; discovery is retried for it, and it joins at the
+/// 5 s retry. (Before, only tracked lost GPUs scheduled a retry: it stayed missing for good.)
+#[test]
+fn a_gpu_lost_at_start_joins_when_it_answers() {
+    let mut s = fake_nvml::example("two_gpus.json");
+    s["devices"][1]["lost"] = json!([{ "from": 0.0, "until": 3.0 }]);
+    let script = Script::write("lost-at-start", &s);
+    let agent = spawn_agent(&script, &fake_nvml::library(&[]), &refused_target());
+    let st = agent.wait_status(Duration::from_secs(3), |s| s["gpu"]["mode"] == "on");
+    assert_eq!(
+        st["gpu"]["devices"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        st["gpu"]
+    );
+    let st = agent.wait_status(Duration::from_secs(8), |s| {
+        s["gpu"]["devices"].as_array().map_or(0, Vec::len) == 2
+    });
+    let ids: Vec<&str> = st["gpu"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["hw_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [GPU0, GPU1], "{}", st["gpu"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, m) = agent.get("/metrics");
+    assert_eq!(
+        prom(&m, "hw_gpu_utilization_ratio", &[&hw_id(GPU1)]),
+        Some(0.12),
+        "{m}"
+    );
+    let err = agent.stderr_text();
+    assert_eq!(err.matches("GPU is lost at discovery").count(), 1, "{err}");
+}

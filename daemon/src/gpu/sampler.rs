@@ -11,7 +11,7 @@
 //! [`spawn`] runs the loop on its own OS thread: NVML calls block, and a slow one delays
 //! only the next GPU sample, never a canary.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -92,6 +92,9 @@ pub struct Sampler<B: GpuBackend> {
     discovery_warned: bool,
     xid_counts: BTreeMap<(String, u64), u64>,
     lost_total: u64,
+    /// NVML indexes that answered `GPU_IS_LOST` at the last discovery (never identified, so
+    /// not tracked): discovery is retried while there are any.
+    skipped_lost: BTreeSet<u32>,
     procs: HashMap<u32, ProcInfo>,
     proc_root: PathBuf,
 }
@@ -119,6 +122,7 @@ impl<B: GpuBackend> Sampler<B> {
             discovery_warned: false,
             xid_counts: BTreeMap::new(),
             lost_total: 0,
+            skipped_lost: BTreeSet::new(),
             procs: HashMap::new(),
             proc_root: PathBuf::from("/proc"),
         }
@@ -201,7 +205,8 @@ impl<B: GpuBackend> Sampler<B> {
                 self.initialized = true;
                 self.discovery_warned = false;
                 self.merge(found, wall);
-                let any_lost = self.devices.iter().any(|d| d.lost);
+                // A GPU lost before it was ever identified is retried too.
+                let any_lost = self.devices.iter().any(|d| d.lost) || !self.skipped_lost.is_empty();
                 self.discover_at = any_lost.then(|| now + self.rediscover);
                 let on = self.devices.iter().filter(|d| !d.lost).count();
                 if on > 0 {
@@ -233,14 +238,22 @@ impl<B: GpuBackend> Sampler<B> {
     fn enumerate(&mut self) -> Result<Vec<DeviceInfo>, GpuError> {
         let count = self.backend.device_count()?;
         let mut found = Vec::new();
+        let mut skipped = BTreeSet::new();
         for i in 0..count {
             match self.backend.devices_at(i) {
                 Ok(v) => found.extend(v),
-                // A lost GPU is skipped: the others are monitored, it is retried.
-                Err(GpuError::GpuLost) => tracing::warn!(index = i, "GPU is lost at discovery; retrying later."),
+                // A lost GPU is skipped: the others are monitored, it is retried (warned once
+                // per streak: rediscovery runs every few seconds).
+                Err(GpuError::GpuLost) => {
+                    if !self.skipped_lost.contains(&i) {
+                        tracing::warn!(index = i, "GPU is lost at discovery; retrying later.");
+                    }
+                    skipped.insert(i);
+                }
                 Err(e) => return Err(e),
             }
         }
+        self.skipped_lost = skipped;
         Ok(found)
     }
 
