@@ -409,6 +409,13 @@ fn spawn_agent(script: &Script, lib: &std::path::Path, target: &str) -> Agent {
     Agent::spawn(&["--config", cfg.to_str().unwrap(), "--no-otlp"], &e)
 }
 
+/// Writes script `s` and starts the agent on the full fake library, canaries to a refused port.
+fn agent_on(tag: &str, s: &serde_json::Value) -> (Script, Agent) {
+    let script = Script::write(tag, s);
+    let agent = spawn_agent(&script, &fake_nvml::library(&[]), &refused_target());
+    (script, agent)
+}
+
 fn events(status: &serde_json::Value, kind: &str) -> Vec<serde_json::Value> {
     status["gpu"]["events"]
         .as_array()
@@ -445,8 +452,7 @@ fn not_supported_gpu_lost_and_back_and_an_xid() {
         json!([{ "call": "nvmlDeviceGetPowerUsage", "device": 1, "error": "NOT_SUPPORTED" }]);
     s["devices"][1]["lost"] = json!([{ "from": 2.0, "until": 4.0 }]);
     s["devices"][0]["xids"] = json!([{ "at": 1.0, "code": 79 }]);
-    let script = Script::write("faults", &s);
-    let agent = spawn_agent(&script, &fake_nvml::library(&[]), &refused_target());
+    let (script, agent) = agent_on("faults", &s);
     let g1 = hw_id(GPU1);
 
     // XID 79 at t=1 s: the counter and the event.
@@ -549,8 +555,7 @@ fn not_supported_gpu_lost_and_back_and_an_xid() {
 fn a_hung_nvml_call_delays_gpu_samples_never_canaries() {
     let mut s = fake_nvml::example("two_gpus.json");
     s["faults"] = json!([{ "call": "nvmlDeviceGetTemperature", "device": 0, "from": 3.0, "sleep_s": 5.0, "count": 1 }]);
-    let script = Script::write("hung", &s);
-    let agent = spawn_agent(&script, &fake_nvml::library(&[]), &refused_target());
+    let (script, agent) = agent_on("hung", &s);
     let t0 = script.wait_t0(Duration::from_secs(5));
     let at = |secs: f64| {
         let due = t0 + Duration::from_secs_f64(secs);
@@ -830,8 +835,7 @@ fn unknown_and_timeout_for_a_while_then_values_again() {
         { "call": "nvmlDeviceGetTemperature", "device": 0, "error": "UNKNOWN", "until": 2.0 },
         { "call": "nvmlDeviceGetClockInfo", "error": "TIMEOUT", "until": 2.0 }
     ]);
-    let script = Script::write("window", &s);
-    let agent = spawn_agent(&script, &fake_nvml::library(&[]), &refused_target());
+    let (script, agent) = agent_on("window", &s);
     let t0 = script.wait_t0(Duration::from_secs(5));
     let st = agent.wait_status(Duration::from_secs(5), |s| {
         s["gpu"]["samples"].as_u64().unwrap_or(0) >= 3
@@ -901,8 +905,7 @@ fn driver_not_loaded_at_start_then_gone_and_back() {
         { "call": "nvmlInit_v2", "error": "DRIVER_NOT_LOADED", "until": 1.0 },
         { "call": "*", "error": "UNINITIALIZED", "from": 7.0, "until": 9.0 }
     ]);
-    let script = Script::write("driver", &s);
-    let agent = spawn_agent(&script, &fake_nvml::library(&[]), &refused_target());
+    let (script, agent) = agent_on("driver", &s);
     let t0 = script.wait_t0(Duration::from_secs(5));
     let st = agent.wait_status(Duration::from_secs(3), |s| {
         s["gpu"]["mode"] == "discovering"
@@ -981,8 +984,7 @@ fn xid_79_as_the_gpu_falls_off_the_bus_next_to_a_gpu_without_xid_events() {
     s["devices"][0]["xids"] = json!([{ "at": 1.0, "code": 79 }]);
     s["devices"][0]["lost"] = json!([{ "from": 1.0, "until": 100.0 }]);
     s["devices"][1]["xids"] = json!([{ "at": 1.0, "code": 48 }]);
-    let script = Script::write("xid79", &s);
-    let agent = spawn_agent(&script, &fake_nvml::library(&[]), &refused_target());
+    let (_script, agent) = agent_on("xid79", &s);
     let st = agent.wait_status(Duration::from_secs(8), |s| {
         !events(s, "xid").is_empty() && !events(s, "lost").is_empty()
     });
@@ -1012,8 +1014,7 @@ fn process_utilization_between_nvml_samples_does_not_flicker() {
     let mut s = fake_nvml::example("two_gpus.json");
     s["devices"][0]["processes"][0]["pid"] = json!(sleeper.pid());
     s["devices"][0]["process_sample_period_s"] = json!(0.5);
-    let script = Script::write("period", &s);
-    let agent = spawn_agent(&script, &fake_nvml::library(&[]), &refused_target());
+    let (_script, agent) = agent_on("period", &s);
     agent.wait_status(Duration::from_secs(5), |s| {
         s["gpu"]["samples"].as_u64().unwrap_or(0) >= 10
     });
@@ -1206,8 +1207,7 @@ async fn canary_spans_carry_the_scripted_gpu_state() {
 fn a_gpu_lost_at_start_joins_when_it_answers() {
     let mut s = fake_nvml::example("two_gpus.json");
     s["devices"][1]["lost"] = json!([{ "from": 0.0, "until": 3.0 }]);
-    let script = Script::write("lost-at-start", &s);
-    let agent = spawn_agent(&script, &fake_nvml::library(&[]), &refused_target());
+    let (_script, agent) = agent_on("lost-at-start", &s);
     let st = agent.wait_status(Duration::from_secs(3), |s| s["gpu"]["mode"] == "on");
     assert_eq!(
         st["gpu"]["devices"].as_array().map(Vec::len),
