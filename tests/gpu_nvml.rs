@@ -1235,3 +1235,26 @@ fn a_gpu_lost_at_start_joins_when_it_answers() {
     let err = agent.stderr_text();
     assert_eq!(err.matches("GPU is lost at discovery").count(), 1, "{err}");
 }
+
+/// A failed `nvmlEventSetWait_v2` (UNKNOWN from t=0.5 s to t=1 s) does not end XID counting:
+/// XID 31 at t=2 s is still counted. (Before, the XID thread returned at the first error and
+/// only a lost GPU's rediscovery would start another.)
+#[test]
+fn xid_counting_survives_a_failed_wait() {
+    let mut s = fake_nvml::example("two_gpus.json");
+    s["faults"] =
+        json!([{ "call": "nvmlEventSetWait_v2", "error": "UNKNOWN", "from": 0.5, "until": 1.0 }]);
+    s["devices"][1]["xids"] = json!([{ "at": 2.0, "code": 31 }]);
+    let (_script, agent) = agent_on("xid-wait", &s);
+    let st = agent.wait_status(Duration::from_secs(6), |s| !events(s, "xid").is_empty());
+    let xid = events(&st, "xid");
+    assert_eq!(xid.len(), 1, "{}", st["gpu"]);
+    assert_eq!(xid[0]["hw_id"], GPU1);
+    assert_eq!(xid[0]["detail"], "XID 31");
+    let err = agent.stderr_text();
+    assert_eq!(
+        err.matches("Waiting for XID events failed").count(),
+        1,
+        "{err}"
+    );
+}
