@@ -46,6 +46,9 @@ pub struct TargetRunner {
     pub net: Option<Arc<NetState>>,
     /// Where each measured request's summary goes (control API); `None`: nowhere.
     pub recent: Option<Arc<RecentRequests>>,
+    /// The target's model server signals, for the `lmperf.server.*` span attributes and the
+    /// server change events; `None`: none added.
+    pub server: Option<Arc<crate::server::TargetServer>>,
     /// Discovered model and provider, once known.
     discovered: Arc<Mutex<Discovery>>,
     in_flight: Arc<Semaphore>,
@@ -100,6 +103,7 @@ impl TargetRunner {
             gpu: None,
             net: None,
             recent: None,
+            server: None,
             discovered: Arc::default(),
             in_flight,
             discovery_failing: Arc::default(),
@@ -117,6 +121,13 @@ impl TargetRunner {
     /// (`lmperf.net.*`).
     pub fn with_net(mut self, net: Arc<NetState>) -> Self {
         self.net = Some(net);
+        self
+    }
+
+    /// Adds the server's state at each request's send to its span (`lmperf.server.*`), and
+    /// server change events to the next canary span.
+    pub fn with_server(mut self, server: Arc<crate::server::TargetServer>) -> Self {
+        self.server = Some(server);
         self
     }
 
@@ -297,7 +308,14 @@ impl TargetRunner {
                 if let Some(s) = shape {
                     extra.push(opentelemetry::KeyValue::new(crate::telemetry::names::LMPERF_REQUEST_INPUT_TOKENS_TARGET, i64::from(s.input_tokens)));
                 }
+                if let Some(s) = &self.server {
+                    extra.extend(crate::server::span_attributes(s, measured.wall_start));
+                }
                 extra
+            },
+            events: match (&self.server, source) {
+                (Some(s), Source::Canary) => crate::server::span_events(s),
+                _ => Vec::new(),
             },
         };
         let summary = RequestSummary::new(source, &t.name, &model, &measured, ids.trace_id.to_string());
