@@ -641,6 +641,28 @@ fn e2e(bin: &Path, url: &str, rules: &str, failing: &AtomicBool) {
         others.is_empty(),
         "other alerts during the fault: {others:?}"
     );
+    // The page as the on-call receives it: the target, the burn and a runbook link.
+    let page = prom
+        .alerts()
+        .into_iter()
+        .find(|a| a["labels"]["alertname"] == EXPECTED && a["labels"]["long_window"] == "40s")
+        .expect("the fast page");
+    let summary = page["annotations"]["summary"].as_str().unwrap_or("");
+    let target = url.trim_start_matches("http://");
+    assert!(
+        summary.starts_with(&format!(
+            "{target} (m): canary errors burn the 99% budget 14.4×"
+        )),
+        "{summary}"
+    );
+    assert_eq!(page["labels"]["severity"], "critical", "{page}");
+    assert!(
+        page["annotations"]["runbook_url"]
+            .as_str()
+            .is_some_and(|u| u.ends_with("docs/runbook.md#lmperfcanaryerrorbudgetburn")),
+        "{page}"
+    );
+    println!("page: {summary}");
 
     // Recovery: every tier resolves once its short window is clean (40 s for the ticket).
     failing.store(false, Ordering::Relaxed);

@@ -188,22 +188,19 @@ def main():
     if a.cmd == "rules":
         sys.stdout.write(rules_text(a.values))
         return 0
-    if a.cmd in ("write-alerts", "alerts-text"):
-        text = ALERTS_HEADER + rules_text([])
-        if a.cmd == "alerts-text":
-            sys.stdout.write(text)
-        else:
-            ALERTS_OUT.parent.mkdir(parents=True, exist_ok=True)
-            ALERTS_OUT.write_text(text)
-        return 0
-    if a.cmd in ("write-k8s", "k8s-text"):
-        text = K8S_HEADER + to_yaml(render([]))
-        if a.cmd == "k8s-text":
-            sys.stdout.write(text)
-        else:
-            K8S_OUT.parent.mkdir(parents=True, exist_ok=True)
-            K8S_OUT.write_text(text)
-        return 0
+    generated = {
+        # command that writes, command that prints: (output file, its text)
+        ("write-alerts", "alerts-text"): (ALERTS_OUT, lambda: ALERTS_HEADER + rules_text([])),
+        ("write-k8s", "k8s-text"): (K8S_OUT, lambda: K8S_HEADER + to_yaml(render([]))),
+    }
+    for (write_cmd, print_cmd), (out, text) in generated.items():
+        if a.cmd == print_cmd:
+            sys.stdout.write(text())
+            return 0
+        if a.cmd == write_cmd:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text())
+            return 0
 
     manifests = render(a.values)
     errors = validate(manifests) if a.validate else []
