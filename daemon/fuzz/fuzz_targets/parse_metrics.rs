@@ -9,14 +9,11 @@ use std::time::{Duration, SystemTime};
 use libfuzzer_sys::fuzz_target;
 
 #[allow(dead_code)]
+#[path = "../../src/server"]
 mod server {
-    #[path = "../../../src/server/interval.rs"]
     pub mod interval;
-    #[path = "../../../src/server/normalize.rs"]
     pub mod normalize;
-    #[path = "../../../src/server/parse.rs"]
     pub mod parse;
-    #[path = "../../../src/server/quantile.rs"]
     pub mod quantile;
 }
 
