@@ -123,7 +123,9 @@ pub fn block(
     let (waiting_mean, waiting_max) = stats(points.iter().filter_map(|p| p.waiting));
     let (running_mean, running_max) = stats(points.iter().filter_map(|p| p.running));
     let (kv_usage_mean, kv_usage_max) = stats(points.iter().filter_map(|p| p.kv_usage));
-    let total = |rate: Option<f64>| rate.map(|r| r * dt);
+    // rate × dt gives back the counter's increase up to float rounding (431.99999999999994
+    // for 432 tokens): rounded to a millionth, a whole-token counter reads as its integer.
+    let total = |rate: Option<f64>| rate.map(|r| (r * dt * 1e6).round() / 1e6);
     ServerBlock {
         kind: end_reading.kind.as_str(),
         version: identity.version.clone(),
