@@ -129,7 +129,7 @@ fn overload(
             let sent = sent.clone();
             std::thread::spawn(move || {
                 while Instant::now() < until {
-                    let body = format!(r#"{{"model":"gemma-3-270m","messages":[{{"role":"user","content":"Tell a long story about a lighthouse keeper, part {i}."}}],"max_tokens":160,"temperature":0.8}}"#);
+                    let body = format!(r#"{{"model":"gemma-3-270m","messages":[{{"role":"user","content":"Tell a long story about a lighthouse keeper, part {i}."}}],"max_tokens":256,"temperature":0.8}}"#);
                     let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else { continue };
                     let _ = s.set_read_timeout(Some(Duration::from_secs(120)));
                     let req = format!("POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
@@ -187,8 +187,9 @@ async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
     // Overload: 6 clients of long completions on a 2-slot server.
     let over_wall = SystemTime::now();
     let sent = Arc::new(AtomicUsize::new(0));
-    let threads = overload(server.port, 6, Instant::now() + overload_for, sent.clone());
+    let threads = overload(server.port, 8, Instant::now() + overload_for, sent.clone());
     let mut spike_status = None;
+    let mut diagnosed: Option<(f64, Value)> = None;
     let t1 = Instant::now();
     while t1.elapsed() < overload_for {
         spans.extend(
@@ -199,6 +200,11 @@ async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
         let s = agent.status();
         if spike_status.is_none() && s["targets"][0]["spike"] == true {
             spike_status = Some(s);
+        }
+        let d: Value =
+            serde_json::from_str(&agent.get("/api/v1/diagnosis").1).unwrap_or(Value::Null);
+        if diagnosed.is_none() && d["targets"][0]["state"] == "root_confirmed" {
+            diagnosed = Some((unix(SystemTime::now()), d["targets"][0].clone()));
         }
     }
     for t in threads {
@@ -308,6 +314,27 @@ async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
         left_at >= unix(overload_end) - 1.0,
         "left at {left_at} before the overload ended at {}",
         unix(overload_end)
+    );
+
+    // The diagnosis (issue 12): load_surge (canary only: TTFT and TPOT both rose), within 60 s
+    // of its onset; the WARN line says so.
+    let (confirmed_at, t) =
+        diagnosed.unwrap_or_else(|| panic!("no diagnosis confirmed: {}", agent.stderr_text()));
+    let onset = t["onset_unix_s"].as_f64().unwrap();
+    assert!(
+        confirmed_at - onset <= 60.0 && onset >= unix(over_wall) - 15.0,
+        "onset {onset}, confirmed {confirmed_at}, overload {}",
+        unix(over_wall)
+    );
+    assert!(
+        ["load_surge", "server_queueing"].contains(&t["causes"][0]["cause"].as_str().unwrap_or("")),
+        "{t:#}"
+    );
+    assert!(
+        agent.stderr_text().contains("Diagnosis: load_surge")
+            || agent.stderr_text().contains("Diagnosis: server_queueing"),
+        "{}",
+        agent.stderr_text()
     );
 
     // Every canary decided between entering and leaving was kept; after, the base ratio.
