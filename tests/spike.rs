@@ -23,6 +23,10 @@ use serde_json::Value;
 
 const HOLD: Duration = Duration::from_secs(20);
 
+/// The real-server tests run one at a time: an overload next to a calm run would make it
+/// anything but calm on a small machine.
+static REAL_SERVER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn unix(t: SystemTime) -> f64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
@@ -157,6 +161,7 @@ fn events<'a>(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
+    let _serial = REAL_SERVER.lock().await;
     let calm = Duration::from_secs(120);
     let overload_for = Duration::from_secs(45);
     let server = tokio::task::spawn_blocking(ModelServer::start)
@@ -175,6 +180,23 @@ async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
                 .await,
         );
     }
+    // The premise: a calm server. On a machine so loaded that the small model answers in
+    // seconds, the overload turns canaries into timeouts before any baseline exists.
+    let calm_canaries = recent_canaries(&agent);
+    let mut calm_ttft: Vec<f64> = calm_canaries
+        .iter()
+        .filter_map(|r| r["ttft_ms"].as_f64())
+        .collect();
+    calm_ttft.sort_by(f64::total_cmp);
+    let p50 = calm_ttft
+        .get(calm_ttft.len() / 2)
+        .copied()
+        .unwrap_or(f64::INFINITY);
+    assert!(
+        calm_ttft.len() >= 150 && p50 < 1500.0,
+        "not calm: {} canaries answered in {calm:?}, TTFT p50 {p50:.0} ms (the machine is too loaded for this test)",
+        calm_ttft.len()
+    );
     let status = agent.status();
     assert_eq!(status["targets"][0]["spike"], false, "calm: {status}");
     assert_eq!(
@@ -393,6 +415,7 @@ async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
 /// `LMPERF_SPIKE_CALM_S=600` for the 10-minute eval of `cargo xtask spike-calm`).
 #[tokio::test(flavor = "multi_thread")]
 async fn calm_poisson_canaries_never_enter_spike_mode() {
+    let _serial = REAL_SERVER.lock().await;
     let secs: u64 = std::env::var("LMPERF_SPIKE_CALM_S")
         .ok()
         .and_then(|s| s.parse().ok())
