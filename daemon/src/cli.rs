@@ -250,6 +250,9 @@ pub struct RunArgs {
     /// metric across the runs and flags those above 1.5 %.
     #[arg(long, value_name = "K", default_value_t = 1)]
     pub repeat: usize,
+    /// Choices per request (the API's `n`); each choice is measured on its own.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub n: u32,
 }
 
 /// Concurrency of a trace replay without `--batch-sizes`: high enough that the trace's
@@ -338,6 +341,9 @@ impl RunArgs {
         if self.num_prompts == 0 {
             return Err("--num-prompts 0: at least 1".to_owned());
         }
+        if self.n == 0 {
+            return Err("--n 0: at least 1 choice".to_owned());
+        }
         let fail_on = self.fail_on.iter().map(|g| parse_gate(g)).collect::<Result<Vec<_>, _>>().map_err(|e| format!("--fail-on {e}"))?;
         Ok(RunSpec {
             target,
@@ -363,6 +369,7 @@ impl RunArgs {
             workload,
             repeat: self.repeat,
             otlp: cfg.otlp.enabled.then_some(cfg.otlp.clone()),
+            n: self.n,
         })
     }
 }

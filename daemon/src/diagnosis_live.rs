@@ -26,6 +26,8 @@ use crate::gpu::backend::throttle;
 use crate::gpu::state::{GpuState, Snapshot};
 use crate::measure::Outcome;
 use crate::net::state::RequestNet;
+use crate::server::interval::ServerSample;
+use crate::server::state::ServerState;
 use crate::telemetry::names as n;
 use crate::telemetry::spans::TraceIds;
 
@@ -50,6 +52,8 @@ pub struct LiveDiagnosis {
     kept: Mutex<BTreeMap<String, VecDeque<KeptSpan>>>,
     /// The GPU tick last fed, and the fault count then (XIDs + lost GPUs + uncorrected ECC).
     gpu_seen: Mutex<(Option<SystemTime>, Option<u64>)>,
+    /// Per target: the newest server sample and change event fed.
+    server_seen: Mutex<BTreeMap<String, (SystemTime, SystemTime)>>,
     targets: Vec<String>,
     /// Evaluations done and their total time, ns (the cost figure).
     pub evaluations: AtomicU64,
@@ -137,6 +141,35 @@ pub fn gpu_signals(s: &Snapshot) -> (Vec<(Signal, f64)>, u64) {
     (v, faults)
 }
 
+/// The diagnosis signals of one model server scrape (fields the server lacks are absent);
+/// a counter reset (restart) is a server change.
+pub fn server_signals(s: &ServerSample) -> Vec<(Signal, f64)> {
+    let pairs = [
+        (Signal::ServerRequestsWaiting, s.requests_waiting),
+        (Signal::ServerRequestsRunning, s.requests_running),
+        (Signal::ServerKvUsage, s.kv_cache_usage),
+        (Signal::ServerPreemptions, s.preemptions_per_s),
+        (Signal::ServerPromptTokensRate, s.prompt_tokens_per_s),
+        (
+            Signal::ServerGenerationTokensRate,
+            s.generation_tokens_per_s,
+        ),
+        (Signal::ServerRequestRate, s.requests_per_s),
+        (Signal::ServerTtft, s.ttft.mean),
+        (Signal::ServerQueueTime, s.queue.mean),
+        (Signal::ServerPrefillTime, s.prefill.mean),
+        (Signal::ServerDecodeTime, s.decode.mean),
+    ];
+    let mut v: Vec<(Signal, f64)> = pairs
+        .into_iter()
+        .filter_map(|(sig, x)| x.map(|x| (sig, x)))
+        .collect();
+    if s.reset {
+        v.push((Signal::ServerChange, 1.0));
+    }
+    v
+}
+
 impl LiveDiagnosis {
     /// For the agent's `targets` (each gets an entry, idle, from the start).
     pub fn new(config: EngineConfig, targets: Vec<String>) -> Self {
@@ -151,6 +184,7 @@ impl LiveDiagnosis {
             confirmed: Mutex::default(),
             kept: Mutex::default(),
             gpu_seen: Mutex::default(),
+            server_seen: Mutex::default(),
             targets,
             evaluations: AtomicU64::new(0),
             evaluate_ns: AtomicU64::new(0),
@@ -211,6 +245,47 @@ impl LiveDiagnosis {
                 e.observe(t, s, at, v);
             }
             e.observe(t, Signal::GpuFault, at, new_faults as f64);
+        }
+    }
+
+    /// Feeds the model server samples and change events scraped since the last call.
+    pub fn feed_server(&self, server: &ServerState) {
+        let Ok(mut seen) = self.server_seen.lock() else {
+            return;
+        };
+        for t in &self.targets {
+            let (last_sample, last_event) = seen
+                .get(t)
+                .copied()
+                .unwrap_or((SystemTime::UNIX_EPOCH, SystemTime::UNIX_EPOCH));
+            let samples: Vec<ServerSample> = server
+                .history(t)
+                .into_iter()
+                .filter(|s| s.at > last_sample)
+                .collect();
+            let events: Vec<SystemTime> = server
+                .events(t)
+                .into_iter()
+                .map(|e| e.at)
+                .filter(|&at| at > last_event)
+                .collect();
+            if samples.is_empty() && events.is_empty() {
+                continue;
+            }
+            let Ok(mut e) = self.engine.lock() else {
+                return;
+            };
+            for s in &samples {
+                for (sig, v) in server_signals(s) {
+                    e.observe(t, sig, s.at, v);
+                }
+            }
+            for &at in &events {
+                e.observe(t, Signal::ServerChange, at, 1.0);
+            }
+            let newest_sample = samples.iter().map(|s| s.at).max().unwrap_or(last_sample);
+            let newest_event = events.iter().copied().max().unwrap_or(last_event);
+            seen.insert(t.clone(), (newest_sample, newest_event));
         }
     }
 
@@ -416,6 +491,7 @@ fn idle(target: &str) -> TargetDiagnosis {
 pub async fn run(
     live: std::sync::Arc<LiveDiagnosis>,
     gpu: std::sync::Arc<GpuState>,
+    server: std::sync::Arc<ServerState>,
     telemetry: std::sync::Arc<crate::telemetry::Telemetry>,
     stop: tokio_util::sync::CancellationToken,
 ) {
@@ -428,6 +504,7 @@ pub async fn run(
             _ = every.tick() => {}
         }
         let now = SystemTime::now();
+        live.feed_server(&server);
         for d in live.tick(now, Some(&gpu)) {
             let line = d.summary.clone().unwrap_or_else(|| "unknown".to_owned());
             tracing::warn!(target_name = %d.target, cause = d.causes.first().map_or("unknown", |c| c.cause.as_str()), "Diagnosis: {line}");

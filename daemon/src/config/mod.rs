@@ -124,6 +124,8 @@ pub struct TargetConfig {
     /// `gen_ai.provider.name`; `None`: from `owned_by` of `/v1/models`, else `openai`.
     pub provider: Option<String>,
     pub sampling: SamplingPolicy,
+    /// The model server's own metrics and identity (`server`).
+    pub server: crate::server::config::ScrapeConfig,
 }
 
 /// OTLP wire protocol.
@@ -325,8 +327,10 @@ pub const DEFAULT_MAX_TOKENS: u32 = 32;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 4;
-/// OpenAI chunks are well under a few KB; 1 MiB leaves room and bounds memory.
-pub const DEFAULT_MAX_EVENT_BYTES: usize = 1 << 20;
+/// One SSE event may be large (a long text piece, a logprobs block, a tool call with a large
+/// argument: `../shared/cases/sse/19_*` is 1 MiB); 16 MiB is above any real server's and still
+/// bounds memory.
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 16 << 20;
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_API_KEY_ENV: &str = "LMPERF_API_KEY";
 
@@ -590,6 +594,7 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
     let sampling = validate_sampling(field, &t)?;
     let api_key = read_api_key(field, &t, env)?;
     let name = t.name.clone().unwrap_or_else(|| format!("{host}:{port}"));
+    let server = crate::server::config::validate(field, &t, &base_url)?;
     Ok(TargetConfig {
         name,
         base_url,
@@ -606,6 +611,7 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
         api_key,
         provider: t.provider,
         sampling,
+        server,
     })
 }
 
