@@ -662,4 +662,95 @@ mod tests {
         assert_eq!(snap.targets.len(), 1);
         assert_eq!(snap.targets[0].state, State::RootConfirmed);
     }
+
+    fn server_sample(at: SystemTime, waiting: f64, rate: f64) -> ServerSample {
+        ServerSample {
+            at,
+            requests_waiting: Some(waiting),
+            requests_running: Some(2.0),
+            kv_cache_usage: None,
+            preemptions_per_s: None,
+            prefix_cache_hit_ratio: None,
+            prompt_tokens_per_s: Some(rate * 100.0),
+            generation_tokens_per_s: None,
+            requests_per_s: Some(rate),
+            ttft: Default::default(),
+            itl: Default::default(),
+            queue: crate::server::LatencyStats {
+                mean: Some(waiting * 0.1),
+                ..Default::default()
+            },
+            prefill: Default::default(),
+            decode: Default::default(),
+            interval_s: Some(1.0),
+            reset: false,
+        }
+    }
+
+    #[test]
+    fn server_samples_are_fed_once_and_absent_fields_stay_absent() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let v = server_signals(&server_sample(t0, 3.0, 2.0));
+        assert_eq!(
+            v,
+            [
+                (Signal::ServerRequestsWaiting, 3.0),
+                (Signal::ServerRequestsRunning, 2.0),
+                (Signal::ServerPromptTokensRate, 200.0),
+                (Signal::ServerRequestRate, 2.0),
+                (Signal::ServerQueueTime, 0.30000000000000004),
+            ]
+        );
+        let target = std::sync::Arc::new(crate::server::TargetServer::new(
+            "a",
+            Some("http://x/metrics".into()),
+            None,
+        ));
+        let state = ServerState {
+            targets: vec![target.clone()],
+        };
+        let live = LiveDiagnosis::new(EngineConfig::default(), vec!["a".into()]);
+        // 3 min calm at 2 req/s with nothing waiting, then 12 req/s with 20 waiting; canaries
+        // show TTFT and TPOT up: load_surge from the server's own signals, the queue as evidence.
+        let mut confirmed = Vec::new();
+        for s in 0..300u64 {
+            let at = t0 + Duration::from_secs(s);
+            let surge = s >= 200;
+            target.record_ok(
+                server_sample(
+                    at,
+                    if surge { 20.0 } else { 0.0 },
+                    if surge { 12.0 } else { 2.0 },
+                ),
+                crate::server::ServerKind::Vllm,
+                &Default::default(),
+            );
+            live.feed_server(&state);
+            live.feed_server(&state); // nothing new: fed once
+            for half in [0u64, 500] {
+                let m = measured(
+                    if surge { 1500 } else { 100 + (s % 5) * 4 },
+                    Outcome::Ok,
+                    at + Duration::from_millis(half),
+                );
+                live.observe_request("a", &m, None);
+            }
+            confirmed.extend(live.tick(at + Duration::from_secs(1), None));
+        }
+        assert_eq!(confirmed.len(), 1, "{confirmed:#?}");
+        let d = &confirmed[0];
+        assert_eq!(d.causes[0].cause, Cause::LoadSurge, "{:#?}", d.causes);
+        let rate = d.causes[0]
+            .evidence
+            .iter()
+            .find(|e| e.signal == Signal::ServerRequestRate)
+            .expect("request rate evidence");
+        assert_eq!((rate.before, rate.after), (2.0, 12.0));
+        let waiting = d.causes[0]
+            .evidence
+            .iter()
+            .find(|e| e.signal == Signal::ServerRequestsWaiting)
+            .expect("queue as evidence");
+        assert_eq!((waiting.before, waiting.after), (0.0, 20.0));
+    }
 }
