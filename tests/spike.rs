@@ -40,7 +40,7 @@ fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// The agent with Poisson canaries at 2/s on `url`, no SLO, spike hold 20 s, every request
+/// The agent with Poisson canaries at 1/s on `url`, no SLO, spike hold 20 s, every request
 /// kept in the recent ring.
 async fn spawn_agent(
     dir: &std::path::Path,
@@ -63,7 +63,7 @@ async fn spawn_agent(
         "--target",
         url,
         "--rate",
-        "2",
+        "1",
         "--arrival",
         "poisson",
         "--max-tokens",
@@ -193,7 +193,7 @@ async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
         .copied()
         .unwrap_or(f64::INFINITY);
     assert!(
-        calm_ttft.len() >= 150 && p50 < 1500.0,
+        calm_ttft.len() >= 80 && p50 < 1500.0,
         "not calm: {} canaries answered in {calm:?}, TTFT p50 {p50:.0} ms (the machine is too loaded for this test)",
         calm_ttft.len()
     );
@@ -362,7 +362,7 @@ async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
     // Every canary decided between entering and leaving was kept; after, the base ratio.
     let kept: HashMap<&str, &ExportedSpan> =
         spans.iter().map(|s| (s.trace_id.as_str(), s)).collect();
-    assert!(canaries.len() >= 300, "{} canaries", canaries.len());
+    assert!(canaries.len() >= 150, "{} canaries", canaries.len());
     let during: Vec<&Value> = canaries
         .iter()
         .filter(|r| {
@@ -370,7 +370,7 @@ async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
         })
         .collect();
     assert!(
-        during.len() >= 40,
+        during.len() >= 20,
         "{} canaries during the spike",
         during.len()
     );
@@ -391,7 +391,7 @@ async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
         .filter(|r| kept.contains_key(r["trace_id"].as_str().unwrap()))
         .count();
     assert!(
-        late.len() >= 25 && (late_kept as f64) < 0.35 * late.len() as f64,
+        late.len() >= 12 && (late_kept as f64) < 0.35 * late.len() as f64,
         "after the spike: kept {late_kept} of {}",
         late.len()
     );
@@ -405,7 +405,7 @@ async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
         .count();
     let share = before_kept as f64 / before.len().max(1) as f64;
     assert!(
-        before.len() >= 150 && (0.02..=0.25).contains(&share),
+        before.len() >= 80 && (0.01..=0.3).contains(&share),
         "calm: kept {before_kept} of {}",
         before.len()
     );
