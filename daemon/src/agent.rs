@@ -74,7 +74,9 @@ pub async fn run(cfg: AgentConfig, privileged: Privileged, env: &dyn Env, signal
     let (net, net_monitor) = privileged.net.start(&telemetry.meter());
     let recent = Arc::new(RecentRequests::new(cfg.control.recent_requests));
     let (server, server_monitor) = crate::server::start(&cfg.targets, Some(&telemetry.meter()));
-    let status = Arc::new(AgentStatus { targets: states.clone(), started: SystemTime::now(), ready: false.into(), gpu: gpu.clone(), net: net.clone(), recent: recent.clone(), server: server.clone() });
+    let diagnosis = Arc::new(crate::diagnosis_live::LiveDiagnosis::new(crate::diagnosis::EngineConfig::default(), cfg.targets.iter().map(|t| t.name.clone()).collect()));
+    crate::diagnosis_live::register_gauges(&telemetry.meter(), diagnosis.clone());
+    let status = Arc::new(AgentStatus { targets: states.clone(), started: SystemTime::now(), ready: false.into(), gpu: gpu.clone(), net: net.clone(), recent: recent.clone(), server: server.clone(), diagnosis: diagnosis.clone() });
 
     let listener = tokio::net::TcpListener::from_std(privileged.admin).map_err(|source| AgentError::AdminBind { addr: cfg.admin_addr, source })?;
     let admin_addr = listener.local_addr().unwrap_or(cfg.admin_addr);
@@ -98,7 +100,8 @@ pub async fn run(cfg: AgentConfig, privileged: Privileged, env: &dyn Env, signal
         let runner = TargetRunner::new(Arc::new(t.clone()), clients, telemetry.clone(), state.clone(), cfg.console)
             .with_gpu(gpu.clone())
             .with_net(net.clone())
-            .with_recent(recent.clone());
+            .with_recent(recent.clone())
+            .with_diagnosis(diagnosis.clone());
         let runner = match server.targets.get(i) {
             Some(s) => runner.with_server(s.clone()),
             None => runner,
@@ -110,6 +113,8 @@ pub async fn run(cfg: AgentConfig, privileged: Privileged, env: &dyn Env, signal
     let loads = Arc::new(LoadManager::new(runners, cfg.control.caps.clone(), shutdown.clone(), tracker.clone()));
     let control_stop = tokio_util::sync::CancellationToken::new();
     let control = crate::control::start(&cfg.control, ControlService { admin: admin_state, recent, loads }, control_stop.clone()).await;
+    let diagnosis_stop = tokio_util::sync::CancellationToken::new();
+    let diagnosis_task = tokio::spawn(crate::diagnosis_live::run(diagnosis.clone(), gpu.clone(), server.clone(), telemetry.clone(), diagnosis_stop.clone()));
     status.ready.store(true, Ordering::Relaxed);
     tracing::info!(
         admin = %admin_addr,
@@ -137,6 +142,8 @@ pub async fn run(cfg: AgentConfig, privileged: Privileged, env: &dyn Env, signal
         shutdown.cancel.cancel();
         let _ = tokio::time::timeout(Duration::from_millis(500), tracker.wait()).await;
     }
+    diagnosis_stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_millis(200), diagnosis_task).await;
     // Stop sampling before the final metric flush; an NVML call in progress is not waited for.
     let _ = tokio::task::spawn_blocking(move || gpu_monitor.stop(Duration::from_millis(200))).await;
     let _ = tokio::task::spawn_blocking(move || net_monitor.stop()).await;

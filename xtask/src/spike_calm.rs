@@ -1,5 +1,5 @@
 //! `cargo xtask spike-calm [--seconds N]`: the 10-minute calm run of issue 17. The real
-//! llama.cpp server under Poisson canaries (2/s, no SLO) for N seconds (default 600): spike
+//! llama.cpp server under Poisson canaries (1/s, no SLO) for N seconds (default 600): spike
 //! mode must never be entered. Runs `tests/spike.rs`'s calm test with `LMPERF_SPIKE_CALM_S`
 //! (CI runs the same test for 150 s) and prints its figures (canaries, TTFT p50/p99/max).
 
