@@ -53,6 +53,16 @@ pub struct CtlArgs {
 pub enum CtlCommand {
     /// Targets, exporter queue, GPU and probe state, the injected load.
     Status,
+    /// The root-cause diagnosis of each target: state, onset, causes ranked by score with
+    /// their evidence (the scorecard; `--json`: the versioned `Diagnosis` document).
+    Diagnose {
+        /// Only this target.
+        #[arg(long)]
+        target: Option<String>,
+        /// A target idle now shows its last confirmed diagnosis of this window (e.g. 15m).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        window: Option<Duration>,
+    },
     /// The last measured requests with their trace ids, newest first.
     Recent {
         /// At most this many.

@@ -15,6 +15,7 @@ pub mod cli;
 pub mod config;
 pub mod control;
 pub mod diagnosis;
+pub mod diagnosis_live;
 pub mod gpu;
 pub mod measure;
 pub mod net;

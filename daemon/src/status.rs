@@ -250,6 +250,8 @@ pub struct AgentStatus {
     pub net: std::sync::Arc<crate::net::state::NetState>,
     /// The last measured requests (control API).
     pub recent: std::sync::Arc<RecentRequests>,
+    /// The live root-cause diagnosis (`/api/v1/diagnosis`, `Diagnose`).
+    pub diagnosis: std::sync::Arc<crate::diagnosis_live::LiveDiagnosis>,
 }
 
 #[cfg(test)]

@@ -53,6 +53,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/api/v1/status", get(status))
+        .route("/api/v1/diagnosis", get(diagnosis))
         .with_state(state)
 }
 
@@ -91,4 +92,22 @@ pub fn status_doc(s: &AdminState) -> StatusDoc {
 
 async fn status(State(s): State<AdminState>) -> axum::Json<StatusDoc> {
     axum::Json(status_doc(&s))
+}
+
+/// `/api/v1/diagnosis?target=T&window=15m`: the `Diagnosis` document (schema in
+/// `crate::diagnosis`); `window`: a target idle now shows its last confirmed diagnosis of the
+/// window.
+#[derive(Debug, serde::Deserialize)]
+struct DiagnosisQuery {
+    target: Option<String>,
+    window: Option<String>,
+}
+
+async fn diagnosis(State(s): State<AdminState>, axum::extract::Query(q): axum::extract::Query<DiagnosisQuery>) -> Response {
+    let window = match q.window.as_deref().map(humantime::parse_duration) {
+        Some(Err(e)) => return (StatusCode::BAD_REQUEST, format!("window = {:?}: {e}\n", q.window.unwrap_or_default())).into_response(),
+        Some(Ok(w)) => Some(w),
+        None => None,
+    };
+    axum::Json(s.status.diagnosis.snapshot(q.target.as_deref(), window, std::time::SystemTime::now())).into_response()
 }

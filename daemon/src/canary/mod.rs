@@ -46,6 +46,8 @@ pub struct TargetRunner {
     pub net: Option<Arc<NetState>>,
     /// Where each measured request's summary goes (control API); `None`: nowhere.
     pub recent: Option<Arc<RecentRequests>>,
+    /// The live diagnosis, fed by every canary; `None`: not fed.
+    pub diagnosis: Option<Arc<crate::diagnosis_live::LiveDiagnosis>>,
     /// Discovered model and provider, once known.
     discovered: Arc<Mutex<Discovery>>,
     in_flight: Arc<Semaphore>,
@@ -100,6 +102,7 @@ impl TargetRunner {
             gpu: None,
             net: None,
             recent: None,
+            diagnosis: None,
             discovered: Arc::default(),
             in_flight,
             discovery_failing: Arc::default(),
@@ -123,6 +126,13 @@ impl TargetRunner {
     /// Keeps a summary of each measured request (canary or injected) in `recent`.
     pub fn with_recent(mut self, recent: Arc<RecentRequests>) -> Self {
         self.recent = Some(recent);
+        self
+    }
+
+    /// Feeds each measured canary to the live diagnosis (and its kept priority spans, for the
+    /// diagnosis span's links).
+    pub fn with_diagnosis(mut self, d: Arc<crate::diagnosis_live::LiveDiagnosis>) -> Self {
+        self.diagnosis = Some(d);
         self
     }
 
@@ -306,6 +316,14 @@ impl TargetRunner {
                 let decision = self.decide(ids, &measured);
                 self.telemetry.record(&info, ids, &measured, &decision);
                 self.state.record(&summary);
+                if let Some(d) = &self.diagnosis {
+                    let (from, to) = (measured.wall_start, measured.wall_start + measured.record.e2e);
+                    let net = self.net.as_ref().map(|n| n.request(t.port, measured.conn.map(|c| c.local), from, to));
+                    d.observe_request(&t.name, &measured, net);
+                    if decision.keep && decision.reason.is_priority() {
+                        d.note_kept(&t.name, ids, to);
+                    }
+                }
             }
             Source::Inject { .. } => {
                 let decision = self.decide_inject(ids, &measured);

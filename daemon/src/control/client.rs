@@ -125,6 +125,15 @@ impl CtlClient {
         self.inner.list_recent_requests(r).await.map(|r| r.into_inner()).map_err(CtlError::Rpc)
     }
 
+    /// `Diagnose`.
+    ///
+    /// # Errors
+    /// The call's status (`NOT_FOUND` for an unknown target).
+    pub async fn diagnose(&mut self, req: proto::DiagnoseRequest) -> Result<proto::DiagnoseResponse, CtlError> {
+        let r = self.request(req);
+        self.inner.diagnose(r).await.map(|r| r.into_inner()).map_err(CtlError::Rpc)
+    }
+
     /// `InjectLoad`.
     ///
     /// # Errors
@@ -336,6 +345,15 @@ pub async fn run(args: crate::cli::CtlArgs, env: &dyn crate::config::Env) -> u8 
             CtlCommand::Stop { id } => {
                 let r = c.stop(id.unwrap_or_default()).await?;
                 (r.load.as_ref().map_or_else(String::new, |l| format!("stopped {}", format_load(l))), json(&r))
+            }
+            CtlCommand::Diagnose { target, window } => {
+                let r = c.diagnose(proto::DiagnoseRequest { target: target.unwrap_or_default(), window_s: window.map_or(0.0, |w| w.as_secs_f64()) }).await?;
+                let doc: serde_json::Value = serde_json::from_str(&r.diagnosis_json).unwrap_or(serde_json::Value::Null);
+                let text = match serde_json::from_str::<crate::diagnosis::Diagnosis>(&r.diagnosis_json) {
+                    Ok(d) => crate::diagnosis::scorecard::text(&d),
+                    Err(e) => format!("unreadable diagnosis from the agent: {e}\n"),
+                };
+                (text, json(&doc))
             }
         };
         Ok::<_, CtlError>(out)

@@ -166,4 +166,21 @@ impl proto::agent_control_server::AgentControl for ControlService {
         let load = self.loads.stop(&req.get_ref().id).await?;
         Ok(Response::new(proto::StopLoadResponse { load: Some(load.to_proto()) }))
     }
+
+    async fn diagnose(&self, req: Request<proto::DiagnoseRequest>) -> Result<Response<proto::DiagnoseResponse>, Status> {
+        let r = req.into_inner();
+        let target = (!r.target.is_empty()).then_some(r.target.as_str());
+        if let Some(t) = target
+            && !self.admin.status.targets.iter().any(|s| s.name == t)
+        {
+            return Err(Status::not_found(format!("target = {t:?}: no such target")));
+        }
+        if !(r.window_s.is_finite() && r.window_s >= 0.0) {
+            return Err(Status::invalid_argument(format!("window_s = {}: seconds, 0 or more", r.window_s)));
+        }
+        let window = (r.window_s > 0.0).then(|| std::time::Duration::from_secs_f64(r.window_s));
+        let d = self.admin.status.diagnosis.snapshot(target, window, std::time::SystemTime::now());
+        let diagnosis_json = serde_json::to_string(&d).map_err(|e| Status::internal(format!("diagnosis JSON: {e}")))?;
+        Ok(Response::new(proto::DiagnoseResponse { diagnosis_json }))
+    }
 }

@@ -1,9 +1,98 @@
 //! Root-cause diagnosis: what moved with a P99 spike, ranked, with its evidence.
 //!
 //! - [`detector`]: the robust per-bucket baseline and jump detector, shared by the adaptive
-//!   sampler's spike mode and the diagnosis's symptom detection.
+//!   sampler's spike mode (2 ×) and the diagnosis's symptom detection (1.5 ×).
+//! - [`signal`]: the named input signals (canary, GPU, network, inference server).
+//! - [`store`]: the evidence store of a target (1 s resolution, 30 min, bounded).
+//! - [`engine`]: [`Engine`]: symptom → onset → cause scores → state, per target.
+//! - [`report`]: the [`Diagnosis`] document (**API Boundary**); [`scorecard`]: it as text.
 //!
 //! **Architecture Invariant:** pure, like `measure/`: no clock, no socket, no file. Callers
-//! pass the times; everything is testable on recorded series in milliseconds.
+//! pass the times; everything is testable on recorded series in milliseconds. The agent's
+//! feeder is `crate::diagnosis_live`.
+//!
+//! # API (for the agent and offline callers)
+//!
+//! `Engine::new(EngineConfig::default())`, then `engine.observe(target, Signal::Ttft, at,
+//! seconds)` for every sample (any order of targets and signals, times non-decreasing per
+//! signal), and `engine.evaluate(now) -> Diagnosis` as often as wanted (the agent: every
+//! second; an offline replay: every second of the recording, in time order, since the state
+//! machine advances one step per evaluation).
+//!
+//! # Algorithm
+//!
+//! 1. **Symptom** (per evaluation): TTFT, TPOT, E2E p99 and the error ratio per 10 s bucket
+//!    against the median and MAD of up to the previous 30 min of buckets (8 buckets, about
+//!    2 min, suffice): a bucket jumped with ≥ 1.5 × the median, a robust z ≥ 3.5 and the
+//!    signal's absolute floor (50 ms TTFT/E2E, 5 ms TPOT, 5 % errors); the symptom needs 2 of
+//!    the last 3 buckets. Staying needs the rule relaxed to 80 % (hysteresis).
+//! 2. **Onset**: a one-sided CUSUM (Page 1954; k = 0.5 σ, h = 5 σ) over the symptom signal's
+//!    1 s values against their pre-symptom median and robust scale; the onset is the last
+//!    second the statistic was 0 before the alarm.
+//! 3. **States**: `idle → triggered → propagating → root_confirmed → idle` (Grafana Sift /
+//!    seed-style): triggered on the symptom, propagating while causes are scored,
+//!    root_confirmed when a cause scores ≥ 0.75; back to idle 60 s after the symptom ended.
+//!    `unknown` is concluded 45 s after the onset when no cause reaches 0.5 (score 1 − best).
+//! 4. **Cause scores** in [0, 1]: for each signal of a cause, a BARO-style robust change
+//!    (Pham et al., "BARO: Robust Root Cause Analysis for Microservices via Multivariate
+//!    Bayesian Online Change Point Detection", FSE 2024): (median after onset − median before)
+//!    ÷ (1.4826 · MAD), in the harmful direction only, material when beyond the signal's floor,
+//!    20 % and z ≥ 3, squashed as 1 − e^(−z/8); hard rules raise a signal to ≥ 0.85 (KV ≥ 0.95,
+//!    any preemption, throttle reasons set, GPU memory ≥ 95 % or a new process, an XID / ECC /
+//!    lost event, kernel RTT ≥ 2 × and +5 ms, error ratio ≥ 1 %, a server change in the 15 min
+//!    before onset); time order (the signal's own CUSUM change point: ≥ 2 s before the onset
+//!    × 1.05, up to 5 s after × 1, later down to × 0.6); which part of latency moved (TTFT alone
+//!    → queue / prefill / network; TPOT → decode: GPU, KV; both → load): a cause whose part did
+//!    not move × 0.75. Without server signals, TTFT and TPOT rising together with GPU, network
+//!    and errors flat is read as `load_surge` (0.5 + 0.4 × strength). The cause graph
+//!    (load_surge → server_queueing, long_prompts → server_queueing, kv_cache_pressure →
+//!    server_queueing, load_surge → kv_cache_pressure, gpu_memory_pressure → kv_cache_pressure,
+//!    gpu_fault → error_burst, server_change → error_burst, gpu_fault → gpu_throttling) ranks a
+//!    parent above its child when both score ≥ 0.5, the child's evidence joining the parent's
+//!    (CIRCA: Li et al., "Causal Inference-Based Root Cause Analysis for Online Service Systems
+//!    with Intervention Recognition", KDD 2022). Named checks with a threshold, evidence and a
+//!    sentence follow Coroot's inspections; the evaluation targets (AC@k) are RCAEval's (Pham et
+//!    al., WWW 2025).
+//! 5. **TTFT decomposition**: extra client TTFT (median after − before) = server queue +
+//!    server prefill + network (kernel RTT change × 1 round trip) + unexplained.
+//!
+//! # `Diagnosis` JSON (schema_version 1)
+//!
+//! ```text
+//! { "schema_version": 1, "evaluated_at_unix_s": f64,
+//!   "targets": [ { "target": str,
+//!     "state": "idle" | "triggered" | "propagating" | "root_confirmed",
+//!     "since_unix_s": f64 | null,            // last state change
+//!     "onset_unix_s": f64 | null,            // CUSUM change point of the symptom
+//!     "symptom": null | { "signal": "ttft" | "tpot" | "e2e" | "error", "value": f64,
+//!                         "peak": f64, "baseline": f64, "ratio": f64, "z": f64,
+//!                         "jumped_buckets": int, "recent_buckets": int },
+//!     "causes": [ { "cause": "load_surge" | "server_queueing" | "kv_cache_pressure" |
+//!                   "long_prompts" | "gpu_throttling" | "gpu_memory_pressure" | "gpu_fault" |
+//!                   "network" | "error_burst" | "server_change" | "unknown",
+//!                   "score": f64 in [0, 1],      // ranked, highest first
+//!                   "evidence": [ { "signal": str (Signal::as_str), "before": f64,
+//!                                   "after": f64, "peak": f64, "z": f64,
+//!                                   "changed_at_unix_s": f64 | null, "lead_s": f64 | null,
+//!                                   "rule": str | null } ] } ],
+//!     "ttft_decomposition": null | { "extra_s": f64, "server_queue_s": f64 | null,
+//!                                    "server_prefill_s": f64 | null, "network_s": f64 | null,
+//!                                    "unexplained_s": f64 },
+//!     "summary": str | null } ] }           // the WARN line in words
+//! ```
+//! Values are in the signal's unit ([`Signal::unit`]: seconds, Hz, ratios, counts). Fields
+//! are only added in version 1; a rename or removal bumps [`report::SCHEMA_VERSION`].
 
 pub mod detector;
+pub mod engine;
+pub mod report;
+pub mod scorecard;
+pub mod signal;
+pub mod store;
+
+pub use engine::{Engine, EngineConfig};
+pub use report::{Cause, CauseScore, Diagnosis, Evidence, State, TargetDiagnosis};
+pub use signal::Signal;
+
+#[cfg(test)]
+mod tests;

@@ -140,6 +140,11 @@ impl Telemetry {
         TraceIds::random(&self.head_sampler.unwrap_or(HeadSampler::AlwaysOn))
     }
 
+    /// The instrumentation scope of the agent's spans.
+    pub fn scope(&self) -> &InstrumentationScope {
+        &self.scope
+    }
+
     /// The meter of the agent's own instruments (for other sources' metrics).
     pub fn meter(&self) -> opentelemetry::metrics::Meter {
         self.meter_provider.meter_with_scope(self.scope.clone())

@@ -140,6 +140,23 @@ pub const LMPERF_SPIKE_SIGNAL: &str = "lmperf.spike.signal";
 pub const LMPERF_SPIKE_BASELINE: &str = "lmperf.spike.baseline";
 pub const LMPERF_SPIKE_RATIO: &str = "lmperf.spike.ratio";
 pub const LMPERF_SPIKE_Z: &str = "lmperf.spike.z";
+
+// ---- Diagnosis (see `diagnosis`, `diagnosis_live`); metric names contracted with the alert rules ----
+/// Gauge, unit `1`: score in [0, 1] of a root cause, by `lmperf.target` and `lmperf.diagnosis.cause`.
+pub const METRIC_DIAGNOSIS_SCORE: &str = "lmperf.diagnosis.score";
+/// Gauge, unit `{state}`: 0 idle, 1 triggered, 2 propagating, 3 root_confirmed, by `lmperf.target`.
+pub const METRIC_DIAGNOSIS_STATE: &str = "lmperf.diagnosis.state";
+/// A cause's stable name (`load_surge`, `server_queueing`, ..., `unknown`).
+pub const LMPERF_DIAGNOSIS_CAUSE: &str = "lmperf.diagnosis.cause";
+/// The INTERNAL span of a confirmed diagnosis, linked to the spike's kept traces.
+pub const SPAN_DIAGNOSIS: &str = "lmperf.diagnosis";
+/// On the span: the top cause's score, the state, the onset (Unix s), the line in words, the
+/// top cause's evidence (JSON array, the `Diagnosis` schema's `evidence`).
+pub const LMPERF_DIAGNOSIS_SCORE: &str = "lmperf.diagnosis.score";
+pub const LMPERF_DIAGNOSIS_STATE: &str = "lmperf.diagnosis.state";
+pub const LMPERF_DIAGNOSIS_ONSET: &str = "lmperf.diagnosis.onset";
+pub const LMPERF_DIAGNOSIS_SUMMARY: &str = "lmperf.diagnosis.summary";
+pub const LMPERF_DIAGNOSIS_EVIDENCE: &str = "lmperf.diagnosis.evidence";
 /// The `tracestate` list member of OpenTelemetry ("ot"), holding the sampling threshold `th`.
 pub const TRACESTATE_OT: &str = "ot";
 

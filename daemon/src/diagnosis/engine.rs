@@ -1,0 +1,766 @@
+//! The diagnosis engine: per target, symptom → onset → cause scores → state. See the module
+//! doc of [`crate::diagnosis`] for the algorithm and its sources.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use super::detector::{Assessment, Baseline, BucketSeries, DetectorConfig, JumpRule, median};
+use super::report::{
+    Cause, CauseScore, Diagnosis, Evidence, SCHEMA_VERSION, State, Symptom, TargetDiagnosis,
+    TtftDecomposition, unix_s,
+};
+use super::signal::{Harm, Signal};
+use super::store::{EvidenceStore, SecondSeries};
+
+/// Engine settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineConfig {
+    /// Buckets and baseline history (10 s, 30 min; 8 baseline buckets suffice).
+    pub detector: DetectorConfig,
+    /// The symptom rule: ≥ 1.5 ×, robust z ≥ 3.5; the floor is the signal's
+    /// ([`Signal::floor`]; 5 % for the error ratio).
+    pub symptom: JumpRule,
+    /// A cause at or above this score confirms the root. Default 0.75.
+    pub confirm_score: f64,
+    /// Without a confirmed cause this long after the onset, `unknown` is concluded when
+    /// nothing scores 0.5. Default 45 s.
+    pub unknown_after: Duration,
+    /// The symptom must be gone this long for the state to fall back to idle. Default 60 s.
+    pub clear_after: Duration,
+    /// At most this many targets (memory bound); observations of others are dropped.
+    pub max_targets: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            detector: DetectorConfig::default(),
+            symptom: JumpRule {
+                ratio: 1.5,
+                z: 3.5,
+                floor: 0.0,
+            },
+            confirm_score: 0.75,
+            unknown_after: Duration::from_secs(45),
+            clear_after: Duration::from_secs(60),
+            max_targets: 256,
+        }
+    }
+}
+
+/// The live diagnosis of many targets: feed it samples, ask it at any time.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use lmperf::diagnosis::{Engine, EngineConfig, Signal};
+/// let mut e = Engine::new(EngineConfig::default());
+/// let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+/// e.observe("vllm-0", Signal::Ttft, t0, 0.120);
+/// let d = e.evaluate(t0 + Duration::from_secs(1));
+/// assert_eq!(d.targets[0].state.as_str(), "idle");
+/// ```
+#[derive(Debug, Clone)]
+pub struct Engine {
+    config: EngineConfig,
+    targets: BTreeMap<String, TargetEngine>,
+    /// Observations dropped because `max_targets` was reached.
+    pub dropped: u64,
+}
+
+#[derive(Debug, Clone)]
+struct TargetEngine {
+    store: EvidenceStore,
+    state: State,
+    since: Option<SystemTime>,
+    onset: Option<u32>,
+    last_symptom: Option<SystemTime>,
+    last: Option<TargetDiagnosis>,
+}
+
+fn dur(t: SystemTime) -> Duration {
+    t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default()
+}
+
+fn sec(t: SystemTime) -> u32 {
+    u32::try_from(dur(t).as_secs()).unwrap_or(u32::MAX)
+}
+
+impl Engine {
+    pub fn new(config: EngineConfig) -> Self {
+        Self {
+            config,
+            targets: BTreeMap::new(),
+            dropped: 0,
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Adds one sample of `signal` for `target` at `at`, in the signal's unit
+    /// ([`Signal::unit`]). NaN and infinite values are ignored.
+    pub fn observe(&mut self, target: &str, signal: Signal, at: SystemTime, value: f64) {
+        if !self.targets.contains_key(target) {
+            if self.targets.len() >= self.config.max_targets {
+                self.dropped += 1;
+                return;
+            }
+            self.targets
+                .insert(target.to_owned(), TargetEngine::new(self.config.detector));
+        }
+        if let Some(t) = self.targets.get_mut(target) {
+            t.store.observe(signal, dur(at), value);
+        }
+    }
+
+    /// Names of the targets seen.
+    pub fn targets(&self) -> impl Iterator<Item = &str> {
+        self.targets.keys().map(String::as_str)
+    }
+
+    /// Evaluates every target at `now` and advances its state machine.
+    pub fn evaluate(&mut self, now: SystemTime) -> Diagnosis {
+        let cfg = self.config;
+        let targets = self
+            .targets
+            .iter_mut()
+            .map(|(name, t)| t.evaluate(name, now, &cfg))
+            .collect();
+        Diagnosis {
+            schema_version: SCHEMA_VERSION,
+            evaluated_at_unix_s: unix_s(now),
+            targets,
+        }
+    }
+
+    /// The last evaluation of `target`, if any.
+    pub fn last(&self, target: &str) -> Option<&TargetDiagnosis> {
+        self.targets.get(target)?.last.as_ref()
+    }
+
+    /// Heap bytes of every target's evidence.
+    pub fn heap_bytes(&self) -> usize {
+        self.targets.values().map(|t| t.store.heap_bytes()).sum()
+    }
+}
+
+/// How a cause shows in the latency: which part it moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// TTFT alone (queue, prefill, network).
+    Ttft,
+    /// TPOT (decode side: GPU, KV, batch).
+    Tpot,
+    /// Both (load).
+    Both,
+    Any,
+}
+
+struct CauseDef {
+    cause: Cause,
+    signals: &'static [Signal],
+    part: Part,
+}
+
+const CAUSES: &[CauseDef] = &[
+    CauseDef {
+        cause: Cause::LoadSurge,
+        signals: &[
+            Signal::ServerRequestRate,
+            Signal::ServerPromptTokensRate,
+            Signal::ServerRequestsRunning,
+            Signal::ServerGenerationTokensRate,
+        ],
+        part: Part::Both,
+    },
+    CauseDef {
+        cause: Cause::ServerQueueing,
+        signals: &[Signal::ServerRequestsWaiting, Signal::ServerQueueTime],
+        part: Part::Ttft,
+    },
+    CauseDef {
+        cause: Cause::KvCachePressure,
+        signals: &[Signal::ServerKvUsage, Signal::ServerPreemptions],
+        part: Part::Tpot,
+    },
+    CauseDef {
+        cause: Cause::LongPrompts,
+        signals: &[Signal::InputTokens, Signal::ServerPrefillTime],
+        part: Part::Ttft,
+    },
+    CauseDef {
+        cause: Cause::GpuThrottling,
+        signals: &[Signal::GpuSmClock, Signal::GpuThrottle],
+        part: Part::Tpot,
+    },
+    CauseDef {
+        cause: Cause::GpuMemoryPressure,
+        signals: &[Signal::GpuMemoryUtilization, Signal::GpuForeignProcesses],
+        part: Part::Any,
+    },
+    CauseDef {
+        cause: Cause::GpuFault,
+        signals: &[Signal::GpuFault],
+        part: Part::Any,
+    },
+    CauseDef {
+        cause: Cause::Network,
+        signals: &[Signal::NetSrtt, Signal::NetRetransmits, Signal::NetConnect],
+        part: Part::Ttft,
+    },
+    CauseDef {
+        cause: Cause::ErrorBurst,
+        signals: &[
+            Signal::Error,
+            Signal::Error5xx,
+            Signal::Error429,
+            Signal::ErrorTimeout,
+        ],
+        part: Part::Any,
+    },
+    CauseDef {
+        cause: Cause::ServerChange,
+        signals: &[Signal::ServerChange],
+        part: Part::Any,
+    },
+];
+
+/// The cause graph (parent → child): when both moved, the parent ranks first and carries the
+/// child's evidence (CIRCA's structural ranking, simplified to one level).
+const GRAPH: &[(Cause, Cause)] = &[
+    (Cause::LoadSurge, Cause::ServerQueueing),
+    (Cause::LongPrompts, Cause::ServerQueueing),
+    (Cause::KvCachePressure, Cause::ServerQueueing),
+    (Cause::LoadSurge, Cause::KvCachePressure),
+    (Cause::GpuMemoryPressure, Cause::KvCachePressure),
+    (Cause::GpuFault, Cause::ErrorBurst),
+    (Cause::ServerChange, Cause::ErrorBurst),
+    (Cause::GpuFault, Cause::GpuThrottling),
+];
+
+/// Robust z (harmful direction) → strength in [0, 1): 1 − e^(−z/8) (z 3.5 → 0.35, 10 → 0.71,
+/// 20 → 0.92).
+fn squash(z: f64) -> f64 {
+    if z <= 0.0 {
+        0.0
+    } else {
+        1.0 - (-z / 8.0).exp()
+    }
+}
+
+/// Ratios and z scores are capped here so the JSON stays finite (a zero baseline).
+pub const RATIO_CAP: f64 = 1e6;
+
+/// The seconds before the onset excluded from the baseline (the onset estimate may be late).
+const GUARD_S: u32 = 5;
+/// CUSUM: drift allowance k and alarm threshold h, in units of the baseline scale.
+const CUSUM_K: f64 = 0.5;
+const CUSUM_H: f64 = 5.0;
+
+/// How one signal moved since `onset`.
+#[derive(Debug, Clone, Copy)]
+struct Moved {
+    before: f64,
+    after: f64,
+    peak: f64,
+    z: f64,
+    changed_at: Option<u32>,
+    /// The change is material: beyond the floor and 20 % of the baseline, z ≥ 3.
+    material: bool,
+}
+
+/// The scale of a baseline for a signal: 1.4826·MAD, at least 2 % of the median and half the
+/// signal's floor (so a flat baseline does not make every wobble infinite).
+fn scale(b: &Baseline, floor: f64) -> f64 {
+    (1.4826 * b.mad)
+        .max(0.02 * b.median.abs())
+        .max(floor / 2.0)
+        .max(1e-12)
+}
+
+/// BARO-style robust change of `series` after `onset` against the history before it.
+fn moved(
+    signal: Signal,
+    series: &SecondSeries,
+    onset: u32,
+    now: u32,
+    history_s: u32,
+) -> Option<Moved> {
+    let mut before: Vec<f64> = series
+        .range(
+            onset.saturating_sub(history_s),
+            onset.saturating_sub(GUARD_S),
+        )
+        .map(|(_, v)| v)
+        .collect();
+    let after_vals: Vec<(u32, f64)> = series.range(onset, now.saturating_add(1)).collect();
+    if after_vals.is_empty() {
+        return None;
+    }
+    // A signal that has no history before the onset (an event that never happened, a
+    // series that starts with the incident) is compared with 0.
+    if before.is_empty() {
+        before.push(0.0);
+    }
+    let b = Baseline::of(&mut before)?;
+    let sign = if signal.harm() == Harm::Down {
+        -1.0
+    } else {
+        1.0
+    };
+    let mut after: Vec<f64> = after_vals.iter().map(|&(_, v)| v).collect();
+    let after_med = median(&mut after)?;
+    let peak = after_vals
+        .iter()
+        .map(|&(_, v)| sign * v)
+        .fold(f64::NEG_INFINITY, f64::max)
+        * sign;
+    let floor = signal.floor();
+    let s = scale(&b, floor);
+    let delta = sign * (after_med - b.median);
+    let z = delta / s;
+    let relative_ok = b.median == 0.0 || delta / b.median.abs() >= 0.2;
+    let material = delta >= floor && z >= 3.0 && relative_ok;
+    let changed_at = cusum_change(series, onset.saturating_sub(300), b.median, s, sign);
+    Some(Moved {
+        before: b.median,
+        after: after_med,
+        peak,
+        z,
+        changed_at,
+        material,
+    })
+}
+
+/// One-sided CUSUM (Page 1954) over the series from second `from`, against mean `mu` and scale
+/// `sigma`, in the harmful direction `sign`: the change point is the last second the statistic
+/// was 0 before its first alarm.
+fn cusum_change(series: &SecondSeries, from: u32, mu: f64, sigma: f64, sign: f64) -> Option<u32> {
+    let mut s = 0.0;
+    let mut last_zero = None;
+    for (t, v) in series.range(from, u32::MAX) {
+        let prev = s;
+        s = (s + sign * (v - mu) / sigma - CUSUM_K).max(0.0);
+        if prev == 0.0 {
+            last_zero = Some(t);
+        }
+        if s > CUSUM_H {
+            return last_zero;
+        }
+    }
+    None
+}
+
+impl TargetEngine {
+    fn new(detector: DetectorConfig) -> Self {
+        Self {
+            store: EvidenceStore::new(detector),
+            state: State::Idle,
+            since: None,
+            onset: None,
+            last_symptom: None,
+            last: None,
+        }
+    }
+
+    /// The symptom at `now`: the jumped symptom series with the largest ratio.
+    fn symptom(&mut self, now: SystemTime, cfg: &EngineConfig, factor: f64) -> Option<Symptom> {
+        let at = dur(now);
+        let mut best: Option<(Signal, Assessment)> = None;
+        let s = &mut self.store;
+        let series: [(Signal, &mut BucketSeries); 4] = [
+            (Signal::Ttft, &mut s.ttft),
+            (Signal::Tpot, &mut s.tpot),
+            (Signal::E2e, &mut s.e2e),
+            (Signal::Error, &mut s.errors),
+        ];
+        for (signal, b) in series {
+            let floor = if signal == Signal::Error {
+                0.05
+            } else {
+                signal.floor()
+            };
+            let rule = JumpRule {
+                floor,
+                ..cfg.symptom
+            }
+            .relaxed(factor);
+            if let Some(a) = b.assess(at, &rule)
+                && a.jumped
+                && best.as_ref().is_none_or(|(_, x)| a.ratio > x.ratio)
+            {
+                best = Some((signal, a));
+            }
+        }
+        best.map(|(signal, a)| Symptom {
+            signal,
+            value: a.value,
+            peak: a.peak,
+            baseline: a.baseline.median,
+            ratio: a.ratio.min(RATIO_CAP),
+            z: a.z.min(RATIO_CAP),
+            jumped_buckets: a.jumped_buckets,
+            recent_buckets: a.recent,
+        })
+    }
+
+    /// The idle diagnosis (kept as the last one).
+    fn idle(&mut self, name: &str) -> TargetDiagnosis {
+        let d = TargetDiagnosis {
+            target: name.to_owned(),
+            state: State::Idle,
+            since_unix_s: self.since.map(unix_s),
+            onset_unix_s: None,
+            symptom: None,
+            causes: Vec::new(),
+            ttft_decomposition: None,
+            summary: None,
+        };
+        self.last = Some(d.clone());
+        d
+    }
+
+    fn set_state(&mut self, s: State, now: SystemTime) {
+        if self.state != s {
+            self.state = s;
+            self.since = Some(now);
+        }
+    }
+
+    fn evaluate(&mut self, name: &str, now: SystemTime, cfg: &EngineConfig) -> TargetDiagnosis {
+        let now_sec = sec(now);
+        self.store.roll(now_sec);
+        let prev = self.state;
+        let factor = if self.state == State::Idle { 1.0 } else { 0.8 };
+        let symptom = self.symptom(now, cfg, factor);
+        if symptom.is_some() {
+            self.last_symptom = Some(now);
+        }
+        let cleared = self
+            .last_symptom
+            .is_none_or(|t| now.duration_since(t).unwrap_or_default() >= cfg.clear_after);
+        match (self.state, &symptom) {
+            (State::Idle, None) => return self.idle(name),
+            (State::Idle, Some(sym)) => {
+                self.set_state(State::Triggered, now);
+                self.onset = Some(self.onset_of(sym.signal, now_sec, cfg));
+            }
+            (_, None) if cleared => {
+                self.set_state(State::Idle, now);
+                self.onset = None;
+                return self.idle(name);
+            }
+            (State::Triggered, Some(_)) => self.set_state(State::Propagating, now),
+            _ => {}
+        }
+        let onset = self.onset.unwrap_or(now_sec);
+        let history_s = cfg.detector.history.as_secs() as u32;
+        let (mut causes, decomposition) = score(&self.store, onset, now_sec, history_s);
+        let best = causes.first().map_or(0.0, |c| c.score);
+        let waited = Duration::from_secs(u64::from(now_sec.saturating_sub(onset)));
+        if best < 0.5 && waited >= cfg.unknown_after && symptom.is_some() {
+            causes.insert(
+                0,
+                CauseScore {
+                    cause: Cause::Unknown,
+                    score: 1.0 - best,
+                    evidence: Vec::new(),
+                },
+            );
+        }
+        let top = causes.first().map_or(0.0, |c| c.score);
+        // Each state lasts at least one evaluation: triggered → propagating → root_confirmed.
+        if matches!(prev, State::Propagating | State::RootConfirmed) && top >= cfg.confirm_score {
+            self.set_state(State::RootConfirmed, now);
+        }
+        let mut d = TargetDiagnosis {
+            target: name.to_owned(),
+            state: self.state,
+            since_unix_s: self.since.map(unix_s),
+            onset_unix_s: Some(f64::from(onset)),
+            symptom: symptom.or_else(|| self.last.as_ref().and_then(|l| l.symptom.clone())),
+            causes,
+            ttft_decomposition: decomposition,
+            summary: None,
+        };
+        d.summary = d.line();
+        self.last = Some(d.clone());
+        d
+    }
+
+    /// The onset of the symptom on `signal`: the CUSUM change point of its 1 s values against
+    /// the history before the recent buckets; the start of the recent buckets without one.
+    fn onset_of(&self, signal: Signal, now_sec: u32, cfg: &EngineConfig) -> u32 {
+        let recent_s = (cfg.detector.bucket.as_secs() as u32).max(1)
+            * (cfg.detector.recent_buckets as u32 + 1);
+        let fallback = now_sec.saturating_sub(recent_s);
+        let Some(series) = self.store.series(signal) else {
+            return fallback;
+        };
+        let history_s = cfg.detector.history.as_secs() as u32;
+        let mut before: Vec<f64> = series
+            .range(fallback.saturating_sub(history_s), fallback)
+            .map(|(_, v)| v)
+            .collect();
+        let Some(b) = Baseline::of(&mut before) else {
+            return fallback;
+        };
+        let s = scale(&b, signal.floor());
+        cusum_change(series, fallback.saturating_sub(120), b.median, s, 1.0).unwrap_or(fallback)
+    }
+}
+
+/// Scores every cause since `onset`; highest first, those above 0 only.
+fn score(
+    store: &EvidenceStore,
+    onset: u32,
+    now: u32,
+    history_s: u32,
+) -> (Vec<CauseScore>, Option<TtftDecomposition>) {
+    let m = |s: Signal| {
+        store
+            .series(s)
+            .and_then(|series| moved(s, series, onset, now, history_s))
+    };
+    let evidence = |s: Signal, mv: &Moved, rule: Option<String>| Evidence {
+        signal: s,
+        before: mv.before,
+        after: mv.after,
+        peak: mv.peak,
+        z: mv.z,
+        changed_at_unix_s: mv.changed_at.map(f64::from),
+        lead_s: mv.changed_at.map(|c| f64::from(onset) - f64::from(c)),
+        rule,
+    };
+    let ttft = m(Signal::Ttft);
+    let tpot = m(Signal::Tpot);
+    let ttft_moved = ttft.is_some_and(|x| x.material);
+    let tpot_moved = tpot.is_some_and(|x| x.material);
+    let mut out: Vec<CauseScore> = Vec::new();
+    for def in CAUSES {
+        let mut best = 0.0_f64;
+        let mut ev: Vec<(f64, Evidence)> = Vec::new();
+        for &s in def.signals {
+            if let Some((value, e)) = event_evidence(s, store, onset, now) {
+                best = best.max(value);
+                ev.push((value, e));
+                continue;
+            }
+            let Some(mv) = m(s) else { continue };
+            let rule = hard_rule(s, &mv, store, onset, now);
+            let strength = if mv.material { squash(mv.z) } else { 0.0 };
+            let mut value = strength;
+            if rule.is_some() {
+                value = value.max(0.85);
+            }
+            if value <= 0.0 {
+                continue;
+            }
+            // Time order: moved before the symptom gains, well after loses.
+            let lead = mv.changed_at.map(|c| f64::from(onset) - f64::from(c));
+            value *= match lead {
+                Some(l) if l >= 2.0 => 1.05,
+                Some(l) if l >= -5.0 => 1.0,
+                Some(l) if l >= -30.0 => 1.0 - 0.3 * ((-l - 5.0) / 25.0),
+                Some(_) => 0.6,
+                None => 0.9,
+            };
+            best = best.max(value);
+            ev.push((value, evidence(s, &mv, rule)));
+        }
+        if best <= 0.0 {
+            continue;
+        }
+        // Which part of the latency moved.
+        let fits = match def.part {
+            Part::Ttft => ttft_moved,
+            Part::Tpot => tpot_moved,
+            Part::Both => ttft_moved && tpot_moved,
+            Part::Any => true,
+        };
+        let part_factor = match (def.part, fits) {
+            (_, true) => 1.0,
+            (Part::Both, false) => 0.8,
+            _ => 0.75,
+        };
+        let mut sc = (best * part_factor).min(1.0);
+        // Network: only while the server's own timings stay flat.
+        if def.cause == Cause::Network && m(Signal::ServerTtft).is_some_and(|x| x.material) {
+            sc *= 0.5;
+        }
+        ev.sort_by(|a, b| b.0.total_cmp(&a.0));
+        out.push(CauseScore {
+            cause: def.cause,
+            score: sc,
+            evidence: ev.into_iter().map(|(_, e)| e).collect(),
+        });
+    }
+    // Load inferred from the canary alone: TTFT and TPOT both rose, no server signal to say
+    // more, and no hardware cause explains it.
+    let has_server = store.series(Signal::ServerRequestRate).is_some()
+        || store.series(Signal::ServerRequestsRunning).is_some();
+    if let (Some(a), Some(b)) = (ttft.filter(|x| x.material), tpot.filter(|x| x.material))
+        && !has_server
+        && !out.iter().any(|c| c.cause == Cause::LoadSurge)
+    {
+        let hw = out
+            .iter()
+            .filter(|c| {
+                matches!(
+                    c.cause,
+                    Cause::GpuThrottling
+                        | Cause::GpuMemoryPressure
+                        | Cause::GpuFault
+                        | Cause::Network
+                        | Cause::ErrorBurst
+                )
+            })
+            .map(|c| c.score)
+            .fold(0.0, f64::max);
+        let sc = ((0.5 + 0.4 * squash(a.z.min(b.z))) - hw).max(0.0);
+        if sc > 0.0 {
+            let rule = Some("TTFT and TPOT both rose with GPU, network and errors flat: more work at the server".to_owned());
+            out.push(CauseScore {
+                cause: Cause::LoadSurge,
+                score: sc,
+                evidence: vec![
+                    evidence(Signal::Ttft, &a, rule),
+                    evidence(Signal::Tpot, &b, None),
+                ],
+            });
+        }
+    }
+    apply_graph(&mut out);
+    out.retain(|c| c.score > 0.0);
+    out.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.cause.cmp(&b.cause)));
+    for c in &mut out {
+        c.score = (c.score * 1000.0).round() / 1000.0;
+    }
+    let decomposition = ttft.filter(|t| t.material).map(|t| decompose(&t, &m));
+    (out, decomposition)
+}
+
+/// Event signals (GPU faults, server changes): the hard rule over their window before the
+/// onset (60 s for a fault, 15 min for a change) until now. `None` for other signals or
+/// without an event.
+fn event_evidence(
+    s: Signal,
+    store: &EvidenceStore,
+    onset: u32,
+    now: u32,
+) -> Option<(f64, Evidence)> {
+    let (window, rule) = match s {
+        Signal::GpuFault => (60, "XID / ECC / GPU lost event"),
+        Signal::ServerChange => (
+            15 * 60,
+            "server change (restart, version, model) in the 15 min before",
+        ),
+        _ => return None,
+    };
+    let events: Vec<(u32, f64)> = store
+        .series(s)?
+        .range(onset.saturating_sub(window), now.saturating_add(1))
+        .filter(|&(_, v)| v > 0.0)
+        .collect();
+    let &(last, _) = events.last()?;
+    let count: f64 = events.iter().map(|&(_, v)| v).sum();
+    let lead = f64::from(onset) - f64::from(last);
+    let value = if lead >= 0.0 {
+        0.9
+    } else if lead >= -30.0 {
+        0.85
+    } else {
+        0.6
+    };
+    let e = Evidence {
+        signal: s,
+        before: 0.0,
+        after: count,
+        peak: count,
+        z: 0.0,
+        changed_at_unix_s: Some(f64::from(last)),
+        lead_s: Some(lead),
+        rule: Some(rule.to_owned()),
+    };
+    Some((value, e))
+}
+
+/// Parent first: a parent that moved with its child ranks above it and carries its evidence.
+fn apply_graph(out: &mut [CauseScore]) {
+    for &(parent, child) in GRAPH {
+        let (Some(pi), Some(ci)) = (
+            out.iter().position(|c| c.cause == parent),
+            out.iter().position(|c| c.cause == child),
+        ) else {
+            continue;
+        };
+        if out[pi].score >= 0.5 && out[ci].score >= 0.5 {
+            let child_ev = out[ci].evidence.clone();
+            let child_score = out[ci].score;
+            let p = &mut out[pi];
+            p.score = p.score.max(child_score).min(1.0);
+            for e in child_ev {
+                if !p.evidence.iter().any(|x| x.signal == e.signal) {
+                    p.evidence.push(e);
+                }
+            }
+            let ps = out[pi].score;
+            out[ci].score = out[ci].score.min(ps - 0.05).max(0.0);
+        }
+    }
+}
+
+/// Hard rules of the issue, in words, when they fire.
+fn hard_rule(s: Signal, mv: &Moved, store: &EvidenceStore, onset: u32, now: u32) -> Option<String> {
+    let any_after = |sig: Signal, from: u32| {
+        store
+            .series(sig)
+            .is_some_and(|x| x.range(from, now.saturating_add(1)).any(|(_, v)| v > 0.0))
+    };
+    match s {
+        Signal::ServerKvUsage if mv.peak >= 0.95 => Some(format!("KV usage {:.2} ≥ 0.95", mv.peak)),
+        Signal::ServerPreemptions if mv.before == 0.0 && any_after(s, onset) => {
+            Some("preemptions since the onset".to_owned())
+        }
+        Signal::GpuThrottle if mv.before == 0.0 && mv.peak >= 1.0 => {
+            Some("throttle reasons set (thermal / power / HW slowdown)".to_owned())
+        }
+        Signal::GpuMemoryUtilization if mv.peak >= 0.95 => {
+            Some(format!("GPU memory {:.0} % used", mv.peak * 100.0))
+        }
+        Signal::GpuForeignProcesses if mv.before == 0.0 && mv.peak >= 1.0 => {
+            Some("another process on the GPU".to_owned())
+        }
+        Signal::NetSrtt
+            if mv.before > 0.0 && mv.after >= 2.0 * mv.before && mv.after - mv.before >= 0.005 =>
+        {
+            Some(format!(
+                "kernel RTT ≥ 2 × and +5 ms ({:.1} → {:.1} ms)",
+                mv.before * 1e3,
+                mv.after * 1e3
+            ))
+        }
+        Signal::Error if mv.after >= 0.01 && mv.material => {
+            Some(format!("error ratio {:.1} % ≥ 1 %", mv.after * 100.0))
+        }
+        _ => None,
+    }
+}
+
+/// Extra client TTFT split into server queue, prefill, network and the rest.
+fn decompose(ttft: &Moved, m: &impl Fn(Signal) -> Option<Moved>) -> TtftDecomposition {
+    let extra = ttft.after - ttft.before;
+    let part = |s: Signal| m(s).map(|x| (x.after - x.before).max(0.0));
+    let queue = part(Signal::ServerQueueTime);
+    let prefill = part(Signal::ServerPrefillTime);
+    let network = part(Signal::NetSrtt);
+    let explained = queue.unwrap_or(0.0) + prefill.unwrap_or(0.0) + network.unwrap_or(0.0);
+    TtftDecomposition {
+        extra_s: extra,
+        server_queue_s: queue,
+        server_prefill_s: prefill,
+        network_s: network,
+        unexplained_s: extra - explained,
+    }
+}

@@ -1,0 +1,284 @@
+//! The `Diagnosis` document (**API Boundary**, versioned by [`SCHEMA_VERSION`]): what
+//! `/api/v1/diagnosis`, `lmperf ctl diagnose --json` and offline callers get. The schema is in
+//! the module doc of [`crate::diagnosis`].
+
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+use super::signal::Signal;
+
+/// Version of the `Diagnosis` JSON; bumped on any incompatible change.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// The causes the diagnosis names (stable names: an **API Boundary**).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cause {
+    /// More requests or tokens arriving at the server.
+    LoadSurge,
+    /// Requests wait without a load rise: the server got slower.
+    ServerQueueing,
+    /// KV usage near full, preemptions.
+    KvCachePressure,
+    /// Prefill: input tokens per request rose.
+    LongPrompts,
+    /// Clocks down with thermal / power / HW-slowdown reasons.
+    GpuThrottling,
+    /// VRAM near full, or another process on the GPU.
+    GpuMemoryPressure,
+    /// XID, ECC, GPU lost.
+    GpuFault,
+    /// Kernel RTT, retransmits, connect latency up while the server's own timings stay flat.
+    Network,
+    /// 5xx / 429 / timeouts.
+    ErrorBurst,
+    /// Restart, new version, new model.
+    ServerChange,
+    /// The symptom is real and nothing explains it.
+    Unknown,
+}
+
+impl Cause {
+    pub const ALL: [Cause; 11] = [
+        Cause::LoadSurge,
+        Cause::ServerQueueing,
+        Cause::KvCachePressure,
+        Cause::LongPrompts,
+        Cause::GpuThrottling,
+        Cause::GpuMemoryPressure,
+        Cause::GpuFault,
+        Cause::Network,
+        Cause::ErrorBurst,
+        Cause::ServerChange,
+        Cause::Unknown,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cause::LoadSurge => "load_surge",
+            Cause::ServerQueueing => "server_queueing",
+            Cause::KvCachePressure => "kv_cache_pressure",
+            Cause::LongPrompts => "long_prompts",
+            Cause::GpuThrottling => "gpu_throttling",
+            Cause::GpuMemoryPressure => "gpu_memory_pressure",
+            Cause::GpuFault => "gpu_fault",
+            Cause::Network => "network",
+            Cause::ErrorBurst => "error_burst",
+            Cause::ServerChange => "server_change",
+            Cause::Unknown => "unknown",
+        }
+    }
+}
+
+/// The diagnosis state of a target (`lmperf.diagnosis.state`: the number in brackets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// No symptom (0).
+    #[default]
+    Idle,
+    /// A symptom was just detected (1).
+    Triggered,
+    /// The symptom persists; causes are being scored, none confirmed yet (2).
+    Propagating,
+    /// A cause reached the confirmation score (or `unknown` was concluded) (3).
+    RootConfirmed,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Idle => "idle",
+            State::Triggered => "triggered",
+            State::Propagating => "propagating",
+            State::RootConfirmed => "root_confirmed",
+        }
+    }
+
+    /// The gauge value: 0 idle, 1 triggered, 2 propagating, 3 root_confirmed.
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+}
+
+/// The whole document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Diagnosis {
+    pub schema_version: u32,
+    /// The `now` of the evaluation, Unix seconds.
+    pub evaluated_at_unix_s: f64,
+    /// One entry per target, by name.
+    pub targets: Vec<TargetDiagnosis>,
+}
+
+/// One target's diagnosis.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TargetDiagnosis {
+    pub target: String,
+    pub state: State,
+    /// When the state last changed, Unix seconds.
+    pub since_unix_s: Option<f64>,
+    /// The symptom's change point (CUSUM), Unix seconds; `None` when idle.
+    pub onset_unix_s: Option<f64>,
+    /// What jumped; `None` when idle.
+    pub symptom: Option<Symptom>,
+    /// Causes with a score above 0, highest first (empty when idle).
+    pub causes: Vec<CauseScore>,
+    pub ttft_decomposition: Option<TtftDecomposition>,
+    /// The top cause in words (the WARN log line), when a cause is ranked.
+    pub summary: Option<String>,
+}
+
+/// The symptom: the latency or error series that jumped the most against its baseline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Symptom {
+    /// `ttft` | `tpot` | `e2e` | `error`.
+    pub signal: Signal,
+    /// p99 (or error ratio) of the newest 10 s bucket, in the signal's unit.
+    pub value: f64,
+    /// Peak of the recent buckets.
+    pub peak: f64,
+    /// Baseline median of the bucket p99s.
+    pub baseline: f64,
+    pub ratio: f64,
+    pub z: f64,
+    /// Recent buckets that jumped, of `recent_buckets`.
+    pub jumped_buckets: usize,
+    pub recent_buckets: usize,
+}
+
+/// A cause with its score in [0, 1] and the evidence behind it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CauseScore {
+    pub cause: Cause,
+    pub score: f64,
+    pub evidence: Vec<Evidence>,
+}
+
+/// How one signal moved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Evidence {
+    pub signal: Signal,
+    /// Median before the onset (baseline), in the signal's unit.
+    pub before: f64,
+    /// Median since the onset.
+    pub after: f64,
+    /// Largest value since the onset.
+    pub peak: f64,
+    /// Robust z score of the change, in the harmful direction.
+    pub z: f64,
+    /// When this signal changed (its own CUSUM change point), Unix seconds.
+    pub changed_at_unix_s: Option<f64>,
+    /// Seconds it moved before the symptom's onset (negative: after).
+    pub lead_s: Option<f64>,
+    /// The hard rule that fired, in words (e.g. `KV usage ≥ 0.95`).
+    pub rule: Option<String>,
+}
+
+/// Extra client TTFT since the onset, split into parts (seconds; a part is `None` without its
+/// signal).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TtftDecomposition {
+    /// Client TTFT median after − before.
+    pub extra_s: f64,
+    pub server_queue_s: Option<f64>,
+    pub server_prefill_s: Option<f64>,
+    /// Kernel RTT change × round trips (1: the request and the first chunk).
+    pub network_s: Option<f64>,
+    /// What the parts leave unexplained.
+    pub unexplained_s: f64,
+}
+
+/// Unix seconds of `t` (0 before the epoch).
+pub fn unix_s(t: SystemTime) -> f64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// `03:02:04` (UTC) of Unix seconds.
+pub fn clock(unix: f64) -> String {
+    let s = unix.max(0.0) as u64 % 86_400;
+    format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+}
+
+/// A value in its unit, short: `412 ms`, `0.97`, `37`, `1.2 GHz`.
+pub fn fmt_value(signal: Signal, v: f64) -> String {
+    match signal.unit() {
+        "s" if v.abs() < 1.0 => format!("{:.0} ms", v * 1000.0),
+        "s" => format!("{v:.2} s"),
+        "Hz" => format!("{:.2} GHz", v / 1e9),
+        _ if v.fract() == 0.0 && v.abs() < 1e6 => format!("{v:.0}"),
+        _ if v.abs() >= 10.0 => format!("{v:.0}"),
+        _ => format!("{v:.2}"),
+    }
+}
+
+impl TargetDiagnosis {
+    /// The WARN line of a confirmed cause, e.g. `load_surge 0.91: requests waiting 0 → 37 from
+    /// 03:02:04, 6 s before TTFT p99 38 → 412 ms; GPU, network, errors flat`.
+    pub fn line(&self) -> Option<String> {
+        let top = self.causes.first()?;
+        let mut s = format!("{} {:.2}", top.cause.as_str(), top.score);
+        if let Some(e) = top.evidence.first() {
+            s.push_str(&format!(
+                ": {} {} → {}",
+                e.signal.words(),
+                fmt_value(e.signal, e.before),
+                fmt_value(e.signal, e.peak.max(e.after))
+            ));
+            if let Some(at) = e.changed_at_unix_s {
+                s.push_str(&format!(" from {}", clock(at)));
+            }
+            if let Some(lead) = e.lead_s {
+                if lead >= 0.5 {
+                    s.push_str(&format!(", {lead:.0} s before"));
+                } else if lead <= -0.5 {
+                    s.push_str(&format!(", {:.0} s after", -lead));
+                } else {
+                    s.push_str(", with");
+                }
+            } else {
+                s.push_str(", with");
+            }
+        } else {
+            s.push(':');
+        }
+        if let Some(sym) = &self.symptom {
+            let name = if sym.signal == Signal::Error {
+                "error ratio".to_owned()
+            } else {
+                format!("{} p99", sym.signal.words())
+            };
+            s.push_str(&format!(
+                " {name} {} → {}",
+                fmt_value(sym.signal, sym.baseline),
+                fmt_value(sym.signal, sym.peak)
+            ));
+        }
+        let moved = |c: &[Cause]| {
+            self.causes
+                .iter()
+                .any(|x| c.contains(&x.cause) && x.score >= 0.3)
+        };
+        let mut flat = Vec::new();
+        if !moved(&[
+            Cause::GpuThrottling,
+            Cause::GpuMemoryPressure,
+            Cause::GpuFault,
+        ]) {
+            flat.push("GPU");
+        }
+        if !moved(&[Cause::Network]) {
+            flat.push("network");
+        }
+        if !moved(&[Cause::ErrorBurst]) {
+            flat.push("errors");
+        }
+        if !flat.is_empty() {
+            s.push_str(&format!("; {} flat", flat.join(", ")));
+        }
+        Some(s)
+    }
+}

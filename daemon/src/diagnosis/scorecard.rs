@@ -1,0 +1,70 @@
+//! The scorecard in the terminal (`lmperf ctl diagnose`): per target its state, onset and
+//! symptom, then the causes ranked by score with their evidence, one line each.
+
+use std::fmt::Write;
+
+use super::report::{Diagnosis, State, clock, fmt_value};
+
+/// The scorecard of `d` as text.
+pub fn text(d: &Diagnosis) -> String {
+    let mut o = String::new();
+    for t in &d.targets {
+        let _ = write!(o, "{}  {}", t.target, t.state.as_str());
+        if let Some(on) = t.onset_unix_s {
+            let _ = write!(o, "  onset {} UTC", clock(on));
+        }
+        if let Some(s) = &t.symptom {
+            let _ = write!(
+                o,
+                "  symptom {} p99 {} → {} ({:.1} ×)",
+                s.signal.as_str(),
+                fmt_value(s.signal, s.baseline),
+                fmt_value(s.signal, s.peak),
+                s.ratio
+            );
+        }
+        o.push('\n');
+        if t.state == State::Idle {
+            o.push_str("  no spike: nothing to diagnose\n");
+            continue;
+        }
+        if let Some(line) = &t.summary {
+            let _ = writeln!(o, "  {line}");
+        }
+        for c in &t.causes {
+            let bar = "█".repeat((c.score * 20.0).round() as usize);
+            let _ = writeln!(o, "  {:<20} {:>4.2} {bar}", c.cause.as_str(), c.score);
+            for e in c.evidence.iter().take(4) {
+                let lead = e
+                    .lead_s
+                    .map_or(String::new(), |l| format!(", {l:+.0} s vs onset"));
+                let rule = e
+                    .rule
+                    .as_deref()
+                    .map_or(String::new(), |r| format!(" [{r}]"));
+                let _ = writeln!(
+                    o,
+                    "      {} {} → {} (z {:.1}{lead}){rule}",
+                    e.signal.words(),
+                    fmt_value(e.signal, e.before),
+                    fmt_value(e.signal, e.after),
+                    e.z
+                );
+            }
+        }
+        if let Some(dec) = &t.ttft_decomposition {
+            let part =
+                |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{:.0} ms", v * 1000.0));
+            let _ = writeln!(
+                o,
+                "  extra TTFT {:.0} ms = queue {} + prefill {} + network {} + unexplained {:.0} ms",
+                dec.extra_s * 1000.0,
+                part(dec.server_queue_s),
+                part(dec.server_prefill_s),
+                part(dec.network_s),
+                dec.unexplained_s * 1000.0
+            );
+        }
+    }
+    o
+}

@@ -1,0 +1,279 @@
+//! The named signals the diagnosis reads, with how each is bucketed, which direction harms,
+//! and the smallest change that counts (the absolute floor).
+
+use serde::{Deserialize, Serialize};
+
+use super::detector::Aggregate;
+
+/// The side a signal hurts in: a cause gains only when its signal moved this way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Harm {
+    Up,
+    Down,
+}
+
+/// One input series of the diagnosis. Values are in the unit [`Signal::unit`] names; events and
+/// per-request flags are 1 (happened) or 0. A stable name (`as_str`): an **API Boundary** of the
+/// `Diagnosis` JSON (`evidence[].signal`) and of offline callers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Signal {
+    // ---- Canary, one sample per request (`measure::RequestRecord`) ----
+    /// Client TTFT, s.
+    Ttft,
+    /// Client TPOT, s.
+    Tpot,
+    /// Client E2E, s.
+    E2e,
+    /// 1 for a failed request (outcome error, timeout, aborted), 0 for a success; never for a
+    /// request the agent cancelled itself.
+    Error,
+    /// 1 for an HTTP 5xx answer, else 0.
+    Error5xx,
+    /// 1 for an HTTP 429 answer, else 0.
+    Error429,
+    /// 1 for a timeout, else 0.
+    ErrorTimeout,
+    /// Input (prompt) tokens of the request.
+    InputTokens,
+    // ---- GPU (`gpu::state`), one sample per GPU tick, the node's worst device ----
+    /// SM clock, Hz (lowest device).
+    GpuSmClock,
+    /// 1 while any device has a slowdown throttle reason (thermal, power, HW slowdown).
+    GpuThrottle,
+    /// Memory used ÷ limit, 0..1 (fullest device).
+    GpuMemoryUtilization,
+    /// XID, uncorrected ECC or lost-GPU events in the tick (count).
+    GpuFault,
+    /// Processes on the GPUs other than the model server's (count).
+    GpuForeignProcesses,
+    // ---- Network (`net::state`), per kernel event of the target's connections ----
+    /// Smoothed RTT, s.
+    NetSrtt,
+    /// Retransmitted segments (count per event).
+    NetRetransmits,
+    /// Connect latency, s.
+    NetConnect,
+    // ---- Inference server (its `/metrics`, scraped) ----
+    /// Requests waiting in the server's queue.
+    ServerRequestsWaiting,
+    /// Requests running (in the batch).
+    ServerRequestsRunning,
+    /// KV cache usage, 0..1.
+    ServerKvUsage,
+    /// Preemptions per second.
+    ServerPreemptions,
+    /// Prompt tokens per second.
+    ServerPromptTokensRate,
+    /// Generated tokens per second.
+    ServerGenerationTokensRate,
+    /// Requests per second.
+    ServerRequestRate,
+    /// The server's own TTFT, s.
+    ServerTtft,
+    /// The server's queue time per request, s.
+    ServerQueueTime,
+    /// The server's prefill time per request, s.
+    ServerPrefillTime,
+    /// The server's decode time per output token, s.
+    ServerDecodeTime,
+    /// 1 at a restart, a new version or a new model (an event).
+    ServerChange,
+}
+
+impl Signal {
+    pub const ALL: [Signal; 28] = [
+        Signal::Ttft,
+        Signal::Tpot,
+        Signal::E2e,
+        Signal::Error,
+        Signal::Error5xx,
+        Signal::Error429,
+        Signal::ErrorTimeout,
+        Signal::InputTokens,
+        Signal::GpuSmClock,
+        Signal::GpuThrottle,
+        Signal::GpuMemoryUtilization,
+        Signal::GpuFault,
+        Signal::GpuForeignProcesses,
+        Signal::NetSrtt,
+        Signal::NetRetransmits,
+        Signal::NetConnect,
+        Signal::ServerRequestsWaiting,
+        Signal::ServerRequestsRunning,
+        Signal::ServerKvUsage,
+        Signal::ServerPreemptions,
+        Signal::ServerPromptTokensRate,
+        Signal::ServerGenerationTokensRate,
+        Signal::ServerRequestRate,
+        Signal::ServerTtft,
+        Signal::ServerQueueTime,
+        Signal::ServerPrefillTime,
+        Signal::ServerDecodeTime,
+        Signal::ServerChange,
+    ];
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The stable snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Signal::Ttft => "ttft",
+            Signal::Tpot => "tpot",
+            Signal::E2e => "e2e",
+            Signal::Error => "error",
+            Signal::Error5xx => "error_5xx",
+            Signal::Error429 => "error_429",
+            Signal::ErrorTimeout => "error_timeout",
+            Signal::InputTokens => "input_tokens",
+            Signal::GpuSmClock => "gpu_sm_clock",
+            Signal::GpuThrottle => "gpu_throttle",
+            Signal::GpuMemoryUtilization => "gpu_memory_utilization",
+            Signal::GpuFault => "gpu_fault",
+            Signal::GpuForeignProcesses => "gpu_foreign_processes",
+            Signal::NetSrtt => "net_srtt",
+            Signal::NetRetransmits => "net_retransmits",
+            Signal::NetConnect => "net_connect",
+            Signal::ServerRequestsWaiting => "server_requests_waiting",
+            Signal::ServerRequestsRunning => "server_requests_running",
+            Signal::ServerKvUsage => "server_kv_usage",
+            Signal::ServerPreemptions => "server_preemptions",
+            Signal::ServerPromptTokensRate => "server_prompt_tokens_rate",
+            Signal::ServerGenerationTokensRate => "server_generation_tokens_rate",
+            Signal::ServerRequestRate => "server_request_rate",
+            Signal::ServerTtft => "server_ttft",
+            Signal::ServerQueueTime => "server_queue_time",
+            Signal::ServerPrefillTime => "server_prefill_time",
+            Signal::ServerDecodeTime => "server_decode_time",
+            Signal::ServerChange => "server_change",
+        }
+    }
+
+    /// The signal of a stable name.
+    pub fn parse(name: &str) -> Option<Signal> {
+        Signal::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+
+    /// Words for the log line ("requests waiting").
+    pub fn words(self) -> &'static str {
+        match self {
+            Signal::Ttft => "TTFT",
+            Signal::Tpot => "TPOT",
+            Signal::E2e => "E2E",
+            Signal::Error => "error ratio",
+            Signal::Error5xx => "5xx ratio",
+            Signal::Error429 => "429 ratio",
+            Signal::ErrorTimeout => "timeout ratio",
+            Signal::InputTokens => "input tokens",
+            Signal::GpuSmClock => "SM clock",
+            Signal::GpuThrottle => "GPU throttled",
+            Signal::GpuMemoryUtilization => "GPU memory used",
+            Signal::GpuFault => "GPU faults",
+            Signal::GpuForeignProcesses => "foreign GPU processes",
+            Signal::NetSrtt => "kernel RTT",
+            Signal::NetRetransmits => "retransmits",
+            Signal::NetConnect => "connect latency",
+            Signal::ServerRequestsWaiting => "requests waiting",
+            Signal::ServerRequestsRunning => "requests running",
+            Signal::ServerKvUsage => "KV cache usage",
+            Signal::ServerPreemptions => "preemptions/s",
+            Signal::ServerPromptTokensRate => "prompt tokens/s",
+            Signal::ServerGenerationTokensRate => "generated tokens/s",
+            Signal::ServerRequestRate => "server requests/s",
+            Signal::ServerTtft => "server TTFT",
+            Signal::ServerQueueTime => "server queue time",
+            Signal::ServerPrefillTime => "server prefill time",
+            Signal::ServerDecodeTime => "server decode time",
+            Signal::ServerChange => "server changes",
+        }
+    }
+
+    /// `s` | `Hz` | `1` (ratios, counts, flags) | `{token}` | `{request}/s` ...
+    pub fn unit(self) -> &'static str {
+        match self {
+            Signal::Ttft
+            | Signal::Tpot
+            | Signal::E2e
+            | Signal::NetSrtt
+            | Signal::NetConnect
+            | Signal::ServerTtft
+            | Signal::ServerQueueTime
+            | Signal::ServerPrefillTime
+            | Signal::ServerDecodeTime => "s",
+            Signal::GpuSmClock => "Hz",
+            Signal::InputTokens => "{token}",
+            Signal::ServerPromptTokensRate | Signal::ServerGenerationTokensRate => "{token}/s",
+            Signal::ServerRequestRate | Signal::ServerPreemptions => "1/s",
+            Signal::ServerRequestsWaiting | Signal::ServerRequestsRunning => "{request}",
+            _ => "1",
+        }
+    }
+
+    /// How a second (and a bucket) of samples is summarized.
+    pub fn aggregate(self) -> Aggregate {
+        match self {
+            Signal::Ttft | Signal::Tpot | Signal::E2e => Aggregate::P99,
+            Signal::GpuFault | Signal::NetRetransmits | Signal::ServerChange => Aggregate::Sum,
+            Signal::GpuThrottle
+            | Signal::GpuMemoryUtilization
+            | Signal::GpuForeignProcesses
+            | Signal::ServerRequestsWaiting
+            | Signal::ServerKvUsage
+            | Signal::NetSrtt
+            | Signal::NetConnect => Aggregate::Max,
+            Signal::GpuSmClock => Aggregate::Mean,
+            _ => Aggregate::Mean,
+        }
+    }
+
+    pub fn harm(self) -> Harm {
+        match self {
+            Signal::GpuSmClock => Harm::Down,
+            _ => Harm::Up,
+        }
+    }
+
+    /// The smallest change (in the harmful direction, in the unit) that counts as material.
+    pub fn floor(self) -> f64 {
+        match self {
+            Signal::Ttft | Signal::E2e => 0.05,
+            Signal::Tpot | Signal::ServerDecodeTime => 0.005,
+            Signal::ServerTtft | Signal::ServerQueueTime | Signal::ServerPrefillTime => 0.02,
+            Signal::NetSrtt => 0.005,
+            Signal::NetConnect => 0.01,
+            Signal::Error | Signal::Error5xx | Signal::Error429 | Signal::ErrorTimeout => 0.01,
+            Signal::InputTokens => 64.0,
+            Signal::GpuSmClock => 100e6,
+            Signal::GpuThrottle
+            | Signal::GpuFault
+            | Signal::ServerChange
+            | Signal::GpuForeignProcesses => 0.5,
+            Signal::GpuMemoryUtilization | Signal::ServerKvUsage => 0.05,
+            Signal::NetRetransmits => 0.5,
+            Signal::ServerRequestsWaiting | Signal::ServerRequestsRunning => 1.0,
+            Signal::ServerPreemptions => 0.05,
+            Signal::ServerPromptTokensRate => 50.0,
+            Signal::ServerGenerationTokensRate => 20.0,
+            Signal::ServerRequestRate => 0.2,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_parse_back() {
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, s) in Signal::ALL.into_iter().enumerate() {
+            assert_eq!(s.index(), i);
+            assert!(seen.insert(s.as_str()), "{}", s.as_str());
+            assert_eq!(Signal::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(Signal::parse("nope"), None);
+    }
+}

@@ -1,0 +1,521 @@
+//! Synthetic episodes, one per cause: 10 min calm, then the fault at `ONSET` for 2 min. The
+//! engine is evaluated every second like the agent does; each test asserts the confirmed cause,
+//! how fast, and the evidence values.
+
+use std::time::{Duration, SystemTime};
+
+use super::report::{Cause, State, TargetDiagnosis};
+use super::{Engine, EngineConfig, Signal};
+
+const T0: u64 = 1_700_000_000;
+/// Seconds from T0 to the fault.
+const ONSET: u64 = 600;
+
+fn at(s: f64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs_f64(T0 as f64 + s)
+}
+
+/// xorshift64*, uniform in [0, 1).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// `v` ± `rel` × v, uniform.
+    fn jitter(&mut self, v: f64, rel: f64) -> f64 {
+        v * (1.0 + rel * (2.0 * self.next() - 1.0))
+    }
+}
+
+/// What one episode's world looks like at second `s` (`fault`: the fault is on).
+#[derive(Debug, Clone, Copy)]
+struct World {
+    ttft: f64,
+    tpot: f64,
+    error: f64,
+    input_tokens: f64,
+    /// Server signals present (a vLLM-style `/metrics`).
+    server: bool,
+    waiting: f64,
+    running: f64,
+    request_rate: f64,
+    prompt_rate: f64,
+    queue_time: f64,
+    prefill_time: f64,
+    server_ttft: f64,
+    kv: f64,
+    preemptions: f64,
+    sm_clock: f64,
+    throttle: f64,
+    gpu_mem: f64,
+    foreign: f64,
+    srtt: f64,
+}
+
+impl World {
+    fn calm(server: bool) -> Self {
+        World {
+            ttft: 0.1,
+            tpot: 0.02,
+            error: 0.0,
+            input_tokens: 200.0,
+            server,
+            waiting: 0.0,
+            running: 1.0,
+            request_rate: 2.0,
+            prompt_rate: 400.0,
+            queue_time: 0.005,
+            prefill_time: 0.05,
+            server_ttft: 0.08,
+            kv: 0.3,
+            preemptions: 0.0,
+            sm_clock: 1.98e9,
+            throttle: 0.0,
+            gpu_mem: 0.7,
+            foreign: 0.0,
+            srtt: 0.0002,
+        }
+    }
+}
+
+/// Runs an episode: canaries at 2/s, GPU and server samples at 1/s, network per canary;
+/// evaluates every second until `end`. Returns the first root_confirmed diagnosis (with its
+/// time from onset) and every state seen.
+fn episode(
+    server: bool,
+    end: u64,
+    fault: impl Fn(&mut World),
+    events: &[(f64, Signal)],
+) -> (Option<(f64, TargetDiagnosis)>, Vec<State>) {
+    let mut e = Engine::new(EngineConfig::default());
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut first = None;
+    let mut states = Vec::new();
+    for s in 0..end {
+        let mut w = World::calm(server);
+        if s >= ONSET {
+            fault(&mut w);
+        }
+        for half in [0.0, 0.5] {
+            let t = s as f64 + half;
+            let failed = rng.next() < w.error;
+            e.observe("t", Signal::Error, at(t), f64::from(u8::from(failed)));
+            if failed {
+                e.observe("t", Signal::Error5xx, at(t), 1.0);
+                continue;
+            }
+            e.observe("t", Signal::Error5xx, at(t), 0.0);
+            let ttft = rng.jitter(w.ttft, 0.2);
+            let tpot = rng.jitter(w.tpot, 0.1);
+            e.observe("t", Signal::Ttft, at(t), ttft);
+            e.observe("t", Signal::Tpot, at(t), tpot);
+            e.observe("t", Signal::E2e, at(t), ttft + 15.0 * tpot);
+            e.observe(
+                "t",
+                Signal::InputTokens,
+                at(t),
+                rng.jitter(w.input_tokens, 0.1).round(),
+            );
+            e.observe("t", Signal::NetSrtt, at(t), rng.jitter(w.srtt, 0.3));
+        }
+        let t = s as f64 + 0.25;
+        e.observe("t", Signal::GpuSmClock, at(t), rng.jitter(w.sm_clock, 0.01));
+        e.observe("t", Signal::GpuThrottle, at(t), w.throttle);
+        e.observe("t", Signal::GpuMemoryUtilization, at(t), w.gpu_mem);
+        e.observe("t", Signal::GpuForeignProcesses, at(t), w.foreign);
+        e.observe("t", Signal::GpuFault, at(t), 0.0);
+        if w.server {
+            e.observe(
+                "t",
+                Signal::ServerRequestsWaiting,
+                at(t),
+                (rng.jitter(w.waiting.max(0.01), 0.3)).round(),
+            );
+            e.observe(
+                "t",
+                Signal::ServerRequestsRunning,
+                at(t),
+                rng.jitter(w.running, 0.1).round(),
+            );
+            e.observe(
+                "t",
+                Signal::ServerRequestRate,
+                at(t),
+                rng.jitter(w.request_rate, 0.2),
+            );
+            e.observe(
+                "t",
+                Signal::ServerPromptTokensRate,
+                at(t),
+                rng.jitter(w.prompt_rate, 0.2),
+            );
+            e.observe(
+                "t",
+                Signal::ServerQueueTime,
+                at(t),
+                rng.jitter(w.queue_time, 0.2),
+            );
+            e.observe(
+                "t",
+                Signal::ServerPrefillTime,
+                at(t),
+                rng.jitter(w.prefill_time, 0.1),
+            );
+            e.observe(
+                "t",
+                Signal::ServerTtft,
+                at(t),
+                rng.jitter(w.server_ttft, 0.1),
+            );
+            e.observe("t", Signal::ServerKvUsage, at(t), rng.jitter(w.kv, 0.05));
+            e.observe("t", Signal::ServerPreemptions, at(t), w.preemptions);
+        }
+        for &(when, signal) in events {
+            if (when - s as f64).abs() < 0.5 {
+                e.observe("t", signal, at(when), 1.0);
+            }
+        }
+        let d = e.evaluate(at(s as f64 + 1.0));
+        let td = d.targets.into_iter().next().expect("one target");
+        if states.last() != Some(&td.state) {
+            states.push(td.state);
+        }
+        if first.is_none() && td.state == State::RootConfirmed {
+            first = Some((s as f64 + 1.0 - ONSET as f64, td));
+        }
+    }
+    (first, states)
+}
+
+/// Runs a fault episode and checks the top cause and the time to it (≤ 60 s from onset).
+fn confirmed(
+    server: bool,
+    fault: impl Fn(&mut World),
+    events: &[(f64, Signal)],
+    cause: Cause,
+) -> TargetDiagnosis {
+    let (first, states) = episode(server, ONSET + 120, fault, events);
+    let (after, d) = first.unwrap_or_else(|| panic!("never confirmed; states {states:?}"));
+    assert_eq!(d.causes[0].cause, cause, "after {after} s: {:#?}", d.causes);
+    assert!(
+        (0.0..=60.0).contains(&after),
+        "confirmed {after} s after the onset"
+    );
+    assert!(d.causes[0].score >= 0.75, "{:?}", d.causes[0]);
+    assert_eq!(
+        states[..3],
+        [State::Idle, State::Triggered, State::Propagating],
+        "{states:?}"
+    );
+    let onset = d.onset_unix_s.expect("onset");
+    assert!(
+        (onset - (T0 + ONSET) as f64).abs() <= 12.0,
+        "onset {} s off",
+        onset - (T0 + ONSET) as f64
+    );
+    d
+}
+
+fn ev(d: &TargetDiagnosis, cause: Cause, signal: Signal) -> &super::Evidence {
+    let c = d
+        .causes
+        .iter()
+        .find(|c| c.cause == cause)
+        .unwrap_or_else(|| panic!("{cause:?} not ranked: {:#?}", d.causes));
+    c.evidence
+        .iter()
+        .find(|e| e.signal == signal)
+        .unwrap_or_else(|| panic!("{signal:?} not in {:#?}", c.evidence))
+}
+
+#[test]
+fn calm_30_minutes_yield_no_diagnosis() {
+    for server in [false, true] {
+        let (first, states) = episode(server, 1800, |_| {}, &[]);
+        assert!(first.is_none());
+        assert_eq!(states, [State::Idle], "server signals: {server}");
+    }
+}
+
+#[test]
+fn load_surge_ranks_above_the_queue_it_causes() {
+    let d = confirmed(
+        true,
+        |w| {
+            w.request_rate = 12.0;
+            w.prompt_rate = 2400.0;
+            w.running = 8.0;
+            w.waiting = 20.0;
+            w.queue_time = 0.6;
+            w.ttft = 0.8;
+            w.tpot = 0.05;
+            w.kv = 0.6;
+        },
+        &[],
+        Cause::LoadSurge,
+    );
+    let rate = ev(&d, Cause::LoadSurge, Signal::ServerRequestRate);
+    assert!(
+        (rate.before - 2.0).abs() < 0.3 && (rate.after - 12.0).abs() < 1.5,
+        "{rate:?}"
+    );
+    // The queue is evidence of the parent, and the child ranks below it.
+    let waiting = ev(&d, Cause::LoadSurge, Signal::ServerRequestsWaiting);
+    assert!(
+        waiting.before <= 1.0 && waiting.after >= 15.0,
+        "{waiting:?}"
+    );
+    let q = d
+        .causes
+        .iter()
+        .position(|c| c.cause == Cause::ServerQueueing)
+        .expect("queueing ranked");
+    assert!(q > 0 && d.causes[q].score < d.causes[0].score);
+    let line = d.summary.clone().unwrap_or_default();
+    assert!(
+        line.starts_with("load_surge ")
+            && line.contains("server requests/s")
+            && line.contains("TTFT p99")
+            && line.contains("GPU, network, errors flat"),
+        "{line}"
+    );
+    let dec = d.ttft_decomposition.expect("decomposition");
+    assert!(
+        dec.extra_s > 0.5 && dec.server_queue_s.unwrap() > 0.5,
+        "{dec:?}"
+    );
+}
+
+#[test]
+fn server_queueing_without_load() {
+    let d = confirmed(
+        true,
+        |w| {
+            w.waiting = 15.0;
+            w.queue_time = 0.5;
+            w.ttft = 0.6;
+        },
+        &[],
+        Cause::ServerQueueing,
+    );
+    let q = ev(&d, Cause::ServerQueueing, Signal::ServerQueueTime);
+    assert!(q.before < 0.01 && q.after > 0.4, "{q:?}");
+    assert!(
+        !d.causes
+            .iter()
+            .any(|c| c.cause == Cause::LoadSurge && c.score >= 0.5),
+        "{:#?}",
+        d.causes
+    );
+}
+
+#[test]
+fn kv_cache_pressure_by_usage_and_preemptions() {
+    let d = confirmed(
+        true,
+        |w| {
+            w.kv = 0.98;
+            w.preemptions = 2.0;
+            w.tpot = 0.06;
+        },
+        &[],
+        Cause::KvCachePressure,
+    );
+    let kv = ev(&d, Cause::KvCachePressure, Signal::ServerKvUsage);
+    assert!(
+        kv.peak >= 0.95 && kv.rule.as_deref().is_some_and(|r| r.contains("≥ 0.95")),
+        "{kv:?}"
+    );
+    assert!(
+        ev(&d, Cause::KvCachePressure, Signal::ServerPreemptions)
+            .rule
+            .is_some()
+    );
+}
+
+#[test]
+fn long_prompts_by_input_tokens() {
+    let d = confirmed(
+        true,
+        |w| {
+            w.input_tokens = 3000.0;
+            w.prefill_time = 0.6;
+            w.ttft = 0.7;
+        },
+        &[],
+        Cause::LongPrompts,
+    );
+    let tokens = ev(&d, Cause::LongPrompts, Signal::InputTokens);
+    assert!(
+        (tokens.before - 200.0).abs() < 30.0 && (tokens.after - 3000.0).abs() < 300.0,
+        "{tokens:?}"
+    );
+    let dec = d.ttft_decomposition.expect("decomposition");
+    assert!(dec.server_prefill_s.unwrap() > 0.45, "{dec:?}");
+}
+
+#[test]
+fn gpu_throttling_by_clock_and_reasons() {
+    let d = confirmed(
+        false,
+        |w| {
+            w.sm_clock = 1.1e9;
+            w.throttle = 1.0;
+            w.tpot = 0.045;
+        },
+        &[],
+        Cause::GpuThrottling,
+    );
+    let clock = ev(&d, Cause::GpuThrottling, Signal::GpuSmClock);
+    assert!(clock.before > 1.9e9 && clock.after < 1.2e9, "{clock:?}");
+    assert!(d.summary.unwrap().contains("network, errors flat"));
+}
+
+#[test]
+fn gpu_memory_pressure_by_a_foreign_process() {
+    let d = confirmed(
+        false,
+        |w| {
+            w.gpu_mem = 0.97;
+            w.foreign = 1.0;
+            w.tpot = 0.04;
+            w.ttft = 0.3;
+        },
+        &[],
+        Cause::GpuMemoryPressure,
+    );
+    assert!(
+        ev(&d, Cause::GpuMemoryPressure, Signal::GpuForeignProcesses)
+            .rule
+            .is_some()
+    );
+}
+
+#[test]
+fn gpu_fault_by_an_xid_event() {
+    let d = confirmed(
+        false,
+        |w| {
+            w.ttft = 0.5;
+        },
+        &[((ONSET + 2) as f64, Signal::GpuFault)],
+        Cause::GpuFault,
+    );
+    assert!(ev(&d, Cause::GpuFault, Signal::GpuFault).rule.is_some());
+}
+
+#[test]
+fn network_by_kernel_rtt_with_server_flat() {
+    let d = confirmed(
+        true,
+        |w| {
+            w.srtt = 0.05;
+            w.ttft = 0.25;
+        },
+        &[],
+        Cause::Network,
+    );
+    let rtt = ev(&d, Cause::Network, Signal::NetSrtt);
+    assert!(
+        rtt.before < 0.001 && rtt.after > 0.04 && rtt.rule.is_some(),
+        "{rtt:?}"
+    );
+    let dec = d.ttft_decomposition.expect("decomposition");
+    assert!(dec.network_s.unwrap() > 0.04, "{dec:?}");
+}
+
+#[test]
+fn error_burst_by_5xx() {
+    let d = confirmed(false, |w| w.error = 0.3, &[], Cause::ErrorBurst);
+    assert_eq!(d.symptom.as_ref().map(|s| s.signal), Some(Signal::Error));
+    let e = ev(&d, Cause::ErrorBurst, Signal::Error);
+    assert!(e.after > 0.2 && e.rule.is_some(), "{e:?}");
+}
+
+#[test]
+fn server_change_before_the_onset() {
+    let d = confirmed(
+        true,
+        |w| w.ttft = 0.4,
+        &[((ONSET - 60) as f64, Signal::ServerChange)],
+        Cause::ServerChange,
+    );
+    assert!(
+        ev(&d, Cause::ServerChange, Signal::ServerChange)
+            .rule
+            .as_deref()
+            .is_some_and(|r| r.contains("15 min"))
+    );
+}
+
+#[test]
+fn canary_only_overload_reads_load_surge() {
+    // llama.cpp without server signals: TTFT and TPOT both rose, hardware flat.
+    let d = confirmed(
+        false,
+        |w| {
+            w.ttft = 2.0;
+            w.tpot = 0.05;
+        },
+        &[],
+        Cause::LoadSurge,
+    );
+    assert_eq!(d.causes[0].evidence[0].signal, Signal::Ttft);
+}
+
+#[test]
+fn nothing_explains_it_says_unknown() {
+    let d = confirmed(false, |w| w.ttft = 0.5, &[], Cause::Unknown);
+    assert!(d.causes[0].evidence.is_empty());
+}
+
+#[test]
+fn back_to_idle_after_the_fault_clears() {
+    // A 60 s fault, then calm: back to idle.
+    let mut e = Engine::new(EngineConfig::default());
+    let mut last = State::Idle;
+    let mut seen = Vec::new();
+    for s in 0..(ONSET + 300) {
+        let bad = (ONSET..ONSET + 60).contains(&s);
+        for half in [0.0, 0.5] {
+            let t = s as f64 + half;
+            e.observe(
+                "t",
+                Signal::Ttft,
+                at(t),
+                if bad { 2.0 } else { 0.1 + 0.01 * half },
+            );
+            e.observe("t", Signal::Tpot, at(t), if bad { 0.05 } else { 0.02 });
+        }
+        last = e.evaluate(at(s as f64 + 1.0)).targets[0].state;
+        if seen.last() != Some(&last) {
+            seen.push(last);
+        }
+    }
+    assert_eq!(last, State::Idle, "{seen:?}");
+    assert!(seen.contains(&State::RootConfirmed), "{seen:?}");
+    assert!(e.heap_bytes() < 64 * 1024, "{}", e.heap_bytes());
+}
+
+#[test]
+fn diagnosis_json_round_trips_with_stable_names() {
+    let d = confirmed(false, |w| w.error = 0.3, &[], Cause::ErrorBurst);
+    let doc = super::Diagnosis {
+        schema_version: super::report::SCHEMA_VERSION,
+        evaluated_at_unix_s: 1.0,
+        targets: vec![d],
+    };
+    let v = serde_json::to_value(&doc).unwrap();
+    assert_eq!(v["schema_version"], 1);
+    assert_eq!(v["targets"][0]["state"], "root_confirmed");
+    assert_eq!(v["targets"][0]["causes"][0]["cause"], "error_burst");
+    assert_eq!(
+        v["targets"][0]["causes"][0]["evidence"][0]["signal"],
+        "error"
+    );
+    let back: super::Diagnosis = serde_json::from_value(v).unwrap();
+    assert_eq!(back, doc);
+}

@@ -1,0 +1,588 @@
+//! The diagnosis live in the agent: feeds the pure [`crate::diagnosis::Engine`] from canary
+//! records, `gpu::state` and `net::state`, evaluates it once a second on the runtime, and
+//! reports a confirmed root cause: one WARN line in words, an `lmperf.diagnosis` span (INTERNAL,
+//! linked to the spike's kept traces), the gauges `lmperf.diagnosis.score` and
+//! `lmperf.diagnosis.state`, `/api/v1/diagnosis` and the `Diagnose` RPC.
+//!
+//! Cost: the engine's lock is held for one observation or one evaluation (µs); GPU values are
+//! read from the published snapshot, never from NVML. `cargo bench -p lmperf --bench
+//! diagnosis_cost` prints the CPU share with 8 targets.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use opentelemetry::trace::{
+    Link, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
+};
+use opentelemetry::{KeyValue, Value};
+use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
+
+use crate::canary::client::Measured;
+use crate::diagnosis::report::{State, TargetDiagnosis, unix_s};
+use crate::diagnosis::{Cause, Diagnosis, Engine, EngineConfig, Signal};
+use crate::gpu::backend::throttle;
+use crate::gpu::state::{GpuState, Snapshot};
+use crate::measure::Outcome;
+use crate::net::state::RequestNet;
+use crate::telemetry::names as n;
+use crate::telemetry::spans::TraceIds;
+
+/// Kept traces remembered per target for the diagnosis span's links.
+pub const KEPT_PER_TARGET: usize = 64;
+/// Links on one `lmperf.diagnosis` span at most.
+pub const MAX_LINKS: usize = 32;
+
+/// A kept priority span: its end, trace id and span id.
+type KeptSpan = (SystemTime, TraceId, SpanId);
+
+/// One target's gauge values: name, state code, score per cause.
+pub type TargetGauges = (String, u8, Vec<(Cause, f64)>);
+
+/// The agent's diagnosis: the engine, the last evaluation, the spikes' kept traces.
+#[derive(Debug)]
+pub struct LiveDiagnosis {
+    engine: Mutex<Engine>,
+    last: Mutex<Diagnosis>,
+    /// The last root_confirmed diagnosis of each target, with when it was confirmed.
+    confirmed: Mutex<BTreeMap<String, (SystemTime, TargetDiagnosis)>>,
+    kept: Mutex<BTreeMap<String, VecDeque<KeptSpan>>>,
+    /// The GPU tick last fed, and the fault count then (XIDs + lost GPUs + uncorrected ECC).
+    gpu_seen: Mutex<(Option<SystemTime>, Option<u64>)>,
+    targets: Vec<String>,
+    /// Evaluations done and their total time, ns (the cost figure).
+    pub evaluations: AtomicU64,
+    pub evaluate_ns: AtomicU64,
+}
+
+/// The canary signals of one measured request (none for a request the agent cancelled).
+pub fn request_signals(m: &Measured) -> Vec<(Signal, f64)> {
+    let r = &m.record;
+    if r.outcome == Outcome::Cancelled {
+        return Vec::new();
+    }
+    let failed = r.outcome != Outcome::Ok;
+    let mut v = vec![
+        (Signal::Error, f64::from(u8::from(failed))),
+        (
+            Signal::Error5xx,
+            f64::from(u8::from(r.http_status.is_some_and(|s| s >= 500))),
+        ),
+        (
+            Signal::Error429,
+            f64::from(u8::from(r.http_status == Some(429))),
+        ),
+        (
+            Signal::ErrorTimeout,
+            f64::from(u8::from(r.outcome == Outcome::Timeout)),
+        ),
+    ];
+    if !failed {
+        if let Some(t) = r.ttft {
+            v.push((Signal::Ttft, t.as_secs_f64()));
+        }
+        if let Some(t) = r.tpot {
+            v.push((Signal::Tpot, t.as_secs_f64()));
+        }
+        v.push((Signal::E2e, r.e2e.as_secs_f64()));
+    }
+    if let Some(tokens) = r.input_tokens {
+        v.push((Signal::InputTokens, tokens as f64));
+    }
+    v
+}
+
+/// The node-wide GPU signals of one snapshot: the lowest SM clock, any slowdown, the fullest
+/// memory, the processes on the GPUs, and the fault counter (XIDs, lost GPUs, uncorrected ECC).
+pub fn gpu_signals(s: &Snapshot) -> (Vec<(Signal, f64)>, u64) {
+    let samples: Vec<_> = s.devices.iter().filter_map(|d| d.sample.as_ref()).collect();
+    let mut v = Vec::new();
+    if let Some(c) = samples
+        .iter()
+        .filter_map(|d| d.sm_clock_hz)
+        .reduce(f64::min)
+    {
+        v.push((Signal::GpuSmClock, c));
+    }
+    let slow: u64 = throttle::SLOWDOWNS
+        .iter()
+        .map(|(b, _)| b)
+        .fold(0, |a, b| a | b);
+    if samples.iter().any(|d| d.throttle.is_some()) {
+        let any = samples
+            .iter()
+            .any(|d| d.throttle.is_some_and(|t| t & slow != 0));
+        v.push((Signal::GpuThrottle, f64::from(u8::from(any))));
+    }
+    if let Some(m) = samples
+        .iter()
+        .filter_map(|d| d.memory_utilization())
+        .reduce(f64::max)
+    {
+        v.push((Signal::GpuMemoryUtilization, m));
+    }
+    if !samples.is_empty() {
+        v.push((
+            Signal::GpuForeignProcesses,
+            samples.iter().map(|d| d.processes.len()).sum::<usize>() as f64,
+        ));
+    }
+    let faults = s.xid_counts.values().sum::<u64>()
+        + s.lost_total
+        + samples
+            .iter()
+            .filter_map(|d| d.ecc_uncorrected)
+            .sum::<u64>();
+    (v, faults)
+}
+
+impl LiveDiagnosis {
+    /// For the agent's `targets` (each gets an entry, idle, from the start).
+    pub fn new(config: EngineConfig, targets: Vec<String>) -> Self {
+        let last = Diagnosis {
+            schema_version: crate::diagnosis::report::SCHEMA_VERSION,
+            evaluated_at_unix_s: 0.0,
+            targets: targets.iter().map(|t| idle(t)).collect(),
+        };
+        Self {
+            engine: Mutex::new(Engine::new(config)),
+            last: Mutex::new(last),
+            confirmed: Mutex::default(),
+            kept: Mutex::default(),
+            gpu_seen: Mutex::default(),
+            targets,
+            evaluations: AtomicU64::new(0),
+            evaluate_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// Feeds one measured canary of `target` (at its end) and what the kernel saw of it.
+    pub fn observe_request(&self, target: &str, m: &Measured, net: Option<RequestNet>) {
+        let end = m.wall_start + m.record.e2e;
+        let Ok(mut e) = self.engine.lock() else {
+            return;
+        };
+        for (s, v) in request_signals(m) {
+            e.observe(target, s, end, v);
+        }
+        if let Some(net) = net {
+            if let Some(rtt) = net.srtt_max {
+                e.observe(target, Signal::NetSrtt, end, rtt.as_secs_f64());
+            }
+            if net.rtt_samples > 0 || net.retransmits > 0 {
+                e.observe(target, Signal::NetRetransmits, end, net.retransmits as f64);
+            }
+            if let Some(c) = net.connect {
+                e.observe(target, Signal::NetConnect, end, c.as_secs_f64());
+            }
+        }
+    }
+
+    /// Remembers a kept priority span (error, SLO breach, spike) of `target` for the links.
+    pub fn note_kept(&self, target: &str, ids: TraceIds, end: SystemTime) {
+        let Ok(mut k) = self.kept.lock() else { return };
+        let q = k.entry(target.to_owned()).or_default();
+        if q.len() == KEPT_PER_TARGET {
+            q.pop_front();
+        }
+        q.push_back((end, ids.trace_id, ids.span_id));
+    }
+
+    /// Feeds a new GPU tick to every target (GPUs are the node's).
+    fn feed_gpu(&self, gpu: &GpuState) {
+        let snap = gpu.latest();
+        let Some(at) = snap.at else { return };
+        let Ok(mut seen) = self.gpu_seen.lock() else {
+            return;
+        };
+        if seen.0 == Some(at) {
+            return;
+        }
+        let (signals, faults) = gpu_signals(&snap);
+        let new_faults = seen.1.map_or(0, |before| faults.saturating_sub(before));
+        *seen = (Some(at), Some(faults));
+        drop(seen);
+        let Ok(mut e) = self.engine.lock() else {
+            return;
+        };
+        for t in &self.targets {
+            for &(s, v) in &signals {
+                e.observe(t, s, at, v);
+            }
+            e.observe(t, Signal::GpuFault, at, new_faults as f64);
+        }
+    }
+
+    /// One evaluation at `now`; returns the targets that just reached root_confirmed.
+    pub fn tick(&self, now: SystemTime, gpu: Option<&GpuState>) -> Vec<TargetDiagnosis> {
+        if let Some(g) = gpu {
+            self.feed_gpu(g);
+        }
+        let started = std::time::Instant::now();
+        let d = match self.engine.lock() {
+            Ok(mut e) => e.evaluate(now),
+            Err(_) => return Vec::new(),
+        };
+        self.evaluations.fetch_add(1, Ordering::Relaxed);
+        self.evaluate_ns
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let mut newly = Vec::new();
+        let Ok(mut last) = self.last.lock() else {
+            return newly;
+        };
+        let mut merged = Diagnosis {
+            schema_version: d.schema_version,
+            evaluated_at_unix_s: d.evaluated_at_unix_s,
+            targets: Vec::new(),
+        };
+        for name in &self.targets {
+            let td = d
+                .targets
+                .iter()
+                .find(|t| &t.target == name)
+                .cloned()
+                .unwrap_or_else(|| idle(name));
+            let before = last
+                .targets
+                .iter()
+                .find(|t| &t.target == name)
+                .map_or(State::Idle, |t| t.state);
+            if td.state == State::RootConfirmed && before != State::RootConfirmed {
+                newly.push(td.clone());
+                if let Ok(mut c) = self.confirmed.lock() {
+                    c.insert(name.clone(), (now, td.clone()));
+                }
+            }
+            merged.targets.push(td);
+        }
+        *last = merged;
+        newly
+    }
+
+    /// The last evaluation, for `target` only when given; with `window`, a target idle now
+    /// that was root_confirmed within `window` before `now` shows that diagnosis instead.
+    pub fn snapshot(
+        &self,
+        target: Option<&str>,
+        window: Option<Duration>,
+        now: SystemTime,
+    ) -> Diagnosis {
+        let mut d = self
+            .last
+            .lock()
+            .map(|g| g.clone())
+            .unwrap_or_else(|_| Diagnosis {
+                schema_version: crate::diagnosis::report::SCHEMA_VERSION,
+                evaluated_at_unix_s: 0.0,
+                targets: Vec::new(),
+            });
+        d.targets.retain(|t| target.is_none_or(|w| w == t.target));
+        if let Some(w) = window
+            && let Ok(c) = self.confirmed.lock()
+        {
+            for t in &mut d.targets {
+                if t.state == State::Idle
+                    && let Some((at, past)) = c.get(&t.target)
+                    && now.duration_since(*at).unwrap_or_default() <= w
+                {
+                    *t = past.clone();
+                }
+            }
+        }
+        d
+    }
+
+    /// The current score of each cause and the state code of each target (for the gauges).
+    pub fn gauges(&self) -> Vec<TargetGauges> {
+        let Ok(g) = self.last.lock() else {
+            return Vec::new();
+        };
+        g.targets
+            .iter()
+            .map(|t| {
+                let scores = Cause::ALL
+                    .iter()
+                    .map(|&c| {
+                        (
+                            c,
+                            t.causes
+                                .iter()
+                                .find(|x| x.cause == c)
+                                .map_or(0.0, |x| x.score),
+                        )
+                    })
+                    .collect();
+                (t.target.clone(), t.state.code(), scores)
+            })
+            .collect()
+    }
+
+    /// The `lmperf.diagnosis` span of a confirmed diagnosis: INTERNAL, from the onset to `now`,
+    /// linked to the target's kept traces since 30 s before the onset.
+    pub fn span(
+        &self,
+        d: &TargetDiagnosis,
+        ids: TraceIds,
+        now: SystemTime,
+        scope: &opentelemetry::InstrumentationScope,
+    ) -> SpanData {
+        let onset = d.onset_unix_s.map_or(now, |s| {
+            SystemTime::UNIX_EPOCH + Duration::from_secs_f64(s.max(0.0))
+        });
+        let from = onset.checked_sub(Duration::from_secs(30)).unwrap_or(onset);
+        let mut links = SpanLinks::default();
+        if let Ok(k) = self.kept.lock()
+            && let Some(q) = k.get(&d.target)
+        {
+            for &(_, trace_id, span_id) in q
+                .iter()
+                .rev()
+                .filter(|(at, _, _)| *at >= from)
+                .take(MAX_LINKS)
+            {
+                let ctx = SpanContext::new(
+                    trace_id,
+                    span_id,
+                    TraceFlags::SAMPLED,
+                    false,
+                    TraceState::default(),
+                );
+                links.links.push(Link::new(ctx, Vec::new(), 0));
+            }
+        }
+        let top = d.causes.first();
+        let mut a = vec![
+            KeyValue::new(n::LMPERF_TARGET, d.target.clone()),
+            KeyValue::new(n::LMPERF_DIAGNOSIS_STATE, d.state.as_str()),
+            KeyValue::new(
+                n::LMPERF_DIAGNOSIS_CAUSE,
+                top.map_or("unknown", |c| c.cause.as_str()),
+            ),
+            KeyValue::new(n::LMPERF_DIAGNOSIS_SCORE, top.map_or(0.0, |c| c.score)),
+            KeyValue::new(
+                n::LMPERF_DIAGNOSIS_ONSET,
+                Value::F64(d.onset_unix_s.unwrap_or_else(|| unix_s(now))),
+            ),
+        ];
+        if let Some(line) = &d.summary {
+            a.push(KeyValue::new(n::LMPERF_DIAGNOSIS_SUMMARY, line.clone()));
+        }
+        if let Some(c) = top {
+            a.push(KeyValue::new(
+                n::LMPERF_DIAGNOSIS_EVIDENCE,
+                serde_json::to_string(&c.evidence).unwrap_or_default(),
+            ));
+        }
+        SpanData {
+            span_context: SpanContext::new(
+                ids.trace_id,
+                ids.span_id,
+                TraceFlags::SAMPLED,
+                false,
+                TraceState::default(),
+            ),
+            parent_span_id: SpanId::INVALID,
+            parent_span_is_remote: false,
+            span_kind: SpanKind::Internal,
+            name: n::SPAN_DIAGNOSIS.into(),
+            start_time: onset.min(now),
+            end_time: now,
+            attributes: a,
+            dropped_attributes_count: 0,
+            events: SpanEvents::default(),
+            links,
+            status: Status::Unset,
+            instrumentation_scope: scope.clone(),
+        }
+    }
+}
+
+fn idle(target: &str) -> TargetDiagnosis {
+    TargetDiagnosis {
+        target: target.to_owned(),
+        state: State::Idle,
+        since_unix_s: None,
+        onset_unix_s: None,
+        symptom: None,
+        causes: Vec::new(),
+        ttft_decomposition: None,
+        summary: None,
+    }
+}
+
+/// Evaluates every second until `stop`; on each new root_confirmed: the WARN line and the
+/// `lmperf.diagnosis` span.
+pub async fn run(
+    live: std::sync::Arc<LiveDiagnosis>,
+    gpu: std::sync::Arc<GpuState>,
+    telemetry: std::sync::Arc<crate::telemetry::Telemetry>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        let now = SystemTime::now();
+        for d in live.tick(now, Some(&gpu)) {
+            let line = d.summary.clone().unwrap_or_else(|| "unknown".to_owned());
+            tracing::warn!(target_name = %d.target, cause = d.causes.first().map_or("unknown", |c| c.cause.as_str()), "Diagnosis: {line}");
+            let ids = telemetry.new_trace();
+            let span = live.span(&d, ids, now, telemetry.scope());
+            telemetry
+                .spans
+                .enqueue(span, crate::sampler::adaptive::Reason::Spike);
+        }
+    }
+}
+
+/// `lmperf.diagnosis.score{lmperf.target, lmperf.diagnosis.cause}` (unit 1) and
+/// `lmperf.diagnosis.state{lmperf.target}` (unit `{state}`: 0 idle, 1 triggered,
+/// 2 propagating, 3 root_confirmed).
+pub fn register_gauges(meter: &opentelemetry::metrics::Meter, live: std::sync::Arc<LiveDiagnosis>) {
+    let l = live.clone();
+    let _score = meter
+        .f64_observable_gauge(n::METRIC_DIAGNOSIS_SCORE)
+        .with_unit("1")
+        .with_description("Score in [0, 1] of each root cause of the target's latency or error spike (0 when not ranked).")
+        .with_callback(move |obs| {
+            for (target, _, scores) in l.gauges() {
+                for (cause, score) in scores {
+                    obs.observe(score, &[KeyValue::new(n::LMPERF_TARGET, target.clone()), KeyValue::new(n::LMPERF_DIAGNOSIS_CAUSE, cause.as_str())]);
+                }
+            }
+        })
+        .build();
+    let _state = meter
+        .u64_observable_gauge(n::METRIC_DIAGNOSIS_STATE)
+        .with_unit("{state}")
+        .with_description(
+            "Diagnosis state of the target: 0 idle, 1 triggered, 2 propagating, 3 root_confirmed.",
+        )
+        .with_callback(move |obs| {
+            for (target, state, _) in live.gauges() {
+                obs.observe(u64::from(state), &[KeyValue::new(n::LMPERF_TARGET, target)]);
+            }
+        })
+        .build();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::RequestRecord;
+
+    fn measured(ttft_ms: u64, outcome: Outcome, at: SystemTime) -> Measured {
+        let mut record = RequestRecord::failed(
+            outcome,
+            crate::measure::RequestError::new("x", None),
+            None,
+            Duration::from_millis(ttft_ms * 2),
+        );
+        if outcome == Outcome::Ok {
+            record.outcome = Outcome::Ok;
+            record.error = None;
+            record.ttft = Some(Duration::from_millis(ttft_ms));
+            record.tpot = Some(Duration::from_millis(ttft_ms / 10));
+        }
+        Measured {
+            record,
+            wall_start: at,
+            retries: 0,
+            conn: None,
+        }
+    }
+
+    #[test]
+    fn cancelled_requests_feed_nothing_and_errors_feed_ratios() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert!(request_signals(&measured(10, Outcome::Cancelled, t)).is_empty());
+        let ok = request_signals(&measured(100, Outcome::Ok, t));
+        assert!(
+            ok.contains(&(Signal::Error, 0.0))
+                && ok.contains(&(Signal::Ttft, 0.1))
+                && ok.contains(&(Signal::Tpot, 0.01)),
+            "{ok:?}"
+        );
+        let timeout = request_signals(&measured(100, Outcome::Timeout, t));
+        assert!(
+            timeout.contains(&(Signal::Error, 1.0))
+                && timeout.contains(&(Signal::ErrorTimeout, 1.0))
+                && !timeout.iter().any(|(s, _)| *s == Signal::Ttft),
+            "{timeout:?}"
+        );
+    }
+
+    #[test]
+    fn confirmed_once_with_links_and_gauges() {
+        let live = LiveDiagnosis::new(EngineConfig::default(), vec!["a".into(), "b".into()]);
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let mut confirmed = Vec::new();
+        for s in 0..400u64 {
+            let bad = s >= 300;
+            for half in [0u64, 500] {
+                let at = t0 + Duration::from_millis(s * 1000 + half);
+                let m = measured(if bad { 2000 } else { 100 + (s % 7) * 3 }, Outcome::Ok, at);
+                live.observe_request("a", &m, None);
+                if bad {
+                    let ids = TraceIds {
+                        trace_id: TraceId::from(u128::from(s) + 1),
+                        span_id: SpanId::from(s + 1),
+                        sampled: true,
+                    };
+                    live.note_kept("a", ids, at);
+                }
+            }
+            confirmed.extend(live.tick(t0 + Duration::from_secs(s + 1), None));
+        }
+        assert_eq!(confirmed.len(), 1, "{confirmed:#?}");
+        let d = &confirmed[0];
+        assert_eq!(
+            (d.target.as_str(), d.causes[0].cause),
+            ("a", Cause::LoadSurge)
+        );
+        let g = live.gauges();
+        assert_eq!(
+            g.iter()
+                .map(|(t, s, _)| (t.as_str(), *s))
+                .collect::<Vec<_>>(),
+            [("a", 3), ("b", 0)]
+        );
+        assert!(
+            g[0].2
+                .iter()
+                .any(|&(c, s)| c == Cause::LoadSurge && s >= 0.75)
+        );
+        let ids = TraceIds {
+            trace_id: TraceId::from(99u128),
+            span_id: SpanId::from(99u64),
+            sampled: true,
+        };
+        let span = live.span(
+            d,
+            ids,
+            t0 + Duration::from_secs(400),
+            &opentelemetry::InstrumentationScope::builder("t").build(),
+        );
+        assert_eq!(span.span_kind, SpanKind::Internal);
+        assert_eq!(span.links.links.len(), MAX_LINKS);
+        assert!(
+            span.attributes
+                .iter()
+                .any(|kv| kv.key.as_str() == n::LMPERF_DIAGNOSIS_CAUSE
+                    && kv.value.as_str() == "load_surge")
+        );
+        // Only target a, with a window showing the confirmed episode.
+        let snap = live.snapshot(
+            Some("a"),
+            Some(Duration::from_secs(900)),
+            t0 + Duration::from_secs(400),
+        );
+        assert_eq!(snap.targets.len(), 1);
+        assert_eq!(snap.targets[0].state, State::RootConfirmed);
+    }
+}
