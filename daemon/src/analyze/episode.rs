@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use crate::diagnosis::report::State;
-use crate::diagnosis::{Cause, Engine, EngineConfig, Signal};
+use crate::diagnosis::{Cause, Diagnosis, Engine, EngineConfig, Signal};
 
 /// The `format` field of every episode file.
 pub const FORMAT: &str = "lmperf-episode/1";
@@ -173,8 +173,9 @@ fn at(unix: f64) -> SystemTime {
 }
 
 /// Replays `ep` through a fresh engine: samples in time order, one evaluation per second (the
-/// agent's cadence), from the first second to the end.
-pub fn replay(ep: &Episode, config: EngineConfig) -> Outcome {
+/// agent's cadence), from the first second to the end; `each` sees every evaluation with its
+/// offset in the episode.
+pub fn replay_with(ep: &Episode, config: EngineConfig, mut each: impl FnMut(f64, &Diagnosis)) {
     let mut samples: Vec<(f64, &str, Signal, f64)> = ep
         .series
         .iter()
@@ -188,6 +189,22 @@ pub fn replay(ep: &Episode, config: EngineConfig) -> Outcome {
         .collect();
     samples.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut engine = Engine::new(config);
+    let mut next = 0;
+    let seconds = ep.duration_s.ceil() as u64;
+    for k in 1..=seconds {
+        let now_off = k as f64;
+        while next < samples.len() && samples[next].0 < now_off {
+            let (o, t, s, v) = samples[next];
+            engine.observe(t, s, at(ep.start_unix_s + o), v);
+            next += 1;
+        }
+        let d = engine.evaluate(at(ep.start_unix_s + now_off));
+        each(now_off, &d);
+    }
+}
+
+/// Replays `ep` ([`replay_with`]) and scores it against its ground truth.
+pub fn replay(ep: &Episode, config: EngineConfig) -> Outcome {
     let onset = ep.onset_unix_s();
     let mut out = Outcome {
         name: ep.name.clone(),
@@ -199,17 +216,8 @@ pub fn replay(ep: &Episode, config: EngineConfig) -> Outcome {
         triggered_evaluations: 0,
         first_confirmed: None,
     };
-    let mut next = 0;
-    let seconds = ep.duration_s.ceil() as u64;
-    for k in 1..=seconds {
-        let now_off = k as f64;
-        while next < samples.len() && samples[next].0 < now_off {
-            let (o, t, s, v) = samples[next];
-            engine.observe(t, s, at(ep.start_unix_s + o), v);
-            next += 1;
-        }
+    replay_with(ep, config, |now_off, d| {
         let now = ep.start_unix_s + now_off;
-        let d = engine.evaluate(at(now));
         for t in &d.targets {
             if t.state != State::Idle {
                 out.triggered_evaluations += 1;
@@ -236,6 +244,6 @@ pub fn replay(ep: &Episode, config: EngineConfig) -> Outcome {
                 out.ranking = t.causes.iter().map(|c| c.cause).collect();
             }
         }
-    }
+    });
     out
 }

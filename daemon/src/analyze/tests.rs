@@ -125,3 +125,86 @@ fn the_engine_names_the_injected_cause_on_a_corpus_subset() {
         "{o:?}"
     );
 }
+
+/// A run directory of two benchmarks, 1 request/s for 10 min: `calm`, and `burst` whose server
+/// answers 503 to 60 % of the requests from 360 s on. (At 40 % the engine concludes `unknown`:
+/// it compares per-second medians, and the median of a 0/1 flag under 50 % is 0.)
+fn write_run(dir: &std::path::Path) {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let mut x: u64 = 0x2545_f491;
+    let mut noise = || {
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        0.9 + 0.2 * ((x >> 11) as f64 / (1u64 << 53) as f64)
+    };
+    for bench in ["calm", "burst"] {
+        for i in 0..600 {
+            let send = f64::from(i) * 1000.0;
+            let failed = bench == "burst" && i >= 360 && i % 5 < 3;
+            let line = if failed {
+                serde_json::json!({"schema_version": 1, "benchmark": bench, "index": i, "repeat": 0,
+                    "send_ms": send, "e2el_ms": 4.0 * noise(), "ttft_ms": null, "tpot_ms": null,
+                    "outcome": "error", "error_type": "503", "http_status": 503, "prompt_tokens": 100})
+            } else {
+                let (ttft, tpot) = (60.0 * noise(), 12.0 * noise());
+                serde_json::json!({"schema_version": 1, "benchmark": bench, "index": i, "repeat": 0,
+                    "send_ms": send, "e2el_ms": ttft + 31.0 * tpot, "ttft_ms": ttft, "tpot_ms": tpot,
+                    "outcome": "ok", "http_status": 200, "prompt_tokens": 100, "input_tokens": 100})
+            };
+            let _ = writeln!(s, "{line}");
+        }
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("requests.jsonl"), s).unwrap();
+}
+
+#[test]
+fn analyze_names_the_error_burst_of_a_run_and_draws_its_scorecard() {
+    let dir = std::env::temp_dir().join(format!("lmperf-analyze-{}", std::process::id()));
+    write_run(&dir);
+    let a = super::offline::analyze_run(&dir, None).unwrap();
+    let by = |n: &str| a.diagnosis.targets.iter().find(|t| t.target == n).unwrap();
+    let calm = by("calm");
+    assert_eq!(
+        calm.state,
+        crate::diagnosis::report::State::Idle,
+        "{calm:?}"
+    );
+    let burst = by("burst");
+    assert_eq!(burst.state.as_str(), "root_confirmed", "{burst:?}");
+    let top = &burst.causes[0];
+    assert_eq!(top.cause, Cause::ErrorBurst, "{burst:?}");
+    let ev = top
+        .evidence
+        .iter()
+        .find(|e| e.signal == crate::diagnosis::Signal::Error)
+        .unwrap();
+    assert_eq!(ev.before, 0.0);
+    // The onset is the 360th second of the run (within the engine's CUSUM slack).
+    let onset =
+        burst.onset_unix_s.unwrap() - a.series["burst"][&crate::diagnosis::Signal::Ttft][0][0];
+    assert!(
+        (340.0..=375.0).contains(&onset),
+        "onset {onset} s into the run"
+    );
+    // The heatmap has 30 s slices with the error group hot after the onset, none before.
+    let slices = &a.timeline["burst"];
+    assert_eq!(slices.len(), 21, "{slices:?}"); // 600 s and the last second
+    assert!(slices[..11].iter().all(|s| s.scores.is_empty()));
+    assert!(
+        slices[13].scores[&Cause::ErrorBurst] >= 0.75,
+        "{:?}",
+        slices[13]
+    );
+    let html = super::html::render(&a);
+    assert!(
+        html.contains(
+            r#"<section class="target" data-target="burst" data-state="root_confirmed">"#
+        )
+    );
+    assert!(html.contains(r#"<tr data-cause="error_burst""#), "{html}");
+    assert!(html.contains(r#"<td class="hm top" data-cause="error_burst""#));
+    assert!(html.contains("top-3 bottleneck heatmap") && html.contains("<svg"));
+    assert!(!html.contains("<script"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
