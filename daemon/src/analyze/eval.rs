@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use super::episode::Outcome;
 use crate::diagnosis::Cause;
+use crate::diagnosis::detector::median;
 
 /// The figures of one cause (or of all, `cause = None`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -45,19 +46,6 @@ pub struct Report {
     pub control_alarms: Vec<(String, Option<Cause>)>,
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
-}
-
 fn row(cause: Option<Cause>, outs: &[&Outcome]) -> Row {
     let n = outs.len().max(1) as f64;
     let ac = |k: usize| {
@@ -77,7 +65,10 @@ fn row(cause: Option<Cause>, outs: &[&Outcome]) -> Row {
             .filter(|o| o.time_to_confirmed_s.is_some())
             .count(),
         median_time_to_confirmed_s: median(
-            outs.iter().filter_map(|o| o.time_to_confirmed_s).collect(),
+            &mut outs
+                .iter()
+                .filter_map(|o| o.time_to_confirmed_s)
+                .collect::<Vec<_>>(),
         ),
         misses: outs
             .iter()

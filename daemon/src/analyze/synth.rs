@@ -48,19 +48,10 @@ impl Magnitude {
     }
 }
 
-/// The causes the synthetic corpus injects (all but `unknown`).
-pub const CAUSES: [Cause; 10] = [
-    Cause::LoadSurge,
-    Cause::ServerQueueing,
-    Cause::KvCachePressure,
-    Cause::LongPrompts,
-    Cause::GpuThrottling,
-    Cause::GpuMemoryPressure,
-    Cause::GpuFault,
-    Cause::Network,
-    Cause::ErrorBurst,
-    Cause::ServerChange,
-];
+/// The causes the synthetic corpus injects: all but `unknown`.
+pub fn causes() -> impl Iterator<Item = Cause> {
+    Cause::ALL.into_iter().filter(|c| *c != Cause::Unknown)
+}
 
 /// The no-fault controls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -552,7 +543,7 @@ pub fn control(kind: Control, variant: u64) -> Episode {
 /// every control kind `controls` times.
 pub fn corpus(per_magnitude: u64, controls: u64) -> Vec<Episode> {
     let mut out = Vec::new();
-    for cause in CAUSES {
+    for cause in causes() {
         for m in [Magnitude::Mild, Magnitude::Strong] {
             for v in 1..=per_magnitude {
                 out.push(fault(cause, m, v));
