@@ -7,7 +7,7 @@
 //!   cargo xtask fuzz [--seconds N]          cargo fuzz over the stream measurement (figures)
 //!   cargo xtask fake-nvml DIR               the scripted libnvidia-ml.so.1 (tests, no GPU)
 //!   cargo xtask spike-calm [--seconds N]    calm run: spike mode never entered (issue 17)
-//!   cargo xtask diagnose-eval [-v]          diagnosis AC@1/AC@3 over the episode corpus (issue 12)
+//!   cargo xtask diagnose-eval [--live] [-v] diagnosis AC@1/AC@3 over the episode corpus (issue 12)
 
 mod bench_client;
 mod ci;
@@ -43,9 +43,10 @@ tasks:
                               (tests/support/fake_nvml/README.md)
   spike-calm [--seconds N]    the real model server under Poisson canaries for N s (600):
                               spike mode must never be entered; prints TTFT figures
-  diagnose-eval [--release] [-v]  the diagnosis engine over the episode corpus (synthetic +
+  diagnose-eval [--live] [-v]  the diagnosis engine over the episode corpus (synthetic +
                               tests/fixtures/episodes/): AC@1, AC@3, time to diagnosis per
-                              cause, control diagnoses";
+                              cause, control diagnoses; --live first runs the live harness
+                              (real agent, injected faults) and records its episodes";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);

@@ -208,3 +208,19 @@ fn analyze_names_the_error_burst_of_a_run_and_draws_its_scorecard() {
     assert!(!html.contains("<script"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The recorded live episodes of `tests/fixtures/episodes/` (`cargo xtask diagnose-eval
+/// --live`): the engine names each injected cause first, within 60 s of the onset.
+#[test]
+fn recorded_live_episodes_are_diagnosed() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/episodes");
+    let eps = Episode::load_dir(&dir).unwrap();
+    let live: Vec<_> = eps.iter().filter(|e| e.source == "live").collect();
+    assert!(!live.is_empty(), "no live episode in {}", dir.display());
+    for ep in live {
+        let o = replay(ep, EngineConfig::default());
+        assert_eq!(o.rank(), Some(1), "{o:?}");
+        let ttd = o.time_to_confirmed_s.unwrap_or(f64::INFINITY);
+        assert!((0.0..=60.0).contains(&ttd), "{o:?}");
+    }
+}
