@@ -5,7 +5,8 @@
 //!
 //! Runs when `LMPERF_DIAGNOSE_LIVE=1` (`cargo xtask diagnose-eval --live` sets it; about 3 min
 //! per episode); `LMPERF_EPISODE_DIR=DIR` also writes each recorded episode there. Episodes:
-//! `error_burst` (the server answers 503 to 3 requests in 5 from the onset on). Not yet: the
+//! `error_burst` (the server answers 503 to 3 requests in 5 from the onset on) and a no-fault
+//! control. Not yet: the
 //! llama.cpp load and long-prompt episodes, KV pressure, DelayLink, server change and the
 //! scripted-NVML GPU faults (see the report of the branch `analyze`).
 
@@ -92,11 +93,20 @@ fn recorded(agent: &Agent, target: &str, start: f64) -> BTreeMap<String, Vec<[f6
     s
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn live_error_burst_is_diagnosed_and_recorded() {
-    if !enabled() {
-        return;
-    }
+/// What one live episode saw.
+struct Run {
+    /// The first `/api/v1/diagnosis` of `t0` in `root_confirmed` after the onset.
+    confirmed: Option<Value>,
+    /// Seconds from the onset to it.
+    ttd_s: f64,
+    /// Evaluations polled (once a second) in which `t0` was not idle.
+    not_idle: usize,
+}
+
+/// Runs one live episode: the agent's canaries (2/s) against a scripted server, calm for
+/// `CALM_S`, then `fault` set (when `cause` is given) for up to `CONFIRM_WITHIN_S`; records
+/// the episode as `name` when `LMPERF_EPISODE_DIR` is set.
+async fn episode(name: &str, cause: Option<&str>, notes: &str) -> Run {
     let fault = Arc::new(AtomicBool::new(false));
     let f = fault.clone();
     let server = ScriptedServer::start(Arc::new(move |r: &Received, i: usize| {
@@ -120,7 +130,7 @@ async fn live_error_burst_is_diagnosed_and_recorded() {
         ))
     }))
     .await;
-    let dir = std::env::temp_dir().join(format!("lmperf-diag-live-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("lmperf-diag-live-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("agent.toml");
     std::fs::write(
@@ -137,52 +147,98 @@ async fn live_error_burst_is_diagnosed_and_recorded() {
             .await
             .unwrap();
     let start = unix_now().floor();
-    tokio::time::sleep(Duration::from_secs(CALM_S)).await;
-    let (_, calm) = agent.get("/api/v1/diagnosis");
-    let calm: Value = serde_json::from_str(&calm).unwrap();
-    assert_eq!(calm["targets"][0]["state"], "idle", "calm baseline: {calm}");
-    fault.store(true, Ordering::SeqCst);
-    let onset = unix_now();
-    let t = Instant::now();
-    let confirmed = loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut run = Run {
+        confirmed: None,
+        ttd_s: f64::INFINITY,
+        not_idle: 0,
+    };
+    let poll = |run: &mut Run| {
         let (_, body) = agent.get("/api/v1/diagnosis?target=t0");
         let v: Value = serde_json::from_str(&body).unwrap();
-        if v["targets"][0]["state"] == "root_confirmed" {
-            break Some(v);
+        if v["targets"][0]["state"] != "idle" {
+            run.not_idle += 1;
         }
-        if t.elapsed() > Duration::from_secs(CONFIRM_WITHIN_S) {
-            break None;
-        }
+        v
     };
-    let ttd = t.elapsed().as_secs_f64();
+    for _ in 0..CALM_S {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        poll(&mut run);
+    }
+    if cause.is_some() {
+        fault.store(true, Ordering::SeqCst);
+    }
+    let onset = unix_now();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(CONFIRM_WITHIN_S) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let v = poll(&mut run);
+        if cause.is_some() && v["targets"][0]["state"] == "root_confirmed" {
+            run.ttd_s = t.elapsed().as_secs_f64();
+            run.confirmed = Some(v);
+            break;
+        }
+    }
     let series = recorded(&agent, "t0", start);
     drop(agent);
     let episode = serde_json::json!({
         "format": "lmperf-episode/1",
-        "name": "live-error_burst-503-1",
+        "name": name,
         "source": "live",
-        "cause": "error_burst",
-        "magnitude": "503 on 60 % of requests",
+        "cause": cause,
+        "magnitude": cause.map(|_| "503 on 60 % of requests"),
         "target": "t0",
         "start_unix_s": start,
         "duration_s": (unix_now() - start).ceil(),
-        "onset_offset_s": (onset - start * 1.0).round(),
-        "notes": "tests/diagnose_live.rs: the agent's canaries (2/s) against a scripted server that answers 503 to 3 requests in 5 from the onset",
+        "onset_offset_s": cause.map(|_| (onset - start).round()),
+        "notes": notes,
         "series": {"t0": series},
     });
     if let Ok(out) = std::env::var("LMPERF_EPISODE_DIR") {
-        let p = std::path::Path::new(&out).join("live-error_burst-503-1.json");
+        let p = std::path::Path::new(&out).join(format!("{name}.json"));
         std::fs::write(&p, serde_json::to_vec(&episode).unwrap()).unwrap();
         eprintln!("recorded {}", p.display());
     }
-    let v = confirmed
+    let _ = std::fs::remove_dir_all(&dir);
+    run
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_error_burst_is_diagnosed_and_recorded() {
+    if !enabled() {
+        return;
+    }
+    let run = episode(
+        "live-error_burst-503-1",
+        Some("error_burst"),
+        "tests/diagnose_live.rs: the agent's canaries (2/s) against a scripted server that answers 503 to 3 requests in 5 from the onset",
+    )
+    .await;
+    let v = run
+        .confirmed
         .unwrap_or_else(|| panic!("not root_confirmed within {CONFIRM_WITHIN_S} s of the onset"));
     let top = &v["targets"][0]["causes"][0];
     eprintln!(
-        "live error_burst: {} {} after {ttd:.0} s",
-        top["cause"], top["score"]
+        "live error_burst: {} {} after {:.0} s",
+        top["cause"], top["score"], run.ttd_s
     );
     assert_eq!(top["cause"], "error_burst", "{v}");
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_control_is_never_diagnosed() {
+    if !enabled() {
+        return;
+    }
+    let run = episode(
+        "live-control-1",
+        None,
+        "tests/diagnose_live.rs: the agent's canaries (2/s) against a steady scripted server, no fault",
+    )
+    .await;
+    eprintln!(
+        "live control: {} of {} evaluations not idle",
+        run.not_idle,
+        CALM_S + CONFIRM_WITHIN_S
+    );
+    assert_eq!(run.not_idle, 0, "the control left idle");
 }
