@@ -23,6 +23,10 @@ use serde_json::Value;
 
 const HOLD: Duration = Duration::from_secs(20);
 
+/// The real-server tests run one at a time: an overload next to a calm run would make it
+/// anything but calm on a small machine.
+static REAL_SERVER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn unix(t: SystemTime) -> f64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
@@ -129,7 +133,7 @@ fn overload(
             let sent = sent.clone();
             std::thread::spawn(move || {
                 while Instant::now() < until {
-                    let body = format!(r#"{{"model":"gemma-3-270m","messages":[{{"role":"user","content":"Tell a long story about a lighthouse keeper, part {i}."}}],"max_tokens":160,"temperature":0.8}}"#);
+                    let body = format!(r#"{{"model":"gemma-3-270m","messages":[{{"role":"user","content":"Tell a long story about a lighthouse keeper, part {i}."}}],"max_tokens":256,"temperature":0.8}}"#);
                     let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else { continue };
                     let _ = s.set_read_timeout(Some(Duration::from_secs(120)));
                     let req = format!("POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
@@ -157,6 +161,7 @@ fn events<'a>(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
+    let _serial = REAL_SERVER.lock().await;
     let calm = Duration::from_secs(120);
     let overload_for = Duration::from_secs(45);
     let server = tokio::task::spawn_blocking(ModelServer::start)
@@ -175,6 +180,23 @@ async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
                 .await,
         );
     }
+    // The premise: a calm server. On a machine so loaded that the small model answers in
+    // seconds, the overload turns canaries into timeouts before any baseline exists.
+    let calm_canaries = recent_canaries(&agent);
+    let mut calm_ttft: Vec<f64> = calm_canaries
+        .iter()
+        .filter_map(|r| r["ttft_ms"].as_f64())
+        .collect();
+    calm_ttft.sort_by(f64::total_cmp);
+    let p50 = calm_ttft
+        .get(calm_ttft.len() / 2)
+        .copied()
+        .unwrap_or(f64::INFINITY);
+    assert!(
+        calm_ttft.len() >= 150 && p50 < 1500.0,
+        "not calm: {} canaries answered in {calm:?}, TTFT p50 {p50:.0} ms (the machine is too loaded for this test)",
+        calm_ttft.len()
+    );
     let status = agent.status();
     assert_eq!(status["targets"][0]["spike"], false, "calm: {status}");
     assert_eq!(
@@ -187,8 +209,9 @@ async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
     // Overload: 6 clients of long completions on a 2-slot server.
     let over_wall = SystemTime::now();
     let sent = Arc::new(AtomicUsize::new(0));
-    let threads = overload(server.port, 6, Instant::now() + overload_for, sent.clone());
+    let threads = overload(server.port, 8, Instant::now() + overload_for, sent.clone());
     let mut spike_status = None;
+    let mut diagnosed: Option<(f64, Value)> = None;
     let t1 = Instant::now();
     while t1.elapsed() < overload_for {
         spans.extend(
@@ -199,6 +222,11 @@ async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
         let s = agent.status();
         if spike_status.is_none() && s["targets"][0]["spike"] == true {
             spike_status = Some(s);
+        }
+        let d: Value =
+            serde_json::from_str(&agent.get("/api/v1/diagnosis").1).unwrap_or(Value::Null);
+        if diagnosed.is_none() && d["targets"][0]["state"] == "root_confirmed" {
+            diagnosed = Some((unix(SystemTime::now()), d["targets"][0].clone()));
         }
     }
     for t in threads {
@@ -310,6 +338,27 @@ async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
         unix(overload_end)
     );
 
+    // The diagnosis (issue 12): load_surge (canary only: TTFT and TPOT both rose), within 60 s
+    // of its onset; the WARN line says so.
+    let (confirmed_at, t) =
+        diagnosed.unwrap_or_else(|| panic!("no diagnosis confirmed: {}", agent.stderr_text()));
+    let onset = t["onset_unix_s"].as_f64().unwrap();
+    assert!(
+        confirmed_at - onset <= 60.0 && onset >= unix(over_wall) - 15.0,
+        "onset {onset}, confirmed {confirmed_at}, overload {}",
+        unix(over_wall)
+    );
+    assert!(
+        ["load_surge", "server_queueing"].contains(&t["causes"][0]["cause"].as_str().unwrap_or("")),
+        "{t:#}"
+    );
+    assert!(
+        agent.stderr_text().contains("Diagnosis: load_surge")
+            || agent.stderr_text().contains("Diagnosis: server_queueing"),
+        "{}",
+        agent.stderr_text()
+    );
+
     // Every canary decided between entering and leaving was kept; after, the base ratio.
     let kept: HashMap<&str, &ExportedSpan> =
         spans.iter().map(|s| (s.trace_id.as_str(), s)).collect();
@@ -366,6 +415,7 @@ async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
 /// `LMPERF_SPIKE_CALM_S=600` for the 10-minute eval of `cargo xtask spike-calm`).
 #[tokio::test(flavor = "multi_thread")]
 async fn calm_poisson_canaries_never_enter_spike_mode() {
+    let _serial = REAL_SERVER.lock().await;
     let secs: u64 = std::env::var("LMPERF_SPIKE_CALM_S")
         .ok()
         .and_then(|s| s.parse().ok())

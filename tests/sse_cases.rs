@@ -304,8 +304,9 @@ fn check_request(id: &str, e: &serde_json::Value, m: &Measured) {
                     close_list(&c.itl, w, &format!("{what} {idx}"));
                 }
             }
-            // For the reader only; the largest event is the case's own frame size.
-            "wrong" | "note" | "largest_event_bytes" => {}
+            // A legitimate event: within the default cap, 16 MiB.
+            "largest_event_bytes" => assert!(want.as_u64().unwrap() < lmperf::config::DEFAULT_MAX_EVENT_BYTES as u64, "{what}"),
+            "wrong" | "note" => {}
             other => panic!("{id}: expectation {other:?} not checked"),
         }
     }
@@ -368,7 +369,6 @@ async fn case_18_evalscope_1638_half_event_coalesced() {
 #[tokio::test]
 async fn case_19_inference_perf_283_one_mib_event() {
     let m = check_case("sse/19_inference_perf_283_one_mib_event.json").await;
-    assert!(lmperf::config::DEFAULT_MAX_EVENT_BYTES >= 16 << 20, "no real event hits the cap");
     assert!(m[0].record.error.is_none());
 }
 
@@ -446,5 +446,91 @@ async fn case_22_llamacpp_16486_non200_error_bodies_in_lmperf_run() {
     );
     let ttft = b.ttft_ms.as_ref().expect("ttft of the success");
     assert_eq!(ttft.count, 1, "failed requests give no latency sample");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---- Inputs of our own beyond the shared cases (issue 14), over loopback too. ----
+
+fn own_frames(frames: &[(u64, &str)]) -> serde_json::Value {
+    serde_json::Value::Array(frames.iter().map(|(t, b)| serde_json::json!({ "t_ms": t, "bytes": b })).collect())
+}
+
+const OWN_TOKEN: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n";
+
+#[tokio::test]
+async fn own_event_error_stream() {
+    let f = own_frames(&[(20, OWN_TOKEN), (40, "event: error\ndata: {\"error\":{\"message\":\"engine overloaded\",\"type\":\"overloaded_error\",\"code\":529}}\n\n"), (41, "data: [DONE]\n\n")]);
+    let r = replay(Api::Chat, &f, 200).await.record;
+    assert_eq!(r.outcome, Outcome::Error);
+    let e = r.error.as_ref().unwrap();
+    assert_eq!((e.error_type.as_str(), e.server_type.as_deref(), e.code.as_deref(), e.message.as_deref()), ("overloaded_error", Some("overloaded_error"), Some("529"), Some("engine overloaded")));
+    // Times: the token's, before the error's (exact times are the shared cases' business).
+    assert!(r.ttft.is_some_and(|t| t >= Duration::from_millis(20) && t < Duration::from_millis(40)), "TTFT kept: {:?}", r.ttft);
+    assert!(r.e2e >= Duration::from_millis(41), "E2E at [DONE]: {:?}", r.e2e);
+}
+
+#[tokio::test]
+async fn own_bare_json_error_after_tokens() {
+    let f = own_frames(&[(20, OWN_TOKEN), (30, OWN_TOKEN), (45, "{\"error\":{\"code\":500,\"message\":\"CUDA error: out of memory\",\"type\":\"server_error\"}}")]);
+    let r = replay(Api::Chat, &f, 200).await.record;
+    assert_eq!(r.outcome, Outcome::Error);
+    let e = r.error.as_ref().unwrap();
+    assert_eq!((e.error_type.as_str(), e.code.as_deref()), ("server_error", Some("500")));
+    assert!(e.message.as_deref().is_some_and(|m| m.contains("out of memory")));
+    assert_eq!(r.token_chunk_times.len(), 2);
+    assert!(r.e2e >= Duration::from_millis(45), "E2E at the end of the body: {:?}", r.e2e);
+}
+
+#[tokio::test]
+async fn own_n3_on_completions() {
+    let c = |t: &str| format!("data: {{\"object\":\"text_completion\",\"choices\":[{t}]}}\n\n");
+    let (a, b, d, e) = (
+        c(r#"{"index":0,"text":"A","finish_reason":null},{"index":2,"text":"C","finish_reason":null}"#),
+        c(r#"{"index":1,"text":"B","finish_reason":null}"#),
+        c(r#"{"index":2,"text":"c","finish_reason":"stop"},{"index":0,"text":"a","finish_reason":null},{"index":1,"text":"b","finish_reason":"length"}"#),
+        c(r#"{"index":0,"text":"!","finish_reason":"length"}"#),
+    );
+    let f = own_frames(&[(50, &a), (70, &b), (90, &d), (130, &e), (131, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":7}}\n\ndata: [DONE]\n\n")]);
+    let r = replay(Api::Completions, &f, 200).await.record;
+    assert_eq!(r.outcome, Outcome::Ok, "{:?}", r.error);
+    assert!(r.ttft.is_some_and(|t| t >= Duration::from_millis(50) && t < Duration::from_millis(70)), "TTFT: first token of any choice: {:?}", r.ttft);
+    assert_eq!(r.tpot, None, "no request-level TPOT across choices");
+    assert_eq!(r.finish_reasons, vec!["length", "length", "stop"]);
+    let per: Vec<(u32, usize, Option<&str>)> = r.choices.iter().map(|c| (c.index, c.token_chunks, c.finish_reason.as_deref())).collect();
+    assert_eq!(per, vec![(0, 3, Some("length")), (1, 2, Some("length")), (2, 2, Some("stop"))]);
+    let (c0, c1) = (&r.choices[0], &r.choices[1]);
+    assert!(c1.first_token > c0.first_token, "choice 1 starts with its own first token");
+    assert_eq!(c0.tpot, c0.last_token.zip(c0.first_token).map(|(l, f)| (l - f) / 2), "per-choice TPOT over its 3 chunks");
+    assert_eq!(r.choices[2].itl.len(), 1);
+}
+
+/// Case 24 through `lmperf run --n 2`: `n` is sent, and requests.jsonl gives each choice its own
+/// TTFT, ITL and finish reason, with no request-level TPOT.
+#[tokio::test(flavor = "multi_thread")]
+async fn case_24_langfuse_16998_n2_interleaved_choices_in_lmperf_run() {
+    let c = case("sse/24_langfuse_16998_n2_interleaved_choices.json");
+    let server = lmperf_e2e::scripted::case_server(&c).await;
+    let dir = std::env::temp_dir().join(format!("lmperf-case24-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let spec = lmperf::bench::RunSpec { num_prompts: 2, input_lengths: vec![8], output_len: 4, ignore_eos: false, n: 2, ..lmperf::bench::RunSpec::new(target(&server.url()), dir.clone()) };
+    lmperf::bench::run(spec).await.expect("run");
+    let posts: Vec<_> = server.requests().into_iter().filter(|r| r.path == "/v1/chat/completions").collect();
+    assert_eq!(posts.len(), 2);
+    for p in &posts {
+        assert_eq!(serde_json::from_slice::<serde_json::Value>(&p.body).unwrap()["n"], 2, "--n is sent");
+    }
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("requests.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let want = &c["expected"];
+    for row in &rows {
+        assert_eq!(row["outcome"], "ok");
+        assert!(row["tpot_ms"].is_null(), "no request-level TPOT across choices");
+        let choices = row["choices"].as_array().expect("choices");
+        assert_eq!(choices.len(), 2);
+        for (got, w) in choices.iter().zip(want["choices"].as_array().unwrap()) {
+            assert_eq!((got["index"].clone(), got["finish_reason"].clone()), (w["index"].clone(), w["finish_reason"].clone()));
+            assert!((got["ttft_ms"].as_f64().unwrap() - w["first_token_ms"].as_f64().unwrap()).abs() <= 4.0 * TOLERANCE_MS);
+            assert_eq!(got["itl_ms"].as_array().unwrap().len(), want["itl_ms_per_choice"][w["index"].to_string()].as_array().unwrap().len());
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -26,6 +26,8 @@ use crate::gpu::backend::throttle;
 use crate::gpu::state::{GpuState, Snapshot};
 use crate::measure::Outcome;
 use crate::net::state::RequestNet;
+use crate::server::interval::ServerSample;
+use crate::server::state::ServerState;
 use crate::telemetry::names as n;
 use crate::telemetry::spans::TraceIds;
 
@@ -50,6 +52,8 @@ pub struct LiveDiagnosis {
     kept: Mutex<BTreeMap<String, VecDeque<KeptSpan>>>,
     /// The GPU tick last fed, and the fault count then (XIDs + lost GPUs + uncorrected ECC).
     gpu_seen: Mutex<(Option<SystemTime>, Option<u64>)>,
+    /// Per target: the newest server sample and change event fed.
+    server_seen: Mutex<BTreeMap<String, (SystemTime, SystemTime)>>,
     targets: Vec<String>,
     /// Evaluations done and their total time, ns (the cost figure).
     pub evaluations: AtomicU64,
@@ -137,6 +141,35 @@ pub fn gpu_signals(s: &Snapshot) -> (Vec<(Signal, f64)>, u64) {
     (v, faults)
 }
 
+/// The diagnosis signals of one model server scrape (fields the server lacks are absent);
+/// a counter reset (restart) is a server change.
+pub fn server_signals(s: &ServerSample) -> Vec<(Signal, f64)> {
+    let pairs = [
+        (Signal::ServerRequestsWaiting, s.requests_waiting),
+        (Signal::ServerRequestsRunning, s.requests_running),
+        (Signal::ServerKvUsage, s.kv_cache_usage),
+        (Signal::ServerPreemptions, s.preemptions_per_s),
+        (Signal::ServerPromptTokensRate, s.prompt_tokens_per_s),
+        (
+            Signal::ServerGenerationTokensRate,
+            s.generation_tokens_per_s,
+        ),
+        (Signal::ServerRequestRate, s.requests_per_s),
+        (Signal::ServerTtft, s.ttft.mean),
+        (Signal::ServerQueueTime, s.queue.mean),
+        (Signal::ServerPrefillTime, s.prefill.mean),
+        (Signal::ServerDecodeTime, s.decode.mean),
+    ];
+    let mut v: Vec<(Signal, f64)> = pairs
+        .into_iter()
+        .filter_map(|(sig, x)| x.map(|x| (sig, x)))
+        .collect();
+    if s.reset {
+        v.push((Signal::ServerChange, 1.0));
+    }
+    v
+}
+
 impl LiveDiagnosis {
     /// For the agent's `targets` (each gets an entry, idle, from the start).
     pub fn new(config: EngineConfig, targets: Vec<String>) -> Self {
@@ -151,6 +184,7 @@ impl LiveDiagnosis {
             confirmed: Mutex::default(),
             kept: Mutex::default(),
             gpu_seen: Mutex::default(),
+            server_seen: Mutex::default(),
             targets,
             evaluations: AtomicU64::new(0),
             evaluate_ns: AtomicU64::new(0),
@@ -211,6 +245,47 @@ impl LiveDiagnosis {
                 e.observe(t, s, at, v);
             }
             e.observe(t, Signal::GpuFault, at, new_faults as f64);
+        }
+    }
+
+    /// Feeds the model server samples and change events scraped since the last call.
+    pub fn feed_server(&self, server: &ServerState) {
+        let Ok(mut seen) = self.server_seen.lock() else {
+            return;
+        };
+        for t in &self.targets {
+            let (last_sample, last_event) = seen
+                .get(t)
+                .copied()
+                .unwrap_or((SystemTime::UNIX_EPOCH, SystemTime::UNIX_EPOCH));
+            let samples: Vec<ServerSample> = server
+                .history(t)
+                .into_iter()
+                .filter(|s| s.at > last_sample)
+                .collect();
+            let events: Vec<SystemTime> = server
+                .events(t)
+                .into_iter()
+                .map(|e| e.at)
+                .filter(|&at| at > last_event)
+                .collect();
+            if samples.is_empty() && events.is_empty() {
+                continue;
+            }
+            let Ok(mut e) = self.engine.lock() else {
+                return;
+            };
+            for s in &samples {
+                for (sig, v) in server_signals(s) {
+                    e.observe(t, sig, s.at, v);
+                }
+            }
+            for &at in &events {
+                e.observe(t, Signal::ServerChange, at, 1.0);
+            }
+            let newest_sample = samples.iter().map(|s| s.at).max().unwrap_or(last_sample);
+            let newest_event = events.iter().copied().max().unwrap_or(last_event);
+            seen.insert(t.clone(), (newest_sample, newest_event));
         }
     }
 
@@ -416,6 +491,7 @@ fn idle(target: &str) -> TargetDiagnosis {
 pub async fn run(
     live: std::sync::Arc<LiveDiagnosis>,
     gpu: std::sync::Arc<GpuState>,
+    server: std::sync::Arc<ServerState>,
     telemetry: std::sync::Arc<crate::telemetry::Telemetry>,
     stop: tokio_util::sync::CancellationToken,
 ) {
@@ -428,6 +504,7 @@ pub async fn run(
             _ = every.tick() => {}
         }
         let now = SystemTime::now();
+        live.feed_server(&server);
         for d in live.tick(now, Some(&gpu)) {
             let line = d.summary.clone().unwrap_or_else(|| "unknown".to_owned());
             tracing::warn!(target_name = %d.target, cause = d.causes.first().map_or("unknown", |c| c.cause.as_str()), "Diagnosis: {line}");
@@ -584,5 +661,96 @@ mod tests {
         );
         assert_eq!(snap.targets.len(), 1);
         assert_eq!(snap.targets[0].state, State::RootConfirmed);
+    }
+
+    fn server_sample(at: SystemTime, waiting: f64, rate: f64) -> ServerSample {
+        ServerSample {
+            at,
+            requests_waiting: Some(waiting),
+            requests_running: Some(2.0),
+            kv_cache_usage: None,
+            preemptions_per_s: None,
+            prefix_cache_hit_ratio: None,
+            prompt_tokens_per_s: Some(rate * 100.0),
+            generation_tokens_per_s: None,
+            requests_per_s: Some(rate),
+            ttft: Default::default(),
+            itl: Default::default(),
+            queue: crate::server::LatencyStats {
+                mean: Some(waiting * 0.1),
+                ..Default::default()
+            },
+            prefill: Default::default(),
+            decode: Default::default(),
+            interval_s: Some(1.0),
+            reset: false,
+        }
+    }
+
+    #[test]
+    fn server_samples_are_fed_once_and_absent_fields_stay_absent() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let v = server_signals(&server_sample(t0, 3.0, 2.0));
+        assert_eq!(
+            v,
+            [
+                (Signal::ServerRequestsWaiting, 3.0),
+                (Signal::ServerRequestsRunning, 2.0),
+                (Signal::ServerPromptTokensRate, 200.0),
+                (Signal::ServerRequestRate, 2.0),
+                (Signal::ServerQueueTime, 0.30000000000000004),
+            ]
+        );
+        let target = std::sync::Arc::new(crate::server::TargetServer::new(
+            "a",
+            Some("http://x/metrics".into()),
+            None,
+        ));
+        let state = ServerState {
+            targets: vec![target.clone()],
+        };
+        let live = LiveDiagnosis::new(EngineConfig::default(), vec!["a".into()]);
+        // 3 min calm at 2 req/s with nothing waiting, then 12 req/s with 20 waiting; canaries
+        // show TTFT and TPOT up: load_surge from the server's own signals, the queue as evidence.
+        let mut confirmed = Vec::new();
+        for s in 0..300u64 {
+            let at = t0 + Duration::from_secs(s);
+            let surge = s >= 200;
+            target.record_ok(
+                server_sample(
+                    at,
+                    if surge { 20.0 } else { 0.0 },
+                    if surge { 12.0 } else { 2.0 },
+                ),
+                crate::server::ServerKind::Vllm,
+                &Default::default(),
+            );
+            live.feed_server(&state);
+            live.feed_server(&state); // nothing new: fed once
+            for half in [0u64, 500] {
+                let m = measured(
+                    if surge { 1500 } else { 100 + (s % 5) * 4 },
+                    Outcome::Ok,
+                    at + Duration::from_millis(half),
+                );
+                live.observe_request("a", &m, None);
+            }
+            confirmed.extend(live.tick(at + Duration::from_secs(1), None));
+        }
+        assert_eq!(confirmed.len(), 1, "{confirmed:#?}");
+        let d = &confirmed[0];
+        assert_eq!(d.causes[0].cause, Cause::LoadSurge, "{:#?}", d.causes);
+        let rate = d.causes[0]
+            .evidence
+            .iter()
+            .find(|e| e.signal == Signal::ServerRequestRate)
+            .expect("request rate evidence");
+        assert_eq!((rate.before, rate.after), (2.0, 12.0));
+        let waiting = d.causes[0]
+            .evidence
+            .iter()
+            .find(|e| e.signal == Signal::ServerRequestsWaiting)
+            .expect("queue as evidence");
+        assert_eq!((waiting.before, waiting.after), (0.0, 20.0));
     }
 }

@@ -21,6 +21,7 @@ pub mod gpu;
 pub mod measure;
 pub mod net;
 pub mod sampler;
+pub mod server;
 pub mod status;
 pub mod telemetry;
 

@@ -252,6 +252,8 @@ pub struct AgentStatus {
     pub recent: std::sync::Arc<RecentRequests>,
     /// The live root-cause diagnosis (`/api/v1/diagnosis`, `Diagnose`).
     pub diagnosis: std::sync::Arc<crate::diagnosis_live::LiveDiagnosis>,
+    /// Model server signals per target (`server`).
+    pub server: std::sync::Arc<crate::server::ServerState>,
 }
 
 #[cfg(test)]

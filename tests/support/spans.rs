@@ -46,6 +46,7 @@ impl SpanFactory {
             server_address: "127.0.0.1",
             server_port: 8000,
             prompt_id: "mtbench-120",
+            events: Vec::new(),
             extra: Vec::new(),
         };
         let p = if reason.is_priority() { 1.0 } else { 0.1 };

@@ -18,16 +18,24 @@ pub fn run(args: &[String]) -> Result<()> {
                 Some(s) if s.starts_with("nvml") => omit.push(s.clone()),
                 other => bail!("--omit takes an NVML function name (nvml…), got {other:?}"),
             },
-            s if s.starts_with('-') => bail!("unknown option {s:?} (fake-nvml DIR [--omit SYMBOL]...)"),
+            s if s.starts_with('-') => {
+                bail!("unknown option {s:?} (fake-nvml DIR [--omit SYMBOL]...)")
+            }
             s if dir.is_none() => dir = Some(PathBuf::from(s)),
             s => bail!("one output directory only, got a second: {s:?}"),
         }
     }
-    let Some(dir) = dir else { bail!("usage: cargo xtask fake-nvml DIR [--omit SYMBOL]...") };
+    let Some(dir) = dir else {
+        bail!("usage: cargo xtask fake-nvml DIR [--omit SYMBOL]...")
+    };
     let mut cmd = Command::new("sh");
-    cmd.arg(crate::root().join("tests/support/fake_nvml/build.sh")).arg(&dir).args(&omit);
+    cmd.arg(crate::root().join("tests/support/fake_nvml/build.sh"))
+        .arg(&dir)
+        .args(&omit);
     crate::step("build the scripted libnvidia-ml.so.1", cmd)?;
     println!("{}", dir.join("libnvidia-ml.so.1").display());
-    println!("run with LMPERF_FAKE_NVML_SCRIPT=<script.json> (format: tests/support/fake_nvml/README.md)");
+    println!(
+        "run with LMPERF_FAKE_NVML_SCRIPT=<script.json> (format: tests/support/fake_nvml/README.md)"
+    );
     Ok(())
 }

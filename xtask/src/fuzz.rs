@@ -27,7 +27,11 @@ pub fn run(args: &[String]) -> Result<()> {
         match a.as_str() {
             "--seconds" => {
                 let v = it.next().context("--seconds needs a value")?;
-                seconds = v.parse().ok().filter(|s| *s > 0).with_context(|| format!("--seconds {v:?}: a positive whole number"))?;
+                seconds = v
+                    .parse()
+                    .ok()
+                    .filter(|s| *s > 0)
+                    .with_context(|| format!("--seconds {v:?}: a positive whole number"))?;
             }
             "-h" | "--help" => {
                 println!("usage: cargo xtask fuzz [--seconds N]   (default 600)");
@@ -41,14 +45,21 @@ pub fn run(args: &[String]) -> Result<()> {
     let cargo_fuzz = tools.join("bin/cargo-fuzz");
     if !cargo_fuzz.exists() {
         let mut install = crate::cargo();
-        install.args(["install", "cargo-fuzz", "--locked", "--root"]).arg(&tools);
-        crate::step("cargo install cargo-fuzz --locked --root target/tools", install)?;
+        install
+            .args(["install", "cargo-fuzz", "--locked", "--root"])
+            .arg(&tools);
+        crate::step(
+            "cargo install cargo-fuzz --locked --root target/tools",
+            install,
+        )?;
     }
     check_nightly()?;
     let work = root.join("target/fuzz-corpus").join(TARGET);
     std::fs::create_dir_all(&work).with_context(|| format!("{}", work.display()))?;
     let seeds = root.join("daemon/fuzz/corpus").join(TARGET);
-    let path = std::env::join_paths(std::iter::once(tools.join("bin")).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())))?;
+    let path = std::env::join_paths(std::iter::once(tools.join("bin")).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))?;
 
     // `cargo` from PATH: the rustup proxy, which understands `+nightly` (`$CARGO` is stable's).
     let mut cmd = Command::new("cargo");
@@ -56,7 +67,15 @@ pub fn run(args: &[String]) -> Result<()> {
         .env("PATH", path)
         .env_remove("RUSTUP_TOOLCHAIN")
         .env_remove("CARGO")
-        .args(["+nightly", "fuzz", "run", "--debug-assertions", "--sanitizer", "none", "--target-dir"])
+        .args([
+            "+nightly",
+            "fuzz",
+            "run",
+            "--debug-assertions",
+            "--sanitizer",
+            "none",
+            "--target-dir",
+        ])
         .arg(root.join("target/fuzz"))
         .arg(TARGET)
         .arg(&work)
@@ -67,9 +86,14 @@ pub fn run(args: &[String]) -> Result<()> {
         .args(["-max_len=65536", "-print_final_stats=1", "-print_pcs=0"])
         .stdout(Stdio::inherit())
         .stderr(Stdio::piped());
-    println!("\n==> cargo +nightly fuzz run {TARGET} ({seconds} s, corpus {})", rel(&root, &seeds));
+    println!(
+        "\n==> cargo +nightly fuzz run {TARGET} ({seconds} s, corpus {})",
+        rel(&root, &seeds)
+    );
     let started = std::time::Instant::now();
-    let mut child = cmd.spawn().context("cannot start `cargo +nightly fuzz` (is rustup on PATH?)")?;
+    let mut child = cmd
+        .spawn()
+        .context("cannot start `cargo +nightly fuzz` (is rustup on PATH?)")?;
     let mut stats = Stats::default();
     if let Some(err) = child.stderr.take() {
         for line in BufReader::new(err).lines().map_while(Result::ok) {
@@ -84,7 +108,9 @@ pub fn run(args: &[String]) -> Result<()> {
     let elapsed = started.elapsed().as_secs_f64();
     println!("\n{}", stats.summary(seconds, elapsed));
     if !status.success() {
-        bail!("the fuzz run failed ({status}): see the crash input under daemon/fuzz/artifacts/{TARGET}/");
+        bail!(
+            "the fuzz run failed ({status}): see the crash input under daemon/fuzz/artifacts/{TARGET}/"
+        );
     }
     if stats.execs.is_none() {
         bail!("the fuzz run printed no statistics");
@@ -97,9 +123,17 @@ fn rel(root: &Path, p: &Path) -> String {
 }
 
 fn check_nightly() -> Result<()> {
-    let out = Command::new("rustup").args(["toolchain", "list"]).output().context("rustup not found: cargo fuzz needs the nightly toolchain through rustup")?;
-    if !String::from_utf8_lossy(&out.stdout).lines().any(|l| l.starts_with("nightly")) {
-        bail!("no nightly toolchain (`rustup toolchain list`): cargo fuzz needs one (`rustup toolchain install nightly`)");
+    let out = Command::new("rustup")
+        .args(["toolchain", "list"])
+        .output()
+        .context("rustup not found: cargo fuzz needs the nightly toolchain through rustup")?;
+    if !String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l.starts_with("nightly"))
+    {
+        bail!(
+            "no nightly toolchain (`rustup toolchain list`): cargo fuzz needs one (`rustup toolchain install nightly`)"
+        );
     }
     Ok(())
 }
@@ -120,7 +154,11 @@ struct Stats {
 /// The number after `key` in `line` (`cov: 123`, `corp: 45/6Kb`).
 fn after(line: &str, key: &str) -> Option<u64> {
     let rest = &line[line.find(key)? + key.len()..];
-    rest.trim_start().split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    rest.trim_start()
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
 }
 
 impl Stats {
@@ -179,7 +217,15 @@ mod tests {
         }
         assert_eq!(
             s,
-            Stats { execs: Some(1_500_000), execs_per_sec: Some(24590), cov: Some(1030), ft: Some(4300), corpus: Some(320), peak_rss_mb: Some(412), done_secs: Some(61) }
+            Stats {
+                execs: Some(1_500_000),
+                execs_per_sec: Some(24590),
+                cov: Some(1030),
+                ft: Some(4300),
+                corpus: Some(320),
+                peak_rss_mb: Some(412),
+                done_secs: Some(61)
+            }
         );
         assert!(s.summary(60, 75.0).contains("1500000 executions in 61 s"));
     }

@@ -69,6 +69,7 @@ impl BenchTelemetry {
             server_address: &c.target.host,
             server_port: c.target.port,
             prompt_id: &prompt_id,
+            events: Vec::new(),
             extra: labels.to_vec(),
         };
         let failed = m.record.outcome != Outcome::Ok;

@@ -21,6 +21,7 @@ pub mod slots;
 pub mod stats;
 pub mod trace;
 pub mod vram;
+pub mod server;
 pub mod workload;
 
 use std::collections::BTreeMap;
@@ -259,6 +260,9 @@ pub struct BenchSummary {
     pub prompt_tokens: Option<Distribution>,
     /// Peak GPU memory during the benchmark; null without GPU figures (see `Summary::gpu`).
     pub vram: Option<vram::VramStats>,
+    /// The model server's own signals during the benchmark ([`server`]); null when its
+    /// metrics could not be read or `server_metrics = off`.
+    pub server: Option<server::ServerBlock>,
     /// Variation across `--repeat` runs (null with one run); the fields above pool all runs.
     pub repeat: Option<repeat::RepeatStats>,
 }
@@ -369,6 +373,7 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
         return Err(BenchError::Invalid { field: "--multi-turn", value: "completions".into(), reason: "multi-turn needs --api chat".into() });
     }
     let watch = vram::VramWatch::start(&spec.gpu);
+    let mut server_watch = server::ServerWatch::start(&spec.target);
     let mut rows_all = Vec::new();
     let mut benchmarks = Vec::new();
     let input_lengths = if spec.workload.own_inputs() { vec![0] } else { spec.input_lengths.clone() };
@@ -403,6 +408,7 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
                 let offsets = workload::schedule(&spec, measured.len(), spec.seed)?;
                 if k == 0 {
                     watch.reset();
+                    server_watch.mark().await;
                 }
                 let measured: Arc<[workload::Item]> = measured.into();
                 let mut r = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, measured.clone(), Some(offsets), telemetry.clone()).await?;
@@ -418,6 +424,7 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
             let mut summary = summarize(&spec, &name, concurrency, summary_input_len, &rows);
             summary.repeat = repeat::repeat_stats(&per_repeat);
             summary.vram = watch.take(summary.output_token_throughput);
+            summary.server = server_watch.take().await;
             if spec.progress {
                 let errors = if summary.errors.is_empty() {
                     String::new()
@@ -441,6 +448,7 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
     }
     let gpu = watch.status();
     watch.stop();
+    server_watch.stop().await;
     let failed_gates = spec.fail_on.iter().filter(|g| benchmarks.iter().any(|b| gate_trips(g, b))).map(|g| g.text.clone()).collect();
     let summary = Summary {
         schema_version: SCHEMA_VERSION,
@@ -709,6 +717,7 @@ pub fn summarize(spec: &RunSpec, name: &str, concurrency: usize, input_len: u32,
         output_tokens_short: ok.iter().filter(|r| r.output_tokens.is_some_and(|o| o < u64::from(r.output_tokens_target))).count(),
         prompt_tokens: Distribution::of(&rows.iter().map(|r| f64::from(r.prompt_tokens)).collect::<Vec<_>>()),
         vram: None,
+        server: None,
         repeat: None,
     }
 }

@@ -48,6 +48,9 @@ pub struct TargetRunner {
     pub recent: Option<Arc<RecentRequests>>,
     /// The live diagnosis, fed by every canary; `None`: not fed.
     pub diagnosis: Option<Arc<crate::diagnosis_live::LiveDiagnosis>>,
+    /// The target's model server signals, for the `lmperf.server.*` span attributes and the
+    /// server change events; `None`: none added.
+    pub server: Option<Arc<crate::server::TargetServer>>,
     /// Discovered model and provider, once known.
     discovered: Arc<Mutex<Discovery>>,
     in_flight: Arc<Semaphore>,
@@ -103,6 +106,7 @@ impl TargetRunner {
             net: None,
             recent: None,
             diagnosis: None,
+            server: None,
             discovered: Arc::default(),
             in_flight,
             discovery_failing: Arc::default(),
@@ -120,6 +124,13 @@ impl TargetRunner {
     /// (`lmperf.net.*`).
     pub fn with_net(mut self, net: Arc<NetState>) -> Self {
         self.net = Some(net);
+        self
+    }
+
+    /// Adds the server's state at each request's send to its span (`lmperf.server.*`), and
+    /// server change events to the next canary span.
+    pub fn with_server(mut self, server: Arc<crate::server::TargetServer>) -> Self {
+        self.server = Some(server);
         self
     }
 
@@ -307,7 +318,14 @@ impl TargetRunner {
                 if let Some(s) = shape {
                     extra.push(opentelemetry::KeyValue::new(crate::telemetry::names::LMPERF_REQUEST_INPUT_TOKENS_TARGET, i64::from(s.input_tokens)));
                 }
+                if let Some(s) = &self.server {
+                    extra.extend(crate::server::span_attributes(s, measured.wall_start));
+                }
                 extra
+            },
+            events: match (&self.server, source) {
+                (Some(s), Source::Canary) => crate::server::span_events(s),
+                _ => Vec::new(),
             },
         };
         let summary = RequestSummary::new(source, &t.name, &model, &measured, ids.trace_id.to_string());

@@ -124,6 +124,8 @@ pub struct TargetConfig {
     /// `gen_ai.provider.name`; `None`: from `owned_by` of `/v1/models`, else `openai`.
     pub provider: Option<String>,
     pub sampling: SamplingPolicy,
+    /// The model server's own metrics and identity (`server`).
+    pub server: crate::server::config::ScrapeConfig,
 }
 
 /// OTLP wire protocol.
@@ -592,6 +594,7 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
     let sampling = validate_sampling(field, &t)?;
     let api_key = read_api_key(field, &t, env)?;
     let name = t.name.clone().unwrap_or_else(|| format!("{host}:{port}"));
+    let server = crate::server::config::validate(field, &t, &base_url)?;
     Ok(TargetConfig {
         name,
         base_url,
@@ -608,6 +611,7 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
         api_key,
         provider: t.provider,
         sampling,
+        server,
     })
 }
 

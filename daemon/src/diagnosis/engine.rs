@@ -257,6 +257,9 @@ const GUARD_S: u32 = 5;
 /// CUSUM: drift allowance k and alarm threshold h, in units of the baseline scale.
 const CUSUM_K: f64 = 0.5;
 const CUSUM_H: f64 = 5.0;
+/// Each standardized step is clipped to ±3 (a Huber-type robust CUSUM), so one outlier second
+/// cannot raise the alarm: it takes three in a row.
+const CUSUM_CAP: f64 = 3.0;
 
 /// How one signal moved since `onset`.
 #[derive(Debug, Clone, Copy)]
@@ -341,7 +344,7 @@ fn cusum_change(series: &SecondSeries, from: u32, mu: f64, sigma: f64, sign: f64
     let mut last_zero = None;
     for (t, v) in series.range(from, u32::MAX) {
         let prev = s;
-        s = (s + sign * (v - mu) / sigma - CUSUM_K).max(0.0);
+        s = (s + (sign * (v - mu) / sigma).clamp(-CUSUM_CAP, CUSUM_CAP) - CUSUM_K).max(0.0);
         if prev == 0.0 {
             last_zero = Some(t);
         }
@@ -507,7 +510,7 @@ impl TargetEngine {
             return fallback;
         };
         let s = scale(&b, signal.floor());
-        cusum_change(series, fallback.saturating_sub(120), b.median, s, 1.0).unwrap_or(fallback)
+        cusum_change(series, fallback.saturating_sub(60), b.median, s, 1.0).unwrap_or(fallback)
     }
 }
 

@@ -27,7 +27,8 @@
 //!    signal's absolute floor (50 ms TTFT/E2E, 5 ms TPOT, 5 % errors); the symptom needs 2 of
 //!    the last 3 buckets. Staying needs the rule relaxed to 80 % (hysteresis).
 //! 2. **Onset**: a one-sided CUSUM (Page 1954; k = 0.5 σ, h = 5 σ) over the symptom signal's
-//!    1 s values against their pre-symptom median and robust scale; the onset is the last
+//!    1 s values (each step clipped to ±3 σ) against their pre-symptom median and robust scale;
+//!    searched from 1 min before the symptom's recent buckets; the onset is the last
 //!    second the statistic was 0 before the alarm.
 //! 3. **States**: `idle → triggered → propagating → root_confirmed → idle` (Grafana Sift /
 //!    seed-style): triggered on the symptom, propagating while causes are scored,

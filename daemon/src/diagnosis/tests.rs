@@ -519,3 +519,35 @@ fn diagnosis_json_round_trips_with_stable_names() {
     let back: super::Diagnosis = serde_json::from_value(v).unwrap();
     assert_eq!(back, doc);
 }
+
+#[test]
+fn a_lone_outlier_before_the_fault_does_not_move_the_onset() {
+    let mut e = Engine::new(EngineConfig::default());
+    let mut onset = None;
+    for s in 0..(ONSET + 90) {
+        for half in [0.0, 0.5] {
+            let t = s as f64 + half;
+            // One slow canary 40 s before the fault (a GC pause on the client's machine).
+            let ttft = if s >= ONSET {
+                2.0
+            } else if s == ONSET - 40 && half == 0.0 {
+                0.6
+            } else {
+                0.1 + 0.01 * half
+            };
+            e.observe("t", Signal::Ttft, at(t), ttft);
+            e.observe(
+                "t",
+                Signal::Tpot,
+                at(t),
+                if s >= ONSET { 0.05 } else { 0.02 },
+            );
+        }
+        let d = e.evaluate(at(s as f64 + 1.0));
+        if onset.is_none() {
+            onset = d.targets[0].onset_unix_s;
+        }
+    }
+    let off = onset.expect("onset") - (T0 + ONSET) as f64;
+    assert!((-2.0..=3.0).contains(&off), "onset {off} s off");
+}

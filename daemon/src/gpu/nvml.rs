@@ -171,6 +171,7 @@ fn start_xid_thread(nvml: Arc<Nvml>, q: Arc<XidQueue>, stop: Arc<AtomicBool>) {
             tracing::debug!("No GPU supports XID events; XID counting is off.");
             return;
         };
+        let mut wait_failed = false;
         while !stop.load(Ordering::Relaxed) {
             match set.wait(500) {
                 Ok(ev) => {
@@ -188,8 +189,16 @@ fn start_xid_thread(nvml: Arc<Nvml>, q: Arc<XidQueue>, stop: Arc<AtomicBool>) {
                     }
                 }
                 Err(NvmlError::Timeout) => {}
-                // GPU lost or driver gone: the sampler sees it too and rediscovers.
-                Err(_) => return,
+                // A failed wait (a GPU lost, the driver gone, a transient error) would end XID
+                // counting until the next rediscovery, which only a lost GPU brings: retry each
+                // second instead; a rediscovery's shutdown stops this thread.
+                Err(e) => {
+                    if !wait_failed {
+                        tracing::warn!(error = %e, "Waiting for XID events failed; retrying every second.");
+                        wait_failed = true;
+                    }
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
             }
         }
     });

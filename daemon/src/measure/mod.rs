@@ -254,6 +254,12 @@ impl RequestRecord {
                 error.code = text("code");
                 error.server_type = text("type");
             }
+            // An SSE body (`data: {"error": …}`, `event: error`, …) on a non-2xx status.
+            Err(_) if let Some(e) = sse_body_error(body) => {
+                error.message = e.message.map(cut_message);
+                error.code = e.code;
+                error.server_type = e.error_type;
+            }
             Err(_) if !body.is_empty() => {
                 error.message = Some(cut_message(String::from_utf8_lossy(body).into_owned()));
             }
@@ -296,6 +302,22 @@ impl RequestRecord {
         }
         r
     }
+}
+
+/// The first error an SSE body states, in any of the shapes of [`sse::EventKind`].
+fn sse_body_error(body: &[u8]) -> Option<StreamError> {
+    let mut parser = SseParser::new(body.len().saturating_add(1));
+    let mut events = Vec::new();
+    parser.push(body, &mut events).ok()?;
+    parser.finish(&mut events).ok()?;
+    events.iter().find_map(|ev| match ev.kind {
+        EventKind::Message => match chunk::parse_payload(&ev.data) {
+            Payload::Error(e) => Some(e),
+            _ => None,
+        },
+        EventKind::Error | EventKind::ErrorLine => chunk::parse_error_value(&ev.data),
+        EventKind::Bare => chunk::parse_bare_error(&ev.data),
+    })
 }
 
 /// How the response body ended, as the transport saw it.
@@ -748,6 +770,10 @@ mod tests {
         assert_eq!((e.error_type.as_str(), e.message.as_deref(), e.code.as_deref()), ("429", Some("rate limited"), Some("rate_limit_exceeded")));
         let r = RequestRecord::http_error(500, b"Internal Server Error", ms(5));
         assert_eq!(r.error.unwrap().message.as_deref(), Some("Internal Server Error"));
+        // An SSE error body on a non-2xx status.
+        let r = RequestRecord::http_error(500, b"data: {\"error\":{\"message\":\"engine dead\",\"type\":\"EngineDeadError\",\"code\":500}}\n\n", ms(5));
+        let e = r.error.unwrap();
+        assert_eq!((e.error_type.as_str(), e.server_type.as_deref(), e.message.as_deref(), e.code.as_deref()), ("500", Some("EngineDeadError"), Some("engine dead"), Some("500")));
     }
 }
 

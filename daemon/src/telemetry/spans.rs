@@ -56,6 +56,8 @@ pub struct SpanContextInfo<'a> {
     pub prompt_id: &'a str,
     /// Attributes other sources add to the span (GPU, kernel network view), appended last.
     pub extra: Vec<KeyValue>,
+    /// Span events other sources add (server change events), after the spike events.
+    pub events: Vec<opentelemetry::trace::Event>,
 }
 
 fn secs(d: std::time::Duration) -> Value {
@@ -164,6 +166,7 @@ pub fn build_span(ids: TraceIds, info: &SpanContextInfo<'_>, m: &Measured, decis
         }
         events.events.push(opentelemetry::trace::Event::new(name, end_time, attrs, 0));
     }
+    events.events.extend(info.events.iter().cloned());
     let th = format!("th:{}", threshold::encode(threshold::threshold(decision.probability)));
     let trace_state = TraceState::from_key_value([(n::TRACESTATE_OT, th.as_str())]).unwrap_or_default();
     SpanData {

@@ -7,9 +7,9 @@
  * values as functions of the time since the process's first nvmlInit, per-call faults (an
  * error code, a sleep), XID events at times, processes. See README.md for the format.
  *
- * Build: cc -shared -fPIC -O2 -o libnvidia-ml.so.1 fake_nvml.c vendor/cjson/cJSON.c -lpthread
- * (cargo xtask fake-nvml DIR, or lmperf_e2e::fake_nvml::build in tests). A version script may
- * hide symbols to play an older driver (README.md, "Missing symbols").
+ * Build: build.sh DIR [SYMBOL...] (cargo xtask fake-nvml DIR, lmperf_e2e::fake_nvml::library in
+ * tests): cc -shared -fPIC, -z nodelete (the state outlives nvml-wrapper's dlclose), and a
+ * version script exporting nvml* only, minus the SYMBOLs (an older driver; README.md).
  */
 #define _GNU_SOURCE
 #include <errno.h>
