@@ -29,6 +29,9 @@ pub enum Command {
     /// Compare two `lmperf run` output directories: deltas with bootstrap intervals and
     /// Mann-Whitney U p-values; writes compare.json and compare.html.
     Compare(CompareArgs),
+    /// Root-cause diagnosis offline: the diagnosis engine over a run's requests.jsonl, or a
+    /// live agent's diagnosis; prints the scorecard (text, JSON or scorecard.html).
+    Analyze(crate::analyze::command::AnalyzeArgs),
 }
 
 /// `lmperf ctl` flags. Exit codes: 0 done, 1 agent unreachable or failed, 2 bad command

@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod agent;
+pub mod analyze;
 pub mod bench;
 pub mod canary;
 pub mod caps;

@@ -47,6 +47,10 @@ fn main() -> ExitCode {
             ExitCode::from(rt.block_on(lmperf::control::client::run(args, &ProcessEnv)))
         }
         Command::Compare(args) => compare(args),
+        Command::Analyze(args) => match runtime() {
+            Ok(rt) => ExitCode::from(rt.block_on(lmperf::analyze::command::run(args))),
+            Err(code) => code,
+        },
         Command::Agent(args) => {
             let cfg = match config::load(args.into_overrides(), &ProcessEnv) {
                 Ok(c) => c,

@@ -7,10 +7,12 @@
 //!   cargo xtask fuzz [--seconds N]          cargo fuzz over the stream measurement (figures)
 //!   cargo xtask fake-nvml DIR               the scripted libnvidia-ml.so.1 (tests, no GPU)
 //!   cargo xtask spike-calm [--seconds N]    calm run: spike mode never entered (issue 17)
+//!   cargo xtask diagnose-eval [--live] [-v] diagnosis AC@1/AC@3 over the episode corpus (issue 12)
 
 mod bench_client;
 mod ci;
 mod demo;
+mod diagnose_eval;
 mod fake_nvml;
 mod fuzz;
 mod gpu_check;
@@ -40,7 +42,11 @@ tasks:
   fake-nvml DIR [--omit SYM]  build the scripted NVML into DIR/libnvidia-ml.so.1 with cc
                               (tests/support/fake_nvml/README.md)
   spike-calm [--seconds N]    the real model server under Poisson canaries for N s (600):
-                              spike mode must never be entered; prints TTFT figures";
+                              spike mode must never be entered; prints TTFT figures
+  diagnose-eval [--live] [-v]  the diagnosis engine over the episode corpus (synthetic +
+                              tests/fixtures/episodes/): AC@1, AC@3, time to diagnosis per
+                              cause, control diagnoses; --live first runs the live harness
+                              (real agent, injected faults) and records its episodes";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -54,6 +60,7 @@ fn main() -> ExitCode {
         Some("fuzz") => fuzz::run(&rest),
         Some("fake-nvml") => fake_nvml::run(&rest),
         Some("spike-calm") => spike_calm::run(&rest),
+        Some("diagnose-eval") => diagnose_eval::run(&rest),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use super::{BenchSummary, RequestRow, Summary};
 
-pub(super) fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
@@ -18,7 +18,7 @@ const PAD: f64 = 44.0;
 const COLORS: &[&str] = &["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"];
 
 /// An SVG chart of several named polylines; `x` and `y` in data units.
-pub(super) fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[(String, Vec<(f64, f64)>)]) -> String {
+pub(crate) fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[(String, Vec<(f64, f64)>)]) -> String {
     let pts = series.iter().flat_map(|(_, p)| p.iter());
     let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
     for &(x, y) in pts {

@@ -1,0 +1,117 @@
+//! `cargo xtask diagnose-eval` runs this: the diagnosis engine over the synthetic corpus and
+//! the recorded episodes of `tests/fixtures/episodes/` (or the directories given), and the
+//! table per cause (AC@1, AC@3, Avg@5, median time to `root_confirmed`, control diagnoses).
+//!
+//! Arguments: `[--per-magnitude N] [--controls N] [--no-synthetic] [--write-synthetic DIR]
+//! [--json FILE] [-v] [DIR...]`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use lmperf::analyze::episode::{Episode, Outcome, replay};
+use lmperf::analyze::{eval, synth};
+use lmperf::diagnosis::EngineConfig;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("diagnose-eval: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
+    let mut per_magnitude = 2;
+    let mut controls = 2;
+    let mut synthetic = true;
+    let mut write: Option<PathBuf> = None;
+    let mut json: Option<PathBuf> = None;
+    let mut verbose = false;
+    let mut dirs = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut num = |name: &str| -> anyhow::Result<u64> {
+            let v = args
+                .next()
+                .ok_or_else(|| anyhow::anyhow!("{name} needs a value"))?;
+            v.parse()
+                .map_err(|_| anyhow::anyhow!("{name} = {v:?}: not a count"))
+        };
+        match a.as_str() {
+            "--per-magnitude" => per_magnitude = num("--per-magnitude")?,
+            "--controls" => controls = num("--controls")?,
+            "--no-synthetic" => synthetic = false,
+            "--write-synthetic" => write = args.next().map(PathBuf::from),
+            "--json" => json = args.next().map(PathBuf::from),
+            "-v" | "--verbose" => verbose = true,
+            d if !d.starts_with('-') => dirs.push(PathBuf::from(d)),
+            other => anyhow::bail!("unknown argument {other:?}"),
+        }
+    }
+    let mut episodes = Vec::new();
+    if synthetic {
+        episodes.extend(synth::corpus(per_magnitude, controls));
+    }
+    if let Some(dir) = &write {
+        std::fs::create_dir_all(dir)?;
+        for e in &episodes {
+            std::fs::write(dir.join(format!("{}.json", e.name)), serde_json::to_vec(e)?)?;
+        }
+        println!("wrote {} episodes to {}", episodes.len(), dir.display());
+    }
+    for d in &dirs {
+        let found = Episode::load_dir(d)?;
+        println!("{}: {} recorded episodes", d.display(), found.len());
+        episodes.extend(found);
+    }
+    let started = Instant::now();
+    let outcomes: Vec<Outcome> = episodes
+        .iter()
+        .map(|e| replay(e, EngineConfig::default()))
+        .collect();
+    let elapsed = started.elapsed();
+    if verbose {
+        for o in &outcomes {
+            let ranking: Vec<&str> = o.ranking.iter().map(|c| c.as_str()).collect();
+            println!(
+                "{:<34} rank {:<4} ttd {:<6} ranking {}",
+                o.name,
+                o.rank().map_or("-".to_owned(), |r| r.to_string()),
+                o.time_to_confirmed_s
+                    .map_or("-".to_owned(), |t| format!("{t:.0}")),
+                ranking.join(",")
+            );
+        }
+    }
+    let report = eval::report(&outcomes);
+    println!(
+        "{} episodes replayed in {:.2} s ({:.0} ms each)\n",
+        outcomes.len(),
+        elapsed.as_secs_f64(),
+        elapsed.as_secs_f64() * 1000.0 / outcomes.len().max(1) as f64
+    );
+    print!("{}", eval::table(&report));
+    println!(
+        "targets: AC@1 ≥ 0.80 {}, AC@3 ≥ 0.95 {}, median time to diagnosis ≤ 60 s {}, 0 control diagnoses {}",
+        verdict(report.total.ac1 >= 0.8),
+        verdict(report.total.ac3 >= 0.95),
+        verdict(
+            report
+                .total
+                .median_time_to_confirmed_s
+                .is_some_and(|t| t <= 60.0)
+        ),
+        verdict(report.control_diagnoses == 0)
+    );
+    if let Some(p) = json {
+        std::fs::write(&p, serde_json::to_vec_pretty(&report)?)?;
+    }
+    Ok(())
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "met" } else { "MISSED" }
+}

@@ -1,0 +1,101 @@
+//! `lmperf analyze RUN_DIR | --agent ADDR [--window 5m] [--format text|json|html]
+//! [--output FILE]`. Exit codes: 0 done (whatever the diagnosis), 1 the data could not be read,
+//! 2 bad command line.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use super::{html, offline};
+use crate::diagnosis::scorecard;
+
+/// Output format of `lmperf analyze`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// The scorecard, as `lmperf ctl diagnose` prints it.
+    Text,
+    /// The versioned `Diagnosis` document, with the 30 s slices of cause scores (`timeline`).
+    Json,
+    /// scorecard.html: ranked causes, evidence plots, the top-3 bottleneck heatmap.
+    Html,
+}
+
+/// `lmperf analyze` flags.
+#[derive(Debug, Args)]
+pub struct AnalyzeArgs {
+    /// An `lmperf run` output directory (its requests.jsonl): each benchmark is a target.
+    #[arg(
+        value_name = "RUN_DIR",
+        required_unless_present = "agent",
+        conflicts_with = "agent"
+    )]
+    pub run_dir: Option<PathBuf>,
+    /// A live agent's admin address (host:port or URL): its /api/v1/diagnosis.
+    #[arg(long, value_name = "ADDR")]
+    pub agent: Option<String>,
+    /// Only diagnoses of the last WINDOW (of the run; for an agent, an idle target shows its
+    /// last confirmed diagnosis of the window). Default: the whole run, the agent's default.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub window: Option<Duration>,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
+    /// Write here instead of standard output.
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+/// Runs `lmperf analyze`; returns the exit code.
+pub async fn run(args: AnalyzeArgs) -> u8 {
+    let analysis = match (&args.run_dir, &args.agent) {
+        (Some(dir), _) => {
+            let dir = dir.clone();
+            let window = args.window;
+            match tokio::task::spawn_blocking(move || offline::analyze_run(&dir, window)).await {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("lmperf analyze: {e}");
+                    return 1;
+                }
+            }
+        }
+        (None, Some(addr)) => offline::analyze_agent(addr, args.window).await,
+        (None, None) => {
+            eprintln!("lmperf analyze: give RUN_DIR or --agent ADDR");
+            return 2;
+        }
+    };
+    let a = match analysis {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("lmperf analyze: {e}");
+            return 1;
+        }
+    };
+    let out = match args.format {
+        Format::Text => scorecard::text(&a.diagnosis),
+        Format::Json => match serde_json::to_string_pretty(&serde_json::json!({
+            "source": a.source,
+            "diagnosis": a.diagnosis,
+            "timeline": a.timeline,
+        })) {
+            Ok(s) => s + "\n",
+            Err(e) => {
+                eprintln!("lmperf analyze: {e}");
+                return 1;
+            }
+        },
+        Format::Html => html::render(&a),
+    };
+    match &args.output {
+        Some(p) => {
+            if let Err(e) = std::fs::write(p, out) {
+                eprintln!("lmperf analyze: {}: {e}", p.display());
+                return 1;
+            }
+            eprintln!("lmperf analyze: {} written", p.display());
+        }
+        None => print!("{out}"),
+    }
+    0
+}

@@ -1,0 +1,159 @@
+//! The offline evaluation of the diagnosis engine over an episode corpus (RCAEval's metrics):
+//! AC@k, the share of fault episodes whose injected cause is among the first k causes ranked;
+//! the time from the onset to `root_confirmed`; and the control episodes that were diagnosed.
+//! Source of the metric: Pham et al., "RCAEval: A Benchmark for Root Cause Analysis of
+//! Microservice Systems with Telemetry Data" (WWW 2025), AC@k and Avg@5.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use super::episode::Outcome;
+use crate::diagnosis::Cause;
+use crate::diagnosis::detector::median;
+
+/// The figures of one cause (or of all, `cause = None`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Row {
+    pub cause: Option<Cause>,
+    pub episodes: usize,
+    /// Share with the true cause first.
+    pub ac1: f64,
+    /// Share with the true cause in the first three.
+    pub ac3: f64,
+    /// Avg@5: the mean of AC@1..AC@5.
+    pub avg5: f64,
+    /// Episodes that reached `root_confirmed` after the onset.
+    pub confirmed: usize,
+    /// Median seconds from the onset to `root_confirmed`, over the confirmed ones.
+    pub median_time_to_confirmed_s: Option<f64>,
+    /// The causes ranked first in the misses (AC@1), by episode.
+    pub misses: Vec<(String, Option<Cause>)>,
+}
+
+/// The whole evaluation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    pub rows: Vec<Row>,
+    pub total: Row,
+    pub controls: usize,
+    /// Controls that reached `root_confirmed` (a false page).
+    pub control_diagnoses: usize,
+    /// Controls that left idle at all (a symptom, maybe no conclusion).
+    pub control_triggered: usize,
+    /// Names and first confirmed cause of the diagnosed controls.
+    pub control_alarms: Vec<(String, Option<Cause>)>,
+}
+
+fn row(cause: Option<Cause>, outs: &[&Outcome]) -> Row {
+    let n = outs.len().max(1) as f64;
+    let ac = |k: usize| {
+        outs.iter()
+            .filter(|o| o.rank().is_some_and(|r| r <= k))
+            .count() as f64
+            / n
+    };
+    Row {
+        cause,
+        episodes: outs.len(),
+        ac1: ac(1),
+        ac3: ac(3),
+        avg5: (1..=5).map(ac).sum::<f64>() / 5.0,
+        confirmed: outs
+            .iter()
+            .filter(|o| o.time_to_confirmed_s.is_some())
+            .count(),
+        median_time_to_confirmed_s: median(
+            &mut outs
+                .iter()
+                .filter_map(|o| o.time_to_confirmed_s)
+                .collect::<Vec<_>>(),
+        ),
+        misses: outs
+            .iter()
+            .filter(|o| o.rank() != Some(1))
+            .map(|o| (o.name.clone(), o.ranking.first().copied()))
+            .collect(),
+    }
+}
+
+/// Aggregates the outcomes of a corpus: fault episodes per cause, controls apart.
+pub fn report(outcomes: &[Outcome]) -> Report {
+    let mut by: BTreeMap<Cause, Vec<&Outcome>> = BTreeMap::new();
+    let mut controls = Vec::new();
+    for o in outcomes {
+        match o.cause {
+            Some(c) => by.entry(c).or_default().push(o),
+            None => controls.push(o),
+        }
+    }
+    let faults: Vec<&Outcome> = by.values().flatten().copied().collect();
+    Report {
+        rows: by.iter().map(|(c, v)| row(Some(*c), v)).collect(),
+        total: row(None, &faults),
+        controls: controls.len(),
+        control_diagnoses: controls
+            .iter()
+            .filter(|o| o.confirmed_evaluations > 0)
+            .count(),
+        control_triggered: controls
+            .iter()
+            .filter(|o| o.triggered_evaluations > 0)
+            .count(),
+        control_alarms: controls
+            .iter()
+            .filter(|o| o.confirmed_evaluations > 0)
+            .map(|o| (o.name.clone(), o.first_confirmed.as_ref().map(|f| f.1)))
+            .collect(),
+    }
+}
+
+/// The table as text, one line per cause, the total, the controls and the misses.
+pub fn table(r: &Report) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{:<20} {:>8} {:>6} {:>6} {:>6} {:>10} {:>14}",
+        "cause", "episodes", "AC@1", "AC@3", "Avg@5", "confirmed", "median TTD s"
+    );
+    let line = |o: &mut String, name: &str, r: &Row| {
+        let ttd = r
+            .median_time_to_confirmed_s
+            .map_or("-".to_owned(), |t| format!("{t:.0}"));
+        let _ = writeln!(
+            o,
+            "{:<20} {:>8} {:>6.2} {:>6.2} {:>6.2} {:>10} {:>14}",
+            name,
+            r.episodes,
+            r.ac1,
+            r.ac3,
+            r.avg5,
+            format!("{}/{}", r.confirmed, r.episodes),
+            ttd
+        );
+    };
+    for x in &r.rows {
+        line(&mut o, x.cause.map_or("all", Cause::as_str), x);
+    }
+    line(&mut o, "all faults", &r.total);
+    let _ = writeln!(
+        o,
+        "controls: {} episodes, {} diagnosed (root_confirmed), {} triggered",
+        r.controls, r.control_diagnoses, r.control_triggered
+    );
+    for (name, c) in &r.control_alarms {
+        let _ = writeln!(
+            o,
+            "  false alarm: {name} → {}",
+            c.map_or("-", Cause::as_str)
+        );
+    }
+    if !r.total.misses.is_empty() {
+        let _ = writeln!(o, "misses at AC@1 (episode → ranked first):");
+        for (name, c) in &r.total.misses {
+            let _ = writeln!(o, "  {name} → {}", c.map_or("nothing", Cause::as_str));
+        }
+    }
+    o
+}

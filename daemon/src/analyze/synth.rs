@@ -1,0 +1,559 @@
+//! Synthetic episodes: a vLLM-style node (canary at 1 req/s, the server's `/metrics` scraped
+//! every 5 s, NVML every 1 s, kernel RTT per request) calm for 6 min, then one fault for 4 min,
+//! at two magnitudes. The fault is modelled from how the system behaves (a surge fills the
+//! queue and the batch; a throttled GPU decodes slower; a delayed link adds RTT to the TTFT),
+//! never from what the engine looks at: the canary's TTFT is the server's queue + prefill +
+//! first decode + the client's overhead + one RTT, its TPOT the server's decode time.
+
+use std::collections::BTreeMap;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, LogNormal, Normal};
+
+use super::episode::{Episode, FORMAT};
+use crate::diagnosis::{Cause, Signal};
+
+/// Seconds of calm before the onset.
+pub const CALM_S: f64 = 360.0;
+/// Seconds of the fault.
+pub const FAULT_S: f64 = 240.0;
+/// Unix second of every synthetic episode's start (2023-11-14T22:13:20Z).
+pub const START_UNIX_S: f64 = 1_700_000_000.0;
+/// The target name of synthetic episodes.
+pub const TARGET: &str = "vllm-0";
+
+/// `mild` or `strong`. Both make a P99 spike (the symptom the on-call is paged for): `mild`
+/// about 1.6–2 × the calm p99 of the latency the fault moves, `strong` 2.5 × and more (and, for
+/// errors, 12 % vs 50 % of requests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Magnitude {
+    Mild,
+    Strong,
+}
+
+impl Magnitude {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Magnitude::Mild => "mild",
+            Magnitude::Strong => "strong",
+        }
+    }
+    /// `mild` → `a`, `strong` → `b`.
+    fn pick(self, mild: f64, strong: f64) -> f64 {
+        match self {
+            Magnitude::Mild => mild,
+            Magnitude::Strong => strong,
+        }
+    }
+}
+
+/// The causes the synthetic corpus injects: all but `unknown`.
+pub fn causes() -> impl Iterator<Item = Cause> {
+    Cause::ALL.into_iter().filter(|c| *c != Cause::Unknown)
+}
+
+/// The no-fault controls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    /// Steady traffic.
+    Calm,
+    /// Load rising 25 % over the episode (a diurnal ramp): the server absorbs it.
+    Drift,
+    /// Steady, with single slow requests (5 × TTFT) every ~40 s.
+    Outliers,
+    /// The canary alone (no server metrics, no GPU, no kernel RTT).
+    CanaryOnly,
+}
+
+impl Control {
+    pub const ALL: [Control; 4] = [
+        Control::Calm,
+        Control::Drift,
+        Control::Outliers,
+        Control::CanaryOnly,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Control::Calm => "calm",
+            Control::Drift => "drift",
+            Control::Outliers => "outliers",
+            Control::CanaryOnly => "canary_only",
+        }
+    }
+}
+
+/// The node's state at one second.
+#[derive(Debug, Clone, Copy)]
+struct World {
+    queue_s: f64,
+    prefill_s: f64,
+    decode_s: f64,
+    client_s: f64,
+    srtt_s: f64,
+    retransmit_p: f64,
+    error_p: f64,
+    /// An error is a 429 (else a 5xx) with this probability.
+    error_429_p: f64,
+    /// Errors are refused connections (no HTTP status).
+    error_connect: bool,
+    input_tokens: f64,
+    waiting: f64,
+    running: f64,
+    kv: f64,
+    preemptions: f64,
+    request_rate: f64,
+    prompt_rate: f64,
+    generation_rate: f64,
+    sm_clock_hz: f64,
+    throttle: f64,
+    gpu_mem: f64,
+    foreign: f64,
+}
+
+impl World {
+    fn calm() -> Self {
+        World {
+            queue_s: 0.003,
+            prefill_s: 0.045,
+            decode_s: 0.011,
+            client_s: 0.012,
+            srtt_s: 0.0003,
+            retransmit_p: 0.0,
+            error_p: 0.0,
+            error_429_p: 0.0,
+            error_connect: false,
+            input_tokens: 100.0,
+            waiting: 0.0,
+            running: 4.0,
+            kv: 0.35,
+            preemptions: 0.0,
+            request_rate: 4.0,
+            prompt_rate: 500.0,
+            generation_rate: 250.0,
+            sm_clock_hz: 1.98e9,
+            throttle: 0.0,
+            gpu_mem: 0.90,
+            foreign: 0.0,
+        }
+    }
+}
+
+fn lerp(a: f64, b: f64, f: f64) -> f64 {
+    a + (b - a) * f
+}
+
+/// The world `since` seconds after the injection of `cause` (ramped in over `ramp` seconds).
+fn faulted(cause: Cause, m: Magnitude, since: f64, variant: u64) -> World {
+    let mut w = World::calm();
+    let ramp = match cause {
+        Cause::LoadSurge | Cause::KvCachePressure => 20.0,
+        Cause::GpuFault | Cause::ErrorBurst | Cause::ServerChange | Cause::Network => 2.0,
+        _ => 10.0,
+    };
+    let f = (since / ramp).clamp(0.0, 1.0);
+    let c = World::calm();
+    match cause {
+        Cause::LoadSurge => {
+            let k = m.pick(2.2, 4.0);
+            w.request_rate = lerp(c.request_rate, c.request_rate * k, f);
+            w.prompt_rate = lerp(c.prompt_rate, c.prompt_rate * k, f);
+            w.generation_rate = lerp(c.generation_rate, c.generation_rate * m.pick(1.8, 3.0), f);
+            w.running = lerp(c.running, m.pick(8.0, 16.0), f);
+            w.waiting = lerp(0.0, m.pick(3.0, 20.0), f);
+            w.kv = lerp(c.kv, m.pick(0.55, 0.85), f);
+            w.queue_s = lerp(c.queue_s, m.pick(0.09, 0.45), f);
+            w.prefill_s = lerp(c.prefill_s, c.prefill_s * 1.3, f);
+            w.decode_s = lerp(c.decode_s, c.decode_s * m.pick(1.4, 2.0), f);
+        }
+        Cause::ServerQueueing => {
+            // The scheduler got slower (a stuck batch, a slow tokenizer): requests wait.
+            w.waiting = lerp(0.0, m.pick(4.0, 12.0), f);
+            w.queue_s = lerp(c.queue_s, m.pick(0.15, 0.5), f);
+            w.decode_s = lerp(c.decode_s, c.decode_s * 1.1, f);
+        }
+        Cause::KvCachePressure => {
+            // Long generations fill the KV cache: preemption and recompute.
+            w.kv = lerp(0.35, m.pick(0.965, 0.985), f);
+            w.preemptions = if f >= 0.7 { m.pick(0.6, 3.0) } else { 0.0 };
+            w.decode_s = lerp(c.decode_s, c.decode_s * m.pick(1.6, 2.5), f);
+            w.queue_s = lerp(c.queue_s, m.pick(0.03, 0.1), f);
+            w.waiting = lerp(0.0, m.pick(1.0, 4.0), f);
+            w.running = lerp(c.running, 3.0, f);
+            w.generation_rate = lerp(c.generation_rate, c.generation_rate * 0.8, f);
+        }
+        Cause::LongPrompts => {
+            // A second client sends long prompts: the canary's own prompts do not change.
+            w.prompt_rate = lerp(c.prompt_rate, c.prompt_rate * m.pick(2.5, 6.0), f);
+            w.prefill_s = lerp(c.prefill_s, m.pick(0.18, 0.6), f);
+            w.queue_s = lerp(c.queue_s, m.pick(0.04, 0.15), f);
+            w.waiting = lerp(0.0, m.pick(1.0, 3.0), f);
+            w.running = lerp(c.running, c.running + 1.0, f);
+            w.request_rate = lerp(c.request_rate, c.request_rate + 0.5, f);
+            w.decode_s = lerp(c.decode_s, c.decode_s * m.pick(1.1, 1.3), f);
+        }
+        Cause::GpuThrottling => {
+            w.throttle = 1.0;
+            w.sm_clock_hz = lerp(c.sm_clock_hz, m.pick(1.2e9, 0.9e9), f);
+            let k = c.sm_clock_hz / w.sm_clock_hz;
+            w.decode_s = c.decode_s * k;
+            w.prefill_s = c.prefill_s * k;
+        }
+        Cause::GpuMemoryPressure => {
+            // Another process on the GPU: its memory, and its kernels beside the server's.
+            w.foreign = 1.0;
+            w.gpu_mem = lerp(c.gpu_mem, m.pick(0.97, 0.995), f);
+            w.decode_s = lerp(c.decode_s, c.decode_s * m.pick(1.7, 2.5), f);
+            w.prefill_s = lerp(c.prefill_s, c.prefill_s * m.pick(1.4, 1.8), f);
+        }
+        Cause::GpuFault => {
+            // An XID at the onset; the server fails part of its requests and the rest slow down.
+            w.error_p = m.pick(0.25, 0.7) * f;
+            w.decode_s = lerp(c.decode_s, c.decode_s * m.pick(1.4, 2.0), f);
+            w.prefill_s = lerp(c.prefill_s, c.prefill_s * m.pick(1.4, 2.0), f);
+        }
+        Cause::Network => {
+            // Delay on the link (DelayLink: each packet held), retransmits when strong.
+            w.srtt_s = lerp(c.srtt_s, m.pick(0.03, 0.1), f);
+            w.retransmit_p = m.pick(0.0, 0.05) * f;
+        }
+        Cause::ErrorBurst => {
+            w.error_p = m.pick(0.12, 0.5) * f;
+            w.error_429_p = if variant.is_multiple_of(2) { 0.0 } else { 1.0 };
+        }
+        Cause::ServerChange => {
+            // Restarted with another (bigger) model: refused while it loads, then slower.
+            let down = m.pick(5.0, 15.0);
+            if since < down {
+                w.error_p = 1.0;
+                w.error_connect = true;
+            }
+            let k = m.pick(1.8, 2.5);
+            w.decode_s = c.decode_s * k;
+            w.prefill_s = c.prefill_s * k;
+        }
+        Cause::Unknown => {}
+    }
+    w
+}
+
+struct Recorder {
+    series: BTreeMap<Signal, Vec<[f64; 2]>>,
+}
+
+impl Recorder {
+    fn push(&mut self, s: Signal, t: f64, v: f64) {
+        // Millisecond offsets and 6 significant digits keep the files small.
+        let t = (t * 1000.0).round() / 1000.0;
+        let v = if v == 0.0 {
+            0.0
+        } else {
+            let mag = 10f64.powi(5 - v.abs().log10().floor() as i32);
+            (v * mag).round() / mag
+        };
+        self.series.entry(s).or_default().push([t, v]);
+    }
+}
+
+/// What the episode records.
+#[derive(Debug, Clone, Copy)]
+struct Sources {
+    server: bool,
+    gpu: bool,
+    net: bool,
+}
+
+fn generate(
+    name: String,
+    seed: u64,
+    sources: Sources,
+    world_at: &dyn Fn(f64) -> World,
+    outliers: bool,
+) -> BTreeMap<Signal, Vec<[f64; 2]>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let noise = |sigma: f64| LogNormal::new(0.0, sigma).unwrap_or_else(|_| unreachable!());
+    let lat = noise(0.12);
+    let rate = noise(0.08);
+    let rtt = noise(0.3);
+    let unit = Normal::new(0.0, 1.0).unwrap_or_else(|_| unreachable!());
+    let mut r = Recorder {
+        series: BTreeMap::new(),
+    };
+    let _ = name;
+    let total = CALM_S + FAULT_S;
+    let mut t = rng.random_range(0.0..1.0);
+    // Canary requests, one per second with jitter.
+    while t < total {
+        let w = world_at(t);
+        if rng.random_bool(w.error_p.clamp(0.0, 1.0)) {
+            r.push(Signal::Error, t, 1.0);
+            let is_429 = !w.error_connect && rng.random_bool(w.error_429_p);
+            let is_5xx = !w.error_connect && !is_429;
+            r.push(Signal::Error5xx, t, f64::from(u8::from(is_5xx)));
+            r.push(Signal::Error429, t, f64::from(u8::from(is_429)));
+            r.push(Signal::ErrorTimeout, t, 0.0);
+            r.push(
+                Signal::E2e,
+                t,
+                0.004 * lat.sample(&mut rng) + 2.0 * w.srtt_s,
+            );
+        } else {
+            let mut ttft = (w.queue_s + w.prefill_s + w.decode_s) * lat.sample(&mut rng)
+                + w.client_s
+                + 2.0 * w.srtt_s;
+            if outliers && rng.random_bool(1.0 / 40.0) {
+                ttft *= 5.0;
+            }
+            let tpot = (w.decode_s + 0.001) * lat.sample(&mut rng);
+            let out_tokens = 32.0;
+            r.push(Signal::Error, t, 0.0);
+            r.push(Signal::Error5xx, t, 0.0);
+            r.push(Signal::Error429, t, 0.0);
+            r.push(Signal::ErrorTimeout, t, 0.0);
+            r.push(Signal::Ttft, t, ttft);
+            r.push(Signal::Tpot, t, tpot);
+            r.push(Signal::E2e, t, ttft + tpot * (out_tokens - 1.0) + w.srtt_s);
+        }
+        r.push(
+            Signal::InputTokens,
+            t,
+            (w.input_tokens + 30.0 * unit.sample(&mut rng))
+                .round()
+                .max(8.0),
+        );
+        if sources.net {
+            for i in 0..3 {
+                let te = t + 0.01 * f64::from(i);
+                r.push(Signal::NetSrtt, te, w.srtt_s * rtt.sample(&mut rng));
+                let rt = rng.random_bool(w.retransmit_p.clamp(0.0, 1.0));
+                r.push(Signal::NetRetransmits, te, f64::from(u8::from(rt)));
+            }
+        }
+        t += rng.random_range(0.8..1.2);
+    }
+    if sources.net {
+        // A new connection every ~30 s (keep-alive expiry).
+        let mut t = rng.random_range(0.0..30.0);
+        while t < total {
+            let w = world_at(t);
+            r.push(Signal::NetConnect, t, 1.5 * w.srtt_s * rtt.sample(&mut rng));
+            t += rng.random_range(20.0..40.0);
+        }
+    }
+    if sources.gpu {
+        let mut t = rng.random_range(0.0..1.0);
+        while t < total {
+            let w = world_at(t);
+            r.push(
+                Signal::GpuSmClock,
+                t,
+                (w.sm_clock_hz + 8e6 * unit.sample(&mut rng)).max(0.0),
+            );
+            r.push(Signal::GpuThrottle, t, w.throttle);
+            r.push(
+                Signal::GpuMemoryUtilization,
+                t,
+                (w.gpu_mem + 0.002 * unit.sample(&mut rng)).clamp(0.0, 1.0),
+            );
+            r.push(Signal::GpuForeignProcesses, t, w.foreign);
+            r.push(Signal::GpuFault, t, 0.0);
+            t += 1.0;
+        }
+    }
+    if sources.server {
+        let mut t = rng.random_range(0.0..5.0);
+        while t < total {
+            let w = world_at(t);
+            let count = |rng: &mut StdRng, v: f64| {
+                (v + (0.3 + 0.2 * v) * unit.sample(rng)).round().max(0.0)
+            };
+            let waiting = count(&mut rng, w.waiting);
+            r.push(Signal::ServerRequestsWaiting, t, waiting);
+            let running = count(&mut rng, w.running);
+            r.push(Signal::ServerRequestsRunning, t, running);
+            r.push(
+                Signal::ServerKvUsage,
+                t,
+                (w.kv + 0.02 * unit.sample(&mut rng)).clamp(0.0, 1.0),
+            );
+            let pre = if w.preemptions > 0.0 {
+                (w.preemptions * rate.sample(&mut rng) * 5.0).round() / 5.0
+            } else {
+                0.0
+            };
+            r.push(Signal::ServerPreemptions, t, pre);
+            r.push(
+                Signal::ServerRequestRate,
+                t,
+                w.request_rate * rate.sample(&mut rng),
+            );
+            r.push(
+                Signal::ServerPromptTokensRate,
+                t,
+                w.prompt_rate * rate.sample(&mut rng),
+            );
+            r.push(
+                Signal::ServerGenerationTokensRate,
+                t,
+                w.generation_rate * rate.sample(&mut rng),
+            );
+            let q = w.queue_s * lat.sample(&mut rng);
+            let p = w.prefill_s * lat.sample(&mut rng);
+            r.push(Signal::ServerQueueTime, t, q);
+            r.push(Signal::ServerPrefillTime, t, p);
+            r.push(
+                Signal::ServerDecodeTime,
+                t,
+                w.decode_s * lat.sample(&mut rng),
+            );
+            r.push(Signal::ServerTtft, t, q + p + w.decode_s);
+            r.push(Signal::ServerChange, t, 0.0);
+            t += 5.0;
+        }
+    }
+    r.series
+}
+
+fn named(series: BTreeMap<Signal, Vec<[f64; 2]>>) -> BTreeMap<String, Vec<[f64; 2]>> {
+    series
+        .into_iter()
+        .map(|(s, v)| (s.as_str().to_owned(), v))
+        .collect()
+}
+
+fn sort(series: &mut BTreeMap<Signal, Vec<[f64; 2]>>) {
+    for v in series.values_mut() {
+        v.sort_by(|a, b| a[0].total_cmp(&b[0]));
+    }
+}
+
+/// One fault episode: `cause` at `magnitude`, `variant` picks the seed (and, for
+/// `error_burst`, 503 on even variants, 429 on odd ones).
+pub fn fault(cause: Cause, magnitude: Magnitude, variant: u64) -> Episode {
+    let name = format!("{}-{}-{}", cause.as_str(), magnitude.as_str(), variant);
+    let seed = 0x6c6d_7065_7266 ^ (cause as u64) << 8 ^ (magnitude as u64) << 4 ^ variant;
+    let world_at = |t: f64| {
+        if t < CALM_S {
+            World::calm()
+        } else {
+            faulted(cause, magnitude, t - CALM_S, variant)
+        }
+    };
+    let sources = Sources {
+        server: true,
+        gpu: true,
+        net: true,
+    };
+    let mut series = generate(name.clone(), seed, sources, &world_at, false);
+    // Events: an XID at the onset; a server change (restart with another model).
+    let event = match cause {
+        Cause::GpuFault => Some(Signal::GpuFault),
+        Cause::ServerChange => Some(Signal::ServerChange),
+        _ => None,
+    };
+    if let Some(s) = event {
+        series.entry(s).or_default().push([CALM_S, 1.0]);
+    }
+    if cause == Cause::ServerChange {
+        // Nothing answers /metrics while the server is down.
+        let down = magnitude.pick(5.0, 15.0);
+        for (s, v) in series.iter_mut() {
+            if s.as_str().starts_with("server_") && *s != Signal::ServerChange {
+                v.retain(|p| !(p[0] >= CALM_S && p[0] < CALM_S + down));
+            }
+        }
+    }
+    sort(&mut series);
+    Episode {
+        format: FORMAT.to_owned(),
+        name,
+        source: "synthetic".to_owned(),
+        cause: Some(cause),
+        magnitude: Some(magnitude.as_str().to_owned()),
+        target: TARGET.to_owned(),
+        start_unix_s: START_UNIX_S,
+        duration_s: CALM_S + FAULT_S,
+        onset_offset_s: Some(CALM_S),
+        notes: format!(
+            "synthetic: {} min calm, then {} ({}) for {} min",
+            CALM_S / 60.0,
+            cause.as_str(),
+            magnitude.as_str(),
+            FAULT_S / 60.0
+        ),
+        series: BTreeMap::from([(TARGET.to_owned(), named(series))]),
+    }
+}
+
+/// One no-fault control episode.
+pub fn control(kind: Control, variant: u64) -> Episode {
+    let name = format!("control-{}-{}", kind.as_str(), variant);
+    let seed = 0x636f_6e74 ^ (kind as u64) << 8 ^ variant;
+    let total = CALM_S + FAULT_S;
+    let world_at = move |t: f64| {
+        let mut w = World::calm();
+        if kind == Control::Drift {
+            let k = 1.0 + 0.25 * t / total;
+            w.request_rate *= k;
+            w.prompt_rate *= k;
+            w.generation_rate *= k;
+            w.running *= k;
+            w.kv *= k;
+            w.decode_s *= 1.0 + 0.05 * t / total;
+        }
+        w
+    };
+    let sources = if kind == Control::CanaryOnly {
+        Sources {
+            server: false,
+            gpu: false,
+            net: false,
+        }
+    } else {
+        Sources {
+            server: true,
+            gpu: true,
+            net: true,
+        }
+    };
+    let mut series = generate(
+        name.clone(),
+        seed,
+        sources,
+        &world_at,
+        kind == Control::Outliers,
+    );
+    sort(&mut series);
+    Episode {
+        format: FORMAT.to_owned(),
+        name,
+        source: "synthetic".to_owned(),
+        cause: None,
+        magnitude: None,
+        target: TARGET.to_owned(),
+        start_unix_s: START_UNIX_S,
+        duration_s: total,
+        onset_offset_s: None,
+        notes: format!("synthetic control: {}, {} min", kind.as_str(), total / 60.0),
+        series: BTreeMap::from([(TARGET.to_owned(), named(series))]),
+    }
+}
+
+/// The synthetic corpus: every cause at both magnitudes, `per_magnitude` variants each, and
+/// every control kind `controls` times.
+pub fn corpus(per_magnitude: u64, controls: u64) -> Vec<Episode> {
+    let mut out = Vec::new();
+    for cause in causes() {
+        for m in [Magnitude::Mild, Magnitude::Strong] {
+            for v in 1..=per_magnitude {
+                out.push(fault(cause, m, v));
+            }
+        }
+    }
+    for kind in Control::ALL {
+        for v in 1..=controls {
+            out.push(control(kind, v));
+        }
+    }
+    out
+}

@@ -1,0 +1,235 @@
+//! The episode format, the AC@k arithmetic, and a short subset of the corpus through the engine
+//! (the whole corpus: `cargo xtask diagnose-eval`).
+
+use super::episode::{Episode, EpisodeError, FORMAT, Outcome, replay};
+use super::eval::{report, table};
+use super::synth::{self, Control, Magnitude};
+use crate::diagnosis::{Cause, EngineConfig};
+
+#[test]
+fn an_episode_survives_its_file_and_bad_files_name_the_field() {
+    let ep = synth::fault(Cause::Network, Magnitude::Mild, 1);
+    let text = serde_json::to_string(&ep).unwrap();
+    let back = Episode::parse(&text, "x.json").unwrap();
+    assert_eq!(back, ep);
+    assert_eq!(
+        back.onset_unix_s(),
+        Some(synth::START_UNIX_S + synth::CALM_S)
+    );
+    // The signals carry their stable names.
+    let s = &back.series[synth::TARGET];
+    assert!(
+        s.contains_key("net_srtt") && s.contains_key("error_5xx"),
+        "{:?}",
+        s.keys()
+    );
+
+    let bad = text.replacen(FORMAT, "lmperf-episode/9", 1);
+    let e = Episode::parse(&bad, "x.json").unwrap_err();
+    assert!(matches!(e, EpisodeError::Format { .. }));
+    assert_eq!(
+        e.to_string(),
+        "x.json: format = \"lmperf-episode/9\": expected \"lmperf-episode/1\""
+    );
+    let bad = text.replacen("\"net_srtt\"", "\"net_rtt\"", 1);
+    assert_eq!(
+        Episode::parse(&bad, "x.json").unwrap_err().to_string(),
+        "x.json: series.vllm-0.net_rtt: not a signal name (see diagnosis::Signal)"
+    );
+    let bad = text.replacen("\"target\":\"vllm-0\"", "\"target\":\"vllm-9\"", 1);
+    assert_eq!(
+        Episode::parse(&bad, "x.json").unwrap_err().to_string(),
+        "x.json: target = \"vllm-9\": no series for it"
+    );
+}
+
+fn outcome(name: &str, cause: Option<Cause>, ranking: &[Cause], ttd: Option<f64>) -> Outcome {
+    Outcome {
+        name: name.to_owned(),
+        cause,
+        magnitude: None,
+        ranking: ranking.to_vec(),
+        time_to_confirmed_s: ttd,
+        confirmed_evaluations: usize::from(ttd.is_some()),
+        triggered_evaluations: usize::from(!ranking.is_empty()),
+        first_confirmed: None,
+    }
+}
+
+#[test]
+fn ac_at_k_counts_the_rank_of_the_injected_cause() {
+    use Cause::*;
+    let outs = vec![
+        outcome("a", Some(Network), &[Network, ErrorBurst], Some(20.0)),
+        outcome(
+            "b",
+            Some(Network),
+            &[ErrorBurst, LoadSurge, Network],
+            Some(40.0),
+        ),
+        outcome("c", Some(Network), &[], None),
+        outcome(
+            "d",
+            Some(LoadSurge),
+            &[ServerQueueing, LoadSurge],
+            Some(10.0),
+        ),
+        outcome("e", None, &[], None),
+        outcome("f", None, &[Unknown], Some(5.0)),
+    ];
+    let r = report(&outs);
+    let net = r.rows.iter().find(|x| x.cause == Some(Network)).unwrap();
+    assert_eq!((net.episodes, net.confirmed), (3, 2));
+    assert!((net.ac1 - 1.0 / 3.0).abs() < 1e-12);
+    assert!((net.ac3 - 2.0 / 3.0).abs() < 1e-12);
+    // Avg@5 = (1/3 + 1/3 + 2/3 + 2/3 + 2/3) / 5.
+    assert!((net.avg5 - 8.0 / 15.0).abs() < 1e-12);
+    assert_eq!(net.median_time_to_confirmed_s, Some(30.0));
+    assert_eq!(r.total.episodes, 4);
+    assert!((r.total.ac1 - 0.25).abs() < 1e-12);
+    assert!((r.total.ac3 - 0.75).abs() < 1e-12);
+    assert_eq!(r.total.median_time_to_confirmed_s, Some(20.0));
+    assert_eq!(
+        (r.controls, r.control_diagnoses, r.control_triggered),
+        (2, 1, 1)
+    );
+    let t = table(&r);
+    assert!(
+        t.contains("network                     3   0.33   0.67"),
+        "{t}"
+    );
+    assert!(t.contains("controls: 2 episodes, 1 diagnosed"), "{t}");
+    assert!(t.contains("  c → nothing"), "{t}");
+}
+
+/// A short subset: one episode per latency part (TTFT: network; both: load; errors: a GPU
+/// fault) and a calm control; the engine must name each cause first within 60 s and stay idle
+/// in the control.
+#[test]
+fn the_engine_names_the_injected_cause_on_a_corpus_subset() {
+    let cfg = EngineConfig::default();
+    for (cause, m) in [
+        (Cause::Network, Magnitude::Strong),
+        (Cause::LoadSurge, Magnitude::Strong),
+        (Cause::GpuFault, Magnitude::Mild),
+    ] {
+        let o = replay(&synth::fault(cause, m, 1), cfg);
+        assert_eq!(o.rank(), Some(1), "{o:?}");
+        let ttd = o.time_to_confirmed_s.unwrap_or(f64::INFINITY);
+        assert!((0.0..=60.0).contains(&ttd), "{o:?}");
+    }
+    let o = replay(&synth::control(Control::Calm, 1), cfg);
+    assert_eq!(
+        (o.triggered_evaluations, o.confirmed_evaluations),
+        (0, 0),
+        "{o:?}"
+    );
+}
+
+/// A run directory of two benchmarks, 1 request/s for 10 min: `calm`, and `burst` whose server
+/// answers 503 to 60 % of the requests from 360 s on. (At 40 % the engine concludes `unknown`:
+/// it compares per-second medians, and the median of a 0/1 flag under 50 % is 0.)
+fn write_run(dir: &std::path::Path) {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let mut x: u64 = 0x2545_f491;
+    let mut noise = || {
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        0.9 + 0.2 * ((x >> 11) as f64 / (1u64 << 53) as f64)
+    };
+    for bench in ["calm", "burst"] {
+        for i in 0..600 {
+            let send = f64::from(i) * 1000.0;
+            let failed = bench == "burst" && i >= 360 && i % 5 < 3;
+            let line = if failed {
+                serde_json::json!({"schema_version": 1, "benchmark": bench, "index": i, "repeat": 0,
+                    "send_ms": send, "e2el_ms": 4.0 * noise(), "ttft_ms": null, "tpot_ms": null,
+                    "outcome": "error", "error_type": "503", "http_status": 503, "prompt_tokens": 100})
+            } else {
+                let (ttft, tpot) = (60.0 * noise(), 12.0 * noise());
+                serde_json::json!({"schema_version": 1, "benchmark": bench, "index": i, "repeat": 0,
+                    "send_ms": send, "e2el_ms": ttft + 31.0 * tpot, "ttft_ms": ttft, "tpot_ms": tpot,
+                    "outcome": "ok", "http_status": 200, "prompt_tokens": 100, "input_tokens": 100})
+            };
+            let _ = writeln!(s, "{line}");
+        }
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("requests.jsonl"), s).unwrap();
+}
+
+#[test]
+fn analyze_names_the_error_burst_of_a_run_and_draws_its_scorecard() {
+    let dir = std::env::temp_dir().join(format!("lmperf-analyze-{}", std::process::id()));
+    write_run(&dir);
+    let a = super::offline::analyze_run(&dir, None).unwrap();
+    let by = |n: &str| a.diagnosis.targets.iter().find(|t| t.target == n).unwrap();
+    let calm = by("calm");
+    assert_eq!(
+        calm.state,
+        crate::diagnosis::report::State::Idle,
+        "{calm:?}"
+    );
+    let burst = by("burst");
+    assert_eq!(burst.state.as_str(), "root_confirmed", "{burst:?}");
+    let top = &burst.causes[0];
+    assert_eq!(top.cause, Cause::ErrorBurst, "{burst:?}");
+    let ev = top
+        .evidence
+        .iter()
+        .find(|e| e.signal == crate::diagnosis::Signal::Error)
+        .unwrap();
+    assert_eq!(ev.before, 0.0);
+    // The onset is the 360th second of the run (within the engine's CUSUM slack).
+    let onset =
+        burst.onset_unix_s.unwrap() - a.series["burst"][&crate::diagnosis::Signal::Ttft][0][0];
+    assert!(
+        (340.0..=375.0).contains(&onset),
+        "onset {onset} s into the run"
+    );
+    // The heatmap has 30 s slices with the error group hot after the onset, none before.
+    let slices = &a.timeline["burst"];
+    assert_eq!(slices.len(), 21, "{slices:?}"); // 600 s and the last second
+    assert!(slices[..11].iter().all(|s| s.scores.is_empty()));
+    assert!(
+        slices[13].scores[&Cause::ErrorBurst] >= 0.75,
+        "{:?}",
+        slices[13]
+    );
+    let html = super::html::render(&a);
+    assert!(
+        html.contains(
+            r#"<section class="target" data-target="burst" data-state="root_confirmed">"#
+        )
+    );
+    assert!(html.contains(r#"<tr data-cause="error_burst""#), "{html}");
+    assert!(html.contains(r#"<td class="hm top" data-cause="error_burst""#));
+    assert!(html.contains("top-3 bottleneck heatmap") && html.contains("<svg"));
+    assert!(!html.contains("<script"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The recorded live episodes of `tests/fixtures/episodes/` (`cargo xtask diagnose-eval
+/// --live`): the engine names each injected cause first, within 60 s of the onset, and never
+/// leaves idle in a control.
+#[test]
+fn recorded_live_episodes_are_diagnosed() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/episodes");
+    let eps = Episode::load_dir(&dir).unwrap();
+    let live: Vec<_> = eps.iter().filter(|e| e.source == "live").collect();
+    assert!(!live.is_empty(), "no live episode in {}", dir.display());
+    for ep in live {
+        let o = replay(ep, EngineConfig::default());
+        if ep.cause.is_none() {
+            assert_eq!(
+                (o.triggered_evaluations, o.confirmed_evaluations),
+                (0, 0),
+                "{o:?}"
+            );
+            continue;
+        }
+        assert_eq!(o.rank(), Some(1), "{o:?}");
+        let ttd = o.time_to_confirmed_s.unwrap_or(f64::INFINITY);
+        assert!((0.0..=60.0).contains(&ttd), "{o:?}");
+    }
+}

@@ -1,0 +1,202 @@
+//! `lmperf analyze` end to end (issue 12): the binary over a run directory (text, JSON,
+//! scorecard.html rendered by headless Chromium, exit codes) and over a live agent's
+//! `/api/v1/diagnosis`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lmperf_e2e::agent::{Agent, lmperf_bin};
+
+/// A run of two benchmarks at 1 request/s for 10 min: `calm`, and `burst` whose server answers
+/// 503 to 60 % of the requests from 360 s on.
+fn write_run(dir: &Path) {
+    let mut s = String::new();
+    for bench in ["calm", "burst"] {
+        for i in 0..600u32 {
+            let send = f64::from(i) * 1000.0;
+            // Deterministic ±10 % noise.
+            let n =
+                0.9 + 0.2 * f64::from((i * 7919 + bench.len() as u32 * 104_729) % 1000) / 1000.0;
+            let line = if bench == "burst" && i >= 360 && i % 5 < 3 {
+                serde_json::json!({"benchmark": bench, "repeat": 0, "send_ms": send, "e2el_ms": 4.0 * n,
+                    "outcome": "error", "http_status": 503, "prompt_tokens": 100})
+            } else {
+                let (ttft, tpot) = (60.0 * n, 12.0 * (2.0 - n));
+                serde_json::json!({"benchmark": bench, "repeat": 0, "send_ms": send,
+                    "e2el_ms": ttft + 31.0 * tpot, "ttft_ms": ttft, "tpot_ms": tpot,
+                    "outcome": "ok", "http_status": 200, "prompt_tokens": 100})
+            };
+            s.push_str(&line.to_string());
+            s.push('\n');
+        }
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("requests.jsonl"), s).unwrap();
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("lmperf-analyze-e2e-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn analyze(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(lmperf_bin())
+        .arg("analyze")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn analyze_a_run_dir_as_text_json_and_html() {
+    let dir = tmp("run");
+    write_run(&dir);
+    let d = dir.to_str().unwrap();
+    let (code, text, err) = analyze(&[d]);
+    assert_eq!(code, 0, "{err}");
+    assert!(text.contains("calm  idle"), "{text}");
+    assert!(text.contains("burst  root_confirmed"), "{text}");
+    assert!(text.contains("error_burst"), "{text}");
+
+    let (code, json, err) = analyze(&[d, "--format", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["diagnosis"]["schema_version"], 1);
+    let burst = v["diagnosis"]["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["target"] == "burst")
+        .unwrap();
+    assert_eq!(burst["state"], "root_confirmed");
+    assert_eq!(burst["causes"][0]["cause"], "error_burst");
+    assert!(
+        burst["causes"][0]["score"].as_f64().unwrap() >= 0.75,
+        "{burst}"
+    );
+    assert_eq!(v["timeline"]["burst"].as_array().unwrap().len(), 21);
+
+    let page = dir.join("scorecard.html");
+    let (code, _, err) = analyze(&[d, "--format", "html", "--output", page.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        html.contains(r#"<td class="hm top" data-cause="error_burst""#),
+        "{html}"
+    );
+    if let Some(dom) = chromium_dom(&page, &dir.join("profile")) {
+        assert!(
+            dom.contains(r#"data-target="burst" data-state="root_confirmed""#),
+            "{dom}"
+        );
+        assert!(dom.contains("top-3 bottleneck heatmap"));
+        assert!(dom.contains("<svg"));
+    }
+
+    // No requests.jsonl: exit 1 naming the file; nothing to analyze: exit 2.
+    let empty = tmp("empty");
+    let (code, _, err) = analyze(&[empty.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("requests.jsonl"), "{err}");
+    let (code, _, err) = analyze(&[]);
+    assert_eq!(code, 2, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&empty);
+}
+
+/// The DOM headless Chromium builds from `page` (`--dump-dom`), or `None` without Chromium
+/// (required when `LMPERF_REQUIRE_CHROMIUM=1`). Bounded at 120 s.
+fn chromium_dom(page: &Path, profile: &Path) -> Option<String> {
+    let bin = ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists());
+    let Some(bin) = bin else {
+        assert!(
+            std::env::var("LMPERF_REQUIRE_CHROMIUM").as_deref() != Ok("1"),
+            "Chromium required but not found"
+        );
+        eprintln!("skipped the Chromium check: no chromium");
+        return None;
+    };
+    let mut child = Command::new(bin)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--dump-dom",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(format!("file://{}", page.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut so = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut so, &mut s).unwrap();
+        s
+    });
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("chromium on {} took over 120 s", page.display());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Some(reader.join().unwrap())
+}
+
+#[test]
+fn analyze_a_live_agent() {
+    // A target nobody listens on: the agent runs, its diagnosis lists the target.
+    let agent = Agent::spawn(
+        &[
+            "--target",
+            "http://127.0.0.1:9",
+            "--model",
+            "m",
+            "--interval",
+            "500ms",
+            "--no-otlp",
+        ],
+        &[],
+    );
+    let addr = agent.admin.to_string();
+    let t = Instant::now();
+    let v = loop {
+        let (code, json, err) = analyze(&["--agent", &addr, "--format", "json", "--window", "15m"]);
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        if v["diagnosis"]["targets"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty())
+            || t.elapsed() > Duration::from_secs(20)
+        {
+            break v;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(v["source"], format!("agent {addr}"));
+    assert_eq!(v["diagnosis"]["schema_version"], 1);
+    let targets = v["diagnosis"]["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 1, "{v}");
+    assert_eq!(targets[0]["state"], "idle");
+    // An address nobody answers on: exit 1 naming it.
+    let (code, _, err) = analyze(&["--agent", "127.0.0.1:9"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("agent 127.0.0.1:9"), "{err}");
+}
