@@ -214,6 +214,41 @@ async fn mooncake_134k_token_prompt() {
     assert_eq!(sent["prompt"].as_str().unwrap().split_whitespace().count(), 134_773);
 }
 
+/// Mooncake `hash_ids`: two rows that share their first hash id send the same first 512-token
+/// block (identical leading tokens) and differ after it; a row with other ids shares nothing;
+/// every prompt keeps its exact length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mooncake_shared_hash_ids_share_prompt_blocks() {
+    let srv = server(4).await;
+    let dir = tmp("moonhash");
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("shared.jsonl");
+    let lines = [
+        r#"{"timestamp": 0, "input_length": 700, "output_length": 2, "hash_ids": [7, 1]}"#,
+        r#"{"timestamp": 1, "input_length": 900, "output_length": 2, "hash_ids": [7, 2]}"#,
+        r#"{"timestamp": 2, "input_length": 600, "output_length": 2, "hash_ids": [3, 4]}"#,
+    ];
+    std::fs::write(&f, lines.join("\n") + "\n").unwrap();
+    let trace = lmperf::bench::trace::load(&f, None, None).unwrap();
+    let w = Workload { trace: Some(TraceReplay { trace: Arc::new(trace), speedup: 1.0 }), ..Workload::default() };
+    let mut sp = spec(&srv.url(), "completions", &dir, w);
+    sp.concurrencies = vec![1];
+    lmperf::bench::run(sp).await.unwrap();
+    let r = rows(&dir);
+    assert_eq!(r.iter().map(|r| r["prompt_tokens"].as_u64().unwrap()).collect::<Vec<_>>(), [700, 900, 600], "exact lengths");
+    let sent: Vec<Vec<String>> = srv
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/v1/completions")
+        .map(|r| body(r)["prompt"].as_str().unwrap().split_whitespace().map(str::to_owned).collect())
+        .collect();
+    assert_eq!(sent.len(), 3);
+    // The server's /tokenize counts words: a block of 512 tokens is 512 words.
+    assert_eq!(sent[0][..512], sent[1][..512], "shared first hash id: identical leading 512 tokens");
+    assert_ne!(sent[0][512..600], sent[1][512..600], "hash ids 1 and 2 differ");
+    assert_ne!(sent[0][..16], sent[2][..16], "hash id 3 shares nothing with 7");
+}
+
 /// Length distributions: per-request targets from the seeded samplers, prompts of exactly the
 /// sampled input length, max_tokens / min_tokens the sampled output length, achieved output
 /// reported per request and in the summary (a server that stops at 300 tokens falls short).

@@ -155,9 +155,10 @@ impl CompareArgs {
 /// `lmperf run` flags (the names of `vllm bench serve` where they exist).
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Base URL of an OpenAI-compatible server.
-    #[arg(long, value_name = "URL")]
-    pub target: String,
+    /// Base URL of an OpenAI-compatible server (a trailing /v1 is fine); default:
+    /// OPENAI_BASE_URL, else http://127.0.0.1:8000 (vLLM's default).
+    #[arg(long, value_name = "URL", conflicts_with = "launch")]
+    pub target: Option<String>,
     /// Model name; default: the first model of GET /v1/models.
     #[arg(long)]
     pub model: Option<String>,
@@ -240,6 +241,21 @@ pub struct RunArgs {
     /// metric across the runs and flags those above 1.5 %.
     #[arg(long, value_name = "K", default_value_t = 1)]
     pub repeat: usize,
+    /// Start the server for --model first (on a free loopback port, output in server.log),
+    /// warm it up, and stop it at the end: vllm, sglang, llama-server, or a command with
+    /// {model} and {port}, e.g. "my-server --model {model} --port {port}".
+    #[arg(long, value_name = "SERVER", requires = "model")]
+    pub launch: Option<String>,
+    /// How long a launched server may take to answer (big models load slowly).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "20m")]
+    pub launch_timeout: Duration,
+}
+
+/// `lmperf run`'s target without `--target`: `OPENAI_BASE_URL` (the OpenAI SDKs' variable),
+/// else vLLM's default `http://127.0.0.1:8000`. With `--launch`, a placeholder the launcher
+/// replaces with the server's port.
+pub fn default_target(env: &dyn crate::config::Env) -> String {
+    env.var("OPENAI_BASE_URL").filter(|v| !v.trim().is_empty()).unwrap_or_else(|| "http://127.0.0.1:8000".to_owned())
 }
 
 /// Concurrency of a trace replay without `--batch-sizes`: high enough that the trace's
@@ -266,8 +282,16 @@ impl RunArgs {
     /// Validates into a run specification; the error is one line naming the flag and value.
     pub fn into_spec(self, env: &dyn crate::config::Env) -> Result<crate::bench::RunSpec, String> {
         use crate::bench::{RunArrival, RunSpec, parse_gate};
+        let launch = match &self.launch {
+            Some(l) => Some(crate::bench::launch::LaunchSpec {
+                launcher: crate::bench::launch::Launcher::parse(l)?,
+                model: self.model.clone().ok_or("--launch needs --model (the model the server loads)")?,
+                timeout: self.launch_timeout,
+            }),
+            None => None,
+        };
         let overrides = Overrides {
-            targets: vec![self.target.clone()],
+            targets: vec![self.target.clone().unwrap_or_else(|| default_target(env))],
             canary: RawCanary {
                 model: self.model,
                 api: Some(self.api),
@@ -353,6 +377,7 @@ impl RunArgs {
             workload,
             repeat: self.repeat,
             otlp: cfg.otlp.enabled.then_some(cfg.otlp.clone()),
+            launch,
         })
     }
 }

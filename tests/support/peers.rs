@@ -44,8 +44,12 @@ pub struct ModelServer {
 
 impl ModelServer {
     pub fn start() -> Self {
+        Self::start_on(free_port())
+    }
+
+    /// The server on this loopback port (e.g. vLLM's default 8000).
+    pub fn start_on(port: u16) -> Self {
         venv_ready();
-        let port = free_port();
         let mut child = Command::new("python3")
             .arg(workspace_root().join("tests/peers/model-server.py"))
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])

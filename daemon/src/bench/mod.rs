@@ -12,6 +12,7 @@ pub mod buckets;
 pub mod compare;
 pub mod dataset;
 pub mod export;
+pub mod launch;
 pub mod progress;
 pub mod prompts;
 pub mod repeat;
@@ -86,6 +87,10 @@ pub enum BenchError {
     Invalid { field: &'static str, value: String, reason: String },
     #[error("OTLP export: {0}")]
     Telemetry(#[from] crate::telemetry::TelemetryError),
+    #[error("{0}")]
+    Launch(#[from] launch::LaunchError),
+    #[error("nothing answers at {url} ({reason}): give --target URL (or OPENAI_BASE_URL) of a running server, or --launch vllm|sglang|llama-server|\"CMD … {{model}} … {{port}}\" to start one")]
+    Unreachable { url: String, reason: String },
 }
 
 /// A whole `lmperf run`.
@@ -116,6 +121,8 @@ pub struct RunSpec {
     pub repeat: usize,
     /// Span and metric export of every measured request (see [`export`]); `None`: none.
     pub otlp: Option<crate::config::OtlpConfig>,
+    /// `--launch`: start this server first and stop it at the end ([`launch`]).
+    pub launch: Option<launch::LaunchSpec>,
 }
 
 impl RunSpec {
@@ -143,6 +150,7 @@ impl RunSpec {
             workload: workload::Workload::default(),
             repeat: 1,
             otlp: None,
+            launch: None,
         }
     }
 }
@@ -161,7 +169,9 @@ pub struct RequestRow {
     /// ramp's limit then with `--ramp-over concurrency` ([`workload::Ramp::concurrency_at`]).
     pub concurrency_limit: usize,
     pub scheduled_ms: f64,
-    /// Time the request waited for a free concurrency slot after its scheduled time.
+    /// Time the request waited for a free concurrency slot after its scheduled time; closed
+    /// loop (no rate: every offset 0), after its slot became free (`scheduled_ms` is then
+    /// that moment).
     pub dispatch_delay_ms: f64,
     pub send_ms: f64,
     pub ttft_ms: Option<f64>,
@@ -253,6 +263,9 @@ pub struct Summary {
     pub workload: workload::WorkloadInfo,
     /// `--fail-on` gates that tripped.
     pub failed_gates: Vec<String>,
+    /// The server `--launch` started (absent without it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server: Option<launch::ServerInfo>,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -303,9 +316,43 @@ fn offsets(spec: &RunSpec, n: usize, seed: u64) -> Result<Vec<Duration>, BenchEr
 ///
 /// # Errors
 /// Only what stops the run from starting (output directory, HTTP client, no model).
-pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
+pub async fn run(mut spec: RunSpec) -> Result<Summary, BenchError> {
     std::fs::create_dir_all(&spec.output_dir).map_err(|source| BenchError::Output { path: spec.output_dir.clone(), source })?;
+    let Some(l) = spec.launch.clone() else { return run_on(spec, None).await };
+    let port = launch::free_port().map_err(|source| BenchError::Launch(launch::LaunchError::Spawn { command: "bind 127.0.0.1:0".into(), source }))?;
+    launch::retarget(&mut spec.target, port).map_err(|reason| BenchError::Invalid { field: "--launch", value: port.to_string(), reason })?;
+    let mut server = launch::Server::spawn(&l, port, &spec.output_dir)?;
+    let progress = spec.progress;
+    let work = async {
+        let clients = Clients::new(spec.target.connect_timeout)?;
+        let startup = server.wait_ready(&clients, &spec.target, l.timeout, progress).await?;
+        let version = launch::version(&clients, &spec.target).await;
+        let warmup = launch::warm_up(&clients, &spec.target, &l.model).await?;
+        let info = launch::ServerInfo {
+            launcher: l.launcher.name(),
+            command: server.command.clone(),
+            port,
+            version,
+            startup_s: startup.as_secs_f64(),
+            warmup_s: warmup.as_secs_f64(),
+            log: server.log.clone(),
+        };
+        run_on(spec, Some(info)).await
+    };
+    let result = tokio::select! {
+        r = work => r,
+        () = launch::interrupted() => Err(BenchError::Launch(launch::LaunchError::Interrupted)),
+    };
+    let status = tokio::task::spawn_blocking(move || server.stop(launch::STOP_GRACE)).await.ok().flatten();
+    if progress {
+        eprintln!("lmperf run: server stopped ({})", status.as_deref().unwrap_or("already gone"));
+    }
+    result
+}
+
+async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>) -> Result<Summary, BenchError> {
     let clients = Clients::new(spec.target.connect_timeout)?;
+    launch::reachable(&clients, &spec.target).await.map_err(|reason| BenchError::Unreachable { url: spec.target.base_url.to_string(), reason })?;
     let telemetry = match &spec.otlp {
         Some(cfg) => Some(Arc::new(export::BenchTelemetry::start(cfg, &crate::config::ProcessEnv)?)),
         None => None,
@@ -424,6 +471,7 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
         trace: spec.workload.trace.as_ref().map(workload::TraceReplay::info),
         workload: spec.workload.info(),
         failed_gates,
+        server,
     };
     write_outputs(&spec.output_dir, &rows_all, &summary)?;
     if let Some(t) = telemetry {
@@ -471,6 +519,8 @@ async fn one_benchmark(
     let cancel = CancellationToken::new();
     let t0 = Instant::now() + Duration::from_millis(10);
     let (bench_name, multi_turn, ignore_eos, max_offset) = (name.to_owned(), spec.workload.multi_turn, spec.ignore_eos, spec.duration);
+    // Every offset 0 (no rate, no trace): each request waits for a slot (closed loop).
+    let closed_loop = offsets.iter().all(|o| o.is_zero());
     // The dispatcher runs on its own thread: it sleeps until each send (no spinning on the
     // runtime's workers, which do the HTTP), waits for a free slot, and spawns the request.
     let slots = match spec.workload.ramp {
@@ -488,8 +538,10 @@ async fn one_benchmark(
                 break;
             }
             crate::canary::schedule::pace_until(scheduled.into_std());
-            let Some((permit, limit)) = handle.block_on(slots.acquire()) else { break };
+            let Some((permit, limit, free_since)) = handle.block_on(slots.acquire_timed()) else { break };
             let dispatched = Instant::now();
+            // Closed loop: a request is due when its slot became free.
+            let scheduled = if closed_loop { scheduled.max(free_since) } else { scheduled };
             let (clients, target, extra, model, task_done, task_errors, cancel) =
                 (clients.clone(), target.clone(), extra.clone(), model.clone(), done.clone(), errors.clone(), cancel.clone());
             let (items, bench_name, telemetry) = (items.clone(), bench_name.clone(), telemetry.clone());
