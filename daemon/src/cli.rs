@@ -249,6 +249,44 @@ pub struct RunArgs {
     /// How long a launched server may take to answer (big models load slowly).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "20m")]
     pub launch_timeout: Duration,
+    /// Capacity search: the highest open-loop request rate at which every --slo holds
+    /// (bracketing, then bisection to --precision), and the knee where queueing starts.
+    #[arg(long, requires = "slo")]
+    pub find_max_rate: bool,
+    /// SLOs of --find-max-rate: METRIC_pQ:LIMIT, e.g. ttft_p99:500ms tpot_p99:50ms.
+    #[arg(long, num_args = 1.., requires = "find_max_rate")]
+    pub slo: Vec<String>,
+    /// Precision of --find-max-rate, relative (5% or 0.05).
+    #[arg(long, default_value = "5%", requires = "find_max_rate")]
+    pub precision: String,
+    /// Highest rate --find-max-rate offers, req/s.
+    #[arg(long, requires = "find_max_rate")]
+    pub max_rate: Option<f64>,
+    /// Requests per --find-max-rate step instead of the order-statistic rule's (fewer: a
+    /// less certain p99).
+    #[arg(long, requires = "find_max_rate")]
+    pub step_requests: Option<usize>,
+}
+
+/// `--find-max-rate` flags, checked.
+fn find_rate_of(slo: &[String], precision: &str, max_rate: Option<f64>, step_requests: Option<usize>, request_rate: Option<f64>) -> Result<crate::bench::find_rate::FindRate, String> {
+    use crate::bench::find_rate::{DEFAULT_MAX_RATE, FindRate};
+    let slos = slo.iter().map(|s| crate::bench::capacity::Slo::parse(s)).collect::<Result<Vec<_>, _>>()?;
+    let p = precision.trim();
+    let precision = match p.strip_suffix('%') {
+        Some(v) => v.trim().parse::<f64>().ok().map(|v| v / 100.0),
+        None => p.parse::<f64>().ok(),
+    }
+    .filter(|v| *v > 0.0 && *v < 1.0)
+    .ok_or_else(|| format!("--precision {p:?}: a fraction between 0 and 1, or a percentage (5%)"))?;
+    let max_rate = max_rate.unwrap_or(DEFAULT_MAX_RATE);
+    if !(max_rate.is_finite() && max_rate > 0.0) {
+        return Err(format!("--max-rate {max_rate}: a positive number of requests per second"));
+    }
+    if step_requests == Some(0) {
+        return Err("--step-requests 0: at least 1".to_owned());
+    }
+    Ok(FindRate { slos, precision, start_rate: request_rate.unwrap_or(1.0).min(max_rate), max_rate, step_requests })
 }
 
 /// `lmperf run`'s target without `--target`: `OPENAI_BASE_URL` (the OpenAI SDKs' variable),
@@ -333,8 +371,14 @@ impl RunArgs {
                 return Err(format!("--batch-sizes: not with --ramp-over concurrency (the ramp sets the concurrency, {} → {})", r.from, r.to));
             }
         }
+        let find_rate = if self.find_max_rate { Some(find_rate_of(&self.slo, &self.precision, self.max_rate, self.step_requests, request_rate)?) } else { None };
+        if find_rate.is_some() && (workload.trace.is_some() || workload.ramp.is_some()) {
+            return Err("--find-max-rate: not with --trace or --ramp (the search sets the rate)".to_owned());
+        }
         let concurrencies = match self.max_concurrency {
             Some(c) => vec![c],
+            // The search is open loop: arrivals, not a client limit, decide what is in flight.
+            None if find_rate.is_some() && self.batch_sizes.is_empty() => vec![TRACE_CONCURRENCY],
             // One benchmark, named by the ramp's highest concurrency.
             None if concurrency_ramp.is_some() => vec![concurrency_ramp.map_or(1, |r| r.max_concurrency())],
             None if self.batch_sizes.is_empty() => vec![if workload.trace.is_some() { TRACE_CONCURRENCY } else { 1 }],
@@ -378,6 +422,7 @@ impl RunArgs {
             repeat: self.repeat,
             otlp: cfg.otlp.enabled.then_some(cfg.otlp.clone()),
             launch,
+            find_rate,
         })
     }
 }

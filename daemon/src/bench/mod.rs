@@ -9,14 +9,17 @@
 //! `report.html` (self-contained charts and tables, see [`report`]).
 
 pub mod buckets;
+pub mod capacity;
 pub mod compare;
 pub mod dataset;
 pub mod export;
+pub mod find_rate;
 pub mod launch;
 pub mod progress;
 pub mod prompts;
 pub mod repeat;
 pub mod report;
+pub mod report_capacity;
 pub mod report_ramp;
 pub mod slots;
 pub mod stats;
@@ -123,6 +126,8 @@ pub struct RunSpec {
     pub otlp: Option<crate::config::OtlpConfig>,
     /// `--launch`: start this server first and stop it at the end ([`launch`]).
     pub launch: Option<launch::LaunchSpec>,
+    /// `--find-max-rate`: a capacity search instead of the benchmark matrix ([`find_rate`]).
+    pub find_rate: Option<find_rate::FindRate>,
 }
 
 impl RunSpec {
@@ -151,6 +156,7 @@ impl RunSpec {
             repeat: 1,
             otlp: None,
             launch: None,
+            find_rate: None,
         }
     }
 }
@@ -266,6 +272,9 @@ pub struct Summary {
     /// The server `--launch` started (absent without it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server: Option<launch::ServerInfo>,
+    /// `--find-max-rate`: the capacity search (absent without it; see [`capacity`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<capacity::Capacity>,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -382,7 +391,18 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>) -> Result<Sum
     let watch = vram::VramWatch::start(&spec.gpu);
     let mut rows_all = Vec::new();
     let mut benchmarks = Vec::new();
-    let input_lengths = if spec.workload.own_inputs() { vec![0] } else { spec.input_lengths.clone() };
+    let mut capacity = None;
+    let input_lengths = if spec.find_rate.is_some() {
+        Vec::new()
+    } else if spec.workload.own_inputs() {
+        vec![0]
+    } else {
+        spec.input_lengths.clone()
+    };
+    if let Some(f) = &spec.find_rate {
+        let (rows, benches, c) = find_rate::search(&spec, f, &clients, &model, &extra, &tok, telemetry.clone()).await?;
+        (rows_all, benchmarks, capacity) = (rows, benches, Some(c));
+    }
     for &input_len in &input_lengths {
         for &concurrency in &spec.concurrencies {
             let name = format!("c{concurrency}_{}", spec.workload.label(input_len));
@@ -472,6 +492,7 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>) -> Result<Sum
         workload: spec.workload.info(),
         failed_gates,
         server,
+        capacity,
     };
     write_outputs(&spec.output_dir, &rows_all, &summary)?;
     if let Some(t) = telemetry {
