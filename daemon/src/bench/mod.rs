@@ -15,6 +15,7 @@ pub mod dataset;
 pub mod export;
 pub mod find_rate;
 pub mod launch;
+pub mod profile;
 pub mod progress;
 pub mod prompts;
 pub mod repeat;
