@@ -266,6 +266,10 @@ pub struct RunArgs {
     /// less certain p99).
     #[arg(long, requires = "find_max_rate")]
     pub step_requests: Option<usize>,
+    /// A YAML load profile (prompt_length, concurrency, token_rate) followed for --duration
+    /// (default 60 s); edits of the file apply while it runs.
+    #[arg(long, value_name = "FILE", conflicts_with = "find_max_rate")]
+    pub profile: Option<std::path::PathBuf>,
 }
 
 /// `--find-max-rate` flags, checked.
@@ -371,6 +375,10 @@ impl RunArgs {
                 return Err(format!("--batch-sizes: not with --ramp-over concurrency (the ramp sets the concurrency, {} → {})", r.from, r.to));
             }
         }
+        let profile = match &self.profile {
+            Some(p) => Some((p.clone(), crate::bench::profile::load(p).map_err(|e| format!("--profile {e}"))?)),
+            None => None,
+        };
         let find_rate = if self.find_max_rate { Some(find_rate_of(&self.slo, &self.precision, self.max_rate, self.step_requests, request_rate)?) } else { None };
         if find_rate.is_some() && (workload.trace.is_some() || workload.ramp.is_some()) {
             return Err("--find-max-rate: not with --trace or --ramp (the search sets the rate)".to_owned());
@@ -423,6 +431,7 @@ impl RunArgs {
             otlp: cfg.otlp.enabled.then_some(cfg.otlp.clone()),
             launch,
             find_rate,
+            profile,
         })
     }
 }

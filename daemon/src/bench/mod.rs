@@ -16,11 +16,13 @@ pub mod export;
 pub mod find_rate;
 pub mod launch;
 pub mod profile;
+pub mod profile_run;
 pub mod progress;
 pub mod prompts;
 pub mod repeat;
 pub mod report;
 pub mod report_capacity;
+pub mod report_profile;
 pub mod report_ramp;
 pub mod slots;
 pub mod stats;
@@ -129,6 +131,8 @@ pub struct RunSpec {
     pub launch: Option<launch::LaunchSpec>,
     /// `--find-max-rate`: a capacity search instead of the benchmark matrix ([`find_rate`]).
     pub find_rate: Option<find_rate::FindRate>,
+    /// `--profile FILE`: one benchmark following the load profile, hot-reloaded ([`profile_run`]).
+    pub profile: Option<(PathBuf, profile::Profile)>,
 }
 
 impl RunSpec {
@@ -158,6 +162,7 @@ impl RunSpec {
             otlp: None,
             launch: None,
             find_rate: None,
+            profile: None,
         }
     }
 }
@@ -204,6 +209,9 @@ pub struct RequestRow {
     pub error_type: Option<String>,
     pub http_status: Option<u16>,
     pub retries: u32,
+    /// `--profile`: the profile revision the request was sent under (0 = as started).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile_revision: Option<u32>,
 }
 
 /// One benchmark of `summary.json`.
@@ -276,6 +284,9 @@ pub struct Summary {
     /// `--find-max-rate`: the capacity search (absent without it; see [`capacity`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub capacity: Option<capacity::Capacity>,
+    /// `--profile`: the file and its revisions over time (absent without it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<profile_run::ProfileInfo>,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -393,7 +404,16 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>) -> Result<Sum
     let mut rows_all = Vec::new();
     let mut benchmarks = Vec::new();
     let mut capacity = None;
-    let input_lengths = if spec.find_rate.is_some() {
+    let mut profile_info = None;
+    if let Some((path, p)) = &spec.profile {
+        let name = format!("profile_{}", p.name);
+        let (rows, info) = profile_run::run(&spec, path, p.clone(), &clients, &model, &extra, &tok, &name, telemetry.clone()).await?;
+        let input = spec.input_lengths.first().copied().unwrap_or(128);
+        benchmarks.push(summarize(&spec, &name, spec.concurrencies.iter().copied().max().unwrap_or(1), input, &rows));
+        rows_all = rows;
+        profile_info = Some(info);
+    }
+    let input_lengths = if spec.find_rate.is_some() || spec.profile.is_some() {
         Vec::new()
     } else if spec.workload.own_inputs() {
         vec![0]
@@ -494,6 +514,7 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>) -> Result<Sum
         failed_gates,
         server,
         capacity,
+        profile: profile_info,
     };
     write_outputs(&spec.output_dir, &rows_all, &summary)?;
     if let Some(t) = telemetry {
@@ -658,6 +679,7 @@ fn row(name: &str, index: usize, turn: u32, (concurrency, concurrency_limit): (u
         error_type: r.failure().map(|e| e.error_type.clone()),
         http_status: r.http_status,
         retries: m.retries,
+        profile_revision: None,
     }
 }
 

@@ -214,6 +214,7 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
     h.push_str(&line_chart("Output tokens/s vs concurrency", "concurrency", "output tokens/s", &thr));
     h.push_str(&super::report_ramp::section(summary, rows));
     h.push_str(&super::report_capacity::section(summary));
+    h.push_str(&super::report_profile::section(summary, rows));
 
     // Heatmaps: input bucket × output bucket of p99 TTFT and E2EL (colored against the SLO
     // when given) and the request count, one table per concurrency, every value one of

@@ -116,10 +116,6 @@ impl<'a> Map<'a> {
         }
     }
 
-    fn need(&self, key: &str) -> Result<f64, ProfileError> {
-        self.num(key)?.ok_or_else(|| self.err(key, &Value::Null, "missing"))
-    }
-
     fn text(&self, key: &str) -> Result<Option<&'a str>, ProfileError> {
         match self.get(key) {
             None => Ok(None),
