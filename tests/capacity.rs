@@ -26,7 +26,9 @@ async fn k_slot_server(k: usize, service: Duration) -> (String, Arc<Mutex<Vec<Du
     let log = held.clone();
     tokio::spawn(async move {
         loop {
-            let Ok((mut sock, _)) = listener.accept().await else { return };
+            let Ok((mut sock, _)) = listener.accept().await else {
+                return;
+            };
             let (slots, held) = (slots.clone(), held.clone());
             tokio::spawn(async move {
                 let _ = sock.set_nodelay(true);
@@ -36,7 +38,13 @@ async fn k_slot_server(k: usize, service: Duration) -> (String, Arc<Mutex<Vec<Du
                     let (head_end, len) = loop {
                         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                             let head = String::from_utf8_lossy(&buf[..i]).to_ascii_lowercase();
-                            let len = head.lines().find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().parse::<usize>().unwrap_or(0))).unwrap_or(0);
+                            let len = head
+                                .lines()
+                                .find_map(|l| {
+                                    l.strip_prefix("content-length:")
+                                        .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                                })
+                                .unwrap_or(0);
                             break (i + 4, len);
                         }
                         let mut chunk = [0u8; 16384];
@@ -53,34 +61,53 @@ async fn k_slot_server(k: usize, service: Duration) -> (String, Arc<Mutex<Vec<Du
                         }
                     }
                     let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-                    let body: Value = serde_json::from_slice(&buf[head_end..head_end + len]).unwrap_or(Value::Null);
+                    let body: Value = serde_json::from_slice(&buf[head_end..head_end + len])
+                        .unwrap_or(Value::Null);
                     buf.drain(..head_end + len);
                     let path = head.split_whitespace().nth(1).unwrap_or("").to_owned();
                     if path == "/tokenize" {
-                        let n = body["content"].as_str().map_or(0, |s| s.split_whitespace().count());
+                        let n = body["content"]
+                            .as_str()
+                            .map_or(0, |s| s.split_whitespace().count());
                         let b = serde_json::json!({ "tokens": vec![1; n] }).to_string();
                         let _ = sock.write_all(format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{b}", b.len()).as_bytes()).await;
                         continue;
                     }
                     if !path.ends_with("/completions") {
-                        let _ = sock.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n").await;
+                        let _ = sock
+                            .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                            .await;
                         continue;
                     }
-                    let Ok(permit) = slots.clone().acquire_owned().await else { return };
+                    let Ok(permit) = slots.clone().acquire_owned().await else {
+                        return;
+                    };
                     let got = Instant::now();
                     let chunk = |s: &str| {
                         let d = format!("data: {s}\n\n");
                         format!("{:x}\r\n{d}\r\n", d.len())
                     };
                     let tok = r#"{"choices":[{"index":0,"text":"w "}]}"#;
-                    let first = format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{}", chunk(tok));
+                    let first = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{}",
+                        chunk(tok)
+                    );
                     if sock.write_all(first.as_bytes()).await.is_err() {
                         return;
                     }
                     tokio::time::sleep(service).await;
                     held.lock().unwrap().push(got.elapsed());
                     drop(permit);
-                    let rest = format!("{}{}{}{}{}0\r\n\r\n", chunk(tok), chunk(tok), chunk(tok), chunk(r#"{"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":4}}"#), chunk("[DONE]"));
+                    let rest = format!(
+                        "{}{}{}{}{}0\r\n\r\n",
+                        chunk(tok),
+                        chunk(tok),
+                        chunk(tok),
+                        chunk(
+                            r#"{"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":4}}"#
+                        ),
+                        chunk("[DONE]")
+                    );
                     if sock.write_all(rest.as_bytes()).await.is_err() {
                         return;
                     }
@@ -92,14 +119,26 @@ async fn k_slot_server(k: usize, service: Duration) -> (String, Arc<Mutex<Vec<Du
 }
 
 fn run(args: &[&str]) -> (Value, String) {
-    let dir = std::env::temp_dir().join(format!("lmperf-capacity-{}-{}", std::process::id(), args.len()));
+    let dir = std::env::temp_dir().join(format!(
+        "lmperf-capacity-{}-{}",
+        std::process::id(),
+        args.len()
+    ));
     let _ = std::fs::remove_dir_all(&dir);
-    let out = Command::new(lmperf_bin()).args(["run", "--output-dir", dir.to_str().unwrap()]).args(args).output().unwrap();
+    let out = Command::new(lmperf_bin())
+        .args(["run", "--output-dir", dir.to_str().unwrap()])
+        .args(args)
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(0), "{err}");
-    let s: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let s: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
-    assert!(html.contains("<h2>Capacity search</h2>") && html.contains("vs offered rate"), "report plot");
+    assert!(
+        html.contains("<h2>Capacity search</h2>") && html.contains("vs offered rate"),
+        "report plot"
+    );
     (s, err)
 }
 
@@ -111,7 +150,25 @@ fn run(args: &[&str]) -> (Value, String) {
 async fn finds_the_known_capacity_within_the_precision() {
     let (url, held) = k_slot_server(8, Duration::from_millis(100)).await;
     let (s, err) = tokio::task::spawn_blocking(move || {
-        run(&["--target", &url, "--model", "m", "--seq-lengths", "8", "--output-len", "4", "--arrival", "constant", "--request-rate", "20", "--find-max-rate", "--slo", "ttft_p99:40ms", "--precision", "5%"])
+        run(&[
+            "--target",
+            &url,
+            "--model",
+            "m",
+            "--seq-lengths",
+            "8",
+            "--output-len",
+            "4",
+            "--arrival",
+            "constant",
+            "--request-rate",
+            "20",
+            "--find-max-rate",
+            "--slo",
+            "ttft_p99:40ms",
+            "--precision",
+            "5%",
+        ])
     })
     .await
     .unwrap();
@@ -120,17 +177,44 @@ async fn finds_the_known_capacity_within_the_precision() {
     let held = held.lock().unwrap().clone();
     let service_s = held.iter().map(Duration::as_secs_f64).sum::<f64>() / held.len() as f64;
     let cap = 8.0 / service_s;
-    println!("capacity search: found {max:.2} req/s for a known {cap:.2} req/s (8 / {:.2} ms) ({:+.2} %), {} steps; knee {}; {err}", service_s * 1000.0, (max / cap - 1.0) * 100.0, c["steps"].as_array().unwrap().len(), c["knee_rate"]);
-    assert!((max - cap).abs() <= 0.05 * cap, "found {max} req/s, capacity {cap}: {c}");
+    println!(
+        "capacity search: found {max:.2} req/s for a known {cap:.2} req/s (8 / {:.2} ms) ({:+.2} %), {} steps; knee {}; {err}",
+        service_s * 1000.0,
+        (max / cap - 1.0) * 100.0,
+        c["steps"].as_array().unwrap().len(),
+        c["knee_rate"]
+    );
+    assert!(
+        (max - cap).abs() <= 0.05 * cap,
+        "found {max} req/s, capacity {cap}: {c}"
+    );
     assert_eq!(c["stopped"], "precision");
     assert_eq!(c["step_requests"], 473);
     let steps = c["steps"].as_array().unwrap();
-    let passing: Vec<f64> = steps.iter().filter(|s| s["passed"] == true).map(|s| s["offered_rate"].as_f64().unwrap()).collect();
-    let failing: Vec<f64> = steps.iter().filter(|s| s["passed"] == false).map(|s| s["offered_rate"].as_f64().unwrap()).collect();
-    assert!(passing.iter().all(|p| failing.iter().all(|f| p < f)), "monotone: {passing:?} {failing:?}");
+    let passing: Vec<f64> = steps
+        .iter()
+        .filter(|s| s["passed"] == true)
+        .map(|s| s["offered_rate"].as_f64().unwrap())
+        .collect();
+    let failing: Vec<f64> = steps
+        .iter()
+        .filter(|s| s["passed"] == false)
+        .map(|s| s["offered_rate"].as_f64().unwrap())
+        .collect();
+    assert!(
+        passing.iter().all(|p| failing.iter().all(|f| p < f)),
+        "monotone: {passing:?} {failing:?}"
+    );
     let knee = c["knee_rate"].as_f64().unwrap();
-    assert!(knee > cap * 0.9 && knee <= c["failing_rate"].as_f64().unwrap() * 2.0, "knee {knee}");
-    assert_eq!(s["benchmarks"].as_array().unwrap().len(), steps.len(), "one benchmark per step");
+    assert!(
+        knee > cap * 0.9 && knee <= c["failing_rate"].as_f64().unwrap() * 2.0,
+        "knee {knee}"
+    );
+    assert_eq!(
+        s["benchmarks"].as_array().unwrap().len(),
+        steps.len(),
+        "one benchmark per step"
+    );
     assert!(steps.iter().all(|s| s["requests"] == 473));
 }
 
@@ -140,7 +224,23 @@ async fn finds_the_known_capacity_within_the_precision() {
 fn finds_a_max_rate_on_the_real_server() {
     let server = ModelServer::start();
     let url = server.url();
-    let (s, err) = run(&["--target", &url, "--model", "gemma-3-270m", "--seq-lengths", "16", "--output-len", "4", "--request-rate", "2", "--find-max-rate", "--slo", "ttft_p90:400ms", "--precision", "25%"]);
+    let (s, err) = run(&[
+        "--target",
+        &url,
+        "--model",
+        "gemma-3-270m",
+        "--seq-lengths",
+        "16",
+        "--output-len",
+        "4",
+        "--request-rate",
+        "2",
+        "--find-max-rate",
+        "--slo",
+        "ttft_p90:400ms",
+        "--precision",
+        "25%",
+    ]);
     let c = &s["capacity"];
     println!("real server: {err}");
     assert_eq!(c["step_requests"], 46);
@@ -148,7 +248,10 @@ fn finds_a_max_rate_on_the_real_server() {
     let max = c["max_rate"].as_f64().unwrap();
     let fail = c["failing_rate"].as_f64().unwrap();
     assert!(max < fail && (fail - max) / max <= 0.25 + 1e-9, "{c}");
-    let at_max = steps.iter().find(|s| s["offered_rate"].as_f64() == Some(max)).unwrap();
+    let at_max = steps
+        .iter()
+        .find(|s| s["offered_rate"].as_f64() == Some(max))
+        .unwrap();
     assert_eq!(at_max["passed"], true);
     assert!(at_max["slos"][0]["upper_bound_ms"].as_f64().unwrap() <= 400.0);
 }

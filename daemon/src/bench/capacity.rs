@@ -78,18 +78,41 @@ impl Slo {
     /// # Errors
     /// One line naming the value and the expected form.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let bad = |why: &str| format!("--slo {text:?}: {why} (e.g. ttft_p99:500ms tpot_p99:50ms; metrics ttft, tpot, itl, e2el)");
-        let (name, limit) = text.split_once(':').ok_or_else(|| bad("expected METRIC_pQ:LIMIT"))?;
-        let (metric, q) = name.split_once("_p").ok_or_else(|| bad("expected METRIC_pQ"))?;
+        let bad = |why: &str| {
+            format!(
+                "--slo {text:?}: {why} (e.g. ttft_p99:500ms tpot_p99:50ms; metrics ttft, tpot, itl, e2el)"
+            )
+        };
+        let (name, limit) = text
+            .split_once(':')
+            .ok_or_else(|| bad("expected METRIC_pQ:LIMIT"))?;
+        let (metric, q) = name
+            .split_once("_p")
+            .ok_or_else(|| bad("expected METRIC_pQ"))?;
         let metric = Metric::parse(metric).ok_or_else(|| bad("unknown metric"))?;
-        let quantile = q.parse::<f64>().ok().map(|p| p / 100.0).filter(|q| *q > 0.0 && *q < 1.0).ok_or_else(|| bad("the quantile is pQ with 0 < Q < 100"))?;
+        let quantile = q
+            .parse::<f64>()
+            .ok()
+            .map(|p| p / 100.0)
+            .filter(|q| *q > 0.0 && *q < 1.0)
+            .ok_or_else(|| bad("the quantile is pQ with 0 < Q < 100"))?;
         let limit_ms = limit
             .strip_suffix("ms")
             .and_then(|v| v.parse::<f64>().ok())
-            .or_else(|| limit.strip_suffix('s').and_then(|v| v.parse::<f64>().ok()).map(|s| s * 1000.0))
+            .or_else(|| {
+                limit
+                    .strip_suffix('s')
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .map(|s| s * 1000.0)
+            })
             .filter(|v| v.is_finite() && *v > 0.0)
             .ok_or_else(|| bad("the limit is a positive duration in ms or s"))?;
-        Ok(Self { text: text.to_owned(), metric, quantile, limit_ms })
+        Ok(Self {
+            text: text.to_owned(),
+            metric,
+            quantile,
+            limit_ms,
+        })
     }
 }
 
@@ -115,7 +138,9 @@ pub fn upper_bound_rank(n: usize, q: f64, confidence: f64) -> Option<usize> {
 /// Requests per step for quantile `q`: the smallest `n` whose upper confidence bound
 /// ([`upper_bound_rank`] at [`CONFIDENCE`]) leaves at least one value above it.
 pub fn step_requests(q: f64) -> usize {
-    (2..100_000).find(|&n| upper_bound_rank(n, q, CONFIDENCE).is_some_and(|k| k < n)).unwrap_or(100_000)
+    (2..100_000)
+        .find(|&n| upper_bound_rank(n, q, CONFIDENCE).is_some_and(|k| k < n))
+        .unwrap_or(100_000)
 }
 
 /// What the caller measured at one step.
@@ -157,6 +182,18 @@ pub struct SloCheck {
     /// Its 95 % upper confidence bound (an order statistic), ms; the verdict uses it.
     pub upper_bound_ms: Option<f64>,
     pub holds: bool,
+}
+
+impl SloCheck {
+    /// `ttft_p99:500ms 312.4 / bound 340.1` (ms).
+    pub fn brief(&self) -> String {
+        format!(
+            "{} {:.1} / bound {:.1}",
+            self.slo,
+            self.value_ms.unwrap_or(f64::NAN),
+            self.upper_bound_ms.unwrap_or(f64::NAN)
+        )
+    }
 }
 
 /// A row of `summary.json` `capacity.steps`.
@@ -201,7 +238,10 @@ pub struct Capacity {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Next {
     /// Measure `requests` requests offered at `rate` req/s.
-    Measure { rate: f64, requests: usize },
+    Measure {
+        rate: f64,
+        requests: usize,
+    },
     Done,
 }
 
@@ -234,10 +274,27 @@ impl Search {
     /// A search for `slos` from `start` req/s, to `precision` (0.05 = 5 %), never above
     /// `max_rate`; `requests` per step, or the rule's ([`step_requests`] of the highest SLO
     /// quantile) when `None`.
-    pub fn new(slos: Vec<Slo>, precision: f64, start: f64, max_rate: f64, requests: Option<usize>) -> Self {
+    pub fn new(
+        slos: Vec<Slo>,
+        precision: f64,
+        start: f64,
+        max_rate: f64,
+        requests: Option<usize>,
+    ) -> Self {
         let q = slos.iter().map(|s| s.quantile).fold(0.5, f64::max);
         let requests = requests.unwrap_or_else(|| step_requests(q)).max(1);
-        Self { slos, precision, requests, start, max_rate, min_rate: start / 1024.0, pass: None, fail: None, steps: Vec::new(), stopped: None }
+        Self {
+            slos,
+            precision,
+            requests,
+            start,
+            max_rate,
+            min_rate: start / 1024.0,
+            pass: None,
+            fail: None,
+            steps: Vec::new(),
+            stopped: None,
+        }
     }
 
     /// Fraction of the offered rate the achieved rate must reach.
@@ -262,19 +319,32 @@ impl Search {
             // Geometric midpoint: the bracket's ratio halves in log steps.
             (Some(p), Some(f)) => (p * f).sqrt(),
         };
-        Next::Measure { rate, requests: self.requests }
+        Next::Measure {
+            rate,
+            requests: self.requests,
+        }
     }
 
     /// Feeds the measurement of the step [`Search::next`] asked for.
     pub fn feed(&mut self, obs: StepObservation) {
         let mut slos = Vec::with_capacity(self.slos.len());
         for s in &self.slos {
-            let mut v: Vec<f64> = obs.values(s.metric).iter().copied().filter(|x| x.is_finite()).collect();
+            let mut v: Vec<f64> = obs
+                .values(s.metric)
+                .iter()
+                .copied()
+                .filter(|x| x.is_finite())
+                .collect();
             v.sort_by(f64::total_cmp);
             let upper = upper_bound_rank(v.len(), s.quantile, CONFIDENCE).map(|k| v[k - 1]);
             // Too few values for a bound: the maximum stands in (conservative).
             let upper = upper.or_else(|| v.last().copied());
-            slos.push(SloCheck { slo: s.text.clone(), value_ms: quantile(&v, s.quantile), upper_bound_ms: upper, holds: upper.is_some_and(|u| u <= s.limit_ms) });
+            slos.push(SloCheck {
+                slo: s.text.clone(),
+                value_ms: quantile(&v, s.quantile),
+                upper_bound_ms: upper,
+                holds: upper.is_some_and(|u| u <= s.limit_ms),
+            });
         }
         let kept_up = obs.achieved_rate >= self.achieved_floor() * obs.offered_rate;
         let passed = obs.failed == 0 && kept_up && slos.iter().all(|c| c.holds);
@@ -327,7 +397,10 @@ impl Search {
                 s.queueing.push("server_waiting");
             }
         }
-        let knee = order.iter().map(|&i| &steps[i]).find(|s| !s.queueing.is_empty());
+        let knee = order
+            .iter()
+            .map(|&i| &steps[i])
+            .find(|s| !s.queueing.is_empty());
         Capacity {
             slos: self.slos.clone(),
             precision: self.precision,
@@ -354,11 +427,21 @@ mod tests {
     #[test]
     fn slos_parse_and_reject() {
         let s = Slo::parse("ttft_p99:500ms").unwrap();
-        assert_eq!((s.metric, s.quantile, s.limit_ms), (Metric::Ttft, 0.99, 500.0));
+        assert_eq!(
+            (s.metric, s.quantile, s.limit_ms),
+            (Metric::Ttft, 0.99, 500.0)
+        );
         let s = Slo::parse("e2el_p90:2s").unwrap();
         assert_eq!((s.metric, s.limit_ms), (Metric::E2el, 2000.0));
         assert!((Slo::parse("tpot_p99.9:50ms").unwrap().quantile - 0.999).abs() < 1e-12);
-        for bad in ["ttft:500ms", "ttft_p99:500", "lat_p99:5ms", "ttft_p100:5ms", "ttft_p99:-5ms", "ttft_p99"] {
+        for bad in [
+            "ttft:500ms",
+            "ttft_p99:500",
+            "lat_p99:5ms",
+            "ttft_p100:5ms",
+            "ttft_p99:-5ms",
+            "ttft_p99",
+        ] {
             let e = Slo::parse(bad).unwrap_err();
             assert!(e.starts_with(&format!("--slo {bad:?}")), "{e}");
         }
@@ -381,14 +464,29 @@ mod tests {
     fn observe(rate: f64, n: usize, cap: f64) -> StepObservation {
         let over = (rate - cap).max(0.0);
         let span = n as f64 / rate;
-        let ttft: Vec<f64> = (0..n).map(|i| 20.0 + over / cap * span * 1000.0 * i as f64 / n as f64).collect();
-        StepObservation { offered_rate: rate, achieved_rate: rate.min(cap), requests: n, failed: 0, ttft_ms: ttft, ..StepObservation::default() }
+        let ttft: Vec<f64> = (0..n)
+            .map(|i| 20.0 + over / cap * span * 1000.0 * i as f64 / n as f64)
+            .collect();
+        StepObservation {
+            offered_rate: rate,
+            achieved_rate: rate.min(cap),
+            requests: n,
+            failed: 0,
+            ttft_ms: ttft,
+            ..StepObservation::default()
+        }
     }
 
     #[test]
     fn brackets_then_bisects_to_the_precision() {
         for (cap, start) in [(80.0, 1.0), (80.0, 500.0), (3.3, 1.0), (1234.0, 10.0)] {
-            let mut s = Search::new(vec![Slo::parse("ttft_p99:100ms").unwrap()], 0.05, start, 1e6, None);
+            let mut s = Search::new(
+                vec![Slo::parse("ttft_p99:100ms").unwrap()],
+                0.05,
+                start,
+                1e6,
+                None,
+            );
             let mut steps = 0;
             while let Next::Measure { rate, requests } = s.next() {
                 assert_eq!(requests, 473);
@@ -398,29 +496,56 @@ mod tests {
             let c = s.result();
             let max = c.max_rate.unwrap();
             assert_eq!(c.stopped, "precision");
-            assert!((max - cap).abs() <= 0.05 * cap, "cap {cap} from {start}: found {max} in {steps} steps");
+            assert!(
+                (max - cap).abs() <= 0.05 * cap,
+                "cap {cap} from {start}: found {max} in {steps} steps"
+            );
             assert!(c.failing_rate.unwrap() > cap * 0.99, "{c:?}");
             // The knee: the first step past the capacity (latency rise and rate behind).
             let knee = c.knee_rate.unwrap();
-            assert!(knee > cap && knee <= c.failing_rate.unwrap() * 2.0, "knee {knee} for cap {cap}");
+            assert!(
+                knee > cap && knee <= c.failing_rate.unwrap() * 2.0,
+                "knee {knee} for cap {cap}"
+            );
             assert!(steps < 16, "{steps}");
         }
     }
 
     #[test]
     fn nothing_passes_and_the_server_queue_hook() {
-        let mut s = Search::new(vec![Slo::parse("ttft_p99:1ms").unwrap()], 0.05, 10.0, 1e6, Some(50));
+        let mut s = Search::new(
+            vec![Slo::parse("ttft_p99:1ms").unwrap()],
+            0.05,
+            10.0,
+            1e6,
+            Some(50),
+        );
         while let Next::Measure { rate, requests } = s.next() {
             s.feed(observe(rate, requests, 100.0));
         }
         let c = s.result();
         assert_eq!((c.max_rate, c.stopped), (None, "no_rate_passes"));
         // Server signals: a waiting queue above 0 marks the step as queueing.
-        let mut s = Search::new(vec![Slo::parse("ttft_p90:100ms").unwrap()], 0.05, 10.0, 1e6, None);
-        s.feed(StepObservation { server_waiting: Some(0.0), ..observe(10.0, 46, 100.0) });
-        s.feed(StepObservation { server_waiting: Some(2.5), ..observe(20.0, 46, 100.0) });
+        let mut s = Search::new(
+            vec![Slo::parse("ttft_p90:100ms").unwrap()],
+            0.05,
+            10.0,
+            1e6,
+            None,
+        );
+        s.feed(StepObservation {
+            server_waiting: Some(0.0),
+            ..observe(10.0, 46, 100.0)
+        });
+        s.feed(StepObservation {
+            server_waiting: Some(2.5),
+            ..observe(20.0, 46, 100.0)
+        });
         let c = s.result();
-        assert_eq!((c.knee_rate, c.knee_reasons.clone()), (Some(20.0), vec!["server_waiting"]));
+        assert_eq!(
+            (c.knee_rate, c.knee_reasons.clone()),
+            (Some(20.0), vec!["server_waiting"])
+        );
         assert_eq!(c.step_requests, 46);
     }
 }

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use super::capacity::{Capacity, Next, Search, Slo, StepObservation};
 use super::prompts::TokenizeClient;
-use super::{BenchError, BenchSummary, RequestRow, RunSpec, export, one_benchmark, summarize, workload};
+use super::{
+    BenchError, BenchSummary, RequestRow, RunSpec, export, one_benchmark, summarize, workload,
+};
 use crate::canary::client::Clients;
 
 /// Highest rate the search offers without `--max-rate`, req/s.
@@ -38,12 +40,26 @@ pub(super) async fn search(
     tok: &TokenizeClient,
     telemetry: Option<Arc<export::BenchTelemetry>>,
 ) -> Result<(Vec<RequestRow>, Vec<BenchSummary>, Capacity), BenchError> {
-    let mut s = Search::new(f.slos.clone(), f.precision, f.start_rate, f.max_rate, f.step_requests);
+    let mut s = Search::new(
+        f.slos.clone(),
+        f.precision,
+        f.start_rate,
+        f.max_rate,
+        f.step_requests,
+    );
     let concurrency = spec.concurrencies.iter().copied().max().unwrap_or(1);
     let input_len = spec.input_lengths.first().copied().unwrap_or(128);
     let (mut rows_all, mut benchmarks) = (Vec::new(), Vec::new());
     if spec.progress {
-        eprintln!("lmperf run: --find-max-rate: {} requests per step ({})", s.step_requests(), f.slos.iter().map(|s| s.text.as_str()).collect::<Vec<_>>().join(" "));
+        eprintln!(
+            "lmperf run: --find-max-rate: {} requests per step ({})",
+            s.step_requests(),
+            f.slos
+                .iter()
+                .map(|s| s.text.as_str())
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
     }
     let mut i = 0u64;
     while let Next::Measure { rate, requests } = s.next() {
@@ -54,13 +70,26 @@ pub(super) async fn search(
         let items = workload::items(&sp, tok, requests, input_len, seed).await;
         let offsets = workload::schedule(&sp, items.len(), seed)?;
         let name = format!("step{i}_r{rate:.3}");
-        let rows = one_benchmark(&sp, clients, model, extra, &name, concurrency, items.into(), Some(offsets), telemetry.clone()).await?;
+        let rows = one_benchmark(
+            &sp,
+            clients,
+            model,
+            extra,
+            &name,
+            concurrency,
+            items.into(),
+            Some(offsets),
+            telemetry.clone(),
+        )
+        .await?;
         let b = summarize(&sp, &name, concurrency, input_len, &rows);
         let ok: Vec<&RequestRow> = rows.iter().filter(|r| r.outcome == "ok").collect();
         let mut ends: Vec<f64> = ok.iter().map(|r| r.send_ms + r.e2el_ms).collect();
         ends.sort_by(f64::total_cmp);
         let achieved_rate = match (ends.first(), ends.last()) {
-            (Some(a), Some(z)) if ends.len() > 1 && z > a => (ends.len() - 1) as f64 / ((z - a) / 1000.0),
+            (Some(a), Some(z)) if ends.len() > 1 && z > a => {
+                (ends.len() - 1) as f64 / ((z - a) / 1000.0)
+            }
             _ => b.request_throughput,
         };
         let obs = StepObservation {
@@ -80,7 +109,11 @@ pub(super) async fn search(
         if spec.progress
             && let Some(step) = s.result().steps.last()
         {
-            let checks: Vec<String> = step.slos.iter().map(|c| format!("{} {:.1} (bound {:.1})", c.slo, c.value_ms.unwrap_or(f64::NAN), c.upper_bound_ms.unwrap_or(f64::NAN))).collect();
+            let checks: Vec<String> = step
+                .slos
+                .iter()
+                .map(super::capacity::SloCheck::brief)
+                .collect();
             eprintln!(
                 "lmperf run: step {i}: offered {rate:.3} req/s, achieved {:.3}, {}: {}",
                 step.achieved_rate,
@@ -95,7 +128,14 @@ pub(super) async fn search(
     let c = s.result();
     if spec.progress {
         let r = |v: Option<f64>| v.map_or("none".to_owned(), |v| format!("{v:.3} req/s"));
-        eprintln!("lmperf run: max rate {} (first failing {}), knee {} {:?}; stopped: {}", r(c.max_rate), r(c.failing_rate), r(c.knee_rate), c.knee_reasons, c.stopped);
+        eprintln!(
+            "lmperf run: max rate {} (first failing {}), knee {} {:?}; stopped: {}",
+            r(c.max_rate),
+            r(c.failing_rate),
+            r(c.knee_rate),
+            c.knee_reasons,
+            c.stopped
+        );
     }
     Ok((rows_all, benchmarks, c))
 }

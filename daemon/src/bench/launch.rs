@@ -50,7 +50,9 @@ impl Launcher {
             "sglang" => Ok(Self::Sglang),
             "llama-server" | "llama.cpp" => Ok(Self::LlamaServer),
             t if t.contains("{port}") => Ok(Self::Template(t.to_owned())),
-            t => Err(format!("--launch {t:?}: vllm, sglang, llama-server, or a command with {{port}} (and {{model}}) in it")),
+            t => Err(format!(
+                "--launch {t:?}: vllm, sglang, llama-server, or a command with {{port}} (and {{model}}) in it"
+            )),
         }
     }
 
@@ -68,17 +70,28 @@ impl Launcher {
     pub fn command(&self, model: &str, port: u16) -> String {
         let template = match self {
             Self::Vllm => "vllm serve {model} --host 127.0.0.1 --port {port}",
-            Self::Sglang => "python3 -m sglang.launch_server --model-path {model} --host 127.0.0.1 --port {port}",
-            Self::LlamaServer if model.ends_with(".gguf") || Path::new(model).exists() => "llama-server --host 127.0.0.1 --port {port} -m {model} --alias {model}",
-            Self::LlamaServer => "llama-server --host 127.0.0.1 --port {port} -hf {model} --alias {model}",
+            Self::Sglang => {
+                "python3 -m sglang.launch_server --model-path {model} --host 127.0.0.1 --port {port}"
+            }
+            Self::LlamaServer if model.ends_with(".gguf") || Path::new(model).exists() => {
+                "llama-server --host 127.0.0.1 --port {port} -m {model} --alias {model}"
+            }
+            Self::LlamaServer => {
+                "llama-server --host 127.0.0.1 --port {port} -hf {model} --alias {model}"
+            }
             Self::Template(t) => t,
         };
-        template.replace("{model}", &shell_quote(model)).replace("{port}", &port.to_string())
+        template
+            .replace("{model}", &shell_quote(model))
+            .replace("{port}", &port.to_string())
     }
 }
 
 fn shell_quote(s: &str) -> String {
-    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "._/:-=@+,".contains(c)) {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._/:-=@+,".contains(c))
+    {
         s.to_owned()
     } else {
         format!("'{}'", s.replace('\'', r"'\''"))
@@ -118,11 +131,26 @@ pub struct ServerInfo {
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
     #[error("--launch: cannot start {command:?}: {source}")]
-    Spawn { command: String, source: std::io::Error },
-    #[error("--launch: the server exited ({status}) before it answered; last line of {log}: {last_line}")]
-    Exited { status: String, log: PathBuf, last_line: String },
-    #[error("--launch: no answer from the server on port {port} after {waited_s:.0} s (--launch-timeout); see {log}")]
-    Timeout { port: u16, waited_s: f64, log: PathBuf },
+    Spawn {
+        command: String,
+        source: std::io::Error,
+    },
+    #[error(
+        "--launch: the server exited ({status}) before it answered; last line of {log}: {last_line}"
+    )]
+    Exited {
+        status: String,
+        log: PathBuf,
+        last_line: String,
+    },
+    #[error(
+        "--launch: no answer from the server on port {port} after {waited_s:.0} s (--launch-timeout); see {log}"
+    )]
+    Timeout {
+        port: u16,
+        waited_s: f64,
+        log: PathBuf,
+    },
     #[error("--launch: the warm-up request failed: {0}")]
     Warmup(String),
     #[error("interrupted (Ctrl-C or SIGTERM); the launched server was stopped")]
@@ -144,7 +172,9 @@ pub struct Server {
 /// # Errors
 /// When no port can be bound.
 pub fn free_port() -> std::io::Result<u16> {
-    std::net::TcpListener::bind("127.0.0.1:0")?.local_addr().map(|a| a.port())
+    std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()
+        .map(|a| a.port())
 }
 
 impl Server {
@@ -155,11 +185,19 @@ impl Server {
     pub fn spawn(spec: &LaunchSpec, port: u16, dir: &Path) -> Result<Self, LaunchError> {
         let command = spec.launcher.command(&spec.model, port);
         let log = dir.join("server.log");
-        let spawn_err = |source| LaunchError::Spawn { command: command.clone(), source };
+        let spawn_err = |source| LaunchError::Spawn {
+            command: command.clone(),
+            source,
+        };
         let out = std::fs::File::create(&log).map_err(spawn_err)?;
         let err = out.try_clone().map_err(spawn_err)?;
         let mut cmd = Command::new("sh");
-        cmd.arg("-c").arg(format!("exec {command}")).stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
+        cmd.arg("-c")
+            .arg(format!("exec {command}"))
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0);
         // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
         unsafe {
             cmd.pre_exec(|| {
@@ -170,7 +208,13 @@ impl Server {
             });
         }
         let child = cmd.spawn().map_err(spawn_err)?;
-        Ok(Self { child: Some(child), port, command, log, started: Instant::now() })
+        Ok(Self {
+            child: Some(child),
+            port,
+            command,
+            log,
+            started: Instant::now(),
+        })
     }
 
     /// The base URL of the server.
@@ -183,7 +227,13 @@ impl Server {
     ///
     /// # Errors
     /// [`LaunchError::Exited`] or [`LaunchError::Timeout`].
-    pub async fn wait_ready(&mut self, clients: &Clients, target: &TargetConfig, timeout: Duration, progress: bool) -> Result<Duration, LaunchError> {
+    pub async fn wait_ready(
+        &mut self,
+        clients: &Clients,
+        target: &TargetConfig,
+        timeout: Duration,
+        progress: bool,
+    ) -> Result<Duration, LaunchError> {
         let spinner = (progress && std::io::stderr().is_terminal()).then(|| {
             let s = indicatif::ProgressBar::new_spinner();
             s.set_message(format!("starting the server: {}", self.command));
@@ -195,20 +245,39 @@ impl Server {
         }
         let mut last_line = Instant::now();
         let result = loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                break Err(LaunchError::Exited { status: status.to_string(), log: self.log.clone(), last_line: last_log_line(&self.log) });
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                break Err(LaunchError::Exited {
+                    status: status.to_string(),
+                    log: self.log.clone(),
+                    last_line: last_log_line(&self.log),
+                });
             }
             if probe(clients, target).await {
                 break Ok(self.started.elapsed());
             }
             let waited = self.started.elapsed();
             if waited >= timeout {
-                break Err(LaunchError::Timeout { port: self.port, waited_s: waited.as_secs_f64(), log: self.log.clone() });
+                break Err(LaunchError::Timeout {
+                    port: self.port,
+                    waited_s: waited.as_secs_f64(),
+                    log: self.log.clone(),
+                });
             }
             if let Some(s) = &spinner {
-                s.set_message(format!("starting the server ({:.0} s): {}", waited.as_secs_f64(), self.command));
+                s.set_message(format!(
+                    "starting the server ({:.0} s): {}",
+                    waited.as_secs_f64(),
+                    self.command
+                ));
             } else if progress && last_line.elapsed() >= Duration::from_secs(10) {
-                eprintln!("lmperf run: waiting for the server ({:.0} s)", waited.as_secs_f64());
+                eprintln!(
+                    "lmperf run: waiting for the server ({:.0} s)",
+                    waited.as_secs_f64()
+                );
                 last_line = Instant::now();
             }
             tokio::time::sleep(POLL).await;
@@ -217,7 +286,10 @@ impl Server {
             s.finish_and_clear();
         }
         if let (true, Ok(d)) = (progress, &result) {
-            eprintln!("lmperf run: the server answered after {:.1} s", d.as_secs_f64());
+            eprintln!(
+                "lmperf run: the server answered after {:.1} s",
+                d.as_secs_f64()
+            );
         }
         result
     }
@@ -251,19 +323,38 @@ impl Drop for Server {
 }
 
 fn last_log_line(log: &Path) -> String {
-    std::fs::read_to_string(log).ok().and_then(|t| t.lines().rev().find(|l| !l.trim().is_empty()).map(|l| l.trim().chars().take(300).collect())).unwrap_or_else(|| "(empty)".into())
+    std::fs::read_to_string(log)
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .map(|l| l.trim().chars().take(300).collect())
+        })
+        .unwrap_or_else(|| "(empty)".into())
 }
 
 /// Whether anything answers `GET /v1/models` with 2xx.
 async fn probe(clients: &Clients, target: &TargetConfig) -> bool {
-    let Ok(url) = target.base_url.join("v1/models") else { return false };
-    clients.send_idempotent(|c| c.get(url.clone()).timeout(Duration::from_secs(5))).await.is_ok_and(|r| r.status().is_success())
+    let Ok(url) = target.base_url.join("v1/models") else {
+        return false;
+    };
+    clients
+        .send_idempotent(|c| c.get(url.clone()).timeout(Duration::from_secs(5)))
+        .await
+        .is_ok_and(|r| r.status().is_success())
 }
 
 /// Whether a TCP connection to the target can be made (anything listening).
 pub async fn reachable(clients: &Clients, target: &TargetConfig) -> Result<(), String> {
-    let url = target.base_url.join("v1/models").map_err(|e| e.to_string())?;
-    match clients.send_idempotent(|c| c.get(url.clone()).timeout(Duration::from_secs(10))).await {
+    let url = target
+        .base_url
+        .join("v1/models")
+        .map_err(|e| e.to_string())?;
+    match clients
+        .send_idempotent(|c| c.get(url.clone()).timeout(Duration::from_secs(10)))
+        .await
+    {
         Ok(_) => Ok(()),
         Err(e) if e.is_connect() => Err(crate::canary::client::error_chain(&e)),
         Err(_) => Ok(()),
@@ -272,14 +363,29 @@ pub async fn reachable(clients: &Clients, target: &TargetConfig) -> Result<(), S
 
 /// The server's version, from the first of `/version`, `/get_server_info`, `/props` that says.
 pub async fn version(clients: &Clients, target: &TargetConfig) -> Option<String> {
-    for (path, field) in [("version", "version"), ("get_server_info", "version"), ("props", "build_info")] {
-        let Ok(url) = target.base_url.join(path) else { continue };
-        let Ok(resp) = clients.send_idempotent(|c| c.get(url.clone()).timeout(Duration::from_secs(5))).await else { continue };
+    for (path, field) in [
+        ("version", "version"),
+        ("get_server_info", "version"),
+        ("props", "build_info"),
+    ] {
+        let Ok(url) = target.base_url.join(path) else {
+            continue;
+        };
+        let Ok(resp) = clients
+            .send_idempotent(|c| c.get(url.clone()).timeout(Duration::from_secs(5)))
+            .await
+        else {
+            continue;
+        };
         if !resp.status().is_success() {
             continue;
         }
         if let Ok(v) = resp.json::<serde_json::Value>().await
-            && let Some(s) = v.get(field).and_then(|s| s.as_str().map(str::to_owned).or_else(|| s.as_u64().map(|n| n.to_string())))
+            && let Some(s) = v.get(field).and_then(|s| {
+                s.as_str()
+                    .map(str::to_owned)
+                    .or_else(|| s.as_u64().map(|n| n.to_string()))
+            })
         {
             return Some(s);
         }
@@ -291,15 +397,36 @@ pub async fn version(clients: &Clients, target: &TargetConfig) -> Option<String>
 ///
 /// # Errors
 /// The first failure, as one line.
-pub async fn warm_up(clients: &Clients, target: &TargetConfig, model: &str) -> Result<Duration, LaunchError> {
+pub async fn warm_up(
+    clients: &Clients,
+    target: &TargetConfig,
+    model: &str,
+) -> Result<Duration, LaunchError> {
     let t = Instant::now();
     let cancel = tokio_util::sync::CancellationToken::new();
     for _ in 0..WARMUP_REQUESTS {
         let traceparent = super::export::BenchTelemetry::new_trace().traceparent();
-        let req = CanaryRequest { api: target.api, model, prompt: "Say hello.", max_tokens: 8, traceparent: &traceparent, extra_body: None };
+        let req = CanaryRequest {
+            api: target.api,
+            model,
+            prompt: "Say hello.",
+            max_tokens: 8,
+            traceparent: &traceparent,
+            extra_body: None,
+        };
         let m = client::execute_with(clients, target, &req, &cancel, false).await;
         if m.record.outcome != Outcome::Ok {
-            let e = m.record.failure().map(|e| format!("{}: {}", e.error_type, e.message.clone().unwrap_or_default())).unwrap_or_else(|| m.record.outcome.as_str().to_owned());
+            let e = m
+                .record
+                .failure()
+                .map(|e| {
+                    format!(
+                        "{}: {}",
+                        e.error_type,
+                        e.message.clone().unwrap_or_default()
+                    )
+                })
+                .unwrap_or_else(|| m.record.outcome.as_str().to_owned());
             return Err(LaunchError::Warmup(e));
         }
     }
@@ -308,7 +435,8 @@ pub async fn warm_up(clients: &Clients, target: &TargetConfig, model: &str) -> R
 
 /// Points `target` at the launched server on `port`.
 pub fn retarget(target: &mut TargetConfig, port: u16) -> Result<(), String> {
-    target.base_url = url::Url::parse(&format!("http://127.0.0.1:{port}/")).map_err(|e| e.to_string())?;
+    target.base_url =
+        url::Url::parse(&format!("http://127.0.0.1:{port}/")).map_err(|e| e.to_string())?;
     target.host = "127.0.0.1".into();
     target.port = port;
     target.name = format!("127.0.0.1:{port}");
@@ -337,10 +465,28 @@ mod tests {
 
     #[test]
     fn launchers_parse_and_fill_the_template() {
-        assert_eq!(Launcher::parse("vllm").unwrap().command("meta-llama/Meta-Llama-3-8B-Instruct", 41_000), "vllm serve meta-llama/Meta-Llama-3-8B-Instruct --host 127.0.0.1 --port 41000");
-        assert_eq!(Launcher::parse("sglang").unwrap().command("m", 1), "python3 -m sglang.launch_server --model-path m --host 127.0.0.1 --port 1");
-        assert_eq!(Launcher::parse("llama-server").unwrap().command("org/repo", 2), "llama-server --host 127.0.0.1 --port 2 -hf org/repo --alias org/repo");
-        assert_eq!(Launcher::parse("llama-server").unwrap().command("/m/x.gguf", 2), "llama-server --host 127.0.0.1 --port 2 -m /m/x.gguf --alias /m/x.gguf");
+        assert_eq!(
+            Launcher::parse("vllm")
+                .unwrap()
+                .command("meta-llama/Meta-Llama-3-8B-Instruct", 41_000),
+            "vllm serve meta-llama/Meta-Llama-3-8B-Instruct --host 127.0.0.1 --port 41000"
+        );
+        assert_eq!(
+            Launcher::parse("sglang").unwrap().command("m", 1),
+            "python3 -m sglang.launch_server --model-path m --host 127.0.0.1 --port 1"
+        );
+        assert_eq!(
+            Launcher::parse("llama-server")
+                .unwrap()
+                .command("org/repo", 2),
+            "llama-server --host 127.0.0.1 --port 2 -hf org/repo --alias org/repo"
+        );
+        assert_eq!(
+            Launcher::parse("llama-server")
+                .unwrap()
+                .command("/m/x.gguf", 2),
+            "llama-server --host 127.0.0.1 --port 2 -m /m/x.gguf --alias /m/x.gguf"
+        );
         let t = Launcher::parse("serve --alias {model} --port {port}").unwrap();
         assert_eq!(t.command("it's", 7), r"serve --alias 'it'\''s' --port 7");
         let e = Launcher::parse("serve --model x").unwrap_err();
@@ -352,18 +498,32 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("lmperf-launch-unit-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         // The leader ignores SIGTERM and has a child in its group that does too.
-        let spec = LaunchSpec { launcher: Launcher::Template("sh -c 'trap \"\" TERM; sleep 60 & echo child $!; trap \"\" TERM; wait' # {port}".into()), model: "m".into(), timeout: DEFAULT_TIMEOUT };
+        let spec = LaunchSpec {
+            launcher: Launcher::Template(
+                "sh -c 'trap \"\" TERM; sleep 60 & echo child $!; trap \"\" TERM; wait' # {port}"
+                    .into(),
+            ),
+            model: "m".into(),
+            timeout: DEFAULT_TIMEOUT,
+        };
         let mut s = Server::spawn(&spec, 1, &dir).unwrap();
         std::thread::sleep(Duration::from_millis(300));
         let log = std::fs::read_to_string(&s.log).unwrap();
         let child: i32 = log.trim().strip_prefix("child ").unwrap().parse().unwrap();
         let t = Instant::now();
         let status = s.stop(Duration::from_millis(300)).unwrap();
-        assert!(t.elapsed() >= Duration::from_millis(300) && t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        assert!(
+            t.elapsed() >= Duration::from_millis(300) && t.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            t.elapsed()
+        );
         assert!(status.contains("9"), "killed: {status}");
         std::thread::sleep(Duration::from_millis(100));
         // SAFETY: signal 0 only checks that the pid exists.
-        let alive = unsafe { libc::kill(child, 0) } == 0 && !std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default().contains(") Z");
+        let alive = unsafe { libc::kill(child, 0) } == 0
+            && !std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .unwrap_or_default()
+                .contains(") Z");
         assert!(!alive, "the grandchild {child} must be gone");
         assert_eq!(s.stop(Duration::ZERO), None, "idempotent");
         let _ = std::fs::remove_dir_all(&dir);

@@ -53,8 +53,17 @@ pub(super) async fn run(
     name: &str,
     telemetry: Option<Arc<export::BenchTelemetry>>,
 ) -> Result<(Vec<RequestRow>, ProfileInfo), BenchError> {
-    let mut info = ProfileInfo { name: first.name.clone(), file: path.display().to_string(), revisions: vec![(0.0, 0)], sustained_token_rate: None };
-    let sched = Arc::new(std::sync::Mutex::new(Scheduler::new(first, spec.output_len, spec.seed)));
+    let mut info = ProfileInfo {
+        name: first.name.clone(),
+        file: path.display().to_string(),
+        revisions: vec![(0.0, 0)],
+        sustained_token_rate: None,
+    };
+    let sched = Arc::new(std::sync::Mutex::new(Scheduler::new(
+        first,
+        spec.output_len,
+        spec.seed,
+    )));
     let concurrency = spec.concurrencies.iter().copied().max().unwrap_or(1);
     let input_default = spec.input_lengths.first().copied().unwrap_or(128);
     let (in_flight, freed) = (Arc::new(AtomicUsize::new(0)), Arc::new(Notify::new()));
@@ -73,17 +82,26 @@ pub(super) async fn run(
             seen = now;
             match profile::load(path) {
                 Ok(p) => {
-                    let rev = sched.lock().map(|mut s| s.update(p, t0.elapsed())).unwrap_or(0);
+                    let rev = sched
+                        .lock()
+                        .map(|mut s| s.update(p, t0.elapsed()))
+                        .unwrap_or(0);
                     info.revisions.push((t0.elapsed().as_secs_f64(), rev));
                     if spec.progress {
-                        eprintln!("lmperf run: profile revision {rev} from {} at {:.2} s", path.display(), t0.elapsed().as_secs_f64());
+                        eprintln!(
+                            "lmperf run: profile revision {rev} from {} at {:.2} s",
+                            path.display(),
+                            t0.elapsed().as_secs_f64()
+                        );
                     }
                 }
-                Err(e) => eprintln!("lmperf run: profile change ignored, keeping the running revision: {e}"),
+                Err(e) => eprintln!(
+                    "lmperf run: profile change ignored, keeping the running revision: {e}"
+                ),
             }
         };
         reload(&mut info);
-        let planned = sched.lock().ok().and_then(|mut s| s.next());
+        let planned = sched.lock().ok().and_then(|mut s| s.plan_next());
         let due = planned.map_or_else(Instant::now, |p| t0 + p.at);
         if due >= end {
             break;
@@ -102,7 +120,11 @@ pub(super) async fn run(
         }
         // A free slot under the profile's (or the run's) concurrency limit.
         let limit = loop {
-            let limit = sched.lock().ok().and_then(|s| s.concurrency_at(t0.elapsed())).unwrap_or(concurrency);
+            let limit = sched
+                .lock()
+                .ok()
+                .and_then(|s| s.concurrency_at(t0.elapsed()))
+                .unwrap_or(concurrency);
             if in_flight.load(Ordering::Acquire) < limit || Instant::now() >= end {
                 break limit;
             }
@@ -115,13 +137,41 @@ pub(super) async fn run(
             break;
         }
         in_flight.fetch_add(1, Ordering::AcqRel);
-        let revision = planned.map_or_else(|| sched.lock().map(|s| s.revision()).unwrap_or(0), |p| p.revision);
-        let input = planned.and_then(|p| p.input_tokens).unwrap_or(input_default);
-        let (clients, target, extra, model, tok, sched, in_flight, freed, cancel, telemetry) =
-            (clients.clone(), spec.target.clone(), extra.clone(), model.to_owned(), tok.clone(), sched.clone(), in_flight.clone(), freed.clone(), cancel.clone(), telemetry.clone());
-        let (name, max_tokens, ignore_eos, seed) = (name.to_owned(), spec.output_len, spec.ignore_eos, spec.seed);
+        let revision = planned.map_or_else(
+            || sched.lock().map(|s| s.revision()).unwrap_or(0),
+            |p| p.revision,
+        );
+        let input = planned
+            .and_then(|p| p.input_tokens)
+            .unwrap_or(input_default);
+        let (clients, target, extra, model, tok, sched, in_flight, freed, cancel, telemetry) = (
+            clients.clone(),
+            spec.target.clone(),
+            extra.clone(),
+            model.to_owned(),
+            tok.clone(),
+            sched.clone(),
+            in_flight.clone(),
+            freed.clone(),
+            cancel.clone(),
+            telemetry.clone(),
+        );
+        let (name, max_tokens, ignore_eos, seed) =
+            (name.to_owned(), spec.output_len, spec.ignore_eos, spec.seed);
         tasks.spawn(async move {
-            let prompt = prompts::synthetic(&tok, 1, input, seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)).await.pop().unwrap_or(prompts::Prompt { text: String::new(), target_tokens: input, tokens: 0 });
+            let prompt = prompts::synthetic(
+                &tok,
+                1,
+                input,
+                seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            )
+            .await
+            .pop()
+            .unwrap_or(prompts::Prompt {
+                text: String::new(),
+                target_tokens: input,
+                tokens: 0,
+            });
             let mut extra = extra;
             if ignore_eos {
                 extra.insert("min_tokens".into(), serde_json::Value::from(max_tokens));
@@ -129,17 +179,45 @@ pub(super) async fn run(
             let ids = export::BenchTelemetry::new_trace();
             let traceparent = ids.traceparent();
             let dispatched = Instant::now();
-            let req = CanaryRequest { api: target.api, model: &model, prompt: &prompt.text, max_tokens, traceparent: &traceparent, extra_body: Some(&extra) };
+            let req = CanaryRequest {
+                api: target.api,
+                model: &model,
+                prompt: &prompt.text,
+                max_tokens,
+                traceparent: &traceparent,
+                extra_body: Some(&extra),
+            };
             let m = client::execute_with(&clients, &target, &req, &cancel, false).await;
             if let Some(t) = &telemetry {
-                t.record(&export::RequestContext { target: &target, model: &model, benchmark: &name, max_tokens, index: i }, ids, &m);
+                t.record(
+                    &export::RequestContext {
+                        target: &target,
+                        model: &model,
+                        benchmark: &name,
+                        max_tokens,
+                        index: i,
+                    },
+                    ids,
+                    &m,
+                );
             }
             if let (Some(tpot), Ok(mut s)) = (m.record.tpot, sched.lock()) {
                 s.observe_tpot(tpot.as_secs_f64() * 1000.0);
             }
             in_flight.fetch_sub(1, Ordering::AcqRel);
             freed.notify_one();
-            let mut r = row(&name, i, 0, (limit, limit), t0, due.min(dispatched), dispatched, &prompt, max_tokens, &m);
+            let mut r = row(
+                &name,
+                i,
+                0,
+                (limit, limit),
+                t0,
+                due.min(dispatched),
+                dispatched,
+                &prompt,
+                max_tokens,
+                &m,
+            );
             r.profile_revision = Some(revision);
             r
         });

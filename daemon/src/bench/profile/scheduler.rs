@@ -98,7 +98,8 @@ impl Scheduler {
     /// The concurrency limit at `t` (`None`: the profile leaves it to the run).
     pub fn concurrency_at(&self, t: Duration) -> Option<usize> {
         let c = self.profile.concurrency?;
-        let k = ((t.as_secs_f64() - self.concurrency_epoch_s).max(0.0) / c.step.as_secs_f64()).floor();
+        let k =
+            ((t.as_secs_f64() - self.concurrency_epoch_s).max(0.0) / c.step.as_secs_f64()).floor();
         let base = f64::from(c.base);
         let v = match c.ramp {
             ConcurrencyRamp::Fixed => base,
@@ -118,25 +119,34 @@ impl Scheduler {
         Some(match self.profile.token_rate? {
             TokenRate::Constant { target, .. } => target / per_request,
             TokenRate::Bursty { target, period } => {
-                let phase = ((t - self.rate_epoch_s).max(0.0) / period.as_secs_f64()).floor() as u64;
-                if phase.is_multiple_of(2) { 2.0 * target / per_request } else { 0.0 }
+                let phase =
+                    ((t - self.rate_epoch_s).max(0.0) / period.as_secs_f64()).floor() as u64;
+                if phase.is_multiple_of(2) {
+                    2.0 * target / per_request
+                } else {
+                    0.0
+                }
             }
-            TokenRate::Adaptive { target, increase, .. } => target * (1.0 + increase).powi(self.level as i32) / per_request,
+            TokenRate::Adaptive {
+                target, increase, ..
+            } => target * (1.0 + increase).powi(self.level as i32) / per_request,
         })
     }
 
     /// The next arrival (`None` without `token_rate`: the run's own schedule applies).
-    pub fn next(&mut self) -> Option<Planned> {
+    pub fn plan_next(&mut self) -> Option<Planned> {
         let rate = self.request_rate_at(self.next_s)?;
         let at = self.next_s;
         let gap = match self.profile.token_rate? {
-            TokenRate::Constant { jitter, .. } if jitter > 0.0 => self.rng.random_range(1.0 - jitter..=1.0 + jitter) / rate,
+            TokenRate::Constant { jitter, .. } if jitter > 0.0 => {
+                self.rng.random_range(1.0 - jitter..=1.0 + jitter) / rate
+            }
             TokenRate::Bursty { period, .. } if rate == 0.0 => {
                 // Off: skip to the next on period.
                 let p = period.as_secs_f64();
                 let phase = ((at - self.rate_epoch_s) / p).floor();
                 self.next_s = self.rate_epoch_s + (phase + 1.0) * p;
-                return self.next();
+                return self.plan_next();
             }
             _ => 1.0 / rate,
         };
@@ -144,17 +154,36 @@ impl Scheduler {
         if let TokenRate::Adaptive { step, .. } = self.profile.token_rate? {
             self.adaptive_step(at, step.as_secs_f64());
         }
-        let input_tokens = self.profile.prompt_length.map(|d| d.sample_n(&mut self.rng, 1)[0]);
-        Some(Planned { at: Duration::from_secs_f64(at), input_tokens, revision: self.revision })
+        let input_tokens = self
+            .profile
+            .prompt_length
+            .map(|d| d.sample_n(&mut self.rng, 1)[0]);
+        Some(Planned {
+            at: Duration::from_secs_f64(at),
+            input_tokens,
+            revision: self.revision,
+        })
     }
 
     fn adaptive_step(&mut self, at: f64, step: f64) {
-        let Some(TokenRate::Adaptive { target, increase, floor, .. }) = self.profile.token_rate else { return };
+        let Some(TokenRate::Adaptive {
+            target,
+            increase,
+            floor,
+            ..
+        }) = self.profile.token_rate
+        else {
+            return;
+        };
         if self.settled || at < self.rate_epoch_s + step * f64::from(self.level + 1) {
             return;
         }
         let level_rate = target * (1.0 + increase).powi(self.level as i32);
-        let mean_tpot = if self.step_tpot.is_empty() { None } else { Some(self.step_tpot.iter().sum::<f64>() / self.step_tpot.len() as f64) };
+        let mean_tpot = if self.step_tpot.is_empty() {
+            None
+        } else {
+            Some(self.step_tpot.iter().sum::<f64>() / self.step_tpot.len() as f64)
+        };
         match mean_tpot {
             Some(t) if 1000.0 / t < floor => {
                 // This level broke the floor: back to the last that held.
@@ -197,65 +226,137 @@ mod tests {
 
     #[test]
     fn constant_token_rate_with_jitter_keeps_its_mean() {
-        let mut s = Scheduler::new(profile("token_rate: {mode: constant, target: 256/s, jitter: 15%}\n"), 128, 7);
-        let at: Vec<f64> = (0..2001).map(|_| s.next().unwrap().at.as_secs_f64()).collect();
+        let mut s = Scheduler::new(
+            profile("token_rate: {mode: constant, target: 256/s, jitter: 15%}\n"),
+            128,
+            7,
+        );
+        let at: Vec<f64> = (0..2001)
+            .map(|_| s.plan_next().unwrap().at.as_secs_f64())
+            .collect();
         // 256 tokens/s ÷ 128 tokens per request = 2 req/s.
         let rate = 2000.0 / at[2000];
         assert!((rate - 2.0).abs() < 0.02, "{rate}");
         let gaps: Vec<f64> = at.windows(2).map(|w| w[1] - w[0]).collect();
-        assert!(gaps.iter().all(|g| (0.425 - 1e-9..=0.575 + 1e-9).contains(g)), "gaps within 0.5 s ± 15 %");
+        assert!(
+            gaps.iter()
+                .all(|g| (0.425 - 1e-9..=0.575 + 1e-9).contains(g)),
+            "gaps within 0.5 s ± 15 %"
+        );
         assert!(gaps.iter().any(|g| *g < 0.45) && gaps.iter().any(|g| *g > 0.55));
     }
 
     #[test]
     fn bursty_is_on_off_with_the_same_mean() {
-        let mut s = Scheduler::new(profile("token_rate: {mode: bursty, target: 100/s, period: 2s}\n"), 10, 1);
-        let at: Vec<f64> = std::iter::from_fn(|| s.next()).map(|p| p.at.as_secs_f64()).take_while(|t| *t < 40.0).collect();
-        assert!((at.len() as f64 - 400.0).abs() <= 4.0, "10 req/s on average: {}", at.len());
+        let mut s = Scheduler::new(
+            profile("token_rate: {mode: bursty, target: 100/s, period: 2s}\n"),
+            10,
+            1,
+        );
+        let at: Vec<f64> = std::iter::from_fn(|| s.plan_next())
+            .map(|p| p.at.as_secs_f64())
+            .take_while(|t| *t < 40.0)
+            .collect();
+        assert!(
+            (at.len() as f64 - 400.0).abs() <= 4.0,
+            "10 req/s on average: {}",
+            at.len()
+        );
         // (Duration keeps whole nanoseconds: an arrival 1e-10 s before an on period ends reads as its end.)
-        let on = |t: f64| (t / 2.0).floor() as u64 % 2 == 0;
-        let off: Vec<&f64> = at.iter().filter(|t| !on(**t - 1e-6) && !on(**t + 1e-6)).collect();
+        let on = |t: f64| ((t / 2.0).floor() as u64).is_multiple_of(2);
+        let off: Vec<&f64> = at
+            .iter()
+            .filter(|t| !on(**t - 1e-6) && !on(**t + 1e-6))
+            .collect();
         assert!(off.is_empty(), "nothing in off periods: {off:?}");
     }
 
     #[test]
     fn concurrency_shapes() {
-        let s = Scheduler::new(profile("concurrency: {ramp: exponential, base: 4, step: 3s, max: 40}\n"), 1, 0);
+        let s = Scheduler::new(
+            profile("concurrency: {ramp: exponential, base: 4, step: 3s, max: 40}\n"),
+            1,
+            0,
+        );
         let c = |t: f64| s.concurrency_at(Duration::from_secs_f64(t)).unwrap();
-        assert_eq!([c(0.0), c(2.9), c(3.0), c(6.5), c(9.0), c(12.0)], [4, 4, 8, 16, 32, 40]);
-        let s = Scheduler::new(profile("concurrency: {ramp: sawtooth, base: 2, step: 1s, max: 6}\n"), 1, 0);
+        assert_eq!(
+            [c(0.0), c(2.9), c(3.0), c(6.5), c(9.0), c(12.0)],
+            [4, 4, 8, 16, 32, 40]
+        );
+        let s = Scheduler::new(
+            profile("concurrency: {ramp: sawtooth, base: 2, step: 1s, max: 6}\n"),
+            1,
+            0,
+        );
         let c = |t: f64| s.concurrency_at(Duration::from_secs_f64(t)).unwrap();
         assert_eq!([c(0.0), c(1.0), c(2.0), c(3.0), c(4.0)], [2, 4, 6, 2, 4]);
-        let s = Scheduler::new(profile("concurrency: {ramp: linear, base: 3, step: 2s}\n"), 1, 0);
+        let s = Scheduler::new(
+            profile("concurrency: {ramp: linear, base: 3, step: 2s}\n"),
+            1,
+            0,
+        );
         assert_eq!(s.concurrency_at(Duration::from_secs(5)), Some(9));
-        assert_eq!(Scheduler::new(profile("profile: x\n"), 1, 0).concurrency_at(Duration::ZERO), None);
+        assert_eq!(
+            Scheduler::new(profile("profile: x\n"), 1, 0).concurrency_at(Duration::ZERO),
+            None
+        );
     }
 
     /// A hot update applies from the next planned arrival, restarts the changed ramp, and
     /// bumps the revision; the prompt length dimension is independent.
     #[test]
     fn update_applies_from_the_next_step() {
-        let mut s = Scheduler::new(profile("token_rate: {mode: constant, target: 10/s}\nconcurrency: {ramp: fixed, base: 2}\n"), 1, 3);
-        let first: Vec<Planned> = (0..10).map(|_| s.next().unwrap()).collect();
-        assert!(first.iter().all(|p| p.revision == 0 && p.input_tokens.is_none()));
+        let mut s = Scheduler::new(
+            profile(
+                "token_rate: {mode: constant, target: 10/s}\nconcurrency: {ramp: fixed, base: 2}\n",
+            ),
+            1,
+            3,
+        );
+        let first: Vec<Planned> = (0..10).map(|_| s.plan_next().unwrap()).collect();
+        assert!(
+            first
+                .iter()
+                .all(|p| p.revision == 0 && p.input_tokens.is_none())
+        );
         assert!((first[9].at.as_secs_f64() - 0.9).abs() < 1e-9);
         let rev = s.update(profile("token_rate: {mode: constant, target: 100/s}\nconcurrency: {ramp: linear, base: 2, step: 1s}\nprompt_length: {distribution: fixed, value: 64}\n"), Duration::from_secs(1));
         assert_eq!(rev, 1);
-        let next: Vec<Planned> = (0..5).map(|_| s.next().unwrap()).collect();
-        assert!(next.iter().all(|p| p.revision == 1 && p.input_tokens == Some(64)));
-        assert!((next[0].at.as_secs_f64() - 1.0).abs() < 1e-9 && (next[4].at.as_secs_f64() - 1.04).abs() < 1e-9, "{next:?}");
-        assert_eq!(s.concurrency_at(Duration::from_millis(1500)), Some(2), "the linear ramp starts at the update");
+        let next: Vec<Planned> = (0..5).map(|_| s.plan_next().unwrap()).collect();
+        assert!(
+            next.iter()
+                .all(|p| p.revision == 1 && p.input_tokens == Some(64))
+        );
+        assert!(
+            (next[0].at.as_secs_f64() - 1.0).abs() < 1e-9
+                && (next[4].at.as_secs_f64() - 1.04).abs() < 1e-9,
+            "{next:?}"
+        );
+        assert_eq!(
+            s.concurrency_at(Duration::from_millis(1500)),
+            Some(2),
+            "the linear ramp starts at the update"
+        );
         assert_eq!(s.concurrency_at(Duration::from_millis(2500)), Some(4));
-        assert_eq!(s.profile().concurrency.map(|c: ConcurrencyShape| c.ramp), Some(ConcurrencyRamp::Linear));
+        assert_eq!(
+            s.profile().concurrency.map(|c: ConcurrencyShape| c.ramp),
+            Some(ConcurrencyRamp::Linear)
+        );
     }
 
     /// Adaptive: raised while 1/TPOT stays above the floor; a server whose decode rate falls
     /// below 20 tokens/s past 400 tokens/s settles at the last level under it.
     #[test]
     fn adaptive_settles_at_the_highest_sustainable_rate() {
-        let mut s = Scheduler::new(profile("token_rate: {mode: adaptive, target: 100/s, increase: 50%, step: 1s, floor: 20}\n"), 10, 0);
+        let mut s = Scheduler::new(
+            profile(
+                "token_rate: {mode: adaptive, target: 100/s, increase: 50%, step: 1s, floor: 20}\n",
+            ),
+            10,
+            0,
+        );
         for _ in 0..2000 {
-            let Some(p) = s.next() else { break };
+            let Some(p) = s.plan_next() else { break };
             if p.at > Duration::from_secs(30) {
                 break;
             }
