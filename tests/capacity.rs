@@ -218,7 +218,7 @@ async fn finds_the_known_capacity_within_the_precision() {
     assert!(steps.iter().all(|s| s["requests"] == 473));
 }
 
-/// The real llama.cpp server: a p90 TTFT SLO (46 requests a step by the rule), short
+/// The real llama.cpp server: a p90 TTFT SLO of 2 s (46 requests a step by the rule), short
 /// requests; the search ends with a max rate whose step passed and a failing rate above it.
 #[test]
 fn finds_a_max_rate_on_the_real_server() {
@@ -237,7 +237,7 @@ fn finds_a_max_rate_on_the_real_server() {
         "2",
         "--find-max-rate",
         "--slo",
-        "ttft_p90:400ms",
+        "ttft_p90:2s",
         "--precision",
         "25%",
     ]);
@@ -253,5 +253,5 @@ fn finds_a_max_rate_on_the_real_server() {
         .find(|s| s["offered_rate"].as_f64() == Some(max))
         .unwrap();
     assert_eq!(at_max["passed"], true);
-    assert!(at_max["slos"][0]["upper_bound_ms"].as_f64().unwrap() <= 400.0);
+    assert!(at_max["slos"][0]["upper_bound_ms"].as_f64().unwrap() <= 2000.0);
 }

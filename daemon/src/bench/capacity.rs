@@ -37,6 +37,9 @@ pub const CONFIDENCE: f64 = 0.95;
 pub const ACHIEVED_FLOOR: f64 = 0.9;
 /// Median TTFT above this multiple of the lowest rate's: queueing.
 pub const LATENCY_RISE: f64 = 1.5;
+/// The search halves the start rate at most until `start / MIN_RATE_DIVISOR` (steps at low
+/// rates take long: n requests at r req/s last n / r s); below it: `no_rate_passes`.
+pub const MIN_RATE_DIVISOR: f64 = 16.0;
 /// Steps at most (bracketing and bisection together).
 pub const MAX_STEPS: usize = 24;
 
@@ -289,7 +292,7 @@ impl Search {
             requests,
             start,
             max_rate,
-            min_rate: start / 1024.0,
+            min_rate: start / MIN_RATE_DIVISOR,
             pass: None,
             fail: None,
             steps: Vec::new(),

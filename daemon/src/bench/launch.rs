@@ -345,19 +345,20 @@ async fn probe(clients: &Clients, target: &TargetConfig) -> bool {
         .is_ok_and(|r| r.status().is_success())
 }
 
-/// Whether a TCP connection to the target can be made (anything listening).
-pub async fn reachable(clients: &Clients, target: &TargetConfig) -> Result<(), String> {
-    let url = target
-        .base_url
-        .join("v1/models")
-        .map_err(|e| e.to_string())?;
-    match clients
-        .send_idempotent(|c| c.get(url.clone()).timeout(Duration::from_secs(10)))
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(e) if e.is_connect() => Err(crate::canary::client::error_chain(&e)),
-        Err(_) => Ok(()),
+/// Whether a TCP connection to the target can be made (anything listening). Only a TCP
+/// connect: no HTTP request reaches the server.
+///
+/// # Errors
+/// The connect error (refused, unreachable, no answer within the connect timeout), as text.
+pub async fn reachable(target: &TargetConfig) -> Result<(), String> {
+    let connect = tokio::net::TcpStream::connect((target.host.as_str(), target.port));
+    match tokio::time::timeout(target.connect_timeout.max(Duration::from_secs(1)), connect).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!(
+            "no TCP answer within {:?}",
+            target.connect_timeout.max(Duration::from_secs(1))
+        )),
     }
 }
 

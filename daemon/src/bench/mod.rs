@@ -373,7 +373,7 @@ pub async fn run(mut spec: RunSpec) -> Result<Summary, BenchError> {
 
 async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>) -> Result<Summary, BenchError> {
     let clients = Clients::new(spec.target.connect_timeout)?;
-    launch::reachable(&clients, &spec.target).await.map_err(|reason| BenchError::Unreachable { url: spec.target.base_url.to_string(), reason })?;
+    launch::reachable(&spec.target).await.map_err(|reason| BenchError::Unreachable { url: spec.target.base_url.to_string(), reason })?;
     let telemetry = match &spec.otlp {
         Some(cfg) => Some(Arc::new(export::BenchTelemetry::start(cfg, &crate::config::ProcessEnv)?)),
         None => None,

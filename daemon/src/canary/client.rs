@@ -287,7 +287,7 @@ async fn read_error_body(mut response: reqwest::Response, deadline: tokio::time:
 }
 
 /// The error and its sources, joined by `: `, without the URL.
-pub fn error_chain(e: &reqwest::Error) -> String {
+fn error_chain(e: &reqwest::Error) -> String {
     let mut s = e.to_string();
     let mut src = e.source();
     while let Some(cause) = src {
