@@ -218,8 +218,10 @@ async fn finds_the_known_capacity_within_the_precision() {
     assert!(steps.iter().all(|s| s["requests"] == 473));
 }
 
-/// The real llama.cpp server: a p90 TTFT SLO of 2 s (46 requests a step by the rule), short
-/// requests; the search ends with a max rate whose step passed and a failing rate above it.
+/// The real llama.cpp server (a smoke test: its speed depends on the machine's load, so the
+/// answer is not known in advance): 12 requests a step (`--step-requests`), a 10 s p90 TTFT
+/// SLO. Every verdict matches its step's figures, passes lie below failures, and the search
+/// ends at the precision or with no passing rate.
 #[test]
 fn finds_a_max_rate_on_the_real_server() {
     let server = ModelServer::start();
@@ -234,24 +236,53 @@ fn finds_a_max_rate_on_the_real_server() {
         "--output-len",
         "4",
         "--request-rate",
-        "2",
+        "4",
         "--find-max-rate",
         "--slo",
-        "ttft_p90:2s",
+        "ttft_p90:10s",
         "--precision",
-        "25%",
+        "50%",
+        "--step-requests",
+        "12",
     ]);
     let c = &s["capacity"];
     println!("real server: {err}");
-    assert_eq!(c["step_requests"], 46);
+    assert_eq!(c["step_requests"], 12);
     let steps = c["steps"].as_array().unwrap();
-    let max = c["max_rate"].as_f64().unwrap();
-    let fail = c["failing_rate"].as_f64().unwrap();
-    assert!(max < fail && (fail - max) / max <= 0.25 + 1e-9, "{c}");
-    let at_max = steps
-        .iter()
-        .find(|s| s["offered_rate"].as_f64() == Some(max))
-        .unwrap();
-    assert_eq!(at_max["passed"], true);
-    assert!(at_max["slos"][0]["upper_bound_ms"].as_f64().unwrap() <= 2000.0);
+    for st in steps {
+        let bound = st["slos"][0]["upper_bound_ms"].as_f64().unwrap();
+        let kept_up =
+            st["achieved_rate"].as_f64().unwrap() >= 0.9 * st["offered_rate"].as_f64().unwrap();
+        assert_eq!(
+            st["passed"],
+            bound <= 10_000.0 && kept_up && st["failed"] == 0,
+            "{st}"
+        );
+    }
+    let rate = |p: bool| {
+        steps
+            .iter()
+            .filter(|s| s["passed"] == p)
+            .map(|s| s["offered_rate"].as_f64().unwrap())
+            .collect::<Vec<f64>>()
+    };
+    let (pass, fail) = (rate(true), rate(false));
+    assert!(
+        pass.iter().all(|p| fail.iter().all(|f| p < f)),
+        "{pass:?} {fail:?}"
+    );
+    match c["stopped"].as_str().unwrap() {
+        "precision" => {
+            let (max, first_fail) = (
+                c["max_rate"].as_f64().unwrap(),
+                c["failing_rate"].as_f64().unwrap(),
+            );
+            assert!(
+                max < first_fail && (first_fail - max) / max <= 0.5 + 1e-9,
+                "{c}"
+            );
+        }
+        "no_rate_passes" => assert!(c["max_rate"].is_null()),
+        other => panic!("stopped: {other}: {c}"),
+    }
 }
