@@ -103,13 +103,32 @@ async fn invalid_json_in_a_chunk() {
     assert_eq!(m.record.token_chunk_times.len(), 3, "reading went on after the bad chunk");
 }
 
+/// A 10 MiB event (a long text piece, a large tool argument) is legitimate: under the default
+/// 16 MiB cap it is measured like any other (issue 14).
 #[tokio::test]
-async fn a_10_mb_chunk_is_refused_without_growing_memory() {
+async fn a_10_mib_event_is_measured_under_the_default_cap() {
     let big = "x".repeat(10 << 20);
     let mut frames = chat_stream(2, ms(20), ms(10), 5);
     frames.insert(1, Frame { at: ms(22), bytes: format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"{big}\"}}}}]}}\n\n").into_bytes() });
     let m = measure(Reply::sse(frames), Duration::from_secs(10)).await;
+    assert_eq!((m.record.outcome, error_type(&m)), (Outcome::Ok, "-"));
+    assert_eq!(m.record.token_chunk_times.len(), 3, "the big event is one token chunk");
+}
+
+/// Over the cap (lowered to 1 MiB here), the request fails as `sse_event_too_large`, reading
+/// stops there, and the TTFT and tokens before the event are kept.
+#[tokio::test]
+async fn an_event_over_the_cap_is_refused_keeping_ttft_and_tokens() {
+    let big = "x".repeat(2 << 20);
+    let mut frames = chat_stream(3, ms(20), ms(10), 5);
+    frames.insert(3, Frame { at: ms(35), bytes: format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"{big}\"}}}}]}}\n\n").into_bytes() });
+    let server = ScriptedServer::start(Arc::new(move |_, _| Reply::sse(frames.clone()))).await;
+    let mut t = target(&server.url(), Duration::from_secs(10));
+    t.max_event_bytes = 1 << 20;
+    let m = one(&Clients::new(t.connect_timeout).unwrap(), &t).await;
     assert_eq!((m.record.outcome, error_type(&m)), (Outcome::Error, "sse_event_too_large"));
+    assert!(m.record.ttft.is_some_and(|t| t >= ms(20)), "TTFT kept: {:?}", m.record.ttft);
+    assert_eq!(m.record.token_chunk_times.len(), 2, "the two tokens before the event kept");
     assert!(m.record.e2e < Duration::from_secs(5), "reading stopped at the limit: {:?}", m.record.e2e);
 }
 

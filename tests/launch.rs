@@ -122,7 +122,7 @@ fn seed_command_launches_the_real_server_and_stops_it() {
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     check_seed_outputs(&dir);
     let s = summary(&dir);
-    let server = &s["server"];
+    let server = &s["launch"];
     let port = server["port"].as_u64().unwrap();
     assert_eq!(server["launcher"], "command");
     assert!(
@@ -168,7 +168,7 @@ fn seed_command_launches_the_real_server_and_stops_it() {
 fn seed_command_without_target_uses_port_8000_and_openai_base_url() {
     let port_8000_free = TcpListener::bind("127.0.0.1:8000").is_ok();
     let server = if port_8000_free {
-        ModelServer::start_on(8000)
+        ModelServer::start_with(8000, &[])
     } else {
         ModelServer::start()
     };

@@ -73,7 +73,8 @@ pub async fn run(cfg: AgentConfig, privileged: Privileged, env: &dyn Env, signal
     telemetry.register_spike_gauge(states.clone());
     let (net, net_monitor) = privileged.net.start(&telemetry.meter());
     let recent = Arc::new(RecentRequests::new(cfg.control.recent_requests));
-    let status = Arc::new(AgentStatus { targets: states.clone(), started: SystemTime::now(), ready: false.into(), gpu: gpu.clone(), net: net.clone(), recent: recent.clone() });
+    let (server, server_monitor) = crate::server::start(&cfg.targets, Some(&telemetry.meter()));
+    let status = Arc::new(AgentStatus { targets: states.clone(), started: SystemTime::now(), ready: false.into(), gpu: gpu.clone(), net: net.clone(), recent: recent.clone(), server: server.clone() });
 
     let listener = tokio::net::TcpListener::from_std(privileged.admin).map_err(|source| AgentError::AdminBind { addr: cfg.admin_addr, source })?;
     let admin_addr = listener.local_addr().unwrap_or(cfg.admin_addr);
@@ -98,6 +99,10 @@ pub async fn run(cfg: AgentConfig, privileged: Privileged, env: &dyn Env, signal
             .with_gpu(gpu.clone())
             .with_net(net.clone())
             .with_recent(recent.clone());
+        let runner = match server.targets.get(i) {
+            Some(s) => runner.with_server(s.clone()),
+            None => runner,
+        };
         let seed = rand::random::<u64>() ^ i as u64;
         runners.push(runner.clone());
         loops.push(tokio::spawn(runner.run(shutdown.clone(), tracker.clone(), seed)));
@@ -135,6 +140,7 @@ pub async fn run(cfg: AgentConfig, privileged: Privileged, env: &dyn Env, signal
     // Stop sampling before the final metric flush; an NVML call in progress is not waited for.
     let _ = tokio::task::spawn_blocking(move || gpu_monitor.stop(Duration::from_millis(200))).await;
     let _ = tokio::task::spawn_blocking(move || net_monitor.stop()).await;
+    server_monitor.stop().await;
     let left = SHUTDOWN_BUDGET.saturating_sub(t_signal.elapsed()).max(Duration::from_millis(500));
     telemetry.shutdown(left).await;
     admin_stop.cancel();

@@ -241,6 +241,9 @@ pub struct RunArgs {
     /// metric across the runs and flags those above 1.5 %.
     #[arg(long, value_name = "K", default_value_t = 1)]
     pub repeat: usize,
+    /// Choices per request (the API's `n`); each choice is measured on its own.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub n: u32,
     /// Start the server for --model first (on a free loopback port, output in server.log),
     /// warm it up, and stop it at the end: vllm, sglang, llama-server, or a command with
     /// {model} and {port}, e.g. "my-server --model {model} --port {port}".
@@ -404,6 +407,9 @@ impl RunArgs {
         if self.num_prompts == 0 {
             return Err("--num-prompts 0: at least 1".to_owned());
         }
+        if self.n == 0 {
+            return Err("--n 0: at least 1 choice".to_owned());
+        }
         let fail_on = self.fail_on.iter().map(|g| parse_gate(g)).collect::<Result<Vec<_>, _>>().map_err(|e| format!("--fail-on {e}"))?;
         Ok(RunSpec {
             target,
@@ -432,6 +438,7 @@ impl RunArgs {
             launch,
             find_rate,
             profile,
+            n: self.n,
         })
     }
 }

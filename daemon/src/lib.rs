@@ -14,10 +14,12 @@ pub mod caps;
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod diagnosis;
 pub mod gpu;
 pub mod measure;
 pub mod net;
 pub mod sampler;
+pub mod server;
 pub mod status;
 pub mod telemetry;
 

@@ -144,6 +144,7 @@ struct Inner {
     model: Option<String>,
     counts: BTreeMap<&'static str, u64>,
     last: Option<RequestSummary>,
+    spike_rule: Option<crate::sampler::adaptive::SpikeRule>,
 }
 
 /// Live state of one target.
@@ -173,6 +174,8 @@ pub struct TargetSnapshot {
     pub skipped: u64,
     pub spike: bool,
     pub last: Option<RequestSummary>,
+    /// While in spike mode: the rule that started it, with its values.
+    pub spike_reason: Option<crate::sampler::adaptive::SpikeRule>,
 }
 
 fn ms(d: std::time::Duration) -> f64 {
@@ -198,6 +201,13 @@ impl TargetState {
         }
     }
 
+    /// The rule that started the current spike (`None` when spike mode is left).
+    pub fn set_spike_rule(&self, rule: Option<crate::sampler::adaptive::SpikeRule>) {
+        if let Ok(mut g) = self.inner.lock() {
+            g.spike_rule = rule;
+        }
+    }
+
     /// Counts a measured canary and keeps it as the last result.
     pub fn record(&self, last: &RequestSummary) {
         if let Ok(mut g) = self.inner.lock() {
@@ -207,9 +217,9 @@ impl TargetState {
     }
 
     pub fn snapshot(&self) -> TargetSnapshot {
-        let (model, by_outcome, last) = match self.inner.lock() {
-            Ok(g) => (g.model.clone(), g.counts.clone(), g.last.clone()),
-            Err(_) => (None, BTreeMap::new(), None),
+        let (model, by_outcome, last, spike_reason) = match self.inner.lock() {
+            Ok(g) => (g.model.clone(), g.counts.clone(), g.last.clone(), g.spike_rule),
+            Err(_) => (None, BTreeMap::new(), None, None),
         };
         TargetSnapshot {
             name: self.name.clone(),
@@ -222,6 +232,7 @@ impl TargetState {
             skipped: self.skipped.load(Ordering::Relaxed),
             spike: self.spike.load(Ordering::Relaxed),
             last,
+            spike_reason,
         }
     }
 }
@@ -239,6 +250,8 @@ pub struct AgentStatus {
     pub net: std::sync::Arc<crate::net::state::NetState>,
     /// The last measured requests (control API).
     pub recent: std::sync::Arc<RecentRequests>,
+    /// Model server signals per target (`server`).
+    pub server: std::sync::Arc<crate::server::ServerState>,
 }
 
 #[cfg(test)]

@@ -6,6 +6,8 @@ Run it with the peers' Python (tests/peers/install.sh installs the pinned packag
   .venv-peers/bin/python deploy/tools/render.py render [-f VALUES]... [--json] [--validate]
   .venv-peers/bin/python deploy/tools/render.py write-k8s      # regenerates deploy/k8s/lmperf.yaml
   .venv-peers/bin/python deploy/tools/render.py lint [-f VALUES]...  # helm lint, as JSON
+  .venv-peers/bin/python deploy/tools/render.py rules [-f VALUES]... # the alerting rules file
+  .venv-peers/bin/python deploy/tools/render.py write-alerts   # regenerates deploy/alerts/lmperf.rules.yaml
   .venv-peers/bin/python deploy/tools/render.py yaml2json FILE...
 
 `render` renders deploy/helm/lmperf with Helm's own template engine: helm-python-sdk binds
@@ -33,7 +35,11 @@ SCHEMAS = Path(__file__).resolve().parent / "schemas"
 RELEASE, NAMESPACE = "lmperf", "lmperf"
 # The chart's kubeVersion floor and the newest schemas kubernetes-validate ships.
 K8S_VERSIONS = ["1.25.0", "1.37.0"]
-CRD_SCHEMAS = {("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-v1.json"}
+CRD_SCHEMAS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-v1.json",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-v1.json",
+}
+ALERTS_OUT = ROOT / "deploy" / "alerts" / "lmperf.rules.yaml"
 
 
 def deep_merge(base, over):
@@ -121,6 +127,33 @@ K8S_HEADER = """\
 """
 
 
+ALERTS_HEADER = """\
+# lmperf's Prometheus alerting rules (docs/runbook.md has a section per alert), rendered from
+# deploy/helm/lmperf (templates/prometheusrule.yaml) with its default `alerts` values. Do not
+# edit: change the chart and run
+#   .venv-peers/bin/python deploy/tools/render.py write-alerts
+# Load it with `rule_files:` in prometheus.yml; check it with `promtool check rules`.
+"""
+
+
+def rules_text(values_files):
+    """The PrometheusRule's spec (its `groups`) as a Prometheus rule file, `alerts.enabled` forced on."""
+    values = {}
+    for f in values_files:
+        values = deep_merge(values, yaml.safe_load(Path(f).read_text()) or {})
+    values = deep_merge(values, {"alerts": {"enabled": True}})
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as tmp:
+        yaml.safe_dump(values, tmp)
+        tmp.flush()
+        rules = [d for _, d in render([tmp.name]) if d.get("kind") == "PrometheusRule"]
+    if len(rules) != 1:
+        raise SystemExit(f"render.py: expected one PrometheusRule, got {len(rules)}")
+    groups = {"groups": rules[0]["spec"]["groups"]}
+    return yaml.dump(groups, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=4096, allow_unicode=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -132,6 +165,10 @@ def main():
     sub.add_parser("k8s-text", help="print what write-k8s would write")
     li = sub.add_parser("lint", help="helm lint; print its findings as JSON")
     li.add_argument("-f", "--values", action="append", default=[], help="values file (repeatable)")
+    ru = sub.add_parser("rules", help="print the alerting rules (a Prometheus rule file) for the values")
+    ru.add_argument("-f", "--values", action="append", default=[], help="values file (repeatable)")
+    sub.add_parser("write-alerts", help=f"write {ALERTS_OUT.relative_to(ROOT)}")
+    sub.add_parser("alerts-text", help="print what write-alerts would write")
     y = sub.add_parser("yaml2json", help="print each file's YAML documents as JSON")
     y.add_argument("files", nargs="+")
     a = p.parse_args()
@@ -148,14 +185,22 @@ def main():
             values = deep_merge(values, yaml.safe_load(Path(f).read_text()) or {})
         print(json.dumps(helm.lint(str(CHART), values=values)))
         return 0
-    if a.cmd in ("write-k8s", "k8s-text"):
-        text = K8S_HEADER + to_yaml(render([]))
-        if a.cmd == "k8s-text":
-            sys.stdout.write(text)
-        else:
-            K8S_OUT.parent.mkdir(parents=True, exist_ok=True)
-            K8S_OUT.write_text(text)
+    if a.cmd == "rules":
+        sys.stdout.write(rules_text(a.values))
         return 0
+    generated = {
+        # command that writes, command that prints: (output file, its text)
+        ("write-alerts", "alerts-text"): (ALERTS_OUT, lambda: ALERTS_HEADER + rules_text([])),
+        ("write-k8s", "k8s-text"): (K8S_OUT, lambda: K8S_HEADER + to_yaml(render([]))),
+    }
+    for (write_cmd, print_cmd), (out, text) in generated.items():
+        if a.cmd == print_cmd:
+            sys.stdout.write(text())
+            return 0
+        if a.cmd == write_cmd:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text())
+            return 0
 
     manifests = render(a.values)
     errors = validate(manifests) if a.validate else []

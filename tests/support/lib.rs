@@ -2,9 +2,12 @@
 //! process, and the real peers (model server, OTLP collector).
 
 pub mod agent;
+pub mod fake_nvml;
 pub mod netns;
 pub mod otlp;
 pub mod peers;
+pub mod prometheus;
+pub mod promql;
 pub mod scripted;
 pub mod spans;
 pub mod stream_server;

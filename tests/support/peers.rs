@@ -44,15 +44,16 @@ pub struct ModelServer {
 
 impl ModelServer {
     pub fn start() -> Self {
-        Self::start_on(free_port())
+        Self::start_with(free_port(), &[])
     }
 
-    /// The server on this loopback port (e.g. vLLM's default 8000).
-    pub fn start_on(port: u16) -> Self {
+    /// Starts it on `port` with extra `model-server.py` arguments (`--alias`, `--parallel`, …).
+    pub fn start_with(port: u16, args: &[&str]) -> Self {
         venv_ready();
         let mut child = Command::new("python3")
             .arg(workspace_root().join("tests/peers/model-server.py"))
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .stdin(Stdio::null())

@@ -27,6 +27,9 @@ pub enum Reply {
     CloseWithoutResponse,
     /// Read the request and never answer (until the client gives up).
     Hang,
+    /// A status with exactly these headers (no `Content-Type` added) and frames as the body,
+    /// chunked: a case request's own `response_headers` (`../shared/cases/README.md`).
+    WithHeaders { status: u16, headers: Vec<(String, String)>, frames: Vec<Frame> },
 }
 
 impl Reply {
@@ -190,11 +193,14 @@ async fn serve_connection(
                 tokio::time::sleep(Duration::from_secs(3600)).await;
                 return;
             }
-            Reply::Stream { status, content_type, frames, cut } => {
-                let head = format!(
-                    "HTTP/1.1 {status} {}\r\nContent-Type: {content_type}\r\nTransfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100\r\n\r\n",
-                    reason(status)
-                );
+            Reply::Stream { .. } | Reply::WithHeaders { .. } => {
+                let (status, headers, frames, cut) = match reply {
+                    Reply::Stream { status, content_type, frames, cut } => (status, vec![("Content-Type".to_owned(), content_type)], frames, cut),
+                    Reply::WithHeaders { status, headers, frames } => (status, headers, frames, false),
+                    _ => return,
+                };
+                let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+                let head = format!("HTTP/1.1 {status} {}\r\n{extra}Transfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100\r\n\r\n", reason(status));
                 if sock.write_all(head.as_bytes()).await.is_err() {
                     return;
                 }
@@ -227,13 +233,15 @@ fn reason(status: u16) -> &'static str {
         200 => "OK",
         400 => "Bad Request",
         429 => "Too Many Requests",
+        404 => "Not Found",
         500 => "Internal Server Error",
         503 => "Service Unavailable",
         _ => "Status",
     }
 }
 
-/// Frames of a `../shared/cases/sse/*.json` request (`frames` array).
+/// Frames of a `../shared/cases/sse/*.json` request (`frames` array): each frame's `bytes`,
+/// or its `bytes_b64` decoded.
 pub fn case_frames(frames: &serde_json::Value) -> Vec<Frame> {
     frames
         .as_array()
@@ -241,11 +249,68 @@ pub fn case_frames(frames: &serde_json::Value) -> Vec<Frame> {
             a.iter()
                 .map(|f| Frame {
                     at: Duration::from_secs_f64(f["t_ms"].as_f64().unwrap_or(0.0) / 1000.0),
-                    bytes: f["bytes"].as_str().unwrap_or("").as_bytes().to_vec(),
+                    bytes: match f["bytes_b64"].as_str() {
+                        Some(b64) => base64_decode(b64).unwrap_or_else(|| panic!("bytes_b64 {b64:?}: not base64")),
+                        None => f["bytes"].as_str().unwrap_or("").as_bytes().to_vec(),
+                    },
                 })
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Standard base64 (RFC 4648 §4, padding optional); `None` on any other byte.
+pub fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    let val = |c: u8| match c {
+        b'A'..=b'Z' => Some(c - b'A'),
+        b'a'..=b'z' => Some(c - b'a' + 26),
+        b'0'..=b'9' => Some(c - b'0' + 52),
+        b'+' => Some(62),
+        b'/' => Some(63),
+        _ => None,
+    };
+    let (mut out, mut acc, mut bits) = (Vec::new(), 0u32, 0u32);
+    for c in text.bytes().filter(|c| !c.is_ascii_whitespace() && *c != b'=') {
+        acc = (acc << 6) | u32::from(val(c)?);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    Some(out)
+}
+
+/// The reply to one request of a case (`../shared/cases/README.md`): its own `http_status`
+/// (else `default_status`) and `response_headers` (then the frames are the body as is), else
+/// an SSE stream.
+pub fn case_reply(request: &serde_json::Value, default_status: u16) -> Reply {
+    let status = request["http_status"].as_u64().map_or(default_status, |s| s as u16);
+    let frames = case_frames(&request["frames"]);
+    match request["response_headers"].as_object() {
+        Some(h) => Reply::WithHeaders { status, headers: h.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned())).collect(), frames },
+        None => Reply::Stream { status, content_type: "text/event-stream".into(), frames, cut: false },
+    }
+}
+
+/// A server for a whole case: the i-th POST to the case's `endpoint` gets `requests[i]` (a
+/// single-stream case is its only request, every time); any other request a 404.
+pub async fn case_server(case: &serde_json::Value) -> ScriptedServer {
+    let endpoint = case["endpoint"].as_str().unwrap_or("/v1/chat/completions").to_owned();
+    let status = case["http_status"].as_u64().map_or(200, |s| s as u16);
+    let replies: Vec<Reply> = match case["requests"].as_array() {
+        Some(reqs) => reqs.iter().map(|r| case_reply(r, status)).collect(),
+        None => vec![case_reply(case, status)],
+    };
+    let posts = Arc::new(AtomicUsize::new(0));
+    ScriptedServer::start(Arc::new(move |req, _| {
+        if req.method != "POST" || req.path != endpoint {
+            return Reply::json(404, r#"{"error":{"message":"not found","type":"not_found"}}"#);
+        }
+        let i = posts.fetch_add(1, Ordering::SeqCst);
+        replies.get(i.min(replies.len().saturating_sub(1))).cloned().unwrap_or(Reply::CloseWithoutResponse)
+    }))
+    .await
 }
 
 /// An SSE stream of `n` chat tokens, one every `gap`, then finish `stop`, usage and `[DONE]`.

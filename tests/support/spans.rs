@@ -46,10 +46,11 @@ impl SpanFactory {
             server_address: "127.0.0.1",
             server_port: 8000,
             prompt_id: "mtbench-120",
+            events: Vec::new(),
             extra: Vec::new(),
         };
         let p = if reason.is_priority() { 1.0 } else { 0.1 };
-        build_span(ids, &info, &self.m, &Decision { keep: true, reason, probability: p, transition: None }, &self.scope)
+        build_span(ids, &info, &self.m, &Decision { keep: true, reason, probability: p, transition: None, spike: None }, &self.scope)
     }
 }
 

@@ -2,11 +2,16 @@
 //!
 //! 1. `tests/peers/install.sh`: the real peers the integration tests talk to; as root, the
 //!    apt packages that build the eBPF probes (`clang libbpf-dev bpftool`) and render the
-//!    HTML reports (`chromium`), when missing
+//!    HTML reports (`chromium`), when missing; and Debian's `prometheus` (server and
+//!    `promtool` for tests/alerts.rs), with its service kept from starting
 //! 2. `cargo build --workspace --all-targets --locked` (the e2e tests spawn target/debug/lmperf)
 //! 3. `cargo test --workspace --locked [args]`: daemon unit tests and tests/ e2e tests; as
 //!    root on a kernel with BTF, with `LMPERF_REQUIRE_EBPF=1` so the probe tests must run; as
-//!    root, with `LMPERF_REQUIRE_CHROMIUM=1` so the report render tests must run
+//!    root, with `LMPERF_REQUIRE_CHROMIUM=1` so the report render tests must run, and with
+//!    `LMPERF_REQUIRE_PROMETHEUS=1` so the alerting rule tests must run
+//! 4. `cargo xtask fuzz --seconds 60`: a short run of the fuzz target over the stream
+//!    measurement (installs cargo-fuzz, builds with nightly: about 4 minutes on 2 cores in all;
+//!    the long run is `cargo xtask fuzz`, 10 minutes)
 
 use anyhow::{Result, bail};
 
@@ -29,6 +34,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let root = is_root();
     if root {
         install_apt_packages()?;
+        install_prometheus()?;
     } else {
         println!("==> not root: eBPF build packages and chromium not installed, probe and render tests skip themselves");
     }
@@ -48,6 +54,7 @@ pub fn run(args: &[String]) -> Result<()> {
         .env("RUST_TEST_THREADS", "1");
     if root {
         test.env("LMPERF_REQUIRE_CHROMIUM", "1");
+        test.env("LMPERF_REQUIRE_PROMETHEUS", "1");
     }
     if root && std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
         test.env("LMPERF_REQUIRE_EBPF", "1");
@@ -64,8 +71,13 @@ pub fn run(args: &[String]) -> Result<()> {
     if !ok || failed > 0 {
         bail!("`{}` failed", header.trim_end());
     }
+    println!("\n==> [fuzz] cargo xtask fuzz --seconds {CI_FUZZ_SECONDS}");
+    crate::fuzz::run(&["--seconds".to_owned(), CI_FUZZ_SECONDS.to_string()])?;
     Ok(())
 }
+
+/// Seconds of the fuzz run in CI (`cargo xtask fuzz` alone runs 600).
+const CI_FUZZ_SECONDS: u64 = 60;
 
 /// Packages that build `ebpf/` (clang for `-target bpf`, libbpf's headers, bpftool for
 /// inspecting the object), and Debian's `chromium`, which `tests/outputs.rs` renders
@@ -100,6 +112,41 @@ fn install_apt_packages() -> Result<()> {
     let mut cmd = std::process::Command::new("sh");
     cmd.args(["-c", &format!("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {}", missing.join(" "))]);
     crate::step(&format!("apt-get install {}", missing.join(" ")), cmd)
+}
+
+/// Installs Debian's `prometheus` (the server and `promtool`; 2.42 on bookworm) when missing,
+/// without its recommended node exporter. Its postinst would start the `prometheus` service
+/// (listening on :9090): a `policy-rc.d` that denies every start is put in place for the
+/// install when none exists (Docker images ship one) and removed after, so nothing stays
+/// running or listening; the tests start their own server on loopback.
+fn install_prometheus() -> Result<()> {
+    let present = std::process::Command::new("dpkg")
+        .args(["-s", "prometheus"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if present {
+        println!("==> apt package present (prometheus)");
+        return Ok(());
+    }
+    let policy = std::path::Path::new("/usr/sbin/policy-rc.d");
+    let ours = !policy.exists();
+    if ours {
+        use std::os::unix::fs::PermissionsExt;
+        let deny = "#!/bin/sh\n# lmperf xtask ci: no service starts during the install\nexit 101\n";
+        std::fs::write(policy, deny)?;
+        std::fs::set_permissions(policy, std::fs::Permissions::from_mode(0o755))?;
+    }
+    let mut cmd = std::process::Command::new("sh");
+    let install = "apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+                   apt-get install -y -qq --no-install-recommends prometheus";
+    cmd.args(["-c", install]);
+    let result = crate::step("apt-get install prometheus", cmd);
+    if ours {
+        let _ = std::fs::remove_file(policy);
+    }
+    result
 }
 
 /// Runs `cmd`, echoing its stdout, and sums the `test result:` lines of libtest.

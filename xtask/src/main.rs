@@ -4,11 +4,17 @@
 //!   cargo xtask demo [--seconds N]          model server + collector + agent, live spans
 //!   cargo xtask gpu-check [--seconds N]     GPU metrics against nvidia-smi on a real GPU
 //!   cargo xtask bench-client                lmperf run vs GuideLLM and AIPerf (figures)
+//!   cargo xtask fuzz [--seconds N]          cargo fuzz over the stream measurement (figures)
+//!   cargo xtask fake-nvml DIR               the scripted libnvidia-ml.so.1 (tests, no GPU)
+//!   cargo xtask spike-calm [--seconds N]    calm run: spike mode never entered (issue 17)
 
 mod bench_client;
 mod ci;
 mod demo;
+mod fake_nvml;
+mod fuzz;
 mod gpu_check;
+mod spike_calm;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -27,7 +33,14 @@ tasks:
                               torch load and check its GPU metrics against nvidia-smi
   bench-client                install GuideLLM and AIPerf (.venv-bench/), then print lmperf's
                               and their sustained rate, CPU per request and TTFT error
-                              against one local stream server (LMPERF_BENCH_* settings)";
+                              against one local stream server (LMPERF_BENCH_* settings)
+  fuzz [--seconds N]          cargo fuzz over StreamMeasurer (daemon/fuzz/) for N seconds
+                              (default 600; installs cargo-fuzz into target/tools, needs
+                              nightly), then executions, coverage and time
+  fake-nvml DIR [--omit SYM]  build the scripted NVML into DIR/libnvidia-ml.so.1 with cc
+                              (tests/support/fake_nvml/README.md)
+  spike-calm [--seconds N]    the real model server under Poisson canaries for N s (600):
+                              spike mode must never be entered; prints TTFT figures";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -38,6 +51,9 @@ fn main() -> ExitCode {
         Some("demo") => demo::run(&rest),
         Some("gpu-check") => gpu_check::run(&rest),
         Some("bench-client") => bench_client::run(&rest),
+        Some("fuzz") => fuzz::run(&rest),
+        Some("fake-nvml") => fake_nvml::run(&rest),
+        Some("spike-calm") => spike_calm::run(&rest),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

@@ -44,6 +44,9 @@ pub struct StatusDoc {
     /// eBPF TCP probes: `mode` (on | off | disabled | starting), `reason` when off (or when
     /// some probes are not attached), the port filter, each probe, event and drop counts.
     pub net: NetStatus,
+    /// Model server signals per target: `mode` (on | failing | off | starting), `reason` when
+    /// not on, kind, version, model, last scrape, skipped lines, latest sample, change events.
+    pub server: Vec<crate::server::state::TargetServerView>,
 }
 
 /// The admin router, for serving or for driving with `oneshot` in tests.
@@ -86,6 +89,7 @@ pub fn status_doc(s: &AdminState) -> StatusDoc {
         exporter: s.telemetry.spans.snapshot(),
         gpu: s.status.gpu.status(),
         net: s.status.net.status(),
+        server: s.status.server.view(),
     }
 }
 

@@ -193,7 +193,7 @@ mod tests {
             error_type: (!ok).then(|| "http_500".into()),
             http_status: None,
             retries: 0,
-            profile_revision: None,
+            ..RequestRow::default()
         }
     }
 

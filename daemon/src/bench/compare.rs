@@ -215,6 +215,8 @@ struct Bench {
     requests: Vec<Req>,
     request_throughput: Option<f64>,
     output_throughput: Option<f64>,
+    /// The benchmark's `server` block (`Null` without one).
+    server: serde_json::Value,
 }
 
 struct Run {
@@ -246,6 +248,7 @@ fn read_run(dir: &Path) -> Result<Run, CompareError> {
             requests: Vec::new(),
             request_throughput: b["request_throughput"].as_f64(),
             output_throughput: b["output_token_throughput"].as_f64(),
+            server: b["server"].clone(),
         };
         order.push(name.clone());
         benches.insert(name, bench);
@@ -518,6 +521,9 @@ fn compare_bench(name: &str, base: &Bench, new: &Bench, spec: &CompareSpec) -> B
         // Error rate: the rank test on failure indicators (with ties, the two-proportion z test).
         let p = (*metric == "error_rate").then(|| mann_whitney_u(&indicator(base), &indicator(new)).map(|r| r.1)).flatten();
         metrics.push(delta((*metric).to_owned(), unit, *better, pb[k], pn[k], ci, p));
+    }
+    for (metric, unit, lower, b, n) in super::server::compared(&base.server, &new.server) {
+        metrics.push(delta(metric.to_owned(), unit, if lower { Better::Lower } else { Better::Higher }, b, n, None, None));
     }
     BenchComparison { benchmark: name.to_owned(), base_requests: base.requests.len(), new_requests: new.requests.len(), metrics }
 }

@@ -69,10 +69,11 @@ impl BenchTelemetry {
             server_address: &c.target.host,
             server_port: c.target.port,
             prompt_id: &prompt_id,
+            events: Vec::new(),
             extra: labels.to_vec(),
         };
         let failed = m.record.outcome != Outcome::Ok;
-        let decision = Decision { keep: true, reason: if failed { Reason::Error } else { Reason::Head }, probability: 1.0, transition: None };
+        let decision = Decision { keep: true, reason: if failed { Reason::Error } else { Reason::Head }, probability: 1.0, transition: None, spike: None };
         self.telemetry.record_labeled(&info, ids, m, &decision, &labels);
     }
 

@@ -28,6 +28,7 @@ pub mod slots;
 pub mod stats;
 pub mod trace;
 pub mod vram;
+pub mod server;
 pub mod workload;
 
 use std::collections::BTreeMap;
@@ -133,6 +134,9 @@ pub struct RunSpec {
     pub find_rate: Option<find_rate::FindRate>,
     /// `--profile FILE`: one benchmark following the load profile, hot-reloaded ([`profile_run`]).
     pub profile: Option<(PathBuf, profile::Profile)>,
+    /// Choices per request (`n` of the OpenAI API, `--n`); 1 sends no `n`. Each choice is
+    /// measured on its own ([`crate::measure::ChoiceRecord`], `choices` in `requests.jsonl`).
+    pub n: u32,
 }
 
 impl RunSpec {
@@ -163,13 +167,14 @@ impl RunSpec {
             launch: None,
             find_rate: None,
             profile: None,
+            n: 1,
         }
     }
 }
 
 /// One request of a benchmark: a line of `requests.jsonl`. Times in milliseconds; `*_ms`
 /// offsets are from the benchmark's start (the first scheduled send).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct RequestRow {
     pub schema_version: u32,
     pub benchmark: String,
@@ -212,6 +217,30 @@ pub struct RequestRow {
     /// `--profile`: the profile revision the request was sent under (0 = as started).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub profile_revision: Option<u32>,
+    /// The server's own error type (e.g. `exceed_context_size_error`), where it sent one.
+    pub error_server_type: Option<String>,
+    /// The server's error code, as text.
+    pub error_code: Option<String>,
+    /// The server's (or the transport's) message, cut to 512 bytes.
+    pub error_message: Option<String>,
+    /// The server's `Retry-After` on an HTTP error, in milliseconds.
+    pub retry_after_ms: Option<f64>,
+    /// Per choice of an `n > 1` request (index, first token, ITL, TPOT, finish reason); empty
+    /// for one choice.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub choices: Vec<ChoiceRow>,
+}
+
+/// One choice of an `n > 1` request in `requests.jsonl`; times from the request's send.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChoiceRow {
+    pub index: u32,
+    pub ttft_ms: Option<f64>,
+    pub last_token_ms: Option<f64>,
+    pub token_chunks: usize,
+    pub itl_ms: Vec<f64>,
+    pub tpot_ms: Option<f64>,
+    pub finish_reason: Option<String>,
 }
 
 /// One benchmark of `summary.json`.
@@ -227,6 +256,11 @@ pub struct BenchSummary {
     pub completed: usize,
     /// Failed requests by `error.type`.
     pub errors: BTreeMap<String, usize>,
+    /// Failed requests by HTTP status (`"400"`; `"none"` without a response).
+    pub errors_by_status: BTreeMap<String, usize>,
+    /// Failed requests by HTTP status, then by the server's own error type (or `error.type`
+    /// when the server gave none): `{"400": {"exceed_context_size_error": 2}}`.
+    pub errors_by_status_and_type: BTreeMap<String, BTreeMap<String, usize>>,
     /// First send to last end, seconds.
     pub duration_s: f64,
     /// Completed requests per second.
@@ -251,6 +285,9 @@ pub struct BenchSummary {
     pub prompt_tokens: Option<Distribution>,
     /// Peak GPU memory during the benchmark; null without GPU figures (see `Summary::gpu`).
     pub vram: Option<vram::VramStats>,
+    /// The model server's own signals during the benchmark ([`server`]); null when its
+    /// metrics could not be read or `server_metrics = off`.
+    pub server: Option<server::ServerBlock>,
     /// Variation across `--repeat` runs (null with one run); the fields above pool all runs.
     pub repeat: Option<repeat::RepeatStats>,
 }
@@ -278,9 +315,10 @@ pub struct Summary {
     pub workload: workload::WorkloadInfo,
     /// `--fail-on` gates that tripped.
     pub failed_gates: Vec<String>,
-    /// The server `--launch` started (absent without it).
+    /// The server `--launch` started (absent without it; the server's own signals are
+    /// per benchmark, `benchmarks[].server`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub server: Option<launch::ServerInfo>,
+    pub launch: Option<launch::ServerInfo>,
     /// `--find-max-rate`: the capacity search (absent without it; see [`capacity`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub capacity: Option<capacity::Capacity>,
@@ -397,10 +435,14 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>) -> Result<Sum
     if spec.ignore_eos {
         extra.insert("ignore_eos".into(), serde_json::Value::Bool(true));
     }
+    if spec.n > 1 {
+        extra.insert("n".into(), serde_json::Value::from(spec.n));
+    }
     if spec.workload.multi_turn && spec.target.api != Api::Chat {
         return Err(BenchError::Invalid { field: "--multi-turn", value: "completions".into(), reason: "multi-turn needs --api chat".into() });
     }
     let watch = vram::VramWatch::start(&spec.gpu);
+    let mut server_watch = server::ServerWatch::start(&spec.target);
     let mut rows_all = Vec::new();
     let mut benchmarks = Vec::new();
     let mut capacity = None;
@@ -455,6 +497,7 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>) -> Result<Sum
                 let offsets = workload::schedule(&spec, measured.len(), spec.seed)?;
                 if k == 0 {
                     watch.reset();
+                    server_watch.mark().await;
                 }
                 let measured: Arc<[workload::Item]> = measured.into();
                 let mut r = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, measured.clone(), Some(offsets), telemetry.clone()).await?;
@@ -470,6 +513,7 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>) -> Result<Sum
             let mut summary = summarize(&spec, &name, concurrency, summary_input_len, &rows);
             summary.repeat = repeat::repeat_stats(&per_repeat);
             summary.vram = watch.take(summary.output_token_throughput);
+            summary.server = server_watch.take().await;
             if spec.progress {
                 let errors = if summary.errors.is_empty() {
                     String::new()
@@ -493,6 +537,7 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>) -> Result<Sum
     }
     let gpu = watch.status();
     watch.stop();
+    server_watch.stop().await;
     let failed_gates = spec.fail_on.iter().filter(|g| benchmarks.iter().any(|b| gate_trips(g, b))).map(|g| g.text.clone()).collect();
     let summary = Summary {
         schema_version: SCHEMA_VERSION,
@@ -512,7 +557,7 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>) -> Result<Sum
         trace: spec.workload.trace.as_ref().map(workload::TraceReplay::info),
         workload: spec.workload.info(),
         failed_gates,
-        server,
+        launch: server,
         capacity,
         profile: profile_info,
     };
@@ -680,6 +725,23 @@ fn row(name: &str, index: usize, turn: u32, (concurrency, concurrency_limit): (u
         http_status: r.http_status,
         retries: m.retries,
         profile_revision: None,
+        error_server_type: r.failure().and_then(|e| e.server_type.clone()),
+        error_code: r.failure().and_then(|e| e.code.clone()),
+        error_message: r.failure().and_then(|e| e.message.clone()),
+        retry_after_ms: r.failure().and_then(|e| e.retry_after).map(ms),
+        choices: r
+            .choices
+            .iter()
+            .map(|c| ChoiceRow {
+                index: c.index,
+                ttft_ms: c.first_token.map(ms),
+                last_token_ms: c.last_token.map(ms),
+                token_chunks: c.token_chunks,
+                itl_ms: c.itl.iter().map(|d| ms(*d)).collect(),
+                tpot_ms: c.tpot.map(ms),
+                finish_reason: c.finish_reason.clone(),
+            })
+            .collect(),
     }
 }
 
@@ -688,8 +750,14 @@ fn row(name: &str, index: usize, turn: u32, (concurrency, concurrency_limit): (u
 pub fn summarize(spec: &RunSpec, name: &str, concurrency: usize, input_len: u32, rows: &[RequestRow]) -> BenchSummary {
     let ok: Vec<&RequestRow> = rows.iter().filter(|r| r.outcome == "ok").collect();
     let mut errors = BTreeMap::new();
+    let (mut errors_by_status, mut errors_by_status_and_type) = (BTreeMap::new(), BTreeMap::<String, BTreeMap<String, usize>>::new());
     for r in rows.iter().filter(|r| r.outcome != "ok") {
-        *errors.entry(r.error_type.clone().unwrap_or_else(|| r.outcome.to_owned())).or_insert(0) += 1;
+        let error_type = r.error_type.clone().unwrap_or_else(|| r.outcome.to_owned());
+        let status = r.http_status.map_or_else(|| "none".to_owned(), |s| s.to_string());
+        let server_type = r.error_server_type.clone().unwrap_or_else(|| error_type.clone());
+        *errors_by_status_and_type.entry(status.clone()).or_default().entry(server_type).or_insert(0) += 1;
+        *errors_by_status.entry(status).or_insert(0) += 1;
+        *errors.entry(error_type).or_insert(0) += 1;
     }
     // First send to last end of each repeat (their offsets restart), summed.
     let mut spans: BTreeMap<usize, (f64, f64)> = BTreeMap::new();
@@ -726,6 +794,8 @@ pub fn summarize(spec: &RunSpec, name: &str, concurrency: usize, input_len: u32,
         num_requests: rows.len(),
         completed: ok.len(),
         errors,
+        errors_by_status,
+        errors_by_status_and_type,
         duration_s,
         request_throughput: ok.len() as f64 / duration_s,
         output_token_throughput: total_output_tokens as f64 / duration_s,
@@ -744,6 +814,7 @@ pub fn summarize(spec: &RunSpec, name: &str, concurrency: usize, input_len: u32,
         output_tokens_short: ok.iter().filter(|r| r.output_tokens.is_some_and(|o| o < u64::from(r.output_tokens_target))).count(),
         prompt_tokens: Distribution::of(&rows.iter().map(|r| f64::from(r.prompt_tokens)).collect::<Vec<_>>()),
         vram: None,
+        server: None,
         repeat: None,
     }
 }

@@ -202,6 +202,7 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
         })
         .collect();
     h.push_str(&line_chart("TTFT over time", "seconds from the benchmark's start", "TTFT ms", &over_time));
+    h.push_str(&super::server::report_section(summary));
 
     // Throughput vs concurrency, one line per input length.
     let mut lens: Vec<u32> = summary.benchmarks.iter().map(|b| b.input_len).collect();

@@ -115,7 +115,7 @@ mod tests {
             error_type: None,
             http_status: None,
             retries: 0,
-            profile_revision: None,
+            ..RequestRow::default()
         }
     }
 }

@@ -11,7 +11,12 @@
 //!
 //! Arrival offsets are relative to the earliest request; requests keep the file's order among
 //! equal timestamps.
+//!
+//! The file is read as a stream, one record at a time (a CSV record may span lines inside
+//! quotes), and reading stops at the request limit: a 10 GB trace replayed for its first 100
+//! requests reads only their rows. [`load_capped`] also bounds the bytes read.
 
+use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::time::Duration;
 
@@ -138,9 +143,65 @@ pub fn parse_datetime_ns(s: &str) -> Option<i128> {
 /// Unreadable file, unknown format, a missing column, a value that is not a number or
 /// timestamp, or no request at all.
 pub fn load(path: &Path, format: Option<TraceFormat>, limit: Option<usize>) -> Result<Trace, TraceError> {
+    load_capped(path, format, limit, None)
+}
+
+/// One record of a trace file at a time: a line, or for CSV the lines of a record whose quotes
+/// span lines. Counts the bytes read and refuses to read past `max_bytes`.
+struct Records<R> {
+    reader: R,
+    line: usize,
+    bytes: u64,
+    max_bytes: u64,
+}
+
+impl<R: BufRead> Records<R> {
+    /// The next non-blank record and its first line number; `csv` joins lines while a quote is
+    /// open. `Err` is the reason (I/O, byte cap).
+    fn next(&mut self, csv: bool) -> Result<Option<(usize, String)>, String> {
+        let mut record = String::new();
+        let mut start = 0;
+        loop {
+            let mut buf = Vec::new();
+            // At most one byte past the cap, so a giant line is never held whole.
+            let room = self.max_bytes.saturating_sub(self.bytes).saturating_add(1);
+            let n = (&mut self.reader).take(room).read_until(b'\n', &mut buf).map_err(|e| e.to_string())?;
+            self.bytes += n as u64;
+            if self.bytes > self.max_bytes {
+                return Err(format!("more than {} bytes read before the request limit", self.max_bytes));
+            }
+            if n == 0 {
+                return Ok((!record.trim().is_empty()).then_some((start, record)));
+            }
+            self.line += 1;
+            let text = String::from_utf8(buf).map_err(|_| format!("line {}: not UTF-8", self.line))?;
+            let text = if self.line == 1 { text.trim_start_matches('\u{feff}').to_owned() } else { text };
+            if record.is_empty() {
+                if text.trim().is_empty() {
+                    continue;
+                }
+                start = self.line;
+            }
+            record.push_str(&text);
+            if !csv || record.bytes().filter(|b| *b == b'"').count() % 2 == 0 {
+                return Ok(Some((start, record)));
+            }
+        }
+    }
+}
+
+/// [`load`], reading at most `max_bytes` bytes of the file (`None`: no cap) before the limit is
+/// reached: `InjectLoad` bounds what an API call makes the agent read.
+///
+/// # Errors
+/// As [`load`], and a file that needs more than `max_bytes` bytes for its `limit` requests.
+pub fn load_capped(path: &Path, format: Option<TraceFormat>, limit: Option<usize>, max_bytes: Option<u64>) -> Result<Trace, TraceError> {
     let err = |line: Option<usize>, reason: String| TraceError { path: path.display().to_string(), line, reason };
-    let text = std::fs::read_to_string(path).map_err(|e| err(None, e.to_string()))?;
-    let format = match format.or_else(|| detect(&text)) {
+    let file = std::fs::File::open(path).map_err(|e| err(None, e.to_string()))?;
+    let mut records = Records { reader: BufReader::new(file), line: 0, bytes: 0, max_bytes: max_bytes.unwrap_or(u64::MAX) };
+    // The first record decides the format (a JSON object or a CSV header).
+    let first = records.next(format != Some(TraceFormat::Mooncake)).map_err(|e| err(None, e))?;
+    let format = match format.or_else(|| first.as_ref().and_then(|(_, t)| detect(t))) {
         Some(f) => f,
         None => return Err(err(Some(1), "unknown trace format: give --trace-format azure|burstgpt|mooncake".into())),
     };
@@ -158,16 +219,12 @@ pub fn load(path: &Path, format: Option<TraceFormat>, limit: Option<usize>) -> R
     };
     match format {
         TraceFormat::Mooncake => {
-            for (i, l) in text.lines().enumerate() {
+            let mut next = first;
+            while let Some((line, l)) = next {
                 if rows.len() >= limit {
                     break;
                 }
-                let l = l.trim().trim_start_matches('\u{feff}');
-                if l.is_empty() {
-                    continue;
-                }
-                let line = i + 1;
-                let v: serde_json::Value = serde_json::from_str(l).map_err(|e| err(Some(line), format!("not JSON: {e}")))?;
+                let v: serde_json::Value = serde_json::from_str(l.trim()).map_err(|e| err(Some(line), format!("not JSON: {e}")))?;
                 let field = |k: &str| v.get(k).ok_or_else(|| err(Some(line), format!("no field `{k}`")));
                 let ts = field("timestamp")?;
                 let ms = ts.as_f64().filter(|t| t.is_finite() && *t >= 0.0).ok_or_else(|| err(Some(line), format!("timestamp = {ts}: not a number of milliseconds")))?;
@@ -183,21 +240,26 @@ pub fn load(path: &Path, format: Option<TraceFormat>, limit: Option<usize>) -> R
                         .ok_or_else(|| err(Some(line), format!("hash_ids = {h}: not a list of non-negative integers")))?,
                 };
                 rows.push(((ms * 1e6).round() as i128, num("input_length")?, num("output_length")?, hash_ids));
+                next = if rows.len() >= limit { None } else { records.next(false).map_err(|e| err(None, e))? };
             }
         }
         TraceFormat::Azure | TraceFormat::BurstGpt => {
-            let records = parse_csv(&text).map_err(|(line, reason)| err(Some(line), reason))?;
-            let Some(((_, header), body)) = records.split_first() else { return Err(err(None, "empty file".into())) };
+            // One CSV record at a time, numbered by its first line.
+            let csv_record = |(line, text): (usize, String)| -> Result<Option<Vec<String>>, TraceError> {
+                let mut parsed = parse_csv(&text).map_err(|(l, reason)| err(Some(line + l - 1), reason))?;
+                Ok(parsed.pop().map(|(_, r)| r))
+            };
+            let Some(header) = first.map(&csv_record).transpose()?.flatten() else { return Err(err(None, "empty file".into())) };
             let names: (&[&str], &[&str], &[&str]) = match format {
                 TraceFormat::Azure => (&["TIMESTAMP"], &["ContextTokens"], &["GeneratedTokens"]),
                 _ => (&["Timestamp"], &["Request tokens"], &["Response tokens"]),
             };
-            let col = |names: &[&str]| column(header, names).ok_or_else(|| err(Some(1), format!("header {header:?} has no column {:?}", names[0])));
+            let col = |names: &[&str]| column(&header, names).ok_or_else(|| err(Some(1), format!("header {header:?} has no column {:?}", names[0])));
             let (ct, ci, co) = (col(names.0)?, col(names.1)?, col(names.2)?);
-            for (line, r) in body {
-                if rows.len() >= limit {
-                    break;
-                }
+            while rows.len() < limit {
+                let Some((line, text)) = records.next(true).map_err(|e| err(None, e))? else { break };
+                let Some(r) = csv_record((line, text))? else { continue };
+                let line = &line;
                 let get = |c: usize, name: &str| r.get(c).map(String::as_str).ok_or_else(|| err(Some(*line), format!("{} fields, no {name}", r.len())));
                 let ts_text = get(ct, names.0[0])?;
                 let ts = match format {
@@ -296,6 +358,38 @@ mod tests {
         assert_eq!(t.hash_ids.len(), 5);
         assert_eq!(t.hash_ids[0].len() as u32, 6758u32.div_ceil(MOONCAKE_BLOCK_TOKENS));
         assert!(s.hash_ids.iter().zip(&s.requests).all(|(h, r)| h.len() as u32 == r.input_tokens.div_ceil(MOONCAKE_BLOCK_TOKENS)));
+    }
+
+    #[test]
+    fn streams_to_the_limit_within_a_byte_cap() {
+        let dir = std::env::temp_dir().join(format!("lmperf-trace-stream-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // 100k rows (~3 MB); a broken row after the first 10 is never read with limit 10.
+        let p = dir.join("big.jsonl");
+        let mut text = String::new();
+        for i in 0..10 {
+            text.push_str(&format!("{{\"timestamp\": {i}, \"input_length\": 5, \"output_length\": 7}}\n"));
+        }
+        text.push_str("not json\n");
+        for i in 0..100_000 {
+            text.push_str(&format!("{{\"timestamp\": {i}, \"input_length\": 5, \"output_length\": 7}}\n"));
+        }
+        std::fs::write(&p, &text).unwrap();
+        let t = load_capped(&p, None, Some(10), Some(4096)).unwrap();
+        assert_eq!(t.requests.len(), 10, "stops at the limit, within 4 KiB");
+        assert!(load_capped(&p, None, Some(11), None).unwrap_err().to_string().contains("line 11"));
+        let clean = dir.join("clean.jsonl");
+        std::fs::write(&clean, text.replace("not json\n", "")).unwrap();
+        assert_eq!(load_capped(&clean, None, Some(50_000), None).unwrap().requests.len(), 50_000);
+        let e = load_capped(&clean, Some(TraceFormat::Mooncake), Some(50_000), Some(1 << 20)).unwrap_err().to_string();
+        assert!(e.contains("more than 1048576 bytes"), "{e}");
+        // CSV: a quoted field over two lines is one record; line numbers stay the file's.
+        let c = dir.join("quoted.csv");
+        std::fs::write(&c, "Timestamp,Model,Request tokens,Response tokens\n1,\"gpt\nfour\",10,2\n2,x,oops,3\n").unwrap();
+        assert_eq!(load_capped(&c, None, Some(1), Some(1 << 10)).unwrap().requests.len(), 1);
+        let e = load(&c, None, None).unwrap_err().to_string();
+        assert!(e.contains("line 4") && e.contains("oops"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

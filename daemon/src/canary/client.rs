@@ -225,8 +225,13 @@ async fn attempt(request: reqwest::RequestBuilder, target: &TargetConfig, cancel
     let status = response.status().as_u16();
     let conn = Conn::of(&response);
     if !response.status().is_success() {
+        let retry_after = retry_after(response.headers(), SystemTime::now());
         let body = read_error_body(response, deadline).await;
-        return Attempt::Done(RequestRecord::http_error(status, &body, t0.elapsed()), wall_start, conn);
+        let mut record = RequestRecord::http_error(status, &body, t0.elapsed());
+        if let Some(e) = record.error.as_mut() {
+            e.retry_after = retry_after;
+        }
+        return Attempt::Done(record, wall_start, conn);
     }
     Attempt::Done(read_stream(response, status, target, t0, deadline, cancel, keep_text).await, wall_start, conn)
 }
@@ -273,6 +278,21 @@ async fn read_stream(
         }
     };
     m.finish(end, t0.elapsed())
+}
+
+/// The server's wait before a retry: `retry-after-ms` (OpenAI, milliseconds), else
+/// `Retry-After` as seconds or as an HTTP-date after `now` (RFC 9110 §10.2.3). Recorded only:
+/// measured latency is never stretched by it.
+pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    if let Some(ms) = text("retry-after-ms").and_then(|v| v.parse::<f64>().ok()).filter(|v| v.is_finite() && *v >= 0.0) {
+        return Some(Duration::from_secs_f64(ms / 1000.0));
+    }
+    let v = text("retry-after")?;
+    if let Ok(secs) = v.parse::<f64>() {
+        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(1e9)));
+    }
+    httpdate::parse_http_date(v).ok().map(|at| at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 async fn read_error_body(mut response: reqwest::Response, deadline: tokio::time::Instant) -> Vec<u8> {
@@ -393,4 +413,28 @@ pub async fn discover_model(clients: &Clients, target: &TargetConfig) -> Result<
     let list: ModelList = resp.json().await.map_err(|e| fail(error_type::INVALID_CHUNK, e.to_string()))?;
     let first = list.data.into_iter().next().ok_or_else(|| fail("no_model", "the server lists no model".into()))?;
     Ok(Discovered { model: first.id, owned_by: first.owned_by })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_in_seconds_milliseconds_and_dates() {
+        let h = |pairs: &[(&'static str, &str)]| {
+            let mut m = HeaderMap::new();
+            for (k, v) in pairs {
+                m.insert(*k, HeaderValue::from_str(v).unwrap());
+            }
+            m
+        };
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(retry_after(&h(&[("retry-after", "2")]), now), Some(Duration::from_secs(2)));
+        assert_eq!(retry_after(&h(&[("retry-after", "2"), ("retry-after-ms", "1500")]), now), Some(Duration::from_millis(1500)));
+        let date = httpdate::fmt_http_date(now + Duration::from_secs(30));
+        assert_eq!(retry_after(&h(&[("retry-after", &date)]), now), Some(Duration::from_secs(30)));
+        assert_eq!(retry_after(&h(&[("retry-after", "soon")]), now), None);
+        assert_eq!(retry_after(&h(&[("retry-after", "-1")]), now), None);
+        assert_eq!(retry_after(&HeaderMap::new(), now), None);
+    }
 }

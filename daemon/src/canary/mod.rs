@@ -46,6 +46,9 @@ pub struct TargetRunner {
     pub net: Option<Arc<NetState>>,
     /// Where each measured request's summary goes (control API); `None`: nowhere.
     pub recent: Option<Arc<RecentRequests>>,
+    /// The target's model server signals, for the `lmperf.server.*` span attributes and the
+    /// server change events; `None`: none added.
+    pub server: Option<Arc<crate::server::TargetServer>>,
     /// Discovered model and provider, once known.
     discovered: Arc<Mutex<Discovery>>,
     in_flight: Arc<Semaphore>,
@@ -100,6 +103,7 @@ impl TargetRunner {
             gpu: None,
             net: None,
             recent: None,
+            server: None,
             discovered: Arc::default(),
             in_flight,
             discovery_failing: Arc::default(),
@@ -117,6 +121,13 @@ impl TargetRunner {
     /// (`lmperf.net.*`).
     pub fn with_net(mut self, net: Arc<NetState>) -> Self {
         self.net = Some(net);
+        self
+    }
+
+    /// Adds the server's state at each request's send to its span (`lmperf.server.*`), and
+    /// server change events to the next canary span.
+    pub fn with_server(mut self, server: Arc<crate::server::TargetServer>) -> Self {
+        self.server = Some(server);
         self
     }
 
@@ -156,26 +167,29 @@ impl TargetRunner {
     /// `OTEL_TRACES_SAMPLER` is set, else the target's adaptive sampler's.
     fn decide(&self, ids: crate::telemetry::spans::TraceIds, m: &Measured) -> Decision {
         if let Some(head) = self.telemetry.head_sampler {
-            return Decision { keep: ids.sampled, reason: Reason::Head, probability: head.probability(), transition: None };
+            return Decision { keep: ids.sampled, reason: Reason::Head, probability: head.probability(), transition: None, spike: None };
         }
         let r = &m.record;
         let observed = Observed {
-            failed: r.outcome != Outcome::Ok,
+            failed: !matches!(r.outcome, Outcome::Ok | Outcome::Cancelled),
             ttft: r.ttft,
             e2e: r.e2e,
             trace_id: u128::from_be_bytes(ids.trace_id.to_bytes()),
+            cancelled: r.outcome == Outcome::Cancelled,
         };
         let decision = match self.sampler.lock() {
             Ok(mut s) => s.decide(tokio::time::Instant::now(), observed),
             // A poisoned lock only means another canary panicked: keep the span.
-            Err(_) => Decision { keep: true, reason: Reason::Base, probability: 1.0, transition: None },
+            Err(_) => Decision { keep: true, reason: Reason::Base, probability: 1.0, transition: None, spike: None },
         };
         if let Some(t) = decision.transition {
             let entered = t == SpikeTransition::Entered;
             self.state.spike.store(entered, Ordering::Relaxed);
+            self.state.set_spike_rule(decision.spike);
             let p = &self.target.sampling;
             if entered {
-                tracing::warn!(target_name = %self.target.name, window = ?p.spike_window, error_rate = p.spike_error_rate, p99 = ?p.spike_p99, hold = ?p.spike_hold, "Spike mode entered: keeping every span.");
+                let rule = decision.spike.map_or_else(|| "-".to_owned(), |r| r.describe());
+                tracing::warn!(target_name = %self.target.name, reason = decision.spike.map_or("-", |r| r.as_str()), rule = %rule, hold = ?p.spike_hold, "Spike mode entered: keeping every span.");
             } else {
                 tracing::info!(target_name = %self.target.name, "Spike mode left: back to base sampling.");
             }
@@ -235,10 +249,10 @@ impl TargetRunner {
     /// canaries' adaptive sampler (spike mode).
     fn decide_inject(&self, ids: crate::telemetry::spans::TraceIds, m: &Measured) -> Decision {
         if let Some(head) = self.telemetry.head_sampler {
-            return Decision { keep: ids.sampled, reason: Reason::Head, probability: head.probability(), transition: None };
+            return Decision { keep: ids.sampled, reason: Reason::Head, probability: head.probability(), transition: None, spike: None };
         }
         let reason = if m.record.outcome == Outcome::Ok { Reason::Inject } else { Reason::Error };
-        Decision { keep: true, reason, probability: 1.0, transition: None }
+        Decision { keep: true, reason, probability: 1.0, transition: None, spike: None }
     }
 
     /// Sends the `seq`-th prompt to the target, measures it, and records it as `source` says:
@@ -294,7 +308,14 @@ impl TargetRunner {
                 if let Some(s) = shape {
                     extra.push(opentelemetry::KeyValue::new(crate::telemetry::names::LMPERF_REQUEST_INPUT_TOKENS_TARGET, i64::from(s.input_tokens)));
                 }
+                if let Some(s) = &self.server {
+                    extra.extend(crate::server::span_attributes(s, measured.wall_start));
+                }
                 extra
+            },
+            events: match (&self.server, source) {
+                (Some(s), Source::Canary) => crate::server::span_events(s),
+                _ => Vec::new(),
             },
         };
         let summary = RequestSummary::new(source, &t.name, &model, &measured, ids.trace_id.to_string());

@@ -124,6 +124,8 @@ pub struct TargetConfig {
     /// `gen_ai.provider.name`; `None`: from `owned_by` of `/v1/models`, else `openai`.
     pub provider: Option<String>,
     pub sampling: SamplingPolicy,
+    /// The model server's own metrics and identity (`server`).
+    pub server: crate::server::config::ScrapeConfig,
 }
 
 /// OTLP wire protocol.
@@ -325,8 +327,10 @@ pub const DEFAULT_MAX_TOKENS: u32 = 32;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 4;
-/// OpenAI chunks are well under a few KB; 1 MiB leaves room and bounds memory.
-pub const DEFAULT_MAX_EVENT_BYTES: usize = 1 << 20;
+/// One SSE event may be large (a long text piece, a logprobs block, a tool call with a large
+/// argument: `../shared/cases/sse/19_*` is 1 MiB); 16 MiB is above any real server's and still
+/// bounds memory.
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 16 << 20;
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_API_KEY_ENV: &str = "LMPERF_API_KEY";
 
@@ -590,6 +594,7 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
     let sampling = validate_sampling(field, &t)?;
     let api_key = read_api_key(field, &t, env)?;
     let name = t.name.clone().unwrap_or_else(|| format!("{host}:{port}"));
+    let server = crate::server::config::validate(field, &t, &base_url)?;
     Ok(TargetConfig {
         name,
         base_url,
@@ -606,6 +611,7 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
         api_key,
         provider: t.provider,
         sampling,
+        server,
     })
 }
 
@@ -630,6 +636,7 @@ fn validate_sampling(field: &str, t: &RawCanary) -> Result<SamplingPolicy, Confi
     if spike_min_requests == 0 {
         return Err(ConfigError::invalid(format!("{field}.spike_min_requests"), 0, "at least 1"));
     }
+    let spike_jump = validate_spike_jump(field, t)?;
     Ok(SamplingPolicy {
         base_ratio,
         max_base_per_second,
@@ -640,7 +647,27 @@ fn validate_sampling(field: &str, t: &RawCanary) -> Result<SamplingPolicy, Confi
         spike_p99: t.spike_p99.or(t.slo_e2e),
         spike_hold: t.spike_hold.unwrap_or(d.spike_hold),
         spike_min_requests,
+        spike_jump,
+        spike_detector: d.spike_detector,
     })
+}
+
+/// The latency-jump rule of spike mode; `spike_jump_ratio = 0` turns it off.
+fn validate_spike_jump(field: &str, t: &RawCanary) -> Result<Option<crate::diagnosis::detector::JumpRule>, ConfigError> {
+    let d = crate::sampler::adaptive::DEFAULT_SPIKE_JUMP;
+    let ratio = t.spike_jump_ratio.unwrap_or(d.ratio);
+    if ratio == 0.0 {
+        return Ok(None);
+    }
+    if !(ratio.is_finite() && ratio > 1.0) {
+        return Err(ConfigError::invalid(format!("{field}.spike_jump_ratio"), ratio, "0 (off) or a ratio above 1"));
+    }
+    let z = t.spike_jump_z.unwrap_or(d.z);
+    if !(z.is_finite() && z >= 0.0) {
+        return Err(ConfigError::invalid(format!("{field}.spike_jump_z"), z, "a robust z score, 0 or more"));
+    }
+    let floor = t.spike_jump_floor.map_or(d.floor, |f| f.as_secs_f64());
+    Ok(Some(crate::diagnosis::detector::JumpRule { ratio, z, floor }))
 }
 
 /// The key comes from a file (`api_key_file`) or an environment variable (`api_key_env`,

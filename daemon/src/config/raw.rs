@@ -24,11 +24,18 @@
 //! # spike_p99 = "5s"                # default: slo_e2e
 //! spike_hold = "60s"
 //! spike_min_requests = 10
+//! spike_jump_ratio = 2.0            # spike on a p99 jump vs the target's own baseline (0: off)
+//! spike_jump_z = 3.5
+//! spike_jump_floor = "50ms"
 //!
 //! [[target]]
 //! url = "http://127.0.0.1:8000"
 //! name = "vllm-0"                   # default: host:port
 //! model = "meta-llama/Llama-3.1-8B-Instruct"   # default: first of GET /v1/models
+//! server_metrics = "auto"           # scrape the server's own /metrics: auto | off
+//! # metrics_url = "http://127.0.0.1:8000/metrics"  # default: <url>/metrics
+//! metrics_interval = "5s"           # 1s to 60s (metrics_timeout, metrics_max_bytes = 8 MiB)
+//! # server_kind = "vllm"            # default: detected from the metric prefixes
 //!
 //! [otlp]
 //! endpoint = "http://127.0.0.1:4318"  # default: OTEL_EXPORTER_OTLP_ENDPOINT, else the spec's
@@ -120,6 +127,22 @@ pub struct RawCanary {
     #[serde(default, with = "humantime_serde")]
     pub spike_hold: Option<Duration>,
     pub spike_min_requests: Option<usize>,
+    /// Spike mode on a latency jump against the target's own baseline: p99 ÷ median at least
+    /// this (0: off), robust z at least `spike_jump_z`, and `spike_jump_floor` above the median.
+    pub spike_jump_ratio: Option<f64>,
+    pub spike_jump_z: Option<f64>,
+    #[serde(default, with = "humantime_serde")]
+    pub spike_jump_floor: Option<Duration>,
+    /// Model server signals (`server::config`): auto | off.
+    pub server_metrics: Option<String>,
+    pub metrics_url: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    pub metrics_interval: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub metrics_timeout: Option<Duration>,
+    pub metrics_max_bytes: Option<usize>,
+    /// auto | vllm | sglang | tgi | llama.cpp.
+    pub server_kind: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -210,6 +233,15 @@ impl RawCanary {
             spike_p99: self.spike_p99.or(b.spike_p99),
             spike_hold: self.spike_hold.or(b.spike_hold),
             spike_min_requests: self.spike_min_requests.or(b.spike_min_requests),
+            spike_jump_ratio: self.spike_jump_ratio.or(b.spike_jump_ratio),
+            spike_jump_z: self.spike_jump_z.or(b.spike_jump_z),
+            spike_jump_floor: self.spike_jump_floor.or(b.spike_jump_floor),
+            server_metrics: self.server_metrics.or(b.server_metrics),
+            metrics_url: self.metrics_url.or(b.metrics_url),
+            metrics_interval: self.metrics_interval.or(b.metrics_interval),
+            metrics_timeout: self.metrics_timeout.or(b.metrics_timeout),
+            metrics_max_bytes: self.metrics_max_bytes.or(b.metrics_max_bytes),
+            server_kind: self.server_kind.or(b.server_kind),
         }
     }
 }

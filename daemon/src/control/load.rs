@@ -176,8 +176,13 @@ fn concurrency_within(req: &proto::InjectLoadRequest, caps: &InjectCaps) -> Resu
     Ok(concurrency)
 }
 
-/// [`validate`] for a trace replay: reads at most `max_requests` (else the request cap + 1)
-/// requests, then checks their count, the replay's duration and its peak rate.
+/// Bytes of a trace file an `InjectLoad` may make the agent read (the file is streamed and
+/// reading stops at the request limit; a file that needs more for its rows is refused).
+pub const MAX_TRACE_BYTES: u64 = 256 << 20;
+
+/// [`validate`] for a trace replay: streams at most `max_requests` (else the request cap + 1)
+/// requests, and at most [`MAX_TRACE_BYTES`] of the file, then checks their count, the replay's
+/// duration and its peak rate.
 fn validate_trace(req: &proto::InjectLoadRequest, target: usize, target_name: &str, caps: &InjectCaps) -> Result<LoadSpec, Refusal> {
     let invalid = |field, value: String, reason: String| Refusal::Invalid { field, value, reason };
     let speedup = if req.trace_speedup == 0.0 { 1.0 } else { req.trace_speedup };
@@ -206,7 +211,7 @@ fn validate_trace(req: &proto::InjectLoadRequest, target: usize, target_name: &s
         return Err(invalid("trace_file", format!("{file:?}"), format!("not a readable file under control.trace_dir ({})", dir.display())));
     };
     let path = path.as_path();
-    let t = trace::load(path, format, Some(usize::try_from(limit).unwrap_or(usize::MAX))).map_err(|e| {
+    let t = trace::load_capped(path, format, Some(usize::try_from(limit).unwrap_or(usize::MAX)), Some(MAX_TRACE_BYTES)).map_err(|e| {
         let reason = match e.line {
             Some(l) => format!("line {l}: {}", e.reason),
             None => e.reason,
@@ -660,6 +665,37 @@ mod tests {
         let mut r = trace_req("azure_llm_2023_code.head2000.csv", 1.0, 10);
         r.concurrency = 5;
         assert!(matches!(validate(&r, &["t"], &caps), Err(Refusal::AboveCap { field: "concurrency", .. })));
+    }
+
+    #[test]
+    fn a_trace_is_streamed_to_its_row_limit_within_a_byte_cap() {
+        let dir = std::env::temp_dir().join(format!("lmperf-inject-stream-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // 5 good rows, then a row that does not parse: never read with max_requests 5.
+        let mut text = String::new();
+        for i in 0..5 {
+            text.push_str(&format!("{{\"timestamp\": {}, \"input_length\": 9, \"output_length\": 4}}\n", i * 500));
+        }
+        text.push_str("{broken\n");
+        let path = dir.join("stream.jsonl");
+        std::fs::write(&path, &text).unwrap();
+        let caps = InjectCaps { max_rate_per_second: 10.0, max_duration: Duration::from_secs(60), max_concurrency: 4, max_requests: 100, trace_dir: Some(dir.clone()) };
+        let r = |n| proto::InjectLoadRequest { trace_file: path.display().to_string(), max_requests: n, ..Default::default() };
+        assert_eq!(validate(&r(5), &["t"], &caps).unwrap().max_requests, 5);
+        let e = validate(&r(6), &["t"], &caps).unwrap_err().to_string();
+        assert!(e.contains("line 6"), "{e}");
+        // A file whose rows need more than the byte cap is refused, naming the cap.
+        let long = dir.join("long.jsonl");
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&long).unwrap());
+        let pad = "x".repeat(8 << 20);
+        for i in 0..=(MAX_TRACE_BYTES >> 23) {
+            use std::io::Write as _;
+            writeln!(f, "{{\"timestamp\": {i}, \"input_length\": 9, \"output_length\": 4, \"pad\": \"{pad}\"}}").unwrap();
+        }
+        drop(f);
+        let e = validate(&proto::InjectLoadRequest { trace_file: long.display().to_string(), ..Default::default() }, &["t"], &caps).unwrap_err().to_string();
+        assert!(e.contains(&format!("more than {MAX_TRACE_BYTES} bytes")), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

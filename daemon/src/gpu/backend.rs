@@ -20,6 +20,10 @@ pub enum GpuError {
     /// a GPU in MIG mode). The field is absent, never 0.
     #[error("not supported on this device")]
     NotSupported,
+    /// The library lacks the function this call needs (a driver older than the call): the
+    /// field is absent, like [`GpuError::NotSupported`], with the function named.
+    #[error("the NVML library has no {0} (a driver older than this call)")]
+    MissingFunction(String),
     /// `NVML_ERROR_NOT_FOUND`: nothing to report (e.g. process utilization on an idle GPU).
     #[error("not found")]
     NotFound,

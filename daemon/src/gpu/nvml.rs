@@ -24,21 +24,73 @@ const XID_QUEUE: usize = 256;
 pub fn map_err(e: NvmlError) -> GpuError {
     match e {
         NvmlError::LibloadingError(e) => GpuError::NoLibrary(e.to_string()),
-        // One function missing from an old driver: that field is not supported.
-        NvmlError::FailedToLoadSymbol(_) | NvmlError::NotSupported | NvmlError::FunctionNotFound => GpuError::NotSupported,
+        // One function missing from an old driver: that field is absent, the function named.
+        NvmlError::FailedToLoadSymbol(why) => GpuError::MissingFunction(missing_symbol(&why)),
+        NvmlError::NotSupported | NvmlError::FunctionNotFound => GpuError::NotSupported,
         NvmlError::NotFound => GpuError::NotFound,
         NvmlError::GpuLost => GpuError::GpuLost,
-        e @ (NvmlError::DriverNotLoaded | NvmlError::Uninitialized | NvmlError::LibraryNotFound | NvmlError::LibRmVersionMismatch) => {
-            GpuError::Driver(e.to_string())
-        }
+        // nvml-wrapper's text for this one blames the caller ("not first initialized with
+        // `Nvml::init()`"); after a successful init it means the driver went away or reloaded.
+        NvmlError::Uninitialized => GpuError::Driver("NVML answered UNINITIALIZED (the driver went away or was reloaded)".into()),
+        e @ (NvmlError::DriverNotLoaded | NvmlError::LibraryNotFound | NvmlError::LibRmVersionMismatch) => GpuError::Driver(e.to_string()),
         e => GpuError::Other(e.to_string()),
     }
 }
 
+/// The function name in libloading's `dlsym` message (`…: undefined symbol: nvmlX`), else
+/// the message.
+fn missing_symbol(why: &str) -> String {
+    why.rsplit_once("undefined symbol: ").map_or(why, |(_, s)| s.trim()).to_owned()
+}
+
+/// `nvmlDeviceGetCurrentClocksThrottleReasons`, or its successor
+/// `nvmlDeviceGetCurrentClocksEventReasons` (same bits) on a driver that dropped the old name:
+/// nvml-wrapper 0.13 calls only the old one.
+fn throttle_reasons(dev: &nvml_wrapper::Device<'_>) -> Result<u64, NvmlError> {
+    match dev.current_throttle_reasons() {
+        Ok(r) => Ok(r.bits()),
+        Err(NvmlError::FailedToLoadSymbol(why)) => {
+            let Ok(f) = dev.nvml().lib().nvmlDeviceGetCurrentClocksEventReasons.as_ref() else { return Err(NvmlError::FailedToLoadSymbol(why)) };
+            let mut bits: u64 = 0;
+            // SAFETY: the handle is valid while `dev` borrows its `Nvml`; `bits` outlives the call.
+            nvml_wrapper::error::nvml_try(unsafe { f(dev.handle(), &raw mut bits) })?;
+            Ok(bits)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// `nvmlMemory_t` (nvml.h), for `nvmlDeviceGetMemoryInfo` on drivers without `_v2`.
+#[repr(C)]
+#[derive(Default)]
+struct MemoryV1 {
+    total: u64,
+    free: u64,
+    used: u64,
+}
+
+/// `nvmlDeviceGetMemoryInfo_v2`, or the v1 call where the library has no `_v2` (drivers
+/// before R510): nvml-wrapper 0.13 calls only `_v2`, which would lose VRAM on those nodes.
+fn memory_info(dev: &nvml_wrapper::Device<'_>) -> Result<(u64, u64), NvmlError> {
+    match dev.memory_info() {
+        Ok(m) => Ok((m.used, m.total)),
+        Err(NvmlError::FailedToLoadSymbol(why)) => {
+            let Ok(v1) = dev.nvml().lib().nvmlDeviceGetMemoryInfo.as_ref() else { return Err(NvmlError::FailedToLoadSymbol(why)) };
+            let mut m = MemoryV1::default();
+            // SAFETY: the handle is valid while `dev` borrows its `Nvml`; `m` has
+            // nvmlMemory_t's layout (three unsigned long long) and outlives the call.
+            nvml_wrapper::error::nvml_try(unsafe { v1(dev.handle(), (&raw mut m).cast()) })?;
+            Ok((m.used, m.total))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// XIDs waiting for [`GpuBackend::poll_xids`]. One queue for the backend's life: the thread
+/// of an old initialization may still deliver an event after a rediscovery started a new one.
 #[derive(Debug, Default)]
 struct XidQueue {
     events: Mutex<Vec<XidEvent>>,
-    stop: AtomicBool,
 }
 
 /// [`GpuBackend`] over NVML.
@@ -46,13 +98,15 @@ struct XidQueue {
 pub struct NvmlBackend {
     lib_path: Option<OsString>,
     nvml: Option<Arc<Nvml>>,
-    xids: Option<Arc<XidQueue>>,
+    xids: Arc<XidQueue>,
+    /// Stops the XID thread of the current initialization.
+    xid_stop: Option<Arc<AtomicBool>>,
 }
 
 impl NvmlBackend {
     /// A backend loading `lib_path`, or `libnvidia-ml.so.1` from the loader's path.
     pub fn new(lib_path: Option<OsString>) -> Self {
-        Self { lib_path, nvml: None, xids: None }
+        Self { lib_path, nvml: None, xids: Arc::default(), xid_stop: None }
     }
 
     fn nvml(&self) -> Result<&Nvml, GpuError> {
@@ -72,45 +126,79 @@ impl NvmlBackend {
     }
 }
 
-fn start_xid_thread(nvml: Arc<Nvml>, q: Arc<XidQueue>) {
-    let spawned = std::thread::Builder::new().name("lmperf-gpu-xid".into()).spawn(move || {
-        let Ok(count) = nvml.device_count() else { return };
-        let Ok(mut set) = nvml.create_event_set() else { return };
-        let mut registered = 0;
-        for i in 0..count {
-            let Ok(dev) = nvml.device_by_index(i) else { continue };
+/// One event set with every GPU that takes XID events, and each registered handle's UUID,
+/// read now: a GPU that raises XID 79 (fallen off the bus) no longer answers its UUID. `None`
+/// when no GPU registers.
+fn register_xids(nvml: &Nvml) -> Option<(nvml_wrapper::event::EventSet<'_>, Vec<(usize, String)>)> {
+    let mut candidates: Vec<u32> = (0..nvml.device_count().ok()?).collect();
+    'retry: loop {
+        let mut set = nvml.create_event_set().ok()?;
+        let mut uuids = Vec::new();
+        for k in 0..candidates.len() {
+            let Ok(dev) = nvml.device_by_index(candidates[k]) else {
+                candidates.remove(k);
+                continue 'retry;
+            };
+            // SAFETY: the handle is only kept to compare with events' handles.
+            let handle = unsafe { dev.handle() } as usize;
+            let uuid = dev.uuid().unwrap_or_default();
             match dev.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
                 Ok(s) => {
                     set = s;
-                    registered += 1;
+                    uuids.push((handle, uuid));
                 }
-                // The set is consumed on failure; start a fresh one for the remaining GPUs.
-                Err(_) => match nvml.create_event_set() {
-                    Ok(s) => set = s,
-                    Err(_) => return,
-                },
+                // nvml-wrapper frees the whole set when one registration fails, the GPUs
+                // registered before with it: start over without this GPU.
+                Err(_) => {
+                    candidates.remove(k);
+                    continue 'retry;
+                }
             }
         }
-        if registered == 0 {
+        return (!uuids.is_empty()).then_some((set, uuids));
+    }
+}
+
+fn start_xid_thread(nvml: Arc<Nvml>, q: Arc<XidQueue>, stop: Arc<AtomicBool>) {
+    // nvml-wrapper frees an event set in `Drop` with `expect`: without nvmlEventSetFree that
+    // would panic, so no event set is made.
+    if let Err(e) = nvml.lib().nvmlEventSetFree.as_ref() {
+        tracing::warn!(error = %e, "The NVML library has no nvmlEventSetFree; XID events are not counted.");
+        return;
+    }
+    let spawned = std::thread::Builder::new().name("lmperf-gpu-xid".into()).spawn(move || {
+        let Some((set, uuids)) = register_xids(&nvml) else {
             tracing::debug!("No GPU supports XID events; XID counting is off.");
             return;
-        }
-        while !q.stop.load(Ordering::Relaxed) {
+        };
+        let mut wait_failed = false;
+        while !stop.load(Ordering::Relaxed) {
             match set.wait(500) {
                 Ok(ev) => {
                     let code = match ev.event_data {
                         Some(XidError::Value(v)) => v,
                         _ => 0,
                     };
-                    let uuid = ev.device.uuid().unwrap_or_default();
+                    // SAFETY: the handle is only compared, never dereferenced.
+                    let handle = unsafe { ev.device.handle() } as usize;
+                    let known = uuids.iter().find(|(h, _)| *h == handle).map(|(_, u)| u.clone());
+                    let uuid = known.or_else(|| ev.device.uuid().ok()).unwrap_or_default();
                     let mut g = q.events.lock().unwrap_or_else(|p| p.into_inner());
                     if g.len() < XID_QUEUE {
                         g.push(XidEvent { uuid, code });
                     }
                 }
                 Err(NvmlError::Timeout) => {}
-                // GPU lost or driver gone: the sampler sees it too and rediscovers.
-                Err(_) => return,
+                // A failed wait (a GPU lost, the driver gone, a transient error) would end XID
+                // counting until the next rediscovery, which only a lost GPU brings: retry each
+                // second instead; a rediscovery's shutdown stops this thread.
+                Err(e) => {
+                    if !wait_failed {
+                        tracing::warn!(error = %e, "Waiting for XID events failed; retrying every second.");
+                        wait_failed = true;
+                    }
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
             }
         }
     });
@@ -125,18 +213,26 @@ impl GpuBackend for NvmlBackend {
         if let Some(p) = &self.lib_path {
             b.lib_path(p);
         }
-        let nvml = Arc::new(b.init().map_err(map_err)?);
+        let nvml = b.init().map_err(map_err)?;
+        // nvml-wrapper's `Drop` calls nvmlShutdown with `expect`: a library without it would
+        // panic the sampler thread at the first rediscovery. Refuse it (and never drop it).
+        if let Err(e) = nvml.lib().nvmlShutdown.as_ref() {
+            let why = format!("{} is not a usable NVML library: it has no nvmlShutdown ({e})", self.lib_path.as_deref().unwrap_or("libnvidia-ml.so.1".as_ref()).to_string_lossy());
+            std::mem::forget(nvml);
+            return Err(GpuError::NoLibrary(why));
+        }
+        let nvml = Arc::new(nvml);
         let version = nvml.sys_driver_version().map_err(map_err)?;
-        let q = Arc::new(XidQueue::default());
-        start_xid_thread(nvml.clone(), q.clone());
+        let stop = Arc::new(AtomicBool::new(false));
+        start_xid_thread(nvml.clone(), self.xids.clone(), stop.clone());
         self.nvml = Some(nvml);
-        self.xids = Some(q);
+        self.xid_stop = Some(stop);
         Ok(version)
     }
 
     fn shutdown(&mut self) {
-        if let Some(q) = self.xids.take() {
-            q.stop.store(true, Ordering::Relaxed);
+        if let Some(stop) = self.xid_stop.take() {
+            stop.store(true, Ordering::Relaxed);
         }
         // nvmlShutdown runs when the XID thread also lets go (≤ 500 ms).
         self.nvml = None;
@@ -179,7 +275,7 @@ impl GpuBackend for NvmlBackend {
         self.with(d, |x| x.utilization_rates()).map(|u| Utilization { gpu_pct: u.gpu, memory_pct: u.memory })
     }
     fn memory(&mut self, d: DeviceRef) -> Result<MemoryInfo, GpuError> {
-        self.with(d, |x| x.memory_info()).map(|m| MemoryInfo { used: m.used, total: m.total })
+        self.with(d, memory_info).map(|(used, total)| MemoryInfo { used, total })
     }
     fn power_mw(&mut self, d: DeviceRef) -> Result<u32, GpuError> {
         self.with(d, |x| x.power_usage())
@@ -201,7 +297,7 @@ impl GpuBackend for NvmlBackend {
         self.with(d, |x| x.clock_info(c))
     }
     fn throttle_reasons(&mut self, d: DeviceRef) -> Result<u64, GpuError> {
-        self.with(d, |x| x.current_throttle_reasons()).map(|r| r.bits())
+        self.with(d, throttle_reasons)
     }
     fn pcie_kb_per_s(&mut self, d: DeviceRef, dir: PcieDirection) -> Result<u32, GpuError> {
         let c = match dir {
@@ -241,10 +337,7 @@ impl GpuBackend for NvmlBackend {
         })
     }
     fn poll_xids(&mut self) -> Result<Vec<XidEvent>, GpuError> {
-        match &self.xids {
-            Some(q) => Ok(std::mem::take(&mut *q.events.lock().unwrap_or_else(|p| p.into_inner()))),
-            None => Ok(Vec::new()),
-        }
+        Ok(std::mem::take(&mut *self.xids.events.lock().unwrap_or_else(|p| p.into_inner())))
     }
 }
 

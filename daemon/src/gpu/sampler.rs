@@ -11,7 +11,7 @@
 //! [`spawn`] runs the loop on its own OS thread: NVML calls block, and a slow one delays
 //! only the next GPU sample, never a canary.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -40,6 +40,11 @@ pub const FIELDS: &[&str] = &[
     "gpu.process.utilization",
 ];
 
+/// How long a process's last SM utilization sample stands in for a tick that got none: NVML
+/// samples processes on its own period (hundreds of ms), so a short `gpu.interval` often falls
+/// between two samples (`NOT_FOUND`), which would make the series flicker.
+pub const PROCESS_UTILIZATION_HOLD: Duration = Duration::from_secs(3);
+
 /// Default gap between discovery attempts while the driver is unusable or a GPU is lost.
 pub const DEFAULT_REDISCOVER: Duration = Duration::from_secs(5);
 
@@ -51,8 +56,13 @@ struct Tracked {
     unsupported: Vec<&'static str>,
     /// `last_seen_us` for the next process utilization call.
     last_seen_us: u64,
+    /// Each process's newest SM utilization sample: (its timestamp, µs since the epoch; percent).
+    last_sm: HashMap<u32, (u64, u32)>,
     pcie_tx: f64,
     pcie_rx: f64,
+    /// When the PCIe throughput was last read: the next reading counts for the time since
+    /// (a slow or hung tick, skipped ticks), not for one interval.
+    pcie_at: Option<Instant>,
     sample: Option<DeviceSample>,
 }
 
@@ -82,6 +92,9 @@ pub struct Sampler<B: GpuBackend> {
     discovery_warned: bool,
     xid_counts: BTreeMap<(String, u64), u64>,
     lost_total: u64,
+    /// NVML indexes that answered `GPU_IS_LOST` at the last discovery (never identified, so
+    /// not tracked): discovery is retried while there are any.
+    skipped_lost: BTreeSet<u32>,
     procs: HashMap<u32, ProcInfo>,
     proc_root: PathBuf,
 }
@@ -109,6 +122,7 @@ impl<B: GpuBackend> Sampler<B> {
             discovery_warned: false,
             xid_counts: BTreeMap::new(),
             lost_total: 0,
+            skipped_lost: BTreeSet::new(),
             procs: HashMap::new(),
             proc_root: PathBuf::from("/proc"),
         }
@@ -191,7 +205,8 @@ impl<B: GpuBackend> Sampler<B> {
                 self.initialized = true;
                 self.discovery_warned = false;
                 self.merge(found, wall);
-                let any_lost = self.devices.iter().any(|d| d.lost);
+                // A GPU lost before it was ever identified is retried too.
+                let any_lost = self.devices.iter().any(|d| d.lost) || !self.skipped_lost.is_empty();
                 self.discover_at = any_lost.then(|| now + self.rediscover);
                 let on = self.devices.iter().filter(|d| !d.lost).count();
                 if on > 0 {
@@ -223,14 +238,22 @@ impl<B: GpuBackend> Sampler<B> {
     fn enumerate(&mut self) -> Result<Vec<DeviceInfo>, GpuError> {
         let count = self.backend.device_count()?;
         let mut found = Vec::new();
+        let mut skipped = BTreeSet::new();
         for i in 0..count {
             match self.backend.devices_at(i) {
                 Ok(v) => found.extend(v),
-                // A lost GPU is skipped: the others are monitored, it is retried.
-                Err(GpuError::GpuLost) => tracing::warn!(index = i, "GPU is lost at discovery; retrying later."),
+                // A lost GPU is skipped: the others are monitored, it is retried (warned once
+                // per streak: rediscovery runs every few seconds).
+                Err(GpuError::GpuLost) => {
+                    if !self.skipped_lost.contains(&i) {
+                        tracing::warn!(index = i, "GPU is lost at discovery; retrying later.");
+                    }
+                    skipped.insert(i);
+                }
                 Err(e) => return Err(e),
             }
         }
+        self.skipped_lost = skipped;
         Ok(found)
     }
 
@@ -245,6 +268,10 @@ impl<B: GpuBackend> Sampler<B> {
                         tracing::info!(hw_id = %info.uuid, index = info.index, "GPU recovered; its metrics resume.");
                         self.state.event(wall, "recovered", Some(&info.uuid), format!("GPU {} is back", info.index));
                     }
+                    if t.lost {
+                        // The time it was lost is not PCIe traffic.
+                        t.pcie_at = None;
+                    }
                     t.lost = false;
                     t.dref = dref;
                     t.info = info;
@@ -252,7 +279,7 @@ impl<B: GpuBackend> Sampler<B> {
                 }
                 None => {
                     tracing::info!(hw_id = %info.uuid, name = %info.name, index = info.index, mig = ?info.mig.as_ref().map(|m| &m.profile), "GPU found.");
-                    self.devices.push(Tracked { info, dref, lost: false, unsupported: Vec::new(), last_seen_us: 0, pcie_tx: 0.0, pcie_rx: 0.0, sample: None });
+                    self.devices.push(Tracked { info, dref, lost: false, unsupported: Vec::new(), last_seen_us: 0, last_sm: HashMap::new(), pcie_tx: 0.0, pcie_rx: 0.0, pcie_at: None, sample: None });
                 }
             }
         }
@@ -266,7 +293,7 @@ impl<B: GpuBackend> Sampler<B> {
             if self.devices[i].lost {
                 continue;
             }
-            match self.sample_one(i, wall, &mut pids_seen) {
+            match self.sample_one(i, now, wall, &mut pids_seen) {
                 Ok(s) => self.devices[i].sample = Some(s),
                 Err(Stop::Lost) => {
                     let d = &mut self.devices[i];
@@ -314,6 +341,9 @@ impl<B: GpuBackend> Sampler<B> {
             self.warnings += 1;
             match e {
                 GpuError::NotSupported => tracing::warn!(hw_id, field, "GPU field not supported by this device; it is not exported (warned once)."),
+                GpuError::MissingFunction(f) => {
+                    tracing::warn!(hw_id, field, function = %f, "The NVML library lacks the function for this GPU field (driver too old); it is not exported (warned once).")
+                }
                 _ => tracing::warn!(hw_id, field, error = %e, "Reading a GPU field failed; it is not exported while it fails (warned once)."),
             }
         }
@@ -327,7 +357,7 @@ impl<B: GpuBackend> Sampler<B> {
             Err(GpuError::GpuLost) => Err(Stop::Lost),
             Err(GpuError::Driver(why) | GpuError::NoLibrary(why)) => Err(Stop::Driver(why)),
             Err(e) => {
-                if e == GpuError::NotSupported && !self.devices[i].unsupported.contains(&field) {
+                if matches!(e, GpuError::NotSupported | GpuError::MissingFunction(_)) && !self.devices[i].unsupported.contains(&field) {
                     self.devices[i].unsupported.push(field);
                 }
                 let id = self.devices[i].info.uuid.clone();
@@ -337,13 +367,13 @@ impl<B: GpuBackend> Sampler<B> {
         }
     }
 
-    fn sample_one(&mut self, i: usize, wall: SystemTime, pids_seen: &mut HashSet<u32>) -> Result<DeviceSample, Stop> {
+    fn sample_one(&mut self, i: usize, now: Instant, wall: SystemTime, pids_seen: &mut HashSet<u32>) -> Result<DeviceSample, Stop> {
         let d = self.devices[i].dref;
         let mut s = DeviceSample::default();
         let r = self.backend.utilization(d);
-        if let Err(GpuError::NotSupported) = &r {
+        if let Err(e @ (GpuError::NotSupported | GpuError::MissingFunction(_))) = &r {
             // One NVML call gives both; both are absent.
-            self.field::<()>(i, "gpu.memory_copy_utilization", Err(GpuError::NotSupported))?;
+            self.field::<()>(i, "gpu.memory_copy_utilization", Err(e.clone()))?;
         }
         if let Some(u) = self.field(i, "gpu.utilization", r)? {
             s.utilization = Some(f64::from(u.gpu_pct.min(100)) / 100.0);
@@ -372,8 +402,9 @@ impl<B: GpuBackend> Sampler<B> {
         if let Some(tx) = self.field(i, "gpu.pcie.throughput", r)? {
             let r = self.backend.pcie_kb_per_s(d, PcieDirection::Receive);
             if let Some(rx) = self.field(i, "gpu.pcie.throughput", r)? {
-                let secs = self.interval.as_secs_f64();
                 let t = &mut self.devices[i];
+                let secs = t.pcie_at.map_or(self.interval, |at| now.saturating_duration_since(at)).as_secs_f64();
+                t.pcie_at = Some(now);
                 t.pcie_tx += f64::from(tx) * 1024.0 * secs;
                 t.pcie_rx += f64::from(rx) * 1024.0 * secs;
                 s.pcie_tx_bytes = Some(t.pcie_tx as u64);
@@ -401,6 +432,19 @@ impl<B: GpuBackend> Sampler<B> {
         for u in &utils {
             let e = sm.entry(u.pid).or_default();
             *e = (*e).max(u.sm_pct);
+        }
+        let now_us = unix_us(wall);
+        let hold_us = PROCESS_UTILIZATION_HOLD.as_micros() as u64;
+        let t = &mut self.devices[i];
+        for (pid, pct) in &sm {
+            let ts = utils.iter().filter(|u| u.pid == *pid).map(|u| u.timestamp_us).max().unwrap_or(now_us);
+            t.last_sm.insert(*pid, (ts, *pct));
+        }
+        t.last_sm.retain(|pid, _| procs.iter().any(|p| p.pid == *pid));
+        for (pid, (ts, pct)) in &t.last_sm {
+            if now_us.saturating_sub(*ts) <= hold_us {
+                sm.entry(*pid).or_insert(*pct);
+            }
         }
         for p in procs {
             pids_seen.insert(p.pid);

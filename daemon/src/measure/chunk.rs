@@ -5,6 +5,12 @@
 //! `delta.reasoning`, `delta.reasoning_content`, a non-empty `delta.tool_calls`, a
 //! `delta.function_call`, or non-empty `text`. Role-only, empty and usage-only chunks
 //! (`choices: []`, llama.cpp) carry none.
+//!
+//! Errors: a payload is an error when it holds an `error` member (OpenAI's
+//! `{"error": {"message", "type", "code"}}`, or a plain string), or is a flat error object
+//! (`{"object": "error", "message", "type", "code"}`, vLLM's `ErrorResponse`).
+//! [`parse_error_value`] reads the same shapes, and plain text, for the other ways a 200 stream
+//! says "failed" (an `event: error` event, an `error:` field line, a bare JSON body).
 
 use std::borrow::Cow;
 
@@ -20,7 +26,8 @@ pub struct Usage {
     pub reasoning_tokens: Option<u64>,
 }
 
-/// An error the server sent inside the stream (`data: {"error": {...}}`), often with HTTP 200.
+/// An error the server sent inside the stream (`data: {"error": {...}}`, `event: error`, an
+/// `error:` line, a bare JSON error body), often with HTTP 200.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StreamError {
     pub message: Option<String>,
@@ -50,11 +57,36 @@ pub struct Chunk<'a> {
     pub carries_tokens: bool,
     /// Carries visible output (text or a tool call), not only reasoning.
     pub carries_content: bool,
-    /// Visible text of the first choice that has some (`delta.content` or `text`).
-    pub text: Option<Cow<'a, str>>,
-    /// Raw `finish_reason` of each choice that set one.
-    pub finish_reasons: Vec<Cow<'a, str>>,
+    /// Each choice of the chunk, in the order sent (`n > 1` streams interleave choices).
+    pub choices: Vec<ChoiceDelta<'a>>,
     pub usage: Option<Usage>,
+}
+
+/// What one choice of a chunk carries.
+#[derive(Debug, Default, PartialEq)]
+pub struct ChoiceDelta<'a> {
+    /// The choice's `index` (0 when absent).
+    pub index: u32,
+    /// Carries generated text, reasoning text or a tool call.
+    pub carries_tokens: bool,
+    /// Carries visible output (text or a tool call).
+    pub carries_content: bool,
+    /// Visible text (`delta.content` or `text`), when non-empty.
+    pub text: Option<Cow<'a, str>>,
+    /// Raw `finish_reason`, when set.
+    pub finish_reason: Option<Cow<'a, str>>,
+    /// Tool-call fragments (`delta.tool_calls`), reassembled by their `index` by the caller.
+    pub tool_calls: Vec<ToolCallDelta<'a>>,
+}
+
+/// One fragment of a streamed tool call: the first carries `id` and the function's `name`,
+/// later ones pieces of `arguments`.
+#[derive(Debug, Default, PartialEq)]
+pub struct ToolCallDelta<'a> {
+    pub index: u32,
+    pub id: Option<Cow<'a, str>>,
+    pub name: Option<Cow<'a, str>>,
+    pub arguments: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
@@ -69,10 +101,20 @@ struct RawChunk<'a> {
     usage: Option<RawUsage>,
     #[serde(default)]
     error: Option<serde_json::Value>,
+    #[serde(borrow, default)]
+    object: Option<Cow<'a, str>>,
+    #[serde(default)]
+    message: Option<serde_json::Value>,
+    #[serde(rename = "type", default)]
+    error_type: Option<serde_json::Value>,
+    #[serde(default)]
+    code: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
 struct RawChoice<'a> {
+    #[serde(default)]
+    index: Option<u32>,
     #[serde(borrow, default)]
     delta: Option<RawDelta<'a>>,
     #[serde(borrow, default)]
@@ -89,10 +131,28 @@ struct RawDelta<'a> {
     reasoning: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     reasoning_content: Option<Cow<'a, str>>,
-    #[serde(default)]
-    tool_calls: Option<Vec<IgnoredAny>>,
+    #[serde(borrow, default)]
+    tool_calls: Option<Vec<RawToolCall<'a>>>,
     #[serde(default)]
     function_call: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct RawToolCall<'a> {
+    #[serde(default)]
+    index: Option<u32>,
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    function: Option<RawFunction<'a>>,
+}
+
+#[derive(Deserialize)]
+struct RawFunction<'a> {
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    arguments: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
@@ -125,8 +185,15 @@ pub fn parse_payload(data: &str) -> Payload<'_> {
         Ok(raw) => raw,
         Err(e) => return Payload::Invalid(e.to_string()),
     };
-    if let Some(err) = raw.error {
+    if let Some(err) = raw.error.filter(|e| !e.is_null()) {
         return Payload::Error(stream_error(err));
+    }
+    if raw.object.as_deref() == Some("error") {
+        return Payload::Error(StreamError {
+            message: raw.message.as_ref().and_then(value_text),
+            error_type: raw.error_type.as_ref().and_then(value_text),
+            code: raw.code.as_ref().and_then(value_text),
+        });
     }
     let mut chunk = Chunk {
         id: raw.id,
@@ -139,30 +206,63 @@ pub fn parse_payload(data: &str) -> Payload<'_> {
         ..Chunk::default()
     };
     for choice in raw.choices.into_iter().flatten() {
+        let mut c = ChoiceDelta { index: choice.index.unwrap_or(0), finish_reason: choice.finish_reason, ..ChoiceDelta::default() };
         if let Some(delta) = choice.delta {
-            let tool = delta.tool_calls.as_ref().is_some_and(|t| !t.is_empty())
-                || delta.function_call.is_some();
+            let calls = delta.tool_calls.unwrap_or_default();
+            let tool = !calls.is_empty() || delta.function_call.is_some();
             let text = non_empty(&delta.content);
-            let content = text || tool;
-            chunk.carries_content |= content;
-            chunk.carries_tokens |=
-                content || non_empty(&delta.reasoning) || non_empty(&delta.reasoning_content);
-            if text && chunk.text.is_none() {
-                chunk.text = delta.content;
+            c.carries_content = text || tool;
+            c.carries_tokens = c.carries_content || non_empty(&delta.reasoning) || non_empty(&delta.reasoning_content);
+            if text {
+                c.text = delta.content;
             }
+            c.tool_calls = calls
+                .into_iter()
+                .map(|t| {
+                    let (name, arguments) = t.function.map_or((None, None), |f| (f.name, f.arguments));
+                    ToolCallDelta { index: t.index.unwrap_or(0), id: t.id, name, arguments }
+                })
+                .collect();
         }
         if non_empty(&choice.text) {
-            chunk.carries_content = true;
-            chunk.carries_tokens = true;
-            if chunk.text.is_none() {
-                chunk.text = choice.text;
+            c.carries_content = true;
+            c.carries_tokens = true;
+            if c.text.is_none() {
+                c.text = choice.text;
             }
         }
-        if let Some(reason) = choice.finish_reason {
-            chunk.finish_reasons.push(reason);
-        }
+        chunk.carries_content |= c.carries_content;
+        chunk.carries_tokens |= c.carries_tokens;
+        chunk.choices.push(c);
     }
     Payload::Chunk(chunk)
+}
+
+/// Reads an error however it is written: JSON with the `{"error": …}` wrapper, a flat error
+/// object (`message` / `type` / `code`), a JSON string, or plain text (the message). `None`
+/// for empty text and for JSON that is no error (for instance an ordinary chunk).
+pub fn parse_error_value(text: &str) -> Option<StreamError> {
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
+        return None;
+    }
+    match serde_json::from_str::<serde_json::Value>(trimmed) {
+        Ok(serde_json::Value::Object(mut map)) => match map.remove("error") {
+            Some(err) if !err.is_null() => Some(stream_error(err)),
+            _ if map.contains_key("message") || map.get("object").and_then(|o| o.as_str()) == Some("error") => {
+                Some(stream_error(serde_json::Value::Object(map)))
+            }
+            _ => None,
+        },
+        Ok(serde_json::Value::String(s)) => Some(StreamError { message: Some(s), ..StreamError::default() }),
+        Ok(_) => None,
+        Err(_) => Some(StreamError { message: Some(trimmed.to_owned()), ..StreamError::default() }),
+    }
+}
+
+/// Whether a bare (non-SSE) JSON document is an error (see [`parse_error_value`]).
+pub fn parse_bare_error(text: &str) -> Option<StreamError> {
+    serde_json::from_str::<serde_json::Value>(text.trim()).ok().filter(|v| v.is_object()).and_then(|_| parse_error_value(text))
 }
 
 fn value_text(v: &serde_json::Value) -> Option<String> {
@@ -204,7 +304,7 @@ mod tests {
         for d in [role, null_content, empty, usage] {
             assert!(!chunk(d).carries_tokens, "{d}");
         }
-        assert_eq!(chunk(empty).finish_reasons, vec!["stop"]);
+        assert_eq!(chunk(empty).choices[0].finish_reason.as_deref(), Some("stop"));
         assert_eq!(
             chunk(usage).usage,
             Some(Usage { prompt_tokens: Some(5), completion_tokens: Some(2), reasoning_tokens: None })
@@ -235,7 +335,37 @@ mod tests {
                 code: Some("504".into()),
             })
         );
+        assert_eq!(
+            parse_payload(r#"{"object":"error","message":"too long","type":"BadRequestError","param":null,"code":400}"#),
+            Payload::Error(StreamError { message: Some("too long".into()), error_type: Some("BadRequestError".into()), code: Some("400".into()) })
+        );
         assert!(matches!(parse_payload("{\"choices\": [ {"), Payload::Invalid(_)));
         assert!(matches!(parse_payload("42"), Payload::Invalid(_)));
+    }
+
+    #[test]
+    fn choices_keep_their_index_text_and_tool_calls() {
+        let c = chunk(r#"{"choices":[{"index":0,"delta":{"content":"A"}},{"index":1,"delta":{},"finish_reason":"stop"}]}"#);
+        assert_eq!(c.choices.len(), 2);
+        assert_eq!((c.choices[0].index, c.choices[0].text.as_deref(), c.choices[0].carries_tokens), (0, Some("A"), true));
+        assert_eq!((c.choices[1].index, c.choices[1].finish_reason.as_deref(), c.choices[1].carries_tokens), (1, Some("stop"), false));
+        let t = chunk(r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_2","type":"function","function":{"name":"f","arguments":""}}]}}]}"#);
+        let call = &t.choices[0].tool_calls[0];
+        assert_eq!((call.index, call.id.as_deref(), call.name.as_deref(), call.arguments.as_deref()), (1, Some("call_2"), Some("f"), Some("")));
+    }
+
+    #[test]
+    fn error_values_in_every_shape() {
+        let want = StreamError { message: Some("too long".into()), error_type: Some("exceed_context_size_error".into()), code: Some("400".into()) };
+        let wrapped = r#"{"error":{"code":400,"message":"too long","type":"exceed_context_size_error"}}"#;
+        let flat = r#"{"code":400,"message":"too long","type":"exceed_context_size_error"}"#;
+        assert_eq!(parse_error_value(wrapped), Some(want.clone()));
+        assert_eq!(parse_error_value(flat), Some(want.clone()));
+        assert_eq!(parse_bare_error(wrapped), Some(want));
+        assert_eq!(parse_error_value("upstream died").and_then(|e| e.message).as_deref(), Some("upstream died"));
+        assert_eq!(parse_error_value(r#""quota""#).and_then(|e| e.message).as_deref(), Some("quota"));
+        assert_eq!(parse_error_value(r#"{"choices":[]}"#), None, "a chunk is no error");
+        assert_eq!(parse_bare_error("not json"), None, "bare text is no JSON error");
+        assert_eq!(parse_error_value("  "), None);
     }
 }

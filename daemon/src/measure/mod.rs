@@ -11,16 +11,29 @@
 //! - **E2E**: send → end of stream (`[DONE]`, else the end of the body).
 //! - **Output tokens**: from the server's `usage` when present; else the number of
 //!   token-carrying chunks, and [`UsageSource::Chunks`] says so.
+//!
+//! `n > 1` streams interleave their choices: each choice index is measured on its own
+//! ([`ChoiceRecord`]: first token, token chunks, ITL, TPOT, finish reason); the request's TTFT
+//! is the first token of any choice, and there is no request-level TPOT across choices.
+//!
+//! A 200 stream can say "failed" in several ways, all recorded as [`Outcome::Error`] with the
+//! server's type, code and message ([`RequestError`]): a `data:` chunk with `error` (wrapped or
+//! flat, `object: "error"`), an `event: error` event, an `error:` field line, or a bare JSON
+//! error document with no `data:` prefix, before or after tokens (see [`sse::EventKind`]).
+//!
+//! An event over the size cap ends the measurement as `sse_event_too_large`, keeping the TTFT
+//! and tokens measured before it.
 
 pub mod chunk;
 pub mod sse;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Serialize;
 
 use chunk::{Payload, StreamError};
-use sse::{SseEvent, SseParser};
+use sse::{EventKind, SseEvent, SseParser};
 
 /// How a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -95,11 +108,28 @@ pub struct RequestError {
     pub message: Option<String>,
     /// The server's error code, where it sent one.
     pub code: Option<String>,
+    /// The server's own error `type` (e.g. `exceed_context_size_error`), where it sent one;
+    /// for an HTTP error `error_type` stays the status.
+    pub server_type: Option<String>,
+    /// The server's `Retry-After` (or `retry-after-ms`) on an HTTP error.
+    pub retry_after: Option<Duration>,
 }
 
 impl RequestError {
     pub fn new(error_type: impl Into<String>, message: Option<String>) -> Self {
-        Self { error_type: error_type.into(), message: message.map(cut_message), code: None }
+        Self { error_type: error_type.into(), message: message.map(cut_message), code: None, server_type: None, retry_after: None }
+    }
+
+    /// An error the server reported in a 200 stream: `error.type` is its own type, else its
+    /// code, else [`error_type::STREAM_ERROR`].
+    pub fn from_stream(e: StreamError) -> Self {
+        let error_type = e.error_type.clone().or_else(|| e.code.clone()).unwrap_or_else(|| error_type::STREAM_ERROR.into());
+        Self { error_type, message: e.message.map(cut_message), code: e.code, server_type: e.error_type, retry_after: None }
+    }
+
+    /// The server's type when it gave one, else `error_type` (`"503"`, `"stream_truncated"`).
+    pub fn reason(&self) -> &str {
+        self.server_type.as_deref().unwrap_or(&self.error_type)
     }
 }
 
@@ -141,8 +171,42 @@ pub struct RequestRecord {
     /// Number of SSE comment lines (keep-alives) seen.
     pub sse_comments: u64,
     /// The generated text, when asked for ([`StreamMeasurer::keep_text`]; multi-turn
-    /// benchmarks send it back as the assistant turn).
+    /// benchmarks send it back as the assistant turn). With `n > 1`, that of the lowest index.
     pub output_text: Option<String>,
+    /// Tool calls reassembled by their index, when the text is kept (lowest choice index).
+    pub tool_calls: Vec<ToolCall>,
+    /// Per choice, in index order, when the stream carried more than one choice (`n > 1`);
+    /// empty for a single-choice stream (the request-level fields are that choice's).
+    pub choices: Vec<ChoiceRecord>,
+    /// Whether `[DONE]` arrived.
+    pub done_marker_seen: bool,
+}
+
+/// One choice of an `n > 1` stream. Its tokens are counted as its token-carrying chunks (the
+/// server's usage covers all choices together).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChoiceRecord {
+    pub index: u32,
+    /// Send → this choice's first token-carrying chunk.
+    pub first_token: Option<Duration>,
+    pub last_token: Option<Duration>,
+    pub token_chunks: usize,
+    /// Gaps between this choice's token-carrying chunks.
+    pub itl: Vec<Duration>,
+    /// (last − first) / (token chunks − 1).
+    pub tpot: Option<Duration>,
+    pub finish_reason: Option<String>,
+    /// This choice's text, when kept.
+    pub text: Option<String>,
+}
+
+/// A streamed tool call, reassembled from its fragments.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ToolCall {
+    pub index: u32,
+    pub id: Option<String>,
+    pub name: Option<String>,
+    pub arguments: String,
 }
 
 impl RequestRecord {
@@ -167,11 +231,15 @@ impl RequestRecord {
             response_model: None,
             sse_comments: 0,
             output_text: None,
+            tool_calls: Vec::new(),
+            choices: Vec::new(),
+            done_marker_seen: false,
         }
     }
 
     /// A non-2xx reply: `error.type` is the status code; the body's OpenAI-style
     /// `{"error": {"message", "type", "code"}}` (or `{"message"}`) fills message and code.
+    /// The body's `type` is kept as [`RequestError::server_type`].
     pub fn http_error(status: u16, body: &[u8], e2e: Duration) -> Self {
         let mut error = RequestError::new(status.to_string(), None);
         match serde_json::from_slice::<serde_json::Value>(body) {
@@ -183,7 +251,14 @@ impl RequestRecord {
                     Some(other) => Some(other.to_string()),
                 };
                 error.message = text("message").or_else(|| e.as_str().map(str::to_owned)).map(cut_message);
-                error.code = text("code").or_else(|| text("type"));
+                error.code = text("code");
+                error.server_type = text("type");
+            }
+            // An SSE body (`data: {"error": …}`, `event: error`, …) on a non-2xx status.
+            Err(_) if let Some(e) = sse_body_error(body) => {
+                error.message = e.message.map(cut_message);
+                error.code = e.code;
+                error.server_type = e.error_type;
             }
             Err(_) if !body.is_empty() => {
                 error.message = Some(cut_message(String::from_utf8_lossy(body).into_owned()));
@@ -212,6 +287,37 @@ impl RequestRecord {
     pub fn last_token(&self) -> Option<Duration> {
         self.token_chunk_times.last().copied()
     }
+
+    /// The record with every time set to zero (lists keep their lengths): what must not
+    /// depend on how the bytes were split into reads (chunk-boundary invariance; the property
+    /// test and the fuzz target compare these).
+    pub fn timeless(&self) -> RequestRecord {
+        let zero = |v: &Option<Duration>| v.map(|_| Duration::ZERO);
+        let zeros = |v: &[Duration]| vec![Duration::ZERO; v.len()];
+        let mut r = self.clone();
+        (r.ttft, r.time_to_first_content, r.tpot, r.e2e) = (zero(&r.ttft), zero(&r.time_to_first_content), zero(&r.tpot), Duration::ZERO);
+        (r.token_chunk_times, r.itl) = (zeros(&r.token_chunk_times), zeros(&r.itl));
+        for c in &mut r.choices {
+            (c.first_token, c.last_token, c.tpot, c.itl) = (zero(&c.first_token), zero(&c.last_token), zero(&c.tpot), zeros(&c.itl));
+        }
+        r
+    }
+}
+
+/// The first error an SSE body states, in any of the shapes of [`sse::EventKind`].
+fn sse_body_error(body: &[u8]) -> Option<StreamError> {
+    let mut parser = SseParser::new(body.len().saturating_add(1));
+    let mut events = Vec::new();
+    parser.push(body, &mut events).ok()?;
+    parser.finish(&mut events).ok()?;
+    events.iter().find_map(|ev| match ev.kind {
+        EventKind::Message => match chunk::parse_payload(&ev.data) {
+            Payload::Error(e) => Some(e),
+            _ => None,
+        },
+        EventKind::Error | EventKind::ErrorLine => chunk::parse_error_value(&ev.data),
+        EventKind::Bare => chunk::parse_bare_error(&ev.data),
+    })
 }
 
 /// How the response body ended, as the transport saw it.
@@ -242,7 +348,10 @@ pub struct StreamMeasurer {
     token_chunks: Vec<(Duration, Option<u64>)>,
     time_to_first_content: Option<Duration>,
     done_at: Option<Duration>,
-    finish_reasons: Vec<String>,
+    /// (choice index, raw finish_reason), in order of arrival.
+    finish_reasons: Vec<(u32, String)>,
+    /// Per choice index (at most [`MAX_CHOICES`]).
+    choices: BTreeMap<u32, ChoiceState>,
     usage: Option<chunk::Usage>,
     last_completion_tokens: Option<u64>,
     response_id: Option<String>,
@@ -250,8 +359,19 @@ pub struct StreamMeasurer {
     stream_error: Option<StreamError>,
     invalid: Option<String>,
     too_large: Option<String>,
-    /// The generated text so far, when kept.
-    text: Option<String>,
+    /// Keep the generated text and tool calls.
+    keep_text: bool,
+}
+
+/// Choice indexes measured apart; a stream with more keeps the first ones only.
+pub const MAX_CHOICES: usize = 128;
+
+#[derive(Debug, Default)]
+struct ChoiceState {
+    chunks: Vec<Duration>,
+    finish_reason: Option<String>,
+    text: String,
+    tool_calls: BTreeMap<u32, ToolCall>,
 }
 
 impl StreamMeasurer {
@@ -266,6 +386,7 @@ impl StreamMeasurer {
             time_to_first_content: None,
             done_at: None,
             finish_reasons: Vec::new(),
+            choices: BTreeMap::new(),
             usage: None,
             last_completion_tokens: None,
             response_id: None,
@@ -273,14 +394,20 @@ impl StreamMeasurer {
             stream_error: None,
             invalid: None,
             too_large: None,
-            text: None,
+            keep_text: false,
         }
     }
 
-    /// Keeps the generated text (first choice) for [`RequestRecord::output_text`].
+    /// Keeps the generated text (first choice) for [`RequestRecord::output_text`] and the
+    /// tool calls for [`RequestRecord::tool_calls`].
     pub fn keep_text(mut self) -> Self {
-        self.text = Some(String::new());
+        self.keep_text = true;
         self
+    }
+
+    /// Bytes the SSE parser holds for the event being built (at most the event cap).
+    pub fn buffered_bytes(&self) -> usize {
+        self.parser.buffered_bytes()
     }
 
     /// Bytes that arrived `at` after the send. Returns `false` when reading should stop (the
@@ -298,7 +425,7 @@ impl StreamMeasurer {
             }
         };
         for ev in events.drain(..) {
-            self.on_event(at, &ev.data);
+            self.on_event(at, &ev);
         }
         self.events = events;
         ok
@@ -309,17 +436,33 @@ impl StreamMeasurer {
         self.done_at.is_some()
     }
 
-    fn on_event(&mut self, at: Duration, data: &str) {
+    fn on_error(&mut self, e: StreamError) {
+        if self.stream_error.is_none() {
+            self.stream_error = Some(e);
+        }
+    }
+
+    fn on_event(&mut self, at: Duration, ev: &SseEvent) {
         if self.done_at.is_some() {
             return;
         }
-        match chunk::parse_payload(data) {
-            Payload::Done => self.done_at = Some(at),
-            Payload::Error(e) => {
-                if self.stream_error.is_none() {
-                    self.stream_error = Some(e);
-                }
+        match ev.kind {
+            EventKind::Message => {}
+            EventKind::Error | EventKind::ErrorLine => {
+                let data = ev.data.trim();
+                let e = chunk::parse_error_value(data).unwrap_or_else(|| StreamError { message: (!data.is_empty()).then(|| data.to_owned()), ..StreamError::default() });
+                return self.on_error(e);
             }
+            EventKind::Bare => {
+                if let Some(e) = chunk::parse_bare_error(&ev.data) {
+                    self.on_error(e);
+                }
+                return;
+            }
+        }
+        match chunk::parse_payload(&ev.data) {
+            Payload::Done => self.done_at = Some(at),
+            Payload::Error(e) => self.on_error(e),
             Payload::Invalid(msg) => {
                 if self.invalid.is_none() {
                     self.invalid = Some(msg);
@@ -336,9 +479,6 @@ impl StreamMeasurer {
                     self.usage = Some(u);
                 }
                 let completion = c.usage.and_then(|u| u.completion_tokens);
-                if let (Some(keep), Some(t)) = (self.text.as_mut(), c.text.as_deref()) {
-                    keep.push_str(t);
-                }
                 if c.carries_tokens {
                     self.token_chunks.push((at, completion));
                     if c.carries_content && self.time_to_first_content.is_none() {
@@ -348,7 +488,38 @@ impl StreamMeasurer {
                 if completion.is_some() {
                     self.last_completion_tokens = completion;
                 }
-                self.finish_reasons.extend(c.finish_reasons.into_iter().map(|r| r.into_owned()));
+                for choice in c.choices {
+                    if let Some(reason) = &choice.finish_reason {
+                        self.finish_reasons.push((choice.index, reason.to_string()));
+                    }
+                    if !self.choices.contains_key(&choice.index) && self.choices.len() >= MAX_CHOICES {
+                        continue;
+                    }
+                    let state = self.choices.entry(choice.index).or_default();
+                    if choice.carries_tokens {
+                        state.chunks.push(at);
+                    }
+                    if let Some(reason) = choice.finish_reason {
+                        state.finish_reason = Some(reason.into_owned());
+                    }
+                    if self.keep_text {
+                        if let Some(t) = choice.text.as_deref() {
+                            state.text.push_str(t);
+                        }
+                        for call in choice.tool_calls {
+                            let kept = state.tool_calls.entry(call.index).or_insert_with(|| ToolCall { index: call.index, ..ToolCall::default() });
+                            if kept.id.is_none() {
+                                kept.id = call.id.map(|s| s.into_owned());
+                            }
+                            if kept.name.is_none() {
+                                kept.name = call.name.map(|s| s.into_owned());
+                            }
+                            if let Some(a) = call.arguments.as_deref() {
+                                kept.arguments.push_str(a);
+                            }
+                        }
+                    }
+                }
             }
         }
     }
@@ -362,10 +533,11 @@ impl StreamMeasurer {
                 self.too_large = Some(e.to_string());
             }
             for ev in events.drain(..) {
-                self.on_event(at, &ev.data);
+                self.on_event(at, &ev);
             }
         }
         let e2e = self.done_at.unwrap_or(at);
+        let multi_choice = self.choices.len() > 1;
 
         let ttft = self.token_chunks.first().map(|(t, _)| *t);
         let server_output = self.usage.and_then(|u| u.completion_tokens);
@@ -373,13 +545,23 @@ impl StreamMeasurer {
             Some(n) => (n, UsageSource::Server),
             None => (self.token_chunks.len() as u64, UsageSource::Chunks),
         };
-        let itl = inter_token_latencies(&self.token_chunks);
-        let tpot = match (ttft, self.token_chunks.last()) {
-            (Some(first), Some((last, _))) if output_tokens > 1 => {
-                u32::try_from(output_tokens - 1).ok().map(|n| (*last - first) / n)
-            }
-            _ => None,
+        let choices: Vec<ChoiceRecord> = if multi_choice { self.choices.iter().map(|(i, c)| choice_record(*i, c, self.keep_text)).collect() } else { Vec::new() };
+        // Across parallel choices only per-choice gaps mean anything; no request-level TPOT.
+        let (itl, tpot) = if multi_choice {
+            (choices.iter().flat_map(|c| c.itl.iter().copied()).collect(), None)
+        } else {
+            let tpot = match (ttft, self.token_chunks.last()) {
+                (Some(first), Some((last, _))) if output_tokens > 1 => u32::try_from(output_tokens - 1).ok().map(|n| (*last - first) / n),
+                _ => None,
+            };
+            (inter_token_latencies(&self.token_chunks), tpot)
         };
+        if multi_choice {
+            self.finish_reasons.sort_by_key(|(i, _)| *i);
+        }
+        let first_choice = self.choices.values().next();
+        let output_text = self.keep_text.then(|| first_choice.map(|c| c.text.clone()).unwrap_or_default());
+        let tool_calls = if self.keep_text { first_choice.map(|c| c.tool_calls.values().cloned().collect()).unwrap_or_default() } else { Vec::new() };
 
         let (outcome, error) = self.classify(&end, ttft.is_some());
         RequestRecord {
@@ -396,22 +578,21 @@ impl StreamMeasurer {
             output_tokens: Some(output_tokens),
             reasoning_tokens: self.usage.and_then(|u| u.reasoning_tokens),
             usage_source: Some(usage_source),
-            finish_reasons: self.finish_reasons,
+            finish_reasons: self.finish_reasons.into_iter().map(|(_, r)| r).collect(),
             response_id: self.response_id,
             response_model: self.response_model,
             sse_comments: self.parser.comments,
-            output_text: self.text,
+            output_text,
+            tool_calls,
+            choices,
+            done_marker_seen: self.done_at.is_some(),
         }
     }
 
     fn classify(&mut self, end: &StreamEnd, got_tokens: bool) -> (Outcome, Option<RequestError>) {
         use error_type as et;
         if let Some(e) = self.stream_error.take() {
-            let error_type = e.error_type.clone().or_else(|| e.code.clone()).unwrap_or_else(|| et::STREAM_ERROR.into());
-            return (
-                Outcome::Error,
-                Some(RequestError { error_type, message: e.message.map(cut_message), code: e.code }),
-            );
+            return (Outcome::Error, Some(RequestError::from_stream(e)));
         }
         if let Some(msg) = self.too_large.take() {
             return (Outcome::Error, Some(RequestError::new(et::SSE_EVENT_TOO_LARGE, Some(msg))));
@@ -429,7 +610,7 @@ impl StreamMeasurer {
         if let Some(msg) = self.invalid.take() {
             return (Outcome::Error, Some(RequestError::new(et::INVALID_CHUNK, Some(msg))));
         }
-        if let Some(reason) = self.finish_reasons.iter().find(|r| !CLEAN_FINISH_REASONS.contains(&r.as_str())) {
+        if let Some((_, reason)) = self.finish_reasons.iter().find(|(_, r)| !CLEAN_FINISH_REASONS.contains(&r.as_str())) {
             let msg = Some(format!("finish_reason {reason:?}"));
             return if ABORT_FINISH_REASONS.contains(&reason.as_str()) {
                 (Outcome::Aborted, Some(RequestError::new(et::ABORTED, msg)))
@@ -448,6 +629,24 @@ impl StreamMeasurer {
             return (Outcome::Error, Some(RequestError::new(et::NO_TOKEN_RECEIVED, None)));
         }
         (Outcome::Ok, None)
+    }
+}
+
+fn choice_record(index: u32, c: &ChoiceState, keep_text: bool) -> ChoiceRecord {
+    let (first, last) = (c.chunks.first().copied(), c.chunks.last().copied());
+    let tpot = match (first, last, u32::try_from(c.chunks.len()).ok()) {
+        (Some(f), Some(l), Some(n)) if n > 1 => Some(l.saturating_sub(f) / (n - 1)),
+        _ => None,
+    };
+    ChoiceRecord {
+        index,
+        first_token: first,
+        last_token: last,
+        token_chunks: c.chunks.len(),
+        itl: c.chunks.windows(2).map(|w| w[1].saturating_sub(w[0])).collect(),
+        tpot,
+        finish_reason: c.finish_reason.clone(),
+        text: keep_text.then(|| c.text.clone()),
     }
 }
 
@@ -571,5 +770,12 @@ mod tests {
         assert_eq!((e.error_type.as_str(), e.message.as_deref(), e.code.as_deref()), ("429", Some("rate limited"), Some("rate_limit_exceeded")));
         let r = RequestRecord::http_error(500, b"Internal Server Error", ms(5));
         assert_eq!(r.error.unwrap().message.as_deref(), Some("Internal Server Error"));
+        // An SSE error body on a non-2xx status.
+        let r = RequestRecord::http_error(500, b"data: {\"error\":{\"message\":\"engine dead\",\"type\":\"EngineDeadError\",\"code\":500}}\n\n", ms(5));
+        let e = r.error.unwrap();
+        assert_eq!((e.error_type.as_str(), e.server_type.as_deref(), e.message.as_deref(), e.code.as_deref()), ("500", Some("EngineDeadError"), Some("engine dead"), Some("500")));
     }
 }
+
+#[cfg(test)]
+mod wild_tests;

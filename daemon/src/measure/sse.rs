@@ -9,10 +9,34 @@
 //! (`: keep-alive`), multi-line `data:` fields, fields other than `data` (ignored), a last
 //! event without its blank line at end of stream. An event larger than the configured limit is
 //! an error, so a hostile stream cannot grow memory without bound.
+//!
+//! Beyond the standard, for the ways servers report errors in a 200 stream: an event whose
+//! `event:` type is `error` is dispatched as [`EventKind::Error`] (also without `data`); an
+//! `error:` field line (llama.cpp) is dispatched at once as [`EventKind::ErrorLine`]; lines
+//! that are no SSE field but a JSON document (first byte `{`, possibly over several lines)
+//! are dispatched as [`EventKind::Bare`] once they parse, or when an SSE field line or the end
+//! of the stream follows them.
+//!
+//! Chunk-boundary invariance: the events and their order depend only on the bytes, never on
+//! how they were split into reads.
+
+/// Where a dispatched event came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    /// A standard event (any `event:` type but `error`).
+    Message,
+    /// An event with `event: error`.
+    Error,
+    /// An `error:` field line; `data` is its value.
+    ErrorLine,
+    /// Lines that are no SSE field but (start like) a JSON document; `data` is their text.
+    Bare,
+}
 
 /// One dispatched SSE event: its `data` lines joined by `\n`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SseEvent {
+    pub kind: EventKind,
     pub data: String,
 }
 
@@ -32,6 +56,10 @@ pub struct SseParser {
     /// `data` of the event being built.
     data: String,
     has_data: bool,
+    /// The current event has `event: error`.
+    event_is_error: bool,
+    /// Lines of a bare JSON document not yet dispatched.
+    bare: String,
     /// The previous byte was `\r`: a following `\n` belongs to the same line end.
     after_cr: bool,
     max_event_bytes: usize,
@@ -46,6 +74,8 @@ impl SseParser {
             line: Vec::new(),
             data: String::new(),
             has_data: false,
+            event_is_error: false,
+            bare: String::new(),
             after_cr: false,
             max_event_bytes,
             comments: 0,
@@ -93,12 +123,18 @@ impl SseParser {
         if !self.line.is_empty() {
             self.end_line(out)?;
         }
+        self.flush_bare(out);
         self.dispatch(out);
         Ok(())
     }
 
+    /// Bytes held for the event being built (line, data, bare JSON), at most the limit.
+    pub fn buffered_bytes(&self) -> usize {
+        self.line.len() + self.data.len() + self.bare.len()
+    }
+
     fn extend_line(&mut self, part: &[u8]) -> Result<(), SseError> {
-        if self.line.len() + part.len() + self.data.len() > self.max_event_bytes {
+        if self.buffered_bytes() + part.len() > self.max_event_bytes {
             return Err(SseError::EventTooLarge { limit: self.max_event_bytes });
         }
         self.line.extend_from_slice(part);
@@ -107,10 +143,24 @@ impl SseParser {
 
     fn end_line(&mut self, out: &mut Vec<SseEvent>) -> Result<(), SseError> {
         if self.line.is_empty() {
-            self.dispatch(out);
+            // A blank line inside a bare JSON document is part of it.
+            if self.bare.is_empty() {
+                self.dispatch(out);
+            }
             return Ok(());
         }
         let line = std::mem::take(&mut self.line);
+        let first = line.iter().copied().find(|b| !b.is_ascii_whitespace());
+        if !self.bare.is_empty() || (first == Some(b'{') && !self.has_data) {
+            if self.bare.is_empty() || !is_field_line(&line) {
+                self.push_bare(&line, out);
+                self.line = line;
+                self.line.clear();
+                return self.within_limit();
+            }
+            // An SSE field line ends the bare document.
+            self.flush_bare(out);
+        }
         if line[0] == b':' {
             self.comments += 1;
         } else {
@@ -121,26 +171,67 @@ impl SseParser {
                 }
                 None => (&line[..], &[][..]),
             };
-            if field == b"data" {
-                if self.has_data {
-                    self.data.push('\n');
+            match field {
+                b"data" => {
+                    if self.has_data {
+                        self.data.push('\n');
+                    }
+                    self.data.push_str(&String::from_utf8_lossy(value));
+                    self.has_data = true;
                 }
-                self.data.push_str(&String::from_utf8_lossy(value));
-                self.has_data = true;
+                b"event" => self.event_is_error = value.trim_ascii() == b"error",
+                b"error" => out.push(SseEvent { kind: EventKind::ErrorLine, data: String::from_utf8_lossy(value).into_owned() }),
+                _ => {}
             }
         }
         // Reuse the line's allocation.
         self.line = line;
         self.line.clear();
+        self.within_limit()
+    }
+
+    /// The held event within the limit also after decoding (an invalid UTF-8 byte becomes
+    /// the 3-byte U+FFFD) and the `\n` between lines; over it, the event is dropped.
+    fn within_limit(&mut self) -> Result<(), SseError> {
+        if self.buffered_bytes() > self.max_event_bytes {
+            self.data = String::new();
+            self.bare = String::new();
+            self.has_data = false;
+            return Err(SseError::EventTooLarge { limit: self.max_event_bytes });
+        }
         Ok(())
     }
 
-    fn dispatch(&mut self, out: &mut Vec<SseEvent>) {
-        if self.has_data {
-            out.push(SseEvent { data: std::mem::take(&mut self.data) });
-            self.has_data = false;
+    fn push_bare(&mut self, line: &[u8], out: &mut Vec<SseEvent>) {
+        if !self.bare.is_empty() {
+            self.bare.push('\n');
+        }
+        self.bare.push_str(&String::from_utf8_lossy(line));
+        // Try a parse only where a document can end.
+        if line.trim_ascii_end().last() == Some(&b'}') && serde_json::from_str::<serde::de::IgnoredAny>(&self.bare).is_ok() {
+            self.flush_bare(out);
         }
     }
+
+    fn flush_bare(&mut self, out: &mut Vec<SseEvent>) {
+        if !self.bare.is_empty() {
+            out.push(SseEvent { kind: EventKind::Bare, data: std::mem::take(&mut self.bare) });
+        }
+    }
+
+    fn dispatch(&mut self, out: &mut Vec<SseEvent>) {
+        let kind = if self.event_is_error { EventKind::Error } else { EventKind::Message };
+        if self.has_data || self.event_is_error {
+            out.push(SseEvent { kind, data: std::mem::take(&mut self.data) });
+            self.has_data = false;
+        }
+        self.event_is_error = false;
+    }
+}
+
+/// A line that names an SSE field this parser acts on, or a comment.
+fn is_field_line(line: &[u8]) -> bool {
+    line.first() == Some(&b':') || [&b"data"[..], b"event", b"error", b"id", b"retry"].iter().any(|f| line.strip_prefix(*f).is_some_and(|r| r.is_empty() || r[0] == b':'))
 }
 
 #[cfg(test)]
@@ -155,6 +246,36 @@ mod tests {
         }
         p.finish(&mut out).unwrap();
         out.into_iter().map(|e| e.data).collect()
+    }
+
+    fn kinds_in_pieces(input: &[u8], piece: usize) -> Vec<(EventKind, String)> {
+        let mut p = SseParser::new(1 << 20);
+        let mut out = Vec::new();
+        for c in input.chunks(piece) {
+            p.push(c, &mut out).unwrap();
+        }
+        p.finish(&mut out).unwrap();
+        out.into_iter().map(|e| (e.kind, e.data)).collect()
+    }
+
+    #[test]
+    fn error_events_error_lines_and_bare_json_are_dispatched() {
+        use EventKind::*;
+        let input = b"data: {\"a\":1}\n\nevent: error\ndata: {\"message\":\"boom\"}\n\nerror: {\"code\":400}\n\n{\"error\":\n  {\"type\":\"x\"}\n}\ndata: [DONE]\n\n{\"error\":\"tail\"}";
+        let want = vec![
+            (Message, "{\"a\":1}".to_string()),
+            (Error, "{\"message\":\"boom\"}".to_string()),
+            (ErrorLine, "{\"code\":400}".to_string()),
+            (Bare, "{\"error\":\n  {\"type\":\"x\"}\n}".to_string()),
+            (Message, "[DONE]".to_string()),
+            (Bare, "{\"error\":\"tail\"}".to_string()),
+        ];
+        for piece in [1, 2, 5, 13, input.len()] {
+            assert_eq!(kinds_in_pieces(input, piece), want, "piece {piece}");
+        }
+        // An unfinished bare document ends at the next SSE field line; event: error without data.
+        let input = b"{not json\ndata: x\n\nevent: error\n\n";
+        assert_eq!(kinds_in_pieces(input, 3), vec![(Bare, "{not json".to_string()), (Message, "x".to_string()), (Error, String::new())]);
     }
 
     #[test]
@@ -195,5 +316,9 @@ mod tests {
         let mut p = SseParser::new(16);
         p.push(b"data: 0123456789\n", &mut out).unwrap();
         assert!(p.push(b"data: 0123456789\n", &mut out).is_err());
+        // Invalid UTF-8 grows when decoded (U+FFFD is 3 bytes): still within the limit held.
+        let mut p = SseParser::new(16);
+        assert!(p.push(b"data: \xff\xff\xff\xff\xff\xff\n", &mut out).is_err());
+        assert!(p.buffered_bytes() <= 16, "found by the fuzz target");
     }
 }

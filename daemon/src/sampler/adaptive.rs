@@ -10,6 +10,16 @@
 //! `spike_min_requests` in the window), keep everything until `spike_hold` after the condition
 //! was last true. Hysteresis: once in spike mode, the condition to stay is half the error
 //! rate and 80 % of the latency threshold, so a window hovering at the threshold does not flap.
+//!
+//! A third rule needs no SLO: a *latency jump* of the target's TTFT or E2E p99 per 10 s bucket
+//! against its own robust baseline (median and MAD of up to 30 min of buckets), judged by the
+//! detector the diagnosis shares ([`crate::diagnosis::detector`]): ≥ `spike_jump_ratio` ×
+//! (default 2), robust z ≥ `spike_jump_z` (3.5) and ≥ `spike_jump_floor` (50 ms) above the
+//! median, in 2 of the last 3 buckets. Staying needs the rule relaxed to 80 %. Which rule fired,
+//! with its values, is the [`SpikeRule`] of the entry.
+//!
+//! Requests the agent cancelled itself (shutdown, a stopped load: outcome `cancelled`) are kept
+//! as errors but never counted by any rule: they say nothing about the target.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -18,6 +28,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::threshold;
+use crate::diagnosis::detector::{Aggregate, BucketSeries, DetectorConfig, JumpRule};
 
 /// Why a span was kept (`lmperf.sampling.reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -64,6 +75,41 @@ pub enum SpikeTransition {
     Left,
 }
 
+/// Which rule started spike mode, with its values (`lmperf.spike.reason` and the
+/// `lmperf.spike.*` attributes of the `lmperf.spike.entered` event; `spike_reason` in
+/// `/api/v1/status`). Times in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum SpikeRule {
+    /// The window's error share reached `threshold`.
+    ErrorRate { error_rate: f64, threshold: f64, requests: usize },
+    /// The window's p99 E2E reached `spike_p99` (`threshold_s`).
+    SloP99 { p99_s: f64, threshold_s: f64 },
+    /// The p99 of `signal` (`ttft` | `e2e`) per bucket jumped against the target's own
+    /// baseline (its median `baseline_s`): `ratio` = p99 ÷ median, `z` the robust z score.
+    LatencyJump { signal: &'static str, p99_s: f64, baseline_s: f64, ratio: f64, z: f64 },
+}
+
+impl SpikeRule {
+    /// `error_rate` | `slo_p99` | `latency_jump`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            SpikeRule::ErrorRate { .. } => "error_rate",
+            SpikeRule::SloP99 { .. } => "slo_p99",
+            SpikeRule::LatencyJump { .. } => "latency_jump",
+        }
+    }
+
+    /// One human line: `latency_jump: ttft p99 2.41 s = 6.3 × baseline 0.38 s (z 41.0)`.
+    pub fn describe(&self) -> String {
+        match *self {
+            SpikeRule::ErrorRate { error_rate, threshold, requests } => format!("error_rate: {:.1} % of {requests} requests failed (threshold {:.1} %)", error_rate * 100.0, threshold * 100.0),
+            SpikeRule::SloP99 { p99_s, threshold_s } => format!("slo_p99: e2e p99 {p99_s:.3} s ≥ {threshold_s:.3} s"),
+            SpikeRule::LatencyJump { signal, p99_s, baseline_s, ratio, z } => format!("latency_jump: {signal} p99 {p99_s:.3} s = {ratio:.1} × baseline {baseline_s:.3} s (z {z:.1})"),
+        }
+    }
+}
+
 /// A sampling decision.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Decision {
@@ -73,6 +119,8 @@ pub struct Decision {
     pub probability: f64,
     /// Spike mode changed with this request.
     pub transition: Option<SpikeTransition>,
+    /// With `transition: Entered`, the rule that fired.
+    pub spike: Option<SpikeRule>,
 }
 
 /// Per-target sampling policy (validated config).
@@ -93,7 +141,15 @@ pub struct SamplingPolicy {
     pub spike_p99: Option<Duration>,
     pub spike_hold: Duration,
     pub spike_min_requests: usize,
+    /// The latency-jump rule against the target's own baseline; `None`: off
+    /// (`spike_jump_ratio = 0`).
+    pub spike_jump: Option<JumpRule>,
+    /// Buckets and baseline history of the jump rule.
+    pub spike_detector: DetectorConfig,
 }
+
+/// The default latency-jump rule of spike mode: 2 ×, robust z 3.5, 50 ms.
+pub const DEFAULT_SPIKE_JUMP: JumpRule = JumpRule { ratio: 2.0, z: 3.5, floor: 0.05 };
 
 impl Default for SamplingPolicy {
     fn default() -> Self {
@@ -107,6 +163,8 @@ impl Default for SamplingPolicy {
             spike_p99: None,
             spike_hold: Duration::from_secs(60),
             spike_min_requests: 10,
+            spike_jump: Some(DEFAULT_SPIKE_JUMP),
+            spike_detector: DetectorConfig::default(),
         }
     }
 }
@@ -121,6 +179,8 @@ pub struct Observed {
     pub ttft: Option<Duration>,
     pub e2e: Duration,
     pub trace_id: u128,
+    /// Cancelled by the agent itself (shutdown, a stopped load): kept, never counted.
+    pub cancelled: bool,
 }
 
 /// The sampler of one target.
@@ -132,15 +192,37 @@ pub struct TargetSampler {
     spike_until: Option<Instant>,
     tokens: f64,
     last_refill: Option<Instant>,
+    /// The rule that started the current spike.
+    rule: Option<SpikeRule>,
+    /// Origin of the detectors' time axis (the first request).
+    origin: Option<Instant>,
+    ttft: BucketSeries,
+    e2e: BucketSeries,
 }
 
 impl TargetSampler {
     pub fn new(policy: SamplingPolicy) -> Self {
-        Self { policy, window: VecDeque::new(), errors_in_window: 0, spike_until: None, tokens: policy.max_base_per_second.max(1.0), last_refill: None }
+        Self {
+            policy,
+            window: VecDeque::new(),
+            errors_in_window: 0,
+            spike_until: None,
+            tokens: policy.max_base_per_second.max(1.0),
+            last_refill: None,
+            rule: None,
+            origin: None,
+            ttft: BucketSeries::new(policy.spike_detector, Aggregate::P99),
+            e2e: BucketSeries::new(policy.spike_detector, Aggregate::P99),
+        }
     }
 
     pub fn in_spike(&self) -> bool {
         self.spike_until.is_some()
+    }
+
+    /// The rule that started the current spike (`None` outside spike mode).
+    pub fn spike_rule(&self) -> Option<SpikeRule> {
+        self.rule
     }
 
     /// Decides on one finished request at `now`.
@@ -148,7 +230,7 @@ impl TargetSampler {
         let transition = self.update_window(now, o);
         let p = self.policy;
         let slo_breach = p.slo_ttft.is_some_and(|t| o.ttft.is_some_and(|v| v > t)) || p.slo_e2e.is_some_and(|t| o.e2e > t);
-        let (keep, reason, probability) = if o.failed {
+        let (keep, reason, probability) = if o.failed || o.cancelled {
             (true, Reason::Error, 1.0)
         } else if slo_breach {
             (true, Reason::SloBreach, 1.0)
@@ -158,7 +240,8 @@ impl TargetSampler {
             let keep = threshold::keeps(o.trace_id, p.base_ratio) && self.take_token(now);
             (keep, Reason::Base, p.base_ratio)
         };
-        Decision { keep, reason, probability, transition }
+        let spike = if transition == Some(SpikeTransition::Entered) { self.rule } else { None };
+        Decision { keep, reason, probability, transition, spike }
     }
 
     fn take_token(&mut self, now: Instant) -> bool {
@@ -177,8 +260,18 @@ impl TargetSampler {
     }
 
     fn update_window(&mut self, now: Instant, o: Observed) -> Option<SpikeTransition> {
-        self.window.push_back((now, o.failed, o.e2e));
-        self.errors_in_window += o.failed as usize;
+        let origin = *self.origin.get_or_insert(now);
+        let at = now.saturating_duration_since(origin);
+        if !o.cancelled {
+            self.window.push_back((now, o.failed, o.e2e));
+            self.errors_in_window += o.failed as usize;
+            if !o.failed {
+                if let Some(t) = o.ttft {
+                    self.ttft.push(at, t.as_secs_f64());
+                }
+                self.e2e.push(at, o.e2e.as_secs_f64());
+            }
+        }
         while let Some(&(t, failed, _)) = self.window.front() {
             if now.saturating_duration_since(t) > self.policy.spike_window || self.window.len() > MAX_WINDOW {
                 self.window.pop_front();
@@ -190,19 +283,47 @@ impl TargetSampler {
         let in_spike = self.in_spike();
         // Hysteresis: staying in a spike needs less than entering one.
         let (err_factor, lat_factor) = if in_spike { (0.5, 0.8) } else { (1.0, 1.0) };
-        let n = self.window.len();
-        let hot = n >= self.policy.spike_min_requests
-            && (self.errors_in_window as f64 / n as f64 >= self.policy.spike_error_rate * err_factor
-                || self.policy.spike_p99.is_some_and(|t| self.p99() >= t.mul_f64(lat_factor)));
-        if hot {
+        if let Some(rule) = self.hot(at, err_factor, lat_factor) {
             self.spike_until = Some(now + self.policy.spike_hold);
-            return (!in_spike).then_some(SpikeTransition::Entered);
+            if !in_spike {
+                self.rule = Some(rule);
+                return Some(SpikeTransition::Entered);
+            }
+            return None;
         }
         if let Some(until) = self.spike_until
             && now >= until
         {
             self.spike_until = None;
+            self.rule = None;
             return Some(SpikeTransition::Left);
+        }
+        None
+    }
+
+    /// The first rule that holds at `at` (detector time), if any.
+    fn hot(&mut self, at: Duration, err_factor: f64, lat_factor: f64) -> Option<SpikeRule> {
+        let p = self.policy;
+        let n = self.window.len();
+        if n >= p.spike_min_requests {
+            let error_rate = self.errors_in_window as f64 / n as f64;
+            if error_rate >= p.spike_error_rate * err_factor {
+                return Some(SpikeRule::ErrorRate { error_rate, threshold: p.spike_error_rate, requests: n });
+            }
+            if let Some(t) = p.spike_p99 {
+                let p99 = self.p99();
+                if p99 >= t.mul_f64(lat_factor) {
+                    return Some(SpikeRule::SloP99 { p99_s: p99.as_secs_f64(), threshold_s: t.as_secs_f64() });
+                }
+            }
+        }
+        let rule = p.spike_jump?.relaxed(lat_factor);
+        for (signal, series) in [("ttft", &mut self.ttft), ("e2e", &mut self.e2e)] {
+            if let Some(a) = series.assess(at, &rule)
+                && a.jumped
+            {
+                return Some(SpikeRule::LatencyJump { signal, p99_s: a.peak, baseline_s: a.baseline.median, ratio: a.ratio, z: a.z });
+            }
         }
         None
     }
@@ -224,7 +345,7 @@ mod tests {
     use super::*;
 
     fn obs(failed: bool, e2e_ms: u64, id: u128) -> Observed {
-        Observed { failed, ttft: Some(Duration::from_millis(e2e_ms / 4)), e2e: Duration::from_millis(e2e_ms), trace_id: id }
+        Observed { failed, ttft: Some(Duration::from_millis(e2e_ms / 4)), e2e: Duration::from_millis(e2e_ms), trace_id: id, cancelled: false }
     }
 
     fn policy() -> SamplingPolicy {
@@ -326,5 +447,76 @@ mod tests {
             entered |= s.decide(Instant::now(), obs(false, 900, id())).transition == Some(SpikeTransition::Entered);
         }
         assert!(entered && s.in_spike());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn latency_jump_without_slo_enters_with_its_values_and_leaves_after_hold() {
+        let mut s = TargetSampler::new(SamplingPolicy { spike_hold: Duration::from_secs(20), ..SamplingPolicy::default() });
+        let mut id = ids();
+        let step = Duration::from_millis(500); // 2 canaries/s
+        // 2 min calm at TTFT 100 ms (E2E 400 ms).
+        for _ in 0..240 {
+            tokio::time::advance(step).await;
+            let d = s.decide(Instant::now(), obs(false, 400, id()));
+            assert!(d.transition.is_none() && d.reason == Reason::Base);
+        }
+        // TTFT jumps to 1 s (E2E 4 s) for 40 s.
+        let jump = Instant::now();
+        let mut entered = None;
+        for _ in 0..80 {
+            tokio::time::advance(step).await;
+            let d = s.decide(Instant::now(), obs(false, 4000, id()));
+            if d.transition == Some(SpikeTransition::Entered) {
+                entered = Some((Instant::now() - jump, d.spike));
+            }
+            if entered.is_some() {
+                assert!(d.keep && d.reason == Reason::Spike);
+            }
+        }
+        let (after, rule) = entered.expect("spike entered");
+        // The bucket in progress counts after 5 samples; 2 of the last 3 buckets must jump.
+        assert!(after <= Duration::from_secs(20), "entered {after:?} after the jump");
+        let Some(SpikeRule::LatencyJump { signal, p99_s, baseline_s, ratio, z }) = rule else { panic!("{rule:?}") };
+        assert_eq!((signal, p99_s, baseline_s), ("ttft", 1.0, 0.1));
+        assert!((ratio - 10.0).abs() < 1e-9 && z > 100.0, "{ratio} {z}");
+        assert_eq!(s.spike_rule(), rule);
+        // Calm again: the hold runs from the last hot request; one exit, no flapping.
+        let calm = Instant::now();
+        let mut left = None;
+        for _ in 0..120 {
+            tokio::time::advance(step).await;
+            let d = s.decide(Instant::now(), obs(false, 400, id()));
+            match d.transition {
+                Some(SpikeTransition::Left) => left = Some(Instant::now() - calm),
+                Some(SpikeTransition::Entered) => panic!("flapped"),
+                None => assert_eq!(d.keep && left.is_none(), left.is_none(), "kept until the hold ends"),
+            }
+        }
+        let left = left.expect("left");
+        assert!(left >= Duration::from_secs(20) && left <= Duration::from_secs(45), "left {left:?} after calm");
+        assert_eq!(s.spike_rule(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn agent_cancellations_never_count() {
+        let mut s = TargetSampler::new(policy());
+        let mut id = ids();
+        for _ in 0..50 {
+            tokio::time::advance(Duration::from_millis(50)).await;
+            s.decide(Instant::now(), obs(false, 100, id()));
+        }
+        // Shutdown: every canary in flight is cancelled at once.
+        for _ in 0..20 {
+            let d = s.decide(Instant::now(), Observed { cancelled: true, ttft: None, ..obs(true, 5000, id()) });
+            assert!(d.keep && d.reason == Reason::Error && d.transition.is_none(), "{d:?}");
+        }
+        assert!(!s.in_spike());
+        // A real failure still counts.
+        for _ in 0..10 {
+            s.decide(Instant::now(), obs(true, 100, id()));
+        }
+        // The window (3 s at 20/s) holds the real requests only: the 20 cancelled ones are absent.
+        let Some(SpikeRule::ErrorRate { error_rate, requests, .. }) = s.spike_rule() else { panic!("{:?}", s.spike_rule()) };
+        assert!(requests <= 60 && (error_rate * requests as f64).round() <= 10.0, "{requests} {error_rate}");
     }
 }

@@ -156,3 +156,7 @@ impl Instruments {
         self.skipped.add(1, &[KeyValue::new(n::LMPERF_TARGET, target.to_owned())]);
     }
 }
+
+#[cfg(test)]
+#[path = "genai_buckets_case.rs"]
+mod genai_buckets_case;

@@ -53,6 +53,13 @@ pub const LMPERF_USAGE_SOURCE: &str = "lmperf.usage.source";
 pub const LMPERF_RETRIES: &str = "lmperf.retries";
 pub const LMPERF_ERROR_MESSAGE: &str = "lmperf.error.message";
 pub const LMPERF_ERROR_CODE: &str = "lmperf.error.code";
+/// The server's own error `type` (e.g. `exceed_context_size_error`); `error.type` may be the
+/// HTTP status.
+pub const LMPERF_ERROR_SERVER_TYPE: &str = "lmperf.error.server_type";
+/// The server's `Retry-After` on an HTTP error, seconds.
+pub const LMPERF_ERROR_RETRY_AFTER: &str = "lmperf.error.retry_after";
+/// Choices of an `n > 1` stream.
+pub const LMPERF_CHOICES: &str = "lmperf.choices";
 pub const LMPERF_PROMPT_ID: &str = "lmperf.prompt.id";
 /// Where a request came from: `inject` for load injected through the control API, `bench` for
 /// `lmperf run` (on spans and, for `bench`, metric points); canary spans carry none.
@@ -122,6 +129,17 @@ pub const METRIC_SAMPLING_SPIKE: &str = "lmperf.sampling.spike";
 /// Span events marking spike mode changes.
 pub const EVENT_SPIKE_ENTERED: &str = "lmperf.spike.entered";
 pub const EVENT_SPIKE_LEFT: &str = "lmperf.spike.left";
+/// On `lmperf.spike.entered`: the rule that fired, error_rate | slo_p99 | latency_jump.
+pub const LMPERF_SPIKE_REASON: &str = "lmperf.spike.reason";
+/// The value the rule judged: error share, or p99 in seconds.
+pub const LMPERF_SPIKE_VALUE: &str = "lmperf.spike.value";
+/// The rule's threshold: error share, or p99 in seconds (slo_p99).
+pub const LMPERF_SPIKE_THRESHOLD: &str = "lmperf.spike.threshold";
+/// latency_jump: ttft | e2e, the baseline median (s), value ÷ median, robust z score.
+pub const LMPERF_SPIKE_SIGNAL: &str = "lmperf.spike.signal";
+pub const LMPERF_SPIKE_BASELINE: &str = "lmperf.spike.baseline";
+pub const LMPERF_SPIKE_RATIO: &str = "lmperf.spike.ratio";
+pub const LMPERF_SPIKE_Z: &str = "lmperf.spike.z";
 /// The `tracestate` list member of OpenTelemetry ("ot"), holding the sampling threshold `th`.
 pub const TRACESTATE_OT: &str = "ot";
 
@@ -283,3 +301,50 @@ pub const LMPERF_NET_RTT_SAMPLES: &str = "lmperf.net.rtt.samples";
 pub const LMPERF_NET_RETRANSMITS: &str = "lmperf.net.retransmits";
 /// Connect latency in seconds, when a connection was opened during the request.
 pub const LMPERF_NET_CONNECT_DURATION: &str = "lmperf.net.connect.duration";
+
+// ---- Model server signals (`server`): the server's own /metrics page, normalized across
+// vLLM, SGLang, TGI and llama.cpp. No OpenTelemetry convention covers a server's queue or KV
+// cache (`gen_ai.server.*` is the server's own request metrics), so they carry `lmperf.server.` ----
+/// Gauge, unit `{request}`: requests the server is running (in its batch).
+pub const METRIC_SERVER_REQUESTS_RUNNING: &str = "lmperf.server.requests.running";
+/// Gauge, unit `{request}`: requests queued in the server, waiting for a batch slot.
+pub const METRIC_SERVER_REQUESTS_WAITING: &str = "lmperf.server.requests.waiting";
+/// Gauge, unit `1`: fraction of the KV cache in use, 0..1.
+pub const METRIC_SERVER_KV_CACHE_USAGE: &str = "lmperf.server.kv_cache.usage";
+/// Gauge, unit `1`: prefix-cache hits ÷ queries over the last scrape interval.
+pub const METRIC_SERVER_PREFIX_CACHE_HIT_RATIO: &str = "lmperf.server.prefix_cache.hit_ratio";
+/// Counters (restart-safe sums of the server's own counters' increases).
+pub const METRIC_SERVER_PROMPT_TOKENS: &str = "lmperf.server.prompt_tokens";
+pub const METRIC_SERVER_GENERATION_TOKENS: &str = "lmperf.server.generation_tokens";
+pub const METRIC_SERVER_REQUESTS: &str = "lmperf.server.requests";
+pub const METRIC_SERVER_PREEMPTIONS: &str = "lmperf.server.preemptions";
+/// Gauge, unit `s`: server-side latency over the last scrape interval, by
+/// `lmperf.server.phase` (ttft | itl | queue | prefill | decode) and `lmperf.server.statistic`
+/// (mean | p50 | p99; quantiles as PromQL's `histogram_quantile` of the interval's buckets).
+pub const METRIC_SERVER_LATENCY: &str = "lmperf.server.latency";
+/// Counter, unit `{change}`: server change events by `lmperf.server.change.kind`
+/// (version | model | model_revision | restart | kind).
+pub const METRIC_SERVER_CHANGES: &str = "lmperf.server.changes";
+/// Counter, unit `{scrape}`: scrapes by `lmperf.server.scrape.result` (ok | connect | timeout |
+/// http_status | too_large | html | empty | not_metrics | body).
+pub const METRIC_SERVER_SCRAPES: &str = "lmperf.server.scrapes";
+/// Gauge, unit `1`: always 1, carrying `lmperf.server.kind`, `.version`, `.model`.
+pub const METRIC_SERVER_INFO: &str = "lmperf.server.info";
+pub const LMPERF_SERVER_PHASE: &str = "lmperf.server.phase";
+pub const LMPERF_SERVER_STATISTIC: &str = "lmperf.server.statistic";
+pub const LMPERF_SERVER_CHANGE_KIND: &str = "lmperf.server.change.kind";
+pub const LMPERF_SERVER_SCRAPE_RESULT: &str = "lmperf.server.scrape.result";
+pub const LMPERF_SERVER_KIND: &str = "lmperf.server.kind";
+pub const LMPERF_SERVER_VERSION: &str = "lmperf.server.version";
+pub const LMPERF_SERVER_MODEL: &str = "lmperf.server.model";
+/// Span attributes: the server's state at the canary's send (the latest scrape before it).
+pub const LMPERF_SERVER_REQUESTS_WAITING: &str = "lmperf.server.requests.waiting";
+pub const LMPERF_SERVER_REQUESTS_RUNNING: &str = "lmperf.server.requests.running";
+pub const LMPERF_SERVER_KV_CACHE_USAGE: &str = "lmperf.server.kv_cache.usage";
+/// Seconds from that scrape to the send.
+pub const LMPERF_SERVER_SCRAPE_AGE: &str = "lmperf.server.scrape.age";
+/// Span event on the next canary span after a server change (attributes
+/// `lmperf.server.change.kind`, `lmperf.server.change.old`, `lmperf.server.change.new`).
+pub const EVENT_SERVER_CHANGE: &str = "lmperf.server.change";
+pub const LMPERF_SERVER_CHANGE_OLD: &str = "lmperf.server.change.old";
+pub const LMPERF_SERVER_CHANGE_NEW: &str = "lmperf.server.change.new";

@@ -56,6 +56,8 @@ pub struct SpanContextInfo<'a> {
     pub prompt_id: &'a str,
     /// Attributes other sources add to the span (GPU, kernel network view), appended last.
     pub extra: Vec<KeyValue>,
+    /// Span events other sources add (server change events), after the spike events.
+    pub events: Vec<opentelemetry::trace::Event>,
 }
 
 fn secs(d: std::time::Duration) -> Value {
@@ -119,6 +121,9 @@ pub fn build_span(ids: TraceIds, info: &SpanContextInfo<'_>, m: &Measured, decis
         a.push(KeyValue::new(n::LMPERF_TPOT, secs(v)));
     }
     a.push(KeyValue::new(n::LMPERF_TOKEN_CHUNKS, r.token_chunk_times.len() as i64));
+    if !r.choices.is_empty() {
+        a.push(KeyValue::new(n::LMPERF_CHOICES, r.choices.len() as i64));
+    }
     if let Some(s) = r.http_status {
         a.push(KeyValue::new(n::HTTP_RESPONSE_STATUS_CODE, i64::from(s)));
     }
@@ -132,6 +137,12 @@ pub fn build_span(ids: TraceIds, info: &SpanContextInfo<'_>, m: &Measured, decis
             }
             if let Some(code) = &e.code {
                 a.push(KeyValue::new(n::LMPERF_ERROR_CODE, code.clone()));
+            }
+            if let Some(t) = &e.server_type {
+                a.push(KeyValue::new(n::LMPERF_ERROR_SERVER_TYPE, t.clone()));
+            }
+            if let Some(d) = e.retry_after {
+                a.push(KeyValue::new(n::LMPERF_ERROR_RETRY_AFTER, secs(d)));
             }
             Status::error(e.message.clone().unwrap_or_else(|| e.error_type.clone()))
         }
@@ -149,8 +160,13 @@ pub fn build_span(ids: TraceIds, info: &SpanContextInfo<'_>, m: &Measured, decis
             SpikeTransition::Entered => n::EVENT_SPIKE_ENTERED,
             SpikeTransition::Left => n::EVENT_SPIKE_LEFT,
         };
-        events.events.push(opentelemetry::trace::Event::new(name, end_time, vec![KeyValue::new(n::LMPERF_TARGET, info.target.to_owned())], 0));
+        let mut attrs = vec![KeyValue::new(n::LMPERF_TARGET, info.target.to_owned())];
+        if let Some(rule) = decision.spike {
+            attrs.extend(spike_attributes(&rule));
+        }
+        events.events.push(opentelemetry::trace::Event::new(name, end_time, attrs, 0));
     }
+    events.events.extend(info.events.iter().cloned());
     let th = format!("th:{}", threshold::encode(threshold::threshold(decision.probability)));
     let trace_state = TraceState::from_key_value([(n::TRACESTATE_OT, th.as_str())]).unwrap_or_default();
     SpanData {
@@ -168,6 +184,30 @@ pub fn build_span(ids: TraceIds, info: &SpanContextInfo<'_>, m: &Measured, decis
         status,
         instrumentation_scope: scope.clone(),
     }
+}
+
+/// The `lmperf.spike.*` attributes of the rule that started a spike.
+pub fn spike_attributes(rule: &crate::sampler::adaptive::SpikeRule) -> Vec<KeyValue> {
+    use crate::sampler::adaptive::SpikeRule;
+    let mut a = vec![KeyValue::new(n::LMPERF_SPIKE_REASON, rule.as_str())];
+    match *rule {
+        SpikeRule::ErrorRate { error_rate, threshold, .. } => {
+            a.push(KeyValue::new(n::LMPERF_SPIKE_VALUE, error_rate));
+            a.push(KeyValue::new(n::LMPERF_SPIKE_THRESHOLD, threshold));
+        }
+        SpikeRule::SloP99 { p99_s, threshold_s } => {
+            a.push(KeyValue::new(n::LMPERF_SPIKE_VALUE, p99_s));
+            a.push(KeyValue::new(n::LMPERF_SPIKE_THRESHOLD, threshold_s));
+        }
+        SpikeRule::LatencyJump { signal, p99_s, baseline_s, ratio, z } => {
+            a.push(KeyValue::new(n::LMPERF_SPIKE_SIGNAL, signal));
+            a.push(KeyValue::new(n::LMPERF_SPIKE_VALUE, p99_s));
+            a.push(KeyValue::new(n::LMPERF_SPIKE_BASELINE, baseline_s));
+            a.push(KeyValue::new(n::LMPERF_SPIKE_RATIO, ratio));
+            a.push(KeyValue::new(n::LMPERF_SPIKE_Z, z));
+        }
+    }
+    a
 }
 
 #[cfg(test)]

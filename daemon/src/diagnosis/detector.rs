@@ -1,0 +1,602 @@
+//! The robust baseline and jump detector shared by the adaptive sampler (spike mode) and the
+//! diagnosis (symptom detection): the same buckets, baseline and rule drive both.
+//!
+//! A [`BucketSeries`] cuts one signal into fixed buckets (10 s by default) and keeps one
+//! statistic per bucket ([`Aggregate`]: p99 for latencies, mean for ratios) for up to the
+//! history (30 min). [`BucketSeries::assess`] compares the newest buckets with a baseline of
+//! the older ones:
+//!
+//! - baseline: the median and the MAD of the bucket statistics older than the recent buckets,
+//!   within the history; at least [`DetectorConfig::min_baseline_buckets`] non-empty buckets
+//!   (2 min of history suffice with the defaults), else no verdict;
+//! - a bucket *jumped* when its value is at least `ratio` × the median, its robust z score
+//!   `(v − median) / (1.4826 · MAD)` is at least `z`, and `v − median` is at least the
+//!   absolute `floor` (so a 3 ms → 7 ms wobble of an idle server never counts);
+//! - the series jumped when at least [`DetectorConfig::min_jumped`] of the last
+//!   [`DetectorConfig::recent_buckets`] buckets did. The bucket in progress counts once it holds
+//!   [`DetectorConfig::min_partial_samples`] samples, so a jump is seen within seconds at a
+//!   high canary rate and within two buckets at a low one.
+//!
+//! Sources: the MAD scaled by 1.4826 as a consistent estimator of σ and the modified z score
+//! bound 3.5 (Iglewicz & Hoaglin, "How to Detect and Handle Outliers", 1993); BARO (Pham et
+//! al., FSE 2024) scores root causes with the same median/IQR-robust standardization.
+//!
+//! Pure: no clock, no IO. Times are [`Duration`]s since an origin the caller chooses (the Unix
+//! epoch, the agent's start); they only need to be monotonic for one series.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// What one bucket's statistic is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Aggregate {
+    /// 99th percentile (nearest rank) of the bucket's samples: latencies.
+    P99,
+    /// Mean of the samples: ratios (an error is 1, a success 0), gauges.
+    Mean,
+    /// Largest sample: gauges whose peak matters (queue length, KV usage).
+    Max,
+    /// Sum of the samples: counts per bucket (retransmits, preemptions, requests).
+    Sum,
+}
+
+/// How a jump is judged: all three must hold.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct JumpRule {
+    /// Value ÷ baseline median at least this (e.g. 2.0 for the sampler, 1.5 for the diagnosis).
+    pub ratio: f64,
+    /// Robust z score at least this (3.5: Iglewicz & Hoaglin's outlier bound).
+    pub z: f64,
+    /// Value − baseline median at least this, in the series' unit (seconds for latencies).
+    pub floor: f64,
+}
+
+impl JumpRule {
+    /// The same rule relaxed by `factor` in (0, 1] (hysteresis: staying in a spike needs less
+    /// than entering one): ratio toward 1, z and floor scaled.
+    pub fn relaxed(self, factor: f64) -> Self {
+        Self {
+            ratio: 1.0 + (self.ratio - 1.0) * factor,
+            z: self.z * factor,
+            floor: self.floor * factor,
+        }
+    }
+}
+
+/// Bucketing and baseline settings.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct DetectorConfig {
+    /// Bucket length. Default 10 s.
+    pub bucket: Duration,
+    /// Baseline history, at most. Default 30 min.
+    pub history: Duration,
+    /// Non-empty baseline buckets needed for a verdict. Default 8 (with 3 recent buckets,
+    /// 2 min of history is enough).
+    pub min_baseline_buckets: usize,
+    /// Buckets judged as "recent". Default 3.
+    pub recent_buckets: usize,
+    /// Of the recent buckets, at least this many must have jumped. Default 2.
+    pub min_jumped: usize,
+    /// The bucket in progress counts as recent once it holds this many samples. Default 5.
+    pub min_partial_samples: usize,
+}
+
+impl Default for DetectorConfig {
+    fn default() -> Self {
+        Self {
+            bucket: Duration::from_secs(10),
+            history: Duration::from_secs(30 * 60),
+            min_baseline_buckets: 8,
+            recent_buckets: 3,
+            min_jumped: 2,
+            min_partial_samples: 5,
+        }
+    }
+}
+
+impl DetectorConfig {
+    fn history_buckets(&self) -> u64 {
+        (self.history.as_nanos() / self.bucket.as_nanos().max(1)).max(1) as u64
+    }
+}
+
+/// A robust baseline: median and MAD of bucket statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Baseline {
+    pub median: f64,
+    /// Median absolute deviation (unscaled).
+    pub mad: f64,
+    /// Buckets it was computed from.
+    pub buckets: usize,
+}
+
+impl Baseline {
+    /// Of `values` (any order); `None` when empty.
+    pub fn of(values: &mut [f64]) -> Option<Self> {
+        let median = median(values)?;
+        let mut dev: Vec<f64> = values.iter().map(|v| (v - median).abs()).collect();
+        let mad = median_of(&mut dev).unwrap_or(0.0);
+        Some(Self {
+            median,
+            mad,
+            buckets: values.len(),
+        })
+    }
+
+    /// The robust z score of `v`: `(v − median) / (1.4826 · MAD)`. The scale is at least 2 %
+    /// of the median (and 1e-12), so a perfectly flat baseline does not make every wobble
+    /// infinite (the absolute floor of the rule is what keeps such wobbles out).
+    pub fn z(&self, v: f64) -> f64 {
+        let scale = (1.4826 * self.mad).max(0.02 * self.median.abs()).max(1e-12);
+        (v - self.median) / scale
+    }
+
+    /// Whether `v` jumped above this baseline under `rule`.
+    pub fn jumped(&self, v: f64, rule: &JumpRule) -> bool {
+        v >= rule.ratio * self.median && self.z(v) >= rule.z && v - self.median >= rule.floor
+    }
+
+    /// `v` ÷ median (∞ for a zero median and a positive `v`, 1 for both zero).
+    pub fn ratio(&self, v: f64) -> f64 {
+        if self.median > 0.0 {
+            v / self.median
+        } else if v > 0.0 {
+            f64::INFINITY
+        } else {
+            1.0
+        }
+    }
+}
+
+/// The median of `values` (reorders them); `None` when empty or any is NaN.
+pub fn median(values: &mut [f64]) -> Option<f64> {
+    median_of(values)
+}
+
+fn median_of(v: &mut [f64]) -> Option<f64> {
+    if v.is_empty() || v.iter().any(|x| x.is_nan()) {
+        return None;
+    }
+    v.sort_unstable_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+/// Nearest-rank quantile `q` of `v` (reorders it); `None` when empty.
+pub fn quantile(v: &mut [f64], q: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let last = v.len() - 1;
+    let idx = ((v.len() as f64 * q).ceil() as usize)
+        .saturating_sub(1)
+        .min(last);
+    let (_, nth, _) = v.select_nth_unstable_by(idx, f64::total_cmp);
+    Some(*nth)
+}
+
+/// The verdict of [`BucketSeries::assess`].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Assessment {
+    /// The newest recent bucket's statistic.
+    pub value: f64,
+    /// The largest statistic of the recent buckets.
+    pub peak: f64,
+    pub baseline: Baseline,
+    /// `peak` ÷ baseline median.
+    pub ratio: f64,
+    /// Robust z score of `peak`.
+    pub z: f64,
+    /// Recent buckets that jumped, of `recent`.
+    pub jumped_buckets: usize,
+    pub recent: usize,
+    /// The series jumped (enough recent buckets did).
+    pub jumped: bool,
+}
+
+/// At most this many samples are kept for the bucket in progress (memory bound); later ones
+/// in the same bucket are dropped and counted.
+pub const MAX_BUCKET_SAMPLES: usize = 4096;
+
+/// One signal cut into buckets, with its statistic per bucket for the history.
+#[derive(Debug, Clone)]
+pub struct BucketSeries {
+    config: DetectorConfig,
+    aggregate: Aggregate,
+    /// Closed buckets: (index, statistic), oldest first; empty buckets are absent.
+    closed: VecDeque<(u64, f64)>,
+    current: Option<u64>,
+    samples: Vec<f64>,
+    sum: f64,
+    max: f64,
+    count: u64,
+    /// Samples beyond [`MAX_BUCKET_SAMPLES`] (p99 buckets only).
+    pub dropped: u64,
+    /// Baseline cache: valid while `closed` did not change.
+    cached: Option<(u64, usize, Option<Baseline>)>,
+}
+
+impl BucketSeries {
+    pub fn new(config: DetectorConfig, aggregate: Aggregate) -> Self {
+        Self {
+            config,
+            aggregate,
+            closed: VecDeque::new(),
+            current: None,
+            samples: Vec::new(),
+            sum: 0.0,
+            max: 0.0,
+            count: 0,
+            dropped: 0,
+            cached: None,
+        }
+    }
+
+    pub fn config(&self) -> &DetectorConfig {
+        &self.config
+    }
+
+    fn index(&self, at: Duration) -> u64 {
+        (at.as_nanos() / self.config.bucket.as_nanos().max(1)) as u64
+    }
+
+    /// Adds one sample at `at`. A sample older than the bucket in progress goes into it
+    /// (late arrivals are not re-bucketed). NaN and infinite values are ignored.
+    pub fn push(&mut self, at: Duration, value: f64) {
+        if !value.is_finite() {
+            return;
+        }
+        let idx = self.index(at);
+        self.roll(idx);
+        if self.current.is_none() {
+            self.current = Some(idx);
+        }
+        self.sum += value;
+        self.max = if self.count == 0 {
+            value
+        } else {
+            self.max.max(value)
+        };
+        self.count += 1;
+        if self.aggregate == Aggregate::P99 {
+            if self.samples.len() >= MAX_BUCKET_SAMPLES {
+                self.dropped += 1;
+            } else {
+                self.samples.push(value);
+            }
+        }
+    }
+
+    /// The statistic of the bucket in progress, with its sample count.
+    fn current_value(&mut self) -> Option<(f64, u64)> {
+        if self.count == 0 {
+            return None;
+        }
+        let v = match self.aggregate {
+            Aggregate::P99 => quantile(&mut self.samples, 0.99)?,
+            Aggregate::Mean => self.sum / self.count as f64,
+            Aggregate::Max => self.max,
+            Aggregate::Sum => self.sum,
+        };
+        Some((v, self.count))
+    }
+
+    /// Closes the bucket in progress when `idx` is past it, and forgets buckets older than
+    /// the history.
+    fn roll(&mut self, idx: u64) {
+        if let Some(cur) = self.current
+            && idx > cur
+        {
+            if let Some((v, _)) = self.current_value() {
+                self.closed.push_back((cur, v));
+            }
+            self.current = None;
+            self.samples.clear();
+            self.sum = 0.0;
+            self.count = 0;
+        }
+        let keep_from =
+            idx.saturating_sub(self.config.history_buckets() + self.config.recent_buckets as u64);
+        while self.closed.front().is_some_and(|&(i, _)| i < keep_from) {
+            self.closed.pop_front();
+        }
+    }
+
+    /// Closed buckets `(start offset, statistic)`, oldest first.
+    pub fn buckets(&self) -> impl Iterator<Item = (Duration, f64)> + '_ {
+        self.closed
+            .iter()
+            .map(|&(i, v)| (self.config.bucket * i as u32, v))
+    }
+
+    /// The recent buckets at `now` (newest last): the closed ones of the last
+    /// `recent_buckets` bucket slots, plus the one in progress when it holds enough samples.
+    fn recent(&mut self, now_idx: u64) -> (Vec<f64>, u64) {
+        let n = self.config.recent_buckets.max(1) as u64;
+        let mut out = Vec::with_capacity(n as usize);
+        let partial = match self.current_value() {
+            Some((v, c))
+                if c as usize >= self.config.min_partial_samples
+                    && self.current == Some(now_idx) =>
+            {
+                Some(v)
+            }
+            _ => None,
+        };
+        let closed_slots = if partial.is_some() { n - 1 } else { n };
+        // Closed buckets count from the newest slot that is complete at `now`.
+        let newest_complete = now_idx.saturating_sub(1);
+        let first = (newest_complete + 1).saturating_sub(closed_slots);
+        out.extend(
+            self.closed
+                .iter()
+                .filter(|&&(i, _)| i >= first && i <= newest_complete)
+                .map(|&(_, v)| v),
+        );
+        if let Some(v) = partial {
+            out.push(v);
+        }
+        (out, first)
+    }
+
+    /// The baseline at `now`: buckets before the recent slots, within the history.
+    pub fn baseline(&mut self, now: Duration) -> Option<Baseline> {
+        let now_idx = self.index(now);
+        self.roll(now_idx);
+        let (_, first_recent) = self.recent(now_idx);
+        self.baseline_before(first_recent)
+    }
+
+    fn baseline_before(&mut self, first_recent: u64) -> Option<Baseline> {
+        let from = first_recent.saturating_sub(self.config.history_buckets());
+        if let Some((f, len, b)) = self.cached
+            && f == first_recent
+            && len == self.closed.len()
+        {
+            return b;
+        }
+        let mut vals: Vec<f64> = self
+            .closed
+            .iter()
+            .filter(|&&(i, _)| i >= from && i < first_recent)
+            .map(|&(_, v)| v)
+            .collect();
+        let b = if vals.len() >= self.config.min_baseline_buckets {
+            Baseline::of(&mut vals)
+        } else {
+            None
+        };
+        self.cached = Some((first_recent, self.closed.len(), b));
+        b
+    }
+
+    /// Judges the recent buckets at `now` against the baseline under `rule`. `None` while the
+    /// baseline is too short or no recent bucket holds data.
+    pub fn assess(&mut self, now: Duration, rule: &JumpRule) -> Option<Assessment> {
+        let now_idx = self.index(now);
+        self.roll(now_idx);
+        let (recent, first_recent) = self.recent(now_idx);
+        let baseline = self.baseline_before(first_recent)?;
+        let value = *recent.last()?;
+        let peak = recent.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let jumped_buckets = recent.iter().filter(|&&v| baseline.jumped(v, rule)).count();
+        Some(Assessment {
+            value,
+            peak,
+            baseline,
+            ratio: baseline.ratio(peak),
+            z: baseline.z(peak),
+            jumped_buckets,
+            recent: recent.len(),
+            jumped: jumped_buckets >= self.config.min_jumped.max(1),
+        })
+    }
+
+    /// Approximate heap bytes held (for the per-target memory figure).
+    pub fn heap_bytes(&self) -> usize {
+        self.closed.capacity() * std::mem::size_of::<(u64, f64)>()
+            + self.samples.capacity() * std::mem::size_of::<f64>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLER: JumpRule = JumpRule {
+        ratio: 2.0,
+        z: 3.5,
+        floor: 0.05,
+    };
+
+    /// A small deterministic PRNG (xorshift64*), uniform in [0, 1).
+    pub(crate) struct Rng(u64);
+    impl Rng {
+        pub(crate) fn new(seed: u64) -> Self {
+            Self(seed.max(1))
+        }
+        pub(crate) fn next(&mut self) -> f64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+        }
+        /// Exponential with the given mean.
+        pub(crate) fn exp(&mut self, mean: f64) -> f64 {
+            -mean * (1.0 - self.next()).ln()
+        }
+    }
+
+    /// Feeds `f(t)` (seconds → value) every `step` from `from` to `to` seconds; returns the first
+    /// time the series jumped, if any.
+    fn run(
+        s: &mut BucketSeries,
+        from: f64,
+        to: f64,
+        step: f64,
+        rule: &JumpRule,
+        mut f: impl FnMut(f64) -> f64,
+    ) -> Option<f64> {
+        let mut t = from;
+        let mut first = None;
+        while t < to {
+            let at = Duration::from_secs_f64(t);
+            s.push(at, f(t));
+            if first.is_none() && s.assess(at, rule).is_some_and(|a| a.jumped) {
+                first = Some(t);
+            }
+            t += step;
+        }
+        first
+    }
+
+    #[test]
+    fn median_mad_and_z() {
+        let b = Baseline::of(&mut [1.0, 2.0, 3.0, 4.0, 100.0]).unwrap();
+        assert_eq!((b.median, b.mad, b.buckets), (3.0, 1.0, 5));
+        assert!((b.z(3.0 + 1.4826 * 4.0) - 4.0).abs() < 1e-9);
+        assert!(Baseline::of(&mut []).is_none());
+        assert_eq!(quantile(&mut [5.0, 1.0, 3.0], 0.99), Some(5.0));
+        assert_eq!(
+            quantile(&mut (1..=200).map(f64::from).collect::<Vec<_>>(), 0.99),
+            Some(198.0)
+        );
+    }
+
+    #[test]
+    fn ttft_jump_after_two_minutes_is_seen_within_seconds() {
+        // Canaries at 2/s, TTFT ~ 100 ms ± exponential jitter; at 120 s it jumps to ~400 ms.
+        let mut s = BucketSeries::new(DetectorConfig::default(), Aggregate::P99);
+        let mut rng = Rng::new(7);
+        let first = run(&mut s, 0.0, 180.0, 0.5, &SAMPLER, |t| {
+            if t < 120.0 {
+                0.08 + rng.exp(0.02)
+            } else {
+                0.4 + rng.exp(0.05)
+            }
+        });
+        let at = first.expect("jump seen");
+        assert!((120.0..=135.0).contains(&at), "jump seen at {at} s");
+        let a = s.assess(Duration::from_secs(180), &SAMPLER).unwrap();
+        assert!(
+            a.jumped && a.ratio > 2.0 && a.baseline.median > 0.09 && a.baseline.median < 0.25,
+            "{a:?}"
+        );
+    }
+
+    #[test]
+    fn not_before_the_baseline_has_eight_buckets() {
+        let mut s = BucketSeries::new(DetectorConfig::default(), Aggregate::P99);
+        // 60 s of history: 6 buckets, then a jump: no verdict at all.
+        let first = run(&mut s, 0.0, 90.0, 0.5, &SAMPLER, |t| {
+            if t < 60.0 { 0.1 } else { 1.0 }
+        });
+        assert_eq!(first, None);
+        assert!(s.assess(Duration::from_secs(65), &SAMPLER).is_none());
+    }
+
+    #[test]
+    fn slow_drift_does_not_fire() {
+        // TTFT doubles over 30 min (a slow drift): the baseline follows, no jump.
+        let mut s = BucketSeries::new(DetectorConfig::default(), Aggregate::P99);
+        let mut rng = Rng::new(11);
+        let first = run(&mut s, 0.0, 3600.0, 0.5, &SAMPLER, |t| {
+            0.1 * (1.0 + t / 1800.0) + rng.exp(0.01)
+        });
+        assert_eq!(first, None);
+    }
+
+    #[test]
+    fn idle_server_noise_does_not_fire() {
+        // An idle server at 3 ms with wobbles to 7 ms and rare 12 ms outliers: ratio and z are
+        // large, but below the 50 ms floor.
+        let mut s = BucketSeries::new(DetectorConfig::default(), Aggregate::P99);
+        let mut rng = Rng::new(3);
+        let first = run(&mut s, 0.0, 1200.0, 0.2, &SAMPLER, |_| {
+            let u = rng.next();
+            if u < 0.01 {
+                0.012
+            } else if u < 0.2 {
+                0.007
+            } else {
+                0.003
+            }
+        });
+        assert_eq!(first, None);
+    }
+
+    #[test]
+    fn a_single_slow_bucket_does_not_fire() {
+        // One 10 s bucket at 5× (a GC pause), the rest calm: 1 of 3 recent buckets jumped.
+        let mut s = BucketSeries::new(DetectorConfig::default(), Aggregate::P99);
+        let mut rng = Rng::new(5);
+        let first = run(&mut s, 0.0, 400.0, 0.5, &SAMPLER, |t| {
+            if (200.0..210.0).contains(&t) {
+                0.5
+            } else {
+                0.1 + rng.exp(0.01)
+            }
+        });
+        assert_eq!(first, None);
+    }
+
+    #[test]
+    fn low_rate_canaries_need_two_buckets() {
+        // The default interval (5 s): 2 samples per bucket, no partial bucket counts.
+        let mut s = BucketSeries::new(DetectorConfig::default(), Aggregate::P99);
+        let mut rng = Rng::new(9);
+        let first = run(&mut s, 0.0, 300.0, 5.0, &SAMPLER, |t| {
+            if t < 200.0 { 0.2 + rng.exp(0.02) } else { 1.2 }
+        });
+        let at = first.expect("jump seen");
+        assert!((210.0..=230.0).contains(&at), "jump seen at {at} s");
+    }
+
+    #[test]
+    fn error_ratio_as_mean() {
+        let rule = JumpRule {
+            ratio: 2.0,
+            z: 3.5,
+            floor: 0.05,
+        };
+        let mut s = BucketSeries::new(DetectorConfig::default(), Aggregate::Mean);
+        let mut rng = Rng::new(1);
+        let first = run(&mut s, 0.0, 300.0, 0.1, &rule, |t| {
+            let p = if t < 200.0 { 0.01 } else { 0.3 };
+            f64::from(u8::from(rng.next() < p))
+        });
+        let at = first.expect("error burst seen");
+        assert!((200.0..=212.0).contains(&at), "seen at {at}");
+    }
+
+    #[test]
+    fn max_and_sum_buckets() {
+        let cfg = DetectorConfig {
+            min_baseline_buckets: 1,
+            ..DetectorConfig::default()
+        };
+        let mut m = BucketSeries::new(cfg, Aggregate::Max);
+        let mut s = BucketSeries::new(cfg, Aggregate::Sum);
+        for (t, v) in [(1.0, 3.0), (2.0, 9.0), (3.0, 4.0), (12.0, 1.0)] {
+            m.push(Duration::from_secs_f64(t), v);
+            s.push(Duration::from_secs_f64(t), v);
+        }
+        assert_eq!(m.buckets().collect::<Vec<_>>(), [(Duration::ZERO, 9.0)]);
+        assert_eq!(s.buckets().collect::<Vec<_>>(), [(Duration::ZERO, 16.0)]);
+    }
+
+    #[test]
+    fn history_is_bounded() {
+        let mut s = BucketSeries::new(DetectorConfig::default(), Aggregate::P99);
+        run(&mut s, 0.0, 7200.0, 1.0, &SAMPLER, |_| 0.1);
+        assert!(s.buckets().count() <= 183, "{}", s.buckets().count());
+        assert!(s.heap_bytes() < 16 * 1024, "{}", s.heap_bytes());
+    }
+}

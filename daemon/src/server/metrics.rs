@@ -1,0 +1,210 @@
+//! `lmperf.server.*` observable instruments reading [`ServerState`]: collection (OTLP export,
+//! `/metrics`) never scrapes a server. Only the normalized signals are exported, never the
+//! server's whole page (cardinality). A signal the server lacks has no series, never 0.
+
+use std::sync::Arc;
+
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::Meter;
+
+use super::interval::{LatencyStats, ServerSample};
+use super::state::ServerState;
+use crate::telemetry::names as n;
+
+fn latest_each(state: &ServerState, mut f: impl FnMut(&ServerSample, &[KeyValue])) {
+    for t in &state.targets {
+        if let Some(s) = t.history().last() {
+            f(s, &[KeyValue::new(n::LMPERF_TARGET, t.target.clone())]);
+        }
+    }
+}
+
+/// Registers every server instrument on `meter`, reading `state`.
+pub fn register(meter: &Meter, state: Arc<ServerState>) {
+    macro_rules! gauge {
+        ($name:expr, $unit:expr, $desc:expr, $field:ident) => {{
+            let st = state.clone();
+            let _g = meter
+                .f64_observable_gauge($name)
+                .with_unit($unit)
+                .with_description($desc)
+                .with_callback(move |o| {
+                    latest_each(&st, |s, a| {
+                        if let Some(v) = s.$field {
+                            o.observe(v, a)
+                        }
+                    })
+                })
+                .build();
+        }};
+    }
+    gauge!(
+        n::METRIC_SERVER_REQUESTS_RUNNING,
+        "{request}",
+        "Requests the model server is running, from its own metrics.",
+        requests_running
+    );
+    gauge!(
+        n::METRIC_SERVER_REQUESTS_WAITING,
+        "{request}",
+        "Requests queued in the model server, from its own metrics.",
+        requests_waiting
+    );
+    gauge!(
+        n::METRIC_SERVER_KV_CACHE_USAGE,
+        "1",
+        "Fraction of the model server's KV cache in use.",
+        kv_cache_usage
+    );
+    gauge!(
+        n::METRIC_SERVER_PREFIX_CACHE_HIT_RATIO,
+        "1",
+        "Prefix-cache hits over queries in the last scrape interval.",
+        prefix_cache_hit_ratio
+    );
+
+    macro_rules! counter {
+        ($name:expr, $unit:expr, $desc:expr, $field:ident) => {{
+            let st = state.clone();
+            let _c = meter
+                .f64_observable_counter($name)
+                .with_unit($unit)
+                .with_description($desc)
+                .with_callback(move |o| {
+                    for t in &st.targets {
+                        if let Some(v) = t.totals().$field {
+                            o.observe(v, &[KeyValue::new(n::LMPERF_TARGET, t.target.clone())]);
+                        }
+                    }
+                })
+                .build();
+        }};
+    }
+    counter!(
+        n::METRIC_SERVER_PROMPT_TOKENS,
+        "{token}",
+        "Prompt tokens the model server processed since the agent started.",
+        prompt_tokens
+    );
+    counter!(
+        n::METRIC_SERVER_GENERATION_TOKENS,
+        "{token}",
+        "Tokens the model server generated since the agent started.",
+        generation_tokens
+    );
+    counter!(
+        n::METRIC_SERVER_REQUESTS,
+        "{request}",
+        "Requests the model server finished since the agent started.",
+        requests
+    );
+    counter!(
+        n::METRIC_SERVER_PREEMPTIONS,
+        "{preemption}",
+        "Requests the model server preempted since the agent started.",
+        preemptions
+    );
+
+    let st = state.clone();
+    let _l = meter
+        .f64_observable_gauge(n::METRIC_SERVER_LATENCY)
+        .with_unit("s")
+        .with_description(
+            "Server-side latency over the last scrape interval, from the server's histograms.",
+        )
+        .with_callback(move |o| {
+            latest_each(&st, |s, a| {
+                let phases: [(&'static str, &LatencyStats); 5] = [
+                    ("ttft", &s.ttft),
+                    ("itl", &s.itl),
+                    ("queue", &s.queue),
+                    ("prefill", &s.prefill),
+                    ("decode", &s.decode),
+                ];
+                for (phase, l) in phases {
+                    for (stat, v) in [("mean", l.mean), ("p50", l.p50), ("p99", l.p99)] {
+                        if let Some(v) = v {
+                            let mut kv = a.to_vec();
+                            kv.push(KeyValue::new(n::LMPERF_SERVER_PHASE, phase));
+                            kv.push(KeyValue::new(n::LMPERF_SERVER_STATISTIC, stat));
+                            o.observe(v, &kv);
+                        }
+                    }
+                }
+            })
+        })
+        .build();
+
+    let st = state.clone();
+    let _c = meter
+        .u64_observable_counter(n::METRIC_SERVER_CHANGES)
+        .with_unit("{change}")
+        .with_description("Server change events: version, model, model revision, restart, kind.")
+        .with_callback(move |o| {
+            for t in &st.targets {
+                for (kind, count) in t.change_counts() {
+                    o.observe(
+                        count,
+                        &[
+                            KeyValue::new(n::LMPERF_TARGET, t.target.clone()),
+                            KeyValue::new(n::LMPERF_SERVER_CHANGE_KIND, kind),
+                        ],
+                    );
+                }
+            }
+        })
+        .build();
+
+    let st = state.clone();
+    let _c = meter
+        .u64_observable_counter(n::METRIC_SERVER_SCRAPES)
+        .with_unit("{scrape}")
+        .with_description("Scrapes of the model server's metrics page by result.")
+        .with_callback(move |o| {
+            for t in &st.targets {
+                let v = t.view();
+                let target = KeyValue::new(n::LMPERF_TARGET, t.target.clone());
+                if v.mode != super::state::Mode::Off {
+                    o.observe(
+                        v.scrapes_ok,
+                        &[
+                            target.clone(),
+                            KeyValue::new(n::LMPERF_SERVER_SCRAPE_RESULT, "ok"),
+                        ],
+                    );
+                }
+                for (reason, count) in v.failures {
+                    o.observe(
+                        count,
+                        &[
+                            target.clone(),
+                            KeyValue::new(n::LMPERF_SERVER_SCRAPE_RESULT, reason),
+                        ],
+                    );
+                }
+            }
+        })
+        .build();
+
+    let st = state;
+    let _i = meter
+        .u64_observable_gauge(n::METRIC_SERVER_INFO)
+        .with_unit("1")
+        .with_description("1 per scraped model server, with its kind, version and model.")
+        .with_callback(move |o| {
+            for t in &st.targets {
+                let Some(kind) = t.kind() else { continue };
+                let id = t.identity();
+                o.observe(
+                    1,
+                    &[
+                        KeyValue::new(n::LMPERF_TARGET, t.target.clone()),
+                        KeyValue::new(n::LMPERF_SERVER_KIND, kind.as_str()),
+                        KeyValue::new(n::LMPERF_SERVER_VERSION, id.version.unwrap_or_default()),
+                        KeyValue::new(n::LMPERF_SERVER_MODEL, id.model.unwrap_or_default()),
+                    ],
+                );
+            }
+        })
+        .build();
+}

@@ -1,0 +1,372 @@
+//! Server-kind detection and the mapping of each server's metric names into one vocabulary
+//! ([`Reading`]: gauges as read, counters and histograms cumulative as the server keeps them).
+//!
+//! Names checked against each server's source (see `tests/fixtures/server/README.md`):
+//! vLLM `vllm/v1/metrics/loggers.py`, SGLang `python/sglang/srt/metrics/collector.py`, TGI
+//! `router/src/` (`metrics::gauge!`/`histogram!` calls), llama.cpp `tools/server/server.cpp`
+//! (`/metrics` handler). A name the page lacks stays `None`, never 0. Series of one metric
+//! (per engine, per DP rank, per model) are summed, as PromQL's `sum` would; the KV usage
+//! is the largest of them.
+
+use serde::Serialize;
+
+use super::parse::{MetricType, Page, Sample};
+
+/// Which server wrote the page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServerKind {
+    Vllm,
+    Sglang,
+    Tgi,
+    #[serde(rename = "llama.cpp")]
+    LlamaCpp,
+    Unknown,
+}
+
+impl ServerKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Vllm => "vllm",
+            Self::Sglang => "sglang",
+            Self::Tgi => "tgi",
+            Self::LlamaCpp => "llama.cpp",
+            Self::Unknown => "unknown",
+        }
+    }
+
+    /// Parses a `server_kind` config value (`vllm | sglang | tgi | llama.cpp | llamacpp`).
+    pub fn from_config(s: &str) -> Option<Self> {
+        match s {
+            "vllm" => Some(Self::Vllm),
+            "sglang" => Some(Self::Sglang),
+            "tgi" => Some(Self::Tgi),
+            "llama.cpp" | "llamacpp" => Some(Self::LlamaCpp),
+            _ => None,
+        }
+    }
+}
+
+/// The kind whose prefix most samples carry (`vllm:`, `sglang:`, `tgi_`, `llamacpp:`).
+pub fn detect(page: &Page) -> ServerKind {
+    let mut n = [0usize; 4];
+    for s in &page.samples {
+        let k = if s.name.starts_with("vllm:") {
+            0
+        } else if s.name.starts_with("sglang:") {
+            1
+        } else if s.name.starts_with("tgi_") {
+            2
+        } else if s.name.starts_with("llamacpp:") {
+            3
+        } else {
+            continue;
+        };
+        n[k] += 1;
+    }
+    let kinds = [
+        ServerKind::Vllm,
+        ServerKind::Sglang,
+        ServerKind::Tgi,
+        ServerKind::LlamaCpp,
+    ];
+    match n.iter().enumerate().max_by_key(|(_, c)| **c) {
+        Some((i, c)) if *c > 0 => kinds[i],
+        _ => ServerKind::Unknown,
+    }
+}
+
+/// A cumulative histogram: `(upper bound, cumulative count)` sorted by bound, the last bound
+/// `+Inf`, plus `_count` and `_sum`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Histogram {
+    pub buckets: Vec<(f64, f64)>,
+    pub count: f64,
+    pub sum: f64,
+}
+
+/// Server counters, cumulative (as on the page).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Counters {
+    pub preemptions: Option<f64>,
+    pub prefix_hits: Option<f64>,
+    pub prefix_queries: Option<f64>,
+    pub prompt_tokens: Option<f64>,
+    pub generation_tokens: Option<f64>,
+    pub requests: Option<f64>,
+    /// llama.cpp: seconds spent on prompts / on generation (`prompt_seconds_total`,
+    /// `tokens_predicted_seconds_total`).
+    pub prompt_seconds: Option<f64>,
+    pub generation_seconds: Option<f64>,
+}
+
+/// Server-side latency histograms, cumulative, in seconds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Histograms {
+    pub ttft: Option<Histogram>,
+    pub itl: Option<Histogram>,
+    pub queue: Option<Histogram>,
+    pub prefill: Option<Histogram>,
+    pub decode: Option<Histogram>,
+    pub e2e: Option<Histogram>,
+}
+
+/// One page in the common vocabulary.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reading {
+    pub kind: ServerKind,
+    pub requests_running: Option<f64>,
+    pub requests_waiting: Option<f64>,
+    /// 0..1.
+    pub kv_cache_usage: Option<f64>,
+    /// A hit ratio the server computes itself (SGLang `cache_hit_rate`), 0..1.
+    pub prefix_cache_hit_ratio: Option<f64>,
+    pub counters: Counters,
+    pub histograms: Histograms,
+    /// `process_start_time_seconds` (Unix seconds).
+    pub process_start_time_s: Option<f64>,
+}
+
+fn sum_of<'a>(it: impl Iterator<Item = &'a Sample>) -> Option<f64> {
+    it.map(|s| s.value)
+        .fold(None, |acc, v| Some(acc.unwrap_or(0.0) + v))
+}
+
+fn max_of<'a>(it: impl Iterator<Item = &'a Sample>) -> Option<f64> {
+    it.map(|s| s.value).fold(None, |acc: Option<f64>, v| {
+        Some(acc.map_or(v, |a| a.max(v)))
+    })
+}
+
+fn mean_of<'a>(it: impl Iterator<Item = &'a Sample>) -> Option<f64> {
+    let (n, s) = it.fold((0usize, 0.0), |(n, s), x| (n + 1, s + x.value));
+    (n > 0).then(|| s / n as f64)
+}
+
+/// The sum over every series of the first name in `names` the page has (old and new names).
+fn sum_first(page: &Page, names: &[&str]) -> Option<f64> {
+    names.iter().find_map(|n| sum_of(page.named(n)))
+}
+
+/// A counter under its `_total` name, or (OpenMetrics-less exporters) its bare name.
+fn counter(page: &Page, names: &[&str]) -> Option<f64> {
+    names.iter().find_map(|n| {
+        sum_of(page.named(n))
+            .or_else(|| n.strip_suffix("_total").and_then(|b| sum_of(page.named(b))))
+    })
+}
+
+/// The histogram `family` summed over its series, keeping only series whose labels include
+/// every pair of `only`.
+pub fn histogram(page: &Page, family: &str, only: &[(&str, &str)]) -> Option<Histogram> {
+    let keep = |s: &&Sample| only.iter().all(|(k, v)| s.label(k) == Some(*v));
+    let bucket = format!("{family}_bucket");
+    let mut buckets: Vec<(f64, f64)> = Vec::new();
+    for s in page
+        .samples
+        .iter()
+        .filter(|s| s.name == bucket)
+        .filter(keep)
+    {
+        let Some(le) = s.label("le").and_then(super::parse::parse_value) else {
+            continue;
+        };
+        if le.is_nan() {
+            continue;
+        }
+        match buckets.iter_mut().find(|(b, _)| *b == le) {
+            Some(b) => b.1 += s.value,
+            None => buckets.push((le, s.value)),
+        }
+    }
+    if buckets.is_empty() {
+        return None;
+    }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let count = sum_of(page.named(&format!("{family}_count")).filter(keep))
+        .or_else(|| buckets.last().map(|b| b.1))
+        .unwrap_or(0.0);
+    let sum = sum_of(page.named(&format!("{family}_sum")).filter(keep)).unwrap_or(f64::NAN);
+    Some(Histogram {
+        buckets,
+        count,
+        sum,
+    })
+}
+
+fn first_histogram(page: &Page, families: &[&str]) -> Option<Histogram> {
+    families.iter().find_map(|f| histogram(page, f, &[]))
+}
+
+/// Maps a page into the vocabulary. `kind` overrides detection when set (`server_kind`).
+pub fn normalize(page: &Page, kind: Option<ServerKind>) -> Reading {
+    let kind = kind.unwrap_or_else(|| detect(page));
+    let process_start_time_s = max_of(page.named("process_start_time_seconds"));
+    let mut r = Reading {
+        kind,
+        requests_running: None,
+        requests_waiting: None,
+        kv_cache_usage: None,
+        prefix_cache_hit_ratio: None,
+        counters: Counters::default(),
+        histograms: Histograms::default(),
+        process_start_time_s,
+    };
+    match kind {
+        ServerKind::Vllm => {
+            r.requests_running = sum_first(page, &["vllm:num_requests_running"]);
+            r.requests_waiting = sum_first(page, &["vllm:num_requests_waiting"]);
+            r.kv_cache_usage = max_of(page.named("vllm:kv_cache_usage_perc"))
+                .or_else(|| max_of(page.named("vllm:gpu_cache_usage_perc")));
+            r.counters = Counters {
+                preemptions: counter(page, &["vllm:num_preemptions_total"]),
+                prefix_hits: counter(
+                    page,
+                    &[
+                        "vllm:prefix_cache_hits_total",
+                        "vllm:gpu_prefix_cache_hits_total",
+                    ],
+                ),
+                prefix_queries: counter(
+                    page,
+                    &[
+                        "vllm:prefix_cache_queries_total",
+                        "vllm:gpu_prefix_cache_queries_total",
+                    ],
+                ),
+                prompt_tokens: counter(page, &["vllm:prompt_tokens_total"]),
+                generation_tokens: counter(page, &["vllm:generation_tokens_total"]),
+                requests: counter(page, &["vllm:request_success_total"]),
+                ..Counters::default()
+            };
+            r.histograms = Histograms {
+                ttft: first_histogram(page, &["vllm:time_to_first_token_seconds"]),
+                itl: first_histogram(
+                    page,
+                    &[
+                        "vllm:inter_token_latency_seconds",
+                        "vllm:time_per_output_token_seconds",
+                    ],
+                ),
+                queue: first_histogram(page, &["vllm:request_queue_time_seconds"]),
+                prefill: first_histogram(page, &["vllm:request_prefill_time_seconds"]),
+                decode: first_histogram(page, &["vllm:request_decode_time_seconds"]),
+                e2e: first_histogram(page, &["vllm:e2e_request_latency_seconds"]),
+            };
+        }
+        ServerKind::Sglang => {
+            r.requests_running = sum_first(page, &["sglang:num_running_reqs"]);
+            r.requests_waiting = sum_first(page, &["sglang:num_queue_reqs"]);
+            r.kv_cache_usage = max_of(page.named("sglang:token_usage"));
+            r.prefix_cache_hit_ratio = mean_of(page.named("sglang:cache_hit_rate"));
+            r.counters = Counters {
+                preemptions: counter(page, &["sglang:num_retracted_requests_total"]),
+                prompt_tokens: counter(page, &["sglang:prompt_tokens_total"]),
+                generation_tokens: counter(page, &["sglang:generation_tokens_total"]),
+                requests: counter(page, &["sglang:num_requests_total"]),
+                ..Counters::default()
+            };
+            r.histograms = Histograms {
+                ttft: first_histogram(page, &["sglang:time_to_first_token_seconds"]),
+                itl: first_histogram(page, &["sglang:inter_token_latency_seconds"]),
+                queue: first_histogram(page, &["sglang:queue_time_seconds"]),
+                e2e: first_histogram(page, &["sglang:e2e_request_latency_seconds"]),
+                ..Histograms::default()
+            };
+        }
+        ServerKind::Tgi => {
+            r.requests_running = sum_first(page, &["tgi_batch_current_size"]);
+            r.requests_waiting = sum_first(page, &["tgi_queue_size"]);
+            let input = histogram(page, "tgi_request_input_length", &[]);
+            let generated = histogram(page, "tgi_request_generated_tokens", &[]);
+            r.counters = Counters {
+                prompt_tokens: input.map(|h| h.sum).filter(|s| s.is_finite()),
+                generation_tokens: generated.map(|h| h.sum).filter(|s| s.is_finite()),
+                requests: counter(page, &["tgi_request_count"]),
+                ..Counters::default()
+            };
+            r.histograms = Histograms {
+                queue: histogram(page, "tgi_request_queue_duration", &[]),
+                prefill: histogram(page, "tgi_batch_forward_duration", &[("method", "prefill")]),
+                decode: histogram(page, "tgi_batch_forward_duration", &[("method", "decode")]),
+                e2e: histogram(page, "tgi_request_duration", &[]),
+                ..Histograms::default()
+            };
+        }
+        ServerKind::LlamaCpp => {
+            r.requests_running = sum_first(page, &["llamacpp:requests_processing"]);
+            r.requests_waiting = sum_first(page, &["llamacpp:requests_deferred"]);
+            r.kv_cache_usage = max_of(page.named("llamacpp:kv_cache_usage_ratio"));
+            r.counters = Counters {
+                prefix_hits: counter(page, &["llamacpp:prompt_tokens_cached_total"]),
+                prompt_tokens: counter(page, &["llamacpp:prompt_tokens_total"]),
+                generation_tokens: counter(page, &["llamacpp:tokens_predicted_total"]),
+                prompt_seconds: counter(page, &["llamacpp:prompt_seconds_total"]),
+                generation_seconds: counter(page, &["llamacpp:tokens_predicted_seconds_total"]),
+                ..Counters::default()
+            };
+            // prompt_tokens_total excludes cached tokens: queries = cached + processed.
+            r.counters.prefix_queries = match (r.counters.prefix_hits, r.counters.prompt_tokens) {
+                (Some(h), Some(p)) => Some(h + p),
+                _ => None,
+            };
+        }
+        ServerKind::Unknown => {}
+    }
+    r
+}
+
+/// Whether `name` is typed as a counter on the page (for the unknown kind's reset check).
+pub fn is_counter(page: &Page, name: &str) -> bool {
+    let family = name.strip_suffix("_total").unwrap_or(name);
+    matches!(
+        page.types.get(family).or_else(|| page.types.get(name)),
+        Some(MetricType::Counter)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::parse::parse;
+
+    #[test]
+    fn detects_kind_by_prefix_majority() {
+        assert_eq!(
+            detect(&parse("vllm:a 1\nvllm:b 2\nprocess_start_time_seconds 3\n").unwrap()),
+            ServerKind::Vllm
+        );
+        assert_eq!(
+            detect(&parse("llamacpp:requests_processing 1\n").unwrap()),
+            ServerKind::LlamaCpp
+        );
+        assert_eq!(
+            detect(&parse("tgi_queue_size 1\ntgi_batch_current_size 2\nsglang:x 1\n").unwrap()),
+            ServerKind::Tgi
+        );
+        assert_eq!(
+            detect(&parse("go_goroutines 5\n").unwrap()),
+            ServerKind::Unknown
+        );
+    }
+
+    #[test]
+    fn sums_series_and_merges_buckets_across_engines() {
+        let page = parse(concat!(
+            "vllm:num_requests_waiting{engine=\"0\"} 3\nvllm:num_requests_waiting{engine=\"1\"} 4\n",
+            "vllm:kv_cache_usage_perc{engine=\"0\"} 0.5\nvllm:kv_cache_usage_perc{engine=\"1\"} 0.75\n",
+            "vllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"+Inf\"} 2\nvllm:time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.1\"} 1\n",
+            "vllm:time_to_first_token_seconds_bucket{engine=\"1\",le=\"0.1\"} 5\nvllm:time_to_first_token_seconds_bucket{engine=\"1\",le=\"+Inf\"} 6\n",
+            "vllm:time_to_first_token_seconds_count{engine=\"0\"} 2\nvllm:time_to_first_token_seconds_count{engine=\"1\"} 6\n",
+        ))
+        .unwrap();
+        let r = normalize(&page, None);
+        assert_eq!(r.requests_waiting, Some(7.0));
+        assert_eq!(r.requests_running, None);
+        assert_eq!(r.kv_cache_usage, Some(0.75));
+        let h = r.histograms.ttft.unwrap();
+        assert_eq!(h.buckets, vec![(0.1, 6.0), (f64::INFINITY, 8.0)]);
+        assert_eq!(h.count, 8.0);
+        assert!(h.sum.is_nan());
+    }
+}

@@ -1,0 +1,533 @@
+//! Spike mode without any SLO (issue 17), against the real llama.cpp server: calm under Poisson
+//! canaries, then overloaded by another client. Spike mode is entered on the relative latency
+//! jump (`latency_jump`), every canary trace is kept until the hold ends, then the base ratio
+//! resumes; a calm run never enters it, nor does a shutdown with canaries in flight.
+//!
+//! `LMPERF_SPIKE_CALM_S` sets the calm run's length (`cargo xtask spike-calm` runs 600 s).
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use fake_opentelemetry_collector::{ExportedSpan, FakeCollectorServer};
+use lmperf_e2e::agent::{Agent, lmperf_bin};
+use lmperf_e2e::otlp::attrs;
+use lmperf_e2e::peers::ModelServer;
+use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
+use serde_json::Value;
+
+const HOLD: Duration = Duration::from_secs(20);
+
+fn unix(t: SystemTime) -> f64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("lmperf-spike-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The agent with Poisson canaries at 2/s on `url`, no SLO, spike hold 20 s, every request
+/// kept in the recent ring.
+async fn spawn_agent(
+    dir: &std::path::Path,
+    url: &str,
+    endpoint: &str,
+    extra_canary: &str,
+) -> Agent {
+    let cfg = dir.join("agent.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "shutdown_timeout = \"1s\"\n[canary]\nsampling_ratio = 0.1\nsampling_max_per_second = 100\nspike_hold = \"{}s\"\nmax_in_flight = 16\ntimeout = \"120s\"\n{extra_canary}\n[control]\nrecent_requests = 4096\n",
+            HOLD.as_secs()
+        ),
+    )
+    .unwrap();
+    let args: Vec<String> = [
+        "--config",
+        cfg.to_str().unwrap(),
+        "--target",
+        url,
+        "--rate",
+        "2",
+        "--arrival",
+        "poisson",
+        "--max-tokens",
+        "8",
+        "--otlp-protocol",
+        "grpc",
+        "--otlp-endpoint",
+        endpoint,
+    ]
+    .map(String::from)
+    .to_vec();
+    tokio::task::spawn_blocking(move || {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        Agent::spawn(&a, &[("OTEL_METRIC_EXPORT_INTERVAL", "5000")])
+    })
+    .await
+    .unwrap()
+}
+
+/// Every canary the agent measured, from `lmperf ctl recent --json`.
+fn recent_canaries(agent: &Agent) -> Vec<Value> {
+    let sock = agent.runtime_dir.join("lmperf/control.sock");
+    let out = Command::new(lmperf_bin())
+        .args([
+            "ctl",
+            "--addr",
+            &format!("unix:{}", sock.display()),
+            "--json",
+            "recent",
+            "--limit",
+            "4096",
+        ])
+        .env_remove("LMPERF_CONTROL_TOKEN")
+        .output()
+        .expect("run lmperf ctl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    v["requests"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r["source"] == "canary")
+        .collect()
+}
+
+/// End of a recent request, in Unix seconds.
+fn end_s(r: &Value) -> f64 {
+    r["at_unix_s"].as_f64().unwrap_or(0.0) + r["e2e_ms"].as_f64().unwrap_or(0.0) / 1000.0
+}
+
+/// Another client overloading the model server: `clients` threads each sending a long
+/// non-streaming completion after another until `until`.
+fn overload(
+    port: u16,
+    clients: usize,
+    until: Instant,
+    sent: Arc<AtomicUsize>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    (0..clients)
+        .map(|i| {
+            let sent = sent.clone();
+            std::thread::spawn(move || {
+                while Instant::now() < until {
+                    let body = format!(r#"{{"model":"gemma-3-270m","messages":[{{"role":"user","content":"Tell a long story about a lighthouse keeper, part {i}."}}],"max_tokens":160,"temperature":0.8}}"#);
+                    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else { continue };
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(120)));
+                    let req = format!("POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+                    if s.write_all(req.as_bytes()).is_ok() {
+                        sent.fetch_add(1, Ordering::Relaxed);
+                        let mut sink = Vec::new();
+                        let _ = s.read_to_end(&mut sink);
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+fn events<'a>(
+    spans: &'a [ExportedSpan],
+    name: &'a str,
+) -> impl Iterator<Item = (f64, std::collections::BTreeMap<String, String>)> + 'a {
+    spans
+        .iter()
+        .flat_map(|s| &s.events)
+        .filter(move |e| e.name == name)
+        .map(|e| (e.time_unix_nano as f64 / 1e9, attrs(&e.attributes)))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
+    let calm = Duration::from_secs(120);
+    let overload_for = Duration::from_secs(45);
+    let server = tokio::task::spawn_blocking(ModelServer::start)
+        .await
+        .unwrap();
+    let mut collector = FakeCollectorServer::start().await.unwrap();
+    let dir = temp_dir("overload");
+    let mut agent = spawn_agent(&dir, &server.url(), &collector.endpoint(), "").await;
+
+    let mut spans: Vec<ExportedSpan> = Vec::new();
+    let t0 = Instant::now();
+    while t0.elapsed() < calm {
+        spans.extend(
+            collector
+                .exported_spans(usize::MAX, Duration::from_millis(500))
+                .await,
+        );
+    }
+    let status = agent.status();
+    assert_eq!(status["targets"][0]["spike"], false, "calm: {status}");
+    assert_eq!(
+        events(&spans, "lmperf.spike.entered").count(),
+        0,
+        "calm phase entered spike mode: {}",
+        agent.stderr_text()
+    );
+
+    // Overload: 6 clients of long completions on a 2-slot server.
+    let over_wall = SystemTime::now();
+    let sent = Arc::new(AtomicUsize::new(0));
+    let threads = overload(server.port, 6, Instant::now() + overload_for, sent.clone());
+    let mut spike_status = None;
+    let t1 = Instant::now();
+    while t1.elapsed() < overload_for {
+        spans.extend(
+            collector
+                .exported_spans(usize::MAX, Duration::from_millis(500))
+                .await,
+        );
+        let s = agent.status();
+        if spike_status.is_none() && s["targets"][0]["spike"] == true {
+            spike_status = Some(s);
+        }
+    }
+    for t in threads {
+        let _ = tokio::task::spawn_blocking(move || t.join()).await;
+    }
+    let overload_end = SystemTime::now();
+    // Until spike mode is left (the hold after the last slow bucket), then 25 s of base sampling.
+    let t2 = Instant::now();
+    while t2.elapsed() < Duration::from_secs(150) && agent.status()["targets"][0]["spike"] == true {
+        spans.extend(
+            collector
+                .exported_spans(usize::MAX, Duration::from_millis(500))
+                .await,
+        );
+    }
+    let t3 = Instant::now();
+    while t3.elapsed() < Duration::from_secs(25) {
+        spans.extend(
+            collector
+                .exported_spans(usize::MAX, Duration::from_millis(500))
+                .await,
+        );
+    }
+    let canaries = recent_canaries(&agent);
+    agent.sigterm();
+    let (code, agent) = tokio::task::spawn_blocking(move || {
+        (
+            agent
+                .wait_exit(Duration::from_secs(10))
+                .and_then(|s| s.code()),
+            agent,
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, Some(0), "{}", agent.stderr_text());
+    spans.extend(
+        collector
+            .exported_spans(usize::MAX, Duration::from_secs(1))
+            .await,
+    );
+    assert!(
+        sent.load(Ordering::Relaxed) >= 6,
+        "overload sent {}",
+        sent.load(Ordering::Relaxed)
+    );
+
+    // Entered once, on the relative jump, within 30 s of the overload.
+    let entered: Vec<_> = events(&spans, "lmperf.spike.entered").collect();
+    let left: Vec<_> = events(&spans, "lmperf.spike.left").collect();
+    assert!(
+        !entered.is_empty(),
+        "no spike entered: {}",
+        agent.stderr_text()
+    );
+    let (entered_at, ev) = &entered[0];
+    let mut outcomes: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    for r in &canaries {
+        *outcomes
+            .entry(format!("{}/{}", r["outcome"], r["error_type"]))
+            .or_default() += 1;
+    }
+    assert_eq!(
+        ev["lmperf.spike.reason"], "latency_jump",
+        "{ev:?}; canaries by outcome: {outcomes:?}"
+    );
+    let ratio: f64 = ev["lmperf.spike.ratio"].parse().unwrap();
+    let baseline: f64 = ev["lmperf.spike.baseline"].parse().unwrap();
+    let value: f64 = ev["lmperf.spike.value"].parse().unwrap();
+    assert!(
+        ratio >= 2.0 && value >= baseline * 2.0 && value - baseline >= 0.05,
+        "{ev:?}"
+    );
+    assert!(
+        ["ttft", "e2e"].contains(&ev["lmperf.spike.signal"].as_str()),
+        "{ev:?}"
+    );
+    let after = entered_at - unix(over_wall);
+    assert!(
+        (0.0..=30.0).contains(&after),
+        "spike entered {after:.1} s after the overload began"
+    );
+    let status = spike_status.expect("status showed the spike");
+    assert_eq!(
+        status["targets"][0]["spike_reason"]["reason"], "latency_jump",
+        "{status}"
+    );
+    assert!(
+        status["targets"][0]["spike_reason"]["ratio"]
+            .as_f64()
+            .unwrap()
+            >= 2.0,
+        "{status}"
+    );
+    assert!(
+        agent.stderr_text().contains("reason=latency_jump"),
+        "{}",
+        agent.stderr_text()
+    );
+    assert_eq!(
+        left.len(),
+        entered.len(),
+        "entered {entered:?} left {left:?}"
+    );
+    let left_at = left.last().unwrap().0;
+    assert!(
+        left_at >= unix(overload_end) - 1.0,
+        "left at {left_at} before the overload ended at {}",
+        unix(overload_end)
+    );
+
+    // Every canary decided between entering and leaving was kept; after, the base ratio.
+    let kept: HashMap<&str, &ExportedSpan> =
+        spans.iter().map(|s| (s.trace_id.as_str(), s)).collect();
+    assert!(canaries.len() >= 300, "{} canaries", canaries.len());
+    let during: Vec<&Value> = canaries
+        .iter()
+        .filter(|r| {
+            end_s(r) > entered_at + 0.2 && end_s(r) < left_at - 0.2 && r["outcome"] != "cancelled"
+        })
+        .collect();
+    assert!(
+        during.len() >= 40,
+        "{} canaries during the spike",
+        during.len()
+    );
+    for r in &during {
+        let id = r["trace_id"].as_str().unwrap();
+        let sp = kept
+            .get(id)
+            .unwrap_or_else(|| panic!("spike trace {id} dropped: {r}"));
+        let reason = attrs(&sp.attributes)["lmperf.sampling.reason"].clone();
+        assert!(["spike", "error"].contains(&reason.as_str()), "{reason}");
+    }
+    let late: Vec<&Value> = canaries
+        .iter()
+        .filter(|r| r["at_unix_s"].as_f64().unwrap() > left_at + 0.5)
+        .collect();
+    let late_kept = late
+        .iter()
+        .filter(|r| kept.contains_key(r["trace_id"].as_str().unwrap()))
+        .count();
+    assert!(
+        late.len() >= 25 && (late_kept as f64) < 0.35 * late.len() as f64,
+        "after the spike: kept {late_kept} of {}",
+        late.len()
+    );
+    let before: Vec<&Value> = canaries
+        .iter()
+        .filter(|r| end_s(r) < unix(over_wall))
+        .collect();
+    let before_kept = before
+        .iter()
+        .filter(|r| kept.contains_key(r["trace_id"].as_str().unwrap()))
+        .count();
+    let share = before_kept as f64 / before.len().max(1) as f64;
+    assert!(
+        before.len() >= 150 && (0.02..=0.25).contains(&share),
+        "calm: kept {before_kept} of {}",
+        before.len()
+    );
+}
+
+/// Poisson canaries on the idle real server never enter spike mode (CI: 150 s;
+/// `LMPERF_SPIKE_CALM_S=600` for the 10-minute eval of `cargo xtask spike-calm`).
+#[tokio::test(flavor = "multi_thread")]
+async fn calm_poisson_canaries_never_enter_spike_mode() {
+    let secs: u64 = std::env::var("LMPERF_SPIKE_CALM_S")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(150);
+    let server = tokio::task::spawn_blocking(ModelServer::start)
+        .await
+        .unwrap();
+    let mut collector = FakeCollectorServer::start().await.unwrap();
+    let dir = temp_dir("calm");
+    let mut agent = spawn_agent(&dir, &server.url(), &collector.endpoint(), "").await;
+    let mut spans: Vec<ExportedSpan> = Vec::new();
+    let t0 = Instant::now();
+    let mut spike_seen = false;
+    while t0.elapsed() < Duration::from_secs(secs) {
+        spans.extend(
+            collector
+                .exported_spans(usize::MAX, Duration::from_millis(1000))
+                .await,
+        );
+        spike_seen |= agent.status()["targets"][0]["spike"] == true;
+    }
+    let canaries = recent_canaries(&agent);
+    agent.sigterm();
+    let (code, agent) = tokio::task::spawn_blocking(move || {
+        (
+            agent
+                .wait_exit(Duration::from_secs(10))
+                .and_then(|s| s.code()),
+            agent,
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, Some(0), "{}", agent.stderr_text());
+    spans.extend(
+        collector
+            .exported_spans(usize::MAX, Duration::from_secs(1))
+            .await,
+    );
+    let mut ttft: Vec<f64> = canaries
+        .iter()
+        .filter_map(|r| r["ttft_ms"].as_f64())
+        .collect();
+    ttft.sort_by(f64::total_cmp);
+    let q = |p: f64| {
+        ttft.get(((ttft.len() as f64 * p) as usize).min(ttft.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    println!(
+        "spike-calm: {secs} s, {} canaries, TTFT p50 {:.1} ms p99 {:.1} ms max {:.1} ms, spike entered {} times",
+        canaries.len(),
+        q(0.5),
+        q(0.99),
+        q(1.0),
+        events(&spans, "lmperf.spike.entered").count()
+    );
+    assert!(
+        !spike_seen && events(&spans, "lmperf.spike.entered").count() == 0,
+        "calm run entered spike mode: {}",
+        agent.stderr_text()
+    );
+    // A loaded machine makes the small model slow (TTFT of seconds): the canaries still ran.
+    assert!(
+        canaries.len() as f64 >= secs as f64 / 10.0,
+        "{} canaries in {secs} s",
+        canaries.len()
+    );
+}
+
+/// A shutdown that cancels canaries in flight does not enter spike mode: the agent's own
+/// cancellations are not errors of the target.
+#[tokio::test(flavor = "multi_thread")]
+async fn shutdown_with_canaries_in_flight_does_not_enter_spike_mode() {
+    let slow = Arc::new(AtomicBool::new(false));
+    let s2 = slow.clone();
+    let server = ScriptedServer::start(Arc::new(move |req, _| {
+        if req.path == "/v1/models" {
+            return Reply::json(
+                200,
+                r#"{"object":"list","data":[{"id":"m","owned_by":"vllm"}]}"#,
+            );
+        }
+        // Calm: 20 ms; then every canary hangs for 30 s (the shutdown cancels them).
+        let first = if s2.load(Ordering::Relaxed) {
+            Duration::from_secs(30)
+        } else {
+            Duration::from_millis(20)
+        };
+        Reply::sse(chat_stream(3, first, Duration::from_millis(5), 4))
+    }))
+    .await;
+    let mut collector = FakeCollectorServer::start().await.unwrap();
+    let dir = temp_dir("shutdown");
+    let cfg = dir.join("agent.toml");
+    std::fs::write(&cfg, "shutdown_timeout = \"500ms\"\n[canary]\nmax_in_flight = 32\nspike_min_requests = 5\nspike_window = \"30s\"\n").unwrap();
+    let (url, endpoint) = (server.url(), collector.endpoint());
+    let mut agent = tokio::task::spawn_blocking(move || {
+        Agent::spawn(
+            &[
+                "--config",
+                cfg.to_str().unwrap(),
+                "--target",
+                &url,
+                "--model",
+                "m",
+                "--rate",
+                "10",
+                "--arrival",
+                "constant",
+                "--otlp-protocol",
+                "grpc",
+                "--otlp-endpoint",
+                &endpoint,
+            ],
+            &[],
+        )
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    slow.store(true, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let in_flight = agent.status()["targets"][0]["in_flight"].as_u64().unwrap();
+    assert!(in_flight >= 10, "{in_flight} in flight");
+    agent.sigterm();
+    let (code, agent) = tokio::task::spawn_blocking(move || {
+        (
+            agent
+                .wait_exit(Duration::from_secs(12))
+                .and_then(|s| s.code()),
+            agent,
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, Some(0), "{}", agent.stderr_text());
+    let spans = collector
+        .exported_spans(usize::MAX, Duration::from_secs(2))
+        .await;
+    let cancelled: Vec<&ExportedSpan> = spans
+        .iter()
+        .filter(|s| {
+            attrs(&s.attributes)
+                .get("lmperf.outcome")
+                .map(String::as_str)
+                == Some("cancelled")
+        })
+        .collect();
+    assert!(
+        cancelled.len() >= 10,
+        "{} cancelled spans kept of {}",
+        cancelled.len(),
+        spans.len()
+    );
+    for s in &cancelled {
+        assert_eq!(attrs(&s.attributes)["lmperf.sampling.reason"], "error");
+    }
+    assert_eq!(events(&spans, "lmperf.spike.entered").count(), 0);
+    assert!(
+        !agent.stderr_text().contains("Spike mode entered"),
+        "{}",
+        agent.stderr_text()
+    );
+}

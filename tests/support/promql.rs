@@ -1,0 +1,498 @@
+//! A small PromQL reader and the check of a query's names against an agent's `/metrics`: the
+//! dashboards (tests/dashboards.rs) and the alerting rules (tests/alerts.rs) may only name
+//! metrics and labels the agent exports, or ones listed as pending with the issue that adds them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::agent::Agent;
+use crate::scripted::{Reply, ScriptedServer, chat_stream};
+
+/// Labels Prometheus adds at scrape time (`instance`, `job`) or the chart's ServiceMonitor
+/// adds by relabelling (`node`): never on `/metrics` itself.
+pub const SCRAPE_LABELS: &[&str] = &["instance", "job", "node"];
+
+/// A real agent's `/metrics` once every series the dashboards and rules name has samples: the
+/// agent probes three scripted servers (streaming; 503; a stream cut after its first tokens,
+/// a failed request with a TTFT, so the latency histograms carry `error_type` too).
+pub async fn agent_metrics() -> String {
+    let ok = ScriptedServer::start(Arc::new(|_, _| {
+        Reply::sse(chat_stream(
+            3,
+            Duration::from_millis(5),
+            Duration::from_millis(5),
+            4,
+        ))
+    }))
+    .await;
+    let failing = ScriptedServer::start(Arc::new(|_, _| {
+        Reply::json(503, r#"{"error":"overloaded"}"#)
+    }))
+    .await;
+    let cut = ScriptedServer::start(Arc::new(|_, _| {
+        let mut frames = chat_stream(3, Duration::from_millis(5), Duration::from_millis(5), 4);
+        frames.truncate(2);
+        Reply::Stream {
+            status: 200,
+            content_type: "text/event-stream".into(),
+            frames,
+            cut: true,
+        }
+    }))
+    .await;
+    let urls = [ok.url(), failing.url(), cut.url()];
+    tokio::task::spawn_blocking(move || {
+        let mut args: Vec<&str> = urls.iter().flat_map(|u| ["--target", u.as_str()]).collect();
+        args.extend(["--model", "m", "--interval", "200ms", "--no-otlp"]);
+        let agent = Agent::spawn(&args, &[]);
+        let wanted = [
+            r#"lmperf_outcome="ok""#,
+            r#"lmperf_outcome="error""#,
+            "gen_ai_client_operation_time_per_output_chunk_seconds_bucket",
+            "gen_ai_client_operation_time_to_first_chunk_seconds_bucket{error_type=",
+            r#"gen_ai_token_type="output""#,
+            "lmperf_sampling_spike",
+        ];
+        let t = Instant::now();
+        loop {
+            let (code, body) = agent.get("/metrics");
+            assert_eq!(code, 200, "{body}");
+            if wanted.iter().all(|w| body.contains(w)) {
+                return body;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "the scrape never had {wanted:?}:\n{body}\nagent stderr:\n{}",
+                agent.stderr_text()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    })
+    .await
+    .expect("scrape")
+}
+
+/// Metrics (Prometheus names) that another issue will add, with its number, and the labels
+/// they will carry: checked only in queries that use a pending metric.
+#[derive(Debug, Clone, Copy)]
+pub struct Pending<'a> {
+    pub metrics: &'a [(&'a str, u32)],
+    pub labels: &'a [(&'a str, u32)],
+}
+
+/// Sample name → the label names seen on it (from the sample lines, so histograms give
+/// `_bucket` (with `le`), `_sum` and `_count`).
+pub fn parse_exposition(text: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+    {
+        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+        let labels = out.entry(line[..name_end].to_owned()).or_default();
+        if line[name_end..].starts_with('{') {
+            // name="value",... ; values may hold commas and escaped quotes.
+            let mut rest = &line[name_end + 1..];
+            while let Some(eq) = rest.find("=\"") {
+                labels.insert(rest[..eq].trim_start_matches(',').trim().to_owned());
+                let mut i = eq + 2;
+                let bytes = rest.as_bytes();
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                rest = &rest[(i + 1).min(rest.len())..];
+                if rest.starts_with('}') {
+                    break;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Checks one expression against the scrape (`exported`, from [`parse_exposition`]); Ok(the
+/// pending metrics it uses). Names and labels a scrape lacks are errors unless `pending` lists
+/// them or Prometheus adds them ([`SCRAPE_LABELS`]).
+pub fn check_expr(
+    expr: &str,
+    exported: &BTreeMap<String, BTreeSet<String>>,
+    pending_list: &Pending<'_>,
+) -> Result<Vec<String>, String> {
+    let refs = extract(expr)?;
+    if refs.series.is_empty() {
+        return Err("no metric in the query".into());
+    }
+    let pending_label = |l: &str| pending_list.labels.iter().any(|(p, _)| *p == l);
+    let scrape_label = |l: &str| SCRAPE_LABELS.contains(&l);
+    let mut errors = Vec::new();
+    let mut pending = Vec::new();
+    let mut known_labels: BTreeSet<&str> = BTreeSet::new();
+    for s in &refs.series {
+        if pending_list.metrics.iter().any(|(p, _)| *p == s.name) {
+            pending.push(s.name.clone());
+        }
+        match exported.get(&s.name) {
+            Some(labels) => {
+                known_labels.extend(labels.iter().map(String::as_str));
+                for l in &s.labels {
+                    if !labels.contains(l) && !scrape_label(l) {
+                        errors.push(format!(
+                            "label {l:?} is not on {} (it has {labels:?})",
+                            s.name
+                        ));
+                    }
+                }
+            }
+            None if pending_list.metrics.iter().any(|(p, _)| *p == s.name) => {
+                if s.name.ends_with("_bucket") {
+                    known_labels.insert("le");
+                }
+                for l in &s.labels {
+                    if !pending_label(l) && !scrape_label(l) {
+                        errors.push(format!("label {l:?} on pending {} is neither in PENDING_LABELS nor a scrape label", s.name));
+                    }
+                }
+            }
+            None => errors.push(format!(
+                "metric {:?} is not exported (nor listed as PENDING)",
+                s.name
+            )),
+        }
+    }
+    for l in &refs.grouping {
+        let ok = known_labels.contains(l.as_str())
+            || scrape_label(l)
+            || (!pending.is_empty() && pending_label(l));
+        if !ok {
+            errors.push(format!(
+                "grouping label {l:?} is on none of the query's metrics"
+            ));
+        }
+    }
+    if errors.is_empty() {
+        Ok(pending)
+    } else {
+        Err(errors.join("; "))
+    }
+}
+
+/// A series selector: the metric name and the labels its `{...}` matches on.
+#[derive(Debug, PartialEq)]
+pub struct Series {
+    pub name: String,
+    pub labels: Vec<String>,
+}
+
+#[derive(Debug, Default, PartialEq)]
+pub struct Refs {
+    pub series: Vec<Series>,
+    /// Labels in `by`, `without`, `on`, `ignoring`, `group_left`, `group_right` lists and in
+    /// matchers of a selector without a name.
+    pub grouping: Vec<String>,
+}
+
+const AGGREGATIONS: &[&str] = &[
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
+    "limitk",
+    "limit_ratio",
+];
+const FUNCTIONS: &[&str] = &[
+    "abs",
+    "absent",
+    "absent_over_time",
+    "ceil",
+    "changes",
+    "clamp",
+    "clamp_max",
+    "clamp_min",
+    "day_of_month",
+    "day_of_week",
+    "day_of_year",
+    "days_in_month",
+    "delta",
+    "deriv",
+    "exp",
+    "floor",
+    "histogram_avg",
+    "histogram_count",
+    "histogram_fraction",
+    "histogram_quantile",
+    "histogram_stddev",
+    "histogram_stdvar",
+    "histogram_sum",
+    "holt_winters",
+    "double_exponential_smoothing",
+    "hour",
+    "idelta",
+    "increase",
+    "irate",
+    "label_join",
+    "label_replace",
+    "ln",
+    "log2",
+    "log10",
+    "minute",
+    "month",
+    "predict_linear",
+    "rate",
+    "resets",
+    "round",
+    "scalar",
+    "sgn",
+    "sort",
+    "sort_desc",
+    "sort_by_label",
+    "sort_by_label_desc",
+    "sqrt",
+    "time",
+    "timestamp",
+    "vector",
+    "year",
+    "avg_over_time",
+    "min_over_time",
+    "max_over_time",
+    "sum_over_time",
+    "count_over_time",
+    "quantile_over_time",
+    "stddev_over_time",
+    "stdvar_over_time",
+    "last_over_time",
+    "present_over_time",
+    "mad_over_time",
+    "acos",
+    "acosh",
+    "asin",
+    "asinh",
+    "atan",
+    "atanh",
+    "cos",
+    "cosh",
+    "sin",
+    "sinh",
+    "tan",
+    "tanh",
+    "deg",
+    "rad",
+    "pi",
+];
+const GROUPING: &[&str] = &[
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+];
+const KEYWORDS: &[&str] = &[
+    "bool", "and", "or", "unless", "offset", "atan2", "inf", "nan", "start", "end",
+];
+
+#[derive(Debug, PartialEq)]
+enum Tok {
+    Ident(String),
+    Str,
+    Num,
+    Range,
+    P(String),
+}
+
+/// Grafana variables (`$x`, `${x}`, `${x:fmt}`) become nothing; strings, numbers and
+/// durations, and range brackets become opaque tokens.
+fn lex(expr: &str) -> Result<Vec<Tok>, String> {
+    let c: Vec<char> = expr.chars().collect();
+    let mut i = 0;
+    let mut out = Vec::new();
+    let ident_start = |ch: char| ch.is_ascii_alphabetic() || ch == '_' || ch == ':';
+    let ident_char = |ch: char| ch.is_ascii_alphanumeric() || ch == '_' || ch == ':';
+    while i < c.len() {
+        let ch = c[i];
+        if ch.is_whitespace() {
+            i += 1;
+        } else if ch == '$' {
+            i += 1;
+            if c.get(i) == Some(&'{') {
+                while i < c.len() && c[i] != '}' {
+                    i += 1;
+                }
+                i += 1;
+            } else {
+                while i < c.len() && ident_char(c[i]) {
+                    i += 1;
+                }
+            }
+        } else if ch == '"' || ch == '\'' || ch == '`' {
+            i += 1;
+            while i < c.len() && c[i] != ch {
+                i += if c[i] == '\\' { 2 } else { 1 };
+            }
+            if i >= c.len() {
+                return Err(format!("unterminated string in {expr:?}"));
+            }
+            i += 1;
+            out.push(Tok::Str);
+        } else if ch == '[' {
+            while i < c.len() && c[i] != ']' {
+                i += 1;
+            }
+            if i >= c.len() {
+                return Err(format!("unterminated [ in {expr:?}"));
+            }
+            i += 1;
+            out.push(Tok::Range);
+        } else if ch.is_ascii_digit()
+            || (ch == '.' && c.get(i + 1).is_some_and(char::is_ascii_digit))
+        {
+            while i < c.len() && (c[i].is_ascii_alphanumeric() || c[i] == '.') {
+                i += 1;
+            }
+            out.push(Tok::Num);
+        } else if ident_start(ch) {
+            let s = i;
+            while i < c.len() && ident_char(c[i]) {
+                i += 1;
+            }
+            out.push(Tok::Ident(c[s..i].iter().collect()));
+        } else {
+            let two: String = c[i..(i + 2).min(c.len())].iter().collect();
+            if ["=~", "!~", "!=", "==", ">=", "<="].contains(&two.as_str()) {
+                out.push(Tok::P(two));
+                i += 2;
+            } else {
+                out.push(Tok::P(ch.to_string()));
+                i += 1;
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn is_match_op(t: Option<&Tok>) -> bool {
+    matches!(t, Some(Tok::P(p)) if ["=", "=~", "!=", "!~"].contains(&p.as_str()))
+}
+
+pub fn extract(expr: &str) -> Result<Refs, String> {
+    let toks = lex(expr)?;
+    let mut refs = Refs::default();
+    let mut i = 0;
+    let p = |i: usize, s: &str| matches!(toks.get(i), Some(Tok::P(x)) if x == s);
+    while i < toks.len() {
+        match &toks[i] {
+            Tok::Ident(id) if GROUPING.contains(&id.as_str()) => {
+                i += 1;
+                if p(i, "(") {
+                    i += 1;
+                    while i < toks.len() && !p(i, ")") {
+                        match &toks[i] {
+                            Tok::Ident(l) => refs.grouping.push(l.clone()),
+                            Tok::P(c) if c == "," => {}
+                            t => return Err(format!("unexpected {t:?} in a label list")),
+                        }
+                        i += 1;
+                    }
+                    i += 1;
+                }
+            }
+            Tok::Ident(id)
+                if AGGREGATIONS.contains(&id.as_str()) || FUNCTIONS.contains(&id.as_str()) =>
+            {
+                let next = toks.get(i + 1);
+                let ok = p(i + 1, "(")
+                    || matches!(next, Some(Tok::Ident(n)) if n == "by" || n == "without");
+                if !ok {
+                    return Err(format!("{id} is a PromQL function; it needs ( after it"));
+                }
+                i += 1;
+            }
+            Tok::Ident(id) if KEYWORDS.contains(&id.as_str()) => i += 1,
+            Tok::Ident(id) if p(i + 1, "(") => {
+                return Err(format!("unknown PromQL function {id:?}"));
+            }
+            Tok::Ident(id) => {
+                let mut s = Series {
+                    name: id.clone(),
+                    labels: Vec::new(),
+                };
+                i += 1;
+                if p(i, "{") {
+                    i = matchers(&toks, i + 1, &mut s.labels)?;
+                }
+                refs.series.push(s);
+            }
+            Tok::P(c) if c == "{" => {
+                // A selector without a name: its matchers count as grouping labels.
+                let mut labels = Vec::new();
+                i = matchers(&toks, i + 1, &mut labels)?;
+                refs.grouping.extend(labels);
+            }
+            _ => i += 1,
+        }
+    }
+    Ok(refs)
+}
+
+/// Reads `label op "value", ...}` from `i`; returns the index after `}`.
+fn matchers(toks: &[Tok], mut i: usize, labels: &mut Vec<String>) -> Result<usize, String> {
+    loop {
+        match toks.get(i) {
+            Some(Tok::P(c)) if c == "}" => return Ok(i + 1),
+            Some(Tok::P(c)) if c == "," => i += 1,
+            Some(Tok::Ident(l))
+                if is_match_op(toks.get(i + 1)) && toks.get(i + 2) == Some(&Tok::Str) =>
+            {
+                labels.push(l.clone());
+                i += 3;
+            }
+            t => return Err(format!("bad label matcher at {t:?}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(r: &Refs) -> Vec<(&str, Vec<&str>)> {
+        r.series
+            .iter()
+            .map(|s| {
+                (
+                    s.name.as_str(),
+                    s.labels.iter().map(String::as_str).collect(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn quantile_of_a_bucket_rate() {
+        let r = extract(r#"histogram_quantile(0.99, sum by (le, lmperf_target) (rate(m_bucket{a=~"$t", b="", c!="x,}y"}[$__rate_interval])))"#).unwrap();
+        assert_eq!(names(&r), vec![("m_bucket", vec!["a", "b", "c"])]);
+        assert_eq!(r.grouping, vec!["le", "lmperf_target"]);
+    }
+
+    #[test]
+    fn binary_operators_with_vector_matching() {
+        let r = extract(r#"sum by (t, e) (rate(x_total{o!="ok"}[5m])) / ignoring (e) group_left sum(rate(y[${__interval}])) by (t) > bool 0.5"#).unwrap();
+        assert_eq!(names(&r), vec![("x_total", vec!["o"]), ("y", vec![])]);
+        assert_eq!(r.grouping, vec!["t", "e", "e", "t"]);
+    }
+
+    #[test]
+    fn a_typo_in_a_function_or_a_matcher_is_an_error() {
+        assert!(extract("rat(x[5m])").unwrap_err().contains("rat"));
+        assert!(extract(r#"x{a=}"#).is_err());
+        assert!(extract(r#"sum x"#).is_err());
+    }
+}

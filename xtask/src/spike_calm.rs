@@ -1,0 +1,36 @@
+//! `cargo xtask spike-calm [--seconds N]`: the 10-minute calm run of issue 17. The real
+//! llama.cpp server under Poisson canaries (2/s, no SLO) for N seconds (default 600): spike
+//! mode must never be entered. Runs `tests/spike.rs`'s calm test with `LMPERF_SPIKE_CALM_S`
+//! (CI runs the same test for 150 s) and prints its figures (canaries, TTFT p50/p99/max).
+
+use anyhow::{Result, bail};
+
+pub fn run(args: &[String]) -> Result<()> {
+    let seconds = match args {
+        [] => 600,
+        [flag, n] if flag == "--seconds" => n
+            .parse::<u64>()
+            .map_err(|e| anyhow::anyhow!("--seconds {n:?}: {e}"))?,
+        other => bail!("spike-calm takes [--seconds N] (got {other:?})"),
+    };
+    crate::step("[1/3] tests/peers/install.sh", crate::install_peers_cmd())?;
+    let mut build = crate::cargo();
+    build.args(["build", "-p", "lmperf"]);
+    crate::step("[2/3] cargo build -p lmperf", build)?;
+    let mut test = crate::cargo();
+    test.args([
+        "test",
+        "-p",
+        "lmperf-e2e",
+        "--test",
+        "spike",
+        "calm_poisson_canaries_never_enter_spike_mode",
+        "--",
+        "--nocapture",
+    ]);
+    test.env("LMPERF_SPIKE_CALM_S", seconds.to_string());
+    crate::step(
+        &format!("[3/3] {seconds} s calm run (tests/spike.rs)"),
+        test,
+    )
+}
