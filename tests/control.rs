@@ -449,3 +449,46 @@ async fn non_loopback_without_token_is_refused_at_start() {
     assert!(out.contains("target t0"), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A trace replay through InjectLoad against a server with `/tokenize`: prompts are
+/// calibrated to each request's exact input length (here the server counts words), as
+/// `lmperf run` makes them, not estimated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trace_replay_calibrates_prompts_with_tokenize() {
+    let server = ScriptedServer::start(Arc::new(|r: &lmperf_e2e::scripted::Received, _| {
+        let b: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+        if r.path == "/tokenize" {
+            let n = b["content"].as_str().map_or(0, |s| s.split_whitespace().count());
+            return Reply::json(200, &serde_json::json!({ "tokens": vec![1; n] }).to_string());
+        }
+        Reply::sse(chat_stream(2, Duration::from_millis(2), Duration::from_millis(2), 4))
+    }))
+    .await;
+    let dir = temp_dir("tokenize");
+    let addr = format!("unix:{}", dir.join("control.sock").display());
+    let traces = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/traces");
+    let control = format!("listen = \"{addr}\"\nmax_inject_rate = 10.0\nmax_inject_concurrency = 4\nmax_inject_requests = 100\nmax_inject_duration = \"10s\"\ntrace_dir = \"{}\"\n", traces.display());
+    let cfg = write_config(&dir, &server.url(), &control);
+    let agent = spawn(["--config", cfg.to_str().unwrap(), "--no-otlp"].map(str::to_owned).to_vec(), vec![]).await;
+    assert_eq!(control_at(&agent), addr);
+    let azure = trace_fixture("azure_llm_2023_code.head2000.csv");
+    ctl_json(&addr, &["inject", "--trace", &azure, "--trace-speedup", "0.8", "--max-requests", "5", "--concurrency", "4"]).await;
+    let load = load_when_ended(&addr).await;
+    assert_eq!(load["by_outcome"]["ok"], 5, "{load}");
+    // Rows 1-5 of the Azure code trace: (max_tokens, input tokens).
+    let mut want = vec![(10, 4808), (8, 3180), (27, 110), (14, 7433), (12, 34)];
+    let recent = ctl_json(&addr, &["recent", "--source", "inject", "--limit", "64"]).await;
+    let ids: Vec<String> = recent["requests"].as_array().unwrap().iter().map(|r| r["trace_id"].as_str().unwrap().to_owned()).collect();
+    let mut got: Vec<(u64, u64)> = server
+        .requests()
+        .iter()
+        .filter(|r| r.header("traceparent").and_then(|t| t.split('-').nth(1)).is_some_and(|id| ids.iter().any(|i| i == id)))
+        .map(|r| serde_json::from_slice::<Value>(&r.body).unwrap())
+        .map(|b| (b["max_tokens"].as_u64().unwrap(), b["messages"][0]["content"].as_str().unwrap().split_whitespace().count() as u64))
+        .collect();
+    got.sort_unstable();
+    want.sort_unstable();
+    assert_eq!(got, want, "(max_tokens, prompt tokens by the server's /tokenize) of each replayed request");
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -214,6 +214,41 @@ async fn mooncake_134k_token_prompt() {
     assert_eq!(sent["prompt"].as_str().unwrap().split_whitespace().count(), 134_773);
 }
 
+/// Mooncake `hash_ids`: two rows that share their first hash id send the same first 512-token
+/// block (identical leading tokens) and differ after it; a row with other ids shares nothing;
+/// every prompt keeps its exact length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mooncake_shared_hash_ids_share_prompt_blocks() {
+    let srv = server(4).await;
+    let dir = tmp("moonhash");
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("shared.jsonl");
+    let lines = [
+        r#"{"timestamp": 0, "input_length": 700, "output_length": 2, "hash_ids": [7, 1]}"#,
+        r#"{"timestamp": 1, "input_length": 900, "output_length": 2, "hash_ids": [7, 2]}"#,
+        r#"{"timestamp": 2, "input_length": 600, "output_length": 2, "hash_ids": [3, 4]}"#,
+    ];
+    std::fs::write(&f, lines.join("\n") + "\n").unwrap();
+    let trace = lmperf::bench::trace::load(&f, None, None).unwrap();
+    let w = Workload { trace: Some(TraceReplay { trace: Arc::new(trace), speedup: 1.0 }), ..Workload::default() };
+    let mut sp = spec(&srv.url(), "completions", &dir, w);
+    sp.concurrencies = vec![1];
+    lmperf::bench::run(sp).await.unwrap();
+    let r = rows(&dir);
+    assert_eq!(r.iter().map(|r| r["prompt_tokens"].as_u64().unwrap()).collect::<Vec<_>>(), [700, 900, 600], "exact lengths");
+    let sent: Vec<Vec<String>> = srv
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/v1/completions")
+        .map(|r| body(r)["prompt"].as_str().unwrap().split_whitespace().map(str::to_owned).collect())
+        .collect();
+    assert_eq!(sent.len(), 3);
+    // The server's /tokenize counts words: a block of 512 tokens is 512 words.
+    assert_eq!(sent[0][..512], sent[1][..512], "shared first hash id: identical leading 512 tokens");
+    assert_ne!(sent[0][512..600], sent[1][512..600], "hash ids 1 and 2 differ");
+    assert_ne!(sent[0][..16], sent[2][..16], "hash id 3 shares nothing with 7");
+}
+
 /// Length distributions: per-request targets from the seeded samplers, prompts of exactly the
 /// sampled input length, max_tokens / min_tokens the sampled output length, achieved output
 /// reported per request and in the summary (a server that stops at 300 tokens falls short).
@@ -576,4 +611,52 @@ fn gemma_tokenizer_json_matches_llama_cpp() {
         assert_eq!(r["prompt_tokens"].as_u64(), Some(64), "{r}");
         assert!(matches!(r["input_tokens"].as_u64(), Some(64 | 65)), "server counts {}: {r}", r["input_tokens"]);
     }
+}
+
+/// `lmperf run --profile FILE`: the seed's three-part profile runs; an edit of the file while it
+/// runs applies from the next step (rate ×4, fixed prompt length) without dropping a request;
+/// each row records its profile revision; the summary and report mark the change; a bad
+/// profile is one line naming key and value, exit 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn profile_hot_update_while_running() {
+    let srv = server(4).await;
+    let dir = tmp("profile");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("load.yaml");
+    // 40 output tokens/s ÷ 4 per request = 10 req/s.
+    std::fs::write(&file, "profile: burst-llm-eval\nprompt_length: {distribution: lognormal, mu: 60, sigma: 0.3, max: 200}\nconcurrency: {ramp: exponential, base: 4, step: 1s, max: 16}\ntoken_rate: {mode: constant, target: 40/s, jitter: 15%}\n").unwrap();
+    let out_dir = dir.join("out");
+    let args: Vec<String> = ["run", "--target", &srv.url(), "--model", "m", "--output-len", "4", "--num-prompts", "1000", "--duration", "4s", "--profile", file.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap()]
+        .map(str::to_owned)
+        .to_vec();
+    let run = tokio::spawn(run_cli(args));
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    // 160 tokens/s = 40 req/s, prompts of exactly 32 tokens.
+    std::fs::write(&file, "profile: burst-llm-eval\nprompt_length: {distribution: fixed, value: 32}\nconcurrency: {ramp: exponential, base: 4, step: 1s, max: 16}\ntoken_rate: {mode: constant, target: 160/s}\n").unwrap();
+    let out = run.await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows = rows(&out_dir);
+    assert!(rows.iter().all(|r| r["outcome"] == "ok"), "no request dropped");
+    let (r0, r1): (Vec<&Value>, Vec<&Value>) = rows.iter().partition(|r| r["profile_revision"] == 0);
+    assert!(r1.iter().all(|r| r["profile_revision"] == 1));
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap()).unwrap();
+    let change = s["profile"]["revisions"][1][0].as_f64().unwrap();
+    // Written 2 s after the process started; its t0 is after start-up (tokenizer detection).
+    assert!((1.0..2.6).contains(&change), "revision 1 at {change} s");
+    assert_eq!(s["profile"]["name"], "burst-llm-eval");
+    // Rates before and after: ~10 and ~40 req/s.
+    let rate = |rs: &[&Value], from: f64, to: f64| rs.iter().filter(|r| (from..to).contains(&(r["scheduled_ms"].as_f64().unwrap() / 1000.0))).count() as f64 / (to - from);
+    let before = rate(&r0, 0.0, change - 0.1);
+    let after = rate(&r1, change + 0.1, 3.9);
+    assert!((8.0..12.5).contains(&before) && (32.0..48.0).contains(&after), "{before} req/s then {after} req/s");
+    assert!(r1.iter().all(|r| r["prompt_tokens"] == 32), "fixed prompt length after the change");
+    assert!(r0.iter().any(|r| r["prompt_tokens"] != r0[0]["prompt_tokens"]), "lognormal lengths before");
+    let html = std::fs::read_to_string(out_dir.join("report.html")).unwrap();
+    assert!(html.contains(r#"data-revision="1""#), "the report marks the change");
+
+    std::fs::write(&file, "profile: x\ntoken_rate: {mode: constant, target: 10/s, jiter: 5%}\n").unwrap();
+    let out = run_cli(["run", "--target", &srv.url(), "--profile", file.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap()].map(str::to_owned).to_vec()).await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.trim_end().lines().count() == 1 && err.contains("token_rate.jiter = \"5%\": unknown key"), "{err}");
 }

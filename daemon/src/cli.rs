@@ -168,9 +168,10 @@ impl CompareArgs {
 /// `lmperf run` flags (the names of `vllm bench serve` where they exist).
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Base URL of an OpenAI-compatible server.
-    #[arg(long, value_name = "URL")]
-    pub target: String,
+    /// Base URL of an OpenAI-compatible server (a trailing /v1 is fine); default:
+    /// OPENAI_BASE_URL, else http://127.0.0.1:8000 (vLLM's default).
+    #[arg(long, value_name = "URL", conflicts_with = "launch")]
+    pub target: Option<String>,
     /// Model name; default: the first model of GET /v1/models.
     #[arg(long)]
     pub model: Option<String>,
@@ -256,6 +257,63 @@ pub struct RunArgs {
     /// Choices per request (the API's `n`); each choice is measured on its own.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub n: u32,
+    /// Start the server for --model first (on a free loopback port, output in server.log),
+    /// warm it up, and stop it at the end: vllm, sglang, llama-server, or a command with
+    /// {model} and {port}, e.g. "my-server --model {model} --port {port}".
+    #[arg(long, value_name = "SERVER", requires = "model")]
+    pub launch: Option<String>,
+    /// How long a launched server may take to answer (big models load slowly).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "20m")]
+    pub launch_timeout: Duration,
+    /// Capacity search: the highest open-loop request rate at which every --slo holds
+    /// (bracketing, then bisection to --precision), and the knee where queueing starts.
+    #[arg(long, requires = "slo")]
+    pub find_max_rate: bool,
+    /// SLOs of --find-max-rate: METRIC_pQ:LIMIT, e.g. ttft_p99:500ms tpot_p99:50ms.
+    #[arg(long, num_args = 1.., requires = "find_max_rate")]
+    pub slo: Vec<String>,
+    /// Precision of --find-max-rate, relative (5% or 0.05).
+    #[arg(long, default_value = "5%", requires = "find_max_rate")]
+    pub precision: String,
+    /// Highest rate --find-max-rate offers, req/s.
+    #[arg(long, requires = "find_max_rate")]
+    pub max_rate: Option<f64>,
+    /// Requests per --find-max-rate step instead of the order-statistic rule's (fewer: a
+    /// less certain p99).
+    #[arg(long, requires = "find_max_rate")]
+    pub step_requests: Option<usize>,
+    /// A YAML load profile (prompt_length, concurrency, token_rate) followed for --duration
+    /// (default 60 s); edits of the file apply while it runs.
+    #[arg(long, value_name = "FILE", conflicts_with = "find_max_rate")]
+    pub profile: Option<std::path::PathBuf>,
+}
+
+/// `--find-max-rate` flags, checked.
+fn find_rate_of(slo: &[String], precision: &str, max_rate: Option<f64>, step_requests: Option<usize>, request_rate: Option<f64>) -> Result<crate::bench::find_rate::FindRate, String> {
+    use crate::bench::find_rate::{DEFAULT_MAX_RATE, FindRate};
+    let slos = slo.iter().map(|s| crate::bench::capacity::Slo::parse(s)).collect::<Result<Vec<_>, _>>()?;
+    let p = precision.trim();
+    let precision = match p.strip_suffix('%') {
+        Some(v) => v.trim().parse::<f64>().ok().map(|v| v / 100.0),
+        None => p.parse::<f64>().ok(),
+    }
+    .filter(|v| *v > 0.0 && *v < 1.0)
+    .ok_or_else(|| format!("--precision {p:?}: a fraction between 0 and 1, or a percentage (5%)"))?;
+    let max_rate = max_rate.unwrap_or(DEFAULT_MAX_RATE);
+    if !(max_rate.is_finite() && max_rate > 0.0) {
+        return Err(format!("--max-rate {max_rate}: a positive number of requests per second"));
+    }
+    if step_requests == Some(0) {
+        return Err("--step-requests 0: at least 1".to_owned());
+    }
+    Ok(FindRate { slos, precision, start_rate: request_rate.unwrap_or(1.0).min(max_rate), max_rate, step_requests })
+}
+
+/// `lmperf run`'s target without `--target`: `OPENAI_BASE_URL` (the OpenAI SDKs' variable),
+/// else vLLM's default `http://127.0.0.1:8000`. With `--launch`, a placeholder the launcher
+/// replaces with the server's port.
+pub fn default_target(env: &dyn crate::config::Env) -> String {
+    env.var("OPENAI_BASE_URL").filter(|v| !v.trim().is_empty()).unwrap_or_else(|| "http://127.0.0.1:8000".to_owned())
 }
 
 /// Concurrency of a trace replay without `--batch-sizes`: high enough that the trace's
@@ -282,8 +340,16 @@ impl RunArgs {
     /// Validates into a run specification; the error is one line naming the flag and value.
     pub fn into_spec(self, env: &dyn crate::config::Env) -> Result<crate::bench::RunSpec, String> {
         use crate::bench::{RunArrival, RunSpec, parse_gate};
+        let launch = match &self.launch {
+            Some(l) => Some(crate::bench::launch::LaunchSpec {
+                launcher: crate::bench::launch::Launcher::parse(l)?,
+                model: self.model.clone().ok_or("--launch needs --model (the model the server loads)")?,
+                timeout: self.launch_timeout,
+            }),
+            None => None,
+        };
         let overrides = Overrides {
-            targets: vec![self.target.clone()],
+            targets: vec![self.target.clone().unwrap_or_else(|| default_target(env))],
             canary: RawCanary {
                 model: self.model,
                 api: Some(self.api),
@@ -325,8 +391,18 @@ impl RunArgs {
                 return Err(format!("--batch-sizes: not with --ramp-over concurrency (the ramp sets the concurrency, {} → {})", r.from, r.to));
             }
         }
+        let profile = match &self.profile {
+            Some(p) => Some((p.clone(), crate::bench::profile::load(p).map_err(|e| format!("--profile {e}"))?)),
+            None => None,
+        };
+        let find_rate = if self.find_max_rate { Some(find_rate_of(&self.slo, &self.precision, self.max_rate, self.step_requests, request_rate)?) } else { None };
+        if find_rate.is_some() && (workload.trace.is_some() || workload.ramp.is_some()) {
+            return Err("--find-max-rate: not with --trace or --ramp (the search sets the rate)".to_owned());
+        }
         let concurrencies = match self.max_concurrency {
             Some(c) => vec![c],
+            // The search is open loop: arrivals, not a client limit, decide what is in flight.
+            None if find_rate.is_some() && self.batch_sizes.is_empty() => vec![TRACE_CONCURRENCY],
             // One benchmark, named by the ramp's highest concurrency.
             None if concurrency_ramp.is_some() => vec![concurrency_ramp.map_or(1, |r| r.max_concurrency())],
             None if self.batch_sizes.is_empty() => vec![if workload.trace.is_some() { TRACE_CONCURRENCY } else { 1 }],
@@ -372,6 +448,9 @@ impl RunArgs {
             workload,
             repeat: self.repeat,
             otlp: cfg.otlp.enabled.then_some(cfg.otlp.clone()),
+            launch,
+            find_rate,
+            profile,
             n: self.n,
         })
     }

@@ -24,7 +24,10 @@ fn main() -> ExitCode {
                 Err(code) => return code,
             };
             let dir = spec.output_dir.clone();
-            match rt.block_on(lmperf::bench::run(spec)) {
+            let result = rt.block_on(lmperf::bench::run(spec));
+            // An interrupted run may leave its dispatcher thread pacing: do not wait for it.
+            rt.shutdown_timeout(std::time::Duration::from_millis(500));
+            match result {
                 Ok(summary) if !summary.failed_gates.is_empty() => {
                     eprintln!("lmperf run: gates tripped: {}; results in {}", summary.failed_gates.join(", "), dir.display());
                     ExitCode::from(3)

@@ -9,13 +9,20 @@
 //! `report.html` (self-contained charts and tables, see [`report`]).
 
 pub mod buckets;
+pub mod capacity;
 pub mod compare;
 pub mod dataset;
 pub mod export;
+pub mod find_rate;
+pub mod launch;
+pub mod profile;
+pub mod profile_run;
 pub mod progress;
 pub mod prompts;
 pub mod repeat;
 pub mod report;
+pub mod report_capacity;
+pub mod report_profile;
 pub mod report_ramp;
 pub mod slots;
 pub mod stats;
@@ -87,6 +94,10 @@ pub enum BenchError {
     Invalid { field: &'static str, value: String, reason: String },
     #[error("OTLP export: {0}")]
     Telemetry(#[from] crate::telemetry::TelemetryError),
+    #[error("{0}")]
+    Launch(#[from] launch::LaunchError),
+    #[error("nothing answers at {url} ({reason}): give --target URL (or OPENAI_BASE_URL) of a running server, or --launch vllm|sglang|llama-server|\"CMD … {{model}} … {{port}}\" to start one")]
+    Unreachable { url: String, reason: String },
 }
 
 /// A whole `lmperf run`.
@@ -117,6 +128,12 @@ pub struct RunSpec {
     pub repeat: usize,
     /// Span and metric export of every measured request (see [`export`]); `None`: none.
     pub otlp: Option<crate::config::OtlpConfig>,
+    /// `--launch`: start this server first and stop it at the end ([`launch`]).
+    pub launch: Option<launch::LaunchSpec>,
+    /// `--find-max-rate`: a capacity search instead of the benchmark matrix ([`find_rate`]).
+    pub find_rate: Option<find_rate::FindRate>,
+    /// `--profile FILE`: one benchmark following the load profile, hot-reloaded ([`profile_run`]).
+    pub profile: Option<(PathBuf, profile::Profile)>,
     /// Choices per request (`n` of the OpenAI API, `--n`); 1 sends no `n`. Each choice is
     /// measured on its own ([`crate::measure::ChoiceRecord`], `choices` in `requests.jsonl`).
     pub n: u32,
@@ -147,6 +164,9 @@ impl RunSpec {
             workload: workload::Workload::default(),
             repeat: 1,
             otlp: None,
+            launch: None,
+            find_rate: None,
+            profile: None,
             n: 1,
         }
     }
@@ -166,7 +186,9 @@ pub struct RequestRow {
     /// ramp's limit then with `--ramp-over concurrency` ([`workload::Ramp::concurrency_at`]).
     pub concurrency_limit: usize,
     pub scheduled_ms: f64,
-    /// Time the request waited for a free concurrency slot after its scheduled time.
+    /// Time the request waited for a free concurrency slot after its scheduled time; closed
+    /// loop (no rate: every offset 0), after its slot became free (`scheduled_ms` is then
+    /// that moment).
     pub dispatch_delay_ms: f64,
     pub send_ms: f64,
     pub ttft_ms: Option<f64>,
@@ -192,6 +214,9 @@ pub struct RequestRow {
     pub error_type: Option<String>,
     pub http_status: Option<u16>,
     pub retries: u32,
+    /// `--profile`: the profile revision the request was sent under (0 = as started).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile_revision: Option<u32>,
     /// The server's own error type (e.g. `exceed_context_size_error`), where it sent one.
     pub error_server_type: Option<String>,
     /// The server's error code, as text.
@@ -290,6 +315,16 @@ pub struct Summary {
     pub workload: workload::WorkloadInfo,
     /// `--fail-on` gates that tripped.
     pub failed_gates: Vec<String>,
+    /// The server `--launch` started (absent without it; the server's own signals are
+    /// per benchmark, `benchmarks[].server`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub launch: Option<launch::ServerInfo>,
+    /// `--find-max-rate`: the capacity search (absent without it; see [`capacity`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<capacity::Capacity>,
+    /// `--profile`: the file and its revisions over time (absent without it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<profile_run::ProfileInfo>,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -340,9 +375,43 @@ fn offsets(spec: &RunSpec, n: usize, seed: u64) -> Result<Vec<Duration>, BenchEr
 ///
 /// # Errors
 /// Only what stops the run from starting (output directory, HTTP client, no model).
-pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
+pub async fn run(mut spec: RunSpec) -> Result<Summary, BenchError> {
     std::fs::create_dir_all(&spec.output_dir).map_err(|source| BenchError::Output { path: spec.output_dir.clone(), source })?;
+    let Some(l) = spec.launch.clone() else { return run_on(spec, None).await };
+    let port = launch::free_port().map_err(|source| BenchError::Launch(launch::LaunchError::Spawn { command: "bind 127.0.0.1:0".into(), source }))?;
+    launch::retarget(&mut spec.target, port).map_err(|reason| BenchError::Invalid { field: "--launch", value: port.to_string(), reason })?;
+    let mut server = launch::Server::spawn(&l, port, &spec.output_dir)?;
+    let progress = spec.progress;
+    let work = async {
+        let clients = Clients::new(spec.target.connect_timeout)?;
+        let startup = server.wait_ready(&clients, &spec.target, l.timeout, progress).await?;
+        let version = launch::version(&clients, &spec.target).await;
+        let warmup = launch::warm_up(&clients, &spec.target, &l.model).await?;
+        let info = launch::ServerInfo {
+            launcher: l.launcher.name(),
+            command: server.command.clone(),
+            port,
+            version,
+            startup_s: startup.as_secs_f64(),
+            warmup_s: warmup.as_secs_f64(),
+            log: server.log.clone(),
+        };
+        run_on(spec, Some(info)).await
+    };
+    let result = tokio::select! {
+        r = work => r,
+        () = launch::interrupted() => Err(BenchError::Launch(launch::LaunchError::Interrupted)),
+    };
+    let status = tokio::task::spawn_blocking(move || server.stop(launch::STOP_GRACE)).await.ok().flatten();
+    if progress {
+        eprintln!("lmperf run: server stopped ({})", status.as_deref().unwrap_or("already gone"));
+    }
+    result
+}
+
+async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>) -> Result<Summary, BenchError> {
     let clients = Clients::new(spec.target.connect_timeout)?;
+    launch::reachable(&spec.target).await.map_err(|reason| BenchError::Unreachable { url: spec.target.base_url.to_string(), reason })?;
     let telemetry = match &spec.otlp {
         Some(cfg) => Some(Arc::new(export::BenchTelemetry::start(cfg, &crate::config::ProcessEnv)?)),
         None => None,
@@ -376,7 +445,27 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
     let mut server_watch = server::ServerWatch::start(&spec.target);
     let mut rows_all = Vec::new();
     let mut benchmarks = Vec::new();
-    let input_lengths = if spec.workload.own_inputs() { vec![0] } else { spec.input_lengths.clone() };
+    let mut capacity = None;
+    let mut profile_info = None;
+    if let Some((path, p)) = &spec.profile {
+        let name = format!("profile_{}", p.name);
+        let (rows, info) = profile_run::run(&spec, path, p.clone(), &clients, &model, &extra, &tok, &name, telemetry.clone()).await?;
+        let input = spec.input_lengths.first().copied().unwrap_or(128);
+        benchmarks.push(summarize(&spec, &name, spec.concurrencies.iter().copied().max().unwrap_or(1), input, &rows));
+        rows_all = rows;
+        profile_info = Some(info);
+    }
+    let input_lengths = if spec.find_rate.is_some() || spec.profile.is_some() {
+        Vec::new()
+    } else if spec.workload.own_inputs() {
+        vec![0]
+    } else {
+        spec.input_lengths.clone()
+    };
+    if let Some(f) = &spec.find_rate {
+        let (rows, benches, c) = find_rate::search(&spec, f, &clients, &model, &extra, &tok, telemetry.clone()).await?;
+        (rows_all, benchmarks, capacity) = (rows, benches, Some(c));
+    }
     for &input_len in &input_lengths {
         for &concurrency in &spec.concurrencies {
             let name = format!("c{concurrency}_{}", spec.workload.label(input_len));
@@ -468,6 +557,9 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
         trace: spec.workload.trace.as_ref().map(workload::TraceReplay::info),
         workload: spec.workload.info(),
         failed_gates,
+        launch: server,
+        capacity,
+        profile: profile_info,
     };
     write_outputs(&spec.output_dir, &rows_all, &summary)?;
     if let Some(t) = telemetry {
@@ -515,6 +607,8 @@ async fn one_benchmark(
     let cancel = CancellationToken::new();
     let t0 = Instant::now() + Duration::from_millis(10);
     let (bench_name, multi_turn, ignore_eos, max_offset) = (name.to_owned(), spec.workload.multi_turn, spec.ignore_eos, spec.duration);
+    // Every offset 0 (no rate, no trace): each request waits for a slot (closed loop).
+    let closed_loop = offsets.iter().all(|o| o.is_zero());
     // The dispatcher runs on its own thread: it sleeps until each send (no spinning on the
     // runtime's workers, which do the HTTP), waits for a free slot, and spawns the request.
     let slots = match spec.workload.ramp {
@@ -532,8 +626,10 @@ async fn one_benchmark(
                 break;
             }
             crate::canary::schedule::pace_until(scheduled.into_std());
-            let Some((permit, limit)) = handle.block_on(slots.acquire()) else { break };
+            let Some((permit, limit, free_since)) = handle.block_on(slots.acquire_timed()) else { break };
             let dispatched = Instant::now();
+            // Closed loop: a request is due when its slot became free.
+            let scheduled = if closed_loop { scheduled.max(free_since) } else { scheduled };
             let (clients, target, extra, model, task_done, task_errors, cancel) =
                 (clients.clone(), target.clone(), extra.clone(), model.clone(), done.clone(), errors.clone(), cancel.clone());
             let (items, bench_name, telemetry) = (items.clone(), bench_name.clone(), telemetry.clone());
@@ -628,6 +724,7 @@ fn row(name: &str, index: usize, turn: u32, (concurrency, concurrency_limit): (u
         error_type: r.failure().map(|e| e.error_type.clone()),
         http_status: r.http_status,
         retries: m.retries,
+        profile_revision: None,
         error_server_type: r.failure().and_then(|e| e.server_type.clone()),
         error_code: r.failure().and_then(|e| e.code.clone()),
         error_message: r.failure().and_then(|e| e.message.clone()),

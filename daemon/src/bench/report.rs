@@ -15,6 +15,8 @@ pub(crate) fn esc(s: &str) -> String {
 const W: f64 = 560.0;
 const H: f64 = 260.0;
 const PAD: f64 = 44.0;
+/// Series with at most this many points get a marker on each.
+const MARKED_POINTS: usize = 32;
 const COLORS: &[&str] = &["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"];
 
 /// An SVG chart of several named polylines; `x` and `y` in data units.
@@ -30,6 +32,8 @@ pub(crate) fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[(S
         return format!("<figure><figcaption>{}</figcaption><p>no data</p></figure>", esc(title));
     }
     if (x1 - x0).abs() < f64::EPSILON {
+        // One x (a single concurrency): the point in the middle.
+        x0 -= 0.5;
         x1 = x0 + 1.0;
     }
     if y1 <= 0.0 {
@@ -51,6 +55,12 @@ pub(crate) fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[(S
         let c = COLORS[i % COLORS.len()];
         let path: Vec<String> = p.iter().map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y))).collect();
         let _ = write!(s, r#"<polyline fill="none" stroke="{c}" stroke-width="1.5" points="{}"/>"#, path.join(" "));
+        // Few points (one concurrency draws no line): a marker on each, with its values.
+        if p.len() <= MARKED_POINTS {
+            for &(x, y) in p {
+                let _ = write!(s, r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{c}" data-x="{x}" data-y="{y}"/>"#, sx(x), sy(y));
+            }
+        }
         let _ = write!(s, r#"<text x="{}" y="{}" font-size="10" fill="{c}">{}</text>"#, W - PAD + 4.0 - 90.0, PAD + 12.0 * i as f64, esc(name));
     }
     s.push_str("</svg></figure>");
@@ -204,6 +214,8 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
         .collect();
     h.push_str(&line_chart("Output tokens/s vs concurrency", "concurrency", "output tokens/s", &thr));
     h.push_str(&super::report_ramp::section(summary, rows));
+    h.push_str(&super::report_capacity::section(summary));
+    h.push_str(&super::report_profile::section(summary, rows));
 
     // Heatmaps: input bucket × output bucket of p99 TTFT and E2EL (colored against the SLO
     // when given) and the request count, one table per concurrency, every value one of
@@ -313,4 +325,15 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
     }
     h.push_str("</body></html>\n");
     h
+}
+
+#[cfg(test)]
+mod tests {
+    /// One concurrency: "Output tokens/s vs concurrency" shows its point (a polyline of one
+    /// point draws nothing), in the middle of the x axis.
+    #[test]
+    fn a_single_point_is_drawn_in_the_middle() {
+        let svg = super::line_chart("Output tokens/s vs concurrency", "concurrency", "output tokens/s", &[("in 128".into(), vec![(4.0, 321.5)])]);
+        assert!(svg.contains(r##"<circle cx="280.0" cy="44.0" r="3" fill="#1f77b4" data-x="4" data-y="321.5"/>"##), "{svg}");
+    }
 }

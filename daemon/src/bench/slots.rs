@@ -6,7 +6,7 @@
 //! millisecond). A falling limit (sawtooth) takes no request back: no new one goes until
 //! fewer than the new limit are in flight.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -22,23 +22,37 @@ pub const TICK: Duration = Duration::from_millis(1);
 #[derive(Debug)]
 pub enum Slots {
     /// At most this many in flight.
-    Fixed { sem: Arc<Semaphore>, limit: usize },
+    Fixed { sem: Arc<Semaphore>, limit: usize, freed_at: FreedAt },
     /// At most `ramp.concurrency_at(now − t0)` in flight; none given after `deadline`.
-    Ramp { ramp: Ramp, t0: Instant, deadline: Option<Instant>, in_flight: Arc<AtomicUsize>, freed: Arc<Notify> },
+    Ramp { ramp: Ramp, t0: Instant, deadline: Option<Instant>, in_flight: Arc<AtomicUsize>, freed: Arc<Notify>, freed_at: FreedAt },
+}
+
+/// When a slot was last freed (stamped by [`Slot`]'s drop before the slot is given back).
+type FreedAt = Arc<Mutex<Option<Instant>>>;
+
+fn stamp(freed_at: &FreedAt) {
+    if let Ok(mut t) = freed_at.lock() {
+        *t = Some(Instant::now());
+    }
 }
 
 /// A taken slot; dropping it frees it.
 #[derive(Debug)]
 pub enum Slot {
-    Fixed(OwnedSemaphorePermit),
-    Ramp { in_flight: Arc<AtomicUsize>, freed: Arc<Notify> },
+    Fixed(OwnedSemaphorePermit, FreedAt),
+    Ramp { in_flight: Arc<AtomicUsize>, freed: Arc<Notify>, freed_at: FreedAt },
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        if let Slot::Ramp { in_flight, freed } = self {
-            in_flight.fetch_sub(1, Ordering::AcqRel);
-            freed.notify_one();
+        match self {
+            // The stamp first: the permit goes back when the fields drop, after this.
+            Slot::Fixed(_, freed_at) => stamp(freed_at),
+            Slot::Ramp { in_flight, freed, freed_at } => {
+                stamp(freed_at);
+                in_flight.fetch_sub(1, Ordering::AcqRel);
+                freed.notify_one();
+            }
         }
     }
 }
@@ -47,19 +61,19 @@ impl Slots {
     /// `limit` slots (at least 1).
     pub fn fixed(limit: usize) -> Self {
         let limit = limit.max(1);
-        Self::Fixed { sem: Arc::new(Semaphore::new(limit)), limit }
+        Self::Fixed { sem: Arc::new(Semaphore::new(limit)), limit, freed_at: FreedAt::default() }
     }
 
     /// Slots that follow a concurrency ramp whose time 0 is `t0`; none are given after
     /// `deadline` (`--duration`).
     pub fn ramp(ramp: Ramp, t0: Instant, deadline: Option<Instant>) -> Self {
-        Self::Ramp { ramp, t0, deadline, in_flight: Arc::default(), freed: Arc::new(Notify::new()) }
+        Self::Ramp { ramp, t0, deadline, in_flight: Arc::default(), freed: Arc::new(Notify::new()), freed_at: FreedAt::default() }
     }
 
     /// Requests in flight now (slots taken and not yet dropped).
     pub fn in_flight(&self) -> usize {
         match self {
-            Self::Fixed { sem, limit } => limit - sem.available_permits().min(*limit),
+            Self::Fixed { sem, limit, .. } => limit - sem.available_permits().min(*limit),
             Self::Ramp { in_flight, .. } => in_flight.load(Ordering::Acquire),
         }
     }
@@ -67,9 +81,27 @@ impl Slots {
     /// Waits for a free slot. Returns it with the limit in force when it was taken (the
     /// `concurrency_limit` of `requests.jsonl`), or `None` past the deadline.
     pub async fn acquire(&self) -> Option<(Slot, usize)> {
+        self.acquire_timed().await.map(|(s, l, _)| (s, l))
+    }
+
+    /// [`Slots::acquire`], with the moment the slot it gives became free: the call's time
+    /// when one was free, else when a request ended and freed it (or a ramped limit rose).
+    /// A closed loop's dispatch delay counts from there.
+    pub async fn acquire_timed(&self) -> Option<(Slot, usize, Instant)> {
+        let asked = Instant::now();
+        let free_since = |freed_at: &FreedAt, waited: bool| {
+            let stamped = freed_at.lock().ok().and_then(|t| *t);
+            if waited { stamped.filter(|t| *t > asked).unwrap_or_else(Instant::now) } else { asked }
+        };
         match self {
-            Self::Fixed { sem, limit } => sem.clone().acquire_owned().await.ok().map(|p| (Slot::Fixed(p), *limit)),
-            Self::Ramp { ramp, t0, deadline, in_flight, freed } => loop {
+            Self::Fixed { sem, limit, freed_at } => {
+                if let Ok(p) = sem.clone().try_acquire_owned() {
+                    return Some((Slot::Fixed(p, freed_at.clone()), *limit, asked));
+                }
+                let p = sem.clone().acquire_owned().await.ok()?;
+                Some((Slot::Fixed(p, freed_at.clone()), *limit, free_since(freed_at, true)))
+            }
+            Self::Ramp { ramp, t0, deadline, in_flight, freed, freed_at } => loop {
                 // Registered before the check, so a slot freed in between still wakes us.
                 let woken = freed.notified();
                 let now = Instant::now();
@@ -78,7 +110,8 @@ impl Slots {
                 }
                 let limit = ramp.concurrency_at(now.saturating_duration_since(*t0).as_secs_f64());
                 if in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1)).is_ok() {
-                    return Some((Slot::Ramp { in_flight: in_flight.clone(), freed: freed.clone() }, limit));
+                    let since = free_since(freed_at, now > asked);
+                    return Some((Slot::Ramp { in_flight: in_flight.clone(), freed: freed.clone(), freed_at: freed_at.clone() }, limit, since));
                 }
                 tokio::select! {
                     () = woken => {}
@@ -128,5 +161,24 @@ mod tests {
         let f = Slots::fixed(3);
         let (_s, l) = f.acquire().await.unwrap();
         assert_eq!((l, f.in_flight()), (3, 1));
+    }
+
+    /// A closed loop's delay counts from the moment the slot became free, not from the start.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_slot_is_free_since_its_holder_ended() {
+        let f = Arc::new(Slots::fixed(1));
+        let t0 = Instant::now();
+        let (a, _, since) = f.acquire_timed().await.unwrap();
+        assert_eq!(since, t0, "free at the call");
+        let f2 = f.clone();
+        let waiter = tokio::spawn(async move { f2.acquire_timed().await.map(|(_, _, s)| s) });
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        drop(a);
+        let since = waiter.await.unwrap().unwrap();
+        assert_eq!(since - t0, Duration::from_millis(700), "freed when the holder ended, 700 ms after the call");
+        // A free slot asked for later: free since the call.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (_b, _, since) = f.acquire_timed().await.unwrap();
+        assert_eq!(since - t0, Duration::from_millis(1000));
     }
 }

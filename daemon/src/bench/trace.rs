@@ -75,7 +75,14 @@ pub struct Trace {
     pub requests: Vec<TraceRequest>,
     /// BurstGPT rows skipped as failed (`Response tokens` = 0) among the rows read.
     pub skipped_failed: usize,
+    /// Mooncake `hash_ids` of each request (same index as `requests`; empty for the other
+    /// formats): request blocks of [`MOONCAKE_BLOCK_TOKENS`] tokens, equal ids = equal blocks.
+    pub hash_ids: Vec<Vec<u64>>,
 }
+
+/// Tokens per Mooncake `hash_ids` block (the Mooncake traces' block size; a request's last
+/// block holds the rest of its input).
+pub const MOONCAKE_BLOCK_TOKENS: u32 = 512;
 
 /// A trace that cannot be replayed; the message names the file, line, field and value.
 #[derive(Debug, thiserror::Error)]
@@ -199,8 +206,8 @@ pub fn load_capped(path: &Path, format: Option<TraceFormat>, limit: Option<usize
         None => return Err(err(Some(1), "unknown trace format: give --trace-format azure|burstgpt|mooncake".into())),
     };
     let limit = limit.unwrap_or(usize::MAX);
-    // (timestamp in ns, input, output)
-    let mut rows: Vec<(i128, u32, u32)> = Vec::new();
+    // (timestamp in ns, input, output, hash ids)
+    let mut rows: Vec<(i128, u32, u32, Vec<u64>)> = Vec::new();
     let mut skipped_failed = 0;
     let tokens = |line: usize, field: &str, v: &str| -> Result<u32, TraceError> {
         let t = v.trim();
@@ -225,7 +232,14 @@ pub fn load_capped(path: &Path, format: Option<TraceFormat>, limit: Option<usize
                     let f = field(k)?;
                     tokens(line, k, &f.to_string())
                 };
-                rows.push(((ms * 1e6).round() as i128, num("input_length")?, num("output_length")?));
+                let hash_ids = match v.get("hash_ids") {
+                    None | Some(serde_json::Value::Null) => Vec::new(),
+                    Some(h) => h
+                        .as_array()
+                        .and_then(|a| a.iter().map(serde_json::Value::as_u64).collect::<Option<Vec<u64>>>())
+                        .ok_or_else(|| err(Some(line), format!("hash_ids = {h}: not a list of non-negative integers")))?,
+                };
+                rows.push(((ms * 1e6).round() as i128, num("input_length")?, num("output_length")?, hash_ids));
                 next = if rows.len() >= limit { None } else { records.next(false).map_err(|e| err(None, e))? };
             }
         }
@@ -259,23 +273,22 @@ pub fn load_capped(path: &Path, format: Option<TraceFormat>, limit: Option<usize
                     skipped_failed += 1;
                     continue;
                 }
-                rows.push((ts, input, output));
+                rows.push((ts, input, output, Vec::new()));
             }
         }
     }
     let Some(first) = rows.iter().map(|r| r.0).min() else { return Err(err(None, "no request in the trace".into())) };
     // Stable: requests that share a timestamp keep the file's order.
     rows.sort_by_key(|r| r.0);
-    let requests = rows
+    let (requests, hash_ids) = rows
         .into_iter()
-        .map(|(ts, input, output)| TraceRequest {
-            at: Duration::from_nanos(u64::try_from(ts - first).unwrap_or(u64::MAX)),
-            input_tokens: input.max(1),
-            output_tokens: output.max(1),
+        .map(|(ts, input, output, hash_ids)| {
+            let r = TraceRequest { at: Duration::from_nanos(u64::try_from(ts - first).unwrap_or(u64::MAX)), input_tokens: input.max(1), output_tokens: output.max(1) };
+            (r, hash_ids)
         })
-        .collect();
+        .unzip();
     let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
-    Ok(Trace { name, format, requests, skipped_failed })
+    Ok(Trace { name, format, requests, skipped_failed, hash_ids })
 }
 
 #[cfg(test)]
@@ -340,6 +353,11 @@ mod tests {
         assert_eq!(s.requests[2].at, Duration::from_millis(40));
         assert_eq!(s.requests.iter().map(|r| r.input_tokens).max(), Some(134_773));
         assert!(s.requests.windows(2).all(|w| w[0].at <= w[1].at));
+        // hash_ids: one block per 512 input tokens; the conversation trace's first rows
+        // share their leading blocks.
+        assert_eq!(t.hash_ids.len(), 5);
+        assert_eq!(t.hash_ids[0].len() as u32, 6758u32.div_ceil(MOONCAKE_BLOCK_TOKENS));
+        assert!(s.hash_ids.iter().zip(&s.requests).all(|(h, r)| h.len() as u32 == r.input_tokens.div_ceil(MOONCAKE_BLOCK_TOKENS)));
     }
 
     #[test]

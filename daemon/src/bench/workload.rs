@@ -434,8 +434,13 @@ pub async fn items(spec: &RunSpec, tok: &TokenizeClient, n: usize, input_len: u3
     let (prompts, trace_outputs): (Prompts, Option<Vec<u32>>) = if let Some(t) = &w.trace {
         let reqs: Vec<_> = t.trace.requests.iter().take(n).collect();
         let mut ps = Vec::with_capacity(reqs.len());
+        let mut blocks = Blocks::default();
         for (i, r) in reqs.iter().enumerate() {
-            ps.push((one_prompt(tok, r.input_tokens, seed, i).await, Vec::new()));
+            let p = match t.trace.hash_ids.get(i).filter(|h| !h.is_empty()) {
+                Some(ids) => block_prompt(tok, ids, r.input_tokens, seed, i, &mut blocks).await,
+                None => one_prompt(tok, r.input_tokens, seed, i).await,
+            };
+            ps.push((p, Vec::new()));
         }
         (ps, Some(reqs.iter().map(|r| r.output_tokens).collect()))
     } else if let Some(file) = &w.prompt_file {
@@ -470,6 +475,47 @@ pub async fn items(spec: &RunSpec, tok: &TokenizeClient, n: usize, input_len: u3
         (None, None) => vec![spec.output_len; prompts.len()],
     };
     prompts.into_iter().zip(outputs).map(|((prompt, next_turns), max_tokens)| Item { prompt, max_tokens, next_turns }).collect()
+}
+
+/// Text of Mooncake blocks already made: (hash id, tokens) → (text, tokens by the tokenizer).
+type Blocks = std::collections::HashMap<(u64, u32), (String, u32)>;
+
+/// A Mooncake request's prompt from its `hash_ids`: block k is the text of hash id `ids[k]`
+/// ([`super::trace::MOONCAKE_BLOCK_TOKENS`] tokens, the last block the rest of `len`), the
+/// same text wherever that id appears in the replay, so requests that share ids share a
+/// prompt prefix and a server's prefix cache hits as in the real trace. Tokens beyond the
+/// ids' blocks (a trace whose ids are short) come from a prompt of this request alone.
+async fn block_prompt(tok: &TokenizeClient, ids: &[u64], len: u32, seed: u64, i: usize, blocks: &mut Blocks) -> Prompt {
+    let (mut text, mut tokens, mut left) = (String::new(), 0u32, len);
+    for &id in ids {
+        if left == 0 {
+            break;
+        }
+        let n = left.min(super::trace::MOONCAKE_BLOCK_TOKENS);
+        left -= n;
+        let (t, c) = match blocks.get(&(id, n)) {
+            Some(b) => b.clone(),
+            None => {
+                let p = one_prompt(tok, n, seed ^ id.wrapping_mul(0x9FB2_1C65_1E98_DF25), 0).await;
+                blocks.insert((id, n), (p.text.clone(), p.tokens));
+                (p.text, p.tokens)
+            }
+        };
+        if !text.is_empty() {
+            text.push(' ');
+        }
+        text.push_str(&t);
+        tokens += c;
+    }
+    if left > 0 {
+        let rest = one_prompt(tok, left, seed, i).await;
+        if !text.is_empty() {
+            text.push(' ');
+        }
+        text.push_str(&rest.text);
+        tokens += rest.tokens;
+    }
+    Prompt { text, target_tokens: len, tokens }
 }
 
 /// One synthetic prompt of `len` tokens, distinct per `(seed, i)`.

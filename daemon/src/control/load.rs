@@ -337,7 +337,7 @@ impl Load {
     /// Sends request `seq` on its own task when a concurrency slot is free, else counts it
     /// skipped. A trace request gets synthetic text of about its input tokens (made on the
     /// request's task, distinct per `seed` and `seq`) and its output tokens as `max_tokens`.
-    fn send(self: &Arc<Self>, s: &Sender, seq: u64, trace_request: Option<TraceRequest>, seed: u64) {
+    fn send(self: &Arc<Self>, s: &Sender, seq: u64, trace_request: Option<(TraceRequest, Option<String>)>, seed: u64) {
         let Ok(permit) = s.slots.clone().try_acquire_owned() else {
             self.skipped.fetch_add(1, Ordering::Relaxed);
             return;
@@ -347,8 +347,8 @@ impl Load {
         let (load, runner, source) = (self.clone(), s.runner.clone(), s.source.clone());
         s.tracker.spawn(s.requests.track_future(async move {
             let summary = match trace_request {
-                Some(r) => {
-                    let prompt = crate::bench::prompts::estimated(r.input_tokens, seed ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                Some((r, calibrated)) => {
+                    let prompt = calibrated.unwrap_or_else(|| crate::bench::prompts::estimated(r.input_tokens, seed ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
                     let shape = RequestShape { prompt: &prompt, input_tokens: r.input_tokens, max_tokens: r.output_tokens };
                     runner.measure_with(seq, &load.cancel, &source, Some(shape)).await
                 }
@@ -383,13 +383,16 @@ impl Load {
         };
         match &spec.replay {
             Some(replay) => {
+                // Prompts of exact lengths first (the schedule starts after them).
+                let mut prompts = calibrated_prompts(&sender.runner, &replay.requests, seed, &self.stop).await.into_iter();
+                let t0 = tokio::time::Instant::now();
                 for (seq, r) in replay.requests.iter().enumerate() {
                     tokio::select! {
                         biased;
                         _ = self.stop.cancelled() => break,
-                        _ = wait_until(self.started_at + r.at) => {}
+                        _ = wait_until(t0 + r.at) => {}
                     }
-                    self.send(&sender, seq as u64, Some(*r), seed);
+                    self.send(&sender, seq as u64, Some((*r, prompts.next().flatten())), seed);
                 }
             }
             None => {
@@ -420,6 +423,26 @@ impl Load {
         tracing::info!(load = %self.id, target_name = %spec.target_name, state = self.state().as_str(), sent = self.sent.load(Ordering::Relaxed), skipped = self.skipped.load(Ordering::Relaxed), "Injected load finished.");
         self.finished.cancel();
     }
+}
+
+/// Prompts of each trace request's exact input length, calibrated with the server's
+/// `/tokenize` as `lmperf run` does ([`crate::bench::prompts::synthetic`]); all `None` (the
+/// estimate, [`crate::bench::prompts::estimated`], made per request) when the server has no
+/// `/tokenize`, and the rest `None` once `stop` is cancelled.
+async fn calibrated_prompts(runner: &TargetRunner, requests: &[TraceRequest], seed: u64, stop: &CancellationToken) -> Vec<Option<String>> {
+    use crate::bench::prompts::{TokenizeClient, Tokenizer, synthetic};
+    let model = runner.target.model.clone().unwrap_or_default();
+    let tok = TokenizeClient::detect(&runner.clients, &runner.target, &model).await;
+    let mut out = Vec::with_capacity(requests.len());
+    for (seq, r) in requests.iter().enumerate() {
+        if tok.kind == Tokenizer::Estimate || stop.is_cancelled() {
+            out.push(None);
+            continue;
+        }
+        let s = seed ^ (seq as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        out.push(synthetic(&tok, 1, r.input_tokens, s).await.pop().map(|p| p.text));
+    }
+    out
 }
 
 /// What [`Load::send`] needs: the concurrency slots, the load's own requests (waited for at

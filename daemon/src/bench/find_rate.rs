@@ -1,0 +1,141 @@
+//! `lmperf run --find-max-rate`: runs the steps the capacity search ([`super::capacity`])
+//! asks for, each an open-loop benchmark at one offered rate, and feeds back what it measured.
+
+use std::sync::Arc;
+
+use super::capacity::{Capacity, Next, Search, Slo, StepObservation};
+use super::prompts::TokenizeClient;
+use super::{
+    BenchError, BenchSummary, RequestRow, RunSpec, export, one_benchmark, summarize, workload,
+};
+use crate::canary::client::Clients;
+
+/// Highest rate the search offers without `--max-rate`, req/s.
+pub const DEFAULT_MAX_RATE: f64 = 10_000.0;
+
+/// `--find-max-rate` settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FindRate {
+    pub slos: Vec<Slo>,
+    /// `--precision`: 0.05 for 5 %.
+    pub precision: f64,
+    /// First rate tried (`--request-rate` when finite, else 1 req/s).
+    pub start_rate: f64,
+    /// `--max-rate`: the search offers no more.
+    pub max_rate: f64,
+    /// `--step-requests`: overrides the order-statistic rule (fewer makes the p99 less sure).
+    pub step_requests: Option<usize>,
+}
+
+/// The search's steps (one benchmark each, named `step{i}_r{rate}`) and its result.
+///
+/// # Errors
+/// What stops a benchmark from starting (the dispatcher thread).
+pub(super) async fn search(
+    spec: &RunSpec,
+    f: &FindRate,
+    clients: &Clients,
+    model: &str,
+    extra: &serde_json::Map<String, serde_json::Value>,
+    tok: &TokenizeClient,
+    telemetry: Option<Arc<export::BenchTelemetry>>,
+) -> Result<(Vec<RequestRow>, Vec<BenchSummary>, Capacity), BenchError> {
+    let mut s = Search::new(
+        f.slos.clone(),
+        f.precision,
+        f.start_rate,
+        f.max_rate,
+        f.step_requests,
+    );
+    let concurrency = spec.concurrencies.iter().copied().max().unwrap_or(1);
+    let input_len = spec.input_lengths.first().copied().unwrap_or(128);
+    let (mut rows_all, mut benchmarks) = (Vec::new(), Vec::new());
+    if spec.progress {
+        eprintln!(
+            "lmperf run: --find-max-rate: {} requests per step ({})",
+            s.step_requests(),
+            f.slos
+                .iter()
+                .map(|s| s.text.as_str())
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+    }
+    let mut i = 0u64;
+    while let Next::Measure { rate, requests } = s.next() {
+        let mut sp = spec.clone();
+        sp.request_rate = Some(rate);
+        sp.num_prompts = requests;
+        let seed = spec.seed ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let items = workload::items(&sp, tok, requests, input_len, seed).await;
+        let offsets = workload::schedule(&sp, items.len(), seed)?;
+        let name = format!("step{i}_r{rate:.3}");
+        let rows = one_benchmark(
+            &sp,
+            clients,
+            model,
+            extra,
+            &name,
+            concurrency,
+            items.into(),
+            Some(offsets),
+            telemetry.clone(),
+        )
+        .await?;
+        let b = summarize(&sp, &name, concurrency, input_len, &rows);
+        let ok: Vec<&RequestRow> = rows.iter().filter(|r| r.outcome == "ok").collect();
+        let mut ends: Vec<f64> = ok.iter().map(|r| r.send_ms + r.e2el_ms).collect();
+        ends.sort_by(f64::total_cmp);
+        let achieved_rate = match (ends.first(), ends.last()) {
+            (Some(a), Some(z)) if ends.len() > 1 && z > a => {
+                (ends.len() - 1) as f64 / ((z - a) / 1000.0)
+            }
+            _ => b.request_throughput,
+        };
+        let obs = StepObservation {
+            offered_rate: rate,
+            achieved_rate,
+            requests: rows.len(),
+            failed: rows.len() - ok.len(),
+            ttft_ms: ok.iter().filter_map(|r| r.ttft_ms).collect(),
+            tpot_ms: ok.iter().filter_map(|r| r.tpot_ms).collect(),
+            itl_ms: ok.iter().flat_map(|r| r.itl_ms.iter().copied()).collect(),
+            e2el_ms: ok.iter().map(|r| r.e2el_ms).collect(),
+            // Hook: the server's mean waiting queue over the step, once server metrics are
+            // scraped alongside a run.
+            server_waiting: None,
+        };
+        s.feed(obs);
+        if spec.progress
+            && let Some(step) = s.result().steps.last()
+        {
+            let checks: Vec<String> = step
+                .slos
+                .iter()
+                .map(super::capacity::SloCheck::brief)
+                .collect();
+            eprintln!(
+                "lmperf run: step {i}: offered {rate:.3} req/s, achieved {:.3}, {}: {}",
+                step.achieved_rate,
+                checks.join(", "),
+                if step.passed { "pass" } else { "fail" }
+            );
+        }
+        rows_all.extend(rows);
+        benchmarks.push(b);
+        i += 1;
+    }
+    let c = s.result();
+    if spec.progress {
+        let r = |v: Option<f64>| v.map_or("none".to_owned(), |v| format!("{v:.3} req/s"));
+        eprintln!(
+            "lmperf run: max rate {} (first failing {}), knee {} {:?}; stopped: {}",
+            r(c.max_rate),
+            r(c.failing_rate),
+            r(c.knee_rate),
+            c.knee_reasons,
+            c.stopped
+        );
+    }
+    Ok((rows_all, benchmarks, c))
+}

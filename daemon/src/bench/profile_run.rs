@@ -1,0 +1,234 @@
+//! `lmperf run --profile FILE`: one benchmark that follows a load profile
+//! ([`super::profile`]) for `--duration` (or `--num-prompts` requests), re-reading the file
+//! when it changes (checked every [`WATCH_INTERVAL`] and before each send): a valid edit
+//! applies from the next scheduling step, requests in flight go on; an invalid one is
+//! reported and the running revision kept. Each row records its `profile_revision`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::profile::{self, Profile, scheduler::Scheduler};
+use super::prompts::{self, TokenizeClient};
+use super::{BenchError, RequestRow, RunSpec, export, row};
+use crate::canary::client::{self, CanaryRequest, Clients};
+
+/// How often the profile file is checked for a change.
+pub const WATCH_INTERVAL: Duration = Duration::from_millis(200);
+/// Run length without `--duration`.
+pub const DEFAULT_DURATION: Duration = Duration::from_secs(60);
+
+/// `summary.json` `profile`: the file and when each revision took effect.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ProfileInfo {
+    pub name: String,
+    pub file: String,
+    /// `(seconds from the start, revision)`, the first at 0.
+    pub revisions: Vec<(f64, u32)>,
+    /// `adaptive` token rate: the highest sustained output tokens/s (null otherwise).
+    pub sustained_token_rate: Option<f64>,
+}
+
+fn mtime(path: &std::path::Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// Runs the profile; returns its rows (benchmark `name`) and the revision marks.
+///
+/// # Errors
+/// None today besides what the caller's setup reports; kept for symmetry with the others.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn run(
+    spec: &RunSpec,
+    path: &std::path::Path,
+    first: Profile,
+    clients: &Clients,
+    model: &str,
+    extra: &serde_json::Map<String, serde_json::Value>,
+    tok: &TokenizeClient,
+    name: &str,
+    telemetry: Option<Arc<export::BenchTelemetry>>,
+) -> Result<(Vec<RequestRow>, ProfileInfo), BenchError> {
+    let mut info = ProfileInfo {
+        name: first.name.clone(),
+        file: path.display().to_string(),
+        revisions: vec![(0.0, 0)],
+        sustained_token_rate: None,
+    };
+    let sched = Arc::new(std::sync::Mutex::new(Scheduler::new(
+        first,
+        spec.output_len,
+        spec.seed,
+    )));
+    let concurrency = spec.concurrencies.iter().copied().max().unwrap_or(1);
+    let input_default = spec.input_lengths.first().copied().unwrap_or(128);
+    let (in_flight, freed) = (Arc::new(AtomicUsize::new(0)), Arc::new(Notify::new()));
+    let t0 = Instant::now();
+    let end = t0 + spec.duration.unwrap_or(DEFAULT_DURATION);
+    let mut seen = mtime(path);
+    let mut tasks = tokio::task::JoinSet::new();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    for i in 0..spec.num_prompts {
+        // Hot update: a changed file applies from this step on.
+        let mut reload = |info: &mut ProfileInfo| {
+            let now = mtime(path);
+            if now == seen {
+                return;
+            }
+            seen = now;
+            match profile::load(path) {
+                Ok(p) => {
+                    let rev = sched
+                        .lock()
+                        .map(|mut s| s.update(p, t0.elapsed()))
+                        .unwrap_or(0);
+                    info.revisions.push((t0.elapsed().as_secs_f64(), rev));
+                    if spec.progress {
+                        eprintln!(
+                            "lmperf run: profile revision {rev} from {} at {:.2} s",
+                            path.display(),
+                            t0.elapsed().as_secs_f64()
+                        );
+                    }
+                }
+                Err(e) => eprintln!(
+                    "lmperf run: profile change ignored, keeping the running revision: {e}"
+                ),
+            }
+        };
+        reload(&mut info);
+        let planned = sched.lock().ok().and_then(|mut s| s.plan_next());
+        let due = planned.map_or_else(Instant::now, |p| t0 + p.at);
+        if due >= end {
+            break;
+        }
+        // Wait until due, watching the file meanwhile (a change re-plans this step).
+        let mut replanned = false;
+        while Instant::now() < due {
+            tokio::time::sleep_until(due.min(Instant::now() + WATCH_INTERVAL)).await;
+            if Instant::now() < due && mtime(path) != seen {
+                replanned = true;
+                break;
+            }
+        }
+        if replanned {
+            continue;
+        }
+        // A free slot under the profile's (or the run's) concurrency limit.
+        let limit = loop {
+            let limit = sched
+                .lock()
+                .ok()
+                .and_then(|s| s.concurrency_at(t0.elapsed()))
+                .unwrap_or(concurrency);
+            if in_flight.load(Ordering::Acquire) < limit || Instant::now() >= end {
+                break limit;
+            }
+            tokio::select! {
+                () = freed.notified() => {}
+                () = tokio::time::sleep(Duration::from_millis(1)) => {}
+            }
+        };
+        if Instant::now() >= end {
+            break;
+        }
+        in_flight.fetch_add(1, Ordering::AcqRel);
+        let revision = planned.map_or_else(
+            || sched.lock().map(|s| s.revision()).unwrap_or(0),
+            |p| p.revision,
+        );
+        let input = planned
+            .and_then(|p| p.input_tokens)
+            .unwrap_or(input_default);
+        let (clients, target, extra, model, tok, sched, in_flight, freed, cancel, telemetry) = (
+            clients.clone(),
+            spec.target.clone(),
+            extra.clone(),
+            model.to_owned(),
+            tok.clone(),
+            sched.clone(),
+            in_flight.clone(),
+            freed.clone(),
+            cancel.clone(),
+            telemetry.clone(),
+        );
+        let (name, max_tokens, ignore_eos, seed) =
+            (name.to_owned(), spec.output_len, spec.ignore_eos, spec.seed);
+        tasks.spawn(async move {
+            let prompt = prompts::synthetic(
+                &tok,
+                1,
+                input,
+                seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            )
+            .await
+            .pop()
+            .unwrap_or(prompts::Prompt {
+                text: String::new(),
+                target_tokens: input,
+                tokens: 0,
+            });
+            let mut extra = extra;
+            if ignore_eos {
+                extra.insert("min_tokens".into(), serde_json::Value::from(max_tokens));
+            }
+            let ids = export::BenchTelemetry::new_trace();
+            let traceparent = ids.traceparent();
+            let dispatched = Instant::now();
+            let req = CanaryRequest {
+                api: target.api,
+                model: &model,
+                prompt: &prompt.text,
+                max_tokens,
+                traceparent: &traceparent,
+                extra_body: Some(&extra),
+            };
+            let m = client::execute_with(&clients, &target, &req, &cancel, false).await;
+            if let Some(t) = &telemetry {
+                t.record(
+                    &export::RequestContext {
+                        target: &target,
+                        model: &model,
+                        benchmark: &name,
+                        max_tokens,
+                        index: i,
+                    },
+                    ids,
+                    &m,
+                );
+            }
+            if let (Some(tpot), Ok(mut s)) = (m.record.tpot, sched.lock()) {
+                s.observe_tpot(tpot.as_secs_f64() * 1000.0);
+            }
+            in_flight.fetch_sub(1, Ordering::AcqRel);
+            freed.notify_one();
+            let mut r = row(
+                &name,
+                i,
+                0,
+                (limit, limit),
+                t0,
+                due.min(dispatched),
+                dispatched,
+                &prompt,
+                max_tokens,
+                &m,
+            );
+            r.profile_revision = Some(revision);
+            r
+        });
+    }
+    let mut rows = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        if let Ok(r) = r {
+            rows.push(r);
+        }
+    }
+    rows.sort_by_key(|r| r.index);
+    info.sustained_token_rate = sched.lock().ok().and_then(|s| s.sustained_token_rate());
+    Ok((rows, info))
+}

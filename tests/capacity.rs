@@ -1,0 +1,288 @@
+//! `lmperf run --find-max-rate`: against a server of known capacity (k requests at a time,
+//! fixed service time: max rate = k / service time) the search lands within the asked
+//! precision; against the real llama.cpp server it finishes with a consistent capacity block.
+
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lmperf_e2e::agent::lmperf_bin;
+use lmperf_e2e::peers::ModelServer;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+/// A server that serves `k` completions at a time: a request waits for a slot, gets its first
+/// token at once, holds the slot for `service`, then ends (4 tokens). `/tokenize` counts
+/// words; anything else is 404. HTTP/1.1, one request per connection read (keep-alive).
+/// Returns its URL and the log of how long each request held its slot (the service time as
+/// served: the timer adds a little to `service`).
+async fn k_slot_server(k: usize, service: Duration) -> (String, Arc<Mutex<Vec<Duration>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let slots = Arc::new(Semaphore::new(k));
+    let held: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let log = held.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                return;
+            };
+            let (slots, held) = (slots.clone(), held.clone());
+            tokio::spawn(async move {
+                let _ = sock.set_nodelay(true);
+                let mut buf = Vec::new();
+                loop {
+                    // One request: headers, then content-length bytes.
+                    let (head_end, len) = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&buf[..i]).to_ascii_lowercase();
+                            let len = head
+                                .lines()
+                                .find_map(|l| {
+                                    l.strip_prefix("content-length:")
+                                        .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                                })
+                                .unwrap_or(0);
+                            break (i + 4, len);
+                        }
+                        let mut chunk = [0u8; 16384];
+                        match sock.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    while buf.len() < head_end + len {
+                        let mut chunk = [0u8; 16384];
+                        match sock.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+                    let body: Value = serde_json::from_slice(&buf[head_end..head_end + len])
+                        .unwrap_or(Value::Null);
+                    buf.drain(..head_end + len);
+                    let path = head.split_whitespace().nth(1).unwrap_or("").to_owned();
+                    if path == "/tokenize" {
+                        let n = body["content"]
+                            .as_str()
+                            .map_or(0, |s| s.split_whitespace().count());
+                        let b = serde_json::json!({ "tokens": vec![1; n] }).to_string();
+                        let _ = sock.write_all(format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{b}", b.len()).as_bytes()).await;
+                        continue;
+                    }
+                    if !path.ends_with("/completions") {
+                        let _ = sock
+                            .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                            .await;
+                        continue;
+                    }
+                    let Ok(permit) = slots.clone().acquire_owned().await else {
+                        return;
+                    };
+                    let got = Instant::now();
+                    let chunk = |s: &str| {
+                        let d = format!("data: {s}\n\n");
+                        format!("{:x}\r\n{d}\r\n", d.len())
+                    };
+                    let tok = r#"{"choices":[{"index":0,"text":"w "}]}"#;
+                    let first = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{}",
+                        chunk(tok)
+                    );
+                    if sock.write_all(first.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(service).await;
+                    held.lock().unwrap().push(got.elapsed());
+                    drop(permit);
+                    let rest = format!(
+                        "{}{}{}{}{}0\r\n\r\n",
+                        chunk(tok),
+                        chunk(tok),
+                        chunk(tok),
+                        chunk(
+                            r#"{"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":4}}"#
+                        ),
+                        chunk("[DONE]")
+                    );
+                    if sock.write_all(rest.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (format!("http://{addr}"), log)
+}
+
+fn run(args: &[&str]) -> (Value, String) {
+    let dir = std::env::temp_dir().join(format!(
+        "lmperf-capacity-{}-{}",
+        std::process::id(),
+        args.len()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = Command::new(lmperf_bin())
+        .args(["run", "--output-dir", dir.to_str().unwrap()])
+        .args(args)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let s: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    assert!(
+        html.contains("<h2>Capacity search</h2>") && html.contains("vs offered rate"),
+        "report plot"
+    );
+    (s, err)
+}
+
+/// Known capacity: 8 at a time × 100 ms = 80 req/s nominal; the capacity as served is
+/// k / (mean slot hold time), the timer adding ~1 ms to each. The search (p99 rule: 473
+/// requests a step, constant arrivals) lands within 5 % of it, the knee is near it, and every
+/// passing step is below every failing one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finds_the_known_capacity_within_the_precision() {
+    let (url, held) = k_slot_server(8, Duration::from_millis(100)).await;
+    let (s, err) = tokio::task::spawn_blocking(move || {
+        run(&[
+            "--target",
+            &url,
+            "--model",
+            "m",
+            "--seq-lengths",
+            "8",
+            "--output-len",
+            "4",
+            "--arrival",
+            "constant",
+            "--request-rate",
+            "20",
+            "--find-max-rate",
+            "--slo",
+            "ttft_p99:40ms",
+            "--precision",
+            "5%",
+        ])
+    })
+    .await
+    .unwrap();
+    let c = &s["capacity"];
+    let max = c["max_rate"].as_f64().unwrap();
+    let held = held.lock().unwrap().clone();
+    let service_s = held.iter().map(Duration::as_secs_f64).sum::<f64>() / held.len() as f64;
+    let cap = 8.0 / service_s;
+    println!(
+        "capacity search: found {max:.2} req/s for a known {cap:.2} req/s (8 / {:.2} ms) ({:+.2} %), {} steps; knee {}; {err}",
+        service_s * 1000.0,
+        (max / cap - 1.0) * 100.0,
+        c["steps"].as_array().unwrap().len(),
+        c["knee_rate"]
+    );
+    assert!(
+        (max - cap).abs() <= 0.05 * cap,
+        "found {max} req/s, capacity {cap}: {c}"
+    );
+    assert_eq!(c["stopped"], "precision");
+    assert_eq!(c["step_requests"], 473);
+    let steps = c["steps"].as_array().unwrap();
+    let passing: Vec<f64> = steps
+        .iter()
+        .filter(|s| s["passed"] == true)
+        .map(|s| s["offered_rate"].as_f64().unwrap())
+        .collect();
+    let failing: Vec<f64> = steps
+        .iter()
+        .filter(|s| s["passed"] == false)
+        .map(|s| s["offered_rate"].as_f64().unwrap())
+        .collect();
+    assert!(
+        passing.iter().all(|p| failing.iter().all(|f| p < f)),
+        "monotone: {passing:?} {failing:?}"
+    );
+    let knee = c["knee_rate"].as_f64().unwrap();
+    assert!(
+        knee > cap * 0.9 && knee <= c["failing_rate"].as_f64().unwrap() * 2.0,
+        "knee {knee}"
+    );
+    assert_eq!(
+        s["benchmarks"].as_array().unwrap().len(),
+        steps.len(),
+        "one benchmark per step"
+    );
+    assert!(steps.iter().all(|s| s["requests"] == 473));
+}
+
+/// The real llama.cpp server (a smoke test: its speed depends on the machine's load, so the
+/// answer is not known in advance): 12 requests a step (`--step-requests`), a 10 s p90 TTFT
+/// SLO. Every verdict matches its step's figures, passes lie below failures, and the search
+/// ends at the precision or with no passing rate.
+#[test]
+fn finds_a_max_rate_on_the_real_server() {
+    let server = ModelServer::start();
+    let url = server.url();
+    let (s, err) = run(&[
+        "--target",
+        &url,
+        "--model",
+        "gemma-3-270m",
+        "--seq-lengths",
+        "16",
+        "--output-len",
+        "4",
+        "--request-rate",
+        "4",
+        "--find-max-rate",
+        "--slo",
+        "ttft_p90:10s",
+        "--precision",
+        "50%",
+        "--step-requests",
+        "12",
+    ]);
+    let c = &s["capacity"];
+    println!("real server: {err}");
+    assert_eq!(c["step_requests"], 12);
+    let steps = c["steps"].as_array().unwrap();
+    for st in steps {
+        let bound = st["slos"][0]["upper_bound_ms"].as_f64().unwrap();
+        let kept_up =
+            st["achieved_rate"].as_f64().unwrap() >= 0.9 * st["offered_rate"].as_f64().unwrap();
+        assert_eq!(
+            st["passed"],
+            bound <= 10_000.0 && kept_up && st["failed"] == 0,
+            "{st}"
+        );
+    }
+    let rate = |p: bool| {
+        steps
+            .iter()
+            .filter(|s| s["passed"] == p)
+            .map(|s| s["offered_rate"].as_f64().unwrap())
+            .collect::<Vec<f64>>()
+    };
+    let (pass, fail) = (rate(true), rate(false));
+    assert!(
+        pass.iter().all(|p| fail.iter().all(|f| p < f)),
+        "{pass:?} {fail:?}"
+    );
+    match c["stopped"].as_str().unwrap() {
+        "precision" => {
+            let (max, first_fail) = (
+                c["max_rate"].as_f64().unwrap(),
+                c["failing_rate"].as_f64().unwrap(),
+            );
+            assert!(
+                max < first_fail && (first_fail - max) / max <= 0.5 + 1e-9,
+                "{c}"
+            );
+        }
+        "no_rate_passes" => assert!(c["max_rate"].is_null()),
+        other => panic!("stopped: {other}: {c}"),
+    }
+}
