@@ -366,21 +366,11 @@ fn rules_pass_promtool_check_and_every_alert_has_a_unit_test() {
     }
 }
 
-/// Metrics the rules use that other issues are adding now, with their issue: the server change
-/// counter (issue 11, OTel `lmperf.server.changes{lmperf.target, kind}`) and the diagnosis
-/// gauges (issue 12, OTel `lmperf.diagnosis.state{lmperf.target}` with 0 idle, 1 triggered,
-/// 2 propagating, 3 root_confirmed, and `lmperf.diagnosis.score{lmperf.target,
-/// lmperf.diagnosis.cause}`, unit 1). Remove an entry when its metric lands.
-const PENDING: &[(&str, u32)] = &[
-    ("lmperf_server_changes_total", 11),
-    ("lmperf_diagnosis_state", 12),
-    ("lmperf_diagnosis_score_ratio", 12),
-];
-const PENDING_LABELS: &[(&str, u32)] = &[
-    ("kind", 11),
-    ("lmperf_target", 11),
-    ("lmperf_diagnosis_cause", 12),
-];
+/// Metrics (and labels) the rules may use before the agent emits them, with the issue that adds
+/// them; empty since the server change counter (issue 11) and the diagnosis gauges (issue 12)
+/// landed. Add an entry only for a metric whose issue is open.
+const PENDING: &[(&str, u32)] = &[];
+const PENDING_LABELS: &[(&str, u32)] = &[];
 
 /// The GPU series as the agent exports them, from the agent's own instruments over the scripted
 /// NVML backend (CI has no GPU): a thermally throttled GPU with an uncorrected ECC error and an
