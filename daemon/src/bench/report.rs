@@ -46,7 +46,7 @@ pub(crate) fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[(S
     let _ = write!(s, r##"<line x1="{PAD}" y1="{}" x2="{}" y2="{}" stroke="#444"/><line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{}" stroke="#444"/>"##, H - PAD, W - PAD, H - PAD, H - PAD);
     for i in 0..=4 {
         let (xv, yv) = (x0 + (x1 - x0) * f64::from(i) / 4.0, y1 * f64::from(i) / 4.0);
-        let _ = write!(s, r#"<text x="{:.1}" y="{}" font-size="10" text-anchor="middle">{:.4}</text>"#, sx(xv), H - PAD + 14.0, fmt_num(xv));
+        let _ = write!(s, r#"<text x="{:.1}" y="{}" font-size="10" text-anchor="middle">{}</text>"#, sx(xv), H - PAD + 14.0, fmt_num(xv));
         let _ = write!(s, r#"<text x="{}" y="{:.1}" font-size="10" text-anchor="end">{}</text>"#, PAD - 4.0, sy(yv) + 3.0, fmt_num(yv));
     }
     let _ = write!(s, r#"<text x="{}" y="{}" font-size="11" text-anchor="middle">{}</text>"#, W / 2.0, H - 6.0, esc(x_label));
@@ -133,11 +133,12 @@ pub fn render(summary: &Summary, rows: &[RequestRow]) -> String {
 body{{font-family:system-ui,sans-serif;margin:24px;color:#222}} table{{border-collapse:collapse;margin:8px 0 20px}}
 td,th{{border:1px solid #bbb;padding:4px 8px;text-align:right;font-size:13px}} th{{background:#eee}}
 figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:13px}} h2{{margin-top:28px}}
-</style></head><body><h1>lmperf run</h1><p>target <code>{target}</code> · model <code>{model}</code> · api {api} · tokenizer {tok:?} · seed {seed} · lmperf {ver}</p>"#,
+</style></head><body><h1>lmperf run</h1><p>target <code>{target}</code> · model <code>{model}</code> · api {api} · tokenizer {tok} · seed {seed} · lmperf {ver}</p>"#,
         model = esc(&summary.model),
         target = esc(&summary.target),
         api = summary.api,
-        tok = summary.tokenizer,
+        // The summary.json name (`server_llama_cpp`), not the Rust variant's.
+        tok = serde_json::to_value(summary.tokenizer).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
         seed = summary.seed,
         ver = summary.lmperf_version,
     );
@@ -335,5 +336,14 @@ mod tests {
     fn a_single_point_is_drawn_in_the_middle() {
         let svg = super::line_chart("Output tokens/s vs concurrency", "concurrency", "output tokens/s", &[("in 128".into(), vec![(4.0, 321.5)])]);
         assert!(svg.contains(r##"<circle cx="280.0" cy="44.0" r="3" fill="#1f77b4" data-x="4" data-y="321.5"/>"##), "{svg}");
+    }
+
+    /// Axis labels are whole numbers however wide: a TTFT CDF up to 12,082 ms ends at "12082",
+    /// not at a label cut to four characters ("1208", ten times too small).
+    #[test]
+    fn wide_axis_labels_are_not_cut() {
+        let svg = super::line_chart("TTFT CDF", "ms", "share", &[("c1".into(), vec![(0.0, 0.0), (12082.0, 1.0)])]);
+        assert!(svg.contains(">12082</text>"), "{svg}");
+        assert!(svg.contains(">9062</text>") && !svg.contains(">1208</text>"), "{svg}");
     }
 }
