@@ -576,7 +576,13 @@ fn window_rates(w: &[Window]) -> [f64; 3] {
     [sum(|w| w.ok) / secs, sum(|w| w.tokens) / secs, if total > 0.0 { sum(|w| w.failed) / total } else { 0.0 }]
 }
 
+/// Whether the gate trips on this metric. A metric the base run has and the new run lacks
+/// (every request failed, or no request-level TPOT) trips: a gate that cannot be checked must
+/// not pass a broken run.
 fn gate_trips(g: &CompareGate, m: &MetricDelta) -> bool {
+    if m.base.is_some() && m.new.is_none() {
+        return true;
+    }
     let d = if g.percent { m.delta_pct } else { m.delta };
     d.is_some_and(|d| d * g.sign > g.limit)
 }
@@ -831,6 +837,10 @@ mod tests {
         assert!(gate_trips(&g, &m("ttft_p99", 100.0, 106.0)));
         assert!(!gate_trips(&g, &m("ttft_p99", 100.0, 104.0)));
         assert!(!gate_trips(&g, &m("ttft_p99", 100.0, 90.0)));
+        let lost = delta("ttft_p99".into(), "ms", Better::Lower, Some(100.0), None, None, None);
+        assert!(gate_trips(&g, &lost), "no TTFT in the new run (all failed) trips");
+        let neither = delta("ttft_p99".into(), "ms", Better::Lower, None, None, None, None);
+        assert!(!gate_trips(&g, &neither));
         assert!(gate_trips(&t, &m("output_throughput", 100.0, 96.0)));
         assert!(!gate_trips(&t, &m("output_throughput", 100.0, 98.0)));
         assert!(gate_trips(&e, &m("error_rate", 0.0, 0.02)));

@@ -850,7 +850,9 @@ fn gate_trips(g: &Gate, b: &BenchSummary) -> bool {
         "tpot" => &b.tpot_ms,
         _ => &b.e2el_ms,
     };
-    d.as_ref().and_then(|d| d.get(g.stat.as_deref().unwrap_or("mean"))).is_some_and(|v| v > g.limit)
+    // No value (no successful request, or no request-level TPOT with n > 1): the gate cannot
+    // be checked, so it trips rather than pass a run whose every request failed.
+    d.as_ref().and_then(|d| d.get(g.stat.as_deref().unwrap_or("mean"))).is_none_or(|v| v > g.limit)
 }
 
 #[cfg(test)]
