@@ -353,6 +353,12 @@ pub struct StreamMeasurer {
     /// Per choice index (at most [`MAX_CHOICES`]).
     choices: BTreeMap<u32, ChoiceState>,
     usage: Option<chunk::Usage>,
+    /// Usage chunks with no choices that followed a choice's finish, by that choice: llama.cpp
+    /// sends one such chunk per choice of an `n > 1` stream (each counting its own choice),
+    /// vLLM one for the whole request after the last finish.
+    choice_usage: BTreeMap<u32, chunk::Usage>,
+    /// Choices that finished with no usage chunk after them yet, in order of finish.
+    finished_without_usage: Vec<u32>,
     last_completion_tokens: Option<u64>,
     response_id: Option<String>,
     response_model: Option<String>,
@@ -375,6 +381,22 @@ struct ChoiceState {
 }
 
 impl StreamMeasurer {
+    /// The request's usage: the last usage the server sent, except when several choices each
+    /// got their own usage chunk (llama.cpp with `n > 1`): then output tokens are their sum and
+    /// input tokens the largest (one prompt, reported by every choice).
+    fn request_usage(&self) -> Option<chunk::Usage> {
+        if self.choice_usage.len() < 2 {
+            return self.usage;
+        }
+        let parts = self.choice_usage.values();
+        let sum = |f: fn(&chunk::Usage) -> Option<u64>| parts.clone().map(f).sum::<Option<u64>>();
+        Some(chunk::Usage {
+            prompt_tokens: parts.clone().filter_map(|u| u.prompt_tokens).max(),
+            completion_tokens: sum(|u| u.completion_tokens),
+            reasoning_tokens: sum(|u| u.reasoning_tokens),
+        })
+    }
+
     /// A measurer for a response with status `http_status` whose SSE events may not exceed
     /// `max_event_bytes`.
     pub fn new(http_status: u16, max_event_bytes: usize) -> Self {
@@ -388,6 +410,8 @@ impl StreamMeasurer {
             finish_reasons: Vec::new(),
             choices: BTreeMap::new(),
             usage: None,
+            choice_usage: BTreeMap::new(),
+            finished_without_usage: Vec::new(),
             last_completion_tokens: None,
             response_id: None,
             response_model: None,
@@ -477,6 +501,11 @@ impl StreamMeasurer {
                 }
                 if let Some(u) = c.usage {
                     self.usage = Some(u);
+                    if c.choices.is_empty()
+                        && let Some(i) = self.finished_without_usage.pop()
+                    {
+                        self.choice_usage.insert(i, u);
+                    }
                 }
                 let completion = c.usage.and_then(|u| u.completion_tokens);
                 if c.carries_tokens {
@@ -491,6 +520,9 @@ impl StreamMeasurer {
                 for choice in c.choices {
                     if let Some(reason) = &choice.finish_reason {
                         self.finish_reasons.push((choice.index, reason.to_string()));
+                        if !self.choice_usage.contains_key(&choice.index) && !self.finished_without_usage.contains(&choice.index) && self.finished_without_usage.len() < MAX_CHOICES {
+                            self.finished_without_usage.push(choice.index);
+                        }
                     }
                     if !self.choices.contains_key(&choice.index) && self.choices.len() >= MAX_CHOICES {
                         continue;
@@ -540,7 +572,8 @@ impl StreamMeasurer {
         let multi_choice = self.choices.len() > 1;
 
         let ttft = self.token_chunks.first().map(|(t, _)| *t);
-        let server_output = self.usage.and_then(|u| u.completion_tokens);
+        let usage = self.request_usage();
+        let server_output = usage.and_then(|u| u.completion_tokens);
         let (output_tokens, usage_source) = match server_output {
             Some(n) => (n, UsageSource::Server),
             None => (self.token_chunks.len() as u64, UsageSource::Chunks),
@@ -574,9 +607,9 @@ impl StreamMeasurer {
             itl,
             tpot,
             e2e,
-            input_tokens: self.usage.and_then(|u| u.prompt_tokens),
+            input_tokens: usage.and_then(|u| u.prompt_tokens),
             output_tokens: Some(output_tokens),
-            reasoning_tokens: self.usage.and_then(|u| u.reasoning_tokens),
+            reasoning_tokens: usage.and_then(|u| u.reasoning_tokens),
             usage_source: Some(usage_source),
             finish_reasons: self.finish_reasons.into_iter().map(|(_, r)| r).collect(),
             response_id: self.response_id,

@@ -277,3 +277,52 @@ fn n3_completions_are_measured_per_choice() {
     );
     assert_eq!(r.output_text.as_deref(), Some("Aa!"), "the lowest index");
 }
+
+/// llama.cpp with `n = 2` (recorded from the test model server, trimmed): each choice's finish
+/// is followed by a usage chunk with no choices that counts that choice alone (4 + 4 tokens);
+/// the request used 8 output tokens, not the last chunk's 4. Its prompt is one prompt (25).
+#[test]
+fn llamacpp_n2_usage_per_choice_is_summed() {
+    let c = |i: u32, text: &str, finish: &str| {
+        format!("data: {{\"choices\":[{{\"finish_reason\":{finish},\"index\":{i},\"delta\":{{\"content\":\"{text}\"}}}}],\"object\":\"chat.completion.chunk\"}}\n\n")
+    };
+    let usage = "data: {\"choices\":[],\"object\":\"chat.completion.chunk\",\"usage\":{\"completion_tokens\":4,\"prompt_tokens\":25,\"total_tokens\":29}}\n\n";
+    let frames = [
+        (10, c(1, "<", "null")),
+        (11, c(0, "<", "null")),
+        (20, c(1, "|", "null")),
+        (21, c(0, "|", "null")),
+        (30, c(1, "im", "null")),
+        (31, c(0, "im", "null")),
+        (40, c(1, "_", "null")),
+        (41, c(1, "", "\"length\"")),
+        (42, usage.to_owned()),
+        (50, c(0, "_", "null")),
+        (51, c(0, "", "\"length\"")),
+        (52, format!("{usage}data: [DONE]\n\n")),
+    ];
+    let frames: Vec<(u64, &str)> = frames.iter().map(|(t, s)| (*t, s.as_str())).collect();
+    let r = measure(&frames);
+    assert_eq!(r.outcome, Outcome::Ok, "{:?}", r.error);
+    assert_eq!((r.output_tokens, r.input_tokens), (Some(8), Some(25)));
+    assert_eq!(r.choices.iter().map(|c| c.token_chunks).collect::<Vec<_>>(), vec![4, 4]);
+}
+
+/// vLLM with `n = 2`: one usage chunk after the last finish counts the whole request (9); it is
+/// taken as it is, not split or added to.
+#[test]
+fn vllm_n2_single_usage_is_the_request() {
+    let c = |i: u32, text: &str, finish: &str| {
+        format!("data: {{\"choices\":[{{\"finish_reason\":{finish},\"index\":{i},\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n")
+    };
+    let frames = [
+        (10, c(0, "a", "null")),
+        (11, c(1, "b", "null")),
+        (20, c(0, "c", "\"stop\"")),
+        (30, c(1, "d", "\"stop\"")),
+        (31, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":6,\"completion_tokens\":9}}\n\ndata: [DONE]\n\n".to_owned()),
+    ];
+    let frames: Vec<(u64, &str)> = frames.iter().map(|(t, s)| (*t, s.as_str())).collect();
+    let r = measure(&frames);
+    assert_eq!((r.output_tokens, r.input_tokens), (Some(9), Some(6)));
+}
