@@ -1125,7 +1125,12 @@ fn every_example_script_loads_and_lists_its_gpus() {
 /// saw the XID; all with the scripted maximum utilization and memory.
 #[tokio::test(flavor = "multi_thread")]
 async fn canary_spans_carry_the_scripted_gpu_state() {
+    // The GPU's one compute process is a real process of this test (as the model server would
+    // be): spans name its PID, executable and container id as /proc tells them.
+    let sleeper = Sleeper::start();
+    let pid = sleeper.pid();
     let mut s = fake_nvml::example("two_gpus.json");
+    s["devices"][0]["processes"][0]["pid"] = json!(pid);
     s["devices"][0]["throttle_reasons"] = json!({ "steps": [[0, 0], [2.0, 0x60]] });
     s["devices"][0]["xids"] = json!([{ "at": 2.0, "code": 13 }]);
     let script = Script::write("spans", &s);
@@ -1164,6 +1169,10 @@ async fn canary_spans_carry_the_scripted_gpu_state() {
         };
         assert!(samples.parse::<u64>().unwrap() >= 1, "{a:?}");
         assert_eq!(a["lmperf.gpu.utilization.max"], "0.87", "{a:?}");
+        assert!(sp.attributes["lmperf.gpu.process.pids"].contains(&pid.to_string()), "{a:?}");
+        assert!(sp.attributes["lmperf.gpu.process.executables"].contains("sleep"), "{a:?}");
+        let container = container_id_of(pid).unwrap_or_default();
+        assert!(sp.attributes["lmperf.gpu.process.container_ids"].contains(&container), "{a:?}");
         let mem: f64 = a["lmperf.gpu.memory.utilization.max"].parse().unwrap();
         assert!(
             (mem - 76235669504.0 / 150754820096.0).abs() < 1e-12,

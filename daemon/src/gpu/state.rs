@@ -298,7 +298,11 @@ impl GpuState {
             return Vec::new();
         }
         let xids: Vec<i64> = g.xids.iter().filter(|(t, _)| *t >= start && *t <= end).map(|(_, c)| *c as i64).collect();
+        let mut procs: Vec<ProcessSample> = g.latest.devices.iter().filter_map(|d| d.sample.as_ref()).flat_map(|s| s.processes.iter().cloned()).collect();
         drop(g);
+        procs.sort_by_key(|p| p.pid);
+        procs.dedup_by_key(|p| p.pid);
+        procs.truncate(n::MAX_SPAN_GPU_PROCESSES);
         let max_util = used.iter().fold(None, |m, s| max_opt(m, s.max_util));
         let max_mem = used.iter().fold(None, |m, s| max_opt(m, s.max_mem));
         let bits = used.iter().fold(0, |b, s| b | s.throttle);
@@ -320,6 +324,12 @@ impl GpuState {
             kv.push(KeyValue::new(n::LMPERF_GPU_XID_CODES, Value::Array(Array::I64(xids))));
         }
         kv.push(KeyValue::new(n::LMPERF_GPU_SAMPLES, used.len() as i64));
+        if !procs.is_empty() {
+            let strings = |f: fn(&ProcessSample) -> Option<&String>| Value::Array(Array::String(procs.iter().map(|p| StringValue::from(f(p).cloned().unwrap_or_default())).collect()));
+            kv.push(KeyValue::new(n::LMPERF_GPU_PROCESS_PIDS, Value::Array(Array::I64(procs.iter().map(|p| i64::from(p.pid)).collect()))));
+            kv.push(KeyValue::new(n::LMPERF_GPU_PROCESS_EXECUTABLES, strings(|p| p.executable.as_ref())));
+            kv.push(KeyValue::new(n::LMPERF_GPU_PROCESS_CONTAINER_IDS, strings(|p| p.container_id.as_ref())));
+        }
         kv
     }
 

@@ -269,6 +269,17 @@ pub const LMPERF_GPU_XID_SEEN: &str = "lmperf.gpu.xid.seen";
 pub const LMPERF_GPU_XID_CODES: &str = "lmperf.gpu.xid.codes";
 /// GPU samples the values come from.
 pub const LMPERF_GPU_SAMPLES: &str = "lmperf.gpu.samples";
+/// The compute processes on the node's GPUs at the request's end (latest sample), by PID
+/// (int array, ascending, at most [`MAX_SPAN_GPU_PROCESSES`]): on a node with one model server,
+/// its PID.
+pub const LMPERF_GPU_PROCESS_PIDS: &str = "lmperf.gpu.process.pids";
+/// Their executables (`/proc/PID/comm`), in the order of the PIDs (string array; "" where
+/// `/proc` did not tell).
+pub const LMPERF_GPU_PROCESS_EXECUTABLES: &str = "lmperf.gpu.process.executables";
+/// Their container ids, in the order of the PIDs (string array; "" outside a container).
+pub const LMPERF_GPU_PROCESS_CONTAINER_IDS: &str = "lmperf.gpu.process.container_ids";
+/// The most GPU processes named on one span.
+pub const MAX_SPAN_GPU_PROCESSES: usize = 8;
 
 // ---- Kernel TCP measurements through eBPF (`net`) ----
 // No stable OpenTelemetry convention names TCP RTT, connect latency or retransmits, so the
