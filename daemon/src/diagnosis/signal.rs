@@ -30,8 +30,10 @@ pub enum Signal {
     /// request the agent cancelled itself.
     Error,
     /// 1 for an HTTP 5xx answer, else 0.
+    #[serde(rename = "error_5xx")]
     Error5xx,
     /// 1 for an HTTP 429 answer, else 0.
+    #[serde(rename = "error_429")]
     Error429,
     /// 1 for a timeout, else 0.
     ErrorTimeout,
@@ -275,5 +277,14 @@ mod tests {
             assert_eq!(Signal::parse(s.as_str()), Some(s));
         }
         assert_eq!(Signal::parse("nope"), None);
+    }
+
+    #[test]
+    fn serde_names_are_the_stable_names() {
+        for s in Signal::ALL {
+            let json = serde_json::to_string(&s).unwrap();
+            assert_eq!(json, format!("\"{}\"", s.as_str()));
+            assert_eq!(serde_json::from_str::<Signal>(&json).unwrap(), s);
+        }
     }
 }
