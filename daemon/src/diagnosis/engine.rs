@@ -306,19 +306,34 @@ fn moved(
     if before.is_empty() {
         before.push(0.0);
     }
-    let b = Baseline::of(&mut before)?;
+    let ratio = signal.mean_over_window();
+    let before_mean = mean(&before);
+    let mut b = Baseline::of(&mut before)?;
+    if ratio {
+        // Flags, events and counts: the window's ratio (mean), not its median second.
+        b.median = before_mean;
+    }
     let sign = if signal.harm() == Harm::Down {
         -1.0
     } else {
         1.0
     };
     let mut after: Vec<f64> = after_vals.iter().map(|&(_, v)| v).collect();
-    let after_med = median(&mut after)?;
-    let peak = after_vals
-        .iter()
-        .map(|&(_, v)| sign * v)
-        .fold(f64::NEG_INFINITY, f64::max)
-        * sign;
+    let after_med = if ratio {
+        mean(&after)
+    } else {
+        median(&mut after)?
+    };
+    let peak = if ratio {
+        // The highest ratio of a bucket-long window (a single second's flag is 0 or 1).
+        peak_window_mean(&after_vals, RATIO_WINDOW_S).max(after_med)
+    } else {
+        after_vals
+            .iter()
+            .map(|&(_, v)| sign * v)
+            .fold(f64::NEG_INFINITY, f64::max)
+            * sign
+    };
     let floor = signal.floor();
     let s = scale(&b, floor);
     let delta = sign * (after_med - b.median);
@@ -334,6 +349,33 @@ fn moved(
         changed_at,
         material,
     })
+}
+
+/// The window over which the peak of a ratio signal is taken (one symptom bucket).
+const RATIO_WINDOW_S: u32 = 10;
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+/// The largest mean of the seconds in any `window`-second span of `vals` (time-sorted).
+fn peak_window_mean(vals: &[(u32, f64)], window: u32) -> f64 {
+    let mut best = f64::NEG_INFINITY;
+    let mut start = 0;
+    let mut sum = 0.0;
+    for (i, &(t, v)) in vals.iter().enumerate() {
+        sum += v;
+        while vals[start].0 + window <= t {
+            sum -= vals[start].1;
+            start += 1;
+        }
+        best = best.max(sum / (i + 1 - start) as f64);
+    }
+    best
 }
 
 /// One-sided CUSUM (Page 1954) over the series from second `from`, against mean `mu` and scale
@@ -726,7 +768,7 @@ fn hard_rule(s: Signal, mv: &Moved, store: &EvidenceStore, onset: u32, now: u32)
         Signal::ServerPreemptions if mv.before == 0.0 && any_after(s, onset) => {
             Some("preemptions since the onset".to_owned())
         }
-        Signal::GpuThrottle if mv.before == 0.0 && mv.peak >= 1.0 => {
+        Signal::GpuThrottle if mv.before == 0.0 && mv.peak >= 0.5 => {
             Some("throttle reasons set (thermal / power / HW slowdown)".to_owned())
         }
         Signal::GpuMemoryUtilization if mv.peak >= 0.95 => {

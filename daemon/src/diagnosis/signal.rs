@@ -231,6 +231,25 @@ impl Signal {
         }
     }
 
+    /// Whether a window of this signal's seconds is summarized by its mean rather than its
+    /// median: per-request flags (an error is 1, a success 0), events and counts. Their median
+    /// is 0 whenever fewer than half the seconds had one, so a 12 % error burst would read
+    /// "flat"; the mean is the window's ratio (rate). Levels and latencies keep the median.
+    pub fn mean_over_window(self) -> bool {
+        matches!(
+            self,
+            Signal::Error
+                | Signal::Error5xx
+                | Signal::Error429
+                | Signal::ErrorTimeout
+                | Signal::GpuThrottle
+                | Signal::GpuFault
+                | Signal::NetRetransmits
+                | Signal::ServerPreemptions
+                | Signal::ServerChange
+        )
+    }
+
     pub fn harm(self) -> Harm {
         match self {
             Signal::GpuSmClock => Harm::Down,

@@ -436,6 +436,20 @@ fn error_burst_by_5xx() {
 }
 
 #[test]
+fn a_mild_error_burst_is_a_ratio_not_a_median() {
+    // 12 % of canaries fail: fewer than half the seconds hold an error, so a median of the
+    // seconds reads 0 ("errors flat", `unknown`); the mean is the burst's ratio.
+    let d = confirmed(false, |w| w.error = 0.12, &[], Cause::ErrorBurst);
+    let e = ev(&d, Cause::ErrorBurst, Signal::Error);
+    assert!((0.04..=0.3).contains(&e.after), "{e:?}");
+    assert!(e.before < 0.01 && e.peak >= e.after && e.rule.is_some(), "{e:?}");
+    let x = ev(&d, Cause::ErrorBurst, Signal::Error5xx);
+    assert!((0.04..=0.3).contains(&x.after), "{x:?}");
+    let line = d.summary.expect("summary");
+    assert!(line.starts_with("error_burst") && !line.contains("errors flat"), "{line}");
+}
+
+#[test]
 fn server_change_before_the_onset() {
     let d = confirmed(
         true,
