@@ -534,7 +534,15 @@ impl TargetEngine {
             );
         }
         let top = causes.first().map_or(0.0, |c| c.score);
-        let runner_up = causes.get(1).map_or(0.0, |c| c.score);
+        // The runner-up competes with the top cause unless it is the top's own child in the
+        // cause graph (the queue under a load surge is its evidence, not an alternative).
+        let runner_up = causes.first().map_or(0.0, |first| {
+            causes[1..]
+                .iter()
+                .filter(|c| !GRAPH.contains(&(first.cause, c.cause)))
+                .map(|c| c.score)
+                .fold(0.0, f64::max)
+        });
         let unambiguous = causes.first().is_some_and(|c| c.cause != Cause::Unknown)
             && top >= cfg.confirm_min
             && top - runner_up >= cfg.confirm_margin;
