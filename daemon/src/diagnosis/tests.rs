@@ -442,11 +442,17 @@ fn a_mild_error_burst_is_a_ratio_not_a_median() {
     let d = confirmed(false, |w| w.error = 0.12, &[], Cause::ErrorBurst);
     let e = ev(&d, Cause::ErrorBurst, Signal::Error);
     assert!((0.04..=0.3).contains(&e.after), "{e:?}");
-    assert!(e.before < 0.01 && e.peak >= e.after && e.rule.is_some(), "{e:?}");
+    assert!(
+        e.before < 0.01 && e.peak >= e.after && e.rule.is_some(),
+        "{e:?}"
+    );
     let x = ev(&d, Cause::ErrorBurst, Signal::Error5xx);
     assert!((0.04..=0.3).contains(&x.after), "{x:?}");
     let line = d.summary.expect("summary");
-    assert!(line.starts_with("error_burst") && !line.contains("errors flat"), "{line}");
+    assert!(
+        line.starts_with("error_burst") && !line.contains("errors flat"),
+        "{line}"
+    );
 }
 
 #[test]
@@ -620,4 +626,46 @@ fn a_real_spike_with_heavy_tail_noise_still_pages_within_a_minute() {
     }
     let after = confirmed_after.expect("confirmed");
     assert!(after <= 60, "confirmed {after} s after the onset");
+}
+
+/// Canary-only: TTFT ×4 and TPOT ×2 from `ONSET`, 1 canary a second; the first confirmed
+/// diagnosis under `cfg` (seconds after the onset, the top cause and its score).
+fn canary_overload(cfg: EngineConfig) -> Option<(u64, Cause, f64)> {
+    let mut e = Engine::new(cfg);
+    let mut rng = Rng(0x1234_5678_9ABC_DEF1);
+    for s in 0..(ONSET + 120) {
+        let (k, m) = if s >= ONSET { (4.0, 2.0) } else { (1.0, 1.0) };
+        let t = s as f64 + 0.3;
+        let ttft = k * rng.jitter(0.1, 0.3);
+        let tpot = m * rng.jitter(0.02, 0.2);
+        e.observe("t", Signal::Error, at(t), 0.0);
+        e.observe("t", Signal::Ttft, at(t), ttft);
+        e.observe("t", Signal::Tpot, at(t), tpot);
+        e.observe("t", Signal::E2e, at(t), ttft + 15.0 * tpot);
+        let d = e.evaluate(at(s as f64 + 1.0));
+        let td = &d.targets[0];
+        if td.state == State::RootConfirmed {
+            return Some((s + 1 - ONSET, td.causes[0].cause, td.causes[0].score));
+        }
+    }
+    None
+}
+
+#[test]
+fn an_unambiguous_cause_below_the_confirm_score_confirms() {
+    // The absolute threshold out of reach: only the margin rule can confirm.
+    let margin_only = EngineConfig {
+        confirm_score: 1.01,
+        ..EngineConfig::default()
+    };
+    let (after, cause, score) = canary_overload(margin_only).expect("confirmed by its margin");
+    assert_eq!(cause, Cause::LoadSurge);
+    assert!(after <= 60 && score >= 0.6, "{after} s, {score}");
+    // Neither rule reachable: never confirmed.
+    let neither = EngineConfig {
+        confirm_score: 1.01,
+        confirm_margin: 1.01,
+        ..EngineConfig::default()
+    };
+    assert_eq!(canary_overload(neither), None);
 }
