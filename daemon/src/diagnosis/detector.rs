@@ -82,6 +82,11 @@ pub struct DetectorConfig {
     pub min_jumped: usize,
     /// The bucket in progress counts as recent once it holds this many samples. Default 5.
     pub min_partial_samples: usize,
+    /// A P99 bucket's statistic is never its lone largest sample (the nearest rank is capped
+    /// at n − 1): below 100 samples a nearest-rank p99 *is* the maximum, so one heavy-tail
+    /// outlier among a handful of canaries would carry the whole bucket. Default false (the
+    /// sampler's spike mode keeps the plain p99); the diagnosis sets it.
+    pub exclude_max: bool,
 }
 
 impl Default for DetectorConfig {
@@ -93,6 +98,7 @@ impl Default for DetectorConfig {
             recent_buckets: 3,
             min_jumped: 2,
             min_partial_samples: 5,
+            exclude_max: false,
         }
     }
 }
@@ -178,6 +184,19 @@ pub fn quantile(v: &mut [f64], q: f64) -> Option<f64> {
     let idx = ((v.len() as f64 * q).ceil() as usize)
         .saturating_sub(1)
         .min(last);
+    let (_, nth, _) = v.select_nth_unstable_by(idx, f64::total_cmp);
+    Some(*nth)
+}
+
+/// Nearest-rank quantile `q` of `v` with the rank capped at n − 1 (for n ≥ 2), so the single
+/// largest sample never is the answer (reorders `v`); `None` when empty.
+pub fn quantile_below_max(v: &mut [f64], q: f64) -> Option<f64> {
+    if v.len() < 2 {
+        return quantile(v, q);
+    }
+    let idx = ((v.len() as f64 * q).ceil() as usize)
+        .saturating_sub(1)
+        .min(v.len() - 2);
     let (_, nth, _) = v.select_nth_unstable_by(idx, f64::total_cmp);
     Some(*nth)
 }
@@ -280,6 +299,9 @@ impl BucketSeries {
             return None;
         }
         let v = match self.aggregate {
+            Aggregate::P99 if self.config.exclude_max && self.samples.len() >= 2 => {
+                quantile_below_max(&mut self.samples, 0.99)?
+            }
             Aggregate::P99 => quantile(&mut self.samples, 0.99)?,
             Aggregate::Mean => self.sum / self.count as f64,
             Aggregate::Max => self.max,
@@ -464,6 +486,12 @@ mod tests {
         assert!((b.z(3.0 + 1.4826 * 4.0) - 4.0).abs() < 1e-9);
         assert!(Baseline::of(&mut []).is_none());
         assert_eq!(quantile(&mut [5.0, 1.0, 3.0], 0.99), Some(5.0));
+        assert_eq!(quantile_below_max(&mut [5.0, 1.0, 3.0], 0.99), Some(3.0));
+        assert_eq!(quantile_below_max(&mut [5.0], 0.99), Some(5.0));
+        assert_eq!(
+            quantile_below_max(&mut (1..=200).map(f64::from).collect::<Vec<_>>(), 0.99),
+            Some(198.0)
+        );
         assert_eq!(
             quantile(&mut (1..=200).map(f64::from).collect::<Vec<_>>(), 0.99),
             Some(198.0)

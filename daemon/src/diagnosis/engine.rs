@@ -15,13 +15,24 @@ use super::store::{EvidenceStore, SecondSeries};
 /// Engine settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EngineConfig {
-    /// Buckets and baseline history (10 s, 30 min; 8 baseline buckets suffice).
+    /// Latency buckets (TTFT, TPOT, E2E p99) and baseline history (10 s, 30 min; 8 baseline
+    /// buckets suffice). The symptom must persist in 3 of the last 4 buckets, and a bucket's
+    /// p99 is never its lone largest sample ([`DetectorConfig::exclude_max`]): with a canary a
+    /// second a 10 s p99 is the maximum, and 1 heavy-tail outlier in 40 requests paged.
     pub detector: DetectorConfig,
+    /// Error-ratio buckets: a bucket's mean is not carried by one sample, so 2 of the last 3
+    /// buckets suffice (a burst is seen within seconds). Default: [`DetectorConfig::default`].
+    pub ratio_detector: DetectorConfig,
     /// The symptom rule: ≥ 1.5 ×, robust z ≥ 3.5; the floor is the signal's
     /// ([`Signal::floor`]; 5 % for the error ratio).
     pub symptom: JumpRule,
     /// A cause at or above this score confirms the root. Default 0.75.
     pub confirm_score: f64,
+    /// A cause below `confirm_score` still confirms when it is unambiguous: at least
+    /// `confirm_min` (its own signals moved materially) and ahead of the runner-up by
+    /// `confirm_margin`. `unknown` confirms only at `confirm_score`. Defaults 0.6 and 0.3.
+    pub confirm_min: f64,
+    pub confirm_margin: f64,
     /// Without a confirmed cause this long after the onset, `unknown` is concluded when
     /// nothing scores 0.5. Default 45 s.
     pub unknown_after: Duration,
@@ -34,13 +45,21 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
-            detector: DetectorConfig::default(),
+            detector: DetectorConfig {
+                recent_buckets: 4,
+                min_jumped: 3,
+                exclude_max: true,
+                ..DetectorConfig::default()
+            },
+            ratio_detector: DetectorConfig::default(),
             symptom: JumpRule {
                 ratio: 1.5,
                 z: 3.5,
                 floor: 0.0,
             },
             confirm_score: 0.75,
+            confirm_min: 0.6,
+            confirm_margin: 0.3,
             unknown_after: Duration::from_secs(45),
             clear_after: Duration::from_secs(60),
             max_targets: 256,
@@ -107,7 +126,7 @@ impl Engine {
                 return;
             }
             self.targets
-                .insert(target.to_owned(), TargetEngine::new(self.config.detector));
+                .insert(target.to_owned(), TargetEngine::new(&self.config));
         }
         if let Some(t) = self.targets.get_mut(target) {
             t.store.observe(signal, dur(at), value);
@@ -306,19 +325,34 @@ fn moved(
     if before.is_empty() {
         before.push(0.0);
     }
-    let b = Baseline::of(&mut before)?;
+    let ratio = signal.mean_over_window();
+    let before_mean = mean(&before);
+    let mut b = Baseline::of(&mut before)?;
+    if ratio {
+        // Flags, events and counts: the window's ratio (mean), not its median second.
+        b.median = before_mean;
+    }
     let sign = if signal.harm() == Harm::Down {
         -1.0
     } else {
         1.0
     };
     let mut after: Vec<f64> = after_vals.iter().map(|&(_, v)| v).collect();
-    let after_med = median(&mut after)?;
-    let peak = after_vals
-        .iter()
-        .map(|&(_, v)| sign * v)
-        .fold(f64::NEG_INFINITY, f64::max)
-        * sign;
+    let after_med = if ratio {
+        mean(&after)
+    } else {
+        median(&mut after)?
+    };
+    let peak = if ratio {
+        // The highest ratio of a bucket-long window (a single second's flag is 0 or 1).
+        peak_window_mean(&after_vals, RATIO_WINDOW_S).max(after_med)
+    } else {
+        after_vals
+            .iter()
+            .map(|&(_, v)| sign * v)
+            .fold(f64::NEG_INFINITY, f64::max)
+            * sign
+    };
     let floor = signal.floor();
     let s = scale(&b, floor);
     let delta = sign * (after_med - b.median);
@@ -334,6 +368,33 @@ fn moved(
         changed_at,
         material,
     })
+}
+
+/// The window over which the peak of a ratio signal is taken (one symptom bucket).
+const RATIO_WINDOW_S: u32 = 10;
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+/// The largest mean of the seconds in any `window`-second span of `vals` (time-sorted).
+fn peak_window_mean(vals: &[(u32, f64)], window: u32) -> f64 {
+    let mut best = f64::NEG_INFINITY;
+    let mut start = 0;
+    let mut sum = 0.0;
+    for (i, &(t, v)) in vals.iter().enumerate() {
+        sum += v;
+        while vals[start].0 + window <= t {
+            sum -= vals[start].1;
+            start += 1;
+        }
+        best = best.max(sum / (i + 1 - start) as f64);
+    }
+    best
 }
 
 /// One-sided CUSUM (Page 1954) over the series from second `from`, against mean `mu` and scale
@@ -356,9 +417,9 @@ fn cusum_change(series: &SecondSeries, from: u32, mu: f64, sigma: f64, sign: f64
 }
 
 impl TargetEngine {
-    fn new(detector: DetectorConfig) -> Self {
+    fn new(cfg: &EngineConfig) -> Self {
         Self {
-            store: EvidenceStore::new(detector),
+            store: EvidenceStore::new(cfg.detector, cfg.ratio_detector),
             state: State::Idle,
             since: None,
             onset: None,
@@ -473,8 +534,22 @@ impl TargetEngine {
             );
         }
         let top = causes.first().map_or(0.0, |c| c.score);
+        // The runner-up competes with the top cause unless it is the top's own child in the
+        // cause graph (the queue under a load surge is its evidence, not an alternative).
+        let runner_up = causes.first().map_or(0.0, |first| {
+            causes[1..]
+                .iter()
+                .filter(|c| !GRAPH.contains(&(first.cause, c.cause)))
+                .map(|c| c.score)
+                .fold(0.0, f64::max)
+        });
+        let unambiguous = causes.first().is_some_and(|c| c.cause != Cause::Unknown)
+            && top >= cfg.confirm_min
+            && top - runner_up >= cfg.confirm_margin;
         // Each state lasts at least one evaluation: triggered → propagating → root_confirmed.
-        if matches!(prev, State::Propagating | State::RootConfirmed) && top >= cfg.confirm_score {
+        if matches!(prev, State::Propagating | State::RootConfirmed)
+            && (top >= cfg.confirm_score || unambiguous)
+        {
             self.set_state(State::RootConfirmed, now);
         }
         let mut d = TargetDiagnosis {
@@ -726,7 +801,7 @@ fn hard_rule(s: Signal, mv: &Moved, store: &EvidenceStore, onset: u32, now: u32)
         Signal::ServerPreemptions if mv.before == 0.0 && any_after(s, onset) => {
             Some("preemptions since the onset".to_owned())
         }
-        Signal::GpuThrottle if mv.before == 0.0 && mv.peak >= 1.0 => {
+        Signal::GpuThrottle if mv.before == 0.0 && mv.peak >= 0.5 => {
             Some("throttle reasons set (thermal / power / HW slowdown)".to_owned())
         }
         Signal::GpuMemoryUtilization if mv.peak >= 0.95 => {

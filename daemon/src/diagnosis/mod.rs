@@ -24,19 +24,24 @@
 //! 1. **Symptom** (per evaluation): TTFT, TPOT, E2E p99 and the error ratio per 10 s bucket
 //!    against the median and MAD of up to the previous 30 min of buckets (8 buckets, about
 //!    2 min, suffice): a bucket jumped with ≥ 1.5 × the median, a robust z ≥ 3.5 and the
-//!    signal's absolute floor (50 ms TTFT/E2E, 5 ms TPOT, 5 % errors); the symptom needs 2 of
-//!    the last 3 buckets. Staying needs the rule relaxed to 80 % (hysteresis).
+//!    signal's absolute floor (50 ms TTFT/E2E, 5 ms TPOT, 5 % errors); a latency symptom needs
+//!    3 of the last 4 buckets and a bucket's p99 is never its lone largest sample (with a few
+//!    canaries per bucket a nearest-rank p99 is the maximum, and one heavy-tail outlier would
+//!    carry it); the error ratio (a bucket mean) needs 2 of the last 3. Staying needs the rule
+//!    relaxed to 80 % (hysteresis).
 //! 2. **Onset**: a one-sided CUSUM (Page 1954; k = 0.5 σ, h = 5 σ) over the symptom signal's
 //!    1 s values (each step clipped to ±3 σ) against their pre-symptom median and robust scale;
 //!    searched from 1 min before the symptom's recent buckets; the onset is the last
 //!    second the statistic was 0 before the alarm.
 //! 3. **States**: `idle → triggered → propagating → root_confirmed → idle` (Grafana Sift /
 //!    seed-style): triggered on the symptom, propagating while causes are scored,
-//!    root_confirmed when a cause scores ≥ 0.75; back to idle 60 s after the symptom ended.
+//!    root_confirmed when a cause scores ≥ 0.75, or is unambiguous (≥ 0.6 and 0.3 ahead of the
+//!    best cause that is not its child in the graph); back to idle 60 s after the symptom ended.
 //!    `unknown` is concluded 45 s after the onset when no cause reaches 0.5 (score 1 − best).
 //! 4. **Cause scores** in [0, 1]: for each signal of a cause, a BARO-style robust change
 //!    (Pham et al., "BARO: Robust Root Cause Analysis for Microservices via Multivariate
-//!    Bayesian Online Change Point Detection", FSE 2024): (median after onset − median before)
+//!    Bayesian Online Change Point Detection", FSE 2024): (median after onset − median before;
+//!    for flags, events and counts the mean, i.e. the window's ratio or rate)
 //!    ÷ (1.4826 · MAD), in the harmful direction only, material when beyond the signal's floor,
 //!    20 % and z ≥ 3, squashed as 1 − e^(−z/8); hard rules raise a signal to ≥ 0.85 (KV ≥ 0.95,
 //!    any preemption, throttle reasons set, GPU memory ≥ 95 % or a new process, an XID / ECC /

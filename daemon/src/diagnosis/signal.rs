@@ -30,8 +30,10 @@ pub enum Signal {
     /// request the agent cancelled itself.
     Error,
     /// 1 for an HTTP 5xx answer, else 0.
+    #[serde(rename = "error_5xx")]
     Error5xx,
     /// 1 for an HTTP 429 answer, else 0.
+    #[serde(rename = "error_429")]
     Error429,
     /// 1 for a timeout, else 0.
     ErrorTimeout,
@@ -229,6 +231,25 @@ impl Signal {
         }
     }
 
+    /// Whether a window of this signal's seconds is summarized by its mean rather than its
+    /// median: per-request flags (an error is 1, a success 0), events and counts. Their median
+    /// is 0 whenever fewer than half the seconds had one, so a 12 % error burst would read
+    /// "flat"; the mean is the window's ratio (rate). Levels and latencies keep the median.
+    pub fn mean_over_window(self) -> bool {
+        matches!(
+            self,
+            Signal::Error
+                | Signal::Error5xx
+                | Signal::Error429
+                | Signal::ErrorTimeout
+                | Signal::GpuThrottle
+                | Signal::GpuFault
+                | Signal::NetRetransmits
+                | Signal::ServerPreemptions
+                | Signal::ServerChange
+        )
+    }
+
     pub fn harm(self) -> Harm {
         match self {
             Signal::GpuSmClock => Harm::Down,
@@ -275,5 +296,14 @@ mod tests {
             assert_eq!(Signal::parse(s.as_str()), Some(s));
         }
         assert_eq!(Signal::parse("nope"), None);
+    }
+
+    #[test]
+    fn serde_names_are_the_stable_names() {
+        for s in Signal::ALL {
+            let json = serde_json::to_string(&s).unwrap();
+            assert_eq!(json, format!("\"{}\"", s.as_str()));
+            assert_eq!(serde_json::from_str::<Signal>(&json).unwrap(), s);
+        }
     }
 }

@@ -121,13 +121,14 @@ pub struct EvidenceStore {
 }
 
 impl EvidenceStore {
-    pub fn new(detector: DetectorConfig) -> Self {
+    /// `detector` for the latency buckets, `ratio_detector` for the error ratio's.
+    pub fn new(detector: DetectorConfig, ratio_detector: DetectorConfig) -> Self {
         Self {
             seconds: vec![None; Signal::ALL.len()],
             ttft: BucketSeries::new(detector, Aggregate::P99),
             tpot: BucketSeries::new(detector, Aggregate::P99),
             e2e: BucketSeries::new(detector, Aggregate::P99),
-            errors: BucketSeries::new(detector, Aggregate::Mean),
+            errors: BucketSeries::new(ratio_detector, Aggregate::Mean),
             last_sec: 0,
         }
     }

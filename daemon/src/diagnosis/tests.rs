@@ -436,6 +436,26 @@ fn error_burst_by_5xx() {
 }
 
 #[test]
+fn a_mild_error_burst_is_a_ratio_not_a_median() {
+    // 12 % of canaries fail: fewer than half the seconds hold an error, so a median of the
+    // seconds reads 0 ("errors flat", `unknown`); the mean is the burst's ratio.
+    let d = confirmed(false, |w| w.error = 0.12, &[], Cause::ErrorBurst);
+    let e = ev(&d, Cause::ErrorBurst, Signal::Error);
+    assert!((0.04..=0.3).contains(&e.after), "{e:?}");
+    assert!(
+        e.before < 0.01 && e.peak >= e.after && e.rule.is_some(),
+        "{e:?}"
+    );
+    let x = ev(&d, Cause::ErrorBurst, Signal::Error5xx);
+    assert!((0.04..=0.3).contains(&x.after), "{x:?}");
+    let line = d.summary.expect("summary");
+    assert!(
+        line.starts_with("error_burst") && !line.contains("errors flat"),
+        "{line}"
+    );
+}
+
+#[test]
 fn server_change_before_the_onset() {
     let d = confirmed(
         true,
@@ -550,4 +570,102 @@ fn a_lone_outlier_before_the_fault_does_not_move_the_onset() {
     }
     let off = onset.expect("onset") - (T0 + ONSET) as f64;
     assert!((-2.0..=3.0).contains(&off), "onset {off} s off");
+}
+
+#[test]
+fn heavy_tail_calm_series_yields_no_diagnosis() {
+    // A calm server where 1 canary in 40 takes 5 × the TTFT, 1 canary a second for 30 min:
+    // a nearest-rank p99 of a 10 s bucket is its maximum, so a lone outlier carried buckets
+    // and two of three recent buckets paged. Nothing may leave idle.
+    let mut e = Engine::new(EngineConfig::default());
+    let mut rng = Rng(0x5151_7A7A_0101_2323);
+    let mut states = vec![State::Idle];
+    for s in 0..1800u64 {
+        let t = s as f64 + 0.3;
+        let mut ttft = rng.jitter(0.1, 0.3);
+        if rng.next() < 1.0 / 40.0 {
+            ttft *= 5.0;
+        }
+        let tpot = rng.jitter(0.02, 0.2);
+        e.observe("t", Signal::Error, at(t), 0.0);
+        e.observe("t", Signal::Ttft, at(t), ttft);
+        e.observe("t", Signal::Tpot, at(t), tpot);
+        e.observe("t", Signal::E2e, at(t), ttft + 15.0 * tpot);
+        let d = e.evaluate(at(s as f64 + 1.0));
+        let st = d.targets[0].state;
+        if states.last() != Some(&st) {
+            states.push(st);
+        }
+    }
+    assert_eq!(states, [State::Idle]);
+}
+
+#[test]
+fn a_real_spike_with_heavy_tail_noise_still_pages_within_a_minute() {
+    // The same heavy tail, then every request 4 × slower (and TPOT 2 ×): confirmed ≤ 60 s.
+    let mut e = Engine::new(EngineConfig::default());
+    let mut rng = Rng(0x0BAD_5EED_1234_5678);
+    let mut confirmed_after = None;
+    for s in 0..(ONSET + 120) {
+        let k = if s >= ONSET { 4.0 } else { 1.0 };
+        let t = s as f64 + 0.3;
+        let mut ttft = k * rng.jitter(0.1, 0.3);
+        if rng.next() < 1.0 / 40.0 {
+            ttft *= 5.0;
+        }
+        let tpot = rng.jitter(0.02, 0.2) * if s >= ONSET { 2.0 } else { 1.0 };
+        e.observe("t", Signal::Error, at(t), 0.0);
+        e.observe("t", Signal::Ttft, at(t), ttft);
+        e.observe("t", Signal::Tpot, at(t), tpot);
+        e.observe("t", Signal::E2e, at(t), ttft + 15.0 * tpot);
+        let d = e.evaluate(at(s as f64 + 1.0));
+        if confirmed_after.is_none() && d.targets[0].state == State::RootConfirmed {
+            assert_eq!(d.targets[0].causes[0].cause, Cause::LoadSurge, "{d:#?}");
+            confirmed_after = Some(s + 1 - ONSET);
+        }
+    }
+    let after = confirmed_after.expect("confirmed");
+    assert!(after <= 60, "confirmed {after} s after the onset");
+}
+
+/// Canary-only: TTFT ×4 and TPOT ×2 from `ONSET`, 1 canary a second; the first confirmed
+/// diagnosis under `cfg` (seconds after the onset, the top cause and its score).
+fn canary_overload(cfg: EngineConfig) -> Option<(u64, Cause, f64)> {
+    let mut e = Engine::new(cfg);
+    let mut rng = Rng(0x1234_5678_9ABC_DEF1);
+    for s in 0..(ONSET + 120) {
+        let (k, m) = if s >= ONSET { (4.0, 2.0) } else { (1.0, 1.0) };
+        let t = s as f64 + 0.3;
+        let ttft = k * rng.jitter(0.1, 0.3);
+        let tpot = m * rng.jitter(0.02, 0.2);
+        e.observe("t", Signal::Error, at(t), 0.0);
+        e.observe("t", Signal::Ttft, at(t), ttft);
+        e.observe("t", Signal::Tpot, at(t), tpot);
+        e.observe("t", Signal::E2e, at(t), ttft + 15.0 * tpot);
+        let d = e.evaluate(at(s as f64 + 1.0));
+        let td = &d.targets[0];
+        if td.state == State::RootConfirmed {
+            return Some((s + 1 - ONSET, td.causes[0].cause, td.causes[0].score));
+        }
+    }
+    None
+}
+
+#[test]
+fn an_unambiguous_cause_below_the_confirm_score_confirms() {
+    // The absolute threshold out of reach: only the margin rule can confirm.
+    let margin_only = EngineConfig {
+        confirm_score: 1.01,
+        ..EngineConfig::default()
+    };
+    let (after, cause, score) = canary_overload(margin_only).expect("confirmed by its margin");
+    assert_eq!(cause, Cause::LoadSurge);
+    assert!(after <= 60 && score >= 0.6, "{after} s, {score}");
+    // Neither rule reachable: never confirmed.
+    let neither = EngineConfig {
+        confirm_score: 1.01,
+        confirm_margin: 1.01,
+        ..EngineConfig::default()
+    };
+    assert_eq!(canary_overload(neither), None);
 }
