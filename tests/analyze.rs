@@ -213,6 +213,10 @@ async fn analyze_the_fleet_through_prometheus() {
     use lmperf_e2e::prometheus::{Prometheus, tool};
     use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
 
+    // A Prometheus nobody answers on: exit 1 naming it.
+    let (code, _, err) = analyze(&["--prometheus", "http://127.0.0.1:9", "--window", "5m"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("prometheus http://127.0.0.1:9: GET"), "{err}");
     let Some(bin) = tool("prometheus") else {
         return;
     };

@@ -376,8 +376,8 @@ pub fn fleet_text(f: &Fleet) -> String {
 /// `lmperf analyze --prometheus URL`: the analysis and the fleet view.
 pub async fn analyze_prometheus(q: &PromQuery) -> Result<(Analysis, Fleet), AnalyzeError> {
     let base = q.url.trim_end_matches('/').to_owned();
-    let err = |msg: String| AnalyzeError::Agent {
-        addr: base.clone(),
+    let err = |msg: String| AnalyzeError::Prometheus {
+        url: base.clone(),
         msg,
     };
     let end = crate::diagnosis::report::unix_s(SystemTime::now()).floor();
@@ -405,7 +405,7 @@ pub async fn analyze_prometheus(q: &PromQuery) -> Result<(Analysis, Fleet), Anal
             .get(u)
             .send()
             .await
-            .map_err(|e| err(format!("GET {url}: {e}")))?;
+            .map_err(|e| err(format!("GET {url}: {}", e.without_url())))?;
         let v: serde_json::Value = resp
             .json()
             .await
