@@ -200,3 +200,128 @@ fn analyze_a_live_agent() {
     assert_eq!(code, 1);
     assert!(err.contains("agent 127.0.0.1:9"), "{err}");
 }
+
+/// `lmperf analyze --prometheus`: Debian's Prometheus (1 s scrape) scrapes two real agents,
+/// `node-a` and `node-b`, each with its own scripted model server. After 90 s of calm, node-a's
+/// server answers 503 to 3 requests in 5 for 50 s; the analysis of the last 150 s through
+/// Prometheus must name `error_burst` on node-a and say that one node moved. About 2.5 min.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn analyze_the_fleet_through_prometheus() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    use lmperf_e2e::prometheus::{Prometheus, tool};
+    use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
+
+    // A Prometheus nobody answers on: exit 1 naming it.
+    let (code, _, err) = analyze(&["--prometheus", "http://127.0.0.1:9", "--window", "5m"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("prometheus http://127.0.0.1:9: GET"), "{err}");
+    let Some(bin) = tool("prometheus") else {
+        return;
+    };
+    let failing = Arc::new(AtomicBool::new(false));
+    let mut servers = Vec::new();
+    for node in ["a", "b"] {
+        let f = failing.clone();
+        let n = Arc::new(AtomicU64::new(0));
+        let faulty = node == "a";
+        servers.push(
+            ScriptedServer::start(Arc::new(move |_, _| {
+                let i = n.fetch_add(1, Ordering::Relaxed);
+                if faulty && f.load(Ordering::Relaxed) && i % 5 < 3 {
+                    Reply::json(
+                        503,
+                        r#"{"error":{"message":"overloaded","type":"server_error"}}"#,
+                    )
+                } else {
+                    Reply::sse(chat_stream(
+                        4,
+                        Duration::from_millis(20),
+                        Duration::from_millis(5),
+                        8,
+                    ))
+                }
+            }))
+            .await,
+        );
+    }
+    let urls: Vec<String> = servers.iter().map(ScriptedServer::url).collect();
+    let out = tokio::task::spawn_blocking(move || {
+        let agents: Vec<Agent> = urls
+            .iter()
+            .map(|u| {
+                Agent::spawn(
+                    &[
+                        "--target",
+                        u,
+                        "--model",
+                        "m",
+                        "--interval",
+                        "200ms",
+                        "--no-otlp",
+                    ],
+                    &[],
+                )
+            })
+            .collect();
+        let mut config = "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: lmperf\n    static_configs:\n".to_owned();
+        for (agent, node) in agents.iter().zip(["node-a", "node-b"]) {
+            config.push_str(&format!(
+                "      - targets: ['{}']\n        labels: {{node: {node}}}\n",
+                agent.admin
+            ));
+        }
+        let prom = Prometheus::start(&bin, &config, &[]);
+        std::thread::sleep(Duration::from_secs(90));
+        failing.store(true, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_secs(50));
+        let url = format!("http://{}", prom.addr);
+        let t = Instant::now();
+        let (code, json, err) = analyze(&[
+            "--prometheus",
+            &url,
+            "--window",
+            "150s",
+            "--step",
+            "2s",
+            "--rate-window",
+            "10s",
+            "--format",
+            "json",
+        ]);
+        let took = t.elapsed();
+        let (_, text, _) = analyze(&[
+            "--prometheus",
+            &url,
+            "--window",
+            "150s",
+            "--step",
+            "2s",
+            "--rate-window",
+            "10s",
+        ]);
+        drop(prom);
+        drop(agents);
+        (code, json, err, text, took)
+    })
+    .await
+    .unwrap();
+    drop(servers);
+    let (code, json, err, text, took) = out;
+    println!("lmperf analyze --prometheus ({took:?}):\n{text}");
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let fleet = &v["fleet"];
+    assert_eq!(fleet["nodes"], 2, "{fleet}");
+    assert_eq!(fleet["scope"], "one_node", "{fleet}\n{text}");
+    let moved = fleet["moved"].as_array().unwrap();
+    assert_eq!(moved.len(), 1, "{fleet}");
+    assert_eq!(moved[0]["node"], "node-a", "{fleet}");
+    assert_eq!(moved[0]["cause"], "error_burst", "{fleet}\n{text}");
+    assert_eq!(fleet["calm"][0]["node"], "node-b", "{fleet}");
+    assert!(
+        v["source"].as_str().unwrap().starts_with("prometheus "),
+        "{v}"
+    );
+}

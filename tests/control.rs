@@ -492,3 +492,48 @@ async fn a_trace_replay_calibrates_prompts_with_tokenize() {
     drop(agent);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `ctl inject --trace … --p99-threshold`: "reproduce the 3 a.m. scene". A server answering in
+/// about 1 s; a 10-request replay against an 850 ms threshold says FIRED (with the windows and
+/// the peak p99) and prints the agent's diagnosis of the replay; against 5 s it did not fire.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_with_a_p99_threshold_says_whether_the_alert_fired_and_the_diagnosis() {
+    let server = ScriptedServer::start(Arc::new(|_: &lmperf_e2e::scripted::Received, _| {
+        Reply::sse(chat_stream(3, Duration::from_millis(900), Duration::from_millis(50), 4))
+    }))
+    .await;
+    let dir = temp_dir("scene");
+    let addr = format!("unix:{}", dir.join("control.sock").display());
+    let traces = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/traces");
+    let control = format!(
+        "listen = \"{addr}\"\nmax_inject_rate = 10.0\nmax_inject_concurrency = 10\nmax_inject_requests = 100\nmax_inject_duration = \"10s\"\ntrace_dir = \"{}\"\n",
+        traces.display()
+    );
+    let cfg = write_config(&dir, &server.url(), &control);
+    let agent = spawn(["--config", cfg.to_str().unwrap(), "--no-otlp"].map(str::to_owned).to_vec(), vec![]).await;
+    assert_eq!(control_at(&agent), addr);
+    let azure = trace_fixture("azure_llm_2023_code.head2000.csv");
+    let base = ["inject", "--trace", azure.as_str(), "--trace-speedup", "0.8", "--max-requests", "10", "--concurrency", "10", "--p99-threshold"];
+    let mut args = base.to_vec();
+    args.push("850ms");
+    let v = ctl_json(&addr, &args).await;
+    let a = &v["p99_alert"];
+    assert_eq!(a["fired"], true, "{v}");
+    assert_eq!(a["threshold_s"], 0.85, "{v}");
+    assert!(a["peak_p99_s"].as_f64().unwrap() >= 0.9, "{v}");
+    assert!(a["requests"].as_u64().unwrap() >= 10, "{v}");
+    assert_eq!(v["load"]["state"], "done", "{v}");
+    assert_eq!(v["diagnosis"]["schema_version"], 1, "{v}");
+    assert_eq!(v["diagnosis"]["targets"][0]["target"], "t0", "{v}");
+    let mut a = vec!["--addr", addr.as_str()];
+    a.extend_from_slice(&base);
+    a.push("5s");
+    let (code, text, err) = ctl(&a, &[]).await;
+    assert_eq!(code, 0, "{err}");
+    println!("{text}");
+    assert!(text.contains("p99 alert (E2E p99 ≥ 5000 ms over 30 s): did not fire"), "{text}");
+    assert!(text.starts_with("replayed "), "{text}");
+    assert!(text.contains("t0"), "{text}");
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+}

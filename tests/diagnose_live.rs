@@ -5,10 +5,14 @@
 //!
 //! Runs when `LMPERF_DIAGNOSE_LIVE=1` (`cargo xtask diagnose-eval --live` sets it; about 3 min
 //! per episode); `LMPERF_EPISODE_DIR=DIR` also writes each recorded episode there. Episodes:
-//! `error_burst` (the server answers 503 to 3 requests in 5 from the onset on) and a no-fault
-//! control. Not yet: the
-//! llama.cpp load and long-prompt episodes, KV pressure, DelayLink, server change and the
-//! scripted-NVML GPU faults (see the report of the branch `analyze`).
+//! `error_burst` (the server answers 503 to 3 requests in 5 from the onset on),
+//! `kv_cache_pressure` (the server's vLLM-style `/metrics`, scraped each second: KV 0.40 →
+//! 0.98 and preemptions rising, while the inter-token gap grows 10 → 45 ms),
+//! `gpu_throttling` (the scripted NVML library: SM clock 1980 → 1100 MHz with thermal
+//! reasons, while the gap grows 10 → 25 ms) and a no-fault control. The scraped and GPU series
+//! of a recorded episode are what the scripted page / library showed, sampled by the test each
+//! second. Not yet: the llama.cpp load and long-prompt episodes, DelayLink, server change, VRAM
+//! full and XID.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -107,25 +111,80 @@ struct Run {
 /// `CALM_S`, then `fault` set (when `cause` is given) for up to `CONFIRM_WITHIN_S`; records
 /// the episode as `name` when `LMPERF_EPISODE_DIR` is set.
 async fn episode(name: &str, cause: Option<&str>, notes: &str) -> Run {
+    episode_with(name, cause, notes, Fault::ErrorBurst).await
+}
+
+/// What the scripted server does from the onset.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// 503 to 3 requests in 5.
+    ErrorBurst,
+    /// A vLLM-style `/metrics` page (scraped each second by the agent): KV cache usage 0.40 →
+    /// 0.98, preemptions +2 per scrape from the onset, while the inter-token gap grows
+    /// 10 → 45 ms.
+    KvPressure,
+    /// The scripted NVML library (`tests/support/fake_nvml`, 1 s GPU interval): GPU 0's SM
+    /// clock 1980 → 1100 MHz with sw_thermal + hw_thermal reasons (0x60) from the onset,
+    /// while the inter-token gap grows 10 → 25 ms (decode slows with the clock).
+    GpuThrottling,
+}
+
+/// The scripted vLLM `/metrics` page (names of vLLM v0.11, `tests/fixtures/server/`).
+fn vllm_page(kv: f64, preemptions: u64, waiting: u64) -> String {
+    let l = r#"{model_name="m",engine="0"}"#;
+    format!(
+        "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{l} 4.0\n\
+         # TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{l} {waiting}.0\n\
+         # TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{l} {kv}\n\
+         # TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total{l} {preemptions}.0\n"
+    )
+}
+
+async fn episode_with(name: &str, cause: Option<&str>, notes: &str, kind: Fault) -> Run {
     let fault = Arc::new(AtomicBool::new(false));
     let f = fault.clone();
+    let preempted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let pre = preempted.clone();
     let server = ScriptedServer::start(Arc::new(move |r: &Received, i: usize| {
+        let on = f.load(Ordering::SeqCst);
+        if kind == Fault::KvPressure && r.path.ends_with("/metrics") {
+            let n = if on {
+                pre.fetch_add(2, Ordering::SeqCst) + 2
+            } else {
+                pre.load(Ordering::SeqCst)
+            };
+            let page = vllm_page(if on { 0.98 } else { 0.40 }, n, 0);
+            return Reply::Stream {
+                status: 200,
+                content_type: "text/plain; version=0.0.4".into(),
+                frames: vec![lmperf_e2e::scripted::Frame {
+                    at: Duration::ZERO,
+                    bytes: page.into_bytes(),
+                }],
+                cut: false,
+            };
+        }
         if !r.path.ends_with("/chat/completions") {
             return Reply::json(
                 200,
                 r#"{"object":"list","data":[{"id":"m","object":"model"}]}"#,
             );
         }
-        if f.load(Ordering::SeqCst) && i % 5 < 3 {
+        if kind == Fault::ErrorBurst && on && i % 5 < 3 {
             return Reply::json(
                 503,
                 r#"{"error":{"message":"overloaded","type":"server_error"}}"#,
             );
         }
+        let gap = match kind {
+            Fault::KvPressure if on => 45,
+            Fault::GpuThrottling if on => 25,
+            _ => 10,
+        };
         Reply::sse(chat_stream(
             16,
             Duration::from_millis(40 + (i % 7) as u64 * 3),
-            Duration::from_millis(10),
+            Duration::from_millis(gap),
             20,
         ))
     }))
@@ -133,19 +192,50 @@ async fn episode(name: &str, cause: Option<&str>, notes: &str) -> Run {
     let dir = std::env::temp_dir().join(format!("lmperf-diag-live-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("agent.toml");
+    // GpuThrottling: the scripted NVML library, GPU 0's SM clock and throttle reasons read
+    // from files the test writes at the onset.
+    let (clock_file, reasons_file) = (dir.join("sm_clock_mhz"), dir.join("throttle_reasons"));
+    let script = (kind == Fault::GpuThrottling).then(|| {
+        let mut js = lmperf_e2e::fake_nvml::example("throttle.json");
+        js["devices"][0]["clock_sm_mhz"] =
+            serde_json::json!({"file": clock_file.display().to_string(), "default": 1980});
+        js["devices"][0]["throttle_reasons"] =
+            serde_json::json!({"file": reasons_file.display().to_string(), "default": 0});
+        js["devices"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("temperature_c");
+        lmperf_e2e::fake_nvml::Script::write(name, &js)
+    });
+    let gpu_cfg = match &script {
+        Some(_) => format!(
+            "interval = \"1s\"\nnvml_library = \"{}\"\n",
+            lmperf_e2e::fake_nvml::library(&[]).display()
+        ),
+        None => "enabled = false\n".to_owned(),
+    };
     std::fs::write(
         &cfg,
         format!(
-            "[canary]\ninterval = \"500ms\"\nmodel = \"m\"\n\n[[target]]\nurl = \"{}\"\nname = \"t0\"\n\n[gpu]\nenabled = false\n\n[net]\nenabled = false\n\n[control]\nrecent_requests = 4096\n",
-            server.url()
+            "[canary]\ninterval = \"500ms\"\nmodel = \"m\"\n\n[[target]]\nurl = \"{}\"\nname = \"t0\"\n{}\n[gpu]\n{}\n[net]\nenabled = false\n\n[control]\nrecent_requests = 4096\n",
+            server.url(),
+            if kind == Fault::KvPressure {
+                "server_metrics = \"auto\"\nmetrics_interval = \"1s\"\n"
+            } else {
+                ""
+            },
+            gpu_cfg
         ),
     )
     .unwrap();
     let cfg_s = cfg.to_str().unwrap().to_owned();
-    let agent =
-        tokio::task::spawn_blocking(move || Agent::spawn(&["--config", &cfg_s, "--no-otlp"], &[]))
-            .await
-            .unwrap();
+    let envs = script.as_ref().map(|s| s.env()).unwrap_or_default();
+    let agent = tokio::task::spawn_blocking(move || {
+        let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        Agent::spawn(&["--config", &cfg_s, "--no-otlp"], &envs)
+    })
+    .await
+    .unwrap();
     let start = unix_now().floor();
     let mut run = Run {
         confirmed: None,
@@ -160,11 +250,28 @@ async fn episode(name: &str, cause: Option<&str>, notes: &str) -> Run {
         }
         v
     };
+    // What the scripted /metrics page showed, once a second: (offset, KV usage, preemptions/s).
+    let mut page: Vec<[f64; 3]> = Vec::new();
+    let mut last_pre = 0;
+    let mut sample_page = |page: &mut Vec<[f64; 3]>, on: bool| {
+        let n = preempted.load(Ordering::SeqCst);
+        page.push([
+            unix_now() - start,
+            if on { 0.98 } else { 0.40 },
+            (n - last_pre) as f64,
+        ]);
+        last_pre = n;
+    };
     for _ in 0..CALM_S {
         tokio::time::sleep(Duration::from_secs(1)).await;
         poll(&mut run);
+        sample_page(&mut page, false);
     }
     if cause.is_some() {
+        if kind == Fault::GpuThrottling {
+            std::fs::write(&clock_file, "1100").unwrap();
+            std::fs::write(&reasons_file, "96").unwrap();
+        }
         fault.store(true, Ordering::SeqCst);
     }
     let onset = unix_now();
@@ -172,20 +279,50 @@ async fn episode(name: &str, cause: Option<&str>, notes: &str) -> Run {
     while t.elapsed() < Duration::from_secs(CONFIRM_WITHIN_S) {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let v = poll(&mut run);
+        sample_page(&mut page, cause.is_some());
         if cause.is_some() && v["targets"][0]["state"] == "root_confirmed" {
             run.ttd_s = t.elapsed().as_secs_f64();
             run.confirmed = Some(v);
             break;
         }
     }
-    let series = recorded(&agent, "t0", start);
+    let mut series = recorded(&agent, "t0", start);
+    if kind == Fault::GpuThrottling {
+        let on = |p: &[f64; 3]| p[0] >= onset - start;
+        series.insert(
+            "gpu_sm_clock".into(),
+            page.iter()
+                .map(|p| [p[0], if on(p) { 1.1e9 } else { 1.98e9 }])
+                .collect(),
+        );
+        series.insert(
+            "gpu_throttle".into(),
+            page.iter()
+                .map(|p| [p[0], f64::from(u8::from(on(p)))])
+                .collect(),
+        );
+    }
+    if kind == Fault::KvPressure {
+        series.insert(
+            "server_kv_usage".into(),
+            page.iter().map(|p| [p[0], p[1]]).collect(),
+        );
+        series.insert(
+            "server_preemptions".into(),
+            page.iter().map(|p| [p[0], p[2]]).collect(),
+        );
+    }
     drop(agent);
     let episode = serde_json::json!({
         "format": "lmperf-episode/1",
         "name": name,
         "source": "live",
         "cause": cause,
-        "magnitude": cause.map(|_| "503 on 60 % of requests"),
+        "magnitude": cause.map(|_| match kind {
+            Fault::ErrorBurst => "503 on 60 % of requests",
+            Fault::KvPressure => "KV 0.40 -> 0.98, 2 preemptions/s, ITL 10 -> 45 ms",
+            Fault::GpuThrottling => "SM clock 1980 -> 1100 MHz, thermal reasons, ITL 10 -> 25 ms",
+        }),
         "target": "t0",
         "start_unix_s": start,
         "duration_s": (unix_now() - start).ceil(),
@@ -222,6 +359,60 @@ async fn live_error_burst_is_diagnosed_and_recorded() {
         top["cause"], top["score"], run.ttd_s
     );
     assert_eq!(top["cause"], "error_burst", "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_kv_cache_pressure_is_recorded() {
+    if !enabled() {
+        return;
+    }
+    let run = episode_with(
+        "live-kv_cache_pressure-1",
+        Some("kv_cache_pressure"),
+        "tests/diagnose_live.rs: the agent's canaries (2/s) and its 1 s scrape of a scripted vLLM-style /metrics page; from the onset KV usage 0.40 -> 0.98, preemptions +2 per scrape, inter-token gap 10 -> 45 ms (server_* series are what the page showed, sampled by the test each second)",
+        Fault::KvPressure,
+    )
+    .await;
+    report("kv_cache_pressure", &run);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_gpu_throttling_is_recorded() {
+    if !enabled() {
+        return;
+    }
+    let run = episode_with(
+        "live-gpu_throttling-1",
+        Some("gpu_throttling"),
+        "tests/diagnose_live.rs: the agent's canaries (2/s) and the scripted NVML library (1 s GPU interval); from the onset GPU 0's SM clock 1980 -> 1100 MHz with thermal throttle reasons, inter-token gap 10 -> 25 ms (gpu_* series are what the script answered, sampled by the test each second)",
+        Fault::GpuThrottling,
+    )
+    .await;
+    report("gpu_throttling", &run);
+}
+
+/// Prints what the agent concluded, right or wrong (asserted only once the engine is tuned),
+/// and asserts that it left idle.
+fn report(cause: &str, run: &Run) {
+    match &run.confirmed {
+        Some(v) => {
+            let causes = &v["targets"][0]["causes"];
+            eprintln!(
+                "live {cause}: root_confirmed after {:.0} s: {} {} (then {} {}); summary: {}",
+                run.ttd_s,
+                causes[0]["cause"],
+                causes[0]["score"],
+                causes[1]["cause"],
+                causes[1]["score"],
+                v["targets"][0]["summary"]
+            );
+        }
+        None => eprintln!(
+            "live {cause}: not root_confirmed within {CONFIRM_WITHIN_S} s ({} evaluations not idle)",
+            run.not_idle
+        ),
+    }
+    assert!(run.not_idle > 0, "the agent never left idle under {cause}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

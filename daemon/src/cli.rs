@@ -112,6 +112,10 @@ pub enum CtlCommand {
         /// Trace format (default: detected from the first line).
         #[arg(long, value_parser = ["azure", "burstgpt", "mooncake"], requires = "trace_file")]
         trace_format: Option<String>,
+        /// Wait for the replay to end, then say whether the p99 alert condition (E2E p99 of a
+        /// 30 s window ≥ THRESHOLD) held and print the agent's diagnosis of the replay.
+        #[arg(long, value_name = "THRESHOLD", value_parser = humantime::parse_duration, requires = "trace_file")]
+        p99_threshold: Option<Duration>,
     },
     /// Stop the running injected load.
     Stop {

@@ -1,4 +1,4 @@
-//! `lmperf analyze RUN_DIR | --agent ADDR [--window 5m] [--format text|json|html]
+//! `lmperf analyze RUN_DIR | --agent ADDR | --prometheus URL [--window 5m] [--format text|json|html]
 //! [--output FILE]`. Exit codes: 0 done (whatever the diagnosis), 1 the data could not be read,
 //! 2 bad command line.
 
@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
-use super::{html, offline};
+use super::{html, offline, prometheus};
 use crate::diagnosis::scorecard;
 
 /// Output format of `lmperf analyze`.
@@ -27,13 +27,24 @@ pub struct AnalyzeArgs {
     /// An `lmperf run` output directory (its requests.jsonl): each benchmark is a target.
     #[arg(
         value_name = "RUN_DIR",
-        required_unless_present = "agent",
-        conflicts_with = "agent"
+        required_unless_present_any = ["agent", "prometheus"],
+        conflicts_with_all = ["agent", "prometheus"]
     )]
     pub run_dir: Option<PathBuf>,
     /// A live agent's admin address (host:port or URL): its /api/v1/diagnosis.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", conflicts_with = "prometheus")]
     pub agent: Option<String>,
+    /// A Prometheus server (URL) holding the fleet's lmperf series: every node's targets are
+    /// diagnosed over the last WINDOW (default 30m) and the fleet view says whether one node,
+    /// one model or every node moved.
+    #[arg(long, value_name = "URL")]
+    pub prometheus: Option<String>,
+    /// With --prometheus: the resolution of the range queries.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub step: Duration,
+    /// With --prometheus: the range of rate() (at least 4 scrape intervals).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1m")]
+    pub rate_window: Duration,
     /// Only diagnoses of the last WINDOW (of the run; for an agent, an idle target shows its
     /// last confirmed diagnosis of the window). Default: the whole run, the agent's default.
     #[arg(long, value_parser = humantime::parse_duration)]
@@ -47,6 +58,7 @@ pub struct AnalyzeArgs {
 
 /// Runs `lmperf analyze`; returns the exit code.
 pub async fn run(args: AnalyzeArgs) -> u8 {
+    let mut fleet = None;
     let analysis = match (&args.run_dir, &args.agent) {
         (Some(dir), _) => {
             let dir = dir.clone();
@@ -60,8 +72,23 @@ pub async fn run(args: AnalyzeArgs) -> u8 {
             }
         }
         (None, Some(addr)) => offline::analyze_agent(addr, args.window).await,
+        (None, None) if args.prometheus.is_some() => {
+            let q = prometheus::PromQuery {
+                url: args.prometheus.clone().unwrap_or_default(),
+                window: args.window.unwrap_or(Duration::from_secs(30 * 60)),
+                step: args.step,
+                rate_window: args.rate_window,
+            };
+            match prometheus::analyze_prometheus(&q).await {
+                Ok((a, f)) => {
+                    fleet = Some(f);
+                    Ok(a)
+                }
+                Err(e) => Err(e),
+            }
+        }
         (None, None) => {
-            eprintln!("lmperf analyze: give RUN_DIR or --agent ADDR");
+            eprintln!("lmperf analyze: give RUN_DIR, --agent ADDR or --prometheus URL");
             return 2;
         }
     };
@@ -73,11 +100,18 @@ pub async fn run(args: AnalyzeArgs) -> u8 {
         }
     };
     let out = match args.format {
-        Format::Text => scorecard::text(&a.diagnosis),
+        Format::Text => {
+            let mut s = scorecard::text(&a.diagnosis);
+            if let Some(f) = &fleet {
+                s.push_str(&prometheus::fleet_text(f));
+            }
+            s
+        }
         Format::Json => match serde_json::to_string_pretty(&serde_json::json!({
             "source": a.source,
             "diagnosis": a.diagnosis,
             "timeline": a.timeline,
+            "fleet": fleet,
         })) {
             Ok(s) => s + "\n",
             Err(e) => {

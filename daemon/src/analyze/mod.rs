@@ -6,7 +6,8 @@
 //! - [`synth`]: synthetic episodes per cause at two magnitudes, and no-fault controls.
 //! - [`eval`]: AC@1 / AC@3 / Avg@5, time to `root_confirmed`, control diagnoses (RCAEval).
 //! - [`offline`]: `lmperf analyze`: the engine over a run's `requests.jsonl`, or a live agent's
-//!   `/api/v1/diagnosis`; [`html`]: `scorecard.html` (evidence plots, top-3 bottleneck heatmap).
+//!   `/api/v1/diagnosis`; [`prometheus`]: `--prometheus URL`, the fleet's series and the
+//!   fleet view (one node, one model or every node moved); [`html`]: `scorecard.html` (evidence plots, top-3 bottleneck heatmap).
 //!
 //! **Architecture Invariant:** like the engine, pure apart from [`episode::Episode::load`] and the loaders of [`offline`]:
 //! replays run on recorded times, never on the clock.
@@ -16,6 +17,7 @@ pub mod episode;
 pub mod eval;
 pub mod html;
 pub mod offline;
+pub mod prometheus;
 pub mod synth;
 
 #[cfg(test)]

@@ -59,6 +59,8 @@ pub enum AnalyzeError {
     Empty { path: String },
     #[error("agent {addr}: {msg}")]
     Agent { addr: String, msg: String },
+    #[error("prometheus {url}: {msg}")]
+    Prometheus { url: String, msg: String },
 }
 
 fn state_rank(s: State) -> u8 {

@@ -326,7 +326,7 @@ pub async fn run(args: crate::cli::CtlArgs, env: &dyn crate::config::Env) -> u8 
                 let r = c.recent(req).await?;
                 (format_recent(&r), json(&r))
             }
-            CtlCommand::Inject { target, rate, duration, concurrency, max_requests, arrival, trace_file, trace_speedup, trace_format } => {
+            CtlCommand::Inject { target, rate, duration, concurrency, max_requests, arrival, trace_file, trace_speedup, trace_format, p99_threshold } => {
                 let req = proto::InjectLoadRequest {
                     target: target.unwrap_or_default(),
                     rate_per_second: rate.unwrap_or(0.0),
@@ -340,7 +340,10 @@ pub async fn run(args: crate::cli::CtlArgs, env: &dyn crate::config::Env) -> u8 
                     trace_format: trace_format.unwrap_or_default(),
                 };
                 let r = c.inject(req).await?;
-                (r.load.as_ref().map_or_else(String::new, |l| format!("started {}", format_load(l))), json(&r))
+                match (p99_threshold, r.load.as_ref()) {
+                    (Some(th), Some(l)) => scene_after(&mut c, l.clone(), th).await?,
+                    _ => (r.load.as_ref().map_or_else(String::new, |l| format!("started {}", format_load(l))), json(&r)),
+                }
             }
             CtlCommand::Stop { id } => {
                 let r = c.stop(id.unwrap_or_default()).await?;
@@ -373,6 +376,39 @@ pub async fn run(args: crate::cli::CtlArgs, env: &dyn crate::config::Env) -> u8 
             e.exit_code()
         }
     }
+}
+
+/// `ctl inject --trace … --p99-threshold T`: waits for the load to end (its replay duration
+/// plus 2 min at most), then the p99 alert verdict over the replay's requests and the agent's
+/// diagnosis of its span (`control::scene`).
+async fn scene_after(c: &mut CtlClient, started: proto::LoadStatus, threshold: std::time::Duration) -> Result<(String, String), CtlError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs_f64(started.duration_s.max(0.0) + 120.0);
+    let mut last = started.clone();
+    while std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let s = c.status().await?;
+        if let Some(l) = s.load.filter(|l| l.id == started.id) {
+            let running = l.state == "running";
+            last = l;
+            if !running {
+                break;
+            }
+        }
+    }
+    let from = started.started_unix_s;
+    let to = from + last.elapsed_s.max(0.0) + 1.0;
+    let recent = c.recent(proto::ListRecentRequestsRequest { limit: 100_000, target: last.target.clone(), ..Default::default() }).await?;
+    let alert = super::scene::p99_alert(&recent.requests, &last.target, from, to, threshold.as_secs_f64());
+    let window_s = (to - from).max(60.0) + 60.0;
+    let d = c.diagnose(proto::DiagnoseRequest { target: last.target.clone(), window_s }).await?;
+    let doc: serde_json::Value = serde_json::from_str(&d.diagnosis_json).unwrap_or(serde_json::Value::Null);
+    let card = match serde_json::from_str::<crate::diagnosis::Diagnosis>(&d.diagnosis_json) {
+        Ok(d) => crate::diagnosis::scorecard::text(&d),
+        Err(e) => format!("unreadable diagnosis from the agent: {e}\n"),
+    };
+    let text = format!("replayed {}\n{}{card}", format_load(&last), super::scene::text(&alert, from));
+    let js = serde_json::json!({"load": serde_json::from_str::<serde_json::Value>(&json(&last)).unwrap_or_default(), "p99_alert": alert, "diagnosis": doc});
+    Ok((text, json(&js)))
 }
 
 fn json<T: serde::Serialize>(v: &T) -> String {

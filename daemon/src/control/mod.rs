@@ -9,6 +9,7 @@
 
 pub mod client;
 pub mod load;
+pub mod scene;
 mod service;
 
 /// The messages, the server and the client generated from `proto/lmperf/v1/agent.proto` by
