@@ -159,6 +159,7 @@ impl TargetRunner {
             let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
                 self.state.skipped.fetch_add(1, Ordering::Relaxed);
                 self.telemetry.instruments.record_skipped(&self.target.name);
+                self.note_skipped();
                 tracing::debug!(target_name = %self.target.name, "Canary skipped: max_in_flight requests still running.");
                 continue;
             };
@@ -186,25 +187,47 @@ impl TargetRunner {
             e2e: r.e2e,
             trace_id: u128::from_be_bytes(ids.trace_id.to_bytes()),
             cancelled: r.outcome == Outcome::Cancelled,
+            timed_out: r.outcome == Outcome::Timeout,
         };
+        // A timeout's E2E is censored: its latency is at least the timeout.
+        let observed = if observed.timed_out { Observed { e2e: observed.e2e.max(self.target.timeout), ..observed } } else { observed };
         let decision = match self.sampler.lock() {
             Ok(mut s) => s.decide(tokio::time::Instant::now(), observed),
             // A poisoned lock only means another canary panicked: keep the span.
             Err(_) => Decision { keep: true, reason: Reason::Base, probability: 1.0, transition: None, spike: None },
         };
         if let Some(t) = decision.transition {
-            let entered = t == SpikeTransition::Entered;
-            self.state.spike.store(entered, Ordering::Relaxed);
-            self.state.set_spike_rule(decision.spike);
-            let p = &self.target.sampling;
-            if entered {
-                let rule = decision.spike.map_or_else(|| "-".to_owned(), |r| r.describe());
-                tracing::warn!(target_name = %self.target.name, reason = decision.spike.map_or("-", |r| r.as_str()), rule = %rule, hold = ?p.spike_hold, "Spike mode entered: keeping every span.");
-            } else {
-                tracing::info!(target_name = %self.target.name, "Spike mode left: back to base sampling.");
-            }
+            self.note_transition(t, decision.spike);
         }
         decision
+    }
+
+    /// A skipped canary (max_in_flight reached) is overload evidence for spike mode (an error of
+    /// kind `skipped` in the window), unless `OTEL_TRACES_SAMPLER` decides.
+    fn note_skipped(&self) {
+        if self.telemetry.head_sampler.is_some() {
+            return;
+        }
+        let (transition, rule) = match self.sampler.lock() {
+            Ok(mut s) => s.skipped(tokio::time::Instant::now()),
+            Err(_) => return,
+        };
+        if let Some(t) = transition {
+            self.note_transition(t, rule);
+        }
+    }
+
+    fn note_transition(&self, t: SpikeTransition, spike: Option<crate::sampler::adaptive::SpikeRule>) {
+        let entered = t == SpikeTransition::Entered;
+        self.state.spike.store(entered, Ordering::Relaxed);
+        self.state.set_spike_rule(spike);
+        let p = &self.target.sampling;
+        if entered {
+            let rule = spike.map_or_else(|| "-".to_owned(), |r| r.describe());
+            tracing::warn!(target_name = %self.target.name, reason = spike.map_or("-", |r| r.as_str()), rule = %rule, hold = ?p.spike_hold, "Spike mode entered: keeping every span.");
+        } else {
+            tracing::info!(target_name = %self.target.name, "Spike mode left: back to base sampling.");
+        }
     }
 
     /// The model and provider to use; `Err` carries the measured discovery failure.
