@@ -41,6 +41,10 @@ async fn calm_error_burst_calm_at_a_real_receiver() {
         if req.path == "/v1/models" {
             return Reply::json(200, r#"{"object":"list","data":[{"id":"m","owned_by":"vllm"}]}"#);
         }
+        // The server-signal probes (/metrics, /version, ...) are not canaries.
+        if req.path != "/v1/chat/completions" {
+            return Reply::json(404, r#"{"error":"not found"}"#);
+        }
         let (t0, _) = *st.lock().unwrap().get_or_insert((Instant::now(), SystemTime::now()));
         let offset = t0.elapsed();
         let in_burst = offset >= CALM && offset < CALM + BURST;

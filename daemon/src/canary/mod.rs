@@ -65,10 +65,29 @@ pub struct TargetRunner {
 struct Discovery {
     found: Option<Discovered>,
     last_attempt: Option<tokio::time::Instant>,
+    /// The found model is in doubt (a canary got 404 for it): re-discover on the next canary.
+    stale: bool,
+    /// The server's model/restart changes seen so far ([`server_generation`]).
+    server_gen: u64,
+}
+
+/// Model, model-revision and restart changes of the target's server so far: a new value means
+/// the served model may have changed.
+fn server_generation(server: Option<&crate::server::TargetServer>) -> u64 {
+    let Some(s) = server else { return 0 };
+    let counts = s.change_counts();
+    ["model", "model_revision", "restart"].iter().map(|k| counts.get(k).copied().unwrap_or(0)).sum()
+}
+
+/// The canary failed because the server does not know the model (HTTP 404, `model_not_found`).
+fn model_not_found(r: &crate::measure::RequestRecord) -> bool {
+    r.http_status == Some(404) || r.error.as_ref().is_some_and(|e| e.error_type == "404" || e.code.as_deref() == Some("model_not_found"))
 }
 
 /// With a configured model, discovery (for the provider name only) is retried at most this
 /// often, so a server without `/v1/models` costs one extra request per period, not per canary.
+/// Without one, the discovered model is re-read this often (and at once after a server model
+/// change or restart event, or a 404 for it).
 const REDISCOVER_EVERY: Duration = Duration::from_secs(60);
 
 /// The prompt and output length of one request replayed from a trace.
@@ -159,6 +178,7 @@ impl TargetRunner {
             let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
                 self.state.skipped.fetch_add(1, Ordering::Relaxed);
                 self.telemetry.instruments.record_skipped(&self.target.name);
+                self.note_skipped();
                 tracing::debug!(target_name = %self.target.name, "Canary skipped: max_in_flight requests still running.");
                 continue;
             };
@@ -186,25 +206,47 @@ impl TargetRunner {
             e2e: r.e2e,
             trace_id: u128::from_be_bytes(ids.trace_id.to_bytes()),
             cancelled: r.outcome == Outcome::Cancelled,
+            timed_out: r.outcome == Outcome::Timeout,
         };
+        // A timeout's E2E is censored: its latency is at least the timeout.
+        let observed = if observed.timed_out { Observed { e2e: observed.e2e.max(self.target.timeout), ..observed } } else { observed };
         let decision = match self.sampler.lock() {
             Ok(mut s) => s.decide(tokio::time::Instant::now(), observed),
             // A poisoned lock only means another canary panicked: keep the span.
             Err(_) => Decision { keep: true, reason: Reason::Base, probability: 1.0, transition: None, spike: None },
         };
         if let Some(t) = decision.transition {
-            let entered = t == SpikeTransition::Entered;
-            self.state.spike.store(entered, Ordering::Relaxed);
-            self.state.set_spike_rule(decision.spike);
-            let p = &self.target.sampling;
-            if entered {
-                let rule = decision.spike.map_or_else(|| "-".to_owned(), |r| r.describe());
-                tracing::warn!(target_name = %self.target.name, reason = decision.spike.map_or("-", |r| r.as_str()), rule = %rule, hold = ?p.spike_hold, "Spike mode entered: keeping every span.");
-            } else {
-                tracing::info!(target_name = %self.target.name, "Spike mode left: back to base sampling.");
-            }
+            self.note_transition(t, decision.spike);
         }
         decision
+    }
+
+    /// A skipped canary (max_in_flight reached) is overload evidence for spike mode (an error of
+    /// kind `skipped` in the window), unless `OTEL_TRACES_SAMPLER` decides.
+    fn note_skipped(&self) {
+        if self.telemetry.head_sampler.is_some() {
+            return;
+        }
+        let (transition, rule) = match self.sampler.lock() {
+            Ok(mut s) => s.skipped(tokio::time::Instant::now()),
+            Err(_) => return,
+        };
+        if let Some(t) = transition {
+            self.note_transition(t, rule);
+        }
+    }
+
+    fn note_transition(&self, t: SpikeTransition, spike: Option<crate::sampler::adaptive::SpikeRule>) {
+        let entered = t == SpikeTransition::Entered;
+        self.state.spike.store(entered, Ordering::Relaxed);
+        self.state.set_spike_rule(spike);
+        let p = &self.target.sampling;
+        if entered {
+            let rule = spike.map_or_else(|| "-".to_owned(), |r| r.describe());
+            tracing::warn!(target_name = %self.target.name, reason = spike.map_or("-", |r| r.as_str()), rule = %rule, hold = ?p.spike_hold, "Spike mode entered: keeping every span.");
+        } else {
+            tracing::info!(target_name = %self.target.name, "Spike mode left: back to base sampling.");
+        }
     }
 
     /// The model and provider to use; `Err` carries the measured discovery failure.
@@ -215,8 +257,15 @@ impl TargetRunner {
             return Ok((model.clone(), provider.clone()));
         }
         let mut cached = self.discovered.lock().await;
-        let due = t.model.is_none() || cached.last_attempt.is_none_or(|at| at.elapsed() >= REDISCOVER_EVERY);
-        if cached.found.is_none() && due {
+        let period_over = cached.last_attempt.is_none_or(|at| at.elapsed() >= REDISCOVER_EVERY);
+        let due = t.model.is_none() || period_over;
+        // A discovered model (none configured) is re-read every period, after a model change or
+        // restart of the server, and after a 404 for it; a configured model is never replaced.
+        let server_gen = server_generation(self.server.as_deref());
+        let recheck = t.model.is_none() && cached.found.is_some() && (period_over || cached.stale || server_gen != cached.server_gen);
+        if (cached.found.is_none() && due) || recheck {
+            cached.stale = false;
+            cached.server_gen = server_gen;
             cached.last_attempt = Some(tokio::time::Instant::now());
             let discovered = tokio::select! {
                 biased;
@@ -231,8 +280,15 @@ impl TargetRunner {
             match discovered {
                 Ok(d) => {
                     self.discovery_failing.store(false, Ordering::Relaxed);
-                    tracing::info!(target_name = %t.name, model = %d.model, owned_by = ?d.owned_by, "Discovered the served model.");
+                    let old = cached.found.as_ref().map(|f| f.model.clone());
+                    if old.as_deref() != Some(d.model.as_str()) {
+                        tracing::info!(target_name = %t.name, model = %d.model, previous = ?old, owned_by = ?d.owned_by, "Discovered the served model.");
+                    }
                     cached.found = Some(d);
+                }
+                // A re-check that failed keeps the model found before (the canary says the rest).
+                Err(record) if cached.found.is_some() && record.outcome != crate::measure::Outcome::Cancelled => {
+                    tracing::debug!(target_name = %t.name, error_type = record.error.as_ref().map_or("-", |e| e.error_type.as_str()), "Model re-discovery failed; keeping the model found before.");
                 }
                 Err(record) if t.model.is_none() || record.outcome == crate::measure::Outcome::Cancelled => {
                     if record.outcome != crate::measure::Outcome::Cancelled && !self.discovery_failing.swap(true, Ordering::Relaxed) {
@@ -292,6 +348,9 @@ impl TargetRunner {
                 let traceparent = ids.traceparent();
                 let req = CanaryRequest { api: t.api, model: &model, prompt: prompt_text, max_tokens, traceparent: &traceparent, extra_body: None };
                 let m = client::execute(&self.clients, t, &req, cancel).await;
+                if t.model.is_none() && model_not_found(&m.record) {
+                    self.discovered.lock().await.stale = true;
+                }
                 (model, provider, m)
             }
             Err(m) => (String::new(), t.provider.clone().unwrap_or_else(|| "openai".to_owned()), m),
@@ -383,4 +442,37 @@ pub fn console_line(target: &str, model: &str, m: &Measured, trace_id: &str) -> 
         if r.finish_reasons.is_empty() { "-".to_owned() } else { r.finish_reasons.join(",") },
         m.retries,
     )
+}
+
+#[cfg(test)]
+mod discovery_tests {
+    use super::*;
+    use crate::measure::{RequestError, RequestRecord};
+
+    #[test]
+    fn a_404_or_model_not_found_marks_the_model_stale() {
+        let failed = |error_type: &str, code: Option<&str>, status: Option<u16>| {
+            let mut e = RequestError::new(error_type, None);
+            e.code = code.map(str::to_owned);
+            let mut r = RequestRecord::failed(Outcome::Error, e, None, Duration::ZERO);
+            r.http_status = status;
+            r
+        };
+        assert!(model_not_found(&failed("404", None, Some(404))));
+        assert!(model_not_found(&failed("NotFoundError", Some("model_not_found"), None)));
+        assert!(!model_not_found(&failed("503", None, Some(503))));
+    }
+
+    #[test]
+    fn model_and_restart_changes_move_the_server_generation() {
+        use crate::server::identity::{Change, ChangeKind};
+        let s = crate::server::TargetServer::new("t", None, None);
+        assert_eq!(server_generation(None), 0);
+        assert_eq!(server_generation(Some(&s)), 0);
+        s.push_event(std::time::SystemTime::now(), Change { kind: ChangeKind::Version, old: None, new: Some("2".into()) });
+        assert_eq!(server_generation(Some(&s)), 0, "a version change alone keeps the model");
+        s.push_event(std::time::SystemTime::now(), Change { kind: ChangeKind::Model, old: Some("llama-a".into()), new: Some("llama-b".into()) });
+        s.push_event(std::time::SystemTime::now(), Change { kind: ChangeKind::Restart, old: None, new: None });
+        assert_eq!(server_generation(Some(&s)), 2);
+    }
 }

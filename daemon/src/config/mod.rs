@@ -591,7 +591,8 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
     {
         return Err(ConfigError::invalid(format!("{field}.model"), m, "empty model name"));
     }
-    let sampling = validate_sampling(field, &t)?;
+    let mut sampling = validate_sampling(field, &t)?;
+    sampling.spike_min_requests = effective_spike_min(field, &sampling, &schedule);
     let api_key = read_api_key(field, &t, env)?;
     let name = t.name.clone().unwrap_or_else(|| format!("{host}:{port}"));
     let server = crate::server::config::validate(field, &t, &base_url)?;
@@ -650,6 +651,24 @@ fn validate_sampling(field: &str, t: &RawCanary) -> Result<SamplingPolicy, Confi
         spike_jump,
         spike_detector: d.spike_detector,
     })
+}
+
+/// `spike_min_requests` judged against the canaries `spike_window` holds at the target's rate
+/// (see [`crate::sampler::adaptive::effective_min_requests`]); warns when it is lowered, and when
+/// the error-rate and SLO rules can never fire.
+fn effective_spike_min(field: &str, p: &SamplingPolicy, schedule: &Schedule) -> usize {
+    let rate = match *schedule {
+        Schedule::Interval { period } => 1.0 / period.as_secs_f64(),
+        Schedule::Rate { per_second, .. } => per_second,
+    };
+    let (min, can_fire) = crate::sampler::adaptive::effective_min_requests(p.spike_min_requests, p.spike_window, rate);
+    let window = humantime::format_duration(p.spike_window);
+    if !can_fire {
+        tracing::warn!(field, spike_window = %window, spike_min_requests = min, rate_per_s = rate, "The spike window cannot hold spike_min_requests canaries at this rate: the error-rate and SLO spike rules can never fire. Lengthen spike_window or raise the canary rate.");
+    } else if min < p.spike_min_requests {
+        tracing::info!(field, spike_window = %window, configured = p.spike_min_requests, effective = min, "spike_min_requests lowered to the canaries the spike window holds at this rate.");
+    }
+    min
 }
 
 /// The latency-jump rule of spike mode; `spike_jump_ratio = 0` turns it off.
@@ -819,6 +838,16 @@ mod tests {
         }
         let err = from_toml("[canary]\ninterval = \"5 parsecs\"\n", Overrides::default(), &[]).unwrap_err().to_string();
         assert!(err.contains("interval = \"5 parsecs\""), "{err}");
+    }
+
+    #[test]
+    fn spike_min_requests_is_judged_against_the_window_at_the_canary_rate() {
+        let min = |text: &str| from_toml(text, Overrides::default(), &[]).unwrap().targets[0].sampling.spike_min_requests;
+        // Defaults: 30 s window, one canary per 5 s: 6 canaries, not 10.
+        assert_eq!(min("[[target]]\nurl = \"http://127.0.0.1:8000\"\n"), 6);
+        assert_eq!(min("[canary]\nrate = 10.0\n[[target]]\nurl = \"http://127.0.0.1:8000\"\n"), 10);
+        // A window of 2 canaries cannot hold 3: kept at 3 (warned: never fires).
+        assert_eq!(min("[canary]\nspike_window = \"10s\"\n[[target]]\nurl = \"http://127.0.0.1:8000\"\n"), 3);
     }
 
     #[test]

@@ -18,6 +18,16 @@
 //! median, in 2 of the last 3 buckets. Staying needs the rule relaxed to 80 %. Which rule fired,
 //! with its values, is the [`SpikeRule`] of the entry.
 //!
+//! Failures are latency evidence too: a failed canary that measured a TTFT (a timeout, a stream
+//! cut after tokens) feeds the TTFT series, and a timeout feeds the E2E series with its elapsed
+//! time (censored: at least the timeout). A canary skipped because `max_in_flight` requests still
+//! run ([`TargetSampler::skipped`]) counts in the window as an error of kind `skipped` (the target
+//! is too slow to keep up), without a latency.
+//!
+//! `spike_min_requests` is judged against what the window can hold at the canary rate
+//! ([`effective_min_requests`]): min(`spike_min_requests`, canaries expected in `spike_window`),
+//! at least 3; the config warns when a target's window cannot hold 3 canaries.
+//!
 //! Requests the agent cancelled itself (shutdown, a stopped load: outcome `cancelled`) are kept
 //! as errors but never counted by any rule: they say nothing about the target.
 
@@ -169,6 +179,17 @@ impl Default for SamplingPolicy {
     }
 }
 
+/// The fewest requests the error-rate and SLO rules need in the window, at `rate_per_s`
+/// canaries per second: min(`configured`, canaries expected in `window`), at least 3 (unless
+/// `configured` is below 3). The second value is `false` when the window cannot hold that many
+/// at this rate: the two rules can then never fire.
+pub fn effective_min_requests(configured: usize, window: Duration, rate_per_s: f64) -> (usize, bool) {
+    let expected = (window.as_secs_f64() * rate_per_s).floor();
+    let expected = if expected.is_finite() && expected >= 0.0 { expected.min(usize::MAX as f64) as usize } else { usize::MAX };
+    let min = configured.min(expected.max(3));
+    (min, expected >= min)
+}
+
 /// Window entries kept at most, whatever the rate (memory bound).
 const MAX_WINDOW: usize = 20_000;
 
@@ -181,13 +202,16 @@ pub struct Observed {
     pub trace_id: u128,
     /// Cancelled by the agent itself (shutdown, a stopped load): kept, never counted.
     pub cancelled: bool,
+    /// The request timed out: `e2e` is a lower bound of its latency (fed to the E2E series).
+    pub timed_out: bool,
 }
 
 /// The sampler of one target.
 #[derive(Debug)]
 pub struct TargetSampler {
     policy: SamplingPolicy,
-    window: VecDeque<(Instant, bool, Duration)>,
+    /// (end, failed, E2E; `None`: a skipped canary, no latency).
+    window: VecDeque<(Instant, bool, Option<Duration>)>,
     errors_in_window: usize,
     spike_until: Option<Instant>,
     tokens: f64,
@@ -263,15 +287,32 @@ impl TargetSampler {
         let origin = *self.origin.get_or_insert(now);
         let at = now.saturating_duration_since(origin);
         if !o.cancelled {
-            self.window.push_back((now, o.failed, o.e2e));
+            self.window.push_back((now, o.failed, Some(o.e2e)));
             self.errors_in_window += o.failed as usize;
-            if !o.failed {
-                if let Some(t) = o.ttft {
-                    self.ttft.push(at, t.as_secs_f64());
-                }
+            // A measured TTFT is evidence whatever the outcome; a timeout's E2E is a lower bound.
+            if let Some(t) = o.ttft {
+                self.ttft.push(at, t.as_secs_f64());
+            }
+            if !o.failed || o.timed_out {
                 self.e2e.push(at, o.e2e.as_secs_f64());
             }
         }
+        self.judge(now, at)
+    }
+
+    /// A canary skipped at `now` because `max_in_flight` requests still run: an error of kind
+    /// `skipped` in the window (overload evidence), with no latency. Returns a spike transition.
+    pub fn skipped(&mut self, now: Instant) -> (Option<SpikeTransition>, Option<SpikeRule>) {
+        let origin = *self.origin.get_or_insert(now);
+        let at = now.saturating_duration_since(origin);
+        self.window.push_back((now, true, None));
+        self.errors_in_window += 1;
+        let t = self.judge(now, at);
+        (t, if t == Some(SpikeTransition::Entered) { self.rule } else { None })
+    }
+
+    /// Drops what left the window and updates spike mode.
+    fn judge(&mut self, now: Instant, at: Duration) -> Option<SpikeTransition> {
         while let Some(&(t, failed, _)) = self.window.front() {
             if now.saturating_duration_since(t) > self.policy.spike_window || self.window.len() > MAX_WINDOW {
                 self.window.pop_front();
@@ -329,7 +370,7 @@ impl TargetSampler {
     }
 
     fn p99(&self) -> Duration {
-        let mut v: Vec<Duration> = self.window.iter().map(|e| e.2).collect();
+        let mut v: Vec<Duration> = self.window.iter().filter_map(|e| e.2).collect();
         if v.is_empty() {
             return Duration::ZERO;
         }
@@ -345,7 +386,7 @@ mod tests {
     use super::*;
 
     fn obs(failed: bool, e2e_ms: u64, id: u128) -> Observed {
-        Observed { failed, ttft: Some(Duration::from_millis(e2e_ms / 4)), e2e: Duration::from_millis(e2e_ms), trace_id: id, cancelled: false }
+        Observed { failed, ttft: Some(Duration::from_millis(e2e_ms / 4)), e2e: Duration::from_millis(e2e_ms), trace_id: id, cancelled: false, timed_out: false }
     }
 
     fn policy() -> SamplingPolicy {
@@ -518,5 +559,108 @@ mod tests {
         // The window (3 s at 20/s) holds the real requests only: the 20 cancelled ones are absent.
         let Some(SpikeRule::ErrorRate { error_rate, requests, .. }) = s.spike_rule() else { panic!("{:?}", s.spike_rule()) };
         assert!(requests <= 60 && (error_rate * requests as f64).round() <= 10.0, "{requests} {error_rate}");
+    }
+
+    #[test]
+    fn effective_min_requests_fits_the_window() {
+        let w = Duration::from_secs(30);
+        assert_eq!(effective_min_requests(10, w, 0.2), (6, true));
+        assert_eq!(effective_min_requests(10, w, 10.0), (10, true));
+        assert_eq!(effective_min_requests(10, Duration::from_secs(10), 0.2), (3, false));
+        assert_eq!(effective_min_requests(2, Duration::from_secs(5), 0.2), (2, false));
+        assert_eq!(effective_min_requests(2, w, 0.2), (2, true));
+    }
+
+    /// The README's defaults at one canary per 5 s (effective minimum 6): a target that goes
+    /// down enters spike mode on the error-rate rule.
+    #[tokio::test(start_paused = true)]
+    async fn target_down_enters_spike_at_default_settings() {
+        let (min, ok) = effective_min_requests(10, Duration::from_secs(30), 0.2);
+        let mut s = TargetSampler::new(SamplingPolicy { spike_min_requests: min, ..SamplingPolicy::default() });
+        assert!(ok);
+        let mut id = ids();
+        for _ in 0..12 {
+            tokio::time::advance(Duration::from_secs(5)).await;
+            assert!(s.decide(Instant::now(), obs(false, 400, id())).transition.is_none());
+        }
+        let mut entered = None;
+        for i in 0..8 {
+            tokio::time::advance(Duration::from_secs(5)).await;
+            let d = s.decide(Instant::now(), Observed { ttft: None, ..obs(true, 1, id()) });
+            if d.transition == Some(SpikeTransition::Entered) {
+                entered = Some((i, d.spike));
+            }
+        }
+        let (i, rule) = entered.expect("spike entered");
+        assert_eq!(i, 0, "the first failure of a window of 6 is 17 %");
+        assert!(matches!(rule, Some(SpikeRule::ErrorRate { requests: 6..=7, .. })), "{rule:?}");
+    }
+
+    /// Rules other than the jump off: only the TTFT/E2E series can start a spike.
+    fn jump_only() -> SamplingPolicy {
+        SamplingPolicy { spike_min_requests: usize::MAX, ..SamplingPolicy::default() }
+    }
+
+    async fn calm(s: &mut TargetSampler, id: &mut impl FnMut() -> u128) {
+        for _ in 0..240 {
+            tokio::time::advance(Duration::from_millis(500)).await;
+            assert!(s.decide(Instant::now(), obs(false, 400, id())).transition.is_none());
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_canaries_with_a_ttft_feed_the_ttft_series() {
+        let mut s = TargetSampler::new(jump_only());
+        let mut id = ids();
+        calm(&mut s, &mut id).await;
+        // Timeouts after a first token at 47 s (TTFT measured, stream cut).
+        let mut rule = None;
+        for _ in 0..60 {
+            tokio::time::advance(Duration::from_millis(500)).await;
+            let o = Observed { ttft: Some(Duration::from_secs(47)), e2e: Duration::from_secs(60), timed_out: true, ..obs(true, 0, id()) };
+            rule = rule.or(s.decide(Instant::now(), o).spike);
+        }
+        let Some(SpikeRule::LatencyJump { signal, p99_s, .. }) = rule else { panic!("{rule:?}") };
+        assert_eq!((signal, p99_s), ("ttft", 47.0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timeouts_feed_the_e2e_series_but_other_failures_do_not() {
+        // An error without a TTFT (connection refused, 500): no latency evidence.
+        let mut s = TargetSampler::new(jump_only());
+        let mut id = ids();
+        calm(&mut s, &mut id).await;
+        for _ in 0..60 {
+            tokio::time::advance(Duration::from_millis(500)).await;
+            let d = s.decide(Instant::now(), Observed { ttft: None, ..obs(true, 30_000, id()) });
+            assert!(d.transition.is_none());
+        }
+        // A timeout without a first token: its elapsed time is an E2E lower bound.
+        let mut s = TargetSampler::new(jump_only());
+        calm(&mut s, &mut id).await;
+        let mut rule = None;
+        for _ in 0..60 {
+            tokio::time::advance(Duration::from_millis(500)).await;
+            let o = Observed { ttft: None, timed_out: true, ..obs(true, 30_000, id()) };
+            rule = rule.or(s.decide(Instant::now(), o).spike);
+        }
+        let Some(SpikeRule::LatencyJump { signal, p99_s, .. }) = rule else { panic!("{rule:?}") };
+        assert_eq!((signal, p99_s), ("e2e", 30.0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn skipped_canaries_count_as_errors() {
+        let mut s = TargetSampler::new(SamplingPolicy { spike_min_requests: 6, ..SamplingPolicy::default() });
+        let mut id = ids();
+        for _ in 0..12 {
+            tokio::time::advance(Duration::from_secs(5)).await;
+            s.decide(Instant::now(), obs(false, 400, id()));
+        }
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let (t, rule) = s.skipped(Instant::now());
+        assert_eq!(t, Some(SpikeTransition::Entered));
+        assert!(matches!(rule, Some(SpikeRule::ErrorRate { .. })), "{rule:?}");
+        // A skipped canary has no latency: the window p99 is that of the measured ones.
+        assert_eq!(s.p99(), Duration::from_millis(400));
     }
 }
