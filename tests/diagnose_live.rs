@@ -28,6 +28,10 @@ use serde_json::Value;
 const CALM_S: u64 = 110;
 /// At most this long for `root_confirmed` after the onset.
 const CONFIRM_WITHIN_S: u64 = 90;
+/// The recorded episode keeps at least this long after the onset, confirmed or not, so that a
+/// replay can judge it under any engine setting (an episode cut at the first confirmation holds
+/// only what the engine of the day needed).
+const RECORD_AFTER_ONSET_S: u64 = 60;
 
 fn enabled() -> bool {
     let on = std::env::var("LMPERF_DIAGNOSE_LIVE").is_ok_and(|v| v == "1");
@@ -280,9 +284,11 @@ async fn episode_with(name: &str, cause: Option<&str>, notes: &str, kind: Fault)
         tokio::time::sleep(Duration::from_secs(1)).await;
         let v = poll(&mut run);
         sample_page(&mut page, cause.is_some());
-        if cause.is_some() && v["targets"][0]["state"] == "root_confirmed" {
+        if cause.is_some() && run.confirmed.is_none() && v["targets"][0]["state"] == "root_confirmed" {
             run.ttd_s = t.elapsed().as_secs_f64();
             run.confirmed = Some(v);
+        }
+        if run.confirmed.is_some() && t.elapsed() >= Duration::from_secs(RECORD_AFTER_ONSET_S) {
             break;
         }
     }
