@@ -236,6 +236,13 @@ async fn attempt(request: reqwest::RequestBuilder, target: &TargetConfig, cancel
     Attempt::Done(read_stream(response, status, target, t0, deadline, cancel, keep_text).await, wall_start, conn)
 }
 
+/// Chunks read ahead of the measurement at most (bounded memory: the reader waits when the
+/// measurement falls this far behind).
+const READ_AHEAD_CHUNKS: usize = 64;
+
+/// Reads the body on its own task, which takes each chunk's arrival time as it reads it, and
+/// measures here: the time spent measuring a large event (a 1 MiB chunk takes milliseconds in a
+/// debug build) never delays the timestamps of the bytes that follow it.
 async fn read_stream(
     mut response: reqwest::Response,
     status: u16,
@@ -249,7 +256,19 @@ async fn read_stream(
     if keep_text {
         m = m.keep_text();
     }
+    let (tx, mut rx) = tokio::sync::mpsc::channel(READ_AHEAD_CHUNKS);
+    let reader = tokio::spawn(async move {
+        loop {
+            let chunk = response.chunk().await;
+            let at = t0.elapsed();
+            let last = !matches!(chunk, Ok(Some(_)));
+            if tx.send((chunk, at)).await.is_err() || last {
+                break;
+            }
+        }
+    });
     let mut after_done = false;
+    let mut ended_at = None;
     // One timer for the whole stream (reset once after [DONE]), not one per chunk.
     let timer = tokio::time::sleep_until(deadline);
     tokio::pin!(timer);
@@ -260,9 +279,8 @@ async fn read_stream(
             _ = &mut timer => {
                 break if after_done { StreamEnd::Eof } else { StreamEnd::Timeout };
             }
-            chunk = response.chunk() => match chunk {
-                Ok(Some(bytes)) => {
-                    let at = t0.elapsed();
+            read = rx.recv() => match read {
+                Some((Ok(Some(bytes)), at)) => {
                     if !m.on_bytes(at, &bytes) {
                         break StreamEnd::Eof;
                     }
@@ -272,12 +290,21 @@ async fn read_stream(
                         timer.as_mut().reset(grace);
                     }
                 }
-                Ok(None) => break StreamEnd::Eof,
-                Err(e) => break StreamEnd::BodyError(error_chain(&e)),
+                Some((Ok(None), at)) => {
+                    ended_at = Some(at);
+                    break StreamEnd::Eof;
+                }
+                Some((Err(e), at)) => {
+                    ended_at = Some(at);
+                    break StreamEnd::BodyError(error_chain(&e));
+                }
+                None => break StreamEnd::Eof,
             },
         }
     };
-    m.finish(end, t0.elapsed())
+    // Cancelled, timed out or done: the reader (and with it the connection) goes now.
+    reader.abort();
+    m.finish(end, ended_at.unwrap_or_else(|| t0.elapsed()))
 }
 
 /// The server's wait before a retry: `retry-after-ms` (OpenAI, milliseconds), else
