@@ -666,7 +666,7 @@ fn effective_spike_min(field: &str, p: &SamplingPolicy, schedule: &Schedule) -> 
     if !can_fire {
         tracing::warn!(field, spike_window = %window, spike_min_requests = min, rate_per_s = rate, "The spike window cannot hold spike_min_requests canaries at this rate: the error-rate and SLO spike rules can never fire. Lengthen spike_window or raise the canary rate.");
     } else if min < p.spike_min_requests {
-        tracing::info!(field, spike_window = %window, configured = p.spike_min_requests, effective = min, "spike_min_requests lowered to the canaries the spike window holds at this rate.");
+        tracing::debug!(field, spike_window = %window, configured = p.spike_min_requests, effective = min, "spike_min_requests lowered to the canaries the spike window holds at this rate.");
     }
     min
 }
