@@ -178,7 +178,6 @@ impl TargetRunner {
             let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
                 self.state.skipped.fetch_add(1, Ordering::Relaxed);
                 self.telemetry.instruments.record_skipped(&self.target.name);
-                self.note_skipped();
                 tracing::debug!(target_name = %self.target.name, "Canary skipped: max_in_flight requests still running.");
                 continue;
             };
@@ -223,19 +222,6 @@ impl TargetRunner {
 
     /// A skipped canary (max_in_flight reached) is overload evidence for spike mode (an error of
     /// kind `skipped` in the window), unless `OTEL_TRACES_SAMPLER` decides.
-    fn note_skipped(&self) {
-        if self.telemetry.head_sampler.is_some() {
-            return;
-        }
-        let (transition, rule) = match self.sampler.lock() {
-            Ok(mut s) => s.skipped(tokio::time::Instant::now()),
-            Err(_) => return,
-        };
-        if let Some(t) = transition {
-            self.note_transition(t, rule);
-        }
-    }
-
     fn note_transition(&self, t: SpikeTransition, spike: Option<crate::sampler::adaptive::SpikeRule>) {
         let entered = t == SpikeTransition::Entered;
         self.state.spike.store(entered, Ordering::Relaxed);
