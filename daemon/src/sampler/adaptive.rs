@@ -300,17 +300,6 @@ impl TargetSampler {
         self.judge(now, at)
     }
 
-    /// A canary skipped at `now` because `max_in_flight` requests still run: an error of kind
-    /// `skipped` in the window (overload evidence), with no latency. Returns a spike transition.
-    pub fn skipped(&mut self, now: Instant) -> (Option<SpikeTransition>, Option<SpikeRule>) {
-        let origin = *self.origin.get_or_insert(now);
-        let at = now.saturating_duration_since(origin);
-        self.window.push_back((now, true, None));
-        self.errors_in_window += 1;
-        let t = self.judge(now, at);
-        (t, if t == Some(SpikeTransition::Entered) { self.rule } else { None })
-    }
-
     /// Drops what left the window and updates spike mode.
     fn judge(&mut self, now: Instant, at: Duration) -> Option<SpikeTransition> {
         while let Some(&(t, failed, _)) = self.window.front() {
@@ -646,21 +635,5 @@ mod tests {
         }
         let Some(SpikeRule::LatencyJump { signal, p99_s, .. }) = rule else { panic!("{rule:?}") };
         assert_eq!((signal, p99_s), ("e2e", 30.0));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn skipped_canaries_count_as_errors() {
-        let mut s = TargetSampler::new(SamplingPolicy { spike_min_requests: 6, ..SamplingPolicy::default() });
-        let mut id = ids();
-        for _ in 0..12 {
-            tokio::time::advance(Duration::from_secs(5)).await;
-            s.decide(Instant::now(), obs(false, 400, id()));
-        }
-        tokio::time::advance(Duration::from_secs(5)).await;
-        let (t, rule) = s.skipped(Instant::now());
-        assert_eq!(t, Some(SpikeTransition::Entered));
-        assert!(matches!(rule, Some(SpikeRule::ErrorRate { .. })), "{rule:?}");
-        // A skipped canary has no latency: the window p99 is that of the measured ones.
-        assert_eq!(s.p99(), Duration::from_millis(400));
     }
 }
