@@ -57,6 +57,8 @@ pub struct Received {
     pub connection: usize,
     /// Index of the request on that connection.
     pub on_connection: usize,
+    /// When the whole request had been read: the instant the frames' `at` count from.
+    pub arrived: std::time::Instant,
 }
 
 impl Received {
@@ -180,7 +182,7 @@ async fn serve_connection(
         };
         let Some((method, path, headers, body)) = got else { return };
         let arrived = Instant::now();
-        let req = Received { method, path, headers, body, connection: conn_id, on_connection: on_conn };
+        let req = Received { method, path, headers, body, connection: conn_id, on_connection: on_conn, arrived: arrived.into_std() };
         on_conn += 1;
         let n = counter.fetch_add(1, Ordering::SeqCst);
         let reply = script(&req, n);
