@@ -151,17 +151,60 @@ fn install_prometheus() -> Result<()> {
 
 /// Runs `cmd`, echoing its stdout, and sums the `test result:` lines of libtest.
 fn run_counting(mut cmd: std::process::Command) -> Result<(u64, u64, bool)> {
-    use std::io::{BufRead, BufReader};
-    let mut child = cmd.stdout(std::process::Stdio::piped()).spawn()?;
-    let (mut passed, mut failed) = (0, 0);
+    use std::io::{BufRead, BufReader, Read};
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    // Both streams through one channel: cargo names each test binary on stderr ("Running
+    // alerts.rs (…)"), the harness prints its "finished in" on stdout.
+    let (tx, rx) = std::sync::mpsc::channel::<(bool, String)>();
+    fn forward(r: impl Read + Send + 'static, is_err: bool, tx: std::sync::mpsc::Sender<(bool, String)>) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            for line in BufReader::new(r).lines().map_while(Result::ok) {
+                if tx.send((is_err, line)).is_err() {
+                    break;
+                }
+            }
+        })
+    }
+    let mut readers = Vec::new();
     if let Some(out) = child.stdout.take() {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
+        readers.push(forward(out, false, tx.clone()));
+    }
+    if let Some(err) = child.stderr.take() {
+        readers.push(forward(err, true, tx.clone()));
+    }
+    drop(tx);
+    let (mut passed, mut failed) = (0, 0);
+    let mut binary = String::new();
+    let mut times: Vec<(f64, String)> = Vec::new();
+    for (is_err, line) in rx {
+        if is_err {
+            eprintln!("{line}");
+        } else {
             println!("{line}");
-            if let Some(rest) = line.strip_prefix("test result: ") {
-                passed += count(rest, " passed");
-                failed += count(rest, " failed");
+        }
+        if let Some(rest) = line.trim_start().strip_prefix("Running ") {
+            binary = rest.split(" (").next().unwrap_or(rest).to_owned();
+        }
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            passed += count(rest, " passed");
+            failed += count(rest, " failed");
+            if let Some(secs) = rest.rsplit("finished in ").next().and_then(|t| t.trim().strip_suffix('s')).and_then(|t| t.parse::<f64>().ok()) {
+                times.push((secs, binary.clone()));
             }
         }
+    }
+    for r in readers {
+        let _ = r.join();
+    }
+    // The slowest test binaries, so the 30-minute budget of CI is watched where it goes.
+    times.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let total: f64 = times.iter().map(|t| t.0).sum();
+    println!("\nci: test binaries took {total:.0} s in all; the slowest:");
+    for (secs, name) in times.iter().take(10) {
+        println!("  {secs:>7.1} s  {name}");
     }
     Ok((passed, failed, child.wait()?.success()))
 }
