@@ -3,7 +3,7 @@
 //! `/api/v1/diagnosis`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use lmperf_e2e::agent::{Agent, lmperf_bin};
@@ -92,7 +92,7 @@ fn analyze_a_run_dir_as_text_json_and_html() {
         html.contains(r#"<td class="hm top" data-cause="error_burst""#),
         "{html}"
     );
-    if let Some(dom) = chromium_dom(&page, &dir.join("profile")) {
+    if let Some(dom) = lmperf_e2e::chromium::dom(&page, &dir.join("profile")) {
         assert!(
             dom.contains(r#"data-target="burst" data-state="root_confirmed""#),
             "{dom}"
@@ -112,53 +112,6 @@ fn analyze_a_run_dir_as_text_json_and_html() {
     let _ = std::fs::remove_dir_all(&empty);
 }
 
-/// The DOM headless Chromium builds from `page` (`--dump-dom`), or `None` without Chromium
-/// (required when `LMPERF_REQUIRE_CHROMIUM=1`). Bounded at 120 s.
-fn chromium_dom(page: &Path, profile: &Path) -> Option<String> {
-    let bin = ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists());
-    let Some(bin) = bin else {
-        assert!(
-            std::env::var("LMPERF_REQUIRE_CHROMIUM").as_deref() != Ok("1"),
-            "Chromium required but not found"
-        );
-        eprintln!("skipped the Chromium check: no chromium");
-        return None;
-    };
-    let mut child = Command::new(bin)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--no-first-run",
-            "--dump-dom",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .arg(format!("file://{}", page.display()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut so = child.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut so, &mut s).unwrap();
-        s
-    });
-    let t = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if t.elapsed() > Duration::from_secs(120) {
-            let _ = child.kill();
-            panic!("chromium on {} took over 120 s", page.display());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Some(reader.join().unwrap())
-}
 
 #[test]
 fn analyze_a_live_agent() {

@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use lmperf_e2e::chromium;
 use lmperf_e2e::np_percentile;
 use lmperf_e2e::agent::lmperf_bin;
 use lmperf_e2e::scripted::{Frame, Reply, ScriptedServer};
@@ -145,64 +146,6 @@ fn compare_finds_the_ttft_regression() {
     assert!(err.contains("--fail-on") && err.contains("ttft_p99:5%"), "{err}");
 }
 
-fn required() -> bool {
-    std::env::var("LMPERF_REQUIRE_CHROMIUM").is_ok_and(|v| v == "1")
-}
-
-/// The Chromium binary (`LMPERF_CHROMIUM`, else `chromium` / `chromium-browser` on PATH);
-/// `None` (after saying why) when there is none and the test is not required to run it.
-fn chromium() -> Option<PathBuf> {
-    let found = std::env::var_os("LMPERF_CHROMIUM").map(PathBuf::from).or_else(|| {
-        let path = std::env::var_os("PATH")?;
-        std::env::split_paths(&path).flat_map(|d| ["chromium", "chromium-browser"].map(|n| d.join(n))).find(|p| p.exists())
-    });
-    if found.is_none() {
-        assert!(!required(), "Chromium required (LMPERF_REQUIRE_CHROMIUM=1) but not found: apt-get install chromium");
-        eprintln!("skipped: no chromium on PATH (cargo xtask ci installs it as root)");
-    }
-    found
-}
-
-/// Runs headless Chromium on `page` with `args`; returns (stdout, console lines). Bounded at
-/// 120 s.
-fn headless(bin: &Path, page: &Path, args: &[&str], profile: &Path) -> (String, Vec<String>) {
-    let mut child = Command::new(bin)
-        .args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run", "--hide-scrollbars"])
-        .args(["--enable-logging=stderr", "--v=0"])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .args(args)
-        .arg(format!("file://{}", page.display()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (mut so, mut se) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-    let out = std::thread::spawn(move || {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut so, &mut s).unwrap();
-        s
-    });
-    let err = std::thread::spawn(move || {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut se, &mut s).unwrap();
-        s
-    });
-    let t = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if t.elapsed() > Duration::from_secs(120) {
-            let _ = child.kill();
-            panic!("chromium on {} took over 120 s", page.display());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let (stdout, stderr) = (out.join().unwrap(), err.join().unwrap());
-    // Page console messages (errors, uncaught exceptions, failed loads) are logged as
-    // `…:INFO:CONSOLE:1] "message", source: …`; the reports have no script, so any is a fault.
-    let console = stderr.lines().filter(|l| l.contains(":CONSOLE") || l.contains("Uncaught")).map(str::to_owned).collect();
-    (stdout, console)
-}
-
 /// Attributes of every `<td …>` of a serialized DOM.
 fn cells(dom: &str) -> Vec<BTreeMap<String, String>> {
     let mut out = Vec::new();
@@ -247,14 +190,14 @@ fn check_screenshot(path: &Path, w: u32, h: u32, want_fail_cells: bool) -> (f64,
 /// rendered heatmap and SLO cells hold `summary.json`'s values.
 #[test]
 fn reports_render_in_headless_chromium() {
-    let Some(bin) = chromium() else { return };
+    let Some(bin) = chromium::find() else { return };
     let f = fixture();
     let profile = f.root.join("chromium-profile");
 
     // The console check catches a broken page (so a clean page means something).
     let bad = f.root.join("bad.html");
     std::fs::write(&bad, r#"<!doctype html><html><body><p>x</p><script>console.error("broken"); missing();</script></body></html>"#).unwrap();
-    let (_, console) = headless(&bin, &bad, &["--dump-dom"], &profile);
+    let (_, console) = chromium::headless(&bin, &bad, &["--dump-dom"], &profile);
     assert!(console.iter().any(|l| l.contains("broken")) && console.iter().any(|l| l.contains("missing")), "console lines of a broken page: {console:?}");
 
     let cmp = f.root.join("cmp-render");
@@ -262,12 +205,12 @@ fn reports_render_in_headless_chromium() {
     assert_eq!(code, Some(0), "{err}");
     let (w, h) = (1280u32, 3000u32);
     for (page, summary) in [(f.base.join("report.html"), Some(f.base.join("summary.json"))), (f.new.join("report.html"), Some(f.new.join("summary.json"))), (cmp.join("compare.html"), None)] {
-        let (dom, console) = headless(&bin, &page, &["--dump-dom"], &profile);
+        let (dom, console) = chromium::headless(&bin, &page, &["--dump-dom"], &profile);
         assert!(console.is_empty(), "{}: console messages {console:?}", page.display());
         assert!(dom.contains("</table>"), "{}: DOM {dom:.300}", page.display());
         let shot = page.with_extension("png");
         let _ = std::fs::remove_file(&shot);
-        let (_, console) = headless(&bin, &page, &[&format!("--screenshot={}", shot.display()), &format!("--window-size={w},{h}")], &profile);
+        let (_, console) = chromium::headless(&bin, &page, &[&format!("--screenshot={}", shot.display()), &format!("--window-size={w},{h}")], &profile);
         assert!(console.is_empty(), "{}: console messages {console:?}", page.display());
         let is_new = page.starts_with(&f.new);
         let (share, red) = check_screenshot(&shot, w, h, is_new);

@@ -397,26 +397,6 @@ async fn restart_under_another_alias_is_one_model_change() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Headless Chromium (`LMPERF_CHROMIUM`, else `chromium` on PATH); `None` when absent and not
-/// required (`LMPERF_REQUIRE_CHROMIUM=1`, as `cargo xtask ci` sets as root).
-fn chromium() -> Option<std::path::PathBuf> {
-    let found = std::env::var_os("LMPERF_CHROMIUM")
-        .map(std::path::PathBuf::from)
-        .or_else(|| {
-            let path = std::env::var_os("PATH")?;
-            std::env::split_paths(&path)
-                .flat_map(|d| ["chromium", "chromium-browser"].map(|n| d.join(n)))
-                .find(|p| p.exists())
-        });
-    if found.is_none() {
-        assert!(
-            std::env::var("LMPERF_REQUIRE_CHROMIUM").as_deref() != Ok("1"),
-            "Chromium required but not found"
-        );
-        eprintln!("skipped the Chromium render: no chromium on PATH");
-    }
-    found
-}
 
 /// Acceptance 4: `lmperf run` at 6 concurrent requests against the real 2-slot server:
 /// `summary.json`'s `server.waiting_max > 0`, and `report.html` draws the queue plot beside
@@ -480,22 +460,7 @@ fn lmperf_run_against_the_overloaded_server_reports_its_queue() {
         r#"data-waiting-max="{}""#,
         sv["waiting_max"].as_f64().unwrap()
     )));
-    if let Some(bin) = chromium() {
-        let profile = dir.join("chromium-profile");
-        let o = std::process::Command::new(bin)
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-dev-shm-usage",
-                "--no-first-run",
-                "--dump-dom",
-            ])
-            .arg(format!("--user-data-dir={}", profile.display()))
-            .arg(format!("file://{}", dir.join("report.html").display()))
-            .output()
-            .expect("chromium");
-        let dom = String::from_utf8_lossy(&o.stdout);
+    if let Some(dom) = lmperf_e2e::chromium::dom(&dir.join("report.html"), &dir.join("chromium-profile")) {
         assert!(
             dom.contains("Server queue over time") && dom.contains("<polyline"),
             "rendered DOM lacks the queue plot"

@@ -2,6 +2,7 @@
 //! process, and the real peers (model server, OTLP collector).
 
 pub mod agent;
+pub mod chromium;
 pub mod fake_nvml;
 pub mod netns;
 pub mod otlp;
