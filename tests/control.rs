@@ -145,6 +145,11 @@ async fn every_rpc_end_to_end_over_a_unix_socket() {
     let (code, text, _) = ctl(&["--addr", &addr, "status"], &[]).await;
     assert_eq!(code, 0);
     assert!(text.contains("target t0") && text.contains("inject caps: rate<=50/s duration<=120s concurrency<=4 requests<=1000"), "{text}");
+    // The scripted server answers its SSE on /metrics too: the server section says the
+    // scrape fails and why.
+    assert_eq!(t0["server"]["mode"], "failing", "{status}");
+    assert!(t0["server"]["reason"].as_str().is_some_and(|r| !r.is_empty()), "{status}");
+    assert!(text.contains("  server: - - model=- failing ("), "{text}");
 
     // ListRecentRequests: canaries, newest first, with the trace ids the server received.
     let recent = ctl_json(&addr, &["recent", "--limit", "2", "--source", "canary"]).await;

@@ -205,6 +205,9 @@ pub fn format_status(s: &proto::GetStatusResponse) -> String {
         if let Some(l) = &t.last {
             let _ = writeln!(o, "  last: {} {} ttft_ms={} e2e_ms={:.1} trace_id={}", ago(l.at_unix_s), l.outcome, opt_ms(l.ttft_ms), l.e2e_ms, l.trace_id);
         }
+        if let Some(sv) = &t.server {
+            o.push_str(&format_server(sv));
+        }
     }
     if let Some(e) = &s.exporter {
         let _ = writeln!(
@@ -235,6 +238,33 @@ pub fn format_status(s: &proto::GetStatusResponse) -> String {
     }
     if let Some(c) = &s.caps {
         let _ = writeln!(o, "inject caps: rate<={}/s duration<={}s concurrency<={} requests<={}", c.max_rate_per_second, c.max_duration_s, c.max_concurrency, c.max_requests);
+    }
+    o
+}
+
+/// A target's model server as text (one line, a second for its newest change):
+/// `  server: llama.cpp b6000 model=gemma on (read 0.4s ago) waiting=3 running=2 kv=41%`.
+pub fn format_server(s: &proto::ServerStatus) -> String {
+    let num = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v}"));
+    let mut o = format!(
+        "  server: {} {} model={} {}{}",
+        s.kind.as_deref().unwrap_or("-"),
+        s.version.as_deref().unwrap_or("-"),
+        s.model.as_deref().unwrap_or("-"),
+        s.mode,
+        s.reason.as_ref().map_or(String::new(), |r| format!(" ({r})")),
+    );
+    if let Some(age) = s.last_ok_age_s {
+        o.push_str(&format!(" (read {age:.1}s ago)"));
+    }
+    o.push_str(&format!(
+        " waiting={} running={} kv={}\n",
+        num(s.requests_waiting),
+        num(s.requests_running),
+        s.kv_cache_usage.map_or("-".to_owned(), |k| format!("{:.0}%", k * 100.0))
+    ));
+    if let (Some(c), Some(at)) = (&s.last_change, s.last_change_at_unix_s) {
+        o.push_str(&format!("  server changes={}  newest: {c} {}\n", s.changes, ago(at)));
     }
     o
 }
@@ -426,6 +456,31 @@ mod tests {
         assert_eq!(CtlError::Rpc(Status::unavailable("x")).exit_code(), 1);
         assert_eq!(CtlError::Connect { at: "unix:/x".into(), reason: "no".into() }.exit_code(), 1);
         assert_eq!(CtlError::Rpc(Status::invalid_argument("rate_per_second = 50: above")).to_string(), "INVALID_ARGUMENT: rate_per_second = 50: above");
+    }
+
+    #[test]
+    fn server_line_shows_identity_queue_kv_and_the_newest_change() {
+        let s = proto::ServerStatus {
+            mode: "on".into(),
+            kind: Some("llama.cpp".into()),
+            version: Some("b6000".into()),
+            model: Some("gemma".into()),
+            last_ok_age_s: Some(0.44),
+            requests_waiting: Some(3.0),
+            requests_running: Some(2.0),
+            kv_cache_usage: Some(0.414),
+            changes: 2,
+            last_change: Some("model a -> gemma".into()),
+            last_change_at_unix_s: Some(0.0),
+            ..Default::default()
+        };
+        let text = format_server(&s);
+        let mut lines = text.lines();
+        assert_eq!(lines.next(), Some("  server: llama.cpp b6000 model=gemma on (read 0.4s ago) waiting=3 running=2 kv=41%"));
+        let change = lines.next().unwrap();
+        assert!(change.starts_with("  server changes=2  newest: model a -> gemma "), "{change}");
+        let failing = proto::ServerStatus { mode: "failing".into(), reason: Some("not a metrics page".into()), ..Default::default() };
+        assert_eq!(format_server(&failing), "  server: - - model=- failing (not a metrics page) waiting=- running=- kv=-\n");
     }
 
     #[test]

@@ -52,6 +52,26 @@ impl From<&RequestSummary> for proto::RequestSummary {
     }
 }
 
+/// A target's server view as the control API's `ServerStatus`.
+fn server_status(v: &crate::server::state::TargetServerView) -> proto::ServerStatus {
+    let unix_s = |t: std::time::SystemTime| t.duration_since(std::time::SystemTime::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+    let last = v.changes.last();
+    proto::ServerStatus {
+        mode: serde_json::to_value(v.mode).ok().and_then(|m| m.as_str().map(str::to_owned)).unwrap_or_default(),
+        reason: v.reason.clone(),
+        kind: v.kind.map(|k| k.as_str().to_owned()),
+        version: v.version.clone(),
+        model: v.model.clone(),
+        last_ok_age_s: v.last_ok_age_s,
+        requests_waiting: v.latest.as_ref().and_then(|l| l.requests_waiting),
+        requests_running: v.latest.as_ref().and_then(|l| l.requests_running),
+        kv_cache_usage: v.latest.as_ref().and_then(|l| l.kv_cache_usage),
+        changes: v.changes.len() as u64,
+        last_change: last.map(|e| format!("{} {} -> {}", e.kind.as_str(), e.old.as_deref().unwrap_or("-"), e.new.as_deref().unwrap_or("-"))),
+        last_change_at_unix_s: last.map(|e| unix_s(e.at)),
+    }
+}
+
 impl ControlService {
     fn status(&self) -> proto::GetStatusResponse {
         let doc = status_doc(&self.admin);
@@ -75,6 +95,7 @@ impl ControlService {
                     skipped: t.skipped,
                     spike: t.spike,
                     last: t.last.as_ref().map(Into::into),
+                    server: self.admin.status.server.target(&t.name).map(|s| server_status(&s.view())),
                 })
                 .collect(),
             exporter: Some(proto::ExporterStatus {
