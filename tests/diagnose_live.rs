@@ -10,8 +10,9 @@
 //! 0.98 and preemptions rising, while the inter-token gap grows 10 → 45 ms),
 //! `gpu_throttling` (the scripted NVML library: SM clock 1980 → 1100 MHz with thermal
 //! reasons, while the gap grows 10 → 25 ms), `gpu_memory` (the scripted library: GPU 0's
-//! memory 60 → 99 % used while the gap grows 10 → 30 ms), `gpu_xid` (the scripted library: XID
-//! 48, a double-bit ECC error, on GPU 0 at the onset, while the gap grows 10 → 30 ms),
+//! memory 60 → 99 % used while the gap grows 10 → 30 ms; mild: 96 %, 10 → 18 ms), `gpu_xid`
+//! (the scripted library: XID 48, a double-bit ECC error, on GPU 0 at the onset; or XID 79 and
+//! the GPU lost for 15 s; while the gap grows 10 → 30 ms),
 //! `server_change` (a scripted vLLM-style server restarts as another model and version, and
 //! is slower: first token 40 → 90 ms, gap 10 → 20 ms) and a no-fault control. The
 //! scraped and GPU series of a recorded episode are what the scripted page / library showed,
@@ -193,13 +194,14 @@ enum Fault {
     /// clock 1980 → 1100 MHz with sw_thermal + hw_thermal reasons (0x60) from the onset,
     /// while the inter-token gap grows 10 → 25 ms (decode slows with the clock).
     GpuThrottling,
-    /// The scripted NVML library: GPU 0's memory used 60 → 99 % of its 141 GiB
+    /// The scripted NVML library: GPU 0's memory used 60 % → `used_bytes` of its 141 GiB
     /// (`vram_full.json`, read from a file the test writes at the onset), while the gap grows
-    /// 10 → 30 ms.
-    GpuMemory,
-    /// The scripted NVML library: XID [`XID_CODE`] on GPU 0 at script time [`XID_AT_S`] (the
-    /// onset waits for it), while the gap grows 10 → 30 ms.
-    GpuXid,
+    /// 10 → `gap_ms`.
+    GpuMemory { used_bytes: u64, gap_ms: u64 },
+    /// The scripted NVML library: XID `code` on GPU 0 at script time [`XID_AT_S`] (the onset
+    /// waits for it), then, when `lost`, GPU 0 answering `GPU_IS_LOST` for 15 s (as after XID
+    /// 79, fallen off the bus), while the gap grows 10 → 30 ms.
+    GpuXid { code: u64, lost: bool },
     /// A vLLM-style server (its `/metrics` scraped each second) restarts as another model:
     /// `process_start_time_seconds` moves, `/version` and `/v1/models` change (model-a, 0.10.2
     /// → model-b, 0.11.0), and it is slower: first token 40 → 90 ms, gap 10 → 20 ms.
@@ -212,7 +214,8 @@ impl Fault {
         match self {
             Fault::KvPressure if on => 45,
             Fault::GpuThrottling if on => 25,
-            Fault::GpuMemory | Fault::GpuXid if on => 30,
+            Fault::GpuMemory { gap_ms, .. } if on => gap_ms,
+            Fault::GpuXid { .. } if on => 30,
             Fault::ServerChange if on => 20,
             _ => 10,
         }
@@ -226,28 +229,42 @@ impl Fault {
         }
     }
 
-    fn magnitude(self) -> &'static str {
+    fn magnitude(self) -> String {
         match self {
-            Fault::ErrorBurst => "503 on 60 % of requests",
-            Fault::KvPressure => "KV 0.40 -> 0.98, 2 preemptions/s, ITL 10 -> 45 ms",
-            Fault::GpuThrottling => "SM clock 1980 -> 1100 MHz, thermal reasons, ITL 10 -> 25 ms",
-            Fault::GpuMemory => "GPU memory 60 % -> 99 % used, ITL 10 -> 30 ms",
-            Fault::GpuXid => "XID 48 (double-bit ECC) on GPU 0, ITL 10 -> 30 ms",
+            Fault::ErrorBurst => "503 on 60 % of requests".into(),
+            Fault::KvPressure => "KV 0.40 -> 0.98, 2 preemptions/s, ITL 10 -> 45 ms".into(),
+            Fault::GpuThrottling => {
+                "SM clock 1980 -> 1100 MHz, thermal reasons, ITL 10 -> 25 ms".into()
+            }
+            Fault::GpuMemory { used_bytes, gap_ms } => format!(
+                "GPU memory 60 % -> {:.0} % used, ITL 10 -> {gap_ms} ms",
+                vram_share(used_bytes) * 100.0
+            ),
+            Fault::GpuXid { code, lost } => format!(
+                "XID {code} on GPU 0{}, ITL 10 -> 30 ms",
+                if lost { ", then lost for 15 s" } else { "" }
+            ),
             Fault::ServerChange => {
-                "restart as another model and version, TTFT 40 -> 90 ms, ITL 10 -> 20 ms"
+                "restart as another model and version, TTFT 40 -> 90 ms, ITL 10 -> 20 ms".into()
             }
         }
     }
 }
 
-/// GPU 0's memory in the `gpu_memory` episode (`vram_full.json`'s total, 141 GiB): 60 % used
-/// before the onset, 99 % from it.
+/// GPU 0's memory in the `gpu_memory` episodes (`vram_full.json`'s total, 141 GiB): 60 % used
+/// before the onset; 99 % or 96 % from it.
 const VRAM_TOTAL_BYTES: u64 = 151_397_597_184;
 const VRAM_CALM_BYTES: u64 = 90_838_558_310;
 const VRAM_FULL_BYTES: u64 = 149_883_621_212;
-/// The XID of the `gpu_xid` episode (48: double-bit ECC error) and its time on the script's
-/// clock (seconds since the agent's first `nvmlInit`, just after the calm).
-const XID_CODE: u64 = 48;
+const VRAM_96_BYTES: u64 = 145_341_693_297;
+
+/// Used ÷ total of GPU 0.
+fn vram_share(used_bytes: u64) -> f64 {
+    used_bytes as f64 / VRAM_TOTAL_BYTES as f64
+}
+
+/// The time of the `gpu_xid` episodes' XID on the script's clock (seconds since the agent's
+/// first `nvmlInit`, just after the calm).
 const XID_AT_S: f64 = CALM_S as f64 + 2.0;
 
 /// The scripted NVML library's script for a GPU fault (`None` for the others): the fault's
@@ -266,19 +283,26 @@ fn gpu_script(kind: Fault, name: &str, dir: &std::path::Path) -> Option<Script> 
                 .remove("temperature_c");
             js
         }
-        Fault::GpuMemory => {
+        Fault::GpuMemory { .. } => {
             let mut js = fake_nvml::example("vram_full.json");
             js["devices"][0]["memory_used_bytes"] = file("memory_used_bytes", VRAM_CALM_BYTES);
             js
         }
-        Fault::GpuXid => {
+        Fault::GpuXid { code, lost } => {
             let mut js = fake_nvml::example("xid.json");
             let gpu0 = js["devices"][0].as_object_mut().unwrap();
-            gpu0.remove("lost");
             gpu0.insert(
                 "xids".into(),
-                serde_json::json!([{"at": XID_AT_S, "code": XID_CODE}]),
+                serde_json::json!([{"at": XID_AT_S, "code": code}]),
             );
+            if lost {
+                gpu0.insert(
+                    "lost".into(),
+                    serde_json::json!([{"from": XID_AT_S + 0.5, "until": XID_AT_S + 15.0}]),
+                );
+            } else {
+                gpu0.remove("lost");
+            }
             js
         }
         Fault::ErrorBurst | Fault::KvPressure | Fault::ServerChange => return None,
@@ -438,10 +462,10 @@ async fn episode_with(name: &str, cause: Option<&str>, notes: &str, kind: Fault)
                 std::fs::write(dir.join("sm_clock_mhz"), "1100").unwrap();
                 std::fs::write(dir.join("throttle_reasons"), "96").unwrap();
             }
-            Fault::GpuMemory => {
-                std::fs::write(dir.join("memory_used_bytes"), VRAM_FULL_BYTES.to_string()).unwrap();
+            Fault::GpuMemory { used_bytes, .. } => {
+                std::fs::write(dir.join("memory_used_bytes"), used_bytes.to_string()).unwrap();
             }
-            Fault::GpuXid => {
+            Fault::GpuXid { .. } => {
                 let t0 = script.as_ref().unwrap().wait_t0(Duration::from_secs(5));
                 let at = t0 + Duration::from_secs_f64(XID_AT_S);
                 if let Ok(wait) = at.duration_since(SystemTime::now()) {
@@ -473,27 +497,21 @@ async fn episode_with(name: &str, cause: Option<&str>, notes: &str, kind: Fault)
             gpu("gpu_sm_clock", 1.98e9, 1.1e9);
             gpu("gpu_throttle", 0.0, 1.0);
         }
-        Fault::GpuMemory => gpu(
+        Fault::GpuMemory { used_bytes, .. } => gpu(
             "gpu_memory_utilization",
-            VRAM_CALM_BYTES as f64 / VRAM_TOTAL_BYTES as f64,
-            VRAM_FULL_BYTES as f64 / VRAM_TOTAL_BYTES as f64,
+            vram_share(VRAM_CALM_BYTES),
+            vram_share(used_bytes),
         ),
-        Fault::GpuXid => {
-            // The agent feeds the faults counted in each GPU tick: 1 in the first second
-            // at or after the XID event it logged, 0 in every other.
-            let xid_at = run.status["gpu"]["events"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|e| e["kind"] == "xid")
-                .and_then(|e| e["at_unix_s"].as_f64())
-                .map(|at| at - start);
-            let first = xid_at.and_then(|x| page.iter().position(|p| p[0] >= x));
-            let events = page
-                .iter()
-                .enumerate()
-                .map(|(i, p)| [p[0], f64::from(u8::from(Some(i) == first))])
-                .collect();
+        Fault::GpuXid { .. } => {
+            // The agent feeds the faults counted in each GPU tick (XIDs, lost GPUs): each
+            // fault event it logged counts in the test's first sample at or after it.
+            let mut events: Vec<[f64; 2]> = page.iter().map(|p| [p[0], 0.0]).collect();
+            for e in gpu_events(&run, &["xid", "lost"]) {
+                let at = e["at_unix_s"].as_f64().unwrap() - start;
+                if let Some(i) = page.iter().position(|p| p[0] >= at) {
+                    events[i][1] += 1.0;
+                }
+            }
             series.insert("gpu_fault".into(), events);
         }
         Fault::KvPressure => {
@@ -521,7 +539,14 @@ async fn episode_with(name: &str, cause: Option<&str>, notes: &str, kind: Fault)
         Fault::ErrorBurst => {}
     }
     drop(agent);
-    write_episode(name, cause, kind.magnitude(), notes, (start, onset), series);
+    write_episode(
+        name,
+        cause,
+        &kind.magnitude(),
+        notes,
+        (start, onset),
+        series,
+    );
     let _ = std::fs::remove_dir_all(&dir);
     run
 }
@@ -613,27 +638,41 @@ async fn live_gpu_memory_is_diagnosed_and_recorded() {
     if !enabled() {
         return;
     }
+    gpu_memory_episode("live-gpu_memory_pressure-1", VRAM_FULL_BYTES, 30).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_gpu_memory_mild_is_diagnosed_and_recorded() {
+    if !enabled() {
+        return;
+    }
+    gpu_memory_episode("live-gpu_memory_pressure-mild-1", VRAM_96_BYTES, 18).await;
+}
+
+/// GPU 0's memory 60 % → `used_bytes` while the gap grows 10 → `gap_ms`: diagnosed
+/// `gpu_memory_pressure` with the script's memory shares as evidence.
+async fn gpu_memory_episode(name: &str, used_bytes: u64, gap_ms: u64) {
+    let pct = vram_share(used_bytes) * 100.0;
     let run = episode_with(
-        "live-gpu_memory_pressure-1",
+        name,
         Some("gpu_memory_pressure"),
-        "tests/diagnose_live.rs: the agent's canaries (2/s) and the scripted NVML library (1 s GPU interval); from the onset GPU 0's memory used 60 % -> 99 % of 141 GiB, inter-token gap 10 -> 30 ms (gpu_* series are what the script answered, sampled by the test each second)",
-        Fault::GpuMemory,
+        &format!("tests/diagnose_live.rs: the agent's canaries (2/s) and the scripted NVML library (1 s GPU interval); from the onset GPU 0's memory used 60 % -> {pct:.0} % of 141 GiB, inter-token gap 10 -> {gap_ms} ms (gpu_* series are what the script answered, sampled by the test each second)"),
+        Fault::GpuMemory { used_bytes, gap_ms },
     )
     .await;
     let top = confirmed_top(&run, "gpu_memory_pressure");
     let mem = evidence(top, "gpu_memory_utilization");
-    let full = VRAM_FULL_BYTES as f64 / VRAM_TOTAL_BYTES as f64;
-    let calm = VRAM_CALM_BYTES as f64 / VRAM_TOTAL_BYTES as f64;
-    assert!(
-        (mem["before"].as_f64().unwrap() - calm).abs() < 1e-6,
-        "{mem}"
-    );
-    assert!((mem["peak"].as_f64().unwrap() - full).abs() < 1e-6, "{mem}");
-    assert_eq!(mem["rule"], "GPU memory 99 % used", "{mem}");
+    let close = |key: &str, want: f64| {
+        let got = mem[key].as_f64().unwrap();
+        assert!((got - want).abs() < 1e-6, "{key} {got} != {want}: {mem}");
+    };
+    close("before", vram_share(VRAM_CALM_BYTES));
+    close("peak", vram_share(used_bytes));
+    assert_eq!(mem["rule"], format!("GPU memory {pct:.0} % used"), "{mem}");
     // What the agent exported of GPU 0 agrees with the script.
     assert_eq!(
         prom_sum(&run.metrics, "hw_gpu_memory_usage_bytes", &[]),
-        VRAM_FULL_BYTES as f64
+        used_bytes as f64
     );
 }
 
@@ -642,35 +681,63 @@ async fn live_gpu_xid_is_diagnosed_and_recorded() {
     if !enabled() {
         return;
     }
+    gpu_xid_episode("live-gpu_fault-xid48-1", 48, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_gpu_xid79_lost_is_diagnosed_and_recorded() {
+    if !enabled() {
+        return;
+    }
+    gpu_xid_episode("live-gpu_fault-xid79-lost-1", 79, true).await;
+}
+
+/// The agent's GPU events of these kinds (`/api/v1/status` `gpu.events`).
+fn gpu_events<'a>(run: &'a Run, kinds: &[&str]) -> Vec<&'a Value> {
+    run.status["gpu"]["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| kinds.iter().any(|k| e["kind"] == *k))
+        .collect()
+}
+
+/// XID `code` on GPU 0 at the onset (then, when `lost`, GPU 0 lost for 15 s) while the gap
+/// grows 10 → 30 ms: diagnosed `gpu_fault`, the faults counted as evidence, the XID named by
+/// the agent's event and counter.
+async fn gpu_xid_episode(name: &str, code: u64, lost: bool) {
     let run = episode_with(
-        "live-gpu_fault-xid48-1",
+        name,
         Some("gpu_fault"),
-        "tests/diagnose_live.rs: the agent's canaries (2/s) and the scripted NVML library (1 s GPU interval); at the onset XID 48 (double-bit ECC) on GPU 0, inter-token gap 10 -> 30 ms (gpu_fault is 1 in the test's first 1 s sample at or after the XID event the agent logged)",
-        Fault::GpuXid,
+        &format!("tests/diagnose_live.rs: the agent's canaries (2/s) and the scripted NVML library (1 s GPU interval); at the onset XID {code} on GPU 0{}, inter-token gap 10 -> 30 ms (gpu_fault counts each XID / lost event the agent logged in the test's first 1 s sample at or after it)", if lost { ", then GPU_IS_LOST for 15 s" } else { "" }),
+        Fault::GpuXid { code, lost },
     )
     .await;
     let top = confirmed_top(&run, "gpu_fault");
     let fault = evidence(top, "gpu_fault");
-    assert_eq!(fault["after"], 1.0, "one XID: {fault}");
+    // The XID, and the lost GPU as a fault of its own.
+    let faults = if lost { 2.0 } else { 1.0 };
+    assert_eq!(fault["after"], faults, "{fault}");
     let lead = fault["lead_s"].as_f64().unwrap();
     assert!(
         (-10.0..=60.0).contains(&lead),
         "the XID came with the onset: {fault}"
     );
     // The event names the XID: the agent's GPU events and its counter.
-    let xids: Vec<&Value> = run.status["gpu"]["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["kind"] == "xid")
-        .collect();
+    let xids = gpu_events(&run, &["xid"]);
     assert_eq!(xids.len(), 1, "{}", run.status["gpu"]);
-    assert_eq!(xids[0]["detail"], format!("XID {XID_CODE}"));
+    assert_eq!(xids[0]["detail"], format!("XID {code}"));
+    assert_eq!(
+        gpu_events(&run, &["lost"]).len(),
+        usize::from(lost),
+        "{}",
+        run.status["gpu"]
+    );
     assert_eq!(
         prom_sum(
             &run.metrics,
             "lmperf_gpu_xid_errors_total",
-            &[&format!("lmperf_gpu_xid=\"{XID_CODE}\"")]
+            &[&format!("lmperf_gpu_xid=\"{code}\"")]
         ),
         1.0
     );
