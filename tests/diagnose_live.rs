@@ -9,10 +9,21 @@
 //! `kv_cache_pressure` (the server's vLLM-style `/metrics`, scraped each second: KV 0.40 →
 //! 0.98 and preemptions rising, while the inter-token gap grows 10 → 45 ms),
 //! `gpu_throttling` (the scripted NVML library: SM clock 1980 → 1100 MHz with thermal
-//! reasons, while the gap grows 10 → 25 ms) and a no-fault control. The scraped and GPU series
-//! of a recorded episode are what the scripted page / library showed, sampled by the test each
-//! second. Not yet: the llama.cpp load and long-prompt episodes, DelayLink, server change, VRAM
-//! full and XID.
+//! reasons, while the gap grows 10 → 25 ms), `gpu_memory` (the scripted library: GPU 0's
+//! memory 60 → 99 % used while the gap grows 10 → 30 ms; mild: 96 %, 10 → 18 ms), `gpu_xid`
+//! (the scripted library: XID 48, a double-bit ECC error, on GPU 0 at the onset; or XID 79 and
+//! the GPU lost for 15 s; while the gap grows 10 → 30 ms),
+//! `server_change` (a scripted vLLM-style server restarts as another model and version, and
+//! is slower: first token 40 → 90 ms, gap 10 → 20 ms) and a no-fault control. The
+//! scraped and GPU series of a recorded episode are what the scripted page / library showed,
+//! sampled by the test each second. Not yet: the llama.cpp load and long-prompt episodes,
+//! DelayLink.
+//!
+//! `server_change` runs on a scripted server, not on the real llama.cpp restarted under another
+//! alias (`tests/server_signals.rs` does that for the change events themselves): with one model
+//! at hand the restart's latency shift must come from its settings, and on a shared 2-core
+//! machine (load average 12) a 16-token answer took 8.6–23.6 s with 2 threads and 1.2–1.6 s
+//! with 1, so neither the size nor the direction of the shift is stable.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -20,7 +31,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use lmperf_e2e::agent::{Agent, lmperf_bin};
+use lmperf_e2e::agent::{Agent, lmperf_bin, prom_sum};
+use lmperf_e2e::fake_nvml::{self, Script};
 use lmperf_e2e::scripted::{Received, Reply, ScriptedServer, chat_stream};
 use serde_json::Value;
 
@@ -109,6 +121,57 @@ struct Run {
     ttd_s: f64,
     /// Evaluations polled (once a second) in which `t0` was not idle.
     not_idle: usize,
+    /// The agent's `/api/v1/status` and `/metrics` at the end of the episode.
+    status: Value,
+    metrics: String,
+}
+
+impl Run {
+    fn new() -> Run {
+        Run {
+            confirmed: None,
+            ttd_s: f64::INFINITY,
+            not_idle: 0,
+            status: Value::Null,
+            metrics: String::new(),
+        }
+    }
+
+    /// One `/api/v1/diagnosis?target=t0`, counted when not idle.
+    fn poll(&mut self, agent: &Agent) -> Value {
+        let (_, body) = agent.get("/api/v1/diagnosis?target=t0");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        if v["targets"][0]["state"] != "idle" {
+            self.not_idle += 1;
+        }
+        v
+    }
+
+    /// From the onset: polls once a second (calling `each` after every poll) until
+    /// `RECORD_AFTER_ONSET_S` past the first `root_confirmed` (noted when `fault`), or
+    /// `CONFIRM_WITHIN_S` without one.
+    async fn watch(&mut self, agent: &Agent, fault: bool, mut each: impl FnMut()) {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(CONFIRM_WITHIN_S) {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let v = self.poll(agent);
+            each();
+            if fault && self.confirmed.is_none() && v["targets"][0]["state"] == "root_confirmed" {
+                self.ttd_s = t.elapsed().as_secs_f64();
+                self.confirmed = Some(v);
+            }
+            if self.confirmed.is_some() && t.elapsed() >= Duration::from_secs(RECORD_AFTER_ONSET_S)
+            {
+                break;
+            }
+        }
+    }
+
+    /// Keeps the agent's status and metrics before it stops.
+    fn finish(&mut self, agent: &Agent) {
+        self.status = agent.status();
+        self.metrics = agent.get("/metrics").1;
+    }
 }
 
 /// Runs one live episode: the agent's canaries (2/s) against a scripted server, calm for
@@ -131,6 +194,159 @@ enum Fault {
     /// clock 1980 → 1100 MHz with sw_thermal + hw_thermal reasons (0x60) from the onset,
     /// while the inter-token gap grows 10 → 25 ms (decode slows with the clock).
     GpuThrottling,
+    /// The scripted NVML library: GPU 0's memory used 60 % → `used_bytes` of its 141 GiB
+    /// (`vram_full.json`, read from a file the test writes at the onset), while the gap grows
+    /// 10 → `gap_ms`.
+    GpuMemory { used_bytes: u64, gap_ms: u64 },
+    /// The scripted NVML library: XID `code` on GPU 0 at script time [`XID_AT_S`] (the onset
+    /// waits for it), then, when `lost`, GPU 0 answering `GPU_IS_LOST` for 15 s (as after XID
+    /// 79, fallen off the bus), while the gap grows 10 → 30 ms.
+    GpuXid { code: u64, lost: bool },
+    /// A vLLM-style server (its `/metrics` scraped each second) restarts as another model:
+    /// `process_start_time_seconds` moves, `/version` and `/v1/models` change (model-a, 0.10.2
+    /// → model-b, 0.11.0), and it is slower: first token 40 → 90 ms, gap 10 → 20 ms.
+    ServerChange,
+}
+
+impl Fault {
+    /// The inter-token gap, ms, before (`on` false) and from the onset.
+    fn gap_ms(self, on: bool) -> u64 {
+        match self {
+            Fault::KvPressure if on => 45,
+            Fault::GpuThrottling if on => 25,
+            Fault::GpuMemory { gap_ms, .. } if on => gap_ms,
+            Fault::GpuXid { .. } if on => 30,
+            Fault::ServerChange if on => 20,
+            _ => 10,
+        }
+    }
+
+    /// The first token's time, ms (each request adds 0..=18 ms of jitter).
+    fn first_ms(self, on: bool) -> u64 {
+        match self {
+            Fault::ServerChange if on => 90,
+            _ => 40,
+        }
+    }
+
+    fn magnitude(self) -> String {
+        match self {
+            Fault::ErrorBurst => "503 on 60 % of requests".into(),
+            Fault::KvPressure => "KV 0.40 -> 0.98, 2 preemptions/s, ITL 10 -> 45 ms".into(),
+            Fault::GpuThrottling => {
+                "SM clock 1980 -> 1100 MHz, thermal reasons, ITL 10 -> 25 ms".into()
+            }
+            Fault::GpuMemory { used_bytes, gap_ms } => format!(
+                "GPU memory 60 % -> {:.0} % used, ITL 10 -> {gap_ms} ms",
+                vram_share(used_bytes) * 100.0
+            ),
+            Fault::GpuXid { code, lost } => format!(
+                "XID {code} on GPU 0{}, ITL 10 -> 30 ms",
+                if lost { ", then lost for 15 s" } else { "" }
+            ),
+            Fault::ServerChange => {
+                "restart as another model and version, TTFT 40 -> 90 ms, ITL 10 -> 20 ms".into()
+            }
+        }
+    }
+}
+
+/// GPU 0's memory in the `gpu_memory` episodes (`vram_full.json`'s total, 141 GiB): 60 % used
+/// before the onset; 99 % or 96 % from it.
+const VRAM_TOTAL_BYTES: u64 = 151_397_597_184;
+const VRAM_CALM_BYTES: u64 = 90_838_558_310;
+const VRAM_FULL_BYTES: u64 = 149_883_621_212;
+const VRAM_96_BYTES: u64 = 145_341_693_297;
+
+/// Used ÷ total of GPU 0.
+fn vram_share(used_bytes: u64) -> f64 {
+    used_bytes as f64 / VRAM_TOTAL_BYTES as f64
+}
+
+/// The time of the `gpu_xid` episodes' XID on the script's clock (seconds since the agent's
+/// first `nvmlInit`, just after the calm).
+const XID_AT_S: f64 = CALM_S as f64 + 2.0;
+
+/// The scripted NVML library's script for a GPU fault (`None` for the others): the fault's
+/// fields read from files under `dir` the test writes at the onset, or, for the XID, at a
+/// script time.
+fn gpu_script(kind: Fault, name: &str, dir: &std::path::Path) -> Option<Script> {
+    let file = |f: &str, default: u64| serde_json::json!({"file": dir.join(f).display().to_string(), "default": default});
+    let js = match kind {
+        Fault::GpuThrottling => {
+            let mut js = fake_nvml::example("throttle.json");
+            js["devices"][0]["clock_sm_mhz"] = file("sm_clock_mhz", 1980);
+            js["devices"][0]["throttle_reasons"] = file("throttle_reasons", 0);
+            js["devices"][0]
+                .as_object_mut()
+                .unwrap()
+                .remove("temperature_c");
+            js
+        }
+        Fault::GpuMemory { .. } => {
+            let mut js = fake_nvml::example("vram_full.json");
+            js["devices"][0]["memory_used_bytes"] = file("memory_used_bytes", VRAM_CALM_BYTES);
+            js
+        }
+        Fault::GpuXid { code, lost } => {
+            let mut js = fake_nvml::example("xid.json");
+            let gpu0 = js["devices"][0].as_object_mut().unwrap();
+            gpu0.insert(
+                "xids".into(),
+                serde_json::json!([{"at": XID_AT_S, "code": code}]),
+            );
+            if lost {
+                gpu0.insert(
+                    "lost".into(),
+                    serde_json::json!([{"from": XID_AT_S + 0.5, "until": XID_AT_S + 15.0}]),
+                );
+            } else {
+                gpu0.remove("lost");
+            }
+            js
+        }
+        Fault::ErrorBurst | Fault::KvPressure | Fault::ServerChange => return None,
+    };
+    Some(Script::write(name, &js))
+}
+
+/// A Prometheus text page as the server's `/metrics` answer.
+fn metrics_reply(page: String) -> Reply {
+    Reply::Stream {
+        status: 200,
+        content_type: "text/plain; version=0.0.4".into(),
+        frames: vec![lmperf_e2e::scripted::Frame {
+            at: Duration::ZERO,
+            bytes: page.into_bytes(),
+        }],
+        cut: false,
+    }
+}
+
+/// The `server_change` episode's server before (`on` false) and after its restart: `/metrics`
+/// (vLLM gauges and `process_start_time_seconds`), `/version`, `/v1/models`.
+fn identity_reply(path: &str, on: bool) -> Reply {
+    let (model, version, started) = if on {
+        ("model-b", "0.11.0", 1_700_000_600)
+    } else {
+        ("model-a", "0.10.2", 1_700_000_000)
+    };
+    if path.ends_with("/metrics") {
+        let page = vllm_page(0.30, 0, 0)
+            + &format!(
+                "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {started}\n"
+            );
+        metrics_reply(page)
+    } else if path.ends_with("/version") {
+        Reply::json(200, &format!(r#"{{"version":"{version}"}}"#))
+    } else {
+        Reply::json(
+            200,
+            &format!(
+                r#"{{"object":"list","data":[{{"id":"{model}","object":"model","root":"org/{model}"}}]}}"#
+            ),
+        )
+    }
 }
 
 /// The scripted vLLM `/metrics` page (names of vLLM v0.11, `tests/fixtures/server/`).
@@ -157,16 +373,10 @@ async fn episode_with(name: &str, cause: Option<&str>, notes: &str, kind: Fault)
             } else {
                 pre.load(Ordering::SeqCst)
             };
-            let page = vllm_page(if on { 0.98 } else { 0.40 }, n, 0);
-            return Reply::Stream {
-                status: 200,
-                content_type: "text/plain; version=0.0.4".into(),
-                frames: vec![lmperf_e2e::scripted::Frame {
-                    at: Duration::ZERO,
-                    bytes: page.into_bytes(),
-                }],
-                cut: false,
-            };
+            return metrics_reply(vllm_page(if on { 0.98 } else { 0.40 }, n, 0));
+        }
+        if kind == Fault::ServerChange && !r.path.ends_with("/chat/completions") {
+            return identity_reply(&r.path, on);
         }
         if !r.path.ends_with("/chat/completions") {
             return Reply::json(
@@ -180,15 +390,10 @@ async fn episode_with(name: &str, cause: Option<&str>, notes: &str, kind: Fault)
                 r#"{"error":{"message":"overloaded","type":"server_error"}}"#,
             );
         }
-        let gap = match kind {
-            Fault::KvPressure if on => 45,
-            Fault::GpuThrottling if on => 25,
-            _ => 10,
-        };
         Reply::sse(chat_stream(
             16,
-            Duration::from_millis(40 + (i % 7) as u64 * 3),
-            Duration::from_millis(gap),
+            Duration::from_millis(kind.first_ms(on) + (i % 7) as u64 * 3),
+            Duration::from_millis(kind.gap_ms(on)),
             20,
         ))
     }))
@@ -196,34 +401,26 @@ async fn episode_with(name: &str, cause: Option<&str>, notes: &str, kind: Fault)
     let dir = std::env::temp_dir().join(format!("lmperf-diag-live-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("agent.toml");
-    // GpuThrottling: the scripted NVML library, GPU 0's SM clock and throttle reasons read
-    // from files the test writes at the onset.
-    let (clock_file, reasons_file) = (dir.join("sm_clock_mhz"), dir.join("throttle_reasons"));
-    let script = (kind == Fault::GpuThrottling).then(|| {
-        let mut js = lmperf_e2e::fake_nvml::example("throttle.json");
-        js["devices"][0]["clock_sm_mhz"] =
-            serde_json::json!({"file": clock_file.display().to_string(), "default": 1980});
-        js["devices"][0]["throttle_reasons"] =
-            serde_json::json!({"file": reasons_file.display().to_string(), "default": 0});
-        js["devices"][0]
-            .as_object_mut()
-            .unwrap()
-            .remove("temperature_c");
-        lmperf_e2e::fake_nvml::Script::write(name, &js)
-    });
+    let script = gpu_script(kind, name, &dir);
     let gpu_cfg = match &script {
         Some(_) => format!(
             "interval = \"1s\"\nnvml_library = \"{}\"\n",
-            lmperf_e2e::fake_nvml::library(&[]).display()
+            fake_nvml::library(&[]).display()
         ),
         None => "enabled = false\n".to_owned(),
     };
     std::fs::write(
         &cfg,
         format!(
-            "[canary]\ninterval = \"500ms\"\nmodel = \"m\"\n\n[[target]]\nurl = \"{}\"\nname = \"t0\"\n{}\n[gpu]\n{}\n[net]\nenabled = false\n\n[control]\nrecent_requests = 4096\n",
+            "[canary]\ninterval = \"500ms\"\n{}\n[[target]]\nurl = \"{}\"\nname = \"t0\"\n{}\n[gpu]\n{}\n[net]\nenabled = false\n\n[control]\nrecent_requests = 4096\n",
+            // server_change: the model is discovered (and re-read after the change).
+            if kind == Fault::ServerChange {
+                ""
+            } else {
+                "model = \"m\"\n"
+            },
             server.url(),
-            if kind == Fault::KvPressure {
+            if matches!(kind, Fault::KvPressure | Fault::ServerChange) {
                 "server_metrics = \"auto\"\nmetrics_interval = \"1s\"\n"
             } else {
                 ""
@@ -241,19 +438,7 @@ async fn episode_with(name: &str, cause: Option<&str>, notes: &str, kind: Fault)
     .await
     .unwrap();
     let start = unix_now().floor();
-    let mut run = Run {
-        confirmed: None,
-        ttd_s: f64::INFINITY,
-        not_idle: 0,
-    };
-    let poll = |run: &mut Run| {
-        let (_, body) = agent.get("/api/v1/diagnosis?target=t0");
-        let v: Value = serde_json::from_str(&body).unwrap();
-        if v["targets"][0]["state"] != "idle" {
-            run.not_idle += 1;
-        }
-        v
-    };
+    let mut run = Run::new();
     // What the scripted /metrics page showed, once a second: (offset, KV usage, preemptions/s).
     let mut page: Vec<[f64; 3]> = Vec::new();
     let mut last_pre = 0;
@@ -268,67 +453,120 @@ async fn episode_with(name: &str, cause: Option<&str>, notes: &str, kind: Fault)
     };
     for _ in 0..CALM_S {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        poll(&mut run);
+        run.poll(&agent);
         sample_page(&mut page, false);
     }
     if cause.is_some() {
-        if kind == Fault::GpuThrottling {
-            std::fs::write(&clock_file, "1100").unwrap();
-            std::fs::write(&reasons_file, "96").unwrap();
+        match kind {
+            Fault::GpuThrottling => {
+                std::fs::write(dir.join("sm_clock_mhz"), "1100").unwrap();
+                std::fs::write(dir.join("throttle_reasons"), "96").unwrap();
+            }
+            Fault::GpuMemory { used_bytes, .. } => {
+                std::fs::write(dir.join("memory_used_bytes"), used_bytes.to_string()).unwrap();
+            }
+            Fault::GpuXid { .. } => {
+                let t0 = script.as_ref().unwrap().wait_t0(Duration::from_secs(5));
+                let at = t0 + Duration::from_secs_f64(XID_AT_S);
+                if let Ok(wait) = at.duration_since(SystemTime::now()) {
+                    tokio::time::sleep(wait).await;
+                }
+            }
+            Fault::ErrorBurst | Fault::KvPressure | Fault::ServerChange => {}
         }
         fault.store(true, Ordering::SeqCst);
     }
     let onset = unix_now();
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(CONFIRM_WITHIN_S) {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let v = poll(&mut run);
-        sample_page(&mut page, cause.is_some());
-        if cause.is_some() && run.confirmed.is_none() && v["targets"][0]["state"] == "root_confirmed" {
-            run.ttd_s = t.elapsed().as_secs_f64();
-            run.confirmed = Some(v);
-        }
-        if run.confirmed.is_some() && t.elapsed() >= Duration::from_secs(RECORD_AFTER_ONSET_S) {
-            break;
-        }
-    }
+    run.watch(&agent, cause.is_some(), || {
+        sample_page(&mut page, cause.is_some())
+    })
+    .await;
+    run.finish(&agent);
     let mut series = recorded(&agent, "t0", start);
-    if kind == Fault::GpuThrottling {
-        let on = |p: &[f64; 3]| p[0] >= onset - start;
+    let on = |p: &[f64; 3]| p[0] >= onset - start;
+    let mut gpu = |name: &str, calm: f64, fault: f64| {
         series.insert(
-            "gpu_sm_clock".into(),
+            name.into(),
             page.iter()
-                .map(|p| [p[0], if on(p) { 1.1e9 } else { 1.98e9 }])
+                .map(|p| [p[0], if on(p) { fault } else { calm }])
                 .collect(),
         );
-        series.insert(
-            "gpu_throttle".into(),
-            page.iter()
-                .map(|p| [p[0], f64::from(u8::from(on(p)))])
-                .collect(),
-        );
-    }
-    if kind == Fault::KvPressure {
-        series.insert(
-            "server_kv_usage".into(),
-            page.iter().map(|p| [p[0], p[1]]).collect(),
-        );
-        series.insert(
-            "server_preemptions".into(),
-            page.iter().map(|p| [p[0], p[2]]).collect(),
-        );
+    };
+    match kind {
+        Fault::GpuThrottling => {
+            gpu("gpu_sm_clock", 1.98e9, 1.1e9);
+            gpu("gpu_throttle", 0.0, 1.0);
+        }
+        Fault::GpuMemory { used_bytes, .. } => gpu(
+            "gpu_memory_utilization",
+            vram_share(VRAM_CALM_BYTES),
+            vram_share(used_bytes),
+        ),
+        Fault::GpuXid { .. } => {
+            // The agent feeds the faults counted in each GPU tick (XIDs, lost GPUs): each
+            // fault event it logged counts in the test's first sample at or after it.
+            let mut events: Vec<[f64; 2]> = page.iter().map(|p| [p[0], 0.0]).collect();
+            for e in gpu_events(&run, &["xid", "lost"]) {
+                let at = e["at_unix_s"].as_f64().unwrap() - start;
+                if let Some(i) = page.iter().position(|p| p[0] >= at) {
+                    events[i][1] += 1.0;
+                }
+            }
+            series.insert("gpu_fault".into(), events);
+        }
+        Fault::KvPressure => {
+            series.insert(
+                "server_kv_usage".into(),
+                page.iter().map(|p| [p[0], p[1]]).collect(),
+            );
+            series.insert(
+                "server_preemptions".into(),
+                page.iter().map(|p| [p[0], p[2]]).collect(),
+            );
+        }
+        Fault::ServerChange => {
+            // The change events the agent logged (restart, version, model, revision), each a 1
+            // at its time, as the agent feeds them to the engine.
+            let events = run.status["server"][0]["changes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["at"].as_f64())
+                .map(|at| [at - start, 1.0])
+                .collect();
+            series.insert("server_change".into(), events);
+        }
+        Fault::ErrorBurst => {}
     }
     drop(agent);
+    write_episode(
+        name,
+        cause,
+        &kind.magnitude(),
+        notes,
+        (start, onset),
+        series,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    run
+}
+
+/// Writes a recorded episode (`tests/fixtures/episodes/README.md`) of target `t0` under
+/// `LMPERF_EPISODE_DIR`, when set; (`start`, `onset`) are offset 0 and the onset, Unix seconds.
+fn write_episode(
+    name: &str,
+    cause: Option<&str>,
+    magnitude: &str,
+    notes: &str,
+    (start, onset): (f64, f64),
+    series: BTreeMap<String, Vec<[f64; 2]>>,
+) {
     let episode = serde_json::json!({
         "format": "lmperf-episode/1",
         "name": name,
         "source": "live",
         "cause": cause,
-        "magnitude": cause.map(|_| match kind {
-            Fault::ErrorBurst => "503 on 60 % of requests",
-            Fault::KvPressure => "KV 0.40 -> 0.98, 2 preemptions/s, ITL 10 -> 45 ms",
-            Fault::GpuThrottling => "SM clock 1980 -> 1100 MHz, thermal reasons, ITL 10 -> 25 ms",
-        }),
+        "magnitude": cause.map(|_| magnitude),
         "target": "t0",
         "start_unix_s": start,
         "duration_s": (unix_now() - start).ceil(),
@@ -341,8 +579,6 @@ async fn episode_with(name: &str, cause: Option<&str>, notes: &str, kind: Fault)
         std::fs::write(&p, serde_json::to_vec(&episode).unwrap()).unwrap();
         eprintln!("recorded {}", p.display());
     }
-    let _ = std::fs::remove_dir_all(&dir);
-    run
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -395,6 +631,160 @@ async fn live_gpu_throttling_is_recorded() {
     )
     .await;
     report("gpu_throttling", &run);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_gpu_memory_is_diagnosed_and_recorded() {
+    if !enabled() {
+        return;
+    }
+    gpu_memory_episode("live-gpu_memory_pressure-1", VRAM_FULL_BYTES, 30).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_gpu_memory_mild_is_diagnosed_and_recorded() {
+    if !enabled() {
+        return;
+    }
+    gpu_memory_episode("live-gpu_memory_pressure-mild-1", VRAM_96_BYTES, 18).await;
+}
+
+/// GPU 0's memory 60 % → `used_bytes` while the gap grows 10 → `gap_ms`: diagnosed
+/// `gpu_memory_pressure` with the script's memory shares as evidence.
+async fn gpu_memory_episode(name: &str, used_bytes: u64, gap_ms: u64) {
+    let pct = vram_share(used_bytes) * 100.0;
+    let run = episode_with(
+        name,
+        Some("gpu_memory_pressure"),
+        &format!("tests/diagnose_live.rs: the agent's canaries (2/s) and the scripted NVML library (1 s GPU interval); from the onset GPU 0's memory used 60 % -> {pct:.0} % of 141 GiB, inter-token gap 10 -> {gap_ms} ms (gpu_* series are what the script answered, sampled by the test each second)"),
+        Fault::GpuMemory { used_bytes, gap_ms },
+    )
+    .await;
+    let top = confirmed_top(&run, "gpu_memory_pressure");
+    let mem = evidence(top, "gpu_memory_utilization");
+    let close = |key: &str, want: f64| {
+        let got = mem[key].as_f64().unwrap();
+        assert!((got - want).abs() < 1e-6, "{key} {got} != {want}: {mem}");
+    };
+    close("before", vram_share(VRAM_CALM_BYTES));
+    close("peak", vram_share(used_bytes));
+    assert_eq!(mem["rule"], format!("GPU memory {pct:.0} % used"), "{mem}");
+    // What the agent exported of GPU 0 agrees with the script.
+    assert_eq!(
+        prom_sum(&run.metrics, "hw_gpu_memory_usage_bytes", &[]),
+        used_bytes as f64
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_gpu_xid_is_diagnosed_and_recorded() {
+    if !enabled() {
+        return;
+    }
+    gpu_xid_episode("live-gpu_fault-xid48-1", 48, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_gpu_xid79_lost_is_diagnosed_and_recorded() {
+    if !enabled() {
+        return;
+    }
+    gpu_xid_episode("live-gpu_fault-xid79-lost-1", 79, true).await;
+}
+
+/// The agent's GPU events of these kinds (`/api/v1/status` `gpu.events`).
+fn gpu_events<'a>(run: &'a Run, kinds: &[&str]) -> Vec<&'a Value> {
+    run.status["gpu"]["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| kinds.iter().any(|k| e["kind"] == *k))
+        .collect()
+}
+
+/// XID `code` on GPU 0 at the onset (then, when `lost`, GPU 0 lost for 15 s) while the gap
+/// grows 10 → 30 ms: diagnosed `gpu_fault`, the faults counted as evidence, the XID named by
+/// the agent's event and counter.
+async fn gpu_xid_episode(name: &str, code: u64, lost: bool) {
+    let run = episode_with(
+        name,
+        Some("gpu_fault"),
+        &format!("tests/diagnose_live.rs: the agent's canaries (2/s) and the scripted NVML library (1 s GPU interval); at the onset XID {code} on GPU 0{}, inter-token gap 10 -> 30 ms (gpu_fault counts each XID / lost event the agent logged in the test's first 1 s sample at or after it)", if lost { ", then GPU_IS_LOST for 15 s" } else { "" }),
+        Fault::GpuXid { code, lost },
+    )
+    .await;
+    let top = confirmed_top(&run, "gpu_fault");
+    let fault = evidence(top, "gpu_fault");
+    // The XID, and the lost GPU as a fault of its own.
+    let faults = if lost { 2.0 } else { 1.0 };
+    assert_eq!(fault["after"], faults, "{fault}");
+    let lead = fault["lead_s"].as_f64().unwrap();
+    assert!(
+        (-10.0..=60.0).contains(&lead),
+        "the XID came with the onset: {fault}"
+    );
+    // The event names the XID: the agent's GPU events and its counter.
+    let xids = gpu_events(&run, &["xid"]);
+    assert_eq!(xids.len(), 1, "{}", run.status["gpu"]);
+    assert_eq!(xids[0]["detail"], format!("XID {code}"));
+    assert_eq!(
+        gpu_events(&run, &["lost"]).len(),
+        usize::from(lost),
+        "{}",
+        run.status["gpu"]
+    );
+    assert_eq!(
+        prom_sum(
+            &run.metrics,
+            "lmperf_gpu_xid_errors_total",
+            &[&format!("lmperf_gpu_xid=\"{code}\"")]
+        ),
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_server_change_is_diagnosed_and_recorded() {
+    if !enabled() {
+        return;
+    }
+    let run = episode_with(
+        "live-server_change-1",
+        Some("server_change"),
+        "tests/diagnose_live.rs: the agent's canaries (2/s, model discovered) and its 1 s scrape of a scripted vLLM-style server; at the onset it restarts as another model (process_start_time_seconds moves, /version 0.10.2 -> 0.11.0, /v1/models model-a -> model-b) and is slower (first token 40 -> 90 ms, inter-token gap 10 -> 20 ms); server_change is the change events the agent logged (1 each)",
+        Fault::ServerChange,
+    )
+    .await;
+    let top = confirmed_top(&run, "server_change");
+    let change = evidence(top, "server_change");
+    assert!(change["after"].as_f64().unwrap() >= 1.0, "{change}");
+    let changes = run.status["server"][0]["changes"].as_array().unwrap();
+    let model: Vec<&Value> = changes.iter().filter(|c| c["kind"] == "model").collect();
+    assert_eq!(model.len(), 1, "{changes:?}");
+    assert_eq!(
+        (model[0]["old"].as_str(), model[0]["new"].as_str()),
+        (Some("model-a"), Some("model-b"))
+    );
+}
+
+/// The top cause of the first `root_confirmed`, asserted to be `cause`; prints the time from
+/// the onset to it.
+fn confirmed_top<'a>(run: &'a Run, cause: &str) -> &'a Value {
+    report(cause, run);
+    let v = run.confirmed.as_ref().unwrap_or_else(|| {
+        panic!("{cause}: not root_confirmed within {CONFIRM_WITHIN_S} s of the onset")
+    });
+    let top = &v["targets"][0]["causes"][0];
+    assert_eq!(top["cause"], cause, "{v}");
+    top
+}
+
+/// The evidence of `signal` in a ranked cause.
+fn evidence<'a>(cause: &'a Value, signal: &str) -> &'a Value {
+    cause["evidence"]
+        .as_array()
+        .and_then(|e| e.iter().find(|e| e["signal"] == signal))
+        .unwrap_or_else(|| panic!("no {signal} evidence in {cause}"))
 }
 
 /// Prints what the agent concluded, right or wrong (asserted only once the engine is tuned),

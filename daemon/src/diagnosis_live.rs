@@ -141,8 +141,9 @@ pub fn gpu_signals(s: &Snapshot) -> (Vec<(Signal, f64)>, u64) {
     (v, faults)
 }
 
-/// The diagnosis signals of one model server scrape (fields the server lacks are absent);
-/// a counter reset (restart) is a server change.
+/// The diagnosis signals of one model server scrape (fields the server lacks are absent). A
+/// counter reset (restart) is not among them: the scraper logs a `restart` change event for
+/// each, fed as the server change (counting both read one restart as two changes).
 pub fn server_signals(s: &ServerSample) -> Vec<(Signal, f64)> {
     let pairs = [
         (Signal::ServerRequestsWaiting, s.requests_waiting),
@@ -160,14 +161,10 @@ pub fn server_signals(s: &ServerSample) -> Vec<(Signal, f64)> {
         (Signal::ServerPrefillTime, s.prefill.mean),
         (Signal::ServerDecodeTime, s.decode.mean),
     ];
-    let mut v: Vec<(Signal, f64)> = pairs
+    pairs
         .into_iter()
         .filter_map(|(sig, x)| x.map(|x| (sig, x)))
-        .collect();
-    if s.reset {
-        v.push((Signal::ServerChange, 1.0));
-    }
-    v
+        .collect()
 }
 
 impl LiveDiagnosis {
@@ -752,5 +749,76 @@ mod tests {
             .find(|e| e.signal == Signal::ServerRequestsWaiting)
             .expect("queue as evidence");
         assert_eq!((waiting.before, waiting.after), (0.0, 20.0));
+    }
+
+    /// A restart as another model (seen in the live `server_change` episode, which read
+    /// "server changes 0 → 5" for 4 logged changes): the reset sample and the scraper's change
+    /// events feed one server change each, and the diagnosis counts exactly the changes logged.
+    #[test]
+    fn a_restart_is_counted_once() {
+        use crate::server::{Change, ChangeKind};
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let mut reset = server_sample(t0, 0.0, 2.0);
+        reset.reset = true;
+        assert!(
+            !server_signals(&reset)
+                .iter()
+                .any(|(s, _)| *s == Signal::ServerChange)
+        );
+        let target = std::sync::Arc::new(crate::server::TargetServer::new(
+            "a",
+            Some("http://x/metrics".into()),
+            None,
+        ));
+        let state = ServerState {
+            targets: vec![target.clone()],
+        };
+        let live = LiveDiagnosis::new(EngineConfig::default(), vec!["a".into()]);
+        // 200 s calm, then the restart (the reset sample, its restart event and the new
+        // model) while TTFT 100 → 300 ms.
+        let mut confirmed = Vec::new();
+        for s in 0..260u64 {
+            let at = t0 + Duration::from_secs(s);
+            let mut sample = server_sample(at, 0.0, 2.0);
+            sample.reset = s == 200;
+            target.record_ok(sample, crate::server::ServerKind::Vllm, &Default::default());
+            if s == 200 {
+                for (kind, old, new) in [
+                    (ChangeKind::Restart, "1700000000", "1700000200"),
+                    (ChangeKind::Model, "model-a", "model-b"),
+                ] {
+                    target.push_event(
+                        at,
+                        Change {
+                            kind,
+                            old: Some(old.into()),
+                            new: Some(new.into()),
+                        },
+                    );
+                }
+            }
+            live.feed_server(&state);
+            for half in [0u64, 500] {
+                let ms = if s >= 200 { 300 } else { 100 + (s % 5) * 4 };
+                live.observe_request(
+                    "a",
+                    &measured(ms, Outcome::Ok, at + Duration::from_millis(half)),
+                    None,
+                );
+            }
+            confirmed.extend(live.tick(at + Duration::from_secs(1), None));
+        }
+        assert_eq!(confirmed.len(), 1, "{confirmed:#?}");
+        let d = &confirmed[0];
+        assert_eq!(d.causes[0].cause, Cause::ServerChange, "{:#?}", d.causes);
+        let change = d.causes[0]
+            .evidence
+            .iter()
+            .find(|e| e.signal == Signal::ServerChange)
+            .expect("server change evidence");
+        assert_eq!(
+            change.after, 2.0,
+            "one restart and one model change: {change:?}"
+        );
     }
 }
