@@ -17,6 +17,7 @@ pub mod find_rate;
 pub mod launch;
 pub mod profile;
 pub mod profile_run;
+pub mod profile_watch;
 pub mod progress;
 pub mod prompts;
 pub mod repeat;
