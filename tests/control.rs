@@ -642,3 +642,42 @@ async fn an_injected_profile_is_updated_while_it_runs() {
     drop(agent);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `ctl inject --profile FILE --watch`: ctl stays while the load runs and sends each saved edit
+/// of FILE (here a save by rename, as editors do) as `UpdateLoad`; a broken edit is refused
+/// and the running revision kept; it exits with the load as it ended.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_watched_injected_profile_follows_edits_of_its_file() {
+    let server = ScriptedServer::start(Arc::new(|_, _| Reply::sse(chat_stream(3, Duration::from_millis(20), Duration::from_millis(5), 4)))).await;
+    let dir = temp_dir("profile-watch");
+    let addr = format!("unix:{}", dir.join("control.sock").display());
+    let control = format!("listen = \"{addr}\"\nmax_inject_rate = 40.0\nmax_inject_concurrency = 8\nmax_inject_requests = 1000\nmax_inject_duration = \"10s\"\n");
+    let cfg = write_config(&dir, &server.url(), &control);
+    let agent = spawn(["--config", cfg.to_str().unwrap()].map(str::to_owned).to_vec(), vec![]).await;
+    assert_eq!(control_at(&agent), addr);
+    let file = dir.join("load.yaml");
+    std::fs::write(&file, "profile: watched\ntoken_rate: {mode: constant, target: 30/s}\n").unwrap();
+    let run = tokio::spawn({
+        let (addr, file) = (addr.clone(), file.clone());
+        async move { ctl(&["--addr", &addr, "--json", "inject", "--profile", file.to_str().unwrap(), "--duration", "3s", "--output-tokens", "3", "--watch"], &[]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let save = |text: &str| {
+        let tmp = dir.join(".load.yaml.swp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &file).unwrap();
+    };
+    save("profile: watched\ntoken_rate: {mode: constant, target: 60/s}\n");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    save("profile: watched\ntoken_rate: {mode: constant, target: 60/s, jiter: 5%}\n");
+    let (code, out, err) = run.await.unwrap();
+    assert_eq!(code, 0, "{err}");
+    let load: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!((load["state"].as_str(), load["profile_revision"].as_u64()), (Some("done"), Some(1)), "{load}");
+    let at = load["profile_revisions"][1]["at_s"].as_f64().unwrap();
+    assert!((0.9..2.0).contains(&at), "revision 1 at {at} s");
+    assert!(err.contains(&format!("lmperf ctl: revision 1 from {}", file.display())), "{err}");
+    assert!(err.contains("edit refused, the running revision is kept: profile_yaml: ") && err.contains("token_rate.jiter = \"5%\": unknown key"), "{err}");
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+}

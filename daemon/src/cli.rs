@@ -124,6 +124,10 @@ pub enum CtlCommand {
         /// Output tokens per request of a profile load (default: the target's canary.max_tokens).
         #[arg(long, value_name = "N", requires = "profile")]
         output_tokens: Option<u32>,
+        /// Stay until the profile load ends, watching FILE: each saved edit is sent as
+        /// `update-load` (a line per revision on stderr); prints the load as it ended.
+        #[arg(long, requires = "profile")]
+        watch: bool,
     },
     /// Apply a changed load profile to the running profile load from its next scheduling step
     /// (requests in flight go on; later requests carry the new revision).

@@ -169,12 +169,22 @@ mod tests {
         assert!(w._watcher.is_some(), "inotify available here");
         assert!(!w.take_change());
         std::fs::write(&file, "profile: b\n").unwrap();
-        assert!(tokio::time::timeout(Duration::from_secs(5), w.changed()).await.is_ok(), "an in-place write");
+        assert!(
+            tokio::time::timeout(Duration::from_secs(5), w.changed())
+                .await
+                .is_ok(),
+            "an in-place write"
+        );
         assert!(!w.take_change(), "reported once");
         let tmp = d.join(".load.yaml.tmp");
         std::fs::write(&tmp, "profile: c\n").unwrap();
         std::fs::rename(&tmp, &file).unwrap();
-        assert!(tokio::time::timeout(Duration::from_secs(5), w.changed()).await.is_ok(), "a replace by rename");
+        assert!(
+            tokio::time::timeout(Duration::from_secs(5), w.changed())
+                .await
+                .is_ok(),
+            "a replace by rename"
+        );
         std::fs::write(d.join("other.yaml"), "x").unwrap();
         tokio::time::sleep(SETTLE * 4).await;
         assert!(!w.take_change(), "another file of the directory");

@@ -341,7 +341,7 @@ pub async fn run(args: crate::cli::CtlArgs, env: &dyn crate::config::Env) -> u8 
                 let r = c.recent(req).await?;
                 (format_recent(&r), json(&r))
             }
-            CtlCommand::Inject { target, rate, duration, concurrency, max_requests, arrival, trace_file, trace_speedup, trace_format, p99_threshold, profile, output_tokens } => {
+            CtlCommand::Inject { target, rate, duration, concurrency, max_requests, arrival, trace_file, trace_speedup, trace_format, p99_threshold, profile, output_tokens, watch } => {
                 let (profile_yaml, profile_file) = match &profile {
                     Some(path) => read_profile(path)?,
                     None => (String::new(), String::new()),
@@ -364,6 +364,10 @@ pub async fn run(args: crate::cli::CtlArgs, env: &dyn crate::config::Env) -> u8 
                 let r = c.inject(req).await?;
                 match (p99_threshold, r.load.as_ref()) {
                     (Some(th), Some(l)) => scene_after(&mut c, l.clone(), th).await?,
+                    (None, Some(l)) if watch => match &profile {
+                        Some(path) => watch_profile(&mut c, path, l.clone()).await?,
+                        None => (format_load(l), json(&r)),
+                    },
                     _ => (r.load.as_ref().map_or_else(String::new, |l| format!("started {}", format_load(l))), json(&r)),
                 }
             }
@@ -436,6 +440,48 @@ async fn scene_after(c: &mut CtlClient, started: proto::LoadStatus, threshold: s
     let text = format!("replayed {}\n{}{card}", format_load(&last), super::scene::text(&alert, from));
     let js = serde_json::json!({"load": serde_json::from_str::<serde_json::Value>(&json(&last)).unwrap_or_default(), "p99_alert": alert, "diagnosis": doc});
     Ok((text, json(&js)))
+}
+
+/// `ctl inject --profile FILE --watch`: sends each settled edit of FILE as `UpdateLoad` (one
+/// line per revision, or per refused edit, on stderr) until the load ends (its duration + 30 s
+/// at most); returns the load as it ended.
+async fn watch_profile(c: &mut CtlClient, path: &std::path::Path, started: proto::LoadStatus) -> Result<(String, String), CtlError> {
+    eprint!("lmperf ctl: started {}", format_load(&started));
+    let mut watch = crate::bench::profile_watch::ProfileWatch::start(path);
+    let deadline = std::time::Instant::now() + Duration::from_secs_f64(started.duration_s.max(0.0) + 30.0);
+    let mut last = started.clone();
+    while std::time::Instant::now() < deadline {
+        tokio::select! {
+            () = watch.changed() => {
+                let (profile_yaml, profile_file) = match read_profile(path) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        eprintln!("lmperf ctl: {e}");
+                        continue;
+                    }
+                };
+                match c.update_load(proto::UpdateLoadRequest { id: started.id.clone(), profile_yaml, profile_file }).await {
+                    Ok(r) => eprintln!("lmperf ctl: revision {} from {}", r.revision, path.display()),
+                    Err(CtlError::Rpc(s)) if s.code() == Code::InvalidArgument => eprintln!("lmperf ctl: edit refused, the running revision is kept: {}", s.message()),
+                    Err(CtlError::Rpc(s)) if s.code() == Code::NotFound => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            () = tokio::time::sleep(Duration::from_secs(1)) => {
+                if let Some(l) = c.status().await?.load.filter(|l| l.id == started.id) {
+                    let running = l.state == "running";
+                    last = l;
+                    if !running {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    if let Some(l) = c.status().await?.load.filter(|l| l.id == started.id) {
+        last = l;
+    }
+    Ok((format!("ended {}", format_load(&last)), json(&last)))
 }
 
 /// A profile file's text and name, read here (the agent reads no file for it).

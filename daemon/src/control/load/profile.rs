@@ -108,8 +108,7 @@ fn parse_checked(
             reason: format!("at most {MAX_PROFILE_BYTES} bytes"),
         });
     }
-    let profile =
-        bench_profile::parse(file, text).map_err(|e| Refusal::Profile(e.to_string()))?;
+    let profile = bench_profile::parse(file, text).map_err(|e| Refusal::Profile(e.to_string()))?;
     let Some(rate) = Scheduler::peak_request_rate(&profile, output_tokens) else {
         return Err(Refusal::Invalid {
             field: "profile_yaml",
@@ -280,7 +279,13 @@ impl Load {
                 input_tokens: planned.input_tokens.unwrap_or(DEFAULT_INPUT_TOKENS).max(1),
                 output_tokens: spec.output_tokens,
             };
-            self.send(sender, seq, Some((request, None)), seed, Some(planned.revision));
+            self.send(
+                sender,
+                seq,
+                Some((request, None)),
+                seed,
+                Some(planned.revision),
+            );
             seq += 1;
         }
     }
@@ -362,25 +367,40 @@ mod tests {
             (spec.rate_per_second, spec.concurrency, spec.max_requests),
             (5.0, 4, 100)
         );
-        assert_eq!(spec.profile.as_ref().map(|p| p.file.as_str()), Some("load.yaml"));
-        let err = |r: &proto::InjectLoadRequest| validate(r, 0, "t", &caps()).unwrap_err().to_string();
+        assert_eq!(
+            spec.profile.as_ref().map(|p| p.file.as_str()),
+            Some("load.yaml")
+        );
+        let err =
+            |r: &proto::InjectLoadRequest| validate(r, 0, "t", &caps()).unwrap_err().to_string();
         // Bursty sends at twice its mean during on periods: 2 × 48 ÷ 8 = 12 > 10.
         assert_eq!(
             err(&req("token_rate: {mode: bursty, target: 48/s}\n")),
             "token_rate ÷ output_tokens = 12 requests/s (load.yaml): above the cap of 10 (control.max_inject_rate)"
         );
         assert_eq!(
-            err(&req("token_rate: {mode: constant, target: 40/s, jiter: 5%}\n")),
+            err(&req(
+                "token_rate: {mode: constant, target: 40/s, jiter: 5%}\n"
+            )),
             "profile_yaml: load.yaml: token_rate.jiter = \"5%\": unknown key (expected mode, target, jitter, period, increase, step, floor)"
         );
-        assert!(err(&req("profile: p\nconcurrency: {ramp: fixed, base: 2}\n")).contains("no token_rate"));
+        assert!(
+            err(&req("profile: p\nconcurrency: {ramp: fixed, base: 2}\n"))
+                .contains("no token_rate")
+        );
         let mut r = req("token_rate: {mode: constant, target: 40/s}\n");
         r.duration_s = 61.0;
         assert!(err(&r).starts_with("duration_s = 61: above the cap of 60"));
         r.duration_s = 5.0;
         r.trace_file = "x.csv".into();
         assert!(err(&r).starts_with("trace_file = \"x.csv\": a load is a profile or a trace"));
-        let e = validate(&req("token_rate: {mode: constant, target: 40/s, jiter: 5%}\n"), 0, "t", &caps()).unwrap_err();
+        let e = validate(
+            &req("token_rate: {mode: constant, target: 40/s, jiter: 5%}\n"),
+            0,
+            "t",
+            &caps(),
+        )
+        .unwrap_err();
         assert_eq!(tonic::Status::from(e).code(), tonic::Code::InvalidArgument);
         assert_eq!(
             tonic::Status::from(Refusal::NotAProfile("load-1".into())).code(),
