@@ -216,6 +216,10 @@ impl proto::LoadStatus {
             self.profile_revision = s.revision();
             self.sustained_token_rate = s.sustained_token_rate();
             self.profile.clone_from(&s.profile().name);
+            // The running revision's request rate (its start, or its on rate when bursty).
+            if let Some(r) = Scheduler::peak_request_rate(s.profile(), spec.output_tokens) {
+                self.rate_per_second = r;
+            }
         }
         self.profile_revisions = state
             .revisions
