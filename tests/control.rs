@@ -542,3 +542,147 @@ async fn a_replay_with_a_p99_threshold_says_whether_the_alert_fired_and_the_diag
     drop(agent);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `ctl inject --profile FILE`: the agent follows the profile (10 req/s of 20-token prompts);
+/// `ctl update-load --profile FILE` 2 s in applies the edited profile (30 req/s, 200-token
+/// prompts) from the next step while requests are in flight (each lasts ~250 ms): none is
+/// dropped, each carries the revision it was sent under (recent requests and spans), the status
+/// lists when each revision took effect; a bad edit is refused (exit 3, one line naming the
+/// key) and the running revision kept.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_injected_profile_is_updated_while_it_runs() {
+    // (received at, body) of every request.
+    type Log = Arc<std::sync::Mutex<Vec<(Instant, Value)>>>;
+    let log: Log = Arc::default();
+    let server = ScriptedServer::start(Arc::new({
+        let log = log.clone();
+        move |r: &lmperf_e2e::scripted::Received, _| {
+            log.lock().unwrap().push((r.arrived, serde_json::from_slice(&r.body).unwrap_or(Value::Null)));
+            Reply::sse(chat_stream(3, Duration::from_millis(200), Duration::from_millis(20), 4))
+        }
+    }))
+    .await;
+    let mut collector = FakeCollectorServer::start().await.unwrap();
+    let dir = temp_dir("profile");
+    let addr = format!("unix:{}", dir.join("control.sock").display());
+    let control = format!("listen = \"{addr}\"\nrecent_requests = 1000\nmax_inject_rate = 40.0\nmax_inject_concurrency = 16\nmax_inject_requests = 1000\nmax_inject_duration = \"10s\"\n");
+    let cfg = write_config(&dir, &server.url(), &control);
+    let args = ["--config", cfg.to_str().unwrap(), "--otlp-protocol", "grpc", "--otlp-endpoint", &collector.endpoint()].map(str::to_owned).to_vec();
+    let agent = spawn(args, vec![]).await;
+    assert_eq!(control_at(&agent), addr);
+    let file = dir.join("load.yaml");
+    let path = file.to_str().unwrap();
+    // 30 output tokens/s ÷ 3 per request = 10 req/s.
+    std::fs::write(&file, "profile: steady\nprompt_length: {distribution: fixed, value: 20}\nconcurrency: {ramp: fixed, base: 16}\ntoken_rate: {mode: constant, target: 30/s}\n").unwrap();
+    // Beyond the rate cap: 150 ÷ 3 = 50 req/s > 40.
+    std::fs::write(dir.join("fast.yaml"), "token_rate: {mode: constant, target: 150/s}\n").unwrap();
+    let fast = dir.join("fast.yaml");
+    let (code, _, err) = ctl(&["--addr", &addr, "inject", "--profile", fast.to_str().unwrap(), "--duration", "4s", "--output-tokens", "3"], &[]).await;
+    assert_eq!((code, err.trim()), (3, format!("lmperf ctl: INVALID_ARGUMENT: token_rate ÷ output_tokens = 50 requests/s ({}): above the cap of 40 (control.max_inject_rate)", fast.display()).as_str()));
+    let (code, _, _) = ctl(&["--addr", &addr, "inject", "--profile", path], &[]).await;
+    assert_eq!(code, 2, "--profile needs --duration");
+
+    let started = ctl_json(&addr, &["inject", "--profile", path, "--duration", "4s", "--output-tokens", "3"]).await;
+    let l = &started["load"];
+    let id = l["id"].as_str().unwrap().to_owned();
+    assert_eq!((l["arrival"].as_str(), l["profile"].as_str(), l["profile_revision"].as_u64(), l["rate_per_second"].as_f64()), (Some("profile"), Some("steady"), Some(0), Some(10.0)), "{started}");
+    let t_start = Instant::now();
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    // 90 tokens/s = 30 req/s, prompts of 200 tokens.
+    std::fs::write(&file, "profile: steady\nprompt_length: {distribution: fixed, value: 200}\nconcurrency: {ramp: fixed, base: 16}\ntoken_rate: {mode: constant, target: 90/s}\n").unwrap();
+    let updated = ctl_json(&addr, &["update-load", "--profile", path]).await;
+    let t_update = t_start.elapsed().as_secs_f64();
+    assert_eq!(updated["revision"], 1, "{updated}");
+    assert!(updated["load"]["in_flight"].as_u64().unwrap() >= 1, "requests in flight at the update: {updated}");
+    let same = ctl_json(&addr, &["update-load", "--profile", path, "--id", &id]).await;
+    assert_eq!(same["revision"], 1, "the same profile again is no new revision");
+    std::fs::write(dir.join("bad.yaml"), "token_rate: {mode: constant, target: 90/s, jiter: 5%}\n").unwrap();
+    let bad = dir.join("bad.yaml");
+    let (code, _, err) = ctl(&["--addr", &addr, "update-load", "--profile", bad.to_str().unwrap()], &[]).await;
+    assert_eq!(code, 3, "{err}");
+    assert!(err.trim().lines().count() == 1 && err.contains(&format!("INVALID_ARGUMENT: profile_yaml: {}: token_rate.jiter = \"5%\": unknown key", bad.display())), "{err}");
+
+    let load = load_when_ended(&addr).await;
+    assert_eq!(load["state"], "done", "{load}");
+    assert_eq!(load["profile_revision"], 1, "the bad edit kept revision 1: {load}");
+    let revs = load["profile_revisions"].as_array().unwrap();
+    assert_eq!((revs.len(), revs[0]["revision"].as_u64(), revs[1]["revision"].as_u64()), (2, Some(0), Some(1)), "{load}");
+    let at = revs[1]["at_s"].as_f64().unwrap();
+    assert!((1.5..=t_update + 0.1).contains(&at), "revision 1 at {at} s (update sent by {t_update} s)");
+    let sent = load["sent"].as_u64().unwrap();
+    assert_eq!(load["by_outcome"]["ok"].as_u64(), Some(sent), "every request ok, none cancelled: {load}");
+    assert_eq!(load["skipped"], 0, "{load}");
+
+    // Each injected request with its revision: ~10 req/s before, ~30 req/s after.
+    let recent = ctl_json(&addr, &["recent", "--source", "inject", "--limit", "1000"]).await;
+    let reqs = recent["requests"].as_array().unwrap();
+    assert_eq!(reqs.len() as u64, sent, "{recent}");
+    let count = |rev: u64| reqs.iter().filter(|r| r["profile_revision"].as_u64() == Some(rev)).count() as f64;
+    let (before, after) = (count(0) / at, count(1) / (4.0 - at));
+    assert_eq!(count(0) + count(1), sent as f64, "every request has a revision");
+    assert!((8.0..12.5).contains(&before) && (25.0..35.0).contains(&after), "{before} req/s then {after} req/s");
+    // At the server: 3 output tokens each; 20-token prompts (~15 words), then 200 (~150 words).
+    let words: Vec<usize> = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, b)| b["max_tokens"] == 3)
+        .map(|(_, b)| b["messages"][0]["content"].as_str().unwrap_or("").split_whitespace().count())
+        .collect();
+    assert_eq!(words.len() as u64, sent);
+    assert!(words.iter().all(|w| *w == 15 || *w == 150), "{words:?}");
+    assert_eq!(words.iter().filter(|w| **w == 150).count() as f64, count(1));
+
+    // Spans: lmperf.profile.revision on each injected request.
+    let (mut spans, t) = (Vec::new(), Instant::now());
+    let marked = |spans: &Vec<BTreeMap<String, String>>| spans.iter().filter(|a| a.get("lmperf.load.id") == Some(&id)).count() as u64;
+    while marked(&spans) < sent && t.elapsed() < Duration::from_secs(10) {
+        spans.extend(collector.exported_spans(usize::MAX, Duration::from_millis(300)).await.iter().map(|s| attrs(&s.attributes)));
+    }
+    let mut revisions: BTreeMap<i64, usize> = BTreeMap::new();
+    for a in spans.iter().filter(|a| a.get("lmperf.load.id") == Some(&id)) {
+        *revisions.entry(a.get("lmperf.profile.revision").and_then(|v| v.parse().ok()).unwrap_or(-1)).or_default() += 1;
+    }
+    assert_eq!((revisions.get(&0).copied(), revisions.get(&1).copied()), (Some(count(0) as usize), Some(count(1) as usize)), "{revisions:?}");
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `ctl inject --profile FILE --watch`: ctl stays while the load runs and sends each saved edit
+/// of FILE (here a save by rename, as editors do) as `UpdateLoad`; a broken edit is refused
+/// and the running revision kept; it exits with the load as it ended.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_watched_injected_profile_follows_edits_of_its_file() {
+    let server = ScriptedServer::start(Arc::new(|_, _| Reply::sse(chat_stream(3, Duration::from_millis(20), Duration::from_millis(5), 4)))).await;
+    let dir = temp_dir("profile-watch");
+    let addr = format!("unix:{}", dir.join("control.sock").display());
+    let control = format!("listen = \"{addr}\"\nmax_inject_rate = 40.0\nmax_inject_concurrency = 8\nmax_inject_requests = 1000\nmax_inject_duration = \"10s\"\n");
+    let cfg = write_config(&dir, &server.url(), &control);
+    let agent = spawn(["--config", cfg.to_str().unwrap()].map(str::to_owned).to_vec(), vec![]).await;
+    assert_eq!(control_at(&agent), addr);
+    let file = dir.join("load.yaml");
+    std::fs::write(&file, "profile: watched\ntoken_rate: {mode: constant, target: 30/s}\n").unwrap();
+    let run = tokio::spawn({
+        let (addr, file) = (addr.clone(), file.clone());
+        async move { ctl(&["--addr", &addr, "--json", "inject", "--profile", file.to_str().unwrap(), "--duration", "3s", "--output-tokens", "3", "--watch"], &[]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let save = |text: &str| {
+        let tmp = dir.join(".load.yaml.swp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &file).unwrap();
+    };
+    save("profile: watched\ntoken_rate: {mode: constant, target: 60/s}\n");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    save("profile: watched\ntoken_rate: {mode: constant, target: 60/s, jiter: 5%}\n");
+    let (code, out, err) = run.await.unwrap();
+    assert_eq!(code, 0, "{err}");
+    let load: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!((load["state"].as_str(), load["profile_revision"].as_u64()), (Some("done"), Some(1)), "{load}");
+    let at = load["profile_revisions"][1]["at_s"].as_f64().unwrap();
+    assert!((0.9..2.0).contains(&at), "revision 1 at {at} s");
+    assert!(err.contains(&format!("lmperf ctl: revision 1 from {}", file.display())), "{err}");
+    assert!(err.contains("edit refused, the running revision is kept: profile_yaml: ") && err.contains("token_rate.jiter = \"5%\": unknown key"), "{err}");
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+}

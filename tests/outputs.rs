@@ -490,7 +490,8 @@ fn repeat_gives_cv_per_metric_and_plain_progress_lines() {
             let mine: Vec<f64> = rows.iter().filter(|r| r["repeat"] == k).map(|r| r[field].as_f64().unwrap()).collect();
             assert_eq!(mine.len(), 50, "repeat {k}");
             let want = np_percentile(&mine, q);
-            assert!((got - want).abs() < 1e-9, "{metric} run {k}: {got} vs {want}");
+            // Summary percentiles: HDR histograms at 3 significant digits.
+            assert!((got - want).abs() <= 1e-3 * want.abs() + 1e-6, "{metric} run {k}: {got} vs {want}");
         }
         let mean = values.iter().sum::<f64>() / 3.0;
         let sd = (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / 2.0).sqrt();

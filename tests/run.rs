@@ -131,11 +131,13 @@ fn seed_command_on_the_real_server() {
             for (stat, q) in [("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("min", 0.0), ("max", 1.0)] {
                 let got = b[metric][stat].as_f64().unwrap();
                 let want = np_percentile(&v, q);
-                assert!((got - want).abs() < 1e-6, "{name} {metric} {stat}: summary {got}, recomputed {want}");
+                // Summary percentiles: HDR histograms at 3 significant digits (min, max exact).
+                assert!((got - want).abs() <= 1e-3 * want.abs() + 1e-6, "{name} {metric} {stat}: summary {got}, recomputed {want}");
             }
         }
         let itl: Vec<f64> = ok.iter().flat_map(|r| r["itl_ms"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap())).collect();
-        assert!((b["itl_ms"]["p99"].as_f64().unwrap() - np_percentile(&itl, 0.99)).abs() < 1e-6);
+        let itl_p99 = np_percentile(&itl, 0.99);
+        assert!((b["itl_ms"]["p99"].as_f64().unwrap() - itl_p99).abs() <= 1e-3 * itl_p99 + 1e-6);
         // Token-exact prompts and enforced output length.
         let want_in = b["input_len"].as_u64().unwrap();
         assert!(mine.iter().all(|r| r["prompt_tokens"].as_u64() == Some(want_in)), "{name}: prompt lengths");
@@ -163,9 +165,10 @@ fn seed_command_on_the_real_server() {
         let at = html.find(&attr).unwrap_or_else(|| panic!("no heatmap cell for {name}: {attr}"));
         let rest = &html[at + attr.len()..];
         let value: f64 = rest[..rest.find('"').unwrap()].parse().unwrap();
-        // Within an ulp: serde_json's default float parser is not exactly rounded.
+        // The heatmap's cells are exact (from the rows); summary.json's percentiles are within
+        // 3 significant digits of them.
         let want = b["ttft_ms"]["p99"].as_f64().unwrap();
-        assert!((value - want).abs() <= 1e-12 * want, "{name}: heatmap p99 TTFT {value} = summary.json {want}");
+        assert!((value - want).abs() <= 1e-3 * want, "{name}: heatmap p99 TTFT {value} = summary.json {want}");
     }
     assert!(html.contains("SLO compliance") && html.contains("(pass)"), "the e2el:5000 SLO passes");
 }

@@ -661,3 +661,68 @@ async fn profile_hot_update_while_running() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.trim_end().lines().count() == 1 && err.contains("token_rate.jiter = \"5%\": unknown key"), "{err}");
 }
+
+/// `token_rate: {mode: adaptive}` against a scripted server with a known decode-rate floor:
+/// each stream decodes at 100 tokens/s (10 ms per token) while the output tokens asked over the
+/// last 250 ms stay at or below 300 tokens/s, and at 20 tokens/s (50 ms per token) above. With
+/// a floor of 50 tokens/s per stream, the levels 100, 150 and 225 tokens/s hold and 337.5
+/// breaks it, so the highest sustainable token throughput is 225 tokens/s; after settling the
+/// load returns to that level and the streams to 100 tokens/s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adaptive_token_rate_finds_the_servers_decode_rate_floor() {
+    const TOKENS: u64 = 4;
+    let arrivals: Arc<std::sync::Mutex<std::collections::VecDeque<std::time::Instant>>> = Arc::default();
+    let srv = ScriptedServer::start(Arc::new({
+        let arrivals = arrivals.clone();
+        move |req: &Received, _| {
+            if req.path == "/tokenize" {
+                let n = body(req)["content"].as_str().map_or(0, |s| s.split_whitespace().count());
+                return Reply::json(200, &serde_json::json!({ "tokens": vec![1; n] }).to_string());
+            }
+            let offered_tokens_per_s = {
+                let mut a = arrivals.lock().unwrap();
+                a.push_back(req.arrived);
+                while a.front().is_some_and(|t| req.arrived.duration_since(*t) > Duration::from_millis(250)) {
+                    a.pop_front();
+                }
+                a.len() as u64 * TOKENS * 4
+            };
+            let gap = Duration::from_millis(if offered_tokens_per_s > 300 { 50 } else { 10 });
+            let mut frames: Vec<Frame> = (0..TOKENS)
+                .map(|i| Frame { at: gap * i as u32, bytes: format!("data: {}\n\n", serde_json::json!({ "choices": [{ "index": 0, "text": format!("w{i} ") }] })).into_bytes() })
+                .collect();
+            let end = gap * (TOKENS - 1) as u32;
+            frames.push(Frame { at: end, bytes: format!("data: {}\n\ndata: [DONE]\n\n", serde_json::json!({ "choices": [], "usage": { "prompt_tokens": 8, "completion_tokens": TOKENS } })).into_bytes() });
+            Reply::sse(frames)
+        }
+    }))
+    .await;
+    let dir = tmp("adaptive");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("adaptive.yaml");
+    std::fs::write(&file, "profile: find-floor\nprompt_length: {distribution: fixed, value: 8}\nconcurrency: {ramp: fixed, base: 64}\ntoken_rate: {mode: adaptive, target: 100/s, increase: 50%, step: 1s, floor: 50}\n").unwrap();
+    let out_dir = dir.join("out");
+    let args: Vec<String> = ["run", "--target", &srv.url(), "--model", "m", "--api", "completions", "--output-len", "4", "--num-prompts", "10000", "--duration", "5.5s", "--profile", file.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap()]
+        .map(str::to_owned)
+        .to_vec();
+    let out = run_cli(args).await;
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(s["profile"]["sustained_token_rate"].as_f64(), Some(225.0), "{}", s["profile"]);
+    let rows = rows(&out_dir);
+    assert!(rows.iter().all(|r| r["outcome"] == "ok"));
+    let at = |r: &Value| r["scheduled_ms"].as_f64().unwrap() / 1000.0;
+    let tpot = |r: &Value| r["tpot_ms"].as_f64().unwrap();
+    let window = |from: f64, to: f64| rows.iter().filter(|r| (from..to).contains(&at(r))).collect::<Vec<_>>();
+    // Levels 100, 150, 225 tokens/s: streams at 100 tokens/s.
+    let held = window(0.0, 2.95);
+    assert!(held.len() >= 100 && held.iter().all(|r| tpot(r) < 25.0), "{} rows, TPOT {:?}", held.len(), held.iter().map(|r| tpot(r)).collect::<Vec<_>>());
+    // Level 337.5 tokens/s (84 req/s): the server slows each stream below the floor.
+    let broke = window(3.3, 3.95);
+    let slow = broke.iter().filter(|r| tpot(r) >= 40.0).count();
+    assert!(slow * 10 >= broke.len() * 9, "{slow} of {} streams slow at 337.5 tokens/s", broke.len());
+    // Settled back at 225 tokens/s = 56 req/s, streams fast again.
+    let settled = window(4.4, 5.4);
+    assert!((45..=68).contains(&settled.len()), "{} req/s after settling", settled.len());
+    assert!(settled.iter().all(|r| tpot(r) < 25.0), "{:?}", settled.iter().map(|r| tpot(r)).collect::<Vec<_>>());
+}

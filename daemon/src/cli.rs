@@ -87,7 +87,7 @@ pub enum CtlCommand {
         #[arg(long)]
         target: Option<String>,
         /// Requests per second (e.g. 5 or 5/s).
-        #[arg(long, value_parser = parse_rate, required_unless_present = "trace_file", conflicts_with = "trace_file")]
+        #[arg(long, value_parser = parse_rate, required_unless_present_any = ["trace_file", "profile"], conflicts_with_all = ["trace_file", "profile"])]
         rate: Option<f64>,
         /// How long to send (e.g. 30s).
         #[arg(long, value_parser = humantime::parse_duration, required_unless_present = "trace_file", conflicts_with = "trace_file")]
@@ -116,6 +116,28 @@ pub enum CtlCommand {
         /// 30 s window ≥ THRESHOLD) held and print the agent's diagnosis of the replay.
         #[arg(long, value_name = "THRESHOLD", value_parser = humantime::parse_duration, requires = "trace_file")]
         p99_threshold: Option<Duration>,
+        /// Follow a load profile (`lmperf run --profile`'s YAML; token_rate required) for
+        /// --duration; read here and sent to the agent. Change it while it runs with
+        /// `lmperf ctl update-load --profile FILE`.
+        #[arg(long, value_name = "FILE", conflicts_with = "trace_file", requires = "duration")]
+        profile: Option<PathBuf>,
+        /// Output tokens per request of a profile load (default: the target's canary.max_tokens).
+        #[arg(long, value_name = "N", requires = "profile")]
+        output_tokens: Option<u32>,
+        /// Stay until the profile load ends, watching FILE: each saved edit is sent as
+        /// `update-load` (a line per revision on stderr); prints the load as it ended.
+        #[arg(long, requires = "profile")]
+        watch: bool,
+    },
+    /// Apply a changed load profile to the running profile load from its next scheduling step
+    /// (requests in flight go on; later requests carry the new revision).
+    UpdateLoad {
+        /// The load's id (default: the running one).
+        #[arg(long)]
+        id: Option<String>,
+        /// The profile file (the whole profile; read here and sent to the agent).
+        #[arg(long, value_name = "FILE")]
+        profile: PathBuf,
     },
     /// Stop the running injected load.
     Stop {

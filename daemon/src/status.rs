@@ -19,7 +19,11 @@ pub enum Source {
     /// The target's canary schedule.
     Canary,
     /// Load injected through the control API (`InjectLoad`), with the load's id.
-    Inject { load_id: std::sync::Arc<str> },
+    Inject {
+        load_id: std::sync::Arc<str>,
+        /// The profile revision a profile load sent it under (`None`: not a profile load).
+        profile_revision: Option<u32>,
+    },
 }
 
 impl Source {
@@ -56,6 +60,9 @@ pub struct RequestSummary {
     pub retries: u32,
     /// The injected load it belongs to (source `inject`).
     pub load_id: Option<String>,
+    /// The profile revision of an injected profile load's request (0 = as started).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile_revision: Option<u32>,
 }
 
 impl RequestSummary {
@@ -78,7 +85,11 @@ impl RequestSummary {
             trace_id,
             retries: m.retries,
             load_id: match source {
-                Source::Inject { load_id } => Some(load_id.to_string()),
+                Source::Inject { load_id, .. } => Some(load_id.to_string()),
+                Source::Canary => None,
+            },
+            profile_revision: match source {
+                Source::Inject { profile_revision, .. } => *profile_revision,
                 Source::Canary => None,
             },
         }
@@ -277,6 +288,7 @@ mod tests {
             trace_id: format!("{at}"),
             retries: 0,
             load_id: None,
+            profile_revision: None,
         }
     }
 

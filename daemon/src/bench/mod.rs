@@ -8,6 +8,7 @@
 //! `requests.jsonl` (one line per request), `summary.json` (schema below, versioned) and
 //! `report.html` (self-contained charts and tables, see [`report`]).
 
+pub mod aggregate;
 pub mod buckets;
 pub mod capacity;
 pub mod compare;
@@ -17,6 +18,7 @@ pub mod find_rate;
 pub mod launch;
 pub mod profile;
 pub mod profile_run;
+pub mod profile_watch;
 pub mod progress;
 pub mod prompts;
 pub mod repeat;
@@ -746,77 +748,13 @@ fn row(name: &str, index: usize, turn: u32, (concurrency, concurrency_limit): (u
 }
 
 /// The summary of one benchmark's rows. Latency distributions use the successful requests
-/// only (a failed request has no meaningful TTFT); errors are counted by type.
+/// only (a failed request has no meaningful TTFT); errors are counted by type. Percentiles
+/// from bounded histograms at 3 significant digits ([`aggregate`]); the rest exact.
 pub fn summarize(spec: &RunSpec, name: &str, concurrency: usize, input_len: u32, rows: &[RequestRow]) -> BenchSummary {
-    let ok: Vec<&RequestRow> = rows.iter().filter(|r| r.outcome == "ok").collect();
-    let mut errors = BTreeMap::new();
-    let (mut errors_by_status, mut errors_by_status_and_type) = (BTreeMap::new(), BTreeMap::<String, BTreeMap<String, usize>>::new());
-    for r in rows.iter().filter(|r| r.outcome != "ok") {
-        let error_type = r.error_type.clone().unwrap_or_else(|| r.outcome.to_owned());
-        let status = r.http_status.map_or_else(|| "none".to_owned(), |s| s.to_string());
-        let server_type = r.error_server_type.clone().unwrap_or_else(|| error_type.clone());
-        *errors_by_status_and_type.entry(status.clone()).or_default().entry(server_type).or_insert(0) += 1;
-        *errors_by_status.entry(status).or_insert(0) += 1;
-        *errors.entry(error_type).or_insert(0) += 1;
-    }
-    // First send to last end of each repeat (their offsets restart), summed.
-    let mut spans: BTreeMap<usize, (f64, f64)> = BTreeMap::new();
-    for r in rows {
-        let s = spans.entry(r.repeat).or_insert((f64::INFINITY, 0.0));
-        *s = (s.0.min(r.send_ms), s.1.max(r.send_ms + r.e2el_ms));
-    }
-    let duration_s = if rows.is_empty() { 0.0 } else { (spans.values().map(|(a, b)| b - a).sum::<f64>() / 1000.0).max(1e-9) };
-    let total_output_tokens: u64 = ok.iter().filter_map(|r| r.output_tokens).sum();
-    let total_input_tokens: u64 = ok.iter().filter_map(|r| r.input_tokens).sum();
-    let vals = |f: &dyn Fn(&RequestRow) -> Option<f64>| -> Option<Distribution> { Distribution::of(&ok.iter().filter_map(|r| f(r)).collect::<Vec<_>>()) };
-    let g = spec.goodput;
-    let goodput = (g.ttft_ms.is_some() || g.tpot_ms.is_some() || g.e2el_ms.is_some()).then(|| {
-        let meets = ok
-            .iter()
-            .filter(|r| {
-                g.ttft_ms.is_none_or(|s| r.ttft_ms.is_some_and(|v| v <= s))
-                    && g.tpot_ms.is_none_or(|s| r.tpot_ms.is_none_or(|v| v <= s))
-                    && g.e2el_ms.is_none_or(|s| r.e2el_ms <= s)
-            })
-            .count();
-        meets as f64 / duration_s
-    });
-    BenchSummary {
-        benchmark: name.to_owned(),
-        concurrency,
-        input_len,
-        output_len: if spec.workload.output_dist.is_some() || spec.workload.trace.is_some() {
-            (rows.iter().map(|r| f64::from(r.output_tokens_target)).sum::<f64>() / rows.len().max(1) as f64).round() as u32
-        } else {
-            spec.output_len
-        },
-        request_rate: spec.request_rate.map_or(serde_json::Value::from("inf"), serde_json::Value::from),
-        num_requests: rows.len(),
-        completed: ok.len(),
-        errors,
-        errors_by_status,
-        errors_by_status_and_type,
-        duration_s,
-        request_throughput: ok.len() as f64 / duration_s,
-        output_token_throughput: total_output_tokens as f64 / duration_s,
-        total_input_tokens,
-        total_output_tokens,
-        goodput,
-        ttft_ms: vals(&|r| r.ttft_ms),
-        itl_ms: Distribution::of(&ok.iter().flat_map(|r| r.itl_ms.iter().copied()).collect::<Vec<_>>()),
-        tpot_ms: vals(&|r| r.tpot_ms),
-        e2el_ms: vals(&|r| Some(r.e2el_ms)),
-        ttft_from_schedule_ms: vals(&|r| r.ttft_from_schedule_ms),
-        e2el_from_schedule_ms: vals(&|r| Some(r.e2el_from_schedule_ms)),
-        dispatch_delay_ms: Distribution::of(&rows.iter().map(|r| r.dispatch_delay_ms).collect::<Vec<_>>()),
-        output_tokens: vals(&|r| r.output_tokens.map(|v| v as f64)),
-        output_tokens_target: Distribution::of(&rows.iter().map(|r| f64::from(r.output_tokens_target)).collect::<Vec<_>>()),
-        output_tokens_short: ok.iter().filter(|r| r.output_tokens.is_some_and(|o| o < u64::from(r.output_tokens_target))).count(),
-        prompt_tokens: Distribution::of(&rows.iter().map(|r| f64::from(r.prompt_tokens)).collect::<Vec<_>>()),
-        vram: None,
-        server: None,
-        repeat: None,
-    }
+    let mut s = aggregate::Summarizer::new(spec.goodput);
+    rows.iter().for_each(|r| s.push(r));
+    let own_output = spec.workload.output_dist.is_some() || spec.workload.trace.is_some();
+    s.finish(aggregate::BenchShape { name, concurrency, input_len, output_len: (!own_output).then_some(spec.output_len), request_rate: spec.request_rate })
 }
 
 /// Parses `ttft_p99_ms>500`, `e2el_mean_ms>2000`, `error_rate>0.01`, `vram_pct>92` (peak

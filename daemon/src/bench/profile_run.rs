@@ -1,24 +1,24 @@
 //! `lmperf run --profile FILE`: one benchmark that follows a load profile
 //! ([`super::profile`]) for `--duration` (or `--num-prompts` requests), re-reading the file
-//! when it changes (checked every [`WATCH_INTERVAL`] and before each send): a valid edit
-//! applies from the next scheduling step, requests in flight go on; an invalid one is
-//! reported and the running revision kept. Each row records its `profile_revision`.
+//! when it changes (watched: [`super::profile_watch`]; a change while a step waits re-plans
+//! that step): a valid edit applies from the next scheduling step, requests in flight go on;
+//! an invalid one is reported and the running revision kept; an edit that leaves the profile
+//! as it was is no new revision. Each row records its `profile_revision`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use serde::Serialize;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::profile::{self, Profile, scheduler::Scheduler};
+use super::profile_watch::ProfileWatch;
 use super::prompts::{self, TokenizeClient};
 use super::{BenchError, RequestRow, RunSpec, export, row};
 use crate::canary::client::{self, CanaryRequest, Clients};
 
-/// How often the profile file is checked for a change.
-pub const WATCH_INTERVAL: Duration = Duration::from_millis(200);
 /// Run length without `--duration`.
 pub const DEFAULT_DURATION: Duration = Duration::from_secs(60);
 
@@ -31,10 +31,6 @@ pub struct ProfileInfo {
     pub revisions: Vec<(f64, u32)>,
     /// `adaptive` token rate: the highest sustained output tokens/s (null otherwise).
     pub sustained_token_rate: Option<f64>,
-}
-
-fn mtime(path: &std::path::Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
 /// Runs the profile; returns its rows (benchmark `name`) and the revision marks.
@@ -69,18 +65,19 @@ pub(super) async fn run(
     let (in_flight, freed) = (Arc::new(AtomicUsize::new(0)), Arc::new(Notify::new()));
     let t0 = Instant::now();
     let end = t0 + spec.duration.unwrap_or(DEFAULT_DURATION);
-    let mut seen = mtime(path);
+    let mut watch = ProfileWatch::start(path);
+    // A change seen while a step waited: re-read before planning again.
+    let mut pending = false;
     let mut tasks = tokio::task::JoinSet::new();
     let cancel = tokio_util::sync::CancellationToken::new();
     for i in 0..spec.num_prompts {
         // Hot update: a changed file applies from this step on.
         let mut reload = |info: &mut ProfileInfo| {
-            let now = mtime(path);
-            if now == seen {
+            if !std::mem::take(&mut pending) && !watch.take_change() {
                 return;
             }
-            seen = now;
             match profile::load(path) {
+                Ok(p) if sched.lock().is_ok_and(|s| *s.profile() == p) => {}
                 Ok(p) => {
                     let rev = sched
                         .lock()
@@ -107,15 +104,13 @@ pub(super) async fn run(
             break;
         }
         // Wait until due, watching the file meanwhile (a change re-plans this step).
-        let mut replanned = false;
-        while Instant::now() < due {
-            tokio::time::sleep_until(due.min(Instant::now() + WATCH_INTERVAL)).await;
-            if Instant::now() < due && mtime(path) != seen {
-                replanned = true;
-                break;
-            }
-        }
+        let replanned = tokio::select! {
+            biased;
+            () = tokio::time::sleep_until(due) => false,
+            () = watch.changed() => true,
+        };
         if replanned {
+            pending = true;
             continue;
         }
         // A free slot under the profile's (or the run's) concurrency limit.

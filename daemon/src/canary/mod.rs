@@ -356,9 +356,12 @@ impl TargetRunner {
                 if let Some(n) = &self.net {
                     extra.extend(n.request_attributes(t.port, measured.conn.map(|c| (c.local, c.remote)), from, to));
                 }
-                if let Source::Inject { load_id } = source {
+                if let Source::Inject { load_id, profile_revision } = source {
                     extra.push(opentelemetry::KeyValue::new(crate::telemetry::names::LMPERF_REQUEST_SOURCE, source.as_str()));
                     extra.push(opentelemetry::KeyValue::new(crate::telemetry::names::LMPERF_LOAD_ID, load_id.to_string()));
+                    if let Some(r) = profile_revision {
+                        extra.push(opentelemetry::KeyValue::new(crate::telemetry::names::LMPERF_PROFILE_REVISION, i64::from(*r)));
+                    }
                 }
                 if let Some(s) = shape {
                     extra.push(opentelemetry::KeyValue::new(crate::telemetry::names::LMPERF_REQUEST_INPUT_TOKENS_TARGET, i64::from(s.input_tokens)));

@@ -25,6 +25,9 @@ pub enum CtlError {
     Connect { at: String, reason: String },
     #[error("{}: {}", code_name(.0.code()), .0.message())]
     Rpc(Status),
+    /// A local file the command needs (`--profile`) cannot be read.
+    #[error("{0}")]
+    Local(String),
 }
 
 impl CtlError {
@@ -35,6 +38,7 @@ impl CtlError {
                 s.code(),
                 Code::InvalidArgument | Code::NotFound | Code::AlreadyExists | Code::FailedPrecondition | Code::Unauthenticated | Code::PermissionDenied | Code::OutOfRange
             ) => 3,
+            CtlError::Local(_) => 2,
             _ => 1,
         }
     }
@@ -141,6 +145,15 @@ impl CtlClient {
     pub async fn inject(&mut self, req: proto::InjectLoadRequest) -> Result<proto::InjectLoadResponse, CtlError> {
         let r = self.request(req);
         self.inner.inject_load(r).await.map(|r| r.into_inner()).map_err(CtlError::Rpc)
+    }
+
+    /// `UpdateLoad`.
+    ///
+    /// # Errors
+    /// The call's status (`INVALID_ARGUMENT` for a bad profile, `NOT_FOUND` when no load runs).
+    pub async fn update_load(&mut self, req: proto::UpdateLoadRequest) -> Result<proto::UpdateLoadResponse, CtlError> {
+        let r = self.request(req);
+        self.inner.update_load(r).await.map(|r| r.into_inner()).map_err(CtlError::Rpc)
     }
 
     /// `StopLoad`.
@@ -271,7 +284,9 @@ pub fn format_server(s: &proto::ServerStatus) -> String {
 
 /// One load as text (one line).
 pub fn format_load(l: &proto::LoadStatus) -> String {
-    let shape = if l.trace.is_empty() {
+    let shape = if !l.profile.is_empty() {
+        profile_shape(l)
+    } else if l.trace.is_empty() {
         format!("rate={}/s ({})", l.rate_per_second, l.arrival)
     } else {
         format!("trace={} speedup={} rate={:.2}/s (peak {}/s)", l.trace, l.trace_speedup, l.rate_per_second, l.trace_peak_rate_per_second)
@@ -356,7 +371,11 @@ pub async fn run(args: crate::cli::CtlArgs, env: &dyn crate::config::Env) -> u8 
                 let r = c.recent(req).await?;
                 (format_recent(&r), json(&r))
             }
-            CtlCommand::Inject { target, rate, duration, concurrency, max_requests, arrival, trace_file, trace_speedup, trace_format, p99_threshold } => {
+            CtlCommand::Inject { target, rate, duration, concurrency, max_requests, arrival, trace_file, trace_speedup, trace_format, p99_threshold, profile, output_tokens, watch } => {
+                let (profile_yaml, profile_file) = match &profile {
+                    Some(path) => read_profile(path)?,
+                    None => (String::new(), String::new()),
+                };
                 let req = proto::InjectLoadRequest {
                     target: target.unwrap_or_default(),
                     rate_per_second: rate.unwrap_or(0.0),
@@ -368,12 +387,24 @@ pub async fn run(args: crate::cli::CtlArgs, env: &dyn crate::config::Env) -> u8 
                     trace_file: trace_file.map(|f| std::path::absolute(&f).map_or(f, |p| p.display().to_string())).unwrap_or_default(),
                     trace_speedup: trace_speedup.unwrap_or(0.0),
                     trace_format: trace_format.unwrap_or_default(),
+                    profile_yaml,
+                    profile_file,
+                    output_tokens: output_tokens.unwrap_or(0),
                 };
                 let r = c.inject(req).await?;
                 match (p99_threshold, r.load.as_ref()) {
                     (Some(th), Some(l)) => scene_after(&mut c, l.clone(), th).await?,
+                    (None, Some(l)) if watch => match &profile {
+                        Some(path) => watch_profile(&mut c, path, l.clone()).await?,
+                        None => (format_load(l), json(&r)),
+                    },
                     _ => (r.load.as_ref().map_or_else(String::new, |l| format!("started {}", format_load(l))), json(&r)),
                 }
+            }
+            CtlCommand::UpdateLoad { id, profile } => {
+                let (profile_yaml, profile_file) = read_profile(&profile)?;
+                let r = c.update_load(proto::UpdateLoadRequest { id: id.unwrap_or_default(), profile_yaml, profile_file }).await?;
+                (r.load.as_ref().map_or_else(String::new, |l| format!("revision {} of {}", r.revision, format_load(l))), json(&r))
             }
             CtlCommand::Stop { id } => {
                 let r = c.stop(id.unwrap_or_default()).await?;
@@ -439,6 +470,61 @@ async fn scene_after(c: &mut CtlClient, started: proto::LoadStatus, threshold: s
     let text = format!("replayed {}\n{}{card}", format_load(&last), super::scene::text(&alert, from));
     let js = serde_json::json!({"load": serde_json::from_str::<serde_json::Value>(&json(&last)).unwrap_or_default(), "p99_alert": alert, "diagnosis": doc});
     Ok((text, json(&js)))
+}
+
+/// `ctl inject --profile FILE --watch`: sends each settled edit of FILE as `UpdateLoad` (one
+/// line per revision, or per refused edit, on stderr) until the load ends (its duration + 30 s
+/// at most); returns the load as it ended.
+async fn watch_profile(c: &mut CtlClient, path: &std::path::Path, started: proto::LoadStatus) -> Result<(String, String), CtlError> {
+    eprint!("lmperf ctl: started {}", format_load(&started));
+    let mut watch = crate::bench::profile_watch::ProfileWatch::start(path);
+    let deadline = std::time::Instant::now() + Duration::from_secs_f64(started.duration_s.max(0.0) + 30.0);
+    let mut last = started.clone();
+    while std::time::Instant::now() < deadline {
+        tokio::select! {
+            () = watch.changed() => {
+                let (profile_yaml, profile_file) = match read_profile(path) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        eprintln!("lmperf ctl: {e}");
+                        continue;
+                    }
+                };
+                match c.update_load(proto::UpdateLoadRequest { id: started.id.clone(), profile_yaml, profile_file }).await {
+                    Ok(r) => eprintln!("lmperf ctl: revision {} from {}", r.revision, path.display()),
+                    Err(CtlError::Rpc(s)) if s.code() == Code::InvalidArgument => eprintln!("lmperf ctl: edit refused, the running revision is kept: {}", s.message()),
+                    Err(CtlError::Rpc(s)) if s.code() == Code::NotFound => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            () = tokio::time::sleep(Duration::from_secs(1)) => {
+                if let Some(l) = c.status().await?.load.filter(|l| l.id == started.id) {
+                    let running = l.state == "running";
+                    last = l;
+                    if !running {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    if let Some(l) = c.status().await?.load.filter(|l| l.id == started.id) {
+        last = l;
+    }
+    Ok((format!("ended {}", format_load(&last)), json(&last)))
+}
+
+/// A profile file's text and name, read here (the agent reads no file for it).
+fn read_profile(path: &std::path::Path) -> Result<(String, String), CtlError> {
+    let text = std::fs::read_to_string(path).map_err(|e| CtlError::Local(format!("--profile {}: {e}", path.display())))?;
+    Ok((text, path.display().to_string()))
+}
+
+/// The shape of a profile load: name, revision and when each took effect, sustained rate.
+fn profile_shape(l: &proto::LoadStatus) -> String {
+    let revisions: Vec<String> = l.profile_revisions.iter().map(|r| format!("{}@{:.1}s", r.revision, r.at_s)).collect();
+    let sustained = l.sustained_token_rate.map_or(String::new(), |r| format!(" sustained={r:.1} tokens/s"));
+    format!("profile={} ({}) revision={} [{}] rate={:.2}/s{sustained}", l.profile, l.profile_file, l.profile_revision, revisions.join(" "), l.rate_per_second)
 }
 
 fn json<T: serde::Serialize>(v: &T) -> String {

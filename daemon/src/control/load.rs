@@ -10,7 +10,10 @@
 //! as injected. Every bound is checked against [`InjectCaps`] before anything is sent (for a
 //! trace: its request count, replay duration and peak rate); a request beyond a cap is refused
 //! whole. Loads run on the agent's task tracker, so the agent's shutdown stops them and waits
-//! for (or cancels) their requests like canaries.
+//! for (or cancels) their requests like canaries. A load profile ([`profile`]) follows
+//! `lmperf run --profile`'s scheduler and is updated while it runs (`UpdateLoad`).
+
+mod profile;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,13 +52,20 @@ pub enum Refusal {
     NoneRunning,
     #[error("id = {0:?}: not the running load")]
     UnknownLoad(String),
+    /// A load profile that does not parse: the parser's one line (file, key, value).
+    #[error("profile_yaml: {0}")]
+    Profile(String),
+    /// `UpdateLoad` on a load that follows no profile.
+    #[error("load {0} is not a profile load (InjectLoad with profile_yaml)")]
+    NotAProfile(String),
 }
 
 impl From<Refusal> for tonic::Status {
     fn from(r: Refusal) -> Self {
         let msg = r.to_string();
         match r {
-            Refusal::Invalid { .. } | Refusal::AboveCap { .. } | Refusal::TraceAboveCap { .. } => tonic::Status::invalid_argument(msg),
+            Refusal::Invalid { .. } | Refusal::AboveCap { .. } | Refusal::TraceAboveCap { .. } | Refusal::Profile(_) => tonic::Status::invalid_argument(msg),
+            Refusal::NotAProfile(_) => tonic::Status::failed_precondition(msg),
             Refusal::UnknownTarget { .. } | Refusal::NoneRunning | Refusal::UnknownLoad(_) => tonic::Status::not_found(msg),
             Refusal::Busy(_) => tonic::Status::already_exists(msg),
             Refusal::ShuttingDown => tonic::Status::unavailable(msg),
@@ -78,6 +88,8 @@ pub struct LoadSpec {
     pub arrival: Arrival,
     /// A trace to replay instead of the rate.
     pub replay: Option<Replay>,
+    /// A load profile to follow instead of the rate.
+    pub profile: Option<profile::ProfileSpec>,
 }
 
 /// A trace to replay, as validated.
@@ -125,6 +137,9 @@ pub fn validate(req: &proto::InjectLoadRequest, targets: &[&str], caps: &InjectC
             .position(|t| *t == name)
             .ok_or_else(|| Refusal::UnknownTarget { name: name.to_owned(), known: targets.join(", ") })?,
     };
+    if !req.profile_yaml.is_empty() {
+        return profile::validate(req, target, targets[target], caps);
+    }
     if !req.trace_file.is_empty() {
         return validate_trace(req, target, targets[target], caps);
     }
@@ -165,6 +180,7 @@ pub fn validate(req: &proto::InjectLoadRequest, targets: &[&str], caps: &InjectC
         max_requests,
         arrival,
         replay: None,
+        profile: None,
     })
 }
 
@@ -248,6 +264,7 @@ fn validate_trace(req: &proto::InjectLoadRequest, target: usize, target_name: &s
         max_requests: n,
         arrival: Arrival::Constant,
         replay: Some(Replay { name: t.name, speedup, peak_rate_per_second: peak, requests }),
+        profile: None,
     })
 }
 
@@ -293,6 +310,8 @@ pub struct Load {
     cancel: CancellationToken,
     /// Cancelled once every request of the load has finished.
     finished: CancellationToken,
+    /// A profile load's scheduler and revisions.
+    profile: Option<profile::ProfileState>,
 }
 
 impl Load {
@@ -331,20 +350,28 @@ impl Load {
             trace: self.spec.replay.as_ref().map(|r| r.name.clone()).unwrap_or_default(),
             trace_speedup: self.spec.replay.as_ref().map_or(0.0, |r| r.speedup),
             trace_peak_rate_per_second: self.spec.replay.as_ref().map_or(0.0, |r| r.peak_rate_per_second),
+            ..Default::default()
         }
+        .with_profile(self)
     }
 
     /// Sends request `seq` on its own task when a concurrency slot is free, else counts it
     /// skipped. A trace request gets synthetic text of about its input tokens (made on the
     /// request's task, distinct per `seed` and `seq`) and its output tokens as `max_tokens`.
-    fn send(self: &Arc<Self>, s: &Sender, seq: u64, trace_request: Option<(TraceRequest, Option<String>)>, seed: u64) {
+    /// A profile load's request carries its `revision` (span, recent requests) and feeds its
+    /// TPOT back to the scheduler.
+    fn send(self: &Arc<Self>, s: &Sender, seq: u64, trace_request: Option<(TraceRequest, Option<String>)>, seed: u64, revision: Option<u32>) {
         let Ok(permit) = s.slots.clone().try_acquire_owned() else {
             self.skipped.fetch_add(1, Ordering::Relaxed);
             return;
         };
         self.sent.fetch_add(1, Ordering::Relaxed);
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        let (load, runner, source) = (self.clone(), s.runner.clone(), s.source.clone());
+        let (load, runner) = (self.clone(), s.runner.clone());
+        let source = match revision {
+            Some(r) => Source::Inject { load_id: self.id.clone(), profile_revision: Some(r) },
+            None => s.source.clone(),
+        };
         s.tracker.spawn(s.requests.track_future(async move {
             let summary = match trace_request {
                 Some((r, calibrated)) => {
@@ -357,6 +384,7 @@ impl Load {
             if let Ok(mut g) = load.by_outcome.lock() {
                 *g.entry(summary.outcome).or_default() += 1;
             }
+            load.observe(&summary);
             load.in_flight.fetch_sub(1, Ordering::Relaxed);
             drop(permit);
         }));
@@ -379,9 +407,10 @@ impl Load {
             requests: TaskTracker::new(),
             tracker,
             runner,
-            source: Source::Inject { load_id: self.id.clone() },
+            source: Source::Inject { load_id: self.id.clone(), profile_revision: None },
         };
         match &spec.replay {
+            _ if self.profile.is_some() => self.run_profile(&sender, seed).await,
             Some(replay) => {
                 // Prompts of exact lengths first (the schedule starts after them).
                 let mut prompts = calibrated_prompts(&sender.runner, &replay.requests, seed, &self.stop).await.into_iter();
@@ -392,7 +421,7 @@ impl Load {
                         _ = self.stop.cancelled() => break,
                         _ = wait_until(t0 + r.at) => {}
                     }
-                    self.send(&sender, seq as u64, Some((*r, prompts.next().flatten())), seed);
+                    self.send(&sender, seq as u64, Some((*r, prompts.next().flatten())), seed, None);
                 }
             }
             None => {
@@ -409,7 +438,7 @@ impl Load {
                     if tick.scheduled >= deadline {
                         break;
                     }
-                    self.send(&sender, tick.seq, None, seed);
+                    self.send(&sender, tick.seq, None, seed, None);
                 }
             }
         }
@@ -491,6 +520,7 @@ impl LoadManager {
     /// [`Refusal`]: invalid or beyond a cap, another load running, shutting down.
     pub async fn start(&self, req: &proto::InjectLoadRequest) -> Result<Arc<Load>, Refusal> {
         let names: Vec<String> = self.runners.iter().map(|r| r.target.name.clone()).collect();
+        let req: &proto::InjectLoadRequest = &profile::with_output_tokens(req, &self.runners);
         let spec = if req.trace_file.is_empty() {
             validate(req, &names.iter().map(String::as_str).collect::<Vec<_>>(), &self.caps)?
         } else {
@@ -508,6 +538,8 @@ impl LoadManager {
         }
         let id: Arc<str> = format!("load-{}", self.next_id.fetch_add(1, Ordering::Relaxed)).into();
         let runner = self.runners[spec.target].clone();
+        let seed: u64 = rand::random();
+        let profile = spec.profile.as_ref().map(|p| profile::ProfileState::new(p, seed, &self.caps));
         let load = Arc::new(Load {
             id,
             spec,
@@ -522,9 +554,10 @@ impl LoadManager {
             stop: self.shutdown.stop.child_token(),
             cancel: self.shutdown.cancel.child_token(),
             finished: CancellationToken::new(),
+            profile,
         });
         tracing::info!(load = %load.id, target_name = %load.spec.target_name, trace = load.spec.replay.as_ref().map_or("-", |r| r.name.as_str()), rate = load.spec.rate_per_second, duration = ?load.spec.duration, concurrency = load.spec.concurrency, max_requests = load.spec.max_requests, "Injected load started.");
-        self.tracker.spawn(load.clone().run(runner, self.tracker.clone(), rand::random()));
+        self.tracker.spawn(load.clone().run(runner, self.tracker.clone(), seed));
         *current = Some(load.clone());
         Ok(load)
     }

@@ -48,6 +48,7 @@ impl From<&RequestSummary> for proto::RequestSummary {
             trace_id: s.trace_id.clone(),
             retries: s.retries,
             load_id: s.load_id.clone(),
+            profile_revision: s.profile_revision,
         }
     }
 }
@@ -186,6 +187,11 @@ impl proto::agent_control_server::AgentControl for ControlService {
     async fn stop_load(&self, req: Request<proto::StopLoadRequest>) -> Result<Response<proto::StopLoadResponse>, Status> {
         let load = self.loads.stop(&req.get_ref().id).await?;
         Ok(Response::new(proto::StopLoadResponse { load: Some(load.to_proto()) }))
+    }
+
+    async fn update_load(&self, req: Request<proto::UpdateLoadRequest>) -> Result<Response<proto::UpdateLoadResponse>, Status> {
+        let (load, revision) = self.loads.update(req.get_ref())?;
+        Ok(Response::new(proto::UpdateLoadResponse { load: Some(load.to_proto()), revision }))
     }
 
     async fn diagnose(&self, req: Request<proto::DiagnoseRequest>) -> Result<Response<proto::DiagnoseResponse>, Status> {

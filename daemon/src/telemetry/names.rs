@@ -67,6 +67,8 @@ pub const LMPERF_REQUEST_SOURCE: &str = "lmperf.request.source";
 pub const REQUEST_SOURCE_BENCH: &str = "bench";
 /// The id of the injected load a request belongs to.
 pub const LMPERF_LOAD_ID: &str = "lmperf.load.id";
+/// The load profile revision an injected profile load sent the request under (0 = as started).
+pub const LMPERF_PROFILE_REVISION: &str = "lmperf.profile.revision";
 /// `lmperf run`'s benchmark name, e.g. `c4_in512` (on spans and metric points).
 pub const LMPERF_BENCHMARK: &str = "lmperf.benchmark";
 /// Input length in tokens a replayed trace asked for (the prompt is synthetic text of about

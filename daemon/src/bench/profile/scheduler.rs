@@ -48,6 +48,8 @@ pub struct Scheduler {
     settled: bool,
     step_tpot: Vec<f64>,
     sustained: Option<f64>,
+    /// `adaptive` is raised no further than this request rate (an injected load's cap).
+    max_request_rate: f64,
 }
 
 impl Scheduler {
@@ -65,7 +67,27 @@ impl Scheduler {
             settled: false,
             step_tpot: Vec::new(),
             sustained: None,
+            max_request_rate: f64::INFINITY,
         }
+    }
+
+    /// Raises an `adaptive` rate no further than `per_second` requests per second: the level
+    /// whose successor would exceed it is where it settles (when its step held).
+    pub fn with_max_request_rate(mut self, per_second: f64) -> Self {
+        self.max_request_rate = per_second;
+        self
+    }
+
+    /// The request rate the profile asks first, at its peak for `bursty` (its on periods),
+    /// per second (`None` without `token_rate`): what a rate cap is checked against.
+    pub fn peak_request_rate(profile: &Profile, output_tokens: u32) -> Option<f64> {
+        let per_request = f64::from(output_tokens.max(1));
+        Some(match profile.token_rate? {
+            TokenRate::Constant { target, .. } | TokenRate::Adaptive { target, .. } => {
+                target / per_request
+            }
+            TokenRate::Bursty { target, .. } => 2.0 * target / per_request,
+        })
     }
 
     pub fn revision(&self) -> u32 {
@@ -195,7 +217,12 @@ impl Scheduler {
             }
             _ => {
                 self.sustained = Some(level_rate);
-                self.level += 1;
+                let next = target * (1.0 + increase).powi(self.level as i32 + 1);
+                if next / self.output_tokens > self.max_request_rate {
+                    self.settled = true;
+                } else {
+                    self.level += 1;
+                }
             }
         }
         self.step_tpot.clear();
@@ -366,5 +393,28 @@ mod tests {
         }
         // Levels 100, 150, 225, 337.5 hold; 506.25 breaks.
         assert_eq!(s.sustained_token_rate(), Some(337.5));
+    }
+
+    /// A cap on the request rate stops the raise where the next level would exceed it.
+    #[test]
+    fn adaptive_is_raised_no_further_than_the_cap() {
+        let p = profile(
+            "token_rate: {mode: adaptive, target: 100/s, increase: 50%, step: 1s, floor: 20}\n",
+        );
+        assert_eq!(Scheduler::peak_request_rate(&p, 10), Some(10.0));
+        // 25 req/s × 10 tokens: 225 tokens/s fits, 337.5 would not.
+        let mut s = Scheduler::new(p, 10, 0).with_max_request_rate(25.0);
+        let mut last = None;
+        while let Some(pl) = s.plan_next() {
+            if pl.at > Duration::from_secs(10) {
+                break;
+            }
+            s.observe_tpot(10.0);
+            last = s.request_rate_at(pl.at.as_secs_f64());
+        }
+        assert_eq!(s.sustained_token_rate(), Some(225.0));
+        assert_eq!(last, Some(22.5), "stays at the last level under the cap");
+        let bursty = profile("token_rate: {mode: bursty, target: 100/s}\n");
+        assert_eq!(Scheduler::peak_request_rate(&bursty, 10), Some(20.0));
     }
 }
