@@ -165,7 +165,7 @@ pub fn parse_with(text: &str, keep: impl Fn(&str) -> bool) -> Result<Page<'_>, P
     let mut last: (&str, Option<usize>, Option<usize>) = ("", None, None);
     // The label pairs of the line being read (byte ranges in it), reused line to line.
     let mut pairs: Vec<Pair> = Vec::new();
-    for (i, raw) in text.lines().enumerate() {
+    for (i, raw) in lines(text).enumerate() {
         let line = raw.trim_ascii();
         if line.is_empty() {
             continue;
@@ -236,6 +236,21 @@ pub fn parse_with(text: &str, keep: impl Fn(&str) -> bool) -> Result<Page<'_>, P
         });
     }
     Ok(page)
+}
+
+/// The lines of `text` as `str::lines` splits them (on `\n`; the caller trims a `\r`), the
+/// newline found eight bytes at a time.
+fn lines(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let end = find_any(rest.as_bytes(), 0, [b'\n']);
+        let line = rest.get(..end).unwrap_or_default();
+        rest = rest.get(end + 1..).unwrap_or_default();
+        Some(line)
+    })
 }
 
 /// The server prefixes [`Page::prefix_lines`] counts, in its order.
@@ -706,6 +721,25 @@ mod tests {
                 }
                 assert_eq!(name_end(&b, i), naive, "{b:?} from {i}");
             }
+        }
+    }
+
+    #[test]
+    fn lines_split_as_str_lines_does() {
+        for text in [
+            "",
+            "a",
+            "a\n",
+            "a\nb",
+            "a\r\n\nb\n\n",
+            "\n",
+            "ab\ncdefghijklmnop\nq",
+        ] {
+            assert_eq!(
+                lines(text).collect::<Vec<_>>(),
+                text.split_terminator('\n').collect::<Vec<_>>(),
+                "{text:?}"
+            );
         }
     }
 
