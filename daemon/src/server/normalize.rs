@@ -225,11 +225,17 @@ fn counter(page: &Page, names: &[&str]) -> Option<f64> {
 /// The histogram `family` summed over its series, keeping only series whose labels include
 /// every pair of `only`.
 pub fn histogram(page: &Page, family: &str, only: &[(&str, &str)]) -> Option<Histogram> {
-    let keep = |s: &&Sample| only.iter().all(|(k, v)| s.label(k).as_deref() == Some(*v));
+    let keep = |s: &&Sample| {
+        only.iter()
+            .all(|(k, v)| page.label(s, k).as_deref() == Some(*v))
+    };
     let bucket = format!("{family}_bucket");
     let mut buckets: Vec<(f64, f64)> = Vec::new();
     for s in page.named(&bucket).filter(keep) {
-        let Some(le) = s.label("le").and_then(|v| super::parse::parse_value(&v)) else {
+        let Some(le) = page
+            .label(s, "le")
+            .and_then(|v| super::parse::parse_value(&v))
+        else {
             continue;
         };
         if le.is_nan() {

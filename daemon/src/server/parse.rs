@@ -42,6 +42,8 @@ pub struct Sample<'a> {
     raw_labels: &'a str,
     /// Finite value (NaN and ±Inf samples are dropped and counted in [`ParseStats::non_finite`]).
     pub value: f64,
+    /// Its label pairs in its page's `pairs` (start, count), for [`Page::label`].
+    pairs: (u32, u32),
 }
 
 impl<'a> Sample<'a> {
@@ -99,9 +101,32 @@ pub struct Page<'a> {
     index: HashMap<&'a str, usize, Seeded>,
     /// Indices into `samples`, per name.
     slots: Vec<Vec<u32>>,
+    /// The kept samples' label pairs (byte ranges in their lines), read once by the parse.
+    pairs: Vec<Pair>,
 }
 
 impl<'a> Page<'a> {
+    /// The value of label `key` of `s`, one of this page's samples, as [`Sample::label`] reads
+    /// it, from the pairs the parse found (no second scan of the label set).
+    pub fn label(&self, s: &Sample<'a>, key: &str) -> Option<Cow<'a, str>> {
+        let (from, n) = (s.pairs.0 as usize, s.pairs.1 as usize);
+        // The ranges count from the line's start; the label set starts after `name{`.
+        let o = s.name.len() + 1;
+        let raw = s.raw_labels;
+        let at = |r: (usize, usize)| raw.get(r.0.checked_sub(o)?..r.1.checked_sub(o)?);
+        for p in self.pairs.get(from..from + n)? {
+            if at(p.key) == Some(key) {
+                let v = at(p.value)?;
+                return Some(if p.escaped {
+                    Cow::Owned(unescape(v))
+                } else {
+                    Cow::Borrowed(v)
+                });
+            }
+        }
+        None
+    }
+
     /// The type a `# TYPE` line gave the family `family`.
     pub fn metric_type(&self, family: &str) -> Option<MetricType> {
         self.types.get(family).copied()
@@ -227,6 +252,12 @@ pub fn parse_with(text: &str, keep: impl Fn(&str) -> bool) -> Result<Page<'_>, P
         if let Some(v) = page.slots.get_mut(slot) {
             v.push(at);
         }
+        let mut s = s;
+        s.pairs = (
+            u32::try_from(page.pairs.len()).unwrap_or(u32::MAX),
+            u32::try_from(pairs.len()).unwrap_or(0),
+        );
+        page.pairs.extend_from_slice(&pairs);
         page.samples.push(s);
     }
     if page.sample_lines == 0 && page.stats.non_finite == 0 && page.stats.bad_lines > 0 {
@@ -461,6 +492,7 @@ fn sample_line<'a>(line: &'a str, pairs: &mut Vec<Pair>) -> Result<Sample<'a>, &
         name,
         raw_labels,
         value,
+        pairs: (0, 0),
     })
 }
 
@@ -603,6 +635,11 @@ mod tests {
         assert_eq!(page.samples[0].label("y").as_deref(), Some("q\"\\\n"));
         assert_eq!(page.samples[0].label("x").as_deref(), Some("1"));
         assert_eq!(page.samples[0].label("z"), None);
+        for s in &page.samples {
+            for k in ["x", "y", "z"] {
+                assert_eq!(page.label(s, k), s.label(k), "{k}");
+            }
+        }
         let b = page.samples[1];
         assert_eq!((b.name, b.value, b.labels().count()), ("b", 7.0, 0));
         assert_eq!(page.stats, ParseStats::default());
