@@ -279,17 +279,18 @@ impl ServerWatch {
             identity = s.read_identity(end.kind).await;
         }
         let between: Vec<ServerSample> = ts.history().into_iter().filter(|s| s.at >= t0).collect();
-        self.rows.extend(between.iter().map(|s| {
-            ServerSampleRow {
-                schema_version: super::SCHEMA_VERSION,
-                benchmark: benchmark.to_owned(),
-                t_ms: s
-                    .at
-                    .duration_since(t0)
-                    .map_or(0.0, |d| d.as_secs_f64() * 1000.0),
-                sample: s.clone(),
-            }
-        }));
+        self.rows
+            .extend(between.iter().filter(|s| s.at <= t1).map(|s| {
+                ServerSampleRow {
+                    schema_version: super::SCHEMA_VERSION,
+                    benchmark: benchmark.to_owned(),
+                    t_ms: s
+                        .at
+                        .duration_since(t0)
+                        .map_or(0.0, |d| d.as_secs_f64() * 1000.0),
+                    sample: s.clone(),
+                }
+            }));
         Some(block(
             start.as_ref().map(|r| (r, t0)),
             (&end, t1),
