@@ -209,7 +209,7 @@ pub fn parse_with(text: &str, keep: impl Fn(&str) -> bool) -> Result<Page<'_>, P
             }
             continue;
         }
-        let s = match sample_line(line, &mut pairs) {
+        let s = match sample_line(line, last.0, &mut pairs) {
             Ok(s) => s,
             Err(why) => {
                 page.stats.bad_lines += 1;
@@ -451,14 +451,28 @@ fn quote_or_escape(b: &[u8], i: usize) -> usize {
 }
 
 /// Parses one sample line (already trimmed, not a comment); its label pairs' byte ranges go
-/// to `pairs` (cleared first).
-fn sample_line<'a>(line: &'a str, pairs: &mut Vec<Pair>) -> Result<Sample<'a>, &'static str> {
+/// to `pairs` (cleared first). `prev_name`: the previous sample's name (or empty), a well-formed
+/// name.
+fn sample_line<'a>(
+    line: &'a str,
+    prev_name: &str,
+    pairs: &mut Vec<Pair>,
+) -> Result<Sample<'a>, &'static str> {
     let b = line.as_bytes();
     pairs.clear();
     if !b.first().copied().is_some_and(is_name_start) {
         return Err("not a metric name");
     }
-    let mut i = name_end(b, 1);
+    // Lines of one name come in runs (a histogram's buckets): the previous line's name, when
+    // this line starts with it and it ends there, is this one's without a byte-by-byte walk.
+    let mut i = if !prev_name.is_empty()
+        && b.starts_with(prev_name.as_bytes())
+        && !b.get(prev_name.len()).copied().is_some_and(is_name_char)
+    {
+        prev_name.len()
+    } else {
+        name_end(b, 1)
+    };
     let name = line.get(..i).ok_or("not a metric name")?;
     let mut raw_labels = "";
     if b.get(i) == Some(&b'{') {
