@@ -450,6 +450,23 @@ fn lmperf_run_against_the_overloaded_server_reports_its_queue() {
         "{sv}"
     );
     assert!(sv["timeline"].as_array().unwrap().len() >= 2);
+    // server_samples.jsonl: the scrapes between the benchmark's start and end reads, as the
+    // timeline has them (absent when the benchmark was shorter than one scrape interval).
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("server_samples.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        rows.len(),
+        sv["timeline"].as_array().unwrap().len() - 2,
+        "{rows:?}"
+    );
+    for r in &rows {
+        assert_eq!(r["benchmark"], b["benchmark"], "{r}");
+        assert!(r["t_ms"].as_f64().unwrap() >= 0.0, "{r}");
+        assert!(r["requests_running"].as_f64().unwrap() <= 2.0, "{r}");
+    }
     let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
     let ttft = html.find("TTFT over time").expect("client TTFT plot");
     let queue = html

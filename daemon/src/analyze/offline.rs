@@ -1,5 +1,6 @@
 //! `lmperf analyze`: the diagnosis engine over a finished run (`requests.jsonl` of `lmperf
-//! run`) or a live agent's diagnosis (`/api/v1/diagnosis`), as text, JSON or `scorecard.html`.
+//! run`, and its `server_samples.jsonl` when the server's metrics were read) or a live agent's
+//! diagnosis (`/api/v1/diagnosis`), as text, JSON or `scorecard.html`.
 
 use std::collections::BTreeMap;
 use std::io::BufRead;
@@ -148,6 +149,7 @@ pub fn run_episode(dir: &Path) -> Result<Episode, AnalyzeError> {
     let Some(target) = series.keys().next().cloned() else {
         return Err(AnalyzeError::Empty { path: p });
     };
+    last = last.max(add_server_samples(dir, &mut series)?);
     for sigs in series.values_mut() {
         for pts in sigs.values_mut() {
             pts.sort_by(|a, b| a[0].total_cmp(&b[0]));
@@ -167,6 +169,52 @@ pub fn run_episode(dir: &Path) -> Result<Episode, AnalyzeError> {
         notes: String::new(),
         series,
     })
+}
+
+/// Adds a run's `server_samples.jsonl` (none: nothing) to `series`: each scrape's signals as
+/// the live agent feeds them ([`crate::diagnosis_live::server_signals`]), on its benchmark's
+/// target at its offset from the benchmark's start. Returns the last offset, s.
+fn add_server_samples(
+    dir: &Path,
+    series: &mut BTreeMap<String, BTreeMap<String, Vec<[f64; 2]>>>,
+) -> Result<f64, AnalyzeError> {
+    let path = dir.join(crate::bench::server::SAMPLES_FILE);
+    let p = path.display().to_string();
+    let file = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0.0),
+        Err(source) => return Err(AnalyzeError::Io { path: p, source }),
+    };
+    let mut last = 0.0_f64;
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|source| AnalyzeError::Io {
+            path: p.clone(),
+            source,
+        })?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let row: crate::bench::server::ServerSampleRow =
+            serde_json::from_str(&line).map_err(|e| AnalyzeError::Line {
+                path: p.clone(),
+                line: i + 1,
+                msg: format!("not a server sample: {e}"),
+            })?;
+        let t = row.t_ms / 1000.0;
+        if !t.is_finite() || t < 0.0 {
+            return Err(AnalyzeError::Line {
+                path: p.clone(),
+                line: i + 1,
+                msg: format!("t_ms: {} is not an offset", row.t_ms),
+            });
+        }
+        last = last.max(t);
+        let s = series.entry(row.benchmark).or_default();
+        for (sig, v) in crate::diagnosis_live::server_signals(&row.sample) {
+            s.entry(sig.as_str().to_owned()).or_default().push([t, v]);
+        }
+    }
+    Ok(last)
 }
 
 /// Runs the engine over `ep` (once a second) and keeps, per target, the diagnosis of the last

@@ -233,3 +233,127 @@ fn recorded_live_episodes_are_diagnosed() {
         assert!((0.0..=60.0).contains(&ttd), "{o:?}");
     }
 }
+
+/// A run of one benchmark, 1 request/s for 10 min, whose client TTFT goes from 60 ms to
+/// 600 ms at 360 s while the server's queue fills (waiting 0 → 25, queue time 10 ms → 500 ms)
+/// at a steady request and token rate; `server_samples.jsonl` as `lmperf run` writes it
+/// (a scrape a second, through `write_samples`).
+fn write_queued_run(dir: &std::path::Path, with_server: bool) {
+    use std::fmt::Write as _;
+    use std::time::{Duration, SystemTime};
+    let mut s = String::new();
+    let mut rows = Vec::new();
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_764_500_000);
+    for i in 0..600u32 {
+        let send = f64::from(i) * 1000.0;
+        let late = i >= 360;
+        let ttft = if late { 600.0 } else { 60.0 } + f64::from(i % 7);
+        let tpot = 12.0 + f64::from(i % 3) * 0.1;
+        let line = serde_json::json!({"schema_version": 1, "benchmark": "queued", "index": i, "repeat": 0,
+            "send_ms": send, "e2el_ms": ttft + 31.0 * tpot, "ttft_ms": ttft, "tpot_ms": tpot,
+            "outcome": "ok", "http_status": 200, "prompt_tokens": 100, "input_tokens": 100});
+        let _ = writeln!(s, "{line}");
+        let lat = |mean: f64| crate::server::LatencyStats {
+            mean: Some(mean),
+            p50: Some(mean),
+            p99: Some(mean * 1.5),
+            count: 1.0,
+        };
+        rows.push(crate::bench::server::ServerSampleRow {
+            schema_version: 1,
+            benchmark: "queued".into(),
+            t_ms: send,
+            sample: crate::server::ServerSample {
+                at: t0 + Duration::from_secs(u64::from(i)),
+                requests_waiting: Some(if late { 25.0 } else { 0.0 }),
+                requests_running: Some(8.0),
+                kv_cache_usage: Some(0.4),
+                preemptions_per_s: Some(0.0),
+                prefix_cache_hit_ratio: None,
+                prompt_tokens_per_s: Some(100.0),
+                generation_tokens_per_s: Some(32.0),
+                requests_per_s: Some(1.0),
+                ttft: lat(if late { 0.55 } else { 0.05 }),
+                itl: lat(0.012),
+                queue: lat(if late { 0.5 } else { 0.01 }),
+                prefill: lat(0.04),
+                decode: lat(0.012),
+                interval_s: Some(1.0),
+                reset: false,
+            },
+        });
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("requests.jsonl"), s).unwrap();
+    if with_server {
+        crate::bench::server::write_samples(dir, &rows).unwrap();
+    }
+}
+
+#[test]
+fn analyze_feeds_a_runs_server_samples_to_the_engine() {
+    use crate::diagnosis::Signal;
+    let base = std::env::temp_dir().join(format!("lmperf-analyze-server-{}", std::process::id()));
+    let (with, without) = (base.join("with"), base.join("without"));
+    write_queued_run(&with, true);
+    write_queued_run(&without, false);
+    let a = super::offline::analyze_run(&with, None).unwrap();
+    // The scrapes are on the benchmark's timeline, one a second, as written.
+    let waiting = &a.series["queued"][&Signal::ServerRequestsWaiting];
+    assert_eq!(waiting.len(), 600);
+    let t0 = a.series["queued"][&Signal::Ttft][0][0];
+    assert_eq!(
+        (waiting[360][0] - waiting[0][0], waiting[360][1]),
+        (360.0, 25.0)
+    );
+    // Requests are placed at their end (send + E2EL: 60 + 31 × 12 ms for the first), scrapes
+    // at their read.
+    assert!(
+        (waiting[0][0] - t0 + 0.432).abs() < 1e-6,
+        "{} vs {t0}",
+        waiting[0][0]
+    );
+    let d = a
+        .diagnosis
+        .targets
+        .iter()
+        .find(|t| t.target == "queued")
+        .unwrap();
+    let top = &d.causes[0];
+    assert_eq!(top.cause, Cause::ServerQueueing, "{d:?}");
+    assert!(
+        top.evidence
+            .iter()
+            .any(|e| e.signal == Signal::ServerRequestsWaiting
+                || e.signal == Signal::ServerQueueTime),
+        "{top:?}"
+    );
+    // Without the file, the same requests cannot name the server's queue.
+    let b = super::offline::analyze_run(&without, None).unwrap();
+    assert!(!b.series["queued"].contains_key(&Signal::ServerRequestsWaiting));
+    let d = b
+        .diagnosis
+        .targets
+        .iter()
+        .find(|t| t.target == "queued")
+        .unwrap();
+    assert!(
+        d.causes
+            .first()
+            .is_none_or(|c| c.cause != Cause::ServerQueueing),
+        "{d:?}"
+    );
+    // A broken line names the file, the line and the field.
+    let mut text = std::fs::read_to_string(with.join("server_samples.jsonl")).unwrap();
+    text.push_str("{\"schema_version\":1,\"benchmark\":\"queued\",\"t_ms\":5}\n");
+    std::fs::write(with.join("server_samples.jsonl"), text).unwrap();
+    let e = super::offline::analyze_run(&with, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("server_samples.jsonl:601") && e.contains("`at`"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&base);
+}

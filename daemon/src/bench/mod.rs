@@ -515,7 +515,7 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>) -> Result<Sum
             let mut summary = summarize(&spec, &name, concurrency, summary_input_len, &rows);
             summary.repeat = repeat::repeat_stats(&per_repeat);
             summary.vram = watch.take(summary.output_token_throughput);
-            summary.server = server_watch.take().await;
+            summary.server = server_watch.take(&name).await;
             if spec.progress {
                 let errors = if summary.errors.is_empty() {
                     String::new()
@@ -539,7 +539,7 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>) -> Result<Sum
     }
     let gpu = watch.status();
     watch.stop();
-    server_watch.stop().await;
+    let server_samples = server_watch.stop().await;
     let failed_gates = spec.fail_on.iter().filter(|g| benchmarks.iter().any(|b| gate_trips(g, b))).map(|g| g.text.clone()).collect();
     let summary = Summary {
         schema_version: SCHEMA_VERSION,
@@ -564,6 +564,7 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>) -> Result<Sum
         profile: profile_info,
     };
     write_outputs(&spec.output_dir, &rows_all, &summary)?;
+    server::write_samples(&spec.output_dir, &server_samples).map_err(|source| BenchError::Output { path: spec.output_dir.clone(), source })?;
     if let Some(t) = telemetry {
         t.shutdown().await;
     }

@@ -150,6 +150,38 @@ pub fn block(
     }
 }
 
+/// One line of `server_samples.jsonl`: a scrape during a benchmark, for `lmperf analyze`.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct ServerSampleRow {
+    pub schema_version: u32,
+    pub benchmark: String,
+    /// Milliseconds from the benchmark's start (its first repeat's, with `--repeat`), as the
+    /// `*_ms` offsets of `requests.jsonl`.
+    pub t_ms: f64,
+    /// The scrape, `at` in Unix seconds.
+    #[serde(flatten)]
+    pub sample: ServerSample,
+}
+
+/// Writes `server_samples.jsonl` into `dir` (nothing when no sample was read).
+///
+/// # Errors
+/// The file cannot be written.
+pub fn write_samples(dir: &std::path::Path, rows: &[ServerSampleRow]) -> std::io::Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut lines = String::new();
+    for r in rows {
+        lines.push_str(&serde_json::to_string(r).map_err(std::io::Error::other)?);
+        lines.push('\n');
+    }
+    std::fs::write(dir.join(SAMPLES_FILE), lines)
+}
+
+/// The file of [`ServerSampleRow`]s in a run directory.
+pub const SAMPLES_FILE: &str = "server_samples.jsonl";
+
 /// Scrapes the target during a run.
 #[derive(Debug)]
 pub struct ServerWatch {
@@ -158,6 +190,8 @@ pub struct ServerWatch {
     monitor: Option<Monitor>,
     start: Option<(Option<Reading>, SystemTime)>,
     warned: bool,
+    /// Every benchmark's scrapes so far.
+    rows: Vec<ServerSampleRow>,
 }
 
 impl ServerWatch {
@@ -169,6 +203,7 @@ impl ServerWatch {
             monitor: None,
             start: None,
             warned: false,
+            rows: Vec::new(),
         };
         if !target.server.enabled {
             return off;
@@ -187,6 +222,7 @@ impl ServerWatch {
             monitor: Some(monitor),
             start: None,
             warned: false,
+            rows: Vec::new(),
         }
     }
 
@@ -229,8 +265,9 @@ impl ServerWatch {
         self.start = Some((r, SystemTime::now()));
     }
 
-    /// The block of the benchmark since [`ServerWatch::mark`].
-    pub async fn take(&mut self) -> Option<ServerBlock> {
+    /// The block of the benchmark `benchmark` since [`ServerWatch::mark`]; its scrapes are
+    /// kept for `server_samples.jsonl` ([`ServerWatch::stop`]).
+    pub async fn take(&mut self, benchmark: &str) -> Option<ServerBlock> {
         let (start, t0) = self.start.take()?;
         let end = self.read().await?;
         let t1 = SystemTime::now();
@@ -242,6 +279,18 @@ impl ServerWatch {
             identity = s.read_identity(end.kind).await;
         }
         let between: Vec<ServerSample> = ts.history().into_iter().filter(|s| s.at >= t0).collect();
+        self.rows
+            .extend(between.iter().filter(|s| s.at <= t1).map(|s| {
+                ServerSampleRow {
+                    schema_version: super::SCHEMA_VERSION,
+                    benchmark: benchmark.to_owned(),
+                    t_ms: s
+                        .at
+                        .duration_since(t0)
+                        .map_or(0.0, |d| d.as_secs_f64() * 1000.0),
+                    sample: s.clone(),
+                }
+            }));
         Some(block(
             start.as_ref().map(|r| (r, t0)),
             (&end, t1),
@@ -250,10 +299,12 @@ impl ServerWatch {
         ))
     }
 
-    pub async fn stop(self) {
+    /// Stops the scraper; returns every benchmark's scrapes.
+    pub async fn stop(self) -> Vec<ServerSampleRow> {
         if let Some(m) = self.monitor {
             m.stop().await;
         }
+        self.rows
     }
 }
 

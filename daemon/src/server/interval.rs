@@ -5,14 +5,14 @@
 
 use std::time::SystemTime;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::normalize::{Histogram, Reading};
 use super::quantile::histogram_quantile;
 
 /// Mean, p50 and p99 of one server-side latency over an interval, seconds; `None` when no
 /// request finished in it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct LatencyStats {
     pub mean: Option<f64>,
     pub p50: Option<f64>,
@@ -26,10 +26,13 @@ pub struct LatencyStats {
 /// **Contract** (consumed by the diagnosis): every field is `None` when the server does not
 /// expose it or no interval exists yet (the first scrape), never 0 in its place. Rates are per
 /// second over the interval between the two scrapes; latencies are seconds.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+///
+/// Serialized (`server_samples.jsonl` of `lmperf run`, read back by `lmperf analyze`) with
+/// `at` in Unix seconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ServerSample {
     /// When the page was read.
-    #[serde(serialize_with = "unix_s")]
+    #[serde(serialize_with = "unix_s", deserialize_with = "from_unix_s")]
     pub at: SystemTime,
     pub requests_waiting: Option<f64>,
     pub requests_running: Option<f64>,
@@ -57,6 +60,13 @@ fn unix_s<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error>
         t.duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64()),
     )
+}
+
+fn from_unix_s<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
+    let s = f64::deserialize(d)?;
+    std::time::Duration::try_from_secs_f64(s)
+        .map(|o| SystemTime::UNIX_EPOCH + o)
+        .map_err(|e| serde::de::Error::custom(format!("at: {s} is not a Unix time ({e})")))
 }
 
 /// Increase of a counter from `prev` to `cur`; a decrease is a reset (increase = `cur`).

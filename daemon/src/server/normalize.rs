@@ -47,33 +47,99 @@ impl ServerKind {
     }
 }
 
-/// The kind whose prefix most samples carry (`vllm:`, `sglang:`, `tgi_`, `llamacpp:`).
+/// The kind whose prefix most sample lines carry (`vllm:`, `sglang:`, `tgi_`, `llamacpp:`;
+/// every well-formed line of the page counts, kept or not).
 pub fn detect(page: &Page) -> ServerKind {
-    let mut n = [0usize; 4];
-    for s in &page.samples {
-        let k = if s.name.starts_with("vllm:") {
-            0
-        } else if s.name.starts_with("sglang:") {
-            1
-        } else if s.name.starts_with("tgi_") {
-            2
-        } else if s.name.starts_with("llamacpp:") {
-            3
-        } else {
-            continue;
-        };
-        n[k] += 1;
-    }
     let kinds = [
         ServerKind::Vllm,
         ServerKind::Sglang,
         ServerKind::Tgi,
         ServerKind::LlamaCpp,
     ];
-    match n.iter().enumerate().max_by_key(|(_, c)| **c) {
+    match page
+        .prefix_lines
+        .iter()
+        .enumerate()
+        .max_by_key(|(_, c)| **c)
+    {
         Some((i, c)) if *c > 0 => kinds[i],
         _ => ServerKind::Unknown,
     }
+}
+
+/// Every metric family [`normalize`] reads, any kind (counters without `_total`, histograms
+/// without `_bucket`/`_count`/`_sum`). Kept in step with `normalize` by the test
+/// `reads_keeps_every_name_normalize_reads`.
+const READ: &[&str] = &[
+    // vLLM
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "vllm:num_preemptions",
+    "vllm:prefix_cache_hits",
+    "vllm:gpu_prefix_cache_hits",
+    "vllm:prefix_cache_queries",
+    "vllm:gpu_prefix_cache_queries",
+    "vllm:prompt_tokens",
+    "vllm:generation_tokens",
+    "vllm:request_success",
+    "vllm:time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:time_per_output_token_seconds",
+    "vllm:request_queue_time_seconds",
+    "vllm:request_prefill_time_seconds",
+    "vllm:request_decode_time_seconds",
+    "vllm:e2e_request_latency_seconds",
+    // SGLang
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+    "sglang:token_usage",
+    "sglang:cache_hit_rate",
+    "sglang:num_retracted_requests",
+    "sglang:prompt_tokens",
+    "sglang:generation_tokens",
+    "sglang:num_requests",
+    "sglang:time_to_first_token_seconds",
+    "sglang:inter_token_latency_seconds",
+    "sglang:queue_time_seconds",
+    "sglang:e2e_request_latency_seconds",
+    // TGI
+    "tgi_batch_current_size",
+    "tgi_queue_size",
+    "tgi_request_input_length",
+    "tgi_request_generated_tokens",
+    "tgi_request_count",
+    "tgi_request_queue_duration",
+    "tgi_batch_forward_duration",
+    "tgi_request_duration",
+    // llama.cpp
+    "llamacpp:requests_processing",
+    "llamacpp:requests_deferred",
+    "llamacpp:kv_cache_usage_ratio",
+    "llamacpp:prompt_tokens_cached",
+    "llamacpp:prompt_tokens",
+    "llamacpp:tokens_predicted",
+    "llamacpp:prompt_seconds",
+    "llamacpp:tokens_predicted_seconds",
+];
+
+/// Whether [`normalize`] reads samples named `name`: the filter of
+/// [`parse_with`](super::parse::parse_with) on the scraper's path, so the families no signal
+/// comes from (`_created`, request-size histograms, Python GC, HTTP handlers) are checked
+/// but never stored.
+pub fn reads(name: &str) -> bool {
+    if name == "process_start_time_seconds" {
+        return true;
+    }
+    if !super::parse::PREFIXES.iter().any(|p| name.starts_with(p)) {
+        return false;
+    }
+    READ.contains(&name)
+        || ["_bucket", "_count", "_sum", "_total"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .is_some_and(|base| READ.contains(&base))
 }
 
 /// A cumulative histogram: `(upper bound, cumulative count)` sorted by bound, the last bound
@@ -127,18 +193,18 @@ pub struct Reading {
     pub process_start_time_s: Option<f64>,
 }
 
-fn sum_of<'a>(it: impl Iterator<Item = &'a Sample>) -> Option<f64> {
+fn sum_of<'p, 'a: 'p>(it: impl Iterator<Item = &'p Sample<'a>>) -> Option<f64> {
     it.map(|s| s.value)
         .fold(None, |acc, v| Some(acc.unwrap_or(0.0) + v))
 }
 
-fn max_of<'a>(it: impl Iterator<Item = &'a Sample>) -> Option<f64> {
+fn max_of<'p, 'a: 'p>(it: impl Iterator<Item = &'p Sample<'a>>) -> Option<f64> {
     it.map(|s| s.value).fold(None, |acc: Option<f64>, v| {
         Some(acc.map_or(v, |a| a.max(v)))
     })
 }
 
-fn mean_of<'a>(it: impl Iterator<Item = &'a Sample>) -> Option<f64> {
+fn mean_of<'p, 'a: 'p>(it: impl Iterator<Item = &'p Sample<'a>>) -> Option<f64> {
     let (n, s) = it.fold((0usize, 0.0), |(n, s), x| (n + 1, s + x.value));
     (n > 0).then(|| s / n as f64)
 }
@@ -159,11 +225,17 @@ fn counter(page: &Page, names: &[&str]) -> Option<f64> {
 /// The histogram `family` summed over its series, keeping only series whose labels include
 /// every pair of `only`.
 pub fn histogram(page: &Page, family: &str, only: &[(&str, &str)]) -> Option<Histogram> {
-    let keep = |s: &&Sample| only.iter().all(|(k, v)| s.label(k) == Some(*v));
+    let keep = |s: &&Sample| {
+        only.iter()
+            .all(|(k, v)| page.label(s, k).as_deref() == Some(*v))
+    };
     let bucket = format!("{family}_bucket");
     let mut buckets: Vec<(f64, f64)> = Vec::new();
     for s in page.named(&bucket).filter(keep) {
-        let Some(le) = s.label("le").and_then(super::parse::parse_value) else {
+        let Some(le) = page
+            .label(s, "le")
+            .and_then(|v| super::parse::parse_value(&v))
+        else {
             continue;
         };
         if le.is_nan() {
@@ -315,7 +387,7 @@ pub fn normalize(page: &Page, kind: Option<ServerKind>) -> Reading {
 pub fn is_counter(page: &Page, name: &str) -> bool {
     let family = name.strip_suffix("_total").unwrap_or(name);
     matches!(
-        page.types.get(family).or_else(|| page.types.get(name)),
+        page.metric_type(family).or_else(|| page.metric_type(name)),
         Some(MetricType::Counter)
     )
 }
@@ -363,5 +435,34 @@ mod tests {
         assert_eq!(h.buckets, vec![(0.1, 6.0), (f64::INFINITY, 8.0)]);
         assert_eq!(h.count, 8.0);
         assert!(h.sum.is_nan());
+    }
+
+    #[test]
+    fn reads_keeps_every_name_normalize_reads() {
+        // Each fixture normalized from every sample and from the `reads` samples only: the
+        // same reading (Debug, as a NaN histogram sum is not equal to itself).
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/server/");
+        let mut n = 0;
+        for e in std::fs::read_dir(dir).unwrap() {
+            let path = e.unwrap().path();
+            if path.extension().is_none_or(|x| x != "prom") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let all = parse(&text).unwrap();
+            let kept = crate::server::parse::parse_with(&text, reads).unwrap();
+            assert!(kept.samples.len() <= all.samples.len(), "{path:?}");
+            assert_eq!(
+                format!("{:?}", normalize(&all, None)),
+                format!("{:?}", normalize(&kept, None)),
+                "{path:?}"
+            );
+            n += 1;
+        }
+        assert_eq!(n, 10);
+        assert!(reads("vllm:time_to_first_token_seconds_bucket") && reads("tgi_request_count"));
+        assert!(
+            !reads("vllm:prompt_tokens_created") && !reads("python_gc_objects_collected_total")
+        );
     }
 }

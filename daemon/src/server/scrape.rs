@@ -24,6 +24,9 @@ use crate::config::{Secret, TargetConfig};
 const PARSE_INLINE_MAX: usize = 256 << 10;
 /// Info route bodies are read up to this.
 const INFO_MAX_BYTES: usize = 1 << 20;
+/// Idle keep-alive connections the scrapers' client keeps per host: one per target that
+/// shares a host and port (several models behind one server), so no scrape reconnects.
+const IDLE_PER_HOST: usize = 16;
 
 /// Why one scrape failed: `kind` names the counter reason, `message` is the sentence.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,12 +41,13 @@ impl ScrapeFailure {
     }
 }
 
-/// A body read up to a cap.
+/// A body read up to a cap into `body` (cleared first; its capacity is reused).
 async fn read_capped(
     resp: reqwest::Response,
     max: usize,
     url: &str,
-) -> Result<Vec<u8>, ScrapeFailure> {
+    body: &mut Vec<u8>,
+) -> Result<(), ScrapeFailure> {
     if let Some(len) = resp.content_length()
         && len > max as u64
     {
@@ -53,7 +57,10 @@ async fn read_capped(
         ));
     }
     let mut resp = resp;
-    let mut body = Vec::new();
+    body.clear();
+    if let Some(len) = resp.content_length() {
+        body.reserve(usize::try_from(len).unwrap_or(max).min(max));
+    }
     loop {
         match resp.chunk().await {
             Ok(Some(c)) => {
@@ -65,7 +72,7 @@ async fn read_capped(
                 }
                 body.extend_from_slice(&c);
             }
-            Ok(None) => return Ok(body),
+            Ok(None) => return Ok(()),
             Err(e) if e.is_timeout() => {
                 return Err(ScrapeFailure::new(
                     "timeout",
@@ -82,7 +89,7 @@ async fn read_capped(
     }
 }
 
-/// GET `url` within `timeout`, body capped at `max`.
+/// GET `url` within `timeout`, body capped at `max`: the body and its content type.
 pub async fn fetch(
     client: &reqwest::Client,
     url: &str,
@@ -90,6 +97,21 @@ pub async fn fetch(
     timeout: Duration,
     max: usize,
 ) -> Result<(Vec<u8>, Option<String>), ScrapeFailure> {
+    let mut body = Vec::new();
+    fetch_into(client, url, key, timeout, max, &mut body)
+        .await
+        .map(|ctype| (body, ctype))
+}
+
+/// [`fetch`] into `body` (cleared first; a scraper reuses one buffer for every page).
+pub async fn fetch_into(
+    client: &reqwest::Client,
+    url: &str,
+    key: Option<&Secret>,
+    timeout: Duration,
+    max: usize,
+    body: &mut Vec<u8>,
+) -> Result<Option<String>, ScrapeFailure> {
     let work = async {
         let mut req = client.get(url);
         if let Some(k) = key {
@@ -122,8 +144,8 @@ pub async fn fetch(
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let body = read_capped(resp, max, url).await?;
-        Ok((body, ctype))
+        read_capped(resp, max, url, body).await?;
+        Ok(ctype)
     };
     match tokio::time::timeout(timeout, work).await {
         Ok(r) => r,
@@ -149,7 +171,8 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// Parses and normalizes a page body.
+/// Parses and normalizes a page body (only the samples [`normalize::reads`] are kept; every
+/// line is checked and counted).
 ///
 /// # Errors
 /// A failure named `html`, `empty`, `not_metrics` or `body` (not UTF-8).
@@ -160,7 +183,7 @@ pub fn read_page(
 ) -> Result<(Reading, ParseStats), ScrapeFailure> {
     let text = std::str::from_utf8(body)
         .map_err(|e| ScrapeFailure::new("body", format!("{url}: the page is not UTF-8 ({e})")))?;
-    let page = parse::parse(text).map_err(|e| {
+    let page = parse::parse_with(text, normalize::reads).map_err(|e| {
         let kind = match e {
             parse::PageError::Html => "html",
             parse::PageError::Empty => "empty",
@@ -183,6 +206,8 @@ pub struct Scraper {
     prev: Option<(Reading, SystemTime)>,
     identity_at: Option<tokio::time::Instant>,
     warned_parse: bool,
+    /// The page buffer, reused from scrape to scrape.
+    body: Vec<u8>,
 }
 
 impl Scraper {
@@ -196,6 +221,7 @@ impl Scraper {
             prev: None,
             identity_at: None,
             warned_parse: false,
+            body: Vec::new(),
         }
     }
 
@@ -207,7 +233,7 @@ impl Scraper {
         crate::install_tls_provider();
         reqwest::Client::builder()
             .no_proxy()
-            .pool_max_idle_per_host(1)
+            .pool_max_idle_per_host(IDLE_PER_HOST)
             .build()
     }
 
@@ -229,31 +255,48 @@ impl Scraper {
 
     /// One scrape: read, publish, and the identity when due. Returns whether the page was read.
     pub async fn scrape_once(&mut self) -> bool {
-        let url = self.cfg.metrics_url.as_str().to_owned();
+        let url = self.cfg.metrics_url.as_str();
         let at = SystemTime::now();
-        let fetched = fetch(
+        let mut body = std::mem::take(&mut self.body);
+        let fetched = fetch_into(
             &self.client,
-            &url,
+            url,
             self.api_key.as_ref(),
             self.cfg.timeout,
             self.cfg.max_bytes,
+            &mut body,
         )
         .await;
         let read = match fetched {
-            Ok((body, _)) if body.len() > PARSE_INLINE_MAX => {
-                let (kind, u) = (self.cfg.kind, url.clone());
-                tokio::task::spawn_blocking(move || read_page(&body, kind, &u))
-                    .await
-                    .unwrap_or_else(|e| {
+            Ok(_) if body.len() > PARSE_INLINE_MAX => {
+                let (kind, u) = (self.cfg.kind, url.to_owned());
+                match tokio::task::spawn_blocking(move || {
+                    let r = read_page(&body, kind, &u);
+                    (r, body)
+                })
+                .await
+                {
+                    Ok((r, b)) => {
+                        body = b;
+                        r
+                    }
+                    Err(e) => {
+                        body = Vec::new();
                         Err(ScrapeFailure::new(
                             "body",
                             format!("{url}: parser task failed: {e}"),
                         ))
-                    })
+                    }
+                }
             }
-            Ok((body, _)) => read_page(&body, self.cfg.kind, &url),
+            Ok(_) => read_page(&body, self.cfg.kind, url),
             Err(f) => Err(f),
         };
+        // Keep the buffer for the next page unless it holds far more than pages need now.
+        if body.capacity() <= 4 * body.len().max(PARSE_INLINE_MAX) {
+            body.clear();
+            self.body = body;
+        }
         match read {
             Ok((reading, stats)) => {
                 self.publish(reading, &stats, at).await;
