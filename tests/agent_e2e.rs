@@ -110,7 +110,7 @@ async fn real_server_grpc_receiver() {
         let e2e: f64 = a["lmperf.e2e"].parse().unwrap();
         assert!(ttft > 0.0 && ttft < e2e, "TTFT {ttft} < E2E {e2e}");
         let out: u64 = a["gen_ai.usage.output_tokens"].parse().unwrap();
-        assert!(out >= 1 && out <= 16);
+        assert!((1..=16).contains(&out), "{out}");
         assert!(a["gen_ai.usage.input_tokens"].parse::<u64>().unwrap() > 5);
         output_sum += out;
     }
