@@ -62,6 +62,13 @@ async fn server(cap: u64) -> ScriptedServer {
                 s += &format!("data: {}\n\ndata: [DONE]\n\n", serde_json::json!({ "choices": [], "usage": { "prompt_tokens": prompt_words, "completion_tokens": n } }));
                 Reply::sse(vec![Frame { at: Duration::ZERO, bytes: s.into_bytes() }])
             }
+            // A vLLM-style page with a constant queue, so a run's `server` block is known.
+            "/metrics" => Reply::Stream {
+                status: 200,
+                content_type: "text/plain; version=0.0.4".into(),
+                frames: vec![Frame { at: Duration::ZERO, bytes: b"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"0\"} 3\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"0\"} 2\n".to_vec() }],
+                cut: false,
+            },
             _ => Reply::json(404, r#"{"error":{"message":"not found"}}"#),
         }
     }))
@@ -654,6 +661,12 @@ async fn profile_hot_update_while_running() {
     assert!(r0.iter().any(|r| r["prompt_tokens"] != r0[0]["prompt_tokens"]), "lognormal lengths before");
     let html = std::fs::read_to_string(out_dir.join("report.html")).unwrap();
     assert!(html.contains(r#"data-revision="1""#), "the report marks the change");
+    // The server's own signals are read during a profile run too (the new-user walk found
+    // `server: null` and no server_samples.jsonl).
+    let sv = &s["benchmarks"][0]["server"];
+    assert_eq!((sv["waiting_max"].as_f64(), sv["running_max"].as_f64()), (Some(3.0), Some(2.0)), "{sv}");
+    let samples = std::fs::read_to_string(out_dir.join("server_samples.jsonl")).unwrap();
+    assert!(samples.lines().count() >= 2, "{samples}");
 
     std::fs::write(&file, "profile: x\ntoken_rate: {mode: constant, target: 10/s, jiter: 5%}\n").unwrap();
     let out = run_cli(["run", "--target", &srv.url(), "--profile", file.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap()].map(str::to_owned).to_vec()).await;

@@ -451,9 +451,12 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>) -> Result<Sum
     let mut profile_info = None;
     if let Some((path, p)) = &spec.profile {
         let name = format!("profile_{}", p.name);
+        server_watch.mark().await;
         let (rows, info) = profile_run::run(&spec, path, p.clone(), &clients, &model, &extra, &tok, &name, telemetry.clone()).await?;
         let input = spec.input_lengths.first().copied().unwrap_or(128);
-        benchmarks.push(summarize(&spec, &name, spec.concurrencies.iter().copied().max().unwrap_or(1), input, &rows));
+        let mut summary = summarize(&spec, &name, spec.concurrencies.iter().copied().max().unwrap_or(1), input, &rows);
+        summary.server = server_watch.take(&name).await;
+        benchmarks.push(summary);
         rows_all = rows;
         profile_info = Some(info);
     }
