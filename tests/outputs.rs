@@ -144,6 +144,17 @@ fn compare_finds_the_ttft_regression() {
     let (code, err) = compare(&f.base, &f.new, &same, &["ttft_p99:5%"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--fail-on") && err.contains("ttft_p99:5%"), "{err}");
+    // No benchmark name in common: nothing compared, so a gate must not pass (exit 1, the
+    // names of each side said).
+    let renamed = f.root.join("renamed");
+    std::fs::create_dir_all(&renamed).unwrap();
+    for file in ["summary.json", "requests.jsonl"] {
+        let text = std::fs::read_to_string(f.new.join(file)).unwrap();
+        std::fs::write(renamed.join(file), text.replace("\"c1_", "\"x1_").replace("\"c2_", "\"x2_")).unwrap();
+    }
+    let (code, err) = compare(&f.base, &renamed, &f.root.join("cmp-renamed"), &["ttft_p99:+5%"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("no benchmark name in common") && err.contains("only in new: x1_") && err.contains("only in base: c1_"), "{err}");
 }
 
 /// Attributes of every `<td …>` of a serialized DOM.

@@ -106,6 +106,16 @@ fn compare(args: lmperf::cli::CompareArgs) -> ExitCode {
                 .collect();
             let listed = if regressions.is_empty() { String::new() } else { format!(" ({})", regressions.join(", ")) };
             eprintln!("lmperf compare: {} benchmarks, {} regressions{listed}; compare.json and compare.html in {}", c.benchmarks.len(), regressions.len(), spec.output_dir.display());
+            for (side, names) in [("base", &c.only_in_base), ("new", &c.only_in_new)] {
+                if !names.is_empty() {
+                    eprintln!("lmperf compare: only in {side}: {}", names.join(", "));
+                }
+            }
+            if c.benchmarks.is_empty() {
+                // Nothing compared: a gate must not pass on it.
+                eprintln!("lmperf compare: no benchmark name in common between {} and {}: nothing was compared", spec.base_dir.display(), spec.new_dir.display());
+                return ExitCode::from(1);
+            }
             if c.failed_gates.is_empty() {
                 ExitCode::SUCCESS
             } else {
