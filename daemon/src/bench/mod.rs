@@ -98,6 +98,10 @@ pub enum BenchError {
     Telemetry(#[from] crate::telemetry::TelemetryError),
     #[error("{0}")]
     Launch(#[from] launch::LaunchError),
+    /// Ctrl-C or SIGTERM during the benchmarks: those that had completed are written
+    /// (`summary.json` `interrupted: true`) when `completed > 0`.
+    #[error("interrupted (Ctrl-C or SIGTERM) during {during}; {}", if *completed == 0 { "no benchmark had completed, nothing written".to_owned() } else { format!("the {completed} completed benchmark(s) are written in {}", dir.display()) })]
+    Interrupted { during: String, completed: usize, dir: PathBuf },
     #[error("nothing answers at {url} ({reason}): give --target URL (or OPENAI_BASE_URL) of a running server, or --launch vllm|sglang|llama-server|\"CMD … {{model}} … {{port}}\" to start one")]
     Unreachable { url: String, reason: String },
 }
@@ -327,6 +331,10 @@ pub struct Summary {
     /// `--profile`: the file and its revisions over time (absent without it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub profile: Option<profile_run::ProfileInfo>,
+    /// Ctrl-C or SIGTERM stopped the run: `benchmarks` holds those that completed (absent
+    /// when the run finished).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -377,19 +385,35 @@ fn offsets(spec: &RunSpec, n: usize, seed: u64) -> Result<Vec<Duration>, BenchEr
 ///
 /// # Errors
 /// Only what stops the run from starting (output directory, HTTP client, no model).
-pub async fn run(mut spec: RunSpec) -> Result<Summary, BenchError> {
+pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
     std::fs::create_dir_all(&spec.output_dir).map_err(|source| BenchError::Output { path: spec.output_dir.clone(), source })?;
-    let Some(l) = spec.launch.clone() else { return run_on(spec, None).await };
+    // Ctrl-C / SIGTERM, awaited once for the whole run: the benchmarks then stop and what
+    // completed is written; before them (start-up, discovery) the run just ends.
+    let stop = CancellationToken::new();
+    let signal = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            launch::interrupted().await;
+            stop.cancel();
+        }
+    });
+    let result = run_launched(spec, &stop).await;
+    signal.abort();
+    result
+}
+
+async fn run_launched(mut spec: RunSpec, stop: &CancellationToken) -> Result<Summary, BenchError> {
+    let Some(l) = spec.launch.clone() else { return run_on(spec, None, stop).await };
     let port = launch::free_port().map_err(|source| BenchError::Launch(launch::LaunchError::Spawn { command: "bind 127.0.0.1:0".into(), source }))?;
     launch::retarget(&mut spec.target, port).map_err(|reason| BenchError::Invalid { field: "--launch", value: port.to_string(), reason })?;
     let mut server = launch::Server::spawn(&l, port, &spec.output_dir)?;
     let progress = spec.progress;
-    let work = async {
+    let start = async {
         let clients = Clients::new(spec.target.connect_timeout)?;
         let startup = server.wait_ready(&clients, &spec.target, l.timeout, progress).await?;
         let version = launch::version(&clients, &spec.target).await;
         let warmup = launch::warm_up(&clients, &spec.target, &l.model).await?;
-        let info = launch::ServerInfo {
+        Ok::<_, BenchError>(launch::ServerInfo {
             launcher: l.launcher.name(),
             command: server.command.clone(),
             port,
@@ -397,12 +421,15 @@ pub async fn run(mut spec: RunSpec) -> Result<Summary, BenchError> {
             startup_s: startup.as_secs_f64(),
             warmup_s: warmup.as_secs_f64(),
             log: server.log.clone(),
-        };
-        run_on(spec, Some(info)).await
+        })
     };
-    let result = tokio::select! {
-        r = work => r,
-        () = launch::interrupted() => Err(BenchError::Launch(launch::LaunchError::Interrupted)),
+    let started = tokio::select! {
+        r = start => r,
+        () = stop.cancelled() => Err(BenchError::Launch(launch::LaunchError::Interrupted)),
+    };
+    let result = match started {
+        Ok(info) => run_on(spec, Some(info), stop).await,
+        Err(e) => Err(e),
     };
     let status = tokio::task::spawn_blocking(move || server.stop(launch::STOP_GRACE)).await.ok().flatten();
     if progress {
@@ -411,7 +438,8 @@ pub async fn run(mut spec: RunSpec) -> Result<Summary, BenchError> {
     result
 }
 
-async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>) -> Result<Summary, BenchError> {
+async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &CancellationToken) -> Result<Summary, BenchError> {
+    let interrupted = |during: &str, completed: usize| BenchError::Interrupted { during: during.to_owned(), completed, dir: spec.output_dir.clone() };
     let clients = Clients::new(spec.target.connect_timeout)?;
     launch::reachable(&spec.target).await.map_err(|reason| BenchError::Unreachable { url: spec.target.base_url.to_string(), reason })?;
     let telemetry = match &spec.otlp {
@@ -452,7 +480,10 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>) -> Result<Sum
     if let Some((path, p)) = &spec.profile {
         let name = format!("profile_{}", p.name);
         server_watch.mark().await;
-        let (rows, info) = profile_run::run(&spec, path, p.clone(), &clients, &model, &extra, &tok, &name, telemetry.clone()).await?;
+        let (rows, info) = tokio::select! {
+            r = profile_run::run(&spec, path, p.clone(), &clients, &model, &extra, &tok, &name, telemetry.clone()) => r?,
+            () = stop.cancelled() => return Err(interrupted(&name, 0)),
+        };
         let input = spec.input_lengths.first().copied().unwrap_or(128);
         let mut summary = summarize(&spec, &name, spec.concurrencies.iter().copied().max().unwrap_or(1), input, &rows);
         summary.server = server_watch.take(&name).await;
@@ -468,12 +499,17 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>) -> Result<Sum
         spec.input_lengths.clone()
     };
     if let Some(f) = &spec.find_rate {
-        let (rows, benches, c) = find_rate::search(&spec, f, &clients, &model, &extra, &tok, telemetry.clone()).await?;
+        let (rows, benches, c) = tokio::select! {
+            r = find_rate::search(&spec, f, &clients, &model, &extra, &tok, telemetry.clone()) => r?,
+            () = stop.cancelled() => return Err(interrupted("the capacity search", 0)),
+        };
         (rows_all, benchmarks, capacity) = (rows, benches, Some(c));
     }
-    for &input_len in &input_lengths {
+    let mut stopped_during = None;
+    'benchmarks: for &input_len in &input_lengths {
         for &concurrency in &spec.concurrencies {
             let name = format!("c{concurrency}_{}", spec.workload.label(input_len));
+            let one = async {
             // Fresh prompts per benchmark: a server's prefix cache must not carry one
             // benchmark's prompts into the next.
             let mut rows = Vec::new();
@@ -536,9 +572,24 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>) -> Result<Sum
                     ms(&summary.e2el_ms, |d| d.p99),
                 );
             }
+            Ok::<_, BenchError>((summary, rows))
+            };
+            let (summary, rows) = tokio::select! {
+                r = one => r?,
+                () = stop.cancelled() => {
+                    stopped_during = Some(name);
+                    break 'benchmarks;
+                }
+            };
             benchmarks.push(summary);
             rows_all.extend(rows);
         }
+    }
+    if let Some(name) = &stopped_during
+        && benchmarks.is_empty()
+    {
+        watch.stop();
+        return Err(interrupted(name, 0));
     }
     let gpu = watch.status();
     watch.stop();
@@ -565,13 +616,17 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>) -> Result<Sum
         launch: server,
         capacity,
         profile: profile_info,
+        interrupted: stopped_during.is_some(),
     };
     write_outputs(&spec.output_dir, &rows_all, &summary)?;
     server::write_samples(&spec.output_dir, &server_samples).map_err(|source| BenchError::Output { path: spec.output_dir.clone(), source })?;
     if let Some(t) = telemetry {
         t.shutdown().await;
     }
-    Ok(summary)
+    match stopped_during {
+        Some(name) => Err(interrupted(&name, summary.benchmarks.len())),
+        None => Ok(summary),
+    }
 }
 
 fn write_outputs(dir: &std::path::Path, rows: &[RequestRow], summary: &Summary) -> Result<(), BenchError> {
