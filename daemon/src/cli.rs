@@ -68,14 +68,14 @@ pub enum CtlCommand {
     },
     /// The last measured requests with their trace ids, newest first.
     Recent {
-        /// At most this many.
-        #[arg(long, default_value_t = 20)]
+        /// At most this many (at least 1).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
         /// Only this target.
         #[arg(long)]
         target: Option<String>,
-        /// Only this outcome (ok, error, aborted, timeout, cancelled).
-        #[arg(long)]
+        /// Only this outcome.
+        #[arg(long, value_parser = ["ok", "error", "aborted", "timeout", "cancelled"])]
         outcome: Option<String>,
         /// Only canaries or only injected requests.
         #[arg(long, value_parser = ["canary", "inject"])]
@@ -94,10 +94,10 @@ pub enum CtlCommand {
         duration: Option<Duration>,
         /// Requests in flight at most (default 1; a trace replay: the agent's cap,
         /// control.max_inject_concurrency, so the trace's arrivals decide).
-        #[arg(long)]
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         concurrency: Option<u32>,
         /// Requests to send at most (default: rate × duration).
-        #[arg(long)]
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         max_requests: Option<u64>,
         /// Gaps between sends.
         #[arg(long, value_parser = ["poisson", "constant"], default_value = "poisson")]
@@ -122,7 +122,7 @@ pub enum CtlCommand {
         #[arg(long, value_name = "FILE", conflicts_with = "trace_file", requires = "duration")]
         profile: Option<PathBuf>,
         /// Output tokens per request of a profile load (default: the target's canary.max_tokens).
-        #[arg(long, value_name = "N", requires = "profile")]
+        #[arg(long, value_name = "N", requires = "profile", value_parser = clap::value_parser!(u32).range(1..))]
         output_tokens: Option<u32>,
         /// Stay until the profile load ends, watching FILE: each saved edit is sent as
         /// `update-load` (a line per revision on stderr); prints the load as it ended.
@@ -564,5 +564,29 @@ impl AgentArgs {
             otlp_protocol: self.otlp_protocol,
             no_otlp: self.no_otlp,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::Cli;
+
+    /// Values that mean nothing are refused where they are typed (the new-user walk found
+    /// them taken silently: an unknown outcome gave 0 rows, `--limit 0` the default 20).
+    #[test]
+    fn ctl_refuses_meaningless_values() {
+        let refused = |args: &[&str]| {
+            let e = Cli::try_parse_from(["lmperf", "ctl"].iter().chain(args)).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{args:?}");
+            e.to_string()
+        };
+        assert!(refused(&["recent", "--outcome", "weird"]).contains("possible values: ok, error, aborted, timeout, cancelled"));
+        assert!(refused(&["recent", "--limit", "0"]).contains("'--limit <LIMIT>'"));
+        assert!(refused(&["inject", "--rate", "1", "--duration", "1s", "--concurrency", "0"]).contains("--concurrency"));
+        assert!(refused(&["inject", "--rate", "1", "--duration", "1s", "--max-requests", "0"]).contains("--max-requests"));
+        assert!(refused(&["inject", "--profile", "p.yaml", "--duration", "1s", "--output-tokens", "0"]).contains("--output-tokens"));
+        assert!(Cli::try_parse_from(["lmperf", "ctl", "recent", "--outcome", "timeout", "--limit", "1"]).is_ok());
     }
 }
