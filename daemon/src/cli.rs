@@ -421,6 +421,20 @@ impl RunArgs {
             Some(p) => Some((p.clone(), crate::bench::profile::load(p).map_err(|e| format!("--profile {e}"))?)),
             None => None,
         };
+        // A profile is one benchmark whose lengths, concurrency and rate the file sets: flags
+        // that would make more benchmarks or another load are refused, not ignored.
+        if let Some((p, _)) = &profile {
+            let refused = [
+                (self.repeat > 1, "--repeat"),
+                (self.batch_sizes.len() > 1, "--batch-sizes (more than one)"),
+                (self.seq_lengths.len() > 1, "--seq-lengths (more than one)"),
+                (workload.ramp.is_some(), "--ramp"),
+                (workload.trace.is_some(), "--trace"),
+            ];
+            if let Some((_, flag)) = refused.iter().find(|(on, _)| *on) {
+                return Err(format!("{flag}: not with --profile {} (the profile sets the lengths, concurrency and rate of its one benchmark)", p.display()));
+            }
+        }
         let find_rate = if self.find_max_rate { Some(find_rate_of(&self.slo, &self.precision, self.max_rate, self.step_requests, request_rate)?) } else { None };
         if find_rate.is_some() && (workload.trace.is_some() || workload.ramp.is_some()) {
             return Err("--find-max-rate: not with --trace or --ramp (the search sets the rate)".to_owned());
@@ -588,5 +602,33 @@ mod tests {
         assert!(refused(&["inject", "--rate", "1", "--duration", "1s", "--max-requests", "0"]).contains("--max-requests"));
         assert!(refused(&["inject", "--profile", "p.yaml", "--duration", "1s", "--output-tokens", "0"]).contains("--output-tokens"));
         assert!(Cli::try_parse_from(["lmperf", "ctl", "recent", "--outcome", "timeout", "--limit", "1"]).is_ok());
+    }
+
+    /// `run --profile` with flags that would make more benchmarks or another load: exit 2
+    /// naming the flag (the walk found them accepted and ignored).
+    #[test]
+    fn run_profile_refuses_flags_it_would_ignore() {
+        struct NoEnv;
+        impl crate::config::Env for NoEnv {
+            fn var(&self, _: &str) -> Option<String> {
+                None
+            }
+        }
+        let file = std::env::temp_dir().join(format!("lmperf-cli-profile-{}.yaml", std::process::id()));
+        std::fs::write(&file, "profile: x\ntoken_rate: {mode: constant, target: 10/s}\n").unwrap();
+        let spec = |extra: &[&str]| {
+            let mut args = vec!["lmperf", "run", "--target", "http://127.0.0.1:9", "--output-dir", "/tmp/lmperf-unused", "--profile", file.to_str().unwrap()];
+            args.extend_from_slice(extra);
+            match Cli::try_parse_from(args).unwrap().command {
+                super::Command::Run(r) => r.into_spec(&NoEnv),
+                _ => unreachable!(),
+            }
+        };
+        for (extra, flag) in [(&["--repeat", "2"][..], "--repeat"), (&["--batch-sizes", "1", "2"], "--batch-sizes"), (&["--seq-lengths", "32", "64"], "--seq-lengths")] {
+            let e = spec(extra).unwrap_err();
+            assert!(e.starts_with(flag) && e.contains("not with --profile"), "{e}");
+        }
+        assert!(spec(&["--batch-sizes", "4"]).is_ok());
+        let _ = std::fs::remove_file(&file);
     }
 }
