@@ -47,6 +47,8 @@ pub struct Scheduler {
     level: u32,
     settled: bool,
     step_tpot: Vec<f64>,
+    /// Arrivals of the current step that were not sent (the concurrency limit was full).
+    step_skipped: u32,
     sustained: Option<f64>,
     /// `adaptive` is raised no further than this request rate (an injected load's cap).
     max_request_rate: f64,
@@ -66,6 +68,7 @@ impl Scheduler {
             level: 0,
             settled: false,
             step_tpot: Vec::new(),
+            step_skipped: 0,
             sustained: None,
             max_request_rate: f64::INFINITY,
         }
@@ -206,14 +209,20 @@ impl Scheduler {
         } else {
             Some(self.step_tpot.iter().sum::<f64>() / self.step_tpot.len() as f64)
         };
+        // A level whose arrivals were skipped was not offered: it did not hold, whatever the
+        // requests that were sent decoded at (an injected load skips what its limit refuses).
+        let skipped = self.step_skipped > 0;
         match mean_tpot {
-            Some(t) if 1000.0 / t < floor => {
+            // Nothing finished in this step yet: no evidence either way; judged once some has.
+            None if !skipped => return,
+            Some(t) if skipped || 1000.0 / t < floor => {
                 // This level broke the floor: back to the last that held.
                 self.settled = true;
                 self.level = self.level.saturating_sub(1);
-                if self.sustained.is_none() && self.level == 0 && 1000.0 / t < floor {
-                    self.sustained = None;
-                }
+            }
+            None => {
+                self.settled = true;
+                self.level = self.level.saturating_sub(1);
             }
             _ => {
                 self.sustained = Some(level_rate);
@@ -226,6 +235,13 @@ impl Scheduler {
             }
         }
         self.step_tpot.clear();
+        self.step_skipped = 0;
+    }
+
+    /// Counts an arrival of the current step that was not sent (`adaptive`: the step did not
+    /// hold; the level before it is the sustained rate).
+    pub fn observe_skipped(&mut self) {
+        self.step_skipped = self.step_skipped.saturating_add(1);
     }
 
     /// Feeds one finished request's TPOT (ms) for `adaptive`.
@@ -393,6 +409,46 @@ mod tests {
         }
         // Levels 100, 150, 225, 337.5 hold; 506.25 breaks.
         assert_eq!(s.sustained_token_rate(), Some(337.5));
+    }
+
+    /// Arrivals skipped by a full concurrency limit mean the level was not offered: it did
+    /// not hold, however fast the requests that were sent decoded (the new-user walk saw
+    /// `sustained=150` reported while 132 of 154 sends were skipped). A step where nothing
+    /// finished claims nothing.
+    #[test]
+    fn adaptive_levels_with_skipped_arrivals_or_no_evidence_do_not_hold() {
+        let mut s = Scheduler::new(
+            profile("token_rate: {mode: adaptive, target: 100/s, increase: 50%, step: 1s, floor: 20}\n"),
+            10,
+            0,
+        );
+        for _ in 0..2000 {
+            let Some(p) = s.plan_next() else { break };
+            if p.at > Duration::from_secs(30) {
+                break;
+            }
+            let offered = s.request_rate_at(p.at.as_secs_f64()).unwrap() * 10.0;
+            // Fast streams throughout, but from 225 tokens/s on the limit refuses arrivals.
+            if offered >= 225.0 {
+                s.observe_skipped();
+            } else {
+                s.observe_tpot(10.0);
+            }
+        }
+        // 100 and 150 hold; 225 skipped arrivals.
+        assert_eq!(s.sustained_token_rate(), Some(150.0));
+
+        let mut quiet = Scheduler::new(
+            profile("token_rate: {mode: adaptive, target: 100/s, increase: 50%, step: 1s, floor: 20}\n"),
+            10,
+            0,
+        );
+        while let Some(p) = quiet.plan_next() {
+            if p.at > Duration::from_secs(10) {
+                break;
+            }
+        }
+        assert_eq!(quiet.sustained_token_rate(), None, "no request finished: nothing held");
     }
 
     /// A cap on the request rate stops the raise where the next level would exceed it.

@@ -276,6 +276,9 @@ impl Load {
                 .map_or(cap, |c| c.clamp(1, cap));
             if self.in_flight.load(Ordering::Relaxed) >= limit as u64 {
                 self.skipped.fetch_add(1, Ordering::Relaxed);
+                if let Ok(mut s) = state.sched.lock() {
+                    s.observe_skipped();
+                }
                 continue;
             }
             let request = TraceRequest {
