@@ -75,6 +75,7 @@ impl ControlService {
                     skipped: t.skipped,
                     spike: t.spike,
                     last: t.last.as_ref().map(Into::into),
+                    spike_reason: t.spike_reason.map(|r| r.describe()),
                 })
                 .collect(),
             exporter: Some(proto::ExporterStatus {

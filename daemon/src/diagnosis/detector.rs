@@ -344,16 +344,18 @@ impl BucketSeries {
     fn recent(&mut self, now_idx: u64, bounds: &[(Duration, f64)]) -> (Vec<f64>, u64) {
         let n = self.config.recent_buckets.max(1) as u64;
         let latency = matches!(self.aggregate, Aggregate::P99 | Aggregate::Max);
-        // (slot of its start, lower bound); a start after `now` counts in the slot of `now`.
-        let bounds: Vec<(u64, f64)> = if latency {
+        // (slot of its start, start, lower bound); a start after `now` counts in the slot of
+        // `now`.
+        let bounds: Vec<(u64, f64, f64)> = if latency {
             bounds
                 .iter()
                 .filter(|(_, v)| v.is_finite())
-                .map(|&(at, v)| (self.index(at).min(now_idx), v))
+                .map(|&(at, v)| (self.index(at).min(now_idx), at.as_secs_f64(), v))
                 .collect()
         } else {
             Vec::new()
         };
+        let bucket_s = self.config.bucket.as_secs_f64();
         let in_progress = if self.current == Some(now_idx) {
             self.current_value()
         } else {
@@ -361,8 +363,8 @@ impl BucketSeries {
         };
         let now_bounds: Vec<f64> = bounds
             .iter()
-            .filter(|&&(i, _)| i == now_idx)
-            .map(|&(_, v)| v)
+            .filter(|&&(i, _, _)| i == now_idx)
+            .map(|&(_, _, v)| v)
             .collect();
         let count = in_progress.map_or(0, |(_, c)| c as usize) + now_bounds.len();
         let partial = if count >= self.config.min_partial_samples && count > 0 {
@@ -405,13 +407,22 @@ impl BucketSeries {
             // A request that started before the recent slots and still runs counts in the oldest.
             let bound = bounds
                 .iter()
-                .filter(|&&(i, _)| i.max(first) == slot)
-                .map(|&(_, v)| v)
+                .filter(|&&(i, _, _)| i.max(first) == slot)
+                .map(|&(_, _, v)| v)
                 .reduce(f64::max);
             match (closed, bound) {
                 (Some(c), Some(b)) => out.push(c.max(b)),
                 (Some(v), None) | (None, Some(v)) => out.push(v),
-                (None, None) => {}
+                // A slot where no request started nor ended (all of them stuck: new ones are
+                // skipped) is judged by the requests in flight through it, at its end.
+                (None, None) => {
+                    let through = bounds
+                        .iter()
+                        .filter(|&&(i, _, _)| i < slot)
+                        .map(|&(_, start, _)| (slot + 1) as f64 * bucket_s - start)
+                        .reduce(f64::max);
+                    out.extend(through);
+                }
             }
         }
         if let Some(v) = partial {
@@ -419,8 +430,8 @@ impl BucketSeries {
             let older = if closed_slots == 0 {
                 bounds
                     .iter()
-                    .filter(|&&(i, _)| i < now_idx)
-                    .map(|&(_, v)| v)
+                    .filter(|&&(i, _, _)| i < now_idx)
+                    .map(|&(_, _, v)| v)
                     .reduce(f64::max)
             } else {
                 None
@@ -474,9 +485,11 @@ impl BucketSeries {
     /// it joins the samples (and counts toward [`DetectorConfig::min_partial_samples`]), in a
     /// closed slot it raises the statistic to at least the bound (exact for a p99 below 100
     /// samples per bucket, where the p99 is the largest sample). A request counts once: in
-    /// flight by its start, finished by its end (its [`push`](Self::push)). Bounds never
-    /// enter the baseline, and only latency series (p99, max) take them; the others ignore
-    /// them.
+    /// flight by its start, finished by its end (its [`push`](Self::push)); except in a recent
+    /// slot where no request started nor ended (every request stuck, new ones skipped): that
+    /// slot takes the requests in flight through it, with their elapsed time at its end. Bounds
+    /// never enter the baseline, and only latency series (p99, max) take them; the others
+    /// ignore them.
     pub fn assess_with(
         &mut self,
         now: Duration,
@@ -775,6 +788,31 @@ mod tests {
             }
             t += 0.5;
         }
+    }
+
+    #[test]
+    fn requests_stuck_while_new_ones_are_skipped_keep_the_jump() {
+        // 2 min calm at 1/s, then 16 requests start in 16 s and stay stuck for 2 min: no new
+        // request starts (max in flight), none ends. The jump holds throughout, through the
+        // empty slots.
+        let mut s = BucketSeries::new(DetectorConfig::default(), Aggregate::P99);
+        let mut rng = Rng::new(19);
+        for t in 0..120 {
+            s.push(Duration::from_secs(t), 0.4 + rng.exp(0.05));
+        }
+        let mut first = None;
+        for t in 120..240u64 {
+            let stuck: Vec<(Duration, f64)> = (120..=t.min(135))
+                .map(|st| (Duration::from_secs(st), (t - st) as f64))
+                .collect();
+            let a = s.assess_with(Duration::from_secs(t), &SAMPLER, &stuck);
+            let jumped = a.is_some_and(|a| a.jumped);
+            if jumped && first.is_none() {
+                first = Some(t);
+            }
+            assert!(first.is_none() || jumped, "the jump lapsed at {t} s: {a:?}");
+        }
+        assert!(first.is_some_and(|t| t <= 135), "{first:?}");
     }
 
     #[test]
