@@ -21,8 +21,8 @@
 //! Failures are latency evidence too: a failed canary that measured a TTFT (a timeout, a stream
 //! cut after tokens) feeds the TTFT series, and a timeout feeds the E2E series with its elapsed
 //! time (censored: at least the timeout). A canary skipped because `max_in_flight` requests still
-//! run ([`TargetSampler::skipped`]) counts in the window as an error of kind `skipped` (the target
-//! is too slow to keep up), without a latency.
+//! run is not in the window (it is counted in `lmperf.canary.skipped`): the canaries stuck in
+//! flight speak for the target (below).
 //!
 //! `spike_min_requests` is judged against what the window can hold at the canary rate
 //! ([`effective_min_requests`]): min(`spike_min_requests`, canaries expected in `spike_window`),
