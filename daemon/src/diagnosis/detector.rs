@@ -84,8 +84,8 @@ pub struct DetectorConfig {
     pub min_partial_samples: usize,
     /// A P99 bucket's statistic is never its lone largest sample (the nearest rank is capped
     /// at n − 1): below 100 samples a nearest-rank p99 *is* the maximum, so one heavy-tail
-    /// outlier among a handful of canaries would carry the whole bucket. Default false (the
-    /// sampler's spike mode keeps the plain p99); the diagnosis sets it.
+    /// outlier among a handful of canaries would carry the whole bucket. Default false; the
+    /// sampler's spike mode and the diagnosis set it.
     pub exclude_max: bool,
 }
 
@@ -405,40 +405,54 @@ impl BucketSeries {
                 .find(|&&(i, _)| i == slot)
                 .map(|&(_, v)| v);
             // A request that started before the recent slots and still runs counts in the oldest.
-            let bound = bounds
+            let slot_bounds: Vec<f64> = bounds
                 .iter()
                 .filter(|&&(i, _, _)| i.max(first) == slot)
                 .map(|&(_, _, v)| v)
-                .reduce(f64::max);
-            match (closed, bound) {
-                (Some(c), Some(b)) => out.push(c.max(b)),
-                (Some(v), None) | (None, Some(v)) => out.push(v),
+                .collect();
+            if closed.is_some() || !slot_bounds.is_empty() {
+                out.extend(self.lift(closed, slot_bounds));
+            } else {
                 // A slot where no request started nor ended (all of them stuck: new ones are
                 // skipped) is judged by the requests in flight through it, at its end.
-                (None, None) => {
-                    let through = bounds
-                        .iter()
-                        .filter(|&&(i, _, _)| i < slot)
-                        .map(|&(_, start, _)| (slot + 1) as f64 * bucket_s - start)
-                        .reduce(f64::max);
-                    out.extend(through);
-                }
+                let through: Vec<f64> = bounds
+                    .iter()
+                    .filter(|&&(i, _, _)| i < slot)
+                    .map(|&(_, start, _)| (slot + 1) as f64 * bucket_s - start)
+                    .collect();
+                out.extend(self.lift(None, through));
             }
         }
         if let Some(v) = partial {
             // With no closed recent slot, older bounds count in the one in progress.
-            let older = if closed_slots == 0 {
+            let older: Vec<f64> = if closed_slots == 0 {
                 bounds
                     .iter()
                     .filter(|&&(i, _, _)| i < now_idx)
                     .map(|&(_, _, v)| v)
-                    .reduce(f64::max)
+                    .collect()
             } else {
-                None
+                Vec::new()
             };
-            out.push(older.map_or(v, |o| v.max(o)));
+            out.extend(self.lift(Some(v), older));
         }
         (out, first)
+    }
+
+    /// A closed slot's statistic `stat` lifted by the lower bounds of requests in flight: to
+    /// the largest bound, or with [`DetectorConfig::exclude_max`] to the second largest of the
+    /// statistic and the bounds (one request never carries the slot alone, in flight or not).
+    fn lift(&self, stat: Option<f64>, mut bounds: Vec<f64>) -> Option<f64> {
+        if bounds.is_empty() {
+            return stat;
+        }
+        if !self.config.exclude_max {
+            let b = bounds.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            return Some(stat.map_or(b, |s| s.max(b)));
+        }
+        bounds.extend(stat);
+        let lifted = quantile_below_max(&mut bounds, 1.0)?;
+        Some(stat.map_or(lifted, |s| s.max(lifted)))
     }
 
     /// The baseline at `now`: buckets before the recent slots, within the history.

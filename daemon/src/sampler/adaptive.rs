@@ -12,6 +12,8 @@
 //! rate and 80 % of the latency threshold, so a window hovering at the threshold does not flap.
 //!
 //! A third rule needs no SLO: a *latency jump* of the target's TTFT or E2E p99 per 10 s bucket
+//! (never a bucket's lone largest sample, as in the diagnosis: at 1 canary/s a 10 s p99 is the
+//! maximum, and two heavy-tail outliers in 30 s of a calm, loaded server entered spike mode)
 //! against its own robust baseline (median and MAD of up to 30 min of buckets), judged by the
 //! detector the diagnosis shares ([`crate::diagnosis::detector`]): ≥ `spike_jump_ratio` ×
 //! (default 2), robust z ≥ `spike_jump_z` (3.5) and ≥ `spike_jump_floor` (50 ms) above the
@@ -187,7 +189,7 @@ impl Default for SamplingPolicy {
             spike_hold: Duration::from_secs(60),
             spike_min_requests: 10,
             spike_jump: Some(DEFAULT_SPIKE_JUMP),
-            spike_detector: DetectorConfig::default(),
+            spike_detector: DetectorConfig { exclude_max: true, ..DetectorConfig::default() },
         }
     }
 }
@@ -586,6 +588,32 @@ mod tests {
         let left = left.expect("left");
         assert!(left >= Duration::from_secs(20) && left <= Duration::from_secs(45), "left {left:?} after calm");
         assert_eq!(s.spike_rule(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_outlier_per_bucket_never_enters_two_do() {
+        // Calm at 1/s (TTFT 100 ms), then one canary at 1 s in each of three buckets: a bucket's
+        // p99 is never its lone largest sample. Then two per bucket: entered.
+        let mut s = TargetSampler::new(jump_only());
+        let mut id = ids();
+        let step = Duration::from_secs(1);
+        for _ in 0..150 {
+            tokio::time::advance(step).await;
+            assert!(s.decide(Instant::now(), obs(false, 400, id())).transition.is_none());
+        }
+        for i in 0..30 {
+            tokio::time::advance(step).await;
+            let e2e = if i % 10 == 3 { 4000 } else { 400 };
+            assert!(s.decide(Instant::now(), obs(false, e2e, id())).transition.is_none(), "entered at {i}");
+        }
+        let mut entered = None;
+        for i in 0..30 {
+            tokio::time::advance(step).await;
+            let e2e = if i % 10 == 3 || i % 10 == 6 { 4000 } else { 400 };
+            entered = entered.or(s.decide(Instant::now(), obs(false, e2e, id())).spike.map(|r| (i, r)));
+        }
+        let (i, rule) = entered.expect("entered");
+        assert!(i <= 20 && matches!(rule, SpikeRule::LatencyJump { signal: "ttft", .. }), "{i} {rule:?}");
     }
 
     #[tokio::test(start_paused = true)]
