@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 use fake_opentelemetry_collector::{ExportedSpan, FakeCollectorServer};
 use lmperf_e2e::agent::{Agent, lmperf_bin};
 use lmperf_e2e::otlp::attrs;
-use lmperf_e2e::peers::ModelServer;
+use lmperf_e2e::peers::{ModelServer, free_port};
 use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
 use serde_json::Value;
 
@@ -26,6 +26,13 @@ const HOLD: Duration = Duration::from_secs(20);
 /// The real-server tests run one at a time: an overload next to a calm run would make it
 /// anything but calm on a small machine.
 static REAL_SERVER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The model server on one thread: with two on a loaded 2-core machine, llama.cpp's threads
+/// wait on each other (a canary of 8 tokens took 5-9 s instead of 0.3 s with one), and the
+/// calm phase is no calm.
+fn model_server() -> ModelServer {
+    ModelServer::start_with(free_port(), &["--threads", "1"])
+}
 
 fn unix(t: SystemTime) -> f64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
@@ -114,6 +121,33 @@ fn recent_canaries(agent: &Agent) -> Vec<Value> {
         .collect()
 }
 
+/// `lmperf ctl status` as text.
+fn ctl_status(agent: &Agent) -> String {
+    let sock = agent.runtime_dir.join("lmperf/control.sock");
+    let out = Command::new(lmperf_bin())
+        .args([
+            "ctl",
+            "--addr",
+            &format!("unix:{}", sock.display()),
+            "status",
+        ])
+        .env_remove("LMPERF_CONTROL_TOKEN")
+        .output()
+        .expect("run lmperf ctl");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Notes when the live diagnosis first confirms a root cause (Unix s) and its target document.
+fn poll_diagnosis(agent: &Agent, diagnosed: &mut Option<(f64, Value)>) {
+    if diagnosed.is_some() {
+        return;
+    }
+    let d: Value = serde_json::from_str(&agent.get("/api/v1/diagnosis").1).unwrap_or(Value::Null);
+    if d["targets"][0]["state"] == "root_confirmed" {
+        *diagnosed = Some((unix(SystemTime::now()), d["targets"][0].clone()));
+    }
+}
+
 /// End of a recent request, in Unix seconds.
 fn end_s(r: &Value) -> f64 {
     r["at_unix_s"].as_f64().unwrap_or(0.0) + r["e2e_ms"].as_f64().unwrap_or(0.0) / 1000.0
@@ -159,15 +193,45 @@ fn events<'a>(
         .map(|e| (e.time_unix_nano as f64 / 1e9, attrs(&e.attributes)))
 }
 
+/// The TTFT jump as the canaries saw it: the first canary started after `from` (Unix s) whose
+/// TTFT passed `threshold_ms`: the instant it passed it (its start + the threshold, Unix s) and
+/// its TTFT (ms).
+fn ttft_jump(canaries: &[Value], from: f64, threshold_ms: f64) -> Option<(f64, f64)> {
+    canaries
+        .iter()
+        .filter(|r| r["at_unix_s"].as_f64().is_some_and(|t| t >= from))
+        .filter(|r| r["ttft_ms"].as_f64().is_some_and(|t| t > threshold_ms))
+        .map(|r| {
+            let at = r["at_unix_s"].as_f64().unwrap_or(0.0);
+            (
+                at + threshold_ms / 1000.0,
+                r["ttft_ms"].as_f64().unwrap_or(0.0),
+            )
+        })
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+}
+
+/// Spike mode on the relative jump within 30 s of the canaries' TTFT jump (about 5 min).
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "issue 17 open: on a 2-core machine spike mode enters on latency_jump 42 s after the overload starts (asked: within 30 s of the TTFT jump); run with --ignored"]
 async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
+    overload_scenario(false).await;
+}
+
+/// The same overload, diagnosed (issue 12): `load_surge` or `server_queueing` confirmed within
+/// 60 s of its onset (the spike mode checks too).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "issue 12: on the real server the onset is estimated ~38 s into the overload and confirmed 65 s after it (asked: 60 s); run with --ignored"]
+async fn overload_is_diagnosed_within_60_s_of_its_onset() {
+    overload_scenario(true).await;
+}
+
+/// The real server calm for 2 min under Poisson canaries, then overloaded for 45 s by another
+/// client; spike mode's checks, and with `check_diagnosis` the live diagnosis's.
+async fn overload_scenario(check_diagnosis: bool) {
     let _serial = REAL_SERVER.lock().await;
     let calm = Duration::from_secs(120);
     let overload_for = Duration::from_secs(45);
-    let server = tokio::task::spawn_blocking(ModelServer::start)
-        .await
-        .unwrap();
+    let server = tokio::task::spawn_blocking(model_server).await.unwrap();
     let mut collector = FakeCollectorServer::start().await.unwrap();
     let dir = temp_dir("overload");
     let mut agent = spawn_agent(&dir, &server.url(), &collector.endpoint(), "").await;
@@ -198,6 +262,10 @@ async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
         "not calm: {} canaries answered in {calm:?}, TTFT p50 {p50:.0} ms (the machine is too loaded for this test)",
         calm_ttft.len()
     );
+    let calm_p99 = calm_ttft
+        .get((calm_ttft.len() * 99 / 100).min(calm_ttft.len() - 1))
+        .copied()
+        .unwrap_or(f64::INFINITY);
     let status = agent.status();
     assert_eq!(status["targets"][0]["spike"], false, "calm: {status}");
     assert_eq!(
@@ -207,10 +275,11 @@ async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
         agent.stderr_text()
     );
 
-    // Overload: 6 clients of long completions on a 2-slot server.
+    // Overload: 4 clients of long completions on a 2-slot server (canary TTFT ~0.3 s → tens of
+    // seconds in the queue).
     let over_wall = SystemTime::now();
     let sent = Arc::new(AtomicUsize::new(0));
-    let threads = overload(server.port, 8, Instant::now() + overload_for, sent.clone());
+    let threads = overload(server.port, 4, Instant::now() + overload_for, sent.clone());
     let mut spike_status = None;
     let mut diagnosed: Option<(f64, Value)> = None;
     let t1 = Instant::now();
@@ -222,13 +291,9 @@ async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
         );
         let s = agent.status();
         if spike_status.is_none() && s["targets"][0]["spike"] == true {
-            spike_status = Some(s);
+            spike_status = Some((s, ctl_status(&agent)));
         }
-        let d: Value =
-            serde_json::from_str(&agent.get("/api/v1/diagnosis").1).unwrap_or(Value::Null);
-        if diagnosed.is_none() && d["targets"][0]["state"] == "root_confirmed" {
-            diagnosed = Some((unix(SystemTime::now()), d["targets"][0].clone()));
-        }
+        poll_diagnosis(&agent, &mut diagnosed);
     }
     for t in threads {
         let _ = tokio::task::spawn_blocking(move || t.join()).await;
@@ -242,6 +307,7 @@ async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
                 .exported_spans(usize::MAX, Duration::from_millis(500))
                 .await,
         );
+        poll_diagnosis(&agent, &mut diagnosed);
     }
     let t3 = Instant::now();
     while t3.elapsed() < Duration::from_secs(25) {
@@ -275,7 +341,7 @@ async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
         sent.load(Ordering::Relaxed)
     );
 
-    // Entered once, on the relative jump, within 30 s of the overload.
+    // Entered on the relative jump, within 30 s of the TTFT jump.
     let entered: Vec<_> = events(&spans, "lmperf.spike.entered").collect();
     let left: Vec<_> = events(&spans, "lmperf.spike.left").collect();
     assert!(
@@ -306,11 +372,33 @@ async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
         "{ev:?}"
     );
     let after = entered_at - unix(over_wall);
-    assert!(
-        (0.0..=30.0).contains(&after),
-        "spike entered {after:.1} s after the overload began"
+    let (jump_at, jump_ttft) = ttft_jump(
+        &canaries,
+        unix(over_wall) - 2.0 * calm_p99 / 1000.0,
+        2.0 * calm_p99,
+    )
+    .unwrap_or_else(|| panic!("no canary TTFT passed 2 × the calm p99 {calm_p99:.0} ms"));
+    let after_jump = entered_at - jump_at;
+    println!(
+        "spike: entered {after:.1} s after the overload began, {after_jump:.1} s after the TTFT jump \
+         (the first canary over 2 × calm p99 {calm_p99:.0} ms passed it {:.1} s into the overload, TTFT {:.0} ms); \
+         {}; in flight at entry {}",
+        jump_at - unix(over_wall),
+        jump_ttft,
+        ev["lmperf.spike.signal"],
+        ev.get("lmperf.spike.in_flight").map_or("-", String::as_str)
     );
-    let status = spike_status.expect("status showed the spike");
+    assert!(
+        after >= 0.0 && after_jump <= 30.0,
+        "spike entered {after:.1} s after the overload began, {after_jump:.1} s after the TTFT jump"
+    );
+    let (status, ctl) = spike_status.expect("status showed the spike");
+    assert!(
+        ctl.contains("  SPIKE")
+            && ctl.contains("  spike: latency_jump: ")
+            && ctl.contains(" × baseline "),
+        "lmperf ctl status: {ctl}"
+    );
     assert_eq!(
         status["targets"][0]["spike_reason"]["reason"], "latency_jump",
         "{status}"
@@ -323,7 +411,7 @@ async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
         "{status}"
     );
     assert!(
-        agent.stderr_text().contains("reason=latency_jump"),
+        agent.stderr_text().contains("reason=\"latency_jump\""),
         "{}",
         agent.stderr_text()
     );
@@ -341,24 +429,33 @@ async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
 
     // The diagnosis (issue 12): load_surge (canary only: TTFT and TPOT both rose), within 60 s
     // of its onset; the WARN line says so.
-    let (confirmed_at, t) =
-        diagnosed.unwrap_or_else(|| panic!("no diagnosis confirmed: {}", agent.stderr_text()));
-    let onset = t["onset_unix_s"].as_f64().unwrap();
-    assert!(
-        confirmed_at - onset <= 60.0 && onset >= unix(over_wall) - 15.0,
-        "onset {onset}, confirmed {confirmed_at}, overload {}",
-        unix(over_wall)
-    );
-    assert!(
-        ["load_surge", "server_queueing"].contains(&t["causes"][0]["cause"].as_str().unwrap_or("")),
-        "{t:#}"
-    );
-    assert!(
-        agent.stderr_text().contains("Diagnosis: load_surge")
-            || agent.stderr_text().contains("Diagnosis: server_queueing"),
-        "{}",
-        agent.stderr_text()
-    );
+    if check_diagnosis {
+        let (confirmed_at, t) =
+            diagnosed.unwrap_or_else(|| panic!("no diagnosis confirmed: {}", agent.stderr_text()));
+        let onset = t["onset_unix_s"].as_f64().unwrap();
+        println!(
+            "diagnosis: {} onset {:.1} s into the overload, confirmed {:.1} s after the onset",
+            t["causes"][0]["cause"],
+            onset - unix(over_wall),
+            confirmed_at - onset
+        );
+        assert!(
+            confirmed_at - onset <= 60.0 && onset >= unix(over_wall) - 15.0,
+            "onset {onset}, confirmed {confirmed_at}, overload {}",
+            unix(over_wall)
+        );
+        assert!(
+            ["load_surge", "server_queueing"]
+                .contains(&t["causes"][0]["cause"].as_str().unwrap_or("")),
+            "{t:#}"
+        );
+        assert!(
+            agent.stderr_text().contains("Diagnosis: load_surge")
+                || agent.stderr_text().contains("Diagnosis: server_queueing"),
+            "{}",
+            agent.stderr_text()
+        );
+    }
 
     // Every canary decided between entering and leaving was kept; after, the base ratio.
     let kept: HashMap<&str, &ExportedSpan> =
@@ -421,9 +518,7 @@ async fn calm_poisson_canaries_never_enter_spike_mode() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(150);
-    let server = tokio::task::spawn_blocking(ModelServer::start)
-        .await
-        .unwrap();
+    let server = tokio::task::spawn_blocking(model_server).await.unwrap();
     let mut collector = FakeCollectorServer::start().await.unwrap();
     let dir = temp_dir("calm");
     let mut agent = spawn_agent(&dir, &server.url(), &collector.endpoint(), "").await;
@@ -473,6 +568,13 @@ async fn calm_poisson_canaries_never_enter_spike_mode() {
         q(0.99),
         q(1.0),
         events(&spans, "lmperf.spike.entered").count()
+    );
+    // The premise: a calm server (as in the overload test). A machine so loaded that the small
+    // model answers in seconds queues the canaries themselves: that is no calm run.
+    assert!(
+        q(0.5) < 1500.0,
+        "not calm: TTFT p50 {:.0} ms (the machine is too loaded for this test)",
+        q(0.5)
     );
     assert!(
         !spike_seen && events(&spans, "lmperf.spike.entered").count() == 0,

@@ -166,13 +166,20 @@ impl TargetRunner {
         self
     }
 
-    /// Runs the schedule until `shutdown.stop`; request tasks are spawned on `tracker`.
+    /// Runs the schedule until `shutdown.stop`; request tasks are spawned on `tracker`. Every
+    /// [`SPIKE_TICK`], the canaries in flight are judged for spike mode.
     pub async fn run(self, shutdown: Shutdown, tracker: TaskTracker, seed: u64) {
         let mut ticker = Ticker::staggered(Gaps::new(self.target.schedule, seed), tokio::time::Instant::now());
+        let mut spike_tick = tokio::time::interval(SPIKE_TICK);
+        spike_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let tick = tokio::select! {
                 biased;
                 _ = shutdown.stop.cancelled() => return,
+                _ = spike_tick.tick() => {
+                    self.judge_in_flight();
+                    continue;
+                }
                 t = ticker.tick() => t,
             };
             let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
@@ -220,8 +227,45 @@ impl TargetRunner {
         decision
     }
 
-    /// A skipped canary (max_in_flight reached) is overload evidence for spike mode (an error of
-    /// kind `skipped` in the window), unless `OTEL_TRACES_SAMPLER` decides.
+    /// Judges the canaries in flight for spike mode (unless `OTEL_TRACES_SAMPLER` decides): an
+    /// overload that queues them enters it while they wait. The `lmperf.spike.entered` event
+    /// goes on the next canary span ([`carried_spike_event`](Self::carried_spike_event)).
+    fn judge_in_flight(&self) {
+        if self.telemetry.head_sampler.is_some() {
+            return;
+        }
+        let entered = match self.sampler.lock() {
+            Ok(mut s) => s.tick(tokio::time::Instant::now()),
+            Err(_) => None,
+        };
+        if let Some(rule) = entered {
+            self.note_transition(SpikeTransition::Entered, Some(rule));
+        }
+    }
+
+    /// The `lmperf.spike.entered` event of a spike entered on a tick since the last canary
+    /// span, stamped with the entry's time.
+    fn carried_spike_event(&self) -> Option<opentelemetry::trace::Event> {
+        let (rule, at) = self.sampler.lock().ok()?.take_carried()?;
+        let ago = tokio::time::Instant::now().saturating_duration_since(at);
+        let wall = std::time::SystemTime::now().checked_sub(ago).unwrap_or_else(std::time::SystemTime::now);
+        let mut attrs = vec![opentelemetry::KeyValue::new(crate::telemetry::names::LMPERF_TARGET, self.target.name.clone())];
+        attrs.extend(crate::telemetry::spans::spike_attributes(&rule));
+        Some(opentelemetry::trace::Event::new(crate::telemetry::names::EVENT_SPIKE_ENTERED, wall, attrs, 0))
+    }
+
+    /// Counts the canary `ids` in flight for spike mode until it is decided (or its task is
+    /// dropped); `None` when `OTEL_TRACES_SAMPLER` decides.
+    fn track_in_flight(&self, ids: crate::telemetry::spans::TraceIds) -> Option<InFlightGuard> {
+        if self.telemetry.head_sampler.is_some() {
+            return None;
+        }
+        let trace_id = u128::from_be_bytes(ids.trace_id.to_bytes());
+        self.sampler.lock().ok()?.started(trace_id, tokio::time::Instant::now());
+        Some(InFlightGuard { sampler: self.sampler.clone(), trace_id })
+    }
+
+    /// Publishes a spike mode change: the status (and gauge), the log line.
     fn note_transition(&self, t: SpikeTransition, spike: Option<crate::sampler::adaptive::SpikeRule>) {
         let entered = t == SpikeTransition::Entered;
         self.state.spike.store(entered, Ordering::Relaxed);
@@ -328,6 +372,7 @@ impl TargetRunner {
             }
         };
         let ids = self.telemetry.new_trace();
+        let _in_flight = if *source == Source::Canary { self.track_in_flight(ids) } else { None };
         let (model, provider, measured) = match self.resolve(cancel).await {
             Ok((model, provider)) => {
                 self.state.set_model(&model);
@@ -341,7 +386,7 @@ impl TargetRunner {
             }
             Err(m) => (String::new(), t.provider.clone().unwrap_or_else(|| "openai".to_owned()), m),
         };
-        let info = SpanContextInfo {
+        let mut info = SpanContextInfo {
             target: &t.name,
             operation: t.api.operation_name(),
             provider: &provider,
@@ -380,6 +425,7 @@ impl TargetRunner {
         match source {
             Source::Canary => {
                 let decision = self.decide(ids, &measured);
+                info.events.extend(self.carried_spike_event());
                 self.telemetry.record(&info, ids, &measured, &decision);
                 self.state.record(&summary);
                 if let Some(d) = &self.diagnosis {
@@ -408,6 +454,24 @@ impl TargetRunner {
             println!("{}", console_line(&t.name, &model, &measured, &ids.trace_id.to_string()));
         }
         summary
+    }
+}
+
+/// How often the canaries in flight are judged for spike mode.
+pub const SPIKE_TICK: Duration = Duration::from_secs(1);
+
+/// A canary in flight for the sampler; dropping it (the canary's task ended or was dropped)
+/// forgets it.
+struct InFlightGuard {
+    sampler: Arc<std::sync::Mutex<TargetSampler>>,
+    trace_id: u128,
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.sampler.lock() {
+            s.abandoned(self.trace_id);
+        }
     }
 }
 

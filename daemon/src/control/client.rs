@@ -215,6 +215,9 @@ pub fn format_status(s: &proto::GetStatusResponse) -> String {
             t.skipped,
             if t.spike { "  SPIKE" } else { "" }
         );
+        if let Some(r) = &t.spike_reason {
+            let _ = writeln!(o, "  spike: {r}");
+        }
         if let Some(l) = &t.last {
             let _ = writeln!(o, "  last: {} {} ttft_ms={} e2e_ms={:.1} trace_id={}", ago(l.at_unix_s), l.outcome, opt_ms(l.ttft_ms), l.e2e_ms, l.trace_id);
         }
@@ -590,5 +593,21 @@ mod tests {
             assert!(line.contains(want), "{want} in {line}");
         }
         assert!(text.ends_with("(1 shown; the agent keeps the last 256)\n"), "{text}");
+    }
+
+    #[test]
+    fn status_names_the_spike_rule_with_its_values() {
+        use crate::sampler::adaptive::SpikeRule;
+        let rule = SpikeRule::LatencyJump { signal: "e2e", p99_s: 4.1, baseline_s: 0.42, ratio: 9.76, z: 61.2, in_flight: 5 };
+        let s = proto::GetStatusResponse {
+            targets: vec![proto::TargetStatus { name: "t0".into(), spike: true, spike_reason: Some(rule.describe()), ..Default::default() }],
+            ..Default::default()
+        };
+        let text = format_status(&s);
+        assert!(text.contains("  SPIKE\n"), "{text}");
+        assert!(
+            text.contains("  spike: latency_jump: e2e p99 ≥ 4.100 s = 9.8 × baseline 0.420 s (z 61.2; 5 canaries still in flight)\n"),
+            "{text}"
+        );
     }
 }

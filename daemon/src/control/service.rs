@@ -96,6 +96,7 @@ impl ControlService {
                     skipped: t.skipped,
                     spike: t.spike,
                     last: t.last.as_ref().map(Into::into),
+                    spike_reason: t.spike_reason.map(|r| r.describe()),
                     server: self.admin.status.server.target(&t.name).map(|s| server_status(&s.view())),
                 })
                 .collect(),

@@ -84,8 +84,8 @@ pub struct DetectorConfig {
     pub min_partial_samples: usize,
     /// A P99 bucket's statistic is never its lone largest sample (the nearest rank is capped
     /// at n − 1): below 100 samples a nearest-rank p99 *is* the maximum, so one heavy-tail
-    /// outlier among a handful of canaries would carry the whole bucket. Default false (the
-    /// sampler's spike mode keeps the plain p99); the diagnosis sets it.
+    /// outlier among a handful of canaries would carry the whole bucket. Default false; the
+    /// sampler's spike mode and the diagnosis set it.
     pub exclude_max: bool,
 }
 
@@ -340,39 +340,126 @@ impl BucketSeries {
 
     /// The recent buckets at `now` (newest last): the closed ones of the last
     /// `recent_buckets` bucket slots, plus the one in progress when it holds enough samples.
-    fn recent(&mut self, now_idx: u64) -> (Vec<f64>, u64) {
+    /// `bounds` (see [`BucketSeries::assess_with`]) lift the slots of their start.
+    fn recent(&mut self, now_idx: u64, bounds: &[(Duration, f64)]) -> (Vec<f64>, u64) {
         let n = self.config.recent_buckets.max(1) as u64;
-        let mut out = Vec::with_capacity(n as usize);
-        let partial = match self.current_value() {
-            Some((v, c))
-                if c as usize >= self.config.min_partial_samples
-                    && self.current == Some(now_idx) =>
-            {
-                Some(v)
+        let latency = matches!(self.aggregate, Aggregate::P99 | Aggregate::Max);
+        // (slot of its start, start, lower bound); a start after `now` counts in the slot of
+        // `now`.
+        let bounds: Vec<(u64, f64, f64)> = if latency {
+            bounds
+                .iter()
+                .filter(|(_, v)| v.is_finite())
+                .map(|&(at, v)| (self.index(at).min(now_idx), at.as_secs_f64(), v))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let bucket_s = self.config.bucket.as_secs_f64();
+        let in_progress = if self.current == Some(now_idx) {
+            self.current_value()
+        } else {
+            None
+        };
+        let now_bounds: Vec<f64> = bounds
+            .iter()
+            .filter(|&&(i, _, _)| i == now_idx)
+            .map(|&(_, _, v)| v)
+            .collect();
+        let count = in_progress.map_or(0, |(_, c)| c as usize) + now_bounds.len();
+        let partial = if count >= self.config.min_partial_samples && count > 0 {
+            if now_bounds.is_empty() {
+                in_progress.map(|(v, _)| v)
+            } else {
+                // The statistic of the samples and the bounds together: a lower bound of the
+                // bucket's statistic once the requests in flight end.
+                match self.aggregate {
+                    Aggregate::P99 => {
+                        let mut all: Vec<f64> =
+                            self.samples.iter().copied().chain(now_bounds).collect();
+                        if self.config.exclude_max {
+                            quantile_below_max(&mut all, 0.99)
+                        } else {
+                            quantile(&mut all, 0.99)
+                        }
+                    }
+                    _ => in_progress
+                        .map(|(v, _)| v)
+                        .into_iter()
+                        .chain(now_bounds)
+                        .reduce(f64::max),
+                }
             }
-            _ => None,
+        } else {
+            None
         };
         let closed_slots = if partial.is_some() { n - 1 } else { n };
         // Closed buckets count from the newest slot that is complete at `now`.
         let newest_complete = now_idx.saturating_sub(1);
         let first = (newest_complete + 1).saturating_sub(closed_slots);
-        out.extend(
-            self.closed
+        let mut out = Vec::with_capacity(n as usize);
+        for slot in (first..=newest_complete).filter(|_| now_idx > 0) {
+            let closed = self
+                .closed
                 .iter()
-                .filter(|&&(i, _)| i >= first && i <= newest_complete)
-                .map(|&(_, v)| v),
-        );
+                .find(|&&(i, _)| i == slot)
+                .map(|&(_, v)| v);
+            // A request that started before the recent slots and still runs counts in the oldest.
+            let slot_bounds: Vec<f64> = bounds
+                .iter()
+                .filter(|&&(i, _, _)| i.max(first) == slot)
+                .map(|&(_, _, v)| v)
+                .collect();
+            if closed.is_some() || !slot_bounds.is_empty() {
+                out.extend(self.lift(closed, slot_bounds));
+            } else {
+                // A slot where no request started nor ended (all of them stuck: new ones are
+                // skipped) is judged by the requests in flight through it, at its end.
+                let through: Vec<f64> = bounds
+                    .iter()
+                    .filter(|&&(i, _, _)| i < slot)
+                    .map(|&(_, start, _)| (slot + 1) as f64 * bucket_s - start)
+                    .collect();
+                out.extend(self.lift(None, through));
+            }
+        }
         if let Some(v) = partial {
-            out.push(v);
+            // With no closed recent slot, older bounds count in the one in progress.
+            let older: Vec<f64> = if closed_slots == 0 {
+                bounds
+                    .iter()
+                    .filter(|&&(i, _, _)| i < now_idx)
+                    .map(|&(_, _, v)| v)
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            out.extend(self.lift(Some(v), older));
         }
         (out, first)
+    }
+
+    /// A closed slot's statistic `stat` lifted by the lower bounds of requests in flight: to
+    /// the largest bound, or with [`DetectorConfig::exclude_max`] to the second largest of the
+    /// statistic and the bounds (one request never carries the slot alone, in flight or not).
+    fn lift(&self, stat: Option<f64>, mut bounds: Vec<f64>) -> Option<f64> {
+        if bounds.is_empty() {
+            return stat;
+        }
+        if !self.config.exclude_max {
+            let b = bounds.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            return Some(stat.map_or(b, |s| s.max(b)));
+        }
+        bounds.extend(stat);
+        let lifted = quantile_below_max(&mut bounds, 1.0)?;
+        Some(stat.map_or(lifted, |s| s.max(lifted)))
     }
 
     /// The baseline at `now`: buckets before the recent slots, within the history.
     pub fn baseline(&mut self, now: Duration) -> Option<Baseline> {
         let now_idx = self.index(now);
         self.roll(now_idx);
-        let (_, first_recent) = self.recent(now_idx);
+        let (_, first_recent) = self.recent(now_idx, &[]);
         self.baseline_before(first_recent)
     }
 
@@ -402,9 +489,30 @@ impl BucketSeries {
     /// Judges the recent buckets at `now` against the baseline under `rule`. `None` while the
     /// baseline is too short or no recent bucket holds data.
     pub fn assess(&mut self, now: Duration, rule: &JumpRule) -> Option<Assessment> {
+        self.assess_with(now, rule, &[])
+    }
+
+    /// As [`assess`](Self::assess), with requests still in flight as right-censored samples:
+    /// each `(start, bound)` is a request that started at `start` and whose value is at least
+    /// `bound` (its elapsed time so far). A bound lifts the recent slot of its start (the
+    /// oldest recent slot for an earlier start) like a sample would: in the bucket in progress
+    /// it joins the samples (and counts toward [`DetectorConfig::min_partial_samples`]), in a
+    /// closed slot it raises the statistic to at least the bound (exact for a p99 below 100
+    /// samples per bucket, where the p99 is the largest sample). A request counts once: in
+    /// flight by its start, finished by its end (its [`push`](Self::push)); except in a recent
+    /// slot where no request started nor ended (every request stuck, new ones skipped): that
+    /// slot takes the requests in flight through it, with their elapsed time at its end. Bounds
+    /// never enter the baseline, and only latency series (p99, max) take them; the others
+    /// ignore them.
+    pub fn assess_with(
+        &mut self,
+        now: Duration,
+        rule: &JumpRule,
+        bounds: &[(Duration, f64)],
+    ) -> Option<Assessment> {
         let now_idx = self.index(now);
         self.roll(now_idx);
-        let (recent, first_recent) = self.recent(now_idx);
+        let (recent, first_recent) = self.recent(now_idx, bounds);
         let baseline = self.baseline_before(first_recent)?;
         let value = *recent.last()?;
         let peak = recent.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -618,6 +726,121 @@ mod tests {
         }
         assert_eq!(m.buckets().collect::<Vec<_>>(), [(Duration::ZERO, 9.0)]);
         assert_eq!(s.buckets().collect::<Vec<_>>(), [(Duration::ZERO, 16.0)]);
+    }
+
+    /// Requests in flight at `t`, started every `step` from `from`, none finished: the
+    /// lower bounds `(start, t − start)`.
+    fn stalled(from: f64, t: f64, step: f64) -> Vec<(Duration, f64)> {
+        let mut out = Vec::new();
+        let mut s = from;
+        while s <= t {
+            out.push((Duration::from_secs_f64(s), t - s));
+            s += step;
+        }
+        out
+    }
+
+    #[test]
+    fn a_queue_is_seen_from_requests_in_flight_before_any_ends() {
+        // 2 min calm at 2/s (E2E ~400 ms), then from 125 s every request queues (none ends
+        // for 40 s). On finished requests alone nothing is seen; with the in-flight bounds the
+        // jump is seen within 13 s, whatever the bucket phase (the rest of the onset's bucket,
+        // then the 5 requests the next one needs, waiting ≥ 2 × the baseline).
+        for onset in [121.0, 125.0, 129.5] {
+            let mut s = BucketSeries::new(DetectorConfig::default(), Aggregate::P99);
+            let mut rng = Rng::new(13);
+            let mut t = 0.0;
+            while t < onset {
+                s.push(Duration::from_secs_f64(t), 0.35 + rng.exp(0.03));
+                t += 0.5;
+            }
+            let mut first = None;
+            let mut t = onset;
+            while t < onset + 40.0 && first.is_none() {
+                let at = Duration::from_secs_f64(t);
+                assert!(
+                    !s.assess(at, &SAMPLER).is_some_and(|a| a.jumped),
+                    "no request ended"
+                );
+                let a = s.assess_with(at, &SAMPLER, &stalled(onset, t, 0.5));
+                if a.is_some_and(|a| a.jumped) {
+                    first = Some(t - onset);
+                }
+                t += 1.0;
+            }
+            let after = first.expect("jump seen");
+            assert!(after <= 13.0, "onset {onset}: seen after {after} s");
+        }
+    }
+
+    #[test]
+    fn one_slow_request_counts_once_in_flight_or_ended() {
+        // Calm at 2/s; one request started at 128 s takes 6 s (across a bucket boundary) while
+        // the others go on: in flight it lifts the slot of its start, ended the slot of its
+        // end, never both: 1 of 3 recent buckets at most.
+        let mut s = BucketSeries::new(DetectorConfig::default(), Aggregate::P99);
+        let mut rng = Rng::new(17);
+        let mut t = 0.0;
+        while t < 200.0 {
+            let at = Duration::from_secs_f64(t);
+            s.push(at, 0.35 + rng.exp(0.03));
+            if (134.0..134.5).contains(&t) {
+                s.push(at, 6.0);
+            }
+            let slow = if (128.0..134.0).contains(&t) {
+                stalled(128.0, t, 100.0)
+            } else {
+                Vec::new()
+            };
+            let a = s.assess_with(at, &SAMPLER, &slow);
+            assert!(!a.is_some_and(|a| a.jumped), "fired at {t}: {a:?}");
+            if t > 129.0 && t < 134.0 {
+                assert!(
+                    a.is_some_and(|a| a.jumped_buckets == 1 && a.peak >= t - 128.0),
+                    "{t}: {a:?}"
+                );
+            }
+            t += 0.5;
+        }
+    }
+
+    #[test]
+    fn requests_stuck_while_new_ones_are_skipped_keep_the_jump() {
+        // 2 min calm at 1/s, then 16 requests start in 16 s and stay stuck for 2 min: no new
+        // request starts (max in flight), none ends. The jump holds throughout, through the
+        // empty slots.
+        let mut s = BucketSeries::new(DetectorConfig::default(), Aggregate::P99);
+        let mut rng = Rng::new(19);
+        for t in 0..120 {
+            s.push(Duration::from_secs(t), 0.4 + rng.exp(0.05));
+        }
+        let mut first = None;
+        for t in 120..240u64 {
+            let stuck: Vec<(Duration, f64)> = (120..=t.min(135))
+                .map(|st| (Duration::from_secs(st), (t - st) as f64))
+                .collect();
+            let a = s.assess_with(Duration::from_secs(t), &SAMPLER, &stuck);
+            let jumped = a.is_some_and(|a| a.jumped);
+            if jumped && first.is_none() {
+                first = Some(t);
+            }
+            assert!(first.is_none() || jumped, "the jump lapsed at {t} s: {a:?}");
+        }
+        assert!(first.is_some_and(|t| t <= 135), "{first:?}");
+    }
+
+    #[test]
+    fn bounds_are_ignored_by_ratio_and_count_series() {
+        let mut s = BucketSeries::new(DetectorConfig::default(), Aggregate::Mean);
+        for i in 0..150 {
+            s.push(Duration::from_secs(i), 0.0);
+        }
+        let a = s.assess_with(
+            Duration::from_secs(150),
+            &SAMPLER,
+            &stalled(120.0, 150.0, 1.0),
+        );
+        assert!(a.is_some_and(|a| !a.jumped && a.peak == 0.0), "{a:?}");
     }
 
     #[test]

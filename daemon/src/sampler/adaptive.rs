@@ -12,6 +12,8 @@
 //! rate and 80 % of the latency threshold, so a window hovering at the threshold does not flap.
 //!
 //! A third rule needs no SLO: a *latency jump* of the target's TTFT or E2E p99 per 10 s bucket
+//! (never a bucket's lone largest sample, as in the diagnosis: at 1 canary/s a 10 s p99 is the
+//! maximum, and two heavy-tail outliers in 30 s of a calm, loaded server entered spike mode)
 //! against its own robust baseline (median and MAD of up to 30 min of buckets), judged by the
 //! detector the diagnosis shares ([`crate::diagnosis::detector`]): ≥ `spike_jump_ratio` ×
 //! (default 2), robust z ≥ `spike_jump_z` (3.5) and ≥ `spike_jump_floor` (50 ms) above the
@@ -21,12 +23,20 @@
 //! Failures are latency evidence too: a failed canary that measured a TTFT (a timeout, a stream
 //! cut after tokens) feeds the TTFT series, and a timeout feeds the E2E series with its elapsed
 //! time (censored: at least the timeout). A canary skipped because `max_in_flight` requests still
-//! run ([`TargetSampler::skipped`]) counts in the window as an error of kind `skipped` (the target
-//! is too slow to keep up), without a latency.
+//! run is not in the window (it is counted in `lmperf.canary.skipped`): the canaries stuck in
+//! flight speak for the target (below).
 //!
 //! `spike_min_requests` is judged against what the window can hold at the canary rate
 //! ([`effective_min_requests`]): min(`spike_min_requests`, canaries expected in `spike_window`),
 //! at least 3; the config warns when a target's window cannot hold 3 canaries.
+//!
+//! Canaries still in flight count too ([`super::in_flight`]): a canary in flight for `d` has an
+//! E2E of at least `d`, a lower bound the E2E series takes in the recent bucket of its start.
+//! Besides each finished canary, the caller judges these bounds on a periodic [`tick`]
+//! (`TargetSampler::tick`), so an overload that queues canaries for 20 s enters spike mode
+//! while they wait rather than once they end. A spike entered on a tick has no span of its
+//! own: its `lmperf.spike.entered` event is carried by the next canary's span
+//! ([`TargetSampler::take_carried`]) with the entry's time.
 //!
 //! Requests the agent cancelled itself (shutdown, a stopped load: outcome `cancelled`) are kept
 //! as errors but never counted by any rule: they say nothing about the target.
@@ -37,6 +47,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::time::Instant;
 
+use super::in_flight::InFlight;
 use super::threshold;
 use crate::diagnosis::detector::{Aggregate, BucketSeries, DetectorConfig, JumpRule};
 
@@ -97,7 +108,8 @@ pub enum SpikeRule {
     SloP99 { p99_s: f64, threshold_s: f64 },
     /// The p99 of `signal` (`ttft` | `e2e`) per bucket jumped against the target's own
     /// baseline (its median `baseline_s`): `ratio` = p99 ÷ median, `z` the robust z score.
-    LatencyJump { signal: &'static str, p99_s: f64, baseline_s: f64, ratio: f64, z: f64 },
+    /// `in_flight`: canaries still in flight whose elapsed time counted as a lower bound.
+    LatencyJump { signal: &'static str, p99_s: f64, baseline_s: f64, ratio: f64, z: f64, in_flight: usize },
 }
 
 impl SpikeRule {
@@ -115,7 +127,10 @@ impl SpikeRule {
         match *self {
             SpikeRule::ErrorRate { error_rate, threshold, requests } => format!("error_rate: {:.1} % of {requests} requests failed (threshold {:.1} %)", error_rate * 100.0, threshold * 100.0),
             SpikeRule::SloP99 { p99_s, threshold_s } => format!("slo_p99: e2e p99 {p99_s:.3} s ≥ {threshold_s:.3} s"),
-            SpikeRule::LatencyJump { signal, p99_s, baseline_s, ratio, z } => format!("latency_jump: {signal} p99 {p99_s:.3} s = {ratio:.1} × baseline {baseline_s:.3} s (z {z:.1})"),
+            SpikeRule::LatencyJump { signal, p99_s, baseline_s, ratio, z, in_flight: 0 } => format!("latency_jump: {signal} p99 {p99_s:.3} s = {ratio:.1} × baseline {baseline_s:.3} s (z {z:.1})"),
+            SpikeRule::LatencyJump { signal, p99_s, baseline_s, ratio, z, in_flight } => {
+                format!("latency_jump: {signal} p99 ≥ {p99_s:.3} s = {ratio:.1} × baseline {baseline_s:.3} s (z {z:.1}; {in_flight} canaries still in flight)")
+            }
         }
     }
 }
@@ -174,7 +189,7 @@ impl Default for SamplingPolicy {
             spike_hold: Duration::from_secs(60),
             spike_min_requests: 10,
             spike_jump: Some(DEFAULT_SPIKE_JUMP),
-            spike_detector: DetectorConfig::default(),
+            spike_detector: DetectorConfig { exclude_max: true, ..DetectorConfig::default() },
         }
     }
 }
@@ -222,6 +237,11 @@ pub struct TargetSampler {
     origin: Option<Instant>,
     ttft: BucketSeries,
     e2e: BucketSeries,
+    /// Canaries in flight (censored E2E samples).
+    in_flight: InFlight,
+    /// A spike entered on a [`tick`](Self::tick), with its instant: its event goes on the next
+    /// canary's span.
+    carried: Option<(SpikeRule, Instant)>,
 }
 
 impl TargetSampler {
@@ -237,7 +257,46 @@ impl TargetSampler {
             origin: None,
             ttft: BucketSeries::new(policy.spike_detector, Aggregate::P99),
             e2e: BucketSeries::new(policy.spike_detector, Aggregate::P99),
+            in_flight: InFlight::default(),
+            carried: None,
         }
+    }
+
+    /// Notes that the canary `trace_id` started at `now` (it counts as a lower bound while in
+    /// flight). Its [`decide`](Self::decide) or [`abandoned`](Self::abandoned) ends that.
+    pub fn started(&mut self, trace_id: u128, now: Instant) {
+        self.origin.get_or_insert(now);
+        self.in_flight.start(trace_id, now);
+    }
+
+    /// The canary `trace_id` ended without a decision (its task was dropped).
+    pub fn abandoned(&mut self, trace_id: u128) {
+        self.in_flight.end(trace_id);
+    }
+
+    /// Canaries in flight now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Judges the canaries in flight at `now` without a finished one: enters (or prolongs)
+    /// spike mode when a rule holds, and returns the rule when it entered. Never leaves spike
+    /// mode: the next finished canary does, on its span.
+    pub fn tick(&mut self, now: Instant) -> Option<SpikeRule> {
+        let origin = self.origin?;
+        let at = now.saturating_duration_since(origin);
+        if self.judge(now, at, false) == Some(SpikeTransition::Entered) {
+            let rule = self.rule?;
+            self.carried = Some((rule, now));
+            return Some(rule);
+        }
+        None
+    }
+
+    /// The spike entered on a [`tick`](Self::tick) since the last call, with its instant, for
+    /// the `lmperf.spike.entered` event of the next canary span.
+    pub fn take_carried(&mut self) -> Option<(SpikeRule, Instant)> {
+        self.carried.take()
     }
 
     pub fn in_spike(&self) -> bool {
@@ -286,6 +345,7 @@ impl TargetSampler {
     fn update_window(&mut self, now: Instant, o: Observed) -> Option<SpikeTransition> {
         let origin = *self.origin.get_or_insert(now);
         let at = now.saturating_duration_since(origin);
+        self.in_flight.end(o.trace_id);
         if !o.cancelled {
             self.window.push_back((now, o.failed, Some(o.e2e)));
             self.errors_in_window += o.failed as usize;
@@ -297,11 +357,11 @@ impl TargetSampler {
                 self.e2e.push(at, o.e2e.as_secs_f64());
             }
         }
-        self.judge(now, at)
+        self.judge(now, at, true)
     }
 
-    /// Drops what left the window and updates spike mode.
-    fn judge(&mut self, now: Instant, at: Duration) -> Option<SpikeTransition> {
+    /// Drops what left the window and updates spike mode (leaving it only when `may_leave`).
+    fn judge(&mut self, now: Instant, at: Duration, may_leave: bool) -> Option<SpikeTransition> {
         while let Some(&(t, failed, _)) = self.window.front() {
             if now.saturating_duration_since(t) > self.policy.spike_window || self.window.len() > MAX_WINDOW {
                 self.window.pop_front();
@@ -313,7 +373,7 @@ impl TargetSampler {
         let in_spike = self.in_spike();
         // Hysteresis: staying in a spike needs less than entering one.
         let (err_factor, lat_factor) = if in_spike { (0.5, 0.8) } else { (1.0, 1.0) };
-        if let Some(rule) = self.hot(at, err_factor, lat_factor) {
+        if let Some(rule) = self.hot(now, at, err_factor, lat_factor) {
             self.spike_until = Some(now + self.policy.spike_hold);
             if !in_spike {
                 self.rule = Some(rule);
@@ -323,6 +383,7 @@ impl TargetSampler {
         }
         if let Some(until) = self.spike_until
             && now >= until
+            && may_leave
         {
             self.spike_until = None;
             self.rule = None;
@@ -332,7 +393,7 @@ impl TargetSampler {
     }
 
     /// The first rule that holds at `at` (detector time), if any.
-    fn hot(&mut self, at: Duration, err_factor: f64, lat_factor: f64) -> Option<SpikeRule> {
+    fn hot(&mut self, now: Instant, at: Duration, err_factor: f64, lat_factor: f64) -> Option<SpikeRule> {
         let p = self.policy;
         let n = self.window.len();
         if n >= p.spike_min_requests {
@@ -348,11 +409,13 @@ impl TargetSampler {
             }
         }
         let rule = p.spike_jump?.relaxed(lat_factor);
-        for (signal, series) in [("ttft", &mut self.ttft), ("e2e", &mut self.e2e)] {
-            if let Some(a) = series.assess(at, &rule)
+        // A canary in flight has no TTFT yet, but an E2E of at least its elapsed time.
+        let bounds = self.origin.map(|o| self.in_flight.bounds(now, o)).unwrap_or_default();
+        for (signal, series, bounds) in [("ttft", &mut self.ttft, &[][..]), ("e2e", &mut self.e2e, &bounds[..])] {
+            if let Some(a) = series.assess_with(at, &rule, bounds)
                 && a.jumped
             {
-                return Some(SpikeRule::LatencyJump { signal, p99_s: a.peak, baseline_s: a.baseline.median, ratio: a.ratio, z: a.z });
+                return Some(SpikeRule::LatencyJump { signal, p99_s: a.peak, baseline_s: a.baseline.median, ratio: a.ratio, z: a.z, in_flight: bounds.len() });
             }
         }
         None
@@ -506,7 +569,7 @@ mod tests {
         let (after, rule) = entered.expect("spike entered");
         // The bucket in progress counts after 5 samples; 2 of the last 3 buckets must jump.
         assert!(after <= Duration::from_secs(20), "entered {after:?} after the jump");
-        let Some(SpikeRule::LatencyJump { signal, p99_s, baseline_s, ratio, z }) = rule else { panic!("{rule:?}") };
+        let Some(SpikeRule::LatencyJump { signal, p99_s, baseline_s, ratio, z, .. }) = rule else { panic!("{rule:?}") };
         assert_eq!((signal, p99_s, baseline_s), ("ttft", 1.0, 0.1));
         assert!((ratio - 10.0).abs() < 1e-9 && z > 100.0, "{ratio} {z}");
         assert_eq!(s.spike_rule(), rule);
@@ -525,6 +588,32 @@ mod tests {
         let left = left.expect("left");
         assert!(left >= Duration::from_secs(20) && left <= Duration::from_secs(45), "left {left:?} after calm");
         assert_eq!(s.spike_rule(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_outlier_per_bucket_never_enters_two_do() {
+        // Calm at 1/s (TTFT 100 ms), then one canary at 1 s in each of three buckets: a bucket's
+        // p99 is never its lone largest sample. Then two per bucket: entered.
+        let mut s = TargetSampler::new(jump_only());
+        let mut id = ids();
+        let step = Duration::from_secs(1);
+        for _ in 0..150 {
+            tokio::time::advance(step).await;
+            assert!(s.decide(Instant::now(), obs(false, 400, id())).transition.is_none());
+        }
+        for i in 0..30 {
+            tokio::time::advance(step).await;
+            let e2e = if i % 10 == 3 { 4000 } else { 400 };
+            assert!(s.decide(Instant::now(), obs(false, e2e, id())).transition.is_none(), "entered at {i}");
+        }
+        let mut entered = None;
+        for i in 0..30 {
+            tokio::time::advance(step).await;
+            let e2e = if i % 10 == 3 || i % 10 == 6 { 4000 } else { 400 };
+            entered = entered.or(s.decide(Instant::now(), obs(false, e2e, id())).spike.map(|r| (i, r)));
+        }
+        let (i, rule) = entered.expect("entered");
+        assert!(i <= 20 && matches!(rule, SpikeRule::LatencyJump { signal: "ttft", .. }), "{i} {rule:?}");
     }
 
     #[tokio::test(start_paused = true)]

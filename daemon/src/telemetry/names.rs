@@ -142,6 +142,8 @@ pub const LMPERF_SPIKE_SIGNAL: &str = "lmperf.spike.signal";
 pub const LMPERF_SPIKE_BASELINE: &str = "lmperf.spike.baseline";
 pub const LMPERF_SPIKE_RATIO: &str = "lmperf.spike.ratio";
 pub const LMPERF_SPIKE_Z: &str = "lmperf.spike.z";
+/// latency_jump: canaries still in flight whose elapsed time counted as a lower bound (e2e).
+pub const LMPERF_SPIKE_IN_FLIGHT: &str = "lmperf.spike.in_flight";
 
 // ---- Diagnosis (see `diagnosis`, `diagnosis_live`); metric names contracted with the alert rules ----
 /// Gauge, unit `1`: score in [0, 1] of a root cause, by `lmperf.target` and `lmperf.diagnosis.cause`.

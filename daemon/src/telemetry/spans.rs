@@ -199,12 +199,13 @@ pub fn spike_attributes(rule: &crate::sampler::adaptive::SpikeRule) -> Vec<KeyVa
             a.push(KeyValue::new(n::LMPERF_SPIKE_VALUE, p99_s));
             a.push(KeyValue::new(n::LMPERF_SPIKE_THRESHOLD, threshold_s));
         }
-        SpikeRule::LatencyJump { signal, p99_s, baseline_s, ratio, z } => {
+        SpikeRule::LatencyJump { signal, p99_s, baseline_s, ratio, z, in_flight } => {
             a.push(KeyValue::new(n::LMPERF_SPIKE_SIGNAL, signal));
             a.push(KeyValue::new(n::LMPERF_SPIKE_VALUE, p99_s));
             a.push(KeyValue::new(n::LMPERF_SPIKE_BASELINE, baseline_s));
             a.push(KeyValue::new(n::LMPERF_SPIKE_RATIO, ratio));
             a.push(KeyValue::new(n::LMPERF_SPIKE_Z, z));
+            a.push(KeyValue::new(n::LMPERF_SPIKE_IN_FLIGHT, in_flight as i64));
         }
     }
     a
