@@ -11,7 +11,9 @@
 //!   (2 min of history suffice with the defaults), else no verdict;
 //! - a bucket *jumped* when its value is at least `ratio` × the median, its robust z score
 //!   `(v − median) / (1.4826 · MAD)` is at least `z`, and `v − median` is at least the
-//!   absolute `floor` (so a 3 ms → 7 ms wobble of an idle server never counts);
+//!   absolute `floor` (so a 3 ms → 7 ms wobble of an idle server never counts), and its
+//!   samples sum to at least [`DetectorConfig::min_bucket_sum`] (for the error ratio: at least
+//!   that many errors in the bucket);
 //! - the series jumped when at least [`DetectorConfig::min_jumped`] of the last
 //!   [`DetectorConfig::recent_buckets`] buckets did. The bucket in progress counts once it holds
 //!   [`DetectorConfig::min_partial_samples`] samples, so a jump is seen within seconds at a
@@ -87,6 +89,12 @@ pub struct DetectorConfig {
     /// outlier among a handful of canaries would carry the whole bucket. Default false (the
     /// sampler's spike mode keeps the plain p99); the diagnosis sets it.
     pub exclude_max: bool,
+    /// A bucket counts as jumped only when the sum of its samples is at least this: for a
+    /// ratio of 1/0 flags (the error ratio), the number of errors in the bucket, so that one
+    /// error among a handful of requests against an error-free baseline (a ratio of ∞ × and a
+    /// z of thousands) is not a jump. Default 0 (off: the sampler's spike mode); the
+    /// diagnosis's error ratio sets [`crate::diagnosis::engine::MIN_ERRORS_PER_BUCKET`].
+    pub min_bucket_sum: f64,
 }
 
 impl Default for DetectorConfig {
@@ -99,6 +107,7 @@ impl Default for DetectorConfig {
             min_jumped: 2,
             min_partial_samples: 5,
             exclude_max: false,
+            min_bucket_sum: 0.0,
         }
     }
 }
@@ -229,8 +238,9 @@ pub const MAX_BUCKET_SAMPLES: usize = 4096;
 pub struct BucketSeries {
     config: DetectorConfig,
     aggregate: Aggregate,
-    /// Closed buckets: (index, statistic), oldest first; empty buckets are absent.
-    closed: VecDeque<(u64, f64)>,
+    /// Closed buckets: (index, statistic, sum of the samples), oldest first; empty buckets
+    /// are absent.
+    closed: VecDeque<(u64, f64, f64)>,
     current: Option<u64>,
     samples: Vec<f64>,
     sum: f64,
@@ -293,8 +303,8 @@ impl BucketSeries {
         }
     }
 
-    /// The statistic of the bucket in progress, with its sample count.
-    fn current_value(&mut self) -> Option<(f64, u64)> {
+    /// The statistic of the bucket in progress, with its sample count and sum.
+    fn current_value(&mut self) -> Option<(f64, u64, f64)> {
         if self.count == 0 {
             return None;
         }
@@ -307,7 +317,7 @@ impl BucketSeries {
             Aggregate::Max => self.max,
             Aggregate::Sum => self.sum,
         };
-        Some((v, self.count))
+        Some((v, self.count, self.sum))
     }
 
     /// Closes the bucket in progress when `idx` is past it, and forgets buckets older than
@@ -316,8 +326,8 @@ impl BucketSeries {
         if let Some(cur) = self.current
             && idx > cur
         {
-            if let Some((v, _)) = self.current_value() {
-                self.closed.push_back((cur, v));
+            if let Some((v, _, sum)) = self.current_value() {
+                self.closed.push_back((cur, v, sum));
             }
             self.current = None;
             self.samples.clear();
@@ -326,7 +336,7 @@ impl BucketSeries {
         }
         let keep_from =
             idx.saturating_sub(self.config.history_buckets() + self.config.recent_buckets as u64);
-        while self.closed.front().is_some_and(|&(i, _)| i < keep_from) {
+        while self.closed.front().is_some_and(|&(i, _, _)| i < keep_from) {
             self.closed.pop_front();
         }
     }
@@ -335,20 +345,21 @@ impl BucketSeries {
     pub fn buckets(&self) -> impl Iterator<Item = (Duration, f64)> + '_ {
         self.closed
             .iter()
-            .map(|&(i, v)| (self.config.bucket * i as u32, v))
+            .map(|&(i, v, _)| (self.config.bucket * i as u32, v))
     }
 
     /// The recent buckets at `now` (newest last): the closed ones of the last
-    /// `recent_buckets` bucket slots, plus the one in progress when it holds enough samples.
-    fn recent(&mut self, now_idx: u64) -> (Vec<f64>, u64) {
+    /// `recent_buckets` bucket slots, plus the one in progress when it holds enough samples;
+    /// each as (statistic, sum of its samples).
+    fn recent(&mut self, now_idx: u64) -> (Vec<(f64, f64)>, u64) {
         let n = self.config.recent_buckets.max(1) as u64;
         let mut out = Vec::with_capacity(n as usize);
         let partial = match self.current_value() {
-            Some((v, c))
+            Some((v, c, sum))
                 if c as usize >= self.config.min_partial_samples
                     && self.current == Some(now_idx) =>
             {
-                Some(v)
+                Some((v, sum))
             }
             _ => None,
         };
@@ -359,8 +370,8 @@ impl BucketSeries {
         out.extend(
             self.closed
                 .iter()
-                .filter(|&&(i, _)| i >= first && i <= newest_complete)
-                .map(|&(_, v)| v),
+                .filter(|&&(i, _, _)| i >= first && i <= newest_complete)
+                .map(|&(_, v, sum)| (v, sum)),
         );
         if let Some(v) = partial {
             out.push(v);
@@ -387,8 +398,8 @@ impl BucketSeries {
         let mut vals: Vec<f64> = self
             .closed
             .iter()
-            .filter(|&&(i, _)| i >= from && i < first_recent)
-            .map(|&(_, v)| v)
+            .filter(|&&(i, _, _)| i >= from && i < first_recent)
+            .map(|&(_, v, _)| v)
             .collect();
         let b = if vals.len() >= self.config.min_baseline_buckets {
             Baseline::of(&mut vals)
@@ -406,9 +417,15 @@ impl BucketSeries {
         self.roll(now_idx);
         let (recent, first_recent) = self.recent(now_idx);
         let baseline = self.baseline_before(first_recent)?;
-        let value = *recent.last()?;
-        let peak = recent.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let jumped_buckets = recent.iter().filter(|&&v| baseline.jumped(v, rule)).count();
+        let value = recent.last()?.0;
+        let peak = recent
+            .iter()
+            .map(|&(v, _)| v)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let jumped_buckets = recent
+            .iter()
+            .filter(|&&(v, sum)| baseline.jumped(v, rule) && sum >= self.config.min_bucket_sum)
+            .count();
         Some(Assessment {
             value,
             peak,
@@ -423,7 +440,7 @@ impl BucketSeries {
 
     /// Approximate heap bytes held (for the per-target memory figure).
     pub fn heap_bytes(&self) -> usize {
-        self.closed.capacity() * std::mem::size_of::<(u64, f64)>()
+        self.closed.capacity() * std::mem::size_of::<(u64, f64, f64)>()
             + self.samples.capacity() * std::mem::size_of::<f64>()
     }
 }

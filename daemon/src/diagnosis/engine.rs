@@ -21,7 +21,9 @@ pub struct EngineConfig {
     /// second a 10 s p99 is the maximum, and 1 heavy-tail outlier in 40 requests paged.
     pub detector: DetectorConfig,
     /// Error-ratio buckets: a bucket's mean is not carried by one sample, so 2 of the last 3
-    /// buckets suffice (a burst is seen within seconds). Default: [`DetectorConfig::default`].
+    /// buckets suffice (a burst is seen within seconds), each with at least
+    /// [`MIN_ERRORS_PER_BUCKET`] errors ([`DetectorConfig::min_bucket_sum`]). Default:
+    /// [`DetectorConfig::default`] with that minimum.
     pub ratio_detector: DetectorConfig,
     /// The symptom rule: ≥ 1.5 ×, robust z ≥ 3.5; the floor is the signal's
     /// ([`Signal::floor`]; 5 % for the error ratio).
@@ -51,7 +53,10 @@ impl Default for EngineConfig {
                 exclude_max: true,
                 ..DetectorConfig::default()
             },
-            ratio_detector: DetectorConfig::default(),
+            ratio_detector: DetectorConfig {
+                min_bucket_sum: MIN_ERRORS_PER_BUCKET,
+                ..DetectorConfig::default()
+            },
             symptom: JumpRule {
                 ratio: 1.5,
                 z: 3.5,
@@ -66,6 +71,12 @@ impl Default for EngineConfig {
         }
     }
 }
+
+/// Errors a 10 s bucket must hold to count as a jump of the error ratio (the default of
+/// [`EngineConfig::ratio_detector`]'s [`DetectorConfig::min_bucket_sum`]). Against an error-free
+/// baseline one error among 20 canaries is a 5 % ratio, infinitely many times the baseline and
+/// beyond any z: without a count, one stray error in 2 of 3 buckets paged.
+pub const MIN_ERRORS_PER_BUCKET: f64 = 2.0;
 
 /// The live diagnosis of many targets: feed it samples, ask it at any time.
 ///

@@ -27,8 +27,9 @@
 //!    signal's absolute floor (50 ms TTFT/E2E, 5 ms TPOT, 5 % errors); a latency symptom needs
 //!    3 of the last 4 buckets and a bucket's p99 is never its lone largest sample (with a few
 //!    canaries per bucket a nearest-rank p99 is the maximum, and one heavy-tail outlier would
-//!    carry it); the error ratio (a bucket mean) needs 2 of the last 3. Staying needs the rule
-//!    relaxed to 80 % (hysteresis).
+//!    carry it); the error ratio (a bucket mean) needs 2 of the last 3, each holding at least
+//!    2 errors (`MIN_ERRORS_PER_BUCKET`: one error against an error-free baseline is an
+//!    infinite ratio). Staying needs the rule relaxed to 80 % (hysteresis).
 //! 2. **Onset**: a one-sided CUSUM (Page 1954; k = 0.5 σ, h = 5 σ) over the symptom signal's
 //!    1 s values (each step clipped to ±3 σ) against their pre-symptom median and robust scale;
 //!    searched from 1 min before the symptom's recent buckets; the onset is the last
