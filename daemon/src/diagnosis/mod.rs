@@ -30,10 +30,11 @@
 //!    carry it); the error ratio (a bucket mean) needs 2 of the last 3, each holding at least
 //!    2 errors (`MIN_ERRORS_PER_BUCKET`: one error against an error-free baseline is an
 //!    infinite ratio). Staying needs the rule relaxed to 80 % (hysteresis).
-//! 2. **Onset**: a one-sided CUSUM (Page 1954; k = 0.5 σ, h = 5 σ) over the symptom signal's
-//!    1 s values (each step clipped to ±3 σ) against their pre-symptom median and robust scale;
-//!    searched from 1 min before the symptom's recent buckets; the onset is the last
-//!    second the statistic was 0 before the alarm.
+//! 2. **Onset**: a one-sided CUSUM (Page 1954; k = 1 σ for a latency, about half the smallest
+//!    shift a symptom is, 0.5 σ for the error ratio's 0/1 seconds; h = 5 σ) over the symptom signal's 1 s values (each step clipped to ±3 σ)
+//!    against their pre-symptom median and robust scale; searched from one bucket before the
+//!    symptom's recent buckets (a search a minute earlier found a busy neighbour's drift); the
+//!    onset is the last second the statistic was 0 before the alarm.
 //! 3. **States**: `idle → triggered → propagating → root_confirmed → idle` (Grafana Sift /
 //!    seed-style): triggered on the symptom, propagating while causes are scored,
 //!    root_confirmed when a cause scores ≥ 0.75, or is unambiguous (≥ 0.6 and 0.3 ahead of the
@@ -54,7 +55,8 @@
 //!    and errors flat is read as `load_surge` (0.5 + 0.4 × strength). The cause graph
 //!    (load_surge → server_queueing, long_prompts → server_queueing, kv_cache_pressure →
 //!    server_queueing, load_surge → kv_cache_pressure, gpu_memory_pressure → kv_cache_pressure,
-//!    gpu_fault → error_burst, server_change → error_burst, gpu_fault → gpu_throttling) ranks a
+//!    gpu_fault → error_burst, server_change → error_burst, gpu_fault → gpu_throttling,
+//!    long_prompts → load_surge) ranks a
 //!    parent above its child when both score ≥ 0.5, the child's evidence joining the parent's
 //!    (CIRCA: Li et al., "Causal Inference-Based Root Cause Analysis for Online Service Systems
 //!    with Intervention Recognition", KDD 2022). Named checks with a threshold, evidence and a
