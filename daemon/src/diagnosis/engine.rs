@@ -382,12 +382,17 @@ fn moved(
     let z = delta / s;
     let relative_ok = b.median == 0.0 || delta / b.median.abs() >= 0.2;
     let material = delta >= floor && z >= 3.0 && relative_ok;
-    let changed_at = cusum_change(
+    // k as for the symptom's onset: with k = 0.5 a level that is 1 a third of the calm seconds
+    // (a slot busy with a canary) alarmed 105 s before an overload and read "moved first".
+    let k = if ratio { CUSUM_K } else { ONSET_CUSUM_K };
+    // A step of one floor (the smallest material change) is one σ of the CUSUM: a level that is
+    // 0 or 1 in calm seconds (a canary in a slot) does not walk to an alarm.
+    let changed_at = cusum_persisting(
         series,
         onset.saturating_sub(300),
-        (b.median, s),
+        (b.median, s.max(floor)),
         sign,
-        CUSUM_K,
+        k,
     );
     Some(Moved {
         before: b.median,
@@ -436,19 +441,50 @@ fn cusum_change(
     sign: f64,
     k: f64,
 ) -> Option<u32> {
+    cusum(series, from, (mu, sigma), sign, k, false)
+}
+
+/// As [`cusum_change`], but the change point of the shift still in effect at the end: an alarm
+/// whose statistic fell back to 0 was an excursion, not a change (the first canary's uncached
+/// prompt at an agent's start read as "moved 108 s before the symptom").
+fn cusum_persisting(
+    series: &SecondSeries,
+    from: u32,
+    (mu, sigma): (f64, f64),
+    sign: f64,
+    k: f64,
+) -> Option<u32> {
+    cusum(series, from, (mu, sigma), sign, k, true)
+}
+
+fn cusum(
+    series: &SecondSeries,
+    from: u32,
+    (mu, sigma): (f64, f64),
+    sign: f64,
+    k: f64,
+    persisting: bool,
+) -> Option<u32> {
     let mut s = 0.0;
     let mut last_zero = None;
+    let mut alarm = None;
     for (t, v) in series.range(from, u32::MAX) {
         let prev = s;
         s = (s + (sign * (v - mu) / sigma).clamp(-CUSUM_CAP, CUSUM_CAP) - k).max(0.0);
         if prev == 0.0 {
             last_zero = Some(t);
         }
-        if s > CUSUM_H {
-            return last_zero;
+        if s > CUSUM_H && alarm.is_none() {
+            if !persisting {
+                return last_zero;
+            }
+            alarm = last_zero;
+        }
+        if s == 0.0 {
+            alarm = None;
         }
     }
-    None
+    alarm
 }
 
 impl TargetEngine {
