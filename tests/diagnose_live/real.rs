@@ -45,11 +45,11 @@ fn model_server() -> ModelServer {
 const LOAD_MAX: Duration = Duration::from_secs(CONFIRM_WITHIN_S + 30);
 
 /// One episode's ground truth and words.
-struct Spec {
-    name: &'static str,
-    cause: Option<&'static str>,
-    magnitude: &'static str,
-    notes: &'static str,
+struct Spec<'a> {
+    name: &'a str,
+    cause: Option<&'a str>,
+    magnitude: &'a str,
+    notes: &'a str,
 }
 
 /// The server signals of the status's `server[0].latest` (the fields of `ServerSample` the
@@ -380,15 +380,25 @@ fn story(i: usize, n: usize) -> String {
     )
 }
 
-/// Words of a long prompt (about 800 tokens: a prefill of ~7 s on this shared machine), different from its first word on at every
-/// request so that llama.cpp's prompt cache cannot skip the prefill.
+/// A long prompt of 700 words (about 800 tokens: a prefill of ~7 s on this shared machine).
 fn long_prompt(i: usize, n: usize) -> String {
+    prompt_of(700, i, n)
+}
+
+/// A long prompt of 300 words (about 350 tokens).
+fn long_prompt_mild(i: usize, n: usize) -> String {
+    prompt_of(300, i, n)
+}
+
+/// A prompt of `words` words, different from its first word on at every request so that
+/// llama.cpp's prompt cache cannot skip the prefill; 2 tokens out.
+fn prompt_of(words: usize, i: usize, n: usize) -> String {
     const WORDS: [&str; 16] = [
         "harbour", "lantern", "granite", "seagull", "compass", "tide", "keeper", "storm", "beacon",
         "rope", "anchor", "mist", "shore", "signal", "cliff", "wave",
     ];
     let mut text = format!("Request {i}-{n}-{}: summarize in one word:", unix_now());
-    for k in 0..700 {
+    for k in 0..words {
         text.push(' ');
         text.push_str(WORDS[(k * 7 + n * 3 + i) % WORDS.len()]);
     }
@@ -420,6 +430,16 @@ fn f(v: &Value, k: &str) -> f64 {
 /// `load_surge`: 4 closed-loop clients of 48-token stories on the 2-slot server.
 #[test]
 fn live_load_surge_on_llamacpp() {
+    load_surge(4, "live-load_surge-llamacpp-4clients-1");
+}
+
+/// `load_surge`, milder: 2 clients (both slots busy, the canary waits for one).
+#[test]
+fn live_load_surge_mild_on_llamacpp() {
+    load_surge(2, "live-load_surge-llamacpp-2clients-1");
+}
+
+fn load_surge(clients: usize, name: &'static str) {
     if !enabled() {
         return;
     }
@@ -435,13 +455,17 @@ fn live_load_surge_on_llamacpp() {
         false,
     );
     let port = server.port;
+    let magnitude = format!("{clients} closed-loop clients of 48-token answers on 2 slots");
+    let notes = format!(
+        "tests/diagnose_live/real.rs: the agent's canaries (1/s, 4 tokens) and its 1 s scrape of the real llama.cpp server (Gemma 3 270M, --parallel 2, --threads 1); from the onset {clients} more clients send 48-token story requests back to back (server_* series: the agent's newest scrape in its status, polled each second)"
+    );
     let spec = Spec {
-        name: "live-load_surge-llamacpp-4clients-1",
+        name,
         cause: Some("load_surge"),
-        magnitude: "4 closed-loop clients of 48-token answers on 2 slots",
-        notes: "tests/diagnose_live/real.rs: the agent's canaries (1/s, 4 tokens) and its 1 s scrape of the real llama.cpp server (Gemma 3 270M, --parallel 2, --threads 1); from the onset 4 more clients send 48-token story requests back to back (server_* series: the agent's newest scrape in its status, polled each second)",
+        magnitude: &magnitude,
+        notes: &notes,
     };
-    let (run, _) = run_episode(&spec, &cfg, None, || Load::start(port, 4, story));
+    let (run, _) = run_episode(&spec, &cfg, None, || Load::start(port, clients, story));
     let t = confirmed(&run, "load_surge");
     let top = &t["causes"][0];
     assert_eq!(top["cause"], "load_surge", "{t}");
@@ -455,13 +479,27 @@ fn live_load_surge_on_llamacpp() {
     );
     let waiting = evidence(top, "server_requests_waiting")
         .unwrap_or_else(|| panic!("no queue evidence: {top}"));
-    assert!(f(waiting, "peak") >= 2.0, "{waiting}");
+    assert!(f(waiting, "peak") >= 1.0, "{waiting}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `long_prompts`: one more client sending ~800-token prompts (2 tokens out) back to back.
 #[test]
 fn live_long_prompts_on_llamacpp() {
+    long_prompts(long_prompt, "~800", "live-long_prompts-llamacpp-800tok-1");
+}
+
+/// `long_prompts`, milder: ~350-token prompts.
+#[test]
+fn live_long_prompts_mild_on_llamacpp() {
+    long_prompts(
+        long_prompt_mild,
+        "~350",
+        "live-long_prompts-llamacpp-350tok-1",
+    );
+}
+
+fn long_prompts(body: fn(usize, usize) -> String, tokens: &str, name: &'static str) {
     if !enabled() {
         return;
     }
@@ -477,13 +515,17 @@ fn live_long_prompts_on_llamacpp() {
         false,
     );
     let port = server.port;
+    let magnitude = format!("1 client of {tokens}-token prompts, 2 tokens out");
+    let notes = format!(
+        "tests/diagnose_live/real.rs: the agent's canaries (1/s, 4 tokens) and its 1 s scrape of the real llama.cpp server (Gemma 3 270M, --parallel 2, --threads 1); from the onset a second client sends {tokens}-token prompts (2 tokens out, no prompt-cache hit) back to back (server_* series: the agent's newest scrape in its status, polled each second)"
+    );
     let spec = Spec {
-        name: "live-long_prompts-llamacpp-800tok-1",
+        name,
         cause: Some("long_prompts"),
-        magnitude: "1 client of ~800-token prompts, 2 tokens out",
-        notes: "tests/diagnose_live/real.rs: the agent's canaries (1/s, 4 tokens) and its 1 s scrape of the real llama.cpp server (Gemma 3 270M, --parallel 2, --threads 1); from the onset a second client sends ~800-token prompts (2 tokens out, no prompt-cache hit) back to back (server_* series: the agent's newest scrape in its status, polled each second)",
+        magnitude: &magnitude,
+        notes: &notes,
     };
-    let (run, _) = run_episode(&spec, &cfg, None, || Load::start(port, 1, long_prompt));
+    let (run, _) = run_episode(&spec, &cfg, None, || Load::start(port, 1, body));
     let t = confirmed(&run, "long_prompts");
     let top = &t["causes"][0];
     assert_eq!(top["cause"], "long_prompts", "{t}");
@@ -500,6 +542,17 @@ fn live_long_prompts_on_llamacpp() {
 /// goes 0 → 40 ms each way (80 ms more RTT) at the onset.
 #[test]
 fn live_network_delay_across_a_delay_link() {
+    network(40, "live-network-delaylink-80ms-1");
+}
+
+/// `network`, milder: 30 ms each way (60 ms more RTT; 20 ms each way would stay under the
+/// 50 ms TTFT floor of a symptom).
+#[test]
+fn live_network_mild_delay_across_a_delay_link() {
+    network(30, "live-network-delaylink-60ms-1");
+}
+
+fn network(one_way_ms: u64, name: &'static str) {
     if !enabled() {
         return;
     }
@@ -547,13 +600,17 @@ fn live_network_delay_across_a_delay_link() {
         let dir = temp_dir("network");
         let cfg = agent_config(&dir, &format!("http://{server_addr}"), "m", "interval = \"500ms\"\nmax_tokens = 16\n", "", true);
         let mut otlp = Otlp::start();
+        let magnitude = format!("RTT +{} ms ({one_way_ms} ms each way)", 2 * one_way_ms);
+        let notes = format!("tests/diagnose_live/real.rs: the agent (eBPF probes on) in one network namespace, its canaries (2/s) to a scripted server in another across a DelayLink (TUN pair); from the onset the link holds each packet {one_way_ms} ms in each direction (net_* series: the lmperf.net.* attributes of each canary's span, eBPF only)");
         let spec = Spec {
-            name: "live-network-delaylink-80ms-1",
+            name,
             cause: Some("network"),
-            magnitude: "RTT +80 ms (40 ms each way)",
-            notes: "tests/diagnose_live/real.rs: the agent (eBPF probes on) in one network namespace, its canaries (2/s) to a scripted server in another across a DelayLink (TUN pair); from the onset the link holds each packet 40 ms in each direction (net_* series: the lmperf.net.* attributes of each canary's span, eBPF only)",
+            magnitude: &magnitude,
+            notes: &notes,
         };
-        let out = run_episode(&spec, &cfg, Some(&mut otlp), || l2.set_one_way(Duration::from_millis(40)));
+        let out = run_episode(&spec, &cfg, Some(&mut otlp), || {
+            l2.set_one_way(Duration::from_millis(one_way_ms))
+        });
         let _ = std::fs::remove_dir_all(&dir);
         out
     });
@@ -567,9 +624,10 @@ fn live_network_delay_across_a_delay_link() {
     let top = &t["causes"][0];
     assert_eq!(top["cause"], "network", "{t}");
     let rtt = evidence(top, "net_srtt").unwrap_or_else(|| panic!("no kernel RTT evidence: {top}"));
-    // 80 ms more RTT: the kernel's smoothed RTT after the onset (median) is within its reach.
+    // The added RTT: the kernel's smoothed RTT after the onset (median) within 25 % of it.
+    let added = 2.0 * one_way_ms as f64 / 1000.0;
     assert!(
-        f(rtt, "before") < 0.005 && (0.06..=0.12).contains(&f(rtt, "after")),
+        f(rtt, "before") < 0.005 && (0.75 * added..=1.25 * added).contains(&f(rtt, "after")),
         "{rtt}"
     );
     assert!(
@@ -579,7 +637,10 @@ fn live_network_delay_across_a_delay_link() {
         "{rtt}"
     );
     let d = &t["ttft_decomposition"];
-    assert!(f(d, "network_s") >= 0.05 && f(d, "extra_s") >= 0.05, "{d}");
+    assert!(
+        f(d, "network_s") >= 0.6 * added && f(d, "extra_s") >= 0.05,
+        "{d}"
+    );
 }
 
 /// The calm run: Poisson canaries (1/s, 4 tokens) on the idle real server for `LMPERF_DIAGNOSE_CALM_S`

@@ -48,7 +48,11 @@
 //!    20 % and z ≥ 3, squashed as 1 − e^(−z/8); hard rules raise a signal to ≥ 0.85 (KV ≥ 0.95,
 //!    any preemption, throttle reasons set, GPU memory ≥ 95 % or a new process, an XID / ECC /
 //!    lost event, kernel RTT ≥ 2 × and +5 ms, error ratio ≥ 1 %, a server change in the 15 min
-//!    before onset); time order (the signal's own CUSUM change point: ≥ 2 s before the onset
+//!    before onset, requests running ≥ 2 × and +1 while generated tokens/s did not fall: more
+//!    work, not a slower server); `long_prompts` also reads the prompt tokens per generated token
+//!    over 10 s (`server_prompt_ratio`, derived by the store from the two token rates: llama.cpp
+//!    has no request counter); time order (the signal's own CUSUM change point of the shift
+//!    still in effect, one floor a σ, k = 1 σ for levels: ≥ 2 s before the onset
 //!    × 1.05, up to 5 s after × 1, later down to × 0.6); which part of latency moved (TTFT alone
 //!    → queue / prefill / network; TPOT → decode: GPU, KV; both → load): a cause whose part did
 //!    not move × 0.75. Without server signals, TTFT and TPOT rising together with GPU, network
