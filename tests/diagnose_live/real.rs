@@ -636,11 +636,15 @@ fn network(one_way_ms: u64, name: &'static str) {
             .is_some_and(|r| r.contains("kernel RTT")),
         "{rtt}"
     );
+    // The TTFT decomposition exists once TTFT itself moved materially since the onset: at the
+    // first confirmation for 80 ms more RTT; for 60 ms, seen live 18 s after the onset, not yet.
     let d = &t["ttft_decomposition"];
-    assert!(
-        f(d, "network_s") >= 0.6 * added && f(d, "extra_s") >= 0.05,
-        "{d}"
-    );
+    if one_way_ms >= 40 || !d.is_null() {
+        assert!(
+            f(d, "network_s") >= 0.6 * added && f(d, "extra_s") >= 0.05,
+            "{d}"
+        );
+    }
 }
 
 /// The calm run: Poisson canaries (1/s, 4 tokens) on the idle real server for `LMPERF_DIAGNOSE_CALM_S`
