@@ -829,3 +829,8 @@ async fn live_control_is_never_diagnosed() {
     );
     assert_eq!(run.not_idle, 0, "the control left idle");
 }
+
+// The episodes on real peers (llama.cpp load and long prompts, DelayLink network) and the calm
+// run: `tests/diagnose_live/real.rs`.
+#[path = "diagnose_live/real.rs"]
+mod real;

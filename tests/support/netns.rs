@@ -16,7 +16,7 @@ use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -124,7 +124,10 @@ pub struct DelayLink {
     pub b: Netns,
     pub addr_a: Ipv4Addr,
     pub addr_b: Ipv4Addr,
+    /// The delay the link was built with ([`DelayLink::set_one_way`] changes the live one).
     pub one_way: Duration,
+    /// The delay each direction adds now, ns.
+    delay_ns: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -137,15 +140,23 @@ impl DelayLink {
         let tun_a = Arc::new(a.tun("lmtun0", addr_a)?);
         let tun_b = Arc::new(b.tun("lmtun0", addr_b)?);
         let stop = Arc::new(AtomicBool::new(false));
+        let delay_ns = Arc::new(AtomicU64::new(one_way.as_nanos() as u64));
         let mut threads = Vec::new();
         for (from, to) in [(tun_a.clone(), tun_b.clone()), (tun_b, tun_a)] {
             let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
             let s = stop.clone();
-            threads.push(std::thread::spawn(move || read_packets(&from, &tx, one_way, &s)));
+            let d = delay_ns.clone();
+            threads.push(std::thread::spawn(move || read_packets(&from, &tx, &d, &s)));
             let s = stop.clone();
             threads.push(std::thread::spawn(move || write_packets(&to, &rx, &s)));
         }
-        Ok(DelayLink { a, b, addr_a, addr_b, one_way, stop, threads })
+        Ok(DelayLink { a, b, addr_a, addr_b, one_way, delay_ns, stop, threads })
+    }
+
+    /// Changes the delay of each direction from the next packet on (packets already held keep
+    /// theirs, so a packet may overtake an older one when the delay falls).
+    pub fn set_one_way(&self, one_way: Duration) {
+        self.delay_ns.store(one_way.as_nanos() as u64, Ordering::Relaxed);
     }
 }
 
@@ -158,7 +169,7 @@ pub fn realtime() {
     unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) };
 }
 
-fn read_packets(fd: &OwnedFd, tx: &mpsc::Sender<(Instant, Vec<u8>)>, delay: Duration, stop: &AtomicBool) {
+fn read_packets(fd: &OwnedFd, tx: &mpsc::Sender<(Instant, Vec<u8>)>, delay_ns: &AtomicU64, stop: &AtomicBool) {
     realtime();
     let mut buf = vec![0u8; 65536];
     while !stop.load(Ordering::Relaxed) {
@@ -169,6 +180,7 @@ fn read_packets(fd: &OwnedFd, tx: &mpsc::Sender<(Instant, Vec<u8>)>, delay: Dura
         }
         // SAFETY: buf is valid for its length.
         let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        let delay = Duration::from_nanos(delay_ns.load(Ordering::Relaxed));
         if n > 0 && tx.send((Instant::now() + delay, buf[..n as usize].to_vec())).is_err() {
             return;
         }

@@ -6,6 +6,9 @@
 //! `--per-magnitude N`, `--controls N`, `--json FILE`, `--write-synthetic DIR`). `--live` first
 //! runs the live harness (`tests/diagnose_live.rs`: the real agent against injected faults,
 //! about 3 min per episode), which records its episodes into `tests/fixtures/episodes/`.
+//! `--calm DURATION` (`30m`, `90s`, seconds) runs only the calm run instead: the agent's
+//! Poisson canaries on the idle real llama.cpp server for DURATION, printing the evaluations
+//! and the diagnoses (must be 0).
 
 use anyhow::Result;
 
@@ -21,6 +24,7 @@ pub fn run(args: &[String]) -> Result<()> {
                 cmd.arg("--release");
             }
             "--live" => live = true,
+            "--calm" => return calm(args),
             _ => rest.push(a.clone()),
         }
     }
@@ -49,4 +53,47 @@ pub fn run(args: &[String]) -> Result<()> {
     cmd.args(&rest);
     cmd.arg(&episodes);
     crate::step("diagnose-eval: the engine over the episode corpus", cmd)
+}
+
+/// `--calm DURATION`: `tests/diagnose_live/real.rs`'s calm run for DURATION.
+fn calm(args: &[String]) -> Result<()> {
+    let value = args
+        .iter()
+        .skip_while(|a| *a != "--calm")
+        .nth(1)
+        .ok_or_else(|| anyhow::anyhow!("--calm needs a duration (30m, 90s, 1800)"))?;
+    let secs = parse_duration_s(value)?;
+    crate::step("[1/3] tests/peers/install.sh", crate::install_peers_cmd())?;
+    let mut build = crate::cargo();
+    build.args(["build", "-p", "lmperf"]);
+    crate::step("[2/3] cargo build -p lmperf", build)?;
+    let mut test = crate::cargo();
+    test.args([
+        "test",
+        "-p",
+        "lmperf-e2e",
+        "--test",
+        "diagnose_live",
+        "real::live_calm_real_server_is_never_diagnosed",
+        "--",
+        "--nocapture",
+    ]);
+    test.env("LMPERF_DIAGNOSE_CALM_S", secs.to_string());
+    crate::step(
+        &format!("[3/3] {secs} s calm run on the real llama.cpp server"),
+        test,
+    )
+}
+
+/// `30m` | `90s` | `1800` → seconds.
+fn parse_duration_s(v: &str) -> Result<u64> {
+    let (num, mult) = match v.strip_suffix('m') {
+        Some(n) => (n, 60),
+        None => (v.strip_suffix('s').unwrap_or(v), 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .filter(|&n| n > 0)
+        .map(|n| n * mult)
+        .ok_or_else(|| anyhow::anyhow!("--calm {v:?}: expected a duration such as 30m, 90s or 1800"))
 }

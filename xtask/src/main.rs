@@ -46,7 +46,8 @@ tasks:
   diagnose-eval [--live] [-v]  the diagnosis engine over the episode corpus (synthetic +
                               tests/fixtures/episodes/): AC@1, AC@3, time to diagnosis per
                               cause, control diagnoses; --live first runs the live harness
-                              (real agent, injected faults) and records its episodes";
+                              (real agent, injected faults) and records its episodes;
+                              --calm 30m: only the calm run on the real server (0 diagnoses)";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);

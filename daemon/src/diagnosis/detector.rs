@@ -11,7 +11,9 @@
 //!   (2 min of history suffice with the defaults), else no verdict;
 //! - a bucket *jumped* when its value is at least `ratio` × the median, its robust z score
 //!   `(v − median) / (1.4826 · MAD)` is at least `z`, and `v − median` is at least the
-//!   absolute `floor` (so a 3 ms → 7 ms wobble of an idle server never counts);
+//!   absolute `floor` (so a 3 ms → 7 ms wobble of an idle server never counts), and its
+//!   samples sum to at least [`DetectorConfig::min_bucket_sum`] (for the error ratio: at least
+//!   that many errors in the bucket);
 //! - the series jumped when at least [`DetectorConfig::min_jumped`] of the last
 //!   [`DetectorConfig::recent_buckets`] buckets did. The bucket in progress counts once it holds
 //!   [`DetectorConfig::min_partial_samples`] samples, so a jump is seen within seconds at a
@@ -87,6 +89,12 @@ pub struct DetectorConfig {
     /// outlier among a handful of canaries would carry the whole bucket. Default false; the
     /// sampler's spike mode and the diagnosis set it.
     pub exclude_max: bool,
+    /// A bucket counts as jumped only when the sum of its samples is at least this: for a
+    /// ratio of 1/0 flags (the error ratio), the number of errors in the bucket, so that one
+    /// error among a handful of requests against an error-free baseline (a ratio of ∞ × and a
+    /// z of thousands) is not a jump. Default 0 (off: the sampler's spike mode); the
+    /// diagnosis's error ratio sets [`crate::diagnosis::engine::MIN_ERRORS_PER_BUCKET`].
+    pub min_bucket_sum: f64,
 }
 
 impl Default for DetectorConfig {
@@ -99,6 +107,7 @@ impl Default for DetectorConfig {
             min_jumped: 2,
             min_partial_samples: 5,
             exclude_max: false,
+            min_bucket_sum: 0.0,
         }
     }
 }
@@ -229,8 +238,9 @@ pub const MAX_BUCKET_SAMPLES: usize = 4096;
 pub struct BucketSeries {
     config: DetectorConfig,
     aggregate: Aggregate,
-    /// Closed buckets: (index, statistic), oldest first; empty buckets are absent.
-    closed: VecDeque<(u64, f64)>,
+    /// Closed buckets: (index, statistic, sum of the samples), oldest first; empty buckets
+    /// are absent.
+    closed: VecDeque<(u64, f64, f64)>,
     current: Option<u64>,
     samples: Vec<f64>,
     sum: f64,
@@ -293,8 +303,8 @@ impl BucketSeries {
         }
     }
 
-    /// The statistic of the bucket in progress, with its sample count.
-    fn current_value(&mut self) -> Option<(f64, u64)> {
+    /// The statistic of the bucket in progress, with its sample count and sum.
+    fn current_value(&mut self) -> Option<(f64, u64, f64)> {
         if self.count == 0 {
             return None;
         }
@@ -307,7 +317,7 @@ impl BucketSeries {
             Aggregate::Max => self.max,
             Aggregate::Sum => self.sum,
         };
-        Some((v, self.count))
+        Some((v, self.count, self.sum))
     }
 
     /// Closes the bucket in progress when `idx` is past it, and forgets buckets older than
@@ -316,8 +326,8 @@ impl BucketSeries {
         if let Some(cur) = self.current
             && idx > cur
         {
-            if let Some((v, _)) = self.current_value() {
-                self.closed.push_back((cur, v));
+            if let Some((v, _, sum)) = self.current_value() {
+                self.closed.push_back((cur, v, sum));
             }
             self.current = None;
             self.samples.clear();
@@ -326,7 +336,7 @@ impl BucketSeries {
         }
         let keep_from =
             idx.saturating_sub(self.config.history_buckets() + self.config.recent_buckets as u64);
-        while self.closed.front().is_some_and(|&(i, _)| i < keep_from) {
+        while self.closed.front().is_some_and(|&(i, _, _)| i < keep_from) {
             self.closed.pop_front();
         }
     }
@@ -335,13 +345,15 @@ impl BucketSeries {
     pub fn buckets(&self) -> impl Iterator<Item = (Duration, f64)> + '_ {
         self.closed
             .iter()
-            .map(|&(i, v)| (self.config.bucket * i as u32, v))
+            .map(|&(i, v, _)| (self.config.bucket * i as u32, v))
     }
 
     /// The recent buckets at `now` (newest last): the closed ones of the last
     /// `recent_buckets` bucket slots, plus the one in progress when it holds enough samples.
     /// `bounds` (see [`BucketSeries::assess_with`]) lift the slots of their start.
-    fn recent(&mut self, now_idx: u64, bounds: &[(Duration, f64)]) -> (Vec<f64>, u64) {
+    /// Each slot as (statistic, sum of its samples); a slot judged by bounds alone has an
+    /// infinite sum ([`DetectorConfig::min_bucket_sum`] limits sampled ratios, not latencies).
+    fn recent(&mut self, now_idx: u64, bounds: &[(Duration, f64)]) -> (Vec<(f64, f64)>, u64) {
         let n = self.config.recent_buckets.max(1) as u64;
         let latency = matches!(self.aggregate, Aggregate::P99 | Aggregate::Max);
         // (slot of its start, start, lower bound); a start after `now` counts in the slot of
@@ -366,10 +378,11 @@ impl BucketSeries {
             .filter(|&&(i, _, _)| i == now_idx)
             .map(|&(_, _, v)| v)
             .collect();
-        let count = in_progress.map_or(0, |(_, c)| c as usize) + now_bounds.len();
+        let count = in_progress.map_or(0, |(_, c, _)| c as usize) + now_bounds.len();
+        let partial_sum = if now_bounds.is_empty() { in_progress.map_or(0.0, |(_, _, sum)| sum) } else { f64::INFINITY };
         let partial = if count >= self.config.min_partial_samples && count > 0 {
             if now_bounds.is_empty() {
-                in_progress.map(|(v, _)| v)
+                in_progress.map(|(v, _, _)| v)
             } else {
                 // The statistic of the samples and the bounds together: a lower bound of the
                 // bucket's statistic once the requests in flight end.
@@ -384,7 +397,7 @@ impl BucketSeries {
                         }
                     }
                     _ => in_progress
-                        .map(|(v, _)| v)
+                        .map(|(v, _, _)| v)
                         .into_iter()
                         .chain(now_bounds)
                         .reduce(f64::max),
@@ -399,11 +412,11 @@ impl BucketSeries {
         let first = (newest_complete + 1).saturating_sub(closed_slots);
         let mut out = Vec::with_capacity(n as usize);
         for slot in (first..=newest_complete).filter(|_| now_idx > 0) {
-            let closed = self
+            let (closed, closed_sum) = self
                 .closed
                 .iter()
-                .find(|&&(i, _)| i == slot)
-                .map(|&(_, v)| v);
+                .find(|&&(i, _, _)| i == slot)
+                .map_or((None, f64::INFINITY), |&(_, v, sum)| (Some(v), sum));
             // A request that started before the recent slots and still runs counts in the oldest.
             let slot_bounds: Vec<f64> = bounds
                 .iter()
@@ -411,7 +424,8 @@ impl BucketSeries {
                 .map(|&(_, _, v)| v)
                 .collect();
             if closed.is_some() || !slot_bounds.is_empty() {
-                out.extend(self.lift(closed, slot_bounds));
+                let sum = if slot_bounds.is_empty() { closed_sum } else { f64::INFINITY };
+                out.extend(self.lift(closed, slot_bounds).map(|v| (v, sum)));
             } else {
                 // A slot where no request started nor ended (all of them stuck: new ones are
                 // skipped) is judged by the requests in flight through it, at its end.
@@ -420,7 +434,7 @@ impl BucketSeries {
                     .filter(|&&(i, _, _)| i < slot)
                     .map(|&(_, start, _)| (slot + 1) as f64 * bucket_s - start)
                     .collect();
-                out.extend(self.lift(None, through));
+                out.extend(self.lift(None, through).map(|v| (v, f64::INFINITY)));
             }
         }
         if let Some(v) = partial {
@@ -434,7 +448,8 @@ impl BucketSeries {
             } else {
                 Vec::new()
             };
-            out.extend(self.lift(Some(v), older));
+            let sum = if older.is_empty() { partial_sum } else { f64::INFINITY };
+            out.extend(self.lift(Some(v), older).map(|v| (v, sum)));
         }
         (out, first)
     }
@@ -474,8 +489,8 @@ impl BucketSeries {
         let mut vals: Vec<f64> = self
             .closed
             .iter()
-            .filter(|&&(i, _)| i >= from && i < first_recent)
-            .map(|&(_, v)| v)
+            .filter(|&&(i, _, _)| i >= from && i < first_recent)
+            .map(|&(_, v, _)| v)
             .collect();
         let b = if vals.len() >= self.config.min_baseline_buckets {
             Baseline::of(&mut vals)
@@ -514,9 +529,15 @@ impl BucketSeries {
         self.roll(now_idx);
         let (recent, first_recent) = self.recent(now_idx, bounds);
         let baseline = self.baseline_before(first_recent)?;
-        let value = *recent.last()?;
-        let peak = recent.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let jumped_buckets = recent.iter().filter(|&&v| baseline.jumped(v, rule)).count();
+        let value = recent.last()?.0;
+        let peak = recent
+            .iter()
+            .map(|&(v, _)| v)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let jumped_buckets = recent
+            .iter()
+            .filter(|&&(v, sum)| baseline.jumped(v, rule) && sum >= self.config.min_bucket_sum)
+            .count();
         Some(Assessment {
             value,
             peak,
@@ -531,7 +552,7 @@ impl BucketSeries {
 
     /// Approximate heap bytes held (for the per-target memory figure).
     pub fn heap_bytes(&self) -> usize {
-        self.closed.capacity() * std::mem::size_of::<(u64, f64)>()
+        self.closed.capacity() * std::mem::size_of::<(u64, f64, f64)>()
             + self.samples.capacity() * std::mem::size_of::<f64>()
     }
 }

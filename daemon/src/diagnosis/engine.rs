@@ -21,7 +21,9 @@ pub struct EngineConfig {
     /// second a 10 s p99 is the maximum, and 1 heavy-tail outlier in 40 requests paged.
     pub detector: DetectorConfig,
     /// Error-ratio buckets: a bucket's mean is not carried by one sample, so 2 of the last 3
-    /// buckets suffice (a burst is seen within seconds). Default: [`DetectorConfig::default`].
+    /// buckets suffice (a burst is seen within seconds), each with at least
+    /// [`MIN_ERRORS_PER_BUCKET`] errors ([`DetectorConfig::min_bucket_sum`]). Default:
+    /// [`DetectorConfig::default`] with that minimum.
     pub ratio_detector: DetectorConfig,
     /// The symptom rule: ≥ 1.5 ×, robust z ≥ 3.5; the floor is the signal's
     /// ([`Signal::floor`]; 5 % for the error ratio).
@@ -51,7 +53,10 @@ impl Default for EngineConfig {
                 exclude_max: true,
                 ..DetectorConfig::default()
             },
-            ratio_detector: DetectorConfig::default(),
+            ratio_detector: DetectorConfig {
+                min_bucket_sum: MIN_ERRORS_PER_BUCKET,
+                ..DetectorConfig::default()
+            },
             symptom: JumpRule {
                 ratio: 1.5,
                 z: 3.5,
@@ -66,6 +71,12 @@ impl Default for EngineConfig {
         }
     }
 }
+
+/// Errors a 10 s bucket must hold to count as a jump of the error ratio (the default of
+/// [`EngineConfig::ratio_detector`]'s [`DetectorConfig::min_bucket_sum`]). Against an error-free
+/// baseline one error among 20 canaries is a 5 % ratio, infinitely many times the baseline and
+/// beyond any z: without a count, one stray error in 2 of 3 buckets paged.
+pub const MIN_ERRORS_PER_BUCKET: f64 = 2.0;
 
 /// The live diagnosis of many targets: feed it samples, ask it at any time.
 ///
@@ -205,7 +216,11 @@ const CAUSES: &[CauseDef] = &[
     },
     CauseDef {
         cause: Cause::LongPrompts,
-        signals: &[Signal::InputTokens, Signal::ServerPrefillTime],
+        signals: &[
+            Signal::InputTokens,
+            Signal::ServerPrefillTime,
+            Signal::ServerPromptRatio,
+        ],
         part: Part::Ttft,
     },
     CauseDef {
@@ -256,6 +271,9 @@ const GRAPH: &[(Cause, Cause)] = &[
     (Cause::GpuFault, Cause::ErrorBurst),
     (Cause::ServerChange, Cause::ErrorBurst),
     (Cause::GpuFault, Cause::GpuThrottling),
+    // Longer prompts are more tokens arriving: when the prompt tokens per generated token rose
+    // with the load, the prompts' length is the more specific cause.
+    (Cause::LongPrompts, Cause::LoadSurge),
 ];
 
 /// Robust z (harmful direction) → strength in [0, 1): 1 − e^(−z/8) (z 3.5 → 0.35, 10 → 0.71,
@@ -276,6 +294,11 @@ const GUARD_S: u32 = 5;
 /// CUSUM: drift allowance k and alarm threshold h, in units of the baseline scale.
 const CUSUM_K: f64 = 0.5;
 const CUSUM_H: f64 = 5.0;
+/// The drift allowance of a latency symptom's onset search: a symptom is a jump of ≥ 1.5 × and a
+/// robust z ≥ 3.5, and k is about half the shift to find (Page; Montgomery), so a baseline
+/// that crept up by half a σ for a minute (a neighbour's load) does not pull the onset a minute
+/// early (seen live: the onset 72 s before the overload, every cause scored on calm seconds).
+const ONSET_CUSUM_K: f64 = 1.0;
 /// Each standardized step is clipped to ±3 (a Huber-type robust CUSUM), so one outlier second
 /// cannot raise the alarm: it takes three in a row.
 const CUSUM_CAP: f64 = 3.0;
@@ -359,7 +382,18 @@ fn moved(
     let z = delta / s;
     let relative_ok = b.median == 0.0 || delta / b.median.abs() >= 0.2;
     let material = delta >= floor && z >= 3.0 && relative_ok;
-    let changed_at = cusum_change(series, onset.saturating_sub(300), b.median, s, sign);
+    // k as for the symptom's onset: with k = 0.5 a level that is 1 a third of the calm seconds
+    // (a slot busy with a canary) alarmed 105 s before an overload and read "moved first".
+    let k = if ratio { CUSUM_K } else { ONSET_CUSUM_K };
+    // A step of one floor (the smallest material change) is one σ of the CUSUM: a level that is
+    // 0 or 1 in calm seconds (a canary in a slot) does not walk to an alarm.
+    let changed_at = cusum_persisting(
+        series,
+        onset.saturating_sub(300),
+        (b.median, s.max(floor)),
+        sign,
+        k,
+    );
     Some(Moved {
         before: b.median,
         after: after_med,
@@ -400,20 +434,57 @@ fn peak_window_mean(vals: &[(u32, f64)], window: u32) -> f64 {
 /// One-sided CUSUM (Page 1954) over the series from second `from`, against mean `mu` and scale
 /// `sigma`, in the harmful direction `sign`: the change point is the last second the statistic
 /// was 0 before its first alarm.
-fn cusum_change(series: &SecondSeries, from: u32, mu: f64, sigma: f64, sign: f64) -> Option<u32> {
+fn cusum_change(
+    series: &SecondSeries,
+    from: u32,
+    (mu, sigma): (f64, f64),
+    sign: f64,
+    k: f64,
+) -> Option<u32> {
+    cusum(series, from, (mu, sigma), sign, k, false)
+}
+
+/// As [`cusum_change`], but the change point of the shift still in effect at the end: an alarm
+/// whose statistic fell back to 0 was an excursion, not a change (the first canary's uncached
+/// prompt at an agent's start read as "moved 108 s before the symptom").
+fn cusum_persisting(
+    series: &SecondSeries,
+    from: u32,
+    (mu, sigma): (f64, f64),
+    sign: f64,
+    k: f64,
+) -> Option<u32> {
+    cusum(series, from, (mu, sigma), sign, k, true)
+}
+
+fn cusum(
+    series: &SecondSeries,
+    from: u32,
+    (mu, sigma): (f64, f64),
+    sign: f64,
+    k: f64,
+    persisting: bool,
+) -> Option<u32> {
     let mut s = 0.0;
     let mut last_zero = None;
+    let mut alarm = None;
     for (t, v) in series.range(from, u32::MAX) {
         let prev = s;
-        s = (s + (sign * (v - mu) / sigma).clamp(-CUSUM_CAP, CUSUM_CAP) - CUSUM_K).max(0.0);
+        s = (s + (sign * (v - mu) / sigma).clamp(-CUSUM_CAP, CUSUM_CAP) - k).max(0.0);
         if prev == 0.0 {
             last_zero = Some(t);
         }
-        if s > CUSUM_H {
-            return last_zero;
+        if s > CUSUM_H && alarm.is_none() {
+            if !persisting {
+                return last_zero;
+            }
+            alarm = last_zero;
+        }
+        if s == 0.0 {
+            alarm = None;
         }
     }
-    None
+    alarm
 }
 
 impl TargetEngine {
@@ -585,7 +656,22 @@ impl TargetEngine {
             return fallback;
         };
         let s = scale(&b, signal.floor());
-        cusum_change(series, fallback.saturating_sub(60), b.median, s, 1.0).unwrap_or(fallback)
+        // From one bucket before the recent buckets: the symptom is theirs, and a search a
+        // minute earlier found the drift of a busy neighbour instead.
+        cusum_change(
+            series,
+            fallback,
+            (b.median, s),
+            1.0,
+            // A ratio's seconds are 0/1 flags: k = 1 would let a 12 % burst's zeros cancel its
+            // errors.
+            if signal.mean_over_window() {
+                CUSUM_K
+            } else {
+                ONSET_CUSUM_K
+            },
+        )
+        .unwrap_or(fallback)
     }
 }
 
@@ -801,6 +887,16 @@ fn hard_rule(s: Signal, mv: &Moved, store: &EvidenceStore, onset: u32, now: u32)
         Signal::ServerPreemptions if mv.before == 0.0 && any_after(s, onset) => {
             Some("preemptions since the onset".to_owned())
         }
+        Signal::ServerRequestsRunning
+            if mv.after >= 2.0 * mv.before
+                && mv.after - mv.before >= 1.0
+                && !generation_fell(store, onset, now) =>
+        {
+            Some(format!(
+                "requests running {:.0} → {:.0} (≥ 2 × and +1) with generated tokens/s not falling: more work arrived",
+                mv.before, mv.after
+            ))
+        }
         Signal::GpuThrottle if mv.before == 0.0 && mv.peak >= 0.5 => {
             Some("throttle reasons set (thermal / power / HW slowdown)".to_owned())
         }
@@ -824,6 +920,23 @@ fn hard_rule(s: Signal, mv: &Moved, store: &EvidenceStore, onset: u32, now: u32)
         }
         _ => None,
     }
+}
+
+/// Whether the server's generated tokens/s fell after `onset` (mean of the seconds after
+/// against the mean of up to 5 min before, both means: llama.cpp counts a request's tokens
+/// when it ends, so its seconds are bursts and zeros). A server whose batch filled while it
+/// generated less got slower; one that generated more got more work. `false` without the
+/// signal.
+fn generation_fell(store: &EvidenceStore, onset: u32, now: u32) -> bool {
+    let Some(s) = store.series(Signal::ServerGenerationTokensRate) else {
+        return false;
+    };
+    let before: Vec<f64> = s
+        .range(onset.saturating_sub(300), onset.saturating_sub(GUARD_S))
+        .map(|(_, v)| v)
+        .collect();
+    let after: Vec<f64> = s.range(onset, now.saturating_add(1)).map(|(_, v)| v).collect();
+    !before.is_empty() && !after.is_empty() && mean(&after) < mean(&before)
 }
 
 /// Extra client TTFT split into server queue, prefill, network and the rest.

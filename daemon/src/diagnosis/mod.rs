@@ -27,12 +27,14 @@
 //!    signal's absolute floor (50 ms TTFT/E2E, 5 ms TPOT, 5 % errors); a latency symptom needs
 //!    3 of the last 4 buckets and a bucket's p99 is never its lone largest sample (with a few
 //!    canaries per bucket a nearest-rank p99 is the maximum, and one heavy-tail outlier would
-//!    carry it); the error ratio (a bucket mean) needs 2 of the last 3. Staying needs the rule
-//!    relaxed to 80 % (hysteresis).
-//! 2. **Onset**: a one-sided CUSUM (Page 1954; k = 0.5 σ, h = 5 σ) over the symptom signal's
-//!    1 s values (each step clipped to ±3 σ) against their pre-symptom median and robust scale;
-//!    searched from 1 min before the symptom's recent buckets; the onset is the last
-//!    second the statistic was 0 before the alarm.
+//!    carry it); the error ratio (a bucket mean) needs 2 of the last 3, each holding at least
+//!    2 errors (`MIN_ERRORS_PER_BUCKET`: one error against an error-free baseline is an
+//!    infinite ratio). Staying needs the rule relaxed to 80 % (hysteresis).
+//! 2. **Onset**: a one-sided CUSUM (Page 1954; k = 1 σ for a latency, about half the smallest
+//!    shift a symptom is, 0.5 σ for the error ratio's 0/1 seconds; h = 5 σ) over the symptom signal's 1 s values (each step clipped to ±3 σ)
+//!    against their pre-symptom median and robust scale; searched from one bucket before the
+//!    symptom's recent buckets (a search a minute earlier found a busy neighbour's drift); the
+//!    onset is the last second the statistic was 0 before the alarm.
 //! 3. **States**: `idle → triggered → propagating → root_confirmed → idle` (Grafana Sift /
 //!    seed-style): triggered on the symptom, propagating while causes are scored,
 //!    root_confirmed when a cause scores ≥ 0.75, or is unambiguous (≥ 0.6 and 0.3 ahead of the
@@ -46,14 +48,19 @@
 //!    20 % and z ≥ 3, squashed as 1 − e^(−z/8); hard rules raise a signal to ≥ 0.85 (KV ≥ 0.95,
 //!    any preemption, throttle reasons set, GPU memory ≥ 95 % or a new process, an XID / ECC /
 //!    lost event, kernel RTT ≥ 2 × and +5 ms, error ratio ≥ 1 %, a server change in the 15 min
-//!    before onset); time order (the signal's own CUSUM change point: ≥ 2 s before the onset
+//!    before onset, requests running ≥ 2 × and +1 while generated tokens/s did not fall: more
+//!    work, not a slower server); `long_prompts` also reads the prompt tokens per generated token
+//!    over 10 s (`server_prompt_ratio`, derived by the store from the two token rates: llama.cpp
+//!    has no request counter); time order (the signal's own CUSUM change point of the shift
+//!    still in effect, one floor a σ, k = 1 σ for levels: ≥ 2 s before the onset
 //!    × 1.05, up to 5 s after × 1, later down to × 0.6); which part of latency moved (TTFT alone
 //!    → queue / prefill / network; TPOT → decode: GPU, KV; both → load): a cause whose part did
 //!    not move × 0.75. Without server signals, TTFT and TPOT rising together with GPU, network
 //!    and errors flat is read as `load_surge` (0.5 + 0.4 × strength). The cause graph
 //!    (load_surge → server_queueing, long_prompts → server_queueing, kv_cache_pressure →
 //!    server_queueing, load_surge → kv_cache_pressure, gpu_memory_pressure → kv_cache_pressure,
-//!    gpu_fault → error_burst, server_change → error_burst, gpu_fault → gpu_throttling) ranks a
+//!    gpu_fault → error_burst, server_change → error_burst, gpu_fault → gpu_throttling,
+//!    long_prompts → load_surge) ranks a
 //!    parent above its child when both score ≥ 0.5, the child's evidence joining the parent's
 //!    (CIRCA: Li et al., "Causal Inference-Based Root Cause Analysis for Online Service Systems
 //!    with Intervention Recognition", KDD 2022). Named checks with a threshold, evidence and a

@@ -82,10 +82,14 @@ pub enum Signal {
     ServerDecodeTime,
     /// 1 at a restart, a new version or a new model (an event).
     ServerChange,
+    /// Prompt tokens per generated token the server processed over the last 10 s (derived by
+    /// the store from the two token rates of each scrape, never observed directly): longer
+    /// prompts raise it, more users of the same prompts do not.
+    ServerPromptRatio,
 }
 
 impl Signal {
-    pub const ALL: [Signal; 28] = [
+    pub const ALL: [Signal; 29] = [
         Signal::Ttft,
         Signal::Tpot,
         Signal::E2e,
@@ -114,6 +118,7 @@ impl Signal {
         Signal::ServerPrefillTime,
         Signal::ServerDecodeTime,
         Signal::ServerChange,
+        Signal::ServerPromptRatio,
     ];
 
     pub fn index(self) -> usize {
@@ -151,6 +156,7 @@ impl Signal {
             Signal::ServerPrefillTime => "server_prefill_time",
             Signal::ServerDecodeTime => "server_decode_time",
             Signal::ServerChange => "server_change",
+            Signal::ServerPromptRatio => "server_prompt_ratio",
         }
     }
 
@@ -190,6 +196,7 @@ impl Signal {
             Signal::ServerPrefillTime => "server prefill time",
             Signal::ServerDecodeTime => "server decode time",
             Signal::ServerChange => "server changes",
+            Signal::ServerPromptRatio => "prompt tokens per generated token",
         }
     }
 
@@ -279,6 +286,7 @@ impl Signal {
             Signal::ServerPromptTokensRate => 50.0,
             Signal::ServerGenerationTokensRate => 20.0,
             Signal::ServerRequestRate => 0.2,
+            Signal::ServerPromptRatio => 1.0,
         }
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! Memory: a second is 8 bytes (`u32` Unix second, `f32` value); a signal holds at most
 //! [`SECONDS`] of them (a `VecDeque` of 2,048 slots: 16 KiB), so at most about 460 KB per target
-//! with all 28 signals. Measured (`cargo bench -p lmperf --bench diagnosis_cost`): 363 KB per
+//! with all 29 signals. Measured (`cargo bench -p lmperf --bench diagnosis_cost`): 363 KB per
 //! target fed canaries, GPU and 11 server signals for 30 min.
 
 use std::collections::VecDeque;
@@ -118,7 +118,17 @@ pub struct EvidenceStore {
     pub errors: BucketSeries,
     /// The newest second seen.
     pub last_sec: u32,
+    /// The token rates of the scrape in progress (its second, prompt, generated), paired into
+    /// [`Signal::ServerPromptRatio`] once both arrived.
+    rates_pending: Option<(u32, Option<f64>, Option<f64>)>,
+    /// The paired rates of the last [`PROMPT_RATIO_WINDOW_S`] seconds.
+    rates: VecDeque<(u32, f64, f64)>,
 }
+
+/// The window of [`Signal::ServerPromptRatio`]: prompt tokens ÷ generated tokens over this many
+/// seconds of scrapes (llama.cpp counts a prompt's tokens when its prefill ends, so one second
+/// holds a whole long prompt and the next none).
+pub const PROMPT_RATIO_WINDOW_S: u32 = 10;
 
 impl EvidenceStore {
     /// `detector` for the latency buckets, `ratio_detector` for the error ratio's.
@@ -130,6 +140,8 @@ impl EvidenceStore {
             e2e: BucketSeries::new(detector, Aggregate::P99),
             errors: BucketSeries::new(ratio_detector, Aggregate::Mean),
             last_sec: 0,
+            rates_pending: None,
+            rates: VecDeque::new(),
         }
     }
 
@@ -145,7 +157,51 @@ impl EvidenceStore {
             Signal::Tpot => self.tpot.push(at, value),
             Signal::E2e => self.e2e.push(at, value),
             Signal::Error => self.errors.push(at, value),
+            Signal::ServerPromptTokensRate | Signal::ServerGenerationTokensRate => {
+                self.pair_rates(signal, sec, value);
+            }
             _ => {}
+        }
+    }
+
+    /// Pairs the prompt and generation token rates of one scrape (same second, any order) and
+    /// derives [`Signal::ServerPromptRatio`] over the window: Σ prompt ÷ max(Σ generated, 1);
+    /// nothing while the server processed no token at all.
+    fn pair_rates(&mut self, signal: Signal, sec: u32, value: f64) {
+        if !value.is_finite() {
+            return;
+        }
+        let (mut p, mut g) = match self.rates_pending {
+            Some((s, p, g)) if s == sec => (p, g),
+            _ => (None, None),
+        };
+        if signal == Signal::ServerPromptTokensRate {
+            p = Some(value);
+        } else {
+            g = Some(value);
+        }
+        let (Some(p), Some(g)) = (p, g) else {
+            self.rates_pending = Some((sec, p, g));
+            return;
+        };
+        self.rates_pending = None;
+        self.rates.push_back((sec, p, g));
+        while self
+            .rates
+            .front()
+            .is_some_and(|&(s, _, _)| s + PROMPT_RATIO_WINDOW_S <= sec)
+        {
+            self.rates.pop_front();
+        }
+        let (ps, gs) = self
+            .rates
+            .iter()
+            .fold((0.0, 0.0), |(a, b), &(_, p, g)| (a + p, b + g));
+        if ps + gs > 0.0 {
+            let ratio = Signal::ServerPromptRatio;
+            self.seconds[ratio.index()]
+                .get_or_insert_with(|| SecondSeries::new(ratio.aggregate()))
+                .push(sec, ps / gs.max(1.0));
         }
     }
 

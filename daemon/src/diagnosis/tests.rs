@@ -669,3 +669,90 @@ fn an_unambiguous_cause_below_the_confirm_score_confirms() {
     };
     assert_eq!(canary_overload(neither), None);
 }
+
+/// The recorded calm canaries of the live control episode (`tests/fixtures/episodes/`: the real
+/// agent, 2 canaries/s against a steady server, 202 s), with `errors_per_bucket` of the
+/// successes in each of two consecutive 10 s buckets from 150 s on turned into 503s (the
+/// latency samples stay). Replayed once a second with `config`; returns the evaluations that
+/// were not idle and the first non-idle symptom's signal.
+fn control_with_stray_errors(
+    config: EngineConfig,
+    errors_per_bucket: usize,
+) -> (usize, Option<Signal>) {
+    let v: serde_json::Value = serde_json::from_str(include_str!(
+        "../../../tests/fixtures/episodes/live-control-1.json"
+    ))
+    .unwrap();
+    let start = v["start_unix_s"].as_f64().unwrap();
+    let series = v["series"]["t0"].as_object().unwrap();
+    let mut samples: Vec<(f64, Signal, f64)> = Vec::new();
+    for (name, pts) in series {
+        let sig = Signal::parse(name).unwrap();
+        for p in pts.as_array().unwrap() {
+            samples.push((p[0].as_f64().unwrap(), sig, p[1].as_f64().unwrap()));
+        }
+    }
+    // The two buckets (Unix-aligned 10 s) after offset 150 s.
+    let first_bucket = ((start + 150.0) / 10.0).ceil() as u64;
+    // Per bucket, per signal (error, error_5xx): the samples flipped. Both signals of one
+    // request come in time order, so the first n of each are the same n requests.
+    let mut flipped = [[0usize; 2]; 2];
+    for (o, sig, val) in samples.iter_mut() {
+        let bucket = ((start + *o) / 10.0).floor() as u64;
+        let k = bucket.wrapping_sub(first_bucket) as usize;
+        let j = match sig {
+            Signal::Error => 0,
+            Signal::Error5xx => 1,
+            _ => continue,
+        };
+        if k < 2 && flipped[k][j] < errors_per_bucket {
+            *val = 1.0;
+            flipped[k][j] += 1;
+        }
+    }
+    assert_eq!(flipped, [[errors_per_bucket; 2]; 2], "requests flipped per bucket");
+    samples.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut e = Engine::new(config);
+    let (mut not_idle, mut symptom) = (0, None);
+    let mut next = 0;
+    for k in 1..=v["duration_s"].as_f64().unwrap() as u64 {
+        while next < samples.len() && samples[next].0 < k as f64 {
+            let (o, s, x) = samples[next];
+            e.observe("t0", s, at_unix(start + o), x);
+            next += 1;
+        }
+        let d = e.evaluate(at_unix(start + k as f64));
+        if d.targets[0].state != State::Idle {
+            not_idle += 1;
+            symptom = symptom.or(d.targets[0].symptom.as_ref().map(|s| s.signal));
+        }
+    }
+    (not_idle, symptom)
+}
+
+fn at_unix(s: f64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs_f64(s)
+}
+
+#[test]
+fn one_error_per_bucket_against_an_error_free_baseline_does_not_page() {
+    // One 503 in each of 2 consecutive buckets of ~20 canaries: a 5 % ratio against 0 %,
+    // infinitely many times the baseline. Before the minimum count it was a symptom.
+    let (not_idle, symptom) = control_with_stray_errors(EngineConfig::default(), 1);
+    assert_eq!((not_idle, symptom), (0, None));
+    let without_minimum = EngineConfig {
+        ratio_detector: super::detector::DetectorConfig {
+            min_bucket_sum: 0.0,
+            ..EngineConfig::default().ratio_detector
+        },
+        ..EngineConfig::default()
+    };
+    let (not_idle, symptom) = control_with_stray_errors(without_minimum, 1);
+    assert!(not_idle > 0, "the case the minimum is for");
+    assert_eq!(symptom, Some(Signal::Error));
+    // Two errors in each of the two buckets (10 %) meet the minimum: a symptom.
+    assert_eq!(super::engine::MIN_ERRORS_PER_BUCKET, 2.0);
+    let (not_idle, symptom) = control_with_stray_errors(EngineConfig::default(), 2);
+    assert!(not_idle > 0);
+    assert_eq!(symptom, Some(Signal::Error));
+}
