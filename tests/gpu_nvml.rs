@@ -822,6 +822,19 @@ fn lmperf_run_peak_vram_and_the_vram_gate_through_the_library() {
         (pct2 - 133.0 / 141.0 * 100.0).abs() < 1e-6 && pct2 > 92.0,
         "{b2}"
     );
+    // gpu_samples.jsonl: each benchmark's GPU signals, the fullest GPU's memory share as
+    // scripted (71 of 141 GiB in the first; 133 in the second once the level was written).
+    let samples = std::fs::read_to_string(out_dir.join("gpu_samples.jsonl")).unwrap();
+    let rows: Vec<serde_json::Value> = samples.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let mem = |b: &str| -> Vec<f64> {
+        rows.iter()
+            .filter(|r| r["benchmark"].as_str().is_some_and(|n| n.starts_with(b)))
+            .map(|r| r["signals"]["gpu_memory_utilization"].as_f64().unwrap())
+            .collect()
+    };
+    let (m1, m2) = (mem("c1_"), mem("c2_"));
+    assert!(!m1.is_empty() && m1.iter().all(|&m| (m - 71.0 / 141.0).abs() < 1e-9), "{m1:?}");
+    assert!(m2.iter().any(|&m| (m - 133.0 / 141.0).abs() < 1e-9), "{m2:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

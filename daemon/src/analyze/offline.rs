@@ -150,6 +150,7 @@ pub fn run_episode(dir: &Path) -> Result<Episode, AnalyzeError> {
         return Err(AnalyzeError::Empty { path: p });
     };
     last = last.max(add_server_samples(dir, &mut series)?);
+    last = last.max(add_gpu_samples(dir, &mut series)?);
     for sigs in series.values_mut() {
         for pts in sigs.values_mut() {
             pts.sort_by(|a, b| a[0].total_cmp(&b[0]));
@@ -178,7 +179,55 @@ fn add_server_samples(
     dir: &Path,
     series: &mut BTreeMap<String, BTreeMap<String, Vec<[f64; 2]>>>,
 ) -> Result<f64, AnalyzeError> {
-    let path = dir.join(crate::bench::server::SAMPLES_FILE);
+    add_rows(
+        dir,
+        crate::bench::server::SAMPLES_FILE,
+        "a server sample",
+        series,
+        |row: crate::bench::server::ServerSampleRow| {
+            let signals = crate::diagnosis_live::server_signals(&row.sample)
+                .into_iter()
+                .map(|(sig, v)| (sig.as_str().to_owned(), v))
+                .collect();
+            (row.benchmark, row.t_ms, signals)
+        },
+    )
+}
+
+/// Adds a run's `gpu_samples.jsonl` (none: nothing) to `series`: each GPU sample's signals
+/// (already the diagnosis's names, [`crate::bench::vram::GpuSampleRow`]) on its benchmark's
+/// target. Returns the last offset, s.
+fn add_gpu_samples(
+    dir: &Path,
+    series: &mut BTreeMap<String, BTreeMap<String, Vec<[f64; 2]>>>,
+) -> Result<f64, AnalyzeError> {
+    add_rows(
+        dir,
+        crate::bench::vram::GPU_SAMPLES_FILE,
+        "a GPU sample",
+        series,
+        |row: crate::bench::vram::GpuSampleRow| {
+            let signals = row
+                .signals
+                .into_iter()
+                .filter(|(name, v)| Signal::parse(name).is_some() && v.is_finite())
+                .collect();
+            (row.benchmark, row.t_ms, signals)
+        },
+    )
+}
+
+/// Reads the JSON lines of `dir/file` (absent: nothing) as `R`, each turned by `signals` into
+/// (benchmark, offset ms, [(signal name, value)]) and added to `series`. Errors name the file,
+/// the line and what is wrong. Returns the last offset, s.
+fn add_rows<R: serde::de::DeserializeOwned>(
+    dir: &Path,
+    file: &str,
+    what: &str,
+    series: &mut BTreeMap<String, BTreeMap<String, Vec<[f64; 2]>>>,
+    signals: impl Fn(R) -> (String, f64, Vec<(String, f64)>),
+) -> Result<f64, AnalyzeError> {
+    let path = dir.join(file);
     let p = path.display().to_string();
     let file = match std::fs::File::open(&path) {
         Ok(f) => f,
@@ -194,24 +243,24 @@ fn add_server_samples(
         if line.trim().is_empty() {
             continue;
         }
-        let row: crate::bench::server::ServerSampleRow =
-            serde_json::from_str(&line).map_err(|e| AnalyzeError::Line {
-                path: p.clone(),
-                line: i + 1,
-                msg: format!("not a server sample: {e}"),
-            })?;
-        let t = row.t_ms / 1000.0;
+        let row: R = serde_json::from_str(&line).map_err(|e| AnalyzeError::Line {
+            path: p.clone(),
+            line: i + 1,
+            msg: format!("not {what}: {e}"),
+        })?;
+        let (benchmark, t_ms, values) = signals(row);
+        let t = t_ms / 1000.0;
         if !t.is_finite() || t < 0.0 {
             return Err(AnalyzeError::Line {
                 path: p.clone(),
                 line: i + 1,
-                msg: format!("t_ms: {} is not an offset", row.t_ms),
+                msg: format!("t_ms: {t_ms} is not an offset"),
             });
         }
         last = last.max(t);
-        let s = series.entry(row.benchmark).or_default();
-        for (sig, v) in crate::diagnosis_live::server_signals(&row.sample) {
-            s.entry(sig.as_str().to_owned()).or_default().push([t, v]);
+        let s = series.entry(benchmark).or_default();
+        for (sig, v) in values {
+            s.entry(sig).or_default().push([t, v]);
         }
     }
     Ok(last)

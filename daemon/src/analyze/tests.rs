@@ -357,3 +357,57 @@ fn analyze_feeds_a_runs_server_samples_to_the_engine() {
     );
     let _ = std::fs::remove_dir_all(&base);
 }
+
+/// `lmperf run` writes the GPU samples of each benchmark (`gpu_samples.jsonl`); analyze feeds
+/// them to the engine: a run whose decode slowed while GPU memory filled names
+/// `gpu_memory_pressure`, the same requests without the file do not.
+#[test]
+fn analyze_feeds_a_runs_gpu_samples_to_the_engine() {
+    use crate::diagnosis::Signal;
+    use std::fmt::Write as _;
+    let base = std::env::temp_dir().join(format!("lmperf-analyze-gpu-{}", std::process::id()));
+    let (with, without) = (base.join("with"), base.join("without"));
+    let mut s = String::new();
+    let mut rows = Vec::new();
+    for i in 0..600u32 {
+        let send = f64::from(i) * 1000.0;
+        let late = i >= 360;
+        let ttft = 60.0 + f64::from(i % 7);
+        let tpot = if late { 30.0 } else { 12.0 } + f64::from(i % 3) * 0.1;
+        let line = serde_json::json!({"schema_version": 1, "benchmark": "b", "index": i, "repeat": 0,
+            "send_ms": send, "e2el_ms": ttft + 31.0 * tpot, "ttft_ms": ttft, "tpot_ms": tpot,
+            "outcome": "ok", "http_status": 200, "prompt_tokens": 100, "input_tokens": 100});
+        let _ = writeln!(s, "{line}");
+        let signals = [
+            ("gpu_memory_utilization", if late { 0.99 } else { 0.60 }),
+            ("gpu_sm_clock", 1.98e9),
+            ("gpu_throttle", 0.0),
+            ("gpu_foreign_processes", 1.0),
+            ("gpu_fault", 0.0),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        rows.push(crate::bench::vram::GpuSampleRow { schema_version: 1, benchmark: "b".into(), t_ms: send, signals });
+    }
+    for dir in [&with, &without] {
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("requests.jsonl"), &s).unwrap();
+    }
+    crate::bench::vram::write_samples(&with, &rows).unwrap();
+    let a = super::offline::analyze_run(&with, None).unwrap();
+    let mem = &a.series["b"][&Signal::GpuMemoryUtilization];
+    assert_eq!((mem.len(), mem[0][1], mem[599][1]), (600, 0.60, 0.99));
+    let d = a.diagnosis.targets.iter().find(|t| t.target == "b").unwrap();
+    assert_eq!(d.causes[0].cause, Cause::GpuMemoryPressure, "{d:?}");
+    let b = super::offline::analyze_run(&without, None).unwrap();
+    assert!(!b.series["b"].contains_key(&Signal::GpuMemoryUtilization));
+    let d = b.diagnosis.targets.iter().find(|t| t.target == "b").unwrap();
+    assert!(d.causes.first().is_none_or(|c| c.cause != Cause::GpuMemoryPressure), "{d:?}");
+    // A broken line names the file and the line.
+    std::fs::write(with.join("gpu_samples.jsonl"), "{\"schema_version\":1}\n").unwrap();
+    let e = super::offline::analyze_run(&with, None).unwrap_err().to_string();
+    assert!(e.contains("gpu_samples.jsonl:1") && e.contains("not a GPU sample"), "{e}");
+    let _ = std::fs::remove_dir_all(&base);
+}

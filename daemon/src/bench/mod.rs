@@ -554,6 +554,7 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
             let mut summary = summarize(&spec, &name, concurrency, summary_input_len, &rows);
             summary.repeat = repeat::repeat_stats(&per_repeat);
             summary.vram = watch.take(summary.output_token_throughput);
+            watch.take_samples(&name);
             summary.server = server_watch.take(&name).await;
             if spec.progress {
                 let errors = if summary.errors.is_empty() {
@@ -592,6 +593,7 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
         return Err(interrupted(name, 0));
     }
     let gpu = watch.status();
+    let gpu_samples = watch.rows();
     watch.stop();
     let server_samples = server_watch.stop().await;
     let failed_gates = spec.fail_on.iter().filter(|g| benchmarks.iter().any(|b| gate_trips(g, b))).map(|g| g.text.clone()).collect();
@@ -620,6 +622,7 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
     };
     write_outputs(&spec.output_dir, &rows_all, &summary)?;
     server::write_samples(&spec.output_dir, &server_samples).map_err(|source| BenchError::Output { path: spec.output_dir.clone(), source })?;
+    vram::write_samples(&spec.output_dir, &gpu_samples).map_err(|source| BenchError::Output { path: spec.output_dir.clone(), source })?;
     if let Some(t) = telemetry {
         t.shutdown().await;
     }
@@ -627,6 +630,22 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
         Some(name) => Err(interrupted(&name, summary.benchmarks.len())),
         None => Ok(summary),
     }
+}
+
+/// Writes `rows` as JSON lines to `path`; nothing (no file) when `rows` is empty.
+///
+/// # Errors
+/// A row cannot be serialized or the file cannot be written.
+fn write_jsonl<T: Serialize>(path: &std::path::Path, rows: &[T]) -> std::io::Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut lines = String::new();
+    for r in rows {
+        lines.push_str(&serde_json::to_string(r).map_err(std::io::Error::other)?);
+        lines.push('\n');
+    }
+    std::fs::write(path, lines)
 }
 
 fn write_outputs(dir: &std::path::Path, rows: &[RequestRow], summary: &Summary) -> Result<(), BenchError> {

@@ -168,15 +168,7 @@ pub struct ServerSampleRow {
 /// # Errors
 /// The file cannot be written.
 pub fn write_samples(dir: &std::path::Path, rows: &[ServerSampleRow]) -> std::io::Result<()> {
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let mut lines = String::new();
-    for r in rows {
-        lines.push_str(&serde_json::to_string(r).map_err(std::io::Error::other)?);
-        lines.push('\n');
-    }
-    std::fs::write(dir.join(SAMPLES_FILE), lines)
+    super::write_jsonl(&dir.join(SAMPLES_FILE), rows)
 }
 
 /// The file of [`ServerSampleRow`]s in a run directory.

@@ -6,12 +6,17 @@
 //! latest snapshot at half the sampling interval; a benchmark's peak is the highest value seen
 //! between its first send and its last end. Without a driver (no `libnvidia-ml.so.1`, no GPU)
 //! the run goes on and `summary.json` says why there are no GPU figures.
+//!
+//! Each new snapshot during a benchmark is also kept as the diagnosis's GPU signals
+//! ([`crate::diagnosis_live::gpu_signals`]) for `gpu_samples.jsonl` ([`GpuSampleRow`]), which
+//! `lmperf analyze RUN_DIR` feeds to the engine as the agent feeds it live.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::gpu::fake::FakeHandle;
 use crate::gpu::sampler::{self, GpuMonitor};
@@ -89,13 +94,45 @@ impl Peak {
     }
 }
 
+/// One GPU sample of a benchmark, a line of `gpu_samples.jsonl`: the diagnosis's node-wide GPU
+/// signals (names of [`crate::diagnosis::signal::Signal`]: `gpu_sm_clock` Hz, `gpu_throttle`
+/// 0/1, `gpu_memory_utilization` 0..1, `gpu_foreign_processes`, `gpu_fault` new faults since the
+/// previous sample) at `t_ms` from the benchmark's start, as `requests.jsonl`'s offsets.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuSampleRow {
+    pub schema_version: u32,
+    pub benchmark: String,
+    pub t_ms: f64,
+    pub signals: BTreeMap<String, f64>,
+}
+
+/// The file of [`GpuSampleRow`]s in a run directory (absent without GPU samples).
+pub const GPU_SAMPLES_FILE: &str = "gpu_samples.jsonl";
+
+/// Writes `gpu_samples.jsonl` into `dir` (nothing when `rows` is empty).
+///
+/// # Errors
+/// The file cannot be written.
+pub fn write_samples(dir: &std::path::Path, rows: &[GpuSampleRow]) -> std::io::Result<()> {
+    super::write_jsonl(&dir.join(GPU_SAMPLES_FILE), rows)
+}
+
+/// Snapshots kept for `gpu_samples.jsonl` at most (5 a second: over 2 days of benchmarks).
+const MAX_GPU_ROWS: usize = 1 << 20;
+
+/// Snapshots taken since the benchmark started, as (time, signals).
+type Pending = Vec<(SystemTime, BTreeMap<String, f64>)>;
+
 /// The run's GPU memory watch: the sampler thread and a poller that keeps the peak since the
-/// last [`VramWatch::reset`].
+/// last [`VramWatch::reset`] and the samples for `gpu_samples.jsonl`.
 pub struct VramWatch {
     state: Arc<GpuState>,
     monitor: Option<GpuMonitor>,
     peak: Arc<Mutex<Peak>>,
     poll: Option<tokio::task::JoinHandle<()>>,
+    /// The benchmark's start (its [`VramWatch::reset`]) and the snapshots since.
+    pending: Arc<Mutex<(Option<SystemTime>, Pending)>>,
+    rows: Mutex<Vec<GpuSampleRow>>,
 }
 
 fn lock(p: &Mutex<Peak>) -> MutexGuard<'_, Peak> {
@@ -125,23 +162,58 @@ impl VramWatch {
             None => None,
         };
         let peak = Arc::new(Mutex::new(Peak::default()));
+        let pending: Arc<Mutex<(Option<SystemTime>, Pending)>> = Arc::new(Mutex::new((None, Vec::new())));
         let poll = monitor.as_ref().map(|_| {
-            let (state, peak) = (state.clone(), peak.clone());
+            let (state, peak, pending) = (state.clone(), peak.clone(), pending.clone());
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(RUN_GPU_INTERVAL / 2);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 let mut last_at = None;
+                let mut faults_before = None;
                 loop {
                     tick.tick().await;
                     let snap = state.latest();
-                    if snap.at.is_some() && snap.at != last_at {
+                    if let Some(at) = snap.at
+                        && snap.at != last_at
+                    {
                         last_at = snap.at;
                         lock(&peak).add(&snap);
+                        let (signals, faults) = crate::diagnosis_live::gpu_signals(&snap);
+                        let mut row: BTreeMap<String, f64> = signals.into_iter().map(|(s, v)| (s.as_str().to_owned(), v)).collect();
+                        let new_faults = faults_before.map_or(0, |b: u64| faults.saturating_sub(b));
+                        faults_before = Some(faults);
+                        row.insert(crate::diagnosis::signal::Signal::GpuFault.as_str().to_owned(), new_faults as f64);
+                        let mut p = pending.lock().unwrap_or_else(|e| e.into_inner());
+                        if p.0.is_some() && p.1.len() < MAX_GPU_ROWS {
+                            p.1.push((at, row));
+                        }
                     }
                 }
             })
         });
-        Self { state, monitor, peak, poll }
+        Self { state, monitor, peak, poll, pending, rows: Mutex::new(Vec::new()) }
+    }
+
+    /// Moves the snapshots since the benchmark's start into `benchmark`'s rows of
+    /// `gpu_samples.jsonl`, and ends the benchmark's sampling.
+    pub fn take_samples(&self, benchmark: &str) {
+        let (start, taken) = {
+            let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            (p.0.take(), std::mem::take(&mut p.1))
+        };
+        let Some(start) = start else { return };
+        let mut rows = self.rows.lock().unwrap_or_else(|e| e.into_inner());
+        for (at, signals) in taken {
+            let t_ms = at.duration_since(start).unwrap_or_default().as_secs_f64() * 1000.0;
+            if rows.len() < MAX_GPU_ROWS {
+                rows.push(GpuSampleRow { schema_version: 1, benchmark: benchmark.to_owned(), t_ms, signals });
+            }
+        }
+    }
+
+    /// The rows of `gpu_samples.jsonl` so far.
+    pub fn rows(&self) -> Vec<GpuSampleRow> {
+        self.rows.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Starts a new peak (a benchmark's first send), seeded with the latest sample.
@@ -149,6 +221,8 @@ impl VramWatch {
         let mut p = lock(&self.peak);
         *p = Peak::default();
         p.add(&self.state.latest());
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        *pending = (Some(SystemTime::now()), Vec::new());
     }
 
     /// The peak since [`VramWatch::reset`], with the efficiency for `output_tok_s` output
