@@ -63,21 +63,8 @@ fn calm(args: &[String]) -> Result<()> {
         .nth(1)
         .ok_or_else(|| anyhow::anyhow!("--calm needs a duration (30m, 90s, 1800)"))?;
     let secs = parse_duration_s(value)?;
-    crate::step("[1/3] tests/peers/install.sh", crate::install_peers_cmd())?;
-    let mut build = crate::cargo();
-    build.args(["build", "-p", "lmperf"]);
-    crate::step("[2/3] cargo build -p lmperf", build)?;
-    let mut test = crate::cargo();
-    test.args([
-        "test",
-        "-p",
-        "lmperf-e2e",
-        "--test",
-        "diagnose_live",
-        "real::live_calm_real_server_is_never_diagnosed",
-        "--",
-        "--nocapture",
-    ]);
+    crate::peers_and_agent()?;
+    let mut test = crate::e2e_test("diagnose_live", "real::live_calm_real_server_is_never_diagnosed");
     test.env("LMPERF_DIAGNOSE_CALM_S", secs.to_string());
     crate::step(
         &format!("[3/3] {secs} s calm run on the real llama.cpp server"),

@@ -111,6 +111,23 @@ pub fn step(header: &str, mut cmd: Command) -> Result<()> {
     Ok(())
 }
 
+/// Steps 1 and 2 of the commands that run the agent against the real peers: install the
+/// peers, build `lmperf`.
+pub fn peers_and_agent() -> Result<()> {
+    step("[1/3] tests/peers/install.sh", install_peers_cmd())?;
+    let mut build = cargo();
+    build.args(["build", "-p", "lmperf"]);
+    step("[2/3] cargo build -p lmperf", build)
+}
+
+/// `cargo test -p lmperf-e2e --test FILE NAME -- --nocapture`: one end-to-end test, its output
+/// shown.
+pub fn e2e_test(file: &str, name: &str) -> Command {
+    let mut test = cargo();
+    test.args(["test", "-p", "lmperf-e2e", "--test", file, name, "--", "--nocapture"]);
+    test
+}
+
 /// `tests/peers/install.sh` (idempotent): llama.cpp server, Gemma 3 270M, rotel.
 pub fn install_peers_cmd() -> Command {
     let mut cmd = Command::new("bash");

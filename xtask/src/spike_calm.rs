@@ -13,21 +13,8 @@ pub fn run(args: &[String]) -> Result<()> {
             .map_err(|e| anyhow::anyhow!("--seconds {n:?}: {e}"))?,
         other => bail!("spike-calm takes [--seconds N] (got {other:?})"),
     };
-    crate::step("[1/3] tests/peers/install.sh", crate::install_peers_cmd())?;
-    let mut build = crate::cargo();
-    build.args(["build", "-p", "lmperf"]);
-    crate::step("[2/3] cargo build -p lmperf", build)?;
-    let mut test = crate::cargo();
-    test.args([
-        "test",
-        "-p",
-        "lmperf-e2e",
-        "--test",
-        "spike",
-        "calm_poisson_canaries_never_enter_spike_mode",
-        "--",
-        "--nocapture",
-    ]);
+    crate::peers_and_agent()?;
+    let mut test = crate::e2e_test("spike", "calm_poisson_canaries_never_enter_spike_mode");
     test.env("LMPERF_SPIKE_CALM_S", seconds.to_string());
     crate::step(
         &format!("[3/3] {seconds} s calm run (tests/spike.rs)"),
