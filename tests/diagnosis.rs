@@ -79,7 +79,7 @@ async fn slowdown_is_diagnosed_as_load_surge_within_60_s() {
     )
     .unwrap();
     let (url, endpoint) = (server.url(), collector.endpoint());
-    let mut agent = tokio::task::spawn_blocking(move || {
+    let agent = tokio::task::spawn_blocking(move || {
         Agent::spawn(
             &[
                 "--config",
@@ -244,17 +244,7 @@ async fn slowdown_is_diagnosed_as_load_surge_within_60_s() {
     let v: f64 = score.rsplit(' ').next().unwrap().parse().unwrap();
     assert!(v >= 0.75, "{score}");
 
-    agent.sigterm();
-    let (code, agent) = tokio::task::spawn_blocking(move || {
-        (
-            agent
-                .wait_exit(Duration::from_secs(10))
-                .and_then(|s| s.code()),
-            agent,
-        )
-    })
-    .await
-    .unwrap();
+    let (code, agent) = agent.stop(Duration::from_secs(10)).await;
     assert_eq!(code, Some(0), "{}", agent.stderr_text());
     spans.extend(
         collector

@@ -234,7 +234,7 @@ async fn overload_scenario(check_diagnosis: bool) {
     let server = tokio::task::spawn_blocking(model_server).await.unwrap();
     let mut collector = FakeCollectorServer::start().await.unwrap();
     let dir = temp_dir("overload");
-    let mut agent = spawn_agent(&dir, &server.url(), &collector.endpoint(), "").await;
+    let agent = spawn_agent(&dir, &server.url(), &collector.endpoint(), "").await;
 
     let mut spans: Vec<ExportedSpan> = Vec::new();
     let t0 = Instant::now();
@@ -318,17 +318,7 @@ async fn overload_scenario(check_diagnosis: bool) {
         );
     }
     let canaries = recent_canaries(&agent);
-    agent.sigterm();
-    let (code, agent) = tokio::task::spawn_blocking(move || {
-        (
-            agent
-                .wait_exit(Duration::from_secs(10))
-                .and_then(|s| s.code()),
-            agent,
-        )
-    })
-    .await
-    .unwrap();
+    let (code, agent) = agent.stop(Duration::from_secs(10)).await;
     assert_eq!(code, Some(0), "{}", agent.stderr_text());
     spans.extend(
         collector
@@ -521,7 +511,7 @@ async fn calm_poisson_canaries_never_enter_spike_mode() {
     let server = tokio::task::spawn_blocking(model_server).await.unwrap();
     let mut collector = FakeCollectorServer::start().await.unwrap();
     let dir = temp_dir("calm");
-    let mut agent = spawn_agent(&dir, &server.url(), &collector.endpoint(), "").await;
+    let agent = spawn_agent(&dir, &server.url(), &collector.endpoint(), "").await;
     let mut spans: Vec<ExportedSpan> = Vec::new();
     let t0 = Instant::now();
     let mut spike_seen = false;
@@ -534,17 +524,7 @@ async fn calm_poisson_canaries_never_enter_spike_mode() {
         spike_seen |= agent.status()["targets"][0]["spike"] == true;
     }
     let canaries = recent_canaries(&agent);
-    agent.sigterm();
-    let (code, agent) = tokio::task::spawn_blocking(move || {
-        (
-            agent
-                .wait_exit(Duration::from_secs(10))
-                .and_then(|s| s.code()),
-            agent,
-        )
-    })
-    .await
-    .unwrap();
+    let (code, agent) = agent.stop(Duration::from_secs(10)).await;
     assert_eq!(code, Some(0), "{}", agent.stderr_text());
     spans.extend(
         collector
@@ -616,7 +596,7 @@ async fn shutdown_with_canaries_in_flight_does_not_enter_spike_mode() {
     let cfg = dir.join("agent.toml");
     std::fs::write(&cfg, "shutdown_timeout = \"500ms\"\n[canary]\nmax_in_flight = 32\nspike_min_requests = 5\nspike_window = \"30s\"\n").unwrap();
     let (url, endpoint) = (server.url(), collector.endpoint());
-    let mut agent = tokio::task::spawn_blocking(move || {
+    let agent = tokio::task::spawn_blocking(move || {
         Agent::spawn(
             &[
                 "--config",
@@ -644,17 +624,7 @@ async fn shutdown_with_canaries_in_flight_does_not_enter_spike_mode() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let in_flight = agent.status()["targets"][0]["in_flight"].as_u64().unwrap();
     assert!(in_flight >= 10, "{in_flight} in flight");
-    agent.sigterm();
-    let (code, agent) = tokio::task::spawn_blocking(move || {
-        (
-            agent
-                .wait_exit(Duration::from_secs(12))
-                .and_then(|s| s.code()),
-            agent,
-        )
-    })
-    .await
-    .unwrap();
+    let (code, agent) = agent.stop(Duration::from_secs(12)).await;
     assert_eq!(code, Some(0), "{}", agent.stderr_text());
     let spans = collector
         .exported_spans(usize::MAX, Duration::from_secs(2))

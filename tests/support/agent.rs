@@ -124,6 +124,18 @@ impl Agent {
         self.child.id()
     }
 
+    /// SIGTERM, then waits up to `timeout` for the exit off the async runtime; returns the exit
+    /// code (`None`: still running, or ended by a signal) and the agent, for its logs.
+    pub async fn stop(mut self, timeout: Duration) -> (Option<i32>, Agent) {
+        self.sigterm();
+        tokio::task::spawn_blocking(move || {
+            let code = self.wait_exit(timeout).and_then(|s| s.code());
+            (code, self)
+        })
+        .await
+        .expect("the wait task")
+    }
+
     pub fn sigterm(&self) {
         let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
     }
