@@ -686,3 +686,38 @@ async fn a_watched_injected_profile_follows_edits_of_its_file() {
     drop(agent);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Ctrl-C on `ctl inject --profile F --watch` ends the watching, says the load goes on and how
+/// to end it, and exits 0 with the load as it is; the load keeps running (the new-user walk
+/// found it running with no hint).
+#[tokio::test(flavor = "multi_thread")]
+async fn ctrl_c_on_a_watch_says_the_load_goes_on() {
+    let server = ScriptedServer::start(Arc::new(|_, _| Reply::sse(chat_stream(3, Duration::from_millis(20), Duration::from_millis(5), 4)))).await;
+    let dir = temp_dir("profile-watch-ctrlc");
+    let addr = format!("unix:{}", dir.join("control.sock").display());
+    let control = format!("listen = \"{addr}\"\nmax_inject_rate = 40.0\nmax_inject_concurrency = 8\nmax_inject_requests = 1000\nmax_inject_duration = \"30s\"\n");
+    let cfg = write_config(&dir, &server.url(), &control);
+    let agent = spawn(["--config", cfg.to_str().unwrap()].map(str::to_owned).to_vec(), vec![]).await;
+    assert_eq!(control_at(&agent), addr);
+    let file = dir.join("load.yaml");
+    std::fs::write(&file, "profile: watched\ntoken_rate: {mode: constant, target: 10/s}\n").unwrap();
+    let child = std::process::Command::new(lmperf_bin())
+        .args(["ctl", "--addr", &addr, "--json", "inject", "--profile", file.to_str().unwrap(), "--duration", "20s", "--output-tokens", "3", "--watch"])
+        .env_remove("LMPERF_CONTROL_TOKEN")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains(&format!("lmperf ctl: stopped watching {}", file.display())) && err.contains("goes on until its duration (`lmperf ctl stop` ends it)"), "{err}");
+    let s = ctl_json(&addr, &["status"]).await;
+    assert_eq!(s["load"]["state"], "running", "{s}");
+    let (code, _, e) = ctl(&["--addr", &addr, "stop"], &[]).await;
+    assert_eq!(code, 0, "{e}");
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+}

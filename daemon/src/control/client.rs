@@ -477,7 +477,7 @@ async fn scene_after(c: &mut CtlClient, started: proto::LoadStatus, threshold: s
 
 /// `ctl inject --profile FILE --watch`: sends each settled edit of FILE as `UpdateLoad` (one
 /// line per revision, or per refused edit, on stderr) until the load ends (its duration + 30 s
-/// at most); returns the load as it ended.
+/// at most) or Ctrl-C (the load goes on); returns the load as it ended or is.
 async fn watch_profile(c: &mut CtlClient, path: &std::path::Path, started: proto::LoadStatus) -> Result<(String, String), CtlError> {
     eprint!("lmperf ctl: started {}", format_load(&started));
     let mut watch = crate::bench::profile_watch::ProfileWatch::start(path);
@@ -485,6 +485,11 @@ async fn watch_profile(c: &mut CtlClient, path: &std::path::Path, started: proto
     let mut last = started.clone();
     while std::time::Instant::now() < deadline {
         tokio::select! {
+            _ = tokio::signal::ctrl_c() => {
+                // Watching ends; the load is the agent's and runs to its duration.
+                eprintln!("lmperf ctl: stopped watching {}; load {} goes on until its duration (`lmperf ctl stop` ends it)", path.display(), started.id);
+                break;
+            }
             () = watch.changed() => {
                 let (profile_yaml, profile_file) = match read_profile(path) {
                     Ok(p) => p,
