@@ -387,12 +387,13 @@ fn moved(
     let k = if ratio { CUSUM_K } else { ONSET_CUSUM_K };
     // A step of one floor (the smallest material change) is one σ of the CUSUM: a level that is
     // 0 or 1 in calm seconds (a canary in a slot) does not walk to an alarm.
-    let changed_at = cusum_persisting(
+    let changed_at = cusum(
         series,
         onset.saturating_sub(300),
         (b.median, s.max(floor)),
         sign,
         k,
+        ChangePoint::Persisting,
     );
     Some(Moved {
         before: b.median,
@@ -431,39 +432,26 @@ fn peak_window_mean(vals: &[(u32, f64)], window: u32) -> f64 {
     best
 }
 
+/// Which change point [`cusum`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChangePoint {
+    /// The last second the statistic was 0 before its first alarm.
+    FirstAlarm,
+    /// That of the shift still in effect at the end: an alarm whose statistic fell back to 0
+    /// was an excursion, not a change (the first canary's uncached prompt at an agent's start
+    /// read as "moved 108 s before the symptom").
+    Persisting,
+}
+
 /// One-sided CUSUM (Page 1954) over the series from second `from`, against mean `mu` and scale
-/// `sigma`, in the harmful direction `sign`: the change point is the last second the statistic
-/// was 0 before its first alarm.
-fn cusum_change(
-    series: &SecondSeries,
-    from: u32,
-    (mu, sigma): (f64, f64),
-    sign: f64,
-    k: f64,
-) -> Option<u32> {
-    cusum(series, from, (mu, sigma), sign, k, false)
-}
-
-/// As [`cusum_change`], but the change point of the shift still in effect at the end: an alarm
-/// whose statistic fell back to 0 was an excursion, not a change (the first canary's uncached
-/// prompt at an agent's start read as "moved 108 s before the symptom").
-fn cusum_persisting(
-    series: &SecondSeries,
-    from: u32,
-    (mu, sigma): (f64, f64),
-    sign: f64,
-    k: f64,
-) -> Option<u32> {
-    cusum(series, from, (mu, sigma), sign, k, true)
-}
-
+/// `sigma`, in the harmful direction `sign`, with allowance `k`; the change point as `which`.
 fn cusum(
     series: &SecondSeries,
     from: u32,
     (mu, sigma): (f64, f64),
     sign: f64,
     k: f64,
-    persisting: bool,
+    which: ChangePoint,
 ) -> Option<u32> {
     let mut s = 0.0;
     let mut last_zero = None;
@@ -475,7 +463,7 @@ fn cusum(
             last_zero = Some(t);
         }
         if s > CUSUM_H && alarm.is_none() {
-            if !persisting {
+            if which == ChangePoint::FirstAlarm {
                 return last_zero;
             }
             alarm = last_zero;
@@ -658,7 +646,7 @@ impl TargetEngine {
         let s = scale(&b, signal.floor());
         // From one bucket before the recent buckets: the symptom is theirs, and a search a
         // minute earlier found the drift of a busy neighbour instead.
-        cusum_change(
+        cusum(
             series,
             fallback,
             (b.median, s),
@@ -670,6 +658,7 @@ impl TargetEngine {
             } else {
                 ONSET_CUSUM_K
             },
+            ChangePoint::FirstAlarm,
         )
         .unwrap_or(fallback)
     }
