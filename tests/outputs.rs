@@ -351,7 +351,7 @@ fn pow2_bucket(n: u64) -> (u64, u64) {
 /// One benchmark with many lengths (`--input-dist uniform:min=16,max=600`, `--output-dist`):
 /// summary.json's `length_buckets` buckets the requests by their own lengths (several input
 /// buckets, counts summing to the requests), each cell's count and percentiles recomputed from
-/// `requests.jsonl`, TTFT growing with the input (the server waits 20 µs per prompt word), and
+/// `requests.jsonl` (percentiles within the histograms' 0.1 %), TTFT growing with the input (the server waits 20 µs per prompt word), and
 /// report.html's heatmap and SLO cells equal to summary.json.
 #[test]
 fn length_distribution_heatmap_buckets_requests_by_their_lengths() {
@@ -423,7 +423,8 @@ fn length_distribution_heatmap_buckets_requests_by_their_lengths() {
         for (field, metric, q) in [("ttft_p50_ms", "ttft_ms", 0.5), ("ttft_p99_ms", "ttft_ms", 0.99), ("e2el_p99_ms", "e2el_ms", 0.99), ("tpot_p99_ms", "tpot_ms", 0.99)] {
             let v = vals(metric);
             match c[field].as_f64() {
-                Some(got) => assert!((got - np_percentile(&v, q)).abs() < 1e-9, "{field} of {c}"),
+                // Bounded histograms: within 0.1 % (3 significant digits) of the exact value.
+                Some(got) => assert!((got - np_percentile(&v, q)).abs() <= 1e-3 * np_percentile(&v, q).abs() + 1e-6, "{field} of {c}"),
                 None => assert!(v.is_empty(), "{field} of {c}"),
             }
         }

@@ -110,6 +110,12 @@ impl StreamServer {
         self.served.lock().map(|v| v.clone()).unwrap_or_default()
     }
 
+    /// How many requests were recorded since the last call, forgetting them (a long run's
+    /// records do not pile up).
+    pub fn drain_count(&self) -> usize {
+        self.served.lock().map(|mut v| std::mem::take(&mut *v).len()).unwrap_or(0)
+    }
+
     /// Forgets the records (between benchmark steps).
     pub fn clear(&self) {
         if let Ok(mut v) = self.served.lock() {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::capacity::{Capacity, Next, Search, Slo, StepObservation};
 use super::prompts::TokenizeClient;
 use super::{
-    BenchError, BenchSummary, RequestRow, RunSpec, export, one_benchmark, summarize, workload,
+    BenchError, BenchSummary, RequestRow, RunSpec, export, feed, one_benchmark, rows, summarize,
 };
 use crate::canary::client::Clients;
 
@@ -27,10 +27,13 @@ pub struct FindRate {
     pub step_requests: Option<usize>,
 }
 
-/// The search's steps (one benchmark each, named `step{i}_r{rate}`) and its result.
+/// The search's steps (one benchmark each, named `step{i}_r{rate}`) and its result; the
+/// steps' rows go to `out` (a step's rows are kept while it runs: the search's step length
+/// bounds them).
 ///
 /// # Errors
 /// What stops a benchmark from starting (the dispatcher thread).
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn search(
     spec: &RunSpec,
     f: &FindRate,
@@ -39,7 +42,8 @@ pub(super) async fn search(
     extra: &serde_json::Map<String, serde_json::Value>,
     tok: &TokenizeClient,
     telemetry: Option<Arc<export::BenchTelemetry>>,
-) -> Result<(Vec<RequestRow>, Vec<BenchSummary>, Capacity), BenchError> {
+    out: &mut rows::RunRows,
+) -> Result<(Vec<BenchSummary>, Capacity), BenchError> {
     let mut s = Search::new(
         f.slos.clone(),
         f.precision,
@@ -49,7 +53,7 @@ pub(super) async fn search(
     );
     let concurrency = spec.concurrencies.iter().copied().max().unwrap_or(1);
     let input_len = spec.input_lengths.first().copied().unwrap_or(128);
-    let (mut rows_all, mut benchmarks) = (Vec::new(), Vec::new());
+    let mut benchmarks = Vec::new();
     if spec.progress {
         eprintln!(
             "lmperf run: --find-max-rate: {} requests per step ({})",
@@ -67,19 +71,21 @@ pub(super) async fn search(
         sp.request_rate = Some(rate);
         sp.num_prompts = requests;
         let seed = spec.seed ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let items = workload::items(&sp, tok, requests, input_len, seed).await;
-        let offsets = workload::schedule(&sp, items.len(), seed)?;
+        let items = feed::ItemSource::new(&sp, tok, requests, input_len, seed);
+        let schedule = feed::Schedule::new(&sp, items.len(), seed)?;
         let name = format!("step{i}_r{rate:.3}");
-        let rows = one_benchmark(
+        let mut rows = Vec::with_capacity(items.len());
+        one_benchmark(
             &sp,
             clients,
             model,
             extra,
             &name,
             concurrency,
-            items.into(),
-            Some(offsets),
+            items,
+            Some(schedule),
             telemetry.clone(),
+            &mut |r| rows.push(r),
         )
         .await?;
         let b = summarize(&sp, &name, concurrency, input_len, &rows);
@@ -121,7 +127,9 @@ pub(super) async fn search(
                 if step.passed { "pass" } else { "fail" }
             );
         }
-        rows_all.extend(rows);
+        out.begin();
+        rows.into_iter().for_each(|r| out.push(r));
+        out.commit();
         benchmarks.push(b);
         i += 1;
     }
@@ -137,5 +145,5 @@ pub(super) async fn search(
             c.stopped
         );
     }
-    Ok((rows_all, benchmarks, c))
+    Ok((benchmarks, c))
 }

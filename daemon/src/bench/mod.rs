@@ -14,6 +14,7 @@ pub mod capacity;
 pub mod compare;
 pub mod dataset;
 pub mod export;
+pub mod feed;
 pub mod find_rate;
 pub mod launch;
 pub mod profile;
@@ -25,6 +26,7 @@ pub mod report_capacity;
 pub mod report_profile;
 pub mod report_ramp;
 pub mod slots;
+pub mod rows;
 pub mod stats;
 pub mod trace;
 pub mod vram;
@@ -37,9 +39,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use rand::SeedableRng;
-use rand::rngs::SmallRng;
-use rand_distr::{Distribution as _, Exp, Gamma};
 use serde::Serialize;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -339,45 +338,6 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-fn offsets(spec: &RunSpec, n: usize, seed: u64) -> Result<Vec<Duration>, BenchError> {
-    let Some(rate) = spec.request_rate else { return Ok(vec![Duration::ZERO; n]) };
-    let mut rng = SmallRng::seed_from_u64(seed);
-    let invalid = |e: String| BenchError::Invalid { field: "--request-rate", value: rate.to_string(), reason: e };
-    let mut t = Duration::ZERO;
-    let mut out = Vec::with_capacity(n);
-    let exp = Exp::new(rate).map_err(|e| invalid(e.to_string()))?;
-    let gamma = match spec.arrival {
-        RunArrival::Gamma(shape) => Some(Gamma::new(shape, 1.0 / (rate * shape)).map_err(|e| invalid(e.to_string()))?),
-        _ => None,
-    };
-    for i in 0..n {
-        if i > 0 {
-            let gap = match spec.arrival {
-                RunArrival::Constant => 1.0 / rate,
-                RunArrival::Poisson => exp.sample(&mut rng),
-                RunArrival::Gamma(_) => gamma.as_ref().map_or(1.0 / rate, |g| g.sample(&mut rng)),
-            };
-            t += Duration::from_secs_f64(gap);
-        }
-        out.push(t);
-    }
-    // Random gaps: scale them so the last send is at exactly (n − 1) / rate. For Poisson this
-    // is the Poisson process conditioned on n arrivals in that time (its arrival times are
-    // then uniform order statistics and its gaps still exponential), so the run's rate is the
-    // requested one, not a sample of it (±1/√n).
-    if !matches!(spec.arrival, RunArrival::Constant)
-        && n > 1
-        && let Some(last) = out.last().copied().filter(|l| !l.is_zero())
-    {
-        let want = (n - 1) as f64 / rate;
-        let k = want / last.as_secs_f64();
-        for o in &mut out {
-            *o = o.mul_f64(k);
-        }
-    }
-    Ok(out)
-}
-
 /// Runs every benchmark of `spec`, writes `requests.jsonl` and `summary.json`, and returns the
 /// summary (its `failed_gates` say whether a `--fail-on` gate tripped).
 ///
@@ -471,22 +431,34 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
     }
     let watch = vram::VramWatch::start(&spec.gpu);
     let mut server_watch = server::ServerWatch::start(&spec.target);
-    let mut rows_all = Vec::new();
+    // Rows go to requests.jsonl, the length buckets and the report's sample as they finish.
+    let mut out = rows::RunRows::new(&spec.output_dir, spec.seed);
     let mut benchmarks = Vec::new();
     let mut capacity = None;
     let mut profile_info = None;
     if let Some((path, p)) = &spec.profile {
         let name = format!("profile_{}", p.name);
+        let concurrency = spec.concurrencies.iter().copied().max().unwrap_or(1);
         server_watch.mark().await;
-        let (rows, info) = tokio::select! {
-            r = profile::run::run(&spec, path, p.clone(), &clients, &model, &extra, &tok, &name, telemetry.clone()) => r?,
-            () = stop.cancelled() => return Err(interrupted(&name, 0)),
+        let mut s = aggregate::Summarizer::new(spec.goodput);
+        out.begin();
+        let mut sink = |r: RequestRow| {
+            s.push(&r);
+            out.push(r);
         };
+        let run = profile::run::run(&spec, path, p.clone(), &clients, &model, &extra, &tok, &name, telemetry.clone(), &mut sink);
+        let info = tokio::select! {
+            r = run => r?,
+            () = stop.cancelled() => {
+                out.discard();
+                return Err(interrupted(&name, 0));
+            }
+        };
+        out.commit();
         let input = spec.input_lengths.first().copied().unwrap_or(128);
-        let mut summary = summarize(&spec, &name, spec.concurrencies.iter().copied().max().unwrap_or(1), input, &rows);
+        let mut summary = s.finish(shape(&spec, &name, concurrency, input));
         summary.server = server_watch.take(&name).await;
         benchmarks.push(summary);
-        rows_all = rows;
         profile_info = Some(info);
     }
     let input_lengths = if spec.find_rate.is_some() || spec.profile.is_some() {
@@ -497,20 +469,25 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
         spec.input_lengths.clone()
     };
     if let Some(f) = &spec.find_rate {
-        let (rows, benches, c) = tokio::select! {
-            r = find_rate::search(&spec, f, &clients, &model, &extra, &tok, telemetry.clone()) => r?,
-            () = stop.cancelled() => return Err(interrupted("the capacity search", 0)),
+        let search = find_rate::search(&spec, f, &clients, &model, &extra, &tok, telemetry.clone(), &mut out);
+        let (benches, c) = tokio::select! {
+            r = search => r?,
+            () = stop.cancelled() => {
+                out.discard();
+                return Err(interrupted("the capacity search", 0));
+            }
         };
-        (rows_all, benchmarks, capacity) = (rows, benches, Some(c));
+        (benchmarks, capacity) = (benches, Some(c));
     }
     let mut stopped_during = None;
     'benchmarks: for &input_len in &input_lengths {
         for &concurrency in &spec.concurrencies {
             let name = format!("c{concurrency}_{}", spec.workload.label(input_len));
+            out.begin();
             let one = async {
             // Fresh prompts per benchmark: a server's prefix cache must not carry one
             // benchmark's prompts into the next.
-            let mut rows = Vec::new();
+            let mut all = aggregate::Summarizer::new(spec.goodput);
             let mut per_repeat = Vec::new();
             let mut summary_input_len = input_len;
             for k in 0..spec.repeat.max(1) {
@@ -521,35 +498,46 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
                     // A trace replays all its requests; warm-up sends the shapes of its first ones
                     // with other prompts (no prefix-cache hit carried into the measured replay).
                     Some(t) => (
-                        workload::items(&spec, &tok, spec.warmup, input_len, seed ^ 0x5741_524D_5550).await,
-                        workload::items(&spec, &tok, t.trace.requests.len(), input_len, seed).await,
+                        feed::ItemSource::new(&spec, &tok, spec.warmup, input_len, seed ^ 0x5741_524D_5550),
+                        feed::ItemSource::new(&spec, &tok, t.trace.requests.len(), input_len, seed),
                     ),
-                    None => {
-                        let mut all = workload::items(&spec, &tok, spec.warmup + spec.num_prompts, input_len, seed).await;
-                        let measured = all.split_off(spec.warmup.min(all.len()));
-                        (all, measured)
-                    }
+                    None => (
+                        feed::ItemSource::new(&spec, &tok, spec.warmup, input_len, seed),
+                        feed::ItemSource::new(&spec, &tok, spec.warmup + spec.num_prompts, input_len, seed).skip(spec.warmup),
+                    ),
                 };
                 if !warm.is_empty() {
-                    let _ = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, warm.into(), None, None).await?;
+                    one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, warm, None, None, &mut |_: RequestRow| {}).await?;
                 }
-                let offsets = workload::schedule(&spec, measured.len(), spec.seed)?;
+                let schedule = feed::Schedule::new(&spec, measured.len(), spec.seed)?;
                 if k == 0 {
                     watch.reset();
                     server_watch.mark().await;
                 }
-                let measured: Arc<[workload::Item]> = measured.into();
-                let mut r = one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, measured.clone(), Some(offsets), telemetry.clone()).await?;
-                r.iter_mut().for_each(|row| row.repeat = k);
+                let mut this = aggregate::Summarizer::new(spec.goodput);
+                // Mean input of the first turns (length distributions, files, traces).
+                let (mut first_turns, mut first_turn_tokens) = (0usize, 0.0f64);
+                let mut sink = |mut r: RequestRow| {
+                    r.repeat = k;
+                    all.push(&r);
+                    if spec.repeat > 1 {
+                        this.push(&r);
+                    }
+                    if r.turn == 0 {
+                        first_turns += 1;
+                        first_turn_tokens += f64::from(r.prompt_tokens_target);
+                    }
+                    out.push(r);
+                };
+                one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, measured, Some(schedule), telemetry.clone(), &mut sink).await?;
                 if spec.workload.own_inputs() {
-                    summary_input_len = (measured.iter().map(|i| f64::from(i.prompt.target_tokens)).sum::<f64>() / measured.len().max(1) as f64).round() as u32;
+                    summary_input_len = (first_turn_tokens / first_turns.max(1) as f64).round() as u32;
                 }
                 if spec.repeat > 1 {
-                    per_repeat.push(summarize(&spec, &name, concurrency, summary_input_len, &r));
+                    per_repeat.push(this.finish(shape(&spec, &name, concurrency, summary_input_len)));
                 }
-                rows.extend(r);
             }
-            let mut summary = summarize(&spec, &name, concurrency, summary_input_len, &rows);
+            let mut summary = all.finish(shape(&spec, &name, concurrency, summary_input_len));
             summary.repeat = repeat::repeat_stats(&per_repeat);
             summary.vram = watch.take(summary.output_token_throughput);
             watch.take_samples(&name);
@@ -571,29 +559,33 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
                     ms(&summary.e2el_ms, |d| d.p99),
                 );
             }
-            Ok::<_, BenchError>((summary, rows))
+            Ok::<_, BenchError>(summary)
             };
-            let (summary, rows) = tokio::select! {
+            let summary = tokio::select! {
                 r = one => r?,
                 () = stop.cancelled() => {
+                    // Only completed benchmarks are written: this one's rows are cut.
+                    out.rollback();
                     stopped_during = Some(name);
                     break 'benchmarks;
                 }
             };
+            out.commit();
             benchmarks.push(summary);
-            rows_all.extend(rows);
         }
     }
     if let Some(name) = &stopped_during
         && benchmarks.is_empty()
     {
         watch.stop();
+        out.discard();
         return Err(interrupted(name, 0));
     }
     let gpu = watch.status();
     let gpu_samples = watch.rows();
     watch.stop();
     let server_samples = server_watch.stop().await;
+    let (length_buckets, sample) = out.finish(spec.goodput).map_err(|source| BenchError::Output { path: spec.output_dir.join("requests.jsonl"), source })?;
     let failed_gates = spec.fail_on.iter().filter(|g| benchmarks.iter().any(|b| gate_trips(g, b))).map(|g| g.text.clone()).collect();
     let summary = Summary {
         schema_version: SCHEMA_VERSION,
@@ -608,7 +600,7 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
         seed: spec.seed,
         goodput_slo: spec.goodput,
         benchmarks,
-        length_buckets: buckets::by_concurrency(&rows_all, spec.goodput),
+        length_buckets,
         gpu,
         trace: spec.workload.trace.as_ref().map(workload::TraceReplay::info),
         workload: spec.workload.info(),
@@ -618,7 +610,7 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
         profile: profile_info,
         interrupted: stopped_during.is_some(),
     };
-    write_outputs(&spec.output_dir, &rows_all, &summary)?;
+    write_outputs(&spec.output_dir, &sample, &summary)?;
     server::write_samples(&spec.output_dir, &server_samples).map_err(|source| BenchError::Output { path: spec.output_dir.clone(), source })?;
     vram::write_samples(&spec.output_dir, &gpu_samples).map_err(|source| BenchError::Output { path: spec.output_dir.clone(), source })?;
     if let Some(t) = telemetry {
@@ -646,20 +638,20 @@ fn write_jsonl<T: Serialize>(path: &std::path::Path, rows: &[T]) -> std::io::Res
     std::fs::write(path, lines)
 }
 
-fn write_outputs(dir: &std::path::Path, rows: &[RequestRow], summary: &Summary) -> Result<(), BenchError> {
+/// Writes `summary.json` and `report.html` (`requests.jsonl` is written as rows finish, see
+/// [`rows`]); `sample`: the report's rows ([`rows::REPORT_SAMPLE`] per benchmark at most).
+fn write_outputs(dir: &std::path::Path, sample: &[RequestRow], summary: &Summary) -> Result<(), BenchError> {
     let io = |source| BenchError::Output { path: dir.to_owned(), source };
-    let mut lines = String::new();
-    for r in rows {
-        let line = serde_json::to_string(r).map_err(|e| io(std::io::Error::other(e)))?;
-        lines.push_str(&line);
-        lines.push('\n');
-    }
-    std::fs::write(dir.join("requests.jsonl"), lines).map_err(io)?;
     let text = serde_json::to_string_pretty(summary).map_err(|e| io(std::io::Error::other(e)))?;
     std::fs::write(dir.join("summary.json"), text + "\n").map_err(io)?;
-    std::fs::write(dir.join("report.html"), report::render(summary, rows)).map_err(io)
+    std::fs::write(dir.join("report.html"), report::render(summary, sample)).map_err(io)
 }
 
+/// Sends one benchmark's `items` on `schedule` (`None`: the warm-up, closed loop) and passes
+/// each finished request's rows to `on_row` in `(index, turn)` order ([`rows::Reorder`]).
+/// Nothing here grows with the item count: items are made as they are due ([`feed`]), and a
+/// row leaves once it is in order. Dropped (Ctrl-C), it stops sending and cancels the
+/// requests in flight.
 #[allow(clippy::too_many_arguments)]
 async fn one_benchmark(
     spec: &RunSpec,
@@ -668,14 +660,18 @@ async fn one_benchmark(
     extra: &serde_json::Map<String, serde_json::Value>,
     name: &str,
     concurrency: usize,
-    items: Arc<[workload::Item]>,
-    offsets: Option<Vec<Duration>>,
+    items: feed::ItemSource,
+    schedule: Option<feed::Schedule>,
     telemetry: Option<Arc<export::BenchTelemetry>>,
-) -> Result<Vec<RequestRow>, BenchError> {
+    on_row: &mut dyn FnMut(RequestRow),
+) -> Result<(), BenchError> {
     let n = items.len();
-    // Warm-up (no offsets) runs closed loop; measured runs follow the schedule.
-    let measured = offsets.is_some();
-    let offsets = offsets.unwrap_or_else(|| vec![Duration::ZERO; n]);
+    // Warm-up (no schedule) runs closed loop; measured runs follow the schedule.
+    let measured = schedule.is_some();
+    let schedule = schedule.unwrap_or_else(|| feed::Schedule::zero(n));
+    // Every offset 0 (no rate, no trace): each request waits for a slot (closed loop).
+    let closed_loop = schedule.closed_loop();
+    let mut feed = items.start().await;
     let target = Arc::new(spec.target.clone());
     let extra = Arc::new(extra.clone());
     let model: Arc<str> = Arc::from(model);
@@ -683,10 +679,10 @@ async fn one_benchmark(
     let (done, errors) = (counters.done.clone(), counters.errors.clone());
     let shown = progress::Progress::start(name, n, &counters, spec.progress && measured);
     let cancel = CancellationToken::new();
+    // Dropped (the benchmark interrupted): no more sends, the requests in flight cancelled.
+    let _cancel_on_drop = cancel.clone().drop_guard();
     let t0 = Instant::now() + Duration::from_millis(10);
     let (bench_name, multi_turn, ignore_eos, max_offset) = (name.to_owned(), spec.workload.multi_turn, spec.ignore_eos, spec.duration);
-    // Every offset 0 (no rate, no trace): each request waits for a slot (closed loop).
-    let closed_loop = offsets.iter().all(|o| o.is_zero());
     // The dispatcher runs on its own thread: it sleeps until each send (no spinning on the
     // runtime's workers, which do the HTTP), waits for a free slot, and spawns the request.
     let slots = match spec.workload.ramp {
@@ -694,15 +690,18 @@ async fn one_benchmark(
         Some(r) if measured && r.over == workload::RampOver::Concurrency => slots::Slots::ramp(r, t0, spec.duration.map(|d| t0 + d)),
         _ => slots::Slots::fixed(concurrency),
     };
+    // Finished requests' rows, to the collector below (bounded: a full queue holds the
+    // requests' tasks, not the dispatcher).
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(usize, Vec<RequestRow>)>(1024);
     let (handle, clients) = (tokio::runtime::Handle::current(), clients.clone());
     let dispatcher = tokio::task::spawn_blocking(move || {
         crate::canary::schedule::pacer_thread_init();
-        let mut tasks = tokio::task::JoinSet::new();
-        for (i, offset) in offsets.into_iter().enumerate().take(items.len()) {
-            let scheduled = t0 + offset;
-            if max_offset.is_some_and(|d| offset > d) {
+        for (i, offset) in schedule.enumerate().take(n) {
+            if cancel.is_cancelled() || max_offset.is_some_and(|d| offset > d) {
                 break;
             }
+            let scheduled = t0 + offset;
+            let Some(item) = feed.next_blocking() else { break };
             crate::canary::schedule::pace_until(scheduled.into_std());
             let Some((permit, limit, free_since)) = handle.block_on(slots.acquire_timed()) else { break };
             let dispatched = Instant::now();
@@ -710,63 +709,59 @@ async fn one_benchmark(
             let scheduled = if closed_loop { scheduled.max(free_since) } else { scheduled };
             let (clients, target, extra, model, task_done, task_errors, cancel) =
                 (clients.clone(), target.clone(), extra.clone(), model.clone(), done.clone(), errors.clone(), cancel.clone());
-            let (items, bench_name, telemetry) = (items.clone(), bench_name.clone(), telemetry.clone());
-            tasks.spawn_on(
-                async move {
-                    let item = &items[i];
-                    let mut extra = (*extra).clone();
-                    if ignore_eos {
-                        extra.insert("min_tokens".into(), serde_json::Value::from(item.max_tokens));
+            let (bench_name, telemetry, tx) = (bench_name.clone(), telemetry.clone(), tx.clone());
+            handle.spawn(async move {
+                let mut extra = (*extra).clone();
+                if ignore_eos {
+                    extra.insert("min_tokens".into(), serde_json::Value::from(item.max_tokens));
+                }
+                let mut rows = Vec::with_capacity(1 + item.next_turns.len());
+                let mut messages = if multi_turn { vec![serde_json::json!({ "role": "user", "content": item.prompt.text })] } else { Vec::new() };
+                let mut prompt = item.prompt.clone();
+                let (mut scheduled, mut dispatched) = (scheduled, dispatched);
+                for turn in 0..=item.next_turns.len() {
+                    if multi_turn {
+                        extra.insert("messages".into(), serde_json::Value::Array(messages.clone()));
                     }
-                    let mut rows = Vec::with_capacity(1 + item.next_turns.len());
-                    let mut messages = if multi_turn { vec![serde_json::json!({ "role": "user", "content": item.prompt.text })] } else { Vec::new() };
-                    let mut prompt = item.prompt.clone();
-                    let (mut scheduled, mut dispatched) = (scheduled, dispatched);
-                    for turn in 0..=item.next_turns.len() {
-                        if multi_turn {
-                            extra.insert("messages".into(), serde_json::Value::Array(messages.clone()));
-                        }
-                        let ids = export::BenchTelemetry::new_trace();
-                        let traceparent = ids.traceparent();
-                        let req = CanaryRequest { api: target.api, model: &model, prompt: &prompt.text, max_tokens: item.max_tokens, traceparent: &traceparent, extra_body: Some(&extra) };
-                        let m = client::execute_with(&clients, &target, &req, &cancel, multi_turn).await;
-                        if let Some(t) = &telemetry {
-                            t.record(&export::RequestContext { target: &target, model: &model, benchmark: &bench_name, max_tokens: item.max_tokens, index: i }, ids, &m);
-                        }
-                        let ok = m.record.outcome == Outcome::Ok;
-                        if !ok {
-                            task_errors.fetch_add(1, Ordering::Relaxed);
-                        }
-                        rows.push(row(&bench_name, i, turn as u32, (concurrency, limit), t0, scheduled, dispatched, &prompt, item.max_tokens, &m));
-                        // The next turn: after this answer, with the history.
-                        let Some((text, tokens)) = item.next_turns.get(turn).cloned() else { break };
-                        if !ok {
-                            break;
-                        }
-                        messages.push(serde_json::json!({ "role": "assistant", "content": m.record.output_text.unwrap_or_default() }));
-                        messages.push(serde_json::json!({ "role": "user", "content": text }));
-                        prompt = Prompt { text, target_tokens: tokens, tokens };
-                        (scheduled, dispatched) = (Instant::now(), Instant::now());
+                    let ids = export::BenchTelemetry::new_trace();
+                    let traceparent = ids.traceparent();
+                    let req = CanaryRequest { api: target.api, model: &model, prompt: &prompt.text, max_tokens: item.max_tokens, traceparent: &traceparent, extra_body: Some(&extra) };
+                    let m = client::execute_with(&clients, &target, &req, &cancel, multi_turn).await;
+                    if let Some(t) = &telemetry {
+                        t.record(&export::RequestContext { target: &target, model: &model, benchmark: &bench_name, max_tokens: item.max_tokens, index: i }, ids, &m);
                     }
-                    drop(permit);
-                    task_done.fetch_add(1, Ordering::Relaxed);
-                    rows
-                },
-                &handle,
-            );
+                    let ok = m.record.outcome == Outcome::Ok;
+                    if !ok {
+                        task_errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    rows.push(row(&bench_name, i, turn as u32, (concurrency, limit), t0, scheduled, dispatched, &prompt, item.max_tokens, &m));
+                    // The next turn: after this answer, with the history.
+                    let Some((text, tokens)) = item.next_turns.get(turn).cloned() else { break };
+                    if !ok {
+                        break;
+                    }
+                    messages.push(serde_json::json!({ "role": "assistant", "content": m.record.output_text.unwrap_or_default() }));
+                    messages.push(serde_json::json!({ "role": "user", "content": text }));
+                    prompt = Prompt { text, target_tokens: tokens, tokens };
+                    (scheduled, dispatched) = (Instant::now(), Instant::now());
+                }
+                drop(permit);
+                task_done.fetch_add(1, Ordering::Relaxed);
+                // The collector is gone only when the benchmark was dropped.
+                let _ = tx.send((i, rows)).await;
+            });
         }
-        tasks
+        // The dispatcher's sender drops here; the channel closes when every request's has.
     });
-    let mut tasks = dispatcher.await.map_err(|e| BenchError::Dispatcher(e.to_string()))?;
-    let mut rows = Vec::with_capacity(n);
-    while let Some(r) = tasks.join_next().await {
-        if let Ok(r) = r {
-            rows.extend(r);
-        }
+    // Rows back in (index, turn) order as they finish; the channel ends with the last request.
+    let mut reorder = rows::Reorder::default();
+    while let Some((i, r)) = rx.recv().await {
+        reorder.push(i, r, on_row);
     }
+    reorder.finish(on_row);
+    dispatcher.await.map_err(|e| BenchError::Dispatcher(e.to_string()))?;
     shown.finish().await;
-    rows.sort_by_key(|r| (r.index, r.turn));
-    Ok(rows)
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -829,8 +824,13 @@ fn row(name: &str, index: usize, turn: u32, (concurrency, concurrency_limit): (u
 pub fn summarize(spec: &RunSpec, name: &str, concurrency: usize, input_len: u32, rows: &[RequestRow]) -> BenchSummary {
     let mut s = aggregate::Summarizer::new(spec.goodput);
     rows.iter().for_each(|r| s.push(r));
+    s.finish(shape(spec, name, concurrency, input_len))
+}
+
+/// What a benchmark's summary says besides its rows' figures.
+fn shape<'a>(spec: &RunSpec, name: &'a str, concurrency: usize, input_len: u32) -> aggregate::BenchShape<'a> {
     let own_output = spec.workload.output_dist.is_some() || spec.workload.trace.is_some();
-    s.finish(aggregate::BenchShape { name, concurrency, input_len, output_len: (!own_output).then_some(spec.output_len), request_rate: spec.request_rate })
+    aggregate::BenchShape { name, concurrency, input_len, output_len: (!own_output).then_some(spec.output_len), request_rate: spec.request_rate }
 }
 
 /// Parses `ttft_p99_ms>500`, `e2el_mean_ms>2000`, `error_rate>0.01`, `vram_pct>92` (peak

@@ -9,15 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
-use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
-use rand_distr::{Distribution as _, Exp, Gamma, LogNormal, Normal, Zipf};
+use rand::Rng;
+use rand_distr::{Distribution as _, LogNormal, Normal, Zipf};
 use serde::Serialize;
 
 use super::dataset::PromptSet;
-use super::prompts::{self, LocalTokenizer, Prompt, TokenizeClient};
+use super::prompts::LocalTokenizer;
 use super::trace::{Trace, TraceFormat};
-use super::{RunArrival, RunSpec};
+use super::RunArrival;
 
 /// A distribution of token lengths. Samples are rounded and clipped to `[1, 1_000_000]`
 /// (and to `min` / `max` where given).
@@ -286,28 +285,7 @@ impl Ramp {
 
     /// Send offsets of `n` requests with `arrival` gaps (in units of the ramp's integral).
     pub fn offsets(&self, n: usize, arrival: RunArrival, seed: u64) -> Vec<Duration> {
-        let mut rng = SmallRng::seed_from_u64(seed);
-        let unit: Box<dyn FnMut(&mut SmallRng) -> f64> = match arrival {
-            RunArrival::Constant => Box::new(|_| 1.0),
-            RunArrival::Poisson => match Exp::new(1.0) {
-                Ok(e) => Box::new(move |r| e.sample(r)),
-                Err(_) => Box::new(|_| 1.0),
-            },
-            RunArrival::Gamma(k) => match Gamma::new(k, 1.0 / k) {
-                Ok(g) => Box::new(move |r| g.sample(r)),
-                Err(_) => Box::new(|_| 1.0),
-            },
-        };
-        let mut unit = unit;
-        let mut x = 0.0;
-        (0..n)
-            .map(|i| {
-                if i > 0 {
-                    x += unit(&mut rng);
-                }
-                Duration::from_secs_f64(self.inverse(x).max(0.0))
-            })
-            .collect()
+        super::feed::Schedule::ramp(*self, arrival, n, seed).collect()
     }
 }
 
@@ -404,137 +382,6 @@ impl TraceReplay {
             span_s: self.trace.requests.last().map_or(0.0, |r| r.at.as_secs_f64() / self.speedup),
         }
     }
-
-    /// Offsets of the trace's requests divided by the speedup.
-    pub fn offsets(&self, n: usize) -> Vec<Duration> {
-        self.trace.requests.iter().take(n).map(|r| r.at_speedup(self.speedup)).collect()
-    }
-}
-
-/// One unit of work: a prompt and its output length, and for a multi-turn conversation the
-/// later user turns (sent each after the previous answer, with the history).
-#[derive(Debug, Clone)]
-pub struct Item {
-    pub prompt: Prompt,
-    /// `max_tokens` (and `min_tokens` with ignore-EOS).
-    pub max_tokens: u32,
-    /// Later user turns with their token counts.
-    pub next_turns: Vec<(String, u32)>,
-}
-
-const INPUT_STREAM: u64 = 0x1A2B_3C4D_5E6F_7081;
-const OUTPUT_STREAM: u64 = 0x5DEE_CE66_D1CE_4E5B;
-const FILE_STREAM: u64 = 0x2545_F491_4F6C_DD1D;
-
-/// The items of one benchmark: `n` of them (for a trace: its first `n` requests), from `seed`.
-pub async fn items(spec: &RunSpec, tok: &TokenizeClient, n: usize, input_len: u32, seed: u64) -> Vec<Item> {
-    let w = &spec.workload;
-    let mut out_rng = SmallRng::seed_from_u64(seed ^ OUTPUT_STREAM);
-    type Prompts = Vec<(Prompt, Vec<(String, u32)>)>;
-    let (prompts, trace_outputs): (Prompts, Option<Vec<u32>>) = if let Some(t) = &w.trace {
-        let reqs: Vec<_> = t.trace.requests.iter().take(n).collect();
-        let mut ps = Vec::with_capacity(reqs.len());
-        let mut blocks = Blocks::default();
-        for (i, r) in reqs.iter().enumerate() {
-            let p = match t.trace.hash_ids.get(i).filter(|h| !h.is_empty()) {
-                Some(ids) => block_prompt(tok, ids, r.input_tokens, seed, i, &mut blocks).await,
-                None => one_prompt(tok, r.input_tokens, seed, i).await,
-            };
-            ps.push((p, Vec::new()));
-        }
-        (ps, Some(reqs.iter().map(|r| r.output_tokens).collect()))
-    } else if let Some(file) = &w.prompt_file {
-        // A seeded shuffle of the file, cycled when more prompts are wanted than it holds.
-        let mut order: Vec<usize> = (0..file.conversations.len()).collect();
-        order.shuffle(&mut SmallRng::seed_from_u64(seed ^ FILE_STREAM));
-        let mut ps = Vec::with_capacity(n);
-        for i in 0..n {
-            let conv = &file.conversations[order[i % order.len()]];
-            let mut turns = Vec::with_capacity(conv.turns.len());
-            for t in &conv.turns {
-                let c = tok.count(t).await.unwrap_or(0);
-                turns.push((t.clone(), c));
-            }
-            let (text, tokens) = turns.remove(0);
-            ps.push((Prompt { text, target_tokens: tokens, tokens }, turns));
-        }
-        (ps, None)
-    } else if let Some(d) = w.input_dist {
-        let lens = d.sample_n(&mut SmallRng::seed_from_u64(seed ^ INPUT_STREAM), n);
-        let mut ps = Vec::with_capacity(n);
-        for (i, len) in lens.into_iter().enumerate() {
-            ps.push((one_prompt(tok, len, seed, i).await, Vec::new()));
-        }
-        (ps, None)
-    } else {
-        (prompts::synthetic(tok, n, input_len, seed).await.into_iter().map(|p| (p, Vec::new())).collect(), None)
-    };
-    let outputs = match (trace_outputs, w.output_dist) {
-        (_, Some(d)) => d.sample_n(&mut out_rng, prompts.len()),
-        (Some(t), None) => t,
-        (None, None) => vec![spec.output_len; prompts.len()],
-    };
-    prompts.into_iter().zip(outputs).map(|((prompt, next_turns), max_tokens)| Item { prompt, max_tokens, next_turns }).collect()
-}
-
-/// Text of Mooncake blocks already made: (hash id, tokens) → (text, tokens by the tokenizer).
-type Blocks = std::collections::HashMap<(u64, u32), (String, u32)>;
-
-/// A Mooncake request's prompt from its `hash_ids`: block k is the text of hash id `ids[k]`
-/// ([`super::trace::MOONCAKE_BLOCK_TOKENS`] tokens, the last block the rest of `len`), the
-/// same text wherever that id appears in the replay, so requests that share ids share a
-/// prompt prefix and a server's prefix cache hits as in the real trace. Tokens beyond the
-/// ids' blocks (a trace whose ids are short) come from a prompt of this request alone.
-async fn block_prompt(tok: &TokenizeClient, ids: &[u64], len: u32, seed: u64, i: usize, blocks: &mut Blocks) -> Prompt {
-    let (mut text, mut tokens, mut left) = (String::new(), 0u32, len);
-    for &id in ids {
-        if left == 0 {
-            break;
-        }
-        let n = left.min(super::trace::MOONCAKE_BLOCK_TOKENS);
-        left -= n;
-        let (t, c) = match blocks.get(&(id, n)) {
-            Some(b) => b.clone(),
-            None => {
-                let p = one_prompt(tok, n, seed ^ id.wrapping_mul(0x9FB2_1C65_1E98_DF25), 0).await;
-                blocks.insert((id, n), (p.text.clone(), p.tokens));
-                (p.text, p.tokens)
-            }
-        };
-        if !text.is_empty() {
-            text.push(' ');
-        }
-        text.push_str(&t);
-        tokens += c;
-    }
-    if left > 0 {
-        let rest = one_prompt(tok, left, seed, i).await;
-        if !text.is_empty() {
-            text.push(' ');
-        }
-        text.push_str(&rest.text);
-        tokens += rest.tokens;
-    }
-    Prompt { text, target_tokens: len, tokens }
-}
-
-/// One synthetic prompt of `len` tokens, distinct per `(seed, i)`.
-async fn one_prompt(tok: &TokenizeClient, len: u32, seed: u64, i: usize) -> Prompt {
-    let s = seed ^ (i as u64).wrapping_mul(0xD134_2543_DE82_EF95).rotate_left(17);
-    let mut p = prompts::synthetic(tok, 1, len, s).await;
-    p.pop().unwrap_or(Prompt { text: String::new(), target_tokens: len, tokens: 0 })
-}
-
-/// Send offsets of a measured benchmark of `n` items: the trace's, the ramp's, or the steady
-/// rate's ([`super::offsets`]).
-pub fn schedule(spec: &RunSpec, n: usize, seed: u64) -> Result<Vec<Duration>, super::BenchError> {
-    if let Some(t) = &spec.workload.trace {
-        return Ok(t.offsets(n));
-    }
-    if let Some(r) = spec.workload.ramp.filter(|r| r.over == RampOver::Rate) {
-        return Ok(r.offsets(n, spec.arrival, seed));
-    }
-    super::offsets(spec, n, seed)
 }
 
 /// `lmperf run` flags of the workload (flattened into the run's flags).
@@ -637,6 +484,7 @@ impl WorkloadArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::SeedableRng;
 
     fn moments(v: &[u32]) -> (f64, f64) {
         let n = v.len() as f64;

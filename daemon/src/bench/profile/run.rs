@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use super::watch::ProfileWatch;
 use super::{self as profile, Profile, scheduler::Scheduler};
 use crate::bench::prompts::{self, TokenizeClient};
+use crate::bench::rows::Reorder;
 use crate::bench::{BenchError, RequestRow, RunSpec, export, row};
 use crate::canary::client::{self, CanaryRequest, Clients};
 
@@ -33,7 +34,8 @@ pub struct ProfileInfo {
     pub sustained_token_rate: Option<f64>,
 }
 
-/// Runs the profile; returns its rows (benchmark `name`) and the revision marks.
+/// Runs the profile; passes its rows (benchmark `name`) to `on_row` in index order as they
+/// finish ([`crate::bench::rows::Reorder`]) and returns the revision marks.
 ///
 /// # Errors
 /// None today besides what the caller's setup reports; kept for symmetry with the others.
@@ -48,7 +50,8 @@ pub(crate) async fn run(
     tok: &TokenizeClient,
     name: &str,
     telemetry: Option<Arc<export::BenchTelemetry>>,
-) -> Result<(Vec<RequestRow>, ProfileInfo), BenchError> {
+    on_row: &mut dyn FnMut(RequestRow),
+) -> Result<ProfileInfo, BenchError> {
     let mut info = ProfileInfo {
         name: first.name.clone(),
         file: path.display().to_string(),
@@ -69,8 +72,17 @@ pub(crate) async fn run(
     // A change seen while a step waited: re-read before planning again.
     let mut pending = false;
     let mut tasks = tokio::task::JoinSet::new();
+    let mut reorder = Reorder::default();
     let cancel = tokio_util::sync::CancellationToken::new();
+    // Dropped (Ctrl-C): the requests in flight are cancelled.
+    let _cancel_on_drop = cancel.clone().drop_guard();
     for i in 0..spec.num_prompts {
+        // Rows of the requests that ended, on in index order: the set holds those in flight.
+        while let Some(r) = tasks.try_join_next() {
+            if let Ok((index, r)) = r {
+                reorder.push(index, vec![r], on_row);
+            }
+        }
         // Hot update: a changed file applies from this step on.
         let mut reload = |info: &mut ProfileInfo| {
             if !std::mem::take(&mut pending) && !watch.take_change() {
@@ -111,6 +123,8 @@ pub(crate) async fn run(
         };
         if replanned {
             pending = true;
+            // Index i is never sent.
+            reorder.push(i, Vec::new(), on_row);
             continue;
         }
         // A free slot under the profile's (or the run's) concurrency limit.
@@ -214,16 +228,15 @@ pub(crate) async fn run(
                 &m,
             );
             r.profile_revision = Some(revision);
-            r
+            (i, r)
         });
     }
-    let mut rows = Vec::new();
     while let Some(r) = tasks.join_next().await {
-        if let Ok(r) = r {
-            rows.push(r);
+        if let Ok((index, r)) = r {
+            reorder.push(index, vec![r], on_row);
         }
     }
-    rows.sort_by_key(|r| r.index);
+    reorder.finish(on_row);
     info.sustained_token_rate = sched.lock().ok().and_then(|s| s.sustained_token_rate());
-    Ok((rows, info))
+    Ok(info)
 }

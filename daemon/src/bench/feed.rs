@@ -1,0 +1,659 @@
+//! What one benchmark sends and when, made as it goes rather than all up front, so a run's
+//! memory does not grow with `--num-prompts`: its items ([`ItemSource`], prompts and output
+//! lengths) and its send offsets ([`Schedule`]).
+//!
+//! - **Items.** Item `i` is drawn from `--seed` and `i` alone (lengths and file order from
+//!   seeded streams drawn in index order), so a run gives the same items whether they are
+//!   made early or late. [`ItemSource::start`] makes the first [`AHEAD`] items before the
+//!   benchmark's clock starts (a run of at most that many requests makes all of them first,
+//!   as before), then keeps at most [`AHEAD`] more ready, made [`PARALLEL`] at a time (prompt
+//!   calibration calls the tokenizer: with the server's `/tokenize`, a long run's later
+//!   prompts are calibrated while it runs). An item not ready at its send time delays the
+//!   send: that shows as its `dispatch_delay_ms`.
+//! - **Offsets.** Computed one at a time from the seed: a steady rate's random gaps are drawn
+//!   twice (a first pass finds the scale that puts the last send at exactly `(n − 1) / rate`,
+//!   see [`super::RunArrival`]), a ramp's follow its integral, a trace's are its own.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand_distr::{Distribution as _, Exp, Gamma};
+use tokio::sync::mpsc;
+
+use super::dataset::PromptSet;
+use super::prompts::{self, Prompt, TokenizeClient};
+use super::workload::{LengthDist, Ramp, RampOver, TraceReplay};
+use super::{BenchError, RunArrival, RunSpec};
+
+/// Items made before a benchmark starts, and at most kept ready ahead of its sends after.
+pub const AHEAD: usize = 1024;
+/// Items made at once (each may wait for `/tokenize` calls).
+pub const PARALLEL: usize = 8;
+
+const INPUT_STREAM: u64 = 0x1A2B_3C4D_5E6F_7081;
+const OUTPUT_STREAM: u64 = 0x5DEE_CE66_D1CE_4E5B;
+const FILE_STREAM: u64 = 0x2545_F491_4F6C_DD1D;
+
+/// One unit of work: a prompt and its output length, and for a multi-turn conversation the
+/// later user turns (sent each after the previous answer, with the history).
+#[derive(Debug, Clone)]
+pub struct Item {
+    pub prompt: Prompt,
+    /// `max_tokens` (and `min_tokens` with ignore-EOS).
+    pub max_tokens: u32,
+    /// Later user turns with their token counts.
+    pub next_turns: Vec<(String, u32)>,
+}
+
+/// Text of Mooncake blocks already made: (hash id, tokens) → (text, tokens by the tokenizer).
+type Blocks = HashMap<(u64, u32), (String, u32)>;
+
+/// What every item of a source shares.
+struct Shared {
+    tok: TokenizeClient,
+    trace: Option<TraceReplay>,
+    file: Option<Arc<PromptSet>>,
+    blocks: Mutex<Blocks>,
+    seed: u64,
+}
+
+/// What item `i` is, decided in index order (cheap); [`make`] then makes it.
+enum Plan {
+    /// A synthetic prompt of this many tokens.
+    Synthetic(u32),
+    /// The trace's request `i`.
+    Trace,
+    /// This conversation of the prompt file.
+    File(usize),
+}
+
+/// The items of one benchmark, `n` of them (for a trace: its first `n` requests), from `seed`.
+pub struct ItemSource {
+    shared: Arc<Shared>,
+    /// Global index of the first item, of the next, and one past the last.
+    start: usize,
+    next: usize,
+    end: usize,
+    input_len: u32,
+    output_len: u32,
+    input_dist: Option<(LengthDist, SmallRng)>,
+    output_dist: Option<(LengthDist, SmallRng)>,
+    order: Vec<usize>,
+}
+
+impl ItemSource {
+    /// The source of `n` items of `spec`'s workload (`input_len` for fixed lengths).
+    pub fn new(spec: &RunSpec, tok: &TokenizeClient, n: usize, input_len: u32, seed: u64) -> Self {
+        let w = &spec.workload;
+        let n = match &w.trace {
+            Some(t) => n.min(t.trace.requests.len()),
+            None => n,
+        };
+        let mut order = Vec::new();
+        if let Some(f) = w.prompt_file.as_ref().filter(|_| w.trace.is_none()) {
+            // A seeded shuffle of the file, cycled when more prompts are wanted than it holds.
+            order = (0..f.conversations.len()).collect();
+            order.shuffle(&mut SmallRng::seed_from_u64(seed ^ FILE_STREAM));
+        }
+        Self {
+            shared: Arc::new(Shared {
+                tok: tok.clone(),
+                trace: w.trace.clone(),
+                file: w.prompt_file.clone(),
+                blocks: Mutex::new(Blocks::new()),
+                seed,
+            }),
+            start: 0,
+            next: 0,
+            end: n,
+            input_len,
+            output_len: spec.output_len,
+            input_dist: w
+                .input_dist
+                .map(|d| (d, SmallRng::seed_from_u64(seed ^ INPUT_STREAM))),
+            output_dist: w
+                .output_dist
+                .map(|d| (d, SmallRng::seed_from_u64(seed ^ OUTPUT_STREAM))),
+            order,
+        }
+    }
+
+    /// Items the source makes in all.
+    pub fn len(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Whether it makes none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Leaves out the first `k` items (those of the warm-up, drawn from the same seed): the
+    /// rest are the items they would have been with the warm-up's.
+    pub fn skip(mut self, k: usize) -> Self {
+        for _ in 0..k {
+            if self.plan().is_none() {
+                break;
+            }
+        }
+        self.start = self.next;
+        self
+    }
+
+    /// The next item's plan, its global index and `max_tokens`; `None` after the last.
+    fn plan(&mut self) -> Option<(usize, Plan, u32)> {
+        if self.next >= self.end {
+            return None;
+        }
+        let i = self.next;
+        self.next += 1;
+        let sh = &self.shared;
+        let (plan, trace_output) = if let Some(t) = &sh.trace {
+            (
+                Plan::Trace,
+                t.trace.requests.get(i).map(|r| r.output_tokens),
+            )
+        } else if !self.order.is_empty() {
+            (Plan::File(self.order[i % self.order.len()]), None)
+        } else if let Some((d, rng)) = &mut self.input_dist {
+            (
+                Plan::Synthetic(
+                    d.sample_n(rng, 1)
+                        .first()
+                        .copied()
+                        .unwrap_or(self.input_len),
+                ),
+                None,
+            )
+        } else {
+            (Plan::Synthetic(self.input_len), None)
+        };
+        let max_tokens = match (&mut self.output_dist, trace_output) {
+            (Some((d, rng)), _) => d
+                .sample_n(rng, 1)
+                .first()
+                .copied()
+                .unwrap_or(self.output_len),
+            (None, Some(t)) => t,
+            (None, None) => self.output_len,
+        };
+        Some((i, plan, max_tokens))
+    }
+
+    /// Starts making the items: returns once the first [`AHEAD`] (or all) are made; the rest
+    /// are made on the runtime while the benchmark runs, at most [`AHEAD`] ahead of it.
+    pub async fn start(mut self) -> Feed {
+        let n = self.len();
+        let (tx, mut rx) = mpsc::channel::<Item>(AHEAD);
+        let producer = tokio::spawn(async move {
+            let mut making: VecDeque<tokio::task::JoinHandle<Item>> =
+                VecDeque::with_capacity(PARALLEL);
+            loop {
+                while making.len() < PARALLEL
+                    && let Some((i, plan, max_tokens)) = self.plan()
+                {
+                    making.push_back(tokio::spawn(make(self.shared.clone(), i, plan, max_tokens)));
+                }
+                let Some(next) = making.pop_front() else {
+                    return;
+                };
+                let Ok(item) = next.await else { return };
+                if tx.send(item).await.is_err() {
+                    making.iter().for_each(tokio::task::JoinHandle::abort);
+                    return;
+                }
+            }
+        });
+        let mut ready = VecDeque::with_capacity(n.min(AHEAD));
+        while ready.len() < n.min(AHEAD) {
+            match rx.recv().await {
+                Some(item) => ready.push_back(item),
+                None => break,
+            }
+        }
+        Feed {
+            n,
+            ready,
+            rx,
+            producer,
+        }
+    }
+}
+
+/// Makes the item of `plan` (calibrating prompts with the tokenizer).
+async fn make(sh: Arc<Shared>, i: usize, plan: Plan, max_tokens: u32) -> Item {
+    let (prompt, next_turns) = match plan {
+        Plan::Synthetic(len) => (one_prompt(&sh.tok, len, sh.seed, i).await, Vec::new()),
+        Plan::Trace => {
+            let Some(t) = &sh.trace else {
+                return Item {
+                    prompt: empty(0),
+                    max_tokens,
+                    next_turns: Vec::new(),
+                };
+            };
+            let len = t.trace.requests.get(i).map_or(1, |r| r.input_tokens);
+            let p = match t.trace.hash_ids.get(i).filter(|h| !h.is_empty()) {
+                Some(ids) => block_prompt(&sh, ids, len, i).await,
+                None => one_prompt(&sh.tok, len, sh.seed, i).await,
+            };
+            (p, Vec::new())
+        }
+        Plan::File(c) => {
+            let turns_text = sh
+                .file
+                .as_ref()
+                .and_then(|f| f.conversations.get(c))
+                .map(|c| c.turns.clone())
+                .unwrap_or_default();
+            let mut turns = Vec::with_capacity(turns_text.len());
+            for t in turns_text {
+                let c = sh.tok.count(&t).await.unwrap_or(0);
+                turns.push((t, c));
+            }
+            if turns.is_empty() {
+                (empty(0), turns)
+            } else {
+                let (text, tokens) = turns.remove(0);
+                (
+                    Prompt {
+                        text,
+                        target_tokens: tokens,
+                        tokens,
+                    },
+                    turns,
+                )
+            }
+        }
+    };
+    Item {
+        prompt,
+        max_tokens,
+        next_turns,
+    }
+}
+
+fn empty(len: u32) -> Prompt {
+    Prompt {
+        text: String::new(),
+        target_tokens: len,
+        tokens: 0,
+    }
+}
+
+/// A Mooncake request's prompt from its `hash_ids`: block k is the text of hash id `ids[k]`
+/// ([`super::trace::MOONCAKE_BLOCK_TOKENS`] tokens, the last block the rest of `len`), the
+/// same text wherever that id appears in the replay (made from the seed and the id alone, so
+/// two items made at once agree), so requests that share ids share a prompt prefix and a
+/// server's prefix cache hits as in the real trace. Tokens beyond the ids' blocks (a trace
+/// whose ids are short) come from a prompt of this request alone.
+async fn block_prompt(sh: &Shared, ids: &[u64], len: u32, i: usize) -> Prompt {
+    let (mut text, mut tokens, mut left) = (String::new(), 0u32, len);
+    for &id in ids {
+        if left == 0 {
+            break;
+        }
+        let n = left.min(super::trace::MOONCAKE_BLOCK_TOKENS);
+        left -= n;
+        let known = sh.blocks.lock().ok().and_then(|b| b.get(&(id, n)).cloned());
+        let (t, c) = match known {
+            Some(b) => b,
+            None => {
+                let p = one_prompt(
+                    &sh.tok,
+                    n,
+                    sh.seed ^ id.wrapping_mul(0x9FB2_1C65_1E98_DF25),
+                    0,
+                )
+                .await;
+                if let Ok(mut b) = sh.blocks.lock() {
+                    b.insert((id, n), (p.text.clone(), p.tokens));
+                }
+                (p.text, p.tokens)
+            }
+        };
+        if !text.is_empty() {
+            text.push(' ');
+        }
+        text.push_str(&t);
+        tokens += c;
+    }
+    if left > 0 {
+        let rest = one_prompt(&sh.tok, left, sh.seed, i).await;
+        if !text.is_empty() {
+            text.push(' ');
+        }
+        text.push_str(&rest.text);
+        tokens += rest.tokens;
+    }
+    Prompt {
+        text,
+        target_tokens: len,
+        tokens,
+    }
+}
+
+/// One synthetic prompt of `len` tokens, distinct per `(seed, i)`.
+async fn one_prompt(tok: &TokenizeClient, len: u32, seed: u64, i: usize) -> Prompt {
+    let s = seed
+        ^ (i as u64)
+            .wrapping_mul(0xD134_2543_DE82_EF95)
+            .rotate_left(17);
+    let mut p = prompts::synthetic(tok, 1, len, s).await;
+    p.pop().unwrap_or_else(|| empty(len))
+}
+
+/// The items of a running benchmark, in order; dropped, it stops making them.
+pub struct Feed {
+    n: usize,
+    ready: VecDeque<Item>,
+    rx: mpsc::Receiver<Item>,
+    producer: tokio::task::JoinHandle<()>,
+}
+
+impl Feed {
+    /// Items in all.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// The next item, waiting for it (call off the runtime: the dispatcher thread); `None`
+    /// after the last.
+    pub fn next_blocking(&mut self) -> Option<Item> {
+        self.ready.pop_front().or_else(|| self.rx.blocking_recv())
+    }
+}
+
+impl Drop for Feed {
+    fn drop(&mut self) {
+        self.producer.abort();
+    }
+}
+
+/// Gaps between arrivals, in seconds (of the steady rate, or of the ramp's integral).
+#[derive(Debug, Clone, Copy)]
+enum Gap {
+    Constant(f64),
+    Exp(Exp<f64>),
+    Gamma(Gamma<f64>),
+}
+
+impl Gap {
+    fn sample(&self, rng: &mut SmallRng) -> f64 {
+        match self {
+            Gap::Constant(g) => *g,
+            Gap::Exp(e) => e.sample(rng),
+            Gap::Gamma(g) => g.sample(rng),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Shape {
+    /// Every offset 0: all at once (closed loop), the warm-up.
+    Zero,
+    Trace(TraceReplay),
+    /// Steady rate: `t += gap`, scaled by `scale`.
+    Steady {
+        gap: Gap,
+        rng: SmallRng,
+        t: Duration,
+        scale: Option<f64>,
+    },
+    /// Rate ramp: the time at which the ramp's integral reaches `x`, `x += gap`.
+    Ramp {
+        ramp: Ramp,
+        gap: Gap,
+        rng: SmallRng,
+        x: f64,
+    },
+}
+
+/// The send offsets of one benchmark, from its start, one at a time (an iterator of `n`).
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    shape: Shape,
+    n: usize,
+    i: usize,
+    closed_loop: bool,
+}
+
+impl Schedule {
+    /// `n` offsets of 0 (everything due at once: each request waits for a free slot).
+    pub fn zero(n: usize) -> Self {
+        Self {
+            shape: Shape::Zero,
+            n,
+            i: 0,
+            closed_loop: true,
+        }
+    }
+
+    /// The offsets of a measured benchmark of `n` items: the trace's, the rate ramp's, or the
+    /// steady rate's (`--request-rate`, `--arrival`; none: all at once).
+    ///
+    /// # Errors
+    /// A rate or gamma shape the distributions refuse (names `--request-rate`).
+    pub fn new(spec: &RunSpec, n: usize, seed: u64) -> Result<Self, BenchError> {
+        if let Some(t) = &spec.workload.trace {
+            let closed_loop = t
+                .trace
+                .requests
+                .iter()
+                .take(n)
+                .all(|r| r.at_speedup(t.speedup).is_zero());
+            return Ok(Self {
+                shape: Shape::Trace(t.clone()),
+                n,
+                i: 0,
+                closed_loop,
+            });
+        }
+        if let Some(r) = spec.workload.ramp.filter(|r| r.over == RampOver::Rate) {
+            return Ok(Self::ramp(r, spec.arrival, n, seed));
+        }
+        match spec.request_rate {
+            Some(rate) => Self::steady(rate, spec.arrival, n, seed),
+            None => Ok(Self::zero(n)),
+        }
+    }
+
+    /// `n` offsets at `rate` requests per second with `arrival` gaps.
+    ///
+    /// # Errors
+    /// A rate or gamma shape the distributions refuse (names `--request-rate`).
+    pub fn steady(rate: f64, arrival: RunArrival, n: usize, seed: u64) -> Result<Self, BenchError> {
+        let invalid = |e: String| BenchError::Invalid {
+            field: "--request-rate",
+            value: rate.to_string(),
+            reason: e,
+        };
+        let exp = Exp::new(rate).map_err(|e| invalid(e.to_string()))?;
+        let gap = match arrival {
+            RunArrival::Constant => Gap::Constant(1.0 / rate),
+            RunArrival::Poisson => Gap::Exp(exp),
+            RunArrival::Gamma(shape) => Gap::Gamma(
+                Gamma::new(shape, 1.0 / (rate * shape)).map_err(|e| invalid(e.to_string()))?,
+            ),
+        };
+        let mut s = Self {
+            shape: Shape::Steady {
+                gap,
+                rng: SmallRng::seed_from_u64(seed),
+                t: Duration::ZERO,
+                scale: None,
+            },
+            n,
+            i: 0,
+            closed_loop: n <= 1,
+        };
+        // Random gaps: scale them so the last send is at exactly (n − 1) / rate. For Poisson
+        // this is the Poisson process conditioned on n arrivals in that time (its arrival
+        // times are then uniform order statistics and its gaps still exponential), so the
+        // run's rate is the requested one, not a sample of it (±1/√n).
+        if !matches!(gap, Gap::Constant(_)) && n > 1 {
+            let last = s.clone().last().unwrap_or_default();
+            s.closed_loop = last.is_zero();
+            if !last.is_zero() {
+                let want = (n - 1) as f64 / rate;
+                if let Shape::Steady { scale, .. } = &mut s.shape {
+                    *scale = Some(want / last.as_secs_f64());
+                }
+            }
+        }
+        Ok(s)
+    }
+
+    /// `n` offsets of a rate ramp: the i-th send where the ramp's integral reaches the i-th
+    /// arrival of a unit-rate process with `arrival` gaps ([`Ramp`]).
+    pub fn ramp(ramp: Ramp, arrival: RunArrival, n: usize, seed: u64) -> Self {
+        let gap = match arrival {
+            RunArrival::Constant => Gap::Constant(1.0),
+            RunArrival::Poisson => Exp::new(1.0).map_or(Gap::Constant(1.0), Gap::Exp),
+            RunArrival::Gamma(k) => Gamma::new(k, 1.0 / k).map_or(Gap::Constant(1.0), Gap::Gamma),
+        };
+        Self {
+            shape: Shape::Ramp {
+                ramp,
+                gap,
+                rng: SmallRng::seed_from_u64(seed),
+                x: 0.0,
+            },
+            n,
+            i: 0,
+            closed_loop: n <= 1,
+        }
+    }
+
+    /// Every offset is 0 (no rate, no trace times): requests go as slots free (closed loop).
+    pub fn closed_loop(&self) -> bool {
+        self.closed_loop
+    }
+
+    /// Offsets in all.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+}
+
+impl Iterator for Schedule {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        if self.i >= self.n {
+            return None;
+        }
+        let i = self.i;
+        self.i += 1;
+        Some(match &mut self.shape {
+            Shape::Zero => Duration::ZERO,
+            Shape::Trace(t) => t
+                .trace
+                .requests
+                .get(i)
+                .map_or(Duration::ZERO, |r| r.at_speedup(t.speedup)),
+            Shape::Steady { gap, rng, t, scale } => {
+                if i > 0 {
+                    *t += Duration::from_secs_f64(gap.sample(rng));
+                }
+                scale.map_or(*t, |k| t.mul_f64(k))
+            }
+            Shape::Ramp { ramp, gap, rng, x } => {
+                if i > 0 {
+                    *x += gap.sample(rng);
+                }
+                Duration::from_secs_f64(ramp.inverse(*x).max(0.0))
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn steady(
+        rate: Option<f64>,
+        arrival: RunArrival,
+        n: usize,
+        seed: u64,
+    ) -> Result<Schedule, BenchError> {
+        match rate {
+            Some(r) => Schedule::steady(r, arrival, n, seed),
+            None => Ok(Schedule::zero(n)),
+        }
+    }
+
+    #[test]
+    fn steady_offsets_end_at_the_rate_and_repeat_from_the_seed() {
+        for arrival in [
+            RunArrival::Poisson,
+            RunArrival::Gamma(0.5),
+            RunArrival::Constant,
+        ] {
+            let s = steady(Some(200.0), arrival, 1001, 7).unwrap();
+            assert!(!s.closed_loop());
+            let v: Vec<Duration> = s.collect();
+            assert_eq!(v.len(), 1001);
+            assert_eq!(v[0], Duration::ZERO);
+            assert!(v.windows(2).all(|w| w[0] <= w[1]), "{arrival:?}");
+            assert!(
+                (v[1000].as_secs_f64() - 5.0).abs() < 1e-6,
+                "{arrival:?}: last at {:?}",
+                v[1000]
+            );
+            assert_eq!(
+                v,
+                steady(Some(200.0), arrival, 1001, 7)
+                    .unwrap()
+                    .collect::<Vec<_>>()
+            );
+        }
+        let a: Vec<Duration> = steady(Some(200.0), RunArrival::Poisson, 50, 1)
+            .unwrap()
+            .collect();
+        let b: Vec<Duration> = steady(Some(200.0), RunArrival::Poisson, 50, 2)
+            .unwrap()
+            .collect();
+        assert_ne!(a, b);
+        let z = steady(None, RunArrival::Poisson, 3, 1).unwrap();
+        assert!(z.closed_loop());
+        assert_eq!(z.collect::<Vec<_>>(), [Duration::ZERO; 3]);
+        assert!(
+            steady(Some(5.0), RunArrival::Poisson, 1, 1)
+                .unwrap()
+                .closed_loop(),
+            "one send at 0"
+        );
+        let e = steady(Some(-1.0), RunArrival::Poisson, 3, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--request-rate"), "{e}");
+    }
+
+    /// A long schedule is an iterator, not a vector of its offsets.
+    #[test]
+    fn a_long_schedule_is_not_stored() {
+        let s = steady(Some(2000.0), RunArrival::Poisson, 1_000_000, 3).unwrap();
+        assert!(std::mem::size_of_val(&s) < 512);
+        let last = s.last().unwrap();
+        assert!(
+            (last.as_secs_f64() - 999_999.0 / 2000.0).abs() < 1e-3,
+            "{last:?}"
+        );
+    }
+}
