@@ -17,15 +17,10 @@ pub mod export;
 pub mod find_rate;
 pub mod launch;
 pub mod profile;
-pub mod profile_run;
-pub mod profile_watch;
 pub mod progress;
 pub mod prompts;
 pub mod repeat;
 pub mod report;
-pub mod report_capacity;
-pub mod report_profile;
-pub mod report_ramp;
 pub mod slots;
 pub mod stats;
 pub mod trace;
@@ -138,7 +133,7 @@ pub struct RunSpec {
     pub launch: Option<launch::LaunchSpec>,
     /// `--find-max-rate`: a capacity search instead of the benchmark matrix ([`find_rate`]).
     pub find_rate: Option<find_rate::FindRate>,
-    /// `--profile FILE`: one benchmark following the load profile, hot-reloaded ([`profile_run`]).
+    /// `--profile FILE`: one benchmark following the load profile, hot-reloaded ([`profile::run`]).
     pub profile: Option<(PathBuf, profile::Profile)>,
     /// Choices per request (`n` of the OpenAI API, `--n`); 1 sends no `n`. Each choice is
     /// measured on its own ([`crate::measure::ChoiceRecord`], `choices` in `requests.jsonl`).
@@ -330,7 +325,7 @@ pub struct Summary {
     pub capacity: Option<capacity::Capacity>,
     /// `--profile`: the file and its revisions over time (absent without it).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub profile: Option<profile_run::ProfileInfo>,
+    pub profile: Option<profile::run::ProfileInfo>,
     /// Ctrl-C or SIGTERM stopped the run: `benchmarks` holds those that completed (absent
     /// when the run finished).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -481,7 +476,7 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
         let name = format!("profile_{}", p.name);
         server_watch.mark().await;
         let (rows, info) = tokio::select! {
-            r = profile_run::run(&spec, path, p.clone(), &clients, &model, &extra, &tok, &name, telemetry.clone()) => r?,
+            r = profile::run::run(&spec, path, p.clone(), &clients, &model, &extra, &tok, &name, telemetry.clone()) => r?,
             () = stop.cancelled() => return Err(interrupted(&name, 0)),
         };
         let input = spec.input_lengths.first().copied().unwrap_or(128);

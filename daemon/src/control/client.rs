@@ -480,7 +480,7 @@ async fn scene_after(c: &mut CtlClient, started: proto::LoadStatus, threshold: s
 /// at most) or Ctrl-C (the load goes on); returns the load as it ended or is.
 async fn watch_profile(c: &mut CtlClient, path: &std::path::Path, started: proto::LoadStatus) -> Result<(String, String), CtlError> {
     eprint!("lmperf ctl: started {}", format_load(&started));
-    let mut watch = crate::bench::profile_watch::ProfileWatch::start(path);
+    let mut watch = crate::bench::profile::watch::ProfileWatch::start(path);
     let deadline = std::time::Instant::now() + Duration::from_secs_f64(started.duration_s.max(0.0) + 30.0);
     let mut last = started.clone();
     while std::time::Instant::now() < deadline {

@@ -14,7 +14,9 @@
 //! back to `base`; all capped by `max` (default 1024). `token_rate` is the output-token rate
 //! asked of the server (see [`scheduler`]). The scheduler is a pure module: [`scheduler`].
 
+pub mod run;
 pub mod scheduler;
+pub mod watch;
 
 use std::time::Duration;
 

@@ -3,11 +3,11 @@
 
 use std::fmt::Write as _;
 
-use super::report::{esc, line_chart};
-use super::{RequestRow, Summary};
+use super::{esc, line_chart};
+use crate::bench::{RequestRow, Summary};
 
 /// The section; empty without a profile.
-pub(super) fn section(summary: &Summary, rows: &[RequestRow]) -> String {
+pub(in crate::bench) fn section(summary: &Summary, rows: &[RequestRow]) -> String {
     let Some(p) = &summary.profile else {
         return String::new();
     };

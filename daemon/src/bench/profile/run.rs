@@ -1,6 +1,6 @@
 //! `lmperf run --profile FILE`: one benchmark that follows a load profile
-//! ([`super::profile`]) for `--duration` (or `--num-prompts` requests), re-reading the file
-//! when it changes (watched: [`super::profile_watch`]; a change while a step waits re-plans
+//! ([`super`]) for `--duration` (or `--num-prompts` requests), re-reading the file
+//! when it changes (watched: [`super::watch`]; a change while a step waits re-plans
 //! that step): a valid edit applies from the next scheduling step, requests in flight go on;
 //! an invalid one is reported and the running revision kept; an edit that leaves the profile
 //! as it was is no new revision. Each row records its `profile_revision`.
@@ -13,10 +13,10 @@ use serde::Serialize;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::profile::{self, Profile, scheduler::Scheduler};
-use super::profile_watch::ProfileWatch;
-use super::prompts::{self, TokenizeClient};
-use super::{BenchError, RequestRow, RunSpec, export, row};
+use super::watch::ProfileWatch;
+use super::{self as profile, Profile, scheduler::Scheduler};
+use crate::bench::prompts::{self, TokenizeClient};
+use crate::bench::{BenchError, RequestRow, RunSpec, export, row};
 use crate::canary::client::{self, CanaryRequest, Clients};
 
 /// Run length without `--duration`.
@@ -38,7 +38,7 @@ pub struct ProfileInfo {
 /// # Errors
 /// None today besides what the caller's setup reports; kept for symmetry with the others.
 #[allow(clippy::too_many_arguments)]
-pub(super) async fn run(
+pub(crate) async fn run(
     spec: &RunSpec,
     path: &std::path::Path,
     first: Profile,

@@ -4,6 +4,10 @@
 //! compliance matrix (both drawn from `summary.json`'s `length_buckets`, see [`super::buckets`]),
 //! and the error table.
 
+pub mod capacity;
+pub mod profile;
+pub mod ramp;
+
 use std::fmt::Write as _;
 
 use super::{BenchSummary, RequestRow, Summary};
@@ -214,9 +218,9 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
         .map(|&l| (format!("in {l}"), summary.benchmarks.iter().filter(|b| b.input_len == l).map(|b| (b.concurrency as f64, b.output_token_throughput)).collect()))
         .collect();
     h.push_str(&line_chart("Output tokens/s vs concurrency", "concurrency", "output tokens/s", &thr));
-    h.push_str(&super::report_ramp::section(summary, rows));
-    h.push_str(&super::report_capacity::section(summary));
-    h.push_str(&super::report_profile::section(summary, rows));
+    h.push_str(&ramp::section(summary, rows));
+    h.push_str(&capacity::section(summary));
+    h.push_str(&profile::section(summary, rows));
 
     // Heatmaps: input bucket × output bucket of p99 TTFT and E2EL (colored against the SLO
     // when given) and the request count, one table per concurrency, every value one of

@@ -3,11 +3,11 @@
 
 use std::fmt::Write as _;
 
-use super::Summary;
-use super::report::{esc, line_chart};
+use super::{esc, line_chart};
+use crate::bench::Summary;
 
 /// The section; empty without a capacity search.
-pub(super) fn section(summary: &Summary) -> String {
+pub(in crate::bench) fn section(summary: &Summary) -> String {
     let Some(c) = &summary.capacity else {
         return String::new();
     };
@@ -100,7 +100,7 @@ pub(super) fn section(summary: &Summary) -> String {
         let checks: Vec<String> = s
             .slos
             .iter()
-            .map(super::capacity::SloCheck::brief)
+            .map(crate::bench::capacity::SloCheck::brief)
             .collect();
         let _ = write!(
             h,
