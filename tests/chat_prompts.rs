@@ -366,6 +366,66 @@ fn chat_prompts_count_the_template_on_the_real_server() {
     let _ = std::fs::remove_dir_all(&tokenizer);
 }
 
+/// A real model's template with special tokens: Gemma 3's (`<start_of_turn>`, `<bos>` written by
+/// the template), served by llama.cpp (`--chat-template-file`) and rendered locally from the
+/// fixture `tokenizer_config.json` with Gemma's tokenizer.json: both count what the server
+/// counts, for synthetic prompts and for multi-turn conversations (`assistant` → `model`).
+#[test]
+fn gemma3_template_local_and_server_agree() {
+    let fixture =
+        workspace_root().join("tests/fixtures/chat_templates/gemma3/tokenizer_config.json");
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(&fixture).unwrap()).unwrap();
+    let dir = tmp("gemma3");
+    std::fs::create_dir_all(&dir).unwrap();
+    let template = dir.join("gemma3.jinja");
+    std::fs::write(&template, config["chat_template"].as_str().unwrap()).unwrap();
+    let json = workspace_root().join(".venv-peers/tokenizer/tokenizer.json");
+    std::os::unix::fs::symlink(&json, dir.join("tokenizer.json")).unwrap();
+    std::fs::copy(&fixture, dir.join("tokenizer_config.json")).unwrap();
+    let server = ModelServer::start_with(
+        free_port(),
+        &[
+            "--threads",
+            "1",
+            "--chat-template-file",
+            template.to_str().unwrap(),
+        ],
+    );
+    let run = run_chat(
+        &server.url(),
+        "gemma3-server",
+        &["--seq-lengths", "32", "64"],
+    );
+    exact_lengths(&run, &[32, 64], "server_template");
+    let run = run_chat(
+        &server.url(),
+        "gemma3-local",
+        &[
+            "--seq-lengths",
+            "32",
+            "64",
+            "--tokenizer",
+            dir.to_str().unwrap(),
+        ],
+    );
+    exact_lengths(&run, &[32, 64], "local_template");
+    let mt_bench = workspace_root().join("tests/fixtures/traces/mt_bench_questions.jsonl");
+    let run = run_chat(
+        &server.url(),
+        "gemma3-multi",
+        &[
+            "--prompt-file",
+            mt_bench.to_str().unwrap(),
+            "--multi-turn",
+            "--tokenizer",
+            dir.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(run.rows.len(), 4, "{}", run.stderr);
+    matching_counts(&run, "local_template");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// vLLM and SGLang: `POST /tokenize` with `messages` applies the server's template. The scripted
 /// server's "template" adds 3 tokens per message and 2 for the generation prompt to the words,
 /// in `/tokenize` and in its usage alike; it has no `/apply-template`.
@@ -433,4 +493,51 @@ async fn tokenize_with_messages_on_a_vllm_style_server() {
         with_messages >= 4,
         "the prompts were sized with /tokenize and messages ({with_messages} calls)"
     );
+
+    // --chat-template: a file that is no template is refused naming the flag (exit 2); one
+    // with completions is refused too (it counts chat requests).
+    let dir = tmp("bad-template");
+    let lmperf = |args: &[&str]| {
+        Command::new(lmperf_bin())
+            .args([
+                "run",
+                "--target",
+                &server.url(),
+                "--model",
+                "m",
+                "--num-prompts",
+                "1",
+            ])
+            .args(["--output-dir", dir.to_str().unwrap()])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let not_a_template = workspace_root().join("Cargo.toml");
+    let out = lmperf(&[
+        "--api",
+        "chat",
+        "--chat-template",
+        not_a_template.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--chat-template") && err.contains("Cargo.toml: not a chat template"),
+        "{err}"
+    );
+    let chatml = workspace_root().join("tests/fixtures/chat_templates/chatml.jinja");
+    let out = lmperf(&[
+        "--api",
+        "completions",
+        "--chat-template",
+        chatml.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--chat-template") && err.contains("needs --api chat"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -148,7 +148,8 @@ impl ChatTemplate {
     /// Compiles `source`; `origin` names it in errors and in the summary.
     ///
     /// # Errors
-    /// The template does not compile (the message names `origin` and minijinja's reason).
+    /// The template does not compile, or does not render one user message with its text
+    /// (the message names `origin` and the reason).
     pub fn from_source(
         source: String,
         special: Vec<(String, String)>,
@@ -180,11 +181,21 @@ impl ChatTemplate {
                     origin.display()
                 )
             })?;
-        Ok(Self {
+        let template = Self {
             env,
             special,
             path: origin.to_owned(),
-        })
+        };
+        // Any text compiles: a chat template must also render a message's text.
+        let probe = "Hello world, 1 2 3";
+        match template.render(&[user_message(probe)]) {
+            Ok(text) if text.contains(probe) => Ok(template),
+            Ok(_) => Err(format!(
+                "{}: not a chat template (a user message's text does not appear in its rendering)",
+                origin.display()
+            )),
+            Err(e) => Err(format!("one user message does not render: {e}")),
+        }
     }
 
     /// Renders `messages` (OpenAI chat messages) with the generation prompt, as the server
