@@ -514,30 +514,23 @@ async fn tokenize_with_messages_on_a_vllm_style_server() {
             .unwrap()
     };
     let not_a_template = workspace_root().join("Cargo.toml");
-    let out = lmperf(&[
-        "--api",
-        "chat",
-        "--chat-template",
-        not_a_template.to_str().unwrap(),
-    ]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("--chat-template") && err.contains("Cargo.toml: not a chat template"),
-        "{err}"
-    );
     let chatml = workspace_root().join("tests/fixtures/chat_templates/chatml.jinja");
-    let out = lmperf(&[
-        "--api",
-        "completions",
-        "--chat-template",
-        chatml.to_str().unwrap(),
-    ]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("--chat-template") && err.contains("needs --api chat"),
-        "{err}"
-    );
+    for (api, file, code, part) in [
+        (
+            "chat",
+            &not_a_template,
+            2,
+            "Cargo.toml: not a chat template",
+        ),
+        ("completions", &chatml, 1, "needs --api chat"),
+    ] {
+        let out = lmperf(&["--api", api, "--chat-template", file.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{err}");
+        assert!(
+            err.contains("--chat-template") && err.contains(part),
+            "{err}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
