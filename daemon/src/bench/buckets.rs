@@ -3,7 +3,8 @@
 //! with length distributions, a prompt file or a trace (one benchmark, many lengths) still
 //! gets an input × output heatmap and SLO matrix.
 //!
-//! - Input bucket: the request's `prompt_tokens` (the tokenizer's count of the prompt sent).
+//! - Input bucket: the server's `usage.prompt_tokens` when it reported one, else the request's
+//!   calibrated `prompt_tokens` (for chat, with its template; [`RequestRow::input_tokens_for_buckets`]).
 //! - Output bucket: its achieved `output_tokens` when known (a successful request always has
 //!   it: the server's usage, else the counted chunks), else its `output_tokens_target`
 //!   (`max_tokens`; failed requests).
@@ -21,7 +22,7 @@ use super::stats::percentile;
 use super::{Goodput, RequestRow};
 
 /// The bucketing scheme, as written to `summary.json`.
-pub const SCHEME: &str = "powers of two: [2^k, 2^(k+1)), 0 in [0, 1); input by prompt_tokens; output by output_tokens when known, else output_tokens_target";
+pub const SCHEME: &str = "powers of two: [2^k, 2^(k+1)), 0 in [0, 1); input by the server's input_tokens when reported, else prompt_tokens; output by output_tokens when known, else output_tokens_target";
 
 /// A half-open bucket of token counts, `[lo, hi)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -138,7 +139,7 @@ pub fn by_concurrency(rows: &[RequestRow], slo: Goodput) -> Vec<LengthBuckets> {
                 if !benchmarks.contains(&r.benchmark) {
                     benchmarks.push(r.benchmark.clone());
                 }
-                cells.entry((Bucket::of(u64::from(r.prompt_tokens)), Bucket::of(output_len(r)))).or_default().push(r);
+                cells.entry((Bucket::of(r.input_tokens_for_buckets()), Bucket::of(output_len(r)))).or_default().push(r);
             }
             let mut input_buckets: Vec<Bucket> = cells.keys().map(|k| k.0).collect();
             let mut output_buckets: Vec<Bucket> = cells.keys().map(|k| k.1).collect();

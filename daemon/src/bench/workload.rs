@@ -330,6 +330,9 @@ pub struct Workload {
     pub ramp: Option<Ramp>,
     /// A local tokenizer for exact prompt lengths (`--tokenizer`).
     pub tokenizer: Option<LocalTokenizer>,
+    /// `--chat-template`: the chat template to count chat requests with (else the one beside
+    /// `--tokenizer`, else the server's; see [`super::chat_template`]).
+    pub chat_template: Option<Arc<super::chat_template::ChatTemplate>>,
 }
 
 impl Workload {
@@ -420,6 +423,23 @@ pub struct Item {
     pub max_tokens: u32,
     /// Later user turns with their token counts.
     pub next_turns: Vec<(String, u32)>,
+    /// Multi-turn: counts each later turn's whole request (history and template) before it
+    /// is sent; `None` otherwise.
+    pub history_counter: Option<Arc<TokenizeClient>>,
+}
+
+impl Item {
+    /// The prompt of a later turn `text` (`text_tokens`: its own count) sent with `messages`
+    /// (the history and this turn): its `tokens` are the whole request's by the run's
+    /// counting ([`TokenizeClient::count_messages`]), else the turn's own count.
+    pub async fn next_turn_prompt(&self, messages: &[serde_json::Value], text: String, text_tokens: u32) -> Prompt {
+        let counted = match &self.history_counter {
+            Some(tok) => tok.count_messages(messages).await.map(|n| (n, tok.source())),
+            None => None,
+        };
+        let (tokens, source) = counted.unwrap_or((text_tokens, prompts::PromptTokensSource::TextOnly));
+        Prompt { text, target_tokens: tokens, tokens, source }
+    }
 }
 
 const INPUT_STREAM: u64 = 0x1A2B_3C4D_5E6F_7081;
@@ -455,8 +475,13 @@ pub async fn items(spec: &RunSpec, tok: &TokenizeClient, n: usize, input_len: u3
                 let c = tok.count(t).await.unwrap_or(0);
                 turns.push((t.clone(), c));
             }
-            let (text, tokens) = turns.remove(0);
-            ps.push((Prompt { text, target_tokens: tokens, tokens }, turns));
+            let (text, _) = turns.remove(0);
+            // The whole first request (for chat: with its template).
+            let (tokens, source) = match tok.count_prompt(&text).await {
+                Some(n) => (n, tok.source()),
+                None => (prompts::estimated_count(&text), prompts::PromptTokensSource::Estimate),
+            };
+            ps.push((Prompt { text, target_tokens: tokens, tokens, source }, turns));
         }
         (ps, None)
     } else if let Some(d) = w.input_dist {
@@ -474,7 +499,8 @@ pub async fn items(spec: &RunSpec, tok: &TokenizeClient, n: usize, input_len: u3
         (Some(t), None) => t,
         (None, None) => vec![spec.output_len; prompts.len()],
     };
-    prompts.into_iter().zip(outputs).map(|((prompt, next_turns), max_tokens)| Item { prompt, max_tokens, next_turns }).collect()
+    let history_counter = (w.multi_turn && tok.chat.is_some()).then(|| Arc::new(tok.clone()));
+    prompts.into_iter().zip(outputs).map(|((prompt, next_turns), max_tokens)| Item { prompt, max_tokens, next_turns, history_counter: history_counter.clone() }).collect()
 }
 
 /// Text of Mooncake blocks already made: (hash id, tokens) → (text, tokens by the tokenizer).
@@ -486,7 +512,10 @@ type Blocks = std::collections::HashMap<(u64, u32), (String, u32)>;
 /// prompt prefix and a server's prefix cache hits as in the real trace. Tokens beyond the
 /// ids' blocks (a trace whose ids are short) come from a prompt of this request alone.
 async fn block_prompt(tok: &TokenizeClient, ids: &[u64], len: u32, seed: u64, i: usize, blocks: &mut Blocks) -> Prompt {
-    let (mut text, mut tokens, mut left) = (String::new(), 0u32, len);
+    // Chat: the template's own tokens come off the last block (or the rest), so the whole
+    // request has the trace's length; the blocks are text (counted without the template).
+    let overhead = if tok.chat.is_some() { tok.count_prompt("").await.unwrap_or(0) } else { 0 };
+    let (mut text, mut tokens, mut left) = (String::new(), 0u32, len.saturating_sub(overhead).max(1));
     for &id in ids {
         if left == 0 {
             break;
@@ -515,14 +544,22 @@ async fn block_prompt(tok: &TokenizeClient, ids: &[u64], len: u32, seed: u64, i:
         text.push_str(&rest.text);
         tokens += rest.tokens;
     }
-    Prompt { text, target_tokens: len, tokens }
+    let mut source = tok.source();
+    if tok.chat.is_some() {
+        // The whole templated request, counted as it is sent.
+        match tok.count_prompt(&text).await {
+            Some(n) => tokens = n,
+            None => source = prompts::PromptTokensSource::Estimate,
+        }
+    }
+    Prompt { text, target_tokens: len, tokens, source }
 }
 
 /// One synthetic prompt of `len` tokens, distinct per `(seed, i)`.
 async fn one_prompt(tok: &TokenizeClient, len: u32, seed: u64, i: usize) -> Prompt {
     let s = seed ^ (i as u64).wrapping_mul(0xD134_2543_DE82_EF95).rotate_left(17);
     let mut p = prompts::synthetic(tok, 1, len, s).await;
-    p.pop().unwrap_or(Prompt { text: String::new(), target_tokens: len, tokens: 0 })
+    p.pop().unwrap_or(Prompt { text: String::new(), target_tokens: len, tokens: 0, source: prompts::PromptTokensSource::Estimate })
 }
 
 /// Send offsets of a measured benchmark of `n` items: the trace's, the ramp's, or the steady
@@ -589,6 +626,11 @@ pub struct WorkloadArgs {
     /// of the server's /tokenize (needed where the server has none).
     #[arg(long, value_name = "PATH")]
     pub tokenizer: Option<std::path::PathBuf>,
+    /// The model's chat template, to count --api chat requests exactly: a Jinja file or a
+    /// tokenizer_config.json (default: the tokenizer_config.json beside --tokenizer, else the
+    /// server's own template).
+    #[arg(long, value_name = "PATH")]
+    pub chat_template: Option<std::path::PathBuf>,
 }
 
 impl WorkloadArgs {
@@ -622,6 +664,7 @@ impl WorkloadArgs {
             _ => None,
         };
         let tokenizer = self.tokenizer.as_deref().map(LocalTokenizer::load).transpose().map_err(|e| format!("--tokenizer {e}"))?;
+        let chat_template = self.chat_template.as_deref().map(super::chat_template::ChatTemplate::load).transpose().map_err(|e| format!("--chat-template {e}"))?.map(Arc::new);
         Ok(Workload {
             input_dist: dist("--input-dist", &self.input_dist)?,
             output_dist: dist("--output-dist", &self.output_dist)?,
@@ -630,6 +673,7 @@ impl WorkloadArgs {
             multi_turn: self.multi_turn,
             ramp,
             tokenizer,
+            chat_template,
         })
     }
 }
