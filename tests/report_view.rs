@@ -319,13 +319,34 @@ fn check_report(
             page.display()
         );
     }
+    // Heatmap and SLO cells: the shown number is their exact `data-value` (summary.json's
+    // `length_buckets` and p99s, checked exactly by outputs.rs) at the shown precision.
+    let mut cells = 0;
     for cell in elements(&dom, "data-value=\"") {
         assert!(
             cell.attrs.contains_key("title"),
             "{}: a cell without its exact value: {cell:?}",
             page.display()
         );
+        let want: f64 = cell.attrs["data-value"].parse().unwrap();
+        let text = cell.text.trim();
+        if let Some(unit) = cell.attrs.get("data-unit") {
+            let number = text.split(' ').next().unwrap().replace(',', "");
+            let got: f64 = number
+                .parse()
+                .unwrap_or_else(|_| panic!("{}: {cell:?}", page.display()));
+            let decimals = number.split_once('.').map_or(0, |(_, f)| f.len()) as i32;
+            let err = (got * per(unit) - want).abs();
+            assert!(
+                err <= 0.5 * 10f64.powi(-decimals) * per(unit) * (1.0 + 1e-9)
+                    && err <= 0.005 * want.abs() + 1e-12,
+                "{}: cell shows {text:?} {unit} for {want} ms",
+                page.display()
+            );
+            cells += 1;
+        }
     }
+    println!("{name}: {cells} heatmap and SLO cells show their value at three significant digits");
     // A data table under each plot.
     assert_eq!(
         dom.matches("<figure class=\"chart\">").count(),

@@ -591,7 +591,7 @@ impl Chart {
 
 /// A chart of named polylines (`x`, `y` in data units) with its points table; an axis
 /// labelled `ms` is a time axis (unit per axis, log when the values span more than two
-/// decades), any other label is a linear axis starting at zero for `y`. A series of two
+/// decades), any other label a linear axis; a linear `y` axis starts at zero. A series of two
 /// points at one `x` is a vertical marker.
 pub fn line_chart(
     title: &str,
@@ -599,9 +599,13 @@ pub fn line_chart(
     y_label: &str,
     series: &[(String, Vec<(f64, f64)>)],
 ) -> String {
+    // A latency x axis (a CDF) spans its values; a y axis starts at zero unless logarithmic.
     let axis = |label: &str, y: bool| {
         if label == "ms" {
-            Axis::time("latency")
+            Axis {
+                from_zero: y,
+                ..Axis::time("latency")
+            }
         } else {
             Axis::linear(label, "", y)
         }

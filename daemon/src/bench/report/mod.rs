@@ -299,13 +299,22 @@ caption{{white-space:nowrap;text-align:left;font-size:13px}} details{{font-size:
     // SLO compliance matrix: (concurrency, input bucket, output bucket) × SLO, p99 vs
     // threshold, from summary.json's cells; then the same per benchmark, all lengths pooled.
     h.push_str("<h2>SLO compliance (p99 vs threshold)</h2>");
-    let slos: Vec<(&str, &str, f64)> = [("ttft", "TTFT", slo.ttft_ms), ("tpot", "TPOT", slo.tpot_ms), ("e2el", "E2EL", slo.e2el_ms)].into_iter().filter_map(|(k, n, l)| l.map(|l| (k, n, l))).collect();
+    let picks: [(&str, &str, Option<f64>, Pick); 3] = [("ttft", "TTFT", slo.ttft_ms, |b| &b.ttft_ms), ("tpot", "TPOT", slo.tpot_ms, |b| &b.tpot_ms), ("e2el", "E2EL", slo.e2el_ms, |b| &b.e2el_ms)];
+    // Each SLO's column unit: that of the largest of its limit and values (1.20 s, not 1,203 ms).
+    let slos: Vec<(&str, &str, f64, TimeUnit)> = picks
+        .into_iter()
+        .filter_map(|(k, n, l, pick)| {
+            let l = l?;
+            let cells = summary.length_buckets.iter().flat_map(|g| g.cells.iter().flat_map(|c| c.slo.iter().filter(|s| s.slo == k).filter_map(|s| s.p99_ms)));
+            let pooled = summary.benchmarks.iter().filter_map(|b| pick(b).as_ref().map(|d| d.p99));
+            Some((k, n, l, TimeUnit::for_values(cells.chain(pooled).chain([l]))))
+        })
+        .collect();
     if slos.is_empty() {
         h.push_str("<p>No SLO given (<code>--goodput ttft:MS tpot:MS e2el:MS</code>).</p>");
     } else {
         h.push_str(r#"<table class="slo"><tr><th>concurrency</th><th>input tokens</th><th>output tokens</th><th>requests</th>"#);
-        for (_, n, l) in &slos {
-            let u = TimeUnit::of_ms(*l);
+        for (_, n, l, u) in &slos {
             let _ = write!(h, "<th>{n} p99 ≤ {} ({})</th>", fmt::limit_ms(*l), u.symbol());
         }
         h.push_str("</tr>");
@@ -313,11 +322,11 @@ caption{{white-space:nowrap;text-align:left;font-size:13px}} details{{font-size:
             for b in &g.cells {
                 let (i, o) = (b.input.label(), b.output.label());
                 let _ = write!(h, "<tr><td>{}</td><td>{i}</td><td>{o}</td><td>{}</td>", g.concurrency, fmt::count(b.count as u64));
-                for (k, _, l) in &slos {
+                for (k, _, _, u) in &slos {
                     match b.slo.iter().find(|s| s.slo == *k) {
                         Some(s) => {
                             let attrs = format!(r#"data-slo="{k}_p99" data-concurrency="{}" data-input="{i}" data-output="{o}""#, g.concurrency);
-                            h.push_str(&cell(s.p99_ms, Some(s.threshold_ms), TimeUnit::of_ms(*l), &attrs));
+                            h.push_str(&cell(s.p99_ms, Some(s.threshold_ms), *u, &attrs));
                         }
                         None => h.push_str("<td>–</td>"),
                     }
@@ -327,20 +336,20 @@ caption{{white-space:nowrap;text-align:left;font-size:13px}} details{{font-size:
         }
         h.push_str("</table><h3>Per benchmark (all lengths pooled)</h3>");
         h.push_str(r#"<table class="slo-benchmark"><tr><th>benchmark</th><th>concurrency</th><th>input</th><th>output</th>"#);
-        for (_, n, l) in &slos {
-            let _ = write!(h, "<th>{n} p99 ({})</th>", TimeUnit::of_ms(*l).symbol());
+        for (_, n, l, u) in &slos {
+            let _ = write!(h, "<th>{n} p99 ≤ {} ({})</th>", fmt::limit_ms(*l), u.symbol());
         }
         h.push_str("</tr>");
         for b in &summary.benchmarks {
             let _ = write!(h, "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td>", esc(&b.benchmark), b.concurrency, b.input_len, b.output_len);
-            for (k, _, l) in &slos {
+            for (k, _, l, u) in &slos {
                 let d = match *k {
                     "ttft" => &b.ttft_ms,
                     "tpot" => &b.tpot_ms,
                     _ => &b.e2el_ms,
                 };
                 let attrs = format!(r#"data-benchmark="{}" data-bench-slo="{k}_p99""#, esc(&b.benchmark));
-                h.push_str(&cell(d.as_ref().map(|d| d.p99), Some(*l), TimeUnit::of_ms(*l), &attrs));
+                h.push_str(&cell(d.as_ref().map(|d| d.p99), Some(*l), *u, &attrs));
             }
             h.push_str("</tr>");
         }
