@@ -48,12 +48,12 @@ fn stream(first: Duration, gap: Duration, tokens: u32) -> Reply {
 }
 
 /// Runs `lmperf run` against a scripted server answering with `script` (completions API),
-/// with `args`; returns the output directory.
+/// with `args`; returns the output directory and what it wrote on stderr.
 fn run(
     name: &str,
     script: impl Fn(usize) -> Reply + Send + Sync + 'static,
     args: &[&str],
-) -> PathBuf {
+) -> (PathBuf, String) {
     let dir = std::env::temp_dir().join(format!("lmperf-view-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -90,7 +90,7 @@ fn run(
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     println!("{name}: lmperf run said:\n{stderr}");
-    dir
+    (dir, stderr.into_owned())
 }
 
 /// An element of the dumped DOM: its attributes and the text up to the next tag.
@@ -258,7 +258,10 @@ fn check_report(
     name: &str,
     dir: &Path,
 ) -> Option<(String, serde_json::Value, BTreeMap<String, Vec<String>>)> {
-    let bin = chromium::find()?;
+    let Some(bin) = chromium::find() else {
+        let _ = std::fs::remove_dir_all(dir);
+        return None;
+    };
     let page = dir.join("report.html");
     let s: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
@@ -389,6 +392,7 @@ fn check_report(
         drawn * 100.0
     );
     let _ = std::fs::copy(&page, artifacts.join(format!("{name}.html")));
+    let _ = std::fs::remove_dir_all(dir);
     println!(
         "{name}: {checked} numbers match summary.json, {} axes without a repeated tick; screenshot {} ({:.1} % drawn)",
         all_axes.len(),
@@ -424,7 +428,7 @@ fn figure<'a>(dom: &'a str, title: &str) -> &'a str {
 /// own scale (ticks differ, so it is not squeezed at 0).
 #[test]
 fn sub_millisecond_run() {
-    let dir = run(
+    let (dir, stderr) = run(
         "submillisecond",
         |_| stream(Duration::ZERO, Duration::from_micros(30), 4),
         &[
@@ -468,6 +472,25 @@ fn sub_millisecond_run() {
             .len();
         assert!(digits >= 3, "shown as {t:?}: three significant digits");
     }
+    // The terminal summary: the same formatter, a unit per value.
+    for b in s["benchmarks"].as_array().unwrap() {
+        let name = b["benchmark"].as_str().unwrap();
+        let line = stderr
+            .lines()
+            .find(|l| l.starts_with(&format!("lmperf run: {name}: ")))
+            .unwrap_or_else(|| panic!("no summary line of {name}: {stderr}"));
+        let after = &line[line.find("TTFT p50 ").unwrap() + 9..];
+        let mut words = after.split(' ');
+        let (number, unit) = (words.next().unwrap(), words.next().unwrap());
+        let (got, want) = (
+            number.replace(',', "").parse::<f64>().unwrap() * per(unit),
+            b["ttft_ms"]["p50"].as_f64().unwrap(),
+        );
+        assert!(
+            ["µs", "ms", "s"].contains(&unit) && (got - want).abs() <= 0.005 * want,
+            "{line}: TTFT p50 {want} ms"
+        );
+    }
     let tpot = figure(&dom, "TPOT CDF");
     let ticks = &axes(tpot)[0].1;
     assert!(ticks.len() >= 3, "TPOT axis {ticks:?}");
@@ -494,7 +517,7 @@ fn seconds_long_run() {
         };
         stream(first, Duration::from_millis(120), 3)
     };
-    let dir = run(
+    let (dir, _) = run(
         "seconds",
         script,
         &[
@@ -554,7 +577,7 @@ fn seconds_long_run() {
 /// is one point, drawn with its value, on an axis with the one tick `4,096`.
 #[test]
 fn single_benchmark() {
-    let dir = run(
+    let (dir, _) = run(
         "single",
         |_| stream(Duration::from_millis(2), Duration::from_millis(1), 4),
         &[
@@ -601,7 +624,7 @@ fn single_benchmark() {
 /// A concurrency ramp 1 → 6: the time plots mark its steps (c=1 … c=6) as phases.
 #[test]
 fn concurrency_ramp() {
-    let dir = run(
+    let (dir, _) = run(
         "ramp",
         |_| stream(Duration::from_millis(8), Duration::from_millis(3), 3),
         &[
