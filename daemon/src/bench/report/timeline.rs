@@ -124,18 +124,18 @@ fn phases(ramp: Option<Ramp>, seg: &Segment<'_>) -> Vec<Band> {
 /// A rolling window's result: the send time of its middle request, its p50 and p99, and the
 /// 0-based range of the phase's requests it covers.
 #[derive(Debug, Clone, PartialEq)]
-struct Window {
-    x: f64,
-    p50: f64,
-    p99: f64,
-    from: usize,
-    to: usize,
+pub(super) struct Window {
+    pub x: f64,
+    pub p50: f64,
+    pub p99: f64,
+    pub from: usize,
+    pub to: usize,
 }
 
 /// Rolling p50 and p99 of `points` (send time, value; by send time): windows of a tenth of
 /// the points (5 to 500), moving by a fifth of a window, the last ending at the last point.
 /// None for fewer than two windows' worth.
-fn rolling(points: &[(f64, f64)]) -> Vec<Window> {
+pub(super) fn rolling(points: &[(f64, f64)]) -> Vec<Window> {
     let n = points.len();
     let k = (n / 10).clamp(WINDOW_MIN, WINDOW_MAX);
     if n < 2 * k {
