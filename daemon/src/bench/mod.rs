@@ -586,12 +586,13 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
                 } else {
                     format!(", failed: {}", summary.errors.iter().map(|(t, n)| format!("{n} {t}")).collect::<Vec<_>>().join(", "))
                 };
-                let ms = |d: &Option<Distribution>, f: fn(&Distribution) -> f64| d.as_ref().map_or("-".to_owned(), |d| format!("{:.1}", f(d)));
+                let ms = |d: &Option<Distribution>, f: fn(&Distribution) -> f64| report::fmt::opt_duration_ms(d.as_ref().map(f));
                 eprintln!(
-                    "lmperf run: {name}: {} requests, {} ok{errors}, {:.2} req/s, TTFT p50 {} ms p99 {} ms, E2EL p99 {} ms",
+                    "lmperf run: {name}: {} requests, {} ok{errors}, {}, {}, TTFT p50 {} p99 {}, E2EL p99 {}",
                     summary.num_requests,
                     summary.completed,
-                    summary.request_throughput,
+                    report::fmt::rate(summary.request_throughput, "req/s"),
+                    report::fmt::rate(summary.output_token_throughput, "tok/s"),
                     ms(&summary.ttft_ms, |d| d.p50),
                     ms(&summary.ttft_ms, |d| d.p99),
                     ms(&summary.e2el_ms, |d| d.p99),

@@ -1,9 +1,11 @@
-//! `report.html`'s section of a `--profile` run: TTFT and sends over time with each profile
-//! revision marked where it took effect.
+//! `report.html`'s section of a `--profile` run: TTFT over time (rolling p50/p99 over the
+//! raw requests), each profile revision a shaded phase from where it took effect.
 
 use std::fmt::Write as _;
 
-use super::{esc, line_chart};
+use super::chart::{Axis, Band, Chart, Mark, Series, spread};
+use super::esc;
+use super::timeline::{Window, rolling};
 use crate::bench::{RequestRow, Summary};
 
 /// The section; empty without a profile.
@@ -25,20 +27,70 @@ pub(in crate::bench) fn section(summary: &Summary, rows: &[RequestRow]) -> Strin
         );
     }
     h.push_str("</p>");
-    let ok = rows.iter().filter(|r| r.outcome == "ok");
-    let ttft: Vec<(f64, f64)> = ok
+    // Faint raw TTFTs, rolling p50/p99, each revision a shaded phase.
+    let mut ok: Vec<(f64, f64)> = rows
+        .iter()
+        .filter(|r| r.outcome == "ok")
         .filter_map(|r| r.ttft_ms.map(|t| (r.send_ms / 1000.0, t)))
         .collect();
-    let top = ttft.iter().map(|p| p.1).fold(1.0, f64::max);
-    let mut series = vec![("TTFT ms".to_owned(), ttft)];
-    for (at, rev) in p.revisions.iter().skip(1) {
-        series.push((format!("revision {rev}"), vec![(*at, 0.0), (*at, top)]));
+    ok.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let windows = rolling(&ok);
+    let end = rows
+        .iter()
+        .map(|r| (r.send_ms + r.e2el_ms) / 1000.0)
+        .fold(0.0, f64::max);
+    let mut raw = Series::new(
+        format!("requests ({})", ok.len()),
+        spread(&ok, 1500),
+        Mark::Points,
+    );
+    raw.color = Some("#555");
+    let mut series = vec![raw];
+    for (name, pick, color) in [
+        (
+            "rolling p50",
+            (|w: &Window| w.p50) as fn(&Window) -> f64,
+            "#1f77b4",
+        ),
+        ("rolling p99", |w: &Window| w.p99, "#d62728"),
+    ] {
+        let mut s = Series::new(
+            name,
+            windows.iter().map(|w| (w.x, pick(w))).collect(),
+            Mark::Line,
+        );
+        s.titles = windows
+            .iter()
+            .map(|w| {
+                format!(
+                    "TTFT {name} {} ms: requests {}–{} (at {} s)",
+                    pick(w),
+                    w.from + 1,
+                    w.to,
+                    w.x
+                )
+            })
+            .collect();
+        s.color = Some(color);
+        series.push(s);
     }
-    h.push_str(&line_chart(
+    let mut chart = Chart::new(
         "TTFT over time, profile revisions marked",
-        "seconds from the start",
-        "TTFT ms",
-        &series,
-    ));
+        Axis::linear("time from the start", "s", true),
+        Axis::time("TTFT"),
+        series,
+    );
+    chart.bands = p
+        .revisions
+        .iter()
+        .enumerate()
+        .map(|(i, (at, rev))| Band {
+            from: *at,
+            to: p.revisions.get(i + 1).map_or(end.max(*at), |n| n.0),
+            label: format!("revision {rev}"),
+        })
+        .collect();
+    chart.width = 900.0;
+    h.push_str(&chart.html());
     h
 }
