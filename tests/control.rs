@@ -593,6 +593,12 @@ async fn an_injected_profile_is_updated_while_it_runs() {
     let updated = ctl_json(&addr, &["update-load", "--profile", path]).await;
     let t_update = t_start.elapsed().as_secs_f64();
     assert_eq!(updated["revision"], 1, "{updated}");
+    // What it does now: the new revision's 30 req/s (90 tokens/s) and its concurrency of 16.
+    let u = &updated["load"];
+    assert_eq!((u["profile_rate_per_second_now"].as_f64(), u["profile_token_rate_now"].as_f64(), u["profile_concurrency_now"].as_u64()), (Some(30.0), Some(90.0), Some(16)), "{updated}");
+    let (code, text, _) = ctl(&["--addr", &addr, "status"], &[]).await;
+    assert_eq!(code, 0);
+    assert!(text.contains(&format!("profile=steady revision=1 ({path}) [0@0.0s 1@")) && text.contains("now: concurrency=16 rate=30.00 req/s (90 tok/s) duration=4s concurrency_cap=16 "), "{text}");
     assert!(updated["load"]["in_flight"].as_u64().unwrap() >= 1, "requests in flight at the update: {updated}");
     let same = ctl_json(&addr, &["update-load", "--profile", path, "--id", &id]).await;
     assert_eq!(same["revision"], 1, "the same profile again is no new revision");

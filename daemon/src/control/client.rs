@@ -285,22 +285,22 @@ pub fn format_server(s: &proto::ServerStatus) -> String {
     o
 }
 
-/// One load as text (one line).
+/// One load as text (one line). A profile load shows its name, running revision and file,
+/// and what it does now (concurrency limit, request and token rate) beside its caps.
 pub fn format_load(l: &proto::LoadStatus) -> String {
-    let shape = if !l.profile.is_empty() {
-        profile_shape(l)
+    let (shape, concurrency) = if !l.profile.is_empty() {
+        (profile_shape(l), format!("concurrency_cap={}", l.concurrency))
     } else if l.trace.is_empty() {
-        format!("rate={}/s ({})", l.rate_per_second, l.arrival)
+        (format!("rate={}/s ({})", l.rate_per_second, l.arrival), format!("concurrency={}", l.concurrency))
     } else {
-        format!("trace={} speedup={} rate={:.2}/s (peak {}/s)", l.trace, l.trace_speedup, l.rate_per_second, l.trace_peak_rate_per_second)
+        (format!("trace={} speedup={} rate={:.2}/s (peak {}/s)", l.trace, l.trace_speedup, l.rate_per_second, l.trace_peak_rate_per_second), format!("concurrency={}", l.concurrency))
     };
     format!(
-        "{} {} target={} {shape} duration={}s concurrency={} max_requests={}  elapsed={:.1}s sent={} skipped={} in_flight={} ({})\n",
+        "{} {} target={} {shape} duration={}s {concurrency} max_requests={}  elapsed={:.1}s sent={} skipped={} in_flight={} ({})\n",
         l.id,
         l.state,
         l.target,
         l.duration_s,
-        l.concurrency,
         l.max_requests,
         l.elapsed_s,
         l.sent,
@@ -528,11 +528,25 @@ fn read_profile(path: &std::path::Path) -> Result<(String, String), CtlError> {
     Ok((text, path.display().to_string()))
 }
 
-/// The shape of a profile load: name, revision and when each took effect, sustained rate.
+/// The shape of a profile load: name, running revision and its file, when each revision took
+/// effect, what it does now per dimension, sustained rate.
 fn profile_shape(l: &proto::LoadStatus) -> String {
     let revisions: Vec<String> = l.profile_revisions.iter().map(|r| format!("{}@{:.1}s", r.revision, r.at_s)).collect();
+    let mut now = Vec::new();
+    if let Some(c) = l.profile_concurrency_now {
+        now.push(format!("concurrency={c}"));
+    }
+    if let (Some(r), Some(t)) = (l.profile_rate_per_second_now, l.profile_token_rate_now) {
+        now.push(format!("rate={r:.2} req/s ({t:.0} tok/s)"));
+    }
+    let now = if now.is_empty() { String::new() } else { format!(" now: {}", now.join(" ")) };
     let sustained = l.sustained_token_rate.map_or(String::new(), |r| format!(" sustained={r:.1} tokens/s"));
-    format!("profile={} ({}) revision={} [{}] rate={:.2}/s{sustained}", l.profile, l.profile_file, l.profile_revision, revisions.join(" "), l.rate_per_second)
+    // The revision's peak (bursty: its on rate) when it is not what runs now.
+    let peak = match l.profile_rate_per_second_now {
+        Some(r) if (r - l.rate_per_second).abs() < 1e-9 => String::new(),
+        _ => format!(" peak={:.2} req/s", l.rate_per_second),
+    };
+    format!("profile={} revision={} ({}) [{}]{now}{peak}{sustained}", l.profile, l.profile_revision, l.profile_file, revisions.join(" "))
 }
 
 fn json<T: serde::Serialize>(v: &T) -> String {
@@ -575,6 +589,39 @@ mod tests {
         assert!(change.starts_with("  server changes=2  newest: model a -> gemma "), "{change}");
         let failing = proto::ServerStatus { mode: "failing".into(), reason: Some("not a metrics page".into()), ..Default::default() };
         assert_eq!(format_server(&failing), "  server: - - model=- failing (not a metrics page) waiting=- running=- kv=-\n");
+    }
+
+    #[test]
+    fn a_profile_load_shows_its_running_revision_and_what_it_does_now() {
+        let l = proto::LoadStatus {
+            id: "load-1".into(),
+            state: "running".into(),
+            target: "t0".into(),
+            arrival: "profile".into(),
+            profile: "burst".into(),
+            profile_file: "b.yaml".into(),
+            profile_revision: 1,
+            profile_revisions: vec![
+                proto::ProfileRevision { revision: 0, at_s: 0.0, file: "a.yaml".into() },
+                proto::ProfileRevision { revision: 1, at_s: 2.04, file: "b.yaml".into() },
+            ],
+            rate_per_second: 10.0,
+            profile_rate_per_second_now: Some(0.0),
+            profile_token_rate_now: Some(0.0),
+            profile_concurrency_now: Some(8),
+            concurrency: 16,
+            duration_s: 30.0,
+            max_requests: 1000,
+            ..Default::default()
+        };
+        let text = format_load(&l);
+        assert!(
+            text.starts_with("load-1 running target=t0 profile=burst revision=1 (b.yaml) [0@0.0s 1@2.0s] now: concurrency=8 rate=0.00 req/s (0 tok/s) peak=10.00 req/s duration=30s concurrency_cap=16 max_requests=1000 "),
+            "{text}"
+        );
+        // A rate load keeps its plain concurrency.
+        let plain = proto::LoadStatus { arrival: "poisson".into(), rate_per_second: 2.0, concurrency: 4, ..Default::default() };
+        assert!(format_load(&plain).contains(" rate=2/s (poisson) duration=0s concurrency=4 "), "{}", format_load(&plain));
     }
 
     #[test]

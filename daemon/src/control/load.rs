@@ -352,7 +352,7 @@ impl Load {
             trace_peak_rate_per_second: self.spec.replay.as_ref().map_or(0.0, |r| r.peak_rate_per_second),
             ..Default::default()
         }
-        .with_profile(self)
+        .with_profile(self, end.saturating_duration_since(self.started_at))
     }
 
     /// Sends request `seq` on its own task when a concurrency slot is free, else counts it
