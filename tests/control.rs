@@ -498,6 +498,62 @@ async fn a_trace_replay_calibrates_prompts_with_tokenize() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A chat target's replayed prompts are calibrated with the server's chat template, as
+/// `lmperf run` does: a scripted server whose template adds 6 tokens, offered as llama.cpp's
+/// `/apply-template` (then `/tokenize` of the prompt) or as vLLM's `/tokenize` with `messages`;
+/// its tokenizer counts words. Each request's whole templated input is the trace row's count,
+/// so its message holds 6 words fewer.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_chat_trace_replay_counts_prompts_with_the_servers_chat_template() {
+    for server_kind in ["llama.cpp", "vllm"] {
+        let server = ScriptedServer::start(Arc::new(move |r: &lmperf_e2e::scripted::Received, _| {
+            let b: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+            let templated = |m: &Value| format!("<bos> <start_of_turn> user {} <end_of_turn> <start_of_turn> model", m[0]["content"].as_str().unwrap_or(""));
+            let words = |s: &str| s.split_whitespace().count();
+            match (r.path.as_str(), server_kind) {
+                ("/apply-template", "llama.cpp") => Reply::json(200, &serde_json::json!({ "prompt": templated(&b["messages"]) }).to_string()),
+                ("/tokenize", _) => {
+                    let n = match b["messages"].as_array() {
+                        Some(_) if server_kind == "vllm" => words(&templated(&b["messages"])),
+                        Some(_) => return Reply::json(400, "{}"),
+                        None => words(b["content"].as_str().or(b["prompt"].as_str()).unwrap_or("")),
+                    };
+                    Reply::json(200, &serde_json::json!({ "tokens": vec![1; n], "count": n }).to_string())
+                }
+                ("/apply-template", _) => Reply::json(404, "{}"),
+                _ => Reply::sse(chat_stream(2, Duration::from_millis(2), Duration::from_millis(2), 4)),
+            }
+        }))
+        .await;
+        let dir = temp_dir(&format!("chat-template-{server_kind}"));
+        let addr = format!("unix:{}", dir.join("control.sock").display());
+        let traces = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/traces");
+        let control = format!("listen = \"{addr}\"\nmax_inject_rate = 10.0\nmax_inject_concurrency = 4\nmax_inject_requests = 100\nmax_inject_duration = \"10s\"\ntrace_dir = \"{}\"\n", traces.display());
+        let cfg = write_config(&dir, &server.url(), &control);
+        let agent = spawn(["--config", cfg.to_str().unwrap(), "--no-otlp"].map(str::to_owned).to_vec(), vec![]).await;
+        assert_eq!(control_at(&agent), addr);
+        ctl_json(&addr, &["inject", "--trace", &trace_fixture("azure_llm_2023_code.head2000.csv"), "--trace-speedup", "0.8", "--max-requests", "5", "--concurrency", "4"]).await;
+        let load = load_when_ended(&addr).await;
+        assert_eq!(load["by_outcome"]["ok"], 5, "{server_kind}: {load}");
+        // Rows 1-5 of the Azure code trace: (max_tokens, input tokens − the template's 6).
+        let mut want = vec![(10, 4802), (8, 3174), (27, 104), (14, 7427), (12, 28)];
+        let recent = ctl_json(&addr, &["recent", "--source", "inject", "--limit", "64"]).await;
+        let ids: Vec<String> = recent["requests"].as_array().unwrap().iter().map(|r| r["trace_id"].as_str().unwrap().to_owned()).collect();
+        let mut got: Vec<(u64, u64)> = server
+            .requests()
+            .iter()
+            .filter(|r| r.header("traceparent").and_then(|t| t.split('-').nth(1)).is_some_and(|id| ids.iter().any(|i| i == id)))
+            .map(|r| serde_json::from_slice::<Value>(&r.body).unwrap())
+            .map(|b| (b["max_tokens"].as_u64().unwrap(), b["messages"][0]["content"].as_str().unwrap().split_whitespace().count() as u64))
+            .collect();
+        got.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(got, want, "{server_kind}: (max_tokens, message words) of each replayed request");
+        drop(agent);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 /// `ctl inject --trace … --p99-threshold`: "reproduce the 3 a.m. scene". A server answering in
 /// about 1 s; a 10-request replay against an 850 ms threshold says FIRED (with the windows and
 /// the peak p99) and prints the agent's diagnosis of the replay; against 5 s it did not fire.

@@ -455,13 +455,19 @@ impl Load {
 }
 
 /// Prompts of each trace request's exact input length, calibrated with the server's
-/// `/tokenize` as `lmperf run` does ([`crate::bench::prompts::synthetic`]); all `None` (the
-/// estimate, [`crate::bench::prompts::estimated`], made per request) when the server has no
-/// `/tokenize`, and the rest `None` once `stop` is cancelled.
+/// `/tokenize` as `lmperf run` does ([`crate::bench::prompts::synthetic`]): for a chat target,
+/// the whole request with the server's chat template applied (llama.cpp `/apply-template`,
+/// vLLM/SGLang `/tokenize` with messages: [`crate::bench::chat_template::detect`]; the message
+/// text alone when it offers none); all `None` (the estimate,
+/// [`crate::bench::prompts::estimated`], made per request) when the server has no `/tokenize`,
+/// and the rest `None` once `stop` is cancelled.
 async fn calibrated_prompts(runner: &TargetRunner, requests: &[TraceRequest], seed: u64, stop: &CancellationToken) -> Vec<Option<String>> {
     use crate::bench::prompts::{TokenizeClient, Tokenizer, synthetic};
     let model = runner.target.model.clone().unwrap_or_default();
-    let tok = TokenizeClient::detect(&runner.clients, &runner.target, &model).await;
+    let mut tok = TokenizeClient::detect(&runner.clients, &runner.target, &model).await;
+    if runner.target.api == crate::config::Api::Chat && tok.kind != Tokenizer::Estimate {
+        tok.chat = Some(crate::bench::chat_template::detect(&tok, None).await);
+    }
     let mut out = Vec::with_capacity(requests.len());
     for (seq, r) in requests.iter().enumerate() {
         if tok.kind == Tokenizer::Estimate || stop.is_cancelled() {
