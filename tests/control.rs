@@ -188,7 +188,7 @@ async fn every_rpc_end_to_end_over_a_unix_socket() {
     let id = started["load"]["id"].as_str().unwrap().to_owned();
     assert_eq!((started["load"]["state"].as_str(), started["load"]["max_requests"].as_u64()), (Some("running"), Some(20)), "{started}");
     let (code, _, err) = ctl(&["--addr", &addr, "inject", "--rate", "1", "--duration", "1s"], &[]).await;
-    assert_eq!((code, err.trim()), (3, format!("lmperf ctl: ALREADY_EXISTS: load {id} is running; stop it first (StopLoad)").as_str()));
+    assert_eq!((code, err.trim()), (3, format!("lmperf ctl: ALREADY_EXISTS: load {id} is running; stop it first (`lmperf ctl stop`)").as_str()));
     let load = load_when_ended(&addr).await;
     assert_eq!((load["state"].as_str(), load["sent"].as_u64(), load["skipped"].as_u64(), load["in_flight"].as_u64()), (Some("done"), Some(20), Some(0), Some(0)), "{load}");
     assert_eq!(load["by_outcome"]["ok"], 20, "{load}");
@@ -554,6 +554,44 @@ async fn a_chat_trace_replay_counts_prompts_with_the_servers_chat_template() {
     }
 }
 
+/// `lmperf ctl` without an agent to talk to: no socket, a socket left by a killed agent, a port
+/// nobody listens on, a server that is not an agent, an agent that was stopped. Each is one
+/// line (exit 1) naming the address, the cause once, and what to do; no RPC name.
+#[tokio::test(flavor = "multi_thread")]
+async fn ctl_without_an_agent_says_what_failed_and_what_to_do_in_one_line() {
+    let dir = temp_dir("unreachable");
+    let stale = dir.join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    let http = ScriptedServer::start(Arc::new(|_, _| Reply::json(404, "{}"))).await;
+    let http_at = http.url().trim_start_matches("http://").trim_end_matches('/').split('/').next().unwrap().to_owned();
+    let server = ScriptedServer::start(Arc::new(|_, _| Reply::sse(chat_stream(2, Duration::from_millis(2), Duration::from_millis(2), 4)))).await;
+    let stopped = format!("unix:{}", dir.join("control.sock").display());
+    let cfg = write_config(&dir, &server.url(), &format!("listen = \"{stopped}\"\n"));
+    let mut agent = spawn(["--config", cfg.to_str().unwrap(), "--no-otlp"].map(str::to_owned).to_vec(), vec![]).await;
+    assert_eq!(control_at(&agent), stopped);
+    agent.sigterm();
+    let exited = tokio::task::spawn_blocking(move || agent.wait_exit(Duration::from_secs(15))).await.unwrap();
+    assert!(exited.is_some(), "the agent stops on SIGTERM");
+    let check = "is the agent running, with control.listen there? (--addr unix:PATH or IP:PORT names another)";
+    for (addr, args, want) in [
+        (format!("unix:{}", dir.join("none.sock").display()), vec!["status"], format!("no socket there; {check}")),
+        (format!("unix:{}", stale.display()), vec!["stop"], format!("connection refused; {check}")),
+        ("127.0.0.1:1".to_owned(), vec!["inject", "--rate", "1", "--duration", "1s"], format!("connection refused; {check}")),
+        (stopped.clone(), vec!["recent"], format!("no socket there; {check}")),
+    ] {
+        let mut a = vec!["--addr", addr.as_str()];
+        a.extend(args.iter().copied());
+        let (code, out, err) = ctl(&a, &[]).await;
+        assert_eq!((code, out.as_str(), err.as_str()), (1, "", format!("lmperf ctl: cannot reach the agent at {addr}: {want}\n").as_str()), "{args:?}");
+    }
+    // An HTTP/1 server there answers the HTTP/2 preface with HTTP/1 or closes the connection.
+    let (code, _, err) = ctl(&["--addr", &http_at, "status"], &[]).await;
+    let answered = format!("lmperf ctl: cannot reach the agent at {http_at}: it answers, but not as an lmperf agent's control API (no gRPC over HTTP/2 there); check --addr\n");
+    let closed = format!("lmperf ctl: the connection to {http_at} failed during the call: operation was canceled: connection closed; is the agent still running, and is this its control.listen address? (--addr names another)\n");
+    assert!(code == 1 && (err == answered || err == closed), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `ctl inject --trace … --p99-threshold`: "reproduce the 3 a.m. scene". A server answering in
 /// about 1 s; a 10-request replay against an 850 ms threshold says FIRED (with the windows and
 /// the peak p99) and prints the agent's diagnosis of the replay; against 5 s it did not fire.
@@ -662,7 +700,7 @@ async fn an_injected_profile_is_updated_while_it_runs() {
     let bad = dir.join("bad.yaml");
     let (code, _, err) = ctl(&["--addr", &addr, "update-load", "--profile", bad.to_str().unwrap()], &[]).await;
     assert_eq!(code, 3, "{err}");
-    assert!(err.trim().lines().count() == 1 && err.contains(&format!("INVALID_ARGUMENT: profile_yaml: {}: token_rate.jiter = \"5%\": unknown key", bad.display())), "{err}");
+    assert!(err.trim().lines().count() == 1 && err.contains(&format!("INVALID_ARGUMENT: {}: token_rate.jiter = \"5%\": unknown key", bad.display())), "{err}");
 
     let load = load_when_ended(&addr).await;
     assert_eq!(load["state"], "done", "{load}");
@@ -744,7 +782,7 @@ async fn a_watched_injected_profile_follows_edits_of_its_file() {
     let at = load["profile_revisions"][1]["at_s"].as_f64().unwrap();
     assert!((0.9..2.0).contains(&at), "revision 1 at {at} s");
     assert!(err.contains(&format!("lmperf ctl: revision 1 from {}", file.display())), "{err}");
-    assert!(err.contains("edit refused, the running revision is kept: profile_yaml: ") && err.contains("token_rate.jiter = \"5%\": unknown key"), "{err}");
+    assert!(err.contains(&format!("edit refused, the running revision is kept: {}: ", file.display())) && err.contains("token_rate.jiter = \"5%\": unknown key"), "{err}");
     drop(agent);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -44,7 +44,7 @@ pub enum Refusal {
     /// A trace whose replay is beyond a cap; `what` names the quantity and its value.
     #[error("trace_file = {file:?}: {what}: above the cap of {cap} ({key})")]
     TraceAboveCap { file: String, what: String, cap: String, key: &'static str },
-    #[error("load {0} is running; stop it first (StopLoad)")]
+    #[error("load {0} is running; stop it first (`lmperf ctl stop`)")]
     Busy(String),
     #[error("the agent is shutting down")]
     ShuttingDown,
@@ -53,10 +53,10 @@ pub enum Refusal {
     #[error("id = {0:?}: not the running load")]
     UnknownLoad(String),
     /// A load profile that does not parse: the parser's one line (file, key, value).
-    #[error("profile_yaml: {0}")]
+    #[error("{0}")]
     Profile(String),
     /// `UpdateLoad` on a load that follows no profile.
-    #[error("load {0} is not a profile load (InjectLoad with profile_yaml)")]
+    #[error("load {0} follows no profile: only a load started with a profile (`lmperf ctl inject --profile FILE`) can be updated")]
     NotAProfile(String),
 }
 

@@ -523,7 +523,7 @@ mod tests {
             err(&req(
                 "token_rate: {mode: constant, target: 40/s, jiter: 5%}\n"
             )),
-            "profile_yaml: load.yaml: token_rate.jiter = \"5%\": unknown key (expected mode, target, jitter, period, increase, step, floor)"
+            "load.yaml: token_rate.jiter = \"5%\": unknown key (expected mode, target, jitter, period, increase, step, floor)"
         );
         assert!(
             err(&req("profile: p\nconcurrency: {ramp: fixed, base: 2}\n"))
