@@ -69,6 +69,7 @@ pub fn prepare(cfg: &AgentConfig) -> Result<Privileged, AgentError> {
 pub async fn run(cfg: AgentConfig, privileged: Privileged, env: &dyn Env, signal: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
     let telemetry = Arc::new(Telemetry::init(&cfg.otlp, env)?);
     let (gpu, gpu_monitor) = crate::gpu::start(&cfg.gpu, &telemetry.meter());
+    gpu.set_server_ports(cfg.targets.iter().map(|t| t.port).collect());
     let states: Vec<Arc<TargetState>> = cfg.targets.iter().map(|t| Arc::new(TargetState::new(t))).collect();
     telemetry.register_spike_gauge(states.clone());
     let (net, net_monitor) = privileged.net.start(&telemetry.meter());
