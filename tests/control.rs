@@ -455,6 +455,33 @@ async fn non_loopback_without_token_is_refused_at_start() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Replays rows 1-5 of the Azure code trace (speedup 0.8, concurrency 4) through an agent in
+/// `dir` against `server`; (max_tokens, words of the message) of each replayed request, sorted.
+async fn replayed_prompt_words(server: &ScriptedServer, dir: &Path) -> Vec<(u64, u64)> {
+    let addr = format!("unix:{}", dir.join("control.sock").display());
+    let traces = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/traces");
+    let control = format!("listen = \"{addr}\"\nmax_inject_rate = 10.0\nmax_inject_concurrency = 4\nmax_inject_requests = 100\nmax_inject_duration = \"10s\"\ntrace_dir = \"{}\"\n", traces.display());
+    let cfg = write_config(dir, &server.url(), &control);
+    let agent = spawn(["--config", cfg.to_str().unwrap(), "--no-otlp"].map(str::to_owned).to_vec(), vec![]).await;
+    assert_eq!(control_at(&agent), addr);
+    let azure = trace_fixture("azure_llm_2023_code.head2000.csv");
+    ctl_json(&addr, &["inject", "--trace", &azure, "--trace-speedup", "0.8", "--max-requests", "5", "--concurrency", "4"]).await;
+    let load = load_when_ended(&addr).await;
+    assert_eq!(load["by_outcome"]["ok"], 5, "{load}");
+    let recent = ctl_json(&addr, &["recent", "--source", "inject", "--limit", "64"]).await;
+    let ids: Vec<String> = recent["requests"].as_array().unwrap().iter().map(|r| r["trace_id"].as_str().unwrap().to_owned()).collect();
+    let mut got: Vec<(u64, u64)> = server
+        .requests()
+        .iter()
+        .filter(|r| r.header("traceparent").and_then(|t| t.split('-').nth(1)).is_some_and(|id| ids.iter().any(|i| i == id)))
+        .map(|r| serde_json::from_slice::<Value>(&r.body).unwrap())
+        .map(|b| (b["max_tokens"].as_u64().unwrap(), b["messages"][0]["content"].as_str().unwrap().split_whitespace().count() as u64))
+        .collect();
+    got.sort_unstable();
+    drop(agent);
+    got
+}
+
 /// A trace replay through InjectLoad against a server with `/tokenize`: prompts are
 /// calibrated to each request's exact input length (here the server counts words), as
 /// `lmperf run` makes them, not estimated.
@@ -470,31 +497,10 @@ async fn a_trace_replay_calibrates_prompts_with_tokenize() {
     }))
     .await;
     let dir = temp_dir("tokenize");
-    let addr = format!("unix:{}", dir.join("control.sock").display());
-    let traces = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/traces");
-    let control = format!("listen = \"{addr}\"\nmax_inject_rate = 10.0\nmax_inject_concurrency = 4\nmax_inject_requests = 100\nmax_inject_duration = \"10s\"\ntrace_dir = \"{}\"\n", traces.display());
-    let cfg = write_config(&dir, &server.url(), &control);
-    let agent = spawn(["--config", cfg.to_str().unwrap(), "--no-otlp"].map(str::to_owned).to_vec(), vec![]).await;
-    assert_eq!(control_at(&agent), addr);
-    let azure = trace_fixture("azure_llm_2023_code.head2000.csv");
-    ctl_json(&addr, &["inject", "--trace", &azure, "--trace-speedup", "0.8", "--max-requests", "5", "--concurrency", "4"]).await;
-    let load = load_when_ended(&addr).await;
-    assert_eq!(load["by_outcome"]["ok"], 5, "{load}");
     // Rows 1-5 of the Azure code trace: (max_tokens, input tokens).
     let mut want = vec![(10, 4808), (8, 3180), (27, 110), (14, 7433), (12, 34)];
-    let recent = ctl_json(&addr, &["recent", "--source", "inject", "--limit", "64"]).await;
-    let ids: Vec<String> = recent["requests"].as_array().unwrap().iter().map(|r| r["trace_id"].as_str().unwrap().to_owned()).collect();
-    let mut got: Vec<(u64, u64)> = server
-        .requests()
-        .iter()
-        .filter(|r| r.header("traceparent").and_then(|t| t.split('-').nth(1)).is_some_and(|id| ids.iter().any(|i| i == id)))
-        .map(|r| serde_json::from_slice::<Value>(&r.body).unwrap())
-        .map(|b| (b["max_tokens"].as_u64().unwrap(), b["messages"][0]["content"].as_str().unwrap().split_whitespace().count() as u64))
-        .collect();
-    got.sort_unstable();
     want.sort_unstable();
-    assert_eq!(got, want, "(max_tokens, prompt tokens by the server's /tokenize) of each replayed request");
-    drop(agent);
+    assert_eq!(replayed_prompt_words(&server, &dir).await, want, "(max_tokens, prompt tokens by the server's /tokenize) of each replayed request");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -526,30 +532,10 @@ async fn a_chat_trace_replay_counts_prompts_with_the_servers_chat_template() {
         }))
         .await;
         let dir = temp_dir(&format!("chat-template-{server_kind}"));
-        let addr = format!("unix:{}", dir.join("control.sock").display());
-        let traces = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/traces");
-        let control = format!("listen = \"{addr}\"\nmax_inject_rate = 10.0\nmax_inject_concurrency = 4\nmax_inject_requests = 100\nmax_inject_duration = \"10s\"\ntrace_dir = \"{}\"\n", traces.display());
-        let cfg = write_config(&dir, &server.url(), &control);
-        let agent = spawn(["--config", cfg.to_str().unwrap(), "--no-otlp"].map(str::to_owned).to_vec(), vec![]).await;
-        assert_eq!(control_at(&agent), addr);
-        ctl_json(&addr, &["inject", "--trace", &trace_fixture("azure_llm_2023_code.head2000.csv"), "--trace-speedup", "0.8", "--max-requests", "5", "--concurrency", "4"]).await;
-        let load = load_when_ended(&addr).await;
-        assert_eq!(load["by_outcome"]["ok"], 5, "{server_kind}: {load}");
         // Rows 1-5 of the Azure code trace: (max_tokens, input tokens − the template's 6).
         let mut want = vec![(10, 4802), (8, 3174), (27, 104), (14, 7427), (12, 28)];
-        let recent = ctl_json(&addr, &["recent", "--source", "inject", "--limit", "64"]).await;
-        let ids: Vec<String> = recent["requests"].as_array().unwrap().iter().map(|r| r["trace_id"].as_str().unwrap().to_owned()).collect();
-        let mut got: Vec<(u64, u64)> = server
-            .requests()
-            .iter()
-            .filter(|r| r.header("traceparent").and_then(|t| t.split('-').nth(1)).is_some_and(|id| ids.iter().any(|i| i == id)))
-            .map(|r| serde_json::from_slice::<Value>(&r.body).unwrap())
-            .map(|b| (b["max_tokens"].as_u64().unwrap(), b["messages"][0]["content"].as_str().unwrap().split_whitespace().count() as u64))
-            .collect();
-        got.sort_unstable();
         want.sort_unstable();
-        assert_eq!(got, want, "{server_kind}: (max_tokens, message words) of each replayed request");
-        drop(agent);
+        assert_eq!(replayed_prompt_words(&server, &dir).await, want, "{server_kind}: (max_tokens, message words) of each replayed request");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
