@@ -350,7 +350,8 @@ fn the_model_server_exits_promptly_on_sigterm_while_it_generates() {
     let client = std::thread::spawn(move || {
         let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
-        let body = r#"{"prompt":"Once upon a time","max_tokens":4000,"ignore_eos":true,"stream":true}"#;
+        let body =
+            r#"{"prompt":"Once upon a time","max_tokens":4000,"ignore_eos":true,"stream":true}"#;
         write!(s, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
         let mut buf = [0u8; 4096];
         let mut got = 0;
@@ -364,12 +365,25 @@ fn the_model_server_exits_promptly_on_sigterm_while_it_generates() {
     });
     // Generating: its slot is busy.
     let t = Instant::now();
-    while !server.metrics().lines().any(|l| l.starts_with("llamacpp:requests_processing") && l.trim_end().ends_with(" 1")) {
-        assert!(t.elapsed() < Duration::from_secs(20), "the request never started: {}", server.metrics());
+    while !server
+        .metrics()
+        .lines()
+        .any(|l| l.starts_with("llamacpp:requests_processing") && l.trim_end().ends_with(" 1"))
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the request never started: {}",
+            server.metrics()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let (status, took) = server.terminate(Duration::from_secs(10)).expect("exits on SIGTERM within 10 s");
+    let (status, took) = server
+        .terminate(Duration::from_secs(10))
+        .expect("exits on SIGTERM within 10 s");
     assert_eq!(status.code(), Some(0));
-    assert!(took < Duration::from_secs(2), "exited {took:?} after SIGTERM");
+    assert!(
+        took < Duration::from_secs(2),
+        "exited {took:?} after SIGTERM"
+    );
     assert!(client.join().unwrap() > 0, "the stream had started");
 }

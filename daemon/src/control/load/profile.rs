@@ -109,9 +109,16 @@ fn request_rate_now(profile: &Profile, output_tokens: u32, t_s: f64, pace: &Pace
         TokenRate::Constant { target, .. } => target / per_request,
         TokenRate::Bursty { target, period } => {
             let phase = ((t_s - pace.rate_epoch_s).max(0.0) / period.as_secs_f64()).floor() as u64;
-            if phase.is_multiple_of(2) { 2.0 * target / per_request } else { 0.0 }
+            if phase.is_multiple_of(2) {
+                2.0 * target / per_request
+            } else {
+                0.0
+            }
         }
-        TokenRate::Adaptive { target, .. } => pace.last_gap_s.filter(|g| *g > 0.0).map_or(target / per_request, |g| 1.0 / g),
+        TokenRate::Adaptive { target, .. } => pace
+            .last_gap_s
+            .filter(|g| *g > 0.0)
+            .map_or(target / per_request, |g| 1.0 / g),
     })
 }
 
@@ -269,16 +276,29 @@ impl proto::LoadStatus {
             if let Some(r) = Scheduler::peak_request_rate(s.profile(), spec.output_tokens) {
                 self.rate_per_second = r;
             }
-            self.profile_rate_per_second_now = request_rate_now(s.profile(), spec.output_tokens, elapsed.as_secs_f64(), &pace);
-            self.profile_token_rate_now = self.profile_rate_per_second_now.map(|r| r * f64::from(spec.output_tokens.max(1)));
+            self.profile_rate_per_second_now = request_rate_now(
+                s.profile(),
+                spec.output_tokens,
+                elapsed.as_secs_f64(),
+                &pace,
+            );
+            self.profile_token_rate_now = self
+                .profile_rate_per_second_now
+                .map(|r| r * f64::from(spec.output_tokens.max(1)));
         }
-        self.profile_concurrency_now = state.concurrency_at(elapsed, self.concurrency as usize).map(|c| c as u32);
+        self.profile_concurrency_now = state
+            .concurrency_at(elapsed, self.concurrency as usize)
+            .map(|c| c as u32);
         self.profile_revisions = state
             .revisions
             .lock()
             .map(|r| {
                 r.iter()
-                    .map(|(at_s, revision, file)| proto::ProfileRevision { revision: *revision, at_s: *at_s, file: file.clone() })
+                    .map(|(at_s, revision, file)| proto::ProfileRevision {
+                        revision: *revision,
+                        at_s: *at_s,
+                        file: file.clone(),
+                    })
                     .collect()
             })
             .unwrap_or_default();
@@ -381,7 +401,10 @@ impl LoadManager {
             if s.profile().token_rate != profile.token_rate
                 && let Ok(mut p) = state.pace.lock()
             {
-                *p = Pace { rate_epoch_s: elapsed.as_secs_f64(), ..Pace::default() };
+                *p = Pace {
+                    rate_epoch_s: elapsed.as_secs_f64(),
+                    ..Pace::default()
+                };
             }
             s.update(profile, elapsed)
         };
@@ -422,7 +445,11 @@ mod tests {
     /// a manager, as `LoadManager::start` makes it, without a target to send to.
     fn running(yaml: &str) -> (LoadManager, Arc<Load>) {
         let spec = validate(&req(yaml), 0, "t", &caps()).unwrap();
-        let profile = Some(ProfileState::new(spec.profile.as_ref().unwrap(), 7, &caps()));
+        let profile = Some(ProfileState::new(
+            spec.profile.as_ref().unwrap(),
+            7,
+            &caps(),
+        ));
         let load = Arc::new(Load {
             id: "load-1".into(),
             spec,
@@ -439,8 +466,16 @@ mod tests {
             finished: tokio_util::sync::CancellationToken::new(),
             profile,
         });
-        let shutdown = crate::canary::Shutdown { stop: Default::default(), cancel: Default::default() };
-        let m = LoadManager::new(Vec::new(), caps(), shutdown, tokio_util::task::TaskTracker::new());
+        let shutdown = crate::canary::Shutdown {
+            stop: Default::default(),
+            cancel: Default::default(),
+        };
+        let m = LoadManager::new(
+            Vec::new(),
+            caps(),
+            shutdown,
+            tokio_util::task::TaskTracker::new(),
+        );
         *m.current.lock().unwrap() = Some(load.clone());
         (m, load)
     }
@@ -450,28 +485,77 @@ mod tests {
         // Concurrency 2, 4, 6, … per second (cap 4); bursty 40 tokens/s ÷ 8: 10 req/s on, 0 off.
         let yaml = "profile: first\nconcurrency: {ramp: linear, base: 2, step: 1s, max: 8}\ntoken_rate: {mode: bursty, target: 40/s, period: 1s}\n";
         let (m, load) = running(yaml);
-        let at = |ms: u64| load.to_proto().with_profile(&load, Duration::from_millis(ms));
+        let at = |ms: u64| {
+            load.to_proto()
+                .with_profile(&load, Duration::from_millis(ms))
+        };
         let s = at(500);
-        assert_eq!((s.profile.as_str(), s.profile_file.as_str(), s.profile_revision), ("first", "load.yaml", 0));
-        assert_eq!((s.profile_concurrency_now, s.profile_rate_per_second_now, s.profile_token_rate_now), (Some(2), Some(10.0), Some(80.0)));
+        assert_eq!(
+            (
+                s.profile.as_str(),
+                s.profile_file.as_str(),
+                s.profile_revision
+            ),
+            ("first", "load.yaml", 0)
+        );
+        assert_eq!(
+            (
+                s.profile_concurrency_now,
+                s.profile_rate_per_second_now,
+                s.profile_token_rate_now
+            ),
+            (Some(2), Some(10.0), Some(80.0))
+        );
         let s = at(1500);
-        assert_eq!((s.profile_concurrency_now, s.profile_rate_per_second_now, s.profile_token_rate_now), (Some(4), Some(0.0), Some(0.0)));
-        assert_eq!(at(3500).profile_concurrency_now, Some(4), "the load's cap of 4, not the profile's 8");
+        assert_eq!(
+            (
+                s.profile_concurrency_now,
+                s.profile_rate_per_second_now,
+                s.profile_token_rate_now
+            ),
+            (Some(4), Some(0.0), Some(0.0))
+        );
+        assert_eq!(
+            at(3500).profile_concurrency_now,
+            Some(4),
+            "the load's cap of 4, not the profile's 8"
+        );
         assert_eq!(s.concurrency, 4, "the cap stays in `concurrency`");
         // An update from another file: its name, its file, its dimensions; no concurrency
         // dimension: none shown (the cap applies); constant 24 tokens/s = 3 req/s.
         let (_, revision) = m
             .update(&proto::UpdateLoadRequest {
                 id: String::new(),
-                profile_yaml: "profile: second\ntoken_rate: {mode: constant, target: 24/s}\n".into(),
+                profile_yaml: "profile: second\ntoken_rate: {mode: constant, target: 24/s}\n"
+                    .into(),
                 profile_file: "other.yaml".into(),
             })
             .unwrap();
         assert_eq!(revision, 1);
         let s = at(1500);
-        assert_eq!((s.profile.as_str(), s.profile_file.as_str(), s.profile_revision), ("second", "other.yaml", 1));
-        assert_eq!(s.profile_revisions.iter().map(|r| r.file.as_str()).collect::<Vec<_>>(), ["load.yaml", "other.yaml"]);
-        assert_eq!((s.profile_concurrency_now, s.profile_rate_per_second_now, s.profile_token_rate_now), (None, Some(3.0), Some(24.0)));
+        assert_eq!(
+            (
+                s.profile.as_str(),
+                s.profile_file.as_str(),
+                s.profile_revision
+            ),
+            ("second", "other.yaml", 1)
+        );
+        assert_eq!(
+            s.profile_revisions
+                .iter()
+                .map(|r| r.file.as_str())
+                .collect::<Vec<_>>(),
+            ["load.yaml", "other.yaml"]
+        );
+        assert_eq!(
+            (
+                s.profile_concurrency_now,
+                s.profile_rate_per_second_now,
+                s.profile_token_rate_now
+            ),
+            (None, Some(3.0), Some(24.0))
+        );
     }
 
     #[test]
@@ -479,19 +563,26 @@ mod tests {
         let p = |yaml: &str| bench_profile::parse("p.yaml", yaml).unwrap();
         let bursty = p("token_rate: {mode: bursty, target: 40/s, period: 2s}\n");
         // Bursty phases count from when its token rate took effect (an update at 3 s).
-        let pace = Pace { rate_epoch_s: 3.0, ..Pace::default() };
+        let pace = Pace {
+            rate_epoch_s: 3.0,
+            ..Pace::default()
+        };
         assert_eq!(request_rate_now(&bursty, 8, 4.9, &pace), Some(10.0));
         assert_eq!(request_rate_now(&bursty, 8, 5.1, &pace), Some(0.0));
         assert_eq!(request_rate_now(&bursty, 8, 7.1, &pace), Some(10.0));
         // Adaptive: its target before two arrivals, then 1 ÷ the planned gap.
-        let adaptive = p("token_rate: {mode: adaptive, target: 16/s, increase: 50%, step: 1s, floor: 10}\n");
+        let adaptive =
+            p("token_rate: {mode: adaptive, target: 16/s, increase: 50%, step: 1s, floor: 10}\n");
         let mut pace = Pace::default();
         pace.planned(0.0);
         assert_eq!(request_rate_now(&adaptive, 8, 0.1, &pace), Some(2.0));
         pace.planned(0.5);
         pace.planned(0.75);
         assert_eq!(request_rate_now(&adaptive, 8, 0.8, &pace), Some(4.0));
-        assert_eq!(request_rate_now(&p("concurrency: {ramp: fixed, base: 2}\n"), 8, 0.0, &pace), None);
+        assert_eq!(
+            request_rate_now(&p("concurrency: {ramp: fixed, base: 2}\n"), 8, 0.0, &pace),
+            None
+        );
     }
 
     #[test]
