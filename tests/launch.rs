@@ -21,6 +21,15 @@ fn summary(dir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
 }
 
+/// The pid a launched server's `echo $$ > FILE` wrote.
+fn pid_in(file: &Path) -> i32 {
+    std::fs::read_to_string(file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
 fn pid_alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z"))
 }
@@ -86,6 +95,17 @@ fn launch_run(template: &str, dir: &Path, extra: &[&str]) -> Command {
     cmd
 }
 
+/// The seed command's run `out` succeeded and wrote its six benchmarks into `dir`.
+fn check_seed_run(out: &std::process::Output, dir: &Path) {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    check_seed_outputs(dir);
+}
+
 fn check_seed_outputs(dir: &Path) {
     let s = summary(dir);
     let benches = s["benchmarks"].as_array().unwrap();
@@ -149,11 +169,7 @@ fn seed_command_launches_the_real_server_and_stops_it() {
         "server.log holds the server's output: {log}"
     );
     assert!(stderr.contains("server stopped"), "{stderr}");
-    let pid: i32 = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = pid_in(&pid_file);
     assert!(!pid_alive(pid), "the launched server {pid} must be stopped");
     assert!(
         TcpStream::connect(("127.0.0.1", port as u16)).is_err(),
@@ -174,14 +190,7 @@ fn seed_command_without_target_uses_port_8000_and_openai_base_url() {
     };
     if port_8000_free {
         let dir = tmp("8000");
-        let out = seed_run(&dir, None);
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        check_seed_outputs(&dir);
+        check_seed_run(&seed_run(&dir, None), &dir);
         assert_eq!(summary(&dir)["target"], "http://127.0.0.1:8000/");
     } else {
         eprintln!("port 8000 is taken on this machine: testing the OPENAI_BASE_URL path only");
@@ -200,14 +209,7 @@ fn seed_command_without_target_uses_port_8000_and_openai_base_url() {
         "{err}"
     );
     let dir = tmp("env");
-    let out = seed_run(&dir, Some(format!("{}/v1", server.url())));
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    check_seed_outputs(&dir);
+    check_seed_run(&seed_run(&dir, Some(format!("{}/v1", server.url()))), &dir);
     assert_eq!(summary(&dir)["target"], format!("{}/", server.url()));
 }
 
@@ -229,11 +231,7 @@ fn ctrl_c_while_the_server_starts_stops_it() {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(300));
-    let pid: i32 = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = pid_in(&pid_file);
     assert!(pid_alive(pid));
     let _ = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
@@ -302,11 +300,7 @@ fn a_server_that_dies_or_never_answers_is_one_error_line() {
         "{err}"
     );
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
-    let pid: i32 = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = pid_in(&pid_file);
     assert!(!pid_alive(pid), "the launched server {pid} must be stopped");
 }
 
