@@ -489,32 +489,26 @@ mod tests {
             load.to_proto()
                 .with_profile(&load, Duration::from_millis(ms))
         };
+        // Which profile runs, and what it does now.
+        let which = |s: &proto::LoadStatus| {
+            (
+                s.profile.clone(),
+                s.profile_file.clone(),
+                s.profile_revision,
+            )
+        };
+        let now = |s: &proto::LoadStatus| {
+            (
+                s.profile_concurrency_now,
+                s.profile_rate_per_second_now,
+                s.profile_token_rate_now,
+            )
+        };
         let s = at(500);
-        assert_eq!(
-            (
-                s.profile.as_str(),
-                s.profile_file.as_str(),
-                s.profile_revision
-            ),
-            ("first", "load.yaml", 0)
-        );
-        assert_eq!(
-            (
-                s.profile_concurrency_now,
-                s.profile_rate_per_second_now,
-                s.profile_token_rate_now
-            ),
-            (Some(2), Some(10.0), Some(80.0))
-        );
+        assert_eq!(which(&s), ("first".into(), "load.yaml".into(), 0));
+        assert_eq!(now(&s), (Some(2), Some(10.0), Some(80.0)));
         let s = at(1500);
-        assert_eq!(
-            (
-                s.profile_concurrency_now,
-                s.profile_rate_per_second_now,
-                s.profile_token_rate_now
-            ),
-            (Some(4), Some(0.0), Some(0.0))
-        );
+        assert_eq!(now(&s), (Some(4), Some(0.0), Some(0.0)));
         assert_eq!(
             at(3500).profile_concurrency_now,
             Some(4),
@@ -533,14 +527,7 @@ mod tests {
             .unwrap();
         assert_eq!(revision, 1);
         let s = at(1500);
-        assert_eq!(
-            (
-                s.profile.as_str(),
-                s.profile_file.as_str(),
-                s.profile_revision
-            ),
-            ("second", "other.yaml", 1)
-        );
+        assert_eq!(which(&s), ("second".into(), "other.yaml".into(), 1));
         assert_eq!(
             s.profile_revisions
                 .iter()
@@ -548,14 +535,7 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["load.yaml", "other.yaml"]
         );
-        assert_eq!(
-            (
-                s.profile_concurrency_now,
-                s.profile_rate_per_second_now,
-                s.profile_token_rate_now
-            ),
-            (None, Some(3.0), Some(24.0))
-        );
+        assert_eq!(now(&s), (None, Some(3.0), Some(24.0)));
     }
 
     #[test]
