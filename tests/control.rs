@@ -557,7 +557,7 @@ async fn ctl_without_an_agent_says_what_failed_and_what_to_do_in_one_line() {
     assert_eq!(control_at(&agent), stopped);
     agent.sigterm();
     let exited = tokio::task::spawn_blocking(move || agent.wait_exit(Duration::from_secs(15))).await.unwrap();
-    assert!(exited.is_some(), "the agent stops on SIGTERM");
+    assert_eq!(exited.and_then(|s| s.code()), Some(0), "the agent stops on SIGTERM");
     let check = "is the agent running, with control.listen there? (--addr unix:PATH or IP:PORT names another)";
     for (addr, args, want) in [
         (format!("unix:{}", dir.join("none.sock").display()), vec!["status"], format!("no socket there; {check}")),
