@@ -230,30 +230,25 @@ async fn analyze_the_fleet_through_prometheus() {
         failing.store(true, Ordering::Relaxed);
         std::thread::sleep(Duration::from_secs(50));
         let url = format!("http://{}", prom.addr);
+        // The last 150 s at a 2 s step, rates over 10 s; `extra` flags after.
+        let fleet = |extra: &[&str]| {
+            let mut args = vec![
+                "--prometheus",
+                &url,
+                "--window",
+                "150s",
+                "--step",
+                "2s",
+                "--rate-window",
+                "10s",
+            ];
+            args.extend_from_slice(extra);
+            analyze(&args)
+        };
         let t = Instant::now();
-        let (code, json, err) = analyze(&[
-            "--prometheus",
-            &url,
-            "--window",
-            "150s",
-            "--step",
-            "2s",
-            "--rate-window",
-            "10s",
-            "--format",
-            "json",
-        ]);
+        let (code, json, err) = fleet(&["--format", "json"]);
         let took = t.elapsed();
-        let (_, text, _) = analyze(&[
-            "--prometheus",
-            &url,
-            "--window",
-            "150s",
-            "--step",
-            "2s",
-            "--rate-window",
-            "10s",
-        ]);
+        let (_, text, _) = fleet(&[]);
         drop(prom);
         drop(agents);
         (code, json, err, text, took)

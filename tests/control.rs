@@ -188,7 +188,7 @@ async fn every_rpc_end_to_end_over_a_unix_socket() {
     let id = started["load"]["id"].as_str().unwrap().to_owned();
     assert_eq!((started["load"]["state"].as_str(), started["load"]["max_requests"].as_u64()), (Some("running"), Some(20)), "{started}");
     let (code, _, err) = ctl(&["--addr", &addr, "inject", "--rate", "1", "--duration", "1s"], &[]).await;
-    assert_eq!((code, err.trim()), (3, format!("lmperf ctl: ALREADY_EXISTS: load {id} is running; stop it first (StopLoad)").as_str()));
+    assert_eq!((code, err.trim()), (3, format!("lmperf ctl: ALREADY_EXISTS: load {id} is running; stop it first (`lmperf ctl stop`)").as_str()));
     let load = load_when_ended(&addr).await;
     assert_eq!((load["state"].as_str(), load["sent"].as_u64(), load["skipped"].as_u64(), load["in_flight"].as_u64()), (Some("done"), Some(20), Some(0), Some(0)), "{load}");
     assert_eq!(load["by_outcome"]["ok"], 20, "{load}");
@@ -455,6 +455,33 @@ async fn non_loopback_without_token_is_refused_at_start() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Replays rows 1-5 of the Azure code trace (speedup 0.8, concurrency 4) through an agent in
+/// `dir` against `server`; (max_tokens, words of the message) of each replayed request, sorted.
+async fn replayed_prompt_words(server: &ScriptedServer, dir: &Path) -> Vec<(u64, u64)> {
+    let addr = format!("unix:{}", dir.join("control.sock").display());
+    let traces = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/traces");
+    let control = format!("listen = \"{addr}\"\nmax_inject_rate = 10.0\nmax_inject_concurrency = 4\nmax_inject_requests = 100\nmax_inject_duration = \"10s\"\ntrace_dir = \"{}\"\n", traces.display());
+    let cfg = write_config(dir, &server.url(), &control);
+    let agent = spawn(["--config", cfg.to_str().unwrap(), "--no-otlp"].map(str::to_owned).to_vec(), vec![]).await;
+    assert_eq!(control_at(&agent), addr);
+    let azure = trace_fixture("azure_llm_2023_code.head2000.csv");
+    ctl_json(&addr, &["inject", "--trace", &azure, "--trace-speedup", "0.8", "--max-requests", "5", "--concurrency", "4"]).await;
+    let load = load_when_ended(&addr).await;
+    assert_eq!(load["by_outcome"]["ok"], 5, "{load}");
+    let recent = ctl_json(&addr, &["recent", "--source", "inject", "--limit", "64"]).await;
+    let ids: Vec<String> = recent["requests"].as_array().unwrap().iter().map(|r| r["trace_id"].as_str().unwrap().to_owned()).collect();
+    let mut got: Vec<(u64, u64)> = server
+        .requests()
+        .iter()
+        .filter(|r| r.header("traceparent").and_then(|t| t.split('-').nth(1)).is_some_and(|id| ids.iter().any(|i| i == id)))
+        .map(|r| serde_json::from_slice::<Value>(&r.body).unwrap())
+        .map(|b| (b["max_tokens"].as_u64().unwrap(), b["messages"][0]["content"].as_str().unwrap().split_whitespace().count() as u64))
+        .collect();
+    got.sort_unstable();
+    drop(agent);
+    got
+}
+
 /// A trace replay through InjectLoad against a server with `/tokenize`: prompts are
 /// calibrated to each request's exact input length (here the server counts words), as
 /// `lmperf run` makes them, not estimated.
@@ -470,31 +497,84 @@ async fn a_trace_replay_calibrates_prompts_with_tokenize() {
     }))
     .await;
     let dir = temp_dir("tokenize");
-    let addr = format!("unix:{}", dir.join("control.sock").display());
-    let traces = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/traces");
-    let control = format!("listen = \"{addr}\"\nmax_inject_rate = 10.0\nmax_inject_concurrency = 4\nmax_inject_requests = 100\nmax_inject_duration = \"10s\"\ntrace_dir = \"{}\"\n", traces.display());
-    let cfg = write_config(&dir, &server.url(), &control);
-    let agent = spawn(["--config", cfg.to_str().unwrap(), "--no-otlp"].map(str::to_owned).to_vec(), vec![]).await;
-    assert_eq!(control_at(&agent), addr);
-    let azure = trace_fixture("azure_llm_2023_code.head2000.csv");
-    ctl_json(&addr, &["inject", "--trace", &azure, "--trace-speedup", "0.8", "--max-requests", "5", "--concurrency", "4"]).await;
-    let load = load_when_ended(&addr).await;
-    assert_eq!(load["by_outcome"]["ok"], 5, "{load}");
     // Rows 1-5 of the Azure code trace: (max_tokens, input tokens).
     let mut want = vec![(10, 4808), (8, 3180), (27, 110), (14, 7433), (12, 34)];
-    let recent = ctl_json(&addr, &["recent", "--source", "inject", "--limit", "64"]).await;
-    let ids: Vec<String> = recent["requests"].as_array().unwrap().iter().map(|r| r["trace_id"].as_str().unwrap().to_owned()).collect();
-    let mut got: Vec<(u64, u64)> = server
-        .requests()
-        .iter()
-        .filter(|r| r.header("traceparent").and_then(|t| t.split('-').nth(1)).is_some_and(|id| ids.iter().any(|i| i == id)))
-        .map(|r| serde_json::from_slice::<Value>(&r.body).unwrap())
-        .map(|b| (b["max_tokens"].as_u64().unwrap(), b["messages"][0]["content"].as_str().unwrap().split_whitespace().count() as u64))
-        .collect();
-    got.sort_unstable();
     want.sort_unstable();
-    assert_eq!(got, want, "(max_tokens, prompt tokens by the server's /tokenize) of each replayed request");
-    drop(agent);
+    assert_eq!(replayed_prompt_words(&server, &dir).await, want, "(max_tokens, prompt tokens by the server's /tokenize) of each replayed request");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A chat target's replayed prompts are calibrated with the server's chat template, as
+/// `lmperf run` does: a scripted server whose template adds 6 tokens, offered as llama.cpp's
+/// `/apply-template` (then `/tokenize` of the prompt) or as vLLM's `/tokenize` with `messages`;
+/// its tokenizer counts words. Each request's whole templated input is the trace row's count,
+/// so its message holds 6 words fewer.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_chat_trace_replay_counts_prompts_with_the_servers_chat_template() {
+    for server_kind in ["llama.cpp", "vllm"] {
+        let server = ScriptedServer::start(Arc::new(move |r: &lmperf_e2e::scripted::Received, _| {
+            let b: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+            let templated = |m: &Value| format!("<bos> <start_of_turn> user {} <end_of_turn> <start_of_turn> model", m[0]["content"].as_str().unwrap_or(""));
+            let words = |s: &str| s.split_whitespace().count();
+            match (r.path.as_str(), server_kind) {
+                ("/apply-template", "llama.cpp") => Reply::json(200, &serde_json::json!({ "prompt": templated(&b["messages"]) }).to_string()),
+                ("/tokenize", _) => {
+                    let n = match b["messages"].as_array() {
+                        Some(_) if server_kind == "vllm" => words(&templated(&b["messages"])),
+                        Some(_) => return Reply::json(400, "{}"),
+                        None => words(b["content"].as_str().or(b["prompt"].as_str()).unwrap_or("")),
+                    };
+                    Reply::json(200, &serde_json::json!({ "tokens": vec![1; n], "count": n }).to_string())
+                }
+                ("/apply-template", _) => Reply::json(404, "{}"),
+                _ => Reply::sse(chat_stream(2, Duration::from_millis(2), Duration::from_millis(2), 4)),
+            }
+        }))
+        .await;
+        let dir = temp_dir(&format!("chat-template-{server_kind}"));
+        // Rows 1-5 of the Azure code trace: (max_tokens, input tokens − the template's 6).
+        let mut want = vec![(10, 4802), (8, 3174), (27, 104), (14, 7427), (12, 28)];
+        want.sort_unstable();
+        assert_eq!(replayed_prompt_words(&server, &dir).await, want, "{server_kind}: (max_tokens, message words) of each replayed request");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// `lmperf ctl` without an agent to talk to: no socket, a socket left by a killed agent, a port
+/// nobody listens on, a server that is not an agent, an agent that was stopped. Each is one
+/// line (exit 1) naming the address, the cause once, and what to do; no RPC name.
+#[tokio::test(flavor = "multi_thread")]
+async fn ctl_without_an_agent_says_what_failed_and_what_to_do_in_one_line() {
+    let dir = temp_dir("unreachable");
+    let stale = dir.join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    let http = ScriptedServer::start(Arc::new(|_, _| Reply::json(404, "{}"))).await;
+    let http_at = http.url().trim_start_matches("http://").trim_end_matches('/').split('/').next().unwrap().to_owned();
+    let server = ScriptedServer::start(Arc::new(|_, _| Reply::sse(chat_stream(2, Duration::from_millis(2), Duration::from_millis(2), 4)))).await;
+    let stopped = format!("unix:{}", dir.join("control.sock").display());
+    let cfg = write_config(&dir, &server.url(), &format!("listen = \"{stopped}\"\n"));
+    let mut agent = spawn(["--config", cfg.to_str().unwrap(), "--no-otlp"].map(str::to_owned).to_vec(), vec![]).await;
+    assert_eq!(control_at(&agent), stopped);
+    agent.sigterm();
+    let exited = tokio::task::spawn_blocking(move || agent.wait_exit(Duration::from_secs(15))).await.unwrap();
+    assert_eq!(exited.and_then(|s| s.code()), Some(0), "the agent stops on SIGTERM");
+    let check = "is the agent running, with control.listen there? (--addr unix:PATH or IP:PORT names another)";
+    for (addr, args, want) in [
+        (format!("unix:{}", dir.join("none.sock").display()), vec!["status"], format!("no socket there; {check}")),
+        (format!("unix:{}", stale.display()), vec!["stop"], format!("connection refused; {check}")),
+        ("127.0.0.1:1".to_owned(), vec!["inject", "--rate", "1", "--duration", "1s"], format!("connection refused; {check}")),
+        (stopped.clone(), vec!["recent"], format!("no socket there; {check}")),
+    ] {
+        let mut a = vec!["--addr", addr.as_str()];
+        a.extend(args.iter().copied());
+        let (code, out, err) = ctl(&a, &[]).await;
+        assert_eq!((code, out.as_str(), err.as_str()), (1, "", format!("lmperf ctl: cannot reach the agent at {addr}: {want}\n").as_str()), "{args:?}");
+    }
+    // An HTTP/1 server there answers the HTTP/2 preface with HTTP/1 or closes the connection.
+    let (code, _, err) = ctl(&["--addr", &http_at, "status"], &[]).await;
+    let answered = format!("lmperf ctl: cannot reach the agent at {http_at}: it answers, but not as an lmperf agent's control API (no gRPC over HTTP/2 there); check --addr\n");
+    let closed = format!("lmperf ctl: the connection to {http_at} failed during the call: operation was canceled: connection closed; is the agent still running, and is this its control.listen address? (--addr names another)\n");
+    assert!(code == 1 && (err == answered || err == closed), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -593,6 +673,12 @@ async fn an_injected_profile_is_updated_while_it_runs() {
     let updated = ctl_json(&addr, &["update-load", "--profile", path]).await;
     let t_update = t_start.elapsed().as_secs_f64();
     assert_eq!(updated["revision"], 1, "{updated}");
+    // What it does now: the new revision's 30 req/s (90 tokens/s) and its concurrency of 16.
+    let u = &updated["load"];
+    assert_eq!((u["profile_rate_per_second_now"].as_f64(), u["profile_token_rate_now"].as_f64(), u["profile_concurrency_now"].as_u64()), (Some(30.0), Some(90.0), Some(16)), "{updated}");
+    let (code, text, _) = ctl(&["--addr", &addr, "status"], &[]).await;
+    assert_eq!(code, 0);
+    assert!(text.contains(&format!("profile=steady revision=1 ({path}) [0@0.0s 1@")) && text.contains("now: concurrency=16 rate=30.00 req/s (90 tok/s) duration=4s concurrency_cap=16 "), "{text}");
     assert!(updated["load"]["in_flight"].as_u64().unwrap() >= 1, "requests in flight at the update: {updated}");
     let same = ctl_json(&addr, &["update-load", "--profile", path, "--id", &id]).await;
     assert_eq!(same["revision"], 1, "the same profile again is no new revision");
@@ -600,7 +686,7 @@ async fn an_injected_profile_is_updated_while_it_runs() {
     let bad = dir.join("bad.yaml");
     let (code, _, err) = ctl(&["--addr", &addr, "update-load", "--profile", bad.to_str().unwrap()], &[]).await;
     assert_eq!(code, 3, "{err}");
-    assert!(err.trim().lines().count() == 1 && err.contains(&format!("INVALID_ARGUMENT: profile_yaml: {}: token_rate.jiter = \"5%\": unknown key", bad.display())), "{err}");
+    assert!(err.trim().lines().count() == 1 && err.contains(&format!("INVALID_ARGUMENT: {}: token_rate.jiter = \"5%\": unknown key", bad.display())), "{err}");
 
     let load = load_when_ended(&addr).await;
     assert_eq!(load["state"], "done", "{load}");
@@ -682,7 +768,7 @@ async fn a_watched_injected_profile_follows_edits_of_its_file() {
     let at = load["profile_revisions"][1]["at_s"].as_f64().unwrap();
     assert!((0.9..2.0).contains(&at), "revision 1 at {at} s");
     assert!(err.contains(&format!("lmperf ctl: revision 1 from {}", file.display())), "{err}");
-    assert!(err.contains("edit refused, the running revision is kept: profile_yaml: ") && err.contains("token_rate.jiter = \"5%\": unknown key"), "{err}");
+    assert!(err.contains(&format!("edit refused, the running revision is kept: {}: ", file.display())) && err.contains("token_rate.jiter = \"5%\": unknown key"), "{err}");
     drop(agent);
     let _ = std::fs::remove_dir_all(&dir);
 }

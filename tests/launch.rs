@@ -21,6 +21,15 @@ fn summary(dir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
 }
 
+/// The pid a launched server's `echo $$ > FILE` wrote.
+fn pid_in(file: &Path) -> i32 {
+    std::fs::read_to_string(file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
 fn pid_alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z"))
 }
@@ -86,6 +95,17 @@ fn launch_run(template: &str, dir: &Path, extra: &[&str]) -> Command {
     cmd
 }
 
+/// The seed command's run `out` succeeded and wrote its six benchmarks into `dir`.
+fn check_seed_run(out: &std::process::Output, dir: &Path) {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    check_seed_outputs(dir);
+}
+
 fn check_seed_outputs(dir: &Path) {
     let s = summary(dir);
     let benches = s["benchmarks"].as_array().unwrap();
@@ -149,11 +169,7 @@ fn seed_command_launches_the_real_server_and_stops_it() {
         "server.log holds the server's output: {log}"
     );
     assert!(stderr.contains("server stopped"), "{stderr}");
-    let pid: i32 = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = pid_in(&pid_file);
     assert!(!pid_alive(pid), "the launched server {pid} must be stopped");
     assert!(
         TcpStream::connect(("127.0.0.1", port as u16)).is_err(),
@@ -174,14 +190,7 @@ fn seed_command_without_target_uses_port_8000_and_openai_base_url() {
     };
     if port_8000_free {
         let dir = tmp("8000");
-        let out = seed_run(&dir, None);
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        check_seed_outputs(&dir);
+        check_seed_run(&seed_run(&dir, None), &dir);
         assert_eq!(summary(&dir)["target"], "http://127.0.0.1:8000/");
     } else {
         eprintln!("port 8000 is taken on this machine: testing the OPENAI_BASE_URL path only");
@@ -200,14 +209,7 @@ fn seed_command_without_target_uses_port_8000_and_openai_base_url() {
         "{err}"
     );
     let dir = tmp("env");
-    let out = seed_run(&dir, Some(format!("{}/v1", server.url())));
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    check_seed_outputs(&dir);
+    check_seed_run(&seed_run(&dir, Some(format!("{}/v1", server.url()))), &dir);
     assert_eq!(summary(&dir)["target"], format!("{}/", server.url()));
 }
 
@@ -229,11 +231,7 @@ fn ctrl_c_while_the_server_starts_stops_it() {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(300));
-    let pid: i32 = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = pid_in(&pid_file);
     assert!(pid_alive(pid));
     let _ = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
@@ -302,11 +300,7 @@ fn a_server_that_dies_or_never_answers_is_one_error_line() {
         "{err}"
     );
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
-    let pid: i32 = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = pid_in(&pid_file);
     assert!(!pid_alive(pid), "the launched server {pid} must be stopped");
 }
 
@@ -336,4 +330,54 @@ fn launch_without_model_or_with_target_exits_2() {
             "{args:?}: {err}"
         );
     }
+}
+
+/// The test model server exits at once on SIGTERM, also while it generates: llama.cpp's
+/// server waits for its requests in progress when it is destroyed, which made `lmperf run
+/// --launch`'s stop wait its 10 s grace and then SIGKILL it.
+#[test]
+fn the_model_server_exits_promptly_on_sigterm_while_it_generates() {
+    use std::io::{Read, Write};
+    let mut server = ModelServer::start();
+    let port = server.port;
+    // A generation of 4000 tokens (minutes on 2 cores), streamed.
+    let client = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
+        let body =
+            r#"{"prompt":"Once upon a time","max_tokens":4000,"ignore_eos":true,"stream":true}"#;
+        write!(s, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+        let mut buf = [0u8; 4096];
+        let mut got = 0;
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        got
+    });
+    // Generating: its slot is busy.
+    let t = Instant::now();
+    while !server
+        .metrics()
+        .lines()
+        .any(|l| l.starts_with("llamacpp:requests_processing") && l.trim_end().ends_with(" 1"))
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the request never started: {}",
+            server.metrics()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (status, took) = server
+        .terminate(Duration::from_secs(10))
+        .expect("exits on SIGTERM within 10 s");
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        took < Duration::from_secs(2),
+        "exited {took:?} after SIGTERM"
+    );
+    assert!(client.join().unwrap() > 0, "the stream had started");
 }

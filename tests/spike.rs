@@ -213,7 +213,6 @@ fn ttft_jump(canaries: &[Value], from: f64, threshold_ms: f64) -> Option<(f64, f
 
 /// Spike mode on the relative jump within 30 s of the canaries' TTFT jump (about 5 min).
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "issue 17: in CI (fresh clone, idle 2-core machine) the calm phase entered on latency_jump, TTFT p99 0.335 s = 3.6 x baseline 0.094 s, z 6.9, 0 in flight: a real server's calm jitter still passes the jump rule; run with --ignored"]
 async fn overload_enters_spike_mode_on_a_latency_jump_without_slo() {
     overload_scenario(false).await;
 }
@@ -226,11 +225,13 @@ async fn overload_is_diagnosed_within_60_s_of_its_onset() {
     overload_scenario(true).await;
 }
 
-/// The real server calm for 2 min under Poisson canaries, then overloaded for 45 s by another
-/// client; spike mode's checks, and with `check_diagnosis` the live diagnosis's.
+/// The real server calm for 150 s under Poisson canaries, then overloaded for 45 s by another
+/// client; spike mode's checks, and with `check_diagnosis` the live diagnosis's. The calm
+/// phase is also CI's calm check: the jump rule judges from 110 s on (8 baseline buckets and
+/// 3 recent ones), so its last 40 s must not enter spike mode.
 async fn overload_scenario(check_diagnosis: bool) {
     let _serial = REAL_SERVER.lock().await;
-    let calm = Duration::from_secs(120);
+    let calm = Duration::from_secs(150);
     let overload_for = Duration::from_secs(45);
     let server = tokio::task::spawn_blocking(model_server).await.unwrap();
     let mut collector = FakeCollectorServer::start().await.unwrap();
@@ -500,9 +501,11 @@ async fn overload_scenario(check_diagnosis: bool) {
     );
 }
 
-/// Poisson canaries on the idle real server never enter spike mode (CI: 150 s;
-/// `LMPERF_SPIKE_CALM_S=600` for the 10-minute eval of `cargo xtask spike-calm`).
+/// Poisson canaries on the idle real server never enter spike mode for
+/// `LMPERF_SPIKE_CALM_S` (default 150 s): the 10-minute eval of `cargo xtask spike-calm`. In CI
+/// the overload test's 150 s calm phase is the same check.
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "cargo xtask spike-calm runs it (10 min); in CI the overload test's calm phase checks the same"]
 async fn calm_poisson_canaries_never_enter_spike_mode() {
     let _serial = REAL_SERVER.lock().await;
     let secs: u64 = std::env::var("LMPERF_SPIKE_CALM_S")

@@ -67,8 +67,13 @@ pub fn prepare(cfg: &AgentConfig) -> Result<Privileged, AgentError> {
 /// # Errors
 /// Only start-up failures; nothing that happens to targets or the collector later.
 pub async fn run(cfg: AgentConfig, privileged: Privileged, env: &dyn Env, signal: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
+    // Polled once now: the signal handlers are installed from here on, so a SIGTERM during
+    // start-up is an ordered shutdown (control socket removed…), not the default kill.
+    let mut signal = std::pin::pin!(signal);
+    let signalled_at_start = futures_util::FutureExt::now_or_never(signal.as_mut()).is_some();
     let telemetry = Arc::new(Telemetry::init(&cfg.otlp, env)?);
     let (gpu, gpu_monitor) = crate::gpu::start(&cfg.gpu, &telemetry.meter());
+    gpu.set_server_ports(cfg.targets.iter().map(|t| t.port).collect());
     let states: Vec<Arc<TargetState>> = cfg.targets.iter().map(|t| Arc::new(TargetState::new(t))).collect();
     telemetry.register_spike_gauge(states.clone());
     let (net, net_monitor) = privileged.net.start(&telemetry.meter());
@@ -128,7 +133,9 @@ pub async fn run(cfg: AgentConfig, privileged: Privileged, env: &dyn Env, signal
         "Agent started."
     );
 
-    signal.await;
+    if !signalled_at_start {
+        signal.await;
+    }
     let t_signal = tokio::time::Instant::now();
     tracing::info!("Shutting down: no new canaries.");
     status.ready.store(false, Ordering::Relaxed);

@@ -127,10 +127,14 @@ pub fn gpu_signals(s: &Snapshot) -> (Vec<(Signal, f64)>, u64) {
         v.push((Signal::GpuMemoryUtilization, m));
     }
     if !samples.is_empty() {
-        v.push((
-            Signal::GpuForeignProcesses,
-            samples.iter().map(|d| d.processes.len()).sum::<usize>() as f64,
-        ));
+        // Foreign: not a target's model server (`gpu::procs::serves_port`); one whose /proc
+        // cannot be read counts as foreign.
+        let foreign = samples
+            .iter()
+            .flat_map(|d| &d.processes)
+            .filter(|p| !p.model_server)
+            .count();
+        v.push((Signal::GpuForeignProcesses, foreign as f64));
     }
     let faults = s.xid_counts.values().sum::<u64>()
         + s.lost_total

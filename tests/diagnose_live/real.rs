@@ -435,13 +435,24 @@ fn live_load_surge_mild_on_llamacpp() {
     load_surge(2, "live-load_surge-llamacpp-2clients-1");
 }
 
-fn load_surge(clients: usize, name: &'static str) {
+/// One episode of `cause` on the real llama.cpp server: the agent's canaries and its 1 s
+/// scrape; from the onset `clients` closed-loop clients send `body` (`load`: those clients in
+/// words, for the episode's notes). The confirmed diagnosis's top cause, checked to be `cause`;
+/// `None` when live episodes are off.
+fn real_server_episode(
+    cause: &'static str,
+    name: &str,
+    magnitude: &str,
+    load: &str,
+    clients: usize,
+    body: fn(usize, usize) -> String,
+) -> Option<Value> {
     if !enabled() {
-        return;
+        return None;
     }
     let _serial = REAL.lock().unwrap_or_else(|e| e.into_inner());
     let server = model_server();
-    let dir = temp_dir("load_surge");
+    let dir = temp_dir(cause);
     let cfg = agent_config(
         &dir,
         &server.url(),
@@ -451,32 +462,45 @@ fn load_surge(clients: usize, name: &'static str) {
         false,
     );
     let port = server.port;
-    let magnitude = format!("{clients} closed-loop clients of 48-token answers on 2 slots");
     let notes = format!(
-        "tests/diagnose_live/real.rs: the agent's canaries (1/s, 4 tokens) and its 1 s scrape of the real llama.cpp server (Gemma 3 270M, --parallel 2, --threads 1); from the onset {clients} more clients send 48-token story requests back to back (server_* series: the agent's newest scrape in its status, polled each second)"
+        "tests/diagnose_live/real.rs: the agent's canaries (1/s, 4 tokens) and its 1 s scrape of the real llama.cpp server (Gemma 3 270M, --parallel 2, --threads 1); from the onset {load} (server_* series: the agent's newest scrape in its status, polled each second)"
     );
     let spec = Spec {
         name,
-        cause: Some("load_surge"),
-        magnitude: &magnitude,
+        cause: Some(cause),
+        magnitude,
         notes: &notes,
     };
-    let (run, _) = run_episode(&spec, &cfg, None, || Load::start(port, clients, story));
-    let t = confirmed(&run, "load_surge");
-    let top = &t["causes"][0];
-    assert_eq!(top["cause"], "load_surge", "{t}");
-    assert!(f(top, "score") >= 0.75, "{top}");
+    let (run, _) = run_episode(&spec, &cfg, None, || Load::start(port, clients, body));
+    let t = confirmed(&run, cause);
+    let top = t["causes"][0].clone();
+    assert_eq!(top["cause"], cause, "{t}");
+    let _ = std::fs::remove_dir_all(&dir);
+    Some(top)
+}
+
+fn load_surge(clients: usize, name: &'static str) {
+    let Some(top) = real_server_episode(
+        "load_surge",
+        name,
+        &format!("{clients} closed-loop clients of 48-token answers on 2 slots"),
+        &format!("{clients} more clients send 48-token story requests back to back"),
+        clients,
+        story,
+    ) else {
+        return;
+    };
+    assert!(f(&top, "score") >= 0.75, "{top}");
     // The evidence: the server's busy slots rose to its 2 slots, and requests waited.
-    let running = evidence(top, "server_requests_running")
+    let running = evidence(&top, "server_requests_running")
         .unwrap_or_else(|| panic!("no running evidence: {top}"));
     assert!(
         f(running, "after") >= 1.5 && f(running, "before") < 1.0,
         "{running}"
     );
-    let waiting = evidence(top, "server_requests_waiting")
+    let waiting = evidence(&top, "server_requests_waiting")
         .unwrap_or_else(|| panic!("no queue evidence: {top}"));
     assert!(f(waiting, "peak") >= 1.0, "{waiting}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `long_prompts`: one more client sending ~800-token prompts (2 tokens out) back to back.
@@ -496,42 +520,24 @@ fn live_long_prompts_mild_on_llamacpp() {
 }
 
 fn long_prompts(body: fn(usize, usize) -> String, tokens: &str, name: &'static str) {
-    if !enabled() {
-        return;
-    }
-    let _serial = REAL.lock().unwrap_or_else(|e| e.into_inner());
-    let server = model_server();
-    let dir = temp_dir("long_prompts");
-    let cfg = agent_config(
-        &dir,
-        &server.url(),
-        "gemma-3-270m",
-        REAL_CANARY,
-        "metrics_interval = \"1s\"\n",
-        false,
-    );
-    let port = server.port;
-    let magnitude = format!("1 client of {tokens}-token prompts, 2 tokens out");
-    let notes = format!(
-        "tests/diagnose_live/real.rs: the agent's canaries (1/s, 4 tokens) and its 1 s scrape of the real llama.cpp server (Gemma 3 270M, --parallel 2, --threads 1); from the onset a second client sends {tokens}-token prompts (2 tokens out, no prompt-cache hit) back to back (server_* series: the agent's newest scrape in its status, polled each second)"
-    );
-    let spec = Spec {
+    let Some(top) = real_server_episode(
+        "long_prompts",
         name,
-        cause: Some("long_prompts"),
-        magnitude: &magnitude,
-        notes: &notes,
+        &format!("1 client of {tokens}-token prompts, 2 tokens out"),
+        &format!(
+            "a second client sends {tokens}-token prompts (2 tokens out, no prompt-cache hit) back to back"
+        ),
+        1,
+        body,
+    ) else {
+        return;
     };
-    let (run, _) = run_episode(&spec, &cfg, None, || Load::start(port, 1, body));
-    let t = confirmed(&run, "long_prompts");
-    let top = &t["causes"][0];
-    assert_eq!(top["cause"], "long_prompts", "{t}");
-    let ratio = evidence(top, "server_prompt_ratio")
+    let ratio = evidence(&top, "server_prompt_ratio")
         .unwrap_or_else(|| panic!("no prompt-ratio evidence: {top}"));
     assert!(
         f(ratio, "after") >= 3.0 * f(ratio, "before").max(1.0),
         "{ratio}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `network`: the agent in one namespace, a scripted server in another, a link whose delay

@@ -10,8 +10,8 @@ answers, of the form
 
     READY http://127.0.0.1:8080 model=gemma-3-270m startup_s=1.02
 
-llama.cpp's own logs go to stderr. SIGTERM or SIGINT exits with status 0
-(one sent while the model loads takes effect when loading ends, ~1 s; one in the
+llama.cpp's own logs go to stderr. SIGTERM or SIGINT exits with status 0 at once,
+also while requests are in progress (they are cut off; one sent while the model loads takes effect when loading ends, ~1 s; one in the
 first ~50 ms, before Python sets its handlers, gives 143). A busy
 port or an unloadable model exits with status 1.
 """
@@ -48,6 +48,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--parallel", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--ready-timeout", type=float, default=120.0)
+    p.add_argument("--chat-template-file", default=None, help="a Jinja chat template instead of the GGUF's (or llama.cpp's chatml fallback)")
     return p.parse_args()
 
 
@@ -85,6 +86,9 @@ def main() -> int:
     params.endpoint_metrics = True
     params.n_gpu_layers = 0
     params.warmup = True
+    if args.chat_template_file:
+        params.use_jinja = True
+        params.chat_template = Path(args.chat_template_file).read_text()
 
     t0 = time.monotonic()
     try:
@@ -112,9 +116,11 @@ def main() -> int:
             pass
     sys.stdout.flush()
     sys.stderr.flush()
-    # The embedded C++ server has no stop() method; skip interpreter teardown
-    # (which can block on the server's threads) and leave immediately.
-    del server
+    # The embedded C++ server has no stop() method, and its destructor waits for the
+    # requests in progress to finish (a long generation: minutes). Neither destroy it nor
+    # tear down the interpreter (which can block on the server's threads): leave at once;
+    # the kernel closes its sockets. `server` stays referenced until then.
+    _ = server
     os._exit(0)
 
 

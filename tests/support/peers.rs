@@ -79,6 +79,19 @@ impl ModelServer {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// Sends SIGTERM and waits at most `timeout` for the exit: its status and how long it took.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<(std::process::ExitStatus, Duration)> {
+        let t = Instant::now();
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        while t.elapsed() < timeout {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some((s, t.elapsed()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     /// The server's own Prometheus counters (`llamacpp:*`).
     pub fn metrics(&self) -> String {
         crate::agent::http_get(SocketAddr::from(([127, 0, 0, 1], self.port)), "/metrics").1

@@ -518,33 +518,31 @@ mod tests {
             ("b", "chat", "m1"),
             ("b", "code", "m2"),
         ]);
-        let f = fleet_view(
-            &analysis(&[
-                ("a/chat", "root_confirmed", Some("gpu_throttling")),
-                ("a/code", "propagating", Some("gpu_throttling")),
-                ("b/chat", "idle", None),
-                ("b/code", "idle", None),
-            ]),
-            &ms,
+        // The members `moved` (key, state) with `cause`; every other one idle.
+        let view = |moved: &[(&str, &str)], cause: &'static str| {
+            let states: Vec<_> = ms
+                .keys()
+                .map(|k| match moved.iter().find(|(m, _)| m == k) {
+                    Some((_, state)) => (k.as_str(), *state, Some(cause)),
+                    None => (k.as_str(), "idle", None),
+                })
+                .collect();
+            fleet_view(&analysis(&states), &ms)
+        };
+        let f = view(
+            &[("a/chat", "root_confirmed"), ("a/code", "propagating")],
+            "gpu_throttling",
         );
         assert_eq!(f.scope, "one_node", "{}", f.verdict);
         assert!(f.verdict.contains("one node moved: a (gpu_throttling)"));
-        let f = fleet_view(
-            &analysis(&[
-                ("a/chat", "root_confirmed", Some("server_change")),
-                ("b/chat", "root_confirmed", Some("server_change")),
-                ("a/code", "idle", None),
-                ("b/code", "idle", None),
-            ]),
-            &ms,
+        let f = view(
+            &[("a/chat", "root_confirmed"), ("b/chat", "root_confirmed")],
+            "server_change",
         );
         assert_eq!(f.scope, "one_model", "{}", f.verdict);
         assert!(f.verdict.contains("m1 on 2 nodes"));
-        let all: Vec<_> = ms
-            .keys()
-            .map(|k| (k.as_str(), "root_confirmed", Some("network")))
-            .collect();
-        let f = fleet_view(&analysis(&all), &ms);
+        let all: Vec<(&str, &str)> = ms.keys().map(|k| (k.as_str(), "root_confirmed")).collect();
+        let f = view(&all, "network");
         assert_eq!(f.scope, "every_node", "{}", f.verdict);
         let f = fleet_view(&analysis(&[]), &ms);
         assert_eq!(f.scope, "none");

@@ -221,6 +221,7 @@ pub struct Summarizer {
     output_tokens: Accumulator,
     output_tokens_target: Accumulator,
     prompt_tokens: Accumulator,
+    prompt_tokens_mismatch: usize,
 }
 
 /// What [`Summarizer::finish`] needs from the run besides the rows.
@@ -254,6 +255,7 @@ impl Summarizer {
             .record(f64::from(r.output_tokens_target));
         self.output_tokens_target_sum += f64::from(r.output_tokens_target);
         self.prompt_tokens.record(f64::from(r.prompt_tokens));
+        self.prompt_tokens_mismatch += usize::from(r.prompt_tokens_mismatch());
         if r.outcome != "ok" {
             let error_type = r.error_type.clone().unwrap_or_else(|| r.outcome.to_owned());
             let status = r
@@ -367,6 +369,7 @@ impl Summarizer {
             output_tokens_target: self.output_tokens_target.distribution(),
             output_tokens_short: self.output_tokens_short,
             prompt_tokens: self.prompt_tokens.distribution(),
+            prompt_tokens_mismatch: self.prompt_tokens_mismatch,
             vram: None,
             server: None,
             repeat: None,

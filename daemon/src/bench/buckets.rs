@@ -3,7 +3,8 @@
 //! with length distributions, a prompt file or a trace (one benchmark, many lengths) still
 //! gets an input × output heatmap and SLO matrix.
 //!
-//! - Input bucket: the request's `prompt_tokens` (the tokenizer's count of the prompt sent).
+//! - Input bucket: the server's `usage.prompt_tokens` when it reported one, else the request's
+//!   calibrated `prompt_tokens` (for chat, with its template; [`RequestRow::input_tokens_for_buckets`]).
 //! - Output bucket: its achieved `output_tokens` when known (a successful request always has
 //!   it: the server's usage, else the counted chunks), else its `output_tokens_target`
 //!   (`max_tokens`; failed requests).
@@ -24,7 +25,7 @@ use super::aggregate::Accumulator;
 use super::{Goodput, RequestRow};
 
 /// The bucketing scheme, as written to `summary.json`.
-pub const SCHEME: &str = "powers of two: [2^k, 2^(k+1)), 0 in [0, 1); input by prompt_tokens; output by output_tokens when known, else output_tokens_target";
+pub const SCHEME: &str = "powers of two: [2^k, 2^(k+1)), 0 in [0, 1); input by the server's input_tokens when reported, else prompt_tokens; output by output_tokens when known, else output_tokens_target";
 
 /// A half-open bucket of token counts, `[lo, hi)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -154,7 +155,7 @@ impl Pool {
             g.benchmarks.push(r.benchmark.clone());
         }
         g.num_requests += 1;
-        let c = g.cells.entry((Bucket::of(u64::from(r.prompt_tokens)), Bucket::of(output_len(r)))).or_default();
+        let c = g.cells.entry((Bucket::of(r.input_tokens_for_buckets()), Bucket::of(output_len(r)))).or_default();
         c.count += 1;
         if r.outcome != "ok" {
             return;

@@ -641,8 +641,9 @@ pub fn compare(spec: &CompareSpec) -> Result<Comparison, CompareError> {
     Ok(c)
 }
 
-fn num(v: Option<f64>, digits: usize) -> String {
-    v.map_or_else(|| "–".to_owned(), |v| format!("{v:.digits$}"))
+/// `v` divided by `per` (the shown unit), three significant digits, `title`: the exact value.
+fn num(v: Option<f64>, per: f64) -> String {
+    v.map_or_else(|| "<td>–</td>".to_owned(), |v| format!(r#"<td title="{v}">{}</td>"#, super::report::fmt::number(v / per)))
 }
 
 fn render(c: &Comparison, base: &Run, new: &Run) -> String {
@@ -685,20 +686,27 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
                 Verdict::Improvement => "improvement",
                 Verdict::Unchanged => "unchanged",
             };
-            let digits = if m.unit == "ratio" { 4 } else { 2 };
+            // Times in one unit per row (that of the larger of base and new): 0.155 ms, 1.24 s.
+            let (unit, per) = if m.unit == "ms" {
+                let u = super::report::fmt::TimeUnit::for_values(m.base.into_iter().chain(m.new));
+                (u.symbol(), u.ms())
+            } else {
+                (m.unit, 1.0)
+            };
+            let ci = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| super::report::fmt::number(v / per));
             let _ = write!(
                 h,
-                r#"<tr class="{v}" data-metric="{}" data-delta="{}"><td class="m">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>[{}, {}]</td><td>{}</td><td>{v}</td></tr>"#,
+                r#"<tr class="{v}" data-metric="{}" data-delta="{}"><td class="m">{}</td><td>{}</td>{}{}{}{}<td>[{}, {}]</td><td>{}</td><td>{v}</td></tr>"#,
                 m.metric,
                 m.delta.map_or_else(String::new, |d| format!("{d}")),
                 m.metric,
-                m.unit,
-                num(m.base, digits),
-                num(m.new, digits),
-                num(m.delta, digits),
-                num(m.delta_pct, 1),
-                num(m.ci_low, digits),
-                num(m.ci_high, digits),
+                unit,
+                num(m.base, per),
+                num(m.new, per),
+                num(m.delta, per),
+                num(m.delta_pct, 1.0),
+                ci(m.ci_low),
+                ci(m.ci_high),
                 m.p_value.map_or_else(|| "–".to_owned(), |p| format!("{p:.3e}")),
             );
         }

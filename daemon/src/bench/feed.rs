@@ -47,6 +47,37 @@ pub struct Item {
     pub max_tokens: u32,
     /// Later user turns with their token counts.
     pub next_turns: Vec<(String, u32)>,
+    /// Multi-turn: counts each later turn's whole request (history and template) before it
+    /// is sent; `None` otherwise.
+    pub history_counter: Option<Arc<TokenizeClient>>,
+}
+
+impl Item {
+    /// The prompt of a later turn `text` (`text_tokens`: its own count) sent with `messages`
+    /// (the history and this turn): its `tokens` are the whole request's by the run's
+    /// counting ([`TokenizeClient::count_messages`]), else the turn's own count.
+    pub async fn next_turn_prompt(
+        &self,
+        messages: &[serde_json::Value],
+        text: String,
+        text_tokens: u32,
+    ) -> Prompt {
+        let counted = match &self.history_counter {
+            Some(tok) => tok
+                .count_messages(messages)
+                .await
+                .map(|n| (n, tok.source())),
+            None => None,
+        };
+        let (tokens, source) =
+            counted.unwrap_or((text_tokens, prompts::PromptTokensSource::TextOnly));
+        Prompt {
+            text,
+            target_tokens: tokens,
+            tokens,
+            source,
+        }
+    }
 }
 
 /// Text of Mooncake blocks already made: (hash id, tokens) → (text, tokens by the tokenizer).
@@ -55,6 +86,8 @@ type Blocks = HashMap<(u64, u32), (String, u32)>;
 /// What every item of a source shares.
 struct Shared {
     tok: TokenizeClient,
+    /// Multi-turn chat: the counter of later turns (see [`Item::history_counter`]).
+    history_counter: Option<Arc<TokenizeClient>>,
     trace: Option<TraceReplay>,
     file: Option<Arc<PromptSet>>,
     blocks: Mutex<Blocks>,
@@ -102,6 +135,8 @@ impl ItemSource {
         Self {
             shared: Arc::new(Shared {
                 tok: tok.clone(),
+                history_counter: (w.multi_turn && tok.chat.is_some())
+                    .then(|| Arc::new(tok.clone())),
                 trace: w.trace.clone(),
                 file: w.prompt_file.clone(),
                 blocks: Mutex::new(Blocks::new()),
@@ -234,6 +269,7 @@ async fn make(sh: Arc<Shared>, i: usize, plan: Plan, max_tokens: u32) -> Item {
                     prompt: empty(0),
                     max_tokens,
                     next_turns: Vec::new(),
+                    history_counter: None,
                 };
             };
             let len = t.trace.requests.get(i).map_or(1, |r| r.input_tokens);
@@ -258,12 +294,21 @@ async fn make(sh: Arc<Shared>, i: usize, plan: Plan, max_tokens: u32) -> Item {
             if turns.is_empty() {
                 (empty(0), turns)
             } else {
-                let (text, tokens) = turns.remove(0);
+                let (text, _) = turns.remove(0);
+                // The whole first request (for chat: with its template).
+                let (tokens, source) = match sh.tok.count_prompt(&text).await {
+                    Some(n) => (n, sh.tok.source()),
+                    None => (
+                        prompts::estimated_count(&text),
+                        prompts::PromptTokensSource::Estimate,
+                    ),
+                };
                 (
                     Prompt {
                         text,
                         target_tokens: tokens,
                         tokens,
+                        source,
                     },
                     turns,
                 )
@@ -274,6 +319,7 @@ async fn make(sh: Arc<Shared>, i: usize, plan: Plan, max_tokens: u32) -> Item {
         prompt,
         max_tokens,
         next_turns,
+        history_counter: sh.history_counter.clone(),
     }
 }
 
@@ -282,6 +328,7 @@ fn empty(len: u32) -> Prompt {
         text: String::new(),
         target_tokens: len,
         tokens: 0,
+        source: prompts::PromptTokensSource::Estimate,
     }
 }
 
@@ -292,7 +339,16 @@ fn empty(len: u32) -> Prompt {
 /// server's prefix cache hits as in the real trace. Tokens beyond the ids' blocks (a trace
 /// whose ids are short) come from a prompt of this request alone.
 async fn block_prompt(sh: &Shared, ids: &[u64], len: u32, i: usize) -> Prompt {
-    let (mut text, mut tokens, mut left) = (String::new(), 0u32, len);
+    let tok = &sh.tok;
+    // Chat: the template's own tokens come off the last block (or the rest), so the whole
+    // request has the trace's length; the blocks are text (counted without the template).
+    let overhead = if tok.chat.is_some() {
+        tok.count_prompt("").await.unwrap_or(0)
+    } else {
+        0
+    };
+    let (mut text, mut tokens, mut left) =
+        (String::new(), 0u32, len.saturating_sub(overhead).max(1));
     for &id in ids {
         if left == 0 {
             break;
@@ -330,10 +386,19 @@ async fn block_prompt(sh: &Shared, ids: &[u64], len: u32, i: usize) -> Prompt {
         text.push_str(&rest.text);
         tokens += rest.tokens;
     }
+    let mut source = tok.source();
+    if tok.chat.is_some() {
+        // The whole templated request, counted as it is sent.
+        match tok.count_prompt(&text).await {
+            Some(n) => tokens = n,
+            None => source = prompts::PromptTokensSource::Estimate,
+        }
+    }
     Prompt {
         text,
         target_tokens: len,
         tokens,
+        source,
     }
 }
 

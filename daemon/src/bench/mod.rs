@@ -11,6 +11,7 @@
 pub mod aggregate;
 pub mod buckets;
 pub mod capacity;
+pub mod chat_template;
 pub mod compare;
 pub mod dataset;
 pub mod export;
@@ -22,9 +23,6 @@ pub mod progress;
 pub mod prompts;
 pub mod repeat;
 pub mod report;
-pub mod report_capacity;
-pub mod report_profile;
-pub mod report_ramp;
 pub mod slots;
 pub mod rows;
 pub mod stats;
@@ -232,6 +230,24 @@ pub struct RequestRow {
     /// for one choice.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub choices: Vec<ChoiceRow>,
+    /// What decided `prompt_tokens`: for chat, the whole request with its chat template
+    /// (`server_template`, `local_template`) or not (`text_only`, `estimate`); see
+    /// [`prompts::PromptTokensSource`].
+    pub prompt_tokens_source: prompts::PromptTokensSource,
+}
+
+impl RequestRow {
+    /// The input length the request is bucketed by (heatmaps, length buckets, SLO cells): the
+    /// server's `usage.prompt_tokens` when it reported one, else the calibrated `prompt_tokens`.
+    pub fn input_tokens_for_buckets(&self) -> u64 {
+        self.input_tokens.unwrap_or(u64::from(self.prompt_tokens))
+    }
+
+    /// Whether the server's input count differs from `prompt_tokens` by more than the one BOS
+    /// token it may add (`prompt_tokens_mismatch`); false without the server's count.
+    pub fn prompt_tokens_mismatch(&self) -> bool {
+        self.input_tokens.is_some_and(|n| n.abs_diff(u64::from(self.prompt_tokens)) > 1)
+    }
 }
 
 /// One choice of an `n > 1` request in `requests.jsonl`; times from the request's send.
@@ -286,6 +302,9 @@ pub struct BenchSummary {
     /// Successful requests that ended with fewer output tokens than asked.
     pub output_tokens_short: usize,
     pub prompt_tokens: Option<Distribution>,
+    /// Requests whose server-reported input tokens differ from `prompt_tokens` by more than
+    /// 1 (BOS): a calibration that missed (e.g. a chat template not counted).
+    pub prompt_tokens_mismatch: usize,
     /// Peak GPU memory during the benchmark; null without GPU figures (see `Summary::gpu`).
     pub vram: Option<vram::VramStats>,
     /// The model server's own signals during the benchmark ([`server`]); null when its
@@ -332,6 +351,12 @@ pub struct Summary {
     /// when the run finished).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub interrupted: bool,
+    /// What decides the prompts' `prompt_tokens` ([`prompts::PromptTokensSource`]).
+    pub prompt_tokens_source: prompts::PromptTokensSource,
+    /// `--api chat`: where the chat template counted came from (null for completions).
+    pub chat_template: Option<String>,
+    /// Sum of the benchmarks' `prompt_tokens_mismatch`.
+    pub prompt_tokens_mismatch: usize,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -419,6 +444,7 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
         let kind = serde_json::to_value(tok.kind).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
         eprintln!("lmperf run: target {} model {model} tokenizer {kind}", spec.target.base_url);
     }
+    let tok = chat_template::setup(tok, &spec.workload, spec.target.api, spec.progress).await?;
     let mut extra = serde_json::Map::new();
     if spec.ignore_eos {
         extra.insert("ignore_eos".into(), serde_json::Value::Bool(true));
@@ -548,12 +574,13 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
                 } else {
                     format!(", failed: {}", summary.errors.iter().map(|(t, n)| format!("{n} {t}")).collect::<Vec<_>>().join(", "))
                 };
-                let ms = |d: &Option<Distribution>, f: fn(&Distribution) -> f64| d.as_ref().map_or("-".to_owned(), |d| format!("{:.1}", f(d)));
+                let ms = |d: &Option<Distribution>, f: fn(&Distribution) -> f64| report::fmt::opt_duration_ms(d.as_ref().map(f));
                 eprintln!(
-                    "lmperf run: {name}: {} requests, {} ok{errors}, {:.2} req/s, TTFT p50 {} ms p99 {} ms, E2EL p99 {} ms",
+                    "lmperf run: {name}: {} requests, {} ok{errors}, {}, {}, TTFT p50 {} p99 {}, E2EL p99 {}",
                     summary.num_requests,
                     summary.completed,
-                    summary.request_throughput,
+                    report::fmt::rate(summary.request_throughput, "req/s"),
+                    report::fmt::rate(summary.output_token_throughput, "tok/s"),
                     ms(&summary.ttft_ms, |d| d.p50),
                     ms(&summary.ttft_ms, |d| d.p99),
                     ms(&summary.e2el_ms, |d| d.p99),
@@ -609,7 +636,11 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
         capacity,
         profile: profile_info,
         interrupted: stopped_during.is_some(),
+        prompt_tokens_source: tok.source(),
+        chat_template: tok.chat.as_ref().map(chat_template::ChatCounting::describe),
+        prompt_tokens_mismatch: 0,
     };
+    let summary = chat_template::checked(summary, spec.progress);
     write_outputs(&spec.output_dir, &sample, &summary)?;
     server::write_samples(&spec.output_dir, &server_samples).map_err(|source| BenchError::Output { path: spec.output_dir.clone(), source })?;
     vram::write_samples(&spec.output_dir, &gpu_samples).map_err(|source| BenchError::Output { path: spec.output_dir.clone(), source })?;
@@ -742,7 +773,7 @@ async fn one_benchmark(
                     }
                     messages.push(serde_json::json!({ "role": "assistant", "content": m.record.output_text.unwrap_or_default() }));
                     messages.push(serde_json::json!({ "role": "user", "content": text }));
-                    prompt = Prompt { text, target_tokens: tokens, tokens };
+                    prompt = item.next_turn_prompt(&messages, text, tokens).await;
                     (scheduled, dispatched) = (Instant::now(), Instant::now());
                 }
                 drop(permit);
@@ -815,6 +846,7 @@ fn row(name: &str, index: usize, turn: u32, (concurrency, concurrency_limit): (u
                 finish_reason: c.finish_reason.clone(),
             })
             .collect(),
+        prompt_tokens_source: prompt.source,
     }
 }
 

@@ -31,14 +31,37 @@ pub enum Tokenizer {
     Estimate,
 }
 
+/// What decided a request's `prompt_tokens` (`requests.jsonl` `prompt_tokens_source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PromptTokensSource {
+    /// No tokenizer: 0.75 words per token (of the prompt, or of the chat template's rendering).
+    #[default]
+    Estimate,
+    /// The server's `/tokenize` of the prompt text (completions: all the server sees).
+    ServerTokenize,
+    /// A local `tokenizer.json` on the prompt text.
+    LocalTokenizer,
+    /// Chat: the server applied its own chat template and the result was counted
+    /// ([`super::chat_template`]).
+    ServerTemplate,
+    /// Chat: a local chat template rendered here, counted by the run's tokenizer.
+    LocalTemplate,
+    /// Chat without any template: the message text alone, which undercounts.
+    TextOnly,
+}
+
 /// One generated prompt.
 #[derive(Debug, Clone, Serialize)]
 pub struct Prompt {
     pub text: String,
     /// Wanted input length in tokens.
     pub target_tokens: u32,
-    /// Its length by the tokenizer (the estimate without one).
+    /// Its length by the tokenizer (the estimate without one); for chat, of the whole
+    /// templated request.
     pub tokens: u32,
+    /// What counted `tokens`.
+    pub source: PromptTokensSource,
 }
 
 const WORDS: &[&str] = &[
@@ -101,9 +124,12 @@ impl LocalTokenizer {
 pub struct TokenizeClient {
     clients: Clients,
     target: TargetConfig,
-    model: String,
+    pub(super) model: String,
     local: Option<LocalTokenizer>,
     pub kind: Tokenizer,
+    /// `--api chat`: how the whole templated request is counted ([`super::chat_template`]);
+    /// `None`: the prompt text is all the server sees (completions).
+    pub chat: Option<super::chat_template::ChatCounting>,
 }
 
 #[derive(serde::Deserialize)]
@@ -117,7 +143,7 @@ struct TokenizeReply {
 impl TokenizeClient {
     /// Finds which `/tokenize` the server speaks, if any.
     pub async fn detect(clients: &Clients, target: &TargetConfig, model: &str) -> Self {
-        let mut me = Self { clients: clients.clone(), target: target.clone(), model: model.to_owned(), local: None, kind: Tokenizer::Estimate };
+        let mut me = Self { clients: clients.clone(), target: target.clone(), model: model.to_owned(), local: None, kind: Tokenizer::Estimate, chat: None };
         for kind in [Tokenizer::ServerLlamaCpp, Tokenizer::ServerOpenAiStyle] {
             me.kind = kind;
             if matches!(me.count("Hello world").await, Some(n) if n > 0) {
@@ -130,22 +156,44 @@ impl TokenizeClient {
 
     /// Counts with a local `tokenizer.json` (no `/tokenize` calls).
     pub fn local(clients: &Clients, target: &TargetConfig, model: &str, local: LocalTokenizer) -> Self {
-        Self { clients: clients.clone(), target: target.clone(), model: model.to_owned(), local: Some(local), kind: Tokenizer::LocalFile }
+        Self { clients: clients.clone(), target: target.clone(), model: model.to_owned(), local: Some(local), kind: Tokenizer::LocalFile, chat: None }
     }
 
-    /// Tokens in `text` (no special tokens), or the estimate.
-    pub async fn count(&self, text: &str) -> Option<u32> {
-        let body = match self.kind {
-            Tokenizer::LocalFile => return self.local.as_ref().and_then(|t| t.count(text)),
-            Tokenizer::ServerLlamaCpp => serde_json::json!({ "content": text, "add_special": false }),
-            Tokenizer::ServerOpenAiStyle => serde_json::json!({ "model": self.model, "prompt": text, "add_special_tokens": false }),
-            Tokenizer::Estimate => return Some(estimate(text)),
-        };
-        let url = self.target.base_url.join("tokenize").ok()?;
+    /// What decides the `prompt_tokens` of this run's prompts.
+    pub fn source(&self) -> PromptTokensSource {
+        match (&self.chat, self.kind) {
+            (Some(c), kind) => c.source(kind),
+            (None, Tokenizer::Estimate) => PromptTokensSource::Estimate,
+            (None, Tokenizer::LocalFile) => PromptTokensSource::LocalTokenizer,
+            (None, _) => PromptTokensSource::ServerTokenize,
+        }
+    }
+
+    /// Input tokens of a request whose prompt is `text`: the text itself (completions), or one
+    /// user message with the chat template applied (chat).
+    pub async fn count_prompt(&self, text: &str) -> Option<u32> {
+        match &self.chat {
+            None => self.count(text).await,
+            Some(how) => super::chat_template::count(self, how, &[super::chat_template::user_message(text)]).await,
+        }
+    }
+
+    /// Input tokens of a chat request with these `messages` (the text alone without a chat
+    /// counting, see [`Self::count_prompt`]).
+    pub async fn count_messages(&self, messages: &[serde_json::Value]) -> Option<u32> {
+        match &self.chat {
+            Some(how) => super::chat_template::count(self, how, messages).await,
+            None => super::chat_template::count(self, &super::chat_template::ChatCounting::TextOnly, messages).await,
+        }
+    }
+
+    /// `POST {base}/{path}` with a JSON body; the JSON reply of a 2xx, else `None`.
+    pub(super) async fn post(&self, path: &str, body: &serde_json::Value) -> Option<serde_json::Value> {
+        let url = self.target.base_url.join(path).ok()?;
         let resp = self
             .clients
             .send_idempotent(|c| {
-                let req = c.post(url.clone()).json(&body).timeout(Duration::from_secs(10));
+                let req = c.post(url.clone()).json(body).timeout(Duration::from_secs(10));
                 match &self.target.api_key {
                     Some(k) => req.bearer_auth(k.expose()),
                     None => req,
@@ -156,9 +204,27 @@ impl TokenizeClient {
         if !resp.status().is_success() {
             return None;
         }
-        let r: TokenizeReply = resp.json().await.ok()?;
+        resp.json().await.ok()
+    }
+
+    /// Tokens in `text` (no special tokens), or the estimate.
+    pub async fn count(&self, text: &str) -> Option<u32> {
+        let body = match self.kind {
+            Tokenizer::LocalFile => return self.local.as_ref().and_then(|t| t.count(text)),
+            // Special tokens in the text parsed, as llama.cpp tokenizes prompts (chat templates
+            // write their role markers as text).
+            Tokenizer::ServerLlamaCpp => serde_json::json!({ "content": text, "add_special": false, "parse_special": true }),
+            Tokenizer::ServerOpenAiStyle => serde_json::json!({ "model": self.model, "prompt": text, "add_special_tokens": false }),
+            Tokenizer::Estimate => return Some(estimate(text)),
+        };
+        let r: TokenizeReply = serde_json::from_value(self.post("tokenize", &body).await?).ok()?;
         Some(r.count.unwrap_or(r.tokens.len() as u32))
     }
+}
+
+/// The estimate of `text`'s tokens without a tokenizer: its words ÷ 0.75.
+pub fn estimated_count(text: &str) -> u32 {
+    estimate(text)
 }
 
 fn estimate(text: &str) -> u32 {
@@ -200,7 +266,7 @@ pub async fn synthetic(tok: &TokenizeClient, n: usize, target_tokens: u32, seed:
         while lo <= hi {
             let mid = (lo + hi) / 2;
             let text = text_of(mid);
-            let Some(c) = tok.count(&text).await else { break };
+            let Some(c) = tok.count_prompt(&text).await else { break };
             let better = best.as_ref().is_none_or(|(b, _)| c.abs_diff(target_tokens) < b.abs_diff(target_tokens));
             if better {
                 best = Some((c, text));
@@ -216,7 +282,10 @@ pub async fn synthetic(tok: &TokenizeClient, n: usize, target_tokens: u32, seed:
                 hi = mid - 1;
             }
         }
+        let mut source = tok.source();
         let (mut tokens, mut text) = best.unwrap_or_else(|| {
+            // The tokenizer failed: the estimate, said so.
+            source = PromptTokensSource::Estimate;
             let k = (target_tokens as f64 * 0.75) as usize;
             let t = text_of(k);
             (estimate(&t), t)
@@ -224,7 +293,7 @@ pub async fn synthetic(tok: &TokenizeClient, n: usize, target_tokens: u32, seed:
         // Words can be several tokens: finish with single-token steps (drop the last word when
         // over, add a short common word when under).
         for _ in 0..12 {
-            if tokens == target_tokens || tok.kind == Tokenizer::Estimate {
+            if tokens == target_tokens || source == PromptTokensSource::Estimate {
                 break;
             }
             let candidate = if tokens > target_tokens {
@@ -235,7 +304,7 @@ pub async fn synthetic(tok: &TokenizeClient, n: usize, target_tokens: u32, seed:
             } else {
                 format!("{text} {}", FILLERS[(tokens as usize) % FILLERS.len()])
             };
-            match tok.count(&candidate).await {
+            match tok.count_prompt(&candidate).await {
                 Some(c) => {
                     tokens = c;
                     text = candidate;
@@ -243,7 +312,7 @@ pub async fn synthetic(tok: &TokenizeClient, n: usize, target_tokens: u32, seed:
                 None => break,
             }
         }
-        out.push(Prompt { text, target_tokens, tokens });
+        out.push(Prompt { text, target_tokens, tokens, source });
     }
     out
 }

@@ -308,6 +308,9 @@ pub struct Workload {
     pub ramp: Option<Ramp>,
     /// A local tokenizer for exact prompt lengths (`--tokenizer`).
     pub tokenizer: Option<LocalTokenizer>,
+    /// `--chat-template`: the chat template to count chat requests with (else the one beside
+    /// `--tokenizer`, else the server's; see [`super::chat_template`]).
+    pub chat_template: Option<Arc<super::chat_template::ChatTemplate>>,
 }
 
 impl Workload {
@@ -436,6 +439,11 @@ pub struct WorkloadArgs {
     /// of the server's /tokenize (needed where the server has none).
     #[arg(long, value_name = "PATH")]
     pub tokenizer: Option<std::path::PathBuf>,
+    /// The model's chat template, to count --api chat requests exactly: a Jinja file or a
+    /// tokenizer_config.json (default: the tokenizer_config.json beside --tokenizer, else the
+    /// server's own template).
+    #[arg(long, value_name = "PATH")]
+    pub chat_template: Option<std::path::PathBuf>,
 }
 
 impl WorkloadArgs {
@@ -469,6 +477,7 @@ impl WorkloadArgs {
             _ => None,
         };
         let tokenizer = self.tokenizer.as_deref().map(LocalTokenizer::load).transpose().map_err(|e| format!("--tokenizer {e}"))?;
+        let chat_template = self.chat_template.as_deref().map(super::chat_template::ChatTemplate::load).transpose().map_err(|e| format!("--chat-template {e}"))?.map(Arc::new);
         Ok(Workload {
             input_dist: dist("--input-dist", &self.input_dist)?,
             output_dist: dist("--output-dist", &self.output_dist)?,
@@ -477,6 +486,7 @@ impl WorkloadArgs {
             multi_turn: self.multi_turn,
             ramp,
             tokenizer,
+            chat_template,
         })
     }
 }

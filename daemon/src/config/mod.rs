@@ -638,6 +638,7 @@ fn validate_sampling(field: &str, t: &RawCanary) -> Result<SamplingPolicy, Confi
         return Err(ConfigError::invalid(format!("{field}.spike_min_requests"), 0, "at least 1"));
     }
     let spike_jump = validate_spike_jump(field, t)?;
+    let min_share_above = unit("spike_jump_min_share", t.spike_jump_min_share, d.spike_detector.min_share_above, true)?;
     Ok(SamplingPolicy {
         base_ratio,
         max_base_per_second,
@@ -649,7 +650,7 @@ fn validate_sampling(field: &str, t: &RawCanary) -> Result<SamplingPolicy, Confi
         spike_hold: t.spike_hold.unwrap_or(d.spike_hold),
         spike_min_requests,
         spike_jump,
-        spike_detector: d.spike_detector,
+        spike_detector: crate::diagnosis::detector::DetectorConfig { min_share_above, ..d.spike_detector },
     })
 }
 
@@ -848,6 +849,16 @@ mod tests {
         assert_eq!(min("[canary]\nrate = 10.0\n[[target]]\nurl = \"http://127.0.0.1:8000\"\n"), 10);
         // A window of 2 canaries cannot hold 3: kept at 3 (warned: never fires).
         assert_eq!(min("[canary]\nspike_window = \"10s\"\n[[target]]\nurl = \"http://127.0.0.1:8000\"\n"), 3);
+    }
+
+    #[test]
+    fn spike_jump_min_share_is_a_share() {
+        let t = "[[target]]\nurl = \"http://127.0.0.1:8000\"\n";
+        let share = |text: &str| from_toml(text, Overrides::default(), &[]).map(|c| c.targets[0].sampling.spike_detector.min_share_above);
+        assert_eq!(share(t).unwrap(), 0.25);
+        assert_eq!(share(&format!("[canary]\nspike_jump_min_share = 0.5\n{t}")).unwrap(), 0.5);
+        let err = share(&format!("[canary]\nspike_jump_min_share = 1.5\n{t}")).unwrap_err().to_string();
+        assert!(err.contains("spike_jump_min_share") && err.contains("1.5"), "{err}");
     }
 
     #[test]

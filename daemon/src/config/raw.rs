@@ -27,6 +27,7 @@
 //! spike_jump_ratio = 2.0            # spike on a p99 jump vs the target's own baseline (0: off)
 //! spike_jump_z = 3.5
 //! spike_jump_floor = "50ms"
+//! spike_jump_min_share = 0.25      # ...with this share of a 10 s bucket's canaries above it
 //!
 //! [[target]]
 //! url = "http://127.0.0.1:8000"
@@ -133,6 +134,8 @@ pub struct RawCanary {
     pub spike_jump_z: Option<f64>,
     #[serde(default, with = "humantime_serde")]
     pub spike_jump_floor: Option<Duration>,
+    /// Share of a bucket's canaries that must be above the jump threshold themselves, in [0, 1].
+    pub spike_jump_min_share: Option<f64>,
     /// Model server signals (`server::config`): auto | off.
     pub server_metrics: Option<String>,
     pub metrics_url: Option<String>,
@@ -236,6 +239,7 @@ impl RawCanary {
             spike_jump_ratio: self.spike_jump_ratio.or(b.spike_jump_ratio),
             spike_jump_z: self.spike_jump_z.or(b.spike_jump_z),
             spike_jump_floor: self.spike_jump_floor.or(b.spike_jump_floor),
+            spike_jump_min_share: self.spike_jump_min_share.or(b.spike_jump_min_share),
             server_metrics: self.server_metrics.or(b.server_metrics),
             metrics_url: self.metrics_url.or(b.metrics_url),
             metrics_interval: self.metrics_interval.or(b.metrics_interval),

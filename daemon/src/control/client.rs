@@ -23,6 +23,9 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 pub enum CtlError {
     #[error("cannot reach the agent at {at}: {reason}")]
     Connect { at: String, reason: String },
+    /// The connection failed during a call (no answer from the agent).
+    #[error("the connection to {at} failed during the call: {reason}")]
+    Lost { at: String, reason: String },
     #[error("{}: {}", code_name(.0.code()), .0.message())]
     Rpc(Status),
     /// A local file the command needs (`--profile`) cannot be read.
@@ -72,6 +75,8 @@ pub fn code_name(c: Code) -> &'static str {
 pub struct CtlClient {
     inner: AgentControlClient<Channel>,
     token: Option<Secret>,
+    /// Where the agent is (errors name it).
+    at: String,
 }
 
 impl CtlClient {
@@ -81,10 +86,11 @@ impl CtlClient {
     /// [`CtlError::Connect`] when nothing answers there.
     pub async fn connect(at: &ControlListen, token: Option<Secret>) -> Result<Self, CtlError> {
         let fail = |e: &dyn std::fmt::Display| CtlError::Connect { at: at.to_string(), reason: e.to_string() };
+        let unreachable = |e: &tonic::transport::Error| CtlError::Connect { at: at.to_string(), reason: unreachable_reason(e) };
         let channel = match at {
             ControlListen::Tcp(addr) => {
                 let ep = Endpoint::from_shared(format!("http://{addr}")).map_err(|e| fail(&e))?.connect_timeout(CONNECT_TIMEOUT).timeout(CALL_TIMEOUT);
-                ep.connect().await.map_err(|e| fail(&source_chain(&e)))?
+                ep.connect().await.map_err(|e| unreachable(&e))?
             }
             ControlListen::Unix(path) => {
                 let path = path.clone();
@@ -94,10 +100,10 @@ impl CtlClient {
                     async move { tokio::net::UnixStream::connect(path).await.map(hyper_util::rt::TokioIo::new) }
                 }))
                 .await
-                .map_err(|e| fail(&source_chain(&e)))?
+                .map_err(|e| unreachable(&e))?
             }
         };
-        Ok(Self { inner: AgentControlClient::new(channel), token })
+        Ok(Self { inner: AgentControlClient::new(channel), token, at: at.to_string() })
     }
 
     fn request<T>(&self, msg: T) -> Request<T> {
@@ -117,7 +123,7 @@ impl CtlClient {
     /// The call's status.
     pub async fn status(&mut self) -> Result<proto::GetStatusResponse, CtlError> {
         let r = self.request(proto::GetStatusRequest {});
-        self.inner.get_status(r).await.map(|r| r.into_inner()).map_err(CtlError::Rpc)
+        self.inner.get_status(r).await.map(|r| r.into_inner()).map_err(|s| rpc_error(&self.at, s))
     }
 
     /// `ListRecentRequests`.
@@ -126,7 +132,7 @@ impl CtlClient {
     /// The call's status.
     pub async fn recent(&mut self, req: proto::ListRecentRequestsRequest) -> Result<proto::ListRecentRequestsResponse, CtlError> {
         let r = self.request(req);
-        self.inner.list_recent_requests(r).await.map(|r| r.into_inner()).map_err(CtlError::Rpc)
+        self.inner.list_recent_requests(r).await.map(|r| r.into_inner()).map_err(|s| rpc_error(&self.at, s))
     }
 
     /// `Diagnose`.
@@ -135,7 +141,7 @@ impl CtlClient {
     /// The call's status (`NOT_FOUND` for an unknown target).
     pub async fn diagnose(&mut self, req: proto::DiagnoseRequest) -> Result<proto::DiagnoseResponse, CtlError> {
         let r = self.request(req);
-        self.inner.diagnose(r).await.map(|r| r.into_inner()).map_err(CtlError::Rpc)
+        self.inner.diagnose(r).await.map(|r| r.into_inner()).map_err(|s| rpc_error(&self.at, s))
     }
 
     /// `InjectLoad`.
@@ -144,7 +150,7 @@ impl CtlClient {
     /// The call's status (`INVALID_ARGUMENT` beyond a cap).
     pub async fn inject(&mut self, req: proto::InjectLoadRequest) -> Result<proto::InjectLoadResponse, CtlError> {
         let r = self.request(req);
-        self.inner.inject_load(r).await.map(|r| r.into_inner()).map_err(CtlError::Rpc)
+        self.inner.inject_load(r).await.map(|r| r.into_inner()).map_err(|s| rpc_error(&self.at, s))
     }
 
     /// `UpdateLoad`.
@@ -153,7 +159,7 @@ impl CtlClient {
     /// The call's status (`INVALID_ARGUMENT` for a bad profile, `NOT_FOUND` when no load runs).
     pub async fn update_load(&mut self, req: proto::UpdateLoadRequest) -> Result<proto::UpdateLoadResponse, CtlError> {
         let r = self.request(req);
-        self.inner.update_load(r).await.map(|r| r.into_inner()).map_err(CtlError::Rpc)
+        self.inner.update_load(r).await.map(|r| r.into_inner()).map_err(|s| rpc_error(&self.at, s))
     }
 
     /// `StopLoad`.
@@ -162,18 +168,72 @@ impl CtlClient {
     /// The call's status (`NOT_FOUND` when no load runs).
     pub async fn stop(&mut self, id: String) -> Result<proto::StopLoadResponse, CtlError> {
         let r = self.request(proto::StopLoadRequest { id });
-        self.inner.stop_load(r).await.map(|r| r.into_inner()).map_err(CtlError::Rpc)
+        self.inner.stop_load(r).await.map(|r| r.into_inner()).map_err(|s| rpc_error(&self.at, s))
     }
 }
 
+/// `e` and its sources as one line, each message once (a source whose text its error already
+/// shows is left out: `connection refused: connection refused`).
 fn source_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {
-        let _ = write!(s, ": {c}");
+        let text = c.to_string();
+        if !s.contains(&text) {
+            let _ = write!(s, ": {text}");
+        }
         cur = c.source();
     }
     s
+}
+
+/// Why the agent's address does not answer, with what to do: from the innermost io error of
+/// `e`'s chain (no socket, refused, permission, time-out), else its chain once.
+fn unreachable_reason(e: &(dyn std::error::Error + 'static)) -> String {
+    const CHECK: &str = "is the agent running, with control.listen there? (--addr unix:PATH or IP:PORT names another)";
+    let mut io = None;
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cur {
+        if let Some(i) = c.downcast_ref::<std::io::Error>() {
+            io = Some(i);
+        }
+        if c.to_string().contains("timed out") || c.to_string().contains("Timeout expired") {
+            return format!("no answer within {} s; check --addr and that the agent runs", CONNECT_TIMEOUT.as_secs());
+        }
+        cur = c.source();
+    }
+    match io.map(std::io::Error::kind) {
+        Some(std::io::ErrorKind::NotFound) => format!("no socket there; {CHECK}"),
+        Some(std::io::ErrorKind::PermissionDenied) => "permission denied: the control socket is owner-only; run lmperf ctl as the agent's user".to_owned(),
+        Some(std::io::ErrorKind::TimedOut) => format!("no answer within {} s; check --addr and that the agent runs", CONNECT_TIMEOUT.as_secs()),
+        Some(k) => format!("{k}; {CHECK}"),
+        None => format!("{}; {CHECK}", source_chain(e)),
+    }
+}
+
+/// A failed call as the user should read it: the agent's answer (its code and message) as
+/// [`CtlError::Rpc`]; a connection that failed during the call as [`CtlError::Lost`]; a server
+/// there that is not an agent's control API (plain HTTP, no `grpc-status`) as
+/// [`CtlError::Connect`].
+fn rpc_error(at: &str, s: Status) -> CtlError {
+    if s.code() == Code::Unimplemented && s.message().contains("grpc-status header missing") {
+        let http = s.message().rsplit(' ').next().filter(|c| c.bytes().all(|b| b.is_ascii_digit())).unwrap_or("?");
+        return CtlError::Connect { at: at.to_owned(), reason: format!("it answers HTTP {http} but is not an lmperf agent's control API; check --addr") };
+    }
+    let not_grpc = |c: &(dyn std::error::Error + 'static)| source_chain(c).contains("http2 error");
+    match std::error::Error::source(&s) {
+        Some(cause) if not_grpc(cause) => CtlError::Connect { at: at.to_owned(), reason: "it answers, but not as an lmperf agent's control API (no gRPC over HTTP/2 there); check --addr".to_owned() },
+        Some(cause) if matches!(s.code(), Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded | Code::Internal) => {
+            let reason = if s.message().contains("Timeout expired") {
+                format!("no answer within {} s; see the agent's log, or retry", CALL_TIMEOUT.as_secs())
+            } else {
+                let chain = source_chain(cause);
+                format!("{}; is the agent still running, and is this its control.listen address? (--addr names another)", chain.trim_start_matches("transport error: "))
+            };
+            CtlError::Lost { at: at.to_owned(), reason }
+        }
+        _ => CtlError::Rpc(s),
+    }
 }
 
 fn opt_ms(v: Option<f64>) -> String {
@@ -285,22 +345,22 @@ pub fn format_server(s: &proto::ServerStatus) -> String {
     o
 }
 
-/// One load as text (one line).
+/// One load as text (one line). A profile load shows its name, running revision and file,
+/// and what it does now (concurrency limit, request and token rate) beside its caps.
 pub fn format_load(l: &proto::LoadStatus) -> String {
-    let shape = if !l.profile.is_empty() {
-        profile_shape(l)
+    let (shape, concurrency) = if !l.profile.is_empty() {
+        (profile_shape(l), format!("concurrency_cap={}", l.concurrency))
     } else if l.trace.is_empty() {
-        format!("rate={}/s ({})", l.rate_per_second, l.arrival)
+        (format!("rate={}/s ({})", l.rate_per_second, l.arrival), format!("concurrency={}", l.concurrency))
     } else {
-        format!("trace={} speedup={} rate={:.2}/s (peak {}/s)", l.trace, l.trace_speedup, l.rate_per_second, l.trace_peak_rate_per_second)
+        (format!("trace={} speedup={} rate={:.2}/s (peak {}/s)", l.trace, l.trace_speedup, l.rate_per_second, l.trace_peak_rate_per_second), format!("concurrency={}", l.concurrency))
     };
     format!(
-        "{} {} target={} {shape} duration={}s concurrency={} max_requests={}  elapsed={:.1}s sent={} skipped={} in_flight={} ({})\n",
+        "{} {} target={} {shape} duration={}s {concurrency} max_requests={}  elapsed={:.1}s sent={} skipped={} in_flight={} ({})\n",
         l.id,
         l.state,
         l.target,
         l.duration_s,
-        l.concurrency,
         l.max_requests,
         l.elapsed_s,
         l.sent,
@@ -528,11 +588,25 @@ fn read_profile(path: &std::path::Path) -> Result<(String, String), CtlError> {
     Ok((text, path.display().to_string()))
 }
 
-/// The shape of a profile load: name, revision and when each took effect, sustained rate.
+/// The shape of a profile load: name, running revision and its file, when each revision took
+/// effect, what it does now per dimension, sustained rate.
 fn profile_shape(l: &proto::LoadStatus) -> String {
     let revisions: Vec<String> = l.profile_revisions.iter().map(|r| format!("{}@{:.1}s", r.revision, r.at_s)).collect();
+    let mut now = Vec::new();
+    if let Some(c) = l.profile_concurrency_now {
+        now.push(format!("concurrency={c}"));
+    }
+    if let (Some(r), Some(t)) = (l.profile_rate_per_second_now, l.profile_token_rate_now) {
+        now.push(format!("rate={r:.2} req/s ({t:.0} tok/s)"));
+    }
+    let now = if now.is_empty() { String::new() } else { format!(" now: {}", now.join(" ")) };
     let sustained = l.sustained_token_rate.map_or(String::new(), |r| format!(" sustained={r:.1} tokens/s"));
-    format!("profile={} ({}) revision={} [{}] rate={:.2}/s{sustained}", l.profile, l.profile_file, l.profile_revision, revisions.join(" "), l.rate_per_second)
+    // The revision's peak (bursty: its on rate) when it is not what runs now.
+    let peak = match l.profile_rate_per_second_now {
+        Some(r) if (r - l.rate_per_second).abs() < 1e-9 => String::new(),
+        _ => format!(" peak={:.2} req/s", l.rate_per_second),
+    };
+    format!("profile={} revision={} ({}) [{}]{now}{peak}{sustained}", l.profile, l.profile_revision, l.profile_file, revisions.join(" "))
 }
 
 fn json<T: serde::Serialize>(v: &T) -> String {
@@ -575,6 +649,65 @@ mod tests {
         assert!(change.starts_with("  server changes=2  newest: model a -> gemma "), "{change}");
         let failing = proto::ServerStatus { mode: "failing".into(), reason: Some("not a metrics page".into()), ..Default::default() };
         assert_eq!(format_server(&failing), "  server: - - model=- failing (not a metrics page) waiting=- running=- kv=-\n");
+    }
+
+    #[test]
+    fn a_profile_load_shows_its_running_revision_and_what_it_does_now() {
+        let l = proto::LoadStatus {
+            id: "load-1".into(),
+            state: "running".into(),
+            target: "t0".into(),
+            arrival: "profile".into(),
+            profile: "burst".into(),
+            profile_file: "b.yaml".into(),
+            profile_revision: 1,
+            profile_revisions: vec![
+                proto::ProfileRevision { revision: 0, at_s: 0.0, file: "a.yaml".into() },
+                proto::ProfileRevision { revision: 1, at_s: 2.04, file: "b.yaml".into() },
+            ],
+            rate_per_second: 10.0,
+            profile_rate_per_second_now: Some(0.0),
+            profile_token_rate_now: Some(0.0),
+            profile_concurrency_now: Some(8),
+            concurrency: 16,
+            duration_s: 30.0,
+            max_requests: 1000,
+            ..Default::default()
+        };
+        let text = format_load(&l);
+        assert!(
+            text.starts_with("load-1 running target=t0 profile=burst revision=1 (b.yaml) [0@0.0s 1@2.0s] now: concurrency=8 rate=0.00 req/s (0 tok/s) peak=10.00 req/s duration=30s concurrency_cap=16 max_requests=1000 "),
+            "{text}"
+        );
+        // A rate load keeps its plain concurrency.
+        let plain = proto::LoadStatus { arrival: "poisson".into(), rate_per_second: 2.0, concurrency: 4, ..Default::default() };
+        assert!(format_load(&plain).contains(" rate=2/s (poisson) duration=0s concurrency=4 "), "{}", format_load(&plain));
+    }
+
+    #[test]
+    fn unreachable_agents_are_one_line_naming_the_cause_once_and_what_to_do() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("transport error")]
+        struct Transport(#[source] std::io::Error);
+        let refused = Transport(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(unreachable_reason(&refused), "connection refused; is the agent running, with control.listen there? (--addr unix:PATH or IP:PORT names another)");
+        let missing = Transport(std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory (os error 2)"));
+        assert!(unreachable_reason(&missing).starts_with("no socket there; is the agent running"), "{}", unreachable_reason(&missing));
+        let denied = Transport(std::io::Error::from(std::io::ErrorKind::PermissionDenied));
+        assert_eq!(unreachable_reason(&denied), "permission denied: the control socket is owner-only; run lmperf ctl as the agent's user");
+        // A source whose text the error already shows is not repeated.
+        #[derive(Debug, thiserror::Error)]
+        #[error("tcp connect error: {0}")]
+        struct Shows(#[source] std::io::Error);
+        assert_eq!(source_chain(&Shows(std::io::Error::other("refused"))), "tcp connect error: refused");
+        // A plain HTTP server there: no agent.
+        let e = rpc_error("10.0.0.1:9", Status::unimplemented("grpc-status header missing, mapped from HTTP status code 404"));
+        assert_eq!(e.to_string(), "cannot reach the agent at 10.0.0.1:9: it answers HTTP 404 but is not an lmperf agent's control API; check --addr");
+        // The agent's own answers are kept as they are (code and message).
+        assert_eq!(rpc_error("x", Status::unavailable("the agent is shutting down")).to_string(), "UNAVAILABLE: the agent is shutting down");
+        let lost = rpc_error("x", Status::from_error(Box::new(Transport(std::io::Error::from(std::io::ErrorKind::ConnectionReset)))));
+        assert!(matches!(lost, CtlError::Lost { .. }), "{lost}");
+        assert_eq!(lost.to_string(), "the connection to x failed during the call: connection reset; is the agent still running, and is this its control.listen address? (--addr names another)");
     }
 
     #[test]

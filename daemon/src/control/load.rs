@@ -44,7 +44,7 @@ pub enum Refusal {
     /// A trace whose replay is beyond a cap; `what` names the quantity and its value.
     #[error("trace_file = {file:?}: {what}: above the cap of {cap} ({key})")]
     TraceAboveCap { file: String, what: String, cap: String, key: &'static str },
-    #[error("load {0} is running; stop it first (StopLoad)")]
+    #[error("load {0} is running; stop it first (`lmperf ctl stop`)")]
     Busy(String),
     #[error("the agent is shutting down")]
     ShuttingDown,
@@ -53,10 +53,10 @@ pub enum Refusal {
     #[error("id = {0:?}: not the running load")]
     UnknownLoad(String),
     /// A load profile that does not parse: the parser's one line (file, key, value).
-    #[error("profile_yaml: {0}")]
+    #[error("{0}")]
     Profile(String),
     /// `UpdateLoad` on a load that follows no profile.
-    #[error("load {0} is not a profile load (InjectLoad with profile_yaml)")]
+    #[error("load {0} follows no profile: only a load started with a profile (`lmperf ctl inject --profile FILE`) can be updated")]
     NotAProfile(String),
 }
 
@@ -352,7 +352,7 @@ impl Load {
             trace_peak_rate_per_second: self.spec.replay.as_ref().map_or(0.0, |r| r.peak_rate_per_second),
             ..Default::default()
         }
-        .with_profile(self)
+        .with_profile(self, end.saturating_duration_since(self.started_at))
     }
 
     /// Sends request `seq` on its own task when a concurrency slot is free, else counts it
@@ -455,13 +455,19 @@ impl Load {
 }
 
 /// Prompts of each trace request's exact input length, calibrated with the server's
-/// `/tokenize` as `lmperf run` does ([`crate::bench::prompts::synthetic`]); all `None` (the
-/// estimate, [`crate::bench::prompts::estimated`], made per request) when the server has no
-/// `/tokenize`, and the rest `None` once `stop` is cancelled.
+/// `/tokenize` as `lmperf run` does ([`crate::bench::prompts::synthetic`]): for a chat target,
+/// the whole request with the server's chat template applied (llama.cpp `/apply-template`,
+/// vLLM/SGLang `/tokenize` with messages: [`crate::bench::chat_template::detect`]; the message
+/// text alone when it offers none); all `None` (the estimate,
+/// [`crate::bench::prompts::estimated`], made per request) when the server has no `/tokenize`,
+/// and the rest `None` once `stop` is cancelled.
 async fn calibrated_prompts(runner: &TargetRunner, requests: &[TraceRequest], seed: u64, stop: &CancellationToken) -> Vec<Option<String>> {
     use crate::bench::prompts::{TokenizeClient, Tokenizer, synthetic};
     let model = runner.target.model.clone().unwrap_or_default();
-    let tok = TokenizeClient::detect(&runner.clients, &runner.target, &model).await;
+    let mut tok = TokenizeClient::detect(&runner.clients, &runner.target, &model).await;
+    if runner.target.api == crate::config::Api::Chat && tok.kind != Tokenizer::Estimate {
+        tok.chat = Some(crate::bench::chat_template::detect(&tok, None).await);
+    }
     let mut out = Vec::with_capacity(requests.len());
     for (seq, r) in requests.iter().enumerate() {
         if tok.kind == Tokenizer::Estimate || stop.is_cancelled() {

@@ -111,6 +111,13 @@ pub async fn serve(listener: Listener, service: ControlService, token: Option<Se
     let served = match listener {
         Listener::Tcp(l) => router.serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(l), shutdown).await,
         Listener::Unix(l, path) => {
+            // The socket file goes as the shutdown starts (the server may take longer to drain
+            // than the agent waits for it): `lmperf ctl` then says no agent runs there.
+            let unlink = path.clone();
+            let shutdown = async move {
+                shutdown.await;
+                let _ = std::fs::remove_file(&unlink);
+            };
             let r = router.serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(l), shutdown).await;
             let _ = std::fs::remove_file(&path);
             r

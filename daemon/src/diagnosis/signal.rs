@@ -48,7 +48,9 @@ pub enum Signal {
     GpuMemoryUtilization,
     /// XID, uncorrected ECC or lost-GPU events in the tick (count).
     GpuFault,
-    /// Processes on the GPUs other than the model server's (count).
+    /// Processes on the GPUs other than the model servers' (count): a process is a model
+    /// server's when it or an ancestor listens on a configured target's TCP port
+    /// (`gpu::procs::serves_port`); one the agent cannot see in `/proc` counts as foreign.
     GpuForeignProcesses,
     // ---- Network (`net::state`), per kernel event of the target's connections ----
     /// Smoothed RTT, s.

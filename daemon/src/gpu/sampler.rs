@@ -95,7 +95,11 @@ pub struct Sampler<B: GpuBackend> {
     /// NVML indexes that answered `GPU_IS_LOST` at the last discovery (never identified, so
     /// not tracked): discovery is retried while there are any.
     skipped_lost: BTreeSet<u32>,
-    procs: HashMap<u32, ProcInfo>,
+    /// Per pid: what `/proc` says and whether it serves a target's port (read once per pid,
+    /// again when the ports change).
+    procs: HashMap<u32, (ProcInfo, bool)>,
+    /// The target ports the cache was read with.
+    server_ports: Vec<u16>,
     proc_root: PathBuf,
 }
 
@@ -124,6 +128,7 @@ impl<B: GpuBackend> Sampler<B> {
             lost_total: 0,
             skipped_lost: BTreeSet::new(),
             procs: HashMap::new(),
+            server_ports: Vec::new(),
             proc_root: PathBuf::from("/proc"),
         }
     }
@@ -446,10 +451,15 @@ impl<B: GpuBackend> Sampler<B> {
                 sm.entry(*pid).or_insert(*pct);
             }
         }
+        let ports = self.state.server_ports();
+        if ports != self.server_ports {
+            self.procs.clear();
+            self.server_ports = ports;
+        }
         for p in procs {
             pids_seen.insert(p.pid);
-            let root = &self.proc_root;
-            let info = self.procs.entry(p.pid).or_insert_with(|| procs::read(root, p.pid)).clone();
+            let (root, ports) = (&self.proc_root, &self.server_ports);
+            let (info, model_server) = self.procs.entry(p.pid).or_insert_with(|| (procs::read(root, p.pid), procs::serves_port(root, p.pid, ports).is_some())).clone();
             s.processes.push(ProcessSample {
                 pid: p.pid,
                 used_bytes: p.used_bytes,
@@ -457,6 +467,7 @@ impl<B: GpuBackend> Sampler<B> {
                 executable: info.executable,
                 command: info.command,
                 container_id: info.container_id,
+                model_server,
             });
         }
         Ok(s)

@@ -36,6 +36,9 @@ pub struct ProcessSample {
     pub command: Option<String>,
     /// Container id from `/proc/PID/cgroup`.
     pub container_id: Option<String>,
+    /// It is a target's model server: it or an ancestor listens on the port of a configured
+    /// target ([`GpuState::set_server_ports`], [`super::procs::serves_port`]).
+    pub model_server: bool,
 }
 
 /// One device's values at one sample; a field is `None` when NVML did not give it (never 0
@@ -151,6 +154,8 @@ struct Inner {
     events: VecDeque<GpuEvent>,
     samples: u64,
     last_tick_us: u64,
+    /// TCP ports of the configured targets: a GPU process listening on one is a model server.
+    server_ports: Vec<u16>,
 }
 
 /// The shared GPU state.
@@ -212,6 +217,7 @@ impl GpuState {
                 events: VecDeque::new(),
                 samples: 0,
                 last_tick_us: 0,
+                server_ports: Vec::new(),
             }),
         }
     }
@@ -220,6 +226,20 @@ impl GpuState {
         // The state holds plain values: a panic elsewhere cannot leave it half-written in a
         // way readers could misread, so a poisoned lock is taken over.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sets the TCP ports of the targets' model servers (their URLs' ports): a GPU process
+    /// that listens on one, or whose ancestor does, is the model server's
+    /// ([`ProcessSample::model_server`]); every other one is foreign.
+    pub fn set_server_ports(&self, mut ports: Vec<u16>) {
+        ports.sort_unstable();
+        ports.dedup();
+        self.lock().server_ports = ports;
+    }
+
+    /// The ports of [`Self::set_server_ports`], sorted.
+    pub fn server_ports(&self) -> Vec<u16> {
+        self.lock().server_ports.clone()
     }
 
     /// The sampling interval.

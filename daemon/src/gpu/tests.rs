@@ -341,6 +341,45 @@ async fn processes_are_attributed_through_proc() {
     assert_eq!(value(line), (71u64 << 30) as f64);
 }
 
+/// `gpu_foreign_processes` counts the processes on the GPUs other than the model servers':
+/// with a fake `/proc`, vLLM's API server (pid 100) listens on the target's port 8000, its GPU
+/// worker (101, a child) holds 60 GB; a training job (500) arrives with 10 GB. The worker is
+/// the model server's, the job is foreign; a process `/proc` does not show counts as foreign.
+#[test]
+fn foreign_gpu_processes_leave_out_the_model_servers_own() {
+    use super::procs::tests::{TCP_8000, fake_proc};
+    let root = std::env::temp_dir().join(format!("lmperf-gpu-foreign-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    fake_proc(&root, 100, 1, TCP_8000, &["socket:[4242]"]);
+    fake_proc(&root, 101, 100, TCP_8000, &["/dev/nvidia0"]);
+    fake_proc(&root, 500, 1, TCP_8000, &["/dev/nvidia0", "socket:[4343]"]);
+    let fake = FakeHandle::with_gpus(1);
+    fake.lock().devices[0].processes = vec![GpuProcess { pid: 101, used_bytes: Some(60 << 30) }];
+    fake.lock().devices[0].process_utilization.clear();
+    let state = Arc::new(GpuState::new(Duration::from_secs(1), Mode::Starting));
+    let sampler = Sampler::new(fake.backend(), state.clone(), Duration::from_secs(5)).with_proc_root(root.clone());
+    let mut rig = Rig { state, sampler, t0: Instant::now(), w0: SystemTime::now() };
+    rig.state.set_server_ports(vec![8000, 8000]);
+    let foreign = |rig: &Rig| {
+        let (signals, _) = crate::diagnosis_live::gpu_signals(&rig.state.latest());
+        signals.iter().find(|(s, _)| *s == crate::diagnosis::Signal::GpuForeignProcesses).map(|(_, v)| *v)
+    };
+    assert!(rig.tick(0.0));
+    assert_eq!(foreign(&rig), Some(0.0), "the model server's worker alone: nothing foreign");
+    fake.lock().devices[0].processes.push(GpuProcess { pid: 500, used_bytes: Some(10 << 30) });
+    fake.lock().devices[0].processes.push(GpuProcess { pid: 77_777, used_bytes: Some(1 << 30) });
+    assert!(rig.tick(1.0));
+    assert_eq!(foreign(&rig), Some(2.0), "the job and the process /proc does not show");
+    let st = rig.state.status();
+    let flags: Vec<(u32, bool)> = st.devices[0].processes.iter().map(|p| (p.pid, p.model_server)).collect();
+    assert_eq!(flags, [(101, true), (500, false), (77_777, false)]);
+    // Other target ports: the worker is no longer a model server's.
+    rig.state.set_server_ports(vec![9000]);
+    assert!(rig.tick(2.0));
+    assert_eq!(foreign(&rig), Some(3.0));
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 /// The hardware conventions' GPU-related metrics (semantic-conventions docs/hardware/gpu.md,
 /// common.md, temperature.md): name, instrument, unit.
 const SPEC_METRICS: &[(&str, &str, &str)] = &[

@@ -180,6 +180,7 @@ pub(crate) async fn run(
                 text: String::new(),
                 target_tokens: input,
                 tokens: 0,
+                source: prompts::PromptTokensSource::Estimate,
             });
             let mut extra = extra;
             if ignore_eos {

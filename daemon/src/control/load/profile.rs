@@ -24,7 +24,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::{Load, LoadManager, LoadSpec, LoadState, Refusal, Sender, concurrency_within};
-use crate::bench::profile::{self as bench_profile, Profile, scheduler::Scheduler};
+use crate::bench::profile::{self as bench_profile, Profile, TokenRate, scheduler::Scheduler};
 use crate::bench::trace::TraceRequest;
 use crate::canary::TargetRunner;
 use crate::canary::schedule::wait_until;
@@ -50,8 +50,10 @@ pub struct ProfileSpec {
 #[derive(Debug)]
 pub struct ProfileState {
     sched: Mutex<Scheduler>,
-    /// `(seconds from the load's start, revision)`, the first at 0.
-    revisions: Mutex<Vec<(f64, u32)>>,
+    /// `(seconds from the load's start, revision, file name)`, the first at 0.
+    revisions: Mutex<Vec<(f64, u32, String)>>,
+    /// What the schedule's arrivals show of the running token rate.
+    pace: Mutex<Pace>,
     /// Wakes the schedule waiting for its next arrival: re-plan with the new profile.
     updated: Notify,
 }
@@ -62,10 +64,62 @@ impl ProfileState {
             .with_max_request_rate(caps.max_rate_per_second);
         Self {
             sched: Mutex::new(sched),
-            revisions: Mutex::new(vec![(0.0, 0)]),
+            revisions: Mutex::new(vec![(0.0, 0, spec.file.clone())]),
+            pace: Mutex::new(Pace::default()),
             updated: Notify::new(),
         }
     }
+
+    /// The concurrency limit at `elapsed`: the profile's, within 1 ..= `cap` (`None`: the
+    /// profile has no concurrency dimension).
+    fn concurrency_at(&self, elapsed: Duration, cap: usize) -> Option<usize> {
+        let s = self.sched.lock().ok()?;
+        s.concurrency_at(elapsed).map(|c| c.clamp(1, cap.max(1)))
+    }
+}
+
+/// The running token rate as the schedule shows it: since when it runs (seconds from the
+/// load's start; bursty phases count from there) and the gap between the last two arrivals
+/// planned under it (adaptive: 1 ÷ its current level's request rate).
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct Pace {
+    rate_epoch_s: f64,
+    last_at_s: Option<f64>,
+    last_gap_s: Option<f64>,
+}
+
+impl Pace {
+    /// Records an arrival planned at `at_s`.
+    fn planned(&mut self, at_s: f64) {
+        if let Some(prev) = self.last_at_s.filter(|p| at_s > *p) {
+            self.last_gap_s = Some(at_s - prev);
+        }
+        self.last_at_s = Some(at_s);
+    }
+}
+
+/// The request rate `profile` asks at `t_s` seconds from the load's start (`None` without
+/// `token_rate`), requests asking `output_tokens` each: `constant` its target's (the mean of
+/// its jitter); `bursty` twice it in on periods (from `pace.rate_epoch_s`, `period` each) and 0
+/// in off periods; `adaptive` 1 ÷ the last planned gap (its current level), its target before
+/// two arrivals. Mirrors [`Scheduler`]'s rule (`crate::bench::profile::scheduler`).
+fn request_rate_now(profile: &Profile, output_tokens: u32, t_s: f64, pace: &Pace) -> Option<f64> {
+    let per_request = f64::from(output_tokens.max(1));
+    Some(match profile.token_rate? {
+        TokenRate::Constant { target, .. } => target / per_request,
+        TokenRate::Bursty { target, period } => {
+            let phase = ((t_s - pace.rate_epoch_s).max(0.0) / period.as_secs_f64()).floor() as u64;
+            if phase.is_multiple_of(2) {
+                2.0 * target / per_request
+            } else {
+                0.0
+            }
+        }
+        TokenRate::Adaptive { target, .. } => pace
+            .last_gap_s
+            .filter(|g| *g > 0.0)
+            .map_or(target / per_request, |g| 1.0 / g),
+    })
 }
 
 /// `req` with `output_tokens` filled from its target's `canary.max_tokens` when it is a
@@ -204,14 +258,16 @@ pub fn validate(
 }
 
 impl proto::LoadStatus {
-    /// Adds a profile load's fields (name, file, revisions, sustained rate).
-    pub(super) fn with_profile(mut self, load: &Load) -> Self {
+    /// Adds a profile load's fields (name, file, revisions, sustained rate, and what it does
+    /// `elapsed` from its start: concurrency limit, request and token rate).
+    pub(super) fn with_profile(mut self, load: &Load, elapsed: Duration) -> Self {
         let (Some(state), Some(spec)) = (&load.profile, &load.spec.profile) else {
             return self;
         };
         self.arrival = "profile".into();
         self.profile.clone_from(&spec.profile.name);
         self.profile_file.clone_from(&spec.file);
+        let pace = state.pace.lock().map(|p| *p).unwrap_or_default();
         if let Ok(s) = state.sched.lock() {
             self.profile_revision = s.revision();
             self.sustained_token_rate = s.sustained_token_rate();
@@ -220,16 +276,35 @@ impl proto::LoadStatus {
             if let Some(r) = Scheduler::peak_request_rate(s.profile(), spec.output_tokens) {
                 self.rate_per_second = r;
             }
+            self.profile_rate_per_second_now = request_rate_now(
+                s.profile(),
+                spec.output_tokens,
+                elapsed.as_secs_f64(),
+                &pace,
+            );
+            self.profile_token_rate_now = self
+                .profile_rate_per_second_now
+                .map(|r| r * f64::from(spec.output_tokens.max(1)));
         }
+        self.profile_concurrency_now = state
+            .concurrency_at(elapsed, self.concurrency as usize)
+            .map(|c| c as u32);
         self.profile_revisions = state
             .revisions
             .lock()
             .map(|r| {
                 r.iter()
-                    .map(|&(at_s, revision)| proto::ProfileRevision { revision, at_s })
+                    .map(|(at_s, revision, file)| proto::ProfileRevision {
+                        revision: *revision,
+                        at_s: *at_s,
+                        file: file.clone(),
+                    })
                     .collect()
             })
             .unwrap_or_default();
+        if let Some(last) = self.profile_revisions.last() {
+            self.profile_file.clone_from(&last.file);
+        }
         self
     }
 }
@@ -258,6 +333,9 @@ impl Load {
             let Some(planned) = state.sched.lock().ok().and_then(|mut s| s.plan_next()) else {
                 break;
             };
+            if let Ok(mut p) = state.pace.lock() {
+                p.planned(planned.at.as_secs_f64());
+            }
             let due = t0 + planned.at;
             if due >= deadline {
                 break;
@@ -268,12 +346,7 @@ impl Load {
                 () = state.updated.notified() => continue,
                 _ = wait_until(due) => {}
             }
-            let limit = state
-                .sched
-                .lock()
-                .ok()
-                .and_then(|s| s.concurrency_at(t0.elapsed()))
-                .map_or(cap, |c| c.clamp(1, cap));
+            let limit = state.concurrency_at(t0.elapsed(), cap).unwrap_or(cap);
             if self.in_flight.load(Ordering::Relaxed) >= limit as u64 {
                 self.skipped.fetch_add(1, Ordering::Relaxed);
                 if let Ok(mut s) = state.sched.lock() {
@@ -325,10 +398,18 @@ impl LoadManager {
             if *s.profile() == profile {
                 return Ok((load.clone(), s.revision()));
             }
+            if s.profile().token_rate != profile.token_rate
+                && let Ok(mut p) = state.pace.lock()
+            {
+                *p = Pace {
+                    rate_epoch_s: elapsed.as_secs_f64(),
+                    ..Pace::default()
+                };
+            }
             s.update(profile, elapsed)
         };
         if let Ok(mut r) = state.revisions.lock() {
-            r.push((elapsed.as_secs_f64(), revision));
+            r.push((elapsed.as_secs_f64(), revision, file.to_owned()));
         }
         state.updated.notify_one();
         tracing::info!(load = %load.id, revision, file, at_s = elapsed.as_secs_f64(), "Injected load profile updated.");
@@ -360,6 +441,130 @@ mod tests {
         }
     }
 
+    /// A running profile load of `yaml` (8 output tokens per request, the caps of [`caps`]) in
+    /// a manager, as `LoadManager::start` makes it, without a target to send to.
+    fn running(yaml: &str) -> (LoadManager, Arc<Load>) {
+        let spec = validate(&req(yaml), 0, "t", &caps()).unwrap();
+        let profile = Some(ProfileState::new(
+            spec.profile.as_ref().unwrap(),
+            7,
+            &caps(),
+        ));
+        let load = Arc::new(Load {
+            id: "load-1".into(),
+            spec,
+            started: std::time::SystemTime::now(),
+            started_at: tokio::time::Instant::now(),
+            finished_at: Mutex::new(None),
+            state: Mutex::new(LoadState::Running),
+            sent: Default::default(),
+            skipped: Default::default(),
+            in_flight: Default::default(),
+            by_outcome: Mutex::default(),
+            stop: tokio_util::sync::CancellationToken::new(),
+            cancel: tokio_util::sync::CancellationToken::new(),
+            finished: tokio_util::sync::CancellationToken::new(),
+            profile,
+        });
+        let shutdown = crate::canary::Shutdown {
+            stop: Default::default(),
+            cancel: Default::default(),
+        };
+        let m = LoadManager::new(
+            Vec::new(),
+            caps(),
+            shutdown,
+            tokio_util::task::TaskTracker::new(),
+        );
+        *m.current.lock().unwrap() = Some(load.clone());
+        (m, load)
+    }
+
+    #[test]
+    fn the_status_shows_the_running_revision_and_what_it_does_now() {
+        // Concurrency 2, 4, 6, … per second (cap 4); bursty 40 tokens/s ÷ 8: 10 req/s on, 0 off.
+        let yaml = "profile: first\nconcurrency: {ramp: linear, base: 2, step: 1s, max: 8}\ntoken_rate: {mode: bursty, target: 40/s, period: 1s}\n";
+        let (m, load) = running(yaml);
+        let at = |ms: u64| {
+            load.to_proto()
+                .with_profile(&load, Duration::from_millis(ms))
+        };
+        // Which profile runs, and what it does now.
+        let which = |s: &proto::LoadStatus| {
+            (
+                s.profile.clone(),
+                s.profile_file.clone(),
+                s.profile_revision,
+            )
+        };
+        let now = |s: &proto::LoadStatus| {
+            (
+                s.profile_concurrency_now,
+                s.profile_rate_per_second_now,
+                s.profile_token_rate_now,
+            )
+        };
+        let s = at(500);
+        assert_eq!(which(&s), ("first".into(), "load.yaml".into(), 0));
+        assert_eq!(now(&s), (Some(2), Some(10.0), Some(80.0)));
+        let s = at(1500);
+        assert_eq!(now(&s), (Some(4), Some(0.0), Some(0.0)));
+        assert_eq!(
+            at(3500).profile_concurrency_now,
+            Some(4),
+            "the load's cap of 4, not the profile's 8"
+        );
+        assert_eq!(s.concurrency, 4, "the cap stays in `concurrency`");
+        // An update from another file: its name, its file, its dimensions; no concurrency
+        // dimension: none shown (the cap applies); constant 24 tokens/s = 3 req/s.
+        let (_, revision) = m
+            .update(&proto::UpdateLoadRequest {
+                id: String::new(),
+                profile_yaml: "profile: second\ntoken_rate: {mode: constant, target: 24/s}\n"
+                    .into(),
+                profile_file: "other.yaml".into(),
+            })
+            .unwrap();
+        assert_eq!(revision, 1);
+        let s = at(1500);
+        assert_eq!(which(&s), ("second".into(), "other.yaml".into(), 1));
+        assert_eq!(
+            s.profile_revisions
+                .iter()
+                .map(|r| r.file.as_str())
+                .collect::<Vec<_>>(),
+            ["load.yaml", "other.yaml"]
+        );
+        assert_eq!(now(&s), (None, Some(3.0), Some(24.0)));
+    }
+
+    #[test]
+    fn the_rate_now_follows_bursty_phases_from_the_update_and_adaptive_levels() {
+        let p = |yaml: &str| bench_profile::parse("p.yaml", yaml).unwrap();
+        let bursty = p("token_rate: {mode: bursty, target: 40/s, period: 2s}\n");
+        // Bursty phases count from when its token rate took effect (an update at 3 s).
+        let pace = Pace {
+            rate_epoch_s: 3.0,
+            ..Pace::default()
+        };
+        assert_eq!(request_rate_now(&bursty, 8, 4.9, &pace), Some(10.0));
+        assert_eq!(request_rate_now(&bursty, 8, 5.1, &pace), Some(0.0));
+        assert_eq!(request_rate_now(&bursty, 8, 7.1, &pace), Some(10.0));
+        // Adaptive: its target before two arrivals, then 1 ÷ the planned gap.
+        let adaptive =
+            p("token_rate: {mode: adaptive, target: 16/s, increase: 50%, step: 1s, floor: 10}\n");
+        let mut pace = Pace::default();
+        pace.planned(0.0);
+        assert_eq!(request_rate_now(&adaptive, 8, 0.1, &pace), Some(2.0));
+        pace.planned(0.5);
+        pace.planned(0.75);
+        assert_eq!(request_rate_now(&adaptive, 8, 0.8, &pace), Some(4.0));
+        assert_eq!(
+            request_rate_now(&p("concurrency: {ramp: fixed, base: 2}\n"), 8, 0.0, &pace),
+            None
+        );
+    }
+
     #[test]
     fn a_profile_is_validated_against_the_caps() {
         // 40 tokens/s ÷ 8 = 5 req/s.
@@ -389,7 +594,7 @@ mod tests {
             err(&req(
                 "token_rate: {mode: constant, target: 40/s, jiter: 5%}\n"
             )),
-            "profile_yaml: load.yaml: token_rate.jiter = \"5%\": unknown key (expected mode, target, jitter, period, increase, step, floor)"
+            "load.yaml: token_rate.jiter = \"5%\": unknown key (expected mode, target, jitter, period, increase, step, floor)"
         );
         assert!(
             err(&req("profile: p\nconcurrency: {ramp: fixed, base: 2}\n"))

@@ -4,10 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use super::report::line_chart;
-use super::stats::percentile;
-use super::workload::RampOver;
-use super::{RequestRow, Summary};
+use super::line_chart;
+use crate::bench::stats::percentile;
+use crate::bench::workload::RampOver;
+use crate::bench::{RequestRow, Summary};
 
 /// Latency of the successful requests dispatched under one concurrency limit; percentiles in
 /// milliseconds, linear-interpolated as in `summary.json` (TTFT NaN when none has one).

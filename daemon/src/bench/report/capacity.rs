@@ -3,16 +3,16 @@
 
 use std::fmt::Write as _;
 
-use super::Summary;
-use super::report::{esc, line_chart};
+use super::{esc, line_chart};
+use crate::bench::Summary;
 
 /// The section; empty without a capacity search.
-pub(super) fn section(summary: &Summary) -> String {
+pub(in crate::bench) fn section(summary: &Summary) -> String {
     let Some(c) = &summary.capacity else {
         return String::new();
     };
     let mut h = String::new();
-    let r = |v: Option<f64>| v.map_or("none".to_owned(), |v| format!("{v:.3} req/s"));
+    let r = |v: Option<f64>| v.map_or("none".to_owned(), |v| super::fmt::rate(v, "req/s"));
     let _ = write!(
         h,
         "<h2>Capacity search</h2><p>Max rate with every SLO held: <b data-max-rate=\"{}\">{}</b> (first failing: {}); knee (queueing starts): <b data-knee-rate=\"{}\">{}</b> {}; {} requests per step; stopped: {}.</p><p>{}</p>",
@@ -100,13 +100,15 @@ pub(super) fn section(summary: &Summary) -> String {
         let checks: Vec<String> = s
             .slos
             .iter()
-            .map(super::capacity::SloCheck::brief)
+            .map(crate::bench::capacity::SloCheck::brief)
             .collect();
         let _ = write!(
             h,
-            "<tr><td>{:.3}</td><td>{:.3}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td title=\"{}\">{}</td><td title=\"{}\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             s.offered_rate,
+            super::fmt::number(s.offered_rate),
             s.achieved_rate,
+            super::fmt::number(s.achieved_rate),
             s.requests,
             s.failed,
             esc(&checks.join("; ")),

@@ -1,0 +1,627 @@
+//! Chat requests counted as the server sees them: with the model's chat template applied.
+//!
+//! A chat request's input is not its message text: the server renders the messages through the
+//! model's chat template (role markers, the generation prompt, sometimes a default system
+//! prompt) and tokenizes that. `lmperf run --api chat` counts the same thing, from the first
+//! of these that is available ([`detect`]):
+//! 1. a local template: `--chat-template FILE`, or the `chat_template` of the
+//!    `tokenizer_config.json` beside `--tokenizer` (the user's explicit choice, as `--tokenizer`
+//!    wins over the server's `/tokenize`), rendered here with minijinja as Hugging Face
+//!    transformers' `apply_chat_template` renders it (as TGI does: `trim_blocks`,
+//!    `lstrip_blocks`, `raise_exception`, `strftime_now`, Python string and dict methods), then
+//!    counted by the run's tokenizer;
+//! 2. the server's own template: llama.cpp `POST /apply-template` (`{"messages"}` → `{"prompt"}`)
+//!    then `/tokenize` of that prompt with special tokens parsed; vLLM and SGLang `POST /tokenize`
+//!    with `messages` and `add_generation_prompt`;
+//! 3. none: the message text alone ([`PromptTokensSource::TextOnly`], or the word estimate),
+//!    which undercounts; `prompt_tokens_mismatch` in the summary then shows it.
+//!
+//! Counts leave out the BOS token the server adds itself (as completions do): a server's
+//! `usage.prompt_tokens` is the count or one more.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use minijinja::{Environment, Error, ErrorKind, Value};
+use serde_json::json;
+
+use super::BenchError;
+use super::prompts::{PromptTokensSource, TokenizeClient, Tokenizer};
+use crate::config::Api;
+
+/// How a chat request's input tokens are counted (see the module doc).
+#[derive(Debug, Clone)]
+pub enum ChatCounting {
+    /// A local template rendered here, then counted by the run's tokenizer.
+    Local(Arc<ChatTemplate>),
+    /// llama.cpp: `POST /apply-template`, then the run's tokenizer on its `prompt`.
+    ServerApplyTemplate,
+    /// vLLM / SGLang: `POST /tokenize` with `messages` (the server applies its template).
+    ServerTokenizeMessages,
+    /// No template: the text of the messages alone (an undercount).
+    TextOnly,
+}
+
+impl ChatCounting {
+    /// The `prompt_tokens_source` of requests counted this way, with the run's tokenizer.
+    pub fn source(&self, tokenizer: Tokenizer) -> PromptTokensSource {
+        match self {
+            _ if tokenizer == Tokenizer::Estimate => PromptTokensSource::Estimate,
+            Self::Local(_) => PromptTokensSource::LocalTemplate,
+            Self::ServerApplyTemplate | Self::ServerTokenizeMessages => {
+                PromptTokensSource::ServerTemplate
+            }
+            Self::TextOnly => PromptTokensSource::TextOnly,
+        }
+    }
+
+    /// `summary.json` `chat_template`: where the template came from, in words.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Local(t) => format!("local: {}", t.path().display()),
+            Self::ServerApplyTemplate => "server: POST /apply-template".to_owned(),
+            Self::ServerTokenizeMessages => "server: POST /tokenize with messages".to_owned(),
+            Self::TextOnly => "none: message text only (the template is not counted)".to_owned(),
+        }
+    }
+}
+
+/// A Hugging Face chat template (Jinja), ready to render.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    /// Special tokens the template may use (`bos_token`, `eos_token`, …) by name.
+    special: Vec<(String, String)>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Special tokens of `tokenizer_config.json` passed to the template, as transformers does.
+const SPECIAL_TOKENS: &[&str] = &[
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+];
+
+impl ChatTemplate {
+    /// Loads `path`: a `tokenizer_config.json` (its `chat_template`: a string, or a list of
+    /// `{name, template}` of which `default` is taken; its special tokens), or a Jinja file
+    /// (no special tokens besides those it writes itself).
+    ///
+    /// # Errors
+    /// One line naming the file and what is wrong: unreadable, not JSON, no `chat_template`,
+    /// a template that does not compile.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let is_json = path.extension().is_some_and(|e| e == "json");
+        if !is_json {
+            return Self::from_source(text, Vec::new(), path);
+        }
+        let config: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
+        let source = template_of(&config).ok_or_else(|| {
+            format!(
+                "{}: no chat_template (a string, or a list with a \"default\" entry)",
+                path.display()
+            )
+        })?;
+        let special = SPECIAL_TOKENS
+            .iter()
+            .filter_map(|k| token_text(&config[*k]).map(|t| ((*k).to_owned(), t)))
+            .collect();
+        Self::from_source(source, special, path)
+    }
+
+    /// The template of the `tokenizer_config.json` beside a `tokenizer.json` (or in the
+    /// directory `tokenizer` names); `Ok(None)` when there is none or it has no `chat_template`.
+    ///
+    /// # Errors
+    /// A config that exists with a `chat_template` that does not load.
+    pub fn beside(tokenizer: &Path) -> Result<Option<Self>, String> {
+        let dir = if tokenizer.is_dir() {
+            tokenizer
+        } else {
+            tokenizer.parent().unwrap_or(Path::new("."))
+        };
+        let config = dir.join("tokenizer_config.json");
+        let has_template = std::fs::read_to_string(&config)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .is_some_and(|c| template_of(&c).is_some());
+        if has_template {
+            Self::load(&config).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Compiles `source`; `origin` names it in errors and in the summary.
+    ///
+    /// # Errors
+    /// The template does not compile, or does not render one user message with its text
+    /// (the message names `origin` and the reason).
+    pub fn from_source(
+        source: String,
+        special: Vec<(String, String)>,
+        origin: &Path,
+    ) -> Result<Self, String> {
+        let mut env = Environment::new();
+        // transformers' chat-template environment (ImmutableSandboxedEnvironment(trim_blocks=True,
+        // lstrip_blocks=True), loopcontrols, raise_exception, strftime_now).
+        let mut syntax = minijinja::syntax::SyntaxConfig::builder();
+        syntax.trim_blocks(true).lstrip_blocks(true);
+        env.set_syntax(
+            syntax
+                .build()
+                .map_err(|e| format!("{}: {e}", origin.display()))?,
+        );
+        env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
+            Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("the template raised: {msg}"),
+            ))
+        });
+        env.add_function("strftime_now", |format: String| strftime_now(&format));
+        env.add_template_owned("chat_template", source)
+            .map_err(|e| {
+                format!(
+                    "{}: the chat template does not compile: {e}",
+                    origin.display()
+                )
+            })?;
+        let template = Self {
+            env,
+            special,
+            path: origin.to_owned(),
+        };
+        // Any text compiles: a chat template must also render a message's text.
+        let probe = "Hello world, 1 2 3";
+        match template.render(&[user_message(probe)]) {
+            Ok(text) if text.contains(probe) => Ok(template),
+            Ok(_) => Err(format!(
+                "{}: not a chat template (a user message's text does not appear in its rendering)",
+                origin.display()
+            )),
+            Err(e) => Err(format!("one user message does not render: {e}")),
+        }
+    }
+
+    /// Renders `messages` (OpenAI chat messages) with the generation prompt, as the server
+    /// will before tokenizing.
+    ///
+    /// # Errors
+    /// The template fails (e.g. its own `raise_exception` on roles that do not alternate).
+    pub fn render(&self, messages: &[serde_json::Value]) -> Result<String, String> {
+        let mut ctx = serde_json::Map::new();
+        ctx.insert(
+            "messages".into(),
+            serde_json::Value::Array(messages.to_vec()),
+        );
+        ctx.insert("add_generation_prompt".into(), true.into());
+        for (k, v) in &self.special {
+            ctx.insert(k.clone(), v.clone().into());
+        }
+        let tmpl = self
+            .env
+            .get_template("chat_template")
+            .map_err(|e| e.to_string())?;
+        tmpl.render(Value::from(minijinja::value::Serde(&ctx)))
+            .map_err(|e| format!("{}: {e}", self.path.display()))
+    }
+
+    /// The file it came from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// `chat_template` of a `tokenizer_config.json`: a string, or the `default` of a named list.
+fn template_of(config: &serde_json::Value) -> Option<String> {
+    match &config["chat_template"] {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Array(list) => list
+            .iter()
+            .find(|t| t["name"] == "default")
+            .and_then(|t| t["template"].as_str())
+            .map(str::to_owned),
+        _ => None,
+    }
+}
+
+/// A special token of `tokenizer_config.json`: a string or an `AddedToken` (`{"content"}`).
+fn token_text(v: &serde_json::Value) -> Option<String> {
+    v.as_str()
+        .or_else(|| v["content"].as_str())
+        .map(str::to_owned)
+}
+
+/// transformers' `strftime_now(format)`: the local time formatted (UTC here) with the
+/// directives chat templates use (`%d %b %Y` in Llama 3.x): `%Y %y %m %d %e %B %b %H %M %S %%`.
+fn strftime_now(format: &str) -> Result<String, Error> {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    // "2026-11-30T13:18:05Z"
+    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let field = |a: usize, b: usize| now.get(a..b).unwrap_or("00");
+    let month = field(5, 7).parse::<usize>().unwrap_or(1).clamp(1, 12);
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str(field(0, 4)),
+            Some('y') => out.push_str(field(2, 4)),
+            Some('m') => out.push_str(field(5, 7)),
+            Some('d') => out.push_str(field(8, 10)),
+            Some('e') => out.push_str(&format!("{:>2}", field(8, 10).trim_start_matches('0'))),
+            Some('B') => out.push_str(MONTHS[month - 1]),
+            Some('b') => out.push_str(&MONTHS[month - 1][..3]),
+            Some('H') => out.push_str(field(11, 13)),
+            Some('M') => out.push_str(field(14, 16)),
+            Some('S') => out.push_str(field(17, 19)),
+            Some('%') => out.push('%'),
+            other => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!(
+                        "strftime_now: unsupported directive %{}",
+                        other.map(String::from).unwrap_or_default()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One user message, as `lmperf run` sends a prompt to `/v1/chat/completions`.
+pub fn user_message(text: &str) -> serde_json::Value {
+    json!({ "role": "user", "content": text })
+}
+
+/// How the run counts chat requests: `local` when given (`--chat-template`, or beside
+/// `--tokenizer`), else the server's template when it offers one and the run has a tokenizer,
+/// else the message text only.
+pub async fn detect(tok: &TokenizeClient, local: Option<Arc<ChatTemplate>>) -> ChatCounting {
+    if let Some(t) = local {
+        return ChatCounting::Local(t);
+    }
+    if tok.kind == Tokenizer::Estimate {
+        return ChatCounting::TextOnly;
+    }
+    let probe = [user_message("Hello world")];
+    if apply_template(tok, &probe)
+        .await
+        .is_some_and(|p| p.contains("Hello world"))
+    {
+        return ChatCounting::ServerApplyTemplate;
+    }
+    let text_only = tok.count("Hello world").await.unwrap_or(0);
+    if tokenize_messages(tok, &probe)
+        .await
+        .is_some_and(|n| n > text_only)
+    {
+        return ChatCounting::ServerTokenizeMessages;
+    }
+    ChatCounting::TextOnly
+}
+
+/// Sets up the run's chat counting (`tok.chat`) for `--api chat`: the local template
+/// (`--chat-template`, else beside `--tokenizer`), else [`detect`]s the server's. Completions
+/// are left as they are. With `progress`, says on stderr which it is, and warns when the
+/// template cannot be counted.
+///
+/// # Errors
+/// `--chat-template` without `--api chat`; a `tokenizer_config.json` beside `--tokenizer`
+/// whose `chat_template` does not load.
+pub async fn setup(
+    mut tok: TokenizeClient,
+    w: &super::workload::Workload,
+    api: Api,
+    progress: bool,
+) -> Result<TokenizeClient, BenchError> {
+    if api != Api::Chat {
+        return match &w.chat_template {
+            Some(t) => Err(BenchError::Invalid {
+                field: "--chat-template",
+                value: t.path().display().to_string(),
+                reason: "counts chat requests: it needs --api chat".into(),
+            }),
+            None => Ok(tok),
+        };
+    }
+    let local = match (&w.chat_template, &w.tokenizer) {
+        (Some(t), _) => Some(t.clone()),
+        (None, Some(l)) => ChatTemplate::beside(l.path())
+            .map_err(|reason| BenchError::Invalid {
+                field: "--tokenizer",
+                value: l.path().display().to_string(),
+                reason: format!("{reason} (give --chat-template FILE instead)"),
+            })?
+            .map(Arc::new),
+        (None, None) => None,
+    };
+    let how = detect(&tok, local).await;
+    if progress {
+        match how.source(tok.kind) {
+            PromptTokensSource::ServerTemplate | PromptTokensSource::LocalTemplate => eprintln!(
+                "lmperf run: chat prompts counted with their chat template ({})",
+                how.describe()
+            ),
+            _ => eprintln!(
+                "lmperf run: warning: no chat template to count (the server offers none; give --chat-template FILE, or --tokenizer with a tokenizer_config.json beside it): prompt_tokens undercount what the server sees"
+            ),
+        }
+    }
+    tok.chat = Some(how);
+    Ok(tok)
+}
+
+/// `summary` with its `prompt_tokens_mismatch` summed over the benchmarks; with `progress`, a
+/// warning on stderr when it is not 0.
+pub fn checked(mut summary: super::Summary, progress: bool) -> super::Summary {
+    summary.prompt_tokens_mismatch = summary
+        .benchmarks
+        .iter()
+        .map(|b| b.prompt_tokens_mismatch)
+        .sum();
+    if progress && summary.prompt_tokens_mismatch > 0 {
+        let source = serde_json::to_value(summary.prompt_tokens_source)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        eprintln!(
+            "lmperf run: warning: {} request(s) whose server-reported input tokens differ from prompt_tokens by more than 1 (prompt_tokens_source {source}); length buckets use the server's counts",
+            summary.prompt_tokens_mismatch
+        );
+    }
+    summary
+}
+
+/// Input tokens of a chat request with `messages`, counted as `how` says; `None` when a count
+/// failed (the server's answer, the template).
+pub async fn count(
+    tok: &TokenizeClient,
+    how: &ChatCounting,
+    messages: &[serde_json::Value],
+) -> Option<u32> {
+    match how {
+        ChatCounting::Local(t) => tok.count(&t.render(messages).ok()?).await,
+        ChatCounting::ServerApplyTemplate => tok.count(&apply_template(tok, messages).await?).await,
+        ChatCounting::ServerTokenizeMessages => tokenize_messages(tok, messages).await,
+        ChatCounting::TextOnly => {
+            let mut n = 0;
+            for m in messages {
+                n += tok.count(m["content"].as_str().unwrap_or_default()).await?;
+            }
+            Some(n)
+        }
+    }
+}
+
+/// llama.cpp's `POST /apply-template`: the rendered prompt.
+async fn apply_template(tok: &TokenizeClient, messages: &[serde_json::Value]) -> Option<String> {
+    let reply = tok
+        .post("apply-template", &json!({ "messages": messages }))
+        .await?;
+    reply["prompt"].as_str().map(str::to_owned)
+}
+
+/// vLLM / SGLang `POST /tokenize` with `messages`: the templated count.
+async fn tokenize_messages(tok: &TokenizeClient, messages: &[serde_json::Value]) -> Option<u32> {
+    let body = json!({ "model": tok.model, "messages": messages, "add_generation_prompt": true, "add_special_tokens": false });
+    let reply = tok.post("tokenize", &body).await?;
+    reply["count"]
+        .as_u64()
+        .or_else(|| reply["tokens"].as_array().map(|t| t.len() as u64))
+        .and_then(|n| u32::try_from(n).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn template(source: &str, special: &[(&str, &str)]) -> ChatTemplate {
+        ChatTemplate::from_source(
+            source.to_owned(),
+            special
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            Path::new("test.jinja"),
+        )
+        .unwrap()
+    }
+
+    fn msgs(pairs: &[(&str, &str)]) -> Vec<serde_json::Value> {
+        pairs
+            .iter()
+            .map(|(r, c)| json!({ "role": r, "content": c }))
+            .collect()
+    }
+
+    const FIXTURES: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/chat_templates/"
+    );
+
+    /// llama.cpp's fallback template (chatml) as its `/props` reports it for a GGUF without one;
+    /// the renderings are what its `/apply-template` returned for the same messages.
+    #[test]
+    fn chatml_renders_as_llama_cpp_applies_it() {
+        let t = ChatTemplate::load(&PathBuf::from(FIXTURES).join("chatml.jinja")).unwrap();
+        assert_eq!(
+            t.render(&msgs(&[("user", "Hello world")])).unwrap(),
+            "<|im_start|>user\nHello world<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert_eq!(
+            t.render(&msgs(&[
+                ("system", "Sys"),
+                ("user", "Hello world"),
+                ("assistant", "Hi"),
+                ("user", "Again")
+            ]))
+            .unwrap(),
+            "<|im_start|>system\nSys<|im_end|>\n<|im_start|>user\nHello world<|im_end|>\n<|im_start|>assistant\nHi<|im_end|>\n<|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    /// Gemma 3's template (google/gemma-3-*-it `tokenizer_config.json`): `bos_token`, `trim`,
+    /// `is string`, the system prompt folded into the first user turn, `raise_exception` on
+    /// roles that do not alternate.
+    #[test]
+    fn gemma3_template_from_tokenizer_config() {
+        let t = ChatTemplate::load(&PathBuf::from(FIXTURES).join("gemma3/tokenizer_config.json"))
+            .unwrap();
+        assert_eq!(
+            t.render(&msgs(&[("user", "  Hello world \n")])).unwrap(),
+            "<bos><start_of_turn>user\nHello world<end_of_turn>\n<start_of_turn>model\n"
+        );
+        assert_eq!(
+            t.render(&msgs(&[
+                ("system", "Be brief."),
+                ("user", "Hi"),
+                ("assistant", "Hello!"),
+                ("user", "Again")
+            ]))
+            .unwrap(),
+            "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n<start_of_turn>user\nAgain<end_of_turn>\n<start_of_turn>model\n"
+        );
+        let e = t
+            .render(&msgs(&[("user", "a"), ("user", "b")]))
+            .unwrap_err();
+        assert!(
+            e.contains("Conversation roles must alternate") && e.contains("tokenizer_config.json"),
+            "{e}"
+        );
+    }
+
+    /// A request is a mismatch when the server's count is more than one token (BOS) away from
+    /// `prompt_tokens`; heatmaps bucket it by the server's count when there is one.
+    #[test]
+    fn mismatch_and_buckets_use_the_servers_count() {
+        use crate::bench::{Goodput, RequestRow, aggregate, buckets};
+        let row = |prompt: u32, server: Option<u64>| RequestRow {
+            benchmark: "c1_in32".into(),
+            concurrency: 1,
+            prompt_tokens: prompt,
+            input_tokens: server,
+            output_tokens: Some(4),
+            outcome: "ok",
+            ..RequestRow::default()
+        };
+        let rows = [
+            row(32, Some(33)),
+            row(32, Some(32)),
+            row(32, Some(31)),
+            row(32, Some(56)),
+            row(32, Some(30)),
+            row(32, None),
+            row(100, None),
+        ];
+        assert_eq!(
+            rows.iter()
+                .map(RequestRow::prompt_tokens_mismatch)
+                .collect::<Vec<_>>(),
+            [false, false, false, true, true, false, false]
+        );
+        assert_eq!(
+            rows.iter()
+                .map(RequestRow::input_tokens_for_buckets)
+                .collect::<Vec<_>>(),
+            [33, 32, 31, 56, 30, 32, 100]
+        );
+        let mut s = aggregate::Summarizer::new(Goodput::default());
+        rows.iter().for_each(|r| s.push(r));
+        let shape = aggregate::BenchShape {
+            name: "c1_in32",
+            concurrency: 1,
+            input_len: 32,
+            output_len: Some(4),
+            request_rate: None,
+        };
+        assert_eq!(s.finish(shape).prompt_tokens_mismatch, 2);
+        let b = &buckets::by_concurrency(&rows, Goodput::default())[0];
+        let counts: Vec<(u64, usize)> = b.cells.iter().map(|c| (c.input.lo, c.count)).collect();
+        assert_eq!(
+            counts,
+            [(16, 2), (32, 4), (64, 1)],
+            "31 and 30 by the server: [16,32); 33, 32, 56, and 32 without usage: [32,64); 100 without usage: [64,128)"
+        );
+    }
+
+    /// Python methods (pycompat), `namespace`, loop controls, the named-template list and
+    /// `AddedToken` special tokens of a `tokenizer_config.json`, `strftime_now`.
+    #[test]
+    fn python_methods_named_templates_and_dates() {
+        let t = template(
+            "{%- set ns = namespace(n=0) -%}{%- for m in messages -%}{%- if m.role == 'skip' %}{% continue %}{% endif -%}{%- set ns.n = ns.n + 1 -%}[{{ m.role.upper() }}:{{ m.content.strip() }}{{ '?' if m.content.endswith('?') }}]{%- endfor -%}{{ ns.n }}{{ bos_token }}",
+            &[("bos_token", "<s>")],
+        );
+        assert_eq!(
+            t.render(&msgs(&[
+                ("user", " why? "),
+                ("skip", "x"),
+                ("assistant", "ok")
+            ]))
+            .unwrap(),
+            "[USER:why?][ASSISTANT:ok]2<s>"
+        );
+        let dir = std::env::temp_dir().join(format!("lmperf-chat-template-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("tokenizer_config.json");
+        std::fs::write(&config, r#"{"bos_token": {"content": "<|begin|>", "lstrip": false}, "chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "{{ bos_token }}{{ strftime_now('%d %b %Y') }}|{{ messages[0].content }}"}]}"#).unwrap();
+        std::fs::write(dir.join("tokenizer.json"), "{}").unwrap();
+        let t = ChatTemplate::beside(&dir.join("tokenizer.json"))
+            .unwrap()
+            .expect("a template beside the tokenizer");
+        let out = t.render(&msgs(&[("user", "x")])).unwrap();
+        let (date, rest) = out
+            .strip_prefix("<|begin|>")
+            .unwrap()
+            .split_once('|')
+            .unwrap();
+        assert_eq!(rest, "x");
+        let parts: Vec<&str> = date.split(' ').collect();
+        assert!(
+            parts.len() == 3 && parts[0].len() == 2 && parts[1].len() == 3 && parts[2].len() == 4,
+            "{date}"
+        );
+        // No chat_template: nothing beside; a bad one: the file and the reason.
+        std::fs::write(&config, r#"{"bos_token": "<s>"}"#).unwrap();
+        assert!(ChatTemplate::beside(&dir).unwrap().is_none());
+        let e = ChatTemplate::load(&config).unwrap_err();
+        assert!(e.contains("tokenizer_config.json: no chat_template"), "{e}");
+        std::fs::write(&config, r#"{"chat_template": "{% for m in messages %}"}"#).unwrap();
+        let e = ChatTemplate::beside(&dir).unwrap_err();
+        assert!(e.contains("does not compile"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

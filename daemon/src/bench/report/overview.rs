@@ -1,0 +1,185 @@
+//! The paragraph at the top of `report.html`: the run in words (requests and errors, fastest
+//! and slowest benchmarks, top throughput, SLO verdicts, gates), every number from
+//! `summary.json` and marked with the field it shows.
+
+use std::fmt::Write as _;
+
+use super::fmt::{TimeUnit, count, number};
+use super::{Pick, esc, field};
+use crate::bench::stats::Distribution;
+use crate::bench::{BenchSummary, Summary};
+
+/// A time of one benchmark in its own unit (`16.6 ms`), marked with its summary.json field.
+fn time(
+    b: &BenchSummary,
+    path: &str,
+    d: &Option<Distribution>,
+    get: fn(&Distribution) -> f64,
+) -> String {
+    let v = d.as_ref().map(get);
+    let u = TimeUnit::of_ms(v.unwrap_or(0.0));
+    let shown = v.map_or_else(
+        || "–".to_owned(),
+        |v| format!("{} {}", u.show(v), u.symbol()),
+    );
+    field("span", Some(&b.benchmark), path, v, u.symbol(), &shown)
+}
+
+fn name(b: &BenchSummary) -> String {
+    format!("<b>{}</b>", esc(&b.benchmark))
+}
+
+/// The paragraph (`<p id="overview">`).
+pub fn paragraph(summary: &Summary) -> String {
+    let bs = &summary.benchmarks;
+    let mut h = String::from(r#"<p id="overview">"#);
+    let requests: usize = bs.iter().map(|b| b.num_requests).sum();
+    let failed: usize = bs
+        .iter()
+        .map(|b| b.num_requests.saturating_sub(b.completed))
+        .sum();
+    let what = if bs.len() == 1 {
+        "1 benchmark".to_owned()
+    } else {
+        format!("{} benchmarks", bs.len())
+    };
+    let _ = write!(h, "{what}, {} requests", count(requests as u64));
+    if failed == 0 {
+        h.push_str(", none failed. ");
+    } else {
+        let mut by_type: std::collections::BTreeMap<&str, usize> =
+            std::collections::BTreeMap::new();
+        for b in bs {
+            for (t, n) in &b.errors {
+                *by_type.entry(t.as_str()).or_default() += n;
+            }
+        }
+        let types: Vec<String> = by_type
+            .iter()
+            .map(|(t, n)| format!("error.type {}: {}", esc(t), count(*n as u64)))
+            .collect();
+        let _ = write!(
+            h,
+            r#", <b style="color:#b00">{} failed</b> ({}). "#,
+            count(failed as u64),
+            types.join(", ")
+        );
+    }
+    let with_e2el: Vec<&BenchSummary> = bs.iter().filter(|b| b.e2el_ms.is_some()).collect();
+    let by_e2el = |b: &&BenchSummary| b.e2el_ms.as_ref().map_or(f64::NAN, |d| d.p50);
+    match with_e2el[..] {
+        [] => {}
+        [b] => {
+            let _ = write!(
+                h,
+                "{}: TTFT p50 {}, p99 {}; E2EL p50 {}, p99 {}. ",
+                name(b),
+                time(b, "ttft_ms/p50", &b.ttft_ms, |d| d.p50),
+                time(b, "ttft_ms/p99", &b.ttft_ms, |d| d.p99),
+                time(b, "e2el_ms/p50", &b.e2el_ms, |d| d.p50),
+                time(b, "e2el_ms/p99", &b.e2el_ms, |d| d.p99)
+            );
+        }
+        _ => {
+            let fastest = with_e2el
+                .iter()
+                .min_by(|a, b| by_e2el(a).total_cmp(&by_e2el(b)));
+            let slowest = with_e2el
+                .iter()
+                .max_by(|a, b| by_e2el(a).total_cmp(&by_e2el(b)));
+            if let (Some(f), Some(s)) = (fastest, slowest) {
+                let _ = write!(
+                    h,
+                    "Fastest: {} (E2EL p50 {}, TTFT p50 {}); slowest: {} (E2EL p50 {}, TTFT p50 {}). ",
+                    name(f),
+                    time(f, "e2el_ms/p50", &f.e2el_ms, |d| d.p50),
+                    time(f, "ttft_ms/p50", &f.ttft_ms, |d| d.p50),
+                    name(s),
+                    time(s, "e2el_ms/p50", &s.e2el_ms, |d| d.p50),
+                    time(s, "ttft_ms/p50", &s.ttft_ms, |d| d.p50)
+                );
+            }
+        }
+    }
+    if let Some(top) = bs.iter().filter(|b| b.completed > 0).max_by(|a, b| {
+        a.output_token_throughput
+            .total_cmp(&b.output_token_throughput)
+    }) {
+        let _ = write!(
+            h,
+            "{}: {} output tok/s at {} req/s. ",
+            if bs.len() > 1 {
+                format!("Highest throughput, {}", name(top))
+            } else {
+                "Throughput".to_owned()
+            },
+            field(
+                "span",
+                Some(&top.benchmark),
+                "output_token_throughput",
+                Some(top.output_token_throughput),
+                "tok/s",
+                &number(top.output_token_throughput)
+            ),
+            field(
+                "span",
+                Some(&top.benchmark),
+                "request_throughput",
+                Some(top.request_throughput),
+                "req/s",
+                &number(top.request_throughput)
+            ),
+        );
+    }
+    let slo = summary.goodput_slo;
+    let slos: Vec<(&str, f64, Pick)> = [
+        ("TTFT", slo.ttft_ms, (|b: &BenchSummary| &b.ttft_ms) as Pick),
+        ("TPOT", slo.tpot_ms, |b| &b.tpot_ms),
+        ("E2EL", slo.e2el_ms, |b| &b.e2el_ms),
+    ]
+    .into_iter()
+    .filter_map(|(n, l, f)| l.map(|l| (n, l, f)))
+    .collect();
+    if slos.is_empty() {
+        h.push_str("No SLO given. ");
+    }
+    for (n, limit, get) in slos {
+        let missed: Vec<&str> = bs
+            .iter()
+            .filter(|b| get(b).as_ref().is_none_or(|d| d.p99 > limit))
+            .map(|b| b.benchmark.as_str())
+            .collect();
+        let limit_shown = super::fmt::limit_ms(limit);
+        if missed.is_empty() {
+            let _ = write!(
+                h,
+                r#"<span class="slo-verdict" data-pass="true">SLO {n} p99 ≤ {limit_shown}: met by {}.</span> "#,
+                if bs.len() == 1 {
+                    "it".to_owned()
+                } else {
+                    format!("all {}", bs.len())
+                }
+            );
+        } else {
+            let _ = write!(
+                h,
+                r#"<span class="slo-verdict" data-pass="false" style="color:#b00">SLO {n} p99 ≤ {limit_shown}: missed by {} of {} ({}).</span> "#,
+                missed.len(),
+                bs.len(),
+                esc(&missed.join(", "))
+            );
+        }
+    }
+    if !summary.failed_gates.is_empty() {
+        let _ = write!(
+            h,
+            r#"<b style="color:#b00">Gates tripped: {}.</b> "#,
+            esc(&summary.failed_gates.join(", "))
+        );
+    }
+    if summary.interrupted {
+        h.push_str("<b>Interrupted:</b> only the benchmarks that completed are shown. ");
+    }
+    h.push_str("</p>");
+    h
+}
