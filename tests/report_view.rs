@@ -77,11 +77,10 @@ fn run(
             "--api",
             "completions",
             "--no-ignore-eos",
-            "--warmup",
-            "0",
             "--output-dir",
             dir.to_str().unwrap(),
         ])
+        .args(if args.contains(&"--warmup") { &[][..] } else { &["--warmup", "0"][..] })
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -477,7 +476,9 @@ fn sub_millisecond_run() {
         let name = b["benchmark"].as_str().unwrap();
         let line = stderr
             .lines()
-            .find(|l| l.starts_with(&format!("lmperf run: {name}: ")))
+            // The benchmark's summary line, not a progress line ("… done, … errors") of a
+            // benchmark that ran past the 2 s progress interval.
+            .find(|l| l.starts_with(&format!("lmperf run: {name}: ")) && l.contains("TTFT p50 "))
             .unwrap_or_else(|| panic!("no summary line of {name}: {stderr}"));
         let after = &line[line.find("TTFT p50 ").unwrap() + 9..];
         let mut words = after.split(' ');
@@ -533,11 +534,19 @@ fn seconds_long_run() {
             "--goodput",
             "ttft:500",
             "e2el:1000",
+            "--warmup",
+            "2",
         ],
     );
     let Some((dom, s, shown)) = check_report("seconds", &dir) else {
         return;
     };
+    // The warm-ups: counted in summary.json, marked before each benchmark on the time axis.
+    for b in s["benchmarks"].as_array().unwrap() {
+        assert_eq!(b["warmup_requests"], 2, "{b}");
+        assert!(b["warmup_s"].as_f64().is_some_and(|w| w > 0.0), "{b}");
+    }
+    assert_eq!(figure(&dom, "TTFT over time").matches("warm-up (not measured): ").count(), 2, "one warm-up band (its title) per benchmark");
     let failed: u64 = s["benchmarks"]
         .as_array()
         .unwrap()

@@ -373,6 +373,8 @@ impl Summarizer {
             vram: None,
             server: None,
             repeat: None,
+            warmup_requests: 0,
+            warmup_s: 0.0,
         }
     }
 }

@@ -312,6 +312,10 @@ pub struct BenchSummary {
     pub server: Option<server::ServerBlock>,
     /// Variation across `--repeat` runs (null with one run); the fields above pool all runs.
     pub repeat: Option<repeat::RepeatStats>,
+    /// Warm-up requests sent before the measured ones (`--warmup` per run), not measured.
+    pub warmup_requests: usize,
+    /// Wall time of those warm-ups, seconds (all runs together); the report marks it.
+    pub warmup_s: f64,
 }
 
 /// `summary.json`.
@@ -516,6 +520,7 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
             let mut all = aggregate::Summarizer::new(spec.goodput);
             let mut per_repeat = Vec::new();
             let mut summary_input_len = input_len;
+            let (mut warmup_requests, mut warmup_s) = (0usize, 0.0f64);
             for k in 0..spec.repeat.max(1) {
                 // Each repeat: fresh prompts too (the first is the run without --repeat), on
                 // the same schedule.
@@ -533,7 +538,11 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
                     ),
                 };
                 if !warm.is_empty() {
-                    one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, warm, None, None, &mut |_: RequestRow| {}).await?;
+                    let started = std::time::Instant::now();
+                    let mut sent = 0usize;
+                    one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, warm, None, None, &mut |_: RequestRow| sent += 1).await?;
+                    warmup_requests += sent;
+                    warmup_s += started.elapsed().as_secs_f64();
                 }
                 let schedule = feed::Schedule::new(&spec, measured.len(), spec.seed)?;
                 if k == 0 {
@@ -565,6 +574,7 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
             }
             let mut summary = all.finish(shape(&spec, &name, concurrency, summary_input_len));
             summary.repeat = repeat::repeat_stats(&per_repeat);
+            (summary.warmup_requests, summary.warmup_s) = (warmup_requests, warmup_s);
             summary.vram = watch.take(summary.output_token_throughput);
             watch.take_samples(&name);
             summary.server = server_watch.take(&name).await;

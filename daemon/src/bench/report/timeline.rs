@@ -22,6 +22,8 @@ const MAX_PHASES: usize = 50;
 #[derive(Debug)]
 struct Segment<'a> {
     label: String,
+    /// Where its warm-up starts on the plot's axis (it ends at `offset_s`); `None` without one.
+    warmup_from: Option<f64>,
     /// Seconds on the plot's axis where it starts and ends (its last request's end).
     offset_s: f64,
     end_s: f64,
@@ -29,11 +31,12 @@ struct Segment<'a> {
     rows: Vec<&'a RequestRow>,
 }
 
-/// The runs of `benchmarks` (names, in order), placed end to end.
-fn segments<'a>(benchmarks: &[&str], rows: &'a [RequestRow]) -> Vec<Segment<'a>> {
+/// The runs of `benchmarks` (names and warm-up seconds of all their runs, in order), placed end
+/// to end, each after its warm-up (the benchmark's warm-up time shared by its runs).
+fn segments<'a>(benchmarks: &[(&str, f64)], rows: &'a [RequestRow]) -> Vec<Segment<'a>> {
     let mut out = Vec::new();
     let mut offset_s = 0.0;
-    for &name in benchmarks {
+    for &(name, warmup_s) in benchmarks {
         let mine: Vec<&RequestRow> = rows.iter().filter(|r| r.benchmark == name).collect();
         let repeats: BTreeSet<usize> = mine.iter().map(|r| r.repeat).collect();
         for &k in &repeats {
@@ -50,8 +53,12 @@ fn segments<'a>(benchmarks: &[&str], rows: &'a [RequestRow]) -> Vec<Segment<'a>>
             } else {
                 name.to_owned()
             };
+            let warm_s = if warmup_s.is_finite() { warmup_s.max(0.0) / repeats.len() as f64 } else { 0.0 };
+            let warmup_from = (warm_s > 0.0).then_some(offset_s);
+            offset_s += warm_s;
             out.push(Segment {
                 label,
+                warmup_from,
                 offset_s,
                 end_s: offset_s + len_s,
                 rows,
@@ -60,6 +67,15 @@ fn segments<'a>(benchmarks: &[&str], rows: &'a [RequestRow]) -> Vec<Segment<'a>>
         }
     }
     out
+}
+
+/// The band of a segment's warm-up, if it had one.
+fn warmup_band(seg: &Segment<'_>) -> Option<Band> {
+    seg.warmup_from.map(|from| Band {
+        from,
+        to: seg.offset_s,
+        label: format!("{} warm-up (not measured)", seg.label),
+    })
 }
 
 /// Phases of one segment: its own span, split by the concurrency limit of a concurrency ramp
@@ -170,10 +186,10 @@ pub fn plot(
     name: &str,
     metric: fn(&RequestRow) -> Option<f64>,
 ) -> Option<String> {
-    let names: Vec<&str> = summary
+    let names: Vec<(&str, f64)> = summary
         .benchmarks
         .iter()
-        .map(|b| b.benchmark.as_str())
+        .map(|b| (b.benchmark.as_str(), b.warmup_s))
         .collect();
     let segs = segments(&names, rows);
     let mut raw: Vec<(f64, f64, String)> = Vec::new();
@@ -181,6 +197,7 @@ pub fn plot(
     let (mut t50, mut t99) = (Vec::new(), Vec::new());
     let mut bands = Vec::new();
     for seg in &segs {
+        bands.extend(warmup_band(seg));
         bands.extend(phases(summary.workload.ramp, seg));
         let ok: Vec<(&RequestRow, f64)> = seg
             .rows
@@ -290,7 +307,7 @@ mod tests {
             row("b", 1, 100.0, 400.0, 1),
             row("other", 0, 0.0, 1.0, 1),
         ];
-        let segs = segments(&["a", "b"], &rows);
+        let segs = segments(&[("a", 0.0), ("b", 0.0)], &rows);
         let got: Vec<(&str, f64, f64, usize)> = segs
             .iter()
             .map(|s| (s.label.as_str(), s.offset_s, s.end_s, s.rows.len()))
@@ -306,6 +323,19 @@ mod tests {
         assert_eq!(segs[0].rows[0].send_ms, 0.0, "by send time");
     }
 
+    /// A warm-up comes before its run on the axis, shared by the runs of its benchmark, and
+    /// is drawn as its own band.
+    #[test]
+    fn warm_ups_precede_their_runs() {
+        let rows = vec![row("a", 0, 0.0, 1000.0, 1), row("b", 0, 0.0, 500.0, 1), row("b", 1, 0.0, 500.0, 1)];
+        let segs = segments(&[("a", 2.0), ("b", 1.0)], &rows);
+        let got: Vec<(Option<f64>, f64, f64)> = segs.iter().map(|s| (s.warmup_from, s.offset_s, s.end_s)).collect();
+        assert_eq!(got, [(Some(0.0), 2.0, 3.0), (Some(3.0), 3.5, 4.0), (Some(4.0), 4.5, 5.0)]);
+        let band = warmup_band(&segs[1]).expect("a band");
+        assert_eq!((band.from, band.to, band.label.as_str()), (3.0, 3.5, "b run 1 warm-up (not measured)"));
+        assert!(segments(&[("a", 0.0)], &rows).iter().all(|s| warmup_band(s).is_none()));
+    }
+
     /// A concurrency ramp: one phase per limit, from its first send; a rate ramp: the ramp,
     /// then the hold (a sawtooth: each period); no ramp: the benchmark.
     #[test]
@@ -318,6 +348,7 @@ mod tests {
         ];
         let seg = Segment {
             label: "c8".into(),
+            warmup_from: None,
             offset_s: 1.0,
             end_s: 3.0,
             rows: rows.iter().collect(),
