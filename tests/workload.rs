@@ -815,9 +815,11 @@ async fn profile_hot_update_on_the_real_server() {
 /// Issue 15 part 4: a closed loop's `dispatch_delay_ms` counts from the moment the request's
 /// slot became free, not from the benchmark's start. `lmperf run` without `--request-rate` at
 /// concurrency 1 and 2, 60 requests each, against a server whose replies take 50 ms: the last
-/// requests start ~3 s (c1) and ~1.5 s (c2) after the start, yet every delay is small (p99
-/// under 5 ms, max under 25 ms); at concurrency 1 each request is due when the previous ended
-/// (its `scheduled_ms` is the previous send + E2E, within 5 ms); summary.json's
+/// requests start ~3 s (c1) and ~1.5 s (c2) after the start, yet every delay is small (p50
+/// under 1 ms, p99 under 10 ms, max under one service time, 50 ms; measured here p50 0.03 ms,
+/// p99 2-4 ms on a loaded 2-core machine), where counted from the start they would reach
+/// ~3 s; at concurrency 1 each request is due when the previous ended (its `scheduled_ms` is
+/// the previous send + E2E, typically +0.75 ms, within 20 ms); summary.json's
 /// `dispatch_delay_ms` is the rows' (count, min, max exact, mean to 1e-9, percentiles within
 /// the histograms' 0.1 %).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -841,12 +843,12 @@ async fn closed_loop_dispatch_delay_counts_from_the_free_slot() {
         // 60 × 50 ms / c: the last sends are seconds after the start (a delay counted from the
         // start would be that).
         assert!(last_send > 2900.0 / c as f64 - 100.0, "c{c}: last send at {last_send} ms");
-        let (p99, max) = (np_percentile(&delay, 0.99), delay.iter().copied().fold(0.0, f64::max));
-        assert!(p99 < 5.0 && max < 25.0, "c{c}: dispatch delays p99 {p99} ms, max {max} ms: {delay:?}");
+        let (p50, p99, max) = (np_percentile(&delay, 0.5), np_percentile(&delay, 0.99), delay.iter().copied().fold(0.0, f64::max));
+        assert!(p50 < 1.0 && p99 < 10.0 && max < 50.0, "c{c}: dispatch delays p50 {p50} ms, p99 {p99} ms, max {max} ms: {delay:?}");
         if c == 1 {
             for i in 1..mine.len() {
                 let ended = send[i - 1] + e2e[i - 1];
-                assert!((ended - 0.5..ended + 5.0).contains(&scheduled[i]), "request {i} due at {} ms, previous ended at {ended} ms", scheduled[i]);
+                assert!((ended - 0.5..ended + 20.0).contains(&scheduled[i]), "request {i} due at {} ms, previous ended at {ended} ms", scheduled[i]);
             }
         }
         let b = &s["benchmarks"][k];
@@ -862,7 +864,7 @@ async fn closed_loop_dispatch_delay_counts_from_the_free_slot() {
             let got = d[key].as_f64().unwrap();
             assert!((got - want).abs() <= 1e-3 * want + 1e-6, "c{c} {key}: summary {got}, rows {want}");
         }
-        figures.push((c, last_send, np_percentile(&delay, 0.5), p99, max));
+        figures.push((c, last_send, p50, p99, max));
     }
     println!("closed loop, 50 ms replies (c, last send ms, dispatch delay p50/p99/max ms): {figures:?}; test {:.1} s", took.as_secs_f64());
 }

@@ -405,11 +405,20 @@ mod tests {
         // 1 token/s of 2 tokens per request: an arrival every 2 s.
         let mut s = Scheduler::new(profile(&rate(1)), 2, 0);
         let at = |p: Planned| p.at.as_secs_f64();
-        assert_eq!((at(s.plan_next().unwrap()), at(s.plan_next().unwrap())), (0.0, 2.0));
+        assert_eq!(
+            (at(s.plan_next().unwrap()), at(s.plan_next().unwrap())),
+            (0.0, 2.0)
+        );
         // At 2.5 s, waiting for 4 s, the prompt length changes: the arrival stays at 4 s.
         let waiting = s.plan_next().unwrap();
         s.unplan(waiting);
-        s.update(profile(&format!("prompt_length: {{distribution: fixed, value: 16}}\n{}", rate(1))), Duration::from_millis(2500));
+        s.update(
+            profile(&format!(
+                "prompt_length: {{distribution: fixed, value: 16}}\n{}",
+                rate(1)
+            )),
+            Duration::from_millis(2500),
+        );
         let p = s.plan_next().unwrap();
         assert_eq!((at(p), p.input_tokens, p.revision), (4.0, Some(16), 1));
         // At 4.5 s, waiting for 6 s, the rate rises to 10 tokens/s (5 req/s): from 4.5 s on.
@@ -418,7 +427,12 @@ mod tests {
         s.unplan(waiting);
         s.update(profile(&rate(10)), Duration::from_millis(4500));
         let next: Vec<f64> = (0..3).map(|_| at(s.plan_next().unwrap())).collect();
-        assert!(next.iter().zip([4.5, 4.7, 4.9]).all(|(g, w)| (g - w).abs() < 1e-9), "{next:?}");
+        assert!(
+            next.iter()
+                .zip([4.5, 4.7, 4.9])
+                .all(|(g, w)| (g - w).abs() < 1e-9),
+            "{next:?}"
+        );
     }
 
     /// Adaptive: raised while 1/TPOT stays above the floor; a server whose decode rate falls
