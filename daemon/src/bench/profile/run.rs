@@ -123,7 +123,10 @@ pub(crate) async fn run(
         };
         if replanned {
             pending = true;
-            // Index i is never sent.
+            // This step is planned again after the reload; index i is never sent.
+            if let (Some(p), Ok(mut s)) = (planned, sched.lock()) {
+                s.unplan(p);
+            }
             reorder.push(i, Vec::new(), on_row);
             continue;
         }

@@ -102,7 +102,9 @@ impl Scheduler {
     }
 
     /// Applies `profile` from `now` on: a changed dimension restarts its ramp at `now`, the
-    /// next arrival is planned with it; returns the new revision.
+    /// next arrival is planned with it; returns the new revision. A changed `token_rate`
+    /// starts as a run does: its first arrival at `now`, then its own gaps (not after the
+    /// rest of the old rate's gap: at 0.5 req/s that held a new rate back by up to 2 s).
     pub fn update(&mut self, profile: Profile, now: Duration) -> u32 {
         let now_s = now.as_secs_f64();
         if profile.concurrency != self.profile.concurrency {
@@ -113,11 +115,18 @@ impl Scheduler {
             self.level = 0;
             self.settled = false;
             self.step_tpot.clear();
-            self.next_s = self.next_s.max(now_s);
+            self.next_s = now_s;
         }
         self.profile = profile;
         self.revision += 1;
         self.revision
+    }
+
+    /// Takes back `planned`, the last arrival [`Scheduler::plan_next`] gave, which was not sent
+    /// (an update came while it waited): the next plan is for its time again, under the profile
+    /// then in force, so an edit that leaves `token_rate` alone loses no arrival.
+    pub fn unplan(&mut self, planned: Planned) {
+        self.next_s = self.next_s.min(planned.at.as_secs_f64());
     }
 
     /// The concurrency limit at `t` (`None`: the profile leaves it to the run).
@@ -384,6 +393,45 @@ mod tests {
         assert_eq!(
             s.profile().concurrency.map(|c: ConcurrencyShape| c.ramp),
             Some(ConcurrencyRamp::Linear)
+        );
+    }
+
+    /// An update while a planned arrival waits (`unplan`, then `update`): an edit of another
+    /// dimension keeps the arrival times (none lost); a changed `token_rate` starts at the
+    /// update, not after the rest of the old rate's gap.
+    #[test]
+    fn an_update_while_an_arrival_waits_replans_it() {
+        let rate = |target: u32| format!("token_rate: {{mode: constant, target: {target}/s}}\n");
+        // 1 token/s of 2 tokens per request: an arrival every 2 s.
+        let mut s = Scheduler::new(profile(&rate(1)), 2, 0);
+        let at = |p: Planned| p.at.as_secs_f64();
+        assert_eq!(
+            (at(s.plan_next().unwrap()), at(s.plan_next().unwrap())),
+            (0.0, 2.0)
+        );
+        // At 2.5 s, waiting for 4 s, the prompt length changes: the arrival stays at 4 s.
+        let waiting = s.plan_next().unwrap();
+        s.unplan(waiting);
+        s.update(
+            profile(&format!(
+                "prompt_length: {{distribution: fixed, value: 16}}\n{}",
+                rate(1)
+            )),
+            Duration::from_millis(2500),
+        );
+        let p = s.plan_next().unwrap();
+        assert_eq!((at(p), p.input_tokens, p.revision), (4.0, Some(16), 1));
+        // At 4.5 s, waiting for 6 s, the rate rises to 10 tokens/s (5 req/s): from 4.5 s on.
+        let waiting = s.plan_next().unwrap();
+        assert_eq!(at(waiting), 6.0);
+        s.unplan(waiting);
+        s.update(profile(&rate(10)), Duration::from_millis(4500));
+        let next: Vec<f64> = (0..3).map(|_| at(s.plan_next().unwrap())).collect();
+        assert!(
+            next.iter()
+                .zip([4.5, 4.7, 4.9])
+                .all(|(g, w)| (g - w).abs() < 1e-9),
+            "{next:?}"
         );
     }
 

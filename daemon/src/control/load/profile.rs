@@ -343,7 +343,13 @@ impl Load {
             tokio::select! {
                 biased;
                 _ = self.stop.cancelled() => break,
-                () = state.updated.notified() => continue,
+                () = state.updated.notified() => {
+                    // Planned again under the updated profile.
+                    if let Ok(mut s) = state.sched.lock() {
+                        s.unplan(planned);
+                    }
+                    continue;
+                }
                 _ = wait_until(due) => {}
             }
             let limit = state.concurrency_at(t0.elapsed(), cap).unwrap_or(cap);
