@@ -501,6 +501,24 @@ async fn overload_scenario(check_diagnosis: bool) {
     );
 }
 
+/// The machine's CPU time from `/proc/stat`'s first line: (busy, total) jiffies; `None` where
+/// it cannot be read.
+fn machine_cpu() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let v: Vec<u64> = stat.lines().next()?.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    let total: u64 = v.iter().sum();
+    // idle and iowait are the 4th and 5th fields.
+    let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
+    Some((total - idle, total))
+}
+
+/// Cores busy on average between two [`machine_cpu`] readings.
+fn busy_cores(a: Option<(u64, u64)>, b: Option<(u64, u64)>) -> Option<f64> {
+    let ((b0, t0), (b1, t1)) = (a?, b?);
+    let cores = std::thread::available_parallelism().ok()?.get() as f64;
+    (t1 > t0).then(|| (b1 - b0) as f64 / (t1 - t0) as f64 * cores)
+}
+
 /// Poisson canaries on the idle real server never enter spike mode for
 /// `LMPERF_SPIKE_CALM_S` (default 150 s): the 10-minute eval of `cargo xtask spike-calm`. In CI
 /// the overload test's 150 s calm phase is the same check.
@@ -517,6 +535,7 @@ async fn calm_poisson_canaries_never_enter_spike_mode() {
     let dir = temp_dir("calm");
     let agent = spawn_agent(&dir, &server.url(), &collector.endpoint(), "").await;
     let mut spans: Vec<ExportedSpan> = Vec::new();
+    let cpu0 = machine_cpu();
     let t0 = Instant::now();
     let mut spike_seen = false;
     while t0.elapsed() < Duration::from_secs(secs) {
@@ -546,12 +565,14 @@ async fn calm_poisson_canaries_never_enter_spike_mode() {
             .unwrap_or(f64::NAN)
     };
     println!(
-        "spike-calm: {secs} s, {} canaries, TTFT p50 {:.1} ms p99 {:.1} ms max {:.1} ms, spike entered {} times",
+        "spike-calm: {secs} s, {} canaries, TTFT p50 {:.1} ms p99 {:.1} ms max {:.1} ms, spike entered {} times; machine busy {} of {} cores on average (this test's server and agent included)",
         canaries.len(),
         q(0.5),
         q(0.99),
         q(1.0),
-        events(&spans, "lmperf.spike.entered").count()
+        events(&spans, "lmperf.spike.entered").count(),
+        busy_cores(cpu0, machine_cpu()).map_or("?".to_owned(), |c| format!("{c:.2}")),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
     // The premise: a calm server (as in the overload test). A machine so loaded that the small
     // model answers in seconds queues the canaries themselves: that is no calm run.
