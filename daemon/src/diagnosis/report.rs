@@ -128,6 +128,23 @@ pub struct TargetDiagnosis {
     pub ttft_decomposition: Option<TtftDecomposition>,
     /// The top cause in words (the WARN log line), when a cause is ranked.
     pub summary: Option<String>,
+    /// Idle because no symptom series has a baseline yet: seconds held and needed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline_wait: Option<BaselineWait>,
+}
+
+/// How far the history is from a baseline (idle only).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BaselineWait {
+    pub have_s: f64,
+    pub need_s: f64,
+}
+
+impl BaselineWait {
+    /// "no baseline yet: 40 s of the 120 s needed".
+    pub fn words(&self) -> String {
+        format!("no baseline yet: {:.0} s of the {:.0} s needed", self.have_s, self.need_s)
+    }
 }
 
 /// The symptom: the latency or error series that jumped the most against its baseline.

@@ -25,7 +25,12 @@ pub fn text(d: &Diagnosis) -> String {
         }
         o.push('\n');
         if t.state == State::Idle {
-            o.push_str("  no spike: nothing to diagnose\n");
+            match &t.baseline_wait {
+                Some(w) => {
+                    let _ = writeln!(o, "  {}: a spike cannot be judged before", w.words());
+                }
+                None => o.push_str("  no spike: nothing to diagnose\n"),
+            }
             continue;
         }
         if let Some(line) = &t.summary {
