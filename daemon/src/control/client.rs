@@ -276,7 +276,8 @@ pub fn format_status(s: &proto::GetStatusResponse) -> String {
             if t.spike { "  SPIKE" } else { "" }
         );
         if let Some(r) = &t.spike_reason {
-            let _ = writeln!(o, "  spike: {r}");
+            // The rule's values when the spike began (status does not re-evaluate it).
+            let _ = writeln!(o, "  spike: {r} (entered on these values)");
         }
         if let Some(l) = &t.last {
             let _ = writeln!(o, "  last: {} {} ttft_ms={} e2e_ms={:.1} trace_id={}", ago(l.at_unix_s), l.outcome, opt_ms(l.ttft_ms), l.e2e_ms, l.trace_id);
@@ -744,7 +745,7 @@ mod tests {
         let text = format_status(&s);
         assert!(text.contains("  SPIKE\n"), "{text}");
         assert!(
-            text.contains("  spike: latency_jump: e2e p99 ≥ 4.100 s = 9.8 × baseline 0.420 s (z 61.2; 5 canaries still in flight)\n"),
+            text.contains("  spike: latency_jump: e2e p99 ≥ 4.10 s = 9.8 × baseline 420 ms (z 61.2; 5 canaries still in flight) (entered on these values)\n"),
             "{text}"
         );
     }

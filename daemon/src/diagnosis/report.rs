@@ -223,8 +223,8 @@ pub fn clock(unix: f64) -> String {
 /// A value in its unit, short: `412 ms`, `0.97`, `37`, `1.2 GHz`.
 pub fn fmt_value(signal: Signal, v: f64) -> String {
     match signal.unit() {
-        "s" if v.abs() < 1.0 => format!("{:.0} ms", v * 1000.0),
-        "s" => format!("{v:.2} s"),
+        // Three significant digits in its own unit: 0.103 ms, 1.66 ms, 53.0 ms, 1.24 s.
+        "s" => crate::bench::report::fmt::duration_ms(v * 1000.0),
         "Hz" => format!("{:.2} GHz", v / 1e9),
         _ if v.fract() == 0.0 && v.abs() < 1e6 => format!("{v:.0}"),
         _ if v.abs() >= 10.0 => format!("{v:.0}"),
