@@ -771,7 +771,7 @@ fn a_short_history_says_no_baseline_yet_instead_of_no_spike() {
     // The error ratio judges 3 recent buckets after 8 of baseline: 110 s.
     assert_eq!((w.have_s, w.need_s), (40.0, 110.0));
     let text = super::scorecard::text(&d);
-    assert!(text.contains("  no baseline yet: 40 s of the 110 s needed"), "{text}");
+    assert!(text.starts_with("t  not judged\n  no baseline yet: 40 s of the 110 s needed"), "{text}");
     assert!(!text.contains("no spike"), "{text}");
     // With a full history and no spike: the old line, no wait in the JSON.
     for s in 45..300 {
@@ -779,7 +779,7 @@ fn a_short_history_says_no_baseline_yet_instead_of_no_spike() {
     }
     let d = e.evaluate(at(300.0));
     assert!(d.targets[0].baseline_wait.is_none());
-    assert!(super::scorecard::text(&d).contains("no spike: nothing to diagnose"));
+    assert_eq!(super::scorecard::text(&d), "t  no spike\n  nothing to diagnose\n");
     assert!(!serde_json::to_string(&d).unwrap().contains("baseline_wait"));
 }
 
