@@ -585,7 +585,10 @@ async fn watch_profile(c: &mut CtlClient, path: &std::path::Path, started: proto
 
 /// A profile file's text and name, read here (the agent reads no file for it).
 fn read_profile(path: &std::path::Path) -> Result<(String, String), CtlError> {
-    let text = std::fs::read_to_string(path).map_err(|e| CtlError::Local(format!("--profile {}: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        let e = e.to_string();
+        CtlError::Local(format!("--profile {}: cannot read: {}", path.display(), e.split(" (os error").next().unwrap_or_default()))
+    })?;
     Ok((text, path.display().to_string()))
 }
 
