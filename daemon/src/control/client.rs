@@ -614,7 +614,26 @@ fn profile_shape(l: &proto::LoadStatus) -> String {
 }
 
 fn json<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    let v = serde_json::to_value(v).map(|mut v| {
+        omit_empty_trace(&mut v);
+        v
+    });
+    v.and_then(|v| serde_json::to_string_pretty(&v)).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+}
+
+/// A load that replays no trace (`"trace": ""`) shows no trace fields (`trace`,
+/// `trace_speedup`, `trace_peak_rate_per_second`), at any depth.
+fn omit_empty_trace(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(m) => {
+            if m.get("trace").is_some_and(|t| t == "") {
+                m.retain(|k, _| k != "trace" && !k.starts_with("trace_"));
+            }
+            m.values_mut().for_each(omit_empty_trace);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(omit_empty_trace),
+        _ => {}
+    }
 }
 
 #[cfg(test)]
@@ -735,6 +754,19 @@ mod tests {
             assert!(line.contains(want), "{want} in {line}");
         }
         assert!(text.ends_with("(1 shown; the agent keeps the last 256)\n"), "{text}");
+    }
+
+    #[test]
+    fn json_of_a_rate_load_omits_the_trace_fields() {
+        let rate = proto::LoadStatus { rate_per_second: 5.0, ..Default::default() };
+        let r = proto::GetStatusResponse { load: Some(rate), ..Default::default() };
+        let v: serde_json::Value = serde_json::from_str(&json(&r)).unwrap();
+        let l = v["load"].as_object().unwrap();
+        assert!(!l.keys().any(|k| k.starts_with("trace")), "{l:?}");
+        assert_eq!(l["rate_per_second"], 5.0);
+        let replay = proto::LoadStatus { trace: "t.jsonl".into(), trace_speedup: 2.0, ..Default::default() };
+        let v: serde_json::Value = serde_json::from_str(&json(&replay)).unwrap();
+        assert_eq!((v["trace"].as_str(), v["trace_speedup"].as_f64()), (Some("t.jsonl"), Some(2.0)));
     }
 
     #[test]
