@@ -62,7 +62,7 @@ fn analyze_a_run_dir_as_text_json_and_html() {
     let d = dir.to_str().unwrap();
     let (code, text, err) = analyze(&[d]);
     assert_eq!(code, 0, "{err}");
-    assert!(text.contains("calm  idle"), "{text}");
+    assert!(text.contains("calm  no spike"), "{text}");
     assert!(text.contains("burst  root_confirmed"), "{text}");
     assert!(text.contains("error_burst"), "{text}");
 

@@ -484,6 +484,7 @@ fn idle(target: &str) -> TargetDiagnosis {
         causes: Vec::new(),
         ttft_decomposition: None,
         summary: None,
+        baseline_wait: None,
     }
 }
 

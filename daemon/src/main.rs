@@ -119,7 +119,7 @@ fn compare(args: lmperf::cli::CompareArgs) -> ExitCode {
             if c.failed_gates.is_empty() {
                 ExitCode::SUCCESS
             } else {
-                eprintln!("lmperf compare: gates tripped: {}", c.failed_gates.join(", "));
+                eprintln!("lmperf compare: gates tripped: {}", c.gates.iter().filter(|g| g.tripped).map(|g| format!("{} on {}", g.gate, g.benchmarks.join(", "))).collect::<Vec<_>>().join("; "));
                 ExitCode::from(3)
             }
         }

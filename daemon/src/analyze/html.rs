@@ -69,7 +69,12 @@ figcaption{{font-weight:600;font-size:13px}} h2{{margin-top:28px}} .bar{{display
             }
             h.push_str("</p>");
         } else {
-            h.push_str("<p>no spike: nothing to diagnose</p>");
+            match &t.baseline_wait {
+                Some(w) => {
+                    let _ = write!(h, "<p>{}: a spike cannot be judged before</p>", esc(&w.words()));
+                }
+                None => h.push_str("<p>no spike: nothing to diagnose</p>"),
+            }
         }
         if let Some(line) = &t.summary {
             let _ = write!(h, "<p><b>{}</b></p>", esc(line));

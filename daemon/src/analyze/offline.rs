@@ -346,6 +346,32 @@ pub fn analyze_run(dir: &Path, window: Option<Duration>) -> Result<Analysis, Ana
 
 /// `lmperf analyze --agent ADDR`: the agent's `/api/v1/diagnosis` (admin address,
 /// `host:port` or a URL), with `window` passed on.
+/// Why the agent's admin address did not answer, with what to check (like `lmperf ctl`): from
+/// the innermost io error of `e`'s chain, else its chain once.
+fn agent_unreachable(e: &(dyn std::error::Error + 'static)) -> String {
+    const CHECK: &str = "is the agent running, with admin_addr there? (--agent HOST:PORT names another)";
+    let mut io = None;
+    let mut chain: Vec<String> = Vec::new();
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cur {
+        if let Some(i) = c.downcast_ref::<std::io::Error>() {
+            io = Some(i.kind());
+        }
+        let text = c.to_string();
+        if !chain.iter().any(|s| s.contains(&text)) {
+            chain.push(text);
+        }
+        cur = c.source();
+    }
+    match io {
+        Some(std::io::ErrorKind::ConnectionRefused) => format!("connection refused; {CHECK}"),
+        Some(std::io::ErrorKind::TimedOut) => format!("no answer within 10 s; {CHECK}"),
+        Some(k) => format!("{k}; {CHECK}"),
+        None if chain.iter().any(|s| s.contains("timed out")) => format!("no answer within 10 s; {CHECK}"),
+        None => format!("{}; {CHECK}", chain.join(": ")),
+    }
+}
+
 pub async fn analyze_agent(addr: &str, window: Option<Duration>) -> Result<Analysis, AnalyzeError> {
     let base = if addr.starts_with("http://") || addr.starts_with("https://") {
         addr.trim_end_matches('/').to_owned()
@@ -369,7 +395,7 @@ pub async fn analyze_agent(addr: &str, window: Option<Duration>) -> Result<Analy
         .get(&url)
         .send()
         .await
-        .map_err(|e| err(format!("GET {url}: {e}")))?;
+        .map_err(|e| err(format!("GET {url}: {}", agent_unreachable(&e))))?;
     if !resp.status().is_success() {
         return Err(err(format!("GET {url}: HTTP {}", resp.status())));
     }

@@ -411,3 +411,15 @@ fn analyze_feeds_a_runs_gpu_samples_to_the_engine() {
     assert!(e.contains("gpu_samples.jsonl:1") && e.contains("not a GPU sample"), "{e}");
     let _ = std::fs::remove_dir_all(&base);
 }
+
+#[tokio::test]
+async fn an_agent_that_refuses_says_so_and_what_to_check() {
+    // A port nothing listens on: bind, note the port, close.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let e = super::offline::analyze_agent(&addr, None).await.unwrap_err().to_string();
+    assert_eq!(
+        e,
+        format!("agent {addr}: GET http://{addr}/api/v1/diagnosis: connection refused; is the agent running, with admin_addr there? (--agent HOST:PORT names another)")
+    );
+}

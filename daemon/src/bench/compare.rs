@@ -462,6 +462,17 @@ fn delta(metric: String, unit: &'static str, better: Better, base: Option<f64>, 
     MetricDelta { metric, unit, better, base, new, delta: d, delta_pct: pct, ci_low: ci.map(|c| c.0), ci_high: ci.map(|c| c.1), p_value, verdict: verdict(better, ci) }
 }
 
+impl MetricDelta {
+    /// A verdict stands only when the rank test, where there is one, agrees: a p-value at or
+    /// above `alpha` makes it "unchanged" (no "regression" beside p = 1).
+    fn significant_at(mut self, alpha: f64) -> Self {
+        if self.p_value.is_some_and(|p| p >= alpha) {
+            self.verdict = Verdict::Unchanged;
+        }
+        self
+    }
+}
+
 /// Stable per-benchmark seed (FNV-1a of the name, mixed with the user's seed).
 fn bench_seed(seed: u64, name: &str) -> u64 {
     name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)) ^ seed
@@ -487,9 +498,12 @@ fn compare_bench(name: &str, base: &Bench, new: &Bench, spec: &CompareSpec) -> B
         let (bs, ns) = (stats_of(&sorted_all(&b)), stats_of(&sorted_all(&n)));
         let cis = bootstrap_latency(&b, &n, spec.resamples, spec.confidence, &mut rng);
         // The rank test compares requests: one value each (a request's mean ITL for ITL).
+        // It tests location, so it stands beside the mean and the median only; a tail (p90, p99)
+        // is judged by its interval alone.
         let p = mann_whitney_u(&b.per_request_means(), &n.per_request_means()).map(|r| r.1);
         for (k, stat) in STATS.iter().enumerate() {
-            metrics.push(delta(format!("{m}_{stat}"), "ms", Better::Lower, bs.map(|s| s[k]), ns.map(|s| s[k]), cis[k], p));
+            let p = if k < 2 { p } else { None };
+            metrics.push(delta(format!("{m}_{stat}"), "ms", Better::Lower, bs.map(|s| s[k]), ns.map(|s| s[k]), cis[k], p).significant_at(1.0 - spec.confidence));
         }
     }
     // Throughput and error rate: a batch-means bootstrap. Each run (each repeat) is cut into
@@ -520,7 +534,7 @@ fn compare_bench(name: &str, base: &Bench, new: &Bench, spec: &CompareSpec) -> B
         let ci = interval(&mut deltas[k], spec.resamples, spec.confidence);
         // Error rate: the rank test on failure indicators (with ties, the two-proportion z test).
         let p = (*metric == "error_rate").then(|| mann_whitney_u(&indicator(base), &indicator(new)).map(|r| r.1)).flatten();
-        metrics.push(delta((*metric).to_owned(), unit, *better, pb[k], pn[k], ci, p));
+        metrics.push(delta((*metric).to_owned(), unit, *better, pb[k], pn[k], ci, p).significant_at(1.0 - spec.confidence));
     }
     for (metric, unit, lower, b, n) in super::server::compared(&base.server, &new.server) {
         metrics.push(delta(metric.to_owned(), unit, if lower { Better::Lower } else { Better::Higher }, b, n, None, None));
@@ -607,13 +621,16 @@ pub fn compare(spec: &CompareSpec) -> Result<Comparison, CompareError> {
             benchmarks.push(compare_bench(name, b, n, spec));
         }
     }
-    let only_in_base = base.order.iter().filter(|n| !new.benches.contains_key(*n)).cloned().collect();
+    let only_in_base: Vec<String> = base.order.iter().filter(|n| !new.benches.contains_key(*n)).cloned().collect();
     let only_in_new = new.order.iter().filter(|n| !base.benches.contains_key(*n)).cloned().collect();
     let gates: Vec<GateResult> = spec
         .gates
         .iter()
         .map(|g| {
-            let hit: Vec<String> = benchmarks.iter().filter(|b| b.metrics.iter().any(|m| m.metric == g.metric && gate_trips(g, m))).map(|b| b.benchmark.clone()).collect();
+            let mut hit: Vec<String> = benchmarks.iter().filter(|b| b.metrics.iter().any(|m| m.metric == g.metric && gate_trips(g, m))).map(|b| b.benchmark.clone()).collect();
+            // A benchmark the base ran and the new run lacks (an interrupted run): every metric
+            // of it is missing, so every gate trips on it.
+            hit.extend(only_in_base.iter().map(|n| format!("{n} (missing from the new run)")));
             GateResult { gate: g.text.clone(), tripped: !hit.is_empty(), benchmarks: hit }
         })
         .collect();
@@ -694,6 +711,14 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
                 (m.unit, 1.0)
             };
             let ci = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| super::report::fmt::number(v / per));
+            // A ratio's change in percentage points (a relative change of a ratio near 0 says
+            // little); a metric without interval nor test has no verdict.
+            let (delta_cell, pct_cell) = if m.unit == "ratio" {
+                (m.delta.map_or_else(|| "<td>–</td>".to_owned(), |d| format!(r#"<td title="{d}">{:+.1} pt</td>"#, 100.0 * d)), "<td>–</td>".to_owned())
+            } else {
+                (num(m.delta, per), num(m.delta_pct, 1.0))
+            };
+            let v = if m.ci_low.is_none() && m.p_value.is_none() { "not tested" } else { v };
             let _ = write!(
                 h,
                 r#"<tr class="{v}" data-metric="{}" data-delta="{}"><td class="m">{}</td><td>{}</td>{}{}{}{}<td>[{}, {}]</td><td>{}</td><td>{v}</td></tr>"#,
@@ -703,8 +728,8 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
                 unit,
                 num(m.base, per),
                 num(m.new, per),
-                num(m.delta, per),
-                num(m.delta_pct, 1.0),
+                delta_cell,
+                pct_cell,
                 ci(m.ci_low),
                 ci(m.ci_high),
                 m.p_value.map_or_else(|| "–".to_owned(), |p| format!("{p:.3e}")),
@@ -853,5 +878,55 @@ mod tests {
         assert!(!gate_trips(&t, &m("output_throughput", 100.0, 98.0)));
         assert!(gate_trips(&e, &m("error_rate", 0.0, 0.02)));
         assert!(!gate_trips(&e, &m("error_rate", 0.0, 0.005)));
+    }
+
+    /// A run directory with `benches` (name, ttft of each of its requests).
+    fn write_run(dir: &Path, benches: &[(&str, &[f64])]) {
+        std::fs::create_dir_all(dir).unwrap();
+        let list: Vec<serde_json::Value> = benches.iter().map(|(n, _)| serde_json::json!({"benchmark": n, "request_throughput": 1.0, "output_token_throughput": 10.0, "server": {"prefix_hit_ratio": if dir.ends_with("base") { 0.01 } else { 0.32 }}})).collect();
+        let summary = serde_json::json!({"schema_version": READS_SUMMARY_VERSION, "target": "t", "model": "m", "lmperf_version": "x", "benchmarks": list});
+        std::fs::write(dir.join("summary.json"), summary.to_string()).unwrap();
+        let mut lines = String::new();
+        for (n, ttfts) in benches {
+            for (i, t) in ttfts.iter().enumerate() {
+                let r = serde_json::json!({"benchmark": n, "outcome": "ok", "send_ms": i as f64 * 10.0, "ttft_ms": t, "tpot_ms": 1.0, "e2el_ms": t + 5.0, "output_tokens": 5});
+                lines.push_str(&format!("{r}\n"));
+            }
+        }
+        std::fs::write(dir.join("requests.jsonl"), lines).unwrap();
+    }
+
+    #[test]
+    fn a_benchmark_missing_from_the_new_run_trips_every_gate_and_verdicts_follow_p() {
+        let tmp = std::env::temp_dir().join(format!("lmperf-compare-missing-{}", std::process::id()));
+        let same: Vec<f64> = (0..40).map(|i| 10.0 + f64::from(i % 7)).collect();
+        write_run(&tmp.join("base"), &[("c1_in32", &same), ("c8_in32", &same)]);
+        write_run(&tmp.join("new"), &[("c1_in32", &same)]);
+        let spec = CompareSpec {
+            base_dir: tmp.join("base"),
+            new_dir: tmp.join("new"),
+            output_dir: tmp.join("out"),
+            gates: vec![parse_compare_gate("ttft_p99:+5%").unwrap()],
+            resamples: 200,
+            confidence: 0.95,
+            seed: 1,
+        };
+        let c = compare(&spec).unwrap();
+        assert_eq!(c.only_in_base, vec!["c8_in32".to_owned()]);
+        assert_eq!(c.failed_gates, vec!["ttft_p99:+5%".to_owned()]);
+        assert_eq!(c.gates[0].benchmarks, vec!["c8_in32 (missing from the new run)".to_owned()]);
+        // Same requests on both sides: p = 1 and no verdict but "unchanged"; tails carry no p.
+        let b = &c.benchmarks[0];
+        let ttft_mean = b.metrics.iter().find(|m| m.metric == "ttft_mean").unwrap();
+        assert!(close(ttft_mean.p_value.unwrap(), 1.0, 1e-9));
+        assert!(b.metrics.iter().all(|m| m.verdict == Verdict::Unchanged || m.p_value.is_none_or(|p| p < 0.05)));
+        assert!(b.metrics.iter().find(|m| m.metric == "ttft_p99").unwrap().p_value.is_none());
+        // A ratio's change in points, no relative change shown.
+        let html = std::fs::read_to_string(tmp.join("out/compare.html")).unwrap();
+        let row = html.split("data-metric=\"server_prefix_hit_ratio\"").nth(1).unwrap();
+        let row = &row[..row.find("</tr>").unwrap()];
+        assert!(row.contains("+31.0 pt</td><td>–</td>"), "{row}");
+        assert!(row.contains("not tested"), "{row}");
+        let _ = std::fs::remove_dir_all(&tmp);
     }
 }

@@ -361,9 +361,31 @@ pub fn parse_str(path: &Path, text: &str) -> Result<RawConfig, ConfigError> {
             path: path.to_owned(),
             line,
             text: line_text,
-            message: e.message().replace('\n', " "),
+            message: in_section(text, line, &e.message().replace('\n', " ")),
         }
     })
+}
+
+/// An unknown-key `message` at `line` of `text`, named by the table it was written in
+/// (`canary.spike_jump_min_shar`), listing only that table's keys (`[canary]` takes no `url`
+/// nor `name`: those belong in `[[target]]`).
+fn in_section(text: &str, line: usize, message: &str) -> String {
+    let Some(rest) = message.strip_prefix("unknown field `") else {
+        return message.to_owned();
+    };
+    let section = text
+        .lines()
+        .take(line.saturating_sub(1))
+        .filter_map(|l| l.trim().strip_prefix('[').map(|h| h.trim_start_matches('[').trim_end_matches(']').trim().to_owned()))
+        .last();
+    let Some(section) = section else {
+        return message.to_owned();
+    };
+    let mut m = format!("unknown field `{section}.{rest}");
+    if section == "canary" {
+        m = m.replace("`url`, ", "").replace("`name`, ", "");
+    }
+    m
 }
 
 fn parse_file(path: &Path) -> Result<RawConfig, ConfigError> {
@@ -378,6 +400,8 @@ fn validate(mut raw: RawConfig, o: Overrides, env: &dyn Env) -> Result<AgentConf
     if let Some(name) = &raw.canary.name {
         return Err(ConfigError::invalid("canary.name", name, "a name belongs in a [[target]] table"));
     }
+    // A bad sampling value written in [canary] is named there, not in the target inheriting it.
+    validate_sampling("canary", &raw.canary)?;
     // Command-line canary settings win over the file; a schedule given on the command line
     // replaces the file's (interval and rate exclude each other).
     let cli = o.canary;
@@ -858,7 +882,13 @@ mod tests {
         assert_eq!(share(t).unwrap(), 0.25);
         assert_eq!(share(&format!("[canary]\nspike_jump_min_share = 0.5\n{t}")).unwrap(), 0.5);
         let err = share(&format!("[canary]\nspike_jump_min_share = 1.5\n{t}")).unwrap_err().to_string();
-        assert!(err.contains("spike_jump_min_share") && err.contains("1.5"), "{err}");
+        assert_eq!(err, "canary.spike_jump_min_share = \"1.5\": a share in [0, 1]");
+        // A misspelled key is named with its table, and [canary] lists only its own keys.
+        let err = share(&format!("[canary]\nspike_jump_min_shar = 0.5\n{t}")).unwrap_err().to_string();
+        assert!(err.contains("unknown field `canary.spike_jump_min_shar`, expected one of `model`"), "{err}");
+        assert!(!err.contains("`url`") && !err.contains("`name`") && err.contains("`spike_jump_min_share`"), "{err}");
+        let err = share("[[target]]\nurl = \"http://127.0.0.1:8000\"\nsampling_rati = 0.5\n").unwrap_err().to_string();
+        assert!(err.contains("unknown field `target.sampling_rati`, expected one of `url`, `name`"), "{err}");
     }
 
     #[test]

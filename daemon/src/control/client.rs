@@ -276,7 +276,8 @@ pub fn format_status(s: &proto::GetStatusResponse) -> String {
             if t.spike { "  SPIKE" } else { "" }
         );
         if let Some(r) = &t.spike_reason {
-            let _ = writeln!(o, "  spike: {r}");
+            // The rule's values when the spike began (status does not re-evaluate it).
+            let _ = writeln!(o, "  spike: {r} (entered on these values)");
         }
         if let Some(l) = &t.last {
             let _ = writeln!(o, "  last: {} {} ttft_ms={} e2e_ms={:.1} trace_id={}", ago(l.at_unix_s), l.outcome, opt_ms(l.ttft_ms), l.e2e_ms, l.trace_id);
@@ -584,7 +585,10 @@ async fn watch_profile(c: &mut CtlClient, path: &std::path::Path, started: proto
 
 /// A profile file's text and name, read here (the agent reads no file for it).
 fn read_profile(path: &std::path::Path) -> Result<(String, String), CtlError> {
-    let text = std::fs::read_to_string(path).map_err(|e| CtlError::Local(format!("--profile {}: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        let e = e.to_string();
+        CtlError::Local(format!("--profile {}: cannot read: {}", path.display(), e.split(" (os error").next().unwrap_or_default()))
+    })?;
     Ok((text, path.display().to_string()))
 }
 
@@ -610,7 +614,26 @@ fn profile_shape(l: &proto::LoadStatus) -> String {
 }
 
 fn json<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    let v = serde_json::to_value(v).map(|mut v| {
+        omit_empty_trace(&mut v);
+        v
+    });
+    v.and_then(|v| serde_json::to_string_pretty(&v)).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+}
+
+/// A load that replays no trace (`"trace": ""`) shows no trace fields (`trace`,
+/// `trace_speedup`, `trace_peak_rate_per_second`), at any depth.
+fn omit_empty_trace(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(m) => {
+            if m.get("trace").is_some_and(|t| t == "") {
+                m.retain(|k, _| k != "trace" && !k.starts_with("trace_"));
+            }
+            m.values_mut().for_each(omit_empty_trace);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(omit_empty_trace),
+        _ => {}
+    }
 }
 
 #[cfg(test)]
@@ -734,6 +757,19 @@ mod tests {
     }
 
     #[test]
+    fn json_of_a_rate_load_omits_the_trace_fields() {
+        let rate = proto::LoadStatus { rate_per_second: 5.0, ..Default::default() };
+        let r = proto::GetStatusResponse { load: Some(rate), ..Default::default() };
+        let v: serde_json::Value = serde_json::from_str(&json(&r)).unwrap();
+        let l = v["load"].as_object().unwrap();
+        assert!(!l.keys().any(|k| k.starts_with("trace")), "{l:?}");
+        assert_eq!(l["rate_per_second"], 5.0);
+        let replay = proto::LoadStatus { trace: "t.jsonl".into(), trace_speedup: 2.0, ..Default::default() };
+        let v: serde_json::Value = serde_json::from_str(&json(&replay)).unwrap();
+        assert_eq!((v["trace"].as_str(), v["trace_speedup"].as_f64()), (Some("t.jsonl"), Some(2.0)));
+    }
+
+    #[test]
     fn status_names_the_spike_rule_with_its_values() {
         use crate::sampler::adaptive::SpikeRule;
         let rule = SpikeRule::LatencyJump { signal: "e2e", p99_s: 4.1, baseline_s: 0.42, ratio: 9.76, z: 61.2, in_flight: 5 };
@@ -744,7 +780,7 @@ mod tests {
         let text = format_status(&s);
         assert!(text.contains("  SPIKE\n"), "{text}");
         assert!(
-            text.contains("  spike: latency_jump: e2e p99 ≥ 4.100 s = 9.8 × baseline 0.420 s (z 61.2; 5 canaries still in flight)\n"),
+            text.contains("  spike: latency_jump: e2e p99 ≥ 4.10 s = 9.8 × baseline 420 ms (z 61.2; 5 canaries still in flight) (entered on these values)\n"),
             "{text}"
         );
     }

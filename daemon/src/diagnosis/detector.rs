@@ -328,6 +328,13 @@ impl BucketSeries {
         &self.config
     }
 
+    /// Seconds of history held (non-empty closed buckets) and the seconds a verdict needs
+    /// (baseline plus recent buckets): e.g. 40 s of 120 s.
+    pub fn history_progress_s(&self) -> (f64, f64) {
+        let b = self.config.bucket.as_secs_f64();
+        (self.closed.len() as f64 * b, (self.config.min_baseline_buckets + self.config.recent_buckets) as f64 * b)
+    }
+
     fn index(&self, at: Duration) -> u64 {
         (at.as_nanos() / self.config.bucket.as_nanos().max(1)) as u64
     }

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use super::detector::{Assessment, Baseline, BucketSeries, DetectorConfig, JumpRule, median};
 use super::report::{
-    Cause, CauseScore, Diagnosis, Evidence, SCHEMA_VERSION, State, Symptom, TargetDiagnosis,
+    BaselineWait, Cause, CauseScore, Diagnosis, Evidence, SCHEMA_VERSION, State, Symptom, TargetDiagnosis,
     TtftDecomposition, unix_s,
 };
 use super::signal::{Harm, Signal};
@@ -539,9 +539,21 @@ impl TargetEngine {
             causes: Vec::new(),
             ttft_decomposition: None,
             summary: None,
+            baseline_wait: self.baseline_wait(),
         };
         self.last = Some(d.clone());
         d
+    }
+
+    /// `Some` while no symptom series holds the history a verdict needs (the most advanced
+    /// one's progress).
+    fn baseline_wait(&self) -> Option<BaselineWait> {
+        let s = &self.store;
+        let (have, need) = [&s.ttft, &s.tpot, &s.e2e, &s.errors]
+            .iter()
+            .map(|b| b.history_progress_s())
+            .fold((0.0_f64, 0.0_f64), |(h, n), (bh, bn)| if bh / bn.max(1e-9) > h / n.max(1e-9) { (bh, bn) } else { (h, n) });
+        (have < need).then_some(BaselineWait { have_s: have, need_s: need })
     }
 
     fn set_state(&mut self, s: State, now: SystemTime) {
@@ -620,6 +632,7 @@ impl TargetEngine {
             causes,
             ttft_decomposition: decomposition,
             summary: None,
+            baseline_wait: None,
         };
         d.summary = d.line();
         self.last = Some(d.clone());

@@ -128,6 +128,23 @@ pub struct TargetDiagnosis {
     pub ttft_decomposition: Option<TtftDecomposition>,
     /// The top cause in words (the WARN log line), when a cause is ranked.
     pub summary: Option<String>,
+    /// Idle because no symptom series has a baseline yet: seconds held and needed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline_wait: Option<BaselineWait>,
+}
+
+/// How far the history is from a baseline (idle only).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BaselineWait {
+    pub have_s: f64,
+    pub need_s: f64,
+}
+
+impl BaselineWait {
+    /// "no baseline yet: 40 s of the 120 s needed".
+    pub fn words(&self) -> String {
+        format!("no baseline yet: {:.0} s of the {:.0} s needed", self.have_s, self.need_s)
+    }
 }
 
 /// The symptom: the latency or error series that jumped the most against its baseline.
@@ -206,8 +223,8 @@ pub fn clock(unix: f64) -> String {
 /// A value in its unit, short: `412 ms`, `0.97`, `37`, `1.2 GHz`.
 pub fn fmt_value(signal: Signal, v: f64) -> String {
     match signal.unit() {
-        "s" if v.abs() < 1.0 => format!("{:.0} ms", v * 1000.0),
-        "s" => format!("{v:.2} s"),
+        // Three significant digits in its own unit: 0.103 ms, 1.66 ms, 53.0 ms, 1.24 s.
+        "s" => crate::bench::report::fmt::duration_ms(v * 1000.0),
         "Hz" => format!("{:.2} GHz", v / 1e9),
         _ if v.fract() == 0.0 && v.abs() < 1e6 => format!("{v:.0}"),
         _ if v.abs() >= 10.0 => format!("{v:.0}"),

@@ -9,7 +9,14 @@ use super::report::{Diagnosis, State, clock, fmt_value};
 pub fn text(d: &Diagnosis) -> String {
     let mut o = String::new();
     for t in &d.targets {
-        let _ = write!(o, "{}  {}", t.target, t.state.as_str());
+        // Idle is no verdict on traffic: a target that ran requests is "not judged" (no
+        // baseline yet) or "no spike".
+        let state = match (t.state, &t.baseline_wait) {
+            (State::Idle, Some(_)) => "not judged",
+            (State::Idle, None) => "no spike",
+            (s, _) => s.as_str(),
+        };
+        let _ = write!(o, "{}  {state}", t.target);
         if let Some(on) = t.onset_unix_s {
             let _ = write!(o, "  onset {} UTC", clock(on));
         }
@@ -25,7 +32,12 @@ pub fn text(d: &Diagnosis) -> String {
         }
         o.push('\n');
         if t.state == State::Idle {
-            o.push_str("  no spike: nothing to diagnose\n");
+            match &t.baseline_wait {
+                Some(w) => {
+                    let _ = writeln!(o, "  {}: a spike cannot be judged before", w.words());
+                }
+                None => o.push_str("  nothing to diagnose\n"),
+            }
             continue;
         }
         if let Some(line) = &t.summary {

@@ -756,3 +756,40 @@ fn one_error_per_bucket_against_an_error_free_baseline_does_not_page() {
     assert!(not_idle > 0);
     assert_eq!(symptom, Some(Signal::Error));
 }
+
+#[test]
+fn a_short_history_says_no_baseline_yet_instead_of_no_spike() {
+    // A server dead from the start: every canary fails, one a second, for 45 s.
+    let mut e = Engine::new(EngineConfig::default());
+    for s in 0..45 {
+        e.observe("t", Signal::Error, at(f64::from(s)), 1.0);
+    }
+    let d = e.evaluate(at(45.0));
+    let t = &d.targets[0];
+    assert_eq!(t.state, State::Idle);
+    let w = t.baseline_wait.unwrap();
+    // The error ratio judges 3 recent buckets after 8 of baseline: 110 s.
+    assert_eq!((w.have_s, w.need_s), (40.0, 110.0));
+    let text = super::scorecard::text(&d);
+    assert!(text.starts_with("t  not judged\n  no baseline yet: 40 s of the 110 s needed"), "{text}");
+    assert!(!text.contains("no spike"), "{text}");
+    // With a full history and no spike: the old line, no wait in the JSON.
+    for s in 45..300 {
+        e.observe("t", Signal::Error, at(f64::from(s)), 1.0);
+    }
+    let d = e.evaluate(at(300.0));
+    assert!(d.targets[0].baseline_wait.is_none());
+    assert_eq!(super::scorecard::text(&d), "t  no spike\n  nothing to diagnose\n");
+    assert!(!serde_json::to_string(&d).unwrap().contains("baseline_wait"));
+}
+
+#[test]
+fn small_latencies_keep_significant_digits() {
+    use super::report::fmt_value;
+    assert_eq!(fmt_value(Signal::Tpot, 0.000_103), "0.103 ms");
+    assert_eq!(fmt_value(Signal::E2e, 0.001_66), "1.66 ms");
+    assert_eq!(fmt_value(Signal::Tpot, 0.053), "53.0 ms");
+    assert_eq!(fmt_value(Signal::E2e, 1.24), "1.24 s");
+    let rule = crate::sampler::adaptive::SpikeRule::LatencyJump { signal: "e2e", p99_s: 0.431, baseline_s: 0.001_66, ratio: 259.9, z: 40.0, in_flight: 2 };
+    assert_eq!(rule.describe(), "latency_jump: e2e p99 ≥ 431 ms = 259.9 × baseline 1.66 ms (z 40.0; 2 canaries still in flight)");
+}

@@ -130,13 +130,20 @@ impl SpikeRule {
     pub fn describe(&self) -> String {
         match *self {
             SpikeRule::ErrorRate { error_rate, threshold, requests } => format!("error_rate: {:.1} % of {requests} requests failed (threshold {:.1} %)", error_rate * 100.0, threshold * 100.0),
-            SpikeRule::SloP99 { p99_s, threshold_s } => format!("slo_p99: e2e p99 {p99_s:.3} s ≥ {threshold_s:.3} s"),
-            SpikeRule::LatencyJump { signal, p99_s, baseline_s, ratio, z, in_flight: 0 } => format!("latency_jump: {signal} p99 {p99_s:.3} s = {ratio:.1} × baseline {baseline_s:.3} s (z {z:.1})"),
+            SpikeRule::SloP99 { p99_s, threshold_s } => format!("slo_p99: e2e p99 {} ≥ {}", secs(p99_s), secs(threshold_s)),
+            SpikeRule::LatencyJump { signal, p99_s, baseline_s, ratio, z, in_flight: 0 } => {
+                format!("latency_jump: {signal} p99 {} = {ratio:.1} × baseline {} (z {z:.1})", secs(p99_s), secs(baseline_s))
+            }
             SpikeRule::LatencyJump { signal, p99_s, baseline_s, ratio, z, in_flight } => {
-                format!("latency_jump: {signal} p99 ≥ {p99_s:.3} s = {ratio:.1} × baseline {baseline_s:.3} s (z {z:.1}; {in_flight} canaries still in flight)")
+                format!("latency_jump: {signal} p99 ≥ {} = {ratio:.1} × baseline {} (z {z:.1}; {in_flight} canaries still in flight)", secs(p99_s), secs(baseline_s))
             }
         }
     }
+}
+
+/// Seconds in their own unit, three significant digits: `1.66 ms`, `431 ms`, `4.10 s`.
+fn secs(s: f64) -> String {
+    crate::bench::report::fmt::duration_ms(s * 1000.0)
 }
 
 /// A sampling decision.

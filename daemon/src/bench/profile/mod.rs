@@ -69,14 +69,25 @@ pub enum TokenRate {
     },
 }
 
-/// A profile that cannot be used: one line naming the file, key and value.
+/// A profile that cannot be used: one line naming the file, key and value (`FILE: cannot
+/// read: …` and `FILE: YAML error at line L column C: …` for the file as a whole).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{file}: {key} = {value}: {reason}")]
 pub struct ProfileError {
     pub file: String,
     pub key: String,
     pub value: String,
     pub reason: String,
+}
+
+impl std::fmt::Display for ProfileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self { file, key, value, reason } = self;
+        match key.as_str() {
+            "(file)" => write!(f, "{file}: cannot read: {reason}"),
+            "(document)" => write!(f, "{file}: YAML error{value}: {reason}"),
+            _ => write!(f, "{file}: {key} = {value}: {reason}"),
+        }
+    }
 }
 
 fn show(v: &Value) -> String {
@@ -231,11 +242,16 @@ impl<'a> Map<'a> {
 /// # Errors
 /// The first unknown key or bad value, as one line.
 pub fn parse(file: &str, text: &str) -> Result<Profile, ProfileError> {
-    let doc: Value = yaml_serde::from_str(text).map_err(|e| ProfileError {
-        file: file.to_owned(),
-        key: "(document)".into(),
-        value: "…".into(),
-        reason: e.to_string().replace('\n', " "),
+    let doc: Value = yaml_serde::from_str(text).map_err(|e| {
+        let message = e.to_string().replace('\n', " ");
+        // The location goes first; the message without its own " at line …".
+        let reason = message.find(" at line ").map_or(message.as_str(), |i| &message[..i]).to_owned();
+        ProfileError {
+            file: file.to_owned(),
+            key: "(document)".into(),
+            value: e.location().map_or(String::new(), |l| format!(" at line {} column {}", l.line(), l.column())),
+            reason,
+        }
     })?;
     let top = Map::of(
         file,
@@ -273,8 +289,9 @@ pub fn load(path: &std::path::Path) -> Result<Profile, ProfileError> {
     let text = std::fs::read_to_string(path).map_err(|e| ProfileError {
         file: file.clone(),
         key: "(file)".into(),
-        value: "…".into(),
-        reason: e.to_string(),
+        value: String::new(),
+        // "No such file or directory", without " (os error 2)".
+        reason: e.to_string().split(" (os error").next().unwrap_or_default().to_owned(),
     })?;
     parse(&file, &text)
 }
@@ -450,6 +467,15 @@ mod tests {
     use super::*;
 
     const SEED: &str = "profile: burst-llm-eval\nprompt_length: {distribution: lognormal, mu: 1200, sigma: 0.8}\nconcurrency:   {ramp: exponential, base: 4, step: 3s}\ntoken_rate:    {mode: constant, target: 256/s, jitter: 15%}\n";
+
+    #[test]
+    fn file_errors_are_one_plain_line() {
+        let e = load(std::path::Path::new("/nonexistent.yaml")).unwrap_err();
+        assert_eq!(e.to_string(), "/nonexistent.yaml: cannot read: No such file or directory");
+        let e = parse("p.yaml", "profile: x\ntoken_rate: {mode: constant\n").unwrap_err().to_string();
+        assert!(e.starts_with("p.yaml: YAML error at line 3 column 1: "), "{e}");
+        assert!(!e.contains("(document)") && !e.contains(" = …") && e.matches(" at line ").count() == 1, "{e}");
+    }
 
     #[test]
     fn the_seed_profile_parses() {

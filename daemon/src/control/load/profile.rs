@@ -86,6 +86,8 @@ struct Pace {
     rate_epoch_s: f64,
     last_at_s: Option<f64>,
     last_gap_s: Option<f64>,
+    /// The shortest gap planned under it (adaptive: 1 ÷ the highest level offered).
+    min_gap_s: Option<f64>,
 }
 
 impl Pace {
@@ -93,6 +95,7 @@ impl Pace {
     fn planned(&mut self, at_s: f64) {
         if let Some(prev) = self.last_at_s.filter(|p| at_s > *p) {
             self.last_gap_s = Some(at_s - prev);
+            self.min_gap_s = Some(self.min_gap_s.map_or(at_s - prev, |m| m.min(at_s - prev)));
         }
         self.last_at_s = Some(at_s);
     }
@@ -120,6 +123,16 @@ fn request_rate_now(profile: &Profile, output_tokens: u32, t_s: f64, pace: &Pace
             .filter(|g| *g > 0.0)
             .map_or(target / per_request, |g| 1.0 / g),
     })
+}
+
+/// The highest request rate an adaptive token rate offered so far (1 ÷ the shortest planned
+/// gap), at least its starting target; `None` for other token rates.
+fn adaptive_peak(profile: &Profile, output_tokens: u32, pace: &Pace) -> Option<f64> {
+    let TokenRate::Adaptive { target, .. } = profile.token_rate? else {
+        return None;
+    };
+    let start = target / f64::from(output_tokens.max(1));
+    Some(pace.min_gap_s.filter(|g| *g > 0.0).map_or(start, |g| (1.0 / g).max(start)))
 }
 
 /// `req` with `output_tokens` filled from its target's `canary.max_tokens` when it is a
@@ -274,6 +287,10 @@ impl proto::LoadStatus {
             self.profile.clone_from(&s.profile().name);
             // The running revision's request rate (its start, or its on rate when bursty).
             if let Some(r) = Scheduler::peak_request_rate(s.profile(), spec.output_tokens) {
+                self.rate_per_second = r;
+            }
+            // Adaptive: the highest level it offered, not where it started.
+            if let Some(r) = adaptive_peak(s.profile(), spec.output_tokens, &pace) {
                 self.rate_per_second = r;
             }
             self.profile_rate_per_second_now = request_rate_now(
@@ -565,6 +582,12 @@ mod tests {
         pace.planned(0.5);
         pace.planned(0.75);
         assert_eq!(request_rate_now(&adaptive, 8, 0.8, &pace), Some(4.0));
+        // The peak is the highest level offered (gap 0.25 s), kept when the level falls back.
+        pace.planned(1.25);
+        assert_eq!(request_rate_now(&adaptive, 8, 1.3, &pace), Some(2.0));
+        assert_eq!(adaptive_peak(&adaptive, 8, &pace), Some(4.0));
+        assert_eq!(adaptive_peak(&adaptive, 8, &Pace::default()), Some(2.0));
+        assert_eq!(adaptive_peak(&bursty, 8, &pace), None);
         assert_eq!(
             request_rate_now(&p("concurrency: {ramp: fixed, base: 2}\n"), 8, 0.0, &pace),
             None
