@@ -233,7 +233,8 @@ pub struct Capacity {
     pub knee_reasons: Vec<&'static str>,
     /// Every step in the order measured.
     pub steps: Vec<Step>,
-    /// Why the search stopped: `precision`, `max_steps`, `no_rate_passes`, `max_rate_cap`.
+    /// Why the search stopped: `precision`, `max_steps`, `no_rate_passes`, `max_rate_cap`,
+    /// `interrupted` (Ctrl-C: the steps measured so far).
     pub stopped: &'static str,
 }
 
@@ -378,6 +379,11 @@ impl Search {
             (None, Some(f)) if f / 2.0 < self.min_rate => Some("no_rate_passes"),
             _ => None,
         };
+    }
+
+    /// Ctrl-C: the search ends where it is (`stopped`: `interrupted`).
+    pub fn interrupt(&mut self) {
+        self.stopped = Some("interrupted");
     }
 
     /// The result so far (complete once [`Search::next`] says done).

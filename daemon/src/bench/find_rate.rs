@@ -43,7 +43,8 @@ pub(super) async fn search(
     tok: &TokenizeClient,
     telemetry: Option<Arc<export::BenchTelemetry>>,
     out: &mut rows::RunRows,
-) -> Result<(Vec<BenchSummary>, Capacity), BenchError> {
+    stop: &tokio_util::sync::CancellationToken,
+) -> Result<(Vec<BenchSummary>, Capacity, Option<String>), BenchError> {
     let mut s = Search::new(
         f.slos.clone(),
         f.precision,
@@ -75,7 +76,8 @@ pub(super) async fn search(
         let schedule = feed::Schedule::new(&sp, items.len(), seed)?;
         let name = format!("step{i}_r{rate:.3}");
         let mut rows = Vec::with_capacity(items.len());
-        one_benchmark(
+        let mut push = |r| rows.push(r);
+        let step = one_benchmark(
             &sp,
             clients,
             model,
@@ -85,9 +87,16 @@ pub(super) async fn search(
             items,
             Some(schedule),
             telemetry.clone(),
-            &mut |r| rows.push(r),
-        )
-        .await?;
+            &mut push,
+        );
+        // Ctrl-C: the steps that completed stand (their rows are in `out`), this one's are cut.
+        tokio::select! {
+            r = step => r?,
+            () = stop.cancelled() => {
+                s.interrupt();
+                return Ok((benchmarks, s.result(), Some(name)));
+            }
+        }
         let b = summarize(&sp, &name, concurrency, input_len, &rows);
         let ok: Vec<&RequestRow> = rows.iter().filter(|r| r.outcome == "ok").collect();
         let mut ends: Vec<f64> = ok.iter().map(|r| r.send_ms + r.e2el_ms).collect();
@@ -145,5 +154,5 @@ pub(super) async fn search(
             c.stopped
         );
     }
-    Ok((benchmarks, c))
+    Ok((benchmarks, c, None))
 }

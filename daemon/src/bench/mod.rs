@@ -498,18 +498,12 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
     } else {
         spec.input_lengths.clone()
     };
-    if let Some(f) = &spec.find_rate {
-        let search = find_rate::search(&spec, f, &clients, &model, &extra, &tok, telemetry.clone(), &mut out);
-        let (benches, c) = tokio::select! {
-            r = search => r?,
-            () = stop.cancelled() => {
-                out.discard();
-                return Err(interrupted("the capacity search", 0));
-            }
-        };
-        (benchmarks, capacity) = (benches, Some(c));
-    }
     let mut stopped_during = None;
+    if let Some(f) = &spec.find_rate {
+        // Ctrl-C: the steps that completed are written with a partial `capacity`.
+        let (benches, c, cut) = find_rate::search(&spec, f, &clients, &model, &extra, &tok, telemetry.clone(), &mut out, stop).await?;
+        (benchmarks, capacity, stopped_during) = (benches, Some(c), cut);
+    }
     'benchmarks: for &input_len in &input_lengths {
         for &concurrency in &spec.concurrencies {
             let name = format!("c{concurrency}_{}", spec.workload.label(input_len));
