@@ -412,7 +412,7 @@ impl RunArgs {
         };
         let mut workload = self.workload.into_workload()?;
         if workload.chat_template.is_some() && target.api != crate::config::Api::Chat {
-            return Err("--chat-template: counts --api chat requests; add --api chat (or leave --chat-template out)".to_owned());
+            return Err("--chat-template: counts chat requests: it needs --api chat (or leave --chat-template out)".to_owned());
         }
         if let Some(d) = workload.output_dist.as_mut() {
             cap_output_dist(d)?;

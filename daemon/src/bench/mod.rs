@@ -449,6 +449,17 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
         eprintln!("lmperf run: target {} model {model} tokenizer {kind}", spec.target.base_url);
     }
     let tok = chat_template::setup(tok, &spec.workload, spec.target.api, spec.progress).await?;
+    // Chat prompts shorter than the template itself cannot be sent: warned, and the summary's
+    // input_len is then the achieved mean.
+    let template_floor = match spec.target.api {
+        Api::Chat if !spec.workload.own_inputs() => chat_template::template_floor(&tok).await,
+        _ => None,
+    };
+    if spec.progress
+        && let Some(w) = template_floor.and_then(|f| chat_template::short_lengths_warning(&spec.input_lengths, f))
+    {
+        eprintln!("{w}");
+    }
     let mut extra = serde_json::Map::new();
     if spec.ignore_eos {
         extra.insert("ignore_eos".into(), serde_json::Value::Bool(true));
@@ -545,7 +556,7 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
                 }
                 let mut this = aggregate::Summarizer::new(spec.goodput);
                 // Mean input of the first turns (length distributions, files, traces).
-                let (mut first_turns, mut first_turn_tokens) = (0usize, 0.0f64);
+                let (mut first_turns, mut first_turn_tokens, mut first_turn_sent) = (0usize, 0.0f64, 0.0f64);
                 let mut sink = |mut r: RequestRow| {
                     r.repeat = k;
                     all.push(&r);
@@ -555,12 +566,15 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
                     if r.turn == 0 {
                         first_turns += 1;
                         first_turn_tokens += f64::from(r.prompt_tokens_target);
+                        first_turn_sent += f64::from(r.prompt_tokens);
                     }
                     out.push(r);
                 };
                 one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, measured, Some(schedule), telemetry.clone(), &mut sink).await?;
                 if spec.workload.own_inputs() {
                     summary_input_len = (first_turn_tokens / first_turns.max(1) as f64).round() as u32;
+                } else if template_floor.is_some_and(|f| input_len < f) && first_turns > 0 {
+                    summary_input_len = (first_turn_sent / first_turns as f64).round() as u32;
                 }
                 if spec.repeat > 1 {
                     per_repeat.push(this.finish(shape(&spec, &name, concurrency, summary_input_len)));
