@@ -303,6 +303,42 @@ async fn peak_vram_per_benchmark_and_the_vram_gate() {
     assert_eq!(summary.failed_gates, vec!["vram_pct>92".to_owned()]);
 }
 
+/// Every request refused by the server (llama.cpp's context error): the terminal line and
+/// the report name the server's type and message, and the empty latency section says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_error_reason_reaches_the_terminal_and_the_report() {
+    let server = ScriptedServer::start(Arc::new(move |req, _| {
+        if req.path != "/v1/completions" {
+            return Reply::json(404, r#"{"error":{"message":"not found"}}"#);
+        }
+        Reply::json(400, r#"{"error":{"code":400,"message":"request (3001 tokens) exceeds the available context size (2048 tokens)","type":"exceed_context_size_error"}}"#)
+    }))
+    .await;
+    let dir = std::env::temp_dir().join(format!("lmperf-run-reason-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let url = server.url();
+    let d = dir.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(lmperf_bin())
+            .args(["run", "--target", &url, "--model", "m", "--api", "completions", "--seq-lengths", "8"])
+            .args(["--num-prompts", "3", "--warmup", "0", "--output-len", "2", "--output-dir", d.to_str().unwrap()])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let reason = "3 × 400 exceed_context_size_error: request (3001 tokens) exceeds the available context size (2048 tokens)";
+    assert!(err.contains(&format!("failed: {reason}")), "{err}");
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(s["benchmarks"][0]["error_messages"]["400 exceed_context_size_error"], "request (3001 tokens) exceeds the available context size (2048 tokens)");
+    let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    assert!(html.contains(&format!("3 failed</b> ({reason})")), "paragraph");
+    assert!(html.contains(&format!("<li>c1_in8: {reason}</li>")), "errors section");
+    assert!(html.contains("<h2>Latency over time</h2><p>No successful request.</p>"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Ctrl-C during a capacity search, after step 0 finished: exit 1, step 0 written
 /// (`interrupted: true`, a partial `capacity` that says `stopped: interrupted`, its rows).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

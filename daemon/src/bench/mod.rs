@@ -280,6 +280,10 @@ pub struct BenchSummary {
     /// Failed requests by HTTP status, then by the server's own error type (or `error.type`
     /// when the server gave none): `{"400": {"exceed_context_size_error": 2}}`.
     pub errors_by_status_and_type: BTreeMap<String, BTreeMap<String, usize>>,
+    /// The first message per `"STATUS TYPE"` of `errors_by_status_and_type` (the server's
+    /// reason: `"400 exceed_context_size_error": "request (3001 tokens) exceeds …"`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub error_messages: BTreeMap<String, String>,
     /// First send to last end, seconds.
     pub duration_s: f64,
     /// Completed requests per second.
@@ -590,7 +594,7 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
                 let errors = if summary.errors.is_empty() {
                     String::new()
                 } else {
-                    format!(", failed: {}", summary.errors.iter().map(|(t, n)| format!("{n} {t}")).collect::<Vec<_>>().join(", "))
+                    format!(", failed: {}", summary.error_reasons().join("; "))
                 };
                 let ms = |d: &Option<Distribution>, f: fn(&Distribution) -> f64| report::fmt::opt_duration_ms(d.as_ref().map(f));
                 eprintln!(

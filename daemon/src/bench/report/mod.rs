@@ -239,6 +239,9 @@ caption{{white-space:nowrap;text-align:left;font-size:13px}} details{{font-size:
     h.push_str(&cdf_chart(summary, rows, "E2EL", "e2el_ms", |r| Some(r.e2el_ms), |b| &b.e2el_ms));
     h.push_str(&cdf_chart(summary, rows, "TPOT", "tpot_ms", |r| r.tpot_ms, |b| &b.tpot_ms));
     h.push_str("<h2>Latency over time</h2>");
+    if summary.benchmarks.iter().all(|b| b.completed == 0) {
+        h.push_str("<p>No successful request.</p>");
+    }
     for (name, metric) in [("TTFT", (|r: &RequestRow| r.ttft_ms) as fn(&RequestRow) -> Option<f64>), ("E2EL", |r| Some(r.e2el_ms))] {
         h.push_str(&timeline::plot(summary, rows, name, metric).unwrap_or_default());
     }
@@ -365,7 +368,13 @@ caption{{white-space:nowrap;text-align:left;font-size:13px}} details{{font-size:
         for (b, t, n) in errs {
             let _ = write!(h, "<tr><td>{}</td><td>{}</td>{}</tr>", esc(b), esc(t), field("td", Some(b), &format!("errors/{t}"), Some(*n as f64), "", &fmt::count(*n as u64)));
         }
-        h.push_str("</table>");
+        h.push_str("</table><ul class=\"error-reasons\">");
+        for b in &summary.benchmarks {
+            for r in b.error_reasons() {
+                let _ = write!(h, "<li>{}: {}</li>", esc(&b.benchmark), esc(&r));
+            }
+        }
+        h.push_str("</ul>");
     }
     h.push_str("</body></html>\n");
     h

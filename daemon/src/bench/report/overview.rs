@@ -47,16 +47,11 @@ pub fn paragraph(summary: &Summary) -> String {
     if failed == 0 {
         h.push_str(", none failed. ");
     } else {
-        let mut by_type: std::collections::BTreeMap<&str, usize> =
-            std::collections::BTreeMap::new();
-        for b in bs {
-            for (t, n) in &b.errors {
-                *by_type.entry(t.as_str()).or_default() += n;
-            }
-        }
-        let types: Vec<String> = by_type
+        // The server's own reason per status and type (its first message), all benchmarks.
+        let types: Vec<String> = bs
             .iter()
-            .map(|(t, n)| format!("error.type {}: {}", esc(t), count(*n as u64)))
+            .flat_map(super::super::BenchSummary::error_reasons)
+            .map(|r| esc(&r))
             .collect();
         let _ = write!(
             h,
