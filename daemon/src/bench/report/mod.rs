@@ -101,7 +101,7 @@ fn cdf_chart(summary: &Summary, rows: &[RequestRow], name: &str, key: &str, metr
         let ranks = chart::spread(&(0..n).collect::<Vec<_>>(), 200);
         let points: Vec<(f64, f64)> = ranks.iter().map(|&i| (v[i], (i + 1) as f64 / n as f64)).collect();
         let mut s = Series::new(b.benchmark.clone(), points, Mark::Line);
-        s.titles = ranks.iter().map(|&i| format!("{}: {} of {n} requests ({:.4} %) at or below {} ms", b.benchmark, i + 1, (i + 1) as f64 / n as f64 * 100.0, v[i])).collect();
+        s.titles = ranks.iter().map(|&i| format!("{}: {} of {n} requests ({} %) at or below {} ms", b.benchmark, i + 1, fmt::exact((i + 1) as f64 / n as f64 * 100.0, 4), fmt::exact(v[i], 6))).collect();
         series.push(s);
     }
     // The x axis spans the values only (a TPOT of 118–122 ms is not squeezed at the right).
