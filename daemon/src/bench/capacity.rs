@@ -188,13 +188,14 @@ pub struct SloCheck {
 }
 
 impl SloCheck {
-    /// `ttft_p99:500ms 312.4 / bound 340.1` (ms).
+    /// `ttft_p99:500ms 312 ms / bound 340 ms`.
     pub fn brief(&self) -> String {
+        use super::report::fmt::duration_ms;
         format!(
-            "{} {:.1} / bound {:.1}",
+            "{} {} / bound {}",
             self.slo,
-            self.value_ms.unwrap_or(f64::NAN),
-            self.upper_bound_ms.unwrap_or(f64::NAN)
+            duration_ms(self.value_ms.unwrap_or(f64::NAN)),
+            duration_ms(self.upper_bound_ms.unwrap_or(f64::NAN))
         )
     }
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::capacity::{Capacity, Next, Search, Slo, StepObservation};
 use super::prompts::TokenizeClient;
+use super::report::fmt;
 use super::{
     BenchError, BenchSummary, RequestRow, RunSpec, export, feed, one_benchmark, rows, summarize,
 };
@@ -130,8 +131,9 @@ pub(super) async fn search(
                 .map(super::capacity::SloCheck::brief)
                 .collect();
             eprintln!(
-                "lmperf run: step {i}: offered {rate:.3} req/s, achieved {:.3}, {}: {}",
-                step.achieved_rate,
+                "lmperf run: step {i}: offered {}, achieved {}, {}: {}",
+                fmt::rate(rate, "req/s"),
+                fmt::rate(step.achieved_rate, "req/s"),
                 checks.join(", "),
                 if step.passed { "pass" } else { "fail" }
             );
@@ -144,15 +146,7 @@ pub(super) async fn search(
     }
     let c = s.result();
     if spec.progress {
-        let r = |v: Option<f64>| v.map_or("none".to_owned(), |v| format!("{v:.3} req/s"));
-        eprintln!(
-            "lmperf run: max rate {} (first failing {}), knee {} {:?}; stopped: {}",
-            r(c.max_rate),
-            r(c.failing_rate),
-            r(c.knee_rate),
-            c.knee_reasons,
-            c.stopped
-        );
+        eprintln!("lmperf run: {}", super::report::overview::capacity_sentence(&c));
     }
     Ok((benchmarks, c, None))
 }
