@@ -503,6 +503,9 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
         let input = spec.input_lengths.first().copied().unwrap_or(128);
         let mut summary = s.finish(shape(&spec, &name, concurrency, input));
         summary.server = server_watch.take(&name).await;
+        if spec.progress {
+            eprintln!("{}", result_line(&summary));
+        }
         benchmarks.push(summary);
         profile_info = Some(info);
     }
@@ -591,22 +594,7 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
             watch.take_samples(&name);
             summary.server = server_watch.take(&name).await;
             if spec.progress {
-                let errors = if summary.errors.is_empty() {
-                    String::new()
-                } else {
-                    format!(", failed: {}", summary.error_reasons().join("; "))
-                };
-                let ms = |d: &Option<Distribution>, f: fn(&Distribution) -> f64| report::fmt::opt_duration_ms(d.as_ref().map(f));
-                eprintln!(
-                    "lmperf run: {name}: {} requests, {} ok{errors}, {}, {}, TTFT p50 {} p99 {}, E2EL p99 {}",
-                    summary.num_requests,
-                    summary.completed,
-                    report::fmt::rate(summary.request_throughput, "req/s"),
-                    report::fmt::rate(summary.output_token_throughput, "tok/s"),
-                    ms(&summary.ttft_ms, |d| d.p50),
-                    ms(&summary.ttft_ms, |d| d.p99),
-                    ms(&summary.e2el_ms, |d| d.p99),
-                );
+                eprintln!("{}", result_line(&summary));
             }
             Ok::<_, BenchError>(summary)
             };
@@ -673,6 +661,27 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
         Some(name) => Err(interrupted(&name, summary.benchmarks.len())),
         None => Ok(summary),
     }
+}
+
+/// The line printed as a benchmark ends: `lmperf run: c1_in8: 10 requests, 10 ok, …`.
+fn result_line(summary: &BenchSummary) -> String {
+    let errors = if summary.errors.is_empty() {
+        String::new()
+    } else {
+        format!(", failed: {}", summary.error_reasons().join("; "))
+    };
+    let ms = |d: &Option<Distribution>, f: fn(&Distribution) -> f64| report::fmt::opt_duration_ms(d.as_ref().map(f));
+    format!(
+        "lmperf run: {}: {} requests, {} ok{errors}, {}, {}, TTFT p50 {} p99 {}, E2EL p99 {}",
+        summary.benchmark,
+        summary.num_requests,
+        summary.completed,
+        report::fmt::rate(summary.request_throughput, "req/s"),
+        report::fmt::rate(summary.output_token_throughput, "tok/s"),
+        ms(&summary.ttft_ms, |d| d.p50),
+        ms(&summary.ttft_ms, |d| d.p99),
+        ms(&summary.e2el_ms, |d| d.p99),
+    )
 }
 
 /// Writes `rows` as JSON lines to `path`; nothing (no file) when `rows` is empty.
