@@ -595,6 +595,9 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
             summary.server = server_watch.take(&name).await;
             if spec.progress {
                 eprintln!("{}", result_line(&summary));
+                if let Some(w) = behind_warning(&summary, spec.request_rate) {
+                    eprintln!("{w}");
+                }
             }
             Ok::<_, BenchError>(summary)
             };
@@ -682,6 +685,29 @@ fn result_line(summary: &BenchSummary) -> String {
         ms(&summary.ttft_ms, |d| d.p99),
         ms(&summary.e2el_ms, |d| d.p99),
     )
+}
+
+/// Dispatch delay p99 above which an open-loop schedule counts as fallen behind: one
+/// inter-arrival gap at `rate`, at least [`BEHIND_FLOOR_MS`].
+pub const BEHIND_FLOOR_MS: f64 = 100.0;
+
+/// The warning when an open-loop benchmark (`rate` req/s) could not send on schedule: its
+/// dispatch delay p99 above the bound (the concurrency limit held requests back).
+fn behind_warning(summary: &BenchSummary, rate: Option<f64>) -> Option<String> {
+    let rate = rate?;
+    let bound = (1000.0 / rate).max(BEHIND_FLOOR_MS);
+    let p99 = summary.dispatch_delay_ms.as_ref()?.p99;
+    (p99 > bound).then(|| {
+        format!(
+            "lmperf run: warning: {}: the schedule fell behind (dispatch delay p99 {} > {} at {} offered; achieved {}): concurrency {} holds requests back; raise --batch-sizes (concurrency)",
+            summary.benchmark,
+            report::fmt::duration_ms(p99),
+            report::fmt::duration_ms(bound),
+            report::fmt::rate(rate, "req/s"),
+            report::fmt::rate(summary.request_throughput, "req/s"),
+            summary.concurrency,
+        )
+    })
 }
 
 /// Writes `rows` as JSON lines to `path`; nothing (no file) when `rows` is empty.
@@ -935,6 +961,25 @@ fn gate_trips(g: &Gate, b: &BenchSummary) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--request-rate 10` at concurrency 1 with requests of ~400 ms: the dispatch delay grows
+    /// to seconds; the warning names the figures and --batch-sizes. On schedule: no warning.
+    #[test]
+    fn a_schedule_that_fell_behind_is_warned() {
+        let summary = |delays: &[f64]| {
+            let mut s = aggregate::Summarizer::new(Goodput { ttft_ms: None, tpot_ms: None, e2el_ms: None });
+            for (i, &d) in delays.iter().enumerate() {
+                s.push(&RequestRow { outcome: "ok", send_ms: i as f64 * 400.0, e2el_ms: 400.0, dispatch_delay_ms: d, ..RequestRow::default() });
+            }
+            s.finish(aggregate::BenchShape { name: "c1_in8", concurrency: 1, input_len: 8, output_len: Some(4), request_rate: Some(10.0) })
+        };
+        let behind = summary(&(0..100).map(|i| f64::from(i) * 60.0).collect::<Vec<_>>());
+        let w = behind_warning(&behind, Some(10.0)).unwrap();
+        assert!(w.starts_with("lmperf run: warning: c1_in8: the schedule fell behind (dispatch delay p99 5.88 s > 100 ms at 10.0 req/s offered; achieved "), "{w}");
+        assert!(w.ends_with("concurrency 1 holds requests back; raise --batch-sizes (concurrency)"), "{w}");
+        assert_eq!(behind_warning(&summary(&[1.0; 100]), Some(10.0)), None);
+        assert_eq!(behind_warning(&behind, None), None, "closed loop: no schedule");
+    }
 
     #[test]
     fn gates_parse_and_reject() {
