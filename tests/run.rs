@@ -303,6 +303,102 @@ async fn peak_vram_per_benchmark_and_the_vram_gate() {
     assert_eq!(summary.failed_gates, vec!["vram_pct>92".to_owned()]);
 }
 
+/// Every request refused by the server (llama.cpp's context error): the terminal line and
+/// the report name the server's type and message, and the empty latency section says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_error_reason_reaches_the_terminal_and_the_report() {
+    let server = ScriptedServer::start(Arc::new(move |req, _| {
+        if req.path != "/v1/completions" {
+            return Reply::json(404, r#"{"error":{"message":"not found"}}"#);
+        }
+        Reply::json(400, r#"{"error":{"code":400,"message":"request (3001 tokens) exceeds the available context size (2048 tokens)","type":"exceed_context_size_error"}}"#)
+    }))
+    .await;
+    let dir = std::env::temp_dir().join(format!("lmperf-run-reason-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let url = server.url();
+    let d = dir.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(lmperf_bin())
+            .args(["run", "--target", &url, "--model", "m", "--api", "completions", "--seq-lengths", "8"])
+            .args(["--num-prompts", "3", "--warmup", "0", "--output-len", "2", "--output-dir", d.to_str().unwrap()])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let reason = "3 × 400 exceed_context_size_error: request (3001 tokens) exceeds the available context size (2048 tokens)";
+    assert!(err.contains(&format!("failed: {reason}")), "{err}");
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(s["benchmarks"][0]["error_messages"]["400 exceed_context_size_error"], "request (3001 tokens) exceeds the available context size (2048 tokens)");
+    let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    assert!(html.contains(&format!("3 failed</b> ({reason})")), "paragraph");
+    assert!(html.contains(&format!("<li>c1_in8: {reason}</li>")), "errors section");
+    assert!(html.contains("<h2>Latency over time</h2><p>No successful request.</p>"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Ctrl-C during a capacity search, after step 0 finished: exit 1, step 0 written
+/// (`interrupted: true`, a partial `capacity` that says `stopped: interrupted`, its rows).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_during_a_capacity_search_writes_the_steps_that_completed() {
+    let completions = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = completions.clone();
+    let server = ScriptedServer::start(Arc::new(move |req, _| {
+        if req.path != "/v1/completions" {
+            return Reply::json(404, r#"{"error":{"message":"not found"}}"#);
+        }
+        // Step 0's 10 requests answer in 40 ms, later steps' take 30 s.
+        let slow = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 10;
+        let base = if slow { 30_000 } else { 0 };
+        let tok = |ms: u64, fin: &str| Frame { at: Duration::from_millis(base + ms), bytes: format!("data: {{\"choices\":[{{\"text\":\"a\",\"finish_reason\":{fin}}}]}}\n\n").into_bytes() };
+        Reply::sse(vec![tok(20, "null"), tok(40, "\"length\""), Frame { at: Duration::from_millis(base + 40), bytes: b"data: [DONE]\n\n".to_vec() }])
+    }))
+    .await;
+    let dir = std::env::temp_dir().join(format!("lmperf-run-ctrlc-cap-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut child = tokio::process::Command::new(lmperf_bin())
+        .args(["run", "--target", &server.url(), "--model", "m", "--api", "completions", "--batch-sizes", "16", "--seq-lengths", "8"])
+        .args(["--find-max-rate", "--slo", "ttft_p99:5s", "--request-rate", "100", "--step-requests", "10"])
+        .args(["--warmup", "0", "--output-len", "2", "--no-ignore-eos", "--output-dir", dir.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let mut text = String::new();
+    let t = std::time::Instant::now();
+    while !text.contains("lmperf run: step 0:") {
+        let mut buf = [0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(30), tokio::io::AsyncReadExt::read(&mut err, &mut buf)).await.expect("step 0 within 30 s").unwrap();
+        assert!(n > 0 && t.elapsed() < Duration::from_secs(30), "{text}");
+        text.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = child.id().unwrap().to_string();
+    assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
+    let status = tokio::time::timeout(Duration::from_secs(15), child.wait()).await.expect("exit within 15 s of Ctrl-C").unwrap();
+    let mut rest = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut err, &mut rest).await.unwrap();
+    text.push_str(&rest);
+    assert_eq!(status.code(), Some(1), "{text}");
+    assert!(text.contains("interrupted (Ctrl-C or SIGTERM) during step1_") && text.contains("the 1 completed benchmark(s) are written in"), "{text}");
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(s["interrupted"], true);
+    let benches = s["benchmarks"].as_array().unwrap();
+    assert_eq!(benches.len(), 1, "{s}");
+    assert_eq!((benches[0]["benchmark"].as_str(), benches[0]["completed"].as_u64()), (Some("step0_r100.000"), Some(10)), "{s}");
+    let c = &s["capacity"];
+    assert_eq!(c["stopped"], "interrupted", "{c}");
+    assert_eq!(c["steps"].as_array().unwrap().len(), 1, "{c}");
+    assert_eq!(c["steps"][0]["offered_rate"].as_f64(), Some(100.0), "{c}");
+    assert_eq!(std::fs::read_to_string(dir.join("requests.jsonl")).unwrap().lines().count(), 10);
+    assert!(dir.join("report.html").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Ctrl-C (SIGINT) during the second of two benchmarks: exit 1 with one line, and the first
 /// benchmark's results are written (`summary.json` `interrupted: true`, its requests in
 /// `requests.jsonl`, `report.html`). The new-user walk lost a whole run's results this way.

@@ -635,7 +635,7 @@ async fn profile_hot_update_while_running() {
     // 40 output tokens/s ÷ 4 per request = 10 req/s.
     std::fs::write(&file, "profile: burst-llm-eval\nprompt_length: {distribution: lognormal, mu: 60, sigma: 0.3, max: 200}\nconcurrency: {ramp: exponential, base: 4, step: 1s, max: 16}\ntoken_rate: {mode: constant, target: 40/s, jitter: 15%}\n").unwrap();
     let out_dir = dir.join("out");
-    let args: Vec<String> = ["run", "--target", &srv.url(), "--model", "m", "--output-len", "4", "--num-prompts", "1000", "--duration", "4s", "--profile", file.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap()]
+    let args: Vec<String> = ["run", "--target", &srv.url(), "--model", "m", "--output-len", "4", "--duration", "4s", "--profile", file.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap()]
         .map(str::to_owned)
         .to_vec();
     let run = tokio::spawn(run_cli(args));
@@ -646,6 +646,10 @@ async fn profile_hot_update_while_running() {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let rows = rows(&out_dir);
     assert!(rows.iter().all(|r| r["outcome"] == "ok"), "no request dropped");
+    // --duration bounds the run, not the default --num-prompts 100; the result line is printed.
+    assert!(rows.len() > 100, "{} rows", rows.len());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("lmperf run: profile_burst-llm-eval: {} requests, {} ok, ", rows.len(), rows.len())), "{err}");
     let (r0, r1): (Vec<&Value>, Vec<&Value>) = rows.iter().partition(|r| r["profile_revision"] == 0);
     assert!(r1.iter().all(|r| r["profile_revision"] == 1));
     let s: Value = serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap()).unwrap();

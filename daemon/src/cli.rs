@@ -392,6 +392,9 @@ impl RunArgs {
             otlp_protocol: self.otlp_protocol,
             ..Overrides::default()
         };
+        if self.output_len == 0 || self.output_len > MAX_OUTPUT_LEN {
+            return Err(format!("--output-len {}: between 1 and {MAX_OUTPUT_LEN} tokens", self.output_len));
+        }
         let mut cfg = crate::config::load(overrides, env).map_err(|e| e.to_string())?;
         let target = cfg.targets.remove(0);
         let request_rate = match self.request_rate.as_str() {
@@ -407,7 +410,13 @@ impl RunArgs {
             (_, b) if (b - 1.0).abs() > f64::EPSILON => RunArrival::Gamma(b),
             _ => RunArrival::Poisson,
         };
-        let workload = self.workload.into_workload()?;
+        let mut workload = self.workload.into_workload()?;
+        if workload.chat_template.is_some() && target.api != crate::config::Api::Chat {
+            return Err("--chat-template: counts chat requests: it needs --api chat (or leave --chat-template out)".to_owned());
+        }
+        if let Some(d) = workload.output_dist.as_mut() {
+            cap_output_dist(d)?;
+        }
         let concurrency_ramp = workload.ramp.filter(|r| r.over == crate::bench::workload::RampOver::Concurrency);
         if let Some(r) = concurrency_ramp {
             if let Some(rate) = request_rate {
@@ -494,6 +503,31 @@ impl RunArgs {
             n: self.n,
         })
     }
+}
+
+/// Most tokens a request of `lmperf run` asks for (`--output-len`, `--output-dist`): the
+/// canary's `max_tokens` cap.
+const MAX_OUTPUT_LEN: u32 = 4096;
+
+/// `--output-dist` within [`MAX_OUTPUT_LEN`]: a stated bound above it is refused; normal and
+/// lognormal without `max=` are clipped to it.
+fn cap_output_dist(d: &mut crate::bench::workload::LengthDist) -> Result<(), String> {
+    use crate::bench::workload::LengthDist as D;
+    let top = match d {
+        D::Fixed(v) => *v,
+        D::Uniform { max, .. } => *max,
+        D::Zipf { n, .. } => *n,
+        D::Normal { max, min, .. } | D::Lognormal { max, min, .. } => {
+            if *max == 1_000_000 {
+                *max = MAX_OUTPUT_LEN.max(*min);
+            }
+            *max
+        }
+    };
+    if top > MAX_OUTPUT_LEN {
+        return Err(format!("--output-dist {d}: at most {MAX_OUTPUT_LEN} output tokens (its largest is {top})"));
+    }
+    Ok(())
 }
 
 /// `lmperf agent` flags. Canary flags apply to every target and override the config file.
@@ -630,5 +664,36 @@ mod tests {
         }
         assert!(spec(&["--batch-sizes", "4"]).is_ok());
         let _ = std::fs::remove_file(&file);
+    }
+
+    /// Usage errors found before any network call: `--chat-template` without `--api chat`,
+    /// `--output-len` / `--output-dist` above the 4096-token cap (named by their own flag).
+    #[test]
+    fn run_refuses_chat_template_without_chat_and_long_outputs() {
+        struct NoEnv;
+        impl crate::config::Env for NoEnv {
+            fn var(&self, _: &str) -> Option<String> {
+                None
+            }
+        }
+        let tpl = std::env::temp_dir().join(format!("lmperf-cli-tpl-{}.jinja", std::process::id()));
+        std::fs::write(&tpl, "{% for m in messages %}{{ m.content }}{% endfor %}").unwrap();
+        let spec = |extra: &[&str]| {
+            let mut args = vec!["lmperf", "run", "--target", "http://127.0.0.1:9", "--output-dir", "/tmp/lmperf-unused"];
+            args.extend_from_slice(extra);
+            match Cli::try_parse_from(args).unwrap().command {
+                super::Command::Run(r) => r.into_spec(&NoEnv),
+                _ => unreachable!(),
+            }
+        };
+        let e = spec(&["--chat-template", tpl.to_str().unwrap(), "--api", "completions"]).unwrap_err();
+        assert!(e.starts_with("--chat-template:") && e.contains("--api chat"), "{e}");
+        assert!(spec(&["--chat-template", tpl.to_str().unwrap(), "--api", "chat"]).is_ok());
+        assert_eq!(spec(&["--output-len", "5000"]).unwrap_err(), "--output-len 5000: between 1 and 4096 tokens");
+        assert_eq!(spec(&["--output-dist", "uniform:max=6000,min=1"]).unwrap_err(), "--output-dist uniform:min=1,max=6000: at most 4096 output tokens (its largest is 6000)");
+        let s = spec(&["--output-dist", "normal:mean=100,std=10"]).unwrap();
+        assert_eq!(s.workload.output_dist.unwrap().to_string(), "normal:mean=100,std=10,min=1,max=4096");
+        assert!(spec(&["--output-len", "4096", "--output-dist", "uniform:min=1,max=4096"]).is_ok());
+        let _ = std::fs::remove_file(&tpl);
     }
 }

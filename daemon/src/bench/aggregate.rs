@@ -205,6 +205,7 @@ pub struct Summarizer {
     errors: BTreeMap<String, usize>,
     errors_by_status: BTreeMap<String, usize>,
     errors_by_status_and_type: BTreeMap<String, BTreeMap<String, usize>>,
+    error_messages: BTreeMap<String, String>,
     /// Per repeat: first send, last end (ms).
     spans: BTreeMap<usize, (f64, f64)>,
     total_input_tokens: u64,
@@ -265,6 +266,11 @@ impl Summarizer {
                 .error_server_type
                 .clone()
                 .unwrap_or_else(|| error_type.clone());
+            if let Some(m) = r.error_message.as_deref().filter(|m| !m.is_empty()) {
+                self.error_messages
+                    .entry(format!("{status} {server_type}"))
+                    .or_insert_with(|| m.to_owned());
+            }
             *self
                 .errors_by_status_and_type
                 .entry(status.clone())
@@ -352,6 +358,7 @@ impl Summarizer {
             errors: self.errors.clone(),
             errors_by_status: self.errors_by_status.clone(),
             errors_by_status_and_type: self.errors_by_status_and_type.clone(),
+            error_messages: self.error_messages.clone(),
             duration_s,
             request_throughput: self.completed as f64 / duration_s,
             output_token_throughput: self.total_output_tokens as f64 / duration_s,
@@ -376,6 +383,25 @@ impl Summarizer {
             warmup_requests: 0,
             warmup_s: 0.0,
         }
+    }
+}
+
+impl super::BenchSummary {
+    /// The failures by status and server type with the server's first message:
+    /// `3 × 400 exceed_context_size_error: request (3001 tokens) exceeds …`.
+    pub fn error_reasons(&self) -> Vec<String> {
+        self.errors_by_status_and_type
+            .iter()
+            .flat_map(|(status, types)| {
+                types.iter().map(move |(t, n)| {
+                    let key = format!("{status} {t}");
+                    match self.error_messages.get(&key) {
+                        Some(m) => format!("{n} × {key}: {m}"),
+                        None => format!("{n} × {key}"),
+                    }
+                })
+            })
+            .collect()
     }
 }
 
@@ -462,6 +488,7 @@ mod tests {
             error_type: Some("http.400".into()),
             http_status: Some(400),
             error_server_type: Some("exceed_context_size_error".into()),
+            error_message: Some("request (3001 tokens) exceeds the available context size (2048 tokens)".into()),
             send_ms: 500.0,
             e2el_ms: 100.0,
             output_tokens_target: 8,
@@ -503,6 +530,10 @@ mod tests {
         assert_eq!(
             serde_json::json!(b.errors_by_status_and_type),
             serde_json::json!({"400": {"exceed_context_size_error": 1}})
+        );
+        assert_eq!(
+            b.error_reasons(),
+            vec!["1 × 400 exceed_context_size_error: request (3001 tokens) exceeds the available context size (2048 tokens)".to_owned()]
         );
         let itl = b.itl_ms.unwrap();
         assert_eq!(

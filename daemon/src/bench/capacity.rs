@@ -188,13 +188,14 @@ pub struct SloCheck {
 }
 
 impl SloCheck {
-    /// `ttft_p99:500ms 312.4 / bound 340.1` (ms).
+    /// `ttft_p99:500ms 312 ms / bound 340 ms`.
     pub fn brief(&self) -> String {
+        use super::report::fmt::duration_ms;
         format!(
-            "{} {:.1} / bound {:.1}",
+            "{} {} / bound {}",
             self.slo,
-            self.value_ms.unwrap_or(f64::NAN),
-            self.upper_bound_ms.unwrap_or(f64::NAN)
+            duration_ms(self.value_ms.unwrap_or(f64::NAN)),
+            duration_ms(self.upper_bound_ms.unwrap_or(f64::NAN))
         )
     }
 }
@@ -233,7 +234,8 @@ pub struct Capacity {
     pub knee_reasons: Vec<&'static str>,
     /// Every step in the order measured.
     pub steps: Vec<Step>,
-    /// Why the search stopped: `precision`, `max_steps`, `no_rate_passes`, `max_rate_cap`.
+    /// Why the search stopped: `precision`, `max_steps`, `no_rate_passes`, `max_rate_cap`,
+    /// `interrupted` (Ctrl-C: the steps measured so far).
     pub stopped: &'static str,
 }
 
@@ -378,6 +380,11 @@ impl Search {
             (None, Some(f)) if f / 2.0 < self.min_rate => Some("no_rate_passes"),
             _ => None,
         };
+    }
+
+    /// Ctrl-C: the search ends where it is (`stopped`: `interrupted`).
+    pub fn interrupt(&mut self) {
+        self.stopped = Some("interrupted");
     }
 
     /// The result so far (complete once [`Search::next`] says done).

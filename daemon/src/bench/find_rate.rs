@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::capacity::{Capacity, Next, Search, Slo, StepObservation};
 use super::prompts::TokenizeClient;
+use super::report::fmt;
 use super::{
     BenchError, BenchSummary, RequestRow, RunSpec, export, feed, one_benchmark, rows, summarize,
 };
@@ -43,7 +44,8 @@ pub(super) async fn search(
     tok: &TokenizeClient,
     telemetry: Option<Arc<export::BenchTelemetry>>,
     out: &mut rows::RunRows,
-) -> Result<(Vec<BenchSummary>, Capacity), BenchError> {
+    stop: &tokio_util::sync::CancellationToken,
+) -> Result<(Vec<BenchSummary>, Capacity, Option<String>), BenchError> {
     let mut s = Search::new(
         f.slos.clone(),
         f.precision,
@@ -75,7 +77,8 @@ pub(super) async fn search(
         let schedule = feed::Schedule::new(&sp, items.len(), seed)?;
         let name = format!("step{i}_r{rate:.3}");
         let mut rows = Vec::with_capacity(items.len());
-        one_benchmark(
+        let mut push = |r| rows.push(r);
+        let step = one_benchmark(
             &sp,
             clients,
             model,
@@ -85,9 +88,16 @@ pub(super) async fn search(
             items,
             Some(schedule),
             telemetry.clone(),
-            &mut |r| rows.push(r),
-        )
-        .await?;
+            &mut push,
+        );
+        // Ctrl-C: the steps that completed stand (their rows are in `out`), this one's are cut.
+        tokio::select! {
+            r = step => r?,
+            () = stop.cancelled() => {
+                s.interrupt();
+                return Ok((benchmarks, s.result(), Some(name)));
+            }
+        }
         let b = summarize(&sp, &name, concurrency, input_len, &rows);
         let ok: Vec<&RequestRow> = rows.iter().filter(|r| r.outcome == "ok").collect();
         let mut ends: Vec<f64> = ok.iter().map(|r| r.send_ms + r.e2el_ms).collect();
@@ -121,8 +131,9 @@ pub(super) async fn search(
                 .map(super::capacity::SloCheck::brief)
                 .collect();
             eprintln!(
-                "lmperf run: step {i}: offered {rate:.3} req/s, achieved {:.3}, {}: {}",
-                step.achieved_rate,
+                "lmperf run: step {i}: offered {}, achieved {}, {}: {}",
+                fmt::rate(rate, "req/s"),
+                fmt::rate(step.achieved_rate, "req/s"),
                 checks.join(", "),
                 if step.passed { "pass" } else { "fail" }
             );
@@ -135,15 +146,7 @@ pub(super) async fn search(
     }
     let c = s.result();
     if spec.progress {
-        let r = |v: Option<f64>| v.map_or("none".to_owned(), |v| format!("{v:.3} req/s"));
-        eprintln!(
-            "lmperf run: max rate {} (first failing {}), knee {} {:?}; stopped: {}",
-            r(c.max_rate),
-            r(c.failing_rate),
-            r(c.knee_rate),
-            c.knee_reasons,
-            c.stopped
-        );
+        eprintln!("lmperf run: {}", super::report::overview::capacity_sentence(&c));
     }
-    Ok((benchmarks, c))
+    Ok((benchmarks, c, None))
 }

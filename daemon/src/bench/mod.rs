@@ -280,6 +280,10 @@ pub struct BenchSummary {
     /// Failed requests by HTTP status, then by the server's own error type (or `error.type`
     /// when the server gave none): `{"400": {"exceed_context_size_error": 2}}`.
     pub errors_by_status_and_type: BTreeMap<String, BTreeMap<String, usize>>,
+    /// The first message per `"STATUS TYPE"` of `errors_by_status_and_type` (the server's
+    /// reason: `"400 exceed_context_size_error": "request (3001 tokens) exceeds …"`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub error_messages: BTreeMap<String, String>,
     /// First send to last end, seconds.
     pub duration_s: f64,
     /// Completed requests per second.
@@ -449,6 +453,17 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
         eprintln!("lmperf run: target {} model {model} tokenizer {kind}", spec.target.base_url);
     }
     let tok = chat_template::setup(tok, &spec.workload, spec.target.api, spec.progress).await?;
+    // Chat prompts shorter than the template itself cannot be sent: warned, and the summary's
+    // input_len is then the achieved mean.
+    let template_floor = match spec.target.api {
+        Api::Chat if !spec.workload.own_inputs() => chat_template::template_floor(&tok).await,
+        _ => None,
+    };
+    if spec.progress
+        && let Some(w) = template_floor.and_then(|f| chat_template::short_lengths_warning(&spec.input_lengths, f))
+    {
+        eprintln!("{w}");
+    }
     let mut extra = serde_json::Map::new();
     if spec.ignore_eos {
         extra.insert("ignore_eos".into(), serde_json::Value::Bool(true));
@@ -488,6 +503,9 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
         let input = spec.input_lengths.first().copied().unwrap_or(128);
         let mut summary = s.finish(shape(&spec, &name, concurrency, input));
         summary.server = server_watch.take(&name).await;
+        if spec.progress {
+            eprintln!("{}", result_line(&summary));
+        }
         benchmarks.push(summary);
         profile_info = Some(info);
     }
@@ -498,18 +516,12 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
     } else {
         spec.input_lengths.clone()
     };
-    if let Some(f) = &spec.find_rate {
-        let search = find_rate::search(&spec, f, &clients, &model, &extra, &tok, telemetry.clone(), &mut out);
-        let (benches, c) = tokio::select! {
-            r = search => r?,
-            () = stop.cancelled() => {
-                out.discard();
-                return Err(interrupted("the capacity search", 0));
-            }
-        };
-        (benchmarks, capacity) = (benches, Some(c));
-    }
     let mut stopped_during = None;
+    if let Some(f) = &spec.find_rate {
+        // Ctrl-C: the steps that completed are written with a partial `capacity`.
+        let (benches, c, cut) = find_rate::search(&spec, f, &clients, &model, &extra, &tok, telemetry.clone(), &mut out, stop).await?;
+        (benchmarks, capacity, stopped_during) = (benches, Some(c), cut);
+    }
     'benchmarks: for &input_len in &input_lengths {
         for &concurrency in &spec.concurrencies {
             let name = format!("c{concurrency}_{}", spec.workload.label(input_len));
@@ -551,7 +563,7 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
                 }
                 let mut this = aggregate::Summarizer::new(spec.goodput);
                 // Mean input of the first turns (length distributions, files, traces).
-                let (mut first_turns, mut first_turn_tokens) = (0usize, 0.0f64);
+                let (mut first_turns, mut first_turn_tokens, mut first_turn_sent) = (0usize, 0.0f64, 0.0f64);
                 let mut sink = |mut r: RequestRow| {
                     r.repeat = k;
                     all.push(&r);
@@ -561,12 +573,15 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
                     if r.turn == 0 {
                         first_turns += 1;
                         first_turn_tokens += f64::from(r.prompt_tokens_target);
+                        first_turn_sent += f64::from(r.prompt_tokens);
                     }
                     out.push(r);
                 };
                 one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, measured, Some(schedule), telemetry.clone(), &mut sink).await?;
                 if spec.workload.own_inputs() {
                     summary_input_len = (first_turn_tokens / first_turns.max(1) as f64).round() as u32;
+                } else if template_floor.is_some_and(|f| input_len < f) && first_turns > 0 {
+                    summary_input_len = (first_turn_sent / first_turns as f64).round() as u32;
                 }
                 if spec.repeat > 1 {
                     per_repeat.push(this.finish(shape(&spec, &name, concurrency, summary_input_len)));
@@ -579,22 +594,10 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
             watch.take_samples(&name);
             summary.server = server_watch.take(&name).await;
             if spec.progress {
-                let errors = if summary.errors.is_empty() {
-                    String::new()
-                } else {
-                    format!(", failed: {}", summary.errors.iter().map(|(t, n)| format!("{n} {t}")).collect::<Vec<_>>().join(", "))
-                };
-                let ms = |d: &Option<Distribution>, f: fn(&Distribution) -> f64| report::fmt::opt_duration_ms(d.as_ref().map(f));
-                eprintln!(
-                    "lmperf run: {name}: {} requests, {} ok{errors}, {}, {}, TTFT p50 {} p99 {}, E2EL p99 {}",
-                    summary.num_requests,
-                    summary.completed,
-                    report::fmt::rate(summary.request_throughput, "req/s"),
-                    report::fmt::rate(summary.output_token_throughput, "tok/s"),
-                    ms(&summary.ttft_ms, |d| d.p50),
-                    ms(&summary.ttft_ms, |d| d.p99),
-                    ms(&summary.e2el_ms, |d| d.p99),
-                );
+                eprintln!("{}", result_line(&summary));
+                if let Some(w) = behind_warning(&summary, spec.request_rate) {
+                    eprintln!("{w}");
+                }
             }
             Ok::<_, BenchError>(summary)
             };
@@ -661,6 +664,50 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
         Some(name) => Err(interrupted(&name, summary.benchmarks.len())),
         None => Ok(summary),
     }
+}
+
+/// The line printed as a benchmark ends: `lmperf run: c1_in8: 10 requests, 10 ok, …`.
+fn result_line(summary: &BenchSummary) -> String {
+    let errors = if summary.errors.is_empty() {
+        String::new()
+    } else {
+        format!(", failed: {}", summary.error_reasons().join("; "))
+    };
+    let ms = |d: &Option<Distribution>, f: fn(&Distribution) -> f64| report::fmt::opt_duration_ms(d.as_ref().map(f));
+    format!(
+        "lmperf run: {}: {} requests, {} ok{errors}, {}, {}, TTFT p50 {} p99 {}, E2EL p99 {}",
+        summary.benchmark,
+        summary.num_requests,
+        summary.completed,
+        report::fmt::rate(summary.request_throughput, "req/s"),
+        report::fmt::rate(summary.output_token_throughput, "tok/s"),
+        ms(&summary.ttft_ms, |d| d.p50),
+        ms(&summary.ttft_ms, |d| d.p99),
+        ms(&summary.e2el_ms, |d| d.p99),
+    )
+}
+
+/// Dispatch delay p99 above which an open-loop schedule counts as fallen behind: one
+/// inter-arrival gap at `rate`, at least [`BEHIND_FLOOR_MS`].
+pub const BEHIND_FLOOR_MS: f64 = 100.0;
+
+/// The warning when an open-loop benchmark (`rate` req/s) could not send on schedule: its
+/// dispatch delay p99 above the bound (the concurrency limit held requests back).
+fn behind_warning(summary: &BenchSummary, rate: Option<f64>) -> Option<String> {
+    let rate = rate?;
+    let bound = (1000.0 / rate).max(BEHIND_FLOOR_MS);
+    let p99 = summary.dispatch_delay_ms.as_ref()?.p99;
+    (p99 > bound).then(|| {
+        format!(
+            "lmperf run: warning: {}: the schedule fell behind (dispatch delay p99 {} > {} at {} offered; achieved {}): concurrency {} holds requests back; raise --batch-sizes (concurrency)",
+            summary.benchmark,
+            report::fmt::duration_ms(p99),
+            report::fmt::duration_ms(bound),
+            report::fmt::rate(rate, "req/s"),
+            report::fmt::rate(summary.request_throughput, "req/s"),
+            summary.concurrency,
+        )
+    })
 }
 
 /// Writes `rows` as JSON lines to `path`; nothing (no file) when `rows` is empty.
@@ -914,6 +961,25 @@ fn gate_trips(g: &Gate, b: &BenchSummary) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--request-rate 10` at concurrency 1 with requests of ~400 ms: the dispatch delay grows
+    /// to seconds; the warning names the figures and --batch-sizes. On schedule: no warning.
+    #[test]
+    fn a_schedule_that_fell_behind_is_warned() {
+        let summary = |delays: &[f64]| {
+            let mut s = aggregate::Summarizer::new(Goodput { ttft_ms: None, tpot_ms: None, e2el_ms: None });
+            for (i, &d) in delays.iter().enumerate() {
+                s.push(&RequestRow { outcome: "ok", send_ms: i as f64 * 400.0, e2el_ms: 400.0, dispatch_delay_ms: d, ..RequestRow::default() });
+            }
+            s.finish(aggregate::BenchShape { name: "c1_in8", concurrency: 1, input_len: 8, output_len: Some(4), request_rate: Some(10.0) })
+        };
+        let behind = summary(&(0..100).map(|i| f64::from(i) * 60.0).collect::<Vec<_>>());
+        let w = behind_warning(&behind, Some(10.0)).unwrap();
+        assert!(w.starts_with("lmperf run: warning: c1_in8: the schedule fell behind (dispatch delay p99 5.88 s > 100 ms at 10.0 req/s offered; achieved "), "{w}");
+        assert!(w.ends_with("concurrency 1 holds requests back; raise --batch-sizes (concurrency)"), "{w}");
+        assert_eq!(behind_warning(&summary(&[1.0; 100]), Some(10.0)), None);
+        assert_eq!(behind_warning(&behind, None), None, "closed loop: no schedule");
+    }
 
     #[test]
     fn gates_parse_and_reject() {

@@ -29,6 +29,13 @@ pub fn sig(v: f64, sig: usize) -> String {
     fixed(v, decimals as usize)
 }
 
+/// `v` with at most `digits` significant digits, trailing zeros dropped (hover text):
+/// `644.434` of 644.4344600000001, `5` of 5.0000, `7.99043` of 7.9904335060000005.
+pub fn exact(v: f64, digits: usize) -> String {
+    let s = sig(v, digits);
+    if s.contains('.') { s.trim_end_matches('0').trim_end_matches('.').to_owned() } else { s }
+}
+
 /// `v` with [`SIG`] significant digits (see [`sig`]).
 pub fn number(v: f64) -> String {
     sig(v, SIG)
@@ -161,6 +168,14 @@ pub fn opt_duration_ms(ms: Option<f64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exact_hover_values() {
+        assert_eq!(exact(644.4344600000001, 6), "644.434");
+        assert_eq!(exact(5.0, 4), "5");
+        assert_eq!(exact(7.9904335060000005, 6), "7.99043");
+        assert_eq!(exact(4096.0, 6), "4,096");
+    }
 
     #[test]
     fn significant_digits() {

@@ -101,7 +101,7 @@ fn cdf_chart(summary: &Summary, rows: &[RequestRow], name: &str, key: &str, metr
         let ranks = chart::spread(&(0..n).collect::<Vec<_>>(), 200);
         let points: Vec<(f64, f64)> = ranks.iter().map(|&i| (v[i], (i + 1) as f64 / n as f64)).collect();
         let mut s = Series::new(b.benchmark.clone(), points, Mark::Line);
-        s.titles = ranks.iter().map(|&i| format!("{}: {} of {n} requests ({:.4} %) at or below {} ms", b.benchmark, i + 1, (i + 1) as f64 / n as f64 * 100.0, v[i])).collect();
+        s.titles = ranks.iter().map(|&i| format!("{}: {} of {n} requests ({} %) at or below {} ms", b.benchmark, i + 1, fmt::exact((i + 1) as f64 / n as f64 * 100.0, 4), fmt::exact(v[i], 6))).collect();
         series.push(s);
     }
     // The x axis spans the values only (a TPOT of 118–122 ms is not squeezed at the right).
@@ -239,6 +239,9 @@ caption{{white-space:nowrap;text-align:left;font-size:13px}} details{{font-size:
     h.push_str(&cdf_chart(summary, rows, "E2EL", "e2el_ms", |r| Some(r.e2el_ms), |b| &b.e2el_ms));
     h.push_str(&cdf_chart(summary, rows, "TPOT", "tpot_ms", |r| r.tpot_ms, |b| &b.tpot_ms));
     h.push_str("<h2>Latency over time</h2>");
+    if summary.benchmarks.iter().all(|b| b.completed == 0) {
+        h.push_str("<p>No successful request.</p>");
+    }
     for (name, metric) in [("TTFT", (|r: &RequestRow| r.ttft_ms) as fn(&RequestRow) -> Option<f64>), ("E2EL", |r| Some(r.e2el_ms))] {
         h.push_str(&timeline::plot(summary, rows, name, metric).unwrap_or_default());
     }
@@ -365,7 +368,13 @@ caption{{white-space:nowrap;text-align:left;font-size:13px}} details{{font-size:
         for (b, t, n) in errs {
             let _ = write!(h, "<tr><td>{}</td><td>{}</td>{}</tr>", esc(b), esc(t), field("td", Some(b), &format!("errors/{t}"), Some(*n as f64), "", &fmt::count(*n as u64)));
         }
-        h.push_str("</table>");
+        h.push_str("</table><ul class=\"error-reasons\">");
+        for b in &summary.benchmarks {
+            for r in b.error_reasons() {
+                let _ = write!(h, "<li>{}: {}</li>", esc(&b.benchmark), esc(&r));
+            }
+        }
+        h.push_str("</ul>");
     }
     h.push_str("</body></html>\n");
     h

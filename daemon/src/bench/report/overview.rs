@@ -47,16 +47,11 @@ pub fn paragraph(summary: &Summary) -> String {
     if failed == 0 {
         h.push_str(", none failed. ");
     } else {
-        let mut by_type: std::collections::BTreeMap<&str, usize> =
-            std::collections::BTreeMap::new();
-        for b in bs {
-            for (t, n) in &b.errors {
-                *by_type.entry(t.as_str()).or_default() += n;
-            }
-        }
-        let types: Vec<String> = by_type
+        // The server's own reason per status and type (its first message), all benchmarks.
+        let types: Vec<String> = bs
             .iter()
-            .map(|(t, n)| format!("error.type {}: {}", esc(t), count(*n as u64)))
+            .flat_map(super::super::BenchSummary::error_reasons)
+            .map(|r| esc(&r))
             .collect();
         let _ = write!(
             h,
@@ -101,7 +96,11 @@ pub fn paragraph(summary: &Summary) -> String {
             }
         }
     }
-    if let Some(top) = bs.iter().filter(|b| b.completed > 0).max_by(|a, b| {
+    // A capacity search: its answer, not the step that ran fastest (which may have failed).
+    if let Some(c) = &summary.capacity {
+        h.push_str(&esc(&capacity_sentence(c)));
+        h.push(' ');
+    } else if let Some(top) = bs.iter().filter(|b| b.completed > 0).max_by(|a, b| {
         a.output_token_throughput
             .total_cmp(&b.output_token_throughput)
     }) {
@@ -140,7 +139,7 @@ pub fn paragraph(summary: &Summary) -> String {
     .into_iter()
     .filter_map(|(n, l, f)| l.map(|l| (n, l, f)))
     .collect();
-    if slos.is_empty() {
+    if slos.is_empty() && summary.capacity.as_ref().is_none_or(|c| c.slos.is_empty()) {
         h.push_str("No SLO given. ");
     }
     for (n, limit, get) in slos {
@@ -182,4 +181,41 @@ pub fn paragraph(summary: &Summary) -> String {
     }
     h.push_str("</p>");
     h
+}
+
+/// The capacity search in words: the highest offered rate meeting every SLO, the first that
+/// broke one, and the knee (where queueing started).
+pub fn capacity_sentence(c: &crate::bench::capacity::Capacity) -> String {
+    use super::fmt::rate;
+    let slos: Vec<&str> = c.slos.iter().map(|s| s.text.as_str()).collect();
+    let max = match c.max_rate {
+        Some(r) => format!("max rate meeting every SLO ({}): {}", slos.join(", "), rate(r, "req/s")),
+        None => format!("no rate met every SLO ({})", slos.join(", ")),
+    };
+    let failing = c.failing_rate.map_or_else(String::new, |r| format!(" (first failing: {})", rate(r, "req/s")));
+    let knee = match c.knee_rate {
+        Some(r) => format!("knee at {} ({})", rate(r, "req/s"), c.knee_reasons.join(", ")),
+        None => "no knee (queueing) seen".to_owned(),
+    };
+    format!("Capacity search, {} steps: {max}{failing}; {knee}; stopped: {}.", c.steps.len(), c.stopped)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::bench::capacity::{Search, Slo, StepObservation};
+
+    /// The found rate and the knee, named with units; the failing step is not "the highest".
+    #[test]
+    fn capacity_sentence_states_the_max_rate_and_the_knee() {
+        let mut s = Search::new(vec![Slo::parse("ttft_p99:5ms").unwrap()], 0.05, 100.0, 10_000.0, Some(20));
+        let step = |rate: f64, achieved: f64, ttft: f64| StepObservation { offered_rate: rate, achieved_rate: achieved, requests: 20, ttft_ms: vec![ttft; 20], ..StepObservation::default() };
+        s.feed(step(100.0, 100.0, 1.0));
+        s.feed(step(200.0, 120.0, 9.0));
+        assert_eq!(s.result().steps[0].slos[0].brief(), "ttft_p99:5ms 1.00 ms / bound 1.00 ms");
+        let text = super::capacity_sentence(&s.result());
+        assert_eq!(
+            text,
+            "Capacity search, 2 steps: max rate meeting every SLO (ttft_p99:5ms): 100 req/s (first failing: 200 req/s); knee at 200 req/s (achieved_behind_offered, latency_rise); stopped: running."
+        );
+    }
 }

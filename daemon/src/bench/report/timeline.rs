@@ -5,6 +5,7 @@
 use std::collections::BTreeSet;
 
 use super::chart::{Axis, Band, Chart, Mark, Series, spread};
+use super::fmt::count;
 use crate::bench::stats::percentile;
 use crate::bench::workload::{Ramp, RampKind, RampOver};
 use crate::bench::{RequestRow, Summary};
@@ -214,10 +215,11 @@ pub fn plot(
                 p.0,
                 *v,
                 format!(
-                    "{} request {}: {name} {v} ms, sent at {} s",
+                    "{} request {}: {name} {} ms, sent at {} s",
                     seg.label,
                     r.index,
-                    r.send_ms / 1000.0
+                    super::fmt::exact(*v, 6),
+                    super::fmt::exact(r.send_ms / 1000.0, 6)
                 ),
             ));
         }
@@ -230,9 +232,9 @@ pub fn plot(
                 w.x
             );
             p50.push((w.x, w.p50));
-            t50.push(format!("{name} p50 {} ms: {span}", w.p50));
+            t50.push(format!("{name} p50 {} ms: {span}", super::fmt::exact(w.p50, 6)));
             p99.push((w.x, w.p99));
-            t99.push(format!("{name} p99 {} ms: {span}", w.p99));
+            t99.push(format!("{name} p99 {} ms: {span}", super::fmt::exact(w.p99, 6)));
         }
         // A gap in the lines between runs.
         for (line, titles) in [(&mut p50, &mut t50), (&mut p99, &mut t99)] {
@@ -243,9 +245,10 @@ pub fn plot(
     if raw.is_empty() {
         return None;
     }
+    let ok_total = raw.len().max(summary.benchmarks.iter().map(|b| b.completed).sum());
     let raw = spread(&raw, RAW_POINTS);
     let mut points = Series::new(
-        format!("requests ({})", raw.len()),
+        sample_label(raw.len(), ok_total),
         raw.iter().map(|r| (r.0, r.1)).collect(),
         Mark::Points,
     );
@@ -279,6 +282,16 @@ pub fn plot(
     Some(chart.html())
 }
 
+/// The legend of the plotted requests: `requests (1,500)`, or `1,500 of 18,131 requests
+/// shown` when they are a sample of the run's successful requests.
+fn sample_label(shown: usize, total: usize) -> String {
+    if shown < total {
+        format!("{} of {} requests shown", count(shown as u64), count(total as u64))
+    } else {
+        format!("requests ({})", count(shown as u64))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -295,6 +308,13 @@ mod tests {
             outcome: "ok",
             ..RequestRow::default()
         }
+    }
+
+    /// The legend says when the points are a sample of the run.
+    #[test]
+    fn a_sample_is_labelled_as_one() {
+        assert_eq!(sample_label(1500, 18_131), "1,500 of 18,131 requests shown");
+        assert_eq!(sample_label(40, 40), "requests (40)");
     }
 
     /// Benchmarks and their repeats end to end, each as long as its last request.
