@@ -1230,7 +1230,10 @@ fn a_gpu_lost_at_start_joins_when_it_answers() {
     let mut s = fake_nvml::example("two_gpus.json");
     s["devices"][1]["lost"] = json!([{ "from": 0.0, "until": 3.0 }]);
     let (_script, agent) = agent_on("lost-at-start", &s);
-    let st = agent.wait_status(Duration::from_secs(3), |s| s["gpu"]["mode"] == "on");
+    // After the first sample: "on" is reported as the GPU thread starts, before its first tick.
+    let st = agent.wait_status(Duration::from_secs(3), |s| {
+        s["gpu"]["mode"] == "on" && s["gpu"]["samples"].as_u64().is_some_and(|n| n >= 1)
+    });
     assert_eq!(
         st["gpu"]["devices"].as_array().map(Vec::len),
         Some(1),
