@@ -339,23 +339,28 @@ async fn the_servers_error_reason_reaches_the_terminal_and_the_report() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Ctrl-C during a capacity search, after step 0 finished: exit 1, step 0 written
-/// (`interrupted: true`, a partial `capacity` that says `stopped: interrupted`, its rows).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ctrl_c_during_a_capacity_search_writes_the_steps_that_completed() {
-    let completions = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let seen = completions.clone();
-    let server = ScriptedServer::start(Arc::new(move |req, _| {
+/// A scripted completions server whose first `fast` requests answer in 40 ms (two tokens) and
+/// every later one only after 30 s.
+async fn fast_then_slow(fast: usize) -> ScriptedServer {
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    ScriptedServer::start(Arc::new(move |req, _| {
         if req.path != "/v1/completions" {
             return Reply::json(404, r#"{"error":{"message":"not found"}}"#);
         }
-        // Step 0's 10 requests answer in 40 ms, later steps' take 30 s.
-        let slow = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 10;
+        let slow = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= fast;
         let base = if slow { 30_000 } else { 0 };
         let tok = |ms: u64, fin: &str| Frame { at: Duration::from_millis(base + ms), bytes: format!("data: {{\"choices\":[{{\"text\":\"a\",\"finish_reason\":{fin}}}]}}\n\n").into_bytes() };
         Reply::sse(vec![tok(20, "null"), tok(40, "\"length\""), Frame { at: Duration::from_millis(base + 40), bytes: b"data: [DONE]\n\n".to_vec() }])
     }))
-    .await;
+    .await
+}
+
+/// Ctrl-C during a capacity search, after step 0 finished: exit 1, step 0 written
+/// (`interrupted: true`, a partial `capacity` that says `stopped: interrupted`, its rows).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_during_a_capacity_search_writes_the_steps_that_completed() {
+    // Step 0's 10 requests answer in 40 ms, later steps' take 30 s.
+    let server = fast_then_slow(10).await;
     let dir = std::env::temp_dir().join(format!("lmperf-run-ctrlc-cap-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let mut child = tokio::process::Command::new(lmperf_bin())
@@ -404,20 +409,9 @@ async fn ctrl_c_during_a_capacity_search_writes_the_steps_that_completed() {
 /// `requests.jsonl`, `report.html`). The new-user walk lost a whole run's results this way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ctrl_c_writes_the_benchmarks_that_completed() {
-    let completions = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let seen = completions.clone();
-    let server = ScriptedServer::start(Arc::new(move |req, _| {
-        if req.path != "/v1/completions" {
-            return Reply::json(404, r#"{"error":{"message":"not found"}}"#);
-        }
-        // The first benchmark's 10 requests answer in 40 ms, the second's take 30 s: the
-        // interrupt always lands during the second.
-        let slow = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 10;
-        let base = if slow { 30_000 } else { 0 };
-        let tok = |ms: u64, fin: &str| Frame { at: Duration::from_millis(base + ms), bytes: format!("data: {{\"choices\":[{{\"text\":\"a\",\"finish_reason\":{fin}}}]}}\n\n").into_bytes() };
-        Reply::sse(vec![tok(20, "null"), tok(40, "\"length\""), Frame { at: Duration::from_millis(base + 40), bytes: b"data: [DONE]\n\n".to_vec() }])
-    }))
-    .await;
+    // The first benchmark's 10 requests answer in 40 ms, the second's take 30 s: the
+    // interrupt always lands during the second.
+    let server = fast_then_slow(10).await;
     let dir = std::env::temp_dir().join(format!("lmperf-run-ctrlc-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     // c1: 10 requests one at a time (~0.5 s); c2: 10 requests of 30 s each.
