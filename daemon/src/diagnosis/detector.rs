@@ -280,12 +280,19 @@ struct Slot {
     evidence: Vec<(f64, usize)>,
     /// Lower bounds of requests in flight counted in the slot.
     bounds: Vec<f64>,
+    /// The bucket in progress: its samples (the series' own) are counted one by one.
+    in_progress: bool,
 }
 
 impl Slot {
-    /// Requests of the slot known to satisfy `above` (monotone in the value).
-    fn known_above(&self, above: impl Fn(f64) -> bool) -> usize {
-        let samples = self.evidence.iter().filter(|&&(v, _)| above(v)).map(|&(_, k)| k).max().unwrap_or(0);
+    /// Requests of the slot known to satisfy `above` (monotone in the value); `current` are
+    /// the samples of the bucket in progress.
+    fn known_above(&self, current: &[f64], above: impl Fn(f64) -> bool) -> usize {
+        let samples = if self.in_progress {
+            current.iter().filter(|&&v| above(v)).count()
+        } else {
+            self.evidence.iter().filter(|&&(v, _)| above(v)).map(|&(_, k)| k).max().unwrap_or(0)
+        };
         samples + self.bounds.iter().filter(|&&b| above(b)).count()
     }
 }
@@ -517,7 +524,7 @@ impl BucketSeries {
                 let sum = if slot_bounds.is_empty() { closed.map_or(f64::INFINITY, |c| c.sum) } else { f64::INFINITY };
                 let (count, evidence) = closed.map_or((0, Vec::new()), |c| (c.count as usize, c.evidence()));
                 if let Some(stat) = self.lift(closed.map(|c| c.stat), slot_bounds.clone()) {
-                    out.push(Slot { stat, sum, total: count + slot_bounds.len(), evidence, bounds: slot_bounds });
+                    out.push(Slot { stat, sum, total: count + slot_bounds.len(), evidence, bounds: slot_bounds, in_progress: false });
                 }
             } else {
                 // A slot where no request started nor ended (all of them stuck: new ones are
@@ -528,7 +535,7 @@ impl BucketSeries {
                     .map(|&(_, start, _)| (slot + 1) as f64 * bucket_s - start)
                     .collect();
                 if let Some(stat) = self.lift(None, through.clone()) {
-                    out.push(Slot { stat, sum: f64::INFINITY, total: through.len(), evidence: Vec::new(), bounds: through });
+                    out.push(Slot { stat, sum: f64::INFINITY, total: through.len(), evidence: Vec::new(), bounds: through, in_progress: false });
                 }
             }
         }
@@ -544,19 +551,12 @@ impl BucketSeries {
                 Vec::new()
             };
             let sum = if older.is_empty() { partial_sum } else { f64::INFINITY };
-            // Every sample of the bucket in progress is known: the k-th largest has k at or above it.
-            let evidence: Vec<(f64, usize)> = if share {
-                let mut sorted = self.samples.clone();
-                sorted.sort_unstable_by(|a, b| b.total_cmp(a));
-                sorted.into_iter().enumerate().map(|(i, v)| (v, i + 1)).collect()
-            } else {
-                Vec::new()
-            };
+            // Every sample of the bucket in progress is known: counted as judged (`in_progress`).
             let total = self.samples.len() + now_bounds.len() + older.len();
             let mut slot_bounds = now_bounds;
             slot_bounds.extend(older.iter().copied());
             if let Some(stat) = self.lift(Some(v), older) {
-                out.push(Slot { stat, sum, total, evidence, bounds: slot_bounds });
+                out.push(Slot { stat, sum, total, evidence: Vec::new(), bounds: slot_bounds, in_progress: share });
             }
         }
         (out, first)
@@ -648,7 +648,7 @@ impl BucketSeries {
             .filter(|s| {
                 baseline.jumped(s.stat, rule)
                     && s.sum >= self.config.min_bucket_sum
-                    && s.known_above(|v| baseline.jumped(v, rule)) as f64 >= (share * s.total as f64).ceil()
+                    && s.known_above(&self.samples, |v| baseline.jumped(v, rule)) as f64 >= (share * s.total as f64).ceil()
             })
             .count();
         Some(Assessment {
