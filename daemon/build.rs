@@ -21,7 +21,8 @@ fn main() {
     }
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
     let src = manifest.join("../ebpf/src");
-    let out = PathBuf::from(std::env::var_os("OUT_DIR").unwrap_or_default()).join("lmperf_net.bpf.o");
+    let out =
+        PathBuf::from(std::env::var_os("OUT_DIR").unwrap_or_default()).join("lmperf_net.bpf.o");
     for f in ["lmperf_net.bpf.c", "lmperf_net.h", "vmlinux.h"] {
         println!("cargo:rerun-if-changed={}", src.join(f).display());
     }
@@ -36,7 +37,9 @@ fn main() {
     let note = match status {
         Ok(()) => "built".to_owned(),
         Err(why) => {
-            println!("cargo:warning=eBPF probes not built ({why}); the agent will run without them");
+            println!(
+                "cargo:warning=eBPF probes not built ({why}); the agent will run without them"
+            );
             let _ = std::fs::write(&out, b"");
             why
         }
@@ -46,7 +49,10 @@ fn main() {
 
 fn compile(src: &std::path::Path, out: &std::path::Path) -> Result<(), String> {
     let clang = std::env::var("LMPERF_CLANG").unwrap_or_else(|_| "clang".to_owned());
-    let arch = match std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default().as_str() {
+    let arch = match std::env::var("CARGO_CFG_TARGET_ARCH")
+        .unwrap_or_default()
+        .as_str()
+    {
         "x86_64" => "x86",
         "aarch64" => "arm64",
         "riscv64" => "riscv",
@@ -67,7 +73,12 @@ fn compile(src: &std::path::Path, out: &std::path::Path) -> Result<(), String> {
         Ok(())
     } else {
         let stderr = String::from_utf8_lossy(&output.stderr);
-        let first = stderr.lines().find(|l| l.contains("error")).unwrap_or("no message").trim().to_owned();
+        let first = stderr
+            .lines()
+            .find(|l| l.contains("error"))
+            .unwrap_or("no message")
+            .trim()
+            .to_owned();
         Err(format!("{clang} failed (libbpf-dev installed?): {first}"))
     }
 }

@@ -35,7 +35,10 @@ const SPAN_ATTRS: &[&str] = &[
     "lmperf.usage.source",
 ];
 
-fn spawn_blocking_agent(args: Vec<String>, envs: Vec<(String, String)>) -> tokio::task::JoinHandle<Agent> {
+fn spawn_blocking_agent(
+    args: Vec<String>,
+    envs: Vec<(String, String)>,
+) -> tokio::task::JoinHandle<Agent> {
     tokio::task::spawn_blocking(move || {
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
         let e: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -48,19 +51,40 @@ fn spawn_blocking_agent(args: Vec<String>, envs: Vec<(String, String)>) -> tokio
 /// non-zero counts; `/metrics` and `/api/v1/status` agree.
 #[tokio::test(flavor = "multi_thread")]
 async fn real_server_grpc_receiver() {
-    let server = tokio::task::spawn_blocking(ModelServer::start).await.unwrap();
+    let server = tokio::task::spawn_blocking(ModelServer::start)
+        .await
+        .unwrap();
     let mut collector = FakeCollectorServer::start().await.unwrap();
-    let args = ["--target", &server.url(), "--interval", "300ms", "--max-tokens", "16", "--otlp-protocol", "grpc", "--otlp-endpoint", &collector.endpoint()]
-        .map(String::from)
-        .to_vec();
+    let args = [
+        "--target",
+        &server.url(),
+        "--interval",
+        "300ms",
+        "--max-tokens",
+        "16",
+        "--otlp-protocol",
+        "grpc",
+        "--otlp-endpoint",
+        &collector.endpoint(),
+    ]
+    .map(String::from)
+    .to_vec();
     // Keep every span (the standard variable replaces the adaptive sampler).
-    let envs = vec![("OTEL_METRIC_EXPORT_INTERVAL".to_owned(), "1000".to_owned()), ("OTEL_TRACES_SAMPLER".to_owned(), "always_on".to_owned())];
+    let envs = vec![
+        ("OTEL_METRIC_EXPORT_INTERVAL".to_owned(), "1000".to_owned()),
+        ("OTEL_TRACES_SAMPLER".to_owned(), "always_on".to_owned()),
+    ];
     let mut agent = spawn_blocking_agent(args, envs).await.unwrap();
 
     // The issue asks for at least 10 canaries; a loaded 2-core machine may need a while.
-    let s = agent.wait_status(Duration::from_secs(180), |s| s["targets"][0]["requests"].as_u64().unwrap_or(0) >= 12);
+    let s = agent.wait_status(Duration::from_secs(180), |s| {
+        s["targets"][0]["requests"].as_u64().unwrap_or(0) >= 12
+    });
     assert!(s["targets"][0]["requests"].as_u64().unwrap() >= 10, "{s}");
-    assert_eq!(s["targets"][0]["model"], "gemma-3-270m", "model discovered from /v1/models");
+    assert_eq!(
+        s["targets"][0]["model"], "gemma-3-270m",
+        "model discovered from /v1/models"
+    );
 
     // /metrics and /api/v1/status show the same counts (read until a stable pair).
     let mut agreed = false;
@@ -69,8 +93,19 @@ async fn real_server_grpc_receiver() {
         let (_, metrics) = agent.get("/metrics");
         let after = agent.status()["targets"][0]["requests"].as_u64().unwrap();
         if before == after {
-            assert_eq!(prom_sum(&metrics, "lmperf_canary_requests_total", &[]), before as f64, "{metrics}");
-            assert!(prom_sum(&metrics, "gen_ai_client_operation_duration_seconds_count", &[]) >= before as f64, "{metrics}");
+            assert_eq!(
+                prom_sum(&metrics, "lmperf_canary_requests_total", &[]),
+                before as f64,
+                "{metrics}"
+            );
+            assert!(
+                prom_sum(
+                    &metrics,
+                    "gen_ai_client_operation_duration_seconds_count",
+                    &[]
+                ) >= before as f64,
+                "{metrics}"
+            );
             agreed = true;
             break;
         }
@@ -79,7 +114,9 @@ async fn real_server_grpc_receiver() {
 
     agent.sigterm();
     let exit = tokio::task::spawn_blocking(move || {
-        let code = agent.wait_exit(Duration::from_secs(10)).and_then(|s| s.code());
+        let code = agent
+            .wait_exit(Duration::from_secs(10))
+            .and_then(|s| s.code());
         (code, agent)
     });
     let (code, agent) = exit.await.unwrap();
@@ -89,9 +126,19 @@ async fn real_server_grpc_receiver() {
 
     // Every request measured is one span at the receiver.
     let total = s["targets"][0]["requests"].as_u64().unwrap();
-    let spans = collector.exported_spans(total as usize, Duration::from_secs(10)).await;
-    let ok: Vec<BTreeMap<String, String>> = spans.iter().map(|sp| attrs(&sp.attributes)).filter(|a| a.get("lmperf.outcome").map(String::as_str) == Some("ok")).collect();
-    assert!(spans.len() as u64 >= total, "{} spans for ≥ {total} requests", spans.len());
+    let spans = collector
+        .exported_spans(total as usize, Duration::from_secs(10))
+        .await;
+    let ok: Vec<BTreeMap<String, String>> = spans
+        .iter()
+        .map(|sp| attrs(&sp.attributes))
+        .filter(|a| a.get("lmperf.outcome").map(String::as_str) == Some("ok"))
+        .collect();
+    assert!(
+        spans.len() as u64 >= total,
+        "{} spans for ≥ {total} requests",
+        spans.len()
+    );
     assert!(ok.len() >= 10, "{} ok spans", ok.len());
     for sp in &spans {
         assert_eq!(sp.name, "chat gemma-3-270m");
@@ -105,7 +152,10 @@ async fn real_server_grpc_receiver() {
         }
         assert_eq!(a["gen_ai.operation.name"], "chat");
         assert_eq!(a["gen_ai.provider.name"], "llamacpp");
-        assert_eq!(a["gen_ai.usage.source".replace("gen_ai", "lmperf").as_str()], "server");
+        assert_eq!(
+            a["gen_ai.usage.source".replace("gen_ai", "lmperf").as_str()],
+            "server"
+        );
         let ttft: f64 = a["gen_ai.response.time_to_first_chunk"].parse().unwrap();
         let e2e: f64 = a["lmperf.e2e"].parse().unwrap();
         assert!(ttft > 0.0 && ttft < e2e, "TTFT {ttft} < E2E {e2e}");
@@ -120,7 +170,10 @@ async fn real_server_grpc_receiver() {
     let not_ok = spans.len() - ok.len();
     let predicted = prom_sum(&server.metrics(), "llamacpp:tokens_predicted_total", &[]);
     let ok_out = output_sum as f64;
-    assert!(predicted >= ok_out && predicted <= ok_out + 16.0 * not_ok as f64, "llamacpp:tokens_predicted_total {predicted} vs ok spans' gen_ai.usage.output_tokens {ok_out} ({not_ok} spans not ok)");
+    assert!(
+        predicted >= ok_out && predicted <= ok_out + 16.0 * not_ok as f64,
+        "llamacpp:tokens_predicted_total {predicted} vs ok spans' gen_ai.usage.output_tokens {ok_out} ({not_ok} spans not ok)"
+    );
     if not_ok == 0 {
         assert_eq!(predicted, ok_out);
     }
@@ -133,40 +186,102 @@ async fn real_server_grpc_receiver() {
         for m in &e.metrics {
             // The receiver's types are private; read them through their serde form.
             let data = serde_json::to_value(&m.data).unwrap_or_default();
-            let points = |kind: &str| data[kind]["data_points"].as_array().cloned().unwrap_or_default();
-            let n: u64 = points("Histogram").iter().filter_map(|p| p["count"].as_u64()).sum::<u64>()
-                + points("Sum").iter().filter_map(|p| p["value"]["AsInt"].as_u64().or_else(|| p["value"]["AsDouble"].as_f64().map(|d| d as u64))).sum::<u64>();
+            let points = |kind: &str| {
+                data[kind]["data_points"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            };
+            let n: u64 = points("Histogram")
+                .iter()
+                .filter_map(|p| p["count"].as_u64())
+                .sum::<u64>()
+                + points("Sum")
+                    .iter()
+                    .filter_map(|p| {
+                        p["value"]["AsInt"]
+                            .as_u64()
+                            .or_else(|| p["value"]["AsDouble"].as_f64().map(|d| d as u64))
+                    })
+                    .sum::<u64>();
             let v = seen.entry(m.name.clone()).or_default();
             *v = (*v).max(n);
         }
     }
-    for name in ["gen_ai.client.operation.duration", "gen_ai.client.token.usage", "gen_ai.client.operation.time_to_first_chunk", "gen_ai.client.operation.time_per_output_chunk", "lmperf.canary.requests"] {
-        assert!(seen.get(name).copied().unwrap_or(0) > 0, "{name} missing or zero: {seen:?}");
+    for name in [
+        "gen_ai.client.operation.duration",
+        "gen_ai.client.token.usage",
+        "gen_ai.client.operation.time_to_first_chunk",
+        "gen_ai.client.operation.time_per_output_chunk",
+        "lmperf.canary.requests",
+    ] {
+        assert!(
+            seen.get(name).copied().unwrap_or(0) > 0,
+            "{name} missing or zero: {seen:?}"
+        );
     }
-    assert_eq!(seen["lmperf.canary.requests"], seen["gen_ai.client.operation.duration"], "{seen:?}");
-    assert!(seen["lmperf.canary.requests"] >= total, "{seen:?} vs {total}");
+    assert_eq!(
+        seen["lmperf.canary.requests"], seen["gen_ai.client.operation.duration"],
+        "{seen:?}"
+    );
+    assert!(
+        seen["lmperf.canary.requests"] >= total,
+        "{seen:?} vs {total}"
+    );
 }
 
 /// Acceptance 1, over HTTP/protobuf to a real OpenTelemetry collector (rotel).
 #[tokio::test(flavor = "multi_thread")]
 async fn real_server_http_protobuf_to_real_collector() {
-    let server = tokio::task::spawn_blocking(ModelServer::start).await.unwrap();
+    let server = tokio::task::spawn_blocking(ModelServer::start)
+        .await
+        .unwrap();
     let collector = tokio::task::spawn_blocking(Collector::start).await.unwrap();
     // Keep every span through the adaptive sampler's own settings.
     let dir = std::env::temp_dir().join(format!("lmperf-http-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("agent.toml");
-    std::fs::write(&cfg, "[canary]\nsampling_ratio = 1.0\nsampling_max_per_second = 100\n").unwrap();
-    let args = ["--config", cfg.to_str().unwrap(), "--target", &server.url(), "--api", "completions", "--interval", "300ms", "--max-tokens", "8", "--otlp-protocol", "http/protobuf", "--otlp-endpoint", &format!("http://127.0.0.1:{}", collector.http)]
-        .map(String::from)
-        .to_vec();
-    let envs = vec![("OTEL_METRIC_EXPORT_INTERVAL".to_owned(), "1000".to_owned()), ("K8S_NODE_NAME".to_owned(), "node-a".to_owned())];
+    std::fs::write(
+        &cfg,
+        "[canary]\nsampling_ratio = 1.0\nsampling_max_per_second = 100\n",
+    )
+    .unwrap();
+    let args = [
+        "--config",
+        cfg.to_str().unwrap(),
+        "--target",
+        &server.url(),
+        "--api",
+        "completions",
+        "--interval",
+        "300ms",
+        "--max-tokens",
+        "8",
+        "--otlp-protocol",
+        "http/protobuf",
+        "--otlp-endpoint",
+        &format!("http://127.0.0.1:{}", collector.http),
+    ]
+    .map(String::from)
+    .to_vec();
+    let envs = vec![
+        ("OTEL_METRIC_EXPORT_INTERVAL".to_owned(), "1000".to_owned()),
+        ("K8S_NODE_NAME".to_owned(), "node-a".to_owned()),
+    ];
     let mut agent = spawn_blocking_agent(args, envs).await.unwrap();
-    let s = agent.wait_status(Duration::from_secs(60), |s| s["targets"][0]["requests"].as_u64().unwrap_or(0) >= 5);
+    let s = agent.wait_status(Duration::from_secs(60), |s| {
+        s["targets"][0]["requests"].as_u64().unwrap_or(0) >= 5
+    });
     let total = s["targets"][0]["requests"].as_u64().unwrap();
     assert!(total >= 5, "{s}");
     agent.sigterm();
-    let code = tokio::task::spawn_blocking(move || agent.wait_exit(Duration::from_secs(10)).and_then(|s| s.code())).await.unwrap();
+    let code = tokio::task::spawn_blocking(move || {
+        agent
+            .wait_exit(Duration::from_secs(10))
+            .and_then(|s| s.code())
+    })
+    .await
+    .unwrap();
     assert_eq!(code, Some(0));
     let t = Instant::now();
     let spans = loop {
@@ -176,8 +291,16 @@ async fn real_server_http_protobuf_to_real_collector() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert!(spans.len() as u64 >= total, "{} spans printed for {total} requests:\n{}", spans.len(), collector.text());
-    let ok: Vec<_> = spans.iter().filter(|sp| sp.attributes.get("lmperf.outcome").map(|v| inner(v)) == Some("ok")).collect();
+    assert!(
+        spans.len() as u64 >= total,
+        "{} spans printed for {total} requests:\n{}",
+        spans.len(),
+        collector.text()
+    );
+    let ok: Vec<_> = spans
+        .iter()
+        .filter(|sp| sp.attributes.get("lmperf.outcome").map(|v| inner(v)) == Some("ok"))
+        .collect();
     assert!(ok.len() >= 5, "{} ok spans", ok.len());
     for sp in &spans {
         assert_eq!(sp.name, "text_completion gemma-3-270m");
@@ -189,14 +312,20 @@ async fn real_server_http_protobuf_to_real_collector() {
         assert_eq!(inner(&sp.resource["service.name"]), "lmperf");
         assert_eq!(inner(&sp.resource["k8s.node.name"]), "node-a");
         assert!(sp.resource.contains_key("host.name"));
-        assert_eq!(inner(&sp.attributes["gen_ai.operation.name"]), "text_completion");
+        assert_eq!(
+            inner(&sp.attributes["gen_ai.operation.name"]),
+            "text_completion"
+        );
         assert!(sp.attributes["gen_ai.response.time_to_first_chunk"].starts_with("Double("));
         assert!(sp.attributes["gen_ai.usage.output_tokens"].starts_with("Int("));
         assert!(sp.attributes["gen_ai.response.finish_reasons"].starts_with("Slice(Str("));
         assert_eq!(inner(&sp.attributes["lmperf.sampling.reason"]), "base");
     }
     let text = collector.text();
-    assert!(text.contains("Name: gen_ai.client.operation.duration"), "metrics reached the collector");
+    assert!(
+        text.contains("Name: gen_ai.client.operation.duration"),
+        "metrics reached the collector"
+    );
     assert!(text.contains("Name: gen_ai.client.token.usage"));
 }
 
@@ -206,9 +335,17 @@ async fn real_server_http_protobuf_to_real_collector() {
 async fn sigterm_during_a_long_stream() {
     let server = ScriptedServer::start(Arc::new(|req, _| {
         if req.path == "/v1/models" {
-            Reply::json(200, r#"{"object":"list","data":[{"id":"m","owned_by":"vllm"}]}"#)
+            Reply::json(
+                200,
+                r#"{"object":"list","data":[{"id":"m","owned_by":"vllm"}]}"#,
+            )
         } else {
-            Reply::sse(chat_stream(600, Duration::from_millis(50), Duration::from_millis(100), 9))
+            Reply::sse(chat_stream(
+                600,
+                Duration::from_millis(50),
+                Duration::from_millis(100),
+                9,
+            ))
         }
     }))
     .await;
@@ -217,25 +354,57 @@ async fn sigterm_during_a_long_stream() {
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("agent.toml");
     std::fs::write(&cfg, "shutdown_timeout = \"2s\"\n").unwrap();
-    let args = ["--config", cfg.to_str().unwrap(), "--target", &server.url(), "--model", "m", "--interval", "30s", "--otlp-protocol", "grpc", "--otlp-endpoint", &collector.endpoint()]
-        .map(String::from)
-        .to_vec();
+    let args = [
+        "--config",
+        cfg.to_str().unwrap(),
+        "--target",
+        &server.url(),
+        "--model",
+        "m",
+        "--interval",
+        "30s",
+        "--otlp-protocol",
+        "grpc",
+        "--otlp-endpoint",
+        &collector.endpoint(),
+    ]
+    .map(String::from)
+    .to_vec();
     let mut agent = spawn_blocking_agent(args, vec![]).await.unwrap();
-    let s = agent.wait_status(Duration::from_secs(40), |s| s["targets"][0]["in_flight"].as_u64().unwrap_or(0) >= 1);
+    let s = agent.wait_status(Duration::from_secs(40), |s| {
+        s["targets"][0]["in_flight"].as_u64().unwrap_or(0) >= 1
+    });
     assert_eq!(s["targets"][0]["in_flight"], 1, "{s}");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let t = Instant::now();
     agent.sigterm();
-    let (code, agent) = tokio::task::spawn_blocking(move || (agent.wait_exit(Duration::from_secs(12)).and_then(|s| s.code()), agent)).await.unwrap();
+    let (code, agent) = tokio::task::spawn_blocking(move || {
+        (
+            agent
+                .wait_exit(Duration::from_secs(12))
+                .and_then(|s| s.code()),
+            agent,
+        )
+    })
+    .await
+    .unwrap();
     let took = t.elapsed();
     assert_eq!(code, Some(0));
     assert!(took < Duration::from_secs(10), "exit took {took:?}");
     let spans = collector.exported_spans(1, Duration::from_secs(2)).await;
-    assert_eq!(spans.len(), 1, "the cancelled canary's span was flushed; agent stderr:\n{}", agent.stderr_text());
+    assert_eq!(
+        spans.len(),
+        1,
+        "the cancelled canary's span was flushed; agent stderr:\n{}",
+        agent.stderr_text()
+    );
     let a = attrs(&spans[0].attributes);
     assert_eq!(a["lmperf.outcome"], "cancelled");
     assert_eq!(a["error.type"], "cancelled");
-    assert!(a["lmperf.token_chunks"].parse::<u64>().unwrap() >= 5, "partial stream measured: {a:?}");
+    assert!(
+        a["lmperf.token_chunks"].parse::<u64>().unwrap() >= 5,
+        "partial stream measured: {a:?}"
+    );
 }
 
 /// Acceptance 5: a secret in the API-key file is sent to the server and appears in no log
@@ -258,29 +427,61 @@ async fn api_key_never_leaks() {
     std::fs::create_dir_all(&dir).unwrap();
     let key = dir.join("key");
     std::fs::write(&key, format!("{SECRET}\n")).unwrap();
-    let args = ["--target", &server.url(), "--api-key-file", key.to_str().unwrap(), "--interval", "150ms", "--console", "--otlp-protocol", "grpc", "--otlp-endpoint", &collector.endpoint()]
-        .map(String::from)
-        .to_vec();
+    let args = [
+        "--target",
+        &server.url(),
+        "--api-key-file",
+        key.to_str().unwrap(),
+        "--interval",
+        "150ms",
+        "--console",
+        "--otlp-protocol",
+        "grpc",
+        "--otlp-endpoint",
+        &collector.endpoint(),
+    ]
+    .map(String::from)
+    .to_vec();
     let envs = vec![
         ("RUST_LOG".to_owned(), "debug".to_owned()),
         ("OTEL_METRIC_EXPORT_INTERVAL".to_owned(), "500".to_owned()),
         ("OTEL_TRACES_SAMPLER".to_owned(), "always_on".to_owned()),
     ];
     let mut agent = spawn_blocking_agent(args, envs).await.unwrap();
-    let s = agent.wait_status(Duration::from_secs(20), |s| s["targets"][0]["requests"].as_u64().unwrap_or(0) >= 6);
+    let s = agent.wait_status(Duration::from_secs(20), |s| {
+        s["targets"][0]["requests"].as_u64().unwrap_or(0) >= 6
+    });
     let (_, metrics) = agent.get("/metrics");
     let ps = std::fs::read(format!("/proc/{}/cmdline", agent.pid())).unwrap();
     agent.sigterm();
-    let (code, agent) = tokio::task::spawn_blocking(move || (agent.wait_exit(Duration::from_secs(10)).and_then(|s| s.code()), agent)).await.unwrap();
+    let (code, agent) = tokio::task::spawn_blocking(move || {
+        (
+            agent
+                .wait_exit(Duration::from_secs(10))
+                .and_then(|s| s.code()),
+            agent,
+        )
+    })
+    .await
+    .unwrap();
     assert_eq!(code, Some(0));
 
     let reqs = server.requests();
-    assert!(reqs.iter().all(|r| r.header("authorization") == Some(&format!("Bearer {SECRET}"))), "the key was sent");
+    assert!(
+        reqs.iter()
+            .all(|r| r.header("authorization") == Some(&format!("Bearer {SECRET}"))),
+        "the key was sent"
+    );
     assert!(reqs.iter().any(|r| r.path == "/v1/chat/completions"));
     let spans = collector.exported_spans(6, Duration::from_secs(5)).await;
     let metric_exports = collector.exported_metrics(1, Duration::from_secs(2)).await;
     assert!(spans.len() >= 6 && !metric_exports.is_empty());
-    assert!(spans.iter().any(|sp| attrs(&sp.attributes).get("error.type").map(String::as_str) == Some("401")), "the 401 was measured");
+    assert!(
+        spans
+            .iter()
+            .any(|sp| attrs(&sp.attributes).get("error.type").map(String::as_str) == Some("401")),
+        "the 401 was measured"
+    );
     let everything = [
         agent.stderr_text(),
         agent.stdout_text(),
@@ -292,17 +493,44 @@ async fn api_key_never_leaks() {
     ];
     for (i, text) in everything.iter().enumerate() {
         assert!(!text.is_empty() || i == 1, "captured output {i} is empty");
-        assert!(!text.contains(SECRET) && !text.contains("3f9a1c0e7b2d4a68"), "secret found in captured output {i}");
+        assert!(
+            !text.contains(SECRET) && !text.contains("3f9a1c0e7b2d4a68"),
+            "secret found in captured output {i}"
+        );
     }
-    assert!(agent.stdout_text().contains("span target="), "console lines were printed");
+    assert!(
+        agent.stdout_text().contains("span target="),
+        "console lines were printed"
+    );
 
     // Every canary carried a W3C traceparent whose trace id is its span's.
-    let parents: Vec<String> = reqs.iter().filter(|r| r.path == "/v1/chat/completions").filter_map(|r| r.header("traceparent").map(str::to_owned)).collect();
-    assert_eq!(parents.len(), reqs.iter().filter(|r| r.path == "/v1/chat/completions").count());
+    let parents: Vec<String> = reqs
+        .iter()
+        .filter(|r| r.path == "/v1/chat/completions")
+        .filter_map(|r| r.header("traceparent").map(str::to_owned))
+        .collect();
+    assert_eq!(
+        parents.len(),
+        reqs.iter()
+            .filter(|r| r.path == "/v1/chat/completions")
+            .count()
+    );
     for p in &parents {
         let parts: Vec<&str> = p.split('-').collect();
-        assert!(parts.len() == 4 && parts[0] == "00" && parts[1].len() == 32 && parts[2].len() == 16 && parts[3] == "01", "{p}");
-        assert!(spans.iter().any(|sp| sp.trace_id == parts[1] && sp.span_id == parts[2]), "no span for traceparent {p}");
+        assert!(
+            parts.len() == 4
+                && parts[0] == "00"
+                && parts[1].len() == 32
+                && parts[2].len() == 16
+                && parts[3] == "01",
+            "{p}"
+        );
+        assert!(
+            spans
+                .iter()
+                .any(|sp| sp.trace_id == parts[1] && sp.span_id == parts[2]),
+            "no span for traceparent {p}"
+        );
     }
 }
 
@@ -312,13 +540,25 @@ fn bad_config_exits_2_with_one_line() {
     let dir = std::env::temp_dir().join(format!("lmperf-badcfg-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     for (text, want) in [
-        ("[canary]\nintervall = \"5s\"\n[[target]]\nurl = \"http://127.0.0.1:9\"\n", "intervall"),
-        ("[[target]]\nurl = \"http://127.0.0.1:9\"\nmax_tokens = 0\n", "target[0].max_tokens = \"0\""),
-        ("[otlp]\nprotocol = \"http/json\"\n[[target]]\nurl = \"http://127.0.0.1:9\"\n", "otlp.protocol = \"http/json\""),
+        (
+            "[canary]\nintervall = \"5s\"\n[[target]]\nurl = \"http://127.0.0.1:9\"\n",
+            "intervall",
+        ),
+        (
+            "[[target]]\nurl = \"http://127.0.0.1:9\"\nmax_tokens = 0\n",
+            "target[0].max_tokens = \"0\"",
+        ),
+        (
+            "[otlp]\nprotocol = \"http/json\"\n[[target]]\nurl = \"http://127.0.0.1:9\"\n",
+            "otlp.protocol = \"http/json\"",
+        ),
     ] {
         let cfg = dir.join("bad.toml");
         std::fs::write(&cfg, text).unwrap();
-        let out = std::process::Command::new(lmperf_e2e::agent::lmperf_bin()).args(["agent", "--config", cfg.to_str().unwrap()]).output().unwrap();
+        let out = std::process::Command::new(lmperf_e2e::agent::lmperf_bin())
+            .args(["agent", "--config", cfg.to_str().unwrap()])
+            .output()
+            .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{err}");
         assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");

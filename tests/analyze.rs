@@ -112,7 +112,6 @@ fn analyze_a_run_dir_as_text_json_and_html() {
     let _ = std::fs::remove_dir_all(&empty);
 }
 
-
 #[test]
 fn analyze_a_live_agent() {
     // A target nobody listens on: the agent runs, its diagnosis lists the target.

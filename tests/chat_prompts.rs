@@ -497,12 +497,30 @@ async fn tokenize_with_messages_on_a_vllm_style_server() {
     // --seq-lengths 3 under a template of 5 tokens around an empty message: warned, and the
     // summary's input_len is the achieved mean, not 3.
     let url = server.url();
-    let short = tokio::task::spawn_blocking(move || run_chat(&url, "vllm-short", &["--seq-lengths", "3"])).await.unwrap();
-    assert!(short.stderr.contains("warning: --seq-lengths 3 shorter than the chat template's own 5 tokens"), "{}", short.stderr);
-    let sent: Vec<u64> = short.rows.iter().map(|r| r["prompt_tokens"].as_u64().unwrap()).collect();
+    let short =
+        tokio::task::spawn_blocking(move || run_chat(&url, "vllm-short", &["--seq-lengths", "3"]))
+            .await
+            .unwrap();
+    assert!(
+        short
+            .stderr
+            .contains("warning: --seq-lengths 3 shorter than the chat template's own 5 tokens"),
+        "{}",
+        short.stderr
+    );
+    let sent: Vec<u64> = short
+        .rows
+        .iter()
+        .map(|r| r["prompt_tokens"].as_u64().unwrap())
+        .collect();
     let mean = (sent.iter().sum::<u64>() as f64 / sent.len() as f64).round() as u64;
     assert!(mean > 5, "{sent:?}");
-    assert_eq!(short.summary["benchmarks"][0]["input_len"].as_u64(), Some(mean), "{}", short.summary);
+    assert_eq!(
+        short.summary["benchmarks"][0]["input_len"].as_u64(),
+        Some(mean),
+        "{}",
+        short.summary
+    );
 
     // --chat-template: a file that is no template is refused naming the flag (exit 2); one
     // with completions is refused too (it counts chat requests).

@@ -50,8 +50,14 @@ async fn every_metric_and_label_in_every_panel_is_exported() {
     let scrape = promql::agent_metrics().await;
     let exported = parse_exposition(&scrape);
     // The scrape is the real thing: these must exist or the test setup is wrong.
-    for must in ["gen_ai_client_operation_duration_seconds_bucket", "lmperf_canary_requests_total"] {
-        assert!(exported.contains_key(must), "{must} missing from the scrape:\n{scrape}");
+    for must in [
+        "gen_ai_client_operation_duration_seconds_bucket",
+        "lmperf_canary_requests_total",
+    ] {
+        assert!(
+            exported.contains_key(must),
+            "{must} missing from the scrape:\n{scrape}"
+        );
     }
 
     let mut problems = Vec::new();
@@ -66,11 +72,21 @@ async fn every_metric_and_label_in_every_panel_is_exported() {
             }
         }
     }
-    assert!(problems.is_empty(), "dashboard queries that name what the agent does not export:\n{}", problems.join("\n"));
-    assert!(checked >= 20, "only {checked} queries found: is the dashboard walker still right?");
+    assert!(
+        problems.is_empty(),
+        "dashboard queries that name what the agent does not export:\n{}",
+        problems.join("\n")
+    );
+    assert!(
+        checked >= 20,
+        "only {checked} queries found: is the dashboard walker still right?"
+    );
     // An entry nobody uses is stale: remove it.
     for (name, issue) in PENDING {
-        assert!(pending_used.contains(*name), "PENDING lists {name} (issue {issue}) but no dashboard uses it");
+        assert!(
+            pending_used.contains(*name),
+            "PENDING lists {name} (issue {issue}) but no dashboard uses it"
+        );
     }
 }
 
@@ -81,8 +97,15 @@ fn dashboards() -> Vec<(String, Value)> {
         let path = entry.expect("dir entry").path();
         if path.extension().is_some_and(|e| e == "json") {
             let text = std::fs::read_to_string(&path).expect("read dashboard");
-            let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            out.push((path.file_name().expect("name").to_string_lossy().into_owned(), v));
+            let v: Value =
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            out.push((
+                path.file_name()
+                    .expect("name")
+                    .to_string_lossy()
+                    .into_owned(),
+                v,
+            ));
         }
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
@@ -110,7 +133,10 @@ fn queries(dash: &Value) -> Vec<(String, String)> {
     for p in panels(dash) {
         for t in p["targets"].as_array().into_iter().flatten() {
             if let Some(expr) = t["expr"].as_str() {
-                out.push((format!("panel {:?}", p["title"].as_str().unwrap_or("")), expr.to_owned()));
+                out.push((
+                    format!("panel {:?}", p["title"].as_str().unwrap_or("")),
+                    expr.to_owned(),
+                ));
             }
         }
     }
@@ -118,12 +144,24 @@ fn queries(dash: &Value) -> Vec<(String, String)> {
         if v["type"] != "query" {
             continue;
         }
-        let q = v["query"]["query"].as_str().or(v["query"].as_str()).unwrap_or("");
+        let q = v["query"]["query"]
+            .as_str()
+            .or(v["query"].as_str())
+            .unwrap_or("");
         let name = format!("variable ${}", v["name"].as_str().unwrap_or(""));
-        match q.trim().strip_prefix("label_values(").and_then(|r| r.strip_suffix(')')) {
+        match q
+            .trim()
+            .strip_prefix("label_values(")
+            .and_then(|r| r.strip_suffix(')'))
+        {
             Some(args) => {
-                let (series, label) = args.rsplit_once(',').unwrap_or_else(|| panic!("{name}: label_values needs a metric: {q}"));
-                out.push((name, format!("count by ({}) ({})", label.trim(), series.trim())));
+                let (series, label) = args
+                    .rsplit_once(',')
+                    .unwrap_or_else(|| panic!("{name}: label_values needs a metric: {q}"));
+                out.push((
+                    name,
+                    format!("count by ({}) ({})", label.trim(), series.trim()),
+                ));
             }
             None => out.push((name, q.to_owned())),
         }
@@ -132,8 +170,18 @@ fn queries(dash: &Value) -> Vec<(String, String)> {
 }
 
 /// Checks one expression against the scrape; Ok(the pending metrics it uses).
-fn check_expr(expr: &str, exported: &BTreeMap<String, BTreeSet<String>>) -> Result<Vec<String>, String> {
-    promql::check_expr(expr, exported, &promql::Pending { metrics: PENDING, labels: PENDING_LABELS })
+fn check_expr(
+    expr: &str,
+    exported: &BTreeMap<String, BTreeSet<String>>,
+) -> Result<Vec<String>, String> {
+    promql::check_expr(
+        expr,
+        exported,
+        &promql::Pending {
+            metrics: PENDING,
+            labels: PENDING_LABELS,
+        },
+    )
 }
 
 #[test]
@@ -141,55 +189,146 @@ fn a_renamed_metric_or_label_fails_the_check() {
     let exported = parse_exposition(
         "# TYPE a_total counter\na_total{lmperf_target=\"t\",error_type=\"x\",otel_scope_name=\"lmperf\"} 1\nb_bucket{le=\"1\",lmperf_target=\"t\"} 1\n",
     );
-    assert_eq!(exported["a_total"], ["error_type", "lmperf_target", "otel_scope_name"].map(String::from).into());
-    assert!(check_expr(r#"sum by (lmperf_target) (rate(a_total{error_type!=""}[5m]))"#, &exported).is_ok());
-    assert!(check_expr(r#"histogram_quantile(0.9, sum by (le) (rate(b_bucket{instance=~"$i"}[5m])))"#, &exported).is_ok());
+    assert_eq!(
+        exported["a_total"],
+        ["error_type", "lmperf_target", "otel_scope_name"]
+            .map(String::from)
+            .into()
+    );
+    assert!(
+        check_expr(
+            r#"sum by (lmperf_target) (rate(a_total{error_type!=""}[5m]))"#,
+            &exported
+        )
+        .is_ok()
+    );
+    assert!(
+        check_expr(
+            r#"histogram_quantile(0.9, sum by (le) (rate(b_bucket{instance=~"$i"}[5m])))"#,
+            &exported
+        )
+        .is_ok()
+    );
     let e = check_expr("rate(a_count[5m])", &exported).unwrap_err();
     assert!(e.contains("a_count"), "{e}");
     let e = check_expr(r#"rate(a_total{lmperf_tgt="x"}[5m])"#, &exported).unwrap_err();
     assert!(e.contains("lmperf_tgt"), "{e}");
-    let e = check_expr("sum by (gen_ai_request_model) (rate(a_total[5m]))", &exported).unwrap_err();
+    let e = check_expr(
+        "sum by (gen_ai_request_model) (rate(a_total[5m]))",
+        &exported,
+    )
+    .unwrap_err();
     assert!(e.contains("gen_ai_request_model"), "{e}");
     // Pending metrics pass, with their labels; a pending label on a real metric does not.
-    assert_eq!(check_expr("sum by (hw_id) (hw_gpu_utilization_ratio)", &exported).unwrap(), vec!["hw_gpu_utilization_ratio"]);
+    assert_eq!(
+        check_expr("sum by (hw_id) (hw_gpu_utilization_ratio)", &exported).unwrap(),
+        vec!["hw_gpu_utilization_ratio"]
+    );
     assert!(check_expr("sum by (hw_id) (rate(a_total[5m]))", &exported).is_err());
 }
 
 #[test]
 fn dashboards_are_wired_to_prometheus_and_the_trace_backend() {
     for (file, d) in dashboards() {
-        let vars = d["templating"]["list"].as_array().cloned().unwrap_or_default();
+        let vars = d["templating"]["list"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         let var = |name: &str| vars.iter().find(|v| v["name"] == name).cloned();
         let ds = var("datasource").unwrap_or_else(|| panic!("{file}: no $datasource variable"));
-        assert_eq!((ds["type"].as_str(), ds["query"].as_str()), (Some("datasource"), Some("prometheus")), "{file}");
+        assert_eq!(
+            (ds["type"].as_str(), ds["query"].as_str()),
+            (Some("datasource"), Some("prometheus")),
+            "{file}"
+        );
         let traces = var("traces").unwrap_or_else(|| panic!("{file}: no $traces variable"));
         assert_eq!(traces["type"], "datasource", "{file}");
-        assert!(matches!(traces["query"].as_str(), Some("jaeger" | "tempo")), "{file}: $traces is {}", traces["query"]);
-        assert!(d["uid"].as_str().is_some_and(|u| u.starts_with("lmperf-")), "{file}: uid");
-        assert_eq!(d["graphTooltip"], 1, "{file}: one shared crosshair across panels");
+        assert!(
+            matches!(traces["query"].as_str(), Some("jaeger" | "tempo")),
+            "{file}: $traces is {}",
+            traces["query"]
+        );
+        assert!(
+            d["uid"].as_str().is_some_and(|u| u.starts_with("lmperf-")),
+            "{file}: uid"
+        );
+        assert_eq!(
+            d["graphTooltip"], 1,
+            "{file}: one shared crosshair across panels"
+        );
         for p in panels(&d) {
             let title = p["title"].as_str().unwrap_or("");
             if p["type"] == "row" || p["type"] == "text" {
                 continue;
             }
-            assert_eq!(p["datasource"]["uid"], "${datasource}", "{file}: panel {title:?} must use $datasource");
+            assert_eq!(
+                p["datasource"]["uid"], "${datasource}",
+                "{file}: panel {title:?} must use $datasource"
+            );
             for t in p["targets"].as_array().into_iter().flatten() {
-                assert_eq!(t["datasource"]["uid"], "${datasource}", "{file}: a target of {title:?}");
+                assert_eq!(
+                    t["datasource"]["uid"], "${datasource}",
+                    "{file}: a target of {title:?}"
+                );
             }
-            for l in p["fieldConfig"]["defaults"]["links"].as_array().into_iter().flatten() {
+            for l in p["fieldConfig"]["defaults"]["links"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
                 let url = l["url"].as_str().unwrap_or("");
-                assert!(url.contains("${traces}") && url.contains("${__field.labels.lmperf_target}"), "{file}: {title:?} link {url}");
+                assert!(
+                    url.contains("${traces}") && url.contains("${__field.labels.lmperf_target}"),
+                    "{file}: {title:?} link {url}"
+                );
             }
         }
     }
-    let (_, canary) = dashboards().into_iter().find(|(f, _)| f == "llm-canary.json").expect("llm-canary.json");
+    let (_, canary) = dashboards()
+        .into_iter()
+        .find(|(f, _)| f == "llm-canary.json")
+        .expect("llm-canary.json");
     let all = panels(&canary);
-    let titled = |needle: &str| all.iter().filter(|p| p["title"].as_str().is_some_and(|t| t.contains(needle))).count();
-    for needle in ["TTFT", "ITL", "E2E", "Error rate by error.type", "tokens/s", "Goodput", "Input length × output length"] {
+    let titled = |needle: &str| {
+        all.iter()
+            .filter(|p| p["title"].as_str().is_some_and(|t| t.contains(needle)))
+            .count()
+    };
+    for needle in [
+        "TTFT",
+        "ITL",
+        "E2E",
+        "Error rate by error.type",
+        "tokens/s",
+        "Goodput",
+        "Input length × output length",
+    ] {
         assert!(titled(needle) >= 1, "LLM canary has no {needle:?} panel");
     }
-    let linked = all.iter().filter(|p| p["fieldConfig"]["defaults"]["links"].as_array().is_some_and(|l| !l.is_empty())).count();
-    assert!(linked >= 4, "latency and error panels link to their traces ({linked} do)");
-    let heatmap = all.iter().find(|p| p["title"].as_str().is_some_and(|t| t.contains("Input length × output length"))).expect("heatmap");
-    assert!(heatmap["title"].as_str().is_some_and(|t| t.contains("pending") && t.contains("issue 3")), "the placeholder says it is pending");
+    let linked = all
+        .iter()
+        .filter(|p| {
+            p["fieldConfig"]["defaults"]["links"]
+                .as_array()
+                .is_some_and(|l| !l.is_empty())
+        })
+        .count();
+    assert!(
+        linked >= 4,
+        "latency and error panels link to their traces ({linked} do)"
+    );
+    let heatmap = all
+        .iter()
+        .find(|p| {
+            p["title"]
+                .as_str()
+                .is_some_and(|t| t.contains("Input length × output length"))
+        })
+        .expect("heatmap");
+    assert!(
+        heatmap["title"]
+            .as_str()
+            .is_some_and(|t| t.contains("pending") && t.contains("issue 3")),
+        "the placeholder says it is pending"
+    );
 }

@@ -17,7 +17,11 @@ use serde_json::Value;
 
 fn python() -> PathBuf {
     let py = workspace_root().join(".venv-peers/bin/python");
-    assert!(py.exists(), "{} is missing: run tests/peers/install.sh (cargo xtask ci does)", py.display());
+    assert!(
+        py.exists(),
+        "{} is missing: run tests/peers/install.sh (cargo xtask ci does)",
+        py.display()
+    );
     py
 }
 
@@ -28,7 +32,11 @@ fn render_py(args: &[&str]) -> (bool, String, String) {
         .current_dir(workspace_root())
         .output()
         .expect("run render.py");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// The chart rendered with `values` files over its defaults and schema-checked: the
@@ -43,7 +51,12 @@ fn render(values: &[PathBuf]) -> Vec<Value> {
     assert!(ok, "render {v:?} failed:\n{stderr}");
     let doc: Value = serde_json::from_str(&stdout).expect("render.py JSON");
     assert_eq!(doc["errors"], Value::Array(vec![]), "{v:?}");
-    doc["manifests"].as_array().expect("manifests").iter().map(|m| m["manifest"].clone()).collect()
+    doc["manifests"]
+        .as_array()
+        .expect("manifests")
+        .iter()
+        .map(|m| m["manifest"].clone())
+        .collect()
 }
 
 fn yaml_docs(path: &Path) -> Vec<Value> {
@@ -58,10 +71,16 @@ fn yaml_docs(path: &Path) -> Vec<Value> {
 fn value_sets() -> Vec<(String, Vec<PathBuf>)> {
     let ci = workspace_root().join("deploy/helm/lmperf/ci");
     let mut sets = vec![("default".to_owned(), vec![])];
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&ci).expect("ci/").map(|e| e.expect("entry").path()).collect();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&ci)
+        .expect("ci/")
+        .map(|e| e.expect("entry").path())
+        .collect();
     files.sort();
     for f in files {
-        sets.push((f.file_stem().expect("stem").to_string_lossy().into_owned(), vec![f]));
+        sets.push((
+            f.file_stem().expect("stem").to_string_lossy().into_owned(),
+            vec![f],
+        ));
     }
     assert!(sets.len() >= 3, "{sets:?}");
     sets
@@ -92,15 +111,28 @@ fn chart_renders_and_every_manifest_passes_the_kubernetes_schemas() {
             assert!(kinds.contains(k), "{name}: no {k} in {kinds:?}");
         }
         for m in &ms {
-            assert_eq!(m["metadata"]["namespace"], "lmperf", "{name}: {} is namespaced", m["kind"]);
+            assert_eq!(
+                m["metadata"]["namespace"], "lmperf",
+                "{name}: {} is namespaced",
+                m["kind"]
+            );
         }
         if name == "full-values" {
             assert_eq!(of_kind(&ms, "ServiceMonitor").len(), 1, "{name}");
-            let dashboards = of_kind(&ms, "ConfigMap").into_iter().filter(|c| c["metadata"]["labels"]["grafana_dashboard"] == "1").count();
+            let dashboards = of_kind(&ms, "ConfigMap")
+                .into_iter()
+                .filter(|c| c["metadata"]["labels"]["grafana_dashboard"] == "1")
+                .count();
             assert_eq!(dashboards, 2, "{name}: one ConfigMap per dashboard");
             let ds = &of_kind(&ms, "DaemonSet")[0]["spec"]["template"]["spec"];
-            assert_eq!(ds["runtimeClassName"], "nvidia", "{name}: NVML through the NVIDIA runtime");
-            assert_eq!(ds["nodeSelector"]["nvidia.com/gpu.present"], "true", "{name}");
+            assert_eq!(
+                ds["runtimeClassName"], "nvidia",
+                "{name}: NVML through the NVIDIA runtime"
+            );
+            assert_eq!(
+                ds["nodeSelector"]["nvidia.com/gpu.present"], "true",
+                "{name}"
+            );
         }
     }
 }
@@ -118,15 +150,27 @@ fn no_values_set_grants_privilege_or_host_write() {
             for host in ["hostNetwork", "hostPID", "hostIPC"] {
                 assert_ne!(pod[host], true, "{name}: {host}");
             }
-            assert_eq!(pod["automountServiceAccountToken"], false, "{name}: the agent needs no API token");
+            assert_eq!(
+                pod["automountServiceAccountToken"], false,
+                "{name}: the agent needs no API token"
+            );
             let host_paths: BTreeSet<String> = arr(&pod["volumes"])
                 .iter()
                 .filter(|v| v.get("hostPath").is_some())
                 .map(|v| v["name"].as_str().unwrap_or("").to_owned())
                 .collect();
-            assert!(host_paths.is_empty(), "{name}: hostPath volumes {host_paths:?}");
-            assert_eq!(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault", "{name}");
-            let containers: Vec<Value> = arr(&pod["containers"]).into_iter().chain(arr(&pod["initContainers"])).collect();
+            assert!(
+                host_paths.is_empty(),
+                "{name}: hostPath volumes {host_paths:?}"
+            );
+            assert_eq!(
+                pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+                "{name}"
+            );
+            let containers: Vec<Value> = arr(&pod["containers"])
+                .into_iter()
+                .chain(arr(&pod["initContainers"]))
+                .collect();
             assert!(!containers.is_empty());
             for c in containers {
                 let sc = &c["securityContext"];
@@ -134,18 +178,45 @@ fn no_values_set_grants_privilege_or_host_write() {
                 assert_ne!(sc["privileged"], true, "{who}");
                 assert_eq!(sc["allowPrivilegeEscalation"], false, "{who}");
                 assert_eq!(sc["readOnlyRootFilesystem"], true, "{who}");
-                assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]), "{who}");
-                let add: Vec<String> = arr(&sc["capabilities"]["add"]).iter().filter_map(|v| v.as_str().map(str::to_owned)).collect();
+                assert_eq!(
+                    sc["capabilities"]["drop"],
+                    serde_json::json!(["ALL"]),
+                    "{who}"
+                );
+                let add: Vec<String> = arr(&sc["capabilities"]["add"])
+                    .iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect();
                 for m in arr(&c["volumeMounts"]) {
-                    assert_eq!(m["readOnly"], true, "{who}: mount {} must be read-only", m["mountPath"]);
+                    assert_eq!(
+                        m["readOnly"], true,
+                        "{who}: mount {} must be read-only",
+                        m["mountPath"]
+                    );
                 }
-                let run_as = |k: &str| sc.get(k).filter(|v| !v.is_null()).unwrap_or(&pod["securityContext"][k]).clone();
+                let run_as = |k: &str| {
+                    sc.get(k)
+                        .filter(|v| !v.is_null())
+                        .unwrap_or(&pod["securityContext"][k])
+                        .clone()
+                };
                 if ebpf {
-                    assert_eq!(add, ["BPF", "PERFMON"], "{who}: the eBPF probes get exactly CAP_BPF and CAP_PERFMON");
+                    assert_eq!(
+                        add,
+                        ["BPF", "PERFMON"],
+                        "{who}: the eBPF probes get exactly CAP_BPF and CAP_PERFMON"
+                    );
                 } else {
-                    assert!(add.is_empty(), "{who}: capabilities {add:?} with the probes off");
+                    assert!(
+                        add.is_empty(),
+                        "{who}: capabilities {add:?} with the probes off"
+                    );
                     assert_eq!(run_as("runAsNonRoot"), true, "{who}");
-                    assert!(run_as("runAsUser").as_u64().is_some_and(|u| u > 0), "{who}: runAsUser {}", run_as("runAsUser"));
+                    assert!(
+                        run_as("runAsUser").as_u64().is_some_and(|u| u > 0),
+                        "{who}: runAsUser {}",
+                        run_as("runAsUser")
+                    );
                 }
             }
         }
@@ -156,8 +227,18 @@ fn no_values_set_grants_privilege_or_host_write() {
     texts.extend(value_sets().into_iter().flat_map(|(_, f)| f));
     for f in texts {
         let t = std::fs::read_to_string(&f).expect("values file");
-        for bad in ["privileged: true", "hostPath", "hostNetwork: true", "hostPID: true", "SYS_ADMIN", "allowPrivilegeEscalation: true"] {
-            let hit = t.lines().filter(|l| !l.trim_start().starts_with('#')).any(|l| l.contains(bad));
+        for bad in [
+            "privileged: true",
+            "hostPath",
+            "hostNetwork: true",
+            "hostPID: true",
+            "SYS_ADMIN",
+            "allowPrivilegeEscalation: true",
+        ] {
+            let hit = t
+                .lines()
+                .filter(|l| !l.trim_start().starts_with('#'))
+                .any(|l| l.contains(bad));
             assert!(!hit, "{}: {bad}", f.display());
         }
     }
@@ -165,13 +246,22 @@ fn no_values_set_grants_privilege_or_host_write() {
 
 #[test]
 fn the_chart_refuses_capabilities_beyond_the_ebpf_set() {
-    let f = temp_file("sysadmin-values.yaml", "ebpf:\n  enabled: true\n  capabilities: [BPF, PERFMON, SYS_ADMIN]\n");
+    let f = temp_file(
+        "sysadmin-values.yaml",
+        "ebpf:\n  enabled: true\n  capabilities: [BPF, PERFMON, SYS_ADMIN]\n",
+    );
     let (ok, _, stderr) = render_py(&["render", "-f", &f.display().to_string()]);
     assert!(!ok, "SYS_ADMIN was rendered");
-    assert!(stderr.contains("ebpf.capabilities may hold only BPF and PERFMON, not SYS_ADMIN"), "{stderr}");
+    assert!(
+        stderr.contains("ebpf.capabilities may hold only BPF and PERFMON, not SYS_ADMIN"),
+        "{stderr}"
+    );
     let f = temp_file("no-targets-values.yaml", "config:\n  targets: []\n");
     let (ok, _, stderr) = render_py(&["render", "-f", &f.display().to_string()]);
-    assert!(!ok && stderr.contains("config.targets is empty"), "{stderr}");
+    assert!(
+        !ok && stderr.contains("config.targets is empty"),
+        "{stderr}"
+    );
 }
 
 /// The environment of the DaemonSet's container, with downward-API and Secret values filled
@@ -191,9 +281,13 @@ impl PodEnv {
                     }
                     v
                 }
-                (_, from) if from["fieldRef"]["fieldPath"] == "spec.nodeName" => "node-a".to_owned(),
+                (_, from) if from["fieldRef"]["fieldPath"] == "spec.nodeName" => {
+                    "node-a".to_owned()
+                }
                 (_, from) if from["fieldRef"]["fieldPath"] == "metadata.name" => "lmperf-x1".into(),
-                (_, from) if from["fieldRef"]["fieldPath"] == "metadata.namespace" => "lmperf".into(),
+                (_, from) if from["fieldRef"]["fieldPath"] == "metadata.namespace" => {
+                    "lmperf".into()
+                }
                 (_, from) if from.get("secretKeyRef").is_some() => "sk-test".into(),
                 other => panic!("env {name}: {other:?}"),
             };
@@ -215,49 +309,129 @@ impl Env for PodEnv {
 fn rendered_config_loads_in_the_agent_and_matches_the_pod() {
     for (name, files) in value_sets() {
         let ms = render(&files);
-        let cm = of_kind(&ms, "ConfigMap").into_iter().find(|c| c["data"].get("lmperf.toml").is_some()).expect("config ConfigMap");
+        let cm = of_kind(&ms, "ConfigMap")
+            .into_iter()
+            .find(|c| c["data"].get("lmperf.toml").is_some())
+            .expect("config ConfigMap");
         let toml = cm["data"]["lmperf.toml"].as_str().expect("toml");
         let path = temp_file(&format!("{name}.toml"), toml);
         let ds = of_kind(&ms, "DaemonSet")[0];
         let pod = &ds["spec"]["template"]["spec"];
         let c = &pod["containers"][0];
         let env = PodEnv::of(c);
-        let cfg = load(Overrides { config: Some(path), ..Overrides::default() }, &env)
-            .unwrap_or_else(|e| panic!("{name}: the agent rejects the chart's config: {e}\n{toml}"));
+        let cfg = load(
+            Overrides {
+                config: Some(path),
+                ..Overrides::default()
+            },
+            &env,
+        )
+        .unwrap_or_else(|e| panic!("{name}: the agent rejects the chart's config: {e}\n{toml}"));
 
-        assert_eq!(c["args"], serde_json::json!(["agent", "--config", "/etc/lmperf/lmperf.toml"]), "{name}");
+        assert_eq!(
+            c["args"],
+            serde_json::json!(["agent", "--config", "/etc/lmperf/lmperf.toml"]),
+            "{name}"
+        );
         assert_eq!(c["volumeMounts"][0]["mountPath"], "/etc/lmperf", "{name}");
-        assert!(cfg.admin_addr.ip().is_unspecified(), "{name}: admin on all pod addresses, not {}", cfg.admin_addr);
-        let port = &arr(&c["ports"]).into_iter().find(|p| p["name"] == "http-admin").expect("http-admin port")["containerPort"];
-        assert_eq!(port.as_u64(), Some(u64::from(cfg.admin_addr.port())), "{name}");
+        assert!(
+            cfg.admin_addr.ip().is_unspecified(),
+            "{name}: admin on all pod addresses, not {}",
+            cfg.admin_addr
+        );
+        let port = &arr(&c["ports"])
+            .into_iter()
+            .find(|p| p["name"] == "http-admin")
+            .expect("http-admin port")["containerPort"];
+        assert_eq!(
+            port.as_u64(),
+            Some(u64::from(cfg.admin_addr.port())),
+            "{name}"
+        );
         assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz", "{name}");
         assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz", "{name}");
-        assert_eq!(c["livenessProbe"]["httpGet"]["port"], "http-admin", "{name}");
-        assert!(pod["terminationGracePeriodSeconds"].as_u64().is_some_and(|s| s > 10), "{name}: the agent needs up to 10 s after SIGTERM");
-        assert_eq!(env.0.get("K8S_NODE_NAME").map(String::as_str), Some("node-a"), "{name}");
-        assert_eq!(env.0.get("K8S_POD_NAME").map(String::as_str), Some("lmperf-x1"), "{name}");
-        let attrs = env.0.get("OTEL_RESOURCE_ATTRIBUTES").cloned().unwrap_or_default();
-        assert!(attrs.contains("k8s.namespace.name=lmperf") && attrs.contains("k8s.daemonset.name=lmperf"), "{name}: {attrs}");
+        assert_eq!(
+            c["livenessProbe"]["httpGet"]["port"], "http-admin",
+            "{name}"
+        );
+        assert!(
+            pod["terminationGracePeriodSeconds"]
+                .as_u64()
+                .is_some_and(|s| s > 10),
+            "{name}: the agent needs up to 10 s after SIGTERM"
+        );
+        assert_eq!(
+            env.0.get("K8S_NODE_NAME").map(String::as_str),
+            Some("node-a"),
+            "{name}"
+        );
+        assert_eq!(
+            env.0.get("K8S_POD_NAME").map(String::as_str),
+            Some("lmperf-x1"),
+            "{name}"
+        );
+        let attrs = env
+            .0
+            .get("OTEL_RESOURCE_ATTRIBUTES")
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            attrs.contains("k8s.namespace.name=lmperf")
+                && attrs.contains("k8s.daemonset.name=lmperf"),
+            "{name}: {attrs}"
+        );
         assert_eq!(cfg.otlp.enabled, name != "no-otlp-values", "{name}");
         // The control API stays on the pod's loopback: no token, no port of the pod.
         assert!(cfg.control.enabled, "{name}");
-        assert!(matches!(&cfg.control.listen, lmperf::config::ControlListen::Tcp(a) if a.ip().is_loopback()), "{name}: control on {}", cfg.control.listen);
-        assert!(arr(&c["ports"]).iter().all(|p| p["name"] == "http-admin"), "{name}: only the admin port is exposed: {}", c["ports"]);
+        assert!(
+            matches!(&cfg.control.listen, lmperf::config::ControlListen::Tcp(a) if a.ip().is_loopback()),
+            "{name}: control on {}",
+            cfg.control.listen
+        );
+        assert!(
+            arr(&c["ports"]).iter().all(|p| p["name"] == "http-admin"),
+            "{name}: only the admin port is exposed: {}",
+            c["ports"]
+        );
         if cfg.otlp.enabled {
-            let endpoint = env.0.get("OTEL_EXPORTER_OTLP_ENDPOINT").expect("endpoint env");
-            assert!(cfg.otlp.traces_endpoint.starts_with(endpoint.as_str()), "{name}: {} from {endpoint}", cfg.otlp.traces_endpoint);
+            let endpoint = env
+                .0
+                .get("OTEL_EXPORTER_OTLP_ENDPOINT")
+                .expect("endpoint env");
+            assert!(
+                cfg.otlp.traces_endpoint.starts_with(endpoint.as_str()),
+                "{name}: {} from {endpoint}",
+                cfg.otlp.traces_endpoint
+            );
         }
         let want_targets = if name == "full-values" { 2 } else { 1 };
         assert_eq!(cfg.targets.len(), want_targets, "{name}");
         if name == "full-values" {
-            assert_eq!(env.0.get("LMPERF_API_KEY").map(String::as_str), Some("sk-test"), "{name}: key from the Secret");
-            assert!(attrs.contains("deployment.environment.name=prod"), "{attrs}");
-            assert_eq!(env.0.get("NVIDIA_VISIBLE_DEVICES").map(String::as_str), Some("all"));
+            assert_eq!(
+                env.0.get("LMPERF_API_KEY").map(String::as_str),
+                Some("sk-test"),
+                "{name}: key from the Secret"
+            );
+            assert!(
+                attrs.contains("deployment.environment.name=prod"),
+                "{attrs}"
+            );
+            assert_eq!(
+                env.0.get("NVIDIA_VISIBLE_DEVICES").map(String::as_str),
+                Some("all")
+            );
             let limits = &c["resources"]["limits"];
-            assert!(limits.get("nvidia.com/gpu").is_none(), "NVML reads the GPUs without taking one");
+            assert!(
+                limits.get("nvidia.com/gpu").is_none(),
+                "NVML reads the GPUs without taking one"
+            );
         }
         // Roll the pods when the config changes.
-        assert!(ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"].as_str().is_some_and(|s| s.len() == 64));
+        assert!(
+            ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+                .as_str()
+                .is_some_and(|s| s.len() == 64)
+        );
     }
 }
 
@@ -265,12 +439,16 @@ fn rendered_config_loads_in_the_agent_and_matches_the_pod() {
 fn plain_manifests_are_the_chart_rendered_with_its_defaults() {
     let (ok, fresh, stderr) = render_py(&["k8s-text"]);
     assert!(ok, "{stderr}");
-    let committed = std::fs::read_to_string(workspace_root().join("deploy/k8s/lmperf.yaml")).expect("deploy/k8s/lmperf.yaml");
+    let committed = std::fs::read_to_string(workspace_root().join("deploy/k8s/lmperf.yaml"))
+        .expect("deploy/k8s/lmperf.yaml");
     assert!(
         committed == fresh,
         "deploy/k8s/lmperf.yaml is stale: run `.venv-peers/bin/python deploy/tools/render.py write-k8s`"
     );
-    assert_eq!(yaml_docs(&workspace_root().join("deploy/k8s/lmperf.yaml")).len(), render(&[]).len());
+    assert_eq!(
+        yaml_docs(&workspace_root().join("deploy/k8s/lmperf.yaml")).len(),
+        render(&[]).len()
+    );
 }
 
 #[test]
@@ -281,7 +459,12 @@ fn chart_ships_the_dashboards_of_dashboards_dir() {
             .expect("dir")
             .map(|e| e.expect("entry").path())
             .filter(|p| p.extension().is_some_and(|e| e == "json"))
-            .map(|p| (p.file_name().expect("name").to_string_lossy().into_owned(), std::fs::read_to_string(&p).expect("read")))
+            .map(|p| {
+                (
+                    p.file_name().expect("name").to_string_lossy().into_owned(),
+                    std::fs::read_to_string(&p).expect("read"),
+                )
+            })
             .collect()
     };
     let shipped = list(&root.join("deploy/helm/lmperf/dashboards"));
@@ -292,19 +475,52 @@ fn chart_ships_the_dashboards_of_dashboards_dir() {
         "copy dashboards/*.json to deploy/helm/lmperf/dashboards/ (Helm reads files inside the chart only)"
     );
     for (k, v) in &source {
-        assert!(shipped[k] == *v, "deploy/helm/lmperf/dashboards/{k} differs from dashboards/{k}: copy it");
+        assert!(
+            shipped[k] == *v,
+            "deploy/helm/lmperf/dashboards/{k} differs from dashboards/{k}: copy it"
+        );
     }
 }
 
 /// The components of opentelemetry-collector-contrib 0.139.0 (the image compose.yaml pins)
 /// that a config here may name. Extend the list when a config needs another one that exists.
 const CONTRIB_COMPONENTS: &[(&str, &[&str])] = &[
-    ("receivers", &["otlp", "prometheus", "hostmetrics", "kubeletstats", "filelog"]),
+    (
+        "receivers",
+        &[
+            "otlp",
+            "prometheus",
+            "hostmetrics",
+            "kubeletstats",
+            "filelog",
+        ],
+    ),
     (
         "processors",
-        &["batch", "memory_limiter", "tail_sampling", "probabilistic_sampler", "resource", "resourcedetection", "attributes", "k8sattributes", "filter", "transform"],
+        &[
+            "batch",
+            "memory_limiter",
+            "tail_sampling",
+            "probabilistic_sampler",
+            "resource",
+            "resourcedetection",
+            "attributes",
+            "k8sattributes",
+            "filter",
+            "transform",
+        ],
     ),
-    ("exporters", &["otlp", "otlphttp", "prometheus", "prometheusremotewrite", "debug", "file"]),
+    (
+        "exporters",
+        &[
+            "otlp",
+            "otlphttp",
+            "prometheus",
+            "prometheusremotewrite",
+            "debug",
+            "file",
+        ],
+    ),
     ("extensions", &["health_check", "pprof", "zpages"]),
     ("connectors", &["spanmetrics", "forward"]),
 ];
@@ -317,49 +533,105 @@ fn collector_config_names_only_contrib_components_and_keeps_lmperf_spans() {
     let kind_of = |id: &str| id.split('/').next().unwrap_or(id).to_owned();
     let mut defined: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
     for (section, allowed) in CONTRIB_COMPONENTS {
-        for id in cfg[*section].as_object().map(|o| o.keys().cloned().collect::<Vec<_>>()).unwrap_or_default() {
-            assert!(allowed.contains(&kind_of(&id).as_str()), "{section}.{id} is not a known contrib component");
+        for id in cfg[*section]
+            .as_object()
+            .map(|o| o.keys().cloned().collect::<Vec<_>>())
+            .unwrap_or_default()
+        {
+            assert!(
+                allowed.contains(&kind_of(&id).as_str()),
+                "{section}.{id} is not a known contrib component"
+            );
             defined.entry(section).or_default().insert(id);
         }
     }
-    let sections: BTreeSet<&str> = cfg.as_object().expect("map").keys().map(String::as_str).collect();
-    let known: BTreeSet<&str> = CONTRIB_COMPONENTS.iter().map(|(s, _)| *s).chain(["service"]).collect();
-    assert!(sections.is_subset(&known), "unknown top-level sections: {sections:?}");
+    let sections: BTreeSet<&str> = cfg
+        .as_object()
+        .expect("map")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let known: BTreeSet<&str> = CONTRIB_COMPONENTS
+        .iter()
+        .map(|(s, _)| *s)
+        .chain(["service"])
+        .collect();
+    assert!(
+        sections.is_subset(&known),
+        "unknown top-level sections: {sections:?}"
+    );
 
-    let pipelines = cfg["service"]["pipelines"].as_object().expect("service.pipelines");
+    let pipelines = cfg["service"]["pipelines"]
+        .as_object()
+        .expect("service.pipelines");
     let mut used: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
     for (name, p) in pipelines {
-        assert!(matches!(kind_of(name).as_str(), "traces" | "metrics" | "logs"), "pipeline {name}");
+        assert!(
+            matches!(kind_of(name).as_str(), "traces" | "metrics" | "logs"),
+            "pipeline {name}"
+        );
         for section in ["receivers", "processors", "exporters"] {
             for id in arr(&p[section]).iter().filter_map(|v| v.as_str()) {
-                assert!(defined.get(section).is_some_and(|d| d.contains(id)), "pipeline {name} uses undefined {section}.{id}");
+                assert!(
+                    defined.get(section).is_some_and(|d| d.contains(id)),
+                    "pipeline {name} uses undefined {section}.{id}"
+                );
                 used.entry(section).or_default().insert(id.to_owned());
             }
         }
-        let processors: Vec<String> = arr(&p["processors"]).iter().filter_map(|v| v.as_str().map(str::to_owned)).collect();
+        let processors: Vec<String> = arr(&p["processors"])
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect();
         if let Some(first) = processors.first() {
-            assert_eq!(kind_of(first), "memory_limiter", "pipeline {name}: memory_limiter goes first");
+            assert_eq!(
+                kind_of(first),
+                "memory_limiter",
+                "pipeline {name}: memory_limiter goes first"
+            );
         }
         if kind_of(name) == "traces" {
-            assert!(p["receivers"].as_array().is_some_and(|r| r.iter().any(|v| v == "otlp")), "traces take OTLP");
+            assert!(
+                p["receivers"]
+                    .as_array()
+                    .is_some_and(|r| r.iter().any(|v| v == "otlp")),
+                "traces take OTLP"
+            );
             // lmperf has sampled already: nothing may sample its spans again.
-            assert!(!processors.iter().any(|p| kind_of(p) == "probabilistic_sampler"), "pipeline {name} re-samples lmperf");
+            assert!(
+                !processors
+                    .iter()
+                    .any(|p| kind_of(p) == "probabilistic_sampler"),
+                "pipeline {name} re-samples lmperf"
+            );
             for ts in processors.iter().filter(|p| kind_of(p) == "tail_sampling") {
                 let keeps_lmperf = arr(&cfg["processors"][ts]["policies"]).iter().any(|pol| {
                     pol["type"] == "string_attribute"
                         && pol["string_attribute"]["key"] == "service.name"
-                        && arr(&pol["string_attribute"]["values"]).iter().any(|v| v == "lmperf")
+                        && arr(&pol["string_attribute"]["values"])
+                            .iter()
+                            .any(|v| v == "lmperf")
                         && pol["string_attribute"]["invert_match"] != true
                 });
-                assert!(keeps_lmperf, "{ts}: needs a policy that keeps every span of service.name=lmperf");
+                assert!(
+                    keeps_lmperf,
+                    "{ts}: needs a policy that keeps every span of service.name=lmperf"
+                );
             }
         }
     }
     for section in ["receivers", "processors", "exporters"] {
-        assert_eq!(defined.get(section), used.get(section), "{section}: defined but unused (or the reverse)");
+        assert_eq!(
+            defined.get(section),
+            used.get(section),
+            "{section}: defined but unused (or the reverse)"
+        );
     }
     let exporters: BTreeSet<String> = used["exporters"].iter().map(|e| kind_of(e)).collect();
-    assert!(exporters.contains("otlp") && exporters.contains("prometheus"), "traces to Jaeger/Tempo over OTLP, metrics to Prometheus: {exporters:?}");
+    assert!(
+        exporters.contains("otlp") && exporters.contains("prometheus"),
+        "traces to Jaeger/Tempo over OTLP, metrics to Prometheus: {exporters:?}"
+    );
 }
 
 #[test]
@@ -368,9 +640,22 @@ fn compose_stack_is_complete_and_its_files_exist() {
     let compose = &yaml_docs(&dir.join("compose.yaml"))[0];
     let services = compose["services"].as_object().expect("services");
     let names: BTreeSet<&str> = services.keys().map(String::as_str).collect();
-    assert_eq!(names, BTreeSet::from(["model-server", "lmperf", "otel-collector", "jaeger", "prometheus", "grafana"]));
+    assert_eq!(
+        names,
+        BTreeSet::from([
+            "model-server",
+            "lmperf",
+            "otel-collector",
+            "jaeger",
+            "prometheus",
+            "grafana"
+        ])
+    );
     // Every bind mount's source exists (named volumes are declared).
-    let named: BTreeSet<String> = compose["volumes"].as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
+    let named: BTreeSet<String> = compose["volumes"]
+        .as_object()
+        .map(|o| o.keys().cloned().collect())
+        .unwrap_or_default();
     for (svc, s) in services {
         for v in arr(&s["volumes"]) {
             let spec = v.as_str().expect("short volume syntax");
@@ -382,27 +667,60 @@ fn compose_stack_is_complete_and_its_files_exist() {
             }
         }
         for d in arr(&s["depends_on"]) {
-            assert!(names.contains(d.as_str().unwrap_or("")), "{svc} depends on unknown {d}");
+            assert!(
+                names.contains(d.as_str().unwrap_or("")),
+                "{svc} depends on unknown {d}"
+            );
         }
     }
     let build = &services["lmperf"]["build"];
-    assert!(dir.join(build["context"].as_str().expect("context")).join(build["dockerfile"].as_str().expect("dockerfile")).exists());
+    assert!(
+        dir.join(build["context"].as_str().expect("context"))
+            .join(build["dockerfile"].as_str().expect("dockerfile"))
+            .exists()
+    );
     // The agent runs as in the chart: read-only, no capabilities, not root.
     let agent = &services["lmperf"];
     assert_eq!(agent["read_only"], true);
     assert_eq!(agent["cap_drop"], serde_json::json!(["ALL"]));
-    assert!(agent["user"].as_str().is_some_and(|u| !u.starts_with("0") && !u.starts_with("root")));
+    assert!(
+        agent["user"]
+            .as_str()
+            .is_some_and(|u| !u.starts_with("0") && !u.starts_with("root"))
+    );
     for (svc, s) in services {
         assert_ne!(s["privileged"], true, "{svc}");
     }
     // Its config loads in the agent with the compose env, and Prometheus scrapes its port.
     let env = PodEnv(
-        agent["environment"].as_object().expect("env map").iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_owned())).collect(),
+        agent["environment"]
+            .as_object()
+            .expect("env map")
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_owned()))
+            .collect(),
     );
-    let cfg = load(Overrides { config: Some(dir.join("lmperf.toml")), ..Overrides::default() }, &env).expect("compose lmperf.toml");
-    assert!(cfg.otlp.enabled && cfg.otlp.traces_endpoint.starts_with("http://otel-collector:4317"));
+    let cfg = load(
+        Overrides {
+            config: Some(dir.join("lmperf.toml")),
+            ..Overrides::default()
+        },
+        &env,
+    )
+    .expect("compose lmperf.toml");
+    assert!(
+        cfg.otlp.enabled
+            && cfg
+                .otlp
+                .traces_endpoint
+                .starts_with("http://otel-collector:4317")
+    );
     assert_eq!(cfg.targets[0].host, "model-server");
-    assert_eq!(cfg.control.listen.to_string(), "127.0.0.1:50051", "control API on the container's loopback");
+    assert_eq!(
+        cfg.control.listen.to_string(),
+        "127.0.0.1:50051",
+        "control API on the container's loopback"
+    );
     let prom = &yaml_docs(&dir.join("prometheus.yml"))[0];
     let targets: Vec<String> = arr(&prom["scrape_configs"])
         .iter()
@@ -410,15 +728,30 @@ fn compose_stack_is_complete_and_its_files_exist() {
         .flat_map(|s| arr(&s["targets"]))
         .filter_map(|t| t.as_str().map(str::to_owned))
         .collect();
-    assert!(targets.contains(&format!("lmperf:{}", cfg.admin_addr.port())), "{targets:?}");
+    assert!(
+        targets.contains(&format!("lmperf:{}", cfg.admin_addr.port())),
+        "{targets:?}"
+    );
     // Grafana: the dashboards folder is mounted where the provider reads, and the datasources
     // the dashboards' variables pick exist.
-    let provider = &yaml_docs(&dir.join("grafana/provisioning/dashboards/lmperf.yaml"))[0]["providers"][0];
+    let provider =
+        &yaml_docs(&dir.join("grafana/provisioning/dashboards/lmperf.yaml"))[0]["providers"][0];
     let path = provider["options"]["path"].as_str().expect("provider path");
-    assert!(arr(&services["grafana"]["volumes"]).iter().any(|v| v.as_str().is_some_and(|v| v.starts_with("../../dashboards:") && v.contains(path))));
+    assert!(arr(&services["grafana"]["volumes"]).iter().any(|v| {
+        v.as_str()
+            .is_some_and(|v| v.starts_with("../../dashboards:") && v.contains(path))
+    }));
     let ds = &yaml_docs(&dir.join("grafana/provisioning/datasources/datasources.yaml"))[0];
-    let types: BTreeSet<&str> = ds["datasources"].as_array().expect("datasources").iter().filter_map(|d| d["type"].as_str()).collect();
-    assert!(types.contains("prometheus") && types.contains("jaeger"), "{types:?}");
+    let types: BTreeSet<&str> = ds["datasources"]
+        .as_array()
+        .expect("datasources")
+        .iter()
+        .filter_map(|d| d["type"].as_str())
+        .collect();
+    assert!(
+        types.contains("prometheus") && types.contains("jaeger"),
+        "{types:?}"
+    );
 }
 
 /// `helm lint` (Helm's own, through the same SDK) finds nothing above "info" for any values set.
@@ -435,7 +768,12 @@ fn helm_lint_is_clean_for_every_values_set() {
         assert_eq!(report["total_charts_linted"], 1, "{name}: {report}");
         assert_eq!(report["errors"], Value::Array(vec![]), "{name}: {report}");
         // Helm's severities: 1 info, 2 warning, 3 error.
-        let bad: Vec<&Value> = report["messages"].as_array().into_iter().flatten().filter(|m| m["severity"].as_u64().unwrap_or(3) >= 2).collect();
+        let bad: Vec<&Value> = report["messages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|m| m["severity"].as_u64().unwrap_or(3) >= 2)
+            .collect();
         assert!(bad.is_empty(), "{name}: helm lint: {bad:?}");
     }
 }

@@ -7,13 +7,18 @@ use std::time::Duration;
 use lmperf_e2e::agent::{Agent, prom_sum};
 
 fn gpu_series(metrics: &str) -> Vec<&str> {
-    metrics.lines().filter(|l| !l.starts_with('#') && (l.starts_with("hw_") || l.starts_with("lmperf_gpu"))).collect()
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#') && (l.starts_with("hw_") || l.starts_with("lmperf_gpu")))
+        .collect()
 }
 
 fn config_file(extra: &str) -> std::path::PathBuf {
     let port = lmperf_e2e::peers::free_port();
     let p = std::env::temp_dir().join(format!("lmperf-gpu-e2e-{}-{port}.toml", std::process::id()));
-    let text = format!("[canary]\ninterval = \"200ms\"\nmodel = \"m\"\n[[target]]\nurl = \"http://127.0.0.1:{port}\"\n{extra}");
+    let text = format!(
+        "[canary]\ninterval = \"200ms\"\nmodel = \"m\"\n[[target]]\nurl = \"http://127.0.0.1:{port}\"\n{extra}"
+    );
     std::fs::write(&p, text).expect("write config");
     p
 }
@@ -23,14 +28,25 @@ fn check_off(agent: &Agent, library: &str) {
     let gpu = &status["gpu"];
     assert_eq!(gpu["mode"], "off", "{gpu}");
     let reason = gpu["reason"].as_str().unwrap_or_default();
-    assert!(reason.contains(library), "the reason names the library: {reason}");
+    assert!(
+        reason.contains(library),
+        "the reason names the library: {reason}"
+    );
     assert_eq!(gpu["devices"], serde_json::json!([]));
     // Everything else works: canaries are measured (refused: nothing listens there).
-    let status = agent.wait_status(Duration::from_secs(5), |s| s["targets"][0]["requests"].as_u64().unwrap_or(0) >= 3);
-    assert!(status["targets"][0]["requests"].as_u64().unwrap_or(0) >= 3, "{status}");
+    let status = agent.wait_status(Duration::from_secs(5), |s| {
+        s["targets"][0]["requests"].as_u64().unwrap_or(0) >= 3
+    });
+    assert!(
+        status["targets"][0]["requests"].as_u64().unwrap_or(0) >= 3,
+        "{status}"
+    );
     let (code, metrics) = agent.get("/metrics");
     assert_eq!(code, 200);
-    assert!(prom_sum(&metrics, "lmperf_canary_requests_total", &[]) >= 3.0, "{metrics}");
+    assert!(
+        prom_sum(&metrics, "lmperf_canary_requests_total", &[]) >= 3.0,
+        "{metrics}"
+    );
     assert_eq!(gpu_series(&metrics), Vec::<&str>::new());
     let logged = agent.stderr_text().matches("GPU metrics are off").count();
     assert_eq!(logged, 1, "logged once:\n{}", agent.stderr_text());
@@ -38,7 +54,9 @@ fn check_off(agent: &Agent, library: &str) {
 
 #[test]
 fn agent_without_nvml_library_exports_no_gpu_series_and_says_why() {
-    let cfg = config_file("[gpu]\ninterval = \"100ms\"\nnvml_library = \"/nonexistent/libnvidia-ml.so.1\"\n");
+    let cfg = config_file(
+        "[gpu]\ninterval = \"100ms\"\nnvml_library = \"/nonexistent/libnvidia-ml.so.1\"\n",
+    );
     let agent = Agent::spawn(&["--config", cfg.to_str().unwrap(), "--no-otlp"], &[]);
     check_off(&agent, "/nonexistent/libnvidia-ml.so.1");
     let _ = std::fs::remove_file(cfg);
@@ -50,7 +68,9 @@ fn agent_without_nvml_library_exports_no_gpu_series_and_says_why() {
 fn agent_with_default_nvml_lookup_matches_the_machine() {
     let cfg = config_file("");
     let agent = Agent::spawn(&["--config", cfg.to_str().unwrap(), "--no-otlp"], &[]);
-    let status = agent.wait_status(Duration::from_secs(5), |s| matches!(s["gpu"]["mode"].as_str(), Some("off" | "on")));
+    let status = agent.wait_status(Duration::from_secs(5), |s| {
+        matches!(s["gpu"]["mode"].as_str(), Some("off" | "on"))
+    });
     if std::path::Path::new("/dev/nvidiactl").exists() {
         assert_eq!(status["gpu"]["mode"], "on", "{status}");
         let (_, metrics) = agent.get("/metrics");
@@ -67,7 +87,12 @@ fn gpu_disabled_in_config_is_reported_as_disabled() {
     let agent = Agent::spawn(&["--config", cfg.to_str().unwrap(), "--no-otlp"], &[]);
     let gpu = agent.status()["gpu"].clone();
     assert_eq!(gpu["mode"], "disabled", "{gpu}");
-    assert!(gpu["reason"].as_str().unwrap_or_default().contains("enabled = false"));
+    assert!(
+        gpu["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("enabled = false")
+    );
     assert!(!agent.stderr_text().contains("GPU metrics are off"));
     let (_, metrics) = agent.get("/metrics");
     assert_eq!(gpu_series(&metrics), Vec::<&str>::new());

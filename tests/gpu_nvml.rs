@@ -825,7 +825,10 @@ fn lmperf_run_peak_vram_and_the_vram_gate_through_the_library() {
     // gpu_samples.jsonl: each benchmark's GPU signals, the fullest GPU's memory share as
     // scripted (71 of 141 GiB in the first; 133 in the second once the level was written).
     let samples = std::fs::read_to_string(out_dir.join("gpu_samples.jsonl")).unwrap();
-    let rows: Vec<serde_json::Value> = samples.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rows: Vec<serde_json::Value> = samples
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let mem = |b: &str| -> Vec<f64> {
         rows.iter()
             .filter(|r| r["benchmark"].as_str().is_some_and(|n| n.starts_with(b)))
@@ -833,8 +836,14 @@ fn lmperf_run_peak_vram_and_the_vram_gate_through_the_library() {
             .collect()
     };
     let (m1, m2) = (mem("c1_"), mem("c2_"));
-    assert!(!m1.is_empty() && m1.iter().all(|&m| (m - 71.0 / 141.0).abs() < 1e-9), "{m1:?}");
-    assert!(m2.iter().any(|&m| (m - 133.0 / 141.0).abs() < 1e-9), "{m2:?}");
+    assert!(
+        !m1.is_empty() && m1.iter().all(|&m| (m - 71.0 / 141.0).abs() < 1e-9),
+        "{m1:?}"
+    );
+    assert!(
+        m2.iter().any(|&m| (m - 133.0 / 141.0).abs() < 1e-9),
+        "{m2:?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -1182,10 +1191,19 @@ async fn canary_spans_carry_the_scripted_gpu_state() {
         };
         assert!(samples.parse::<u64>().unwrap() >= 1, "{a:?}");
         assert_eq!(a["lmperf.gpu.utilization.max"], "0.87", "{a:?}");
-        assert!(sp.attributes["lmperf.gpu.process.pids"].contains(&pid.to_string()), "{a:?}");
-        assert!(sp.attributes["lmperf.gpu.process.executables"].contains("sleep"), "{a:?}");
+        assert!(
+            sp.attributes["lmperf.gpu.process.pids"].contains(&pid.to_string()),
+            "{a:?}"
+        );
+        assert!(
+            sp.attributes["lmperf.gpu.process.executables"].contains("sleep"),
+            "{a:?}"
+        );
         let container = container_id_of(pid).unwrap_or_default();
-        assert!(sp.attributes["lmperf.gpu.process.container_ids"].contains(&container), "{a:?}");
+        assert!(
+            sp.attributes["lmperf.gpu.process.container_ids"].contains(&container),
+            "{a:?}"
+        );
         let mem: f64 = a["lmperf.gpu.memory.utilization.max"].parse().unwrap();
         assert!(
             (mem - 76235669504.0 / 150754820096.0).abs() < 1e-12,

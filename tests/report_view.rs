@@ -80,7 +80,11 @@ fn run(
             "--output-dir",
             dir.to_str().unwrap(),
         ])
-        .args(if args.contains(&"--warmup") { &[][..] } else { &["--warmup", "0"][..] })
+        .args(if args.contains(&"--warmup") {
+            &[][..]
+        } else {
+            &["--warmup", "0"][..]
+        })
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -546,7 +550,13 @@ fn seconds_long_run() {
         assert_eq!(b["warmup_requests"], 2, "{b}");
         assert!(b["warmup_s"].as_f64().is_some_and(|w| w > 0.0), "{b}");
     }
-    assert_eq!(figure(&dom, "TTFT over time").matches("warm-up (not measured): ").count(), 2, "one warm-up band (its title) per benchmark");
+    assert_eq!(
+        figure(&dom, "TTFT over time")
+            .matches("warm-up (not measured): ")
+            .count(),
+        2,
+        "one warm-up band (its title) per benchmark"
+    );
     let failed: u64 = s["benchmarks"]
         .as_array()
         .unwrap()

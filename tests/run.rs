@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use lmperf::bench::{RunArrival, RunSpec};
 use lmperf::config::{self, Env, Overrides, raw::RawCanary};
-use lmperf_e2e::np_percentile;
 use lmperf_e2e::agent::lmperf_bin;
+use lmperf_e2e::np_percentile;
 use lmperf_e2e::peers::ModelServer;
 use lmperf_e2e::scripted::{Frame, Reply, ScriptedServer};
 
@@ -23,7 +23,12 @@ impl Env for NoEnv {
 fn completions_target(url: &str, max_tokens: u32) -> lmperf::config::TargetConfig {
     let o = Overrides {
         targets: vec![url.to_owned()],
-        canary: RawCanary { model: Some("m".into()), api: Some("completions".into()), max_tokens: Some(max_tokens), ..RawCanary::default() },
+        canary: RawCanary {
+            model: Some("m".into()),
+            api: Some("completions".into()),
+            max_tokens: Some(max_tokens),
+            ..RawCanary::default()
+        },
         ..Overrides::default()
     };
     config::load(o, &NoEnv).unwrap().targets.remove(0)
@@ -39,12 +44,21 @@ async fn case_07_vllm_54101_client_queueing() {
         if req.path != "/v1/completions" {
             return Reply::json(404, r#"{"error":{"message":"not found"}}"#);
         }
-        let tok = |t: Duration, text: &str, fin: &str| Frame { at: t, bytes: format!("data: {{\"choices\":[{{\"text\":\"{text}\",\"finish_reason\":{fin}}}]}}\n\n").into_bytes() };
+        let tok = |t: Duration, text: &str, fin: &str| Frame {
+            at: t,
+            bytes: format!(
+                "data: {{\"choices\":[{{\"text\":\"{text}\",\"finish_reason\":{fin}}}]}}\n\n"
+            )
+            .into_bytes(),
+        };
         Reply::sse(vec![
             tok(ttft, "a", "null"),
             tok(ttft + (service - ttft) / 2, "b", "null"),
             tok(service, "c", "\"length\""),
-            Frame { at: service, bytes: b"data: [DONE]\n\n".to_vec() },
+            Frame {
+                at: service,
+                bytes: b"data: [DONE]\n\n".to_vec(),
+            },
         ])
     }))
     .await;
@@ -63,36 +77,83 @@ async fn case_07_vllm_54101_client_queueing() {
         ..RunSpec::new(target, dir.clone())
     };
     lmperf::bench::run(spec).await.unwrap();
-    let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("requests.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("requests.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(rows.len(), n);
-    let col = |k: &str| rows.iter().map(|r| r[k].as_f64().unwrap()).collect::<Vec<_>>();
+    let col = |k: &str| {
+        rows.iter()
+            .map(|r| r[k].as_f64().unwrap())
+            .collect::<Vec<_>>()
+    };
     // A real server's 500 ms is 500 ms plus a millisecond or two of timer and loopback, and
     // with one slot each send waits for the previous end: allow 10 ms + 5 ms per request.
     let close = |got: &[f64], want: &serde_json::Value, what: &str| {
-        let want: Vec<f64> = want.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        let want: Vec<f64> = want
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
         assert_eq!(got.len(), want.len());
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert!((g - w).abs() <= 10.0 + 5.0 * i as f64, "{what}: got {got:?}, want {want:?}");
+            assert!(
+                (g - w).abs() <= 10.0 + 5.0 * i as f64,
+                "{what}: got {got:?}, want {want:?}"
+            );
         }
     };
     // The limiter dispatches each request as soon as the previous one ends.
     let (send, e2e) = (col("send_ms"), col("e2el_ms"));
     for i in 1..n {
-        assert!((send[i] - (send[i - 1] + e2e[i - 1])).abs() <= 10.0, "send {i} at {} ms, previous ended at {} ms", send[i], send[i - 1] + e2e[i - 1]);
+        assert!(
+            (send[i] - (send[i - 1] + e2e[i - 1])).abs() <= 10.0,
+            "send {i} at {} ms, previous ended at {} ms",
+            send[i],
+            send[i - 1] + e2e[i - 1]
+        );
     }
     close(&col("send_ms"), &want["send_offsets_ms"], "send offsets");
-    close(&col("dispatch_delay_ms"), &want["dispatch_delay_ms"], "dispatch delay");
-    close(&col("e2el_from_schedule_ms"), &want["e2e_from_schedule_ms"], "E2E from schedule");
+    close(
+        &col("dispatch_delay_ms"),
+        &want["dispatch_delay_ms"],
+        "dispatch delay",
+    );
+    close(
+        &col("e2el_from_schedule_ms"),
+        &want["e2e_from_schedule_ms"],
+        "E2E from schedule",
+    );
     let mean = |v: Vec<f64>| v.iter().sum::<f64>() / v.len() as f64;
     assert!((mean(col("e2el_ms")) - want["e2e_from_send_mean_ms"].as_f64().unwrap()).abs() <= 15.0);
-    assert!((mean(col("e2el_from_schedule_ms")) - want["e2e_from_schedule_mean_ms"].as_f64().unwrap()).abs() <= 30.0);
-    assert!((mean(col("ttft_from_schedule_ms")) - want["ttft_from_schedule_mean_ms"].as_f64().unwrap()).abs() <= 30.0);
+    assert!(
+        (mean(col("e2el_from_schedule_ms")) - want["e2e_from_schedule_mean_ms"].as_f64().unwrap())
+            .abs()
+            <= 30.0
+    );
+    assert!(
+        (mean(col("ttft_from_schedule_ms")) - want["ttft_from_schedule_mean_ms"].as_f64().unwrap())
+            .abs()
+            <= 30.0
+    );
     // Both views are in the summary too.
-    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     let b = &summary["benchmarks"][0];
-    assert!((b["e2el_from_schedule_ms"]["mean"].as_f64().unwrap() - 1900.0).abs() <= 30.0, "{b}");
-    assert!((b["e2el_ms"]["mean"].as_f64().unwrap() - 500.0).abs() <= 15.0, "{b}");
-    assert_eq!(summary["tokenizer"], "estimate", "no /tokenize on this server");
+    assert!(
+        (b["e2el_from_schedule_ms"]["mean"].as_f64().unwrap() - 1900.0).abs() <= 30.0,
+        "{b}"
+    );
+    assert!(
+        (b["e2el_ms"]["mean"].as_f64().unwrap() - 500.0).abs() <= 15.0,
+        "{b}"
+    );
+    assert_eq!(
+        summary["tokenizer"], "estimate",
+        "no /tokenize on this server"
+    );
 }
 
 /// Acceptance 1: the seed command with small numbers against the real server: all outputs,
@@ -103,14 +164,47 @@ fn seed_command_on_the_real_server() {
     let dir = std::env::temp_dir().join(format!("lmperf-run-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let out = Command::new(lmperf_bin())
-        .args(["run", "--target", &server.url(), "--model", "gemma-3-270m", "--batch-sizes", "1", "2", "--seq-lengths", "64", "128", "--num-prompts", "20", "--output-len", "16"])
-        .args(["--goodput", "ttft:2000", "e2el:5000", "--fail-on", "ttft_p99_ms>0.001", "--output-dir", dir.to_str().unwrap()])
+        .args([
+            "run",
+            "--target",
+            &server.url(),
+            "--model",
+            "gemma-3-270m",
+            "--batch-sizes",
+            "1",
+            "2",
+            "--seq-lengths",
+            "64",
+            "128",
+            "--num-prompts",
+            "20",
+            "--output-len",
+            "16",
+        ])
+        .args([
+            "--goodput",
+            "ttft:2000",
+            "e2el:5000",
+            "--fail-on",
+            "ttft_p99_ms>0.001",
+            "--output-dir",
+            dir.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "the impossible gate trips: {stderr}");
-    let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
-    let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("requests.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "the impossible gate trips: {stderr}"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("requests.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(summary["schema_version"], 1);
     assert_eq!(summary["tokenizer"], "server_llama_cpp");
     assert_eq!(summary["failed_gates"][0], "ttft_p99_ms>0.001");
@@ -119,29 +213,63 @@ fn seed_command_on_the_real_server() {
     let mut total = 0;
     for b in benches {
         let name = b["benchmark"].as_str().unwrap();
-        let mine: Vec<&serde_json::Value> = rows.iter().filter(|r| r["benchmark"] == name).collect();
-        assert_eq!(b["num_requests"].as_u64().unwrap() as usize, mine.len(), "{name}: summary count = requests.jsonl lines");
+        let mine: Vec<&serde_json::Value> =
+            rows.iter().filter(|r| r["benchmark"] == name).collect();
+        assert_eq!(
+            b["num_requests"].as_u64().unwrap() as usize,
+            mine.len(),
+            "{name}: summary count = requests.jsonl lines"
+        );
         assert_eq!(mine.len(), 20);
         let ok: Vec<&&serde_json::Value> = mine.iter().filter(|r| r["outcome"] == "ok").collect();
         assert_eq!(b["completed"].as_u64().unwrap() as usize, ok.len());
         assert_eq!(ok.len(), 20, "{name}: all requests ok");
         total += mine.len();
-        for (metric, field) in [("ttft_ms", "ttft_ms"), ("tpot_ms", "tpot_ms"), ("e2el_ms", "e2el_ms")] {
+        for (metric, field) in [
+            ("ttft_ms", "ttft_ms"),
+            ("tpot_ms", "tpot_ms"),
+            ("e2el_ms", "e2el_ms"),
+        ] {
             let v: Vec<f64> = ok.iter().filter_map(|r| r[field].as_f64()).collect();
-            for (stat, q) in [("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("min", 0.0), ("max", 1.0)] {
+            for (stat, q) in [
+                ("p50", 0.5),
+                ("p90", 0.9),
+                ("p99", 0.99),
+                ("min", 0.0),
+                ("max", 1.0),
+            ] {
                 let got = b[metric][stat].as_f64().unwrap();
                 let want = np_percentile(&v, q);
                 // Summary percentiles: HDR histograms at 3 significant digits (min, max exact).
-                assert!((got - want).abs() <= 1e-3 * want.abs() + 1e-6, "{name} {metric} {stat}: summary {got}, recomputed {want}");
+                assert!(
+                    (got - want).abs() <= 1e-3 * want.abs() + 1e-6,
+                    "{name} {metric} {stat}: summary {got}, recomputed {want}"
+                );
             }
         }
-        let itl: Vec<f64> = ok.iter().flat_map(|r| r["itl_ms"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap())).collect();
+        let itl: Vec<f64> = ok
+            .iter()
+            .flat_map(|r| {
+                r["itl_ms"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_f64().unwrap())
+            })
+            .collect();
         let itl_p99 = np_percentile(&itl, 0.99);
         assert!((b["itl_ms"]["p99"].as_f64().unwrap() - itl_p99).abs() <= 1e-3 * itl_p99 + 1e-6);
         // Token-exact prompts and enforced output length.
         let want_in = b["input_len"].as_u64().unwrap();
-        assert!(mine.iter().all(|r| r["prompt_tokens"].as_u64() == Some(want_in)), "{name}: prompt lengths");
-        assert!(mine.iter().all(|r| r["output_tokens"].as_u64() == Some(16)), "{name}: output lengths");
+        assert!(
+            mine.iter()
+                .all(|r| r["prompt_tokens"].as_u64() == Some(want_in)),
+            "{name}: prompt lengths"
+        );
+        assert!(
+            mine.iter().all(|r| r["output_tokens"].as_u64() == Some(16)),
+            "{name}: output lengths"
+        );
         assert!(b["goodput"].as_f64().unwrap() > 0.0);
         assert!(b["ttft_ms"]["p50"].as_f64().unwrap() < b["e2el_ms"]["p50"].as_f64().unwrap());
     }
@@ -149,8 +277,13 @@ fn seed_command_on_the_real_server() {
 
     // report.html: self-contained, and its heatmap holds summary.json's values.
     let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
-    for fetch in ["<script", "<link", "<img", "<iframe", "src=", "href=", "url(", "@import"] {
-        assert!(!html.contains(fetch), "report.html must fetch nothing: found {fetch}");
+    for fetch in [
+        "<script", "<link", "<img", "<iframe", "src=", "href=", "url(", "@import",
+    ] {
+        assert!(
+            !html.contains(fetch),
+            "report.html must fetch nothing: found {fetch}"
+        );
     }
     for b in benches {
         assert!(html.contains(&format!("<td>{}</td>", b["benchmark"].as_str().unwrap())));
@@ -160,26 +293,61 @@ fn seed_command_on_the_real_server() {
     // p99 TTFT is the benchmark's.
     for b in benches {
         let name = b["benchmark"].as_str().unwrap();
-        let input = if b["input_len"] == 64 { "[64,128)" } else { "[128,256)" };
-        let attr = format!(r#"data-metric="ttft_p99" data-concurrency="{}" data-input="{input}" data-output="[16,32)" data-count="20" data-value=""#, b["concurrency"]);
-        let at = html.find(&attr).unwrap_or_else(|| panic!("no heatmap cell for {name}: {attr}"));
+        let input = if b["input_len"] == 64 {
+            "[64,128)"
+        } else {
+            "[128,256)"
+        };
+        let attr = format!(
+            r#"data-metric="ttft_p99" data-concurrency="{}" data-input="{input}" data-output="[16,32)" data-count="20" data-value=""#,
+            b["concurrency"]
+        );
+        let at = html
+            .find(&attr)
+            .unwrap_or_else(|| panic!("no heatmap cell for {name}: {attr}"));
         let rest = &html[at + attr.len()..];
         let value: f64 = rest[..rest.find('"').unwrap()].parse().unwrap();
         // The heatmap's cells are exact (from the rows); summary.json's percentiles are within
         // 3 significant digits of them.
         let want = b["ttft_ms"]["p99"].as_f64().unwrap();
-        assert!((value - want).abs() <= 1e-3 * want, "{name}: heatmap p99 TTFT {value} = summary.json {want}");
+        assert!(
+            (value - want).abs() <= 1e-3 * want,
+            "{name}: heatmap p99 TTFT {value} = summary.json {want}"
+        );
     }
-    assert!(html.contains("SLO compliance") && html.contains("(pass)"), "the e2el:5000 SLO passes");
+    assert!(
+        html.contains("SLO compliance") && html.contains("(pass)"),
+        "the e2el:5000 SLO passes"
+    );
 }
 
 #[test]
 fn bad_flags_exit_2() {
-    for args in [vec!["--request-rate", "fast"], vec!["--fail-on", "ttft_p98_ms>5"], vec!["--goodput", "latency:5"], vec!["--batch-sizes", "0"], vec!["--repeat", "0"], vec!["--otlp-endpoint", "ftp://127.0.0.1:4317"]] {
-        let out = Command::new(lmperf_bin()).args(["run", "--target", "http://127.0.0.1:9", "--output-dir", "/tmp/x"]).args(&args).output().unwrap();
+    for args in [
+        vec!["--request-rate", "fast"],
+        vec!["--fail-on", "ttft_p98_ms>5"],
+        vec!["--goodput", "latency:5"],
+        vec!["--batch-sizes", "0"],
+        vec!["--repeat", "0"],
+        vec!["--otlp-endpoint", "ftp://127.0.0.1:4317"],
+    ] {
+        let out = Command::new(lmperf_bin())
+            .args([
+                "run",
+                "--target",
+                "http://127.0.0.1:9",
+                "--output-dir",
+                "/tmp/x",
+            ])
+            .args(&args)
+            .output()
+            .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        assert!(err.contains(args[0]) && err.trim_end().lines().count() == 1, "{args:?}: {err}");
+        assert!(
+            err.contains(args[0]) && err.trim_end().lines().count() == 1,
+            "{args:?}: {err}"
+        );
     }
 }
 
@@ -188,7 +356,10 @@ fn bad_flags_exit_2() {
 /// gaps are exponential with rate 200, and the sends follow the schedule.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poisson_200_per_second_for_60_s() {
-    let seconds: usize = std::env::var("LMPERF_POISSON_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+    let seconds: usize = std::env::var("LMPERF_POISSON_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
     let rate = 200.0;
     let server = ScriptedServer::start(Arc::new(|req, _| {
         if req.path != "/v1/completions" {
@@ -211,12 +382,26 @@ async fn poisson_200_per_second_for_60_s() {
         ..RunSpec::new(target, dir.clone())
     };
     let summary = lmperf::bench::run(spec).await.unwrap();
-    assert_eq!(summary.benchmarks[0].completed, n, "every request ok: {:?}", summary.benchmarks[0].errors);
-    let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("requests.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    let mut sends: Vec<f64> = rows.iter().map(|r| r["send_ms"].as_f64().unwrap() / 1000.0).collect();
+    assert_eq!(
+        summary.benchmarks[0].completed, n,
+        "every request ok: {:?}",
+        summary.benchmarks[0].errors
+    );
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("requests.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut sends: Vec<f64> = rows
+        .iter()
+        .map(|r| r["send_ms"].as_f64().unwrap() / 1000.0)
+        .collect();
     sends.sort_by(f64::total_cmp);
     let achieved = (n - 1) as f64 / (sends[n - 1] - sends[0]);
-    assert!((198.0..=202.0).contains(&achieved), "achieved {achieved:.2} req/s");
+    assert!(
+        (198.0..=202.0).contains(&achieved),
+        "achieved {achieved:.2} req/s"
+    );
     // KS: D = sup |F_n(x) − (1 − e^(−λx))| over the gaps; critical value at 1 %: 1.628/√m.
     // On the schedule, which must not be rejected; on the actual sends it is reported, since
     // the client's own dispatch time (~0.1 ms in a debug build) stretches the tiniest gaps.
@@ -234,15 +419,26 @@ async fn poisson_200_per_second_for_60_s() {
             .fold(0.0, f64::max);
         (d, 1.628 / m.sqrt())
     };
-    let mut scheduled: Vec<f64> = rows.iter().map(|r| r["scheduled_ms"].as_f64().unwrap() / 1000.0).collect();
+    let mut scheduled: Vec<f64> = rows
+        .iter()
+        .map(|r| r["scheduled_ms"].as_f64().unwrap() / 1000.0)
+        .collect();
     scheduled.sort_by(f64::total_cmp);
     let (d, critical) = ks(&scheduled);
-    assert!(d < critical, "KS D = {d:.5} ≥ {critical:.5}: scheduled gaps are not exponential at rate {rate}");
+    assert!(
+        d < critical,
+        "KS D = {d:.5} ≥ {critical:.5}: scheduled gaps are not exponential at rate {rate}"
+    );
     let (d_sent, _) = ks(&sends);
     // The sends follow the schedule: every request leaves within a couple of milliseconds.
-    let lag = summary.benchmarks[0].dispatch_delay_ms.as_ref().map_or(f64::NAN, |d| d.p99);
+    let lag = summary.benchmarks[0]
+        .dispatch_delay_ms
+        .as_ref()
+        .map_or(f64::NAN, |d| d.p99);
     assert!(lag < 2.0, "dispatch delay p99 {lag:.3} ms");
-    println!("poisson {rate}/s for {seconds} s: achieved {achieved:.2} req/s, KS D schedule {d:.5} / sends {d_sent:.5} (critical {critical:.5})");
+    println!(
+        "poisson {rate}/s for {seconds} s: achieved {achieved:.2} req/s, KS D schedule {d:.5} / sends {d_sent:.5} (critical {critical:.5})"
+    );
     println!("dispatch delay p99 {lag:.3} ms");
 }
 
@@ -265,8 +461,22 @@ async fn peak_vram_per_benchmark_and_the_vram_gate() {
         if in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 10 {
             script_fake.lock().devices[1].memory.used = 133 << 30;
         }
-        let tok = |t: u64, fin: &str| Frame { at: Duration::from_millis(t), bytes: format!("data: {{\"choices\":[{{\"text\":\"a\",\"finish_reason\":{fin}}}]}}\n\n").into_bytes() };
-        Reply::sse(vec![tok(20, "null"), tok(60, "null"), tok(100, "\"length\""), Frame { at: Duration::from_millis(100), bytes: b"data: [DONE]\n\n".to_vec() }])
+        let tok = |t: u64, fin: &str| Frame {
+            at: Duration::from_millis(t),
+            bytes: format!(
+                "data: {{\"choices\":[{{\"text\":\"a\",\"finish_reason\":{fin}}}]}}\n\n"
+            )
+            .into_bytes(),
+        };
+        Reply::sse(vec![
+            tok(20, "null"),
+            tok(60, "null"),
+            tok(100, "\"length\""),
+            Frame {
+                at: Duration::from_millis(100),
+                bytes: b"data: [DONE]\n\n".to_vec(),
+            },
+        ])
     }))
     .await;
     let target = completions_target(&server.url(), 3);
@@ -283,20 +493,41 @@ async fn peak_vram_per_benchmark_and_the_vram_gate() {
         ..RunSpec::new(target, dir.clone())
     };
     let summary = lmperf::bench::run(spec).await.unwrap();
-    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     assert_eq!(json["gpu"]["mode"], "on", "{}", json["gpu"]);
-    let (b1, b2) = (&json["benchmarks"][0]["vram"], &json["benchmarks"][1]["vram"]);
+    let (b1, b2) = (
+        &json["benchmarks"][0]["vram"],
+        &json["benchmarks"][1]["vram"],
+    );
     let gib = |g: u64| (g << 30) as f64;
     // Benchmark 1: both GPUs at the fake's 71 GiB of 141 GiB.
-    assert_eq!(b1["peak_used_bytes"].as_f64().unwrap(), gib(71) * 2.0, "{b1}");
+    assert_eq!(
+        b1["peak_used_bytes"].as_f64().unwrap(),
+        gib(71) * 2.0,
+        "{b1}"
+    );
     assert_eq!(b1["total_bytes"].as_f64().unwrap(), gib(141) * 2.0);
-    assert!((b1["peak_used_pct"].as_f64().unwrap() - 71.0 / 141.0 * 100.0).abs() < 1e-6, "{b1}");
+    assert!(
+        (b1["peak_used_pct"].as_f64().unwrap() - 71.0 / 141.0 * 100.0).abs() < 1e-6,
+        "{b1}"
+    );
     // Benchmark 2: GPU 1 at 133 GiB = 94.3 %.
-    assert_eq!(b2["peak_used_bytes"].as_f64().unwrap(), gib(71) + gib(133), "{b2}");
-    assert!((b2["peak_used_pct"].as_f64().unwrap() - 133.0 / 141.0 * 100.0).abs() < 1e-6, "{b2}");
+    assert_eq!(
+        b2["peak_used_bytes"].as_f64().unwrap(),
+        gib(71) + gib(133),
+        "{b2}"
+    );
+    assert!(
+        (b2["peak_used_pct"].as_f64().unwrap() - 133.0 / 141.0 * 100.0).abs() < 1e-6,
+        "{b2}"
+    );
     for (b, v) in summary.benchmarks.iter().zip([b1, b2]) {
         let want = b.output_token_throughput / (v["peak_used_bytes"].as_f64().unwrap() / 1e9);
-        assert!((v["efficiency_tok_s_per_gb"].as_f64().unwrap() - want).abs() < 1e-9 * want, "{v}");
+        assert!(
+            (v["efficiency_tok_s_per_gb"].as_f64().unwrap() - want).abs() < 1e-9 * want,
+            "{v}"
+        );
         assert!(v["samples"].as_u64().unwrap() >= 1);
     }
     // The gate trips on the second benchmark only, and says so.
@@ -320,8 +551,27 @@ async fn the_servers_error_reason_reaches_the_terminal_and_the_report() {
     let d = dir.clone();
     let out = tokio::task::spawn_blocking(move || {
         Command::new(lmperf_bin())
-            .args(["run", "--target", &url, "--model", "m", "--api", "completions", "--seq-lengths", "8"])
-            .args(["--num-prompts", "3", "--warmup", "0", "--output-len", "2", "--output-dir", d.to_str().unwrap()])
+            .args([
+                "run",
+                "--target",
+                &url,
+                "--model",
+                "m",
+                "--api",
+                "completions",
+                "--seq-lengths",
+                "8",
+            ])
+            .args([
+                "--num-prompts",
+                "3",
+                "--warmup",
+                "0",
+                "--output-len",
+                "2",
+                "--output-dir",
+                d.to_str().unwrap(),
+            ])
             .output()
             .unwrap()
     })
@@ -330,11 +580,21 @@ async fn the_servers_error_reason_reaches_the_terminal_and_the_report() {
     let err = String::from_utf8_lossy(&out.stderr);
     let reason = "3 × 400 exceed_context_size_error: request (3001 tokens) exceeds the available context size (2048 tokens)";
     assert!(err.contains(&format!("failed: {reason}")), "{err}");
-    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
-    assert_eq!(s["benchmarks"][0]["error_messages"]["400 exceed_context_size_error"], "request (3001 tokens) exceeds the available context size (2048 tokens)");
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(
+        s["benchmarks"][0]["error_messages"]["400 exceed_context_size_error"],
+        "request (3001 tokens) exceeds the available context size (2048 tokens)"
+    );
     let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
-    assert!(html.contains(&format!("3 failed</b> ({reason})")), "paragraph");
-    assert!(html.contains(&format!("<li>c1_in8: {reason}</li>")), "errors section");
+    assert!(
+        html.contains(&format!("3 failed</b> ({reason})")),
+        "paragraph"
+    );
+    assert!(
+        html.contains(&format!("<li>c1_in8: {reason}</li>")),
+        "errors section"
+    );
     assert!(html.contains("<h2>Latency over time</h2><p>No successful request.</p>"));
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -349,8 +609,21 @@ async fn fast_then_slow(fast: usize) -> ScriptedServer {
         }
         let slow = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= fast;
         let base = if slow { 30_000 } else { 0 };
-        let tok = |ms: u64, fin: &str| Frame { at: Duration::from_millis(base + ms), bytes: format!("data: {{\"choices\":[{{\"text\":\"a\",\"finish_reason\":{fin}}}]}}\n\n").into_bytes() };
-        Reply::sse(vec![tok(20, "null"), tok(40, "\"length\""), Frame { at: Duration::from_millis(base + 40), bytes: b"data: [DONE]\n\n".to_vec() }])
+        let tok = |ms: u64, fin: &str| Frame {
+            at: Duration::from_millis(base + ms),
+            bytes: format!(
+                "data: {{\"choices\":[{{\"text\":\"a\",\"finish_reason\":{fin}}}]}}\n\n"
+            )
+            .into_bytes(),
+        };
+        Reply::sse(vec![
+            tok(20, "null"),
+            tok(40, "\"length\""),
+            Frame {
+                at: Duration::from_millis(base + 40),
+                bytes: b"data: [DONE]\n\n".to_vec(),
+            },
+        ])
     }))
     .await
 }
@@ -364,9 +637,37 @@ async fn ctrl_c_during_a_capacity_search_writes_the_steps_that_completed() {
     let dir = std::env::temp_dir().join(format!("lmperf-run-ctrlc-cap-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let mut child = tokio::process::Command::new(lmperf_bin())
-        .args(["run", "--target", &server.url(), "--model", "m", "--api", "completions", "--batch-sizes", "16", "--seq-lengths", "8"])
-        .args(["--find-max-rate", "--slo", "ttft_p99:5s", "--request-rate", "100", "--step-requests", "10"])
-        .args(["--warmup", "0", "--output-len", "2", "--no-ignore-eos", "--output-dir", dir.to_str().unwrap()])
+        .args([
+            "run",
+            "--target",
+            &server.url(),
+            "--model",
+            "m",
+            "--api",
+            "completions",
+            "--batch-sizes",
+            "16",
+            "--seq-lengths",
+            "8",
+        ])
+        .args([
+            "--find-max-rate",
+            "--slo",
+            "ttft_p99:5s",
+            "--request-rate",
+            "100",
+            "--step-requests",
+            "10",
+        ])
+        .args([
+            "--warmup",
+            "0",
+            "--output-len",
+            "2",
+            "--no-ignore-eos",
+            "--output-dir",
+            dir.to_str().unwrap(),
+        ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
@@ -377,29 +678,64 @@ async fn ctrl_c_during_a_capacity_search_writes_the_steps_that_completed() {
     let t = std::time::Instant::now();
     while !text.contains("lmperf run: step 0:") {
         let mut buf = [0u8; 4096];
-        let n = tokio::time::timeout(Duration::from_secs(30), tokio::io::AsyncReadExt::read(&mut err, &mut buf)).await.expect("step 0 within 30 s").unwrap();
+        let n = tokio::time::timeout(
+            Duration::from_secs(30),
+            tokio::io::AsyncReadExt::read(&mut err, &mut buf),
+        )
+        .await
+        .expect("step 0 within 30 s")
+        .unwrap();
         assert!(n > 0 && t.elapsed() < Duration::from_secs(30), "{text}");
         text.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let pid = child.id().unwrap().to_string();
-    assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
-    let status = tokio::time::timeout(Duration::from_secs(15), child.wait()).await.expect("exit within 15 s of Ctrl-C").unwrap();
+    assert!(
+        Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = tokio::time::timeout(Duration::from_secs(15), child.wait())
+        .await
+        .expect("exit within 15 s of Ctrl-C")
+        .unwrap();
     let mut rest = String::new();
-    tokio::io::AsyncReadExt::read_to_string(&mut err, &mut rest).await.unwrap();
+    tokio::io::AsyncReadExt::read_to_string(&mut err, &mut rest)
+        .await
+        .unwrap();
     text.push_str(&rest);
     assert_eq!(status.code(), Some(1), "{text}");
-    assert!(text.contains("interrupted (Ctrl-C or SIGTERM) during step1_") && text.contains("the 1 completed benchmark(s) are written in"), "{text}");
-    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert!(
+        text.contains("interrupted (Ctrl-C or SIGTERM) during step1_")
+            && text.contains("the 1 completed benchmark(s) are written in"),
+        "{text}"
+    );
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     assert_eq!(s["interrupted"], true);
     let benches = s["benchmarks"].as_array().unwrap();
     assert_eq!(benches.len(), 1, "{s}");
-    assert_eq!((benches[0]["benchmark"].as_str(), benches[0]["completed"].as_u64()), (Some("step0_r100.000"), Some(10)), "{s}");
+    assert_eq!(
+        (
+            benches[0]["benchmark"].as_str(),
+            benches[0]["completed"].as_u64()
+        ),
+        (Some("step0_r100.000"), Some(10)),
+        "{s}"
+    );
     let c = &s["capacity"];
     assert_eq!(c["stopped"], "interrupted", "{c}");
     assert_eq!(c["steps"].as_array().unwrap().len(), 1, "{c}");
     assert_eq!(c["steps"][0]["offered_rate"].as_f64(), Some(100.0), "{c}");
-    assert_eq!(std::fs::read_to_string(dir.join("requests.jsonl")).unwrap().lines().count(), 10);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("requests.jsonl"))
+            .unwrap()
+            .lines()
+            .count(),
+        10
+    );
     assert!(dir.join("report.html").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -416,8 +752,31 @@ async fn ctrl_c_writes_the_benchmarks_that_completed() {
     let _ = std::fs::remove_dir_all(&dir);
     // c1: 10 requests one at a time (~0.5 s); c2: 10 requests of 30 s each.
     let mut child = tokio::process::Command::new(lmperf_bin())
-        .args(["run", "--target", &server.url(), "--model", "m", "--api", "completions", "--batch-sizes", "1", "2", "--seq-lengths", "8"])
-        .args(["--num-prompts", "10", "--warmup", "0", "--output-len", "2", "--no-ignore-eos", "--output-dir", dir.to_str().unwrap()])
+        .args([
+            "run",
+            "--target",
+            &server.url(),
+            "--model",
+            "m",
+            "--api",
+            "completions",
+            "--batch-sizes",
+            "1",
+            "2",
+            "--seq-lengths",
+            "8",
+        ])
+        .args([
+            "--num-prompts",
+            "10",
+            "--warmup",
+            "0",
+            "--output-len",
+            "2",
+            "--no-ignore-eos",
+            "--output-dir",
+            dir.to_str().unwrap(),
+        ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
@@ -429,23 +788,52 @@ async fn ctrl_c_writes_the_benchmarks_that_completed() {
     let t = std::time::Instant::now();
     while !text.contains("lmperf run: c1_") {
         let mut buf = [0u8; 4096];
-        let n = tokio::time::timeout(Duration::from_secs(30), tokio::io::AsyncReadExt::read(&mut err, &mut buf)).await.expect("first benchmark within 30 s").unwrap();
+        let n = tokio::time::timeout(
+            Duration::from_secs(30),
+            tokio::io::AsyncReadExt::read(&mut err, &mut buf),
+        )
+        .await
+        .expect("first benchmark within 30 s")
+        .unwrap();
         assert!(n > 0 && t.elapsed() < Duration::from_secs(30), "{text}");
         text.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
     let pid = child.id().unwrap().to_string();
-    assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
-    let status = tokio::time::timeout(Duration::from_secs(15), child.wait()).await.expect("exit within 15 s of Ctrl-C").unwrap();
+    assert!(
+        Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = tokio::time::timeout(Duration::from_secs(15), child.wait())
+        .await
+        .expect("exit within 15 s of Ctrl-C")
+        .unwrap();
     let mut rest = String::new();
-    tokio::io::AsyncReadExt::read_to_string(&mut err, &mut rest).await.unwrap();
+    tokio::io::AsyncReadExt::read_to_string(&mut err, &mut rest)
+        .await
+        .unwrap();
     text.push_str(&rest);
     assert_eq!(status.code(), Some(1), "{text}");
-    assert!(text.contains("lmperf run: interrupted (Ctrl-C or SIGTERM) during c2_") && text.contains("the 1 completed benchmark(s) are written in"), "{text}");
-    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert!(
+        text.contains("lmperf run: interrupted (Ctrl-C or SIGTERM) during c2_")
+            && text.contains("the 1 completed benchmark(s) are written in"),
+        "{text}"
+    );
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     assert_eq!(s["interrupted"], true);
     let benches = s["benchmarks"].as_array().unwrap();
     assert_eq!(benches.len(), 1, "{s}");
-    assert_eq!((benches[0]["benchmark"].as_str(), benches[0]["completed"].as_u64()), (Some("c1_in8"), Some(10)), "{s}");
+    assert_eq!(
+        (
+            benches[0]["benchmark"].as_str(),
+            benches[0]["completed"].as_u64()
+        ),
+        (Some("c1_in8"), Some(10)),
+        "{s}"
+    );
     let rows = std::fs::read_to_string(dir.join("requests.jsonl")).unwrap();
     assert_eq!(rows.lines().count(), 10);
     assert!(dir.join("report.html").exists());

@@ -28,7 +28,9 @@ struct Sent {
 }
 
 fn unix(t: SystemTime) -> f64 {
-    t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -75,7 +77,22 @@ async fn calm_error_burst_calm_at_a_real_receiver() {
     let (url, endpoint) = (server.url(), collector.endpoint());
     let mut agent = tokio::task::spawn_blocking(move || {
         Agent::spawn(
-            &["--config", cfg.to_str().unwrap(), "--target", &url, "--model", "m", "--rate", "20", "--arrival", "constant", "--otlp-protocol", "grpc", "--otlp-endpoint", &endpoint],
+            &[
+                "--config",
+                cfg.to_str().unwrap(),
+                "--target",
+                &url,
+                "--model",
+                "m",
+                "--rate",
+                "20",
+                "--arrival",
+                "constant",
+                "--otlp-protocol",
+                "grpc",
+                "--otlp-endpoint",
+                &endpoint,
+            ],
             &[("OTEL_METRIC_EXPORT_INTERVAL", "1000")],
         )
     })
@@ -88,25 +105,51 @@ async fn calm_error_burst_calm_at_a_real_receiver() {
     let run_for = CALM + BURST + AFTER;
     let t = Instant::now();
     while t.elapsed() < run_for + Duration::from_secs(1) {
-        spans.extend(collector.exported_spans(usize::MAX, Duration::from_millis(200)).await);
+        spans.extend(
+            collector
+                .exported_spans(usize::MAX, Duration::from_millis(200))
+                .await,
+        );
         metrics.extend(collector.exported_metrics(0, Duration::ZERO).await);
     }
     agent.sigterm();
-    let (code, agent) = tokio::task::spawn_blocking(move || (agent.wait_exit(Duration::from_secs(10)).and_then(|s| s.code()), agent)).await.unwrap();
+    let (code, agent) = tokio::task::spawn_blocking(move || {
+        (
+            agent
+                .wait_exit(Duration::from_secs(10))
+                .and_then(|s| s.code()),
+            agent,
+        )
+    })
+    .await
+    .unwrap();
     assert_eq!(code, Some(0), "{}", agent.stderr_text());
-    spans.extend(collector.exported_spans(usize::MAX, Duration::from_secs(1)).await);
+    spans.extend(
+        collector
+            .exported_spans(usize::MAX, Duration::from_secs(1))
+            .await,
+    );
     metrics.extend(collector.exported_metrics(0, Duration::ZERO).await);
 
     let sent = sent.lock().unwrap().clone();
     let (_, t0_wall) = start.lock().unwrap().expect("requests arrived");
-    let kept: HashMap<&str, &ExportedSpan> = spans.iter().map(|s| (s.trace_id.as_str(), s)).collect();
+    let kept: HashMap<&str, &ExportedSpan> =
+        spans.iter().map(|s| (s.trace_id.as_str(), s)).collect();
     assert_eq!(kept.len(), spans.len(), "one span per kept trace");
 
     // Calm before the burst: about 10 % kept, each as `base` with its threshold.
     let calm: Vec<&Sent> = sent.iter().filter(|s| s.offset < CALM).collect();
-    let calm_kept: Vec<&&ExportedSpan> = calm.iter().filter_map(|s| kept.get(s.trace_id.as_str())).collect();
+    let calm_kept: Vec<&&ExportedSpan> = calm
+        .iter()
+        .filter_map(|s| kept.get(s.trace_id.as_str()))
+        .collect();
     let share = calm_kept.len() as f64 / calm.len() as f64;
-    assert!(calm.len() >= 150 && (0.03..=0.2).contains(&share), "calm: kept {} of {}", calm_kept.len(), calm.len());
+    assert!(
+        calm.len() >= 150 && (0.03..=0.2).contains(&share),
+        "calm: kept {} of {}",
+        calm_kept.len(),
+        calm.len()
+    );
     for sp in &calm_kept {
         assert_eq!(attrs(&sp.attributes)["lmperf.sampling.reason"], "base");
         assert_eq!(sp.trace_state, "ot=th:e6666666666666");
@@ -114,12 +157,32 @@ async fn calm_error_burst_calm_at_a_real_receiver() {
 
     // The burst: every error kept; after spike mode starts, every request kept.
     let burst_start = t0_wall + CALM;
-    let entered: Vec<u64> = spans.iter().flat_map(|s| &s.events).filter(|e| e.name == "lmperf.spike.entered").map(|e| e.time_unix_nano).collect();
-    let left: Vec<u64> = spans.iter().flat_map(|s| &s.events).filter(|e| e.name == "lmperf.spike.left").map(|e| e.time_unix_nano).collect();
-    assert_eq!((entered.len(), left.len()), (1, 1), "one spike, no flapping: entered {entered:?} left {left:?}");
+    let entered: Vec<u64> = spans
+        .iter()
+        .flat_map(|s| &s.events)
+        .filter(|e| e.name == "lmperf.spike.entered")
+        .map(|e| e.time_unix_nano)
+        .collect();
+    let left: Vec<u64> = spans
+        .iter()
+        .flat_map(|s| &s.events)
+        .filter(|e| e.name == "lmperf.spike.left")
+        .map(|e| e.time_unix_nano)
+        .collect();
+    assert_eq!(
+        (entered.len(), left.len()),
+        (1, 1),
+        "one spike, no flapping: entered {entered:?} left {left:?}"
+    );
     let entered_after = entered[0] as f64 / 1e9 - unix(burst_start);
-    assert!((0.0..=2.0).contains(&entered_after), "spike mode entered {entered_after:.2} s after the burst began");
-    let burst: Vec<&Sent> = sent.iter().filter(|s| s.offset >= CALM && s.offset < CALM + BURST).collect();
+    assert!(
+        (0.0..=2.0).contains(&entered_after),
+        "spike mode entered {entered_after:.2} s after the burst began"
+    );
+    let burst: Vec<&Sent> = sent
+        .iter()
+        .filter(|s| s.offset >= CALM && s.offset < CALM + BURST)
+        .collect();
     assert!(burst.len() >= 350, "{} burst requests", burst.len());
     let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
     for s in &burst {
@@ -131,25 +194,49 @@ async fn calm_error_burst_calm_at_a_real_receiver() {
         if unix(s.at) > entered[0] as f64 / 1e9 + 0.1 {
             let sp = sp.unwrap_or_else(|| panic!("burst trace at {:?} dropped", s.offset));
             assert_eq!(sp.trace_state, "ot=th:0");
-            *reasons.entry(attrs(&sp.attributes)["lmperf.sampling.reason"].clone()).or_default() += 1;
+            *reasons
+                .entry(attrs(&sp.attributes)["lmperf.sampling.reason"].clone())
+                .or_default() += 1;
         }
     }
-    assert!(reasons.get("spike").copied().unwrap_or(0) > 200 && reasons.get("error").copied().unwrap_or(0) > 90, "{reasons:?}");
+    assert!(
+        reasons.get("spike").copied().unwrap_or(0) > 200
+            && reasons.get("error").copied().unwrap_or(0) > 90,
+        "{reasons:?}"
+    );
 
     // Spike mode is left after the hold (window drain + hold), and calm sampling resumes.
     let burst_end = unix(t0_wall + CALM + BURST);
     let left_after = left[0] as f64 / 1e9 - burst_end;
-    assert!(left_after >= HOLD.as_secs_f64() - 0.5 && left_after <= (HOLD + WINDOW).as_secs_f64() + 1.0, "left {left_after:.2} s after the burst");
-    let late: Vec<&Sent> = sent.iter().filter(|s| unix(s.at) > left[0] as f64 / 1e9 + 0.1).collect();
-    let late_kept = late.iter().filter(|s| kept.contains_key(s.trace_id.as_str())).count();
-    assert!(late.len() >= 40 && (late_kept as f64) < 0.3 * late.len() as f64, "after the spike: kept {late_kept} of {}", late.len());
+    assert!(
+        left_after >= HOLD.as_secs_f64() - 0.5 && left_after <= (HOLD + WINDOW).as_secs_f64() + 1.0,
+        "left {left_after:.2} s after the burst"
+    );
+    let late: Vec<&Sent> = sent
+        .iter()
+        .filter(|s| unix(s.at) > left[0] as f64 / 1e9 + 0.1)
+        .collect();
+    let late_kept = late
+        .iter()
+        .filter(|s| kept.contains_key(s.trace_id.as_str()))
+        .count();
+    assert!(
+        late.len() >= 40 && (late_kept as f64) < 0.3 * late.len() as f64,
+        "after the spike: kept {late_kept} of {}",
+        late.len()
+    );
 
     // Metrics count every request, before sampling.
     let mut last: BTreeMap<String, u64> = BTreeMap::new();
     for e in &metrics {
         for m in &e.metrics {
             let data = serde_json::to_value(&m.data).unwrap_or_default();
-            let n: u64 = data["Sum"]["data_points"].as_array().into_iter().flatten().filter_map(|p| p["value"]["AsInt"].as_u64()).sum();
+            let n: u64 = data["Sum"]["data_points"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p["value"]["AsInt"].as_u64())
+                .sum();
             if n > 0 {
                 let v = last.entry(m.name.clone()).or_default();
                 *v = (*v).max(n);
@@ -157,6 +244,14 @@ async fn calm_error_burst_calm_at_a_real_receiver() {
         }
     }
     let all = sent.len() as u64;
-    assert_eq!(last.get("lmperf.canary.requests").copied(), Some(all), "{last:?}");
-    assert_eq!(last.get("lmperf.sampling.spans").copied(), Some(all), "{last:?}");
+    assert_eq!(
+        last.get("lmperf.canary.requests").copied(),
+        Some(all),
+        "{last:?}"
+    );
+    assert_eq!(
+        last.get("lmperf.sampling.spans").copied(),
+        Some(all),
+        "{last:?}"
+    );
 }

@@ -397,7 +397,6 @@ async fn restart_under_another_alias_is_one_model_change() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-
 /// Acceptance 4: `lmperf run` at 6 concurrent requests against the real 2-slot server:
 /// `summary.json`'s `server.waiting_max > 0`, and `report.html` draws the queue plot beside
 /// the client's TTFT (rendered in headless Chromium when present).
@@ -477,7 +476,9 @@ fn lmperf_run_against_the_overloaded_server_reports_its_queue() {
         r#"data-waiting-max="{}""#,
         sv["waiting_max"].as_f64().unwrap()
     )));
-    if let Some(dom) = lmperf_e2e::chromium::dom(&dir.join("report.html"), &dir.join("chromium-profile")) {
+    if let Some(dom) =
+        lmperf_e2e::chromium::dom(&dir.join("report.html"), &dir.join("chromium-profile"))
+    {
         assert!(
             dom.contains("Server queue over time") && dom.contains("<polyline"),
             "rendered DOM lacks the queue plot"

@@ -505,7 +505,13 @@ async fn overload_scenario(check_diagnosis: bool) {
 /// it cannot be read.
 fn machine_cpu() -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let v: Vec<u64> = stat.lines().next()?.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    let v: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
     let total: u64 = v.iter().sum();
     // idle and iowait are the 4th and 5th fields.
     let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);

@@ -28,14 +28,21 @@ impl Env for NoEnv {
 fn target(url: &str) -> TargetConfig {
     let o = Overrides {
         targets: vec![url.to_owned()],
-        canary: RawCanary { model: Some("m".into()), ..RawCanary::default() },
+        canary: RawCanary {
+            model: Some("m".into()),
+            ..RawCanary::default()
+        },
         ..Overrides::default()
     };
     config::load(o, &NoEnv).expect("config").targets.remove(0)
 }
 
 fn api_of(case: &serde_json::Value) -> Api {
-    if case["endpoint"].as_str() == Some("/v1/completions") { Api::Completions } else { Api::Chat }
+    if case["endpoint"].as_str() == Some("/v1/completions") {
+        Api::Completions
+    } else {
+        Api::Chat
+    }
 }
 
 /// Replays `frames` for one request and measures it.
@@ -50,7 +57,14 @@ async fn replay(api: Api, frames: &serde_json::Value, status: u16) -> Measured {
     .await;
     let t = target(&server.url());
     let clients = Clients::new(t.connect_timeout).expect("clients");
-    let req = CanaryRequest { api, model: "m", prompt: "hi", max_tokens: 16, traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", extra_body: None };
+    let req = CanaryRequest {
+        api,
+        model: "m",
+        prompt: "hi",
+        max_tokens: 16,
+        traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        extra_body: None,
+    };
     let sent = std::time::Instant::now();
     let m = client::execute(&clients, &t, &req, &CancellationToken::new()).await;
     let got = server.requests();
@@ -88,8 +102,14 @@ fn ms(d: Duration) -> f64 {
 fn close(got: Option<Duration>, want: &serde_json::Value, what: &str) {
     match want.as_f64() {
         Some(w) => {
-            let g = got.map(ms).unwrap_or_else(|| panic!("{what}: got none, want {w} ms"));
-            assert!(near(g, w), "{what}: got {g:.2} ms, want {w} ms (send offset {:.2} ms)", SEND_OFFSET_MS.with(std::cell::Cell::get));
+            let g = got
+                .map(ms)
+                .unwrap_or_else(|| panic!("{what}: got none, want {w} ms"));
+            assert!(
+                near(g, w),
+                "{what}: got {g:.2} ms, want {w} ms (send offset {:.2} ms)",
+                SEND_OFFSET_MS.with(std::cell::Cell::get)
+            );
         }
         None => assert!(got.is_none(), "{what}: got {got:?}, want none"),
     }
@@ -97,10 +117,19 @@ fn close(got: Option<Duration>, want: &serde_json::Value, what: &str) {
 
 #[track_caller]
 fn close_list(got: &[Duration], want: &serde_json::Value, what: &str) {
-    let want: Vec<f64> = want.as_array().expect(what).iter().filter_map(|v| v.as_f64()).collect();
+    let want: Vec<f64> = want
+        .as_array()
+        .expect(what)
+        .iter()
+        .filter_map(|v| v.as_f64())
+        .collect();
     assert_eq!(got.len(), want.len(), "{what}: got {got:?}, want {want:?}");
     for (g, w) in got.iter().zip(&want) {
-        assert!(near(ms(*g), *w), "{what}: got {got:?}, want {want:?} (send offset {:.2} ms)", SEND_OFFSET_MS.with(std::cell::Cell::get));
+        assert!(
+            near(ms(*g), *w),
+            "{what}: got {got:?}, want {want:?} (send offset {:.2} ms)",
+            SEND_OFFSET_MS.with(std::cell::Cell::get)
+        );
     }
 }
 
@@ -116,9 +145,16 @@ async fn case_01_guidellm_737_reasoning_ttft() {
     let (e, m) = single("01_guidellm_737_reasoning_ttft").await;
     let r = &m.record;
     close(r.ttft, &e["ttft_ms"], "ttft");
-    close(r.time_to_first_content, &e["time_to_first_content_ms"], "time to first content");
+    close(
+        r.time_to_first_content,
+        &e["time_to_first_content_ms"],
+        "time to first content",
+    );
     close(Some(r.e2e), &e["e2e_ms"], "e2e");
-    assert_eq!(r.token_chunk_times.len() as u64, e["token_chunks"].as_u64().unwrap());
+    assert_eq!(
+        r.token_chunk_times.len() as u64,
+        e["token_chunks"].as_u64().unwrap()
+    );
     assert_eq!(r.finish_reasons, vec![e["finish_reason"].as_str().unwrap()]);
     assert_eq!(r.outcome == Outcome::Ok, e["success"].as_bool().unwrap());
 }
@@ -131,7 +167,10 @@ async fn case_02_guidellm_743_http200_error_event() {
     assert_eq!(r.outcome, Outcome::Error);
     let err = r.error.as_ref().expect("error");
     assert_eq!(err.error_type, e["error_type"].as_str().unwrap());
-    assert_eq!(err.code.as_deref(), Some(e["error_code"].to_string().as_str()));
+    assert_eq!(
+        err.code.as_deref(),
+        Some(e["error_code"].to_string().as_str())
+    );
     assert_eq!(r.http_status, Some(200));
     close(r.ttft, &e["ttft_ms"], "ttft");
     assert_eq!(r.itl.len() as u64, e["itl_samples"].as_u64().unwrap());
@@ -170,17 +209,29 @@ async fn case_05_vllm_6064_zero_ttft_pollutes_percentiles() {
     for req in c["requests"].as_array().unwrap() {
         let m = replay(api_of(&c), &req["frames"], 200).await;
         if req["id"] == "R3" {
-            assert_eq!(m.record.outcome == Outcome::Ok, e["R3_success"].as_bool().unwrap());
+            assert_eq!(
+                m.record.outcome == Outcome::Ok,
+                e["R3_success"].as_bool().unwrap()
+            );
             let err = m.record.error.as_ref().expect("R3 error");
-            assert_eq!(err.error_type.replace('_', " "), e["R3_reason"].as_str().unwrap());
-            assert_eq!(m.record.ttft, None, "no TTFT sample from a request without tokens");
+            assert_eq!(
+                err.error_type.replace('_', " "),
+                e["R3_reason"].as_str().unwrap()
+            );
+            assert_eq!(
+                m.record.ttft, None,
+                "no TTFT sample from a request without tokens"
+            );
         }
         // Only requests that produced a token give a TTFT sample.
         ttfts.extend(m.record.ttft);
     }
     close_list(&ttfts, &e["ttft_samples_ms"], "ttft samples");
     let mean = ttfts.iter().map(|d| ms(*d)).sum::<f64>() / ttfts.len() as f64;
-    assert!((mean - e["mean_ttft_ms"].as_f64().unwrap()).abs() <= TOLERANCE_MS, "mean ttft {mean}");
+    assert!(
+        (mean - e["mean_ttft_ms"].as_f64().unwrap()).abs() <= TOLERANCE_MS,
+        "mean ttft {mean}"
+    );
 }
 
 #[tokio::test]
@@ -189,7 +240,11 @@ async fn case_08_vllm_57082_abort_finish_reason() {
     let r = &m.record;
     assert_eq!(r.outcome == Outcome::Ok, e["success"].as_bool().unwrap());
     assert_eq!(r.outcome.as_str(), e["outcome"].as_str().unwrap());
-    assert_eq!(r.finish_reasons, vec![e["finish_reason"].as_str().unwrap()], "raw finish_reason kept");
+    assert_eq!(
+        r.finish_reasons,
+        vec![e["finish_reason"].as_str().unwrap()],
+        "raw finish_reason kept"
+    );
     close(r.ttft, &e["ttft_ms"], "ttft");
     assert_eq!(r.output_tokens, e["partial_output_tokens"].as_u64());
 }
@@ -202,7 +257,10 @@ async fn case_09_llamacpp_16048_usage_chunk_empty_choices() {
     close(r.ttft, &e["ttft_ms"], "ttft");
     assert_eq!(r.output_tokens, e["output_tokens"].as_u64());
     assert_eq!(r.input_tokens, e["input_tokens"].as_u64());
-    assert_eq!(r.usage_source.map(|s| s.as_str()), e["usage_source"].as_str());
+    assert_eq!(
+        r.usage_source.map(|s| s.as_str()),
+        e["usage_source"].as_str()
+    );
     assert_eq!(r.finish_reasons, vec![e["finish_reason"].as_str().unwrap()]);
     close(r.last_token(), &e["last_token_ms"], "last token");
     close(Some(r.e2e), &e["e2e_ms"], "e2e");
@@ -213,8 +271,15 @@ async fn case_09_llamacpp_16048_usage_chunk_empty_choices() {
 async fn case_11_inference_perf_564_per_chunk_retokenize() {
     let (e, m) = single("11_inference_perf_564_per_chunk_retokenize").await;
     let r = &m.record;
-    assert_eq!(r.output_tokens, e["output_tokens"].as_u64(), "server usage, not a per-chunk sum");
-    assert_eq!(r.usage_source.map(|s| s.as_str()), e["usage_source"].as_str());
+    assert_eq!(
+        r.output_tokens,
+        e["output_tokens"].as_u64(),
+        "server usage, not a per-chunk sum"
+    );
+    assert_eq!(
+        r.usage_source.map(|s| s.as_str()),
+        e["usage_source"].as_str()
+    );
     assert_eq!(r.outcome, Outcome::Ok);
 }
 
@@ -229,7 +294,9 @@ fn extra_of(c: &serde_json::Value) -> serde_json::Map<String, serde_json::Value>
 /// Serves the whole case and measures each of its requests in POST order (text kept).
 /// Measures every request of case `c` in order; with each, when it was sent and when the
 /// server had read it (see [`set_send_offset`]).
-async fn measure_case(c: &serde_json::Value) -> Vec<(Measured, std::time::Instant, std::time::Instant)> {
+async fn measure_case(
+    c: &serde_json::Value,
+) -> Vec<(Measured, std::time::Instant, std::time::Instant)> {
     let server = lmperf_e2e::scripted::case_server(c).await;
     let t = target(&server.url());
     let clients = Clients::new(t.connect_timeout).expect("clients");
@@ -238,7 +305,14 @@ async fn measure_case(c: &serde_json::Value) -> Vec<(Measured, std::time::Instan
     let mut out = Vec::with_capacity(n);
     let mut sent = Vec::with_capacity(n);
     for _ in 0..n {
-        let req = CanaryRequest { api: api_of(c), model: "m", prompt: "hi", max_tokens: 16, traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", extra_body: Some(&extra) };
+        let req = CanaryRequest {
+            api: api_of(c),
+            model: "m",
+            prompt: "hi",
+            max_tokens: 16,
+            traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            extra_body: Some(&extra),
+        };
         sent.push(std::time::Instant::now());
         out.push(client::execute_with(&clients, &t, &req, &CancellationToken::new(), true).await);
     }
@@ -250,7 +324,11 @@ async fn measure_case(c: &serde_json::Value) -> Vec<(Measured, std::time::Instan
             assert_eq!(&body[k], v, "request_extra {k} sent");
         }
     }
-    out.into_iter().zip(sent).zip(got).map(|((m, s), r)| (m, s, r.arrived)).collect()
+    out.into_iter()
+        .zip(sent)
+        .zip(got)
+        .map(|((m, s), r)| (m, s, r.arrived))
+        .collect()
 }
 
 fn opt_ms(v: Option<Duration>) -> Option<f64> {
@@ -266,14 +344,31 @@ fn check_request(id: &str, e: &serde_json::Value, m: &Measured) {
     for (k, want) in e.as_object().expect("expected object") {
         let what = format!("{id}: {k}");
         match k.as_str() {
-            "success" => assert_eq!(r.outcome == Outcome::Ok, want.as_bool().unwrap(), "{what}: {:?}", r.error),
-            "outcome" => assert_eq!(r.outcome.as_str(), want.as_str().unwrap(), "{what}: {:?}", r.error),
+            "success" => assert_eq!(
+                r.outcome == Outcome::Ok,
+                want.as_bool().unwrap(),
+                "{what}: {:?}",
+                r.error
+            ),
+            "outcome" => assert_eq!(
+                r.outcome.as_str(),
+                want.as_str().unwrap(),
+                "{what}: {:?}",
+                r.error
+            ),
             // The server's own type where it gave one, else lmperf's class (status, kind).
             "error_type" => assert_eq!(err.map(|e| e.reason()), want.as_str(), "{what}: {err:?}"),
-            "error_code" => assert_eq!(err.and_then(|e| e.code.clone()), Some(want.to_string().trim_matches('"').to_owned()), "{what}"),
+            "error_code" => assert_eq!(
+                err.and_then(|e| e.code.clone()),
+                Some(want.to_string().trim_matches('"').to_owned()),
+                "{what}"
+            ),
             "error_message_contains" | "error_body_snippet" => {
                 let msg = err.and_then(|e| e.message.as_deref()).unwrap_or_default();
-                assert!(msg.contains(want.as_str().unwrap()), "{what}: message {msg:?}");
+                assert!(
+                    msg.contains(want.as_str().unwrap()),
+                    "{what}: message {msg:?}"
+                );
             }
             "retry_after_ms" => close(err.and_then(|e| e.retry_after), want, &what),
             "http_status" => assert_eq!(r.http_status.map(u64::from), want.as_u64(), "{what}"),
@@ -285,7 +380,10 @@ fn check_request(id: &str, e: &serde_json::Value, m: &Measured) {
                 Some(w) if w < 1.0 => {
                     let g = opt_ms(r.tpot).expect("tpot");
                     let tokens = r.output_tokens.unwrap_or(2).max(2) as f64;
-                    assert!((g - w).abs() <= 2.0 * TOLERANCE_MS / (tokens - 1.0), "{what}: got {g}, want {w}");
+                    assert!(
+                        (g - w).abs() <= 2.0 * TOLERANCE_MS / (tokens - 1.0),
+                        "{what}: got {g}, want {w}"
+                    );
                 }
                 _ => close(r.tpot, want, &what),
             },
@@ -293,14 +391,34 @@ fn check_request(id: &str, e: &serde_json::Value, m: &Measured) {
             "token_chunk_ms" => close_list(&r.token_chunk_times, want, &what),
             "itl_ms" => close_list(&r.itl, want, &what),
             "output_tokens" => assert_eq!(r.output_tokens, want.as_u64(), "{what}"),
-            "usage_source" => assert_eq!(r.usage_source.map(|s| s.as_str()), want.as_str(), "{what}"),
-            "finish_reason" => assert_eq!(r.finish_reasons.last().map(String::as_str), want.as_str(), "{what}"),
+            "usage_source" => {
+                assert_eq!(r.usage_source.map(|s| s.as_str()), want.as_str(), "{what}")
+            }
+            "finish_reason" => assert_eq!(
+                r.finish_reasons.last().map(String::as_str),
+                want.as_str(),
+                "{what}"
+            ),
             "finish_reasons" => assert_eq!(serde_json::json!(r.finish_reasons), *want, "{what}"),
-            "generated_text" | "partial_text" => assert_eq!(r.output_text.as_deref(), want.as_str(), "{what}"),
-            "generated_text_bytes" => assert_eq!(r.output_text.as_ref().map(|t| t.len() as u64), want.as_u64(), "{what}"),
-            "partial_token_chunks" => assert_eq!(r.token_chunk_times.len() as u64, want.as_u64().unwrap(), "{what}"),
+            "generated_text" | "partial_text" => {
+                assert_eq!(r.output_text.as_deref(), want.as_str(), "{what}")
+            }
+            "generated_text_bytes" => assert_eq!(
+                r.output_text.as_ref().map(|t| t.len() as u64),
+                want.as_u64(),
+                "{what}"
+            ),
+            "partial_token_chunks" => assert_eq!(
+                r.token_chunk_times.len() as u64,
+                want.as_u64().unwrap(),
+                "{what}"
+            ),
             "done_marker_seen" => assert_eq!(r.done_marker_seen, want.as_bool().unwrap(), "{what}"),
-            "parse_errors" => assert_eq!(u64::from(err.is_some_and(|e| e.error_type == "invalid_chunk")), want.as_u64().unwrap(), "{what}"),
+            "parse_errors" => assert_eq!(
+                u64::from(err.is_some_and(|e| e.error_type == "invalid_chunk")),
+                want.as_u64().unwrap(),
+                "{what}"
+            ),
             "decode_tokens_per_s" => {
                 let g = 1000.0 / opt_ms(r.tpot).expect("tpot");
                 assert!((g - want.as_f64().unwrap()).abs() <= 2.0, "{what}: got {g}");
@@ -311,7 +429,11 @@ fn check_request(id: &str, e: &serde_json::Value, m: &Measured) {
                     .iter()
                     .map(|t| serde_json::json!({ "index": t.index, "id": t.id, "name": t.name, "arguments": t.arguments }))
                     .collect();
-                assert_eq!(serde_json::Value::Array(got), *want, "{what}: reassembled by index");
+                assert_eq!(
+                    serde_json::Value::Array(got),
+                    *want,
+                    "{what}: reassembled by index"
+                );
             }
             "choices" => {
                 let want = want.as_array().unwrap();
@@ -319,19 +441,39 @@ fn check_request(id: &str, e: &serde_json::Value, m: &Measured) {
                 for (c, w) in r.choices.iter().zip(want) {
                     assert_eq!(u64::from(c.index), w["index"].as_u64().unwrap(), "{what}");
                     assert_eq!(c.text.as_deref(), w["text"].as_str(), "{what} {}", c.index);
-                    assert_eq!(c.finish_reason.as_deref(), w["finish_reason"].as_str(), "{what} {}", c.index);
-                    close(c.first_token, &w["first_token_ms"], &format!("{what} {} first token", c.index));
-                    close(c.last_token, &w["last_token_ms"], &format!("{what} {} last token", c.index));
+                    assert_eq!(
+                        c.finish_reason.as_deref(),
+                        w["finish_reason"].as_str(),
+                        "{what} {}",
+                        c.index
+                    );
+                    close(
+                        c.first_token,
+                        &w["first_token_ms"],
+                        &format!("{what} {} first token", c.index),
+                    );
+                    close(
+                        c.last_token,
+                        &w["last_token_ms"],
+                        &format!("{what} {} last token", c.index),
+                    );
                 }
             }
             "itl_ms_per_choice" => {
                 for (idx, w) in want.as_object().unwrap() {
-                    let c = r.choices.iter().find(|c| c.index.to_string() == *idx).unwrap_or_else(|| panic!("{what}: no choice {idx}"));
+                    let c = r
+                        .choices
+                        .iter()
+                        .find(|c| c.index.to_string() == *idx)
+                        .unwrap_or_else(|| panic!("{what}: no choice {idx}"));
                     close_list(&c.itl, w, &format!("{what} {idx}"));
                 }
             }
             // A legitimate event: within the default cap, 16 MiB.
-            "largest_event_bytes" => assert!(want.as_u64().unwrap() < lmperf::config::DEFAULT_MAX_EVENT_BYTES as u64, "{what}"),
+            "largest_event_bytes" => assert!(
+                want.as_u64().unwrap() < lmperf::config::DEFAULT_MAX_EVENT_BYTES as u64,
+                "{what}"
+            ),
             "wrong" | "note" => {}
             other => panic!("{id}: expectation {other:?} not checked"),
         }
@@ -342,7 +484,10 @@ fn check_request(id: &str, e: &serde_json::Value, m: &Measured) {
 /// latency samples.
 #[track_caller]
 fn check_run(e: &serde_json::Value, ms_all: &[Measured]) {
-    let ok: Vec<&Measured> = ms_all.iter().filter(|m| m.record.outcome == Outcome::Ok).collect();
+    let ok: Vec<&Measured> = ms_all
+        .iter()
+        .filter(|m| m.record.outcome == Outcome::Ok)
+        .collect();
     let sorted = |mut v: Vec<Duration>| {
         v.sort();
         v
@@ -350,15 +495,41 @@ fn check_run(e: &serde_json::Value, ms_all: &[Measured]) {
     for (k, want) in e.as_object().unwrap() {
         match k.as_str() {
             "success_count" => assert_eq!(ok.len() as u64, want.as_u64().unwrap(), "{k}"),
-            "error_count" => assert_eq!((ms_all.len() - ok.len()) as u64, want.as_u64().unwrap(), "{k}"),
-            "error_rate" => assert!(((ms_all.len() - ok.len()) as f64 / ms_all.len() as f64 - want.as_f64().unwrap()).abs() < 1e-9, "{k}"),
-            "ttft_samples_ms" => close_list(&sorted(ok.iter().filter_map(|m| m.record.ttft).collect()), want, k),
-            "e2e_success_samples_ms" => close_list(&sorted(ok.iter().map(|m| m.record.e2e).collect()), want, k),
-            "output_tokens_total_success" => assert_eq!(ok.iter().filter_map(|m| m.record.output_tokens).sum::<u64>(), want.as_u64().unwrap(), "{k}"),
+            "error_count" => assert_eq!(
+                (ms_all.len() - ok.len()) as u64,
+                want.as_u64().unwrap(),
+                "{k}"
+            ),
+            "error_rate" => assert!(
+                ((ms_all.len() - ok.len()) as f64 / ms_all.len() as f64 - want.as_f64().unwrap())
+                    .abs()
+                    < 1e-9,
+                "{k}"
+            ),
+            "ttft_samples_ms" => close_list(
+                &sorted(ok.iter().filter_map(|m| m.record.ttft).collect()),
+                want,
+                k,
+            ),
+            "e2e_success_samples_ms" => {
+                close_list(&sorted(ok.iter().map(|m| m.record.e2e).collect()), want, k)
+            }
+            "output_tokens_total_success" => assert_eq!(
+                ok.iter()
+                    .filter_map(|m| m.record.output_tokens)
+                    .sum::<u64>(),
+                want.as_u64().unwrap(),
+                "{k}"
+            ),
             "errors_by_status" => {
                 let mut got = std::collections::BTreeMap::<String, u64>::new();
                 for m in ms_all.iter().filter(|m| m.record.outcome != Outcome::Ok) {
-                    *got.entry(m.record.http_status.map_or("none".into(), |s| s.to_string())).or_default() += 1;
+                    *got.entry(
+                        m.record
+                            .http_status
+                            .map_or("none".into(), |s| s.to_string()),
+                    )
+                    .or_default() += 1;
                 }
                 assert_eq!(serde_json::json!(got), *want, "{k}");
             }
@@ -376,14 +547,22 @@ async fn check_case(name: &str) -> Vec<Measured> {
     let ms_all: Vec<Measured> = measured.iter().map(|(m, _, _)| m.clone()).collect();
     match e["per_request"].as_object() {
         Some(per) => {
-            let ids: Vec<&str> = c["requests"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap()).collect();
+            let ids: Vec<&str> = c["requests"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["id"].as_str().unwrap())
+                .collect();
             assert_eq!(per.len(), ids.len(), "an expectation per request");
             for (id, (m, sent, arrived)) in ids.iter().zip(&measured) {
                 set_send_offset(*sent, *arrived);
                 check_request(id, &per[*id], m);
             }
             // Run-level samples mix requests: the largest offset of any.
-            if let Some((_, sent, arrived)) = measured.iter().max_by_key(|(_, s, a)| a.saturating_duration_since(*s)) {
+            if let Some((_, sent, arrived)) = measured
+                .iter()
+                .max_by_key(|(_, s, a)| a.saturating_duration_since(*s))
+            {
                 set_send_offset(*sent, *arrived);
             }
             check_run(e, &ms_all);
@@ -418,7 +597,10 @@ async fn case_22_llamacpp_16486_non200_error_bodies() {
     let m = check_case("sse/22_llamacpp_16486_non200_error_bodies.json").await;
     // error.type stays the status; the server's type is kept beside it.
     let e = m[0].record.error.as_ref().unwrap();
-    assert_eq!((e.error_type.as_str(), e.server_type.as_deref()), ("400", Some("exceed_context_size_error")));
+    assert_eq!(
+        (e.error_type.as_str(), e.server_type.as_deref()),
+        ("400", Some("exceed_context_size_error"))
+    );
 }
 
 #[tokio::test]
@@ -451,28 +633,68 @@ async fn case_22_llamacpp_16486_non200_error_bodies_in_lmperf_run() {
     let server = lmperf_e2e::scripted::case_server(&c).await;
     let dir = std::env::temp_dir().join(format!("lmperf-case22-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let spec = lmperf::bench::RunSpec { num_prompts: 5, input_lengths: vec![8], output_len: 4, ignore_eos: false, ..lmperf::bench::RunSpec::new(target(&server.url()), dir.clone()) };
+    let spec = lmperf::bench::RunSpec {
+        num_prompts: 5,
+        input_lengths: vec![8],
+        output_len: 4,
+        ignore_eos: false,
+        ..lmperf::bench::RunSpec::new(target(&server.url()), dir.clone())
+    };
     let summary = lmperf::bench::run(spec).await.expect("run");
-    let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("requests.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("requests.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(rows.len(), 5);
     let per = &e["per_request"];
     for (row, id) in rows.iter().zip(["R1", "R2", "R3", "R4", "R5"]) {
         let want = &per[id];
         assert_eq!(row["outcome"], want["outcome"], "{id}");
-        assert_eq!(row["http_status"], want["http_status"].as_u64().map_or(serde_json::json!(200), |s| serde_json::json!(s)), "{id}");
+        assert_eq!(
+            row["http_status"],
+            want["http_status"]
+                .as_u64()
+                .map_or(serde_json::json!(200), |s| serde_json::json!(s)),
+            "{id}"
+        );
         if want["outcome"] == "error" {
-            let server_type = row["error_server_type"].as_str().or(row["error_type"].as_str());
+            let server_type = row["error_server_type"]
+                .as_str()
+                .or(row["error_type"].as_str());
             assert_eq!(server_type, want["error_type"].as_str(), "{id}");
-            assert_eq!(row["error_type"], row["http_status"].to_string().as_str(), "{id}: error.type stays the status");
-            assert!(row["error_message"].as_str().is_some_and(|m| !m.is_empty()), "{id}: message kept");
+            assert_eq!(
+                row["error_type"],
+                row["http_status"].to_string().as_str(),
+                "{id}: error.type stays the status"
+            );
+            assert!(
+                row["error_message"].as_str().is_some_and(|m| !m.is_empty()),
+                "{id}: message kept"
+            );
         }
         if let Some(code) = want["error_code"].as_u64() {
             assert_eq!(row["error_code"], code.to_string().as_str(), "{id}");
         }
-        assert_eq!(row["retry_after_ms"].as_f64(), want["retry_after_ms"].as_f64(), "{id}");
+        assert_eq!(
+            row["retry_after_ms"].as_f64(),
+            want["retry_after_ms"].as_f64(),
+            "{id}"
+        );
     }
-    assert!(rows[0]["error_message"].as_str().unwrap().contains("exceeds the available context size"));
-    assert!(rows[3]["error_message"].as_str().unwrap().contains(e["per_request"]["R4"]["error_body_snippet"].as_str().unwrap()));
+    assert!(
+        rows[0]["error_message"]
+            .as_str()
+            .unwrap()
+            .contains("exceeds the available context size")
+    );
+    assert!(
+        rows[3]["error_message"].as_str().unwrap().contains(
+            e["per_request"]["R4"]["error_body_snippet"]
+                .as_str()
+                .unwrap()
+        )
+    );
     let b = &summary.benchmarks[0];
     assert_eq!(b.completed as u64, e["success_count"].as_u64().unwrap());
     assert_eq!(serde_json::json!(b.errors_by_status), e["errors_by_status"]);
@@ -488,55 +710,143 @@ async fn case_22_llamacpp_16486_non200_error_bodies_in_lmperf_run() {
 // ---- Inputs of our own beyond the shared cases (issue 14), over loopback too. ----
 
 fn own_frames(frames: &[(u64, &str)]) -> serde_json::Value {
-    serde_json::Value::Array(frames.iter().map(|(t, b)| serde_json::json!({ "t_ms": t, "bytes": b })).collect())
+    serde_json::Value::Array(
+        frames
+            .iter()
+            .map(|(t, b)| serde_json::json!({ "t_ms": t, "bytes": b }))
+            .collect(),
+    )
 }
 
 const OWN_TOKEN: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n";
 
 #[tokio::test]
 async fn own_event_error_stream() {
-    let f = own_frames(&[(20, OWN_TOKEN), (40, "event: error\ndata: {\"error\":{\"message\":\"engine overloaded\",\"type\":\"overloaded_error\",\"code\":529}}\n\n"), (41, "data: [DONE]\n\n")]);
+    let f = own_frames(&[
+        (20, OWN_TOKEN),
+        (
+            40,
+            "event: error\ndata: {\"error\":{\"message\":\"engine overloaded\",\"type\":\"overloaded_error\",\"code\":529}}\n\n",
+        ),
+        (41, "data: [DONE]\n\n"),
+    ]);
     let r = replay(Api::Chat, &f, 200).await.record;
     assert_eq!(r.outcome, Outcome::Error);
     let e = r.error.as_ref().unwrap();
-    assert_eq!((e.error_type.as_str(), e.server_type.as_deref(), e.code.as_deref(), e.message.as_deref()), ("overloaded_error", Some("overloaded_error"), Some("529"), Some("engine overloaded")));
+    assert_eq!(
+        (
+            e.error_type.as_str(),
+            e.server_type.as_deref(),
+            e.code.as_deref(),
+            e.message.as_deref()
+        ),
+        (
+            "overloaded_error",
+            Some("overloaded_error"),
+            Some("529"),
+            Some("engine overloaded")
+        )
+    );
     // Times: the token's, before the error's (exact times are the shared cases' business).
-    assert!(r.ttft.is_some_and(|t| t >= Duration::from_millis(20) && t < Duration::from_millis(40)), "TTFT kept: {:?}", r.ttft);
-    assert!(r.e2e >= Duration::from_millis(41), "E2E at [DONE]: {:?}", r.e2e);
+    assert!(
+        r.ttft
+            .is_some_and(|t| t >= Duration::from_millis(20) && t < Duration::from_millis(40)),
+        "TTFT kept: {:?}",
+        r.ttft
+    );
+    assert!(
+        r.e2e >= Duration::from_millis(41),
+        "E2E at [DONE]: {:?}",
+        r.e2e
+    );
 }
 
 #[tokio::test]
 async fn own_bare_json_error_after_tokens() {
-    let f = own_frames(&[(20, OWN_TOKEN), (30, OWN_TOKEN), (45, "{\"error\":{\"code\":500,\"message\":\"CUDA error: out of memory\",\"type\":\"server_error\"}}")]);
+    let f = own_frames(&[
+        (20, OWN_TOKEN),
+        (30, OWN_TOKEN),
+        (
+            45,
+            "{\"error\":{\"code\":500,\"message\":\"CUDA error: out of memory\",\"type\":\"server_error\"}}",
+        ),
+    ]);
     let r = replay(Api::Chat, &f, 200).await.record;
     assert_eq!(r.outcome, Outcome::Error);
     let e = r.error.as_ref().unwrap();
-    assert_eq!((e.error_type.as_str(), e.code.as_deref()), ("server_error", Some("500")));
-    assert!(e.message.as_deref().is_some_and(|m| m.contains("out of memory")));
+    assert_eq!(
+        (e.error_type.as_str(), e.code.as_deref()),
+        ("server_error", Some("500"))
+    );
+    assert!(
+        e.message
+            .as_deref()
+            .is_some_and(|m| m.contains("out of memory"))
+    );
     assert_eq!(r.token_chunk_times.len(), 2);
-    assert!(r.e2e >= Duration::from_millis(45), "E2E at the end of the body: {:?}", r.e2e);
+    assert!(
+        r.e2e >= Duration::from_millis(45),
+        "E2E at the end of the body: {:?}",
+        r.e2e
+    );
 }
 
 #[tokio::test]
 async fn own_n3_on_completions() {
     let c = |t: &str| format!("data: {{\"object\":\"text_completion\",\"choices\":[{t}]}}\n\n");
     let (a, b, d, e) = (
-        c(r#"{"index":0,"text":"A","finish_reason":null},{"index":2,"text":"C","finish_reason":null}"#),
+        c(
+            r#"{"index":0,"text":"A","finish_reason":null},{"index":2,"text":"C","finish_reason":null}"#,
+        ),
         c(r#"{"index":1,"text":"B","finish_reason":null}"#),
-        c(r#"{"index":2,"text":"c","finish_reason":"stop"},{"index":0,"text":"a","finish_reason":null},{"index":1,"text":"b","finish_reason":"length"}"#),
+        c(
+            r#"{"index":2,"text":"c","finish_reason":"stop"},{"index":0,"text":"a","finish_reason":null},{"index":1,"text":"b","finish_reason":"length"}"#,
+        ),
         c(r#"{"index":0,"text":"!","finish_reason":"length"}"#),
     );
-    let f = own_frames(&[(50, &a), (70, &b), (90, &d), (130, &e), (131, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":7}}\n\ndata: [DONE]\n\n")]);
+    let f = own_frames(&[
+        (50, &a),
+        (70, &b),
+        (90, &d),
+        (130, &e),
+        (
+            131,
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":7}}\n\ndata: [DONE]\n\n",
+        ),
+    ]);
     let r = replay(Api::Completions, &f, 200).await.record;
     assert_eq!(r.outcome, Outcome::Ok, "{:?}", r.error);
-    assert!(r.ttft.is_some_and(|t| t >= Duration::from_millis(50) && t < Duration::from_millis(70)), "TTFT: first token of any choice: {:?}", r.ttft);
+    assert!(
+        r.ttft
+            .is_some_and(|t| t >= Duration::from_millis(50) && t < Duration::from_millis(70)),
+        "TTFT: first token of any choice: {:?}",
+        r.ttft
+    );
     assert_eq!(r.tpot, None, "no request-level TPOT across choices");
     assert_eq!(r.finish_reasons, vec!["length", "length", "stop"]);
-    let per: Vec<(u32, usize, Option<&str>)> = r.choices.iter().map(|c| (c.index, c.token_chunks, c.finish_reason.as_deref())).collect();
-    assert_eq!(per, vec![(0, 3, Some("length")), (1, 2, Some("length")), (2, 2, Some("stop"))]);
+    let per: Vec<(u32, usize, Option<&str>)> = r
+        .choices
+        .iter()
+        .map(|c| (c.index, c.token_chunks, c.finish_reason.as_deref()))
+        .collect();
+    assert_eq!(
+        per,
+        vec![
+            (0, 3, Some("length")),
+            (1, 2, Some("length")),
+            (2, 2, Some("stop"))
+        ]
+    );
     let (c0, c1) = (&r.choices[0], &r.choices[1]);
-    assert!(c1.first_token > c0.first_token, "choice 1 starts with its own first token");
-    assert_eq!(c0.tpot, c0.last_token.zip(c0.first_token).map(|(l, f)| (l - f) / 2), "per-choice TPOT over its 3 chunks");
+    assert!(
+        c1.first_token > c0.first_token,
+        "choice 1 starts with its own first token"
+    );
+    assert_eq!(
+        c0.tpot,
+        c0.last_token.zip(c0.first_token).map(|(l, f)| (l - f) / 2),
+        "per-choice TPOT over its 3 chunks"
+    );
     assert_eq!(r.choices[2].itl.len(), 1);
 }
 
@@ -548,24 +858,58 @@ async fn case_24_langfuse_16998_n2_interleaved_choices_in_lmperf_run() {
     let server = lmperf_e2e::scripted::case_server(&c).await;
     let dir = std::env::temp_dir().join(format!("lmperf-case24-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let spec = lmperf::bench::RunSpec { num_prompts: 2, input_lengths: vec![8], output_len: 4, ignore_eos: false, n: 2, ..lmperf::bench::RunSpec::new(target(&server.url()), dir.clone()) };
+    let spec = lmperf::bench::RunSpec {
+        num_prompts: 2,
+        input_lengths: vec![8],
+        output_len: 4,
+        ignore_eos: false,
+        n: 2,
+        ..lmperf::bench::RunSpec::new(target(&server.url()), dir.clone())
+    };
     lmperf::bench::run(spec).await.expect("run");
-    let posts: Vec<_> = server.requests().into_iter().filter(|r| r.path == "/v1/chat/completions").collect();
+    let posts: Vec<_> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/v1/chat/completions")
+        .collect();
     assert_eq!(posts.len(), 2);
     for p in &posts {
-        assert_eq!(serde_json::from_slice::<serde_json::Value>(&p.body).unwrap()["n"], 2, "--n is sent");
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&p.body).unwrap()["n"],
+            2,
+            "--n is sent"
+        );
     }
-    let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("requests.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("requests.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let want = &c["expected"];
     for row in &rows {
         assert_eq!(row["outcome"], "ok");
-        assert!(row["tpot_ms"].is_null(), "no request-level TPOT across choices");
+        assert!(
+            row["tpot_ms"].is_null(),
+            "no request-level TPOT across choices"
+        );
         let choices = row["choices"].as_array().expect("choices");
         assert_eq!(choices.len(), 2);
         for (got, w) in choices.iter().zip(want["choices"].as_array().unwrap()) {
-            assert_eq!((got["index"].clone(), got["finish_reason"].clone()), (w["index"].clone(), w["finish_reason"].clone()));
-            assert!((got["ttft_ms"].as_f64().unwrap() - w["first_token_ms"].as_f64().unwrap()).abs() <= 4.0 * TOLERANCE_MS);
-            assert_eq!(got["itl_ms"].as_array().unwrap().len(), want["itl_ms_per_choice"][w["index"].to_string()].as_array().unwrap().len());
+            assert_eq!(
+                (got["index"].clone(), got["finish_reason"].clone()),
+                (w["index"].clone(), w["finish_reason"].clone())
+            );
+            assert!(
+                (got["ttft_ms"].as_f64().unwrap() - w["first_token_ms"].as_f64().unwrap()).abs()
+                    <= 4.0 * TOLERANCE_MS
+            );
+            assert_eq!(
+                got["itl_ms"].as_array().unwrap().len(),
+                want["itl_ms_per_choice"][w["index"].to_string()]
+                    .as_array()
+                    .unwrap()
+                    .len()
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

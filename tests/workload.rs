@@ -10,8 +10,8 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lmperf::bench::workload::{LengthDist, Ramp, RampOver, TraceReplay, Workload};
 use lmperf::bench::RunSpec;
+use lmperf::bench::workload::{LengthDist, Ramp, RampOver, TraceReplay, Workload};
 use lmperf::config::{self, Env, Overrides, raw::RawCanary};
 use lmperf_e2e::agent::{lmperf_bin, workspace_root};
 use lmperf_e2e::np_percentile;
@@ -79,7 +79,12 @@ async fn server(cap: u64) -> ScriptedServer {
 fn spec(url: &str, api: &str, dir: &std::path::Path, workload: Workload) -> RunSpec {
     let o = Overrides {
         targets: vec![url.to_owned()],
-        canary: RawCanary { model: Some("m".into()), api: Some(api.into()), max_tokens: Some(8), ..RawCanary::default() },
+        canary: RawCanary {
+            model: Some("m".into()),
+            api: Some(api.into()),
+            max_tokens: Some(8),
+            ..RawCanary::default()
+        },
         ..Overrides::default()
     };
     RunSpec {
@@ -89,17 +94,26 @@ fn spec(url: &str, api: &str, dir: &std::path::Path, workload: Workload) -> RunS
         num_prompts: 10,
         seed: 5,
         workload,
-        ..RunSpec::new(config::load(o, &NoEnv).unwrap().targets.remove(0), dir.to_owned())
+        ..RunSpec::new(
+            config::load(o, &NoEnv).unwrap().targets.remove(0),
+            dir.to_owned(),
+        )
     }
 }
 
 /// `lmperf ARGS` on a blocking thread (the scripted server keeps serving on the runtime).
 async fn run_cli(args: Vec<String>) -> std::process::Output {
-    tokio::task::spawn_blocking(move || Command::new(lmperf_bin()).args(&args).output().unwrap()).await.unwrap()
+    tokio::task::spawn_blocking(move || Command::new(lmperf_bin()).args(&args).output().unwrap())
+        .await
+        .unwrap()
 }
 
 fn rows(dir: &std::path::Path) -> Vec<Value> {
-    std::fs::read_to_string(dir.join("requests.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    std::fs::read_to_string(dir.join("requests.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 fn tmp(name: &str) -> std::path::PathBuf {
@@ -112,9 +126,23 @@ fn tmp(name: &str) -> std::path::PathBuf {
 fn expected(name: &str, limit: usize) -> Vec<(f64, u64, u64)> {
     let text = std::fs::read_to_string(fixture(name)).unwrap();
     let mut v: Vec<(f64, u64, u64)> = if name.ends_with(".jsonl") {
-        text.lines().take(limit).map(|l| serde_json::from_str::<Value>(l).unwrap()).map(|j| (j["timestamp"].as_f64().unwrap() / 1000.0, j["input_length"].as_u64().unwrap(), j["output_length"].as_u64().unwrap())).collect()
+        text.lines()
+            .take(limit)
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .map(|j| {
+                (
+                    j["timestamp"].as_f64().unwrap() / 1000.0,
+                    j["input_length"].as_u64().unwrap(),
+                    j["output_length"].as_u64().unwrap(),
+                )
+            })
+            .collect()
     } else {
-        let lines = text.split("\r\n").flat_map(|l| l.split('\n')).filter(|l| !l.is_empty()).skip(1);
+        let lines = text
+            .split("\r\n")
+            .flat_map(|l| l.split('\n'))
+            .filter(|l| !l.is_empty())
+            .skip(1);
         lines
             .map(|l| l.split(',').collect::<Vec<_>>())
             .filter(|f| f[0].contains(':') || f[3] != "0")
@@ -122,10 +150,24 @@ fn expected(name: &str, limit: usize) -> Vec<(f64, u64, u64)> {
             .map(|f| {
                 if f[0].contains(':') {
                     // Azure: same-day `YYYY-MM-DD HH:MM:SS.fffffff`.
-                    let hms: Vec<f64> = f[0].split(' ').nth(1).unwrap().split(':').map(|x| x.parse().unwrap()).collect();
-                    (hms[0] * 3600.0 + hms[1] * 60.0 + hms[2], f[1].parse().unwrap(), f[2].parse().unwrap())
+                    let hms: Vec<f64> = f[0]
+                        .split(' ')
+                        .nth(1)
+                        .unwrap()
+                        .split(':')
+                        .map(|x| x.parse().unwrap())
+                        .collect();
+                    (
+                        hms[0] * 3600.0 + hms[1] * 60.0 + hms[2],
+                        f[1].parse().unwrap(),
+                        f[2].parse().unwrap(),
+                    )
                 } else {
-                    (f[0].parse().unwrap(), f[2].parse().unwrap(), f[3].parse().unwrap())
+                    (
+                        f[0].parse().unwrap(),
+                        f[2].parse().unwrap(),
+                        f[3].parse().unwrap(),
+                    )
                 }
             })
             .collect()
@@ -161,44 +203,112 @@ async fn trace_samples_replay_with_speedup() {
         let trace = lmperf::bench::trace::load(&fixture(name), None, Some(limit)).unwrap();
         let dir = tmp(name);
         let before = srv.requests().len();
-        let w = Workload { trace: Some(TraceReplay { trace: Arc::new(trace), speedup }), ..Workload::default() };
+        let w = Workload {
+            trace: Some(TraceReplay {
+                trace: Arc::new(trace),
+                speedup,
+            }),
+            ..Workload::default()
+        };
         let mut sp = spec(&srv.url(), "completions", &dir, w);
         sp.warmup = 2;
         let summary = lmperf::bench::run(sp).await.unwrap();
         let rows = rows(&dir);
-        assert_eq!(rows.len(), want.len(), "{name}: one request per trace row, warm-up not counted");
-        assert_eq!(summary.benchmarks[0].completed, want.len(), "{name}: {:?}", summary.benchmarks[0].errors);
+        assert_eq!(
+            rows.len(),
+            want.len(),
+            "{name}: one request per trace row, warm-up not counted"
+        );
+        assert_eq!(
+            summary.benchmarks[0].completed,
+            want.len(),
+            "{name}: {:?}",
+            summary.benchmarks[0].errors
+        );
         for (r, (at, input, output)) in rows.iter().zip(&want) {
-            assert_eq!(r["prompt_tokens"].as_u64(), Some(*input), "{name}: input length of {r}");
+            assert_eq!(
+                r["prompt_tokens"].as_u64(),
+                Some(*input),
+                "{name}: input length of {r}"
+            );
             assert_eq!(r["prompt_tokens_target"].as_u64(), Some(*input));
             assert_eq!(r["output_tokens_target"].as_u64(), Some(*output));
-            assert_eq!(r["output_tokens"].as_u64(), Some(*output), "{name}: achieved output");
+            assert_eq!(
+                r["output_tokens"].as_u64(),
+                Some(*output),
+                "{name}: achieved output"
+            );
             let sched = r["scheduled_ms"].as_f64().unwrap();
-            assert!((sched - at / speedup * 1000.0).abs() < 0.01, "{name}: scheduled {sched} ms, trace {at} s / {speedup}");
-            assert!(r["send_ms"].as_f64().unwrap() - sched < 50.0, "{name}: sent on time: {r}");
+            assert!(
+                (sched - at / speedup * 1000.0).abs() < 0.01,
+                "{name}: scheduled {sched} ms, trace {at} s / {speedup}"
+            );
+            assert!(
+                r["send_ms"].as_f64().unwrap() - sched < 50.0,
+                "{name}: sent on time: {r}"
+            );
         }
         // What reached the server: prompts of the trace's lengths, its max_tokens and min_tokens.
-        let mut sent: Vec<Value> = srv.requests()[before..].iter().filter(|r| r.path == "/v1/completions").map(body).collect();
+        let mut sent: Vec<Value> = srv.requests()[before..]
+            .iter()
+            .filter(|r| r.path == "/v1/completions")
+            .map(body)
+            .collect();
         // Warm-up first: the first two rows' shapes, with prompts the replay does not reuse.
         let warm: Vec<Value> = sent.drain(..2).collect();
-        let mut warm_shapes: Vec<(u64, u64)> = warm.iter().map(|w| (w["prompt"].as_str().unwrap().split_whitespace().count() as u64, w["max_tokens"].as_u64().unwrap())).collect();
+        let mut warm_shapes: Vec<(u64, u64)> = warm
+            .iter()
+            .map(|w| {
+                (
+                    w["prompt"].as_str().unwrap().split_whitespace().count() as u64,
+                    w["max_tokens"].as_u64().unwrap(),
+                )
+            })
+            .collect();
         let mut first_two: Vec<(u64, u64)> = want.iter().take(2).map(|r| (r.1, r.2)).collect();
         warm_shapes.sort_unstable();
         first_two.sort_unstable();
         assert_eq!(warm_shapes, first_two, "{name}: warm-up shapes");
-        assert!(warm.iter().all(|w| sent.iter().all(|s| s["prompt"] != w["prompt"])), "{name}: warm-up prompt reused");
-        let mut got: Vec<(u64, u64, u64)> = sent.iter().map(|b| (b["prompt"].as_str().unwrap().split_whitespace().count() as u64, b["max_tokens"].as_u64().unwrap(), b["min_tokens"].as_u64().unwrap())).collect();
+        assert!(
+            warm.iter()
+                .all(|w| sent.iter().all(|s| s["prompt"] != w["prompt"])),
+            "{name}: warm-up prompt reused"
+        );
+        let mut got: Vec<(u64, u64, u64)> = sent
+            .iter()
+            .map(|b| {
+                (
+                    b["prompt"].as_str().unwrap().split_whitespace().count() as u64,
+                    b["max_tokens"].as_u64().unwrap(),
+                    b["min_tokens"].as_u64().unwrap(),
+                )
+            })
+            .collect();
         let mut wanted: Vec<(u64, u64, u64)> = want.iter().map(|w| (w.1, w.2, w.2)).collect();
         got.sort_unstable();
         wanted.sort_unstable();
         assert_eq!(got, wanted, "{name}: sent lengths");
-        let s: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+        let s: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap())
+                .unwrap();
         assert_eq!(s["trace"]["name"], name);
         assert_eq!(s["trace"]["requests"].as_u64(), Some(want.len() as u64));
         assert_eq!(s["benchmarks"][0]["benchmark"], "c64_trace");
-        assert!(std::fs::read_to_string(dir.join("report.html")).unwrap().contains(&format!("trace <code>{name}</code>")), "{name}: report names the trace");
-        let lag = rows.iter().map(|r| r["send_ms"].as_f64().unwrap() - r["scheduled_ms"].as_f64().unwrap()).fold(0.0, f64::max);
-        println!("{name}: {} requests, speedup {speedup:.2}, span {:.3} s, send lag max {lag:.2} ms", want.len(), span / speedup);
+        assert!(
+            std::fs::read_to_string(dir.join("report.html"))
+                .unwrap()
+                .contains(&format!("trace <code>{name}</code>")),
+            "{name}: report names the trace"
+        );
+        let lag = rows
+            .iter()
+            .map(|r| r["send_ms"].as_f64().unwrap() - r["scheduled_ms"].as_f64().unwrap())
+            .fold(0.0, f64::max);
+        println!(
+            "{name}: {} requests, speedup {speedup:.2}, span {:.3} s, send lag max {lag:.2} ms",
+            want.len(),
+            span / speedup
+        );
     }
 }
 
@@ -207,19 +317,41 @@ async fn trace_samples_replay_with_speedup() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mooncake_134k_token_prompt() {
     let srv = server(4).await;
-    let line = std::fs::read_to_string(fixture("mooncake_synthetic_trace.head2000.jsonl")).unwrap().lines().nth(249).unwrap().to_owned();
+    let line = std::fs::read_to_string(fixture("mooncake_synthetic_trace.head2000.jsonl"))
+        .unwrap()
+        .lines()
+        .nth(249)
+        .unwrap()
+        .to_owned();
     assert!(line.contains("\"input_length\": 134773"));
     let dir = tmp("moon134k");
     std::fs::create_dir_all(&dir).unwrap();
     let f = dir.join("big.jsonl");
     std::fs::write(&f, line + "\n").unwrap();
     let trace = lmperf::bench::trace::load(&f, None, None).unwrap();
-    let w = Workload { trace: Some(TraceReplay { trace: Arc::new(trace), speedup: 1.0 }), ..Workload::default() };
-    lmperf::bench::run(spec(&srv.url(), "completions", &dir, w)).await.unwrap();
+    let w = Workload {
+        trace: Some(TraceReplay {
+            trace: Arc::new(trace),
+            speedup: 1.0,
+        }),
+        ..Workload::default()
+    };
+    lmperf::bench::run(spec(&srv.url(), "completions", &dir, w))
+        .await
+        .unwrap();
     let r = &rows(&dir)[0];
     assert_eq!(r["prompt_tokens"], 134_773);
-    let sent = srv.requests().iter().filter(|r| r.path == "/v1/completions").map(body).next().unwrap();
-    assert_eq!(sent["prompt"].as_str().unwrap().split_whitespace().count(), 134_773);
+    let sent = srv
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/v1/completions")
+        .map(body)
+        .next()
+        .unwrap();
+    assert_eq!(
+        sent["prompt"].as_str().unwrap().split_whitespace().count(),
+        134_773
+    );
 }
 
 /// Mooncake `hash_ids`: two rows that share their first hash id send the same first 512-token
@@ -238,23 +370,54 @@ async fn mooncake_shared_hash_ids_share_prompt_blocks() {
     ];
     std::fs::write(&f, lines.join("\n") + "\n").unwrap();
     let trace = lmperf::bench::trace::load(&f, None, None).unwrap();
-    let w = Workload { trace: Some(TraceReplay { trace: Arc::new(trace), speedup: 1.0 }), ..Workload::default() };
+    let w = Workload {
+        trace: Some(TraceReplay {
+            trace: Arc::new(trace),
+            speedup: 1.0,
+        }),
+        ..Workload::default()
+    };
     let mut sp = spec(&srv.url(), "completions", &dir, w);
     sp.concurrencies = vec![1];
     lmperf::bench::run(sp).await.unwrap();
     let r = rows(&dir);
-    assert_eq!(r.iter().map(|r| r["prompt_tokens"].as_u64().unwrap()).collect::<Vec<_>>(), [700, 900, 600], "exact lengths");
+    assert_eq!(
+        r.iter()
+            .map(|r| r["prompt_tokens"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        [700, 900, 600],
+        "exact lengths"
+    );
     let sent: Vec<Vec<String>> = srv
         .requests()
         .iter()
         .filter(|r| r.path == "/v1/completions")
-        .map(|r| body(r)["prompt"].as_str().unwrap().split_whitespace().map(str::to_owned).collect())
+        .map(|r| {
+            body(r)["prompt"]
+                .as_str()
+                .unwrap()
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect()
+        })
         .collect();
     assert_eq!(sent.len(), 3);
     // The server's /tokenize counts words: a block of 512 tokens is 512 words.
-    assert_eq!(sent[0][..512], sent[1][..512], "shared first hash id: identical leading 512 tokens");
-    assert_ne!(sent[0][512..600], sent[1][512..600], "hash ids 1 and 2 differ");
-    assert_ne!(sent[0][..16], sent[2][..16], "hash id 3 shares nothing with 7");
+    assert_eq!(
+        sent[0][..512],
+        sent[1][..512],
+        "shared first hash id: identical leading 512 tokens"
+    );
+    assert_ne!(
+        sent[0][512..600],
+        sent[1][512..600],
+        "hash ids 1 and 2 differ"
+    );
+    assert_ne!(
+        sent[0][..16],
+        sent[2][..16],
+        "hash id 3 shares nothing with 7"
+    );
 }
 
 /// Length distributions: per-request targets from the seeded samplers, prompts of exactly the
@@ -265,7 +428,9 @@ async fn mooncake_shared_hash_ids_share_prompt_blocks() {
 async fn length_distributions_targets_vs_achieved_and_seed() {
     let srv = server(300).await;
     let w = || Workload {
-        input_dist: Some(LengthDist::parse("--input-dist", "lognormal:mu=4.5,sigma=0.5,max=400").unwrap()),
+        input_dist: Some(
+            LengthDist::parse("--input-dist", "lognormal:mu=4.5,sigma=0.5,max=400").unwrap(),
+        ),
         output_dist: Some(LengthDist::parse("--output-dist", "uniform:min=100,max=500").unwrap()),
         ..Workload::default()
     };
@@ -283,30 +448,58 @@ async fn length_distributions_targets_vs_achieved_and_seed() {
         let b = &summary.benchmarks[0];
         assert_eq!(b.benchmark, "c64_dist");
         for r in &rows {
-            assert_eq!(r["prompt_tokens"], r["prompt_tokens_target"], "exact input length: {r}");
-            let (target, got) = (r["output_tokens_target"].as_u64().unwrap(), r["output_tokens"].as_u64().unwrap());
+            assert_eq!(
+                r["prompt_tokens"], r["prompt_tokens_target"],
+                "exact input length: {r}"
+            );
+            let (target, got) = (
+                r["output_tokens_target"].as_u64().unwrap(),
+                r["output_tokens"].as_u64().unwrap(),
+            );
             assert!((100..=500).contains(&target));
             assert_eq!(got, target.min(300), "achieved = what the server gave");
         }
-        let short = rows.iter().filter(|r| r["output_tokens_target"].as_u64().unwrap() > 300).count();
+        let short = rows
+            .iter()
+            .filter(|r| r["output_tokens_target"].as_u64().unwrap() > 300)
+            .count();
         assert!(short > 0 && short < 40);
         assert_eq!(b.output_tokens_short, short);
-        let mean_target = rows.iter().map(|r| r["output_tokens_target"].as_f64().unwrap()).sum::<f64>() / 40.0;
+        let mean_target = rows
+            .iter()
+            .map(|r| r["output_tokens_target"].as_f64().unwrap())
+            .sum::<f64>()
+            / 40.0;
         assert!((b.output_tokens_target.as_ref().unwrap().mean - mean_target).abs() < 1e-9);
         assert!(b.output_tokens.as_ref().unwrap().max <= 300.0);
         let sent: Vec<(String, u64, u64)> = srv.requests()[before..]
             .iter()
             .filter(|r| r.path == "/v1/completions")
             .map(body)
-            .map(|b| (b["prompt"].as_str().unwrap().to_owned(), b["max_tokens"].as_u64().unwrap(), b["min_tokens"].as_u64().unwrap()))
+            .map(|b| {
+                (
+                    b["prompt"].as_str().unwrap().to_owned(),
+                    b["max_tokens"].as_u64().unwrap(),
+                    b["min_tokens"].as_u64().unwrap(),
+                )
+            })
             .collect();
-        assert!(sent.iter().all(|s| s.1 == s.2), "min_tokens = max_tokens with ignore-EOS");
+        assert!(
+            sent.iter().all(|s| s.1 == s.2),
+            "min_tokens = max_tokens with ignore-EOS"
+        );
         let mut sent = sent;
         sent.sort();
-        let sched: Vec<f64> = rows.iter().map(|r| r["scheduled_ms"].as_f64().unwrap()).collect();
+        let sched: Vec<f64> = rows
+            .iter()
+            .map(|r| r["scheduled_ms"].as_f64().unwrap())
+            .collect();
         runs.push((sent, sched));
     }
-    assert_eq!(runs[0], runs[1], "same seed: same prompts, lengths and schedule");
+    assert_eq!(
+        runs[0], runs[1],
+        "same seed: same prompts, lengths and schedule"
+    );
     assert_ne!(runs[0].0, runs[2].0, "another seed: other prompts");
     assert_ne!(runs[0].1, runs[2].1, "another seed: another schedule");
 }
@@ -317,23 +510,47 @@ async fn length_distributions_targets_vs_achieved_and_seed() {
 async fn prompt_file_and_multi_turn() {
     let srv = server(5).await;
     let dir = tmp("csv");
-    let file = lmperf::bench::dataset::load(&fixture("awesome_chatgpt_prompts.csv"), false).unwrap();
-    let all: Vec<String> = file.conversations.iter().map(|c| c.turns[0].clone()).collect();
-    let w = Workload { prompt_file: Some(Arc::new(file)), ..Workload::default() };
-    lmperf::bench::run(spec(&srv.url(), "completions", &dir, w)).await.unwrap();
+    let file =
+        lmperf::bench::dataset::load(&fixture("awesome_chatgpt_prompts.csv"), false).unwrap();
+    let all: Vec<String> = file
+        .conversations
+        .iter()
+        .map(|c| c.turns[0].clone())
+        .collect();
+    let w = Workload {
+        prompt_file: Some(Arc::new(file)),
+        ..Workload::default()
+    };
+    lmperf::bench::run(spec(&srv.url(), "completions", &dir, w))
+        .await
+        .unwrap();
     let rows_csv = rows(&dir);
-    let sent: Vec<String> = srv.requests().iter().filter(|r| r.path == "/v1/completions").map(|r| body(r)["prompt"].as_str().unwrap().to_owned()).collect();
+    let sent: Vec<String> = srv
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/v1/completions")
+        .map(|r| body(r)["prompt"].as_str().unwrap().to_owned())
+        .collect();
     assert_eq!(sent.len(), 10);
-    assert!(sent.iter().all(|p| all.contains(p)), "prompts come from the file, verbatim");
+    assert!(
+        sent.iter().all(|p| all.contains(p)),
+        "prompts come from the file, verbatim"
+    );
     for r in &rows_csv {
         assert_eq!(r["benchmark"], "c64_file");
-        let p = &sent.iter().find(|p| p.split_whitespace().count() as u64 == r["prompt_tokens"].as_u64().unwrap());
+        let p = &sent
+            .iter()
+            .find(|p| p.split_whitespace().count() as u64 == r["prompt_tokens"].as_u64().unwrap());
         assert!(p.is_some(), "prompt_tokens is the tokenizer's count: {r}");
     }
 
     let dir = tmp("mt");
     let file = lmperf::bench::dataset::load(&fixture("mt_bench_questions.jsonl"), true).unwrap();
-    let w = Workload { prompt_file: Some(Arc::new(file)), multi_turn: true, ..Workload::default() };
+    let w = Workload {
+        prompt_file: Some(Arc::new(file)),
+        multi_turn: true,
+        ..Workload::default()
+    };
     let mut sp = spec(&srv.url(), "chat", &dir, w);
     sp.num_prompts = 6;
     sp.concurrencies = vec![3];
@@ -342,21 +559,52 @@ async fn prompt_file_and_multi_turn() {
     assert_eq!(rows.len(), 12, "6 conversations × 2 turns");
     assert_eq!(summary.benchmarks[0].completed, 12);
     for pair in rows.chunks(2) {
-        assert_eq!((pair[0]["index"].clone(), pair[0]["turn"].clone(), pair[1]["turn"].clone()), (pair[1]["index"].clone(), 0.into(), 1.into()));
+        assert_eq!(
+            (
+                pair[0]["index"].clone(),
+                pair[0]["turn"].clone(),
+                pair[1]["turn"].clone()
+            ),
+            (pair[1]["index"].clone(), 0.into(), 1.into())
+        );
         let first_end = pair[0]["send_ms"].as_f64().unwrap() + pair[0]["e2el_ms"].as_f64().unwrap();
-        assert!(pair[1]["send_ms"].as_f64().unwrap() >= first_end - 0.01, "turn 2 after turn 1 ends: {pair:?}");
-        assert!(pair[1]["input_tokens"].as_u64().unwrap() > pair[0]["input_tokens"].as_u64().unwrap(), "turn 2 carries the history");
+        assert!(
+            pair[1]["send_ms"].as_f64().unwrap() >= first_end - 0.01,
+            "turn 2 after turn 1 ends: {pair:?}"
+        );
+        assert!(
+            pair[1]["input_tokens"].as_u64().unwrap() > pair[0]["input_tokens"].as_u64().unwrap(),
+            "turn 2 carries the history"
+        );
     }
-    let chats: Vec<Value> = srv.requests().iter().filter(|r| r.path == "/v1/chat/completions").map(body).collect();
-    let seconds: Vec<&Value> = chats.iter().filter(|b| b["messages"].as_array().unwrap().len() == 3).collect();
+    let chats: Vec<Value> = srv
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/v1/chat/completions")
+        .map(body)
+        .collect();
+    let seconds: Vec<&Value> = chats
+        .iter()
+        .filter(|b| b["messages"].as_array().unwrap().len() == 3)
+        .collect();
     assert_eq!(seconds.len(), 6);
     for b in seconds {
         let m = b["messages"].as_array().unwrap();
         let first_user = m[0]["content"].as_str().unwrap();
-        let want_answer = format!("answer to {} words w1 w2 w3 w4 ", first_user.split_whitespace().count());
-        assert_eq!((m[1]["role"].as_str(), m[1]["content"].as_str()), (Some("assistant"), Some(want_answer.as_str())), "the first answer, verbatim");
+        let want_answer = format!(
+            "answer to {} words w1 w2 w3 w4 ",
+            first_user.split_whitespace().count()
+        );
+        assert_eq!(
+            (m[1]["role"].as_str(), m[1]["content"].as_str()),
+            (Some("assistant"), Some(want_answer.as_str())),
+            "the first answer, verbatim"
+        );
         assert_eq!(m[2]["role"], "user");
-        let q = chats.iter().find(|c| c["messages"].as_array().unwrap().len() == 1 && c["messages"][0]["content"] == first_user);
+        let q = chats.iter().find(|c| {
+            c["messages"].as_array().unwrap().len() == 1
+                && c["messages"][0]["content"] == first_user
+        });
         assert!(q.is_some(), "the first turn was sent alone");
     }
 }
@@ -367,20 +615,66 @@ async fn prompt_file_and_multi_turn() {
 async fn ramp_linear_from_the_command_line() {
     let srv = server(2).await;
     let dir = tmp("ramp");
-    let out = run_cli(["run", "--target", &srv.url(), "--model", "m", "--num-prompts", "150", "--seq-lengths", "8", "--output-len", "2", "--batch-sizes", "32", "--ramp", "linear", "--ramp-from", "20", "--ramp-to", "180", "--ramp-duration", "1s", "--arrival", "constant", "--seed", "3", "--output-dir", dir.to_str().unwrap()].map(str::to_owned).to_vec()).await;
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run_cli(
+        [
+            "run",
+            "--target",
+            &srv.url(),
+            "--model",
+            "m",
+            "--num-prompts",
+            "150",
+            "--seq-lengths",
+            "8",
+            "--output-len",
+            "2",
+            "--batch-sizes",
+            "32",
+            "--ramp",
+            "linear",
+            "--ramp-from",
+            "20",
+            "--ramp-to",
+            "180",
+            "--ramp-duration",
+            "1s",
+            "--arrival",
+            "constant",
+            "--seed",
+            "3",
+            "--output-dir",
+            dir.to_str().unwrap(),
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    )
+    .await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rows = rows(&dir);
     assert_eq!(rows.len(), 150);
     let r = Ramp::new("linear", 20.0, 180.0, Duration::from_secs(1)).unwrap();
     // Λ(t) = 20 t + 80 t² for t ≤ 1 s (100 requests), then 180/s.
     for (i, row) in rows.iter().enumerate() {
         let t = row["scheduled_ms"].as_f64().unwrap() / 1000.0;
-        let lambda = if t <= 1.0 { 20.0 * t + 80.0 * t * t } else { 100.0 + 180.0 * (t - 1.0) };
-        assert!((lambda - i as f64).abs() < 1e-3, "request {i} at {t} s: Λ = {lambda}");
+        let lambda = if t <= 1.0 {
+            20.0 * t + 80.0 * t * t
+        } else {
+            100.0 + 180.0 * (t - 1.0)
+        };
+        assert!(
+            (lambda - i as f64).abs() < 1e-3,
+            "request {i} at {t} s: Λ = {lambda}"
+        );
         assert!((r.integral(t) - lambda).abs() < 1e-6);
         assert!(row["send_ms"].as_f64().unwrap() - row["scheduled_ms"].as_f64().unwrap() < 50.0);
     }
-    let s: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let s: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     assert_eq!(s["workload"]["ramp"]["kind"], "linear");
 }
 
@@ -415,8 +709,12 @@ async fn slow_server() -> (ScriptedServer, Arrivals) {
 /// writes its reply at `SLOW`; 1 ms allows for its own lag in recording an arrival). The
 /// last-dispatched of those was dispatched with all of them in flight, so a correct limiter
 /// keeps the count ≤ that highest limit, with no tolerance.
-fn in_flight_at_server(rows: &[Value], arrivals: &[(u64, tokio::time::Instant)]) -> Vec<(f64, usize, usize, usize)> {
-    let at: std::collections::HashMap<u64, tokio::time::Instant> = arrivals.iter().copied().collect();
+fn in_flight_at_server(
+    rows: &[Value],
+    arrivals: &[(u64, tokio::time::Instant)],
+) -> Vec<(f64, usize, usize, usize)> {
+    let at: std::collections::HashMap<u64, tokio::time::Instant> =
+        arrivals.iter().copied().collect();
     let window = SLOW - Duration::from_millis(1);
     let mut out: Vec<(f64, usize, usize, usize)> = rows
         .iter()
@@ -429,8 +727,17 @@ fn in_flight_at_server(rows: &[Value], arrivals: &[(u64, tokio::time::Instant)])
                     b <= a && a < b + window
                 })
                 .collect();
-            let max_limit = with.iter().map(|o| o["concurrency_limit"].as_u64().unwrap() as usize).max().unwrap();
-            (r["send_ms"].as_f64().unwrap() / 1000.0, r["concurrency_limit"].as_u64().unwrap() as usize, with.len(), max_limit)
+            let max_limit = with
+                .iter()
+                .map(|o| o["concurrency_limit"].as_u64().unwrap() as usize)
+                .max()
+                .unwrap();
+            (
+                r["send_ms"].as_f64().unwrap() / 1000.0,
+                r["concurrency_limit"].as_u64().unwrap() as usize,
+                with.len(),
+                max_limit,
+            )
         })
         .collect();
     out.sort_by(|x, y| x.0.total_cmp(&y.0));
@@ -445,34 +752,123 @@ fn in_flight_at_server(rows: &[Value], arrivals: &[(u64, tokio::time::Instant)])
 async fn concurrency_ramp_linear_from_the_command_line() {
     let (srv, arrivals) = slow_server().await;
     let dir = tmp("cramp");
-    let out = run_cli(["run", "--target", &srv.url(), "--model", "m", "--num-prompts", "1000", "--seq-lengths", "8", "--output-len", "1", "--duration", "2500ms", "--ramp", "linear", "--ramp-over", "concurrency", "--ramp-from", "1", "--ramp-to", "8", "--ramp-duration", "2s", "--output-dir", dir.to_str().unwrap()].map(str::to_owned).to_vec()).await;
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run_cli(
+        [
+            "run",
+            "--target",
+            &srv.url(),
+            "--model",
+            "m",
+            "--num-prompts",
+            "1000",
+            "--seq-lengths",
+            "8",
+            "--output-len",
+            "1",
+            "--duration",
+            "2500ms",
+            "--ramp",
+            "linear",
+            "--ramp-over",
+            "concurrency",
+            "--ramp-from",
+            "1",
+            "--ramp-to",
+            "8",
+            "--ramp-duration",
+            "2s",
+            "--output-dir",
+            dir.to_str().unwrap(),
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    )
+    .await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rows = rows(&dir);
-    let ramp = Ramp::new_over("linear", 1.0, 8.0, Duration::from_secs(2), RampOver::Concurrency).unwrap();
+    let ramp = Ramp::new_over(
+        "linear",
+        1.0,
+        8.0,
+        Duration::from_secs(2),
+        RampOver::Concurrency,
+    )
+    .unwrap();
     // Closed loop at 1..8 in flight, 50 ms each: ∫ c(t) dt / 50 ms ≈ 4.5·2/0.05 + 8·0.5/0.05 = 260.
-    assert!((200..=275).contains(&rows.len()), "{} requests in 2.5 s", rows.len());
-    assert!(rows.iter().all(|r| r["outcome"] == "ok" && r["benchmark"] == "c8_in8"), "{:?}", rows[0]);
+    assert!(
+        (200..=275).contains(&rows.len()),
+        "{} requests in 2.5 s",
+        rows.len()
+    );
+    assert!(
+        rows.iter()
+            .all(|r| r["outcome"] == "ok" && r["benchmark"] == "c8_in8"),
+        "{:?}",
+        rows[0]
+    );
     let seen = in_flight_at_server(&rows, &arrivals.lock().unwrap());
     for &(t, limit, in_flight, max_limit) in &seen {
         assert!(t <= 2.5 + 0.002, "sent at {t} s, after --duration");
         // The limit at dispatch is the ramp's then (read within the 1 ms tick; 10 ms allows for a busy machine).
-        assert!(limit == ramp.concurrency_at(t) || limit == ramp.concurrency_at(t - 0.01), "limit {limit} at {t} s");
-        assert!(in_flight <= max_limit, "{in_flight} in flight at the server at {t} s, limit {max_limit}");
+        assert!(
+            limit == ramp.concurrency_at(t) || limit == ramp.concurrency_at(t - 0.01),
+            "limit {limit} at {t} s"
+        );
+        assert!(
+            in_flight <= max_limit,
+            "{in_flight} in flight at the server at {t} s, limit {max_limit}"
+        );
     }
     let limits: Vec<usize> = seen.iter().map(|s| s.1).collect();
-    assert!(limits.windows(2).all(|w| w[0] <= w[1]), "limits rise: {limits:?}");
+    assert!(
+        limits.windows(2).all(|w| w[0] <= w[1]),
+        "limits rise: {limits:?}"
+    );
     assert_eq!((limits[0], limits[limits.len() - 1]), (1, 8));
-    assert!((1..=8).all(|k| limits.contains(&k)), "every step of the ramp: {limits:?}");
-    let peak = |a: f64, b: f64| seen.iter().filter(|s| (a..b).contains(&s.0)).map(|s| s.2).max().unwrap_or(0);
+    assert!(
+        (1..=8).all(|k| limits.contains(&k)),
+        "every step of the ramp: {limits:?}"
+    );
+    let peak = |a: f64, b: f64| {
+        seen.iter()
+            .filter(|s| (a..b).contains(&s.0))
+            .map(|s| s.2)
+            .max()
+            .unwrap_or(0)
+    };
     assert_eq!(peak(0.0, 0.1), 1, "one at a time at the start");
     assert_eq!(peak(1.9, 2.6), 8, "8 in flight at the server near the end");
-    let s: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
-    assert_eq!((s["workload"]["ramp"]["over"].as_str(), s["workload"]["ramp"]["to"].as_f64()), (Some("concurrency"), Some(8.0)));
+    let s: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(
+        (
+            s["workload"]["ramp"]["over"].as_str(),
+            s["workload"]["ramp"]["to"].as_f64()
+        ),
+        (Some("concurrency"), Some(8.0))
+    );
     assert_eq!(s["benchmarks"][0]["concurrency"], 8);
     let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
-    assert!(html.contains("Latency vs concurrency (ramp)") && html.contains("c8_in8: latency vs concurrency limit"), "report section");
-    let per_step: Vec<usize> = (1..=8).map(|k| seen.iter().filter(|s| s.1 == k).count()).collect();
-    println!("concurrency ramp 1 → 8: {} requests, per limit {per_step:?}, server peaks per 0.5 s {:?}", rows.len(), (0..5).map(|k| peak(k as f64 * 0.5, (k + 1) as f64 * 0.5)).collect::<Vec<_>>());
+    assert!(
+        html.contains("Latency vs concurrency (ramp)")
+            && html.contains("c8_in8: latency vs concurrency limit"),
+        "report section"
+    );
+    let per_step: Vec<usize> = (1..=8)
+        .map(|k| seen.iter().filter(|s| s.1 == k).count())
+        .collect();
+    println!(
+        "concurrency ramp 1 → 8: {} requests, per limit {per_step:?}, server peaks per 0.5 s {:?}",
+        rows.len(),
+        (0..5)
+            .map(|k| peak(k as f64 * 0.5, (k + 1) as f64 * 0.5))
+            .collect::<Vec<_>>()
+    );
 }
 
 /// A sawtooth concurrency ramp (1 → 6 every second) through the library: the limit rises,
@@ -481,8 +877,23 @@ async fn concurrency_ramp_linear_from_the_command_line() {
 async fn concurrency_ramp_sawtooth_falls_back() {
     let (srv, arrivals) = slow_server().await;
     let dir = tmp("cramp-saw");
-    let ramp = Ramp::new_over("sawtooth", 1.0, 6.0, Duration::from_secs(1), RampOver::Concurrency).unwrap();
-    let mut sp = spec(&srv.url(), "completions", &dir, Workload { ramp: Some(ramp), ..Workload::default() });
+    let ramp = Ramp::new_over(
+        "sawtooth",
+        1.0,
+        6.0,
+        Duration::from_secs(1),
+        RampOver::Concurrency,
+    )
+    .unwrap();
+    let mut sp = spec(
+        &srv.url(),
+        "completions",
+        &dir,
+        Workload {
+            ramp: Some(ramp),
+            ..Workload::default()
+        },
+    );
     sp.num_prompts = 1000;
     sp.duration = Some(Duration::from_millis(1600));
     sp.input_lengths = vec![8];
@@ -490,12 +901,29 @@ async fn concurrency_ramp_sawtooth_falls_back() {
     let rows = rows(&dir);
     let seen = in_flight_at_server(&rows, &arrivals.lock().unwrap());
     assert!(seen.iter().all(|s| s.2 <= s.3), "{seen:?}");
-    assert!(seen.iter().all(|s| s.1 == ramp.concurrency_at(s.0) || s.1 == ramp.concurrency_at(s.0 - 0.01)), "{seen:?}");
-    let window = |a: f64, b: f64| seen.iter().filter(|s| (a..b).contains(&s.0)).collect::<Vec<_>>();
+    assert!(
+        seen.iter()
+            .all(|s| s.1 == ramp.concurrency_at(s.0) || s.1 == ramp.concurrency_at(s.0 - 0.01)),
+        "{seen:?}"
+    );
+    let window = |a: f64, b: f64| {
+        seen.iter()
+            .filter(|s| (a..b).contains(&s.0))
+            .collect::<Vec<_>>()
+    };
     let (top, fallen, again) = (window(0.9, 1.0), window(1.15, 1.3), window(1.5, 1.6));
-    assert!(top.iter().map(|s| s.2).max() >= Some(5), "near 6 in flight before the fall: {top:?}");
-    assert!(!fallen.is_empty() && fallen.iter().all(|s| s.1 <= 2 && s.2 <= 2), "fell back to ≤ 2 in flight after 1 s: {fallen:?}");
-    assert!(again.iter().map(|s| s.1).max() >= Some(4), "rising again: {again:?}");
+    assert!(
+        top.iter().map(|s| s.2).max() >= Some(5),
+        "near 6 in flight before the fall: {top:?}"
+    );
+    assert!(
+        !fallen.is_empty() && fallen.iter().all(|s| s.1 <= 2 && s.2 <= 2),
+        "fell back to ≤ 2 in flight after 1 s: {fallen:?}"
+    );
+    assert!(
+        again.iter().map(|s| s.1).max() >= Some(4),
+        "rising again: {again:?}"
+    );
     let limits: Vec<usize> = seen.iter().map(|s| s.1).collect();
     let fall = limits.windows(2).position(|w| w[1] < w[0]).unwrap();
     assert!(limits[fall] >= 5 && limits[fall + 1] <= 2, "{limits:?}");
@@ -509,18 +937,88 @@ fn bad_workload_flags_exit_2_naming_the_flag() {
         vec!["--output-dist", "uniform:min=9,max=1"],
         vec!["--trace", "/nonexistent/trace.csv"],
         vec!["--trace-speedup", "0", "--trace", trace.to_str().unwrap()],
-        vec!["--ramp-from", "0", "--ramp", "exponential", "--ramp-to", "5", "--ramp-duration", "1s"],
+        vec![
+            "--ramp-from",
+            "0",
+            "--ramp",
+            "exponential",
+            "--ramp-to",
+            "5",
+            "--ramp-duration",
+            "1s",
+        ],
         vec!["--prompt-file", "/nonexistent/p.jsonl"],
-        vec!["--request-rate", "10", "--ramp", "linear", "--ramp-over", "concurrency", "--ramp-from", "1", "--ramp-to", "8", "--ramp-duration", "2s"],
-        vec!["--ramp-from", "0.5", "--ramp", "linear", "--ramp-over", "concurrency", "--ramp-to", "8", "--ramp-duration", "2s"],
-        vec!["--ramp-to", "0", "--ramp", "sawtooth", "--ramp-over", "concurrency", "--ramp-from", "2", "--ramp-duration", "2s"],
-        vec!["--batch-sizes", "4", "--ramp", "linear", "--ramp-over", "concurrency", "--ramp-from", "1", "--ramp-to", "8", "--ramp-duration", "2s"],
+        vec![
+            "--request-rate",
+            "10",
+            "--ramp",
+            "linear",
+            "--ramp-over",
+            "concurrency",
+            "--ramp-from",
+            "1",
+            "--ramp-to",
+            "8",
+            "--ramp-duration",
+            "2s",
+        ],
+        vec![
+            "--ramp-from",
+            "0.5",
+            "--ramp",
+            "linear",
+            "--ramp-over",
+            "concurrency",
+            "--ramp-to",
+            "8",
+            "--ramp-duration",
+            "2s",
+        ],
+        vec![
+            "--ramp-to",
+            "0",
+            "--ramp",
+            "sawtooth",
+            "--ramp-over",
+            "concurrency",
+            "--ramp-from",
+            "2",
+            "--ramp-duration",
+            "2s",
+        ],
+        vec![
+            "--batch-sizes",
+            "4",
+            "--ramp",
+            "linear",
+            "--ramp-over",
+            "concurrency",
+            "--ramp-from",
+            "1",
+            "--ramp-to",
+            "8",
+            "--ramp-duration",
+            "2s",
+        ],
     ];
     for args in cases {
-        let out = Command::new(lmperf_bin()).args(["run", "--target", "http://127.0.0.1:9", "--output-dir", "/tmp/x"]).args(&args).output().unwrap();
+        let out = Command::new(lmperf_bin())
+            .args([
+                "run",
+                "--target",
+                "http://127.0.0.1:9",
+                "--output-dir",
+                "/tmp/x",
+            ])
+            .args(&args)
+            .output()
+            .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        assert!(err.contains(args[0]) && err.trim_end().lines().count() == 1, "{args:?}: {err}");
+        assert!(
+            err.contains(args[0]) && err.trim_end().lines().count() == 1,
+            "{args:?}: {err}"
+        );
     }
 }
 
@@ -533,11 +1031,35 @@ fn trace_on_the_real_server() {
     let server = ModelServer::start();
     let dir = tmp("real-trace");
     let out = Command::new(lmperf_bin())
-        .args(["run", "--target", &server.url(), "--model", "gemma-3-270m", "--trace", fixture("azure_llm_2023_conv.head2000.csv").to_str().unwrap()])
-        .args(["--trace-limit", "4", "--trace-speedup", "20", "--batch-sizes", "4", "--output-dir", dir.to_str().unwrap()])
+        .args([
+            "run",
+            "--target",
+            &server.url(),
+            "--model",
+            "gemma-3-270m",
+            "--trace",
+            fixture("azure_llm_2023_conv.head2000.csv")
+                .to_str()
+                .unwrap(),
+        ])
+        .args([
+            "--trace-limit",
+            "4",
+            "--trace-speedup",
+            "20",
+            "--batch-sizes",
+            "4",
+            "--output-dir",
+            dir.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let want = expected("azure_llm_2023_conv.head2000.csv", 4);
     let rows = rows(&dir);
     assert_eq!(rows.len(), 4);
@@ -545,11 +1067,30 @@ fn trace_on_the_real_server() {
         assert_eq!(r["outcome"], "ok", "{r}");
         assert_eq!(r["prompt_tokens"].as_u64(), Some(*input), "{r}");
         let server_in = r["input_tokens"].as_u64().unwrap();
-        assert!(server_in >= *input && server_in <= input + 1, "server counts {server_in} for {input}: {r}");
-        assert_eq!(r["output_tokens"].as_u64(), Some(*output), "ignore_eos + min_tokens: {r}");
+        assert!(
+            server_in >= *input && server_in <= input + 1,
+            "server counts {server_in} for {input}: {r}"
+        );
+        assert_eq!(
+            r["output_tokens"].as_u64(),
+            Some(*output),
+            "ignore_eos + min_tokens: {r}"
+        );
     }
-    let s: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
-    assert_eq!((s["trace"]["name"].as_str(), s["trace"]["format"].as_str(), s["tokenizer"].as_str()), (Some("azure_llm_2023_conv.head2000.csv"), Some("azure"), Some("server_llama_cpp")));
+    let s: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(
+        (
+            s["trace"]["name"].as_str(),
+            s["trace"]["format"].as_str(),
+            s["tokenizer"].as_str()
+        ),
+        (
+            Some("azure_llm_2023_conv.head2000.csv"),
+            Some("azure"),
+            Some("server_llama_cpp")
+        )
+    );
 }
 
 /// A local `tokenizer.json` (`--tokenizer`) calibrates the prompts without one `/tokenize` call:
@@ -558,32 +1099,75 @@ fn trace_on_the_real_server() {
 async fn local_tokenizer_json_instead_of_tokenize() {
     let server = server(4).await;
     let dir = tmp("local-tokenizer");
-    let tok = lmperf::bench::prompts::LocalTokenizer::load(&workspace_root().join("tests/fixtures/tokenizers/whitespace-words.json")).unwrap();
+    let tok = lmperf::bench::prompts::LocalTokenizer::load(
+        &workspace_root().join("tests/fixtures/tokenizers/whitespace-words.json"),
+    )
+    .unwrap();
     assert_eq!(tok.count("the quick  brown\tfox and"), Some(5));
-    let mut s = spec(&server.url(), "completions", &dir, Workload { tokenizer: Some(tok), ..Workload::default() });
+    let mut s = spec(
+        &server.url(),
+        "completions",
+        &dir,
+        Workload {
+            tokenizer: Some(tok),
+            ..Workload::default()
+        },
+    );
     s.input_lengths = vec![37];
     s.num_prompts = 6;
     let summary = lmperf::bench::run(s).await.unwrap();
     assert_eq!(summary.benchmarks[0].completed, 6);
-    let json: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     assert_eq!(json["tokenizer"], "local_file");
-    assert!(json["workload"]["tokenizer_file"].as_str().unwrap().ends_with("whitespace-words.json"));
+    assert!(
+        json["workload"]["tokenizer_file"]
+            .as_str()
+            .unwrap()
+            .ends_with("whitespace-words.json")
+    );
     for r in rows(&dir) {
-        assert_eq!((r["prompt_tokens"].as_u64(), r["input_tokens"].as_u64()), (Some(37), Some(37)), "{r}");
+        assert_eq!(
+            (r["prompt_tokens"].as_u64(), r["input_tokens"].as_u64()),
+            (Some(37), Some(37)),
+            "{r}"
+        );
     }
     let received = server.requests();
-    assert!(received.iter().all(|r| r.path != "/tokenize"), "no /tokenize call with a local tokenizer");
+    assert!(
+        received.iter().all(|r| r.path != "/tokenize"),
+        "no /tokenize call with a local tokenizer"
+    );
     // Besides the 6 completions the run reads the server's /metrics and identity routes.
-    assert_eq!(received.iter().filter(|r| r.path.ends_with("/completions")).count(), 6);
+    assert_eq!(
+        received
+            .iter()
+            .filter(|r| r.path.ends_with("/completions"))
+            .count(),
+        6
+    );
     // A file that is not a tokenizer is refused naming the flag and the file.
     let out = Command::new(lmperf_bin())
-        .args(["run", "--target", &server.url(), "--model", "m", "--tokenizer", "Cargo.toml", "--output-dir", dir.to_str().unwrap()])
+        .args([
+            "run",
+            "--target",
+            &server.url(),
+            "--model",
+            "m",
+            "--tokenizer",
+            "Cargo.toml",
+            "--output-dir",
+            dir.to_str().unwrap(),
+        ])
         .current_dir(workspace_root())
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("--tokenizer") && err.contains("Cargo.toml: not a usable tokenizer.json"), "{err}");
+    assert!(
+        err.contains("--tokenizer") && err.contains("Cargo.toml: not a usable tokenizer.json"),
+        "{err}"
+    );
 }
 
 /// The Gemma 3 tokenizer.json built from the GGUF's metadata (tests/peers/install.sh) counts
@@ -592,33 +1176,85 @@ async fn local_tokenizer_json_instead_of_tokenize() {
 #[test]
 fn gemma_tokenizer_json_matches_llama_cpp() {
     let path = workspace_root().join(".venv-peers/tokenizer/tokenizer.json");
-    assert!(path.exists(), "{} missing: run tests/peers/install.sh", path.display());
+    assert!(
+        path.exists(),
+        "{} missing: run tests/peers/install.sh",
+        path.display()
+    );
     let tok = lmperf::bench::prompts::LocalTokenizer::load(&path).unwrap();
     let server = ModelServer::start();
     let texts: Vec<String> = std::fs::read_to_string(fixture("mt_bench_questions.jsonl"))
         .unwrap()
         .lines()
         .take(25)
-        .flat_map(|l| serde_json::from_str::<Value>(l).unwrap()["turns"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_owned()).collect::<Vec<_>>())
-        .chain(["Hello world, this is a test.".to_owned(), "ünïcödé — 東京 🚀 tabs\tand  spaces\n\nnew lines".to_owned()])
+        .flat_map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["turns"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        })
+        .chain([
+            "Hello world, this is a test.".to_owned(),
+            "ünïcödé — 東京 🚀 tabs\tand  spaces\n\nnew lines".to_owned(),
+        ])
         .collect();
-    let addr: std::net::SocketAddr = server.url().trim_start_matches("http://").trim_end_matches('/').parse().unwrap();
+    let addr: std::net::SocketAddr = server
+        .url()
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
     for t in &texts {
-        let (code, body) = lmperf_e2e::agent::http_post_json(addr, "/tokenize", &serde_json::json!({ "content": t, "add_special": false }).to_string());
+        let (code, body) = lmperf_e2e::agent::http_post_json(
+            addr,
+            "/tokenize",
+            &serde_json::json!({ "content": t, "add_special": false }).to_string(),
+        );
         assert_eq!(code, 200, "{body}");
-        let server_count = serde_json::from_str::<Value>(&body).unwrap()["tokens"].as_array().unwrap().len() as u32;
+        let server_count = serde_json::from_str::<Value>(&body).unwrap()["tokens"]
+            .as_array()
+            .unwrap()
+            .len() as u32;
         assert_eq!(tok.count(t), Some(server_count), "{t:?}");
     }
     let dir = tmp("gemma-tokenizer");
     let out = Command::new(lmperf_bin())
-        .args(["run", "--target", &server.url(), "--model", "gemma-3-270m", "--tokenizer", path.to_str().unwrap()])
-        .args(["--seq-lengths", "64", "--num-prompts", "3", "--output-len", "4", "--output-dir", dir.to_str().unwrap()])
+        .args([
+            "run",
+            "--target",
+            &server.url(),
+            "--model",
+            "gemma-3-270m",
+            "--tokenizer",
+            path.to_str().unwrap(),
+        ])
+        .args([
+            "--seq-lengths",
+            "64",
+            "--num-prompts",
+            "3",
+            "--output-len",
+            "4",
+            "--output-dir",
+            dir.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for r in rows(&dir) {
         assert_eq!(r["prompt_tokens"].as_u64(), Some(64), "{r}");
-        assert!(matches!(r["input_tokens"].as_u64(), Some(64 | 65)), "server counts {}: {r}", r["input_tokens"]);
+        assert!(
+            matches!(r["input_tokens"].as_u64(), Some(64 | 65)),
+            "server counts {}: {r}",
+            r["input_tokens"]
+        );
     }
 }
 
@@ -635,49 +1271,124 @@ async fn profile_hot_update_while_running() {
     // 40 output tokens/s ÷ 4 per request = 10 req/s.
     std::fs::write(&file, "profile: burst-llm-eval\nprompt_length: {distribution: lognormal, mu: 60, sigma: 0.3, max: 200}\nconcurrency: {ramp: exponential, base: 4, step: 1s, max: 16}\ntoken_rate: {mode: constant, target: 40/s, jitter: 15%}\n").unwrap();
     let out_dir = dir.join("out");
-    let args: Vec<String> = ["run", "--target", &srv.url(), "--model", "m", "--output-len", "4", "--duration", "4s", "--profile", file.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap()]
-        .map(str::to_owned)
-        .to_vec();
+    let args: Vec<String> = [
+        "run",
+        "--target",
+        &srv.url(),
+        "--model",
+        "m",
+        "--output-len",
+        "4",
+        "--duration",
+        "4s",
+        "--profile",
+        file.to_str().unwrap(),
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ]
+    .map(str::to_owned)
+    .to_vec();
     let run = tokio::spawn(run_cli(args));
     tokio::time::sleep(Duration::from_millis(2000)).await;
     // 160 tokens/s = 40 req/s, prompts of exactly 32 tokens.
     std::fs::write(&file, "profile: burst-llm-eval\nprompt_length: {distribution: fixed, value: 32}\nconcurrency: {ramp: exponential, base: 4, step: 1s, max: 16}\ntoken_rate: {mode: constant, target: 160/s}\n").unwrap();
     let out = run.await.unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rows = rows(&out_dir);
-    assert!(rows.iter().all(|r| r["outcome"] == "ok"), "no request dropped");
+    assert!(
+        rows.iter().all(|r| r["outcome"] == "ok"),
+        "no request dropped"
+    );
     // --duration bounds the run, not the default --num-prompts 100; the result line is printed.
     assert!(rows.len() > 100, "{} rows", rows.len());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains(&format!("lmperf run: profile_burst-llm-eval: {} requests, {} ok, ", rows.len(), rows.len())), "{err}");
-    let (r0, r1): (Vec<&Value>, Vec<&Value>) = rows.iter().partition(|r| r["profile_revision"] == 0);
+    assert!(
+        err.contains(&format!(
+            "lmperf run: profile_burst-llm-eval: {} requests, {} ok, ",
+            rows.len(),
+            rows.len()
+        )),
+        "{err}"
+    );
+    let (r0, r1): (Vec<&Value>, Vec<&Value>) =
+        rows.iter().partition(|r| r["profile_revision"] == 0);
     assert!(r1.iter().all(|r| r["profile_revision"] == 1));
-    let s: Value = serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap()).unwrap();
+    let s: Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
+            .unwrap();
     let change = s["profile"]["revisions"][1][0].as_f64().unwrap();
     // Written 2 s after the process started; its t0 is after start-up (tokenizer detection).
     assert!((1.0..2.6).contains(&change), "revision 1 at {change} s");
     assert_eq!(s["profile"]["name"], "burst-llm-eval");
     // Rates before and after: ~10 and ~40 req/s.
-    let rate = |rs: &[&Value], from: f64, to: f64| rs.iter().filter(|r| (from..to).contains(&(r["scheduled_ms"].as_f64().unwrap() / 1000.0))).count() as f64 / (to - from);
+    let rate = |rs: &[&Value], from: f64, to: f64| {
+        rs.iter()
+            .filter(|r| (from..to).contains(&(r["scheduled_ms"].as_f64().unwrap() / 1000.0)))
+            .count() as f64
+            / (to - from)
+    };
     let before = rate(&r0, 0.0, change - 0.1);
     let after = rate(&r1, change + 0.1, 3.9);
-    assert!((8.0..12.5).contains(&before) && (32.0..48.0).contains(&after), "{before} req/s then {after} req/s");
-    assert!(r1.iter().all(|r| r["prompt_tokens"] == 32), "fixed prompt length after the change");
-    assert!(r0.iter().any(|r| r["prompt_tokens"] != r0[0]["prompt_tokens"]), "lognormal lengths before");
+    assert!(
+        (8.0..12.5).contains(&before) && (32.0..48.0).contains(&after),
+        "{before} req/s then {after} req/s"
+    );
+    assert!(
+        r1.iter().all(|r| r["prompt_tokens"] == 32),
+        "fixed prompt length after the change"
+    );
+    assert!(
+        r0.iter()
+            .any(|r| r["prompt_tokens"] != r0[0]["prompt_tokens"]),
+        "lognormal lengths before"
+    );
     let html = std::fs::read_to_string(out_dir.join("report.html")).unwrap();
-    assert!(html.contains(r#"data-revision="1""#), "the report marks the change");
+    assert!(
+        html.contains(r#"data-revision="1""#),
+        "the report marks the change"
+    );
     // The server's own signals are read during a profile run too (the new-user walk found
     // `server: null` and no server_samples.jsonl).
     let sv = &s["benchmarks"][0]["server"];
-    assert_eq!((sv["waiting_max"].as_f64(), sv["running_max"].as_f64()), (Some(3.0), Some(2.0)), "{sv}");
+    assert_eq!(
+        (sv["waiting_max"].as_f64(), sv["running_max"].as_f64()),
+        (Some(3.0), Some(2.0)),
+        "{sv}"
+    );
     let samples = std::fs::read_to_string(out_dir.join("server_samples.jsonl")).unwrap();
     assert!(samples.lines().count() >= 2, "{samples}");
 
-    std::fs::write(&file, "profile: x\ntoken_rate: {mode: constant, target: 10/s, jiter: 5%}\n").unwrap();
-    let out = run_cli(["run", "--target", &srv.url(), "--profile", file.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap()].map(str::to_owned).to_vec()).await;
+    std::fs::write(
+        &file,
+        "profile: x\ntoken_rate: {mode: constant, target: 10/s, jiter: 5%}\n",
+    )
+    .unwrap();
+    let out = run_cli(
+        [
+            "run",
+            "--target",
+            &srv.url(),
+            "--profile",
+            file.to_str().unwrap(),
+            "--output-dir",
+            out_dir.to_str().unwrap(),
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    )
+    .await;
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.trim_end().lines().count() == 1 && err.contains("token_rate.jiter = \"5%\": unknown key"), "{err}");
+    assert!(
+        err.trim_end().lines().count() == 1
+            && err.contains("token_rate.jiter = \"5%\": unknown key"),
+        "{err}"
+    );
 }
 
 /// `token_rate: {mode: adaptive}` against a scripted server with a known decode-rate floor:
@@ -689,7 +1400,8 @@ async fn profile_hot_update_while_running() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adaptive_token_rate_finds_the_servers_decode_rate_floor() {
     const TOKENS: u64 = 4;
-    let arrivals: Arc<std::sync::Mutex<std::collections::VecDeque<std::time::Instant>>> = Arc::default();
+    let arrivals: Arc<std::sync::Mutex<std::collections::VecDeque<std::time::Instant>>> =
+        Arc::default();
     let srv = ScriptedServer::start(Arc::new({
         let arrivals = arrivals.clone();
         move |req: &Received, _| {
@@ -720,29 +1432,80 @@ async fn adaptive_token_rate_finds_the_servers_decode_rate_floor() {
     let file = dir.join("adaptive.yaml");
     std::fs::write(&file, "profile: find-floor\nprompt_length: {distribution: fixed, value: 8}\nconcurrency: {ramp: fixed, base: 64}\ntoken_rate: {mode: adaptive, target: 100/s, increase: 50%, step: 1s, floor: 50}\n").unwrap();
     let out_dir = dir.join("out");
-    let args: Vec<String> = ["run", "--target", &srv.url(), "--model", "m", "--api", "completions", "--output-len", "4", "--num-prompts", "10000", "--duration", "5.5s", "--profile", file.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap()]
-        .map(str::to_owned)
-        .to_vec();
+    let args: Vec<String> = [
+        "run",
+        "--target",
+        &srv.url(),
+        "--model",
+        "m",
+        "--api",
+        "completions",
+        "--output-len",
+        "4",
+        "--num-prompts",
+        "10000",
+        "--duration",
+        "5.5s",
+        "--profile",
+        file.to_str().unwrap(),
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ]
+    .map(str::to_owned)
+    .to_vec();
     let out = run_cli(args).await;
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let s: Value = serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap()).unwrap();
-    assert_eq!(s["profile"]["sustained_token_rate"].as_f64(), Some(225.0), "{}", s["profile"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s: Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        s["profile"]["sustained_token_rate"].as_f64(),
+        Some(225.0),
+        "{}",
+        s["profile"]
+    );
     let rows = rows(&out_dir);
     assert!(rows.iter().all(|r| r["outcome"] == "ok"));
     let at = |r: &Value| r["scheduled_ms"].as_f64().unwrap() / 1000.0;
     let tpot = |r: &Value| r["tpot_ms"].as_f64().unwrap();
-    let window = |from: f64, to: f64| rows.iter().filter(|r| (from..to).contains(&at(r))).collect::<Vec<_>>();
+    let window = |from: f64, to: f64| {
+        rows.iter()
+            .filter(|r| (from..to).contains(&at(r)))
+            .collect::<Vec<_>>()
+    };
     // Levels 100, 150, 225 tokens/s: streams at 100 tokens/s.
     let held = window(0.0, 2.95);
-    assert!(held.len() >= 100 && held.iter().all(|r| tpot(r) < 25.0), "{} rows, TPOT {:?}", held.len(), held.iter().map(|r| tpot(r)).collect::<Vec<_>>());
+    assert!(
+        held.len() >= 100 && held.iter().all(|r| tpot(r) < 25.0),
+        "{} rows, TPOT {:?}",
+        held.len(),
+        held.iter().map(|r| tpot(r)).collect::<Vec<_>>()
+    );
     // Level 337.5 tokens/s (84 req/s): the server slows each stream below the floor.
     let broke = window(3.3, 3.95);
     let slow = broke.iter().filter(|r| tpot(r) >= 40.0).count();
-    assert!(slow * 10 >= broke.len() * 9, "{slow} of {} streams slow at 337.5 tokens/s", broke.len());
+    assert!(
+        slow * 10 >= broke.len() * 9,
+        "{slow} of {} streams slow at 337.5 tokens/s",
+        broke.len()
+    );
     // Settled back at 225 tokens/s = 56 req/s, streams fast again.
     let settled = window(4.4, 5.4);
-    assert!((45..=68).contains(&settled.len()), "{} req/s after settling", settled.len());
-    assert!(settled.iter().all(|r| tpot(r) < 25.0), "{:?}", settled.iter().map(|r| tpot(r)).collect::<Vec<_>>());
+    assert!(
+        (45..=68).contains(&settled.len()),
+        "{} req/s after settling",
+        settled.len()
+    );
+    assert!(
+        settled.iter().all(|r| tpot(r) < 25.0),
+        "{:?}",
+        settled.iter().map(|r| tpot(r)).collect::<Vec<_>>()
+    );
 }
 
 /// Issue 15 part 2 on the real server (llama.cpp with Gemma 3 270M on one thread, two slots;
@@ -765,57 +1528,163 @@ async fn profile_hot_update_on_the_real_server() {
     let concurrency = "concurrency: {ramp: linear, base: 1, step: 4s, max: 2}\n";
     std::fs::write(&file, format!("profile: real-ramp\nprompt_length: {{distribution: fixed, value: 32}}\n{concurrency}token_rate: {{mode: constant, target: 4/s}}\n")).unwrap();
     let out_dir = dir.join("out");
-    let args: Vec<String> = ["run", "--target", &server.url(), "--model", "gemma-3-270m", "--output-len", "8", "--num-prompts", "1000", "--duration", "16s", "--profile", file.to_str().unwrap(), "--output-dir", out_dir.to_str().unwrap()]
-        .map(str::to_owned)
-        .to_vec();
+    let args: Vec<String> = [
+        "run",
+        "--target",
+        &server.url(),
+        "--model",
+        "gemma-3-270m",
+        "--output-len",
+        "8",
+        "--num-prompts",
+        "1000",
+        "--duration",
+        "16s",
+        "--profile",
+        file.to_str().unwrap(),
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ]
+    .map(str::to_owned)
+    .to_vec();
     let started = std::time::Instant::now();
     let run = tokio::spawn(run_cli(args));
     tokio::time::sleep(Duration::from_secs(8)).await;
     std::fs::write(&file, format!("profile: real-ramp\nprompt_length: {{distribution: fixed, value: 24}}\n{concurrency}token_rate: {{mode: constant, target: 8/s}}\n")).unwrap();
     let out = run.await.unwrap();
     let took = started.elapsed();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let s: Value = serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s: Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
+            .unwrap();
     let change = s["profile"]["revisions"][1][0].as_f64().unwrap();
-    assert_eq!(s["profile"]["revisions"].as_array().unwrap().len(), 2, "{}", s["profile"]);
+    assert_eq!(
+        s["profile"]["revisions"].as_array().unwrap().len(),
+        2,
+        "{}",
+        s["profile"]
+    );
     assert_eq!(s["profile"]["revisions"][1][1], 1);
     // Written 8 s after the process started; its t0 is after start-up (tokenizer detection).
     assert!((5.5..8.2).contains(&change), "revision 1 at {change} s");
     let rows = rows(&out_dir);
-    assert!(rows.iter().all(|r| r["outcome"] == "ok" && r["output_tokens"] == 8), "no request dropped, 8 tokens each: {rows:?}");
-    let revs: Vec<u64> = rows.iter().map(|r| r["profile_revision"].as_u64().unwrap()).collect();
-    assert!(revs.windows(2).all(|w| w[0] <= w[1]) && revs.contains(&0) && revs.contains(&1), "revision 0 then 1: {revs:?}");
+    assert!(
+        rows.iter()
+            .all(|r| r["outcome"] == "ok" && r["output_tokens"] == 8),
+        "no request dropped, 8 tokens each: {rows:?}"
+    );
+    let revs: Vec<u64> = rows
+        .iter()
+        .map(|r| r["profile_revision"].as_u64().unwrap())
+        .collect();
+    assert!(
+        revs.windows(2).all(|w| w[0] <= w[1]) && revs.contains(&0) && revs.contains(&1),
+        "revision 0 then 1: {revs:?}"
+    );
     let at = |r: &Value, k: &str| r[k].as_f64().unwrap() / 1000.0;
     let mut figures = Vec::new();
     for (rev, len, target) in [(0, 32, 4.0), (1, 24, 8.0)] {
-        let mine: Vec<&Value> = rows.iter().filter(|r| r["profile_revision"] == rev).collect();
+        let mine: Vec<&Value> = rows
+            .iter()
+            .filter(|r| r["profile_revision"] == rev)
+            .collect();
         for r in &mine {
-            assert_eq!((r["prompt_tokens"].as_u64(), r["prompt_tokens_source"].as_str()), (Some(len), Some("server_tokenize")), "{r}");
+            assert_eq!(
+                (
+                    r["prompt_tokens"].as_u64(),
+                    r["prompt_tokens_source"].as_str()
+                ),
+                (Some(len), Some("server_tokenize")),
+                "{r}"
+            );
             let server_in = r["input_tokens"].as_u64().unwrap();
-            assert!(server_in == len || server_in == len + 1, "server counts {server_in} for {len}: {r}");
+            assert!(
+                server_in == len || server_in == len + 1,
+                "server counts {server_in} for {len}: {r}"
+            );
             // Sent under revision 0 before the change, under revision 1 after it.
-            assert!(if rev == 0 { at(r, "scheduled_ms") < change } else { at(r, "scheduled_ms") >= change - 0.01 }, "{r}");
-            let limit = if at(r, "send_ms") < 3.99 { 1 } else if at(r, "send_ms") > 4.01 { 2 } else { r["concurrency_limit"].as_u64().unwrap() };
-            assert_eq!(r["concurrency_limit"].as_u64(), Some(limit), "linear ramp 1 → 2 at 4 s: {r}");
+            assert!(
+                if rev == 0 {
+                    at(r, "scheduled_ms") < change
+                } else {
+                    at(r, "scheduled_ms") >= change - 0.01
+                },
+                "{r}"
+            );
+            let limit = if at(r, "send_ms") < 3.99 {
+                1
+            } else if at(r, "send_ms") > 4.01 {
+                2
+            } else {
+                r["concurrency_limit"].as_u64().unwrap()
+            };
+            assert_eq!(
+                r["concurrency_limit"].as_u64(),
+                Some(limit),
+                "linear ramp 1 → 2 at 4 s: {r}"
+            );
         }
         // The server kept up: no send waited for a slot (a wait would be its delay beyond the
         // prompt's calibration, a few /tokenize calls).
-        let delays: Vec<f64> = mine.iter().map(|r| r["dispatch_delay_ms"].as_f64().unwrap()).collect();
-        assert!(delays.iter().all(|d| *d < 300.0), "revision {rev}: dispatch delays {delays:?} ms");
+        let delays: Vec<f64> = mine
+            .iter()
+            .map(|r| r["dispatch_delay_ms"].as_f64().unwrap())
+            .collect();
+        assert!(
+            delays.iter().all(|d| *d < 300.0),
+            "revision {rev}: dispatch delays {delays:?} ms"
+        );
         let (first, last) = (at(mine[0], "send_ms"), at(mine[mine.len() - 1], "send_ms"));
-        let tokens: u64 = mine[1..].iter().map(|r| r["output_tokens"].as_u64().unwrap()).sum();
+        let tokens: u64 = mine[1..]
+            .iter()
+            .map(|r| r["output_tokens"].as_u64().unwrap())
+            .sum();
         let rate = tokens as f64 / (last - first);
-        assert!(mine.len() >= 3 && (rate / target - 1.0).abs() <= 0.10, "revision {rev}: {} requests, {rate:.2} output tokens/s for {target}", mine.len());
-        figures.push((rev, mine.len(), rate, first, delays.iter().copied().fold(0.0, f64::max)));
+        assert!(
+            mine.len() >= 3 && (rate / target - 1.0).abs() <= 0.10,
+            "revision {rev}: {} requests, {rate:.2} output tokens/s for {target}",
+            mine.len()
+        );
+        figures.push((
+            rev,
+            mine.len(),
+            rate,
+            first,
+            delays.iter().copied().fold(0.0, f64::max),
+        ));
     }
     let first_new = figures[1].3;
-    assert!(first_new - change < 0.3, "the new rate starts at the change ({change:.2} s), its first request at {first_new:.2} s");
-    assert_eq!((s["benchmarks"][0]["prompt_tokens_mismatch"].as_u64(), s["tokenizer"].as_str()), (Some(0), Some("server_llama_cpp")));
+    assert!(
+        first_new - change < 0.3,
+        "the new rate starts at the change ({change:.2} s), its first request at {first_new:.2} s"
+    );
+    assert_eq!(
+        (
+            s["benchmarks"][0]["prompt_tokens_mismatch"].as_u64(),
+            s["tokenizer"].as_str()
+        ),
+        (Some(0), Some("server_llama_cpp"))
+    );
     let html = std::fs::read_to_string(out_dir.join("report.html")).unwrap();
     // (Compared as numbers: serde_json's default parse may be one ulp off the printed value.)
-    let marked: Option<f64> = html.split(r#"data-revision="1" data-at-s=""#).nth(1).and_then(|t| t.split('"').next()).and_then(|v| v.parse().ok());
-    assert!(marked.is_some_and(|m| (m - change).abs() < 1e-9), "the report marks the change at {change} s: {marked:?}");
-    println!("profile on the real server: change at {change:.2} s; per revision (rev, requests, output tokens/s, first send s, max dispatch delay ms): {figures:?}; test {:.1} s", took.as_secs_f64());
+    let marked: Option<f64> = html
+        .split(r#"data-revision="1" data-at-s=""#)
+        .nth(1)
+        .and_then(|t| t.split('"').next())
+        .and_then(|v| v.parse().ok());
+    assert!(
+        marked.is_some_and(|m| (m - change).abs() < 1e-9),
+        "the report marks the change at {change} s: {marked:?}"
+    );
+    println!(
+        "profile on the real server: change at {change:.2} s; per revision (rev, requests, output tokens/s, first send s, max dispatch delay ms): {figures:?}; test {:.1} s",
+        took.as_secs_f64()
+    );
 }
 
 /// Issue 15 part 4: a closed loop's `dispatch_delay_ms` counts from the moment the request's
@@ -833,28 +1702,79 @@ async fn closed_loop_dispatch_delay_counts_from_the_free_slot() {
     let (srv, _) = slow_server().await;
     let dir = tmp("closed-delay");
     let started = std::time::Instant::now();
-    let out = run_cli(["run", "--target", &srv.url(), "--model", "m", "--batch-sizes", "1", "2", "--num-prompts", "60", "--seq-lengths", "8", "--output-len", "1", "--output-dir", dir.to_str().unwrap()].map(str::to_owned).to_vec()).await;
+    let out = run_cli(
+        [
+            "run",
+            "--target",
+            &srv.url(),
+            "--model",
+            "m",
+            "--batch-sizes",
+            "1",
+            "2",
+            "--num-prompts",
+            "60",
+            "--seq-lengths",
+            "8",
+            "--output-len",
+            "1",
+            "--output-dir",
+            dir.to_str().unwrap(),
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    )
+    .await;
     let took = started.elapsed();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rows = rows(&dir);
-    let s: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let s: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     let mut figures = Vec::new();
     for (k, c) in [1u64, 2].into_iter().enumerate() {
         let mine: Vec<&Value> = rows.iter().filter(|r| r["concurrency"] == c).collect();
         assert_eq!(mine.len(), 60);
         assert!(mine.iter().all(|r| r["outcome"] == "ok"));
-        let col = |key: &str| mine.iter().map(|r| r[key].as_f64().unwrap()).collect::<Vec<f64>>();
-        let (delay, send, scheduled, e2e) = (col("dispatch_delay_ms"), col("send_ms"), col("scheduled_ms"), col("e2el_ms"));
+        let col = |key: &str| {
+            mine.iter()
+                .map(|r| r[key].as_f64().unwrap())
+                .collect::<Vec<f64>>()
+        };
+        let (delay, send, scheduled, e2e) = (
+            col("dispatch_delay_ms"),
+            col("send_ms"),
+            col("scheduled_ms"),
+            col("e2el_ms"),
+        );
         let last_send = send.iter().copied().fold(0.0, f64::max);
         // 60 × 50 ms / c: the last sends are seconds after the start (a delay counted from the
         // start would be that).
-        assert!(last_send > 2900.0 / c as f64 - 100.0, "c{c}: last send at {last_send} ms");
-        let (p50, p99, max) = (np_percentile(&delay, 0.5), np_percentile(&delay, 0.99), delay.iter().copied().fold(0.0, f64::max));
-        assert!(p50 < 1.0 && p99 < 10.0 && max < 50.0, "c{c}: dispatch delays p50 {p50} ms, p99 {p99} ms, max {max} ms: {delay:?}");
+        assert!(
+            last_send > 2900.0 / c as f64 - 100.0,
+            "c{c}: last send at {last_send} ms"
+        );
+        let (p50, p99, max) = (
+            np_percentile(&delay, 0.5),
+            np_percentile(&delay, 0.99),
+            delay.iter().copied().fold(0.0, f64::max),
+        );
+        assert!(
+            p50 < 1.0 && p99 < 10.0 && max < 50.0,
+            "c{c}: dispatch delays p50 {p50} ms, p99 {p99} ms, max {max} ms: {delay:?}"
+        );
         if c == 1 {
             for i in 1..mine.len() {
                 let ended = send[i - 1] + e2e[i - 1];
-                assert!((ended - 0.5..ended + 20.0).contains(&scheduled[i]), "request {i} due at {} ms, previous ended at {ended} ms", scheduled[i]);
+                assert!(
+                    (ended - 0.5..ended + 20.0).contains(&scheduled[i]),
+                    "request {i} due at {} ms, previous ended at {ended} ms",
+                    scheduled[i]
+                );
             }
         }
         let b = &s["benchmarks"][k];
@@ -862,15 +1782,28 @@ async fn closed_loop_dispatch_delay_counts_from_the_free_slot() {
         let d = &b["dispatch_delay_ms"];
         assert_eq!(d["count"].as_u64(), Some(60));
         let min = delay.iter().copied().fold(f64::INFINITY, f64::min);
-        assert_eq!((d["min"].as_f64(), d["max"].as_f64()), (Some(min), Some(max)), "{d}");
+        assert_eq!(
+            (d["min"].as_f64(), d["max"].as_f64()),
+            (Some(min), Some(max)),
+            "{d}"
+        );
         let mean = delay.iter().sum::<f64>() / 60.0;
-        assert!((d["mean"].as_f64().unwrap() - mean).abs() <= 1e-9 * mean.max(1.0), "{d} vs mean {mean}");
+        assert!(
+            (d["mean"].as_f64().unwrap() - mean).abs() <= 1e-9 * mean.max(1.0),
+            "{d} vs mean {mean}"
+        );
         for (q, key) in [(0.5, "p50"), (0.9, "p90"), (0.99, "p99")] {
             let want = np_percentile(&delay, q);
             let got = d[key].as_f64().unwrap();
-            assert!((got - want).abs() <= 1e-3 * want + 1e-6, "c{c} {key}: summary {got}, rows {want}");
+            assert!(
+                (got - want).abs() <= 1e-3 * want + 1e-6,
+                "c{c} {key}: summary {got}, rows {want}"
+            );
         }
         figures.push((c, last_send, p50, p99, max));
     }
-    println!("closed loop, 50 ms replies (c, last send ms, dispatch delay p50/p99/max ms): {figures:?}; test {:.1} s", took.as_secs_f64());
+    println!(
+        "closed loop, 50 ms replies (c, last send ms, dispatch delay p50/p99/max ms): {figures:?}; test {:.1} s",
+        took.as_secs_f64()
+    );
 }

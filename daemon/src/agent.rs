@@ -29,9 +29,15 @@ pub enum AgentError {
     #[error(transparent)]
     Telemetry(#[from] TelemetryError),
     #[error("HTTP client for target {target}: {source}")]
-    Client { target: String, source: reqwest::Error },
+    Client {
+        target: String,
+        source: reqwest::Error,
+    },
     #[error("admin HTTP cannot listen on {addr}: {source}")]
-    AdminBind { addr: std::net::SocketAddr, source: std::io::Error },
+    AdminBind {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// What the agent sets up while it holds its capabilities: the eBPF probes and the admin
@@ -53,10 +59,17 @@ pub fn prepare(cfg: &AgentConfig) -> Result<Privileged, AgentError> {
     let net = crate::net::load(&cfg.net, &ports);
     let admin = std::net::TcpListener::bind(cfg.admin_addr)
         .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .map_err(|source| AgentError::AdminBind { addr: cfg.admin_addr, source })?;
+        .map_err(|source| AgentError::AdminBind {
+            addr: cfg.admin_addr,
+            source,
+        })?;
     match crate::caps::drop_all() {
-        Ok(before) => tracing::info!(effective_before = %format!("{before:#x}"), "Capabilities dropped: the agent needs none after start."),
-        Err(e) => tracing::warn!(error = %e, "Cannot drop capabilities; the agent keeps those it was given."),
+        Ok(before) => {
+            tracing::info!(effective_before = %format!("{before:#x}"), "Capabilities dropped: the agent needs none after start.")
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "Cannot drop capabilities; the agent keeps those it was given.")
+        }
     }
     Ok(Privileged { net, admin })
 }
@@ -66,7 +79,12 @@ pub fn prepare(cfg: &AgentConfig) -> Result<Privileged, AgentError> {
 ///
 /// # Errors
 /// Only start-up failures; nothing that happens to targets or the collector later.
-pub async fn run(cfg: AgentConfig, privileged: Privileged, env: &dyn Env, signal: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
+pub async fn run(
+    cfg: AgentConfig,
+    privileged: Privileged,
+    env: &dyn Env,
+    signal: impl std::future::Future<Output = ()>,
+) -> Result<(), AgentError> {
     // Polled once now: the signal handlers are installed from here on, so a SIGTERM during
     // start-up is an ordered shutdown (control socket removed…), not the default kill.
     let mut signal = std::pin::pin!(signal);
@@ -74,23 +92,49 @@ pub async fn run(cfg: AgentConfig, privileged: Privileged, env: &dyn Env, signal
     let telemetry = Arc::new(Telemetry::init(&cfg.otlp, env)?);
     let (gpu, gpu_monitor) = crate::gpu::start(&cfg.gpu, &telemetry.meter());
     gpu.set_server_ports(cfg.targets.iter().map(|t| t.port).collect());
-    let states: Vec<Arc<TargetState>> = cfg.targets.iter().map(|t| Arc::new(TargetState::new(t))).collect();
+    let states: Vec<Arc<TargetState>> = cfg
+        .targets
+        .iter()
+        .map(|t| Arc::new(TargetState::new(t)))
+        .collect();
     telemetry.register_spike_gauge(states.clone());
     let (net, net_monitor) = privileged.net.start(&telemetry.meter());
     let recent = Arc::new(RecentRequests::new(cfg.control.recent_requests));
     let (server, server_monitor) = crate::server::start(&cfg.targets, Some(&telemetry.meter()));
-    let diagnosis = Arc::new(crate::diagnosis_live::LiveDiagnosis::new(crate::diagnosis::EngineConfig::default(), cfg.targets.iter().map(|t| t.name.clone()).collect()));
+    let diagnosis = Arc::new(crate::diagnosis_live::LiveDiagnosis::new(
+        crate::diagnosis::EngineConfig::default(),
+        cfg.targets.iter().map(|t| t.name.clone()).collect(),
+    ));
     crate::diagnosis_live::register_gauges(&telemetry.meter(), diagnosis.clone());
-    let status = Arc::new(AgentStatus { targets: states.clone(), started: SystemTime::now(), ready: false.into(), gpu: gpu.clone(), net: net.clone(), recent: recent.clone(), server: server.clone(), diagnosis: diagnosis.clone() });
+    let status = Arc::new(AgentStatus {
+        targets: states.clone(),
+        started: SystemTime::now(),
+        ready: false.into(),
+        gpu: gpu.clone(),
+        net: net.clone(),
+        recent: recent.clone(),
+        server: server.clone(),
+        diagnosis: diagnosis.clone(),
+    });
 
-    let listener = tokio::net::TcpListener::from_std(privileged.admin).map_err(|source| AgentError::AdminBind { addr: cfg.admin_addr, source })?;
+    let listener = tokio::net::TcpListener::from_std(privileged.admin).map_err(|source| {
+        AgentError::AdminBind {
+            addr: cfg.admin_addr,
+            source,
+        }
+    })?;
     let admin_addr = listener.local_addr().unwrap_or(cfg.admin_addr);
     let admin_stop = tokio_util::sync::CancellationToken::new();
-    let admin_state = AdminState { status: status.clone(), telemetry: telemetry.clone() };
+    let admin_state = AdminState {
+        status: status.clone(),
+        telemetry: telemetry.clone(),
+    };
     let app = admin::router(admin_state.clone());
     let stop = admin_stop.clone();
     let admin_task = tokio::spawn(async move {
-        let served = axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await;
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
         if let Err(e) = served {
             tracing::error!(error = %e, "Admin HTTP server failed.");
         }
@@ -101,25 +145,58 @@ pub async fn run(cfg: AgentConfig, privileged: Privileged, env: &dyn Env, signal
     let mut loops = Vec::new();
     let mut runners = Vec::new();
     for (i, (t, state)) in cfg.targets.iter().zip(&states).enumerate() {
-        let clients = Clients::new(t.connect_timeout).map_err(|source| AgentError::Client { target: t.name.clone(), source })?;
-        let runner = TargetRunner::new(Arc::new(t.clone()), clients, telemetry.clone(), state.clone(), cfg.console)
-            .with_gpu(gpu.clone())
-            .with_net(net.clone())
-            .with_recent(recent.clone())
-            .with_diagnosis(diagnosis.clone());
+        let clients = Clients::new(t.connect_timeout).map_err(|source| AgentError::Client {
+            target: t.name.clone(),
+            source,
+        })?;
+        let runner = TargetRunner::new(
+            Arc::new(t.clone()),
+            clients,
+            telemetry.clone(),
+            state.clone(),
+            cfg.console,
+        )
+        .with_gpu(gpu.clone())
+        .with_net(net.clone())
+        .with_recent(recent.clone())
+        .with_diagnosis(diagnosis.clone());
         let runner = match server.targets.get(i) {
             Some(s) => runner.with_server(s.clone()),
             None => runner,
         };
         let seed = rand::random::<u64>() ^ i as u64;
         runners.push(runner.clone());
-        loops.push(tokio::spawn(runner.run(shutdown.clone(), tracker.clone(), seed)));
+        loops.push(tokio::spawn(runner.run(
+            shutdown.clone(),
+            tracker.clone(),
+            seed,
+        )));
     }
-    let loads = Arc::new(LoadManager::new(runners, cfg.control.caps.clone(), shutdown.clone(), tracker.clone()));
+    let loads = Arc::new(LoadManager::new(
+        runners,
+        cfg.control.caps.clone(),
+        shutdown.clone(),
+        tracker.clone(),
+    ));
     let control_stop = tokio_util::sync::CancellationToken::new();
-    let control = crate::control::start(&cfg.control, ControlService { admin: admin_state, recent, loads }, control_stop.clone()).await;
+    let control = crate::control::start(
+        &cfg.control,
+        ControlService {
+            admin: admin_state,
+            recent,
+            loads,
+        },
+        control_stop.clone(),
+    )
+    .await;
     let diagnosis_stop = tokio_util::sync::CancellationToken::new();
-    let diagnosis_task = tokio::spawn(crate::diagnosis_live::run(diagnosis.clone(), gpu.clone(), server.clone(), telemetry.clone(), diagnosis_stop.clone()));
+    let diagnosis_task = tokio::spawn(crate::diagnosis_live::run(
+        diagnosis.clone(),
+        gpu.clone(),
+        server.clone(),
+        telemetry.clone(),
+        diagnosis_stop.clone(),
+    ));
     status.ready.store(true, Ordering::Relaxed);
     tracing::info!(
         admin = %admin_addr,
@@ -144,8 +221,17 @@ pub async fn run(cfg: AgentConfig, privileged: Privileged, env: &dyn Env, signal
         let _ = l.await;
     }
     tracker.close();
-    if tokio::time::timeout(cfg.shutdown_timeout, tracker.wait()).await.is_err() {
-        tracing::info!(in_flight = states.iter().map(|s| s.in_flight.load(Ordering::Relaxed)).sum::<u64>(), "Cancelling canaries still in flight.");
+    if tokio::time::timeout(cfg.shutdown_timeout, tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::info!(
+            in_flight = states
+                .iter()
+                .map(|s| s.in_flight.load(Ordering::Relaxed))
+                .sum::<u64>(),
+            "Cancelling canaries still in flight."
+        );
         shutdown.cancel.cancel();
         let _ = tokio::time::timeout(Duration::from_millis(500), tracker.wait()).await;
     }
@@ -155,7 +241,9 @@ pub async fn run(cfg: AgentConfig, privileged: Privileged, env: &dyn Env, signal
     let _ = tokio::task::spawn_blocking(move || gpu_monitor.stop(Duration::from_millis(200))).await;
     let _ = tokio::task::spawn_blocking(move || net_monitor.stop()).await;
     server_monitor.stop().await;
-    let left = SHUTDOWN_BUDGET.saturating_sub(t_signal.elapsed()).max(Duration::from_millis(500));
+    let left = SHUTDOWN_BUDGET
+        .saturating_sub(t_signal.elapsed())
+        .max(Duration::from_millis(500));
     telemetry.shutdown(left).await;
     admin_stop.cancel();
     control_stop.cancel();
@@ -164,14 +252,22 @@ pub async fn run(cfg: AgentConfig, privileged: Privileged, env: &dyn Env, signal
         let _ = tokio::time::timeout(Duration::from_millis(200), task).await;
     }
     let e = telemetry.spans.snapshot();
-    tracing::info!(exported = e.exported, dropped = e.dropped_queue_full, failed = e.failed, "Agent stopped.");
+    tracing::info!(
+        exported = e.exported,
+        dropped = e.dropped_queue_full,
+        failed = e.failed,
+        "Agent stopped."
+    );
     Ok(())
 }
 
 /// Completes on SIGTERM or SIGINT.
 pub async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
         (Ok(mut term), Ok(mut int)) => {
             tokio::select! {
                 _ = term.recv() => {}

@@ -35,7 +35,10 @@ struct CapData {
 /// # Errors
 /// The `capget` error (none expected on Linux).
 pub fn effective() -> io::Result<u64> {
-    let mut hdr = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
+    let mut hdr = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
     let mut data = [CapData::default(); 2];
     // SAFETY: version 3 takes one header and two data structs, both valid for writing.
     if unsafe { libc::syscall(libc::SYS_capget, &mut hdr, data.as_mut_ptr()) } != 0 {
@@ -54,15 +57,32 @@ pub fn drop_all() -> io::Result<u64> {
     let before = effective()?;
     // SAFETY: prctl with integer arguments only.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(io::Error::other(format!("prctl(PR_SET_NO_NEW_PRIVS): {}", io::Error::last_os_error())));
+        return Err(io::Error::other(format!(
+            "prctl(PR_SET_NO_NEW_PRIVS): {}",
+            io::Error::last_os_error()
+        )));
     }
     // SAFETY: as above; EINVAL on kernels without ambient capabilities is ignored.
-    unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) };
-    let hdr = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
+    unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        )
+    };
+    let hdr = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
     let data = [CapData::default(); 2];
     // SAFETY: version 3 takes one header and two data structs, both valid for reading.
     if unsafe { libc::syscall(libc::SYS_capset, &hdr, data.as_ptr()) } != 0 {
-        return Err(io::Error::other(format!("capset: {}", io::Error::last_os_error())));
+        return Err(io::Error::other(format!(
+            "capset: {}",
+            io::Error::last_os_error()
+        )));
     }
     Ok(before)
 }

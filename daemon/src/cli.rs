@@ -10,7 +10,11 @@ use crate::config::Overrides;
 use crate::config::raw::RawCanary;
 
 #[derive(Debug, Parser)]
-#[command(name = "lmperf", version, about = "LLM inference canary agent and benchmark: TTFT, ITL, TPOT, E2E as GenAI spans and metrics over OTLP")]
+#[command(
+    name = "lmperf",
+    version,
+    about = "LLM inference canary agent and benchmark: TTFT, ITL, TPOT, E2E as GenAI spans and metrics over OTLP"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -119,7 +123,12 @@ pub enum CtlCommand {
         /// Follow a load profile (`lmperf run --profile`'s YAML; token_rate required) for
         /// --duration; read here and sent to the agent. Change it while it runs with
         /// `lmperf ctl update-load --profile FILE`.
-        #[arg(long, value_name = "FILE", conflicts_with = "trace_file", requires = "duration")]
+        #[arg(
+            long,
+            value_name = "FILE",
+            conflicts_with = "trace_file",
+            requires = "duration"
+        )]
         profile: Option<PathBuf>,
         /// Output tokens per request of a profile load (default: the target's canary.max_tokens).
         #[arg(long, value_name = "N", requires = "profile", value_parser = clap::value_parser!(u32).range(1..))]
@@ -178,7 +187,12 @@ impl CompareArgs {
     /// Validates into a comparison specification; the error is one line naming the flag.
     pub fn into_spec(self) -> Result<crate::bench::compare::CompareSpec, String> {
         use crate::bench::compare::{CompareSpec, parse_compare_gate};
-        let gates = self.fail_on.iter().map(|g| parse_compare_gate(g)).collect::<Result<Vec<_>, _>>().map_err(|e| format!("--fail-on {e}"))?;
+        let gates = self
+            .fail_on
+            .iter()
+            .map(|g| parse_compare_gate(g))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("--fail-on {e}"))?;
         Ok(CompareSpec {
             output_dir: self.output_dir.unwrap_or_else(|| self.new_dir.clone()),
             base_dir: self.base_dir,
@@ -315,31 +329,52 @@ pub struct RunArgs {
 }
 
 /// `--find-max-rate` flags, checked.
-fn find_rate_of(slo: &[String], precision: &str, max_rate: Option<f64>, step_requests: Option<usize>, request_rate: Option<f64>) -> Result<crate::bench::find_rate::FindRate, String> {
+fn find_rate_of(
+    slo: &[String],
+    precision: &str,
+    max_rate: Option<f64>,
+    step_requests: Option<usize>,
+    request_rate: Option<f64>,
+) -> Result<crate::bench::find_rate::FindRate, String> {
     use crate::bench::find_rate::{DEFAULT_MAX_RATE, FindRate};
-    let slos = slo.iter().map(|s| crate::bench::capacity::Slo::parse(s)).collect::<Result<Vec<_>, _>>()?;
+    let slos = slo
+        .iter()
+        .map(|s| crate::bench::capacity::Slo::parse(s))
+        .collect::<Result<Vec<_>, _>>()?;
     let p = precision.trim();
     let precision = match p.strip_suffix('%') {
         Some(v) => v.trim().parse::<f64>().ok().map(|v| v / 100.0),
         None => p.parse::<f64>().ok(),
     }
     .filter(|v| *v > 0.0 && *v < 1.0)
-    .ok_or_else(|| format!("--precision {p:?}: a fraction between 0 and 1, or a percentage (5%)"))?;
+    .ok_or_else(|| {
+        format!("--precision {p:?}: a fraction between 0 and 1, or a percentage (5%)")
+    })?;
     let max_rate = max_rate.unwrap_or(DEFAULT_MAX_RATE);
     if !(max_rate.is_finite() && max_rate > 0.0) {
-        return Err(format!("--max-rate {max_rate}: a positive number of requests per second"));
+        return Err(format!(
+            "--max-rate {max_rate}: a positive number of requests per second"
+        ));
     }
     if step_requests == Some(0) {
         return Err("--step-requests 0: at least 1".to_owned());
     }
-    Ok(FindRate { slos, precision, start_rate: request_rate.unwrap_or(1.0).min(max_rate), max_rate, step_requests })
+    Ok(FindRate {
+        slos,
+        precision,
+        start_rate: request_rate.unwrap_or(1.0).min(max_rate),
+        max_rate,
+        step_requests,
+    })
 }
 
 /// `lmperf run`'s target without `--target`: `OPENAI_BASE_URL` (the OpenAI SDKs' variable),
 /// else vLLM's default `http://127.0.0.1:8000`. With `--launch`, a placeholder the launcher
 /// replaces with the server's port.
 pub fn default_target(env: &dyn crate::config::Env) -> String {
-    env.var("OPENAI_BASE_URL").filter(|v| !v.trim().is_empty()).unwrap_or_else(|| "http://127.0.0.1:8000".to_owned())
+    env.var("OPENAI_BASE_URL")
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| "http://127.0.0.1:8000".to_owned())
 }
 
 /// Concurrency of a trace replay without `--batch-sizes`: high enough that the trace's
@@ -350,13 +385,25 @@ pub const TRACE_CONCURRENCY: usize = 4096;
 pub fn parse_goodput(items: &[String]) -> Result<crate::bench::Goodput, String> {
     let mut g = crate::bench::Goodput::default();
     for it in items {
-        let (k, v) = it.split_once(':').ok_or_else(|| format!("--goodput {it:?}: expected ttft:MS, tpot:MS or e2el:MS"))?;
-        let v: f64 = v.parse().ok().filter(|v: &f64| v.is_finite() && *v > 0.0).ok_or_else(|| format!("--goodput {it:?}: {v:?} is not a positive number of milliseconds"))?;
+        let (k, v) = it
+            .split_once(':')
+            .ok_or_else(|| format!("--goodput {it:?}: expected ttft:MS, tpot:MS or e2el:MS"))?;
+        let v: f64 = v
+            .parse()
+            .ok()
+            .filter(|v: &f64| v.is_finite() && *v > 0.0)
+            .ok_or_else(|| {
+                format!("--goodput {it:?}: {v:?} is not a positive number of milliseconds")
+            })?;
         match k {
             "ttft" => g.ttft_ms = Some(v),
             "tpot" => g.tpot_ms = Some(v),
             "e2el" => g.e2el_ms = Some(v),
-            _ => return Err(format!("--goodput {it:?}: unknown SLO {k:?} (ttft, tpot, e2el)")),
+            _ => {
+                return Err(format!(
+                    "--goodput {it:?}: unknown SLO {k:?} (ttft, tpot, e2el)"
+                ));
+            }
         }
     }
     Ok(g)
@@ -369,7 +416,10 @@ impl RunArgs {
         let launch = match &self.launch {
             Some(l) => Some(crate::bench::launch::LaunchSpec {
                 launcher: crate::bench::launch::Launcher::parse(l)?,
-                model: self.model.clone().ok_or("--launch needs --model (the model the server loads)")?,
+                model: self
+                    .model
+                    .clone()
+                    .ok_or("--launch needs --model (the model the server loads)")?,
                 timeout: self.launch_timeout,
             }),
             None => None,
@@ -387,22 +437,39 @@ impl RunArgs {
             },
             // Export only when asked: the flag or an OTLP endpoint variable.
             no_otlp: self.otlp_endpoint.is_none()
-                && ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"].iter().all(|v| env.var(v).is_none()),
+                && [
+                    "OTEL_EXPORTER_OTLP_ENDPOINT",
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+                ]
+                .iter()
+                .all(|v| env.var(v).is_none()),
             otlp_endpoint: self.otlp_endpoint,
             otlp_protocol: self.otlp_protocol,
             ..Overrides::default()
         };
         if self.output_len == 0 || self.output_len > MAX_OUTPUT_LEN {
-            return Err(format!("--output-len {}: between 1 and {MAX_OUTPUT_LEN} tokens", self.output_len));
+            return Err(format!(
+                "--output-len {}: between 1 and {MAX_OUTPUT_LEN} tokens",
+                self.output_len
+            ));
         }
         let mut cfg = crate::config::load(overrides, env).map_err(|e| e.to_string())?;
         let target = cfg.targets.remove(0);
         let request_rate = match self.request_rate.as_str() {
             "inf" => None,
-            r => Some(r.parse::<f64>().ok().filter(|v| v.is_finite() && *v > 0.0).ok_or_else(|| format!("--request-rate {r:?}: a positive number or inf"))?),
+            r => Some(
+                r.parse::<f64>()
+                    .ok()
+                    .filter(|v| v.is_finite() && *v > 0.0)
+                    .ok_or_else(|| format!("--request-rate {r:?}: a positive number or inf"))?,
+            ),
         };
         if !(self.burstiness.is_finite() && self.burstiness > 0.0) {
-            return Err(format!("--burstiness {}: a positive number", self.burstiness));
+            return Err(format!(
+                "--burstiness {}: a positive number",
+                self.burstiness
+            ));
         }
         let arrival = match (self.arrival.as_str(), self.burstiness) {
             ("constant", _) => RunArrival::Constant,
@@ -417,17 +484,27 @@ impl RunArgs {
         if let Some(d) = workload.output_dist.as_mut() {
             cap_output_dist(d)?;
         }
-        let concurrency_ramp = workload.ramp.filter(|r| r.over == crate::bench::workload::RampOver::Concurrency);
+        let concurrency_ramp = workload
+            .ramp
+            .filter(|r| r.over == crate::bench::workload::RampOver::Concurrency);
         if let Some(r) = concurrency_ramp {
             if let Some(rate) = request_rate {
-                return Err(format!("--request-rate {rate}: --ramp-over concurrency sends closed loop (as soon as a slot is free); leave --request-rate at inf"));
+                return Err(format!(
+                    "--request-rate {rate}: --ramp-over concurrency sends closed loop (as soon as a slot is free); leave --request-rate at inf"
+                ));
             }
             if !self.batch_sizes.is_empty() || self.max_concurrency.is_some() {
-                return Err(format!("--batch-sizes: not with --ramp-over concurrency (the ramp sets the concurrency, {} → {})", r.from, r.to));
+                return Err(format!(
+                    "--batch-sizes: not with --ramp-over concurrency (the ramp sets the concurrency, {} → {})",
+                    r.from, r.to
+                ));
             }
         }
         let profile = match &self.profile {
-            Some(p) => Some((p.clone(), crate::bench::profile::load(p).map_err(|e| format!("--profile {e}"))?)),
+            Some(p) => Some((
+                p.clone(),
+                crate::bench::profile::load(p).map_err(|e| format!("--profile {e}"))?,
+            )),
             None => None,
         };
         // A profile is one benchmark whose lengths, concurrency and rate the file sets: flags
@@ -441,20 +518,41 @@ impl RunArgs {
                 (workload.trace.is_some(), "--trace"),
             ];
             if let Some((_, flag)) = refused.iter().find(|(on, _)| *on) {
-                return Err(format!("{flag}: not with --profile {} (the profile sets the lengths, concurrency and rate of its one benchmark)", p.display()));
+                return Err(format!(
+                    "{flag}: not with --profile {} (the profile sets the lengths, concurrency and rate of its one benchmark)",
+                    p.display()
+                ));
             }
         }
-        let find_rate = if self.find_max_rate { Some(find_rate_of(&self.slo, &self.precision, self.max_rate, self.step_requests, request_rate)?) } else { None };
+        let find_rate = if self.find_max_rate {
+            Some(find_rate_of(
+                &self.slo,
+                &self.precision,
+                self.max_rate,
+                self.step_requests,
+                request_rate,
+            )?)
+        } else {
+            None
+        };
         if find_rate.is_some() && (workload.trace.is_some() || workload.ramp.is_some()) {
-            return Err("--find-max-rate: not with --trace or --ramp (the search sets the rate)".to_owned());
+            return Err(
+                "--find-max-rate: not with --trace or --ramp (the search sets the rate)".to_owned(),
+            );
         }
         let concurrencies = match self.max_concurrency {
             Some(c) => vec![c],
             // The search is open loop: arrivals, not a client limit, decide what is in flight.
             None if find_rate.is_some() && self.batch_sizes.is_empty() => vec![TRACE_CONCURRENCY],
             // One benchmark, named by the ramp's highest concurrency.
-            None if concurrency_ramp.is_some() => vec![concurrency_ramp.map_or(1, |r| r.max_concurrency())],
-            None if self.batch_sizes.is_empty() => vec![if workload.trace.is_some() { TRACE_CONCURRENCY } else { 1 }],
+            None if concurrency_ramp.is_some() => {
+                vec![concurrency_ramp.map_or(1, |r| r.max_concurrency())]
+            }
+            None if self.batch_sizes.is_empty() => vec![if workload.trace.is_some() {
+                TRACE_CONCURRENCY
+            } else {
+                1
+            }],
             None => self.batch_sizes,
         };
         if concurrencies.contains(&0) {
@@ -472,7 +570,12 @@ impl RunArgs {
         if self.n == 0 {
             return Err("--n 0: at least 1 choice".to_owned());
         }
-        let fail_on = self.fail_on.iter().map(|g| parse_gate(g)).collect::<Result<Vec<_>, _>>().map_err(|e| format!("--fail-on {e}"))?;
+        let fail_on = self
+            .fail_on
+            .iter()
+            .map(|g| parse_gate(g))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("--fail-on {e}"))?;
         Ok(RunSpec {
             target,
             concurrencies,
@@ -525,7 +628,9 @@ fn cap_output_dist(d: &mut crate::bench::workload::LengthDist) -> Result<(), Str
         }
     };
     if top > MAX_OUTPUT_LEN {
-        return Err(format!("--output-dist {d}: at most {MAX_OUTPUT_LEN} output tokens (its largest is {top})"));
+        return Err(format!(
+            "--output-dist {d}: at most {MAX_OUTPUT_LEN} output tokens (its largest is {top})"
+        ));
     }
     Ok(())
 }
@@ -586,7 +691,9 @@ pub struct AgentArgs {
 /// Parses `2`, `2.5` or `2/s`.
 fn parse_rate(s: &str) -> Result<f64, String> {
     let n = s.strip_suffix("/s").unwrap_or(s);
-    n.trim().parse::<f64>().map_err(|_| format!("expected requests per second such as 2 or 2/s, got {s:?}"))
+    n.trim()
+        .parse::<f64>()
+        .map_err(|_| format!("expected requests per second such as 2 or 2/s, got {s:?}"))
 }
 
 impl AgentArgs {
@@ -630,12 +737,59 @@ mod tests {
             assert_eq!(e.exit_code(), 2, "{args:?}");
             e.to_string()
         };
-        assert!(refused(&["recent", "--outcome", "weird"]).contains("possible values: ok, error, aborted, timeout, cancelled"));
+        assert!(
+            refused(&["recent", "--outcome", "weird"])
+                .contains("possible values: ok, error, aborted, timeout, cancelled")
+        );
         assert!(refused(&["recent", "--limit", "0"]).contains("'--limit <LIMIT>'"));
-        assert!(refused(&["inject", "--rate", "1", "--duration", "1s", "--concurrency", "0"]).contains("--concurrency"));
-        assert!(refused(&["inject", "--rate", "1", "--duration", "1s", "--max-requests", "0"]).contains("--max-requests"));
-        assert!(refused(&["inject", "--profile", "p.yaml", "--duration", "1s", "--output-tokens", "0"]).contains("--output-tokens"));
-        assert!(Cli::try_parse_from(["lmperf", "ctl", "recent", "--outcome", "timeout", "--limit", "1"]).is_ok());
+        assert!(
+            refused(&[
+                "inject",
+                "--rate",
+                "1",
+                "--duration",
+                "1s",
+                "--concurrency",
+                "0"
+            ])
+            .contains("--concurrency")
+        );
+        assert!(
+            refused(&[
+                "inject",
+                "--rate",
+                "1",
+                "--duration",
+                "1s",
+                "--max-requests",
+                "0"
+            ])
+            .contains("--max-requests")
+        );
+        assert!(
+            refused(&[
+                "inject",
+                "--profile",
+                "p.yaml",
+                "--duration",
+                "1s",
+                "--output-tokens",
+                "0"
+            ])
+            .contains("--output-tokens")
+        );
+        assert!(
+            Cli::try_parse_from([
+                "lmperf",
+                "ctl",
+                "recent",
+                "--outcome",
+                "timeout",
+                "--limit",
+                "1"
+            ])
+            .is_ok()
+        );
     }
 
     /// `run --profile` with flags that would make more benchmarks or another load: exit 2
@@ -648,19 +802,40 @@ mod tests {
                 None
             }
         }
-        let file = std::env::temp_dir().join(format!("lmperf-cli-profile-{}.yaml", std::process::id()));
-        std::fs::write(&file, "profile: x\ntoken_rate: {mode: constant, target: 10/s}\n").unwrap();
+        let file =
+            std::env::temp_dir().join(format!("lmperf-cli-profile-{}.yaml", std::process::id()));
+        std::fs::write(
+            &file,
+            "profile: x\ntoken_rate: {mode: constant, target: 10/s}\n",
+        )
+        .unwrap();
         let spec = |extra: &[&str]| {
-            let mut args = vec!["lmperf", "run", "--target", "http://127.0.0.1:9", "--output-dir", "/tmp/lmperf-unused", "--profile", file.to_str().unwrap()];
+            let mut args = vec![
+                "lmperf",
+                "run",
+                "--target",
+                "http://127.0.0.1:9",
+                "--output-dir",
+                "/tmp/lmperf-unused",
+                "--profile",
+                file.to_str().unwrap(),
+            ];
             args.extend_from_slice(extra);
             match Cli::try_parse_from(args).unwrap().command {
                 super::Command::Run(r) => r.into_spec(&NoEnv),
                 _ => unreachable!(),
             }
         };
-        for (extra, flag) in [(&["--repeat", "2"][..], "--repeat"), (&["--batch-sizes", "1", "2"], "--batch-sizes"), (&["--seq-lengths", "32", "64"], "--seq-lengths")] {
+        for (extra, flag) in [
+            (&["--repeat", "2"][..], "--repeat"),
+            (&["--batch-sizes", "1", "2"], "--batch-sizes"),
+            (&["--seq-lengths", "32", "64"], "--seq-lengths"),
+        ] {
             let e = spec(extra).unwrap_err();
-            assert!(e.starts_with(flag) && e.contains("not with --profile"), "{e}");
+            assert!(
+                e.starts_with(flag) && e.contains("not with --profile"),
+                "{e}"
+            );
         }
         assert!(spec(&["--batch-sizes", "4"]).is_ok());
         let _ = std::fs::remove_file(&file);
@@ -679,21 +854,54 @@ mod tests {
         let tpl = std::env::temp_dir().join(format!("lmperf-cli-tpl-{}.jinja", std::process::id()));
         std::fs::write(&tpl, "{% for m in messages %}{{ m.content }}{% endfor %}").unwrap();
         let spec = |extra: &[&str]| {
-            let mut args = vec!["lmperf", "run", "--target", "http://127.0.0.1:9", "--output-dir", "/tmp/lmperf-unused"];
+            let mut args = vec![
+                "lmperf",
+                "run",
+                "--target",
+                "http://127.0.0.1:9",
+                "--output-dir",
+                "/tmp/lmperf-unused",
+            ];
             args.extend_from_slice(extra);
             match Cli::try_parse_from(args).unwrap().command {
                 super::Command::Run(r) => r.into_spec(&NoEnv),
                 _ => unreachable!(),
             }
         };
-        let e = spec(&["--chat-template", tpl.to_str().unwrap(), "--api", "completions"]).unwrap_err();
-        assert!(e.starts_with("--chat-template:") && e.contains("--api chat"), "{e}");
+        let e = spec(&[
+            "--chat-template",
+            tpl.to_str().unwrap(),
+            "--api",
+            "completions",
+        ])
+        .unwrap_err();
+        assert!(
+            e.starts_with("--chat-template:") && e.contains("--api chat"),
+            "{e}"
+        );
         assert!(spec(&["--chat-template", tpl.to_str().unwrap(), "--api", "chat"]).is_ok());
-        assert_eq!(spec(&["--output-len", "5000"]).unwrap_err(), "--output-len 5000: between 1 and 4096 tokens");
-        assert_eq!(spec(&["--output-dist", "uniform:max=6000,min=1"]).unwrap_err(), "--output-dist uniform:min=1,max=6000: at most 4096 output tokens (its largest is 6000)");
+        assert_eq!(
+            spec(&["--output-len", "5000"]).unwrap_err(),
+            "--output-len 5000: between 1 and 4096 tokens"
+        );
+        assert_eq!(
+            spec(&["--output-dist", "uniform:max=6000,min=1"]).unwrap_err(),
+            "--output-dist uniform:min=1,max=6000: at most 4096 output tokens (its largest is 6000)"
+        );
         let s = spec(&["--output-dist", "normal:mean=100,std=10"]).unwrap();
-        assert_eq!(s.workload.output_dist.unwrap().to_string(), "normal:mean=100,std=10,min=1,max=4096");
-        assert!(spec(&["--output-len", "4096", "--output-dist", "uniform:min=1,max=4096"]).is_ok());
+        assert_eq!(
+            s.workload.output_dist.unwrap().to_string(),
+            "normal:mean=100,std=10,min=1,max=4096"
+        );
+        assert!(
+            spec(&[
+                "--output-len",
+                "4096",
+                "--output-dist",
+                "uniform:min=1,max=4096"
+            ])
+            .is_ok()
+        );
         let _ = std::fs::remove_file(&tpl);
     }
 }

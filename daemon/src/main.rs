@@ -29,7 +29,11 @@ fn main() -> ExitCode {
             rt.shutdown_timeout(std::time::Duration::from_millis(500));
             match result {
                 Ok(summary) if !summary.failed_gates.is_empty() => {
-                    eprintln!("lmperf run: gates tripped: {}; results in {}", summary.failed_gates.join(", "), dir.display());
+                    eprintln!(
+                        "lmperf run: gates tripped: {}; results in {}",
+                        summary.failed_gates.join(", "),
+                        dir.display()
+                    );
                     ExitCode::from(3)
                 }
                 Ok(_) => {
@@ -74,7 +78,12 @@ fn main() -> ExitCode {
                 Ok(rt) => rt,
                 Err(code) => return code,
             };
-            match rt.block_on(lmperf::agent::run(cfg, privileged, &ProcessEnv, lmperf::agent::shutdown_signal())) {
+            match rt.block_on(lmperf::agent::run(
+                cfg,
+                privileged,
+                &ProcessEnv,
+                lmperf::agent::shutdown_signal(),
+            )) {
                 Ok(()) => {
                     rt.shutdown_timeout(std::time::Duration::from_millis(200));
                     ExitCode::SUCCESS
@@ -102,10 +111,24 @@ fn compare(args: lmperf::cli::CompareArgs) -> ExitCode {
             let regressions: Vec<String> = c
                 .benchmarks
                 .iter()
-                .flat_map(|b| b.metrics.iter().filter(|m| m.verdict == lmperf::bench::compare::Verdict::Regression).map(move |m| format!("{} {}", b.benchmark, m.metric)))
+                .flat_map(|b| {
+                    b.metrics
+                        .iter()
+                        .filter(|m| m.verdict == lmperf::bench::compare::Verdict::Regression)
+                        .map(move |m| format!("{} {}", b.benchmark, m.metric))
+                })
                 .collect();
-            let listed = if regressions.is_empty() { String::new() } else { format!(" ({})", regressions.join(", ")) };
-            eprintln!("lmperf compare: {} benchmarks, {} regressions{listed}; compare.json and compare.html in {}", c.benchmarks.len(), regressions.len(), spec.output_dir.display());
+            let listed = if regressions.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", regressions.join(", "))
+            };
+            eprintln!(
+                "lmperf compare: {} benchmarks, {} regressions{listed}; compare.json and compare.html in {}",
+                c.benchmarks.len(),
+                regressions.len(),
+                spec.output_dir.display()
+            );
             for (side, names) in [("base", &c.only_in_base), ("new", &c.only_in_new)] {
                 if !names.is_empty() {
                     eprintln!("lmperf compare: only in {side}: {}", names.join(", "));
@@ -113,13 +136,25 @@ fn compare(args: lmperf::cli::CompareArgs) -> ExitCode {
             }
             if c.benchmarks.is_empty() {
                 // Nothing compared: a gate must not pass on it.
-                eprintln!("lmperf compare: no benchmark name in common between {} and {}: nothing was compared", spec.base_dir.display(), spec.new_dir.display());
+                eprintln!(
+                    "lmperf compare: no benchmark name in common between {} and {}: nothing was compared",
+                    spec.base_dir.display(),
+                    spec.new_dir.display()
+                );
                 return ExitCode::from(1);
             }
             if c.failed_gates.is_empty() {
                 ExitCode::SUCCESS
             } else {
-                eprintln!("lmperf compare: gates tripped: {}", c.gates.iter().filter(|g| g.tripped).map(|g| format!("{} on {}", g.gate, g.benchmarks.join(", "))).collect::<Vec<_>>().join("; "));
+                eprintln!(
+                    "lmperf compare: gates tripped: {}",
+                    c.gates
+                        .iter()
+                        .filter(|g| g.tripped)
+                        .map(|g| format!("{} on {}", g.gate, g.benchmarks.join(", ")))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                );
                 ExitCode::from(3)
             }
         }
@@ -136,10 +171,14 @@ fn compare(args: lmperf::cli::CompareArgs) -> ExitCode {
 
 /// The tokio runtime: two workers (the agent's work is IO, and nodes lend it little CPU).
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| {
-        eprintln!("lmperf: cannot start the runtime: {e}");
-        ExitCode::from(1)
-    })
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("lmperf: cannot start the runtime: {e}");
+            ExitCode::from(1)
+        })
 }
 
 /// Logs to stderr; `RUST_LOG` filters (default `info`). The exporters' own HTTP/gRPC stacks
@@ -149,5 +188,10 @@ fn init_logging() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,hyper=warn,h2=warn,tonic=warn,reqwest=warn,opentelemetry=warn,opentelemetry_sdk=warn,opentelemetry_otlp=warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal()).with_target(false).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .init();
 }

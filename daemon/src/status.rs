@@ -73,7 +73,11 @@ impl RequestSummary {
             source: source.as_str(),
             target: target.to_owned(),
             model: model.to_owned(),
-            at_unix_s: m.wall_start.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
+            at_unix_s: m
+                .wall_start
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0),
             outcome: r.outcome.as_str(),
             error_type: r.failure().map(|e| e.error_type.clone()),
             http_status: r.http_status,
@@ -89,7 +93,9 @@ impl RequestSummary {
                 Source::Canary => None,
             },
             profile_revision: match source {
-                Source::Inject { profile_revision, .. } => *profile_revision,
+                Source::Inject {
+                    profile_revision, ..
+                } => *profile_revision,
                 Source::Canary => None,
             },
         }
@@ -118,7 +124,10 @@ pub struct RecentFilter {
 impl RecentRequests {
     /// A ring of `capacity` requests (0 keeps none).
     pub fn new(capacity: usize) -> Self {
-        Self { capacity, ring: Mutex::new(VecDeque::with_capacity(capacity.min(4096))) }
+        Self {
+            capacity,
+            ring: Mutex::new(VecDeque::with_capacity(capacity.min(4096))),
+        }
     }
 
     pub fn capacity(&self) -> usize {
@@ -139,11 +148,17 @@ impl RecentRequests {
 
     /// The newest first, filtered.
     pub fn list(&self, f: &RecentFilter) -> Vec<RequestSummary> {
-        let Ok(g) = self.ring.lock() else { return Vec::new() };
+        let Ok(g) = self.ring.lock() else {
+            return Vec::new();
+        };
         let matches = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
         g.iter()
             .rev()
-            .filter(|s| matches(&f.target, &s.target) && matches(&f.outcome, s.outcome) && matches(&f.source, s.source))
+            .filter(|s| {
+                matches(&f.target, &s.target)
+                    && matches(&f.outcome, s.outcome)
+                    && matches(&f.source, s.source)
+            })
             .take(f.limit)
             .cloned()
             .collect()
@@ -202,7 +217,10 @@ impl TargetState {
             in_flight: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
             spike: AtomicBool::new(false),
-            inner: Mutex::new(Inner { model: t.model.clone(), ..Inner::default() }),
+            inner: Mutex::new(Inner {
+                model: t.model.clone(),
+                ..Inner::default()
+            }),
         }
     }
 
@@ -229,7 +247,12 @@ impl TargetState {
 
     pub fn snapshot(&self) -> TargetSnapshot {
         let (model, by_outcome, last, spike_reason) = match self.inner.lock() {
-            Ok(g) => (g.model.clone(), g.counts.clone(), g.last.clone(), g.spike_rule),
+            Ok(g) => (
+                g.model.clone(),
+                g.counts.clone(),
+                g.last.clone(),
+                g.spike_rule,
+            ),
             Err(_) => (None, BTreeMap::new(), None, None),
         };
         TargetSnapshot {
@@ -271,7 +294,12 @@ pub struct AgentStatus {
 mod tests {
     use super::*;
 
-    fn summary(target: &str, outcome: &'static str, source: &'static str, at: f64) -> RequestSummary {
+    fn summary(
+        target: &str,
+        outcome: &'static str,
+        source: &'static str,
+        at: f64,
+    ) -> RequestSummary {
         RequestSummary {
             source,
             target: target.to_owned(),
@@ -295,18 +323,62 @@ mod tests {
     #[test]
     fn recent_ring_keeps_the_newest_and_filters() {
         let ring = RecentRequests::new(3);
-        for (i, (t, o, s)) in [("a", "ok", "canary"), ("b", "error", "canary"), ("a", "error", "inject"), ("a", "ok", "inject")].into_iter().enumerate() {
+        for (i, (t, o, s)) in [
+            ("a", "ok", "canary"),
+            ("b", "error", "canary"),
+            ("a", "error", "inject"),
+            ("a", "ok", "inject"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
             ring.push(summary(t, o, s, i as f64));
         }
-        let all = |f: RecentFilter| ring.list(&RecentFilter { limit: 10, ..f }).iter().map(|s| s.at_unix_s).collect::<Vec<_>>();
+        let all = |f: RecentFilter| {
+            ring.list(&RecentFilter { limit: 10, ..f })
+                .iter()
+                .map(|s| s.at_unix_s)
+                .collect::<Vec<_>>()
+        };
         // The oldest (0) fell out; newest first.
         assert_eq!(all(RecentFilter::default()), [3.0, 2.0, 1.0]);
-        assert_eq!(all(RecentFilter { target: Some("a".into()), ..Default::default() }), [3.0, 2.0]);
-        assert_eq!(all(RecentFilter { outcome: Some("error".into()), ..Default::default() }), [2.0, 1.0]);
-        assert_eq!(all(RecentFilter { source: Some("canary".into()), ..Default::default() }), [1.0]);
-        assert_eq!(ring.list(&RecentFilter { limit: 1, ..Default::default() }).len(), 1);
+        assert_eq!(
+            all(RecentFilter {
+                target: Some("a".into()),
+                ..Default::default()
+            }),
+            [3.0, 2.0]
+        );
+        assert_eq!(
+            all(RecentFilter {
+                outcome: Some("error".into()),
+                ..Default::default()
+            }),
+            [2.0, 1.0]
+        );
+        assert_eq!(
+            all(RecentFilter {
+                source: Some("canary".into()),
+                ..Default::default()
+            }),
+            [1.0]
+        );
+        assert_eq!(
+            ring.list(&RecentFilter {
+                limit: 1,
+                ..Default::default()
+            })
+            .len(),
+            1
+        );
         let none = RecentRequests::new(0);
         none.push(summary("a", "ok", "canary", 0.0));
-        assert!(none.list(&RecentFilter { limit: 5, ..Default::default() }).is_empty());
+        assert!(
+            none.list(&RecentFilter {
+                limit: 5,
+                ..Default::default()
+            })
+            .is_empty()
+        );
     }
 }

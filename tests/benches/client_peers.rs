@@ -77,23 +77,44 @@ fn env_or(name: &str, default: &str) -> String {
 }
 
 fn list(text: &str) -> Vec<f64> {
-    text.split(',').filter_map(|s| s.trim().parse().ok()).collect()
+    text.split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect()
 }
 
 impl Settings {
     fn from_env() -> Self {
         let root = workspace_root();
-        let venv = PathBuf::from(env_or("LMPERF_BENCH_VENV", &root.join(".venv-bench").to_string_lossy()));
-        let tokenizer = std::env::var("LMPERF_BENCH_TOKENIZER").map(PathBuf::from).unwrap_or_else(|_| venv.join("tokenizer"));
+        let venv = PathBuf::from(env_or(
+            "LMPERF_BENCH_VENV",
+            &root.join(".venv-bench").to_string_lossy(),
+        ));
+        let tokenizer = std::env::var("LMPERF_BENCH_TOKENIZER")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| venv.join("tokenizer"));
         Self {
-            tools: env_or("LMPERF_BENCH_TOOLS", "lmperf,guidellm,aiperf").split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect(),
+            tools: env_or("LMPERF_BENCH_TOOLS", "lmperf,guidellm,aiperf")
+                .split(',')
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect(),
             step_s: env_or("LMPERF_BENCH_STEP_S", "3").parse().unwrap_or(3.0),
-            rates: list(&env_or("LMPERF_BENCH_RATES", "100,200,400,800,1600,3200,6400,12800,25600,51200")),
+            rates: list(&env_or(
+                "LMPERF_BENCH_RATES",
+                "100,200,400,800,1600,3200,6400,12800,25600,51200",
+            )),
             fixed_rates: list(&env_or("LMPERF_BENCH_FIXED_RATES", "500,5000")),
-            tol: Duration::from_secs_f64(env_or("LMPERF_BENCH_TOL_MS", "10").parse::<f64>().unwrap_or(10.0) / 1000.0),
+            tol: Duration::from_secs_f64(
+                env_or("LMPERF_BENCH_TOL_MS", "10")
+                    .parse::<f64>()
+                    .unwrap_or(10.0)
+                    / 1000.0,
+            ),
             tokenizer,
             venv,
-            startup_s: env_or("LMPERF_BENCH_STARTUP_S", "120").parse().unwrap_or(120.0),
+            startup_s: env_or("LMPERF_BENCH_STARTUP_S", "120")
+                .parse()
+                .unwrap_or(120.0),
             input_tokens: 128,
             output_tokens: 16,
             scratch: root.join("target/bench-client"),
@@ -135,43 +156,121 @@ impl Tool {
             Tool::AiPerf => s.venv.join("aiperf/bin/aiperf"),
         };
         if !exe.exists() {
-            return Some(format!("{} not found (cargo xtask bench-client installs it)", exe.display()));
+            return Some(format!(
+                "{} not found (cargo xtask bench-client installs it)",
+                exe.display()
+            ));
         }
-        (!s.tokenizer.join("tokenizer.json").exists()).then(|| format!("no tokenizer.json in {}", s.tokenizer.display()))
+        (!s.tokenizer.join("tokenizer.json").exists())
+            .then(|| format!("no tokenizer.json in {}", s.tokenizer.display()))
     }
 
     /// The command for `n` requests at `rate` req/s, writing its results under `dir`.
-    fn command(self, s: &Settings, url: &str, rate: f64, n: usize, arrival: Arrival, dir: &Path) -> Command {
+    fn command(
+        self,
+        s: &Settings,
+        url: &str,
+        rate: f64,
+        n: usize,
+        arrival: Arrival,
+        dir: &Path,
+    ) -> Command {
         let (rate_s, n_s) = (format!("{rate}"), n.to_string());
         match self {
             Tool::Lmperf => {
                 let mut c = Command::new(lmperf_bin());
-                c.args(["run", "--target", url, "--model", "bench", "--api", "chat", "--batch-sizes", "10000"]);
-                c.args(["--seq-lengths", &s.input_tokens.to_string(), "--output-len", &s.output_tokens.to_string()]);
-                c.args(["--num-prompts", &n_s, "--request-rate", &rate_s, "--arrival", arrival.name(), "--timeout", "30s"]);
+                c.args([
+                    "run",
+                    "--target",
+                    url,
+                    "--model",
+                    "bench",
+                    "--api",
+                    "chat",
+                    "--batch-sizes",
+                    "10000",
+                ]);
+                c.args([
+                    "--seq-lengths",
+                    &s.input_tokens.to_string(),
+                    "--output-len",
+                    &s.output_tokens.to_string(),
+                ]);
+                c.args([
+                    "--num-prompts",
+                    &n_s,
+                    "--request-rate",
+                    &rate_s,
+                    "--arrival",
+                    arrival.name(),
+                    "--timeout",
+                    "30s",
+                ]);
                 c.arg("--output-dir").arg(dir);
                 c
             }
             Tool::GuideLlm => {
                 let mut c = Command::new(s.venv.join("guidellm/bin/guidellm"));
-                c.arg("run").arg("--backend").arg(format!("kind=openai_http,target={url},model=bench,request_format=/v1/chat/completions"));
-                c.arg("--profile").arg(format!("kind={},rate={rate_s}", arrival.name()));
-                c.arg("--constraint").arg(format!("kind=max_requests,count={n_s}"));
-                c.arg("--data").arg(format!("kind=synthetic_text,prompt_tokens={},output_tokens={}", s.input_tokens, s.output_tokens));
-                c.arg("--tokenizer").arg(format!("kind=hf_auto,model={}", s.tokenizer.display()));
-                c.arg("--output").arg(format!("kind=json,path={}", dir.join("benchmarks.json").display()));
+                c.arg("run").arg("--backend").arg(format!(
+                    "kind=openai_http,target={url},model=bench,request_format=/v1/chat/completions"
+                ));
+                c.arg("--profile")
+                    .arg(format!("kind={},rate={rate_s}", arrival.name()));
+                c.arg("--constraint")
+                    .arg(format!("kind=max_requests,count={n_s}"));
+                c.arg("--data").arg(format!(
+                    "kind=synthetic_text,prompt_tokens={},output_tokens={}",
+                    s.input_tokens, s.output_tokens
+                ));
+                c.arg("--tokenizer")
+                    .arg(format!("kind=hf_auto,model={}", s.tokenizer.display()));
+                c.arg("--output").arg(format!(
+                    "kind=json,path={}",
+                    dir.join("benchmarks.json").display()
+                ));
                 c.arg("--disable-console-interactive");
                 c
             }
             Tool::AiPerf => {
                 let mut c = Command::new(s.venv.join("aiperf/bin/aiperf"));
-                c.args(["profile", "--model", "bench", "--url", url, "--endpoint-type", "chat", "--streaming"]);
-                c.args(["--request-rate", &rate_s, "--request-rate-mode", arrival.name(), "--request-count", &n_s]);
-                c.args(["--synthetic-input-tokens-mean", &s.input_tokens.to_string(), "--synthetic-input-tokens-stddev", "0"]);
-                c.args(["--output-tokens-mean", &s.output_tokens.to_string(), "--output-tokens-stddev", "0"]);
+                c.args([
+                    "profile",
+                    "--model",
+                    "bench",
+                    "--url",
+                    url,
+                    "--endpoint-type",
+                    "chat",
+                    "--streaming",
+                ]);
+                c.args([
+                    "--request-rate",
+                    &rate_s,
+                    "--request-rate-mode",
+                    arrival.name(),
+                    "--request-count",
+                    &n_s,
+                ]);
+                c.args([
+                    "--synthetic-input-tokens-mean",
+                    &s.input_tokens.to_string(),
+                    "--synthetic-input-tokens-stddev",
+                    "0",
+                ]);
+                c.args([
+                    "--output-tokens-mean",
+                    &s.output_tokens.to_string(),
+                    "--output-tokens-stddev",
+                    "0",
+                ]);
                 c.arg("--tokenizer").arg(&s.tokenizer);
                 c.arg("--artifact-dir").arg(dir);
-                c.args(["--ui-type", "none", "--no-server-metrics", "--no-gpu-telemetry"]);
+                c.args([
+                    "--ui-type",
+                    "none",
+                    "--no-server-metrics",
+                    "--no-gpu-telemetry",
+                ]);
                 c
             }
         }
@@ -190,21 +289,29 @@ impl Tool {
                     .collect())
             }
             Tool::GuideLlm => {
-                let v: serde_json::Value = serde_json::from_str(&read(&dir.join("benchmarks.json"))?).map_err(|e| e.to_string())?;
+                let v: serde_json::Value =
+                    serde_json::from_str(&read(&dir.join("benchmarks.json"))?)
+                        .map_err(|e| e.to_string())?;
                 let reqs = &v["benchmarks"][0]["requests"]["successful"];
-                let list = reqs.as_array().ok_or("no benchmarks[0].requests.successful")?;
+                let list = reqs
+                    .as_array()
+                    .ok_or("no benchmarks[0].requests.successful")?;
                 Ok(list
                     .iter()
                     .filter_map(|r| {
                         r["time_to_first_token_ms"].as_f64().or_else(|| {
-                            let (a, b) = (r["first_token_time"].as_f64()?, r["request_start_time"].as_f64()?);
+                            let (a, b) = (
+                                r["first_token_time"].as_f64()?,
+                                r["request_start_time"].as_f64()?,
+                            );
                             Some((a - b) * 1000.0)
                         })
                     })
                     .collect())
             }
             Tool::AiPerf => {
-                let path = find_file(dir, "profile_export.jsonl").ok_or_else(|| format!("no profile_export.jsonl under {}", dir.display()))?;
+                let path = find_file(dir, "profile_export.jsonl")
+                    .ok_or_else(|| format!("no profile_export.jsonl under {}", dir.display()))?;
                 let text = read(&path)?;
                 Ok(text
                     .lines()
@@ -253,19 +360,26 @@ fn children_cpu() -> Duration {
 }
 
 fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg").map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" ")).unwrap_or_default()
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 /// Pids whose parent is this process (orphans handed to us as subreaper, and our child).
 fn my_children() -> Vec<i32> {
     let me = std::process::id() as i32;
-    let Ok(dir) = std::fs::read_dir("/proc") else { return vec![] };
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
     dir.flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| {
             std::fs::read_to_string(format!("/proc/{pid}/stat"))
                 .ok()
-                .and_then(|s| s.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(1)?.parse::<i32>().ok()))
+                .and_then(|s| {
+                    s.rsplit_once(')')
+                        .and_then(|(_, r)| r.split_whitespace().nth(1)?.parse::<i32>().ok())
+                })
                 == Some(me)
         })
         .collect()
@@ -306,13 +420,27 @@ struct Run {
     dir: PathBuf,
 }
 
-fn run_tool(s: &Settings, server: &StreamServer, tool: Tool, rate: f64, n: usize, arrival: Arrival, label: &str) -> Run {
+fn run_tool(
+    s: &Settings,
+    server: &StreamServer,
+    tool: Tool,
+    rate: f64,
+    n: usize,
+    arrival: Arrival,
+    label: &str,
+) -> Run {
     let dir = s.scratch.join(format!("{}-{label}", tool.name()));
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::create_dir_all(&dir);
     let mut cmd = tool.command(s, &server.url(), rate, n, arrival, &dir);
-    let log = |name: &str| std::fs::File::create(dir.join(name)).map(Stdio::from).unwrap_or_else(|_| Stdio::null());
-    cmd.stdin(Stdio::null()).stdout(log("stdout.log")).stderr(log("stderr.log"));
+    let log = |name: &str| {
+        std::fs::File::create(dir.join(name))
+            .map(Stdio::from)
+            .unwrap_or_else(|_| Stdio::null())
+    };
+    cmd.stdin(Stdio::null())
+        .stdout(log("stdout.log"))
+        .stderr(log("stderr.log"));
     // No proxy for loopback. (HF_HUB_OFFLINE=1 would make AIPerf take the tokenizer directory
     // for a hub repository id.)
     cmd.env("NO_PROXY", "127.0.0.1,localhost");
@@ -343,9 +471,21 @@ fn run_tool(s: &Settings, server: &StreamServer, tool: Tool, rate: f64, n: usize
     let wall = t0.elapsed();
     reap_leftovers();
     let cpu = children_cpu().saturating_sub(cpu0);
-    let mut served: Vec<Served> = server.served().into_iter().filter(|r| r.kind == Kind::Completion).collect();
+    let mut served: Vec<Served> = server
+        .served()
+        .into_iter()
+        .filter(|r| r.kind == Kind::Completion)
+        .collect();
     served.sort_by_key(|r| r.arrived);
-    Run { n, rate, wall, cpu, exit, served, dir }
+    Run {
+        n,
+        rate,
+        wall,
+        cpu,
+        exit,
+        served,
+        dir,
+    }
 }
 
 /// The schedule check of a constant-rate run (see the module docs).
@@ -360,7 +500,14 @@ struct Schedule {
 
 fn schedule(run: &Run, tol: Duration) -> Schedule {
     let last_n = &run.served[run.served.len().saturating_sub(run.n)..];
-    let Some(first) = last_n.first() else { return Schedule { arrived: 0, missed: run.n, achieved: 0.0, max_late_ms: f64::NAN } };
+    let Some(first) = last_n.first() else {
+        return Schedule {
+            arrived: 0,
+            missed: run.n,
+            achieved: 0.0,
+            max_late_ms: f64::NAN,
+        };
+    };
     let mut missed = run.n - last_n.len();
     let mut max_late = 0.0f64;
     for (i, r) in last_n.iter().enumerate() {
@@ -371,8 +518,19 @@ fn schedule(run: &Run, tol: Duration) -> Schedule {
             missed += 1;
         }
     }
-    let span = last_n.last().map_or(0.0, |l| l.arrived.duration_since(first.arrived).as_secs_f64());
-    Schedule { arrived: last_n.len(), missed, achieved: if span > 0.0 { (last_n.len() - 1) as f64 / span } else { 0.0 }, max_late_ms: max_late }
+    let span = last_n.last().map_or(0.0, |l| {
+        l.arrived.duration_since(first.arrived).as_secs_f64()
+    });
+    Schedule {
+        arrived: last_n.len(),
+        missed,
+        achieved: if span > 0.0 {
+            (last_n.len() - 1) as f64 / span
+        } else {
+            0.0
+        },
+        max_late_ms: max_late,
+    }
 }
 
 fn quantile(sorted: &[f64], q: f64) -> f64 {
@@ -392,7 +550,9 @@ fn sorted(mut v: Vec<f64>) -> Vec<f64> {
 /// Least-squares line through (requests, CPU s): (seconds per request, intercept seconds).
 fn fit(points: &[(f64, f64)]) -> Option<(f64, f64)> {
     let n = points.len() as f64;
-    let (sx, sy) = points.iter().fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
+    let (sx, sy) = points
+        .iter()
+        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
     let (mx, my) = (sx / n, sy / n);
     let sxx: f64 = points.iter().map(|(x, _)| (x - mx).powi(2)).sum();
     if points.len() < 2 || sxx == 0.0 {
@@ -427,9 +587,24 @@ struct ToolResult {
 /// arrived and the arrival rate was within 5 % of the rate asked for, late or not; such steps
 /// add a (requests, CPU seconds) point for the CPU fit and raise `max_achieved` (the tool's
 /// throughput ceiling).
-fn sweep_step(s: &Settings, server: &StreamServer, tool: Tool, rate: f64, points: &mut Vec<(f64, f64)>, max_achieved: &mut f64) -> (bool, bool) {
+fn sweep_step(
+    s: &Settings,
+    server: &StreamServer,
+    tool: Tool,
+    rate: f64,
+    points: &mut Vec<(f64, f64)>,
+    max_achieved: &mut f64,
+) -> (bool, bool) {
     let n = ((rate * s.step_s).round() as usize).max(10);
-    let run = run_tool(s, server, tool, rate, n, Arrival::Constant, &format!("sweep-{rate}"));
+    let run = run_tool(
+        s,
+        server,
+        tool,
+        rate,
+        n,
+        Arrival::Constant,
+        &format!("sweep-{rate}"),
+    );
     let sc = schedule(&run, s.tol);
     let pass = run.exit == Some(0) && sc.missed * 100 <= n;
     println!(
@@ -462,7 +637,14 @@ fn sweep_step(s: &Settings, server: &StreamServer, tool: Tool, rate: f64, points
 fn bench_tool(s: &Settings, server: &StreamServer, tool: Tool) -> ToolResult {
     if let Some(why) = tool.missing(s) {
         println!("  {:<8} skipped: {why}", tool.name());
-        return ToolResult { tool, sustained: None, max_achieved: 0.0, cpu_fit: None, fixed: vec![], skipped: Some(why) };
+        return ToolResult {
+            tool,
+            sustained: None,
+            max_achieved: 0.0,
+            cpu_fit: None,
+            fixed: vec![],
+            skipped: Some(why),
+        };
     }
     let mut points = Vec::new();
     let mut max_achieved = 0.0;
@@ -493,15 +675,30 @@ fn bench_tool(s: &Settings, server: &StreamServer, tool: Tool) -> ToolResult {
     let mut fixed = Vec::new();
     for &rate in &s.fixed_rates {
         let n = ((rate * s.step_s).round() as usize).max(10);
-        let run = run_tool(s, server, tool, rate, n, Arrival::Poisson, &format!("poisson-{rate}"));
+        let run = run_tool(
+            s,
+            server,
+            tool,
+            rate,
+            n,
+            Arrival::Poisson,
+            &format!("poisson-{rate}"),
+        );
         let last_n = &run.served[run.served.len().saturating_sub(n)..];
-        let server_ttft = sorted(last_n.iter().map(|r| r.ttft().as_secs_f64() * 1000.0).collect());
+        let server_ttft = sorted(
+            last_n
+                .iter()
+                .map(|r| r.ttft().as_secs_f64() * 1000.0)
+                .collect(),
+        );
         let (client, note) = match tool.ttfts_ms(&run.dir) {
             Ok(v) => (sorted(v), String::new()),
             Err(e) => (vec![], e),
         };
         let span = match (last_n.first(), last_n.last()) {
-            (Some(a), Some(b)) if b.arrived > a.arrived => b.arrived.duration_since(a.arrived).as_secs_f64(),
+            (Some(a), Some(b)) if b.arrived > a.arrived => {
+                b.arrived.duration_since(a.arrived).as_secs_f64()
+            }
             _ => 0.0,
         };
         let f = Fixed {
@@ -509,7 +706,11 @@ fn bench_tool(s: &Settings, server: &StreamServer, tool: Tool) -> ToolResult {
             client_n: client.len(),
             client: (quantile(&client, 0.5), quantile(&client, 0.99)),
             server: (quantile(&server_ttft, 0.5), quantile(&server_ttft, 0.99)),
-            achieved: if span > 0.0 { (last_n.len() - 1) as f64 / span } else { 0.0 },
+            achieved: if span > 0.0 {
+                (last_n.len() - 1) as f64 / span
+            } else {
+                0.0
+            },
             cpu_per_1k_ms: run.cpu.as_secs_f64() * 1e6 / n as f64,
             note,
         };
@@ -535,7 +736,14 @@ fn bench_tool(s: &Settings, server: &StreamServer, tool: Tool) -> ToolResult {
         );
         fixed.push(f);
     }
-    ToolResult { tool, sustained, max_achieved, cpu_fit: fit(&points), fixed, skipped: None }
+    ToolResult {
+        tool,
+        sustained,
+        max_achieved,
+        cpu_fit: fit(&points),
+        fixed,
+        skipped: None,
+    }
 }
 
 fn main() {
@@ -545,18 +753,45 @@ fn main() {
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     let cfg = StreamConfig {
         tokens: s.output_tokens,
-        first_delay: Duration::from_secs_f64(env_or("LMPERF_BENCH_FIRST_DELAY_MS", "0").parse::<f64>().unwrap_or(0.0) / 1000.0),
-        gap: Duration::from_secs_f64(env_or("LMPERF_BENCH_GAP_MS", "0").parse::<f64>().unwrap_or(0.0) / 1000.0),
+        first_delay: Duration::from_secs_f64(
+            env_or("LMPERF_BENCH_FIRST_DELAY_MS", "0")
+                .parse::<f64>()
+                .unwrap_or(0.0)
+                / 1000.0,
+        ),
+        gap: Duration::from_secs_f64(
+            env_or("LMPERF_BENCH_GAP_MS", "0")
+                .parse::<f64>()
+                .unwrap_or(0.0)
+                / 1000.0,
+        ),
         prompt_tokens: u64::from(s.input_tokens),
     };
     let server = StreamServer::start(cfg).expect("stream server");
-    if let Some(secs) = std::env::var("LMPERF_BENCH_SERVE_S").ok().and_then(|v| v.parse::<u64>().ok()) {
+    if let Some(secs) = std::env::var("LMPERF_BENCH_SERVE_S")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
         // Only serve (for experiments with a client run by hand), then print the server's record.
         println!("serving {} for {secs} s", server.url());
         std::thread::sleep(Duration::from_secs(secs));
-        let served: Vec<Served> = server.served().into_iter().filter(|r| r.kind == Kind::Completion).collect();
-        let ttft = sorted(served.iter().map(|r| r.ttft().as_secs_f64() * 1000.0).collect());
-        println!("served {} completions, server TTFT p50 {:.3} p99 {:.3} ms", served.len(), quantile(&ttft, 0.5), quantile(&ttft, 0.99));
+        let served: Vec<Served> = server
+            .served()
+            .into_iter()
+            .filter(|r| r.kind == Kind::Completion)
+            .collect();
+        let ttft = sorted(
+            served
+                .iter()
+                .map(|r| r.ttft().as_secs_f64() * 1000.0)
+                .collect(),
+        );
+        println!(
+            "served {} completions, server TTFT p50 {:.3} p99 {:.3} ms",
+            served.len(),
+            quantile(&ttft, 0.5),
+            quantile(&ttft, 0.99)
+        );
         return;
     }
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
@@ -579,30 +814,58 @@ fn main() {
         results.push(bench_tool(&s, &server, tool));
     }
     println!("\nsummary (load {}):", loadavg());
-    println!("  tool     | sustained req/s (<=1 % miss) | max achieved req/s | CPU ms/1k req (marginal; start-up s) | CPU ms/1k @500/s | @5000/s | TTFT err p50/p99 ms @500/s | @5000/s");
+    println!(
+        "  tool     | sustained req/s (<=1 % miss) | max achieved req/s | CPU ms/1k req (marginal; start-up s) | CPU ms/1k @500/s | @5000/s | TTFT err p50/p99 ms @500/s | @5000/s"
+    );
     for r in &results {
         if let Some(why) = &r.skipped {
             println!("  {:<8} | skipped: {why}", r.tool.name());
             continue;
         }
         let at = |rate: f64| r.fixed.iter().find(|f| f.rate == rate);
-        let err = |rate: f64| at(rate).map_or("-".to_owned(), |f| format!("{:.3} / {:.3}", f.client.0 - f.server.0, f.client.1 - f.server.1));
-        let cpu = |rate: f64| at(rate).map_or("-".to_owned(), |f| format!("{:.0}", f.cpu_per_1k_ms));
+        let err = |rate: f64| {
+            at(rate).map_or("-".to_owned(), |f| {
+                format!(
+                    "{:.3} / {:.3}",
+                    f.client.0 - f.server.0,
+                    f.client.1 - f.server.1
+                )
+            })
+        };
+        let cpu =
+            |rate: f64| at(rate).map_or("-".to_owned(), |f| format!("{:.0}", f.cpu_per_1k_ms));
         println!(
             "  {:<8} | {:>28} | {:>18.0} | {:>36} | {:>16} | {:>7} | {:>26} | {}",
             r.tool.name(),
             r.sustained.map_or("none".to_owned(), |v| format!("{v:.0}")),
             r.max_achieved,
-            r.cpu_fit.map_or("-".to_owned(), |(slope, icpt)| format!("{:.0}; {:.2}", slope * 1e6, icpt)),
+            r.cpu_fit.map_or("-".to_owned(), |(slope, icpt)| format!(
+                "{:.0}; {:.2}",
+                slope * 1e6,
+                icpt
+            )),
             cpu(500.0),
             cpu(5000.0),
             err(500.0),
             err(5000.0)
         );
     }
-    let best_peer = results.iter().filter(|r| r.tool != Tool::Lmperf).filter_map(|r| r.sustained).fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
-    if let (Some(best), Some(ours)) = (best_peer, results.iter().find(|r| r.tool == Tool::Lmperf).and_then(|r| r.sustained)) {
-        println!("  lmperf / best peer sustained rate: {:.1}x (target >= 10x)", ours / best);
+    let best_peer = results
+        .iter()
+        .filter(|r| r.tool != Tool::Lmperf)
+        .filter_map(|r| r.sustained)
+        .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+    if let (Some(best), Some(ours)) = (
+        best_peer,
+        results
+            .iter()
+            .find(|r| r.tool == Tool::Lmperf)
+            .and_then(|r| r.sustained),
+    ) {
+        println!(
+            "  lmperf / best peer sustained rate: {:.1}x (target >= 10x)",
+            ours / best
+        );
     }
     println!("  targets: lmperf TTFT error p99 <= 0.3 ms at 500 req/s, <= 1 ms at 5,000 req/s");
 }

@@ -13,21 +13,53 @@ use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let minutes: f64 = std::env::var("LMPERF_SOAK_MINUTES").ok().and_then(|s| s.parse().ok()).unwrap_or(10.0);
-    let server = ScriptedServer::start(Arc::new(|_, _| Reply::sse(chat_stream(8, Duration::from_millis(5), Duration::from_millis(2), 20)))).await;
+    let minutes: f64 = std::env::var("LMPERF_SOAK_MINUTES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10.0);
+    let server = ScriptedServer::start(Arc::new(|_, _| {
+        Reply::sse(chat_stream(
+            8,
+            Duration::from_millis(5),
+            Duration::from_millis(2),
+            20,
+        ))
+    }))
+    .await;
     let (grpc, http) = (free_port(), free_port());
     let url = server.url();
     let endpoint = format!("http://127.0.0.1:{grpc}");
     let agent = tokio::task::spawn_blocking(move || {
         Agent::spawn(
-            &["--target", &url, "--model", "m", "--rate", "50", "--arrival", "poisson", "--otlp-protocol", "grpc", "--otlp-endpoint", &endpoint],
-            &[("OTEL_TRACES_SAMPLER", "always_on"), ("OTEL_METRIC_EXPORT_INTERVAL", "10000")],
+            &[
+                "--target",
+                &url,
+                "--model",
+                "m",
+                "--rate",
+                "50",
+                "--arrival",
+                "poisson",
+                "--otlp-protocol",
+                "grpc",
+                "--otlp-endpoint",
+                &endpoint,
+            ],
+            &[
+                ("OTEL_TRACES_SAMPLER", "always_on"),
+                ("OTEL_METRIC_EXPORT_INTERVAL", "10000"),
+            ],
         )
     })
     .await
     .expect("agent");
-    println!("collector down for {minutes} min; agent at 50 canaries/s, every span kept; RSS every 10 s");
-    println!("{:>6} {:>9} {:>9} {:>9} {:>9} {:>9}", "t_s", "rss_MB", "requests", "queued", "dropped", "failed");
+    println!(
+        "collector down for {minutes} min; agent at 50 canaries/s, every span kept; RSS every 10 s"
+    );
+    println!(
+        "{:>6} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "t_s", "rss_MB", "requests", "queued", "dropped", "failed"
+    );
     let down = Duration::from_secs_f64(minutes * 60.0);
     let t0 = Instant::now();
     let mut tick = 0u32;
@@ -48,11 +80,16 @@ async fn main() {
     while t0.elapsed() < down {
         print(&agent, t0);
         tick += 1;
-        tokio::time::sleep_until(tokio::time::Instant::from_std(t0 + Duration::from_secs(10 * u64::from(tick)))).await;
+        tokio::time::sleep_until(tokio::time::Instant::from_std(
+            t0 + Duration::from_secs(10 * u64::from(tick)),
+        ))
+        .await;
     }
     let before = agent.status()["exporter"]["exported"].as_u64().unwrap_or(0);
     let t_up = Instant::now();
-    let _collector = tokio::task::spawn_blocking(move || QuietCollector::start(grpc, http)).await.expect("collector");
+    let _collector = tokio::task::spawn_blocking(move || QuietCollector::start(grpc, http))
+        .await
+        .expect("collector");
     let started = t_up.elapsed();
     let recovered = loop {
         let s = agent.status();
@@ -65,11 +102,22 @@ async fn main() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    println!("collector up after {:.1} s (process start); spans flowing again {:.1} s after the collector was started", started.as_secs_f64(), recovered.as_secs_f64());
+    println!(
+        "collector up after {:.1} s (process start); spans flowing again {:.1} s after the collector was started",
+        started.as_secs_f64(),
+        recovered.as_secs_f64()
+    );
     tokio::time::sleep(Duration::from_secs(30)).await;
     let s = print(&agent, t0);
     let e = &s["exporter"];
-    println!("30 s after recovery: exported {}, dropped {}, failed {}, export errors {}", e["exported"], e["dropped_queue_full"], e["failed"], e["export_errors"]);
-    let warns = agent.stderr_text().lines().filter(|l| l.contains("WARN")).count();
+    println!(
+        "30 s after recovery: exported {}, dropped {}, failed {}, export errors {}",
+        e["exported"], e["dropped_queue_full"], e["failed"], e["export_errors"]
+    );
+    let warns = agent
+        .stderr_text()
+        .lines()
+        .filter(|l| l.contains("WARN"))
+        .count();
     println!("warning lines over the whole run: {warns}");
 }

@@ -56,9 +56,14 @@ async fn run(grpc: u16, capacity: usize, batch: usize, concurrency: usize, secon
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let seconds = std::env::var("LMPERF_BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
+    let seconds = std::env::var("LMPERF_BENCH_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
     let (grpc, http) = (free_port(), free_port());
-    let _collector = tokio::task::spawn_blocking(move || QuietCollector::start(grpc, http)).await.expect("collector");
+    let _collector = tokio::task::spawn_blocking(move || QuietCollector::start(grpc, http))
+        .await
+        .expect("collector");
     let factory = SpanFactory::default();
     let t = Instant::now();
     let c = cpu_time();
@@ -66,10 +71,22 @@ async fn main() {
     for _ in 0..n {
         std::hint::black_box(factory.span(Reason::Base));
     }
-    println!("building one span (about 30 attributes): {:.2} µs wall, {:.2} ms CPU per 1,000", t.elapsed().as_secs_f64() * 1e6 / n as f64, (cpu_time() - c).as_secs_f64() * 1e6 / n as f64);
-    println!("export path -> rotel (blackhole) over OTLP/gRPC on 127.0.0.1:{grpc}, {seconds} s per configuration, 2 worker threads");
+    println!(
+        "building one span (about 30 attributes): {:.2} µs wall, {:.2} ms CPU per 1,000",
+        t.elapsed().as_secs_f64() * 1e6 / n as f64,
+        (cpu_time() - c).as_secs_f64() * 1e6 / n as f64
+    );
+    println!(
+        "export path -> rotel (blackhole) over OTLP/gRPC on 127.0.0.1:{grpc}, {seconds} s per configuration, 2 worker threads"
+    );
     // The agent's defaults first (2048 / 512 / 2), then larger settings.
-    for (capacity, batch, concurrency) in [(2048, 512, 1), (2048, 512, 2), (8192, 2048, 2), (8192, 1024, 4), (16384, 2048, 4)] {
+    for (capacity, batch, concurrency) in [
+        (2048, 512, 1),
+        (2048, 512, 2),
+        (8192, 2048, 2),
+        (8192, 1024, 4),
+        (16384, 2048, 4),
+    ] {
         run(grpc, capacity, batch, concurrency, seconds).await;
     }
 }

@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
 }
 
 /// `target/debug/lmperf`, next to this test binary (`target/debug/deps/…`).
@@ -17,7 +20,11 @@ pub fn lmperf_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
     let bin = dir.join("lmperf");
-    assert!(bin.exists(), "{} is missing: run `cargo build -p lmperf` first (`--release` for benchmarks; cargo xtask ci builds the debug one)", bin.display());
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build -p lmperf` first (`--release` for benchmarks; cargo xtask ci builds the debug one)",
+        bin.display()
+    );
     bin
 }
 
@@ -32,12 +39,18 @@ pub struct Agent {
     pub stderr: Arc<Mutex<Vec<String>>>,
 }
 
-fn pump(r: impl Read + Send + 'static, into: Arc<Mutex<Vec<String>>>, started: Option<std::sync::mpsc::Sender<SocketAddr>>) {
+fn pump(
+    r: impl Read + Send + 'static,
+    into: Arc<Mutex<Vec<String>>>,
+    started: Option<std::sync::mpsc::Sender<SocketAddr>>,
+) {
     std::thread::spawn(move || {
         for line in BufReader::new(r).lines().map_while(Result::ok) {
             if let Some(tx) = &started
                 && line.contains("Agent started.")
-                && let Some(a) = line.split_whitespace().find_map(|w| w.strip_prefix("admin="))
+                && let Some(a) = line
+                    .split_whitespace()
+                    .find_map(|w| w.strip_prefix("admin="))
                 && let Ok(addr) = a.parse()
             {
                 let _ = tx.send(addr);
@@ -70,28 +83,49 @@ impl Agent {
         if !args.contains(&"--admin-addr") {
             cmd.args(["--admin-addr", "127.0.0.1:0"]);
         }
-        cmd.env_remove("OTEL_EXPORTER_OTLP_ENDPOINT").env_remove("OTEL_EXPORTER_OTLP_PROTOCOL").env_remove("LMPERF_API_KEY");
+        cmd.env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
+            .env_remove("LMPERF_API_KEY");
         cmd.env("RUST_LOG", "info");
         static SPAWNED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let runtime_dir = std::env::temp_dir().join(format!("lmperf-test-run-{}-{}", std::process::id(), SPAWNED.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
+        let runtime_dir = std::env::temp_dir().join(format!(
+            "lmperf-test-run-{}-{}",
+            std::process::id(),
+            SPAWNED.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
         let _ = std::fs::create_dir_all(&runtime_dir);
         cmd.env("XDG_RUNTIME_DIR", &runtime_dir);
         for (k, v) in envs {
             cmd.env(k, v);
         }
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .stdin(Stdio::null());
         let mut child = cmd.spawn().expect("spawn lmperf");
         let stdout: Arc<Mutex<Vec<String>>> = Arc::default();
         let stderr: Arc<Mutex<Vec<String>>> = Arc::default();
         let (tx, rx) = std::sync::mpsc::channel();
         pump(child.stdout.take().expect("stdout"), stdout.clone(), None);
-        pump(child.stderr.take().expect("stderr"), stderr.clone(), Some(tx));
+        pump(
+            child.stderr.take().expect("stderr"),
+            stderr.clone(),
+            Some(tx),
+        );
         match rx.recv_timeout(Duration::from_secs(20)) {
-            Ok(admin) => Agent { child, admin, runtime_dir, stdout, stderr },
+            Ok(admin) => Agent {
+                child,
+                admin,
+                runtime_dir,
+                stdout,
+                stderr,
+            },
             Err(_) => {
                 let _ = child.kill();
                 std::thread::sleep(Duration::from_millis(200));
-                panic!("agent did not start; stderr:\n{}", stderr.lock().map(|g| g.join("\n")).unwrap_or_default());
+                panic!(
+                    "agent did not start; stderr:\n{}",
+                    stderr.lock().map(|g| g.join("\n")).unwrap_or_default()
+                );
             }
         }
     }
@@ -109,7 +143,11 @@ impl Agent {
     }
 
     /// Waits until `pred(status)` holds or `timeout` passes; returns the last status.
-    pub fn wait_status(&self, timeout: Duration, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    pub fn wait_status(
+        &self,
+        timeout: Duration,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
         let t = Instant::now();
         loop {
             let s = self.status();
@@ -137,7 +175,9 @@ impl Agent {
     }
 
     pub fn sigterm(&self) {
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
     }
 
     /// Waits for the exit, at most `timeout`.
@@ -165,7 +205,9 @@ impl Agent {
     /// Resident set size in KiB, from /proc.
     pub fn rss_kib(&self) -> Option<u64> {
         let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
-        s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok())
+        s.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
     }
 }
 
@@ -190,15 +232,35 @@ pub fn http_post_json(addr: SocketAddr, path: &str, json: &str) -> (u16, String)
 fn http_request(addr: SocketAddr, method: &str, path: &str, json: Option<&str>) -> (u16, String) {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect");
     let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    let body = json.map_or(String::new(), |j| format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{j}", j.len()));
+    let body = json.map_or(String::new(), |j| {
+        format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{j}",
+            j.len()
+        )
+    });
     let end = if json.is_some() { "" } else { "\r\n" };
-    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{body}{end}").expect("write");
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{body}{end}"
+    )
+    .expect("write");
     let mut raw = Vec::new();
     let _ = s.read_to_end(&mut raw);
     let text = String::from_utf8_lossy(&raw).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_owned() };
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
     (code, body)
 }
 

@@ -18,13 +18,22 @@ pub fn required() -> bool {
 /// The Chromium binary (`LMPERF_CHROMIUM`, else `chromium` / `chromium-browser` on PATH);
 /// `None` (after saying why) when there is none and the test is not required to run it.
 pub fn find() -> Option<PathBuf> {
-    let found = std::env::var_os("LMPERF_CHROMIUM").map(PathBuf::from).or_else(|| {
-        let path = std::env::var_os("PATH")?;
-        std::env::split_paths(&path).flat_map(|d| ["chromium", "chromium-browser"].map(|n| d.join(n))).find(|p| p.exists())
-    });
+    let found = std::env::var_os("LMPERF_CHROMIUM")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let path = std::env::var_os("PATH")?;
+            std::env::split_paths(&path)
+                .flat_map(|d| ["chromium", "chromium-browser"].map(|n| d.join(n)))
+                .find(|p| p.exists())
+        });
     if found.is_none() {
-        assert!(!required(), "Chromium required (LMPERF_REQUIRE_CHROMIUM=1) but not found: apt-get install chromium");
-        eprintln!("skipped the Chromium check: no chromium on PATH (cargo xtask ci installs it as root)");
+        assert!(
+            !required(),
+            "Chromium required (LMPERF_REQUIRE_CHROMIUM=1) but not found: apt-get install chromium"
+        );
+        eprintln!(
+            "skipped the Chromium check: no chromium on PATH (cargo xtask ci installs it as root)"
+        );
     }
     found
 }
@@ -34,8 +43,19 @@ pub fn find() -> Option<PathBuf> {
 /// console lines (errors, uncaught exceptions, failed loads). Panics after 120 s.
 pub fn headless(bin: &Path, page: &Path, args: &[&str], profile: &Path) -> (String, Vec<String>) {
     let mut child = Command::new(bin)
-        .args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run", "--hide-scrollbars"])
-        .args(["--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--hide-scrollbars",
+        ])
+        .args([
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+        ])
         .args(["--enable-logging=stderr", "--v=0"])
         .arg(format!("--user-data-dir={}", profile.display()))
         .args(args)
@@ -62,9 +82,16 @@ pub fn headless(bin: &Path, page: &Path, args: &[&str], profile: &Path) -> (Stri
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let (stdout, stderr) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
+    let (stdout, stderr) = (
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    );
     // Page console messages are logged as `…:INFO:CONSOLE:1] "message", source: …`.
-    let console = stderr.lines().filter(|l| l.contains(":CONSOLE") || l.contains("Uncaught")).map(str::to_owned).collect();
+    let console = stderr
+        .lines()
+        .filter(|l| l.contains(":CONSOLE") || l.contains("Uncaught"))
+        .map(str::to_owned)
+        .collect();
     (stdout, console)
 }
 
@@ -73,6 +100,10 @@ pub fn headless(bin: &Path, page: &Path, args: &[&str], profile: &Path) -> (Stri
 pub fn dom(page: &Path, profile: &Path) -> Option<String> {
     let bin = find()?;
     let (dom, console) = headless(&bin, page, &["--dump-dom"], profile);
-    assert!(console.is_empty(), "console messages rendering {}: {console:?}", page.display());
+    assert!(
+        console.is_empty(),
+        "console messages rendering {}: {console:?}",
+        page.display()
+    );
     Some(dom)
 }

@@ -15,7 +15,9 @@ pub mod stream_server;
 
 /// The shared cases copied into `tests/fixtures/cases` (from `../shared/cases`).
 pub fn case(name: &str) -> serde_json::Value {
-    let path = agent::workspace_root().join("tests/fixtures/cases").join(name);
+    let path = agent::workspace_root()
+        .join("tests/fixtures/cases")
+        .join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }

@@ -31,7 +31,11 @@ fn ip(args: &[&str]) -> io::Result<()> {
     if out.status.success() {
         Ok(())
     } else {
-        Err(io::Error::other(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim())))
+        Err(io::Error::other(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
     }
 }
 
@@ -48,7 +52,11 @@ impl Netns {
     /// Creates `lmperf-PID-N-suffix` with its loopback up. Needs CAP_SYS_ADMIN.
     pub fn create(suffix: &str) -> io::Result<Netns> {
         static N: AtomicUsize = AtomicUsize::new(0);
-        let name = format!("lmperf-{}-{}-{suffix}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+        let name = format!(
+            "lmperf-{}-{}-{suffix}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
         ip(&["netns", "add", &name])?;
         let ns = Netns { name };
         ip(&["-n", &ns.name, "link", "set", "lo", "up"])?;
@@ -74,7 +82,10 @@ impl Netns {
     }
 
     /// Starts `f` on a new thread inside this namespace.
-    pub fn spawn<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> JoinHandle<T> {
+    pub fn spawn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> JoinHandle<T> {
         let name = self.name.clone();
         std::thread::spawn(move || {
             enter(&name).expect("enter the namespace");
@@ -87,7 +98,8 @@ impl Netns {
     fn tun(&self, name: &str, addr: Ipv4Addr) -> io::Result<OwnedFd> {
         let fd = self.run(|| -> io::Result<OwnedFd> {
             // SAFETY: plain open of a character device.
-            let raw = unsafe { libc::open(c"/dev/net/tun".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+            let raw =
+                unsafe { libc::open(c"/dev/net/tun".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
             if raw < 0 {
                 return Err(io::Error::last_os_error());
             }
@@ -105,7 +117,15 @@ impl Netns {
             }
             Ok(fd)
         })?;
-        ip(&["-n", &self.name, "addr", "add", &format!("{addr}/24"), "dev", name])?;
+        ip(&[
+            "-n",
+            &self.name,
+            "addr",
+            "add",
+            &format!("{addr}/24"),
+            "dev",
+            name,
+        ])?;
         ip(&["-n", &self.name, "link", "set", name, "up"])?;
         Ok(fd)
     }
@@ -150,13 +170,23 @@ impl DelayLink {
             let s = stop.clone();
             threads.push(std::thread::spawn(move || write_packets(&to, &rx, &s)));
         }
-        Ok(DelayLink { a, b, addr_a, addr_b, one_way, delay_ns, stop, threads })
+        Ok(DelayLink {
+            a,
+            b,
+            addr_a,
+            addr_b,
+            one_way,
+            delay_ns,
+            stop,
+            threads,
+        })
     }
 
     /// Changes the delay of each direction from the next packet on (packets already held keep
     /// theirs, so a packet may overtake an older one when the delay falls).
     pub fn set_one_way(&self, one_way: Duration) {
-        self.delay_ns.store(one_way.as_nanos() as u64, Ordering::Relaxed);
+        self.delay_ns
+            .store(one_way.as_nanos() as u64, Ordering::Relaxed);
     }
 }
 
@@ -169,11 +199,20 @@ pub fn realtime() {
     unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) };
 }
 
-fn read_packets(fd: &OwnedFd, tx: &mpsc::Sender<(Instant, Vec<u8>)>, delay_ns: &AtomicU64, stop: &AtomicBool) {
+fn read_packets(
+    fd: &OwnedFd,
+    tx: &mpsc::Sender<(Instant, Vec<u8>)>,
+    delay_ns: &AtomicU64,
+    stop: &AtomicBool,
+) {
     realtime();
     let mut buf = vec![0u8; 65536];
     while !stop.load(Ordering::Relaxed) {
-        let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
         // SAFETY: one valid pollfd.
         if unsafe { libc::poll(&mut p, 1, 50) } <= 0 {
             continue;
@@ -181,7 +220,11 @@ fn read_packets(fd: &OwnedFd, tx: &mpsc::Sender<(Instant, Vec<u8>)>, delay_ns: &
         // SAFETY: buf is valid for its length.
         let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
         let delay = Duration::from_nanos(delay_ns.load(Ordering::Relaxed));
-        if n > 0 && tx.send((Instant::now() + delay, buf[..n as usize].to_vec())).is_err() {
+        if n > 0
+            && tx
+                .send((Instant::now() + delay, buf[..n as usize].to_vec()))
+                .is_err()
+        {
             return;
         }
     }
@@ -190,7 +233,9 @@ fn read_packets(fd: &OwnedFd, tx: &mpsc::Sender<(Instant, Vec<u8>)>, delay_ns: &
 fn write_packets(fd: &OwnedFd, rx: &mpsc::Receiver<(Instant, Vec<u8>)>, stop: &AtomicBool) {
     realtime();
     while !stop.load(Ordering::Relaxed) {
-        let Ok((due, packet)) = rx.recv_timeout(Duration::from_millis(50)) else { continue };
+        let Ok((due, packet)) = rx.recv_timeout(Duration::from_millis(50)) else {
+            continue;
+        };
         let now = Instant::now();
         if due > now {
             std::thread::sleep(due - now);

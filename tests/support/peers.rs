@@ -12,7 +12,10 @@ use crate::agent::workspace_root;
 
 /// A free loopback port (bound, then released).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
 }
 
 fn venv_ready() {
@@ -24,7 +27,9 @@ fn venv_ready() {
 }
 
 fn kill_term(child: &mut Child) {
-    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(3) {
         if let Ok(Some(_)) = child.try_wait() {
@@ -82,7 +87,9 @@ impl ModelServer {
     /// Sends SIGTERM and waits at most `timeout` for the exit: its status and how long it took.
     pub fn terminate(&mut self, timeout: Duration) -> Option<(std::process::ExitStatus, Duration)> {
         let t = Instant::now();
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
         while t.elapsed() < timeout {
             if let Ok(Some(s)) = self.child.try_wait() {
                 return Some((s, t.elapsed()));
@@ -147,7 +154,15 @@ pub struct QuietCollector {
 impl QuietCollector {
     pub fn start(grpc: u16, http: u16) -> Self {
         let child = Command::new(rotel_agent())
-            .args(["start", "--otlp-grpc-endpoint", &format!("127.0.0.1:{grpc}"), "--otlp-http-endpoint", &format!("127.0.0.1:{http}"), "--exporter", "blackhole"])
+            .args([
+                "start",
+                "--otlp-grpc-endpoint",
+                &format!("127.0.0.1:{grpc}"),
+                "--otlp-http-endpoint",
+                &format!("127.0.0.1:{http}"),
+                "--exporter",
+                "blackhole",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .stdin(Stdio::null())
@@ -155,7 +170,10 @@ impl QuietCollector {
             .expect("start rotel");
         let t = Instant::now();
         while TcpStream::connect(("127.0.0.1", grpc)).is_err() {
-            assert!(t.elapsed() < Duration::from_secs(30), "rotel did not listen");
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "rotel did not listen"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         Self { child }
@@ -174,7 +192,12 @@ impl Collector {
         let (grpc, http) = (free_port(), free_port());
         let mut child = Command::new("bash")
             .arg(workspace_root().join("tests/peers/collector.sh"))
-            .args(["--grpc", &format!("127.0.0.1:{grpc}"), "--http", &format!("127.0.0.1:{http}")])
+            .args([
+                "--grpc",
+                &format!("127.0.0.1:{grpc}"),
+                "--http",
+                &format!("127.0.0.1:{http}"),
+            ])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .stdin(Stdio::null())
@@ -191,11 +214,21 @@ impl Collector {
             }
         });
         let t = Instant::now();
-        while TcpStream::connect(("127.0.0.1", http)).is_err() || TcpStream::connect(("127.0.0.1", grpc)).is_err() {
-            assert!(t.elapsed() < Duration::from_secs(30), "collector did not listen");
+        while TcpStream::connect(("127.0.0.1", http)).is_err()
+            || TcpStream::connect(("127.0.0.1", grpc)).is_err()
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "collector did not listen"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
-        Self { child, grpc, http, lines }
+        Self {
+            child,
+            grpc,
+            http,
+            lines,
+        }
     }
 
     pub fn text(&self) -> String {
@@ -236,10 +269,17 @@ pub fn parse_spans(text: &str) -> Vec<PrintedSpan> {
     let mut sec = Sec::None;
     for l in text.lines() {
         let t = l.trim();
-        if t.starts_with("ResourceSpans #") || t.starts_with("ResourceMetrics #") || t.starts_with("ResourceLog") {
+        if t.starts_with("ResourceSpans #")
+            || t.starts_with("ResourceMetrics #")
+            || t.starts_with("ResourceLog")
+        {
             out.extend(cur.take());
             resource = BTreeMap::new();
-            sec = if t.starts_with("ResourceSpans") { Sec::Resource } else { Sec::Other };
+            sec = if t.starts_with("ResourceSpans") {
+                Sec::Resource
+            } else {
+                Sec::Other
+            };
             continue;
         }
         if t == "Resource attributes:" {
@@ -247,7 +287,10 @@ pub fn parse_spans(text: &str) -> Vec<PrintedSpan> {
         }
         if t.starts_with("Span #") {
             out.extend(cur.take());
-            cur = Some(PrintedSpan { resource: resource.clone(), ..PrintedSpan::default() });
+            cur = Some(PrintedSpan {
+                resource: resource.clone(),
+                ..PrintedSpan::default()
+            });
             sec = Sec::Span;
             continue;
         }
@@ -255,7 +298,11 @@ pub fn parse_spans(text: &str) -> Vec<PrintedSpan> {
             sec = Sec::Attrs;
             continue;
         }
-        if t == "Events:" || t == "Links:" || t.starts_with("ScopeSpans") || t.starts_with("InstrumentationScope") {
+        if t == "Events:"
+            || t == "Links:"
+            || t.starts_with("ScopeSpans")
+            || t.starts_with("InstrumentationScope")
+        {
             if t.starts_with("ScopeSpans") || t.starts_with("InstrumentationScope") {
                 out.extend(cur.take());
             }
@@ -298,5 +345,7 @@ pub fn parse_spans(text: &str) -> Vec<PrintedSpan> {
 
 /// The inner value of a printed attribute: `Int(16)` → `16`.
 pub fn inner(v: &str) -> &str {
-    v.split_once('(').map(|(_, r)| r.strip_suffix(')').unwrap_or(r)).unwrap_or(v)
+    v.split_once('(')
+        .map(|(_, r)| r.strip_suffix(')').unwrap_or(r))
+        .unwrap_or(v)
 }

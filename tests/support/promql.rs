@@ -19,12 +19,25 @@ pub const SCRAPE_LABELS: &[&str] = &["instance", "job", "node"];
 pub async fn agent_metrics() -> String {
     // Its /metrics is a vLLM page (tests/fixtures/server): a, b, then a again (a restart), so
     // the lmperf.server.* gauges, counters, latencies and a change event all have samples.
-    let pages = ["a", "b", "a"].map(|s| std::fs::read_to_string(crate::agent::workspace_root().join(format!("tests/fixtures/server/vllm-new.{s}.prom"))).expect("fixture page"));
+    let pages = ["a", "b", "a"].map(|s| {
+        std::fs::read_to_string(
+            crate::agent::workspace_root().join(format!("tests/fixtures/server/vllm-new.{s}.prom")),
+        )
+        .expect("fixture page")
+    });
     let scrapes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let ok = ScriptedServer::start(Arc::new(move |req, _| {
         if req.path == "/metrics" {
             let i = scrapes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            return Reply::Stream { status: 200, content_type: "text/plain; version=0.0.4".into(), frames: vec![crate::scripted::Frame { at: Duration::ZERO, bytes: pages[i.min(2)].clone().into_bytes() }], cut: false };
+            return Reply::Stream {
+                status: 200,
+                content_type: "text/plain; version=0.0.4".into(),
+                frames: vec![crate::scripted::Frame {
+                    at: Duration::ZERO,
+                    bytes: pages[i.min(2)].clone().into_bytes(),
+                }],
+                cut: false,
+            };
         }
         Reply::sse(chat_stream(
             3,

@@ -22,25 +22,42 @@ pub struct Frame {
 pub enum Reply {
     /// A status, extra headers, and frames; `cut` closes the connection after the frames
     /// without ending the chunked body (a stream cut mid-way).
-    Stream { status: u16, content_type: String, frames: Vec<Frame>, cut: bool },
+    Stream {
+        status: u16,
+        content_type: String,
+        frames: Vec<Frame>,
+        cut: bool,
+    },
     /// Read the request, then close the connection without a byte of response.
     CloseWithoutResponse,
     /// Read the request and never answer (until the client gives up).
     Hang,
     /// A status with exactly these headers (no `Content-Type` added) and frames as the body,
     /// chunked: a case request's own `response_headers` (`../shared/cases/README.md`).
-    WithHeaders { status: u16, headers: Vec<(String, String)>, frames: Vec<Frame> },
+    WithHeaders {
+        status: u16,
+        headers: Vec<(String, String)>,
+        frames: Vec<Frame>,
+    },
 }
 
 impl Reply {
     pub fn sse(frames: Vec<Frame>) -> Self {
-        Reply::Stream { status: 200, content_type: "text/event-stream".into(), frames, cut: false }
+        Reply::Stream {
+            status: 200,
+            content_type: "text/event-stream".into(),
+            frames,
+            cut: false,
+        }
     }
     pub fn json(status: u16, body: &str) -> Self {
         Reply::Stream {
             status,
             content_type: "application/json".into(),
-            frames: vec![Frame { at: Duration::ZERO, bytes: body.as_bytes().to_vec() }],
+            frames: vec![Frame {
+                at: Duration::ZERO,
+                bytes: body.as_bytes().to_vec(),
+            }],
             cut: false,
         }
     }
@@ -63,7 +80,10 @@ pub struct Received {
 
 impl Received {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -97,7 +117,11 @@ impl ScriptedServer {
 
     /// As [`start_with`](Self::start_with), listening on `bind` (an address of a network
     /// namespace the test created, for instance).
-    pub async fn start_at(bind: std::net::SocketAddr, script: Script, idle_close: Option<Duration>) -> Self {
+    pub async fn start_at(
+        bind: std::net::SocketAddr,
+        script: Script,
+        idle_close: Option<Duration>,
+    ) -> Self {
         let listener = TcpListener::bind(bind).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let received: Arc<Mutex<Vec<Received>>> = Arc::default();
@@ -108,11 +132,17 @@ impl ScriptedServer {
             while let Ok((sock, _)) = listener.accept().await {
                 let _ = sock.set_nodelay(true);
                 let (script, rec, counter) = (script.clone(), rec.clone(), counter.clone());
-                tokio::spawn(serve_connection(sock, conn_id, script, rec, counter, idle_close));
+                tokio::spawn(serve_connection(
+                    sock, conn_id, script, rec, counter, idle_close,
+                ));
                 conn_id += 1;
             }
         });
-        Self { addr, received, task }
+        Self {
+            addr,
+            received,
+            task,
+        }
     }
 
     pub fn url(&self) -> String {
@@ -124,7 +154,10 @@ impl ScriptedServer {
     }
 }
 
-async fn read_request(sock: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String, String, Vec<(String, String)>, Vec<u8>)> {
+async fn read_request(
+    sock: &mut TcpStream,
+    buf: &mut Vec<u8>,
+) -> Option<(String, String, Vec<(String, String)>, Vec<u8>)> {
     loop {
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             let head = String::from_utf8_lossy(&buf[..end]).into_owned();
@@ -133,7 +166,10 @@ async fn read_request(sock: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String
             let method = first.next()?.to_owned();
             let path = first.next()?.to_owned();
             let headers: Vec<(String, String)> = lines
-                .filter_map(|l| l.split_once(':').map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned())))
+                .filter_map(|l| {
+                    l.split_once(':')
+                        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                })
                 .collect();
             let len = headers
                 .iter()
@@ -180,9 +216,19 @@ async fn serve_connection(
             },
             _ => next.await,
         };
-        let Some((method, path, headers, body)) = got else { return };
+        let Some((method, path, headers, body)) = got else {
+            return;
+        };
         let arrived = Instant::now();
-        let req = Received { method, path, headers, body, connection: conn_id, on_connection: on_conn, arrived: arrived.into_std() };
+        let req = Received {
+            method,
+            path,
+            headers,
+            body,
+            connection: conn_id,
+            on_connection: on_conn,
+            arrived: arrived.into_std(),
+        };
         on_conn += 1;
         let n = counter.fetch_add(1, Ordering::SeqCst);
         let reply = script(&req, n);
@@ -197,12 +243,32 @@ async fn serve_connection(
             }
             Reply::Stream { .. } | Reply::WithHeaders { .. } => {
                 let (status, headers, frames, cut) = match reply {
-                    Reply::Stream { status, content_type, frames, cut } => (status, vec![("Content-Type".to_owned(), content_type)], frames, cut),
-                    Reply::WithHeaders { status, headers, frames } => (status, headers, frames, false),
+                    Reply::Stream {
+                        status,
+                        content_type,
+                        frames,
+                        cut,
+                    } => (
+                        status,
+                        vec![("Content-Type".to_owned(), content_type)],
+                        frames,
+                        cut,
+                    ),
+                    Reply::WithHeaders {
+                        status,
+                        headers,
+                        frames,
+                    } => (status, headers, frames, false),
                     _ => return,
                 };
-                let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
-                let head = format!("HTTP/1.1 {status} {}\r\n{extra}Transfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100\r\n\r\n", reason(status));
+                let extra: String = headers
+                    .iter()
+                    .map(|(k, v)| format!("{k}: {v}\r\n"))
+                    .collect();
+                let head = format!(
+                    "HTTP/1.1 {status} {}\r\n{extra}Transfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100\r\n\r\n",
+                    reason(status)
+                );
                 if sock.write_all(head.as_bytes()).await.is_err() {
                     return;
                 }
@@ -252,7 +318,8 @@ pub fn case_frames(frames: &serde_json::Value) -> Vec<Frame> {
                 .map(|f| Frame {
                     at: Duration::from_secs_f64(f["t_ms"].as_f64().unwrap_or(0.0) / 1000.0),
                     bytes: match f["bytes_b64"].as_str() {
-                        Some(b64) => base64_decode(b64).unwrap_or_else(|| panic!("bytes_b64 {b64:?}: not base64")),
+                        Some(b64) => base64_decode(b64)
+                            .unwrap_or_else(|| panic!("bytes_b64 {b64:?}: not base64")),
                         None => f["bytes"].as_str().unwrap_or("").as_bytes().to_vec(),
                     },
                 })
@@ -272,7 +339,10 @@ pub fn base64_decode(text: &str) -> Option<Vec<u8>> {
         _ => None,
     };
     let (mut out, mut acc, mut bits) = (Vec::new(), 0u32, 0u32);
-    for c in text.bytes().filter(|c| !c.is_ascii_whitespace() && *c != b'=') {
+    for c in text
+        .bytes()
+        .filter(|c| !c.is_ascii_whitespace() && *c != b'=')
+    {
         acc = (acc << 6) | u32::from(val(c)?);
         bits += 6;
         if bits >= 8 {
@@ -287,18 +357,35 @@ pub fn base64_decode(text: &str) -> Option<Vec<u8>> {
 /// (else `default_status`) and `response_headers` (then the frames are the body as is), else
 /// an SSE stream.
 pub fn case_reply(request: &serde_json::Value, default_status: u16) -> Reply {
-    let status = request["http_status"].as_u64().map_or(default_status, |s| s as u16);
+    let status = request["http_status"]
+        .as_u64()
+        .map_or(default_status, |s| s as u16);
     let frames = case_frames(&request["frames"]);
     match request["response_headers"].as_object() {
-        Some(h) => Reply::WithHeaders { status, headers: h.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned())).collect(), frames },
-        None => Reply::Stream { status, content_type: "text/event-stream".into(), frames, cut: false },
+        Some(h) => Reply::WithHeaders {
+            status,
+            headers: h
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                .collect(),
+            frames,
+        },
+        None => Reply::Stream {
+            status,
+            content_type: "text/event-stream".into(),
+            frames,
+            cut: false,
+        },
     }
 }
 
 /// A server for a whole case: the i-th POST to the case's `endpoint` gets `requests[i]` (a
 /// single-stream case is its only request, every time); any other request a 404.
 pub async fn case_server(case: &serde_json::Value) -> ScriptedServer {
-    let endpoint = case["endpoint"].as_str().unwrap_or("/v1/chat/completions").to_owned();
+    let endpoint = case["endpoint"]
+        .as_str()
+        .unwrap_or("/v1/chat/completions")
+        .to_owned();
     let status = case["http_status"].as_u64().map_or(200, |s| s as u16);
     let replies: Vec<Reply> = match case["requests"].as_array() {
         Some(reqs) => reqs.iter().map(|r| case_reply(r, status)).collect(),
@@ -307,10 +394,16 @@ pub async fn case_server(case: &serde_json::Value) -> ScriptedServer {
     let posts = Arc::new(AtomicUsize::new(0));
     ScriptedServer::start(Arc::new(move |req, _| {
         if req.method != "POST" || req.path != endpoint {
-            return Reply::json(404, r#"{"error":{"message":"not found","type":"not_found"}}"#);
+            return Reply::json(
+                404,
+                r#"{"error":{"message":"not found","type":"not_found"}}"#,
+            );
         }
         let i = posts.fetch_add(1, Ordering::SeqCst);
-        replies.get(i.min(replies.len().saturating_sub(1))).cloned().unwrap_or(Reply::CloseWithoutResponse)
+        replies
+            .get(i.min(replies.len().saturating_sub(1)))
+            .cloned()
+            .unwrap_or(Reply::CloseWithoutResponse)
     }))
     .await
 }

@@ -18,7 +18,12 @@ pub fn measured() -> Measured {
         m.on_bytes(Duration::from_millis(50 + 10 * i), format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"t\"}},\"finish_reason\":{fin}}}]}}\n\n").as_bytes());
     }
     m.on_bytes(Duration::from_millis(201), b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":30,\"completion_tokens\":16}}\n\ndata: [DONE]\n\n");
-    Measured { record: m.finish(StreamEnd::Eof, Duration::from_millis(202)), wall_start: SystemTime::now(), retries: 0, conn: None }
+    Measured {
+        record: m.finish(StreamEnd::Eof, Duration::from_millis(202)),
+        wall_start: SystemTime::now(),
+        retries: 0,
+        conn: None,
+    }
 }
 
 /// A factory of spans like the agent's (about 30 attributes).
@@ -29,7 +34,10 @@ pub struct SpanFactory {
 
 impl Default for SpanFactory {
     fn default() -> Self {
-        Self { m: measured(), scope: InstrumentationScope::builder("lmperf").build() }
+        Self {
+            m: measured(),
+            scope: InstrumentationScope::builder("lmperf").build(),
+        }
     }
 }
 
@@ -50,7 +58,19 @@ impl SpanFactory {
             extra: Vec::new(),
         };
         let p = if reason.is_priority() { 1.0 } else { 0.1 };
-        build_span(ids, &info, &self.m, &Decision { keep: true, reason, probability: p, transition: None, spike: None }, &self.scope)
+        build_span(
+            ids,
+            &info,
+            &self.m,
+            &Decision {
+                keep: true,
+                reason,
+                probability: p,
+                transition: None,
+                spike: None,
+            },
+            &self.scope,
+        )
     }
 }
 
@@ -58,7 +78,11 @@ impl SpanFactory {
 pub fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()))
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
         .unwrap_or(0)
 }
 

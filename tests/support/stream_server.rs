@@ -32,7 +32,12 @@ pub struct StreamConfig {
 
 impl Default for StreamConfig {
     fn default() -> Self {
-        Self { tokens: 16, first_delay: Duration::ZERO, gap: Duration::ZERO, prompt_tokens: 128 }
+        Self {
+            tokens: 16,
+            first_delay: Duration::ZERO,
+            gap: Duration::ZERO,
+            prompt_tokens: 128,
+        }
     }
 }
 
@@ -83,21 +88,34 @@ impl StreamServer {
         let served = Arc::new(Mutex::new(Vec::with_capacity(1 << 20)));
         let stop = Arc::new(AtomicBool::new(false));
         let (served2, stop2) = (served.clone(), stop.clone());
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let thread = std::thread::Builder::new().name("stream-server".into()).spawn(move || {
-            rt.block_on(async move {
-                let Ok(listener) = TcpListener::from_std(std_listener) else { return };
-                let reply: Arc<Reply> = Arc::new(Reply::new(cfg));
-                while !stop2.load(Ordering::Relaxed) {
-                    let accepted = tokio::time::timeout(Duration::from_millis(100), listener.accept()).await;
-                    if let Ok(Ok((sock, _))) = accepted {
-                        let _ = sock.set_nodelay(true);
-                        tokio::spawn(connection(sock, reply.clone(), served2.clone()));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let thread = std::thread::Builder::new()
+            .name("stream-server".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    let Ok(listener) = TcpListener::from_std(std_listener) else {
+                        return;
+                    };
+                    let reply: Arc<Reply> = Arc::new(Reply::new(cfg));
+                    while !stop2.load(Ordering::Relaxed) {
+                        let accepted =
+                            tokio::time::timeout(Duration::from_millis(100), listener.accept())
+                                .await;
+                        if let Ok(Ok((sock, _))) = accepted {
+                            let _ = sock.set_nodelay(true);
+                            tokio::spawn(connection(sock, reply.clone(), served2.clone()));
+                        }
                     }
-                }
-            });
-        })?;
-        Ok(Self { addr, served, stop, thread: Some(thread) })
+                });
+            })?;
+        Ok(Self {
+            addr,
+            served,
+            stop,
+            thread: Some(thread),
+        })
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -113,7 +131,10 @@ impl StreamServer {
     /// How many requests were recorded since the last call, forgetting them (a long run's
     /// records do not pile up).
     pub fn drain_count(&self) -> usize {
-        self.served.lock().map(|mut v| std::mem::take(&mut *v).len()).unwrap_or(0)
+        self.served
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v).len())
+            .unwrap_or(0)
     }
 
     /// Forgets the records (between benchmark steps).
@@ -150,15 +171,23 @@ impl Reply {
         let head = format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ncontent-length: {len}\r\n\r\n").into_bytes();
         let mut whole = head.clone();
         frames.iter().for_each(|f| whole.extend_from_slice(f));
-        let json = |status: &str, body: &str| format!("HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len()).into_bytes();
+        let json = |status: &str, body: &str| {
+            format!("HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len()).into_bytes()
+        };
         Self {
             cfg,
             head,
             frames,
             whole,
-            models: json("200 OK", r#"{"object":"list","data":[{"id":"bench","object":"model","created":0,"owned_by":"lmperf"}]}"#),
+            models: json(
+                "200 OK",
+                r#"{"object":"list","data":[{"id":"bench","object":"model","created":0,"owned_by":"lmperf"}]}"#,
+            ),
             health: json("200 OK", "{}"),
-            not_found: json("404 Not Found", r#"{"error":{"message":"not found","type":"not_found"}}"#),
+            not_found: json(
+                "404 Not Found",
+                r#"{"error":{"message":"not found","type":"not_found"}}"#,
+            ),
         }
     }
 }
@@ -171,7 +200,14 @@ fn frames(tokens: usize, prompt_tokens: u64) -> Vec<Vec<u8>> {
     };
     let mut out = vec![chunk(r#"{"role":"assistant","content":""}"#, "null")];
     for i in 0..tokens {
-        out.push(chunk(&format!(r#"{{"content":"t{i} "}}"#), if i + 1 == tokens { r#""length""# } else { "null" }));
+        out.push(chunk(
+            &format!(r#"{{"content":"t{i} "}}"#),
+            if i + 1 == tokens {
+                r#""length""#
+            } else {
+                "null"
+            },
+        ));
     }
     out.push(
         format!("data: {{\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"bench\",\"choices\":[],\"usage\":{{\"prompt_tokens\":{prompt_tokens},\"completion_tokens\":{tokens},\"total_tokens\":{}}}}}\n\ndata: [DONE]\n\n", prompt_tokens + tokens as u64)
@@ -187,7 +223,9 @@ fn parse_head(buf: &[u8]) -> Option<(usize, usize, bool)> {
     let head = std::str::from_utf8(&buf[..end]).ok()?;
     let (mut length, mut close) = (0, false);
     for line in head.split("\r\n").skip(1) {
-        let Some((name, value)) = line.split_once(':') else { continue };
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
         let value = value.trim();
         if name.eq_ignore_ascii_case("content-length") {
             length = value.parse().unwrap_or(0);
@@ -233,7 +271,13 @@ async fn connection(mut sock: TcpStream, reply: Arc<Reply>, served: Arc<Mutex<Ve
             };
             let complete = sock.write_all(body).await.is_ok();
             let now = Instant::now();
-            Served { kind: Kind::Other, arrived, first_chunk: now, done: now, complete }
+            Served {
+                kind: Kind::Other,
+                arrived,
+                first_chunk: now,
+                done: now,
+                complete,
+            }
         };
         let complete = record.complete;
         if let Ok(mut v) = served.lock() {
@@ -250,7 +294,13 @@ async fn stream(sock: &mut TcpStream, reply: &Reply, arrived: Instant) -> Served
     if cfg.first_delay.is_zero() && cfg.gap.is_zero() {
         let complete = sock.write_all(&reply.whole).await.is_ok();
         let now = Instant::now();
-        return Served { kind: Kind::Completion, arrived, first_chunk: now, done: now, complete };
+        return Served {
+            kind: Kind::Completion,
+            arrived,
+            first_chunk: now,
+            done: now,
+            complete,
+        };
     }
     if !cfg.first_delay.is_zero() {
         tokio::time::sleep_until((arrived + cfg.first_delay).into()).await;
@@ -275,5 +325,11 @@ async fn stream(sock: &mut TcpStream, reply: &Reply, arrived: Instant) -> Served
         }
         complete = sock.write_all(f).await.is_ok();
     }
-    Served { kind: Kind::Completion, arrived, first_chunk, done: Instant::now(), complete }
+    Served {
+        kind: Kind::Completion,
+        arrived,
+        first_chunk,
+        done: Instant::now(),
+        complete,
+    }
 }

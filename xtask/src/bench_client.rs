@@ -8,17 +8,30 @@ use anyhow::Result;
 
 pub fn run(args: &[String]) -> Result<()> {
     if let Some(a) = args.first() {
-        anyhow::bail!("bench-client takes no arguments (got {a:?}); settings are LMPERF_BENCH_* variables");
+        anyhow::bail!(
+            "bench-client takes no arguments (got {a:?}); settings are LMPERF_BENCH_* variables"
+        );
     }
     let root = crate::root();
-    crate::step("[1/4] tests/peers/install.sh (the GGUF the tokenizer comes from)", crate::install_peers_cmd())?;
+    crate::step(
+        "[1/4] tests/peers/install.sh (the GGUF the tokenizer comes from)",
+        crate::install_peers_cmd(),
+    )?;
     let mut peers = std::process::Command::new("bash");
-    peers.arg(root.join("tests/peers/install-bench.sh")).current_dir(&root);
-    crate::step("[2/4] tests/peers/install-bench.sh (GuideLLM, AIPerf, tokenizer)", peers)?;
+    peers
+        .arg(root.join("tests/peers/install-bench.sh"))
+        .current_dir(&root);
+    crate::step(
+        "[2/4] tests/peers/install-bench.sh (GuideLLM, AIPerf, tokenizer)",
+        peers,
+    )?;
     let mut build = crate::cargo();
     build.args(["build", "--release", "-p", "lmperf"]);
     crate::step("[3/4] cargo build --release -p lmperf", build)?;
     let mut bench = crate::cargo();
     bench.args(["bench", "-p", "lmperf-e2e", "--bench", "client_peers"]);
-    crate::step("[4/4] client benchmark (tests/benches/client_peers.rs)", bench)
+    crate::step(
+        "[4/4] client benchmark (tests/benches/client_peers.rs)",
+        bench,
+    )
 }

@@ -36,7 +36,9 @@ pub fn run(args: &[String]) -> Result<()> {
         install_apt_packages()?;
         install_prometheus()?;
     } else {
-        println!("==> not root: eBPF build packages and chromium not installed, probe and render tests skip themselves");
+        println!(
+            "==> not root: eBPF build packages and chromium not installed, probe and render tests skip themselves"
+        );
     }
 
     let mut build = crate::cargo();
@@ -110,7 +112,13 @@ fn install_apt_packages() -> Result<()> {
         return Ok(());
     }
     let mut cmd = std::process::Command::new("sh");
-    cmd.args(["-c", &format!("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {}", missing.join(" "))]);
+    cmd.args([
+        "-c",
+        &format!(
+            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {}",
+            missing.join(" ")
+        ),
+    ]);
     crate::step(&format!("apt-get install {}", missing.join(" ")), cmd)
 }
 
@@ -159,7 +167,11 @@ fn run_counting(mut cmd: std::process::Command) -> Result<(u64, u64, bool)> {
     // Both streams through one channel: cargo names each test binary on stderr ("Running
     // alerts.rs (…)"), the harness prints its "finished in" on stdout.
     let (tx, rx) = std::sync::mpsc::channel::<(bool, String)>();
-    fn forward(r: impl Read + Send + 'static, is_err: bool, tx: std::sync::mpsc::Sender<(bool, String)>) -> std::thread::JoinHandle<()> {
+    fn forward(
+        r: impl Read + Send + 'static,
+        is_err: bool,
+        tx: std::sync::mpsc::Sender<(bool, String)>,
+    ) -> std::thread::JoinHandle<()> {
         std::thread::spawn(move || {
             for line in BufReader::new(r).lines().map_while(Result::ok) {
                 if tx.send((is_err, line)).is_err() {
@@ -191,7 +203,12 @@ fn run_counting(mut cmd: std::process::Command) -> Result<(u64, u64, bool)> {
         if let Some(rest) = line.strip_prefix("test result: ") {
             passed += count(rest, " passed");
             failed += count(rest, " failed");
-            if let Some(secs) = rest.rsplit("finished in ").next().and_then(|t| t.trim().strip_suffix('s')).and_then(|t| t.parse::<f64>().ok()) {
+            if let Some(secs) = rest
+                .rsplit("finished in ")
+                .next()
+                .and_then(|t| t.trim().strip_suffix('s'))
+                .and_then(|t| t.parse::<f64>().ok())
+            {
                 times.push((secs, binary.clone()));
             }
         }
@@ -212,7 +229,13 @@ fn run_counting(mut cmd: std::process::Command) -> Result<(u64, u64, bool)> {
 /// `ok. 22 passed; 0 failed; …` → the number before `what`.
 fn count(line: &str, what: &str) -> u64 {
     line.split(';')
-        .find_map(|part| part.trim().trim_start_matches("ok. ").trim_start_matches("FAILED. ").strip_suffix(what.trim_start()).map(str::trim))
+        .find_map(|part| {
+            part.trim()
+                .trim_start_matches("ok. ")
+                .trim_start_matches("FAILED. ")
+                .strip_suffix(what.trim_start())
+                .map(str::trim)
+        })
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or(0)
 }

@@ -64,7 +64,10 @@ fn calm(args: &[String]) -> Result<()> {
         .ok_or_else(|| anyhow::anyhow!("--calm needs a duration (30m, 90s, 1800)"))?;
     let secs = parse_duration_s(value)?;
     crate::peers_and_agent()?;
-    let mut test = crate::e2e_test("diagnose_live", "real::live_calm_real_server_is_never_diagnosed");
+    let mut test = crate::e2e_test(
+        "diagnose_live",
+        "real::live_calm_real_server_is_never_diagnosed",
+    );
     test.env("LMPERF_DIAGNOSE_CALM_S", secs.to_string());
     crate::step(
         &format!("[3/3] {secs} s calm run on the real llama.cpp server"),
@@ -82,5 +85,7 @@ fn parse_duration_s(v: &str) -> Result<u64> {
         .ok()
         .filter(|&n| n > 0)
         .map(|n| n * mult)
-        .ok_or_else(|| anyhow::anyhow!("--calm {v:?}: expected a duration such as 30m, 90s or 1800"))
+        .ok_or_else(|| {
+            anyhow::anyhow!("--calm {v:?}: expected a duration such as 30m, 90s or 1800")
+        })
 }

@@ -28,19 +28,37 @@ impl Drop for Kill {
 fn http_get(addr: &str, path: &str) -> Result<String> {
     let mut s = TcpStream::connect(addr).with_context(|| format!("connect {addr}"))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
     let mut raw = String::new();
     s.read_to_string(&mut raw)?;
-    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
     Ok(body)
 }
 
 fn smi(query: &str) -> Result<Vec<Vec<String>>> {
-    let out = Command::new("nvidia-smi").args([&format!("--query-gpu={query}"), "--format=csv,noheader,nounits"]).output().context("nvidia-smi")?;
+    let out = Command::new("nvidia-smi")
+        .args([
+            &format!("--query-gpu={query}"),
+            "--format=csv,noheader,nounits",
+        ])
+        .output()
+        .context("nvidia-smi")?;
     if !out.status.success() {
-        bail!("nvidia-smi failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "nvidia-smi failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
-    Ok(String::from_utf8_lossy(&out.stdout).lines().map(|l| l.split(',').map(|f| f.trim().to_owned()).collect()).collect())
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.split(',').map(|f| f.trim().to_owned()).collect())
+        .collect())
 }
 
 /// Values of metric family `name` whose labels contain `label`.
@@ -59,16 +77,25 @@ pub fn run(args: &[String]) -> Result<()> {
         [flag, n] if flag == "--seconds" => n.parse().context("--seconds N")?,
         _ => bail!("usage: cargo xtask gpu-check [--seconds N]"),
     };
-    let gpus = smi("uuid,memory.used,utilization.gpu,name").context("gpu-check needs an NVIDIA GPU and nvidia-smi")?;
+    let gpus = smi("uuid,memory.used,utilization.gpu,name")
+        .context("gpu-check needs an NVIDIA GPU and nvidia-smi")?;
     println!("nvidia-smi: {} GPU(s): {:?}", gpus.len(), gpus);
     let mut build = crate::cargo();
     build.args(["build", "--release", "-p", "lmperf"]);
     crate::step("cargo build --release -p lmperf", build)?;
 
-    let torch = Command::new("python3").args(["-c", "import torch; assert torch.cuda.is_available()"]).status().is_ok_and(|s| s.success());
+    let torch = Command::new("python3")
+        .args(["-c", "import torch; assert torch.cuda.is_available()"])
+        .status()
+        .is_ok_and(|s| s.success());
     let load = if torch {
         println!("load: torch matmul loop on GPU 0");
-        Some(Kill(Command::new("python3").args(["-c", LOAD]).spawn().context("start the torch load")?))
+        Some(Kill(
+            Command::new("python3")
+                .args(["-c", LOAD])
+                .spawn()
+                .context("start the torch load")?,
+        ))
     } else {
         println!("load: none (torch with CUDA not importable); idle checks only");
         None
@@ -76,7 +103,10 @@ pub fn run(args: &[String]) -> Result<()> {
     let dir = crate::root().join("target/gpu-check");
     std::fs::create_dir_all(&dir)?;
     let cfg = dir.join("lmperf.toml");
-    std::fs::write(&cfg, "admin_addr = \"127.0.0.1:19466\"\n[canary]\ninterval = \"1s\"\nmodel = \"m\"\n[[target]]\nurl = \"http://127.0.0.1:9\"\n[gpu]\ninterval = \"500ms\"\n")?;
+    std::fs::write(
+        &cfg,
+        "admin_addr = \"127.0.0.1:19466\"\n[canary]\ninterval = \"1s\"\nmodel = \"m\"\n[[target]]\nurl = \"http://127.0.0.1:9\"\n[gpu]\ninterval = \"500ms\"\n",
+    )?;
     let log = std::fs::File::create(dir.join("agent.log"))?;
     let _agent = Kill(
         Command::new(crate::root().join("target/release/lmperf"))
@@ -94,7 +124,11 @@ pub fn run(args: &[String]) -> Result<()> {
     std::fs::write(dir.join("status.json"), &status)?;
     std::fs::write(dir.join("metrics.txt"), &metrics)?;
     let smi_now = smi("uuid,memory.used,utilization.gpu")?;
-    println!("agent ran {:.0} s; status and metrics in {}", t.elapsed().as_secs_f64(), dir.display());
+    println!(
+        "agent ran {:.0} s; status and metrics in {}",
+        t.elapsed().as_secs_f64(),
+        dir.display()
+    );
 
     let mut failures = Vec::new();
     if !status.contains("\"mode\":\"on\"") {
@@ -102,13 +136,28 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     for (i, row) in smi_now.iter().enumerate() {
         let (uuid, used_mib) = (&row[0], row[1].parse::<f64>().unwrap_or(-1.0));
-        let ours = prom_values(&metrics, "hw_gpu_memory_usage_bytes", &format!("hw_id=\"{uuid}\""));
-        let util = prom_values(&metrics, "hw_gpu_utilization_ratio", &format!("hw_id=\"{uuid}\""));
+        let ours = prom_values(
+            &metrics,
+            "hw_gpu_memory_usage_bytes",
+            &format!("hw_id=\"{uuid}\""),
+        );
+        let util = prom_values(
+            &metrics,
+            "hw_gpu_utilization_ratio",
+            &format!("hw_id=\"{uuid}\""),
+        );
         let ours_mib = ours.first().map(|b| b / 1048576.0);
-        println!("GPU {i} {uuid}: memory.used nvidia-smi {used_mib:.0} MiB, lmperf {:?} MiB; utilization nvidia-smi {} %, lmperf {:?}", ours_mib.map(|m| m.round()), row[2], util.first());
+        println!(
+            "GPU {i} {uuid}: memory.used nvidia-smi {used_mib:.0} MiB, lmperf {:?} MiB; utilization nvidia-smi {} %, lmperf {:?}",
+            ours_mib.map(|m| m.round()),
+            row[2],
+            util.first()
+        );
         match ours_mib {
             None => failures.push(format!("no hw.gpu.memory.usage for {uuid}")),
-            Some(m) if (m - used_mib).abs() > (used_mib * 0.05).max(256.0) => failures.push(format!("{uuid}: memory {m:.0} MiB vs nvidia-smi {used_mib:.0} MiB")),
+            Some(m) if (m - used_mib).abs() > (used_mib * 0.05).max(256.0) => failures.push(
+                format!("{uuid}: memory {m:.0} MiB vs nvidia-smi {used_mib:.0} MiB"),
+            ),
             _ => {}
         }
         if i == 0 && load.is_some() && !util.first().is_some_and(|u| *u > 0.0) {
@@ -118,7 +167,11 @@ pub fn run(args: &[String]) -> Result<()> {
     if let Some(l) = &load {
         let pid = format!("process_pid=\"{}\"", l.0.id());
         let held = prom_values(&metrics, "lmperf_gpu_process_memory_usage_bytes", &pid);
-        println!("load PID {}: lmperf.gpu.process.memory.usage {:?} bytes", l.0.id(), held);
+        println!(
+            "load PID {}: lmperf.gpu.process.memory.usage {:?} bytes",
+            l.0.id(),
+            held
+        );
         if held.is_empty() {
             failures.push(format!("the load's PID {} is not attributed", l.0.id()));
         }

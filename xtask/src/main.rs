@@ -124,7 +124,16 @@ pub fn peers_and_agent() -> Result<()> {
 /// shown.
 pub fn e2e_test(file: &str, name: &str) -> Command {
     let mut test = cargo();
-    test.args(["test", "-p", "lmperf-e2e", "--test", file, name, "--", "--nocapture"]);
+    test.args([
+        "test",
+        "-p",
+        "lmperf-e2e",
+        "--test",
+        file,
+        name,
+        "--",
+        "--nocapture",
+    ]);
     test
 }
 

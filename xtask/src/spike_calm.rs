@@ -16,7 +16,8 @@ pub fn run(args: &[String]) -> Result<()> {
     };
     crate::peers_and_agent()?;
     let mut test = crate::e2e_test("spike", "calm_poisson_canaries_never_enter_spike_mode");
-    test.arg("--ignored").env("LMPERF_SPIKE_CALM_S", seconds.to_string());
+    test.arg("--ignored")
+        .env("LMPERF_SPIKE_CALM_S", seconds.to_string());
     crate::step(
         &format!("[3/3] {seconds} s calm run (tests/spike.rs)"),
         test,

@@ -72,10 +72,21 @@ async fn metrics(State(s): State<AdminState>) -> Response {
     let families = s.telemetry.registry.gather();
     let mut out = String::new();
     match prometheus::TextEncoder::new().encode_utf8(&families, &mut out) {
-        Ok(()) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response(),
+        Ok(()) => (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            out,
+        )
+            .into_response(),
         Err(e) => {
             tracing::warn!(error = %e, "Encoding /metrics failed.");
-            (StatusCode::INTERNAL_SERVER_ERROR, "metrics encoding failed\n").into_response()
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "metrics encoding failed\n",
+            )
+                .into_response()
         }
     }
 }
@@ -84,7 +95,12 @@ async fn metrics(State(s): State<AdminState>) -> Response {
 pub fn status_doc(s: &AdminState) -> StatusDoc {
     StatusDoc {
         version: env!("CARGO_PKG_VERSION"),
-        uptime_s: s.status.started.elapsed().map(|d| d.as_secs_f64()).unwrap_or(0.0),
+        uptime_s: s
+            .status
+            .started
+            .elapsed()
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0),
         ready: s.status.ready.load(Ordering::Relaxed),
         targets: s.status.targets.iter().map(|t| t.snapshot()).collect(),
         exporter: s.telemetry.spans.snapshot(),
@@ -107,11 +123,25 @@ struct DiagnosisQuery {
     window: Option<String>,
 }
 
-async fn diagnosis(State(s): State<AdminState>, axum::extract::Query(q): axum::extract::Query<DiagnosisQuery>) -> Response {
+async fn diagnosis(
+    State(s): State<AdminState>,
+    axum::extract::Query(q): axum::extract::Query<DiagnosisQuery>,
+) -> Response {
     let window = match q.window.as_deref().map(humantime::parse_duration) {
-        Some(Err(e)) => return (StatusCode::BAD_REQUEST, format!("window = {:?}: {e}\n", q.window.unwrap_or_default())).into_response(),
+        Some(Err(e)) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("window = {:?}: {e}\n", q.window.unwrap_or_default()),
+            )
+                .into_response();
+        }
         Some(Ok(w)) => Some(w),
         None => None,
     };
-    axum::Json(s.status.diagnosis.snapshot(q.target.as_deref(), window, std::time::SystemTime::now())).into_response()
+    axum::Json(s.status.diagnosis.snapshot(
+        q.target.as_deref(),
+        window,
+        std::time::SystemTime::now(),
+    ))
+    .into_response()
 }

@@ -71,7 +71,11 @@ figcaption{{font-weight:600;font-size:13px}} h2{{margin-top:28px}} .bar{{display
         } else {
             match &t.baseline_wait {
                 Some(w) => {
-                    let _ = write!(h, "<p>{}: a spike cannot be judged before</p>", esc(&w.words()));
+                    let _ = write!(
+                        h,
+                        "<p>{}: a spike cannot be judged before</p>",
+                        esc(&w.words())
+                    );
                 }
                 None => h.push_str("<p>no spike: nothing to diagnose</p>"),
             }

@@ -349,7 +349,8 @@ pub fn analyze_run(dir: &Path, window: Option<Duration>) -> Result<Analysis, Ana
 /// Why the agent's admin address did not answer, with what to check (like `lmperf ctl`): from
 /// the innermost io error of `e`'s chain, else its chain once.
 fn agent_unreachable(e: &(dyn std::error::Error + 'static)) -> String {
-    const CHECK: &str = "is the agent running, with admin_addr there? (--agent HOST:PORT names another)";
+    const CHECK: &str =
+        "is the agent running, with admin_addr there? (--agent HOST:PORT names another)";
     let mut io = None;
     let mut chain: Vec<String> = Vec::new();
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
@@ -367,7 +368,9 @@ fn agent_unreachable(e: &(dyn std::error::Error + 'static)) -> String {
         Some(std::io::ErrorKind::ConnectionRefused) => format!("connection refused; {CHECK}"),
         Some(std::io::ErrorKind::TimedOut) => format!("no answer within 10 s; {CHECK}"),
         Some(k) => format!("{k}; {CHECK}"),
-        None if chain.iter().any(|s| s.contains("timed out")) => format!("no answer within 10 s; {CHECK}"),
+        None if chain.iter().any(|s| s.contains("timed out")) => {
+            format!("no answer within 10 s; {CHECK}")
+        }
         None => format!("{}; {CHECK}", chain.join(": ")),
     }
 }

@@ -388,7 +388,12 @@ fn analyze_feeds_a_runs_gpu_samples_to_the_engine() {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
-        rows.push(crate::bench::vram::GpuSampleRow { schema_version: 1, benchmark: "b".into(), t_ms: send, signals });
+        rows.push(crate::bench::vram::GpuSampleRow {
+            schema_version: 1,
+            benchmark: "b".into(),
+            t_ms: send,
+            signals,
+        });
     }
     for dir in [&with, &without] {
         let _ = std::fs::remove_dir_all(dir);
@@ -399,27 +404,56 @@ fn analyze_feeds_a_runs_gpu_samples_to_the_engine() {
     let a = super::offline::analyze_run(&with, None).unwrap();
     let mem = &a.series["b"][&Signal::GpuMemoryUtilization];
     assert_eq!((mem.len(), mem[0][1], mem[599][1]), (600, 0.60, 0.99));
-    let d = a.diagnosis.targets.iter().find(|t| t.target == "b").unwrap();
+    let d = a
+        .diagnosis
+        .targets
+        .iter()
+        .find(|t| t.target == "b")
+        .unwrap();
     assert_eq!(d.causes[0].cause, Cause::GpuMemoryPressure, "{d:?}");
     let b = super::offline::analyze_run(&without, None).unwrap();
     assert!(!b.series["b"].contains_key(&Signal::GpuMemoryUtilization));
-    let d = b.diagnosis.targets.iter().find(|t| t.target == "b").unwrap();
-    assert!(d.causes.first().is_none_or(|c| c.cause != Cause::GpuMemoryPressure), "{d:?}");
+    let d = b
+        .diagnosis
+        .targets
+        .iter()
+        .find(|t| t.target == "b")
+        .unwrap();
+    assert!(
+        d.causes
+            .first()
+            .is_none_or(|c| c.cause != Cause::GpuMemoryPressure),
+        "{d:?}"
+    );
     // A broken line names the file and the line.
     std::fs::write(with.join("gpu_samples.jsonl"), "{\"schema_version\":1}\n").unwrap();
-    let e = super::offline::analyze_run(&with, None).unwrap_err().to_string();
-    assert!(e.contains("gpu_samples.jsonl:1") && e.contains("not a GPU sample"), "{e}");
+    let e = super::offline::analyze_run(&with, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("gpu_samples.jsonl:1") && e.contains("not a GPU sample"),
+        "{e}"
+    );
     let _ = std::fs::remove_dir_all(&base);
 }
 
 #[tokio::test]
 async fn an_agent_that_refuses_says_so_and_what_to_check() {
     // A port nothing listens on: bind, note the port, close.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let addr = format!("127.0.0.1:{port}");
-    let e = super::offline::analyze_agent(&addr, None).await.unwrap_err().to_string();
+    let e = super::offline::analyze_agent(&addr, None)
+        .await
+        .unwrap_err()
+        .to_string();
     assert_eq!(
         e,
-        format!("agent {addr}: GET http://{addr}/api/v1/diagnosis: connection refused; is the agent running, with admin_addr there? (--agent HOST:PORT names another)")
+        format!(
+            "agent {addr}: GET http://{addr}/api/v1/diagnosis: connection refused; is the agent running, with admin_addr there? (--agent HOST:PORT names another)"
+        )
     );
 }

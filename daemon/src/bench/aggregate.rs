@@ -488,7 +488,9 @@ mod tests {
             error_type: Some("http.400".into()),
             http_status: Some(400),
             error_server_type: Some("exceed_context_size_error".into()),
-            error_message: Some("request (3001 tokens) exceeds the available context size (2048 tokens)".into()),
+            error_message: Some(
+                "request (3001 tokens) exceeds the available context size (2048 tokens)".into(),
+            ),
             send_ms: 500.0,
             e2el_ms: 100.0,
             output_tokens_target: 8,
@@ -552,7 +554,8 @@ mod tests {
     #[test]
     fn merge_equals_one_accumulator() {
         let values: Vec<f64> = (0..5000).map(|i| f64::from(i % 977) * 0.37 + 1.0).collect();
-        let (mut whole, mut a, mut b) = (Accumulator::new(), Accumulator::new(), Accumulator::new());
+        let (mut whole, mut a, mut b) =
+            (Accumulator::new(), Accumulator::new(), Accumulator::new());
         for (i, v) in values.iter().enumerate() {
             whole.record(*v);
             if i < 1200 { a.record(*v) } else { b.record(*v) }
@@ -560,8 +563,14 @@ mod tests {
         a.merge(&b);
         a.merge(&Accumulator::new());
         let (m, w) = (a.distribution().unwrap(), whole.distribution().unwrap());
-        assert_eq!((m.count, m.min, m.max, m.p50, m.p99, m.p99_9), (w.count, w.min, w.max, w.p50, w.p99, w.p99_9));
-        assert!((m.mean - w.mean).abs() < 1e-9 && (m.std - w.std).abs() < 1e-9, "{m:?} vs {w:?}");
+        assert_eq!(
+            (m.count, m.min, m.max, m.p50, m.p99, m.p99_9),
+            (w.count, w.min, w.max, w.p50, w.p99, w.p99_9)
+        );
+        assert!(
+            (m.mean - w.mean).abs() < 1e-9 && (m.std - w.std).abs() < 1e-9,
+            "{m:?} vs {w:?}"
+        );
         let mut empty = Accumulator::new();
         empty.merge(&whole);
         assert_eq!(empty.distribution(), whole.distribution());

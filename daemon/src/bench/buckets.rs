@@ -41,7 +41,10 @@ impl Bucket {
             return Self { lo: 0, hi: 1 };
         }
         let lo = 1u64 << n.ilog2();
-        Self { lo, hi: lo.saturating_mul(2) }
+        Self {
+            lo,
+            hi: lo.saturating_mul(2),
+        }
     }
 
     /// `[lo,hi)`, as the report labels it.
@@ -124,12 +127,37 @@ impl CellAcc {
 
     fn cell(&self, input: Bucket, output: Bucket, slo: Goodput) -> BucketCell {
         let q = |a: &Accumulator, p: f64| (a.count() > 0).then(|| a.quantiles(&[p])[0]);
-        let (ttft_p99_ms, tpot_p99_ms, e2el_p99_ms) = (q(&self.ttft, 0.99), q(&self.tpot, 0.99), q(&self.e2el, 0.99));
-        let slo = [("ttft", slo.ttft_ms, ttft_p99_ms), ("tpot", slo.tpot_ms, tpot_p99_ms), ("e2el", slo.e2el_ms, e2el_p99_ms)]
-            .into_iter()
-            .filter_map(|(name, limit, p99)| limit.map(|l| SloCheck { slo: name, p99_ms: p99, threshold_ms: l, pass: p99.map(|v| v <= l) }))
-            .collect();
-        BucketCell { input, output, count: self.count, completed: self.completed, ttft_p50_ms: q(&self.ttft, 0.5), ttft_p99_ms, tpot_p99_ms, e2el_p99_ms, slo }
+        let (ttft_p99_ms, tpot_p99_ms, e2el_p99_ms) = (
+            q(&self.ttft, 0.99),
+            q(&self.tpot, 0.99),
+            q(&self.e2el, 0.99),
+        );
+        let slo = [
+            ("ttft", slo.ttft_ms, ttft_p99_ms),
+            ("tpot", slo.tpot_ms, tpot_p99_ms),
+            ("e2el", slo.e2el_ms, e2el_p99_ms),
+        ]
+        .into_iter()
+        .filter_map(|(name, limit, p99)| {
+            limit.map(|l| SloCheck {
+                slo: name,
+                p99_ms: p99,
+                threshold_ms: l,
+                pass: p99.map(|v| v <= l),
+            })
+        })
+        .collect();
+        BucketCell {
+            input,
+            output,
+            count: self.count,
+            completed: self.completed,
+            ttft_p50_ms: q(&self.ttft, 0.5),
+            ttft_p99_ms,
+            tpot_p99_ms,
+            e2el_p99_ms,
+            slo,
+        }
     }
 }
 
@@ -155,7 +183,13 @@ impl Pool {
             g.benchmarks.push(r.benchmark.clone());
         }
         g.num_requests += 1;
-        let c = g.cells.entry((Bucket::of(r.input_tokens_for_buckets()), Bucket::of(output_len(r)))).or_default();
+        let c = g
+            .cells
+            .entry((
+                Bucket::of(r.input_tokens_for_buckets()),
+                Bucket::of(output_len(r)),
+            ))
+            .or_default();
         c.count += 1;
         if r.outcome != "ok" {
             return;
@@ -203,7 +237,11 @@ impl Pool {
                     num_requests: g.num_requests,
                     input_buckets,
                     output_buckets,
-                    cells: g.cells.iter().map(|(&(i, o), c)| c.cell(i, o, slo)).collect(),
+                    cells: g
+                        .cells
+                        .iter()
+                        .map(|(&(i, o), c)| c.cell(i, o, slo))
+                        .collect(),
                 }
             })
             .collect()
@@ -223,7 +261,15 @@ mod tests {
     use super::*;
     use crate::bench::SCHEMA_VERSION;
 
-    fn row(prompt: u32, out: Option<u64>, target: u32, ttft: f64, tpot: Option<f64>, e2el: f64, ok: bool) -> RequestRow {
+    fn row(
+        prompt: u32,
+        out: Option<u64>,
+        target: u32,
+        ttft: f64,
+        tpot: Option<f64>,
+        e2el: f64,
+        ok: bool,
+    ) -> RequestRow {
         RequestRow {
             schema_version: SCHEMA_VERSION,
             benchmark: "c4_in_dist".into(),
@@ -259,7 +305,16 @@ mod tests {
 
     #[test]
     fn bucket_edges_are_powers_of_two() {
-        for (n, lo, hi) in [(0, 0, 1), (1, 1, 2), (2, 2, 4), (3, 2, 4), (127, 64, 128), (128, 128, 256), (255, 128, 256), (600, 512, 1024)] {
+        for (n, lo, hi) in [
+            (0, 0, 1),
+            (1, 1, 2),
+            (2, 2, 4),
+            (3, 2, 4),
+            (127, 64, 128),
+            (128, 128, 256),
+            (255, 128, 256),
+            (600, 512, 1024),
+        ] {
             assert_eq!(Bucket::of(n), Bucket { lo, hi }, "{n}");
         }
         assert_eq!(Bucket::of(100).label(), "[64,128)");
@@ -277,7 +332,15 @@ mod tests {
         // E2EL 101..=120; prompts 16..=31, achieved 8..=15 tokens of a 64-token target.
         for i in 0..20u32 {
             let f = f64::from(i + 1);
-            rows.push(row(16 + i % 16, Some(8 + u64::from(i % 8)), 64, f, Some(f / 2.0), 100.0 + f, true));
+            rows.push(row(
+                16 + i % 16,
+                Some(8 + u64::from(i % 8)),
+                64,
+                f,
+                Some(f / 2.0),
+                100.0 + f,
+                true,
+            ));
         }
         // Same cell: a failure, bucketed by its target (10 tokens): counted, no latency.
         rows.push(row(20, None, 10, 0.0, None, 999.0, false));
@@ -290,41 +353,106 @@ mod tests {
         other.benchmark = "c1_in_dist".into();
         rows.push(other);
 
-        let slo = Goodput { ttft_ms: Some(19.0), tpot_ms: Some(5.0), e2el_ms: None };
+        let slo = Goodput {
+            ttft_ms: Some(19.0),
+            tpot_ms: Some(5.0),
+            e2el_ms: None,
+        };
         let b = by_concurrency(&rows, slo);
-        assert_eq!(b.iter().map(|g| (g.concurrency, g.num_requests)).collect::<Vec<_>>(), [(1, 1), (4, 23)]);
+        assert_eq!(
+            b.iter()
+                .map(|g| (g.concurrency, g.num_requests))
+                .collect::<Vec<_>>(),
+            [(1, 1), (4, 23)]
+        );
         let g = &b[1];
         assert_eq!(g.benchmarks, ["c4_in_dist"]);
-        assert_eq!(g.input_buckets, [Bucket { lo: 16, hi: 32 }, Bucket { lo: 512, hi: 1024 }]);
-        assert_eq!(g.output_buckets, [Bucket { lo: 8, hi: 16 }, Bucket { lo: 64, hi: 128 }]);
+        assert_eq!(
+            g.input_buckets,
+            [Bucket { lo: 16, hi: 32 }, Bucket { lo: 512, hi: 1024 }]
+        );
+        assert_eq!(
+            g.output_buckets,
+            [Bucket { lo: 8, hi: 16 }, Bucket { lo: 64, hi: 128 }]
+        );
         assert_eq!(g.cells.len(), 2);
-        assert_eq!(g.cells.iter().map(|c| c.count).sum::<usize>(), g.num_requests);
+        assert_eq!(
+            g.cells.iter().map(|c| c.count).sum::<usize>(),
+            g.num_requests
+        );
 
         let c = &g.cells[0];
-        assert_eq!((c.input, c.output, c.count, c.completed), (Bucket { lo: 16, hi: 32 }, Bucket { lo: 8, hi: 16 }, 21, 20));
+        assert_eq!(
+            (c.input, c.output, c.count, c.completed),
+            (Bucket { lo: 16, hi: 32 }, Bucket { lo: 8, hi: 16 }, 21, 20)
+        );
         // numpy.percentile(range(1, 21), [50, 99]) = 10.5, 19.81.
         assert!(near(c.ttft_p50_ms, 10.5), "{:?}", c.ttft_p50_ms);
         assert!(near(c.ttft_p99_ms, 19.81), "{:?}", c.ttft_p99_ms);
         assert!(near(c.tpot_p99_ms, 9.905), "{:?}", c.tpot_p99_ms);
-        assert!(near(c.e2el_p99_ms, 119.81), "the failure's 999 ms is left out: {:?}", c.e2el_p99_ms);
-        assert_eq!(c.slo.iter().map(|s| (s.slo, s.threshold_ms, s.pass)).collect::<Vec<_>>(), [("ttft", 19.0, Some(false)), ("tpot", 5.0, Some(false))]);
+        assert!(
+            near(c.e2el_p99_ms, 119.81),
+            "the failure's 999 ms is left out: {:?}",
+            c.e2el_p99_ms
+        );
+        assert_eq!(
+            c.slo
+                .iter()
+                .map(|s| (s.slo, s.threshold_ms, s.pass))
+                .collect::<Vec<_>>(),
+            [("ttft", 19.0, Some(false)), ("tpot", 5.0, Some(false))]
+        );
         assert_eq!(c.slo[0].p99_ms, c.ttft_p99_ms);
 
         let c = &g.cells[1];
         assert_eq!((c.count, c.completed), (2, 2));
         // Two values: p50 = 50, p99 = 40 + 0.99 × 20 = 59.8; TPOT of the one that has it.
-        assert_eq!(c.ttft_p50_ms, Some(50.0), "the mean of the exact min and max");
+        assert_eq!(
+            c.ttft_p50_ms,
+            Some(50.0),
+            "the mean of the exact min and max"
+        );
         assert!((c.ttft_p99_ms.unwrap() - 59.8).abs() < 1e-12);
         assert_eq!(c.tpot_p99_ms, Some(3.0));
         assert!((c.e2el_p99_ms.unwrap() - 498.0).abs() < 1e-12);
-        assert_eq!(c.slo.iter().map(|s| (s.slo, s.pass)).collect::<Vec<_>>(), [("ttft", Some(false)), ("tpot", Some(true))]);
+        assert_eq!(
+            c.slo.iter().map(|s| (s.slo, s.pass)).collect::<Vec<_>>(),
+            [("ttft", Some(false)), ("tpot", Some(true))]
+        );
 
         // A cell of failures only: counted, no latency, SLOs undecided; no SLO, no checks.
-        let b = by_concurrency(&[row(40, None, 3, 0.0, None, 5.0, false)], Goodput { ttft_ms: Some(1.0), ..Goodput::default() });
+        let b = by_concurrency(
+            &[row(40, None, 3, 0.0, None, 5.0, false)],
+            Goodput {
+                ttft_ms: Some(1.0),
+                ..Goodput::default()
+            },
+        );
         let c = &b[0].cells[0];
-        assert_eq!((c.input, c.output, c.count, c.completed, c.ttft_p99_ms), (Bucket { lo: 32, hi: 64 }, Bucket { lo: 2, hi: 4 }, 1, 0, None));
-        assert_eq!(c.slo, [SloCheck { slo: "ttft", p99_ms: None, threshold_ms: 1.0, pass: None }]);
-        assert!(by_concurrency(&rows, Goodput::default()).iter().all(|g| g.cells.iter().all(|c| c.slo.is_empty())));
+        assert_eq!(
+            (c.input, c.output, c.count, c.completed, c.ttft_p99_ms),
+            (
+                Bucket { lo: 32, hi: 64 },
+                Bucket { lo: 2, hi: 4 },
+                1,
+                0,
+                None
+            )
+        );
+        assert_eq!(
+            c.slo,
+            [SloCheck {
+                slo: "ttft",
+                p99_ms: None,
+                threshold_ms: 1.0,
+                pass: None
+            }]
+        );
+        assert!(
+            by_concurrency(&rows, Goodput::default())
+                .iter()
+                .all(|g| g.cells.iter().all(|c| c.slo.is_empty()))
+        );
         // A benchmark's pool merged into the run's gives what one pool of every row gives.
         let (mut a, mut b) = (Pool::default(), Pool::default());
         rows[..7].iter().for_each(|r| a.push(r));

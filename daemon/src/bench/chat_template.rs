@@ -388,13 +388,19 @@ pub async fn setup(
 /// run can send; `None` without chat counting or when the count failed.
 pub async fn template_floor(tok: &TokenizeClient) -> Option<u32> {
     let how = tok.chat.as_ref()?;
-    count(tok, how, &[user_message("")]).await.filter(|&n| n > 0)
+    count(tok, how, &[user_message("")])
+        .await
+        .filter(|&n| n > 0)
 }
 
 /// The warning for `--seq-lengths` shorter than the chat template's own `floor` tokens (such
 /// prompts are sent at the floor and more); `None` when every length reaches it.
 pub fn short_lengths_warning(lengths: &[u32], floor: u32) -> Option<String> {
-    let short: Vec<String> = lengths.iter().filter(|&&l| l < floor).map(u32::to_string).collect();
+    let short: Vec<String> = lengths
+        .iter()
+        .filter(|&&l| l < floor)
+        .map(u32::to_string)
+        .collect();
     (!short.is_empty()).then(|| {
         format!(
             "lmperf run: warning: --seq-lengths {} shorter than the chat template's own {floor} tokens (an empty user message): those prompts are sent longer than asked; summary input_len gives the achieved mean",
@@ -497,7 +503,10 @@ mod tests {
     #[test]
     fn seq_lengths_below_the_template_floor_are_warned() {
         let w = short_lengths_warning(&[3, 64, 10], 23).unwrap();
-        assert!(w.contains("--seq-lengths 3 10 shorter than the chat template's own 23 tokens"), "{w}");
+        assert!(
+            w.contains("--seq-lengths 3 10 shorter than the chat template's own 23 tokens"),
+            "{w}"
+        );
         assert_eq!(short_lengths_warning(&[23, 64], 23), None);
     }
 

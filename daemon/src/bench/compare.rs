@@ -47,11 +47,18 @@ const READS_SUMMARY_VERSION: u64 = super::SCHEMA_VERSION as u64;
 #[derive(Debug, thiserror::Error)]
 pub enum CompareError {
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: {reason}")]
     Format { path: PathBuf, reason: String },
     #[error("bad value {field} = {value:?}: {reason}")]
-    Invalid { field: &'static str, value: String, reason: String },
+    Invalid {
+        field: &'static str,
+        value: String,
+        reason: String,
+    },
 }
 
 /// Options of a comparison.
@@ -86,35 +93,60 @@ const STATS: [&str; 4] = ["mean", "p50", "p90", "p99"];
 /// Latency metrics (`requests.jsonl` fields without `_ms`).
 const LATENCIES: [&str; 4] = ["ttft", "itl", "tpot", "e2el"];
 /// Run-level metrics.
-const RATES: [(&str, &str, Better); 3] =
-    [("request_throughput", "req/s", Better::Higher), ("output_throughput", "tok/s", Better::Higher), ("error_rate", "ratio", Better::Lower)];
+const RATES: [(&str, &str, Better); 3] = [
+    ("request_throughput", "req/s", Better::Higher),
+    ("output_throughput", "tok/s", Better::Higher),
+    ("error_rate", "ratio", Better::Lower),
+];
 
 /// Every metric name a gate may use.
 pub fn metric_names() -> Vec<String> {
-    let mut v: Vec<String> = LATENCIES.iter().flat_map(|m| STATS.iter().map(move |s| format!("{m}_{s}"))).collect();
+    let mut v: Vec<String> = LATENCIES
+        .iter()
+        .flat_map(|m| STATS.iter().map(move |s| format!("{m}_{s}")))
+        .collect();
     v.extend(RATES.iter().map(|r| r.0.to_owned()));
     v
 }
 
 /// Parses `ttft_p99:+5%`, `output_throughput:-3%`, `error_rate:+0.01`.
 pub fn parse_compare_gate(text: &str) -> Result<CompareGate, String> {
-    let (metric, thr) = text.split_once(':').ok_or_else(|| format!("{text:?}: expected METRIC:+X% or METRIC:-X%, e.g. ttft_p99:+5%"))?;
+    let (metric, thr) = text
+        .split_once(':')
+        .ok_or_else(|| format!("{text:?}: expected METRIC:+X% or METRIC:-X%, e.g. ttft_p99:+5%"))?;
     let metric = metric.trim();
     if !metric_names().iter().any(|m| m == metric) {
-        return Err(format!("{text:?}: unknown metric {metric:?} (one of {})", metric_names().join(", ")));
+        return Err(format!(
+            "{text:?}: unknown metric {metric:?} (one of {})",
+            metric_names().join(", ")
+        ));
     }
     let thr = thr.trim();
     let (sign, rest) = match thr.as_bytes().first() {
         Some(b'+') => (1.0, &thr[1..]),
         Some(b'-') => (-1.0, &thr[1..]),
-        _ => return Err(format!("{text:?}: the threshold needs a sign: + trips on an increase, - on a decrease")),
+        _ => {
+            return Err(format!(
+                "{text:?}: the threshold needs a sign: + trips on an increase, - on a decrease"
+            ));
+        }
     };
     let (num, percent) = match rest.strip_suffix('%') {
         Some(n) => (n, true),
         None => (rest, false),
     };
-    let limit: f64 = num.parse().ok().filter(|v: &f64| v.is_finite() && *v >= 0.0).ok_or_else(|| format!("{text:?}: {num:?} is not a non-negative number"))?;
-    Ok(CompareGate { text: text.to_owned(), metric: metric.to_owned(), sign, limit, percent })
+    let limit: f64 = num
+        .parse()
+        .ok()
+        .filter(|v: &f64| v.is_finite() && *v >= 0.0)
+        .ok_or_else(|| format!("{text:?}: {num:?} is not a non-negative number"))?;
+    Ok(CompareGate {
+        text: text.to_owned(),
+        metric: metric.to_owned(),
+        sign,
+        limit,
+        percent,
+    })
 }
 
 /// Which direction of a metric is better.
@@ -231,19 +263,41 @@ fn read_run(dir: &Path) -> Result<Run, CompareError> {
         let p = path.to_owned();
         move |source| CompareError::Io { path: p, source }
     };
-    let fmt = |path: &Path, reason: String| CompareError::Format { path: path.to_owned(), reason };
+    let fmt = |path: &Path, reason: String| CompareError::Format {
+        path: path.to_owned(),
+        reason,
+    };
     let text = std::fs::read_to_string(&path).map_err(io(&path))?;
-    let summary: serde_json::Value = serde_json::from_str(&text).map_err(|e| fmt(&path, e.to_string()))?;
+    let summary: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| fmt(&path, e.to_string()))?;
     match summary["schema_version"].as_u64() {
         Some(READS_SUMMARY_VERSION) => {}
-        v => return Err(fmt(&path, format!("schema_version {v:?}: this lmperf reads summary.json version {READS_SUMMARY_VERSION}"))),
+        v => {
+            return Err(fmt(
+                &path,
+                format!(
+                    "schema_version {v:?}: this lmperf reads summary.json version {READS_SUMMARY_VERSION}"
+                ),
+            ));
+        }
     }
     let s = |k: &str| summary[k].as_str().unwrap_or_default().to_owned();
-    let info = RunInfo { dir: dir.display().to_string(), target: s("target"), model: s("model"), lmperf_version: s("lmperf_version") };
+    let info = RunInfo {
+        dir: dir.display().to_string(),
+        target: s("target"),
+        model: s("model"),
+        lmperf_version: s("lmperf_version"),
+    };
     let mut benches = BTreeMap::new();
     let mut order = Vec::new();
-    for b in summary["benchmarks"].as_array().ok_or_else(|| fmt(&path, "no \"benchmarks\" array".into()))? {
-        let name = b["benchmark"].as_str().ok_or_else(|| fmt(&path, format!("benchmark without a name: {b}")))?.to_owned();
+    for b in summary["benchmarks"]
+        .as_array()
+        .ok_or_else(|| fmt(&path, "no \"benchmarks\" array".into()))?
+    {
+        let name = b["benchmark"]
+            .as_str()
+            .ok_or_else(|| fmt(&path, format!("benchmark without a name: {b}")))?
+            .to_owned();
         let bench = Bench {
             requests: Vec::new(),
             request_throughput: b["request_throughput"].as_f64(),
@@ -255,12 +309,30 @@ fn read_run(dir: &Path) -> Result<Run, CompareError> {
     }
     let rpath = dir.join("requests.jsonl");
     let rtext = std::fs::read_to_string(&rpath).map_err(io(&rpath))?;
-    for (i, line) in rtext.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let r: Req = serde_json::from_str(line).map_err(|e| fmt(&rpath, format!("line {}: {e}", i + 1)))?;
-        let b = benches.get_mut(&r.benchmark).ok_or_else(|| fmt(&rpath, format!("line {}: benchmark {:?} is not in summary.json", i + 1, r.benchmark)))?;
+    for (i, line) in rtext
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let r: Req =
+            serde_json::from_str(line).map_err(|e| fmt(&rpath, format!("line {}: {e}", i + 1)))?;
+        let b = benches.get_mut(&r.benchmark).ok_or_else(|| {
+            fmt(
+                &rpath,
+                format!(
+                    "line {}: benchmark {:?} is not in summary.json",
+                    i + 1,
+                    r.benchmark
+                ),
+            )
+        })?;
         b.requests.push(r);
     }
-    Ok(Run { info, benches, order })
+    Ok(Run {
+        info,
+        benches,
+        order,
+    })
 }
 
 /// Values grouped by request (a request's ITLs stay together when resampled).
@@ -276,15 +348,21 @@ pub struct Clustered {
 impl Clustered {
     /// From one value list per request.
     pub fn new<'a>(groups: impl IntoIterator<Item = &'a [f64]>) -> Self {
-        let mut c = Self { values: Vec::new(), starts: vec![0], sorted: Vec::new() };
+        let mut c = Self {
+            values: Vec::new(),
+            starts: vec![0],
+            sorted: Vec::new(),
+        };
         for g in groups {
             c.values.extend(g.iter().copied().filter(|v| v.is_finite()));
             c.starts.push(c.values.len());
         }
-        let mut sorted: Vec<(f64, u32)> = (0..c.requests()).flat_map(|i| {
-            let r = u32::try_from(i).unwrap_or(u32::MAX);
-            c.group(i).iter().map(move |&v| (v, r))
-        }).collect();
+        let mut sorted: Vec<(f64, u32)> = (0..c.requests())
+            .flat_map(|i| {
+                let r = u32::try_from(i).unwrap_or(u32::MAX);
+                c.group(i).iter().map(move |&v| (v, r))
+            })
+            .collect();
         sorted.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
         c.sorted = sorted;
         c
@@ -300,7 +378,11 @@ impl Clustered {
 
     /// The mean of each request's values (one value per request with any), for the rank test.
     fn per_request_means(&self) -> Vec<f64> {
-        (0..self.requests()).map(|i| self.group(i)).filter(|g| !g.is_empty()).map(|g| g.iter().sum::<f64>() / g.len() as f64).collect()
+        (0..self.requests())
+            .map(|i| self.group(i))
+            .filter(|g| !g.is_empty())
+            .map(|g| g.iter().sum::<f64>() / g.len() as f64)
+            .collect()
     }
 }
 
@@ -310,7 +392,12 @@ fn stats_of(sorted: &[f64]) -> Option<[f64; 4]> {
         return None;
     }
     let mean = sorted.iter().sum::<f64>() / sorted.len() as f64;
-    Some([mean, percentile(sorted, 0.5), percentile(sorted, 0.9), percentile(sorted, 0.99)])
+    Some([
+        mean,
+        percentile(sorted, 0.5),
+        percentile(sorted, 0.9),
+        percentile(sorted, 0.99),
+    ])
 }
 
 fn sorted_all(c: &Clustered) -> Vec<f64> {
@@ -349,7 +436,12 @@ fn weighted_stats(c: &Clustered, counts: &[u32]) -> Option<[f64; 4]> {
         .collect();
     // The six ranks wanted (slot 2k: lo of quantile k, 2k + 1: lo + 1), sorted by rank and
     // filled by one walk over the values.
-    let mut ranks: Vec<(u64, usize)> = pos.iter().flat_map(|&(lo, _)| [lo, (lo + 1).min(total - 1)]).enumerate().map(|(slot, r)| (r, slot)).collect();
+    let mut ranks: Vec<(u64, usize)> = pos
+        .iter()
+        .flat_map(|&(lo, _)| [lo, (lo + 1).min(total - 1)])
+        .enumerate()
+        .map(|(slot, r)| (r, slot))
+        .collect();
     ranks.sort_unstable();
     let mut found = [f64::NAN; 6];
     let (mut seen, mut sum, mut next) = (0u64, 0.0, 0usize);
@@ -365,7 +457,11 @@ fn weighted_stats(c: &Clustered, counts: &[u32]) -> Option<[f64; 4]> {
             next += 1;
         }
     }
-    let at = [[found[0], found[1]], [found[2], found[3]], [found[4], found[5]]];
+    let at = [
+        [found[0], found[1]],
+        [found[2], found[3]],
+        [found[4], found[5]],
+    ];
     let p = |k: usize| at[k][0] + (at[k][1] - at[k][0]) * pos[k].1;
     Some([sum / total as f64, p(0), p(1), p(2)])
 }
@@ -374,7 +470,13 @@ fn weighted_stats(c: &Clustered, counts: &[u32]) -> Option<[f64; 4]> {
 /// run's requests are drawn with replacement (a request's values together), and the interval
 /// is the (1 − confidence)/2 and (1 + confidence)/2 quantiles of the resampled deltas.
 /// `None` for a statistic that some resample leaves without data.
-pub fn bootstrap_latency(base: &Clustered, new: &Clustered, resamples: usize, confidence: f64, rng: &mut SmallRng) -> [Option<(f64, f64)>; 4] {
+pub fn bootstrap_latency(
+    base: &Clustered,
+    new: &Clustered,
+    resamples: usize,
+    confidence: f64,
+    rng: &mut SmallRng,
+) -> [Option<(f64, f64)>; 4] {
     let mut deltas: [Vec<f64>; 4] = Default::default();
     let (mut bc, mut nc) = (Vec::new(), Vec::new());
     for _ in 0..resamples {
@@ -410,7 +512,11 @@ pub fn mann_whitney_u(x: &[f64], y: &[f64]) -> Option<(f64, f64)> {
     if n1 == 0 || n2 == 0 {
         return None;
     }
-    let mut pooled: Vec<(f64, bool)> = x.iter().map(|&v| (v, true)).chain(y.iter().map(|&v| (v, false))).collect();
+    let mut pooled: Vec<(f64, bool)> = x
+        .iter()
+        .map(|&v| (v, true))
+        .chain(y.iter().map(|&v| (v, false)))
+        .collect();
     pooled.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
     let n = pooled.len();
     let (mut r1, mut ties) = (0.0, 0.0);
@@ -456,10 +562,32 @@ fn verdict(better: Better, ci: Option<(f64, f64)>) -> Verdict {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn delta(metric: String, unit: &'static str, better: Better, base: Option<f64>, new: Option<f64>, ci: Option<(f64, f64)>, p_value: Option<f64>) -> MetricDelta {
+fn delta(
+    metric: String,
+    unit: &'static str,
+    better: Better,
+    base: Option<f64>,
+    new: Option<f64>,
+    ci: Option<(f64, f64)>,
+    p_value: Option<f64>,
+) -> MetricDelta {
     let d = base.zip(new).map(|(b, n)| n - b);
-    let pct = base.zip(d).and_then(|(b, d)| (b != 0.0).then(|| 100.0 * d / b));
-    MetricDelta { metric, unit, better, base, new, delta: d, delta_pct: pct, ci_low: ci.map(|c| c.0), ci_high: ci.map(|c| c.1), p_value, verdict: verdict(better, ci) }
+    let pct = base
+        .zip(d)
+        .and_then(|(b, d)| (b != 0.0).then(|| 100.0 * d / b));
+    MetricDelta {
+        metric,
+        unit,
+        better,
+        base,
+        new,
+        delta: d,
+        delta_pct: pct,
+        ci_low: ci.map(|c| c.0),
+        ci_high: ci.map(|c| c.1),
+        p_value,
+        verdict: verdict(better, ci),
+    }
 }
 
 impl MetricDelta {
@@ -475,7 +603,9 @@ impl MetricDelta {
 
 /// Stable per-benchmark seed (FNV-1a of the name, mixed with the user's seed).
 fn bench_seed(seed: u64, name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)) ^ seed
+    name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    }) ^ seed
 }
 
 fn latency_values(b: &Bench, metric: &str) -> Clustered {
@@ -503,7 +633,18 @@ fn compare_bench(name: &str, base: &Bench, new: &Bench, spec: &CompareSpec) -> B
         let p = mann_whitney_u(&b.per_request_means(), &n.per_request_means()).map(|r| r.1);
         for (k, stat) in STATS.iter().enumerate() {
             let p = if k < 2 { p } else { None };
-            metrics.push(delta(format!("{m}_{stat}"), "ms", Better::Lower, bs.map(|s| s[k]), ns.map(|s| s[k]), cis[k], p).significant_at(1.0 - spec.confidence));
+            metrics.push(
+                delta(
+                    format!("{m}_{stat}"),
+                    "ms",
+                    Better::Lower,
+                    bs.map(|s| s[k]),
+                    ns.map(|s| s[k]),
+                    cis[k],
+                    p,
+                )
+                .significant_at(1.0 - spec.confidence),
+            );
         }
     }
     // Throughput and error rate: a batch-means bootstrap. Each run (each repeat) is cut into
@@ -526,20 +667,47 @@ fn compare_bench(name: &str, base: &Bench, new: &Bench, spec: &CompareSpec) -> B
     }
     let point = |b: &Bench| -> [Option<f64>; 3] {
         let failed = b.requests.iter().filter(|r| r.outcome != "ok").count() as f64;
-        [b.request_throughput, b.output_throughput, (!b.requests.is_empty()).then(|| failed / b.requests.len() as f64)]
+        [
+            b.request_throughput,
+            b.output_throughput,
+            (!b.requests.is_empty()).then(|| failed / b.requests.len() as f64),
+        ]
     };
     let (pb, pn) = (point(base), point(new));
-    let indicator = |b: &Bench| b.requests.iter().map(|r| if r.outcome == "ok" { 0.0 } else { 1.0 }).collect::<Vec<f64>>();
+    let indicator = |b: &Bench| {
+        b.requests
+            .iter()
+            .map(|r| if r.outcome == "ok" { 0.0 } else { 1.0 })
+            .collect::<Vec<f64>>()
+    };
     for (k, (metric, unit, better)) in RATES.iter().enumerate() {
         let ci = interval(&mut deltas[k], spec.resamples, spec.confidence);
         // Error rate: the rank test on failure indicators (with ties, the two-proportion z test).
-        let p = (*metric == "error_rate").then(|| mann_whitney_u(&indicator(base), &indicator(new)).map(|r| r.1)).flatten();
-        metrics.push(delta((*metric).to_owned(), unit, *better, pb[k], pn[k], ci, p).significant_at(1.0 - spec.confidence));
+        let p = (*metric == "error_rate")
+            .then(|| mann_whitney_u(&indicator(base), &indicator(new)).map(|r| r.1))
+            .flatten();
+        metrics.push(
+            delta((*metric).to_owned(), unit, *better, pb[k], pn[k], ci, p)
+                .significant_at(1.0 - spec.confidence),
+        );
     }
     for (metric, unit, lower, b, n) in super::server::compared(&base.server, &new.server) {
-        metrics.push(delta(metric.to_owned(), unit, if lower { Better::Lower } else { Better::Higher }, b, n, None, None));
+        metrics.push(delta(
+            metric.to_owned(),
+            unit,
+            if lower { Better::Lower } else { Better::Higher },
+            b,
+            n,
+            None,
+            None,
+        ));
     }
-    BenchComparison { benchmark: name.to_owned(), base_requests: base.requests.len(), new_requests: new.requests.len(), metrics }
+    BenchComparison {
+        benchmark: name.to_owned(),
+        base_requests: base.requests.len(),
+        new_requests: new.requests.len(),
+        metrics,
+    }
 }
 
 /// Time windows per run (per repeat) of the throughput bootstrap.
@@ -564,11 +732,21 @@ fn windows(b: &Bench) -> Vec<Window> {
     let mut out = Vec::new();
     for reqs in by_repeat.values() {
         let start = reqs.iter().map(|r| r.send_ms).fold(f64::INFINITY, f64::min);
-        let end = reqs.iter().map(|r| r.send_ms + r.e2el_ms).fold(f64::NEG_INFINITY, f64::max);
+        let end = reqs
+            .iter()
+            .map(|r| r.send_ms + r.e2el_ms)
+            .fold(f64::NEG_INFINITY, f64::max);
         let span = (end - start).max(1e-6);
-        let mut w = vec![Window { seconds: span / 1000.0 / WINDOWS as f64, ..Window::default() }; WINDOWS];
+        let mut w = vec![
+            Window {
+                seconds: span / 1000.0 / WINDOWS as f64,
+                ..Window::default()
+            };
+            WINDOWS
+        ];
         for r in reqs {
-            let i = (((r.send_ms + r.e2el_ms - start) / span * WINDOWS as f64) as usize).min(WINDOWS - 1);
+            let i = (((r.send_ms + r.e2el_ms - start) / span * WINDOWS as f64) as usize)
+                .min(WINDOWS - 1);
             let ok = r.outcome == "ok";
             w[i].total += 1.0;
             if ok {
@@ -587,7 +765,15 @@ fn windows(b: &Bench) -> Vec<Window> {
 fn window_rates(w: &[Window]) -> [f64; 3] {
     let sum = |f: fn(&Window) -> f64| w.iter().map(f).sum::<f64>();
     let (secs, total) = (sum(|w| w.seconds).max(1e-9), sum(|w| w.total));
-    [sum(|w| w.ok) / secs, sum(|w| w.tokens) / secs, if total > 0.0 { sum(|w| w.failed) / total } else { 0.0 }]
+    [
+        sum(|w| w.ok) / secs,
+        sum(|w| w.tokens) / secs,
+        if total > 0.0 {
+            sum(|w| w.failed) / total
+        } else {
+            0.0
+        },
+    ]
 }
 
 /// Whether the gate trips on this metric. A metric the base run has and the new run lacks
@@ -608,10 +794,18 @@ fn gate_trips(g: &CompareGate, m: &MetricDelta) -> bool {
 /// output that cannot be written.
 pub fn compare(spec: &CompareSpec) -> Result<Comparison, CompareError> {
     if spec.resamples < 100 {
-        return Err(CompareError::Invalid { field: "--resamples", value: spec.resamples.to_string(), reason: "at least 100".into() });
+        return Err(CompareError::Invalid {
+            field: "--resamples",
+            value: spec.resamples.to_string(),
+            reason: "at least 100".into(),
+        });
     }
     if !(spec.confidence > 0.0 && spec.confidence < 1.0) {
-        return Err(CompareError::Invalid { field: "--confidence", value: spec.confidence.to_string(), reason: "between 0 and 1, e.g. 0.95".into() });
+        return Err(CompareError::Invalid {
+            field: "--confidence",
+            value: spec.confidence.to_string(),
+            reason: "between 0 and 1, e.g. 0.95".into(),
+        });
     }
     let base = read_run(&spec.base_dir)?;
     let new = read_run(&spec.new_dir)?;
@@ -621,20 +815,50 @@ pub fn compare(spec: &CompareSpec) -> Result<Comparison, CompareError> {
             benchmarks.push(compare_bench(name, b, n, spec));
         }
     }
-    let only_in_base: Vec<String> = base.order.iter().filter(|n| !new.benches.contains_key(*n)).cloned().collect();
-    let only_in_new = new.order.iter().filter(|n| !base.benches.contains_key(*n)).cloned().collect();
+    let only_in_base: Vec<String> = base
+        .order
+        .iter()
+        .filter(|n| !new.benches.contains_key(*n))
+        .cloned()
+        .collect();
+    let only_in_new = new
+        .order
+        .iter()
+        .filter(|n| !base.benches.contains_key(*n))
+        .cloned()
+        .collect();
     let gates: Vec<GateResult> = spec
         .gates
         .iter()
         .map(|g| {
-            let mut hit: Vec<String> = benchmarks.iter().filter(|b| b.metrics.iter().any(|m| m.metric == g.metric && gate_trips(g, m))).map(|b| b.benchmark.clone()).collect();
+            let mut hit: Vec<String> = benchmarks
+                .iter()
+                .filter(|b| {
+                    b.metrics
+                        .iter()
+                        .any(|m| m.metric == g.metric && gate_trips(g, m))
+                })
+                .map(|b| b.benchmark.clone())
+                .collect();
             // A benchmark the base ran and the new run lacks (an interrupted run): every metric
             // of it is missing, so every gate trips on it.
-            hit.extend(only_in_base.iter().map(|n| format!("{n} (missing from the new run)")));
-            GateResult { gate: g.text.clone(), tripped: !hit.is_empty(), benchmarks: hit }
+            hit.extend(
+                only_in_base
+                    .iter()
+                    .map(|n| format!("{n} (missing from the new run)")),
+            );
+            GateResult {
+                gate: g.text.clone(),
+                tripped: !hit.is_empty(),
+                benchmarks: hit,
+            }
         })
         .collect();
-    let failed_gates = gates.iter().filter(|g| g.tripped).map(|g| g.gate.clone()).collect();
+    let failed_gates = gates
+        .iter()
+        .filter(|g| g.tripped)
+        .map(|g| g.gate.clone())
+        .collect();
     let c = Comparison {
         schema_version: COMPARE_SCHEMA_VERSION,
         lmperf_version: env!("CARGO_PKG_VERSION"),
@@ -650,7 +874,10 @@ pub fn compare(spec: &CompareSpec) -> Result<Comparison, CompareError> {
         failed_gates,
     };
     let out = &spec.output_dir;
-    let io = |source| CompareError::Io { path: out.clone(), source };
+    let io = |source| CompareError::Io {
+        path: out.clone(),
+        source,
+    };
     std::fs::create_dir_all(out).map_err(io)?;
     let json = serde_json::to_string_pretty(&c).map_err(|e| io(std::io::Error::other(e)))?;
     std::fs::write(out.join("compare.json"), json + "\n").map_err(io)?;
@@ -660,7 +887,15 @@ pub fn compare(spec: &CompareSpec) -> Result<Comparison, CompareError> {
 
 /// `v` divided by `per` (the shown unit), three significant digits, `title`: the exact value.
 fn num(v: Option<f64>, per: f64) -> String {
-    v.map_or_else(|| "<td>–</td>".to_owned(), |v| format!(r#"<td title="{v}">{}</td>"#, super::report::fmt::number(v / per)))
+    v.map_or_else(
+        || "<td>–</td>".to_owned(),
+        |v| {
+            format!(
+                r#"<td title="{v}">{}</td>"#,
+                super::report::fmt::number(v / per)
+            )
+        },
+    )
 }
 
 fn render(c: &Comparison, base: &Run, new: &Run) -> String {
@@ -682,9 +917,16 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
         seed = c.seed,
     );
     if !c.failed_gates.is_empty() {
-        let _ = write!(h, r#"<p id="gates" style="color:#b00"><b>Gates tripped:</b> {}</p>"#, esc(&c.failed_gates.join(", ")));
+        let _ = write!(
+            h,
+            r#"<p id="gates" style="color:#b00"><b>Gates tripped:</b> {}</p>"#,
+            esc(&c.failed_gates.join(", "))
+        );
     }
-    for (what, list) in [("Only in base", &c.only_in_base), ("Only in new", &c.only_in_new)] {
+    for (what, list) in [
+        ("Only in base", &c.only_in_base),
+        ("Only in new", &c.only_in_new),
+    ] {
         if !list.is_empty() {
             let _ = write!(h, "<p>{what}: {}</p>", esc(&list.join(", ")));
         }
@@ -710,15 +952,27 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
             } else {
                 (m.unit, 1.0)
             };
-            let ci = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| super::report::fmt::number(v / per));
+            let ci = |v: Option<f64>| {
+                v.map_or_else(|| "–".to_owned(), |v| super::report::fmt::number(v / per))
+            };
             // A ratio's change in percentage points (a relative change of a ratio near 0 says
             // little); a metric without interval nor test has no verdict.
             let (delta_cell, pct_cell) = if m.unit == "ratio" {
-                (m.delta.map_or_else(|| "<td>–</td>".to_owned(), |d| format!(r#"<td title="{d}">{:+.1} pt</td>"#, 100.0 * d)), "<td>–</td>".to_owned())
+                (
+                    m.delta.map_or_else(
+                        || "<td>–</td>".to_owned(),
+                        |d| format!(r#"<td title="{d}">{:+.1} pt</td>"#, 100.0 * d),
+                    ),
+                    "<td>–</td>".to_owned(),
+                )
             } else {
                 (num(m.delta, per), num(m.delta_pct, 1.0))
             };
-            let v = if m.ci_low.is_none() && m.p_value.is_none() { "not tested" } else { v };
+            let v = if m.ci_low.is_none() && m.p_value.is_none() {
+                "not tested"
+            } else {
+                v
+            };
             let _ = write!(
                 h,
                 r#"<tr class="{v}" data-metric="{}" data-delta="{}"><td class="m">{}</td><td>{}</td>{}{}{}{}<td>[{}, {}]</td><td>{}</td><td>{v}</td></tr>"#,
@@ -732,22 +986,40 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
                 pct_cell,
                 ci(m.ci_low),
                 ci(m.ci_high),
-                m.p_value.map_or_else(|| "–".to_owned(), |p| format!("{p:.3e}")),
+                m.p_value
+                    .map_or_else(|| "–".to_owned(), |p| format!("{p:.3e}")),
             );
         }
         h.push_str("</table>");
         for (title, metric) in [("TTFT CDF", "ttft"), ("E2EL CDF", "e2el")] {
             let series: Vec<(String, Vec<(f64, f64)>)> = [("base", base), ("new", new)]
                 .iter()
-                .filter_map(|(label, run)| run.benches.get(&b.benchmark).map(|bench| (label.to_string(), cdf(&latency_values(bench, metric)))))
+                .filter_map(|(label, run)| {
+                    run.benches
+                        .get(&b.benchmark)
+                        .map(|bench| (label.to_string(), cdf(&latency_values(bench, metric))))
+                })
                 .collect();
-            h.push_str(&line_chart(&format!("{} {title}", b.benchmark), "ms", "share of requests", &series));
+            h.push_str(&line_chart(
+                &format!("{} {title}", b.benchmark),
+                "ms",
+                "share of requests",
+                &series,
+            ));
         }
     }
     if !c.gates.is_empty() {
-        h.push_str("<h2>Gates</h2><table><tr><th>gate</th><th>tripped</th><th>benchmarks</th></tr>");
+        h.push_str(
+            "<h2>Gates</h2><table><tr><th>gate</th><th>tripped</th><th>benchmarks</th></tr>",
+        );
         for g in &c.gates {
-            let _ = write!(h, "<tr><td>{}</td><td>{}</td><td>{}</td></tr>", esc(&g.gate), g.tripped, esc(&g.benchmarks.join(", ")));
+            let _ = write!(
+                h,
+                "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&g.gate),
+                g.tripped,
+                esc(&g.benchmarks.join(", "))
+            );
         }
         h.push_str("</table>");
     }
@@ -758,7 +1030,10 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
 fn cdf(c: &Clustered) -> Vec<(f64, f64)> {
     let v = sorted_all(c);
     let n = v.len() as f64;
-    v.iter().enumerate().map(|(i, &x)| (x, (i + 1) as f64 / n)).collect()
+    v.iter()
+        .enumerate()
+        .map(|(i, &x)| (x, (i + 1) as f64 / n))
+        .collect()
 }
 
 #[cfg(test)]
@@ -790,12 +1065,19 @@ mod tests {
         assert!(close(p, 0.012_185, 2e-6), "p = {p}");
         // With ties (tie groups 2×3, 3×3, 4×2, 7×2): U1 = 9, σ² = 42/12·(14 − 60/156),
         // z = 1.6659, p = 0.0957333848646 (same formula in Python's stdlib, math.erfc).
-        let (u, p2) = mann_whitney_u(&[1.0, 2.0, 2.0, 3.0, 4.0, 4.0], &[2.0, 3.0, 3.0, 5.0, 6.0, 7.0, 7.0]).unwrap();
+        let (u, p2) = mann_whitney_u(
+            &[1.0, 2.0, 2.0, 3.0, 4.0, 4.0],
+            &[2.0, 3.0, 3.0, 5.0, 6.0, 7.0, 7.0],
+        )
+        .unwrap();
         assert_eq!(u, 9.0);
         assert!(close(p2, 0.095_733_384_864_633_76, 1e-9), "p = {p2}");
         // Symmetric in its arguments; all ties → p = 1.
         assert!(close(mann_whitney_u(&y, &x).unwrap().1, p, 1e-12));
-        assert_eq!(mann_whitney_u(&[3.0, 3.0], &[3.0, 3.0, 3.0]).unwrap().1, 1.0);
+        assert_eq!(
+            mann_whitney_u(&[3.0, 3.0], &[3.0, 3.0, 3.0]).unwrap().1,
+            1.0
+        );
         assert!(mann_whitney_u(&[], &[1.0]).is_none());
     }
 
@@ -804,25 +1086,56 @@ mod tests {
         // New = base + 5 ms on 400 lognormal-ish values: the 95 % intervals of every statistic
         // contain 5 and exclude 0; with no shift they contain 0.
         let mut rng = SmallRng::seed_from_u64(11);
-        let base: Vec<f64> = (0..400).map(|_| 100.0 + 20.0 * rng.random::<f64>().powi(3)).collect();
-        let shifted: Vec<f64> = (0..400).map(|_| 105.0 + 20.0 * rng.random::<f64>().powi(3)).collect();
-        let same: Vec<f64> = (0..400).map(|_| 100.0 + 20.0 * rng.random::<f64>().powi(3)).collect();
+        let base: Vec<f64> = (0..400)
+            .map(|_| 100.0 + 20.0 * rng.random::<f64>().powi(3))
+            .collect();
+        let shifted: Vec<f64> = (0..400)
+            .map(|_| 105.0 + 20.0 * rng.random::<f64>().powi(3))
+            .collect();
+        let same: Vec<f64> = (0..400)
+            .map(|_| 100.0 + 20.0 * rng.random::<f64>().powi(3))
+            .collect();
         let c = |v: &[f64]| Clustered::new(v.iter().map(std::slice::from_ref));
-        let cis = bootstrap_latency(&c(&base), &c(&shifted), 2000, 0.95, &mut SmallRng::seed_from_u64(1));
+        let cis = bootstrap_latency(
+            &c(&base),
+            &c(&shifted),
+            2000,
+            0.95,
+            &mut SmallRng::seed_from_u64(1),
+        );
         for (k, ci) in cis.iter().enumerate() {
             let (lo, hi) = ci.unwrap();
-            assert!(lo < 5.0 && 5.0 < hi && lo > 0.0, "{}: [{lo}, {hi}]", STATS[k]);
+            assert!(
+                lo < 5.0 && 5.0 < hi && lo > 0.0,
+                "{}: [{lo}, {hi}]",
+                STATS[k]
+            );
         }
-        let cis = bootstrap_latency(&c(&base), &c(&same), 2000, 0.95, &mut SmallRng::seed_from_u64(1));
+        let cis = bootstrap_latency(
+            &c(&base),
+            &c(&same),
+            2000,
+            0.95,
+            &mut SmallRng::seed_from_u64(1),
+        );
         for (k, ci) in cis.iter().enumerate() {
             let (lo, hi) = ci.unwrap();
             assert!(lo < 0.0 && 0.0 < hi, "{}: [{lo}, {hi}]", STATS[k]);
         }
         // Seeded: the same seed gives the same interval.
-        let again = bootstrap_latency(&c(&base), &c(&same), 2000, 0.95, &mut SmallRng::seed_from_u64(1));
+        let again = bootstrap_latency(
+            &c(&base),
+            &c(&same),
+            2000,
+            0.95,
+            &mut SmallRng::seed_from_u64(1),
+        );
         assert_eq!(again, cis);
         let p = mann_whitney_u(&base, &shifted).unwrap().1;
-        assert!(p < 1e-6, "a 5 ms shift on a 0–20 ms spread is significant: p = {p}");
+        assert!(
+            p < 1e-6,
+            "a 5 ms shift on a 0–20 ms spread is significant: p = {p}"
+        );
         assert!(mann_whitney_u(&base, &same).unwrap().1 > 0.01);
     }
 
@@ -830,16 +1143,30 @@ mod tests {
     fn weighted_stats_equal_the_sorted_resample() {
         // Requests with 0–3 values each, drawn 0–2 times: the one-pass weighted statistics
         // equal numpy-style statistics of the explicitly expanded and sorted resample.
-        let groups: Vec<Vec<f64>> = vec![vec![5.0, 1.0], vec![], vec![3.0], vec![2.0, 2.0, 9.0], vec![7.5], vec![0.5, 4.0]];
+        let groups: Vec<Vec<f64>> = vec![
+            vec![5.0, 1.0],
+            vec![],
+            vec![3.0],
+            vec![2.0, 2.0, 9.0],
+            vec![7.5],
+            vec![0.5, 4.0],
+        ];
         let c = Clustered::new(groups.iter().map(Vec::as_slice));
         let mut rng = SmallRng::seed_from_u64(3);
         for _ in 0..200 {
             let counts: Vec<u32> = (0..groups.len()).map(|_| rng.random_range(0..3)).collect();
-            let mut expanded: Vec<f64> = groups.iter().zip(&counts).flat_map(|(g, &k)| (0..k).flat_map(move |_| g.iter().copied())).collect();
+            let mut expanded: Vec<f64> = groups
+                .iter()
+                .zip(&counts)
+                .flat_map(|(g, &k)| (0..k).flat_map(move |_| g.iter().copied()))
+                .collect();
             expanded.sort_by(f64::total_cmp);
             let (got, want) = (weighted_stats(&c, &counts), stats_of(&expanded));
             match (got, want) {
-                (Some(g), Some(w)) => assert!(g.iter().zip(&w).all(|(a, b)| (a - b).abs() < 1e-12), "{counts:?}: {g:?} vs {w:?}"),
+                (Some(g), Some(w)) => assert!(
+                    g.iter().zip(&w).all(|(a, b)| (a - b).abs() < 1e-12),
+                    "{counts:?}: {g:?} vs {w:?}"
+                ),
                 (g, w) => assert_eq!(g, w, "{counts:?}"),
             }
         }
@@ -847,11 +1174,26 @@ mod tests {
 
     #[test]
     fn verdicts_follow_direction() {
-        assert_eq!(verdict(Better::Lower, Some((1.0, 2.0))), Verdict::Regression);
-        assert_eq!(verdict(Better::Lower, Some((-2.0, -1.0))), Verdict::Improvement);
-        assert_eq!(verdict(Better::Higher, Some((-2.0, -1.0))), Verdict::Regression);
-        assert_eq!(verdict(Better::Higher, Some((1.0, 2.0))), Verdict::Improvement);
-        assert_eq!(verdict(Better::Lower, Some((-1.0, 2.0))), Verdict::Unchanged);
+        assert_eq!(
+            verdict(Better::Lower, Some((1.0, 2.0))),
+            Verdict::Regression
+        );
+        assert_eq!(
+            verdict(Better::Lower, Some((-2.0, -1.0))),
+            Verdict::Improvement
+        );
+        assert_eq!(
+            verdict(Better::Higher, Some((-2.0, -1.0))),
+            Verdict::Regression
+        );
+        assert_eq!(
+            verdict(Better::Higher, Some((1.0, 2.0))),
+            Verdict::Improvement
+        );
+        assert_eq!(
+            verdict(Better::Lower, Some((-1.0, 2.0))),
+            Verdict::Unchanged
+        );
         assert_eq!(verdict(Better::Lower, Some((0.0, 0.0))), Verdict::Unchanged);
         assert_eq!(verdict(Better::Lower, None), Verdict::Unchanged);
     }
@@ -859,20 +1201,58 @@ mod tests {
     #[test]
     fn gates_parse_and_trip() {
         let g = parse_compare_gate("ttft_p99:+5%").unwrap();
-        assert_eq!((g.metric.as_str(), g.sign, g.limit, g.percent), ("ttft_p99", 1.0, 5.0, true));
+        assert_eq!(
+            (g.metric.as_str(), g.sign, g.limit, g.percent),
+            ("ttft_p99", 1.0, 5.0, true)
+        );
         let t = parse_compare_gate("output_throughput:-3%").unwrap();
         let e = parse_compare_gate("error_rate:+0.01").unwrap();
         assert!(!e.percent);
-        for bad in ["ttft_p99+5%", "ttft_p98:+5%", "ttft_p99:5%", "ttft_p99:+x%", "ttft_p99:+-5%"] {
+        for bad in [
+            "ttft_p99+5%",
+            "ttft_p98:+5%",
+            "ttft_p99:5%",
+            "ttft_p99:+x%",
+            "ttft_p99:+-5%",
+        ] {
             assert!(parse_compare_gate(bad).is_err(), "{bad}");
         }
-        let m = |metric: &str, base: f64, new: f64| delta(metric.into(), "ms", Better::Lower, Some(base), Some(new), None, None);
+        let m = |metric: &str, base: f64, new: f64| {
+            delta(
+                metric.into(),
+                "ms",
+                Better::Lower,
+                Some(base),
+                Some(new),
+                None,
+                None,
+            )
+        };
         assert!(gate_trips(&g, &m("ttft_p99", 100.0, 106.0)));
         assert!(!gate_trips(&g, &m("ttft_p99", 100.0, 104.0)));
         assert!(!gate_trips(&g, &m("ttft_p99", 100.0, 90.0)));
-        let lost = delta("ttft_p99".into(), "ms", Better::Lower, Some(100.0), None, None, None);
-        assert!(gate_trips(&g, &lost), "no TTFT in the new run (all failed) trips");
-        let neither = delta("ttft_p99".into(), "ms", Better::Lower, None, None, None, None);
+        let lost = delta(
+            "ttft_p99".into(),
+            "ms",
+            Better::Lower,
+            Some(100.0),
+            None,
+            None,
+            None,
+        );
+        assert!(
+            gate_trips(&g, &lost),
+            "no TTFT in the new run (all failed) trips"
+        );
+        let neither = delta(
+            "ttft_p99".into(),
+            "ms",
+            Better::Lower,
+            None,
+            None,
+            None,
+            None,
+        );
         assert!(!gate_trips(&g, &neither));
         assert!(gate_trips(&t, &m("output_throughput", 100.0, 96.0)));
         assert!(!gate_trips(&t, &m("output_throughput", 100.0, 98.0)));
@@ -898,7 +1278,8 @@ mod tests {
 
     #[test]
     fn a_benchmark_missing_from_the_new_run_trips_every_gate_and_verdicts_follow_p() {
-        let tmp = std::env::temp_dir().join(format!("lmperf-compare-missing-{}", std::process::id()));
+        let tmp =
+            std::env::temp_dir().join(format!("lmperf-compare-missing-{}", std::process::id()));
         let same: Vec<f64> = (0..40).map(|i| 10.0 + f64::from(i % 7)).collect();
         write_run(&tmp.join("base"), &[("c1_in32", &same), ("c8_in32", &same)]);
         write_run(&tmp.join("new"), &[("c1_in32", &same)]);
@@ -914,16 +1295,33 @@ mod tests {
         let c = compare(&spec).unwrap();
         assert_eq!(c.only_in_base, vec!["c8_in32".to_owned()]);
         assert_eq!(c.failed_gates, vec!["ttft_p99:+5%".to_owned()]);
-        assert_eq!(c.gates[0].benchmarks, vec!["c8_in32 (missing from the new run)".to_owned()]);
+        assert_eq!(
+            c.gates[0].benchmarks,
+            vec!["c8_in32 (missing from the new run)".to_owned()]
+        );
         // Same requests on both sides: p = 1 and no verdict but "unchanged"; tails carry no p.
         let b = &c.benchmarks[0];
         let ttft_mean = b.metrics.iter().find(|m| m.metric == "ttft_mean").unwrap();
         assert!(close(ttft_mean.p_value.unwrap(), 1.0, 1e-9));
-        assert!(b.metrics.iter().all(|m| m.verdict == Verdict::Unchanged || m.p_value.is_none_or(|p| p < 0.05)));
-        assert!(b.metrics.iter().find(|m| m.metric == "ttft_p99").unwrap().p_value.is_none());
+        assert!(
+            b.metrics
+                .iter()
+                .all(|m| m.verdict == Verdict::Unchanged || m.p_value.is_none_or(|p| p < 0.05))
+        );
+        assert!(
+            b.metrics
+                .iter()
+                .find(|m| m.metric == "ttft_p99")
+                .unwrap()
+                .p_value
+                .is_none()
+        );
         // A ratio's change in points, no relative change shown.
         let html = std::fs::read_to_string(tmp.join("out/compare.html")).unwrap();
-        let row = html.split("data-metric=\"server_prefix_hit_ratio\"").nth(1).unwrap();
+        let row = html
+            .split("data-metric=\"server_prefix_hit_ratio\"")
+            .nth(1)
+            .unwrap();
         let row = &row[..row.find("</tr>").unwrap()];
         assert!(row.contains("+31.0 pt</td><td>–</td>"), "{row}");
         assert!(row.contains("not tested"), "{row}");

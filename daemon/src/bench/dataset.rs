@@ -95,11 +95,15 @@ pub fn parse_csv(text: &str) -> Result<Vec<CsvRecord>, (usize, String)> {
 
 /// Index of the column named one of `names` (case-insensitive, surrounding spaces ignored).
 pub fn column(header: &[String], names: &[&str]) -> Option<usize> {
-    header.iter().position(|h| names.iter().any(|n| h.trim().eq_ignore_ascii_case(n)))
+    header
+        .iter()
+        .position(|h| names.iter().any(|n| h.trim().eq_ignore_ascii_case(n)))
 }
 
 fn is_jsonl(text: &str) -> bool {
-    text.trim_start_matches('\u{feff}').trim_start().starts_with('{')
+    text.trim_start_matches('\u{feff}')
+        .trim_start()
+        .starts_with('{')
 }
 
 /// Reads a prompt file. JSONL lines need `turns` (array of strings), `prompt` or `text` (string);
@@ -109,7 +113,11 @@ fn is_jsonl(text: &str) -> bool {
 /// # Errors
 /// Unreadable file, bad JSON, a line or row without a usable prompt, or no prompt at all.
 pub fn load(path: &Path, multi_turn: bool) -> Result<PromptSet, DatasetError> {
-    let err = |line: Option<usize>, reason: String| DatasetError { path: path.display().to_string(), line, reason };
+    let err = |line: Option<usize>, reason: String| DatasetError {
+        path: path.display().to_string(),
+        line,
+        reason,
+    };
     let text = std::fs::read_to_string(path).map_err(|e| err(None, e.to_string()))?;
     let mut conversations = Vec::new();
     if is_jsonl(&text) {
@@ -118,30 +126,61 @@ pub fn load(path: &Path, multi_turn: bool) -> Result<PromptSet, DatasetError> {
             if l.is_empty() {
                 continue;
             }
-            let v: serde_json::Value = serde_json::from_str(l).map_err(|e| err(Some(i + 1), format!("not JSON: {e}")))?;
-            let turns: Vec<String> = if let Some(turns) = v.get("turns").and_then(|t| t.as_array()) {
-                turns.iter().map(|t| t.as_str().map(str::to_owned)).collect::<Option<_>>().ok_or_else(|| err(Some(i + 1), "turns: every turn must be a string".into()))?
-            } else if let Some(p) = v.get("prompt").or_else(|| v.get("text")).and_then(|p| p.as_str()) {
+            let v: serde_json::Value =
+                serde_json::from_str(l).map_err(|e| err(Some(i + 1), format!("not JSON: {e}")))?;
+            let turns: Vec<String> = if let Some(turns) = v.get("turns").and_then(|t| t.as_array())
+            {
+                turns
+                    .iter()
+                    .map(|t| t.as_str().map(str::to_owned))
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| err(Some(i + 1), "turns: every turn must be a string".into()))?
+            } else if let Some(p) = v
+                .get("prompt")
+                .or_else(|| v.get("text"))
+                .and_then(|p| p.as_str())
+            {
                 vec![p.to_owned()]
             } else {
-                return Err(err(Some(i + 1), "no string field `prompt`, `text` or `turns`".into()));
+                return Err(err(
+                    Some(i + 1),
+                    "no string field `prompt`, `text` or `turns`".into(),
+                ));
             };
             push(&mut conversations, turns, multi_turn);
         }
     } else {
         let records = parse_csv(&text).map_err(|(line, reason)| err(Some(line), reason))?;
-        let Some(((_, header), rows)) = records.split_first() else { return Err(err(None, "empty file".into())) };
-        let col = column(header, &["prompt", "text"]).ok_or_else(|| err(Some(1), format!("CSV header {header:?} has no `prompt` or `text` column")))?;
+        let Some(((_, header), rows)) = records.split_first() else {
+            return Err(err(None, "empty file".into()));
+        };
+        let col = column(header, &["prompt", "text"]).ok_or_else(|| {
+            err(
+                Some(1),
+                format!("CSV header {header:?} has no `prompt` or `text` column"),
+            )
+        })?;
         for (line, r) in rows {
-            let p = r.get(col).ok_or_else(|| err(Some(*line), format!("{} fields, the prompt is field {}", r.len(), col + 1)))?;
+            let p = r.get(col).ok_or_else(|| {
+                err(
+                    Some(*line),
+                    format!("{} fields, the prompt is field {}", r.len(), col + 1),
+                )
+            })?;
             push(&mut conversations, vec![p.clone()], multi_turn);
         }
     }
     if conversations.is_empty() {
         return Err(err(None, "no prompt in the file".into()));
     }
-    let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
-    Ok(PromptSet { name, conversations })
+    let name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    Ok(PromptSet {
+        name,
+        conversations,
+    })
 }
 
 fn push(out: &mut Vec<Conversation>, mut turns: Vec<String>, multi_turn: bool) {
@@ -164,21 +203,33 @@ mod tests {
         let r = parse_csv(text).unwrap();
         assert_eq!(r.len(), 3);
         assert_eq!(r[0], (1, vec!["act".to_owned(), "prompt".to_owned()]));
-        assert_eq!(r[1], (2, vec!["A, B".to_owned(), "say \"hi\"\nthen go".to_owned()]));
+        assert_eq!(
+            r[1],
+            (2, vec!["A, B".to_owned(), "say \"hi\"\nthen go".to_owned()])
+        );
         assert_eq!(r[2], (5, vec!["C".to_owned(), "plain".to_owned()]));
         assert_eq!(parse_csv("a,\"open\nb").unwrap_err().0, 1);
     }
 
     fn shared(name: &str) -> std::path::PathBuf {
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/traces").join(name)
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/traces")
+            .join(name)
     }
 
     #[test]
     fn awesome_chatgpt_prompts_csv() {
         let p = load(&shared("awesome_chatgpt_prompts.csv"), false).unwrap();
         assert_eq!(p.conversations.len(), 218, "218 prompts (PROVENANCE.md)");
-        assert!(p.conversations[0].turns[0].starts_with("Imagine you are an experienced Ethereum developer"));
-        assert!(p.conversations.iter().all(|c| c.turns.len() == 1 && !c.turns[0].contains('\r')));
+        assert!(
+            p.conversations[0].turns[0]
+                .starts_with("Imagine you are an experienced Ethereum developer")
+        );
+        assert!(
+            p.conversations
+                .iter()
+                .all(|c| c.turns.len() == 1 && !c.turns[0].contains('\r'))
+        );
     }
 
     #[test]
@@ -198,7 +249,10 @@ mod tests {
         let f = dir.join("bad.jsonl");
         std::fs::write(&f, "{\"prompt\":\"ok\"}\n{\"question\":\"x\"}\n").unwrap();
         let e = load(&f, false).unwrap_err().to_string();
-        assert!(e.contains("bad.jsonl line 2") && e.contains("prompt"), "{e}");
+        assert!(
+            e.contains("bad.jsonl line 2") && e.contains("prompt"),
+            "{e}"
+        );
         let f = dir.join("bad.csv");
         std::fs::write(&f, "act,question\nA,B\n").unwrap();
         let e = load(&f, false).unwrap_err().to_string();

@@ -47,7 +47,9 @@ impl BenchTelemetry {
     pub fn start(cfg: &OtlpConfig, env: &dyn Env) -> Result<Self, TelemetryError> {
         let mut cfg = cfg.clone();
         cfg.queue_size = cfg.queue_size.max(BENCH_QUEUE_SIZE);
-        Ok(Self { telemetry: Telemetry::init(&cfg, env)? })
+        Ok(Self {
+            telemetry: Telemetry::init(&cfg, env)?,
+        })
     }
 
     /// Ids of a request about to be sent (its `traceparent`), always sampled.
@@ -57,8 +59,15 @@ impl BenchTelemetry {
 
     /// Records one measured request: its metric points and its span.
     pub fn record(&self, c: &RequestContext<'_>, ids: TraceIds, m: &Measured) {
-        let labels = [KeyValue::new(n::LMPERF_REQUEST_SOURCE, n::REQUEST_SOURCE_BENCH), KeyValue::new(n::LMPERF_BENCHMARK, c.benchmark.to_owned())];
-        let provider = c.target.provider.clone().unwrap_or_else(|| "openai".to_owned());
+        let labels = [
+            KeyValue::new(n::LMPERF_REQUEST_SOURCE, n::REQUEST_SOURCE_BENCH),
+            KeyValue::new(n::LMPERF_BENCHMARK, c.benchmark.to_owned()),
+        ];
+        let provider = c
+            .target
+            .provider
+            .clone()
+            .unwrap_or_else(|| "openai".to_owned());
         let prompt_id = format!("{}/{}", c.benchmark, c.index);
         let info = SpanContextInfo {
             target: &c.target.name,
@@ -73,8 +82,15 @@ impl BenchTelemetry {
             extra: labels.to_vec(),
         };
         let failed = m.record.outcome != Outcome::Ok;
-        let decision = Decision { keep: true, reason: if failed { Reason::Error } else { Reason::Head }, probability: 1.0, transition: None, spike: None };
-        self.telemetry.record_labeled(&info, ids, m, &decision, &labels);
+        let decision = Decision {
+            keep: true,
+            reason: if failed { Reason::Error } else { Reason::Head },
+            probability: 1.0,
+            transition: None,
+            spike: None,
+        };
+        self.telemetry
+            .record_labeled(&info, ids, m, &decision, &labels);
     }
 
     /// Flushes spans and metrics (at most [`FLUSH_TIMEOUT`]) and stops the exporters.

@@ -146,7 +146,10 @@ pub(super) async fn search(
     }
     let c = s.result();
     if spec.progress {
-        eprintln!("lmperf run: {}", super::report::overview::capacity_sentence(&c));
+        eprintln!(
+            "lmperf run: {}",
+            super::report::overview::capacity_sentence(&c)
+        );
     }
     Ok((benchmarks, c, None))
 }

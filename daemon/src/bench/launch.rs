@@ -438,11 +438,22 @@ pub async fn warm_up(
 /// target's own address (the default `<url>/metrics`); a metrics URL elsewhere stays.
 pub fn retarget(target: &mut TargetConfig, port: u16) -> Result<(), String> {
     let m = &target.server.metrics_url;
-    if (m.host_str(), m.port_or_known_default()) == (target.base_url.host_str(), target.base_url.port_or_known_default()) {
+    if (m.host_str(), m.port_or_known_default())
+        == (
+            target.base_url.host_str(),
+            target.base_url.port_or_known_default(),
+        )
+    {
         let mut moved = m.clone();
-        moved.set_host(Some("127.0.0.1")).map_err(|e| e.to_string())?;
-        moved.set_port(Some(port)).map_err(|()| format!("metrics URL {m} cannot take a port"))?;
-        moved.set_scheme("http").map_err(|()| format!("metrics URL {m} cannot be made http"))?;
+        moved
+            .set_host(Some("127.0.0.1"))
+            .map_err(|e| e.to_string())?;
+        moved
+            .set_port(Some(port))
+            .map_err(|()| format!("metrics URL {m} cannot take a port"))?;
+        moved
+            .set_scheme("http")
+            .map_err(|()| format!("metrics URL {m} cannot be made http"))?;
         target.server.metrics_url = moved;
     }
     target.base_url =
@@ -483,7 +494,11 @@ mod tests {
     fn target(url: &str, metrics_url: Option<&str>) -> TargetConfig {
         let o = crate::config::Overrides {
             targets: vec![url.to_owned()],
-            canary: crate::config::raw::RawCanary { model: Some("m".into()), metrics_url: metrics_url.map(str::to_owned), ..Default::default() },
+            canary: crate::config::raw::RawCanary {
+                model: Some("m".into()),
+                metrics_url: metrics_url.map(str::to_owned),
+                ..Default::default()
+            },
             ..Default::default()
         };
         crate::config::load(o, &NoEnv).unwrap().targets.remove(0)
@@ -495,11 +510,20 @@ mod tests {
         let mut t = target("http://127.0.0.1:8000", None);
         retarget(&mut t, 43_995).unwrap();
         assert_eq!(t.base_url.as_str(), "http://127.0.0.1:43995/");
-        assert_eq!(t.server.metrics_url.as_str(), "http://127.0.0.1:43995/metrics");
+        assert_eq!(
+            t.server.metrics_url.as_str(),
+            "http://127.0.0.1:43995/metrics"
+        );
         // A metrics page elsewhere (a sidecar exporter, say) stays where it was.
-        let mut t = target("http://127.0.0.1:8000", Some("http://10.0.0.9:9400/metrics"));
+        let mut t = target(
+            "http://127.0.0.1:8000",
+            Some("http://10.0.0.9:9400/metrics"),
+        );
         retarget(&mut t, 43_995).unwrap();
-        assert_eq!(t.server.metrics_url.as_str(), "http://10.0.0.9:9400/metrics");
+        assert_eq!(
+            t.server.metrics_url.as_str(),
+            "http://10.0.0.9:9400/metrics"
+        );
     }
 
     #[test]

@@ -23,12 +23,12 @@ pub mod progress;
 pub mod prompts;
 pub mod repeat;
 pub mod report;
-pub mod slots;
 pub mod rows;
+pub mod server;
+pub mod slots;
 pub mod stats;
 pub mod trace;
 pub mod vram;
-pub mod server;
 pub mod workload;
 
 use std::collections::BTreeMap;
@@ -80,7 +80,10 @@ pub struct Gate {
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error("output directory {path}: {source}")]
-    Output { path: PathBuf, source: std::io::Error },
+    Output {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("HTTP client: {0}")]
     Client(#[from] reqwest::Error),
     #[error("no model: give --model, or the server must list one at GET /v1/models ({0})")]
@@ -88,7 +91,11 @@ pub enum BenchError {
     #[error("the dispatcher thread ended abnormally: {0}")]
     Dispatcher(String),
     #[error("bad value {field} = {value:?}: {reason}")]
-    Invalid { field: &'static str, value: String, reason: String },
+    Invalid {
+        field: &'static str,
+        value: String,
+        reason: String,
+    },
     #[error("OTLP export: {0}")]
     Telemetry(#[from] crate::telemetry::TelemetryError),
     #[error("{0}")]
@@ -96,8 +103,14 @@ pub enum BenchError {
     /// Ctrl-C or SIGTERM during the benchmarks: those that had completed are written
     /// (`summary.json` `interrupted: true`) when `completed > 0`.
     #[error("interrupted (Ctrl-C or SIGTERM) during {during}; {}", if *completed == 0 { "no benchmark had completed, nothing written".to_owned() } else { format!("the {completed} completed benchmark(s) are written in {}", dir.display()) })]
-    Interrupted { during: String, completed: usize, dir: PathBuf },
-    #[error("nothing answers at {url} ({reason}): give --target URL (or OPENAI_BASE_URL) of a running server, or --launch vllm|sglang|llama-server|\"CMD … {{model}} … {{port}}\" to start one")]
+    Interrupted {
+        during: String,
+        completed: usize,
+        dir: PathBuf,
+    },
+    #[error(
+        "nothing answers at {url} ({reason}): give --target URL (or OPENAI_BASE_URL) of a running server, or --launch vllm|sglang|llama-server|\"CMD … {{model}} … {{port}}\" to start one"
+    )]
     Unreachable { url: String, reason: String },
 }
 
@@ -246,7 +259,8 @@ impl RequestRow {
     /// Whether the server's input count differs from `prompt_tokens` by more than the one BOS
     /// token it may add (`prompt_tokens_mismatch`); false without the server's count.
     pub fn prompt_tokens_mismatch(&self) -> bool {
-        self.input_tokens.is_some_and(|n| n.abs_diff(u64::from(self.prompt_tokens)) > 1)
+        self.input_tokens
+            .is_some_and(|n| n.abs_diff(u64::from(self.prompt_tokens)) > 1)
     }
 }
 
@@ -377,7 +391,10 @@ fn ms(d: Duration) -> f64 {
 /// # Errors
 /// Only what stops the run from starting (output directory, HTTP client, no model).
 pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
-    std::fs::create_dir_all(&spec.output_dir).map_err(|source| BenchError::Output { path: spec.output_dir.clone(), source })?;
+    std::fs::create_dir_all(&spec.output_dir).map_err(|source| BenchError::Output {
+        path: spec.output_dir.clone(),
+        source,
+    })?;
     // Ctrl-C / SIGTERM, awaited once for the whole run: the benchmarks then stop and what
     // completed is written; before them (start-up, discovery) the run just ends.
     let stop = CancellationToken::new();
@@ -394,14 +411,27 @@ pub async fn run(spec: RunSpec) -> Result<Summary, BenchError> {
 }
 
 async fn run_launched(mut spec: RunSpec, stop: &CancellationToken) -> Result<Summary, BenchError> {
-    let Some(l) = spec.launch.clone() else { return run_on(spec, None, stop).await };
-    let port = launch::free_port().map_err(|source| BenchError::Launch(launch::LaunchError::Spawn { command: "bind 127.0.0.1:0".into(), source }))?;
-    launch::retarget(&mut spec.target, port).map_err(|reason| BenchError::Invalid { field: "--launch", value: port.to_string(), reason })?;
+    let Some(l) = spec.launch.clone() else {
+        return run_on(spec, None, stop).await;
+    };
+    let port = launch::free_port().map_err(|source| {
+        BenchError::Launch(launch::LaunchError::Spawn {
+            command: "bind 127.0.0.1:0".into(),
+            source,
+        })
+    })?;
+    launch::retarget(&mut spec.target, port).map_err(|reason| BenchError::Invalid {
+        field: "--launch",
+        value: port.to_string(),
+        reason,
+    })?;
     let mut server = launch::Server::spawn(&l, port, &spec.output_dir)?;
     let progress = spec.progress;
     let start = async {
         let clients = Clients::new(spec.target.connect_timeout)?;
-        let startup = server.wait_ready(&clients, &spec.target, l.timeout, progress).await?;
+        let startup = server
+            .wait_ready(&clients, &spec.target, l.timeout, progress)
+            .await?;
         let version = launch::version(&clients, &spec.target).await;
         let warmup = launch::warm_up(&clients, &spec.target, &l.model).await?;
         Ok::<_, BenchError>(launch::ServerInfo {
@@ -422,19 +452,41 @@ async fn run_launched(mut spec: RunSpec, stop: &CancellationToken) -> Result<Sum
         Ok(info) => run_on(spec, Some(info), stop).await,
         Err(e) => Err(e),
     };
-    let status = tokio::task::spawn_blocking(move || server.stop(launch::STOP_GRACE)).await.ok().flatten();
+    let status = tokio::task::spawn_blocking(move || server.stop(launch::STOP_GRACE))
+        .await
+        .ok()
+        .flatten();
     if progress {
-        eprintln!("lmperf run: server stopped ({})", status.as_deref().unwrap_or("already gone"));
+        eprintln!(
+            "lmperf run: server stopped ({})",
+            status.as_deref().unwrap_or("already gone")
+        );
     }
     result
 }
 
-async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &CancellationToken) -> Result<Summary, BenchError> {
-    let interrupted = |during: &str, completed: usize| BenchError::Interrupted { during: during.to_owned(), completed, dir: spec.output_dir.clone() };
+async fn run_on(
+    spec: RunSpec,
+    server: Option<launch::ServerInfo>,
+    stop: &CancellationToken,
+) -> Result<Summary, BenchError> {
+    let interrupted = |during: &str, completed: usize| BenchError::Interrupted {
+        during: during.to_owned(),
+        completed,
+        dir: spec.output_dir.clone(),
+    };
     let clients = Clients::new(spec.target.connect_timeout)?;
-    launch::reachable(&spec.target).await.map_err(|reason| BenchError::Unreachable { url: spec.target.base_url.to_string(), reason })?;
+    launch::reachable(&spec.target)
+        .await
+        .map_err(|reason| BenchError::Unreachable {
+            url: spec.target.base_url.to_string(),
+            reason,
+        })?;
     let telemetry = match &spec.otlp {
-        Some(cfg) => Some(Arc::new(export::BenchTelemetry::start(cfg, &crate::config::ProcessEnv)?)),
+        Some(cfg) => Some(Arc::new(export::BenchTelemetry::start(
+            cfg,
+            &crate::config::ProcessEnv,
+        )?)),
         None => None,
     };
     let model = match &spec.target.model {
@@ -442,15 +494,27 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
         None => client::discover_model(&clients, &spec.target)
             .await
             .map(|d| d.model)
-            .map_err(|r| BenchError::NoModel(r.error.map(|e| format!("{}: {}", e.error_type, e.message.unwrap_or_default())).unwrap_or_default()))?,
+            .map_err(|r| {
+                BenchError::NoModel(
+                    r.error
+                        .map(|e| format!("{}: {}", e.error_type, e.message.unwrap_or_default()))
+                        .unwrap_or_default(),
+                )
+            })?,
     };
     let tok = match &spec.workload.tokenizer {
         Some(local) => TokenizeClient::local(&clients, &spec.target, &model, local.clone()),
         None => TokenizeClient::detect(&clients, &spec.target, &model).await,
     };
     if spec.progress {
-        let kind = serde_json::to_value(tok.kind).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
-        eprintln!("lmperf run: target {} model {model} tokenizer {kind}", spec.target.base_url);
+        let kind = serde_json::to_value(tok.kind)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        eprintln!(
+            "lmperf run: target {} model {model} tokenizer {kind}",
+            spec.target.base_url
+        );
     }
     let tok = chat_template::setup(tok, &spec.workload, spec.target.api, spec.progress).await?;
     // Chat prompts shorter than the template itself cannot be sent: warned, and the summary's
@@ -460,7 +524,8 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
         _ => None,
     };
     if spec.progress
-        && let Some(w) = template_floor.and_then(|f| chat_template::short_lengths_warning(&spec.input_lengths, f))
+        && let Some(w) = template_floor
+            .and_then(|f| chat_template::short_lengths_warning(&spec.input_lengths, f))
     {
         eprintln!("{w}");
     }
@@ -472,7 +537,11 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
         extra.insert("n".into(), serde_json::Value::from(spec.n));
     }
     if spec.workload.multi_turn && spec.target.api != Api::Chat {
-        return Err(BenchError::Invalid { field: "--multi-turn", value: "completions".into(), reason: "multi-turn needs --api chat".into() });
+        return Err(BenchError::Invalid {
+            field: "--multi-turn",
+            value: "completions".into(),
+            reason: "multi-turn needs --api chat".into(),
+        });
     }
     let watch = vram::VramWatch::start(&spec.gpu);
     let mut server_watch = server::ServerWatch::start(&spec.target);
@@ -491,7 +560,18 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
             s.push(&r);
             out.push(r);
         };
-        let run = profile::run::run(&spec, path, p.clone(), &clients, &model, &extra, &tok, &name, telemetry.clone(), &mut sink);
+        let run = profile::run::run(
+            &spec,
+            path,
+            p.clone(),
+            &clients,
+            &model,
+            &extra,
+            &tok,
+            &name,
+            telemetry.clone(),
+            &mut sink,
+        );
         let info = tokio::select! {
             r = run => r?,
             () = stop.cancelled() => {
@@ -519,7 +599,18 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
     let mut stopped_during = None;
     if let Some(f) = &spec.find_rate {
         // Ctrl-C: the steps that completed are written with a partial `capacity`.
-        let (benches, c, cut) = find_rate::search(&spec, f, &clients, &model, &extra, &tok, telemetry.clone(), &mut out, stop).await?;
+        let (benches, c, cut) = find_rate::search(
+            &spec,
+            f,
+            &clients,
+            &model,
+            &extra,
+            &tok,
+            telemetry.clone(),
+            &mut out,
+            stop,
+        )
+        .await?;
         (benchmarks, capacity, stopped_during) = (benches, Some(c), cut);
     }
     'benchmarks: for &input_len in &input_lengths {
@@ -527,79 +618,131 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
             let name = format!("c{concurrency}_{}", spec.workload.label(input_len));
             out.begin();
             let one = async {
-            // Fresh prompts per benchmark: a server's prefix cache must not carry one
-            // benchmark's prompts into the next.
-            let mut all = aggregate::Summarizer::new(spec.goodput);
-            let mut per_repeat = Vec::new();
-            let mut summary_input_len = input_len;
-            let (mut warmup_requests, mut warmup_s) = (0usize, 0.0f64);
-            for k in 0..spec.repeat.max(1) {
-                // Each repeat: fresh prompts too (the first is the run without --repeat), on
-                // the same schedule.
-                let seed = spec.seed ^ (concurrency as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (k as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
-                let (warm, measured) = match &spec.workload.trace {
-                    // A trace replays all its requests; warm-up sends the shapes of its first ones
-                    // with other prompts (no prefix-cache hit carried into the measured replay).
-                    Some(t) => (
-                        feed::ItemSource::new(&spec, &tok, spec.warmup, input_len, seed ^ 0x5741_524D_5550),
-                        feed::ItemSource::new(&spec, &tok, t.trace.requests.len(), input_len, seed),
-                    ),
-                    None => (
-                        feed::ItemSource::new(&spec, &tok, spec.warmup, input_len, seed),
-                        feed::ItemSource::new(&spec, &tok, spec.warmup + spec.num_prompts, input_len, seed).skip(spec.warmup),
-                    ),
-                };
-                if !warm.is_empty() {
-                    let started = std::time::Instant::now();
-                    let mut sent = 0usize;
-                    one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, warm, None, None, &mut |_: RequestRow| sent += 1).await?;
-                    warmup_requests += sent;
-                    warmup_s += started.elapsed().as_secs_f64();
-                }
-                let schedule = feed::Schedule::new(&spec, measured.len(), spec.seed)?;
-                if k == 0 {
-                    watch.reset();
-                    server_watch.mark().await;
-                }
-                let mut this = aggregate::Summarizer::new(spec.goodput);
-                // Mean input of the first turns (length distributions, files, traces).
-                let (mut first_turns, mut first_turn_tokens, mut first_turn_sent) = (0usize, 0.0f64, 0.0f64);
-                let mut sink = |mut r: RequestRow| {
-                    r.repeat = k;
-                    all.push(&r);
+                // Fresh prompts per benchmark: a server's prefix cache must not carry one
+                // benchmark's prompts into the next.
+                let mut all = aggregate::Summarizer::new(spec.goodput);
+                let mut per_repeat = Vec::new();
+                let mut summary_input_len = input_len;
+                let (mut warmup_requests, mut warmup_s) = (0usize, 0.0f64);
+                for k in 0..spec.repeat.max(1) {
+                    // Each repeat: fresh prompts too (the first is the run without --repeat), on
+                    // the same schedule.
+                    let seed = spec.seed
+                        ^ (concurrency as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                        ^ (k as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
+                    let (warm, measured) = match &spec.workload.trace {
+                        // A trace replays all its requests; warm-up sends the shapes of its first ones
+                        // with other prompts (no prefix-cache hit carried into the measured replay).
+                        Some(t) => (
+                            feed::ItemSource::new(
+                                &spec,
+                                &tok,
+                                spec.warmup,
+                                input_len,
+                                seed ^ 0x5741_524D_5550,
+                            ),
+                            feed::ItemSource::new(
+                                &spec,
+                                &tok,
+                                t.trace.requests.len(),
+                                input_len,
+                                seed,
+                            ),
+                        ),
+                        None => (
+                            feed::ItemSource::new(&spec, &tok, spec.warmup, input_len, seed),
+                            feed::ItemSource::new(
+                                &spec,
+                                &tok,
+                                spec.warmup + spec.num_prompts,
+                                input_len,
+                                seed,
+                            )
+                            .skip(spec.warmup),
+                        ),
+                    };
+                    if !warm.is_empty() {
+                        let started = std::time::Instant::now();
+                        let mut sent = 0usize;
+                        one_benchmark(
+                            &spec,
+                            &clients,
+                            &model,
+                            &extra,
+                            &name,
+                            concurrency,
+                            warm,
+                            None,
+                            None,
+                            &mut |_: RequestRow| sent += 1,
+                        )
+                        .await?;
+                        warmup_requests += sent;
+                        warmup_s += started.elapsed().as_secs_f64();
+                    }
+                    let schedule = feed::Schedule::new(&spec, measured.len(), spec.seed)?;
+                    if k == 0 {
+                        watch.reset();
+                        server_watch.mark().await;
+                    }
+                    let mut this = aggregate::Summarizer::new(spec.goodput);
+                    // Mean input of the first turns (length distributions, files, traces).
+                    let (mut first_turns, mut first_turn_tokens, mut first_turn_sent) =
+                        (0usize, 0.0f64, 0.0f64);
+                    let mut sink = |mut r: RequestRow| {
+                        r.repeat = k;
+                        all.push(&r);
+                        if spec.repeat > 1 {
+                            this.push(&r);
+                        }
+                        if r.turn == 0 {
+                            first_turns += 1;
+                            first_turn_tokens += f64::from(r.prompt_tokens_target);
+                            first_turn_sent += f64::from(r.prompt_tokens);
+                        }
+                        out.push(r);
+                    };
+                    one_benchmark(
+                        &spec,
+                        &clients,
+                        &model,
+                        &extra,
+                        &name,
+                        concurrency,
+                        measured,
+                        Some(schedule),
+                        telemetry.clone(),
+                        &mut sink,
+                    )
+                    .await?;
+                    if spec.workload.own_inputs() {
+                        summary_input_len =
+                            (first_turn_tokens / first_turns.max(1) as f64).round() as u32;
+                    } else if template_floor.is_some_and(|f| input_len < f) && first_turns > 0 {
+                        summary_input_len = (first_turn_sent / first_turns as f64).round() as u32;
+                    }
                     if spec.repeat > 1 {
-                        this.push(&r);
+                        per_repeat.push(this.finish(shape(
+                            &spec,
+                            &name,
+                            concurrency,
+                            summary_input_len,
+                        )));
                     }
-                    if r.turn == 0 {
-                        first_turns += 1;
-                        first_turn_tokens += f64::from(r.prompt_tokens_target);
-                        first_turn_sent += f64::from(r.prompt_tokens);
+                }
+                let mut summary = all.finish(shape(&spec, &name, concurrency, summary_input_len));
+                summary.repeat = repeat::repeat_stats(&per_repeat);
+                (summary.warmup_requests, summary.warmup_s) = (warmup_requests, warmup_s);
+                summary.vram = watch.take(summary.output_token_throughput);
+                watch.take_samples(&name);
+                summary.server = server_watch.take(&name).await;
+                if spec.progress {
+                    eprintln!("{}", result_line(&summary));
+                    if let Some(w) = behind_warning(&summary, spec.request_rate) {
+                        eprintln!("{w}");
                     }
-                    out.push(r);
-                };
-                one_benchmark(&spec, &clients, &model, &extra, &name, concurrency, measured, Some(schedule), telemetry.clone(), &mut sink).await?;
-                if spec.workload.own_inputs() {
-                    summary_input_len = (first_turn_tokens / first_turns.max(1) as f64).round() as u32;
-                } else if template_floor.is_some_and(|f| input_len < f) && first_turns > 0 {
-                    summary_input_len = (first_turn_sent / first_turns as f64).round() as u32;
                 }
-                if spec.repeat > 1 {
-                    per_repeat.push(this.finish(shape(&spec, &name, concurrency, summary_input_len)));
-                }
-            }
-            let mut summary = all.finish(shape(&spec, &name, concurrency, summary_input_len));
-            summary.repeat = repeat::repeat_stats(&per_repeat);
-            (summary.warmup_requests, summary.warmup_s) = (warmup_requests, warmup_s);
-            summary.vram = watch.take(summary.output_token_throughput);
-            watch.take_samples(&name);
-            summary.server = server_watch.take(&name).await;
-            if spec.progress {
-                eprintln!("{}", result_line(&summary));
-                if let Some(w) = behind_warning(&summary, spec.request_rate) {
-                    eprintln!("{w}");
-                }
-            }
-            Ok::<_, BenchError>(summary)
+                Ok::<_, BenchError>(summary)
             };
             let summary = tokio::select! {
                 r = one => r?,
@@ -625,8 +768,18 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
     let gpu_samples = watch.rows();
     watch.stop();
     let server_samples = server_watch.stop().await;
-    let (length_buckets, sample) = out.finish(spec.goodput).map_err(|source| BenchError::Output { path: spec.output_dir.join("requests.jsonl"), source })?;
-    let failed_gates = spec.fail_on.iter().filter(|g| benchmarks.iter().any(|b| gate_trips(g, b))).map(|g| g.text.clone()).collect();
+    let (length_buckets, sample) =
+        out.finish(spec.goodput)
+            .map_err(|source| BenchError::Output {
+                path: spec.output_dir.join("requests.jsonl"),
+                source,
+            })?;
+    let failed_gates = spec
+        .fail_on
+        .iter()
+        .filter(|g| benchmarks.iter().any(|b| gate_trips(g, b)))
+        .map(|g| g.text.clone())
+        .collect();
     let summary = Summary {
         schema_version: SCHEMA_VERSION,
         lmperf_version: env!("CARGO_PKG_VERSION"),
@@ -642,7 +795,11 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
         benchmarks,
         length_buckets,
         gpu,
-        trace: spec.workload.trace.as_ref().map(workload::TraceReplay::info),
+        trace: spec
+            .workload
+            .trace
+            .as_ref()
+            .map(workload::TraceReplay::info),
         workload: spec.workload.info(),
         failed_gates,
         launch: server,
@@ -655,8 +812,16 @@ async fn run_on(spec: RunSpec, server: Option<launch::ServerInfo>, stop: &Cancel
     };
     let summary = chat_template::checked(summary, spec.progress);
     write_outputs(&spec.output_dir, &sample, &summary)?;
-    server::write_samples(&spec.output_dir, &server_samples).map_err(|source| BenchError::Output { path: spec.output_dir.clone(), source })?;
-    vram::write_samples(&spec.output_dir, &gpu_samples).map_err(|source| BenchError::Output { path: spec.output_dir.clone(), source })?;
+    server::write_samples(&spec.output_dir, &server_samples).map_err(|source| {
+        BenchError::Output {
+            path: spec.output_dir.clone(),
+            source,
+        }
+    })?;
+    vram::write_samples(&spec.output_dir, &gpu_samples).map_err(|source| BenchError::Output {
+        path: spec.output_dir.clone(),
+        source,
+    })?;
     if let Some(t) = telemetry {
         t.shutdown().await;
     }
@@ -673,7 +838,9 @@ fn result_line(summary: &BenchSummary) -> String {
     } else {
         format!(", failed: {}", summary.error_reasons().join("; "))
     };
-    let ms = |d: &Option<Distribution>, f: fn(&Distribution) -> f64| report::fmt::opt_duration_ms(d.as_ref().map(f));
+    let ms = |d: &Option<Distribution>, f: fn(&Distribution) -> f64| {
+        report::fmt::opt_duration_ms(d.as_ref().map(f))
+    };
     format!(
         "lmperf run: {}: {} requests, {} ok{errors}, {}, {}, TTFT p50 {} p99 {}, E2EL p99 {}",
         summary.benchmark,
@@ -728,8 +895,15 @@ fn write_jsonl<T: Serialize>(path: &std::path::Path, rows: &[T]) -> std::io::Res
 
 /// Writes `summary.json` and `report.html` (`requests.jsonl` is written as rows finish, see
 /// [`rows`]); `sample`: the report's rows ([`rows::REPORT_SAMPLE`] per benchmark at most).
-fn write_outputs(dir: &std::path::Path, sample: &[RequestRow], summary: &Summary) -> Result<(), BenchError> {
-    let io = |source| BenchError::Output { path: dir.to_owned(), source };
+fn write_outputs(
+    dir: &std::path::Path,
+    sample: &[RequestRow],
+    summary: &Summary,
+) -> Result<(), BenchError> {
+    let io = |source| BenchError::Output {
+        path: dir.to_owned(),
+        source,
+    };
     let text = serde_json::to_string_pretty(summary).map_err(|e| io(std::io::Error::other(e)))?;
     std::fs::write(dir.join("summary.json"), text + "\n").map_err(io)?;
     std::fs::write(dir.join("report.html"), report::render(summary, sample)).map_err(io)
@@ -770,12 +944,19 @@ async fn one_benchmark(
     // Dropped (the benchmark interrupted): no more sends, the requests in flight cancelled.
     let _cancel_on_drop = cancel.clone().drop_guard();
     let t0 = Instant::now() + Duration::from_millis(10);
-    let (bench_name, multi_turn, ignore_eos, max_offset) = (name.to_owned(), spec.workload.multi_turn, spec.ignore_eos, spec.duration);
+    let (bench_name, multi_turn, ignore_eos, max_offset) = (
+        name.to_owned(),
+        spec.workload.multi_turn,
+        spec.ignore_eos,
+        spec.duration,
+    );
     // The dispatcher runs on its own thread: it sleeps until each send (no spinning on the
     // runtime's workers, which do the HTTP), waits for a free slot, and spawns the request.
     let slots = match spec.workload.ramp {
         // Measured runs of a concurrency ramp: closed loop, slots follow the ramp.
-        Some(r) if measured && r.over == workload::RampOver::Concurrency => slots::Slots::ramp(r, t0, spec.duration.map(|d| t0 + d)),
+        Some(r) if measured && r.over == workload::RampOver::Concurrency => {
+            slots::Slots::ramp(r, t0, spec.duration.map(|d| t0 + d))
+        }
         _ => slots::Slots::fixed(concurrency),
     };
     // Finished requests' rows, to the collector below (bounded: a full queue holds the
@@ -789,14 +970,29 @@ async fn one_benchmark(
                 break;
             }
             let scheduled = t0 + offset;
-            let Some(item) = feed.next_blocking() else { break };
+            let Some(item) = feed.next_blocking() else {
+                break;
+            };
             crate::canary::schedule::pace_until(scheduled.into_std());
-            let Some((permit, limit, free_since)) = handle.block_on(slots.acquire_timed()) else { break };
+            let Some((permit, limit, free_since)) = handle.block_on(slots.acquire_timed()) else {
+                break;
+            };
             let dispatched = Instant::now();
             // Closed loop: a request is due when its slot became free.
-            let scheduled = if closed_loop { scheduled.max(free_since) } else { scheduled };
-            let (clients, target, extra, model, task_done, task_errors, cancel) =
-                (clients.clone(), target.clone(), extra.clone(), model.clone(), done.clone(), errors.clone(), cancel.clone());
+            let scheduled = if closed_loop {
+                scheduled.max(free_since)
+            } else {
+                scheduled
+            };
+            let (clients, target, extra, model, task_done, task_errors, cancel) = (
+                clients.clone(),
+                target.clone(),
+                extra.clone(),
+                model.clone(),
+                done.clone(),
+                errors.clone(),
+                cancel.clone(),
+            );
             let (bench_name, telemetry, tx) = (bench_name.clone(), telemetry.clone(), tx.clone());
             handle.spawn(async move {
                 let mut extra = (*extra).clone();
@@ -847,13 +1043,26 @@ async fn one_benchmark(
         reorder.push(i, r, on_row);
     }
     reorder.finish(on_row);
-    dispatcher.await.map_err(|e| BenchError::Dispatcher(e.to_string()))?;
+    dispatcher
+        .await
+        .map_err(|e| BenchError::Dispatcher(e.to_string()))?;
     shown.finish().await;
     Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
-fn row(name: &str, index: usize, turn: u32, (concurrency, concurrency_limit): (usize, usize), t0: Instant, scheduled: Instant, dispatched: Instant, prompt: &Prompt, max_tokens: u32, m: &Measured) -> RequestRow {
+fn row(
+    name: &str,
+    index: usize,
+    turn: u32,
+    (concurrency, concurrency_limit): (usize, usize),
+    t0: Instant,
+    scheduled: Instant,
+    dispatched: Instant,
+    prompt: &Prompt,
+    max_tokens: u32,
+    m: &Measured,
+) -> RequestRow {
     let r = &m.record;
     let delay = dispatched.saturating_duration_since(scheduled);
     RequestRow {
@@ -910,33 +1119,73 @@ fn row(name: &str, index: usize, turn: u32, (concurrency, concurrency_limit): (u
 /// The summary of one benchmark's rows. Latency distributions use the successful requests
 /// only (a failed request has no meaningful TTFT); errors are counted by type. Percentiles
 /// from bounded histograms at 3 significant digits ([`aggregate`]); the rest exact.
-pub fn summarize(spec: &RunSpec, name: &str, concurrency: usize, input_len: u32, rows: &[RequestRow]) -> BenchSummary {
+pub fn summarize(
+    spec: &RunSpec,
+    name: &str,
+    concurrency: usize,
+    input_len: u32,
+    rows: &[RequestRow],
+) -> BenchSummary {
     let mut s = aggregate::Summarizer::new(spec.goodput);
     rows.iter().for_each(|r| s.push(r));
     s.finish(shape(spec, name, concurrency, input_len))
 }
 
 /// What a benchmark's summary says besides its rows' figures.
-fn shape<'a>(spec: &RunSpec, name: &'a str, concurrency: usize, input_len: u32) -> aggregate::BenchShape<'a> {
+fn shape<'a>(
+    spec: &RunSpec,
+    name: &'a str,
+    concurrency: usize,
+    input_len: u32,
+) -> aggregate::BenchShape<'a> {
     let own_output = spec.workload.output_dist.is_some() || spec.workload.trace.is_some();
-    aggregate::BenchShape { name, concurrency, input_len, output_len: (!own_output).then_some(spec.output_len), request_rate: spec.request_rate }
+    aggregate::BenchShape {
+        name,
+        concurrency,
+        input_len,
+        output_len: (!own_output).then_some(spec.output_len),
+        request_rate: spec.request_rate,
+    }
 }
 
 /// Parses `ttft_p99_ms>500`, `e2el_mean_ms>2000`, `error_rate>0.01`, `vram_pct>92` (peak
 /// used VRAM of any one GPU, percent; a benchmark without GPU figures does not trip it).
 pub fn parse_gate(text: &str) -> Result<Gate, String> {
-    let (name, limit) = text.split_once('>').ok_or_else(|| format!("{text:?}: expected NAME>VALUE, e.g. ttft_p99_ms>500"))?;
-    let limit: f64 = limit.trim().parse().map_err(|_| format!("{text:?}: {limit:?} is not a number"))?;
+    let (name, limit) = text
+        .split_once('>')
+        .ok_or_else(|| format!("{text:?}: expected NAME>VALUE, e.g. ttft_p99_ms>500"))?;
+    let limit: f64 = limit
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?}: {limit:?} is not a number"))?;
     let name = name.trim();
     if name == "error_rate" || name == "vram_pct" {
-        return Ok(Gate { text: text.to_owned(), metric: name.to_owned(), stat: None, limit });
+        return Ok(Gate {
+            text: text.to_owned(),
+            metric: name.to_owned(),
+            stat: None,
+            limit,
+        });
     }
-    let body = name.strip_suffix("_ms").ok_or_else(|| format!("{text:?}: expected METRIC_STAT_ms (ttft|itl|tpot|e2el, mean|p50|p90|p95|p99|p99.9|max)"))?;
-    let (metric, stat) = body.split_once('_').ok_or_else(|| format!("{text:?}: expected METRIC_STAT_ms"))?;
-    if !["ttft", "itl", "tpot", "e2el"].contains(&metric) || Distribution::default().get(stat).is_none() {
+    let body = name.strip_suffix("_ms").ok_or_else(|| {
+        format!(
+            "{text:?}: expected METRIC_STAT_ms (ttft|itl|tpot|e2el, mean|p50|p90|p95|p99|p99.9|max)"
+        )
+    })?;
+    let (metric, stat) = body
+        .split_once('_')
+        .ok_or_else(|| format!("{text:?}: expected METRIC_STAT_ms"))?;
+    if !["ttft", "itl", "tpot", "e2el"].contains(&metric)
+        || Distribution::default().get(stat).is_none()
+    {
         return Err(format!("{text:?}: unknown metric or statistic"));
     }
-    Ok(Gate { text: text.to_owned(), metric: metric.to_owned(), stat: Some(stat.to_owned()), limit })
+    Ok(Gate {
+        text: text.to_owned(),
+        metric: metric.to_owned(),
+        stat: Some(stat.to_owned()),
+        limit,
+    })
 }
 
 fn gate_trips(g: &Gate, b: &BenchSummary) -> bool {
@@ -955,7 +1204,9 @@ fn gate_trips(g: &Gate, b: &BenchSummary) -> bool {
     };
     // No value (no successful request, or no request-level TPOT with n > 1): the gate cannot
     // be checked, so it trips rather than pass a run whose every request failed.
-    d.as_ref().and_then(|d| d.get(g.stat.as_deref().unwrap_or("mean"))).is_none_or(|v| v > g.limit)
+    d.as_ref()
+        .and_then(|d| d.get(g.stat.as_deref().unwrap_or("mean")))
+        .is_none_or(|v| v > g.limit)
 }
 
 #[cfg(test)]
@@ -967,24 +1218,50 @@ mod tests {
     #[test]
     fn a_schedule_that_fell_behind_is_warned() {
         let summary = |delays: &[f64]| {
-            let mut s = aggregate::Summarizer::new(Goodput { ttft_ms: None, tpot_ms: None, e2el_ms: None });
+            let mut s = aggregate::Summarizer::new(Goodput {
+                ttft_ms: None,
+                tpot_ms: None,
+                e2el_ms: None,
+            });
             for (i, &d) in delays.iter().enumerate() {
-                s.push(&RequestRow { outcome: "ok", send_ms: i as f64 * 400.0, e2el_ms: 400.0, dispatch_delay_ms: d, ..RequestRow::default() });
+                s.push(&RequestRow {
+                    outcome: "ok",
+                    send_ms: i as f64 * 400.0,
+                    e2el_ms: 400.0,
+                    dispatch_delay_ms: d,
+                    ..RequestRow::default()
+                });
             }
-            s.finish(aggregate::BenchShape { name: "c1_in8", concurrency: 1, input_len: 8, output_len: Some(4), request_rate: Some(10.0) })
+            s.finish(aggregate::BenchShape {
+                name: "c1_in8",
+                concurrency: 1,
+                input_len: 8,
+                output_len: Some(4),
+                request_rate: Some(10.0),
+            })
         };
         let behind = summary(&(0..100).map(|i| f64::from(i) * 60.0).collect::<Vec<_>>());
         let w = behind_warning(&behind, Some(10.0)).unwrap();
         assert!(w.starts_with("lmperf run: warning: c1_in8: the schedule fell behind (dispatch delay p99 5.88 s > 100 ms at 10.0 req/s offered; achieved "), "{w}");
-        assert!(w.ends_with("concurrency 1 holds requests back; raise --batch-sizes (concurrency)"), "{w}");
+        assert!(
+            w.ends_with("concurrency 1 holds requests back; raise --batch-sizes (concurrency)"),
+            "{w}"
+        );
         assert_eq!(behind_warning(&summary(&[1.0; 100]), Some(10.0)), None);
-        assert_eq!(behind_warning(&behind, None), None, "closed loop: no schedule");
+        assert_eq!(
+            behind_warning(&behind, None),
+            None,
+            "closed loop: no schedule"
+        );
     }
 
     #[test]
     fn gates_parse_and_reject() {
         let g = parse_gate("ttft_p99_ms>500").unwrap();
-        assert_eq!((g.metric.as_str(), g.stat.as_deref(), g.limit), ("ttft", Some("p99"), 500.0));
+        assert_eq!(
+            (g.metric.as_str(), g.stat.as_deref(), g.limit),
+            ("ttft", Some("p99"), 500.0)
+        );
         assert!(parse_gate("error_rate>0.01").is_ok());
         assert_eq!(parse_gate("vram_pct>92").unwrap().metric, "vram_pct");
         assert!(parse_gate("ttft_p99>500").is_err());

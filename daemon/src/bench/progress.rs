@@ -24,7 +24,11 @@ pub fn line(name: &str, done: u64, total: usize, errors: u64, rate: f64) -> Stri
 /// Requests per second between two readings; 0 for an empty window.
 pub fn rate(done_before: u64, done_now: u64, window: Duration) -> f64 {
     let s = window.as_secs_f64();
-    if s <= 0.0 { 0.0 } else { done_now.saturating_sub(done_before) as f64 / s }
+    if s <= 0.0 {
+        0.0
+    } else {
+        done_now.saturating_sub(done_before) as f64 / s
+    }
 }
 
 /// Counters a benchmark's tasks update.
@@ -55,7 +59,10 @@ impl Progress {
         } else {
             tokio::spawn(plain(name, total, c, s))
         };
-        Self { stop, task: Some(task) }
+        Self {
+            stop,
+            task: Some(task),
+        }
     }
 
     /// Stops the display (the bar is cleared) and waits for it.
@@ -75,14 +82,24 @@ async fn plain(name: String, total: usize, c: Counters, stop: CancellationToken)
             () = tokio::time::sleep(PLAIN_INTERVAL) => {}
         }
         let d = c.done.load(Ordering::Relaxed);
-        eprintln!("{}", line(&name, d, total, c.errors.load(Ordering::Relaxed), rate(last.1, d, last.0.elapsed())));
+        eprintln!(
+            "{}",
+            line(
+                &name,
+                d,
+                total,
+                c.errors.load(Ordering::Relaxed),
+                rate(last.1, d, last.0.elapsed())
+            )
+        );
         last = (Instant::now(), d);
     }
 }
 
 async fn bar(name: String, total: usize, c: Counters, stop: CancellationToken) {
     let pb = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
-    let style = ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} {elapsed}").map(|s| s.progress_chars("=> "));
+    let style = ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} {elapsed}")
+        .map(|s| s.progress_chars("=> "));
     if let Ok(style) = style {
         pb.set_style(style);
     }
@@ -90,7 +107,11 @@ async fn bar(name: String, total: usize, c: Counters, stop: CancellationToken) {
     let mut last = (Instant::now(), 0);
     loop {
         let d = c.done.load(Ordering::Relaxed);
-        pb.set_message(format!("errors {}, {:.1} req/s", c.errors.load(Ordering::Relaxed), rate(last.1, d, last.0.elapsed())));
+        pb.set_message(format!(
+            "errors {}, {:.1} req/s",
+            c.errors.load(Ordering::Relaxed),
+            rate(last.1, d, last.0.elapsed())
+        ));
         pb.set_position(d);
         last = (Instant::now(), d);
         tokio::select! {
@@ -107,7 +128,10 @@ mod tests {
 
     #[test]
     fn line_and_rate() {
-        assert_eq!(line("c1_in128", 40, 100, 1, 19.84), "lmperf run: c1_in128: 40/100 done, 1 errors, 19.8 req/s");
+        assert_eq!(
+            line("c1_in128", 40, 100, 1, 19.84),
+            "lmperf run: c1_in128: 40/100 done, 1 errors, 19.8 req/s"
+        );
         assert_eq!(rate(10, 30, Duration::from_secs(2)), 10.0);
         assert_eq!(rate(10, 30, Duration::ZERO), 0.0);
     }

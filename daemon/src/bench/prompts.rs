@@ -65,19 +65,163 @@ pub struct Prompt {
 }
 
 const WORDS: &[&str] = &[
-    "time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child", "world", "school", "state",
-    "family", "student", "group", "country", "problem", "hand", "part", "place", "case", "week", "company", "system",
-    "program", "question", "work", "government", "number", "night", "point", "home", "water", "room", "mother",
-    "area", "money", "story", "fact", "month", "lot", "right", "study", "book", "eye", "job", "word", "business",
-    "issue", "side", "kind", "head", "house", "service", "friend", "father", "power", "hour", "game", "line", "end",
-    "member", "law", "car", "city", "community", "name", "president", "team", "minute", "idea", "kid", "body",
-    "information", "back", "parent", "face", "others", "level", "office", "door", "health", "person", "art", "war",
-    "history", "party", "result", "change", "morning", "reason", "research", "girl", "guy", "moment", "air",
-    "teacher", "force", "education", "river", "garden", "music", "market", "energy", "window", "paper", "light",
-    "table", "sound", "field", "picture", "language", "island", "forest", "bridge", "engine", "signal", "cloud",
-    "winter", "summer", "letter", "answer", "number", "orange", "silver", "village", "machine", "theory", "method",
-    "quickly", "slowly", "bright", "quiet", "simple", "careful", "ancient", "modern", "gentle", "strong", "little",
-    "and", "the", "of", "to", "in", "with", "for", "on", "at", "from", "by", "about", "as", "into", "like", "through",
+    "time",
+    "year",
+    "people",
+    "way",
+    "day",
+    "man",
+    "thing",
+    "woman",
+    "life",
+    "child",
+    "world",
+    "school",
+    "state",
+    "family",
+    "student",
+    "group",
+    "country",
+    "problem",
+    "hand",
+    "part",
+    "place",
+    "case",
+    "week",
+    "company",
+    "system",
+    "program",
+    "question",
+    "work",
+    "government",
+    "number",
+    "night",
+    "point",
+    "home",
+    "water",
+    "room",
+    "mother",
+    "area",
+    "money",
+    "story",
+    "fact",
+    "month",
+    "lot",
+    "right",
+    "study",
+    "book",
+    "eye",
+    "job",
+    "word",
+    "business",
+    "issue",
+    "side",
+    "kind",
+    "head",
+    "house",
+    "service",
+    "friend",
+    "father",
+    "power",
+    "hour",
+    "game",
+    "line",
+    "end",
+    "member",
+    "law",
+    "car",
+    "city",
+    "community",
+    "name",
+    "president",
+    "team",
+    "minute",
+    "idea",
+    "kid",
+    "body",
+    "information",
+    "back",
+    "parent",
+    "face",
+    "others",
+    "level",
+    "office",
+    "door",
+    "health",
+    "person",
+    "art",
+    "war",
+    "history",
+    "party",
+    "result",
+    "change",
+    "morning",
+    "reason",
+    "research",
+    "girl",
+    "guy",
+    "moment",
+    "air",
+    "teacher",
+    "force",
+    "education",
+    "river",
+    "garden",
+    "music",
+    "market",
+    "energy",
+    "window",
+    "paper",
+    "light",
+    "table",
+    "sound",
+    "field",
+    "picture",
+    "language",
+    "island",
+    "forest",
+    "bridge",
+    "engine",
+    "signal",
+    "cloud",
+    "winter",
+    "summer",
+    "letter",
+    "answer",
+    "number",
+    "orange",
+    "silver",
+    "village",
+    "machine",
+    "theory",
+    "method",
+    "quickly",
+    "slowly",
+    "bright",
+    "quiet",
+    "simple",
+    "careful",
+    "ancient",
+    "modern",
+    "gentle",
+    "strong",
+    "little",
+    "and",
+    "the",
+    "of",
+    "to",
+    "in",
+    "with",
+    "for",
+    "on",
+    "at",
+    "from",
+    "by",
+    "about",
+    "as",
+    "into",
+    "like",
+    "through",
 ];
 
 /// Short words that are one token in common tokenizers.
@@ -92,7 +236,9 @@ pub struct LocalTokenizer {
 
 impl std::fmt::Debug for LocalTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LocalTokenizer").field("path", &self.path).finish_non_exhaustive()
+        f.debug_struct("LocalTokenizer")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
     }
 }
 
@@ -102,15 +248,26 @@ impl LocalTokenizer {
     /// # Errors
     /// One line naming the file and what is wrong with it.
     pub fn load(path: &std::path::Path) -> Result<Self, String> {
-        let file = if path.is_dir() { path.join("tokenizer.json") } else { path.to_owned() };
-        let tokenizer = tokenizers::Tokenizer::from_file(&file).map_err(|e| format!("{}: not a usable tokenizer.json: {e}", file.display()))?;
-        Ok(Self { path: file, tokenizer: std::sync::Arc::new(tokenizer) })
+        let file = if path.is_dir() {
+            path.join("tokenizer.json")
+        } else {
+            path.to_owned()
+        };
+        let tokenizer = tokenizers::Tokenizer::from_file(&file)
+            .map_err(|e| format!("{}: not a usable tokenizer.json: {e}", file.display()))?;
+        Ok(Self {
+            path: file,
+            tokenizer: std::sync::Arc::new(tokenizer),
+        })
     }
 
     /// Tokens in `text` without special tokens (no BOS), as a server's `/tokenize` with
     /// `add_special: false` counts them.
     pub fn count(&self, text: &str) -> Option<u32> {
-        self.tokenizer.encode(text, false).ok().map(|e| e.len() as u32)
+        self.tokenizer
+            .encode(text, false)
+            .ok()
+            .map(|e| e.len() as u32)
     }
 
     /// The file it was loaded from.
@@ -143,7 +300,14 @@ struct TokenizeReply {
 impl TokenizeClient {
     /// Finds which `/tokenize` the server speaks, if any.
     pub async fn detect(clients: &Clients, target: &TargetConfig, model: &str) -> Self {
-        let mut me = Self { clients: clients.clone(), target: target.clone(), model: model.to_owned(), local: None, kind: Tokenizer::Estimate, chat: None };
+        let mut me = Self {
+            clients: clients.clone(),
+            target: target.clone(),
+            model: model.to_owned(),
+            local: None,
+            kind: Tokenizer::Estimate,
+            chat: None,
+        };
         for kind in [Tokenizer::ServerLlamaCpp, Tokenizer::ServerOpenAiStyle] {
             me.kind = kind;
             if matches!(me.count("Hello world").await, Some(n) if n > 0) {
@@ -155,8 +319,20 @@ impl TokenizeClient {
     }
 
     /// Counts with a local `tokenizer.json` (no `/tokenize` calls).
-    pub fn local(clients: &Clients, target: &TargetConfig, model: &str, local: LocalTokenizer) -> Self {
-        Self { clients: clients.clone(), target: target.clone(), model: model.to_owned(), local: Some(local), kind: Tokenizer::LocalFile, chat: None }
+    pub fn local(
+        clients: &Clients,
+        target: &TargetConfig,
+        model: &str,
+        local: LocalTokenizer,
+    ) -> Self {
+        Self {
+            clients: clients.clone(),
+            target: target.clone(),
+            model: model.to_owned(),
+            local: Some(local),
+            kind: Tokenizer::LocalFile,
+            chat: None,
+        }
     }
 
     /// What decides the `prompt_tokens` of this run's prompts.
@@ -174,7 +350,10 @@ impl TokenizeClient {
     pub async fn count_prompt(&self, text: &str) -> Option<u32> {
         match &self.chat {
             None => self.count(text).await,
-            Some(how) => super::chat_template::count(self, how, &[super::chat_template::user_message(text)]).await,
+            Some(how) => {
+                super::chat_template::count(self, how, &[super::chat_template::user_message(text)])
+                    .await
+            }
         }
     }
 
@@ -183,17 +362,31 @@ impl TokenizeClient {
     pub async fn count_messages(&self, messages: &[serde_json::Value]) -> Option<u32> {
         match &self.chat {
             Some(how) => super::chat_template::count(self, how, messages).await,
-            None => super::chat_template::count(self, &super::chat_template::ChatCounting::TextOnly, messages).await,
+            None => {
+                super::chat_template::count(
+                    self,
+                    &super::chat_template::ChatCounting::TextOnly,
+                    messages,
+                )
+                .await
+            }
         }
     }
 
     /// `POST {base}/{path}` with a JSON body; the JSON reply of a 2xx, else `None`.
-    pub(super) async fn post(&self, path: &str, body: &serde_json::Value) -> Option<serde_json::Value> {
+    pub(super) async fn post(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Option<serde_json::Value> {
         let url = self.target.base_url.join(path).ok()?;
         let resp = self
             .clients
             .send_idempotent(|c| {
-                let req = c.post(url.clone()).json(body).timeout(Duration::from_secs(10));
+                let req = c
+                    .post(url.clone())
+                    .json(body)
+                    .timeout(Duration::from_secs(10));
                 match &self.target.api_key {
                     Some(k) => req.bearer_auth(k.expose()),
                     None => req,
@@ -213,8 +406,12 @@ impl TokenizeClient {
             Tokenizer::LocalFile => return self.local.as_ref().and_then(|t| t.count(text)),
             // Special tokens in the text parsed, as llama.cpp tokenizes prompts (chat templates
             // write their role markers as text).
-            Tokenizer::ServerLlamaCpp => serde_json::json!({ "content": text, "add_special": false, "parse_special": true }),
-            Tokenizer::ServerOpenAiStyle => serde_json::json!({ "model": self.model, "prompt": text, "add_special_tokens": false }),
+            Tokenizer::ServerLlamaCpp => {
+                serde_json::json!({ "content": text, "add_special": false, "parse_special": true })
+            }
+            Tokenizer::ServerOpenAiStyle => {
+                serde_json::json!({ "model": self.model, "prompt": text, "add_special_tokens": false })
+            }
             Tokenizer::Estimate => return Some(estimate(text)),
         };
         let r: TokenizeReply = serde_json::from_value(self.post("tokenize", &body).await?).ok()?;
@@ -252,12 +449,19 @@ fn words(rng: &mut SmallRng, n: usize) -> String {
 }
 
 /// `n` prompts of `target_tokens` tokens each, reproducible from `seed`.
-pub async fn synthetic(tok: &TokenizeClient, n: usize, target_tokens: u32, seed: u64) -> Vec<Prompt> {
+pub async fn synthetic(
+    tok: &TokenizeClient,
+    n: usize,
+    target_tokens: u32,
+    seed: u64,
+) -> Vec<Prompt> {
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
         let mut rng = SmallRng::seed_from_u64(seed ^ (u64::from(target_tokens) << 32) ^ i as u64);
         // Enough words for any tokenizer, then cut to the target.
-        let pool: Vec<&str> = (0..(target_tokens as usize * 2 + 8)).map(|_| WORDS[rng.random_range(0..WORDS.len())]).collect();
+        let pool: Vec<&str> = (0..(target_tokens as usize * 2 + 8))
+            .map(|_| WORDS[rng.random_range(0..WORDS.len())])
+            .collect();
         let head = format!("{} {}:", i, words(&mut rng, 2));
         let text_of = |k: usize| format!("{head} {}", pool[..k.min(pool.len())].join(" "));
         // Search the word count whose token count is closest to the target (counts grow with k).
@@ -266,8 +470,12 @@ pub async fn synthetic(tok: &TokenizeClient, n: usize, target_tokens: u32, seed:
         while lo <= hi {
             let mid = (lo + hi) / 2;
             let text = text_of(mid);
-            let Some(c) = tok.count_prompt(&text).await else { break };
-            let better = best.as_ref().is_none_or(|(b, _)| c.abs_diff(target_tokens) < b.abs_diff(target_tokens));
+            let Some(c) = tok.count_prompt(&text).await else {
+                break;
+            };
+            let better = best
+                .as_ref()
+                .is_none_or(|(b, _)| c.abs_diff(target_tokens) < b.abs_diff(target_tokens));
             if better {
                 best = Some((c, text));
             }
@@ -312,7 +520,12 @@ pub async fn synthetic(tok: &TokenizeClient, n: usize, target_tokens: u32, seed:
                 None => break,
             }
         }
-        out.push(Prompt { text, target_tokens, tokens, source });
+        out.push(Prompt {
+            text,
+            target_tokens,
+            tokens,
+            source,
+        });
     }
     out
 }
@@ -325,7 +538,11 @@ mod tests {
     fn estimated_text_counts_back_to_its_length() {
         for tokens in [1, 7, 110, 4808] {
             let text = estimated(tokens, 3);
-            assert!(estimate(&text).abs_diff(tokens) <= 1, "{tokens}: {}", estimate(&text));
+            assert!(
+                estimate(&text).abs_diff(tokens) <= 1,
+                "{tokens}: {}",
+                estimate(&text)
+            );
         }
         assert_eq!(estimated(200, 1), estimated(200, 1));
         assert_ne!(estimated(200, 1), estimated(200, 2));

@@ -58,24 +58,65 @@ pub fn repeat_stats(per_repeat: &[BenchSummary]) -> Option<RepeatStats> {
     }
     let mut series: Vec<(String, Vec<Option<f64>>)> = Vec::new();
     type Get = fn(&BenchSummary) -> &Option<Distribution>;
-    let dists: [(&str, Get); 4] =
-        [("ttft", |b| &b.ttft_ms), ("itl", |b| &b.itl_ms), ("tpot", |b| &b.tpot_ms), ("e2el", |b| &b.e2el_ms)];
+    let dists: [(&str, Get); 4] = [
+        ("ttft", |b| &b.ttft_ms),
+        ("itl", |b| &b.itl_ms),
+        ("tpot", |b| &b.tpot_ms),
+        ("e2el", |b| &b.e2el_ms),
+    ];
     for (name, get) in dists {
         for stat in ["mean", "p50", "p90", "p99"] {
-            series.push((format!("{name}_{stat}_ms"), per_repeat.iter().map(|b| get(b).as_ref().and_then(|d| d.get(stat))).collect()));
+            series.push((
+                format!("{name}_{stat}_ms"),
+                per_repeat
+                    .iter()
+                    .map(|b| get(b).as_ref().and_then(|d| d.get(stat)))
+                    .collect(),
+            ));
         }
     }
-    series.push(("request_throughput".into(), per_repeat.iter().map(|b| Some(b.request_throughput)).collect()));
-    series.push(("output_token_throughput".into(), per_repeat.iter().map(|b| Some(b.output_token_throughput)).collect()));
+    series.push((
+        "request_throughput".into(),
+        per_repeat
+            .iter()
+            .map(|b| Some(b.request_throughput))
+            .collect(),
+    ));
+    series.push((
+        "output_token_throughput".into(),
+        per_repeat
+            .iter()
+            .map(|b| Some(b.output_token_throughput))
+            .collect(),
+    ));
     let mut metrics = BTreeMap::new();
     for (name, vals) in series {
-        let Some(values) = vals.into_iter().collect::<Option<Vec<f64>>>() else { continue };
+        let Some(values) = vals.into_iter().collect::<Option<Vec<f64>>>() else {
+            continue;
+        };
         let mean = values.iter().sum::<f64>() / values.len() as f64;
         let cv = cv_pct(&values);
-        metrics.insert(name, RepeatMetric { mean, cv_pct: cv, unstable: cv.is_some_and(|c| c > CV_LIMIT_PCT), values });
+        metrics.insert(
+            name,
+            RepeatMetric {
+                mean,
+                cv_pct: cv,
+                unstable: cv.is_some_and(|c| c > CV_LIMIT_PCT),
+                values,
+            },
+        );
     }
-    let unstable = metrics.iter().filter(|(_, m)| m.unstable).map(|(k, _)| k.clone()).collect();
-    Some(RepeatStats { k: per_repeat.len(), cv_limit_pct: CV_LIMIT_PCT, metrics, unstable })
+    let unstable = metrics
+        .iter()
+        .filter(|(_, m)| m.unstable)
+        .map(|(k, _)| k.clone())
+        .collect();
+    Some(RepeatStats {
+        k: per_repeat.len(),
+        cv_limit_pct: CV_LIMIT_PCT,
+        metrics,
+        unstable,
+    })
 }
 
 #[cfg(test)]

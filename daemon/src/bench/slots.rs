@@ -6,8 +6,8 @@
 //! millisecond). A falling limit (sawtooth) takes no request back: no new one goes until
 //! fewer than the new limit are in flight.
 
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
@@ -22,9 +22,20 @@ pub const TICK: Duration = Duration::from_millis(1);
 #[derive(Debug)]
 pub enum Slots {
     /// At most this many in flight.
-    Fixed { sem: Arc<Semaphore>, limit: usize, freed_at: FreedAt },
+    Fixed {
+        sem: Arc<Semaphore>,
+        limit: usize,
+        freed_at: FreedAt,
+    },
     /// At most `ramp.concurrency_at(now − t0)` in flight; none given after `deadline`.
-    Ramp { ramp: Ramp, t0: Instant, deadline: Option<Instant>, in_flight: Arc<AtomicUsize>, freed: Arc<Notify>, freed_at: FreedAt },
+    Ramp {
+        ramp: Ramp,
+        t0: Instant,
+        deadline: Option<Instant>,
+        in_flight: Arc<AtomicUsize>,
+        freed: Arc<Notify>,
+        freed_at: FreedAt,
+    },
 }
 
 /// When a slot was last freed (stamped by [`Slot`]'s drop before the slot is given back).
@@ -40,7 +51,11 @@ fn stamp(freed_at: &FreedAt) {
 #[derive(Debug)]
 pub enum Slot {
     Fixed(OwnedSemaphorePermit, FreedAt),
-    Ramp { in_flight: Arc<AtomicUsize>, freed: Arc<Notify>, freed_at: FreedAt },
+    Ramp {
+        in_flight: Arc<AtomicUsize>,
+        freed: Arc<Notify>,
+        freed_at: FreedAt,
+    },
 }
 
 impl Drop for Slot {
@@ -48,7 +63,11 @@ impl Drop for Slot {
         match self {
             // The stamp first: the permit goes back when the fields drop, after this.
             Slot::Fixed(_, freed_at) => stamp(freed_at),
-            Slot::Ramp { in_flight, freed, freed_at } => {
+            Slot::Ramp {
+                in_flight,
+                freed,
+                freed_at,
+            } => {
                 stamp(freed_at);
                 in_flight.fetch_sub(1, Ordering::AcqRel);
                 freed.notify_one();
@@ -61,13 +80,24 @@ impl Slots {
     /// `limit` slots (at least 1).
     pub fn fixed(limit: usize) -> Self {
         let limit = limit.max(1);
-        Self::Fixed { sem: Arc::new(Semaphore::new(limit)), limit, freed_at: FreedAt::default() }
+        Self::Fixed {
+            sem: Arc::new(Semaphore::new(limit)),
+            limit,
+            freed_at: FreedAt::default(),
+        }
     }
 
     /// Slots that follow a concurrency ramp whose time 0 is `t0`; none are given after
     /// `deadline` (`--duration`).
     pub fn ramp(ramp: Ramp, t0: Instant, deadline: Option<Instant>) -> Self {
-        Self::Ramp { ramp, t0, deadline, in_flight: Arc::default(), freed: Arc::new(Notify::new()), freed_at: FreedAt::default() }
+        Self::Ramp {
+            ramp,
+            t0,
+            deadline,
+            in_flight: Arc::default(),
+            freed: Arc::new(Notify::new()),
+            freed_at: FreedAt::default(),
+        }
     }
 
     /// Requests in flight now (slots taken and not yet dropped).
@@ -91,17 +121,36 @@ impl Slots {
         let asked = Instant::now();
         let free_since = |freed_at: &FreedAt, waited: bool| {
             let stamped = freed_at.lock().ok().and_then(|t| *t);
-            if waited { stamped.filter(|t| *t > asked).unwrap_or_else(Instant::now) } else { asked }
+            if waited {
+                stamped.filter(|t| *t > asked).unwrap_or_else(Instant::now)
+            } else {
+                asked
+            }
         };
         match self {
-            Self::Fixed { sem, limit, freed_at } => {
+            Self::Fixed {
+                sem,
+                limit,
+                freed_at,
+            } => {
                 if let Ok(p) = sem.clone().try_acquire_owned() {
                     return Some((Slot::Fixed(p, freed_at.clone()), *limit, asked));
                 }
                 let p = sem.clone().acquire_owned().await.ok()?;
-                Some((Slot::Fixed(p, freed_at.clone()), *limit, free_since(freed_at, true)))
+                Some((
+                    Slot::Fixed(p, freed_at.clone()),
+                    *limit,
+                    free_since(freed_at, true),
+                ))
             }
-            Self::Ramp { ramp, t0, deadline, in_flight, freed, freed_at } => loop {
+            Self::Ramp {
+                ramp,
+                t0,
+                deadline,
+                in_flight,
+                freed,
+                freed_at,
+            } => loop {
                 // Registered before the check, so a slot freed in between still wakes us.
                 let woken = freed.notified();
                 let now = Instant::now();
@@ -109,9 +158,22 @@ impl Slots {
                     return None;
                 }
                 let limit = ramp.concurrency_at(now.saturating_duration_since(*t0).as_secs_f64());
-                if in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1)).is_ok() {
+                if in_flight
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                        (n < limit).then_some(n + 1)
+                    })
+                    .is_ok()
+                {
                     let since = free_since(freed_at, now > asked);
-                    return Some((Slot::Ramp { in_flight: in_flight.clone(), freed: freed.clone(), freed_at: freed_at.clone() }, limit, since));
+                    return Some((
+                        Slot::Ramp {
+                            in_flight: in_flight.clone(),
+                            freed: freed.clone(),
+                            freed_at: freed_at.clone(),
+                        },
+                        limit,
+                        since,
+                    ));
                 }
                 tokio::select! {
                     () = woken => {}
@@ -129,7 +191,14 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn ramped_slots_follow_the_limit() {
-        let ramp = Ramp::new_over("sawtooth", 1.0, 4.0, Duration::from_secs(3), RampOver::Concurrency).unwrap();
+        let ramp = Ramp::new_over(
+            "sawtooth",
+            1.0,
+            4.0,
+            Duration::from_secs(3),
+            RampOver::Concurrency,
+        )
+        .unwrap();
         let t0 = Instant::now();
         let slots = Slots::ramp(ramp, t0, Some(t0 + Duration::from_secs(5)));
         // t = 0: limit 1.
@@ -175,7 +244,11 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(700)).await;
         drop(a);
         let since = waiter.await.unwrap().unwrap();
-        assert_eq!(since - t0, Duration::from_millis(700), "freed when the holder ended, 700 ms after the call");
+        assert_eq!(
+            since - t0,
+            Duration::from_millis(700),
+            "freed when the holder ended, 700 ms after the call"
+        );
         // A free slot asked for later: free since the call.
         tokio::time::sleep(Duration::from_millis(300)).await;
         let (_b, _, since) = f.acquire_timed().await.unwrap();

@@ -61,7 +61,11 @@ impl TraceRequest {
     /// Its arrival replayed `speedup` times faster: `at / speedup`, rounded to the nanosecond
     /// (exact at speedup 1). Used by `lmperf run --trace` and by `InjectLoad` replays alike.
     pub fn at_speedup(&self, speedup: f64) -> Duration {
-        Duration::from_nanos((self.at.as_nanos() as f64 / speedup).round().min(u64::MAX as f64) as u64)
+        Duration::from_nanos(
+            (self.at.as_nanos() as f64 / speedup)
+                .round()
+                .min(u64::MAX as f64) as u64,
+        )
     }
 }
 
@@ -96,7 +100,11 @@ pub struct TraceError {
 /// The format of a trace from its first line: JSON object → Mooncake; a CSV header with
 /// `ContextTokens` → Azure; with `Request tokens` → BurstGPT.
 pub fn detect(text: &str) -> Option<TraceFormat> {
-    let first = text.trim_start_matches('\u{feff}').lines().find(|l| !l.trim().is_empty())?.trim();
+    let first = text
+        .trim_start_matches('\u{feff}')
+        .lines()
+        .find(|l| !l.trim().is_empty())?
+        .trim();
     if first.starts_with('{') {
         return Some(TraceFormat::Mooncake);
     }
@@ -120,11 +128,21 @@ pub fn parse_datetime_ns(s: &str) -> Option<i128> {
     let (hms, frac) = time.split_once('.').unwrap_or((time, ""));
     let mut t = hms.splitn(3, ':').map(|p| p.parse::<i64>().ok());
     let (hh, mm, ss) = (t.next()??, t.next()??, t.next()??);
-    if !(1..=12).contains(&m) || !(1..=31).contains(&day) || hh > 23 || mm > 59 || ss > 60 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+    if !(1..=12).contains(&m)
+        || !(1..=31).contains(&day)
+        || hh > 23
+        || mm > 59
+        || ss > 60
+        || !frac.bytes().all(|b| b.is_ascii_digit())
+    {
         return None;
     }
     let digits = &frac[..frac.len().min(9)];
-    let frac_ns = if digits.is_empty() { 0 } else { digits.parse::<i128>().ok()? * 10i128.pow(9 - digits.len() as u32) };
+    let frac_ns = if digits.is_empty() {
+        0
+    } else {
+        digits.parse::<i128>().ok()? * 10i128.pow(9 - digits.len() as u32)
+    };
     // Days from civil (Howard Hinnant's algorithm).
     let y = if m <= 2 { y - 1 } else { y };
     let era = y.div_euclid(400);
@@ -142,7 +160,11 @@ pub fn parse_datetime_ns(s: &str) -> Option<i128> {
 /// # Errors
 /// Unreadable file, unknown format, a missing column, a value that is not a number or
 /// timestamp, or no request at all.
-pub fn load(path: &Path, format: Option<TraceFormat>, limit: Option<usize>) -> Result<Trace, TraceError> {
+pub fn load(
+    path: &Path,
+    format: Option<TraceFormat>,
+    limit: Option<usize>,
+) -> Result<Trace, TraceError> {
     load_capped(path, format, limit, None)
 }
 
@@ -165,17 +187,28 @@ impl<R: BufRead> Records<R> {
             let mut buf = Vec::new();
             // At most one byte past the cap, so a giant line is never held whole.
             let room = self.max_bytes.saturating_sub(self.bytes).saturating_add(1);
-            let n = (&mut self.reader).take(room).read_until(b'\n', &mut buf).map_err(|e| e.to_string())?;
+            let n = (&mut self.reader)
+                .take(room)
+                .read_until(b'\n', &mut buf)
+                .map_err(|e| e.to_string())?;
             self.bytes += n as u64;
             if self.bytes > self.max_bytes {
-                return Err(format!("more than {} bytes read before the request limit", self.max_bytes));
+                return Err(format!(
+                    "more than {} bytes read before the request limit",
+                    self.max_bytes
+                ));
             }
             if n == 0 {
                 return Ok((!record.trim().is_empty()).then_some((start, record)));
             }
             self.line += 1;
-            let text = String::from_utf8(buf).map_err(|_| format!("line {}: not UTF-8", self.line))?;
-            let text = if self.line == 1 { text.trim_start_matches('\u{feff}').to_owned() } else { text };
+            let text =
+                String::from_utf8(buf).map_err(|_| format!("line {}: not UTF-8", self.line))?;
+            let text = if self.line == 1 {
+                text.trim_start_matches('\u{feff}').to_owned()
+            } else {
+                text
+            };
             if record.is_empty() {
                 if text.trim().is_empty() {
                     continue;
@@ -195,15 +228,36 @@ impl<R: BufRead> Records<R> {
 ///
 /// # Errors
 /// As [`load`], and a file that needs more than `max_bytes` bytes for its `limit` requests.
-pub fn load_capped(path: &Path, format: Option<TraceFormat>, limit: Option<usize>, max_bytes: Option<u64>) -> Result<Trace, TraceError> {
-    let err = |line: Option<usize>, reason: String| TraceError { path: path.display().to_string(), line, reason };
+pub fn load_capped(
+    path: &Path,
+    format: Option<TraceFormat>,
+    limit: Option<usize>,
+    max_bytes: Option<u64>,
+) -> Result<Trace, TraceError> {
+    let err = |line: Option<usize>, reason: String| TraceError {
+        path: path.display().to_string(),
+        line,
+        reason,
+    };
     let file = std::fs::File::open(path).map_err(|e| err(None, e.to_string()))?;
-    let mut records = Records { reader: BufReader::new(file), line: 0, bytes: 0, max_bytes: max_bytes.unwrap_or(u64::MAX) };
+    let mut records = Records {
+        reader: BufReader::new(file),
+        line: 0,
+        bytes: 0,
+        max_bytes: max_bytes.unwrap_or(u64::MAX),
+    };
     // The first record decides the format (a JSON object or a CSV header).
-    let first = records.next(format != Some(TraceFormat::Mooncake)).map_err(|e| err(None, e))?;
+    let first = records
+        .next(format != Some(TraceFormat::Mooncake))
+        .map_err(|e| err(None, e))?;
     let format = match format.or_else(|| first.as_ref().and_then(|(_, t)| detect(t))) {
         Some(f) => f,
-        None => return Err(err(Some(1), "unknown trace format: give --trace-format azure|burstgpt|mooncake".into())),
+        None => {
+            return Err(err(
+                Some(1),
+                "unknown trace format: give --trace-format azure|burstgpt|mooncake".into(),
+            ));
+        }
     };
     let limit = limit.unwrap_or(usize::MAX);
     // (timestamp in ns, input, output, hash ids)
@@ -213,7 +267,12 @@ pub fn load_capped(path: &Path, format: Option<TraceFormat>, limit: Option<usize
         let t = v.trim();
         t.parse::<u64>()
             .ok()
-            .or_else(|| t.parse::<f64>().ok().filter(|f| f.is_finite() && *f >= 0.0 && f.fract() == 0.0).map(|f| f as u64))
+            .or_else(|| {
+                t.parse::<f64>()
+                    .ok()
+                    .filter(|f| f.is_finite() && *f >= 0.0 && f.fract() == 0.0)
+                    .map(|f| f as u64)
+            })
             .map(|n| n.min(u64::from(u32::MAX)) as u32)
             .ok_or_else(|| err(Some(line), format!("{field} = {v:?}: not a token count")))
     };
@@ -224,10 +283,22 @@ pub fn load_capped(path: &Path, format: Option<TraceFormat>, limit: Option<usize
                 if rows.len() >= limit {
                     break;
                 }
-                let v: serde_json::Value = serde_json::from_str(l.trim()).map_err(|e| err(Some(line), format!("not JSON: {e}")))?;
-                let field = |k: &str| v.get(k).ok_or_else(|| err(Some(line), format!("no field `{k}`")));
+                let v: serde_json::Value = serde_json::from_str(l.trim())
+                    .map_err(|e| err(Some(line), format!("not JSON: {e}")))?;
+                let field = |k: &str| {
+                    v.get(k)
+                        .ok_or_else(|| err(Some(line), format!("no field `{k}`")))
+                };
                 let ts = field("timestamp")?;
-                let ms = ts.as_f64().filter(|t| t.is_finite() && *t >= 0.0).ok_or_else(|| err(Some(line), format!("timestamp = {ts}: not a number of milliseconds")))?;
+                let ms = ts
+                    .as_f64()
+                    .filter(|t| t.is_finite() && *t >= 0.0)
+                    .ok_or_else(|| {
+                        err(
+                            Some(line),
+                            format!("timestamp = {ts}: not a number of milliseconds"),
+                        )
+                    })?;
                 let num = |k: &str| -> Result<u32, TraceError> {
                     let f = field(k)?;
                     tokens(line, k, &f.to_string())
@@ -236,37 +307,84 @@ pub fn load_capped(path: &Path, format: Option<TraceFormat>, limit: Option<usize
                     None | Some(serde_json::Value::Null) => Vec::new(),
                     Some(h) => h
                         .as_array()
-                        .and_then(|a| a.iter().map(serde_json::Value::as_u64).collect::<Option<Vec<u64>>>())
-                        .ok_or_else(|| err(Some(line), format!("hash_ids = {h}: not a list of non-negative integers")))?,
+                        .and_then(|a| {
+                            a.iter()
+                                .map(serde_json::Value::as_u64)
+                                .collect::<Option<Vec<u64>>>()
+                        })
+                        .ok_or_else(|| {
+                            err(
+                                Some(line),
+                                format!("hash_ids = {h}: not a list of non-negative integers"),
+                            )
+                        })?,
                 };
-                rows.push(((ms * 1e6).round() as i128, num("input_length")?, num("output_length")?, hash_ids));
-                next = if rows.len() >= limit { None } else { records.next(false).map_err(|e| err(None, e))? };
+                rows.push((
+                    (ms * 1e6).round() as i128,
+                    num("input_length")?,
+                    num("output_length")?,
+                    hash_ids,
+                ));
+                next = if rows.len() >= limit {
+                    None
+                } else {
+                    records.next(false).map_err(|e| err(None, e))?
+                };
             }
         }
         TraceFormat::Azure | TraceFormat::BurstGpt => {
             // One CSV record at a time, numbered by its first line.
-            let csv_record = |(line, text): (usize, String)| -> Result<Option<Vec<String>>, TraceError> {
-                let mut parsed = parse_csv(&text).map_err(|(l, reason)| err(Some(line + l - 1), reason))?;
-                Ok(parsed.pop().map(|(_, r)| r))
+            let csv_record =
+                |(line, text): (usize, String)| -> Result<Option<Vec<String>>, TraceError> {
+                    let mut parsed =
+                        parse_csv(&text).map_err(|(l, reason)| err(Some(line + l - 1), reason))?;
+                    Ok(parsed.pop().map(|(_, r)| r))
+                };
+            let Some(header) = first.map(&csv_record).transpose()?.flatten() else {
+                return Err(err(None, "empty file".into()));
             };
-            let Some(header) = first.map(&csv_record).transpose()?.flatten() else { return Err(err(None, "empty file".into())) };
             let names: (&[&str], &[&str], &[&str]) = match format {
                 TraceFormat::Azure => (&["TIMESTAMP"], &["ContextTokens"], &["GeneratedTokens"]),
                 _ => (&["Timestamp"], &["Request tokens"], &["Response tokens"]),
             };
-            let col = |names: &[&str]| column(&header, names).ok_or_else(|| err(Some(1), format!("header {header:?} has no column {:?}", names[0])));
+            let col = |names: &[&str]| {
+                column(&header, names).ok_or_else(|| {
+                    err(
+                        Some(1),
+                        format!("header {header:?} has no column {:?}", names[0]),
+                    )
+                })
+            };
             let (ct, ci, co) = (col(names.0)?, col(names.1)?, col(names.2)?);
             while rows.len() < limit {
-                let Some((line, text)) = records.next(true).map_err(|e| err(None, e))? else { break };
-                let Some(r) = csv_record((line, text))? else { continue };
+                let Some((line, text)) = records.next(true).map_err(|e| err(None, e))? else {
+                    break;
+                };
+                let Some(r) = csv_record((line, text))? else {
+                    continue;
+                };
                 let line = &line;
-                let get = |c: usize, name: &str| r.get(c).map(String::as_str).ok_or_else(|| err(Some(*line), format!("{} fields, no {name}", r.len())));
+                let get = |c: usize, name: &str| {
+                    r.get(c)
+                        .map(String::as_str)
+                        .ok_or_else(|| err(Some(*line), format!("{} fields, no {name}", r.len())))
+                };
                 let ts_text = get(ct, names.0[0])?;
                 let ts = match format {
                     TraceFormat::Azure => parse_datetime_ns(ts_text),
-                    _ => ts_text.trim().parse::<f64>().ok().filter(|t| t.is_finite() && *t >= 0.0).map(|s| (s * 1e9).round() as i128),
+                    _ => ts_text
+                        .trim()
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|t| t.is_finite() && *t >= 0.0)
+                        .map(|s| (s * 1e9).round() as i128),
                 }
-                .ok_or_else(|| err(Some(*line), format!("{} = {ts_text:?}: not a timestamp", names.0[0])))?;
+                .ok_or_else(|| {
+                    err(
+                        Some(*line),
+                        format!("{} = {ts_text:?}: not a timestamp", names.0[0]),
+                    )
+                })?;
                 let input = tokens(*line, names.1[0], get(ci, names.1[0])?)?;
                 let output = tokens(*line, names.2[0], get(co, names.2[0])?)?;
                 if format == TraceFormat::BurstGpt && output == 0 {
@@ -277,18 +395,33 @@ pub fn load_capped(path: &Path, format: Option<TraceFormat>, limit: Option<usize
             }
         }
     }
-    let Some(first) = rows.iter().map(|r| r.0).min() else { return Err(err(None, "no request in the trace".into())) };
+    let Some(first) = rows.iter().map(|r| r.0).min() else {
+        return Err(err(None, "no request in the trace".into()));
+    };
     // Stable: requests that share a timestamp keep the file's order.
     rows.sort_by_key(|r| r.0);
     let (requests, hash_ids) = rows
         .into_iter()
         .map(|(ts, input, output, hash_ids)| {
-            let r = TraceRequest { at: Duration::from_nanos(u64::try_from(ts - first).unwrap_or(u64::MAX)), input_tokens: input.max(1), output_tokens: output.max(1) };
+            let r = TraceRequest {
+                at: Duration::from_nanos(u64::try_from(ts - first).unwrap_or(u64::MAX)),
+                input_tokens: input.max(1),
+                output_tokens: output.max(1),
+            };
             (r, hash_ids)
         })
         .unzip();
-    let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
-    Ok(Trace { name, format, requests, skipped_failed, hash_ids })
+    let name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    Ok(Trace {
+        name,
+        format,
+        requests,
+        skipped_failed,
+        hash_ids,
+    })
 }
 
 #[cfg(test)]
@@ -296,7 +429,9 @@ mod tests {
     use super::*;
 
     fn fixture(name: &str) -> std::path::PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/traces").join(name)
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/traces")
+            .join(name)
     }
 
     #[test]
@@ -305,9 +440,21 @@ mod tests {
         let b = parse_datetime_ns("2023-11-16 18:17:04.0319600").unwrap();
         assert_eq!(b - a, 52_000_000);
         // 2023-11-16T00:00:00Z is 1700092800 s after the epoch.
-        assert_eq!(parse_datetime_ns("2023-11-16 00:00:00").unwrap(), 1_700_092_800 * 1_000_000_000);
-        assert_eq!(parse_datetime_ns("2024-03-01T00:00:00.5Z").unwrap() - parse_datetime_ns("2024-02-29 23:59:59").unwrap(), 1_500_000_000);
-        for bad in ["2023-13-01 00:00:00", "2023-11-16", "yesterday", "2023-11-16 18:17:0x"] {
+        assert_eq!(
+            parse_datetime_ns("2023-11-16 00:00:00").unwrap(),
+            1_700_092_800 * 1_000_000_000
+        );
+        assert_eq!(
+            parse_datetime_ns("2024-03-01T00:00:00.5Z").unwrap()
+                - parse_datetime_ns("2024-02-29 23:59:59").unwrap(),
+            1_500_000_000
+        );
+        for bad in [
+            "2023-13-01 00:00:00",
+            "2023-11-16",
+            "yesterday",
+            "2023-11-16 18:17:0x",
+        ] {
             assert_eq!(parse_datetime_ns(bad), None, "{bad}");
         }
     }
@@ -317,47 +464,126 @@ mod tests {
         let t = load(&fixture("azure_llm_2023_code.head2000.csv"), None, None).unwrap();
         assert_eq!(t.format, TraceFormat::Azure);
         assert_eq!(t.requests.len(), 2000, "a header and 2000 rows");
-        assert_eq!(t.requests[0], TraceRequest { at: Duration::ZERO, input_tokens: 4808, output_tokens: 10 });
-        assert_eq!(t.requests[1], TraceRequest { at: Duration::from_millis(52), input_tokens: 3180, output_tokens: 8 });
+        assert_eq!(
+            t.requests[0],
+            TraceRequest {
+                at: Duration::ZERO,
+                input_tokens: 4808,
+                output_tokens: 10
+            }
+        );
+        assert_eq!(
+            t.requests[1],
+            TraceRequest {
+                at: Duration::from_millis(52),
+                input_tokens: 3180,
+                output_tokens: 8
+            }
+        );
         let span = t.requests.last().unwrap().at.as_secs_f64();
-        assert!((span - 853.0).abs() < 1.0, "PROVENANCE: code spans 853 s, got {span}");
+        assert!(
+            (span - 853.0).abs() < 1.0,
+            "PROVENANCE: code spans 853 s, got {span}"
+        );
         let conv = load(&fixture("azure_llm_2023_conv.head2000.csv"), None, Some(10)).unwrap();
         assert_eq!(conv.requests.len(), 10);
-        assert_eq!(conv.requests[1].at, Duration::from_nanos(4_314_579_000), "18:15:50.9951690 − 18:15:46.6805900");
+        assert_eq!(
+            conv.requests[1].at,
+            Duration::from_nanos(4_314_579_000),
+            "18:15:50.9951690 − 18:15:46.6805900"
+        );
     }
 
     #[test]
     fn burstgpt_v1_v3_and_failed_rows() {
         let t = load(&fixture("burstgpt_1.head3.csv"), None, None).unwrap();
         assert_eq!(t.format, TraceFormat::BurstGpt);
-        assert_eq!(t.requests[0], TraceRequest { at: Duration::ZERO, input_tokens: 472, output_tokens: 18 });
-        assert_eq!(t.requests[1], TraceRequest { at: Duration::from_secs(40), input_tokens: 1087, output_tokens: 230 });
+        assert_eq!(
+            t.requests[0],
+            TraceRequest {
+                at: Duration::ZERO,
+                input_tokens: 472,
+                output_tokens: 18
+            }
+        );
+        assert_eq!(
+            t.requests[1],
+            TraceRequest {
+                at: Duration::from_secs(40),
+                input_tokens: 1087,
+                output_tokens: 230
+            }
+        );
         let dir = std::env::temp_dir().join(format!("lmperf-trace-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let v3 = dir.join("burstgpt_v3.csv");
         std::fs::write(&v3, "Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,Log Type\r\n10,s1,1.5,GPT-4,100,0,100,Conversation log\r\n12.5,s1,2.0,GPT-4,200,30,230,Conversation log").unwrap();
         let t = load(&v3, None, None).unwrap();
-        assert_eq!(t.skipped_failed, 1, "the zero-response row is a failed request");
-        assert_eq!(t.requests, vec![TraceRequest { at: Duration::ZERO, input_tokens: 200, output_tokens: 30 }]);
-        std::fs::write(&v3, "Timestamp,Model,Request tokens,Response tokens\n5,x,many,3\n").unwrap();
+        assert_eq!(
+            t.skipped_failed, 1,
+            "the zero-response row is a failed request"
+        );
+        assert_eq!(
+            t.requests,
+            vec![TraceRequest {
+                at: Duration::ZERO,
+                input_tokens: 200,
+                output_tokens: 30
+            }]
+        );
+        std::fs::write(
+            &v3,
+            "Timestamp,Model,Request tokens,Response tokens\n5,x,many,3\n",
+        )
+        .unwrap();
         let e = load(&v3, None, None).unwrap_err().to_string();
-        assert!(e.contains("line 2") && e.contains("Request tokens") && e.contains("many"), "{e}");
+        assert!(
+            e.contains("line 2") && e.contains("Request tokens") && e.contains("many"),
+            "{e}"
+        );
     }
 
     #[test]
     fn mooncake_shared_timestamps_keep_file_order() {
-        let t = load(&fixture("mooncake_conversation_trace.head2000.jsonl"), None, Some(5)).unwrap();
+        let t = load(
+            &fixture("mooncake_conversation_trace.head2000.jsonl"),
+            None,
+            Some(5),
+        )
+        .unwrap();
         assert_eq!(t.format, TraceFormat::Mooncake);
-        assert_eq!(t.requests.iter().map(|r| (r.at, r.input_tokens)).collect::<Vec<_>>(), [6758, 7322, 7236, 2290, 6760].map(|n| (Duration::ZERO, n)));
-        let s = load(&fixture("mooncake_synthetic_trace.head2000.jsonl"), None, None).unwrap();
+        assert_eq!(
+            t.requests
+                .iter()
+                .map(|r| (r.at, r.input_tokens))
+                .collect::<Vec<_>>(),
+            [6758, 7322, 7236, 2290, 6760].map(|n| (Duration::ZERO, n))
+        );
+        let s = load(
+            &fixture("mooncake_synthetic_trace.head2000.jsonl"),
+            None,
+            None,
+        )
+        .unwrap();
         assert_eq!(s.requests[2].at, Duration::from_millis(40));
-        assert_eq!(s.requests.iter().map(|r| r.input_tokens).max(), Some(134_773));
+        assert_eq!(
+            s.requests.iter().map(|r| r.input_tokens).max(),
+            Some(134_773)
+        );
         assert!(s.requests.windows(2).all(|w| w[0].at <= w[1].at));
         // hash_ids: one block per 512 input tokens; the conversation trace's first rows
         // share their leading blocks.
         assert_eq!(t.hash_ids.len(), 5);
-        assert_eq!(t.hash_ids[0].len() as u32, 6758u32.div_ceil(MOONCAKE_BLOCK_TOKENS));
-        assert!(s.hash_ids.iter().zip(&s.requests).all(|(h, r)| h.len() as u32 == r.input_tokens.div_ceil(MOONCAKE_BLOCK_TOKENS)));
+        assert_eq!(
+            t.hash_ids[0].len() as u32,
+            6758u32.div_ceil(MOONCAKE_BLOCK_TOKENS)
+        );
+        assert!(
+            s.hash_ids
+                .iter()
+                .zip(&s.requests)
+                .all(|(h, r)| h.len() as u32 == r.input_tokens.div_ceil(MOONCAKE_BLOCK_TOKENS))
+        );
     }
 
     #[test]
@@ -368,25 +594,57 @@ mod tests {
         let p = dir.join("big.jsonl");
         let mut text = String::new();
         for i in 0..10 {
-            text.push_str(&format!("{{\"timestamp\": {i}, \"input_length\": 5, \"output_length\": 7}}\n"));
+            text.push_str(&format!(
+                "{{\"timestamp\": {i}, \"input_length\": 5, \"output_length\": 7}}\n"
+            ));
         }
         text.push_str("not json\n");
         for i in 0..100_000 {
-            text.push_str(&format!("{{\"timestamp\": {i}, \"input_length\": 5, \"output_length\": 7}}\n"));
+            text.push_str(&format!(
+                "{{\"timestamp\": {i}, \"input_length\": 5, \"output_length\": 7}}\n"
+            ));
         }
         std::fs::write(&p, &text).unwrap();
         let t = load_capped(&p, None, Some(10), Some(4096)).unwrap();
         assert_eq!(t.requests.len(), 10, "stops at the limit, within 4 KiB");
-        assert!(load_capped(&p, None, Some(11), None).unwrap_err().to_string().contains("line 11"));
+        assert!(
+            load_capped(&p, None, Some(11), None)
+                .unwrap_err()
+                .to_string()
+                .contains("line 11")
+        );
         let clean = dir.join("clean.jsonl");
         std::fs::write(&clean, text.replace("not json\n", "")).unwrap();
-        assert_eq!(load_capped(&clean, None, Some(50_000), None).unwrap().requests.len(), 50_000);
-        let e = load_capped(&clean, Some(TraceFormat::Mooncake), Some(50_000), Some(1 << 20)).unwrap_err().to_string();
+        assert_eq!(
+            load_capped(&clean, None, Some(50_000), None)
+                .unwrap()
+                .requests
+                .len(),
+            50_000
+        );
+        let e = load_capped(
+            &clean,
+            Some(TraceFormat::Mooncake),
+            Some(50_000),
+            Some(1 << 20),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("more than 1048576 bytes"), "{e}");
         // CSV: a quoted field over two lines is one record; line numbers stay the file's.
         let c = dir.join("quoted.csv");
-        std::fs::write(&c, "Timestamp,Model,Request tokens,Response tokens\n1,\"gpt\nfour\",10,2\n2,x,oops,3\n").unwrap();
-        assert_eq!(load_capped(&c, None, Some(1), Some(1 << 10)).unwrap().requests.len(), 1);
+        std::fs::write(
+            &c,
+            "Timestamp,Model,Request tokens,Response tokens\n1,\"gpt\nfour\",10,2\n2,x,oops,3\n",
+        )
+        .unwrap();
+        assert_eq!(
+            load_capped(&c, None, Some(1), Some(1 << 10))
+                .unwrap()
+                .requests
+                .len(),
+            1
+        );
         let e = load(&c, None, None).unwrap_err().to_string();
         assert!(e.contains("line 4") && e.contains("oops"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
@@ -394,9 +652,13 @@ mod tests {
 
     #[test]
     fn unknown_format_is_an_error() {
-        let e = load(&fixture("mt_bench_questions.jsonl"), None, None).unwrap_err().to_string();
+        let e = load(&fixture("mt_bench_questions.jsonl"), None, None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no field `timestamp`"), "{e}");
-        let e = load(&fixture("awesome_chatgpt_prompts.csv"), None, None).unwrap_err().to_string();
+        let e = load(&fixture("awesome_chatgpt_prompts.csv"), None, None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--trace-format"), "{e}");
     }
 }

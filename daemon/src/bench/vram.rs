@@ -77,8 +77,15 @@ impl Peak {
         let mut used = 0u64;
         let mut total = 0u64;
         let mut seen = false;
-        for s in snap.devices.iter().filter(|d| !d.lost).filter_map(|d| d.sample.as_ref()) {
-            let (Some(u), Some(t)) = (s.memory_used, s.memory_total) else { continue };
+        for s in snap
+            .devices
+            .iter()
+            .filter(|d| !d.lost)
+            .filter_map(|d| d.sample.as_ref())
+        {
+            let (Some(u), Some(t)) = (s.memory_used, s.memory_total) else {
+                continue;
+            };
             seen = true;
             used = used.saturating_add(u);
             total = total.saturating_add(t);
@@ -143,26 +150,49 @@ impl VramWatch {
     /// Starts watching from `source`. Never fails the run: without a driver the watch reports
     /// no figures and [`VramWatch::status`] says why.
     pub fn start(source: &GpuSource) -> Self {
-        let state = Arc::new(GpuState::new(RUN_GPU_INTERVAL, if matches!(source, GpuSource::Off) { Mode::Disabled } else { Mode::Starting }));
+        let state = Arc::new(GpuState::new(
+            RUN_GPU_INTERVAL,
+            if matches!(source, GpuSource::Off) {
+                Mode::Disabled
+            } else {
+                Mode::Starting
+            },
+        ));
         let spawned = match source {
             GpuSource::Off => {
                 state.set_mode(Mode::Disabled, Some("--gpu off".into()));
                 None
             }
-            GpuSource::Nvml => Some(sampler::spawn(crate::gpu::nvml::NvmlBackend::new(None), state.clone(), sampler::DEFAULT_REDISCOVER)),
-            GpuSource::NvmlAt(p) => Some(sampler::spawn(crate::gpu::nvml::NvmlBackend::new(Some(p.clone().into_os_string())), state.clone(), sampler::DEFAULT_REDISCOVER)),
-            GpuSource::Fake(h) => Some(sampler::spawn(h.backend(), state.clone(), sampler::DEFAULT_REDISCOVER)),
+            GpuSource::Nvml => Some(sampler::spawn(
+                crate::gpu::nvml::NvmlBackend::new(None),
+                state.clone(),
+                sampler::DEFAULT_REDISCOVER,
+            )),
+            GpuSource::NvmlAt(p) => Some(sampler::spawn(
+                crate::gpu::nvml::NvmlBackend::new(Some(p.clone().into_os_string())),
+                state.clone(),
+                sampler::DEFAULT_REDISCOVER,
+            )),
+            GpuSource::Fake(h) => Some(sampler::spawn(
+                h.backend(),
+                state.clone(),
+                sampler::DEFAULT_REDISCOVER,
+            )),
         };
         let monitor = match spawned {
             Some(Ok(m)) => Some(m),
             Some(Err(e)) => {
-                state.set_mode(Mode::Off, Some(format!("cannot start the GPU sampling thread: {e}")));
+                state.set_mode(
+                    Mode::Off,
+                    Some(format!("cannot start the GPU sampling thread: {e}")),
+                );
                 None
             }
             None => None,
         };
         let peak = Arc::new(Mutex::new(Peak::default()));
-        let pending: Arc<Mutex<(Option<SystemTime>, Pending)>> = Arc::new(Mutex::new((None, Vec::new())));
+        let pending: Arc<Mutex<(Option<SystemTime>, Pending)>> =
+            Arc::new(Mutex::new((None, Vec::new())));
         let poll = monitor.as_ref().map(|_| {
             let (state, peak, pending) = (state.clone(), peak.clone(), pending.clone());
             tokio::spawn(async move {
@@ -179,10 +209,18 @@ impl VramWatch {
                         last_at = snap.at;
                         lock(&peak).add(&snap);
                         let (signals, faults) = crate::diagnosis_live::gpu_signals(&snap);
-                        let mut row: BTreeMap<String, f64> = signals.into_iter().map(|(s, v)| (s.as_str().to_owned(), v)).collect();
+                        let mut row: BTreeMap<String, f64> = signals
+                            .into_iter()
+                            .map(|(s, v)| (s.as_str().to_owned(), v))
+                            .collect();
                         let new_faults = faults_before.map_or(0, |b: u64| faults.saturating_sub(b));
                         faults_before = Some(faults);
-                        row.insert(crate::diagnosis::signal::Signal::GpuFault.as_str().to_owned(), new_faults as f64);
+                        row.insert(
+                            crate::diagnosis::signal::Signal::GpuFault
+                                .as_str()
+                                .to_owned(),
+                            new_faults as f64,
+                        );
                         let mut p = pending.lock().unwrap_or_else(|e| e.into_inner());
                         if p.0.is_some() && p.1.len() < MAX_GPU_ROWS {
                             p.1.push((at, row));
@@ -191,7 +229,14 @@ impl VramWatch {
                 }
             })
         });
-        Self { state, monitor, peak, poll, pending, rows: Mutex::new(Vec::new()) }
+        Self {
+            state,
+            monitor,
+            peak,
+            poll,
+            pending,
+            rows: Mutex::new(Vec::new()),
+        }
     }
 
     /// Moves the snapshots since the benchmark's start into `benchmark`'s rows of
@@ -206,7 +251,12 @@ impl VramWatch {
         for (at, signals) in taken {
             let t_ms = at.duration_since(start).unwrap_or_default().as_secs_f64() * 1000.0;
             if rows.len() < MAX_GPU_ROWS {
-                rows.push(GpuSampleRow { schema_version: 1, benchmark: benchmark.to_owned(), t_ms, signals });
+                rows.push(GpuSampleRow {
+                    schema_version: 1,
+                    benchmark: benchmark.to_owned(),
+                    t_ms,
+                    signals,
+                });
             }
         }
     }
@@ -235,7 +285,8 @@ impl VramWatch {
             peak_used_bytes: p.used,
             total_bytes: p.total,
             peak_used_pct: p.pct,
-            efficiency_tok_s_per_gb: (p.used > 0 && output_tok_s > 0.0).then(|| output_tok_s / (p.used as f64 / 1e9)),
+            efficiency_tok_s_per_gb: (p.used > 0 && output_tok_s > 0.0)
+                .then(|| output_tok_s / (p.used as f64 / 1e9)),
             samples: p.samples,
         })
     }
@@ -243,7 +294,10 @@ impl VramWatch {
     /// Whether GPU figures exist, and why not.
     pub fn status(&self) -> GpuRunStatus {
         let s = self.state.status();
-        GpuRunStatus { mode: s.mode, reason: s.reason }
+        GpuRunStatus {
+            mode: s.mode,
+            reason: s.reason,
+        }
     }
 
     /// Stops the sampler thread.
@@ -276,7 +330,11 @@ mod tests {
         let s = watch.take(1000.0).expect("samples were taken");
         assert_eq!(s.peak_used_bytes, (71u64 << 30) + (135u64 << 30));
         assert_eq!(s.total_bytes, 2 * (141u64 << 30));
-        assert!((s.peak_used_pct - 135.0 / 141.0 * 100.0).abs() < 1e-9, "{}", s.peak_used_pct);
+        assert!(
+            (s.peak_used_pct - 135.0 / 141.0 * 100.0).abs() < 1e-9,
+            "{}",
+            s.peak_used_pct
+        );
         let eff = s.efficiency_tok_s_per_gb.expect("efficiency");
         assert!((eff - 1000.0 / (s.peak_used_bytes as f64 / 1e9)).abs() < 1e-9);
         assert!(s.samples >= 3, "{} samples", s.samples);

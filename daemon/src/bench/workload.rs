@@ -8,15 +8,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rand::rngs::SmallRng;
 use rand::Rng;
+use rand::rngs::SmallRng;
 use rand_distr::{Distribution as _, LogNormal, Normal, Zipf};
 use serde::Serialize;
 
+use super::RunArrival;
 use super::dataset::PromptSet;
 use super::prompts::LocalTokenizer;
 use super::trace::{Trace, TraceFormat};
-use super::RunArrival;
 
 /// A distribution of token lengths. Samples are rounded and clipped to `[1, 1_000_000]`
 /// (and to `min` / `max` where given).
@@ -24,13 +24,29 @@ use super::RunArrival;
 pub enum LengthDist {
     Fixed(u32),
     /// Uniform integers in `[min, max]`.
-    Uniform { min: u32, max: u32 },
+    Uniform {
+        min: u32,
+        max: u32,
+    },
     /// Normal with this mean and standard deviation, clipped to `[min, max]`.
-    Normal { mean: f64, std: f64, min: u32, max: u32 },
+    Normal {
+        mean: f64,
+        std: f64,
+        min: u32,
+        max: u32,
+    },
     /// `exp(N(mu, sigma²))` (mean `exp(mu + sigma²/2)`), clipped to `[min, max]`.
-    Lognormal { mu: f64, sigma: f64, min: u32, max: u32 },
+    Lognormal {
+        mu: f64,
+        sigma: f64,
+        min: u32,
+        max: u32,
+    },
     /// Zipf over `1..=n` with exponent `s` (P(k) ∝ k^−s).
-    Zipf { n: u32, s: f64 },
+    Zipf {
+        n: u32,
+        s: f64,
+    },
 }
 
 const MAX_LEN: u32 = 1_000_000;
@@ -49,7 +65,11 @@ impl LengthDist {
                 None if kind == "fixed" => ("value", p),
                 None => return Err(bad(format!("{p:?}: expected NAME=VALUE"))),
             };
-            let v: f64 = v.parse().ok().filter(|v: &f64| v.is_finite()).ok_or_else(|| bad(format!("{k} = {v:?} is not a number")))?;
+            let v: f64 = v
+                .parse()
+                .ok()
+                .filter(|v: &f64| v.is_finite())
+                .ok_or_else(|| bad(format!("{k} = {v:?} is not a number")))?;
             kv.push((k, v));
         }
         let allowed: &[&str] = match kind {
@@ -58,22 +78,49 @@ impl LengthDist {
             "normal" => &["mean", "std", "min", "max"],
             "lognormal" => &["mu", "sigma", "min", "max"],
             "zipf" => &["n", "s"],
-            _ => return Err(bad(format!("unknown distribution {kind:?} (fixed, uniform, normal, lognormal, zipf)"))),
+            _ => {
+                return Err(bad(format!(
+                    "unknown distribution {kind:?} (fixed, uniform, normal, lognormal, zipf)"
+                )));
+            }
         };
         if let Some((k, _)) = kv.iter().find(|(k, _)| !allowed.contains(k)) {
-            return Err(bad(format!("unknown parameter {k:?} for {kind} (takes {})", allowed.join(", "))));
+            return Err(bad(format!(
+                "unknown parameter {k:?} for {kind} (takes {})",
+                allowed.join(", ")
+            )));
         }
         let get = |k: &str| kv.iter().find(|(n, _)| *n == k).map(|(_, v)| *v);
-        let need = |k: &str| get(k).ok_or_else(|| bad(format!("{kind} needs {k}= (takes {})", allowed.join(", "))));
+        let need = |k: &str| {
+            get(k).ok_or_else(|| bad(format!("{kind} needs {k}= (takes {})", allowed.join(", "))))
+        };
         let len = |k: &str, v: f64| -> Result<u32, String> {
-            if v >= 1.0 && v <= f64::from(MAX_LEN) && v.fract() == 0.0 { Ok(v as u32) } else { Err(bad(format!("{k} = {v}: a whole number of tokens in 1..={MAX_LEN}"))) }
+            if v >= 1.0 && v <= f64::from(MAX_LEN) && v.fract() == 0.0 {
+                Ok(v as u32)
+            } else {
+                Err(bad(format!(
+                    "{k} = {v}: a whole number of tokens in 1..={MAX_LEN}"
+                )))
+            }
         };
         let clip = || -> Result<(u32, u32), String> {
             let min = get("min").map_or(Ok(1), |v| len("min", v))?;
             let max = get("max").map_or(Ok(MAX_LEN), |v| len("max", v))?;
-            if min > max { Err(bad(format!("min {min} > max {max}"))) } else { Ok((min, max)) }
+            if min > max {
+                Err(bad(format!("min {min} > max {max}")))
+            } else {
+                Ok((min, max))
+            }
         };
-        let positive = |k: &str| -> Result<f64, String> { need(k).and_then(|v| if v > 0.0 { Ok(v) } else { Err(bad(format!("{k} = {v}: must be > 0"))) }) };
+        let positive = |k: &str| -> Result<f64, String> {
+            need(k).and_then(|v| {
+                if v > 0.0 {
+                    Ok(v)
+                } else {
+                    Err(bad(format!("{k} = {v}: must be > 0")))
+                }
+            })
+        };
         Ok(match kind {
             "fixed" => Self::Fixed(len("value", need("value")?)?),
             "uniform" => {
@@ -89,7 +136,12 @@ impl LengthDist {
                 if std < 0.0 {
                     return Err(bad(format!("std = {std}: must be ≥ 0")));
                 }
-                Self::Normal { mean: positive("mean")?, std, min, max }
+                Self::Normal {
+                    mean: positive("mean")?,
+                    std,
+                    min,
+                    max,
+                }
             }
             "lognormal" => {
                 let (min, max) = clip()?;
@@ -97,23 +149,42 @@ impl LengthDist {
                 if sigma < 0.0 {
                     return Err(bad(format!("sigma = {sigma}: must be ≥ 0")));
                 }
-                Self::Lognormal { mu: need("mu")?, sigma, min, max }
+                Self::Lognormal {
+                    mu: need("mu")?,
+                    sigma,
+                    min,
+                    max,
+                }
             }
-            _ => Self::Zipf { n: len("n", need("n")?)?, s: positive("s")? },
+            _ => Self::Zipf {
+                n: len("n", need("n")?)?,
+                s: positive("s")?,
+            },
         })
     }
 
     /// `n` samples from `rng`.
     pub fn sample_n(&self, rng: &mut SmallRng, n: usize) -> Vec<u32> {
-        let clipped = |v: f64, min: u32, max: u32| v.round().clamp(f64::from(min), f64::from(max)) as u32;
+        let clipped =
+            |v: f64, min: u32, max: u32| v.round().clamp(f64::from(min), f64::from(max)) as u32;
         match *self {
             Self::Fixed(v) => vec![v; n],
             Self::Uniform { min, max } => (0..n).map(|_| rng.random_range(min..=max)).collect(),
-            Self::Normal { mean, std, min, max } => match Normal::new(mean, std) {
+            Self::Normal {
+                mean,
+                std,
+                min,
+                max,
+            } => match Normal::new(mean, std) {
                 Ok(d) => (0..n).map(|_| clipped(d.sample(rng), min, max)).collect(),
                 Err(_) => vec![clipped(mean, min, max); n],
             },
-            Self::Lognormal { mu, sigma, min, max } => match LogNormal::new(mu, sigma) {
+            Self::Lognormal {
+                mu,
+                sigma,
+                min,
+                max,
+            } => match LogNormal::new(mu, sigma) {
                 Ok(d) => (0..n).map(|_| clipped(d.sample(rng), min, max)).collect(),
                 Err(_) => vec![clipped(mu.exp(), min, max); n],
             },
@@ -130,8 +201,18 @@ impl std::fmt::Display for LengthDist {
         match *self {
             Self::Fixed(v) => write!(f, "fixed:{v}"),
             Self::Uniform { min, max } => write!(f, "uniform:min={min},max={max}"),
-            Self::Normal { mean, std, min, max } => write!(f, "normal:mean={mean},std={std},min={min},max={max}"),
-            Self::Lognormal { mu, sigma, min, max } => write!(f, "lognormal:mu={mu},sigma={sigma},min={min},max={max}"),
+            Self::Normal {
+                mean,
+                std,
+                min,
+                max,
+            } => write!(f, "normal:mean={mean},std={std},min={min},max={max}"),
+            Self::Lognormal {
+                mu,
+                sigma,
+                min,
+                max,
+            } => write!(f, "lognormal:mu={mu},sigma={sigma},min={min},max={max}"),
             Self::Zipf { n, s } => write!(f, "zipf:n={n},s={s}"),
         }
     }
@@ -193,7 +274,13 @@ impl Ramp {
 
     /// A ramp of the rate or of the concurrency; validates the flags (a concurrency ramp goes
     /// from and to at least 1); errors name the flag and value.
-    pub fn new_over(kind: &str, from: f64, to: f64, duration: Duration, over: RampOver) -> Result<Self, String> {
+    pub fn new_over(
+        kind: &str,
+        from: f64,
+        to: f64,
+        duration: Duration,
+        over: RampOver,
+    ) -> Result<Self, String> {
         let kind = match kind {
             "linear" => RampKind::Linear,
             "exponential" => RampKind::Exponential,
@@ -203,13 +290,21 @@ impl Ramp {
         if over == RampOver::Concurrency {
             for (flag, v) in [("--ramp-from", from), ("--ramp-to", to)] {
                 if !(v.is_finite() && v >= 1.0) {
-                    return Err(format!("{flag} {v}: requests in flight ≥ 1 with --ramp-over concurrency"));
+                    return Err(format!(
+                        "{flag} {v}: requests in flight ≥ 1 with --ramp-over concurrency"
+                    ));
                 }
             }
         }
-        let min_from = if kind == RampKind::Exponential { "> 0 for an exponential ramp" } else { "≥ 0" };
+        let min_from = if kind == RampKind::Exponential {
+            "> 0 for an exponential ramp"
+        } else {
+            "≥ 0"
+        };
         if !(from.is_finite() && (from > 0.0 || (from == 0.0 && kind != RampKind::Exponential))) {
-            return Err(format!("--ramp-from {from}: requests per second {min_from}"));
+            return Err(format!(
+                "--ramp-from {from}: requests per second {min_from}"
+            ));
         }
         if !(to.is_finite() && to > 0.0) {
             return Err(format!("--ramp-to {to}: requests per second > 0"));
@@ -217,7 +312,13 @@ impl Ramp {
         if duration.is_zero() {
             return Err("--ramp-duration 0s: longer than zero".to_owned());
         }
-        Ok(Self { kind, from, to, duration, over })
+        Ok(Self {
+            kind,
+            from,
+            to,
+            duration,
+            over,
+        })
     }
 
     /// Requests allowed in flight at `t` seconds of a concurrency ramp: [`Ramp::rate`]
@@ -248,7 +349,13 @@ impl Ramp {
         let d = self.duration.as_secs_f64();
         let (a, b) = (self.from, self.to);
         let lin = |t: f64| a * t + (b - a) * t * t / (2.0 * d);
-        let exp_part = |t: f64| if (b - a).abs() < 1e-12 * a { a * t } else { a * d / (b / a).ln() * ((b / a).powf(t / d) - 1.0) };
+        let exp_part = |t: f64| {
+            if (b - a).abs() < 1e-12 * a {
+                a * t
+            } else {
+                a * d / (b / a).ln() * ((b / a).powf(t / d) - 1.0)
+            }
+        };
         match self.kind {
             RampKind::Sawtooth => (t / d).floor() * lin(d) + lin(t.rem_euclid(d)),
             RampKind::Linear if t < d => lin(t),
@@ -341,7 +448,10 @@ impl Workload {
             prompt_file: self.prompt_file.as_ref().map(|p| p.name.clone()),
             multi_turn: self.multi_turn,
             ramp: self.ramp,
-            tokenizer_file: self.tokenizer.as_ref().map(|t| t.path().display().to_string()),
+            tokenizer_file: self
+                .tokenizer
+                .as_ref()
+                .map(|t| t.path().display().to_string()),
         }
     }
 }
@@ -382,7 +492,11 @@ impl TraceReplay {
             requests: self.trace.requests.len(),
             speedup: self.speedup,
             skipped_failed: self.trace.skipped_failed,
-            span_s: self.trace.requests.last().map_or(0.0, |r| r.at.as_secs_f64() / self.speedup),
+            span_s: self
+                .trace
+                .requests
+                .last()
+                .map_or(0.0, |r| r.at.as_secs_f64() / self.speedup),
         }
     }
 }
@@ -450,9 +564,14 @@ impl WorkloadArgs {
     /// Validates the flags and reads the trace or prompt file; errors are one line naming the
     /// flag and value.
     pub fn into_workload(self) -> Result<Workload, String> {
-        let dist = |flag: &str, v: &Option<String>| v.as_deref().map(|t| LengthDist::parse(flag, t)).transpose();
+        let dist = |flag: &str, v: &Option<String>| {
+            v.as_deref().map(|t| LengthDist::parse(flag, t)).transpose()
+        };
         if !(self.trace_speedup.is_finite() && self.trace_speedup > 0.0) {
-            return Err(format!("--trace-speedup {}: a positive number", self.trace_speedup));
+            return Err(format!(
+                "--trace-speedup {}: a positive number",
+                self.trace_speedup
+            ));
         }
         if self.trace_limit == Some(0) {
             return Err("--trace-limit 0: at least 1".to_owned());
@@ -460,24 +579,46 @@ impl WorkloadArgs {
         let trace = match &self.trace {
             Some(path) => {
                 let format = self.trace_format.as_deref().and_then(TraceFormat::parse);
-                let t = super::trace::load(path, format, self.trace_limit).map_err(|e| format!("--trace {e}"))?;
-                Some(TraceReplay { trace: Arc::new(t), speedup: self.trace_speedup })
+                let t = super::trace::load(path, format, self.trace_limit)
+                    .map_err(|e| format!("--trace {e}"))?;
+                Some(TraceReplay {
+                    trace: Arc::new(t),
+                    speedup: self.trace_speedup,
+                })
             }
             None => None,
         };
         let prompt_file = match &self.prompt_file {
-            Some(p) => Some(Arc::new(super::dataset::load(p, self.multi_turn).map_err(|e| format!("--prompt-file {e}"))?)),
+            Some(p) => Some(Arc::new(
+                super::dataset::load(p, self.multi_turn)
+                    .map_err(|e| format!("--prompt-file {e}"))?,
+            )),
             None => None,
         };
         let ramp = match (&self.ramp, self.ramp_from, self.ramp_to, self.ramp_duration) {
             (Some(k), Some(a), Some(b), Some(d)) => {
-                let over = if self.ramp_over.as_deref() == Some("concurrency") { RampOver::Concurrency } else { RampOver::Rate };
+                let over = if self.ramp_over.as_deref() == Some("concurrency") {
+                    RampOver::Concurrency
+                } else {
+                    RampOver::Rate
+                };
                 Some(Ramp::new_over(k, a, b, d, over)?)
             }
             _ => None,
         };
-        let tokenizer = self.tokenizer.as_deref().map(LocalTokenizer::load).transpose().map_err(|e| format!("--tokenizer {e}"))?;
-        let chat_template = self.chat_template.as_deref().map(super::chat_template::ChatTemplate::load).transpose().map_err(|e| format!("--chat-template {e}"))?.map(Arc::new);
+        let tokenizer = self
+            .tokenizer
+            .as_deref()
+            .map(LocalTokenizer::load)
+            .transpose()
+            .map_err(|e| format!("--tokenizer {e}"))?;
+        let chat_template = self
+            .chat_template
+            .as_deref()
+            .map(super::chat_template::ChatTemplate::load)
+            .transpose()
+            .map_err(|e| format!("--chat-template {e}"))?
+            .map(Arc::new);
         Ok(Workload {
             input_dist: dist("--input-dist", &self.input_dist)?,
             output_dist: dist("--output-dist", &self.output_dist)?,
@@ -499,12 +640,18 @@ mod tests {
     fn moments(v: &[u32]) -> (f64, f64) {
         let n = v.len() as f64;
         let mean = v.iter().map(|&x| f64::from(x)).sum::<f64>() / n;
-        let var = v.iter().map(|&x| (f64::from(x) - mean).powi(2)).sum::<f64>() / n;
+        let var = v
+            .iter()
+            .map(|&x| (f64::from(x) - mean).powi(2))
+            .sum::<f64>()
+            / n;
         (mean, var.sqrt())
     }
 
     fn draw(text: &str, n: usize, seed: u64) -> Vec<u32> {
-        LengthDist::parse("--input-dist", text).unwrap().sample_n(&mut SmallRng::seed_from_u64(seed), n)
+        LengthDist::parse("--input-dist", text)
+            .unwrap()
+            .sample_n(&mut SmallRng::seed_from_u64(seed), n)
     }
 
     #[test]
@@ -512,21 +659,41 @@ mod tests {
         let n = 200_000;
         // Tolerances: several standard errors (σ/√n) of the mean and of the std.
         let (m, s) = moments(&draw("uniform:min=64,max=512", n, 1));
-        assert!((m - 288.0).abs() < 1.5 && (s - ((449.0f64 * 449.0 - 1.0) / 12.0).sqrt()).abs() < 1.5, "uniform {m} {s}");
+        assert!(
+            (m - 288.0).abs() < 1.5 && (s - ((449.0f64 * 449.0 - 1.0) / 12.0).sqrt()).abs() < 1.5,
+            "uniform {m} {s}"
+        );
         let v = draw("uniform:min=64,max=512", n, 1);
         assert_eq!((v.iter().min(), v.iter().max()), (Some(&64), Some(&512)));
         let (m, s) = moments(&draw("normal:mean=1000,std=100", n, 2));
-        assert!((m - 1000.0).abs() < 1.5 && (s - 100.0).abs() < 1.5, "normal {m} {s}");
+        assert!(
+            (m - 1000.0).abs() < 1.5 && (s - 100.0).abs() < 1.5,
+            "normal {m} {s}"
+        );
         let (m, s) = moments(&draw("lognormal:mu=7.1,sigma=0.8", n, 3));
         let want_m = (7.1f64 + 0.32).exp();
         let want_s = want_m * (0.64f64.exp() - 1.0).sqrt();
-        assert!((m / want_m - 1.0).abs() < 0.01 && (s / want_s - 1.0).abs() < 0.03, "lognormal {m} vs {want_m}, {s} vs {want_s}");
+        assert!(
+            (m / want_m - 1.0).abs() < 0.01 && (s / want_s - 1.0).abs() < 0.03,
+            "lognormal {m} vs {want_m}, {s} vs {want_s}"
+        );
         let v = draw("zipf:n=100,s=1.2", n, 4);
         let h: f64 = (1..=100).map(|k| f64::from(k).powf(-1.2)).sum();
         let p1 = v.iter().filter(|&&x| x == 1).count() as f64 / n as f64;
-        assert!((p1 - 1.0 / h).abs() < 0.005, "zipf P(1) {p1} vs {}", 1.0 / h);
-        let want_mean: f64 = (1..=100).map(|k| f64::from(k) * f64::from(k).powf(-1.2)).sum::<f64>() / h;
-        assert!((moments(&v).0 - want_mean).abs() < 0.3, "zipf mean {} vs {want_mean}", moments(&v).0);
+        assert!(
+            (p1 - 1.0 / h).abs() < 0.005,
+            "zipf P(1) {p1} vs {}",
+            1.0 / h
+        );
+        let want_mean: f64 = (1..=100)
+            .map(|k| f64::from(k) * f64::from(k).powf(-1.2))
+            .sum::<f64>()
+            / h;
+        assert!(
+            (moments(&v).0 - want_mean).abs() < 0.3,
+            "zipf mean {} vs {want_mean}",
+            moments(&v).0
+        );
         assert!(v.iter().all(|&x| (1..=100).contains(&x)));
         assert_eq!(draw("fixed:77", 5, 0), vec![77; 5]);
         // Clipping.
@@ -536,7 +703,12 @@ mod tests {
 
     #[test]
     fn samplers_are_seeded() {
-        for d in ["uniform:min=1,max=9999", "normal:mean=500,std=50", "lognormal:mu=5,sigma=1", "zipf:n=1000,s=1.1"] {
+        for d in [
+            "uniform:min=1,max=9999",
+            "normal:mean=500,std=50",
+            "lognormal:mu=5,sigma=1",
+            "zipf:n=1000,s=1.1",
+        ] {
             assert_eq!(draw(d, 100, 42), draw(d, 100, 42), "{d}");
             assert_ne!(draw(d, 100, 42), draw(d, 100, 43), "{d}");
         }
@@ -549,23 +721,42 @@ mod tests {
             ("uniform:min=64", "needs max="),
             ("uniform:min=600,max=5", "min 600 > max 5"),
             ("normal:mean=10,std=-1", "std = -1"),
-            ("lognormal:mu=7.1,sigma=abc", "sigma = \"abc\" is not a number"),
+            (
+                "lognormal:mu=7.1,sigma=abc",
+                "sigma = \"abc\" is not a number",
+            ),
             ("zipf:n=10,s=0", "s = 0"),
             ("zipf:n=10,s=1,q=2", "unknown parameter \"q\""),
             ("fixed:0", "value = 0"),
             ("uniform:64,512", "expected NAME=VALUE"),
         ] {
             let e = LengthDist::parse("--output-dist", text).unwrap_err();
-            assert!(e.starts_with(&format!("--output-dist {text:?}: ")) && e.contains(part), "{text}: {e}");
+            assert!(
+                e.starts_with(&format!("--output-dist {text:?}: ")) && e.contains(part),
+                "{text}: {e}"
+            );
         }
-        assert_eq!(LengthDist::parse("--input-dist", "fixed:value=12"), Ok(LengthDist::Fixed(12)));
+        assert_eq!(
+            LengthDist::parse("--input-dist", "fixed:value=12"),
+            Ok(LengthDist::Fixed(12))
+        );
         let d = LengthDist::parse("--input-dist", "lognormal:mu=7.1,sigma=0.8").unwrap();
-        assert_eq!(LengthDist::parse("--input-dist", &d.to_string()), Ok(d), "Display round-trips");
+        assert_eq!(
+            LengthDist::parse("--input-dist", &d.to_string()),
+            Ok(d),
+            "Display round-trips"
+        );
     }
 
     #[test]
     fn ramp_offsets_follow_the_integral_of_the_rate() {
-        for (kind, from, to) in [("linear", 10.0, 100.0), ("linear", 100.0, 10.0), ("linear", 0.0, 50.0), ("exponential", 5.0, 200.0), ("sawtooth", 10.0, 60.0)] {
+        for (kind, from, to) in [
+            ("linear", 10.0, 100.0),
+            ("linear", 100.0, 10.0),
+            ("linear", 0.0, 50.0),
+            ("exponential", 5.0, 200.0),
+            ("sawtooth", 10.0, 60.0),
+        ] {
             let r = Ramp::new(kind, from, to, Duration::from_secs(10)).unwrap();
             // Λ is the integral of r: check numerically (trapezoids over 1 ms).
             let mut acc = 0.0;
@@ -573,13 +764,21 @@ mod tests {
                 let (t0, t1) = (k as f64 * 1e-3, (k + 1) as f64 * 1e-3);
                 acc += (r.rate(t0) + r.rate(t1)) / 2.0 * 1e-3;
                 if (k + 1) % 5000 == 0 {
-                    assert!((r.integral(t1) - acc).abs() < 0.05, "{kind}: Λ({t1}) = {} vs ∫r = {acc}", r.integral(t1));
+                    assert!(
+                        (r.integral(t1) - acc).abs() < 0.05,
+                        "{kind}: Λ({t1}) = {} vs ∫r = {acc}",
+                        r.integral(t1)
+                    );
                 }
             }
             // Constant arrivals: request i is due exactly where Λ = i.
             let offs = r.offsets(400, RunArrival::Constant, 1);
             for (i, o) in offs.iter().enumerate() {
-                assert!((r.integral(o.as_secs_f64()) - i as f64).abs() < 1e-6, "{kind}: Λ(t_{i}) = {}", r.integral(o.as_secs_f64()));
+                assert!(
+                    (r.integral(o.as_secs_f64()) - i as f64).abs() < 1e-6,
+                    "{kind}: Λ(t_{i}) = {}",
+                    r.integral(o.as_secs_f64())
+                );
             }
             assert!(offs.windows(2).all(|w| w[0] <= w[1]));
         }
@@ -592,43 +791,103 @@ mod tests {
         let offs = r.offsets(550, RunArrival::Poisson, 9);
         for w in 0..5 {
             let (a, b) = (w as f64 * 2.0, (w + 1) as f64 * 2.0);
-            let got = offs.iter().filter(|o| (a..b).contains(&o.as_secs_f64())).count() as f64;
+            let got = offs
+                .iter()
+                .filter(|o| (a..b).contains(&o.as_secs_f64()))
+                .count() as f64;
             let want = r.integral(b) - r.integral(a);
-            assert!((got - want).abs() < 4.0 * want.sqrt(), "window {a}-{b}: {got} vs {want}");
+            assert!(
+                (got - want).abs() < 4.0 * want.sqrt(),
+                "window {a}-{b}: {got} vs {want}"
+            );
         }
-        assert_eq!(r.offsets(50, RunArrival::Poisson, 9), r.offsets(50, RunArrival::Poisson, 9));
-        assert!(Ramp::new("exponential", 0.0, 5.0, Duration::from_secs(1)).unwrap_err().contains("--ramp-from 0"));
-        assert!(Ramp::new("step", 1.0, 5.0, Duration::from_secs(1)).unwrap_err().contains("--ramp \"step\""));
+        assert_eq!(
+            r.offsets(50, RunArrival::Poisson, 9),
+            r.offsets(50, RunArrival::Poisson, 9)
+        );
+        assert!(
+            Ramp::new("exponential", 0.0, 5.0, Duration::from_secs(1))
+                .unwrap_err()
+                .contains("--ramp-from 0")
+        );
+        assert!(
+            Ramp::new("step", 1.0, 5.0, Duration::from_secs(1))
+                .unwrap_err()
+                .contains("--ramp \"step\"")
+        );
     }
 
     #[test]
     fn concurrency_ramp_limits() {
-        let c = |kind: &str, from: f64, to: f64, secs: u64| Ramp::new_over(kind, from, to, Duration::from_secs(secs), RampOver::Concurrency).unwrap();
+        let c = |kind: &str, from: f64, to: f64, secs: u64| {
+            Ramp::new_over(
+                kind,
+                from,
+                to,
+                Duration::from_secs(secs),
+                RampOver::Concurrency,
+            )
+            .unwrap()
+        };
         // Linear 1 → 64 over 60 s: 1 + 63·t/60, rounded; 64 from 60 s on.
         let r = c("linear", 1.0, 64.0, 60);
         let at = |r: &Ramp, ts: &[f64]| ts.iter().map(|&t| r.concurrency_at(t)).collect::<Vec<_>>();
-        assert_eq!(at(&r, &[0.0, 0.47, 0.48, 10.0, 30.0, 59.99, 60.0, 600.0]), vec![1, 1, 2, 12, 33, 64, 64, 64]);
+        assert_eq!(
+            at(&r, &[0.0, 0.47, 0.48, 10.0, 30.0, 59.99, 60.0, 600.0]),
+            vec![1, 1, 2, 12, 33, 64, 64, 64]
+        );
         // Linear 1 → 8 over 2 s (the e2e test's): steps of 1 every 2/7 s, a half step late.
         let r = c("linear", 1.0, 8.0, 2);
         for k in 1..=7usize {
             let step = (k as f64 - 0.5) * 2.0 / 7.0;
-            assert_eq!((r.concurrency_at(step - 1e-9), r.concurrency_at(step + 1e-9)), (k, k + 1), "step {k} at {step} s");
+            assert_eq!(
+                (r.concurrency_at(step - 1e-9), r.concurrency_at(step + 1e-9)),
+                (k, k + 1),
+                "step {k} at {step} s"
+            );
         }
         // Exponential 1 → 64 over 6 s: doubles every second.
         let r = c("exponential", 1.0, 64.0, 6);
-        assert_eq!(at(&r, &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]), vec![1, 2, 4, 8, 16, 32, 64, 64]);
+        assert_eq!(
+            at(&r, &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]),
+            vec![1, 2, 4, 8, 16, 32, 64, 64]
+        );
         assert_eq!(at(&r, &[2.5]), vec![6], "4·√2 = 5.66");
         // Sawtooth 2 → 10 over 4 s: rises, falls back to 2 at each period.
         let r = c("sawtooth", 2.0, 10.0, 4);
-        assert_eq!(at(&r, &[0.0, 2.0, 3.99, 4.0, 6.0, 7.99, 8.0]), vec![2, 6, 10, 2, 6, 10, 2]);
+        assert_eq!(
+            at(&r, &[0.0, 2.0, 3.99, 4.0, 6.0, 7.99, 8.0]),
+            vec![2, 6, 10, 2, 6, 10, 2]
+        );
         // Falling linear 16 → 1, never below 1; a fractional 1.2 rounds to 1.
         let r = c("linear", 16.0, 1.2, 10);
         assert_eq!(at(&r, &[0.0, 5.0, 10.0, 100.0]), vec![16, 9, 1, 1]);
-        assert_eq!((r.max_concurrency(), c("linear", 1.0, 63.6, 1).max_concurrency()), (16, 64));
+        assert_eq!(
+            (
+                r.max_concurrency(),
+                c("linear", 1.0, 63.6, 1).max_concurrency()
+            ),
+            (16, 64)
+        );
         // Errors name the flag and value.
-        let e = |from: f64, to: f64| Ramp::new_over("linear", from, to, Duration::from_secs(1), RampOver::Concurrency).unwrap_err();
-        assert_eq!(e(0.5, 8.0), "--ramp-from 0.5: requests in flight ≥ 1 with --ramp-over concurrency");
-        assert_eq!(e(1.0, 0.0), "--ramp-to 0: requests in flight ≥ 1 with --ramp-over concurrency");
+        let e = |from: f64, to: f64| {
+            Ramp::new_over(
+                "linear",
+                from,
+                to,
+                Duration::from_secs(1),
+                RampOver::Concurrency,
+            )
+            .unwrap_err()
+        };
+        assert_eq!(
+            e(0.5, 8.0),
+            "--ramp-from 0.5: requests in flight ≥ 1 with --ramp-over concurrency"
+        );
+        assert_eq!(
+            e(1.0, 0.0),
+            "--ramp-to 0: requests in flight ≥ 1 with --ramp-over concurrency"
+        );
         assert!(e(1.0, f64::INFINITY).starts_with("--ramp-to inf"));
         // A rate ramp from 0.5 is fine.
         assert!(Ramp::new("linear", 0.5, 8.0, Duration::from_secs(1)).is_ok());

@@ -59,7 +59,10 @@ impl Clients {
     /// Sends an idempotent request besides a canary (model list, tokenize), built by `build`
     /// for the client given: on the pooled client, and once more on a fresh connection when
     /// the first attempt fails the way a stale keep-alive connection does.
-    pub async fn send_idempotent(&self, build: impl Fn(&reqwest::Client) -> reqwest::RequestBuilder) -> Result<reqwest::Response, reqwest::Error> {
+    pub async fn send_idempotent(
+        &self,
+        build: impl Fn(&reqwest::Client) -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, reqwest::Error> {
         match build(&self.pooled).send().await {
             Err(e) if is_stale_connection(&e) => build(&self.fresh).send().await,
             other => other,
@@ -101,8 +104,13 @@ pub struct Conn {
 
 impl Conn {
     fn of(response: &reqwest::Response) -> Option<Conn> {
-        let info = response.extensions().get::<hyper_util::client::legacy::connect::HttpInfo>()?;
-        Some(Conn { local: info.local_addr(), remote: info.remote_addr() })
+        let info = response
+            .extensions()
+            .get::<hyper_util::client::legacy::connect::HttpInfo>()?;
+        Some(Conn {
+            local: info.local_addr(),
+            remote: info.remote_addr(),
+        })
     }
 }
 
@@ -116,7 +124,9 @@ pub fn request_body(req: &CanaryRequest<'_>) -> serde_json::Value {
         "temperature": 0,
     });
     match req.api {
-        Api::Chat => body["messages"] = serde_json::json!([{ "role": "user", "content": req.prompt }]),
+        Api::Chat => {
+            body["messages"] = serde_json::json!([{ "role": "user", "content": req.prompt }])
+        }
         Api::Completions => body["prompt"] = serde_json::Value::from(req.prompt),
     }
     if let (Some(extra), Some(obj)) = (req.extra_body, body.as_object_mut()) {
@@ -131,7 +141,10 @@ fn headers(target: &TargetConfig, traceparent: &str) -> Result<HeaderMap, String
     let mut h = HeaderMap::new();
     h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     h.insert(ACCEPT, HeaderValue::from_static("text/event-stream"));
-    h.insert("traceparent", HeaderValue::from_str(traceparent).map_err(|e| format!("traceparent: {e}"))?);
+    h.insert(
+        "traceparent",
+        HeaderValue::from_str(traceparent).map_err(|e| format!("traceparent: {e}"))?,
+    );
     if let Some(key) = &target.api_key {
         let mut v = HeaderValue::from_str(&format!("Bearer {}", key.expose()))
             .map_err(|_| "the API key holds characters not allowed in a header".to_owned())?;
@@ -143,13 +156,24 @@ fn headers(target: &TargetConfig, traceparent: &str) -> Result<HeaderMap, String
 
 /// Sends `req` to `target` and measures it. Never fails: every failure is a measured outcome.
 /// `cancel` ends the request early (recorded as `cancelled`).
-pub async fn execute(clients: &Clients, target: &TargetConfig, req: &CanaryRequest<'_>, cancel: &CancellationToken) -> Measured {
+pub async fn execute(
+    clients: &Clients,
+    target: &TargetConfig,
+    req: &CanaryRequest<'_>,
+    cancel: &CancellationToken,
+) -> Measured {
     execute_with(clients, target, req, cancel, false).await
 }
 
 /// [`execute`]; with `keep_text` the record also holds the generated text
 /// ([`RequestRecord::output_text`]).
-pub async fn execute_with(clients: &Clients, target: &TargetConfig, req: &CanaryRequest<'_>, cancel: &CancellationToken, keep_text: bool) -> Measured {
+pub async fn execute_with(
+    clients: &Clients,
+    target: &TargetConfig,
+    req: &CanaryRequest<'_>,
+    cancel: &CancellationToken,
+    keep_text: bool,
+) -> Measured {
     let url = match target.base_url.join(req.api.path()) {
         Ok(u) => u,
         Err(e) => return build_failure(format!("url: {e}")),
@@ -164,28 +188,60 @@ pub async fn execute_with(clients: &Clients, target: &TargetConfig, req: &Canary
     };
     let mut retries = 0;
     loop {
-        let client = if retries == 0 { &clients.pooled } else { &clients.fresh };
-        let request = client.post(url.clone()).headers(headers.clone()).body(body.clone());
+        let client = if retries == 0 {
+            &clients.pooled
+        } else {
+            &clients.fresh
+        };
+        let request = client
+            .post(url.clone())
+            .headers(headers.clone())
+            .body(body.clone());
         match attempt(request, target, cancel, keep_text).await {
             Attempt::StaleConnection if retries == 0 => retries += 1,
             Attempt::StaleConnection => {
                 // Cannot happen with `fresh`, but never loop: report it.
                 let record = RequestRecord::failed(
                     Outcome::Error,
-                    RequestError::new(error_type::CONNECTION_ERROR, Some("connection closed before any response".into())),
+                    RequestError::new(
+                        error_type::CONNECTION_ERROR,
+                        Some("connection closed before any response".into()),
+                    ),
                     None,
                     Duration::ZERO,
                 );
-                return Measured { record, wall_start: SystemTime::now(), retries, conn: None };
+                return Measured {
+                    record,
+                    wall_start: SystemTime::now(),
+                    retries,
+                    conn: None,
+                };
             }
-            Attempt::Done(record, wall_start, conn) => return Measured { record, wall_start, retries, conn },
+            Attempt::Done(record, wall_start, conn) => {
+                return Measured {
+                    record,
+                    wall_start,
+                    retries,
+                    conn,
+                };
+            }
         }
     }
 }
 
 fn build_failure(message: String) -> Measured {
-    let record = RequestRecord::failed(Outcome::Error, RequestError::new(error_type::REQUEST_BUILD, Some(message)), None, Duration::ZERO);
-    Measured { record, wall_start: SystemTime::now(), retries: 0, conn: None }
+    let record = RequestRecord::failed(
+        Outcome::Error,
+        RequestError::new(error_type::REQUEST_BUILD, Some(message)),
+        None,
+        Duration::ZERO,
+    );
+    Measured {
+        record,
+        wall_start: SystemTime::now(),
+        retries: 0,
+        conn: None,
+    }
 }
 
 #[allow(clippy::large_enum_variant)] // one per request, moved once: boxing would buy nothing
@@ -196,7 +252,12 @@ enum Attempt {
     StaleConnection,
 }
 
-async fn attempt(request: reqwest::RequestBuilder, target: &TargetConfig, cancel: &CancellationToken, keep_text: bool) -> Attempt {
+async fn attempt(
+    request: reqwest::RequestBuilder,
+    target: &TargetConfig,
+    cancel: &CancellationToken,
+    keep_text: bool,
+) -> Attempt {
     let wall_start = SystemTime::now();
     let t0 = Instant::now();
     let deadline = tokio::time::Instant::from_std(t0 + target.timeout);
@@ -210,7 +271,12 @@ async fn attempt(request: reqwest::RequestBuilder, target: &TargetConfig, cancel
     };
     let response = match sent {
         Err(_elapsed) => {
-            let r = RequestRecord::failed(Outcome::Timeout, RequestError::new(error_type::TIMEOUT, Some("no response headers".into())), None, t0.elapsed());
+            let r = RequestRecord::failed(
+                Outcome::Timeout,
+                RequestError::new(error_type::TIMEOUT, Some("no response headers".into())),
+                None,
+                t0.elapsed(),
+            );
             return Attempt::Done(r, wall_start, None);
         }
         Ok(Err(e)) => {
@@ -233,7 +299,11 @@ async fn attempt(request: reqwest::RequestBuilder, target: &TargetConfig, cancel
         }
         return Attempt::Done(record, wall_start, conn);
     }
-    Attempt::Done(read_stream(response, status, target, t0, deadline, cancel, keep_text).await, wall_start, conn)
+    Attempt::Done(
+        read_stream(response, status, target, t0, deadline, cancel, keep_text).await,
+        wall_start,
+        conn,
+    )
 }
 
 /// Chunks read ahead of the measurement at most (bounded memory: the reader waits when the
@@ -311,22 +381,37 @@ async fn read_stream(
 /// `Retry-After` as seconds or as an HTTP-date after `now` (RFC 9110 §10.2.3). Recorded only:
 /// measured latency is never stretched by it.
 pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
-    if let Some(ms) = text("retry-after-ms").and_then(|v| v.parse::<f64>().ok()).filter(|v| v.is_finite() && *v >= 0.0) {
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    if let Some(ms) = text("retry-after-ms")
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|v| v.is_finite() && *v >= 0.0)
+    {
         return Some(Duration::from_secs_f64(ms / 1000.0));
     }
     let v = text("retry-after")?;
     if let Ok(secs) = v.parse::<f64>() {
         return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(1e9)));
     }
-    httpdate::parse_http_date(v).ok().map(|at| at.duration_since(now).unwrap_or(Duration::ZERO))
+    httpdate::parse_http_date(v)
+        .ok()
+        .map(|at| at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
-async fn read_error_body(mut response: reqwest::Response, deadline: tokio::time::Instant) -> Vec<u8> {
+async fn read_error_body(
+    mut response: reqwest::Response,
+    deadline: tokio::time::Instant,
+) -> Vec<u8> {
     let mut body = Vec::new();
     while body.len() < MAX_ERROR_BODY {
         match tokio::time::timeout_at(deadline, response.chunk()).await {
-            Ok(Ok(Some(b))) => body.extend_from_slice(&b[..b.len().min(MAX_ERROR_BODY - body.len())]),
+            Ok(Ok(Some(b))) => {
+                body.extend_from_slice(&b[..b.len().min(MAX_ERROR_BODY - body.len())])
+            }
             _ => break,
         }
     }
@@ -374,7 +459,11 @@ fn is_stale_connection(e: &reqwest::Error) -> bool {
     if e.is_connect() || e.is_timeout() {
         return false;
     }
-    hyper_incomplete(e) || matches!(io_kind(e), Some(ConnectionReset | BrokenPipe | ConnectionAborted | UnexpectedEof))
+    hyper_incomplete(e)
+        || matches!(
+            io_kind(e),
+            Some(ConnectionReset | BrokenPipe | ConnectionAborted | UnexpectedEof)
+        )
 }
 
 fn transport_failure(e: reqwest::Error, e2e: Duration) -> RequestRecord {
@@ -416,15 +505,28 @@ pub struct Discovered {
 /// # Errors
 /// The failure as a measured record (`error.type` as for a canary), so a dead target shows
 /// in the metrics even before its model is known.
-pub async fn discover_model(clients: &Clients, target: &TargetConfig) -> Result<Discovered, RequestRecord> {
+pub async fn discover_model(
+    clients: &Clients,
+    target: &TargetConfig,
+) -> Result<Discovered, RequestRecord> {
     let t0 = Instant::now();
     let fail = |kind: &str, msg: String| {
-        RequestRecord::failed(Outcome::Error, RequestError::new(kind, Some(format!("model discovery: {msg}"))), None, t0.elapsed())
+        RequestRecord::failed(
+            Outcome::Error,
+            RequestError::new(kind, Some(format!("model discovery: {msg}"))),
+            None,
+            t0.elapsed(),
+        )
     };
-    let url = target.base_url.join("v1/models").map_err(|e| fail(error_type::REQUEST_BUILD, e.to_string()))?;
+    let url = target
+        .base_url
+        .join("v1/models")
+        .map_err(|e| fail(error_type::REQUEST_BUILD, e.to_string()))?;
     let resp = clients
         .send_idempotent(|c| {
-            let req = c.get(url.clone()).timeout(target.timeout.min(Duration::from_secs(10)));
+            let req = c
+                .get(url.clone())
+                .timeout(target.timeout.min(Duration::from_secs(10)));
             match &target.api_key {
                 Some(key) => req.bearer_auth(key.expose()),
                 None => req,
@@ -437,9 +539,19 @@ pub async fn discover_model(clients: &Clients, target: &TargetConfig) -> Result<
         let body = resp.bytes().await.unwrap_or_default();
         return Err(RequestRecord::http_error(status, &body, t0.elapsed()));
     }
-    let list: ModelList = resp.json().await.map_err(|e| fail(error_type::INVALID_CHUNK, e.to_string()))?;
-    let first = list.data.into_iter().next().ok_or_else(|| fail("no_model", "the server lists no model".into()))?;
-    Ok(Discovered { model: first.id, owned_by: first.owned_by })
+    let list: ModelList = resp
+        .json()
+        .await
+        .map_err(|e| fail(error_type::INVALID_CHUNK, e.to_string()))?;
+    let first = list
+        .data
+        .into_iter()
+        .next()
+        .ok_or_else(|| fail("no_model", "the server lists no model".into()))?;
+    Ok(Discovered {
+        model: first.id,
+        owned_by: first.owned_by,
+    })
 }
 
 #[cfg(test)]
@@ -456,10 +568,19 @@ mod tests {
             m
         };
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        assert_eq!(retry_after(&h(&[("retry-after", "2")]), now), Some(Duration::from_secs(2)));
-        assert_eq!(retry_after(&h(&[("retry-after", "2"), ("retry-after-ms", "1500")]), now), Some(Duration::from_millis(1500)));
+        assert_eq!(
+            retry_after(&h(&[("retry-after", "2")]), now),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            retry_after(&h(&[("retry-after", "2"), ("retry-after-ms", "1500")]), now),
+            Some(Duration::from_millis(1500))
+        );
         let date = httpdate::fmt_http_date(now + Duration::from_secs(30));
-        assert_eq!(retry_after(&h(&[("retry-after", &date)]), now), Some(Duration::from_secs(30)));
+        assert_eq!(
+            retry_after(&h(&[("retry-after", &date)]), now),
+            Some(Duration::from_secs(30))
+        );
         assert_eq!(retry_after(&h(&[("retry-after", "soon")]), now), None);
         assert_eq!(retry_after(&h(&[("retry-after", "-1")]), now), None);
         assert_eq!(retry_after(&HeaderMap::new(), now), None);

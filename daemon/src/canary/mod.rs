@@ -22,12 +22,12 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::TargetConfig;
 use crate::gpu::state::GpuState;
+use crate::measure::Outcome;
 use crate::net::state::NetState;
+use crate::sampler::adaptive::{Decision, Observed, Reason, SpikeTransition, TargetSampler};
 use crate::status::{RecentRequests, RequestSummary, Source, TargetState};
 use crate::telemetry::Telemetry;
 use crate::telemetry::spans::SpanContextInfo;
-use crate::measure::Outcome;
-use crate::sampler::adaptive::{Decision, Observed, Reason, SpikeTransition, TargetSampler};
 use client::{CanaryRequest, Clients, Discovered, Measured};
 use schedule::{Gaps, Ticker};
 
@@ -76,12 +76,18 @@ struct Discovery {
 fn server_generation(server: Option<&crate::server::TargetServer>) -> u64 {
     let Some(s) = server else { return 0 };
     let counts = s.change_counts();
-    ["model", "model_revision", "restart"].iter().map(|k| counts.get(k).copied().unwrap_or(0)).sum()
+    ["model", "model_revision", "restart"]
+        .iter()
+        .map(|k| counts.get(k).copied().unwrap_or(0))
+        .sum()
 }
 
 /// The canary failed because the server does not know the model (HTTP 404, `model_not_found`).
 fn model_not_found(r: &crate::measure::RequestRecord) -> bool {
-    r.http_status == Some(404) || r.error.as_ref().is_some_and(|e| e.error_type == "404" || e.code.as_deref() == Some("model_not_found"))
+    r.http_status == Some(404)
+        || r.error
+            .as_ref()
+            .is_some_and(|e| e.error_type == "404" || e.code.as_deref() == Some("model_not_found"))
 }
 
 /// With a configured model, discovery (for the provider name only) is retried at most this
@@ -112,7 +118,13 @@ pub struct Shutdown {
 }
 
 impl TargetRunner {
-    pub fn new(target: Arc<TargetConfig>, clients: Clients, telemetry: Arc<Telemetry>, state: Arc<TargetState>, console: bool) -> Self {
+    pub fn new(
+        target: Arc<TargetConfig>,
+        clients: Clients,
+        telemetry: Arc<Telemetry>,
+        state: Arc<TargetState>,
+        console: bool,
+    ) -> Self {
         let in_flight = Arc::new(Semaphore::new(target.max_in_flight));
         let sampling = target.sampling;
         Self {
@@ -169,7 +181,10 @@ impl TargetRunner {
     /// Runs the schedule until `shutdown.stop`; request tasks are spawned on `tracker`. Every
     /// [`SPIKE_TICK`], the canaries in flight are judged for spike mode.
     pub async fn run(self, shutdown: Shutdown, tracker: TaskTracker, seed: u64) {
-        let mut ticker = Ticker::staggered(Gaps::new(self.target.schedule, seed), tokio::time::Instant::now());
+        let mut ticker = Ticker::staggered(
+            Gaps::new(self.target.schedule, seed),
+            tokio::time::Instant::now(),
+        );
         let mut spike_tick = tokio::time::interval(SPIKE_TICK);
         spike_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -203,7 +218,13 @@ impl TargetRunner {
     /// `OTEL_TRACES_SAMPLER` is set, else the target's adaptive sampler's.
     fn decide(&self, ids: crate::telemetry::spans::TraceIds, m: &Measured) -> Decision {
         if let Some(head) = self.telemetry.head_sampler {
-            return Decision { keep: ids.sampled, reason: Reason::Head, probability: head.probability(), transition: None, spike: None };
+            return Decision {
+                keep: ids.sampled,
+                reason: Reason::Head,
+                probability: head.probability(),
+                transition: None,
+                spike: None,
+            };
         }
         let r = &m.record;
         let observed = Observed {
@@ -215,11 +236,24 @@ impl TargetRunner {
             timed_out: r.outcome == Outcome::Timeout,
         };
         // A timeout's E2E is censored: its latency is at least the timeout.
-        let observed = if observed.timed_out { Observed { e2e: observed.e2e.max(self.target.timeout), ..observed } } else { observed };
+        let observed = if observed.timed_out {
+            Observed {
+                e2e: observed.e2e.max(self.target.timeout),
+                ..observed
+            }
+        } else {
+            observed
+        };
         let decision = match self.sampler.lock() {
             Ok(mut s) => s.decide(tokio::time::Instant::now(), observed),
             // A poisoned lock only means another canary panicked: keep the span.
-            Err(_) => Decision { keep: true, reason: Reason::Base, probability: 1.0, transition: None, spike: None },
+            Err(_) => Decision {
+                keep: true,
+                reason: Reason::Base,
+                probability: 1.0,
+                transition: None,
+                spike: None,
+            },
         };
         if let Some(t) = decision.transition {
             self.note_transition(t, decision.spike);
@@ -248,10 +282,20 @@ impl TargetRunner {
     fn carried_spike_event(&self) -> Option<opentelemetry::trace::Event> {
         let (rule, at) = self.sampler.lock().ok()?.take_carried()?;
         let ago = tokio::time::Instant::now().saturating_duration_since(at);
-        let wall = std::time::SystemTime::now().checked_sub(ago).unwrap_or_else(std::time::SystemTime::now);
-        let mut attrs = vec![opentelemetry::KeyValue::new(crate::telemetry::names::LMPERF_TARGET, self.target.name.clone())];
+        let wall = std::time::SystemTime::now()
+            .checked_sub(ago)
+            .unwrap_or_else(std::time::SystemTime::now);
+        let mut attrs = vec![opentelemetry::KeyValue::new(
+            crate::telemetry::names::LMPERF_TARGET,
+            self.target.name.clone(),
+        )];
         attrs.extend(crate::telemetry::spans::spike_attributes(&rule));
-        Some(opentelemetry::trace::Event::new(crate::telemetry::names::EVENT_SPIKE_ENTERED, wall, attrs, 0))
+        Some(opentelemetry::trace::Event::new(
+            crate::telemetry::names::EVENT_SPIKE_ENTERED,
+            wall,
+            attrs,
+            0,
+        ))
     }
 
     /// Counts the canary `ids` in flight for spike mode until it is decided (or its task is
@@ -261,12 +305,22 @@ impl TargetRunner {
             return None;
         }
         let trace_id = u128::from_be_bytes(ids.trace_id.to_bytes());
-        self.sampler.lock().ok()?.started(trace_id, tokio::time::Instant::now());
-        Some(InFlightGuard { sampler: self.sampler.clone(), trace_id })
+        self.sampler
+            .lock()
+            .ok()?
+            .started(trace_id, tokio::time::Instant::now());
+        Some(InFlightGuard {
+            sampler: self.sampler.clone(),
+            trace_id,
+        })
     }
 
     /// Publishes a spike mode change: the status (and gauge), the log line.
-    fn note_transition(&self, t: SpikeTransition, spike: Option<crate::sampler::adaptive::SpikeRule>) {
+    fn note_transition(
+        &self,
+        t: SpikeTransition,
+        spike: Option<crate::sampler::adaptive::SpikeRule>,
+    ) {
         let entered = t == SpikeTransition::Entered;
         self.state.spike.store(entered, Ordering::Relaxed);
         self.state.set_spike_rule(spike);
@@ -287,12 +341,16 @@ impl TargetRunner {
             return Ok((model.clone(), provider.clone()));
         }
         let mut cached = self.discovered.lock().await;
-        let period_over = cached.last_attempt.is_none_or(|at| at.elapsed() >= REDISCOVER_EVERY);
+        let period_over = cached
+            .last_attempt
+            .is_none_or(|at| at.elapsed() >= REDISCOVER_EVERY);
         let due = t.model.is_none() || period_over;
         // A discovered model (none configured) is re-read every period, after a model change or
         // restart of the server, and after a 404 for it; a configured model is never replaced.
         let server_gen = server_generation(self.server.as_deref());
-        let recheck = t.model.is_none() && cached.found.is_some() && (period_over || cached.stale || server_gen != cached.server_gen);
+        let recheck = t.model.is_none()
+            && cached.found.is_some()
+            && (period_over || cached.stale || server_gen != cached.server_gen);
         if (cached.found.is_none() && due) || recheck {
             cached.stale = false;
             cached.server_gen = server_gen;
@@ -317,11 +375,19 @@ impl TargetRunner {
                     cached.found = Some(d);
                 }
                 // A re-check that failed keeps the model found before (the canary says the rest).
-                Err(record) if cached.found.is_some() && record.outcome != crate::measure::Outcome::Cancelled => {
+                Err(record)
+                    if cached.found.is_some()
+                        && record.outcome != crate::measure::Outcome::Cancelled =>
+                {
                     tracing::debug!(target_name = %t.name, error_type = record.error.as_ref().map_or("-", |e| e.error_type.as_str()), "Model re-discovery failed; keeping the model found before.");
                 }
-                Err(record) if t.model.is_none() || record.outcome == crate::measure::Outcome::Cancelled => {
-                    if record.outcome != crate::measure::Outcome::Cancelled && !self.discovery_failing.swap(true, Ordering::Relaxed) {
+                Err(record)
+                    if t.model.is_none()
+                        || record.outcome == crate::measure::Outcome::Cancelled =>
+                {
+                    if record.outcome != crate::measure::Outcome::Cancelled
+                        && !self.discovery_failing.swap(true, Ordering::Relaxed)
+                    {
                         tracing::warn!(
                             target_name = %t.name,
                             error_type = record.error.as_ref().map_or("-", |e| e.error_type.as_str()),
@@ -329,14 +395,25 @@ impl TargetRunner {
                             "Model discovery (GET /v1/models) failed; canaries are recorded as errors until it succeeds."
                         );
                     }
-                    return Err(Measured { record, wall_start: std::time::SystemTime::now(), retries: 0, conn: None });
+                    return Err(Measured {
+                        record,
+                        wall_start: std::time::SystemTime::now(),
+                        retries: 0,
+                        conn: None,
+                    });
                 }
                 Err(_) => {} // model configured: go on with the default provider
             }
         }
         let d = cached.found.as_ref();
-        let model = t.model.clone().or_else(|| d.map(|d| d.model.clone())).unwrap_or_default();
-        let provider = configured_provider.or_else(|| d.and_then(|d| d.owned_by.clone())).unwrap_or_else(|| "openai".to_owned());
+        let model = t
+            .model
+            .clone()
+            .or_else(|| d.map(|d| d.model.clone()))
+            .unwrap_or_default();
+        let provider = configured_provider
+            .or_else(|| d.and_then(|d| d.owned_by.clone()))
+            .unwrap_or_else(|| "openai".to_owned());
         Ok((model, provider))
     }
 
@@ -345,24 +422,51 @@ impl TargetRunner {
     /// canaries' adaptive sampler (spike mode).
     fn decide_inject(&self, ids: crate::telemetry::spans::TraceIds, m: &Measured) -> Decision {
         if let Some(head) = self.telemetry.head_sampler {
-            return Decision { keep: ids.sampled, reason: Reason::Head, probability: head.probability(), transition: None, spike: None };
+            return Decision {
+                keep: ids.sampled,
+                reason: Reason::Head,
+                probability: head.probability(),
+                transition: None,
+                spike: None,
+            };
         }
-        let reason = if m.record.outcome == Outcome::Ok { Reason::Inject } else { Reason::Error };
-        Decision { keep: true, reason, probability: 1.0, transition: None, spike: None }
+        let reason = if m.record.outcome == Outcome::Ok {
+            Reason::Inject
+        } else {
+            Reason::Error
+        };
+        Decision {
+            keep: true,
+            reason,
+            probability: 1.0,
+            transition: None,
+            spike: None,
+        }
     }
 
     /// Sends the `seq`-th prompt to the target, measures it, and records it as `source` says:
     /// a canary feeds the GenAI metrics, the target's counts and the adaptive sampler; an
     /// injected request only `lmperf.inject.requests` and a span marked
     /// `lmperf.request.source=inject`. Both go to the recent-requests ring.
-    pub async fn measure(&self, seq: u64, cancel: &CancellationToken, source: &Source) -> RequestSummary {
+    pub async fn measure(
+        &self,
+        seq: u64,
+        cancel: &CancellationToken,
+        source: &Source,
+    ) -> RequestSummary {
         self.measure_with(seq, cancel, source, None).await
     }
 
     /// As [`measure`](Self::measure), with `shape`'s prompt and `max_tokens` instead of the
     /// `seq`-th canary prompt and the target's `max_tokens` (trace replay); the span then
     /// carries `lmperf.prompt.id=synthetic` and `lmperf.request.input_tokens_target`.
-    pub async fn measure_with(&self, seq: u64, cancel: &CancellationToken, source: &Source, shape: Option<RequestShape<'_>>) -> RequestSummary {
+    pub async fn measure_with(
+        &self,
+        seq: u64,
+        cancel: &CancellationToken,
+        source: &Source,
+        shape: Option<RequestShape<'_>>,
+    ) -> RequestSummary {
         let t = &self.target;
         let (prompt_id, prompt_text, max_tokens) = match shape {
             Some(s) => (SYNTHETIC_PROMPT_ID, s.prompt, s.max_tokens),
@@ -372,19 +476,34 @@ impl TargetRunner {
             }
         };
         let ids = self.telemetry.new_trace();
-        let _in_flight = if *source == Source::Canary { self.track_in_flight(ids) } else { None };
+        let _in_flight = if *source == Source::Canary {
+            self.track_in_flight(ids)
+        } else {
+            None
+        };
         let (model, provider, measured) = match self.resolve(cancel).await {
             Ok((model, provider)) => {
                 self.state.set_model(&model);
                 let traceparent = ids.traceparent();
-                let req = CanaryRequest { api: t.api, model: &model, prompt: prompt_text, max_tokens, traceparent: &traceparent, extra_body: None };
+                let req = CanaryRequest {
+                    api: t.api,
+                    model: &model,
+                    prompt: prompt_text,
+                    max_tokens,
+                    traceparent: &traceparent,
+                    extra_body: None,
+                };
                 let m = client::execute(&self.clients, t, &req, cancel).await;
                 if t.model.is_none() && model_not_found(&m.record) {
                     self.discovered.lock().await.stale = true;
                 }
                 (model, provider, m)
             }
-            Err(m) => (String::new(), t.provider.clone().unwrap_or_else(|| "openai".to_owned()), m),
+            Err(m) => (
+                String::new(),
+                t.provider.clone().unwrap_or_else(|| "openai".to_owned()),
+                m,
+            ),
         };
         let mut info = SpanContextInfo {
             target: &t.name,
@@ -396,20 +515,48 @@ impl TargetRunner {
             server_port: t.port,
             prompt_id,
             extra: {
-                let (from, to) = (measured.wall_start, measured.wall_start + measured.record.e2e);
-                let mut extra = self.gpu.as_ref().map(|g| g.request_attributes(from, to)).unwrap_or_default();
+                let (from, to) = (
+                    measured.wall_start,
+                    measured.wall_start + measured.record.e2e,
+                );
+                let mut extra = self
+                    .gpu
+                    .as_ref()
+                    .map(|g| g.request_attributes(from, to))
+                    .unwrap_or_default();
                 if let Some(n) = &self.net {
-                    extra.extend(n.request_attributes(t.port, measured.conn.map(|c| (c.local, c.remote)), from, to));
+                    extra.extend(n.request_attributes(
+                        t.port,
+                        measured.conn.map(|c| (c.local, c.remote)),
+                        from,
+                        to,
+                    ));
                 }
-                if let Source::Inject { load_id, profile_revision } = source {
-                    extra.push(opentelemetry::KeyValue::new(crate::telemetry::names::LMPERF_REQUEST_SOURCE, source.as_str()));
-                    extra.push(opentelemetry::KeyValue::new(crate::telemetry::names::LMPERF_LOAD_ID, load_id.to_string()));
+                if let Source::Inject {
+                    load_id,
+                    profile_revision,
+                } = source
+                {
+                    extra.push(opentelemetry::KeyValue::new(
+                        crate::telemetry::names::LMPERF_REQUEST_SOURCE,
+                        source.as_str(),
+                    ));
+                    extra.push(opentelemetry::KeyValue::new(
+                        crate::telemetry::names::LMPERF_LOAD_ID,
+                        load_id.to_string(),
+                    ));
                     if let Some(r) = profile_revision {
-                        extra.push(opentelemetry::KeyValue::new(crate::telemetry::names::LMPERF_PROFILE_REVISION, i64::from(*r)));
+                        extra.push(opentelemetry::KeyValue::new(
+                            crate::telemetry::names::LMPERF_PROFILE_REVISION,
+                            i64::from(*r),
+                        ));
                     }
                 }
                 if let Some(s) = shape {
-                    extra.push(opentelemetry::KeyValue::new(crate::telemetry::names::LMPERF_REQUEST_INPUT_TOKENS_TARGET, i64::from(s.input_tokens)));
+                    extra.push(opentelemetry::KeyValue::new(
+                        crate::telemetry::names::LMPERF_REQUEST_INPUT_TOKENS_TARGET,
+                        i64::from(s.input_tokens),
+                    ));
                 }
                 if let Some(s) = &self.server {
                     extra.extend(crate::server::span_attributes(s, measured.wall_start));
@@ -421,7 +568,8 @@ impl TargetRunner {
                 _ => Vec::new(),
             },
         };
-        let summary = RequestSummary::new(source, &t.name, &model, &measured, ids.trace_id.to_string());
+        let summary =
+            RequestSummary::new(source, &t.name, &model, &measured, ids.trace_id.to_string());
         match source {
             Source::Canary => {
                 let decision = self.decide(ids, &measured);
@@ -429,8 +577,14 @@ impl TargetRunner {
                 self.telemetry.record(&info, ids, &measured, &decision);
                 self.state.record(&summary);
                 if let Some(d) = &self.diagnosis {
-                    let (from, to) = (measured.wall_start, measured.wall_start + measured.record.e2e);
-                    let net = self.net.as_ref().map(|n| n.request(t.port, measured.conn.map(|c| c.local), from, to));
+                    let (from, to) = (
+                        measured.wall_start,
+                        measured.wall_start + measured.record.e2e,
+                    );
+                    let net = self
+                        .net
+                        .as_ref()
+                        .map(|n| n.request(t.port, measured.conn.map(|c| c.local), from, to));
                     d.observe_request(&t.name, &measured, net);
                     if decision.keep && decision.reason.is_priority() {
                         d.note_kept(&t.name, ids, to);
@@ -451,7 +605,10 @@ impl TargetRunner {
             tracing::debug!(target_name = %t.name, source = source.as_str(), outcome = r.outcome.as_str(), error_type = ?r.error.as_ref().map(|e| &e.error_type), "Request failed.");
         }
         if self.console && *source == Source::Canary {
-            println!("{}", console_line(&t.name, &model, &measured, &ids.trace_id.to_string()));
+            println!(
+                "{}",
+                console_line(&t.name, &model, &measured, &ids.trace_id.to_string())
+            );
         }
         summary
     }
@@ -476,13 +633,18 @@ impl Drop for InFlightGuard {
 }
 
 fn fmt_ms(d: Option<Duration>) -> String {
-    d.map_or_else(|| "-".to_owned(), |d| format!("{:.1}", d.as_secs_f64() * 1000.0))
+    d.map_or_else(
+        || "-".to_owned(),
+        |d| format!("{:.1}", d.as_secs_f64() * 1000.0),
+    )
 }
 
 /// One human-readable line per request (the demo's live view).
 pub fn console_line(target: &str, model: &str, m: &Measured, trace_id: &str) -> String {
     let r = &m.record;
-    let err = r.failure().map_or(String::new(), |e| format!(" error.type={}", e.error_type));
+    let err = r
+        .failure()
+        .map_or(String::new(), |e| format!(" error.type={}", e.error_type));
     format!(
         "span target={target} model={model} outcome={}{err} ttft_ms={} tpot_ms={} e2e_ms={:.1} tokens_in={} tokens_out={} ({}) finish={} retries={} trace_id={trace_id}",
         r.outcome.as_str(),
@@ -492,7 +654,11 @@ pub fn console_line(target: &str, model: &str, m: &Measured, trace_id: &str) -> 
         r.input_tokens.map_or("-".to_owned(), |v| v.to_string()),
         r.output_tokens.map_or("-".to_owned(), |v| v.to_string()),
         r.usage_source.map_or("-", |s| s.as_str()),
-        if r.finish_reasons.is_empty() { "-".to_owned() } else { r.finish_reasons.join(",") },
+        if r.finish_reasons.is_empty() {
+            "-".to_owned()
+        } else {
+            r.finish_reasons.join(",")
+        },
         m.retries,
     )
 }
@@ -512,7 +678,11 @@ mod discovery_tests {
             r
         };
         assert!(model_not_found(&failed("404", None, Some(404))));
-        assert!(model_not_found(&failed("NotFoundError", Some("model_not_found"), None)));
+        assert!(model_not_found(&failed(
+            "NotFoundError",
+            Some("model_not_found"),
+            None
+        )));
         assert!(!model_not_found(&failed("503", None, Some(503))));
     }
 
@@ -522,10 +692,35 @@ mod discovery_tests {
         let s = crate::server::TargetServer::new("t", None, None);
         assert_eq!(server_generation(None), 0);
         assert_eq!(server_generation(Some(&s)), 0);
-        s.push_event(std::time::SystemTime::now(), Change { kind: ChangeKind::Version, old: None, new: Some("2".into()) });
-        assert_eq!(server_generation(Some(&s)), 0, "a version change alone keeps the model");
-        s.push_event(std::time::SystemTime::now(), Change { kind: ChangeKind::Model, old: Some("llama-a".into()), new: Some("llama-b".into()) });
-        s.push_event(std::time::SystemTime::now(), Change { kind: ChangeKind::Restart, old: None, new: None });
+        s.push_event(
+            std::time::SystemTime::now(),
+            Change {
+                kind: ChangeKind::Version,
+                old: None,
+                new: Some("2".into()),
+            },
+        );
+        assert_eq!(
+            server_generation(Some(&s)),
+            0,
+            "a version change alone keeps the model"
+        );
+        s.push_event(
+            std::time::SystemTime::now(),
+            Change {
+                kind: ChangeKind::Model,
+                old: Some("llama-a".into()),
+                new: Some("llama-b".into()),
+            },
+        );
+        s.push_event(
+            std::time::SystemTime::now(),
+            Change {
+                kind: ChangeKind::Restart,
+                old: None,
+                new: None,
+            },
+        );
         assert_eq!(server_generation(Some(&s)), 2);
     }
 }

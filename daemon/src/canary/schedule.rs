@@ -28,7 +28,10 @@ pub const INTERVAL_JITTER: f64 = 0.1;
 
 impl Gaps {
     pub fn new(schedule: Schedule, seed: u64) -> Self {
-        Self { schedule, rng: SmallRng::seed_from_u64(seed) }
+        Self {
+            schedule,
+            rng: SmallRng::seed_from_u64(seed),
+        }
     }
 
     /// The next gap: uniform in period × [0.9, 1.1] for an interval; exponential with mean
@@ -36,11 +39,19 @@ impl Gaps {
     pub fn next_gap(&mut self) -> Duration {
         match self.schedule {
             Schedule::Interval { period } => {
-                let f: f64 = self.rng.random_range((1.0 - INTERVAL_JITTER)..=(1.0 + INTERVAL_JITTER));
+                let f: f64 = self
+                    .rng
+                    .random_range((1.0 - INTERVAL_JITTER)..=(1.0 + INTERVAL_JITTER));
                 period.mul_f64(f)
             }
-            Schedule::Rate { per_second, arrival: Arrival::Constant } => Duration::from_secs_f64(1.0 / per_second),
-            Schedule::Rate { per_second, arrival: Arrival::Poisson } => {
+            Schedule::Rate {
+                per_second,
+                arrival: Arrival::Constant,
+            } => Duration::from_secs_f64(1.0 / per_second),
+            Schedule::Rate {
+                per_second,
+                arrival: Arrival::Poisson,
+            } => {
                 let u: f64 = self.rng.random();
                 Duration::from_secs_f64(-(1.0 - u).ln() / per_second)
             }
@@ -70,7 +81,13 @@ pub const PACER_SPIN: Duration = Duration::from_micros(30);
 pub fn pacer_thread_init() {
     // SAFETY: prctl(PR_SET_TIMERSLACK) takes a plain integer and only affects this thread.
     unsafe {
-        libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong, 0 as libc::c_ulong);
+        libc::prctl(
+            libc::PR_SET_TIMERSLACK,
+            1000 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        );
     }
 }
 
@@ -81,7 +98,9 @@ pub fn pacer_thread_init() {
 pub fn pace_until(at: std::time::Instant) {
     loop {
         let now = std::time::Instant::now();
-        let Some(left) = at.checked_duration_since(now).filter(|l| !l.is_zero()) else { return };
+        let Some(left) = at.checked_duration_since(now).filter(|l| !l.is_zero()) else {
+            return;
+        };
         if left > PACER_SPIN {
             std::thread::sleep(left - PACER_SPIN);
         } else {
@@ -112,7 +131,11 @@ pub struct Ticker {
 impl Ticker {
     /// First tick at `start`.
     pub fn new(gaps: Gaps, start: Instant) -> Self {
-        Self { gaps, next: start, seq: 0 }
+        Self {
+            gaps,
+            next: start,
+            seq: 0,
+        }
     }
 
     /// First tick after a random share of one gap, so targets and agents started together
@@ -131,7 +154,11 @@ impl Ticker {
     pub async fn tick(&mut self) -> Tick {
         wait_until(self.next).await;
         let now = Instant::now();
-        let tick = Tick { seq: self.seq, scheduled: self.next, lag: now.saturating_duration_since(self.next) };
+        let tick = Tick {
+            seq: self.seq,
+            scheduled: self.next,
+            lag: now.saturating_duration_since(self.next),
+        };
         self.seq += 1;
         self.next += self.gaps.next_gap();
         tick
@@ -148,10 +175,23 @@ mod tests {
     /// long run is cut from 10,000 to 1,000 requests (5 s) with the same rate and threshold.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn case_06_vllm_21104_arrival_drift() {
-        let case: serde_json::Value = serde_json::from_str(include_str!("../../../tests/fixtures/cases/sse/06_vllm_21104_arrival_drift.json")).unwrap();
-        let work = Duration::from_secs_f64(case["input"]["per_dispatch_client_work_ms"].as_f64().unwrap() / 1000.0);
+        let case: serde_json::Value = serde_json::from_str(include_str!(
+            "../../../tests/fixtures/cases/sse/06_vllm_21104_arrival_drift.json"
+        ))
+        .unwrap();
+        let work = Duration::from_secs_f64(
+            case["input"]["per_dispatch_client_work_ms"]
+                .as_f64()
+                .unwrap()
+                / 1000.0,
+        );
         let tolerance = case["expected"]["tolerance_ms"].as_f64().unwrap();
-        let want: Vec<f64> = case["expected"]["dispatch_offsets_ms"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        let want: Vec<f64> = case["expected"]["dispatch_offsets_ms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
         let gap_ms = case["input"]["intervals_ms"][0].as_f64().unwrap();
         // The client's own work per dispatch: busy, as serialising a request is.
         let busy = |d: Duration| {
@@ -162,7 +202,10 @@ mod tests {
         // A drifting scheduler misses every attempt by the same growing amount; a loaded CI
         // machine can delay a wake-up now and then. So: up to ten attempts, one must be exact
         // for every dispatch.
-        let schedule = Schedule::Rate { per_second: 1000.0 / gap_ms, arrival: Arrival::Constant };
+        let schedule = Schedule::Rate {
+            per_second: 1000.0 / gap_ms,
+            arrival: Arrival::Constant,
+        };
         let mut attempts = Vec::new();
         for _ in 0..10 {
             let t0 = Instant::now() + Duration::from_millis(5);
@@ -173,7 +216,10 @@ mod tests {
                 got.push((Instant::now() - t0).as_secs_f64() * 1000.0);
                 busy(work);
             }
-            let exact = got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= tolerance);
+            let exact = got
+                .iter()
+                .zip(&want)
+                .all(|(g, w)| (g - w).abs() <= tolerance);
             attempts.push(got);
             if exact {
                 break;
@@ -181,14 +227,25 @@ mod tests {
         }
         let last = attempts.last().unwrap();
         assert!(
-            last.iter().zip(&want).all(|(g, w)| (g - w).abs() <= tolerance),
+            last.iter()
+                .zip(&want)
+                .all(|(g, w)| (g - w).abs() <= tolerance),
             "dispatched at {attempts:?} ms, want {want:?} ± {tolerance}"
         );
 
         let rate = case["input"]["long_run"]["rate_rps"].as_f64().unwrap();
         let n = case["input"]["long_run"]["num_requests"].as_u64().unwrap() / 10;
         let t0 = Instant::now();
-        let mut ticker = Ticker::new(Gaps::new(Schedule::Rate { per_second: rate, arrival: Arrival::Constant }, 1), t0);
+        let mut ticker = Ticker::new(
+            Gaps::new(
+                Schedule::Rate {
+                    per_second: rate,
+                    arrival: Arrival::Constant,
+                },
+                1,
+            ),
+            t0,
+        );
         let mut last = t0;
         for _ in 0..n {
             ticker.tick().await;
@@ -196,16 +253,33 @@ mod tests {
             busy(work);
         }
         let achieved = (n - 1) as f64 / (last - t0).as_secs_f64();
-        assert!(achieved >= case["expected"]["long_run_achieved_rps_min"].as_f64().unwrap(), "achieved {achieved} req/s");
+        assert!(
+            achieved
+                >= case["expected"]["long_run_achieved_rps_min"]
+                    .as_f64()
+                    .unwrap(),
+            "achieved {achieved} req/s"
+        );
     }
 
     #[test]
     fn poisson_gaps_have_the_right_mean_and_interval_gaps_stay_in_jitter() {
-        let mut g = Gaps::new(Schedule::Rate { per_second: 50.0, arrival: Arrival::Poisson }, 7);
+        let mut g = Gaps::new(
+            Schedule::Rate {
+                per_second: 50.0,
+                arrival: Arrival::Poisson,
+            },
+            7,
+        );
         let n = 20_000;
         let mean = (0..n).map(|_| g.next_gap().as_secs_f64()).sum::<f64>() / n as f64;
         assert!((mean - 0.02).abs() < 0.001, "mean gap {mean}");
-        let mut g = Gaps::new(Schedule::Interval { period: Duration::from_secs(5) }, 7);
+        let mut g = Gaps::new(
+            Schedule::Interval {
+                period: Duration::from_secs(5),
+            },
+            7,
+        );
         for _ in 0..1000 {
             let s = g.next_gap().as_secs_f64();
             assert!((4.5..=5.5).contains(&s), "{s}");

@@ -22,16 +22,36 @@ use raw::{RawCanary, RawConfig};
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("config file {path} line {line} ({text}): {message}")]
-    Parse { path: PathBuf, line: usize, text: String, message: String },
+    Parse {
+        path: PathBuf,
+        line: usize,
+        text: String,
+        message: String,
+    },
     #[error("{field} = {value:?}: {reason}")]
-    Invalid { field: String, value: String, reason: String },
+    Invalid {
+        field: String,
+        value: String,
+        reason: String,
+    },
 }
 
 impl ConfigError {
-    fn invalid(field: impl Into<String>, value: impl fmt::Display, reason: impl Into<String>) -> Self {
-        ConfigError::Invalid { field: field.into(), value: value.to_string(), reason: reason.into() }
+    fn invalid(
+        field: impl Into<String>,
+        value: impl fmt::Display,
+        reason: impl Into<String>,
+    ) -> Self {
+        ConfigError::Invalid {
+            field: field.into(),
+            value: value.to_string(),
+            reason: reason.into(),
+        }
     }
 }
 
@@ -210,7 +230,9 @@ impl ControlListen {
             }
             return Ok(ControlListen::Unix(PathBuf::from(path)));
         }
-        text.parse::<SocketAddr>().map(ControlListen::Tcp).map_err(|e| format!("expected unix:/path or IP:port ({e})"))
+        text.parse::<SocketAddr>()
+            .map(ControlListen::Tcp)
+            .map_err(|e| format!("expected unix:/path or IP:port ({e})"))
     }
 
     /// A unix socket or a loopback address (no token needed).
@@ -240,7 +262,11 @@ pub fn default_control_socket(env: &dyn Env) -> PathBuf {
     }
     // SAFETY: geteuid has no preconditions and cannot fail.
     let uid = unsafe { libc::geteuid() };
-    if uid == 0 { PathBuf::from("/run/lmperf/control.sock") } else { PathBuf::from(format!("/tmp/lmperf-{uid}/control.sock")) }
+    if uid == 0 {
+        PathBuf::from("/run/lmperf/control.sock")
+    } else {
+        PathBuf::from(format!("/tmp/lmperf-{uid}/control.sock"))
+    }
 }
 
 /// Hard caps of load injected through the control API; a request beyond one is refused.
@@ -261,7 +287,13 @@ pub struct InjectCaps {
 
 impl Default for InjectCaps {
     fn default() -> Self {
-        Self { max_rate_per_second: 20.0, max_duration: Duration::from_secs(300), max_concurrency: 8, max_requests: 10_000, trace_dir: None }
+        Self {
+            max_rate_per_second: 20.0,
+            max_duration: Duration::from_secs(300),
+            max_concurrency: 8,
+            max_requests: 10_000,
+            trace_dir: None,
+        }
     }
 }
 
@@ -353,7 +385,10 @@ pub fn parse_str(path: &Path, text: &str) -> Result<RawConfig, ConfigError> {
         let (line, line_text) = match e.span() {
             Some(span) => {
                 let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
-                (line, text.lines().nth(line - 1).unwrap_or("").trim().to_owned())
+                (
+                    line,
+                    text.lines().nth(line - 1).unwrap_or("").trim().to_owned(),
+                )
             }
             None => (0, String::new()),
         };
@@ -376,7 +411,14 @@ fn in_section(text: &str, line: usize, message: &str) -> String {
     let section = text
         .lines()
         .take(line.saturating_sub(1))
-        .filter_map(|l| l.trim().strip_prefix('[').map(|h| h.trim_start_matches('[').trim_end_matches(']').trim().to_owned()))
+        .filter_map(|l| {
+            l.trim().strip_prefix('[').map(|h| {
+                h.trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .trim()
+                    .to_owned()
+            })
+        })
         .last();
     let Some(section) = section else {
         return message.to_owned();
@@ -389,16 +431,27 @@ fn in_section(text: &str, line: usize, message: &str) -> String {
 }
 
 fn parse_file(path: &Path) -> Result<RawConfig, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
     parse_str(path, &text)
 }
 
 fn validate(mut raw: RawConfig, o: Overrides, env: &dyn Env) -> Result<AgentConfig, ConfigError> {
     if let Some(url) = &raw.canary.url {
-        return Err(ConfigError::invalid("canary.url", url, "a URL belongs in a [[target]] table"));
+        return Err(ConfigError::invalid(
+            "canary.url",
+            url,
+            "a URL belongs in a [[target]] table",
+        ));
     }
     if let Some(name) = &raw.canary.name {
-        return Err(ConfigError::invalid("canary.name", name, "a name belongs in a [[target]] table"));
+        return Err(ConfigError::invalid(
+            "canary.name",
+            name,
+            "a name belongs in a [[target]] table",
+        ));
     }
     // A bad sampling value written in [canary] is named there, not in the target inheriting it.
     validate_sampling("canary", &raw.canary)?;
@@ -406,20 +459,42 @@ fn validate(mut raw: RawConfig, o: Overrides, env: &dyn Env) -> Result<AgentConf
     // replaces the file's (interval and rate exclude each other).
     let cli = o.canary;
     if cli.interval.is_some() || cli.rate.is_some() {
-        for t in raw.targets.iter_mut().chain(std::iter::once(&mut raw.canary)) {
+        for t in raw
+            .targets
+            .iter_mut()
+            .chain(std::iter::once(&mut raw.canary))
+        {
             t.interval = None;
             t.rate = None;
         }
     }
     let raw_targets: Vec<(String, RawCanary)> = if o.targets.is_empty() {
-        raw.targets.into_iter().enumerate().map(|(i, t)| (format!("target[{i}]"), t)).collect()
+        raw.targets
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| (format!("target[{i}]"), t))
+            .collect()
     } else {
-        o.targets.iter().enumerate().map(|(i, url)| {
-            (format!("--target[{i}]"), RawCanary { url: Some(url.clone()), ..RawCanary::default() })
-        }).collect()
+        o.targets
+            .iter()
+            .enumerate()
+            .map(|(i, url)| {
+                (
+                    format!("--target[{i}]"),
+                    RawCanary {
+                        url: Some(url.clone()),
+                        ..RawCanary::default()
+                    },
+                )
+            })
+            .collect()
     };
     if raw_targets.is_empty() {
-        return Err(ConfigError::invalid("--target", "", "no target: give --target URL or a [[target]] table"));
+        return Err(ConfigError::invalid(
+            "--target",
+            "",
+            "no target: give --target URL or a [[target]] table",
+        ));
     }
     let mut targets = Vec::with_capacity(raw_targets.len());
     for (field, t) in raw_targets {
@@ -429,13 +504,24 @@ fn validate(mut raw: RawConfig, o: Overrides, env: &dyn Env) -> Result<AgentConf
     let mut names: Vec<&str> = targets.iter().map(|t| t.name.as_str()).collect();
     names.sort_unstable();
     if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
-        return Err(ConfigError::invalid("target.name", w[0], "two targets have the same name"));
+        return Err(ConfigError::invalid(
+            "target.name",
+            w[0],
+            "two targets have the same name",
+        ));
     }
 
-    let admin = o.admin_addr.or(raw.admin_addr).unwrap_or_else(|| DEFAULT_ADMIN_ADDR.to_owned());
-    let admin_addr = admin
-        .parse::<SocketAddr>()
-        .map_err(|e| ConfigError::invalid("admin_addr", &admin, format!("not an IP:port address ({e})")))?;
+    let admin = o
+        .admin_addr
+        .or(raw.admin_addr)
+        .unwrap_or_else(|| DEFAULT_ADMIN_ADDR.to_owned());
+    let admin_addr = admin.parse::<SocketAddr>().map_err(|e| {
+        ConfigError::invalid(
+            "admin_addr",
+            &admin,
+            format!("not an IP:port address ({e})"),
+        )
+    })?;
     let shutdown_timeout = raw.shutdown_timeout.unwrap_or(DEFAULT_SHUTDOWN_TIMEOUT);
     if shutdown_timeout > Duration::from_secs(8) {
         return Err(ConfigError::invalid(
@@ -450,94 +536,205 @@ fn validate(mut raw: RawConfig, o: Overrides, env: &dyn Env) -> Result<AgentConf
         None | Some("auto") => NetPrograms::Auto,
         Some("tp_btf") => NetPrograms::TpBtf,
         Some("tracepoint") => NetPrograms::Tracepoint,
-        Some(other) => return Err(ConfigError::invalid("net.programs", other, "one of auto, tp_btf, tracepoint")),
+        Some(other) => {
+            return Err(ConfigError::invalid(
+                "net.programs",
+                other,
+                "one of auto, tp_btf, tracepoint",
+            ));
+        }
     };
-    let net = NetConfig { enabled: raw.net.enabled.unwrap_or(true), programs };
+    let net = NetConfig {
+        enabled: raw.net.enabled.unwrap_or(true),
+        programs,
+    };
     let control = validate_control(raw.control, env)?;
-    Ok(AgentConfig { targets, admin_addr, shutdown_timeout, console: o.console || raw.console.unwrap_or(false), otlp, gpu, net, control })
+    Ok(AgentConfig {
+        targets,
+        admin_addr,
+        shutdown_timeout,
+        console: o.console || raw.console.unwrap_or(false),
+        otlp,
+        gpu,
+        net,
+        control,
+    })
 }
 
 fn validate_control(raw: raw::RawControl, env: &dyn Env) -> Result<ControlConfig, ConfigError> {
     let listen = match &raw.listen {
-        Some(text) => ControlListen::parse(text).map_err(|why| ConfigError::invalid("control.listen", text, why))?,
+        Some(text) => ControlListen::parse(text)
+            .map_err(|why| ConfigError::invalid("control.listen", text, why))?,
         None => ControlListen::Unix(default_control_socket(env)),
     };
     let token = match (&raw.token_file, &raw.token_env) {
-        (Some(f), Some(_)) => return Err(ConfigError::invalid("control.token_env", f, "token_file and token_env exclude each other")),
+        (Some(f), Some(_)) => {
+            return Err(ConfigError::invalid(
+                "control.token_env",
+                f,
+                "token_file and token_env exclude each other",
+            ));
+        }
         (Some(path), None) => {
-            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::invalid("control.token_file", path, format!("cannot read: {e}")))?;
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                ConfigError::invalid("control.token_file", path, format!("cannot read: {e}"))
+            })?;
             let t = text.trim();
             if t.is_empty() {
-                return Err(ConfigError::invalid("control.token_file", path, "file is empty"));
+                return Err(ConfigError::invalid(
+                    "control.token_file",
+                    path,
+                    "file is empty",
+                ));
             }
             Some(Secret(t.to_owned()))
         }
         (None, Some(var)) => match env.var(var) {
             Some(v) if !v.trim().is_empty() => Some(Secret(v.trim().to_owned())),
-            _ => return Err(ConfigError::invalid("control.token_env", var, "environment variable is not set")),
+            _ => {
+                return Err(ConfigError::invalid(
+                    "control.token_env",
+                    var,
+                    "environment variable is not set",
+                ));
+            }
         },
-        (None, None) => env.var(DEFAULT_CONTROL_TOKEN_ENV).map(|v| v.trim().to_owned()).filter(|v| !v.is_empty()).map(Secret),
+        (None, None) => env
+            .var(DEFAULT_CONTROL_TOKEN_ENV)
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+            .map(Secret),
     };
     let enabled = raw.enabled.unwrap_or(true);
     if enabled && token.is_none() && !listen.is_local() {
         return Err(ConfigError::invalid(
             "control.listen",
             &listen,
-            format!("a non-loopback address needs a token (control.token_file, or the {DEFAULT_CONTROL_TOKEN_ENV} environment variable)"),
+            format!(
+                "a non-loopback address needs a token (control.token_file, or the {DEFAULT_CONTROL_TOKEN_ENV} environment variable)"
+            ),
         ));
     }
     if let Some(t) = &token
         && t.0.bytes().any(|b| !(0x21..0x7f).contains(&b))
     {
-        return Err(ConfigError::invalid("control.token", "***", "printable ASCII without spaces (it goes in a header)"));
+        return Err(ConfigError::invalid(
+            "control.token",
+            "***",
+            "printable ASCII without spaces (it goes in a header)",
+        ));
     }
     let d = InjectCaps::default();
     let max_rate_per_second = raw.max_inject_rate.unwrap_or(d.max_rate_per_second);
-    if !(max_rate_per_second.is_finite() && max_rate_per_second > 0.0 && max_rate_per_second <= 1000.0) {
-        return Err(ConfigError::invalid("control.max_inject_rate", max_rate_per_second, "requests per second in (0, 1000]"));
+    if !(max_rate_per_second.is_finite()
+        && max_rate_per_second > 0.0
+        && max_rate_per_second <= 1000.0)
+    {
+        return Err(ConfigError::invalid(
+            "control.max_inject_rate",
+            max_rate_per_second,
+            "requests per second in (0, 1000]",
+        ));
     }
     let max_duration = raw.max_inject_duration.unwrap_or(d.max_duration);
     if !(Duration::from_secs(1)..=Duration::from_secs(86_400)).contains(&max_duration) {
-        return Err(ConfigError::invalid("control.max_inject_duration", humantime::format_duration(max_duration), "between 1s and 24h"));
+        return Err(ConfigError::invalid(
+            "control.max_inject_duration",
+            humantime::format_duration(max_duration),
+            "between 1s and 24h",
+        ));
     }
     let max_concurrency = raw.max_inject_concurrency.unwrap_or(d.max_concurrency);
     if !(1..=1024).contains(&max_concurrency) {
-        return Err(ConfigError::invalid("control.max_inject_concurrency", max_concurrency, "between 1 and 1024"));
+        return Err(ConfigError::invalid(
+            "control.max_inject_concurrency",
+            max_concurrency,
+            "between 1 and 1024",
+        ));
     }
     let max_requests = raw.max_inject_requests.unwrap_or(d.max_requests);
     if !(1..=1_000_000).contains(&max_requests) {
-        return Err(ConfigError::invalid("control.max_inject_requests", max_requests, "between 1 and 1000000"));
+        return Err(ConfigError::invalid(
+            "control.max_inject_requests",
+            max_requests,
+            "between 1 and 1000000",
+        ));
     }
     let trace_dir = match &raw.trace_dir {
-        Some(d) if !Path::new(d).is_absolute() => return Err(ConfigError::invalid("control.trace_dir", d, "an absolute path")),
-        Some(d) if !Path::new(d).is_dir() => return Err(ConfigError::invalid("control.trace_dir", d, "not a directory")),
+        Some(d) if !Path::new(d).is_absolute() => {
+            return Err(ConfigError::invalid(
+                "control.trace_dir",
+                d,
+                "an absolute path",
+            ));
+        }
+        Some(d) if !Path::new(d).is_dir() => {
+            return Err(ConfigError::invalid(
+                "control.trace_dir",
+                d,
+                "not a directory",
+            ));
+        }
         d => d.as_ref().map(PathBuf::from),
     };
     let recent_requests = raw.recent_requests.unwrap_or(DEFAULT_RECENT_REQUESTS);
     if recent_requests > 100_000 {
-        return Err(ConfigError::invalid("control.recent_requests", recent_requests, "at most 100000"));
+        return Err(ConfigError::invalid(
+            "control.recent_requests",
+            recent_requests,
+            "at most 100000",
+        ));
     }
-    Ok(ControlConfig { enabled, listen, token, recent_requests, caps: InjectCaps { max_rate_per_second, max_duration, max_concurrency, max_requests, trace_dir } })
+    Ok(ControlConfig {
+        enabled,
+        listen,
+        token,
+        recent_requests,
+        caps: InjectCaps {
+            max_rate_per_second,
+            max_duration,
+            max_concurrency,
+            max_requests,
+            trace_dir,
+        },
+    })
 }
 
 fn validate_gpu(raw: raw::RawGpu) -> Result<GpuConfig, ConfigError> {
     let interval = raw.interval.unwrap_or(DEFAULT_GPU_INTERVAL);
     if !(MIN_GPU_INTERVAL..=MAX_GPU_INTERVAL).contains(&interval) {
-        return Err(ConfigError::invalid("gpu.interval", humantime::format_duration(interval), "between 100ms and 60s"));
+        return Err(ConfigError::invalid(
+            "gpu.interval",
+            humantime::format_duration(interval),
+            "between 100ms and 60s",
+        ));
     }
     let nvml_library = match raw.nvml_library {
-        Some(p) if p.trim().is_empty() => return Err(ConfigError::invalid("gpu.nvml_library", p, "empty path")),
+        Some(p) if p.trim().is_empty() => {
+            return Err(ConfigError::invalid("gpu.nvml_library", p, "empty path"));
+        }
         p => p.map(PathBuf::from),
     };
-    Ok(GpuConfig { enabled: raw.enabled.unwrap_or(true), interval, nvml_library })
+    Ok(GpuConfig {
+        enabled: raw.enabled.unwrap_or(true),
+        interval,
+        nvml_library,
+    })
 }
 
 fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetConfig, ConfigError> {
-    let url_text = t.url.clone().ok_or_else(|| ConfigError::invalid(format!("{field}.url"), "", "missing"))?;
+    let url_text = t
+        .url
+        .clone()
+        .ok_or_else(|| ConfigError::invalid(format!("{field}.url"), "", "missing"))?;
     let mut base_url = Url::parse(&url_text)
         .map_err(|e| ConfigError::invalid(format!("{field}.url"), &url_text, e.to_string()))?;
     if !matches!(base_url.scheme(), "http" | "https") {
-        return Err(ConfigError::invalid(format!("{field}.url"), &url_text, "scheme must be http or https"));
+        return Err(ConfigError::invalid(
+            format!("{field}.url"),
+            &url_text,
+            "scheme must be http or https",
+        ));
     }
     let host = base_url
         .host_str()
@@ -549,17 +746,31 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
         .port_or_known_default()
         .ok_or_else(|| ConfigError::invalid(format!("{field}.url"), &url_text, "no port"))?;
     // Accept "http://h:p", "http://h:p/" and "http://h:p/v1": API paths are joined below.
-    let path = base_url.path().trim_end_matches('/').trim_end_matches("/v1").to_owned();
+    let path = base_url
+        .path()
+        .trim_end_matches('/')
+        .trim_end_matches("/v1")
+        .to_owned();
     base_url.set_path(&format!("{path}/"));
 
     let api = match t.api.as_deref() {
         None | Some("chat") => Api::Chat,
         Some("completions") => Api::Completions,
-        Some(other) => return Err(ConfigError::invalid(format!("{field}.api"), other, "expected chat or completions")),
+        Some(other) => {
+            return Err(ConfigError::invalid(
+                format!("{field}.api"),
+                other,
+                "expected chat or completions",
+            ));
+        }
     };
     let schedule = match (t.interval, t.rate) {
         (Some(_), Some(r)) => {
-            return Err(ConfigError::invalid(format!("{field}.rate"), r, "interval and rate exclude each other"));
+            return Err(ConfigError::invalid(
+                format!("{field}.rate"),
+                r,
+                "interval and rate exclude each other",
+            ));
         }
         (Some(period), None) => {
             if period < Duration::from_millis(10) {
@@ -570,50 +781,91 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
                 ));
             }
             if t.arrival.is_some() {
-                return Err(ConfigError::invalid(format!("{field}.arrival"), t.arrival.unwrap_or_default(), "arrival needs rate"));
+                return Err(ConfigError::invalid(
+                    format!("{field}.arrival"),
+                    t.arrival.unwrap_or_default(),
+                    "arrival needs rate",
+                ));
             }
             Schedule::Interval { period }
         }
         (None, Some(per_second)) => {
             if !(per_second.is_finite() && per_second > 0.0 && per_second <= 1000.0) {
-                return Err(ConfigError::invalid(format!("{field}.rate"), per_second, "requests per second in (0, 1000]"));
+                return Err(ConfigError::invalid(
+                    format!("{field}.rate"),
+                    per_second,
+                    "requests per second in (0, 1000]",
+                ));
             }
             let arrival = match t.arrival.as_deref() {
                 None | Some("poisson") => Arrival::Poisson,
                 Some("constant") => Arrival::Constant,
                 Some(other) => {
-                    return Err(ConfigError::invalid(format!("{field}.arrival"), other, "expected poisson or constant"));
+                    return Err(ConfigError::invalid(
+                        format!("{field}.arrival"),
+                        other,
+                        "expected poisson or constant",
+                    ));
                 }
             };
-            Schedule::Rate { per_second, arrival }
+            Schedule::Rate {
+                per_second,
+                arrival,
+            }
         }
         (None, None) => {
             if let Some(a) = &t.arrival {
-                return Err(ConfigError::invalid(format!("{field}.arrival"), a, "arrival needs rate"));
+                return Err(ConfigError::invalid(
+                    format!("{field}.arrival"),
+                    a,
+                    "arrival needs rate",
+                ));
             }
-            Schedule::Interval { period: DEFAULT_INTERVAL }
+            Schedule::Interval {
+                period: DEFAULT_INTERVAL,
+            }
         }
     };
     let max_tokens = t.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
     if max_tokens == 0 || max_tokens > 4096 {
-        return Err(ConfigError::invalid(format!("{field}.max_tokens"), max_tokens, "between 1 and 4096"));
+        return Err(ConfigError::invalid(
+            format!("{field}.max_tokens"),
+            max_tokens,
+            "between 1 and 4096",
+        ));
     }
     let timeout = t.timeout.unwrap_or(DEFAULT_TIMEOUT);
     if timeout.is_zero() {
-        return Err(ConfigError::invalid(format!("{field}.timeout"), "0s", "must be positive"));
+        return Err(ConfigError::invalid(
+            format!("{field}.timeout"),
+            "0s",
+            "must be positive",
+        ));
     }
     let max_in_flight = t.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT);
     if max_in_flight == 0 {
-        return Err(ConfigError::invalid(format!("{field}.max_in_flight"), 0, "at least 1"));
+        return Err(ConfigError::invalid(
+            format!("{field}.max_in_flight"),
+            0,
+            "at least 1",
+        ));
     }
     let max_event_bytes = t.max_event_bytes.unwrap_or(DEFAULT_MAX_EVENT_BYTES);
     if max_event_bytes < 1024 {
-        return Err(ConfigError::invalid(format!("{field}.max_event_bytes"), max_event_bytes, "at least 1024"));
+        return Err(ConfigError::invalid(
+            format!("{field}.max_event_bytes"),
+            max_event_bytes,
+            "at least 1024",
+        ));
     }
     if let Some(m) = &t.model
         && m.trim().is_empty()
     {
-        return Err(ConfigError::invalid(format!("{field}.model"), m, "empty model name"));
+        return Err(ConfigError::invalid(
+            format!("{field}.model"),
+            m,
+            "empty model name",
+        ));
     }
     let mut sampling = validate_sampling(field, &t)?;
     sampling.spike_min_requests = effective_spike_min(field, &sampling, &schedule);
@@ -642,27 +894,58 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
 
 fn validate_sampling(field: &str, t: &RawCanary) -> Result<SamplingPolicy, ConfigError> {
     let d = SamplingPolicy::default();
-    let unit = |name: &str, v: Option<f64>, default: f64, zero_ok: bool| -> Result<f64, ConfigError> {
-        let v = v.unwrap_or(default);
-        let ok = v.is_finite() && v <= 1.0 && (v > 0.0 || (zero_ok && v == 0.0));
-        if ok { Ok(v) } else { Err(ConfigError::invalid(format!("{field}.{name}"), v, "a share in [0, 1]")) }
-    };
+    let unit =
+        |name: &str, v: Option<f64>, default: f64, zero_ok: bool| -> Result<f64, ConfigError> {
+            let v = v.unwrap_or(default);
+            let ok = v.is_finite() && v <= 1.0 && (v > 0.0 || (zero_ok && v == 0.0));
+            if ok {
+                Ok(v)
+            } else {
+                Err(ConfigError::invalid(
+                    format!("{field}.{name}"),
+                    v,
+                    "a share in [0, 1]",
+                ))
+            }
+        };
     let base_ratio = unit("sampling_ratio", t.sampling_ratio, d.base_ratio, true)?;
-    let spike_error_rate = unit("spike_error_rate", t.spike_error_rate, d.spike_error_rate, false)?;
+    let spike_error_rate = unit(
+        "spike_error_rate",
+        t.spike_error_rate,
+        d.spike_error_rate,
+        false,
+    )?;
     let max_base_per_second = t.sampling_max_per_second.unwrap_or(d.max_base_per_second);
     if !(max_base_per_second.is_finite() && max_base_per_second >= 0.0) {
-        return Err(ConfigError::invalid(format!("{field}.sampling_max_per_second"), max_base_per_second, "spans per second, 0 or more"));
+        return Err(ConfigError::invalid(
+            format!("{field}.sampling_max_per_second"),
+            max_base_per_second,
+            "spans per second, 0 or more",
+        ));
     }
     let spike_window = t.spike_window.unwrap_or(d.spike_window);
     if spike_window < Duration::from_secs(1) {
-        return Err(ConfigError::invalid(format!("{field}.spike_window"), humantime::format_duration(spike_window), "at least 1s"));
+        return Err(ConfigError::invalid(
+            format!("{field}.spike_window"),
+            humantime::format_duration(spike_window),
+            "at least 1s",
+        ));
     }
     let spike_min_requests = t.spike_min_requests.unwrap_or(d.spike_min_requests);
     if spike_min_requests == 0 {
-        return Err(ConfigError::invalid(format!("{field}.spike_min_requests"), 0, "at least 1"));
+        return Err(ConfigError::invalid(
+            format!("{field}.spike_min_requests"),
+            0,
+            "at least 1",
+        ));
     }
     let spike_jump = validate_spike_jump(field, t)?;
-    let min_share_above = unit("spike_jump_min_share", t.spike_jump_min_share, d.spike_detector.min_share_above, true)?;
+    let min_share_above = unit(
+        "spike_jump_min_share",
+        t.spike_jump_min_share,
+        d.spike_detector.min_share_above,
+        true,
+    )?;
     Ok(SamplingPolicy {
         base_ratio,
         max_base_per_second,
@@ -674,7 +957,10 @@ fn validate_sampling(field: &str, t: &RawCanary) -> Result<SamplingPolicy, Confi
         spike_hold: t.spike_hold.unwrap_or(d.spike_hold),
         spike_min_requests,
         spike_jump,
-        spike_detector: crate::diagnosis::detector::DetectorConfig { min_share_above, ..d.spike_detector },
+        spike_detector: crate::diagnosis::detector::DetectorConfig {
+            min_share_above,
+            ..d.spike_detector
+        },
     })
 }
 
@@ -686,7 +972,11 @@ fn effective_spike_min(field: &str, p: &SamplingPolicy, schedule: &Schedule) -> 
         Schedule::Interval { period } => 1.0 / period.as_secs_f64(),
         Schedule::Rate { per_second, .. } => per_second,
     };
-    let (min, can_fire) = crate::sampler::adaptive::effective_min_requests(p.spike_min_requests, p.spike_window, rate);
+    let (min, can_fire) = crate::sampler::adaptive::effective_min_requests(
+        p.spike_min_requests,
+        p.spike_window,
+        rate,
+    );
     let window = humantime::format_duration(p.spike_window);
     if !can_fire {
         tracing::warn!(field, spike_window = %window, spike_min_requests = min, rate_per_s = rate, "The spike window cannot hold spike_min_requests canaries at this rate: the error-rate and SLO spike rules can never fire. Lengthen spike_window or raise the canary rate.");
@@ -697,21 +987,36 @@ fn effective_spike_min(field: &str, p: &SamplingPolicy, schedule: &Schedule) -> 
 }
 
 /// The latency-jump rule of spike mode; `spike_jump_ratio = 0` turns it off.
-fn validate_spike_jump(field: &str, t: &RawCanary) -> Result<Option<crate::diagnosis::detector::JumpRule>, ConfigError> {
+fn validate_spike_jump(
+    field: &str,
+    t: &RawCanary,
+) -> Result<Option<crate::diagnosis::detector::JumpRule>, ConfigError> {
     let d = crate::sampler::adaptive::DEFAULT_SPIKE_JUMP;
     let ratio = t.spike_jump_ratio.unwrap_or(d.ratio);
     if ratio == 0.0 {
         return Ok(None);
     }
     if !(ratio.is_finite() && ratio > 1.0) {
-        return Err(ConfigError::invalid(format!("{field}.spike_jump_ratio"), ratio, "0 (off) or a ratio above 1"));
+        return Err(ConfigError::invalid(
+            format!("{field}.spike_jump_ratio"),
+            ratio,
+            "0 (off) or a ratio above 1",
+        ));
     }
     let z = t.spike_jump_z.unwrap_or(d.z);
     if !(z.is_finite() && z >= 0.0) {
-        return Err(ConfigError::invalid(format!("{field}.spike_jump_z"), z, "a robust z score, 0 or more"));
+        return Err(ConfigError::invalid(
+            format!("{field}.spike_jump_z"),
+            z,
+            "a robust z score, 0 or more",
+        ));
     }
     let floor = t.spike_jump_floor.map_or(d.floor, |f| f.as_secs_f64());
-    Ok(Some(crate::diagnosis::detector::JumpRule { ratio, z, floor }))
+    Ok(Some(crate::diagnosis::detector::JumpRule {
+        ratio,
+        z,
+        floor,
+    }))
 }
 
 /// The key comes from a file (`api_key_file`) or an environment variable (`api_key_env`,
@@ -719,20 +1024,30 @@ fn validate_spike_jump(field: &str, t: &RawCanary) -> Result<Option<crate::diagn
 fn read_api_key(field: &str, t: &RawCanary, env: &dyn Env) -> Result<Option<Secret>, ConfigError> {
     if let Some(path) = &t.api_key_file {
         let text = std::fs::read_to_string(path).map_err(|e| {
-            ConfigError::invalid(format!("{field}.api_key_file"), path, format!("cannot read: {e}"))
+            ConfigError::invalid(
+                format!("{field}.api_key_file"),
+                path,
+                format!("cannot read: {e}"),
+            )
         })?;
         let key = text.trim();
         if key.is_empty() {
-            return Err(ConfigError::invalid(format!("{field}.api_key_file"), path, "file is empty"));
+            return Err(ConfigError::invalid(
+                format!("{field}.api_key_file"),
+                path,
+                "file is empty",
+            ));
         }
         return Ok(Some(Secret(key.to_owned())));
     }
     let var = t.api_key_env.as_deref().unwrap_or(DEFAULT_API_KEY_ENV);
     match env.var(var) {
         Some(v) => Ok(Some(Secret(v.trim().to_owned()))),
-        None if t.api_key_env.is_some() => {
-            Err(ConfigError::invalid(format!("{field}.api_key_env"), var, "environment variable is not set"))
-        }
+        None if t.api_key_env.is_some() => Err(ConfigError::invalid(
+            format!("{field}.api_key_env"),
+            var,
+            "environment variable is not set",
+        )),
         None => Ok(None),
     }
 }
@@ -744,12 +1059,17 @@ fn validate_otlp(
     no_otlp: bool,
     env: &dyn Env,
 ) -> Result<OtlpConfig, ConfigError> {
-    let sdk_disabled = env.var("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    let sdk_disabled = env
+        .var("OTEL_SDK_DISABLED")
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
     let enabled = !no_otlp && raw.enabled.unwrap_or(!sdk_disabled);
     let (proto_field, proto_text) = match (cli_protocol, raw.protocol) {
         (Some(p), _) => ("--otlp-protocol", p),
         (None, Some(p)) => ("otlp.protocol", p),
-        (None, None) => match env.var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").or_else(|| env.var("OTEL_EXPORTER_OTLP_PROTOCOL")) {
+        (None, None) => match env
+            .var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+            .or_else(|| env.var("OTEL_EXPORTER_OTLP_PROTOCOL"))
+        {
             Some(p) => ("OTEL_EXPORTER_OTLP_PROTOCOL", p),
             None => ("otlp.protocol", "http/protobuf".to_owned()),
         },
@@ -757,18 +1077,33 @@ fn validate_otlp(
     let protocol = match proto_text.as_str() {
         "grpc" => OtlpProtocol::Grpc,
         "http/protobuf" => OtlpProtocol::HttpProtobuf,
-        other => return Err(ConfigError::invalid(proto_field, other, "expected grpc or http/protobuf")),
+        other => {
+            return Err(ConfigError::invalid(
+                proto_field,
+                other,
+                "expected grpc or http/protobuf",
+            ));
+        }
     };
     let default_base = match protocol {
         OtlpProtocol::Grpc => "http://localhost:4317",
         OtlpProtocol::HttpProtobuf => "http://localhost:4318",
     };
-    let explicit = cli_endpoint.map(|e| ("--otlp-endpoint", e)).or(raw.endpoint.map(|e| ("otlp.endpoint", e)));
-    let base = explicit.clone().or(env.var("OTEL_EXPORTER_OTLP_ENDPOINT").map(|e| ("OTEL_EXPORTER_OTLP_ENDPOINT", e)));
+    let explicit = cli_endpoint
+        .map(|e| ("--otlp-endpoint", e))
+        .or(raw.endpoint.map(|e| ("otlp.endpoint", e)));
+    let base = explicit.clone().or(env
+        .var("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .map(|e| ("OTEL_EXPORTER_OTLP_ENDPOINT", e)));
     let (base_field, base) = base.unwrap_or(("otlp.endpoint", default_base.to_owned()));
-    let parsed = Url::parse(&base).map_err(|e| ConfigError::invalid(base_field, &base, e.to_string()))?;
+    let parsed =
+        Url::parse(&base).map_err(|e| ConfigError::invalid(base_field, &base, e.to_string()))?;
     if !matches!(parsed.scheme(), "http" | "https") {
-        return Err(ConfigError::invalid(base_field, &base, "scheme must be http or https"));
+        return Err(ConfigError::invalid(
+            base_field,
+            &base,
+            "scheme must be http or https",
+        ));
     }
     let signal = |suffix: &str, var: &str| -> String {
         if explicit.is_none()
@@ -797,7 +1132,11 @@ fn validate_otlp(
         None => env_ms("OTEL_METRIC_EXPORT_INTERVAL")?.unwrap_or(Duration::from_secs(60)),
     };
     if export_interval < Duration::from_millis(100) {
-        return Err(ConfigError::invalid("otlp.export_interval", humantime::format_duration(export_interval), "at least 100ms"));
+        return Err(ConfigError::invalid(
+            "otlp.export_interval",
+            humantime::format_duration(export_interval),
+            "at least 100ms",
+        ));
     }
     let export_timeout = match raw.export_timeout {
         Some(d) => d,
@@ -806,16 +1145,38 @@ fn validate_otlp(
     let queue_size = raw.queue_size.unwrap_or(2048);
     let batch_size = raw.batch_size.unwrap_or(512);
     if queue_size == 0 {
-        return Err(ConfigError::invalid("otlp.queue_size", queue_size, "at least 1"));
+        return Err(ConfigError::invalid(
+            "otlp.queue_size",
+            queue_size,
+            "at least 1",
+        ));
     }
     if batch_size == 0 || batch_size > queue_size {
-        return Err(ConfigError::invalid("otlp.batch_size", batch_size, format!("between 1 and queue_size ({queue_size})")));
+        return Err(ConfigError::invalid(
+            "otlp.batch_size",
+            batch_size,
+            format!("between 1 and queue_size ({queue_size})"),
+        ));
     }
     let export_concurrency = raw.export_concurrency.unwrap_or(2);
     if !(1..=16).contains(&export_concurrency) {
-        return Err(ConfigError::invalid("otlp.export_concurrency", export_concurrency, "between 1 and 16"));
+        return Err(ConfigError::invalid(
+            "otlp.export_concurrency",
+            export_concurrency,
+            "between 1 and 16",
+        ));
     }
-    Ok(OtlpConfig { enabled, protocol, traces_endpoint, metrics_endpoint, export_interval, export_timeout, queue_size, batch_size, export_concurrency })
+    Ok(OtlpConfig {
+        enabled,
+        protocol,
+        traces_endpoint,
+        metrics_endpoint,
+        export_interval,
+        export_timeout,
+        queue_size,
+        batch_size,
+        export_concurrency,
+    })
 }
 
 #[cfg(test)]
@@ -831,14 +1192,20 @@ mod tests {
         }
     }
 
-    fn from_toml(text: &str, o: Overrides, env: &[(&'static str, &'static str)]) -> Result<AgentConfig, ConfigError> {
+    fn from_toml(
+        text: &str,
+        o: Overrides,
+        env: &[(&'static str, &'static str)],
+    ) -> Result<AgentConfig, ConfigError> {
         let raw = parse_str(Path::new("t.toml"), text)?;
         validate(raw, o, &MapEnv(env.iter().copied().collect()))
     }
 
     #[test]
     fn unknown_key_is_rejected_with_line_and_name() {
-        let err = from_toml("[canary]\nintervall = \"5s\"\n", Overrides::default(), &[]).unwrap_err().to_string();
+        let err = from_toml("[canary]\nintervall = \"5s\"\n", Overrides::default(), &[])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("line 2") && err.contains("intervall"), "{err}");
         assert!(!err.contains('\n'), "one line: {err}");
     }
@@ -846,49 +1213,123 @@ mod tests {
     #[test]
     fn bad_values_name_field_and_value() {
         let cases = [
-            ("[[target]]\nurl = \"ftp://x\"\n", "target[0].url = \"ftp://x\""),
-            ("[[target]]\nurl = \"http://x:1\"\napi = \"embeddings\"\n", "target[0].api = \"embeddings\""),
-            ("[[target]]\nurl = \"http://x:1\"\nrate = -1.0\n", "target[0].rate = \"-1\""),
-            ("admin_addr = \"localhost\"\n[[target]]\nurl = \"http://x:1\"\n", "admin_addr = \"localhost\""),
-            ("[otlp]\nprotocol = \"http/json\"\n[[target]]\nurl = \"http://x:1\"\n", "otlp.protocol = \"http/json\""),
-            ("[otlp]\nqueue_size = 0\n[[target]]\nurl = \"http://x:1\"\n", "otlp.queue_size = \"0\""),
-            ("[[target]]\nurl = \"http://x:1\"\narrival = \"poisson\"\n", "target[0].arrival = \"poisson\""),
-            ("[gpu]\ninterval = \"50ms\"\n[[target]]\nurl = \"http://x:1\"\n", "gpu.interval = \"50ms\""),
-            ("[gpu]\ninterval = \"2m\"\n[[target]]\nurl = \"http://x:1\"\n", "gpu.interval = \"2m\""),
-            ("[gpu]\nnvml_library = \" \"\n[[target]]\nurl = \"http://x:1\"\n", "gpu.nvml_library = \" \""),
+            (
+                "[[target]]\nurl = \"ftp://x\"\n",
+                "target[0].url = \"ftp://x\"",
+            ),
+            (
+                "[[target]]\nurl = \"http://x:1\"\napi = \"embeddings\"\n",
+                "target[0].api = \"embeddings\"",
+            ),
+            (
+                "[[target]]\nurl = \"http://x:1\"\nrate = -1.0\n",
+                "target[0].rate = \"-1\"",
+            ),
+            (
+                "admin_addr = \"localhost\"\n[[target]]\nurl = \"http://x:1\"\n",
+                "admin_addr = \"localhost\"",
+            ),
+            (
+                "[otlp]\nprotocol = \"http/json\"\n[[target]]\nurl = \"http://x:1\"\n",
+                "otlp.protocol = \"http/json\"",
+            ),
+            (
+                "[otlp]\nqueue_size = 0\n[[target]]\nurl = \"http://x:1\"\n",
+                "otlp.queue_size = \"0\"",
+            ),
+            (
+                "[[target]]\nurl = \"http://x:1\"\narrival = \"poisson\"\n",
+                "target[0].arrival = \"poisson\"",
+            ),
+            (
+                "[gpu]\ninterval = \"50ms\"\n[[target]]\nurl = \"http://x:1\"\n",
+                "gpu.interval = \"50ms\"",
+            ),
+            (
+                "[gpu]\ninterval = \"2m\"\n[[target]]\nurl = \"http://x:1\"\n",
+                "gpu.interval = \"2m\"",
+            ),
+            (
+                "[gpu]\nnvml_library = \" \"\n[[target]]\nurl = \"http://x:1\"\n",
+                "gpu.nvml_library = \" \"",
+            ),
         ];
         for (text, want) in cases {
-            let err = from_toml(text, Overrides::default(), &[]).unwrap_err().to_string();
+            let err = from_toml(text, Overrides::default(), &[])
+                .unwrap_err()
+                .to_string();
             assert!(err.starts_with(want), "{err} should start with {want}");
         }
-        let err = from_toml("[canary]\ninterval = \"5 parsecs\"\n", Overrides::default(), &[]).unwrap_err().to_string();
+        let err = from_toml(
+            "[canary]\ninterval = \"5 parsecs\"\n",
+            Overrides::default(),
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("interval = \"5 parsecs\""), "{err}");
     }
 
     #[test]
     fn spike_min_requests_is_judged_against_the_window_at_the_canary_rate() {
-        let min = |text: &str| from_toml(text, Overrides::default(), &[]).unwrap().targets[0].sampling.spike_min_requests;
+        let min = |text: &str| {
+            from_toml(text, Overrides::default(), &[]).unwrap().targets[0]
+                .sampling
+                .spike_min_requests
+        };
         // Defaults: 30 s window, one canary per 5 s: 6 canaries, not 10.
         assert_eq!(min("[[target]]\nurl = \"http://127.0.0.1:8000\"\n"), 6);
-        assert_eq!(min("[canary]\nrate = 10.0\n[[target]]\nurl = \"http://127.0.0.1:8000\"\n"), 10);
+        assert_eq!(
+            min("[canary]\nrate = 10.0\n[[target]]\nurl = \"http://127.0.0.1:8000\"\n"),
+            10
+        );
         // A window of 2 canaries cannot hold 3: kept at 3 (warned: never fires).
-        assert_eq!(min("[canary]\nspike_window = \"10s\"\n[[target]]\nurl = \"http://127.0.0.1:8000\"\n"), 3);
+        assert_eq!(
+            min("[canary]\nspike_window = \"10s\"\n[[target]]\nurl = \"http://127.0.0.1:8000\"\n"),
+            3
+        );
     }
 
     #[test]
     fn spike_jump_min_share_is_a_share() {
         let t = "[[target]]\nurl = \"http://127.0.0.1:8000\"\n";
-        let share = |text: &str| from_toml(text, Overrides::default(), &[]).map(|c| c.targets[0].sampling.spike_detector.min_share_above);
+        let share = |text: &str| {
+            from_toml(text, Overrides::default(), &[])
+                .map(|c| c.targets[0].sampling.spike_detector.min_share_above)
+        };
         assert_eq!(share(t).unwrap(), 0.25);
-        assert_eq!(share(&format!("[canary]\nspike_jump_min_share = 0.5\n{t}")).unwrap(), 0.5);
-        let err = share(&format!("[canary]\nspike_jump_min_share = 1.5\n{t}")).unwrap_err().to_string();
-        assert_eq!(err, "canary.spike_jump_min_share = \"1.5\": a share in [0, 1]");
+        assert_eq!(
+            share(&format!("[canary]\nspike_jump_min_share = 0.5\n{t}")).unwrap(),
+            0.5
+        );
+        let err = share(&format!("[canary]\nspike_jump_min_share = 1.5\n{t}"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "canary.spike_jump_min_share = \"1.5\": a share in [0, 1]"
+        );
         // A misspelled key is named with its table, and [canary] lists only its own keys.
-        let err = share(&format!("[canary]\nspike_jump_min_shar = 0.5\n{t}")).unwrap_err().to_string();
-        assert!(err.contains("unknown field `canary.spike_jump_min_shar`, expected one of `model`"), "{err}");
-        assert!(!err.contains("`url`") && !err.contains("`name`") && err.contains("`spike_jump_min_share`"), "{err}");
-        let err = share("[[target]]\nurl = \"http://127.0.0.1:8000\"\nsampling_rati = 0.5\n").unwrap_err().to_string();
-        assert!(err.contains("unknown field `target.sampling_rati`, expected one of `url`, `name`"), "{err}");
+        let err = share(&format!("[canary]\nspike_jump_min_shar = 0.5\n{t}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("unknown field `canary.spike_jump_min_shar`, expected one of `model`"),
+            "{err}"
+        );
+        assert!(
+            !err.contains("`url`")
+                && !err.contains("`name`")
+                && err.contains("`spike_jump_min_share`"),
+            "{err}"
+        );
+        let err = share("[[target]]\nurl = \"http://127.0.0.1:8000\"\nsampling_rati = 0.5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("unknown field `target.sampling_rati`, expected one of `url`, `name`"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -900,22 +1341,46 @@ mod tests {
         assert_eq!(c.targets[0].max_tokens, 8);
         assert_eq!(c.targets[1].max_tokens, 16);
         assert_eq!(c.targets[1].host, "::1");
-        assert_eq!(c.targets[0].schedule, Schedule::Interval { period: Duration::from_secs(2) });
+        assert_eq!(
+            c.targets[0].schedule,
+            Schedule::Interval {
+                period: Duration::from_secs(2)
+            }
+        );
         let o = Overrides {
-            canary: RawCanary { rate: Some(3.0), max_tokens: Some(4), ..RawCanary::default() },
+            canary: RawCanary {
+                rate: Some(3.0),
+                max_tokens: Some(4),
+                ..RawCanary::default()
+            },
             ..Overrides::default()
         };
         let c = from_toml(text, o, &[]).unwrap();
-        assert_eq!(c.targets[1].schedule, Schedule::Rate { per_second: 3.0, arrival: Arrival::Poisson });
+        assert_eq!(
+            c.targets[1].schedule,
+            Schedule::Rate {
+                per_second: 3.0,
+                arrival: Arrival::Poisson
+            }
+        );
         assert_eq!(c.targets[1].max_tokens, 4);
         // A target's own rate replaces the default interval.
         let c = from_toml("[canary]\ninterval = \"2s\"\n[[target]]\nurl = \"http://x:1\"\nrate = 4.0\narrival = \"constant\"\n", Overrides::default(), &[]).unwrap();
-        assert_eq!(c.targets[0].schedule, Schedule::Rate { per_second: 4.0, arrival: Arrival::Constant });
+        assert_eq!(
+            c.targets[0].schedule,
+            Schedule::Rate {
+                per_second: 4.0,
+                arrival: Arrival::Constant
+            }
+        );
     }
 
     #[test]
     fn otlp_follows_the_environment_spec() {
-        let o = || Overrides { targets: vec!["http://127.0.0.1:1".into()], ..Overrides::default() };
+        let o = || Overrides {
+            targets: vec!["http://127.0.0.1:1".into()],
+            ..Overrides::default()
+        };
         let c = from_toml("", o(), &[]).unwrap();
         assert_eq!(c.otlp.protocol, OtlpProtocol::HttpProtobuf);
         assert_eq!(c.otlp.traces_endpoint, "http://localhost:4318/v1/traces");
@@ -925,7 +1390,10 @@ mod tests {
             ("OTEL_METRIC_EXPORT_INTERVAL", "1500"),
         ];
         let c = from_toml("", o(), &env).unwrap();
-        assert_eq!((c.otlp.protocol, c.otlp.traces_endpoint.as_str()), (OtlpProtocol::Grpc, "http://collector:4317"));
+        assert_eq!(
+            (c.otlp.protocol, c.otlp.traces_endpoint.as_str()),
+            (OtlpProtocol::Grpc, "http://collector:4317")
+        );
         assert_eq!(c.otlp.export_interval, Duration::from_millis(1500));
         let c = from_toml("", o(), &[("OTEL_SDK_DISABLED", "true")]).unwrap();
         assert!(!c.otlp.enabled);
@@ -933,50 +1401,154 @@ mod tests {
 
     #[test]
     fn net_table_default_on_and_strict() {
-        let o = || Overrides { targets: vec!["http://127.0.0.1:1".into()], ..Overrides::default() };
-        assert_eq!(from_toml("", o(), &[]).unwrap().net, NetConfig { enabled: true, programs: NetPrograms::Auto });
-        assert_eq!(from_toml("[net]\nenabled = false\n", o(), &[]).unwrap().net, NetConfig { enabled: false, programs: NetPrograms::Auto });
-        assert_eq!(from_toml("[net]\nprograms = \"tracepoint\"\n", o(), &[]).unwrap().net.programs, NetPrograms::Tracepoint);
-        let e = from_toml("[net]\nprograms = \"kprobe\"\n", o(), &[]).unwrap_err().to_string();
+        let o = || Overrides {
+            targets: vec!["http://127.0.0.1:1".into()],
+            ..Overrides::default()
+        };
+        assert_eq!(
+            from_toml("", o(), &[]).unwrap().net,
+            NetConfig {
+                enabled: true,
+                programs: NetPrograms::Auto
+            }
+        );
+        assert_eq!(
+            from_toml("[net]\nenabled = false\n", o(), &[]).unwrap().net,
+            NetConfig {
+                enabled: false,
+                programs: NetPrograms::Auto
+            }
+        );
+        assert_eq!(
+            from_toml("[net]\nprograms = \"tracepoint\"\n", o(), &[])
+                .unwrap()
+                .net
+                .programs,
+            NetPrograms::Tracepoint
+        );
+        let e = from_toml("[net]\nprograms = \"kprobe\"\n", o(), &[])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("net.programs") && e.contains("kprobe"), "{e}");
-        let err = from_toml("[net]\nenable = true\n", o(), &[]).unwrap_err().to_string();
+        let err = from_toml("[net]\nenable = true\n", o(), &[])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("enable"), "{err}");
     }
 
     #[test]
     fn gpu_table_defaults_and_bounds() {
-        let o = || Overrides { targets: vec!["http://127.0.0.1:1".into()], ..Overrides::default() };
+        let o = || Overrides {
+            targets: vec!["http://127.0.0.1:1".into()],
+            ..Overrides::default()
+        };
         let c = from_toml("", o(), &[]).unwrap();
-        assert_eq!(c.gpu, GpuConfig { enabled: true, interval: Duration::from_secs(1), nvml_library: None });
+        assert_eq!(
+            c.gpu,
+            GpuConfig {
+                enabled: true,
+                interval: Duration::from_secs(1),
+                nvml_library: None
+            }
+        );
         let c = from_toml("[gpu]\nenabled = false\ninterval = \"100ms\"\nnvml_library = \"/x/libnvidia-ml.so.1\"\n", o(), &[]).unwrap();
-        assert_eq!(c.gpu, GpuConfig { enabled: false, interval: Duration::from_millis(100), nvml_library: Some("/x/libnvidia-ml.so.1".into()) });
-        let err = from_toml("[gpu]\nintervall = \"1s\"\n", o(), &[]).unwrap_err().to_string();
+        assert_eq!(
+            c.gpu,
+            GpuConfig {
+                enabled: false,
+                interval: Duration::from_millis(100),
+                nvml_library: Some("/x/libnvidia-ml.so.1".into())
+            }
+        );
+        let err = from_toml("[gpu]\nintervall = \"1s\"\n", o(), &[])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("line 2") && err.contains("intervall"), "{err}");
     }
 
     #[test]
     fn control_defaults_local_and_token_for_non_loopback() {
-        let o = || Overrides { targets: vec!["http://127.0.0.1:1".into()], ..Overrides::default() };
-        let c = from_toml("", o(), &[("XDG_RUNTIME_DIR", "/run/user/7")]).unwrap().control;
-        assert_eq!(c.listen, ControlListen::Unix("/run/user/7/lmperf/control.sock".into()));
+        let o = || Overrides {
+            targets: vec!["http://127.0.0.1:1".into()],
+            ..Overrides::default()
+        };
+        let c = from_toml("", o(), &[("XDG_RUNTIME_DIR", "/run/user/7")])
+            .unwrap()
+            .control;
+        assert_eq!(
+            c.listen,
+            ControlListen::Unix("/run/user/7/lmperf/control.sock".into())
+        );
         assert!(c.enabled && c.token.is_none());
-        assert_eq!((c.recent_requests, c.caps), (DEFAULT_RECENT_REQUESTS, InjectCaps::default()));
-        let c = from_toml("[control]\nlisten = \"127.0.0.1:5000\"\nmax_inject_rate = 5.0\n", o(), &[]).unwrap().control;
-        assert_eq!((c.listen.to_string().as_str(), c.caps.max_rate_per_second), ("127.0.0.1:5000", 5.0));
-        let err = from_toml("[control]\nlisten = \"0.0.0.0:5000\"\n", o(), &[]).unwrap_err().to_string();
-        assert!(err.starts_with("control.listen = \"0.0.0.0:5000\": a non-loopback address needs a token"), "{err}");
-        let c = from_toml("[control]\nlisten = \"0.0.0.0:5000\"\n", o(), &[("LMPERF_CONTROL_TOKEN", "tok-1")]).unwrap().control;
+        assert_eq!(
+            (c.recent_requests, c.caps),
+            (DEFAULT_RECENT_REQUESTS, InjectCaps::default())
+        );
+        let c = from_toml(
+            "[control]\nlisten = \"127.0.0.1:5000\"\nmax_inject_rate = 5.0\n",
+            o(),
+            &[],
+        )
+        .unwrap()
+        .control;
+        assert_eq!(
+            (c.listen.to_string().as_str(), c.caps.max_rate_per_second),
+            ("127.0.0.1:5000", 5.0)
+        );
+        let err = from_toml("[control]\nlisten = \"0.0.0.0:5000\"\n", o(), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(
+                "control.listen = \"0.0.0.0:5000\": a non-loopback address needs a token"
+            ),
+            "{err}"
+        );
+        let c = from_toml(
+            "[control]\nlisten = \"0.0.0.0:5000\"\n",
+            o(),
+            &[("LMPERF_CONTROL_TOKEN", "tok-1")],
+        )
+        .unwrap()
+        .control;
         assert_eq!(c.token.as_ref().map(Secret::expose), Some("tok-1"));
         assert!(!format!("{c:?}").contains("tok-1"));
         // Disabled, a non-loopback address is not an error.
-        assert!(!from_toml("[control]\nenabled = false\nlisten = \"0.0.0.0:5000\"\n", o(), &[]).unwrap().control.enabled);
+        assert!(
+            !from_toml(
+                "[control]\nenabled = false\nlisten = \"0.0.0.0:5000\"\n",
+                o(),
+                &[]
+            )
+            .unwrap()
+            .control
+            .enabled
+        );
         for (text, want) in [
-            ("[control]\nlisten = \"unix:\"\n", "control.listen = \"unix:\""),
-            ("[control]\nlisten = \"localhost\"\n", "control.listen = \"localhost\""),
-            ("[control]\nmax_inject_rate = 0.0\n", "control.max_inject_rate = \"0\""),
-            ("[control]\nmax_inject_concurrency = 0\n", "control.max_inject_concurrency = \"0\""),
-            ("[control]\ntoken_env = \"NOPE_TOKEN\"\n", "control.token_env = \"NOPE_TOKEN\""),
-            ("[control]\nlisten_addr = \"x\"\n", "config file t.toml line 2"),
+            (
+                "[control]\nlisten = \"unix:\"\n",
+                "control.listen = \"unix:\"",
+            ),
+            (
+                "[control]\nlisten = \"localhost\"\n",
+                "control.listen = \"localhost\"",
+            ),
+            (
+                "[control]\nmax_inject_rate = 0.0\n",
+                "control.max_inject_rate = \"0\"",
+            ),
+            (
+                "[control]\nmax_inject_concurrency = 0\n",
+                "control.max_inject_concurrency = \"0\"",
+            ),
+            (
+                "[control]\ntoken_env = \"NOPE_TOKEN\"\n",
+                "control.token_env = \"NOPE_TOKEN\"",
+            ),
+            (
+                "[control]\nlisten_addr = \"x\"\n",
+                "config file t.toml line 2",
+            ),
         ] {
             let err = from_toml(text, o(), &[]).unwrap_err().to_string();
             assert!(err.starts_with(want), "{err} should start with {want}");
@@ -985,11 +1557,22 @@ mod tests {
 
     #[test]
     fn api_key_from_env_or_file_never_debug_printed() {
-        let o = Overrides { targets: vec!["http://127.0.0.1:1".into()], ..Overrides::default() };
+        let o = Overrides {
+            targets: vec!["http://127.0.0.1:1".into()],
+            ..Overrides::default()
+        };
         let c = from_toml("", o.clone(), &[("LMPERF_API_KEY", "sk-secret-1")]).unwrap();
-        assert_eq!(c.targets[0].api_key.as_ref().map(Secret::expose), Some("sk-secret-1"));
+        assert_eq!(
+            c.targets[0].api_key.as_ref().map(Secret::expose),
+            Some("sk-secret-1")
+        );
         assert!(!format!("{c:?}").contains("sk-secret-1"));
-        let err = from_toml("[canary]\napi_key_env = \"NOPE\"\n", o, &[]).unwrap_err().to_string();
-        assert!(err.starts_with("--target[0].api_key_env = \"NOPE\""), "{err}");
+        let err = from_toml("[canary]\napi_key_env = \"NOPE\"\n", o, &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("--target[0].api_key_env = \"NOPE\""),
+            "{err}"
+        );
     }
 }

@@ -37,10 +37,20 @@ impl CtlError {
     /// The exit code: 3 when the agent refused, else 1.
     pub fn exit_code(&self) -> u8 {
         match self {
-            CtlError::Rpc(s) if matches!(
-                s.code(),
-                Code::InvalidArgument | Code::NotFound | Code::AlreadyExists | Code::FailedPrecondition | Code::Unauthenticated | Code::PermissionDenied | Code::OutOfRange
-            ) => 3,
+            CtlError::Rpc(s)
+                if matches!(
+                    s.code(),
+                    Code::InvalidArgument
+                        | Code::NotFound
+                        | Code::AlreadyExists
+                        | Code::FailedPrecondition
+                        | Code::Unauthenticated
+                        | Code::PermissionDenied
+                        | Code::OutOfRange
+                ) =>
+            {
+                3
+            }
             CtlError::Local(_) => 2,
             _ => 1,
         }
@@ -85,31 +95,51 @@ impl CtlClient {
     /// # Errors
     /// [`CtlError::Connect`] when nothing answers there.
     pub async fn connect(at: &ControlListen, token: Option<Secret>) -> Result<Self, CtlError> {
-        let fail = |e: &dyn std::fmt::Display| CtlError::Connect { at: at.to_string(), reason: e.to_string() };
-        let unreachable = |e: &tonic::transport::Error| CtlError::Connect { at: at.to_string(), reason: unreachable_reason(e) };
+        let fail = |e: &dyn std::fmt::Display| CtlError::Connect {
+            at: at.to_string(),
+            reason: e.to_string(),
+        };
+        let unreachable = |e: &tonic::transport::Error| CtlError::Connect {
+            at: at.to_string(),
+            reason: unreachable_reason(e),
+        };
         let channel = match at {
             ControlListen::Tcp(addr) => {
-                let ep = Endpoint::from_shared(format!("http://{addr}")).map_err(|e| fail(&e))?.connect_timeout(CONNECT_TIMEOUT).timeout(CALL_TIMEOUT);
+                let ep = Endpoint::from_shared(format!("http://{addr}"))
+                    .map_err(|e| fail(&e))?
+                    .connect_timeout(CONNECT_TIMEOUT)
+                    .timeout(CALL_TIMEOUT);
                 ep.connect().await.map_err(|e| unreachable(&e))?
             }
             ControlListen::Unix(path) => {
                 let path = path.clone();
-                let ep = Endpoint::from_static("http://localhost").connect_timeout(CONNECT_TIMEOUT).timeout(CALL_TIMEOUT);
+                let ep = Endpoint::from_static("http://localhost")
+                    .connect_timeout(CONNECT_TIMEOUT)
+                    .timeout(CALL_TIMEOUT);
                 ep.connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
                     let path = path.clone();
-                    async move { tokio::net::UnixStream::connect(path).await.map(hyper_util::rt::TokioIo::new) }
+                    async move {
+                        tokio::net::UnixStream::connect(path)
+                            .await
+                            .map(hyper_util::rt::TokioIo::new)
+                    }
                 }))
                 .await
                 .map_err(|e| unreachable(&e))?
             }
         };
-        Ok(Self { inner: AgentControlClient::new(channel), token, at: at.to_string() })
+        Ok(Self {
+            inner: AgentControlClient::new(channel),
+            token,
+            at: at.to_string(),
+        })
     }
 
     fn request<T>(&self, msg: T) -> Request<T> {
         let mut r = Request::new(msg);
         if let Some(t) = &self.token
-            && let Ok(mut v) = tonic::metadata::MetadataValue::try_from(format!("Bearer {}", t.expose()))
+            && let Ok(mut v) =
+                tonic::metadata::MetadataValue::try_from(format!("Bearer {}", t.expose()))
         {
             v.set_sensitive(true);
             r.metadata_mut().insert("authorization", v);
@@ -123,43 +153,75 @@ impl CtlClient {
     /// The call's status.
     pub async fn status(&mut self) -> Result<proto::GetStatusResponse, CtlError> {
         let r = self.request(proto::GetStatusRequest {});
-        self.inner.get_status(r).await.map(|r| r.into_inner()).map_err(|s| rpc_error(&self.at, s))
+        self.inner
+            .get_status(r)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| rpc_error(&self.at, s))
     }
 
     /// `ListRecentRequests`.
     ///
     /// # Errors
     /// The call's status.
-    pub async fn recent(&mut self, req: proto::ListRecentRequestsRequest) -> Result<proto::ListRecentRequestsResponse, CtlError> {
+    pub async fn recent(
+        &mut self,
+        req: proto::ListRecentRequestsRequest,
+    ) -> Result<proto::ListRecentRequestsResponse, CtlError> {
         let r = self.request(req);
-        self.inner.list_recent_requests(r).await.map(|r| r.into_inner()).map_err(|s| rpc_error(&self.at, s))
+        self.inner
+            .list_recent_requests(r)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| rpc_error(&self.at, s))
     }
 
     /// `Diagnose`.
     ///
     /// # Errors
     /// The call's status (`NOT_FOUND` for an unknown target).
-    pub async fn diagnose(&mut self, req: proto::DiagnoseRequest) -> Result<proto::DiagnoseResponse, CtlError> {
+    pub async fn diagnose(
+        &mut self,
+        req: proto::DiagnoseRequest,
+    ) -> Result<proto::DiagnoseResponse, CtlError> {
         let r = self.request(req);
-        self.inner.diagnose(r).await.map(|r| r.into_inner()).map_err(|s| rpc_error(&self.at, s))
+        self.inner
+            .diagnose(r)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| rpc_error(&self.at, s))
     }
 
     /// `InjectLoad`.
     ///
     /// # Errors
     /// The call's status (`INVALID_ARGUMENT` beyond a cap).
-    pub async fn inject(&mut self, req: proto::InjectLoadRequest) -> Result<proto::InjectLoadResponse, CtlError> {
+    pub async fn inject(
+        &mut self,
+        req: proto::InjectLoadRequest,
+    ) -> Result<proto::InjectLoadResponse, CtlError> {
         let r = self.request(req);
-        self.inner.inject_load(r).await.map(|r| r.into_inner()).map_err(|s| rpc_error(&self.at, s))
+        self.inner
+            .inject_load(r)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| rpc_error(&self.at, s))
     }
 
     /// `UpdateLoad`.
     ///
     /// # Errors
     /// The call's status (`INVALID_ARGUMENT` for a bad profile, `NOT_FOUND` when no load runs).
-    pub async fn update_load(&mut self, req: proto::UpdateLoadRequest) -> Result<proto::UpdateLoadResponse, CtlError> {
+    pub async fn update_load(
+        &mut self,
+        req: proto::UpdateLoadRequest,
+    ) -> Result<proto::UpdateLoadResponse, CtlError> {
         let r = self.request(req);
-        self.inner.update_load(r).await.map(|r| r.into_inner()).map_err(|s| rpc_error(&self.at, s))
+        self.inner
+            .update_load(r)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| rpc_error(&self.at, s))
     }
 
     /// `StopLoad`.
@@ -168,7 +230,11 @@ impl CtlClient {
     /// The call's status (`NOT_FOUND` when no load runs).
     pub async fn stop(&mut self, id: String) -> Result<proto::StopLoadResponse, CtlError> {
         let r = self.request(proto::StopLoadRequest { id });
-        self.inner.stop_load(r).await.map(|r| r.into_inner()).map_err(|s| rpc_error(&self.at, s))
+        self.inner
+            .stop_load(r)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| rpc_error(&self.at, s))
     }
 }
 
@@ -198,7 +264,10 @@ fn unreachable_reason(e: &(dyn std::error::Error + 'static)) -> String {
             io = Some(i);
         }
         if c.to_string().contains("timed out") || c.to_string().contains("Timeout expired") {
-            return format!("no answer within {} s; check --addr and that the agent runs", CONNECT_TIMEOUT.as_secs());
+            return format!(
+                "no answer within {} s; check --addr and that the agent runs",
+                CONNECT_TIMEOUT.as_secs()
+            );
         }
         cur = c.source();
     }
@@ -217,8 +286,18 @@ fn unreachable_reason(e: &(dyn std::error::Error + 'static)) -> String {
 /// [`CtlError::Connect`].
 fn rpc_error(at: &str, s: Status) -> CtlError {
     if s.code() == Code::Unimplemented && s.message().contains("grpc-status header missing") {
-        let http = s.message().rsplit(' ').next().filter(|c| c.bytes().all(|b| b.is_ascii_digit())).unwrap_or("?");
-        return CtlError::Connect { at: at.to_owned(), reason: format!("it answers HTTP {http} but is not an lmperf agent's control API; check --addr") };
+        let http = s
+            .message()
+            .rsplit(' ')
+            .next()
+            .filter(|c| c.bytes().all(|b| b.is_ascii_digit()))
+            .unwrap_or("?");
+        return CtlError::Connect {
+            at: at.to_owned(),
+            reason: format!(
+                "it answers HTTP {http} but is not an lmperf agent's control API; check --addr"
+            ),
+        };
     }
     let not_grpc = |c: &(dyn std::error::Error + 'static)| source_chain(c).contains("http2 error");
     match std::error::Error::source(&s) {
@@ -248,19 +327,31 @@ fn outcomes(m: &std::collections::BTreeMap<String, u64>) -> String {
     if m.is_empty() {
         return "-".to_owned();
     }
-    m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
+    m.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Seconds since a unix time, for "12.3s ago".
 fn ago(at_unix_s: f64) -> String {
-    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
     format!("{:.1}s ago", (now - at_unix_s).max(0.0))
 }
 
 /// `lmperf ctl status` as text.
 pub fn format_status(s: &proto::GetStatusResponse) -> String {
     let mut o = String::new();
-    let _ = writeln!(o, "lmperf {}  up {:.0}s  {}", s.version, s.uptime_s, if s.ready { "ready" } else { "not ready" });
+    let _ = writeln!(
+        o,
+        "lmperf {}  up {:.0}s  {}",
+        s.version,
+        s.uptime_s,
+        if s.ready { "ready" } else { "not ready" }
+    );
     for t in &s.targets {
         let _ = writeln!(
             o,
@@ -280,7 +371,15 @@ pub fn format_status(s: &proto::GetStatusResponse) -> String {
             let _ = writeln!(o, "  spike: {r} (entered on these values)");
         }
         if let Some(l) = &t.last {
-            let _ = writeln!(o, "  last: {} {} ttft_ms={} e2e_ms={:.1} trace_id={}", ago(l.at_unix_s), l.outcome, opt_ms(l.ttft_ms), l.e2e_ms, l.trace_id);
+            let _ = writeln!(
+                o,
+                "  last: {} {} ttft_ms={} e2e_ms={:.1} trace_id={}",
+                ago(l.at_unix_s),
+                l.outcome,
+                opt_ms(l.ttft_ms),
+                l.e2e_ms,
+                l.trace_id
+            );
         }
         if let Some(sv) = &t.server {
             o.push_str(&format_server(sv));
@@ -296,25 +395,66 @@ pub fn format_status(s: &proto::GetStatusResponse) -> String {
             e.exported,
             e.dropped_queue_full,
             e.failed,
-            e.last_error.as_ref().map_or(String::new(), |x| format!("  last error: {x}"))
+            e.last_error
+                .as_ref()
+                .map_or(String::new(), |x| format!("  last error: {x}"))
         );
     }
     if let Some(g) = &s.gpu {
-        let _ = writeln!(o, "gpu: {}{}  devices={}", g.mode, g.reason.as_ref().map_or(String::new(), |r| format!(" ({r})")), g.devices.len());
+        let _ = writeln!(
+            o,
+            "gpu: {}{}  devices={}",
+            g.mode,
+            g.reason
+                .as_ref()
+                .map_or(String::new(), |r| format!(" ({r})")),
+            g.devices.len()
+        );
         for d in &g.devices {
-            let _ = writeln!(o, "  gpu{} {} util={} mem={}/{} B{}", d.index, d.name, d.utilization.map_or("-".to_owned(), |u| format!("{:.0}%", u * 100.0)), opt_u64(d.memory_used_bytes), opt_u64(d.memory_total_bytes), if d.lost { " LOST" } else { "" });
+            let _ = writeln!(
+                o,
+                "  gpu{} {} util={} mem={}/{} B{}",
+                d.index,
+                d.name,
+                d.utilization
+                    .map_or("-".to_owned(), |u| format!("{:.0}%", u * 100.0)),
+                opt_u64(d.memory_used_bytes),
+                opt_u64(d.memory_total_bytes),
+                if d.lost { " LOST" } else { "" }
+            );
         }
     }
     if let Some(n) = &s.net {
-        let live: Vec<&str> = n.probes.iter().filter(|p| p.live).map(|p| p.program.as_str()).collect();
-        let _ = writeln!(o, "net: {}{}  probes live={}", n.mode, n.reason.as_ref().map_or(String::new(), |r| format!(" ({r})")), if live.is_empty() { "-".to_owned() } else { live.join(",") });
+        let live: Vec<&str> = n
+            .probes
+            .iter()
+            .filter(|p| p.live)
+            .map(|p| p.program.as_str())
+            .collect();
+        let _ = writeln!(
+            o,
+            "net: {}{}  probes live={}",
+            n.mode,
+            n.reason
+                .as_ref()
+                .map_or(String::new(), |r| format!(" ({r})")),
+            if live.is_empty() {
+                "-".to_owned()
+            } else {
+                live.join(",")
+            }
+        );
     }
     match &s.load {
         Some(l) => o.push_str(&format!("load: {}", format_load(l))),
         None => o.push_str("load: none\n"),
     }
     if let Some(c) = &s.caps {
-        let _ = writeln!(o, "inject caps: rate<={}/s duration<={}s concurrency<={} requests<={}", c.max_rate_per_second, c.max_duration_s, c.max_concurrency, c.max_requests);
+        let _ = writeln!(
+            o,
+            "inject caps: rate<={}/s duration<={}s concurrency<={} requests<={}",
+            c.max_rate_per_second, c.max_duration_s, c.max_concurrency, c.max_requests
+        );
     }
     o
 }
@@ -329,7 +469,9 @@ pub fn format_server(s: &proto::ServerStatus) -> String {
         s.version.as_deref().unwrap_or("-"),
         s.model.as_deref().unwrap_or("-"),
         s.mode,
-        s.reason.as_ref().map_or(String::new(), |r| format!(" ({r})")),
+        s.reason
+            .as_ref()
+            .map_or(String::new(), |r| format!(" ({r})")),
     );
     if let Some(age) = s.last_ok_age_s {
         o.push_str(&format!(" (read {age:.1}s ago)"));
@@ -338,10 +480,15 @@ pub fn format_server(s: &proto::ServerStatus) -> String {
         " waiting={} running={} kv={}\n",
         num(s.requests_waiting),
         num(s.requests_running),
-        s.kv_cache_usage.map_or("-".to_owned(), |k| format!("{:.0}%", k * 100.0))
+        s.kv_cache_usage
+            .map_or("-".to_owned(), |k| format!("{:.0}%", k * 100.0))
     ));
     if let (Some(c), Some(at)) = (&s.last_change, s.last_change_at_unix_s) {
-        o.push_str(&format!("  server changes={}  newest: {c} {}\n", s.changes, ago(at)));
+        o.push_str(&format!(
+            "  server changes={}  newest: {c} {}\n",
+            s.changes,
+            ago(at)
+        ));
     }
     o
 }
@@ -350,11 +497,23 @@ pub fn format_server(s: &proto::ServerStatus) -> String {
 /// and what it does now (concurrency limit, request and token rate) beside its caps.
 pub fn format_load(l: &proto::LoadStatus) -> String {
     let (shape, concurrency) = if !l.profile.is_empty() {
-        (profile_shape(l), format!("concurrency_cap={}", l.concurrency))
+        (
+            profile_shape(l),
+            format!("concurrency_cap={}", l.concurrency),
+        )
     } else if l.trace.is_empty() {
-        (format!("rate={}/s ({})", l.rate_per_second, l.arrival), format!("concurrency={}", l.concurrency))
+        (
+            format!("rate={}/s ({})", l.rate_per_second, l.arrival),
+            format!("concurrency={}", l.concurrency),
+        )
     } else {
-        (format!("trace={} speedup={} rate={:.2}/s (peak {}/s)", l.trace, l.trace_speedup, l.rate_per_second, l.trace_peak_rate_per_second), format!("concurrency={}", l.concurrency))
+        (
+            format!(
+                "trace={} speedup={} rate={:.2}/s (peak {}/s)",
+                l.trace, l.trace_speedup, l.rate_per_second, l.trace_peak_rate_per_second
+            ),
+            format!("concurrency={}", l.concurrency),
+        )
     };
     format!(
         "{} {} target={} {shape} duration={}s {concurrency} max_requests={}  elapsed={:.1}s sent={} skipped={} in_flight={} ({})\n",
@@ -374,7 +533,11 @@ pub fn format_load(l: &proto::LoadStatus) -> String {
 /// `lmperf ctl recent` as text: one line per request, newest first.
 pub fn format_recent(r: &proto::ListRecentRequestsResponse) -> String {
     let mut o = String::new();
-    let _ = writeln!(o, "{:<10} {:<7} {:<20} {:<9} {:>9} {:>9} {:>9} {:>6}  {:<32}  error.type", "age", "source", "target", "outcome", "ttft_ms", "tpot_ms", "e2e_ms", "tokens", "trace_id");
+    let _ = writeln!(
+        o,
+        "{:<10} {:<7} {:<20} {:<9} {:>9} {:>9} {:>9} {:>6}  {:<32}  error.type",
+        "age", "source", "target", "outcome", "ttft_ms", "tpot_ms", "e2e_ms", "tokens", "trace_id"
+    );
     for s in &r.requests {
         let _ = writeln!(
             o,
@@ -391,7 +554,12 @@ pub fn format_recent(r: &proto::ListRecentRequestsResponse) -> String {
             s.error_type.as_deref().unwrap_or("-")
         );
     }
-    let _ = writeln!(o, "({} shown; the agent keeps the last {})", r.requests.len(), r.capacity);
+    let _ = writeln!(
+        o,
+        "({} shown; the agent keeps the last {})",
+        r.requests.len(),
+        r.capacity
+    );
     o
 }
 
@@ -421,7 +589,9 @@ pub async fn run(args: crate::cli::CtlArgs, env: &dyn crate::config::Env) -> u8 
                 return 2;
             }
         },
-        None => env.var(crate::config::DEFAULT_CONTROL_TOKEN_ENV).map(|t| Secret::new(t.trim().to_owned())),
+        None => env
+            .var(crate::config::DEFAULT_CONTROL_TOKEN_ENV)
+            .map(|t| Secret::new(t.trim().to_owned())),
     };
     let result = async {
         let mut c = CtlClient::connect(&at, token).await?;
@@ -430,12 +600,36 @@ pub async fn run(args: crate::cli::CtlArgs, env: &dyn crate::config::Env) -> u8 
                 let r = c.status().await?;
                 (format_status(&r), json(&r))
             }
-            CtlCommand::Recent { limit, target, outcome, source } => {
-                let req = proto::ListRecentRequestsRequest { limit, target: target.unwrap_or_default(), outcome: outcome.unwrap_or_default(), source: source.unwrap_or_default() };
+            CtlCommand::Recent {
+                limit,
+                target,
+                outcome,
+                source,
+            } => {
+                let req = proto::ListRecentRequestsRequest {
+                    limit,
+                    target: target.unwrap_or_default(),
+                    outcome: outcome.unwrap_or_default(),
+                    source: source.unwrap_or_default(),
+                };
                 let r = c.recent(req).await?;
                 (format_recent(&r), json(&r))
             }
-            CtlCommand::Inject { target, rate, duration, concurrency, max_requests, arrival, trace_file, trace_speedup, trace_format, p99_threshold, profile, output_tokens, watch } => {
+            CtlCommand::Inject {
+                target,
+                rate,
+                duration,
+                concurrency,
+                max_requests,
+                arrival,
+                trace_file,
+                trace_speedup,
+                trace_format,
+                p99_threshold,
+                profile,
+                output_tokens,
+                watch,
+            } => {
                 let (profile_yaml, profile_file) = match &profile {
                     Some(path) => read_profile(path)?,
                     None => (String::new(), String::new()),
@@ -448,7 +642,9 @@ pub async fn run(args: crate::cli::CtlArgs, env: &dyn crate::config::Env) -> u8 
                     max_requests: max_requests.unwrap_or(0),
                     arrival,
                     // The agent reads the file; a relative path is taken from here.
-                    trace_file: trace_file.map(|f| std::path::absolute(&f).map_or(f, |p| p.display().to_string())).unwrap_or_default(),
+                    trace_file: trace_file
+                        .map(|f| std::path::absolute(&f).map_or(f, |p| p.display().to_string()))
+                        .unwrap_or_default(),
                     trace_speedup: trace_speedup.unwrap_or(0.0),
                     trace_format: trace_format.unwrap_or_default(),
                     profile_yaml,
@@ -462,25 +658,53 @@ pub async fn run(args: crate::cli::CtlArgs, env: &dyn crate::config::Env) -> u8 
                         Some(path) => watch_profile(&mut c, path, l.clone()).await?,
                         None => (format_load(l), json(&r)),
                     },
-                    _ => (r.load.as_ref().map_or_else(String::new, |l| format!("started {}", format_load(l))), json(&r)),
+                    _ => (
+                        r.load
+                            .as_ref()
+                            .map_or_else(String::new, |l| format!("started {}", format_load(l))),
+                        json(&r),
+                    ),
                 }
             }
             CtlCommand::UpdateLoad { id, profile } => {
                 let (profile_yaml, profile_file) = read_profile(&profile)?;
-                let r = c.update_load(proto::UpdateLoadRequest { id: id.unwrap_or_default(), profile_yaml, profile_file }).await?;
-                (r.load.as_ref().map_or_else(String::new, |l| format!("revision {} of {}", r.revision, format_load(l))), json(&r))
+                let r = c
+                    .update_load(proto::UpdateLoadRequest {
+                        id: id.unwrap_or_default(),
+                        profile_yaml,
+                        profile_file,
+                    })
+                    .await?;
+                (
+                    r.load.as_ref().map_or_else(String::new, |l| {
+                        format!("revision {} of {}", r.revision, format_load(l))
+                    }),
+                    json(&r),
+                )
             }
             CtlCommand::Stop { id } => {
                 let r = c.stop(id.unwrap_or_default()).await?;
-                (r.load.as_ref().map_or_else(String::new, |l| format!("stopped {}", format_load(l))), json(&r))
+                (
+                    r.load
+                        .as_ref()
+                        .map_or_else(String::new, |l| format!("stopped {}", format_load(l))),
+                    json(&r),
+                )
             }
             CtlCommand::Diagnose { target, window } => {
-                let r = c.diagnose(proto::DiagnoseRequest { target: target.unwrap_or_default(), window_s: window.map_or(0.0, |w| w.as_secs_f64()) }).await?;
-                let doc: serde_json::Value = serde_json::from_str(&r.diagnosis_json).unwrap_or(serde_json::Value::Null);
-                let text = match serde_json::from_str::<crate::diagnosis::Diagnosis>(&r.diagnosis_json) {
-                    Ok(d) => crate::diagnosis::scorecard::text(&d),
-                    Err(e) => format!("unreadable diagnosis from the agent: {e}\n"),
-                };
+                let r = c
+                    .diagnose(proto::DiagnoseRequest {
+                        target: target.unwrap_or_default(),
+                        window_s: window.map_or(0.0, |w| w.as_secs_f64()),
+                    })
+                    .await?;
+                let doc: serde_json::Value =
+                    serde_json::from_str(&r.diagnosis_json).unwrap_or(serde_json::Value::Null);
+                let text =
+                    match serde_json::from_str::<crate::diagnosis::Diagnosis>(&r.diagnosis_json) {
+                        Ok(d) => crate::diagnosis::scorecard::text(&d),
+                        Err(e) => format!("unreadable diagnosis from the agent: {e}\n"),
+                    };
                 (text, json(&doc))
             }
         };
@@ -506,8 +730,13 @@ pub async fn run(args: crate::cli::CtlArgs, env: &dyn crate::config::Env) -> u8 
 /// `ctl inject --trace … --p99-threshold T`: waits for the load to end (its replay duration
 /// plus 2 min at most), then the p99 alert verdict over the replay's requests and the agent's
 /// diagnosis of its span (`control::scene`).
-async fn scene_after(c: &mut CtlClient, started: proto::LoadStatus, threshold: std::time::Duration) -> Result<(String, String), CtlError> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs_f64(started.duration_s.max(0.0) + 120.0);
+async fn scene_after(
+    c: &mut CtlClient,
+    started: proto::LoadStatus,
+    threshold: std::time::Duration,
+) -> Result<(String, String), CtlError> {
+    let deadline = std::time::Instant::now()
+        + std::time::Duration::from_secs_f64(started.duration_s.max(0.0) + 120.0);
     let mut last = started.clone();
     while std::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
@@ -522,16 +751,38 @@ async fn scene_after(c: &mut CtlClient, started: proto::LoadStatus, threshold: s
     }
     let from = started.started_unix_s;
     let to = from + last.elapsed_s.max(0.0) + 1.0;
-    let recent = c.recent(proto::ListRecentRequestsRequest { limit: 100_000, target: last.target.clone(), ..Default::default() }).await?;
-    let alert = super::scene::p99_alert(&recent.requests, &last.target, from, to, threshold.as_secs_f64());
+    let recent = c
+        .recent(proto::ListRecentRequestsRequest {
+            limit: 100_000,
+            target: last.target.clone(),
+            ..Default::default()
+        })
+        .await?;
+    let alert = super::scene::p99_alert(
+        &recent.requests,
+        &last.target,
+        from,
+        to,
+        threshold.as_secs_f64(),
+    );
     let window_s = (to - from).max(60.0) + 60.0;
-    let d = c.diagnose(proto::DiagnoseRequest { target: last.target.clone(), window_s }).await?;
-    let doc: serde_json::Value = serde_json::from_str(&d.diagnosis_json).unwrap_or(serde_json::Value::Null);
+    let d = c
+        .diagnose(proto::DiagnoseRequest {
+            target: last.target.clone(),
+            window_s,
+        })
+        .await?;
+    let doc: serde_json::Value =
+        serde_json::from_str(&d.diagnosis_json).unwrap_or(serde_json::Value::Null);
     let card = match serde_json::from_str::<crate::diagnosis::Diagnosis>(&d.diagnosis_json) {
         Ok(d) => crate::diagnosis::scorecard::text(&d),
         Err(e) => format!("unreadable diagnosis from the agent: {e}\n"),
     };
-    let text = format!("replayed {}\n{}{card}", format_load(&last), super::scene::text(&alert, from));
+    let text = format!(
+        "replayed {}\n{}{card}",
+        format_load(&last),
+        super::scene::text(&alert, from)
+    );
     let js = serde_json::json!({"load": serde_json::from_str::<serde_json::Value>(&json(&last)).unwrap_or_default(), "p99_alert": alert, "diagnosis": doc});
     Ok((text, json(&js)))
 }
@@ -539,10 +790,15 @@ async fn scene_after(c: &mut CtlClient, started: proto::LoadStatus, threshold: s
 /// `ctl inject --profile FILE --watch`: sends each settled edit of FILE as `UpdateLoad` (one
 /// line per revision, or per refused edit, on stderr) until the load ends (its duration + 30 s
 /// at most) or Ctrl-C (the load goes on); returns the load as it ended or is.
-async fn watch_profile(c: &mut CtlClient, path: &std::path::Path, started: proto::LoadStatus) -> Result<(String, String), CtlError> {
+async fn watch_profile(
+    c: &mut CtlClient,
+    path: &std::path::Path,
+    started: proto::LoadStatus,
+) -> Result<(String, String), CtlError> {
     eprint!("lmperf ctl: started {}", format_load(&started));
     let mut watch = crate::bench::profile::watch::ProfileWatch::start(path);
-    let deadline = std::time::Instant::now() + Duration::from_secs_f64(started.duration_s.max(0.0) + 30.0);
+    let deadline =
+        std::time::Instant::now() + Duration::from_secs_f64(started.duration_s.max(0.0) + 30.0);
     let mut last = started.clone();
     while std::time::Instant::now() < deadline {
         tokio::select! {
@@ -587,7 +843,11 @@ async fn watch_profile(c: &mut CtlClient, path: &std::path::Path, started: proto
 fn read_profile(path: &std::path::Path) -> Result<(String, String), CtlError> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         let e = e.to_string();
-        CtlError::Local(format!("--profile {}: cannot read: {}", path.display(), e.split(" (os error").next().unwrap_or_default()))
+        CtlError::Local(format!(
+            "--profile {}: cannot read: {}",
+            path.display(),
+            e.split(" (os error").next().unwrap_or_default()
+        ))
     })?;
     Ok((text, path.display().to_string()))
 }
@@ -595,7 +855,11 @@ fn read_profile(path: &std::path::Path) -> Result<(String, String), CtlError> {
 /// The shape of a profile load: name, running revision and its file, when each revision took
 /// effect, what it does now per dimension, sustained rate.
 fn profile_shape(l: &proto::LoadStatus) -> String {
-    let revisions: Vec<String> = l.profile_revisions.iter().map(|r| format!("{}@{:.1}s", r.revision, r.at_s)).collect();
+    let revisions: Vec<String> = l
+        .profile_revisions
+        .iter()
+        .map(|r| format!("{}@{:.1}s", r.revision, r.at_s))
+        .collect();
     let mut now = Vec::new();
     if let Some(c) = l.profile_concurrency_now {
         now.push(format!("concurrency={c}"));
@@ -603,14 +867,26 @@ fn profile_shape(l: &proto::LoadStatus) -> String {
     if let (Some(r), Some(t)) = (l.profile_rate_per_second_now, l.profile_token_rate_now) {
         now.push(format!("rate={r:.2} req/s ({t:.0} tok/s)"));
     }
-    let now = if now.is_empty() { String::new() } else { format!(" now: {}", now.join(" ")) };
-    let sustained = l.sustained_token_rate.map_or(String::new(), |r| format!(" sustained={r:.1} tokens/s"));
+    let now = if now.is_empty() {
+        String::new()
+    } else {
+        format!(" now: {}", now.join(" "))
+    };
+    let sustained = l
+        .sustained_token_rate
+        .map_or(String::new(), |r| format!(" sustained={r:.1} tokens/s"));
     // The revision's peak (bursty: its on rate) when it is not what runs now.
     let peak = match l.profile_rate_per_second_now {
         Some(r) if (r - l.rate_per_second).abs() < 1e-9 => String::new(),
         _ => format!(" peak={:.2} req/s", l.rate_per_second),
     };
-    format!("profile={} revision={} ({}) [{}]{now}{peak}{sustained}", l.profile, l.profile_revision, l.profile_file, revisions.join(" "))
+    format!(
+        "profile={} revision={} ({}) [{}]{now}{peak}{sustained}",
+        l.profile,
+        l.profile_revision,
+        l.profile_file,
+        revisions.join(" ")
+    )
 }
 
 fn json<T: serde::Serialize>(v: &T) -> String {
@@ -618,7 +894,8 @@ fn json<T: serde::Serialize>(v: &T) -> String {
         omit_empty_trace(&mut v);
         v
     });
-    v.and_then(|v| serde_json::to_string_pretty(&v)).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    v.and_then(|v| serde_json::to_string_pretty(&v))
+        .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
 }
 
 /// A load that replays no trace (`"trace": ""`) shows no trace fields (`trace`,
@@ -645,8 +922,18 @@ mod tests {
         assert_eq!(CtlError::Rpc(Status::invalid_argument("x")).exit_code(), 3);
         assert_eq!(CtlError::Rpc(Status::unauthenticated("x")).exit_code(), 3);
         assert_eq!(CtlError::Rpc(Status::unavailable("x")).exit_code(), 1);
-        assert_eq!(CtlError::Connect { at: "unix:/x".into(), reason: "no".into() }.exit_code(), 1);
-        assert_eq!(CtlError::Rpc(Status::invalid_argument("rate_per_second = 50: above")).to_string(), "INVALID_ARGUMENT: rate_per_second = 50: above");
+        assert_eq!(
+            CtlError::Connect {
+                at: "unix:/x".into(),
+                reason: "no".into()
+            }
+            .exit_code(),
+            1
+        );
+        assert_eq!(
+            CtlError::Rpc(Status::invalid_argument("rate_per_second = 50: above")).to_string(),
+            "INVALID_ARGUMENT: rate_per_second = 50: above"
+        );
     }
 
     #[test]
@@ -667,11 +954,26 @@ mod tests {
         };
         let text = format_server(&s);
         let mut lines = text.lines();
-        assert_eq!(lines.next(), Some("  server: llama.cpp b6000 model=gemma on (read 0.4s ago) waiting=3 running=2 kv=41%"));
+        assert_eq!(
+            lines.next(),
+            Some(
+                "  server: llama.cpp b6000 model=gemma on (read 0.4s ago) waiting=3 running=2 kv=41%"
+            )
+        );
         let change = lines.next().unwrap();
-        assert!(change.starts_with("  server changes=2  newest: model a -> gemma "), "{change}");
-        let failing = proto::ServerStatus { mode: "failing".into(), reason: Some("not a metrics page".into()), ..Default::default() };
-        assert_eq!(format_server(&failing), "  server: - - model=- failing (not a metrics page) waiting=- running=- kv=-\n");
+        assert!(
+            change.starts_with("  server changes=2  newest: model a -> gemma "),
+            "{change}"
+        );
+        let failing = proto::ServerStatus {
+            mode: "failing".into(),
+            reason: Some("not a metrics page".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            format_server(&failing),
+            "  server: - - model=- failing (not a metrics page) waiting=- running=- kv=-\n"
+        );
     }
 
     #[test]
@@ -685,8 +987,16 @@ mod tests {
             profile_file: "b.yaml".into(),
             profile_revision: 1,
             profile_revisions: vec![
-                proto::ProfileRevision { revision: 0, at_s: 0.0, file: "a.yaml".into() },
-                proto::ProfileRevision { revision: 1, at_s: 2.04, file: "b.yaml".into() },
+                proto::ProfileRevision {
+                    revision: 0,
+                    at_s: 0.0,
+                    file: "a.yaml".into(),
+                },
+                proto::ProfileRevision {
+                    revision: 1,
+                    at_s: 2.04,
+                    file: "b.yaml".into(),
+                },
             ],
             rate_per_second: 10.0,
             profile_rate_per_second_now: Some(0.0),
@@ -703,8 +1013,17 @@ mod tests {
             "{text}"
         );
         // A rate load keeps its plain concurrency.
-        let plain = proto::LoadStatus { arrival: "poisson".into(), rate_per_second: 2.0, concurrency: 4, ..Default::default() };
-        assert!(format_load(&plain).contains(" rate=2/s (poisson) duration=0s concurrency=4 "), "{}", format_load(&plain));
+        let plain = proto::LoadStatus {
+            arrival: "poisson".into(),
+            rate_per_second: 2.0,
+            concurrency: 4,
+            ..Default::default()
+        };
+        assert!(
+            format_load(&plain).contains(" rate=2/s (poisson) duration=0s concurrency=4 "),
+            "{}",
+            format_load(&plain)
+        );
     }
 
     #[test]
@@ -713,24 +1032,57 @@ mod tests {
         #[error("transport error")]
         struct Transport(#[source] std::io::Error);
         let refused = Transport(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
-        assert_eq!(unreachable_reason(&refused), "connection refused; is the agent running, with control.listen there? (--addr unix:PATH or IP:PORT names another)");
-        let missing = Transport(std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory (os error 2)"));
-        assert!(unreachable_reason(&missing).starts_with("no socket there; is the agent running"), "{}", unreachable_reason(&missing));
+        assert_eq!(
+            unreachable_reason(&refused),
+            "connection refused; is the agent running, with control.listen there? (--addr unix:PATH or IP:PORT names another)"
+        );
+        let missing = Transport(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "No such file or directory (os error 2)",
+        ));
+        assert!(
+            unreachable_reason(&missing).starts_with("no socket there; is the agent running"),
+            "{}",
+            unreachable_reason(&missing)
+        );
         let denied = Transport(std::io::Error::from(std::io::ErrorKind::PermissionDenied));
-        assert_eq!(unreachable_reason(&denied), "permission denied: the control socket is owner-only; run lmperf ctl as the agent's user");
+        assert_eq!(
+            unreachable_reason(&denied),
+            "permission denied: the control socket is owner-only; run lmperf ctl as the agent's user"
+        );
         // A source whose text the error already shows is not repeated.
         #[derive(Debug, thiserror::Error)]
         #[error("tcp connect error: {0}")]
         struct Shows(#[source] std::io::Error);
-        assert_eq!(source_chain(&Shows(std::io::Error::other("refused"))), "tcp connect error: refused");
+        assert_eq!(
+            source_chain(&Shows(std::io::Error::other("refused"))),
+            "tcp connect error: refused"
+        );
         // A plain HTTP server there: no agent.
-        let e = rpc_error("10.0.0.1:9", Status::unimplemented("grpc-status header missing, mapped from HTTP status code 404"));
-        assert_eq!(e.to_string(), "cannot reach the agent at 10.0.0.1:9: it answers HTTP 404 but is not an lmperf agent's control API; check --addr");
+        let e = rpc_error(
+            "10.0.0.1:9",
+            Status::unimplemented("grpc-status header missing, mapped from HTTP status code 404"),
+        );
+        assert_eq!(
+            e.to_string(),
+            "cannot reach the agent at 10.0.0.1:9: it answers HTTP 404 but is not an lmperf agent's control API; check --addr"
+        );
         // The agent's own answers are kept as they are (code and message).
-        assert_eq!(rpc_error("x", Status::unavailable("the agent is shutting down")).to_string(), "UNAVAILABLE: the agent is shutting down");
-        let lost = rpc_error("x", Status::from_error(Box::new(Transport(std::io::Error::from(std::io::ErrorKind::ConnectionReset)))));
+        assert_eq!(
+            rpc_error("x", Status::unavailable("the agent is shutting down")).to_string(),
+            "UNAVAILABLE: the agent is shutting down"
+        );
+        let lost = rpc_error(
+            "x",
+            Status::from_error(Box::new(Transport(std::io::Error::from(
+                std::io::ErrorKind::ConnectionReset,
+            )))),
+        );
         assert!(matches!(lost, CtlError::Lost { .. }), "{lost}");
-        assert_eq!(lost.to_string(), "the connection to x failed during the call: connection reset; is the agent still running, and is this its control.listen address? (--addr names another)");
+        assert_eq!(
+            lost.to_string(),
+            "the connection to x failed during the call: connection reset; is the agent still running, and is this its control.listen address? (--addr names another)"
+        );
     }
 
     #[test]
@@ -750,31 +1102,66 @@ mod tests {
         };
         let text = format_recent(&r);
         let line = text.lines().nth(1).unwrap();
-        for want in ["inject", "t0", "error", "12.3", "0af7651916cd43dd8448eb211c80319c", "http.503"] {
+        for want in [
+            "inject",
+            "t0",
+            "error",
+            "12.3",
+            "0af7651916cd43dd8448eb211c80319c",
+            "http.503",
+        ] {
             assert!(line.contains(want), "{want} in {line}");
         }
-        assert!(text.ends_with("(1 shown; the agent keeps the last 256)\n"), "{text}");
+        assert!(
+            text.ends_with("(1 shown; the agent keeps the last 256)\n"),
+            "{text}"
+        );
     }
 
     #[test]
     fn json_of_a_rate_load_omits_the_trace_fields() {
-        let rate = proto::LoadStatus { rate_per_second: 5.0, ..Default::default() };
-        let r = proto::GetStatusResponse { load: Some(rate), ..Default::default() };
+        let rate = proto::LoadStatus {
+            rate_per_second: 5.0,
+            ..Default::default()
+        };
+        let r = proto::GetStatusResponse {
+            load: Some(rate),
+            ..Default::default()
+        };
         let v: serde_json::Value = serde_json::from_str(&json(&r)).unwrap();
         let l = v["load"].as_object().unwrap();
         assert!(!l.keys().any(|k| k.starts_with("trace")), "{l:?}");
         assert_eq!(l["rate_per_second"], 5.0);
-        let replay = proto::LoadStatus { trace: "t.jsonl".into(), trace_speedup: 2.0, ..Default::default() };
+        let replay = proto::LoadStatus {
+            trace: "t.jsonl".into(),
+            trace_speedup: 2.0,
+            ..Default::default()
+        };
         let v: serde_json::Value = serde_json::from_str(&json(&replay)).unwrap();
-        assert_eq!((v["trace"].as_str(), v["trace_speedup"].as_f64()), (Some("t.jsonl"), Some(2.0)));
+        assert_eq!(
+            (v["trace"].as_str(), v["trace_speedup"].as_f64()),
+            (Some("t.jsonl"), Some(2.0))
+        );
     }
 
     #[test]
     fn status_names_the_spike_rule_with_its_values() {
         use crate::sampler::adaptive::SpikeRule;
-        let rule = SpikeRule::LatencyJump { signal: "e2e", p99_s: 4.1, baseline_s: 0.42, ratio: 9.76, z: 61.2, in_flight: 5 };
+        let rule = SpikeRule::LatencyJump {
+            signal: "e2e",
+            p99_s: 4.1,
+            baseline_s: 0.42,
+            ratio: 9.76,
+            z: 61.2,
+            in_flight: 5,
+        };
         let s = proto::GetStatusResponse {
-            targets: vec![proto::TargetStatus { name: "t0".into(), spike: true, spike_reason: Some(rule.describe()), ..Default::default() }],
+            targets: vec![proto::TargetStatus {
+                name: "t0".into(),
+                spike: true,
+                spike_reason: Some(rule.describe()),
+                ..Default::default()
+            }],
             ..Default::default()
         };
         let text = format_status(&s);

@@ -33,7 +33,10 @@ pub enum ControlError {
     #[error("control socket {path}: {reason}")]
     Socket { path: PathBuf, reason: String },
     #[error("control API cannot listen on {addr}: {source}")]
-    Bind { addr: std::net::SocketAddr, source: std::io::Error },
+    Bind {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// A bound listener, before serving.
@@ -48,7 +51,10 @@ impl Listener {
     pub fn describe(&self) -> String {
         match self {
             Listener::Unix(_, p) => format!("unix:{}", p.display()),
-            Listener::Tcp(l) => l.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| "tcp:?".to_owned()),
+            Listener::Tcp(l) => l
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|_| "tcp:?".to_owned()),
         }
     }
 }
@@ -60,16 +66,32 @@ impl Listener {
 /// [`ControlError`] naming the path or address.
 pub async fn bind(listen: &ControlListen) -> Result<Listener, ControlError> {
     match listen {
-        ControlListen::Tcp(addr) => tokio::net::TcpListener::bind(addr).await.map(Listener::Tcp).map_err(|source| ControlError::Bind { addr: *addr, source }),
+        ControlListen::Tcp(addr) => tokio::net::TcpListener::bind(addr)
+            .await
+            .map(Listener::Tcp)
+            .map_err(|source| ControlError::Bind {
+                addr: *addr,
+                source,
+            }),
         ControlListen::Unix(path) => bind_unix(path).map(|l| Listener::Unix(l, path.clone())),
     }
 }
 
 fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, ControlError> {
     use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
-    let err = |reason: String| ControlError::Socket { path: path.to_owned(), reason };
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| err(format!("cannot create {}: {e}", dir.display())))?;
+    let err = |reason: String| ControlError::Socket {
+        path: path.to_owned(),
+        reason,
+    };
+    if let Some(dir) = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty() && !d.exists())
+    {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| err(format!("cannot create {}: {e}", dir.display())))?;
     }
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
@@ -78,10 +100,12 @@ fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, ControlError> {
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             return Err(err("another process serves it (another agent?)".to_owned()));
         }
-        std::fs::remove_file(path).map_err(|e| err(format!("stale socket cannot be removed: {e}")))?;
+        std::fs::remove_file(path)
+            .map_err(|e| err(format!("stale socket cannot be removed: {e}")))?;
     }
     let listener = tokio::net::UnixListener::bind(path).map_err(|e| err(e.to_string()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|e| err(format!("chmod 600: {e}")))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| err(format!("chmod 600: {e}")))?;
     Ok(listener)
 }
 
@@ -89,27 +113,51 @@ fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, ControlError> {
 fn authorized(token: &Secret, header: Option<&[u8]>) -> bool {
     let want = format!("Bearer {}", token.expose());
     let Some(got) = header else { return false };
-    got.len() == want.len() && got.iter().zip(want.as_bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    got.len() == want.len()
+        && got
+            .iter()
+            .zip(want.as_bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
 }
 
 /// Serves `service` on `listener` until `stop`; removes a unix socket file afterwards.
 /// Errors of the server are logged, never returned: the agent goes on without it.
-pub async fn serve(listener: Listener, service: ControlService, token: Option<Secret>, stop: CancellationToken) {
+pub async fn serve(
+    listener: Listener,
+    service: ControlService,
+    token: Option<Secret>,
+    stop: CancellationToken,
+) {
     use tonic::service::interceptor::InterceptedService;
     let token = token.map(Arc::new);
     let check = move |req: tonic::Request<()>| -> Result<tonic::Request<()>, tonic::Status> {
         match &token {
-            Some(t) if !authorized(t, req.metadata().get("authorization").map(|v| v.as_bytes())) => {
-                Err(tonic::Status::unauthenticated("missing or wrong token: send `authorization: Bearer <token>` (lmperf ctl: LMPERF_CONTROL_TOKEN or --token-file)"))
+            Some(t)
+                if !authorized(t, req.metadata().get("authorization").map(|v| v.as_bytes())) =>
+            {
+                Err(tonic::Status::unauthenticated(
+                    "missing or wrong token: send `authorization: Bearer <token>` (lmperf ctl: LMPERF_CONTROL_TOKEN or --token-file)",
+                ))
             }
             _ => Ok(req),
         }
     };
-    let svc = InterceptedService::new(proto::agent_control_server::AgentControlServer::new(service), check);
+    let svc = InterceptedService::new(
+        proto::agent_control_server::AgentControlServer::new(service),
+        check,
+    );
     let router = tonic::transport::Server::builder().add_service(svc);
     let shutdown = stop.cancelled_owned();
     let served = match listener {
-        Listener::Tcp(l) => router.serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(l), shutdown).await,
+        Listener::Tcp(l) => {
+            router
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::TcpListenerStream::new(l),
+                    shutdown,
+                )
+                .await
+        }
         Listener::Unix(l, path) => {
             // The socket file goes as the shutdown starts (the server may take longer to drain
             // than the agent waits for it): `lmperf ctl` then says no agent runs there.
@@ -118,7 +166,12 @@ pub async fn serve(listener: Listener, service: ControlService, token: Option<Se
                 shutdown.await;
                 let _ = std::fs::remove_file(&unlink);
             };
-            let r = router.serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(l), shutdown).await;
+            let r = router
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::UnixListenerStream::new(l),
+                    shutdown,
+                )
+                .await;
             let _ = std::fs::remove_file(&path);
             r
         }
@@ -130,14 +183,21 @@ pub async fn serve(listener: Listener, service: ControlService, token: Option<Se
 
 /// Binds and spawns the control API as `cfg` says; `None` when disabled or when it cannot
 /// listen (logged). Returns where it listens and the server task.
-pub async fn start(cfg: &ControlConfig, service: ControlService, stop: CancellationToken) -> Option<(String, tokio::task::JoinHandle<()>)> {
+pub async fn start(
+    cfg: &ControlConfig,
+    service: ControlService,
+    stop: CancellationToken,
+) -> Option<(String, tokio::task::JoinHandle<()>)> {
     if !cfg.enabled {
         return None;
     }
     match bind(&cfg.listen).await {
         Ok(listener) => {
             let at = listener.describe();
-            Some((at, tokio::spawn(serve(listener, service, cfg.token.clone(), stop))))
+            Some((
+                at,
+                tokio::spawn(serve(listener, service, cfg.token.clone(), stop)),
+            ))
         }
         Err(e) => {
             tracing::warn!(error = %e, "Control API not started; canaries and telemetry go on.");
@@ -154,8 +214,18 @@ mod tests {
     fn bearer_token_must_match_exactly() {
         let t = crate::config::Secret::new("s3cret".to_owned());
         assert!(authorized(&t, Some(b"Bearer s3cret")));
-        for bad in [&b"Bearer s3cre"[..], b"Bearer s3cret ", b"bearer s3cret", b"s3cret", b""] {
-            assert!(!authorized(&t, Some(bad)), "{:?}", String::from_utf8_lossy(bad));
+        for bad in [
+            &b"Bearer s3cre"[..],
+            b"Bearer s3cret ",
+            b"bearer s3cret",
+            b"s3cret",
+            b"",
+        ] {
+            assert!(
+                !authorized(&t, Some(bad)),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
         assert!(!authorized(&t, None));
     }
@@ -166,8 +236,18 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("lmperf-ctl-test-{}", std::process::id()));
         let path = dir.join("sub/control.sock");
         let l = bind_unix(&path).unwrap();
-        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
-        assert_eq!(std::fs::metadata(path.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(
+            std::fs::metadata(path.parent().unwrap())
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o700
+        );
         // Live: refused.
         let err = bind_unix(&path).unwrap_err().to_string();
         assert!(err.contains("another process serves it"), "{err}");

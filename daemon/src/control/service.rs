@@ -55,10 +55,16 @@ impl From<&RequestSummary> for proto::RequestSummary {
 
 /// A target's server view as the control API's `ServerStatus`.
 fn server_status(v: &crate::server::state::TargetServerView) -> proto::ServerStatus {
-    let unix_s = |t: std::time::SystemTime| t.duration_since(std::time::SystemTime::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+    let unix_s = |t: std::time::SystemTime| {
+        t.duration_since(std::time::SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64())
+    };
     let last = v.changes.last();
     proto::ServerStatus {
-        mode: serde_json::to_value(v.mode).ok().and_then(|m| m.as_str().map(str::to_owned)).unwrap_or_default(),
+        mode: serde_json::to_value(v.mode)
+            .ok()
+            .and_then(|m| m.as_str().map(str::to_owned))
+            .unwrap_or_default(),
         reason: v.reason.clone(),
         kind: v.kind.map(|k| k.as_str().to_owned()),
         version: v.version.clone(),
@@ -68,7 +74,14 @@ fn server_status(v: &crate::server::state::TargetServerView) -> proto::ServerSta
         requests_running: v.latest.as_ref().and_then(|l| l.requests_running),
         kv_cache_usage: v.latest.as_ref().and_then(|l| l.kv_cache_usage),
         changes: v.changes.len() as u64,
-        last_change: last.map(|e| format!("{} {} -> {}", e.kind.as_str(), e.old.as_deref().unwrap_or("-"), e.new.as_deref().unwrap_or("-"))),
+        last_change: last.map(|e| {
+            format!(
+                "{} {} -> {}",
+                e.kind.as_str(),
+                e.old.as_deref().unwrap_or("-"),
+                e.new.as_deref().unwrap_or("-")
+            )
+        }),
         last_change_at_unix_s: last.map(|e| unix_s(e.at)),
     }
 }
@@ -91,13 +104,22 @@ impl ControlService {
                     api: t.api.to_owned(),
                     model: t.model.clone(),
                     requests: t.requests,
-                    by_outcome: t.by_outcome.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
+                    by_outcome: t
+                        .by_outcome
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), *v))
+                        .collect(),
                     in_flight: t.in_flight,
                     skipped: t.skipped,
                     spike: t.spike,
                     last: t.last.as_ref().map(Into::into),
                     spike_reason: t.spike_reason.map(|r| r.describe()),
-                    server: self.admin.status.server.target(&t.name).map(|s| server_status(&s.view())),
+                    server: self
+                        .admin
+                        .status
+                        .server
+                        .target(&t.name)
+                        .map(|s| server_status(&s.view())),
                 })
                 .collect(),
             exporter: Some(proto::ExporterStatus {
@@ -109,7 +131,11 @@ impl ControlService {
                 enqueued: e.enqueued,
                 exported: e.exported,
                 dropped_queue_full: e.dropped_queue_full,
-                dropped_by_reason: e.dropped_by_reason.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
+                dropped_by_reason: e
+                    .dropped_by_reason
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), *v))
+                    .collect(),
                 failed: e.failed,
                 export_errors: e.export_errors,
                 last_error: e.last_error.clone(),
@@ -140,7 +166,17 @@ impl ControlService {
                 mode: label(&doc.net.mode),
                 reason: doc.net.reason.clone(),
                 ports: doc.net.ports.iter().map(|p| u32::from(*p)).collect(),
-                probes: doc.net.probes.iter().map(|p| proto::Probe { program: p.program.to_owned(), attach: p.attach.to_owned(), live: p.live, error: p.error.clone() }).collect(),
+                probes: doc
+                    .net
+                    .probes
+                    .iter()
+                    .map(|p| proto::Probe {
+                        program: p.program.to_owned(),
+                        attach: p.attach.to_owned(),
+                        live: p.live,
+                        error: p.error.clone(),
+                    })
+                    .collect(),
                 rtt_events: doc.net.events.rtt,
                 connect_events: doc.net.events.connect,
                 retransmit_events: doc.net.events.retransmit,
@@ -160,42 +196,80 @@ impl ControlService {
 
 #[tonic::async_trait]
 impl proto::agent_control_server::AgentControl for ControlService {
-    async fn get_status(&self, _req: Request<proto::GetStatusRequest>) -> Result<Response<proto::GetStatusResponse>, Status> {
+    async fn get_status(
+        &self,
+        _req: Request<proto::GetStatusRequest>,
+    ) -> Result<Response<proto::GetStatusResponse>, Status> {
         Ok(Response::new(self.status()))
     }
 
-    async fn list_recent_requests(&self, req: Request<proto::ListRecentRequestsRequest>) -> Result<Response<proto::ListRecentRequestsResponse>, Status> {
+    async fn list_recent_requests(
+        &self,
+        req: Request<proto::ListRecentRequestsRequest>,
+    ) -> Result<Response<proto::ListRecentRequestsResponse>, Status> {
         let r = req.into_inner();
         let some = |s: String| (!s.is_empty()).then_some(s);
         let filter = RecentFilter {
-            limit: if r.limit == 0 { DEFAULT_RECENT_LIMIT } else { r.limit as usize },
+            limit: if r.limit == 0 {
+                DEFAULT_RECENT_LIMIT
+            } else {
+                r.limit as usize
+            },
             target: some(r.target),
             outcome: some(r.outcome),
             source: some(r.source),
         };
-        if let Some(s) = filter.source.as_deref().filter(|s| !matches!(*s, "canary" | "inject")) {
-            return Err(Status::invalid_argument(format!("source = {s:?}: canary or inject")));
+        if let Some(s) = filter
+            .source
+            .as_deref()
+            .filter(|s| !matches!(*s, "canary" | "inject"))
+        {
+            return Err(Status::invalid_argument(format!(
+                "source = {s:?}: canary or inject"
+            )));
         }
         let requests = self.recent.list(&filter).iter().map(Into::into).collect();
-        Ok(Response::new(proto::ListRecentRequestsResponse { requests, capacity: u32::try_from(self.recent.capacity()).unwrap_or(u32::MAX) }))
+        Ok(Response::new(proto::ListRecentRequestsResponse {
+            requests,
+            capacity: u32::try_from(self.recent.capacity()).unwrap_or(u32::MAX),
+        }))
     }
 
-    async fn inject_load(&self, req: Request<proto::InjectLoadRequest>) -> Result<Response<proto::InjectLoadResponse>, Status> {
+    async fn inject_load(
+        &self,
+        req: Request<proto::InjectLoadRequest>,
+    ) -> Result<Response<proto::InjectLoadResponse>, Status> {
         let load = self.loads.start(req.get_ref()).await?;
-        Ok(Response::new(proto::InjectLoadResponse { load: Some(load.to_proto()) }))
+        Ok(Response::new(proto::InjectLoadResponse {
+            load: Some(load.to_proto()),
+        }))
     }
 
-    async fn stop_load(&self, req: Request<proto::StopLoadRequest>) -> Result<Response<proto::StopLoadResponse>, Status> {
+    async fn stop_load(
+        &self,
+        req: Request<proto::StopLoadRequest>,
+    ) -> Result<Response<proto::StopLoadResponse>, Status> {
         let load = self.loads.stop(&req.get_ref().id).await?;
-        Ok(Response::new(proto::StopLoadResponse { load: Some(load.to_proto()) }))
+        Ok(Response::new(proto::StopLoadResponse {
+            load: Some(load.to_proto()),
+        }))
     }
 
-    async fn update_load(&self, req: Request<proto::UpdateLoadRequest>) -> Result<Response<proto::UpdateLoadResponse>, Status> {
+    async fn update_load(
+        &self,
+        req: Request<proto::UpdateLoadRequest>,
+    ) -> Result<Response<proto::UpdateLoadResponse>, Status> {
         let (load, revision) = self.loads.update(req.get_ref())?;
-        Ok(Response::new(proto::UpdateLoadResponse { load: Some(load.to_proto()), revision }))
+        Ok(Response::new(proto::UpdateLoadResponse {
+            load: Some(load.to_proto()),
+            revision,
+        }))
     }
 
-    async fn diagnose(&self, req: Request<proto::DiagnoseRequest>) -> Result<Response<proto::DiagnoseResponse>, Status> {
+    async fn diagnose(
+        &self,
+        req: Request<proto::DiagnoseRequest>,
+    ) -> Result<Response<proto::DiagnoseResponse>, Status> {
         let r = req.into_inner();
         let target = (!r.target.is_empty()).then_some(r.target.as_str());
         if let Some(t) = target
@@ -204,11 +278,19 @@ impl proto::agent_control_server::AgentControl for ControlService {
             return Err(Status::not_found(format!("target = {t:?}: no such target")));
         }
         if !(r.window_s.is_finite() && r.window_s >= 0.0) {
-            return Err(Status::invalid_argument(format!("window_s = {}: seconds, 0 or more", r.window_s)));
+            return Err(Status::invalid_argument(format!(
+                "window_s = {}: seconds, 0 or more",
+                r.window_s
+            )));
         }
         let window = (r.window_s > 0.0).then(|| std::time::Duration::from_secs_f64(r.window_s));
-        let d = self.admin.status.diagnosis.snapshot(target, window, std::time::SystemTime::now());
-        let diagnosis_json = serde_json::to_string(&d).map_err(|e| Status::internal(format!("diagnosis JSON: {e}")))?;
+        let d = self
+            .admin
+            .status
+            .diagnosis
+            .snapshot(target, window, std::time::SystemTime::now());
+        let diagnosis_json = serde_json::to_string(&d)
+            .map_err(|e| Status::internal(format!("diagnosis JSON: {e}")))?;
         Ok(Response::new(proto::DiagnoseResponse { diagnosis_json }))
     }
 }

@@ -263,7 +263,10 @@ struct Closed {
 impl Closed {
     /// `(v, k)` pairs: at least `k` samples are ≥ `v`.
     fn evidence(&self) -> Vec<(f64, usize)> {
-        vec![(self.stat, self.at_stat as usize), (self.body, self.body_k as usize)]
+        vec![
+            (self.stat, self.at_stat as usize),
+            (self.body, self.body_k as usize),
+        ]
     }
 }
 
@@ -291,7 +294,12 @@ impl Slot {
         let samples = if self.in_progress {
             current.iter().filter(|&&v| above(v)).count()
         } else {
-            self.evidence.iter().filter(|&&(v, _)| above(v)).map(|&(_, k)| k).max().unwrap_or(0)
+            self.evidence
+                .iter()
+                .filter(|&&(v, _)| above(v))
+                .map(|&(_, k)| k)
+                .max()
+                .unwrap_or(0)
         };
         samples + self.bounds.iter().filter(|&&b| above(b)).count()
     }
@@ -339,7 +347,10 @@ impl BucketSeries {
     /// (baseline plus recent buckets): e.g. 40 s of 120 s.
     pub fn history_progress_s(&self) -> (f64, f64) {
         let b = self.config.bucket.as_secs_f64();
-        (self.closed.len() as f64 * b, (self.config.min_baseline_buckets + self.config.recent_buckets) as f64 * b)
+        (
+            self.closed.len() as f64 * b,
+            (self.config.min_baseline_buckets + self.config.recent_buckets) as f64 * b,
+        )
     }
 
     fn index(&self, at: Duration) -> u64 {
@@ -398,7 +409,11 @@ impl BucketSeries {
         {
             if let Some((stat, count, sum)) = self.current_value() {
                 let [(_, at_stat), (body, body_k)] = self.evidence_of_closing(stat);
-                let count = if self.aggregate == Aggregate::P99 { self.samples.len() as u64 } else { count };
+                let count = if self.aggregate == Aggregate::P99 {
+                    self.samples.len() as u64
+                } else {
+                    count
+                };
                 let u32_of = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
                 self.closed.push_back(Closed {
                     idx: cur,
@@ -480,7 +495,11 @@ impl BucketSeries {
             .map(|&(_, _, v)| v)
             .collect();
         let count = in_progress.map_or(0, |(_, c, _)| c as usize) + now_bounds.len();
-        let partial_sum = if now_bounds.is_empty() { in_progress.map_or(0.0, |(_, _, sum)| sum) } else { f64::INFINITY };
+        let partial_sum = if now_bounds.is_empty() {
+            in_progress.map_or(0.0, |(_, _, sum)| sum)
+        } else {
+            f64::INFINITY
+        };
         let partial = if count >= self.config.min_partial_samples && count > 0 {
             if now_bounds.is_empty() {
                 in_progress.map(|(v, _, _)| v)
@@ -489,8 +508,12 @@ impl BucketSeries {
                 // bucket's statistic once the requests in flight end.
                 match self.aggregate {
                     Aggregate::P99 => {
-                        let mut all: Vec<f64> =
-                            self.samples.iter().copied().chain(now_bounds.iter().copied()).collect();
+                        let mut all: Vec<f64> = self
+                            .samples
+                            .iter()
+                            .copied()
+                            .chain(now_bounds.iter().copied())
+                            .collect();
                         if self.config.exclude_max {
                             quantile_below_max(&mut all, 0.99)
                         } else {
@@ -521,10 +544,22 @@ impl BucketSeries {
                 .map(|&(_, _, v)| v)
                 .collect();
             if closed.is_some() || !slot_bounds.is_empty() {
-                let sum = if slot_bounds.is_empty() { closed.map_or(f64::INFINITY, |c| c.sum) } else { f64::INFINITY };
-                let (count, evidence) = closed.map_or((0, Vec::new()), |c| (c.count as usize, c.evidence()));
+                let sum = if slot_bounds.is_empty() {
+                    closed.map_or(f64::INFINITY, |c| c.sum)
+                } else {
+                    f64::INFINITY
+                };
+                let (count, evidence) =
+                    closed.map_or((0, Vec::new()), |c| (c.count as usize, c.evidence()));
                 if let Some(stat) = self.lift(closed.map(|c| c.stat), slot_bounds.clone()) {
-                    out.push(Slot { stat, sum, total: count + slot_bounds.len(), evidence, bounds: slot_bounds, in_progress: false });
+                    out.push(Slot {
+                        stat,
+                        sum,
+                        total: count + slot_bounds.len(),
+                        evidence,
+                        bounds: slot_bounds,
+                        in_progress: false,
+                    });
                 }
             } else {
                 // A slot where no request started nor ended (all of them stuck: new ones are
@@ -535,7 +570,14 @@ impl BucketSeries {
                     .map(|&(_, start, _)| (slot + 1) as f64 * bucket_s - start)
                     .collect();
                 if let Some(stat) = self.lift(None, through.clone()) {
-                    out.push(Slot { stat, sum: f64::INFINITY, total: through.len(), evidence: Vec::new(), bounds: through, in_progress: false });
+                    out.push(Slot {
+                        stat,
+                        sum: f64::INFINITY,
+                        total: through.len(),
+                        evidence: Vec::new(),
+                        bounds: through,
+                        in_progress: false,
+                    });
                 }
             }
         }
@@ -550,13 +592,24 @@ impl BucketSeries {
             } else {
                 Vec::new()
             };
-            let sum = if older.is_empty() { partial_sum } else { f64::INFINITY };
+            let sum = if older.is_empty() {
+                partial_sum
+            } else {
+                f64::INFINITY
+            };
             // Every sample of the bucket in progress is known: counted as judged (`in_progress`).
             let total = self.samples.len() + now_bounds.len() + older.len();
             let mut slot_bounds = now_bounds;
             slot_bounds.extend(older.iter().copied());
             if let Some(stat) = self.lift(Some(v), older) {
-                out.push(Slot { stat, sum, total, evidence: Vec::new(), bounds: slot_bounds, in_progress: share });
+                out.push(Slot {
+                    stat,
+                    sum,
+                    total,
+                    evidence: Vec::new(),
+                    bounds: slot_bounds,
+                    in_progress: share,
+                });
             }
         }
         (out, first)
@@ -642,13 +695,18 @@ impl BucketSeries {
             .iter()
             .map(|s| s.stat)
             .fold(f64::NEG_INFINITY, f64::max);
-        let share = if self.share_rule() { self.config.min_share_above } else { 0.0 };
+        let share = if self.share_rule() {
+            self.config.min_share_above
+        } else {
+            0.0
+        };
         let jumped_buckets = recent
             .iter()
             .filter(|s| {
                 baseline.jumped(s.stat, rule)
                     && s.sum >= self.config.min_bucket_sum
-                    && s.known_above(&self.samples, |v| baseline.jumped(v, rule)) as f64 >= (share * s.total as f64).ceil()
+                    && s.known_above(&self.samples, |v| baseline.jumped(v, rule)) as f64
+                        >= (share * s.total as f64).ceil()
             })
             .count();
         Some(Assessment {
@@ -880,7 +938,10 @@ mod tests {
         // for 40 s). On finished requests alone nothing is seen; with the in-flight bounds the
         // jump is seen within 13 s, whatever the bucket phase (the rest of the onset's bucket,
         // then the 5 requests the next one needs, waiting ≥ 2 × the baseline).
-        for (onset, config) in [121.0, 125.0, 129.5].into_iter().flat_map(|o| [(o, DetectorConfig::default()), (o, spike_mode())]) {
+        for (onset, config) in [121.0, 125.0, 129.5]
+            .into_iter()
+            .flat_map(|o| [(o, DetectorConfig::default()), (o, spike_mode())])
+        {
             let mut s = BucketSeries::new(config, Aggregate::P99);
             let mut rng = Rng::new(13);
             let mut t = 0.0;
@@ -903,7 +964,10 @@ mod tests {
                 t += 1.0;
             }
             let after = first.expect("jump seen");
-            assert!(after <= 13.0, "onset {onset} ({config:?}): seen after {after} s");
+            assert!(
+                after <= 13.0,
+                "onset {onset} ({config:?}): seen after {after} s"
+            );
         }
     }
 
@@ -944,24 +1008,24 @@ mod tests {
         // request starts (max in flight), none ends. The jump holds throughout, through the
         // empty slots.
         for config in [DetectorConfig::default(), spike_mode()] {
-        let mut s = BucketSeries::new(config, Aggregate::P99);
-        let mut rng = Rng::new(19);
-        for t in 0..120 {
-            s.push(Duration::from_secs(t), 0.4 + rng.exp(0.05));
-        }
-        let mut first = None;
-        for t in 120..240u64 {
-            let stuck: Vec<(Duration, f64)> = (120..=t.min(135))
-                .map(|st| (Duration::from_secs(st), (t - st) as f64))
-                .collect();
-            let a = s.assess_with(Duration::from_secs(t), &SAMPLER, &stuck);
-            let jumped = a.is_some_and(|a| a.jumped);
-            if jumped && first.is_none() {
-                first = Some(t);
+            let mut s = BucketSeries::new(config, Aggregate::P99);
+            let mut rng = Rng::new(19);
+            for t in 0..120 {
+                s.push(Duration::from_secs(t), 0.4 + rng.exp(0.05));
             }
-            assert!(first.is_none() || jumped, "the jump lapsed at {t} s: {a:?}");
-        }
-        assert!(first.is_some_and(|t| t <= 135), "{config:?}: {first:?}");
+            let mut first = None;
+            for t in 120..240u64 {
+                let stuck: Vec<(Duration, f64)> = (120..=t.min(135))
+                    .map(|st| (Duration::from_secs(st), (t - st) as f64))
+                    .collect();
+                let a = s.assess_with(Duration::from_secs(t), &SAMPLER, &stuck);
+                let jumped = a.is_some_and(|a| a.jumped);
+                if jumped && first.is_none() {
+                    first = Some(t);
+                }
+                assert!(first.is_none() || jumped, "the jump lapsed at {t} s: {a:?}");
+            }
+            assert!(first.is_some_and(|t| t <= 135), "{config:?}: {first:?}");
         }
     }
 
@@ -974,7 +1038,10 @@ mod tests {
     /// `slow_per_bucket` canaries of every 10 s bucket from 180 s on take 0.3–0.45 s (the CI
     /// calm phase that entered spike mode: 0.335 s = 3.6 × 0.094 s, z 6.9); then from 300 s
     /// an overload: every canary ~1.5 s. Returns the first jump before and after 300 s.
-    fn calm_jitter_then_overload(config: DetectorConfig, slow_per_bucket: u64) -> (Option<u64>, Option<u64>) {
+    fn calm_jitter_then_overload(
+        config: DetectorConfig,
+        slow_per_bucket: u64,
+    ) -> (Option<u64>, Option<u64>) {
         let mut s = BucketSeries::new(config, Aggregate::P99);
         let mut rng = Rng::new(23);
         let (mut calm, mut overload) = (None, None);
@@ -1002,11 +1069,20 @@ mod tests {
         // failure); with it they do not, and the overload is still seen within 15 s (the
         // bucket in progress after 5 canaries, then the next one: the jittery bucket before the
         // onset no longer counts as the second jumped bucket).
-        let tail_only = DetectorConfig { exclude_max: true, ..DetectorConfig::default() };
-        assert!(calm_jitter_then_overload(tail_only, 2).0.is_some(), "the jitter must look like a jump to the tail alone");
+        let tail_only = DetectorConfig {
+            exclude_max: true,
+            ..DetectorConfig::default()
+        };
+        assert!(
+            calm_jitter_then_overload(tail_only, 2).0.is_some(),
+            "the jitter must look like a jump to the tail alone"
+        );
         let (calm, overload) = calm_jitter_then_overload(spike_mode(), 2);
         assert_eq!(calm, None, "two slow canaries in ten entered spike mode");
-        assert!(overload.is_some_and(|t| t <= 315), "overload seen at {overload:?}");
+        assert!(
+            overload.is_some_and(|t| t <= 315),
+            "overload seen at {overload:?}"
+        );
         // A quarter of the canaries slow is a shift of the body: seen.
         let (calm, _) = calm_jitter_then_overload(spike_mode(), 3);
         assert!(calm.is_some_and(|t| t <= 205), "3 of 10 slow: {calm:?}");

@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime};
 
 use super::detector::{Assessment, Baseline, BucketSeries, DetectorConfig, JumpRule, median};
 use super::report::{
-    BaselineWait, Cause, CauseScore, Diagnosis, Evidence, SCHEMA_VERSION, State, Symptom, TargetDiagnosis,
-    TtftDecomposition, unix_s,
+    BaselineWait, Cause, CauseScore, Diagnosis, Evidence, SCHEMA_VERSION, State, Symptom,
+    TargetDiagnosis, TtftDecomposition, unix_s,
 };
 use super::signal::{Harm, Signal};
 use super::store::{EvidenceStore, SecondSeries};
@@ -552,8 +552,17 @@ impl TargetEngine {
         let (have, need) = [&s.ttft, &s.tpot, &s.e2e, &s.errors]
             .iter()
             .map(|b| b.history_progress_s())
-            .fold((0.0_f64, 0.0_f64), |(h, n), (bh, bn)| if bh / bn.max(1e-9) > h / n.max(1e-9) { (bh, bn) } else { (h, n) });
-        (have < need).then_some(BaselineWait { have_s: have, need_s: need })
+            .fold((0.0_f64, 0.0_f64), |(h, n), (bh, bn)| {
+                if bh / bn.max(1e-9) > h / n.max(1e-9) {
+                    (bh, bn)
+                } else {
+                    (h, n)
+                }
+            });
+        (have < need).then_some(BaselineWait {
+            have_s: have,
+            need_s: need,
+        })
     }
 
     fn set_state(&mut self, s: State, now: SystemTime) {
@@ -937,7 +946,10 @@ fn generation_fell(store: &EvidenceStore, onset: u32, now: u32) -> bool {
         .range(onset.saturating_sub(300), onset.saturating_sub(GUARD_S))
         .map(|(_, v)| v)
         .collect();
-    let after: Vec<f64> = s.range(onset, now.saturating_add(1)).map(|(_, v)| v).collect();
+    let after: Vec<f64> = s
+        .range(onset, now.saturating_add(1))
+        .map(|(_, v)| v)
+        .collect();
     !before.is_empty() && !after.is_empty() && mean(&after) < mean(&before)
 }
 

@@ -143,7 +143,10 @@ pub struct BaselineWait {
 impl BaselineWait {
     /// "no baseline yet: 40 s of the 120 s needed".
     pub fn words(&self) -> String {
-        format!("no baseline yet: {:.0} s of the {:.0} s needed", self.have_s, self.need_s)
+        format!(
+            "no baseline yet: {:.0} s of the {:.0} s needed",
+            self.have_s, self.need_s
+        )
     }
 }
 

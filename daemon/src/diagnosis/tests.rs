@@ -710,7 +710,10 @@ fn control_with_stray_errors(
             flipped[k][j] += 1;
         }
     }
-    assert_eq!(flipped, [[errors_per_bucket; 2]; 2], "requests flipped per bucket");
+    assert_eq!(
+        flipped, [[errors_per_bucket; 2]; 2],
+        "requests flipped per bucket"
+    );
     samples.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut e = Engine::new(config);
     let (mut not_idle, mut symptom) = (0, None);
@@ -771,7 +774,10 @@ fn a_short_history_says_no_baseline_yet_instead_of_no_spike() {
     // The error ratio judges 3 recent buckets after 8 of baseline: 110 s.
     assert_eq!((w.have_s, w.need_s), (40.0, 110.0));
     let text = super::scorecard::text(&d);
-    assert!(text.starts_with("t  not judged\n  no baseline yet: 40 s of the 110 s needed"), "{text}");
+    assert!(
+        text.starts_with("t  not judged\n  no baseline yet: 40 s of the 110 s needed"),
+        "{text}"
+    );
     assert!(!text.contains("no spike"), "{text}");
     // With a full history and no spike: the old line, no wait in the JSON.
     for s in 45..300 {
@@ -779,7 +785,10 @@ fn a_short_history_says_no_baseline_yet_instead_of_no_spike() {
     }
     let d = e.evaluate(at(300.0));
     assert!(d.targets[0].baseline_wait.is_none());
-    assert_eq!(super::scorecard::text(&d), "t  no spike\n  nothing to diagnose\n");
+    assert_eq!(
+        super::scorecard::text(&d),
+        "t  no spike\n  nothing to diagnose\n"
+    );
     assert!(!serde_json::to_string(&d).unwrap().contains("baseline_wait"));
 }
 
@@ -790,6 +799,16 @@ fn small_latencies_keep_significant_digits() {
     assert_eq!(fmt_value(Signal::E2e, 0.001_66), "1.66 ms");
     assert_eq!(fmt_value(Signal::Tpot, 0.053), "53.0 ms");
     assert_eq!(fmt_value(Signal::E2e, 1.24), "1.24 s");
-    let rule = crate::sampler::adaptive::SpikeRule::LatencyJump { signal: "e2e", p99_s: 0.431, baseline_s: 0.001_66, ratio: 259.9, z: 40.0, in_flight: 2 };
-    assert_eq!(rule.describe(), "latency_jump: e2e p99 ≥ 431 ms = 259.9 × baseline 1.66 ms (z 40.0; 2 canaries still in flight)");
+    let rule = crate::sampler::adaptive::SpikeRule::LatencyJump {
+        signal: "e2e",
+        p99_s: 0.431,
+        baseline_s: 0.001_66,
+        ratio: 259.9,
+        z: 40.0,
+        in_flight: 2,
+    };
+    assert_eq!(
+        rule.describe(),
+        "latency_jump: e2e p99 ≥ 431 ms = 259.9 × baseline 1.66 ms (z 40.0; 2 canaries still in flight)"
+    );
 }

@@ -161,7 +161,11 @@ pub mod throttle {
 
     /// Names of the slowdowns set in `bits`, in [`SLOWDOWNS`] order.
     pub fn names(bits: u64) -> Vec<&'static str> {
-        SLOWDOWNS.iter().filter(|(b, _)| bits & b != 0).map(|(_, n)| *n).collect()
+        SLOWDOWNS
+            .iter()
+            .filter(|(b, _)| bits & b != 0)
+            .map(|(_, n)| *n)
+            .collect()
     }
 }
 
@@ -200,7 +204,11 @@ pub trait GpuBackend: Send {
     /// Compute processes on the device.
     fn processes(&mut self, d: DeviceRef) -> Result<Vec<GpuProcess>, GpuError>;
     /// Per-process utilization samples newer than `last_seen_us` (0: all buffered).
-    fn process_utilization(&mut self, d: DeviceRef, last_seen_us: u64) -> Result<Vec<ProcessUtilization>, GpuError>;
+    fn process_utilization(
+        &mut self,
+        d: DeviceRef,
+        last_seen_us: u64,
+    ) -> Result<Vec<ProcessUtilization>, GpuError>;
     /// XID events since the last call, without waiting.
     fn poll_xids(&mut self) -> Result<Vec<XidEvent>, GpuError>;
 }

@@ -46,8 +46,14 @@ impl FakeDevice {
                 mig_enabled: Some(false),
                 mig: None,
             },
-            utilization: Utilization { gpu_pct: 87, memory_pct: 40 },
-            memory: MemoryInfo { used: 71 << 30, total: 141 << 30 },
+            utilization: Utilization {
+                gpu_pct: 87,
+                memory_pct: 40,
+            },
+            memory: MemoryInfo {
+                used: 71 << 30,
+                total: 141 << 30,
+            },
             power_mw: 512_000,
             power_limit_mw: 700_000,
             energy_mj: 1_000_000,
@@ -95,7 +101,11 @@ pub struct FakeHandle(Arc<Mutex<FakeNvml>>);
 impl FakeHandle {
     /// A script with `n` H200-like GPUs and driver `550.54.14`.
     pub fn with_gpus(n: u32) -> Self {
-        let f = FakeNvml { driver_version: "550.54.14".into(), devices: (0..n).map(FakeDevice::h200).collect(), ..FakeNvml::default() };
+        let f = FakeNvml {
+            driver_version: "550.54.14".into(),
+            devices: (0..n).map(FakeDevice::h200).collect(),
+            ..FakeNvml::default()
+        };
         Self(Arc::new(Mutex::new(f)))
     }
 
@@ -125,10 +135,17 @@ impl FakeNvml {
         let dev = self
             .devices
             .iter()
-            .find(|f| f.info.index == d.index && f.info.mig.as_ref().map(|m| m.mig_index) == d.mig_index)
+            .find(|f| {
+                f.info.index == d.index && f.info.mig.as_ref().map(|m| m.mig_index) == d.mig_index
+            })
             .ok_or_else(|| GpuError::Other(format!("no device {d:?}")))?;
-        let physical = self.devices.iter().find(|f| f.info.index == d.index && f.info.mig.is_none());
-        if self.lost.contains(&dev.info.uuid) || physical.is_some_and(|p| self.lost.contains(&p.info.uuid)) {
+        let physical = self
+            .devices
+            .iter()
+            .find(|f| f.info.index == d.index && f.info.mig.is_none());
+        if self.lost.contains(&dev.info.uuid)
+            || physical.is_some_and(|p| self.lost.contains(&p.info.uuid))
+        {
             return Err(GpuError::GpuLost);
         }
         if dev.unsupported.contains(field) {
@@ -163,11 +180,24 @@ impl GpuBackend for FakeBackend {
     }
     fn devices_at(&mut self, index: u32) -> Result<Vec<DeviceInfo>, GpuError> {
         let f = self.0.lock();
-        f.device(DeviceRef { index, mig_index: None }, "identity")?;
-        Ok(f.devices.iter().filter(|d| d.info.index == index).map(|d| d.info.clone()).collect())
+        f.device(
+            DeviceRef {
+                index,
+                mig_index: None,
+            },
+            "identity",
+        )?;
+        Ok(f.devices
+            .iter()
+            .filter(|d| d.info.index == index)
+            .map(|d| d.info.clone())
+            .collect())
     }
     fn utilization(&mut self, d: DeviceRef) -> Result<Utilization, GpuError> {
-        self.0.lock().device(d, "gpu.utilization").map(|x| x.utilization)
+        self.0
+            .lock()
+            .device(d, "gpu.utilization")
+            .map(|x| x.utilization)
     }
     fn memory(&mut self, d: DeviceRef) -> Result<MemoryInfo, GpuError> {
         self.0.lock().device(d, "gpu.memory").map(|x| x.memory)
@@ -176,13 +206,19 @@ impl GpuBackend for FakeBackend {
         self.0.lock().device(d, "gpu.power").map(|x| x.power_mw)
     }
     fn power_limit_mw(&mut self, d: DeviceRef) -> Result<u32, GpuError> {
-        self.0.lock().device(d, "gpu.power_limit").map(|x| x.power_limit_mw)
+        self.0
+            .lock()
+            .device(d, "gpu.power_limit")
+            .map(|x| x.power_limit_mw)
     }
     fn energy_mj(&mut self, d: DeviceRef) -> Result<u64, GpuError> {
         self.0.lock().device(d, "gpu.energy").map(|x| x.energy_mj)
     }
     fn temperature_c(&mut self, d: DeviceRef) -> Result<u32, GpuError> {
-        self.0.lock().device(d, "gpu.temperature").map(|x| x.temperature_c)
+        self.0
+            .lock()
+            .device(d, "gpu.temperature")
+            .map(|x| x.temperature_c)
     }
     fn clock_mhz(&mut self, d: DeviceRef, kind: ClockKind) -> Result<u32, GpuError> {
         let f = self.0.lock();
@@ -203,7 +239,10 @@ impl GpuBackend for FakeBackend {
         })
     }
     fn pcie_replays(&mut self, d: DeviceRef) -> Result<u64, GpuError> {
-        self.0.lock().device(d, "gpu.pcie.replays").map(|x| x.pcie_replays)
+        self.0
+            .lock()
+            .device(d, "gpu.pcie.replays")
+            .map(|x| x.pcie_replays)
     }
     fn ecc_errors(&mut self, d: DeviceRef, kind: EccKind) -> Result<u64, GpuError> {
         let f = self.0.lock();
@@ -214,14 +253,30 @@ impl GpuBackend for FakeBackend {
         })
     }
     fn processes(&mut self, d: DeviceRef) -> Result<Vec<GpuProcess>, GpuError> {
-        self.0.lock().device(d, "gpu.processes").map(|x| x.processes.clone())
+        self.0
+            .lock()
+            .device(d, "gpu.processes")
+            .map(|x| x.processes.clone())
     }
-    fn process_utilization(&mut self, d: DeviceRef, last_seen_us: u64) -> Result<Vec<ProcessUtilization>, GpuError> {
+    fn process_utilization(
+        &mut self,
+        d: DeviceRef,
+        last_seen_us: u64,
+    ) -> Result<Vec<ProcessUtilization>, GpuError> {
         let mut f = self.0.lock();
         f.process_util_calls.push(last_seen_us);
         let x = f.device(d, "gpu.process.utilization")?;
-        let fresh: Vec<ProcessUtilization> = x.process_utilization.iter().filter(|s| s.timestamp_us > last_seen_us).copied().collect();
-        if fresh.is_empty() { Err(GpuError::NotFound) } else { Ok(fresh) }
+        let fresh: Vec<ProcessUtilization> = x
+            .process_utilization
+            .iter()
+            .filter(|s| s.timestamp_us > last_seen_us)
+            .copied()
+            .collect();
+        if fresh.is_empty() {
+            Err(GpuError::NotFound)
+        } else {
+            Ok(fresh)
+        }
     }
     fn poll_xids(&mut self) -> Result<Vec<XidEvent>, GpuError> {
         Ok(std::mem::take(&mut self.0.lock().pending_xids))

@@ -31,7 +31,10 @@ pub fn device_attributes(d: &DeviceEntry, driver_version: &str) -> Vec<KeyValue>
         KeyValue::new(n::LMPERF_GPU_PCI_BUS_ID, i.pci_bus_id.clone()),
     ];
     if !driver_version.is_empty() {
-        kv.push(KeyValue::new(n::HW_DRIVER_VERSION, driver_version.to_owned()));
+        kv.push(KeyValue::new(
+            n::HW_DRIVER_VERSION,
+            driver_version.to_owned(),
+        ));
     }
     if let Some(m) = &i.mig {
         kv.push(KeyValue::new(n::HW_PARENT, m.parent_uuid.clone()));
@@ -47,7 +50,10 @@ fn with(base: &[KeyValue], extra: &[KeyValue]) -> Vec<KeyValue> {
 }
 
 /// Calls `f` for each device with a sample, with its attributes.
-fn each(state: &GpuState, mut f: impl FnMut(&Snapshot, &DeviceEntry, &super::state::DeviceSample, &[KeyValue])) {
+fn each(
+    state: &GpuState,
+    mut f: impl FnMut(&Snapshot, &DeviceEntry, &super::state::DeviceSample, &[KeyValue]),
+) {
     let snap = state.latest();
     for d in &snap.devices {
         if let Some(s) = &d.sample {
@@ -93,29 +99,62 @@ pub fn register(meter: &Meter, state: Arc<GpuState>) {
         }};
     }
     let task = [KeyValue::new(n::HW_GPU_TASK, n::HW_GPU_TASK_GENERAL)];
-    gauge!(n::METRIC_HW_GPU_UTILIZATION, "1", "Fraction of time spent in a specific task.", |s, a, o| if let Some(v) = s.utilization {
-        o.observe(v, &with(a, &task))
-    });
-    gauge!(n::METRIC_GPU_MEMORY_COPY_UTILIZATION, "1", "Fraction of time device memory was read or written.", |s, a, o| if let Some(v) =
-        s.memory_copy_utilization
-    {
-        o.observe(v, a)
-    });
-    updown!(n::METRIC_HW_GPU_MEMORY_USAGE, "By", "GPU memory used.", |s, a, o| if let Some(v) = s.memory_used {
-        o.observe(v as i64, a)
-    });
-    updown!(n::METRIC_HW_GPU_MEMORY_LIMIT, "By", "Size of the GPU memory.", |s, a, o| if let Some(v) = s.memory_total {
-        o.observe(v as i64, a)
-    });
-    gauge!(n::METRIC_HW_GPU_MEMORY_UTILIZATION, "1", "Fraction of GPU memory used.", |s, a, o| if let Some(v) = s.memory_utilization() {
-        o.observe(v, a)
-    });
-    gauge!(n::METRIC_HW_POWER, "W", "Instantaneous power consumed by the component.", |s, a, o| if let Some(v) = s.power_w {
-        o.observe(v, a)
-    });
-    gauge!(n::METRIC_GPU_POWER_LIMIT, "W", "Enforced power limit.", |s, a, o| if let Some(v) = s.power_limit_w {
-        o.observe(v, a)
-    });
+    gauge!(
+        n::METRIC_HW_GPU_UTILIZATION,
+        "1",
+        "Fraction of time spent in a specific task.",
+        |s, a, o| if let Some(v) = s.utilization {
+            o.observe(v, &with(a, &task))
+        }
+    );
+    gauge!(
+        n::METRIC_GPU_MEMORY_COPY_UTILIZATION,
+        "1",
+        "Fraction of time device memory was read or written.",
+        |s, a, o| if let Some(v) = s.memory_copy_utilization {
+            o.observe(v, a)
+        }
+    );
+    updown!(
+        n::METRIC_HW_GPU_MEMORY_USAGE,
+        "By",
+        "GPU memory used.",
+        |s, a, o| if let Some(v) = s.memory_used {
+            o.observe(v as i64, a)
+        }
+    );
+    updown!(
+        n::METRIC_HW_GPU_MEMORY_LIMIT,
+        "By",
+        "Size of the GPU memory.",
+        |s, a, o| if let Some(v) = s.memory_total {
+            o.observe(v as i64, a)
+        }
+    );
+    gauge!(
+        n::METRIC_HW_GPU_MEMORY_UTILIZATION,
+        "1",
+        "Fraction of GPU memory used.",
+        |s, a, o| if let Some(v) = s.memory_utilization() {
+            o.observe(v, a)
+        }
+    );
+    gauge!(
+        n::METRIC_HW_POWER,
+        "W",
+        "Instantaneous power consumed by the component.",
+        |s, a, o| if let Some(v) = s.power_w {
+            o.observe(v, a)
+        }
+    );
+    gauge!(
+        n::METRIC_GPU_POWER_LIMIT,
+        "W",
+        "Enforced power limit.",
+        |s, a, o| if let Some(v) = s.power_limit_w {
+            o.observe(v, a)
+        }
+    );
     {
         let st = state.clone();
         let _c = meter
@@ -146,7 +185,10 @@ pub fn register(meter: &Meter, state: Arc<GpuState>) {
                                 KeyValue::new(n::HW_ID, format!("{}-temperature", d.info.uuid)),
                                 KeyValue::new(n::HW_TYPE, n::HW_TYPE_TEMPERATURE),
                                 KeyValue::new(n::HW_PARENT, d.info.uuid.clone()),
-                                KeyValue::new(n::HW_NAME, format!("GPU {} temperature", d.info.index)),
+                                KeyValue::new(
+                                    n::HW_NAME,
+                                    format!("GPU {} temperature", d.info.index),
+                                ),
                             ],
                         )
                     }
@@ -162,52 +204,105 @@ pub fn register(meter: &Meter, state: Arc<GpuState>) {
             o.observe(v, &with(a, &[KeyValue::new(n::LMPERF_GPU_CLOCK, "memory")]));
         }
     });
-    gauge!(n::METRIC_GPU_THROTTLE, "1", "1 while the clock throttle reason is active.", |s, a, o| if let Some(bits) = s.throttle {
-        for (bit, name) in super::backend::throttle::SLOWDOWNS {
-            o.observe(if bits & bit != 0 { 1.0 } else { 0.0 }, &with(a, &[KeyValue::new(n::LMPERF_GPU_THROTTLE_REASON, *name)]));
+    gauge!(
+        n::METRIC_GPU_THROTTLE,
+        "1",
+        "1 while the clock throttle reason is active.",
+        |s, a, o| if let Some(bits) = s.throttle {
+            for (bit, name) in super::backend::throttle::SLOWDOWNS {
+                o.observe(
+                    if bits & bit != 0 { 1.0 } else { 0.0 },
+                    &with(a, &[KeyValue::new(n::LMPERF_GPU_THROTTLE_REASON, *name)]),
+                );
+            }
         }
-    });
-    counter!(n::METRIC_HW_GPU_IO, "By", "Received and transmitted bytes by the GPU (PCIe, estimated from NVML's throughput).", |s, a, o| {
-        if let Some(v) = s.pcie_rx_bytes {
-            o.observe(v, &with(a, &[KeyValue::new(n::NETWORK_IO_DIRECTION, "receive")]));
+    );
+    counter!(
+        n::METRIC_HW_GPU_IO,
+        "By",
+        "Received and transmitted bytes by the GPU (PCIe, estimated from NVML's throughput).",
+        |s, a, o| {
+            if let Some(v) = s.pcie_rx_bytes {
+                o.observe(
+                    v,
+                    &with(a, &[KeyValue::new(n::NETWORK_IO_DIRECTION, "receive")]),
+                );
+            }
+            if let Some(v) = s.pcie_tx_bytes {
+                o.observe(
+                    v,
+                    &with(a, &[KeyValue::new(n::NETWORK_IO_DIRECTION, "transmit")]),
+                );
+            }
         }
-        if let Some(v) = s.pcie_tx_bytes {
-            o.observe(v, &with(a, &[KeyValue::new(n::NETWORK_IO_DIRECTION, "transmit")]));
+    );
+    counter!(
+        n::METRIC_GPU_PCIE_REPLAYS,
+        "{replay}",
+        "PCIe replays.",
+        |s, a, o| if let Some(v) = s.pcie_replays {
+            o.observe(v, a)
         }
-    });
-    counter!(n::METRIC_GPU_PCIE_REPLAYS, "{replay}", "PCIe replays.", |s, a, o| if let Some(v) = s.pcie_replays {
-        o.observe(v, a)
-    });
-    counter!(n::METRIC_HW_ERRORS, "{error}", "Number of errors encountered by the component (ECC, since the driver loaded).", |s, a, o| {
-        if let Some(v) = s.ecc_corrected {
-            o.observe(v, &with(a, &[KeyValue::new(n::ERROR_TYPE, n::HW_ERROR_CORRECTED)]));
+    );
+    counter!(
+        n::METRIC_HW_ERRORS,
+        "{error}",
+        "Number of errors encountered by the component (ECC, since the driver loaded).",
+        |s, a, o| {
+            if let Some(v) = s.ecc_corrected {
+                o.observe(
+                    v,
+                    &with(a, &[KeyValue::new(n::ERROR_TYPE, n::HW_ERROR_CORRECTED)]),
+                );
+            }
+            if let Some(v) = s.ecc_uncorrected {
+                o.observe(
+                    v,
+                    &with(a, &[KeyValue::new(n::ERROR_TYPE, n::HW_ERROR_UNCORRECTED)]),
+                );
+            }
         }
-        if let Some(v) = s.ecc_uncorrected {
-            o.observe(v, &with(a, &[KeyValue::new(n::ERROR_TYPE, n::HW_ERROR_UNCORRECTED)]));
+    );
+    updown!(
+        n::METRIC_GPU_PROCESS_MEMORY_USAGE,
+        "By",
+        "GPU memory held by a process.",
+        |s, a, o| for p in &s.processes {
+            if let Some(b) = p.used_bytes {
+                o.observe(b as i64, &with(a, &process_attributes(p)));
+            }
         }
-    });
-    updown!(n::METRIC_GPU_PROCESS_MEMORY_USAGE, "By", "GPU memory held by a process.", |s, a, o| for p in &s.processes {
-        if let Some(b) = p.used_bytes {
-            o.observe(b as i64, &with(a, &process_attributes(p)));
+    );
+    gauge!(
+        n::METRIC_GPU_PROCESS_UTILIZATION,
+        "1",
+        "Fraction of SM time used by a process.",
+        |s, a, o| for p in &s.processes {
+            if let Some(u) = p.sm_utilization {
+                o.observe(u, &with(a, &process_attributes(p)));
+            }
         }
-    });
-    gauge!(n::METRIC_GPU_PROCESS_UTILIZATION, "1", "Fraction of SM time used by a process.", |s, a, o| for p in &s.processes {
-        if let Some(u) = p.sm_utilization {
-            o.observe(u, &with(a, &process_attributes(p)));
-        }
-    });
+    );
     {
         let st = state.clone();
         let _s = meter
             .i64_observable_up_down_counter(n::METRIC_HW_STATUS)
             .with_unit("1")
-            .with_description("Operational status: 1 (true) or 0 (false) for each of the possible states.")
+            .with_description(
+                "Operational status: 1 (true) or 0 (false) for each of the possible states.",
+            )
             .with_callback(move |o| {
                 let snap = st.latest();
                 for d in &snap.devices {
                     let a = device_attributes(d, &snap.driver_version);
-                    o.observe(i64::from(!d.lost), &with(&a, &[KeyValue::new(n::HW_STATE, n::HW_STATE_OK)]));
-                    o.observe(i64::from(d.lost), &with(&a, &[KeyValue::new(n::HW_STATE, n::HW_STATE_FAILED)]));
+                    o.observe(
+                        i64::from(!d.lost),
+                        &with(&a, &[KeyValue::new(n::HW_STATE, n::HW_STATE_OK)]),
+                    );
+                    o.observe(
+                        i64::from(d.lost),
+                        &with(&a, &[KeyValue::new(n::HW_STATE, n::HW_STATE_FAILED)]),
+                    );
                 }
             })
             .build();
@@ -223,7 +318,11 @@ pub fn register(meter: &Meter, state: Arc<GpuState>) {
                 for ((uuid, code), count) in &snap.xid_counts {
                     o.observe(
                         *count,
-                        &[KeyValue::new(n::HW_ID, uuid.clone()), KeyValue::new(n::HW_TYPE, n::HW_TYPE_GPU), KeyValue::new(n::LMPERF_GPU_XID, *code as i64)],
+                        &[
+                            KeyValue::new(n::HW_ID, uuid.clone()),
+                            KeyValue::new(n::HW_TYPE, n::HW_TYPE_GPU),
+                            KeyValue::new(n::LMPERF_GPU_XID, *code as i64),
+                        ],
                     );
                 }
             })
@@ -238,7 +337,10 @@ pub fn register(meter: &Meter, state: Arc<GpuState>) {
             .with_callback(move |o| {
                 let snap = st.latest();
                 if !snap.devices.is_empty() || snap.lost_total > 0 {
-                    o.observe(snap.lost_total, &[KeyValue::new(n::HW_TYPE, n::HW_TYPE_GPU)]);
+                    o.observe(
+                        snap.lost_total,
+                        &[KeyValue::new(n::HW_TYPE, n::HW_TYPE_GPU)],
+                    );
                 }
             })
             .build();

@@ -27,9 +27,15 @@ use state::{GpuState, Mode};
 
 /// Starts GPU monitoring as configured and registers its instruments on `meter`. Never
 /// fails the agent: without a driver the state says why metrics are off.
-pub fn start(cfg: &GpuConfig, meter: &opentelemetry::metrics::Meter) -> (Arc<GpuState>, GpuMonitor) {
+pub fn start(
+    cfg: &GpuConfig,
+    meter: &opentelemetry::metrics::Meter,
+) -> (Arc<GpuState>, GpuMonitor) {
     if !cfg.enabled {
-        return (Arc::new(GpuState::new(cfg.interval, Mode::Disabled)), GpuMonitor::none());
+        return (
+            Arc::new(GpuState::new(cfg.interval, Mode::Disabled)),
+            GpuMonitor::none(),
+        );
     }
     let state = Arc::new(GpuState::new(cfg.interval, Mode::Starting));
     metrics::register(meter, state.clone());
@@ -38,7 +44,10 @@ pub fn start(cfg: &GpuConfig, meter: &opentelemetry::metrics::Meter) -> (Arc<Gpu
         Ok(m) => (state, m),
         Err(e) => {
             tracing::warn!(error = %e, "Cannot start the GPU sampling thread; GPU metrics are off.");
-            state.set_mode(Mode::Off, Some(format!("cannot start the sampling thread: {e}")));
+            state.set_mode(
+                Mode::Off,
+                Some(format!("cannot start the sampling thread: {e}")),
+            );
             (state, GpuMonitor::none())
         }
     }

@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
-use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, PcieUtilCounter, TemperatureSensor};
+use nvml_wrapper::enum_wrappers::device::{
+    Clock, EccCounter, MemoryError, PcieUtilCounter, TemperatureSensor,
+};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
@@ -31,8 +33,12 @@ pub fn map_err(e: NvmlError) -> GpuError {
         NvmlError::GpuLost => GpuError::GpuLost,
         // nvml-wrapper's text for this one blames the caller ("not first initialized with
         // `Nvml::init()`"); after a successful init it means the driver went away or reloaded.
-        NvmlError::Uninitialized => GpuError::Driver("NVML answered UNINITIALIZED (the driver went away or was reloaded)".into()),
-        e @ (NvmlError::DriverNotLoaded | NvmlError::LibraryNotFound | NvmlError::LibRmVersionMismatch) => GpuError::Driver(e.to_string()),
+        NvmlError::Uninitialized => GpuError::Driver(
+            "NVML answered UNINITIALIZED (the driver went away or was reloaded)".into(),
+        ),
+        e @ (NvmlError::DriverNotLoaded
+        | NvmlError::LibraryNotFound
+        | NvmlError::LibRmVersionMismatch) => GpuError::Driver(e.to_string()),
         e => GpuError::Other(e.to_string()),
     }
 }
@@ -40,7 +46,9 @@ pub fn map_err(e: NvmlError) -> GpuError {
 /// The function name in libloading's `dlsym` message (`…: undefined symbol: nvmlX`), else
 /// the message.
 fn missing_symbol(why: &str) -> String {
-    why.rsplit_once("undefined symbol: ").map_or(why, |(_, s)| s.trim()).to_owned()
+    why.rsplit_once("undefined symbol: ")
+        .map_or(why, |(_, s)| s.trim())
+        .to_owned()
 }
 
 /// `nvmlDeviceGetCurrentClocksThrottleReasons`, or its successor
@@ -50,7 +58,14 @@ fn throttle_reasons(dev: &nvml_wrapper::Device<'_>) -> Result<u64, NvmlError> {
     match dev.current_throttle_reasons() {
         Ok(r) => Ok(r.bits()),
         Err(NvmlError::FailedToLoadSymbol(why)) => {
-            let Ok(f) = dev.nvml().lib().nvmlDeviceGetCurrentClocksEventReasons.as_ref() else { return Err(NvmlError::FailedToLoadSymbol(why)) };
+            let Ok(f) = dev
+                .nvml()
+                .lib()
+                .nvmlDeviceGetCurrentClocksEventReasons
+                .as_ref()
+            else {
+                return Err(NvmlError::FailedToLoadSymbol(why));
+            };
             let mut bits: u64 = 0;
             // SAFETY: the handle is valid while `dev` borrows its `Nvml`; `bits` outlives the call.
             nvml_wrapper::error::nvml_try(unsafe { f(dev.handle(), &raw mut bits) })?;
@@ -75,7 +90,9 @@ fn memory_info(dev: &nvml_wrapper::Device<'_>) -> Result<(u64, u64), NvmlError> 
     match dev.memory_info() {
         Ok(m) => Ok((m.used, m.total)),
         Err(NvmlError::FailedToLoadSymbol(why)) => {
-            let Ok(v1) = dev.nvml().lib().nvmlDeviceGetMemoryInfo.as_ref() else { return Err(NvmlError::FailedToLoadSymbol(why)) };
+            let Ok(v1) = dev.nvml().lib().nvmlDeviceGetMemoryInfo.as_ref() else {
+                return Err(NvmlError::FailedToLoadSymbol(why));
+            };
             let mut m = MemoryV1::default();
             // SAFETY: the handle is valid while `dev` borrows its `Nvml`; `m` has
             // nvmlMemory_t's layout (three unsigned long long) and outlives the call.
@@ -106,14 +123,25 @@ pub struct NvmlBackend {
 impl NvmlBackend {
     /// A backend loading `lib_path`, or `libnvidia-ml.so.1` from the loader's path.
     pub fn new(lib_path: Option<OsString>) -> Self {
-        Self { lib_path, nvml: None, xids: Arc::default(), xid_stop: None }
+        Self {
+            lib_path,
+            nvml: None,
+            xids: Arc::default(),
+            xid_stop: None,
+        }
     }
 
     fn nvml(&self) -> Result<&Nvml, GpuError> {
-        self.nvml.as_deref().ok_or_else(|| GpuError::Driver("NVML not initialized".into()))
+        self.nvml
+            .as_deref()
+            .ok_or_else(|| GpuError::Driver("NVML not initialized".into()))
     }
 
-    fn with<T>(&self, d: DeviceRef, f: impl FnOnce(&nvml_wrapper::Device<'_>) -> Result<T, NvmlError>) -> Result<T, GpuError> {
+    fn with<T>(
+        &self,
+        d: DeviceRef,
+        f: impl FnOnce(&nvml_wrapper::Device<'_>) -> Result<T, NvmlError>,
+    ) -> Result<T, GpuError> {
         let nvml = self.nvml()?;
         let dev = nvml.device_by_index(d.index).map_err(map_err)?;
         match d.mig_index {
@@ -217,7 +245,13 @@ impl GpuBackend for NvmlBackend {
         // nvml-wrapper's `Drop` calls nvmlShutdown with `expect`: a library without it would
         // panic the sampler thread at the first rediscovery. Refuse it (and never drop it).
         if let Err(e) = nvml.lib().nvmlShutdown.as_ref() {
-            let why = format!("{} is not a usable NVML library: it has no nvmlShutdown ({e})", self.lib_path.as_deref().unwrap_or("libnvidia-ml.so.1".as_ref()).to_string_lossy());
+            let why = format!(
+                "{} is not a usable NVML library: it has no nvmlShutdown ({e})",
+                self.lib_path
+                    .as_deref()
+                    .unwrap_or("libnvidia-ml.so.1".as_ref())
+                    .to_string_lossy()
+            );
             std::mem::forget(nvml);
             return Err(GpuError::NoLibrary(why));
         }
@@ -249,22 +283,37 @@ impl GpuBackend for NvmlBackend {
         let name = dev.name().map_err(map_err)?;
         let pci_bus_id = dev.pci_info().map(|p| p.bus_id).unwrap_or_default();
         let mig_enabled = dev.mig_mode().ok().map(|m| m.current == 1);
-        let mut out = vec![DeviceInfo { index, uuid: uuid.clone(), name, pci_bus_id: pci_bus_id.clone(), mig_enabled, mig: None }];
+        let mut out = vec![DeviceInfo {
+            index,
+            uuid: uuid.clone(),
+            name,
+            pci_bus_id: pci_bus_id.clone(),
+            mig_enabled,
+            mig: None,
+        }];
         if mig_enabled == Some(true) {
             let n = dev.mig_device_count().map_err(map_err)?;
             for m in 0..n {
                 // Slots without an instance answer NOT_FOUND.
-                let Ok(mig) = dev.mig_device_by_index(m) else { continue };
+                let Ok(mig) = dev.mig_device_by_index(m) else {
+                    continue;
+                };
                 let Ok(mig_uuid) = mig.uuid() else { continue };
                 let mig_name = mig.name().unwrap_or_default();
-                let profile = mig_name.split_once("MIG ").map_or_else(|| mig_name.clone(), |(_, p)| p.trim().to_owned());
+                let profile = mig_name
+                    .split_once("MIG ")
+                    .map_or_else(|| mig_name.clone(), |(_, p)| p.trim().to_owned());
                 out.push(DeviceInfo {
                     index,
                     uuid: mig_uuid,
                     name: mig_name,
                     pci_bus_id: pci_bus_id.clone(),
                     mig_enabled: None,
-                    mig: Some(MigInstance { profile, parent_uuid: uuid.clone(), mig_index: m }),
+                    mig: Some(MigInstance {
+                        profile,
+                        parent_uuid: uuid.clone(),
+                        mig_index: m,
+                    }),
                 });
             }
         }
@@ -272,10 +321,15 @@ impl GpuBackend for NvmlBackend {
     }
 
     fn utilization(&mut self, d: DeviceRef) -> Result<Utilization, GpuError> {
-        self.with(d, |x| x.utilization_rates()).map(|u| Utilization { gpu_pct: u.gpu, memory_pct: u.memory })
+        self.with(d, |x| x.utilization_rates())
+            .map(|u| Utilization {
+                gpu_pct: u.gpu,
+                memory_pct: u.memory,
+            })
     }
     fn memory(&mut self, d: DeviceRef) -> Result<MemoryInfo, GpuError> {
-        self.with(d, memory_info).map(|(used, total)| MemoryInfo { used, total })
+        self.with(d, memory_info)
+            .map(|(used, total)| MemoryInfo { used, total })
     }
     fn power_mw(&mut self, d: DeviceRef) -> Result<u32, GpuError> {
         self.with(d, |x| x.power_usage())
@@ -329,15 +383,27 @@ impl GpuBackend for NvmlBackend {
                 .collect()
         })
     }
-    fn process_utilization(&mut self, d: DeviceRef, last_seen_us: u64) -> Result<Vec<ProcessUtilization>, GpuError> {
-        self.with(d, |x| x.process_utilization_stats(last_seen_us)).map(|v| {
-            v.into_iter()
-                .map(|s| ProcessUtilization { pid: s.pid, timestamp_us: s.timestamp, sm_pct: s.sm_util, memory_pct: s.mem_util })
-                .collect()
-        })
+    fn process_utilization(
+        &mut self,
+        d: DeviceRef,
+        last_seen_us: u64,
+    ) -> Result<Vec<ProcessUtilization>, GpuError> {
+        self.with(d, |x| x.process_utilization_stats(last_seen_us))
+            .map(|v| {
+                v.into_iter()
+                    .map(|s| ProcessUtilization {
+                        pid: s.pid,
+                        timestamp_us: s.timestamp,
+                        sm_pct: s.sm_util,
+                        memory_pct: s.mem_util,
+                    })
+                    .collect()
+            })
     }
     fn poll_xids(&mut self) -> Result<Vec<XidEvent>, GpuError> {
-        Ok(std::mem::take(&mut *self.xids.events.lock().unwrap_or_else(|p| p.into_inner())))
+        Ok(std::mem::take(
+            &mut *self.xids.events.lock().unwrap_or_else(|p| p.into_inner()),
+        ))
     }
 }
 

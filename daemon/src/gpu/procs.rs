@@ -23,10 +23,21 @@ pub struct ProcInfo {
 /// Reads process `pid` under `proc_root` (normally `/proc`).
 pub fn read(proc_root: &Path, pid: u32) -> ProcInfo {
     let dir = proc_root.join(pid.to_string());
-    let executable = std::fs::read_to_string(dir.join("comm")).ok().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty());
-    let command = std::fs::read(dir.join("cmdline")).ok().and_then(|b| command_line(&b));
-    let container_id = std::fs::read_to_string(dir.join("cgroup")).ok().and_then(|t| container_id(&t));
-    ProcInfo { executable, command, container_id }
+    let executable = std::fs::read_to_string(dir.join("comm"))
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty());
+    let command = std::fs::read(dir.join("cmdline"))
+        .ok()
+        .and_then(|b| command_line(&b));
+    let container_id = std::fs::read_to_string(dir.join("cgroup"))
+        .ok()
+        .and_then(|t| container_id(&t));
+    ProcInfo {
+        executable,
+        command,
+        container_id,
+    }
 }
 
 /// Parents looked at above a GPU process for the listening socket (vLLM's API server is the
@@ -62,7 +73,8 @@ fn listens_on(proc_root: &Path, pid: u32, ports: &[u16]) -> Option<u16> {
     let mut listening: HashMap<u64, (u16, u32)> = HashMap::new();
     for table in ["net/tcp", "net/tcp6"] {
         if let Ok(text) = std::fs::read_to_string(dir.join(table)) {
-            listening.extend(listening_sockets(&text).filter(|(_, (port, _))| ports.contains(port)));
+            listening
+                .extend(listening_sockets(&text).filter(|(_, (port, _))| ports.contains(port)));
         }
     }
     if listening.is_empty() {
@@ -71,12 +83,20 @@ fn listens_on(proc_root: &Path, pid: u32, ports: &[u16]) -> Option<u16> {
     match std::fs::read_dir(dir.join("fd")) {
         Ok(fds) => fds.flatten().find_map(|e| {
             let link = std::fs::read_link(e.path()).ok()?;
-            let inode: u64 = link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()?;
+            let inode: u64 = link
+                .to_str()?
+                .strip_prefix("socket:[")?
+                .strip_suffix(']')?
+                .parse()
+                .ok()?;
             listening.get(&inode).map(|(port, _)| *port)
         }),
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
             let uid = uid(proc_root, pid)?;
-            listening.values().find(|(_, owner)| *owner == uid).map(|(port, _)| *port)
+            listening
+                .values()
+                .find(|(_, owner)| *owner == uid)
+                .map(|(port, _)| *port)
         }
         Err(_) => None,
     }
@@ -85,7 +105,13 @@ fn listens_on(proc_root: &Path, pid: u32, ports: &[u16]) -> Option<u16> {
 /// The real uid of `pid` (`/proc/PID/status` `Uid:` first value).
 fn uid(proc_root: &Path, pid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(proc_root.join(pid.to_string()).join("status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("Uid:"))?.split_whitespace().next()?.parse().ok()
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// `(inode, (local port, owner uid))` of the LISTEN sockets of a `/proc/net/tcp` or `tcp6`
@@ -108,13 +134,22 @@ pub fn listening_sockets(table: &str) -> impl Iterator<Item = (u64, (u16, u32))>
 /// that may hold spaces and parentheses).
 fn parent(proc_root: &Path, pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
-    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// `a\0b\0` → `a b`, cut at [`MAX_COMMAND`] bytes on a character boundary.
 pub fn command_line(raw: &[u8]) -> Option<String> {
     let text = String::from_utf8_lossy(raw);
-    let mut s = text.split('\0').filter(|a| !a.is_empty()).collect::<Vec<_>>().join(" ");
+    let mut s = text
+        .split('\0')
+        .filter(|a| !a.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
     if s.len() > MAX_COMMAND {
         let mut cut = MAX_COMMAND;
         while !s.is_char_boundary(cut) {
@@ -146,18 +181,33 @@ pub(super) mod tests {
 
     #[test]
     fn container_id_from_docker_k8s_and_cgroup_v1() {
-        assert_eq!(container_id(&format!("0::/system.slice/docker-{ID}.scope\n")).as_deref(), Some(ID));
         assert_eq!(
-            container_id(&format!("0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-{ID}.scope\n")).as_deref(),
+            container_id(&format!("0::/system.slice/docker-{ID}.scope\n")).as_deref(),
             Some(ID)
         );
-        assert_eq!(container_id(&format!("12:memory:/docker/{ID}\n11:cpu:/docker/{ID}\n")).as_deref(), Some(ID));
-        assert_eq!(container_id("0::/user.slice/user-1000.slice/session-3.scope\n"), None);
+        assert_eq!(
+            container_id(&format!(
+                "0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-{ID}.scope\n"
+            ))
+            .as_deref(),
+            Some(ID)
+        );
+        assert_eq!(
+            container_id(&format!("12:memory:/docker/{ID}\n11:cpu:/docker/{ID}\n")).as_deref(),
+            Some(ID)
+        );
+        assert_eq!(
+            container_id("0::/user.slice/user-1000.slice/session-3.scope\n"),
+            None
+        );
     }
 
     #[test]
     fn command_line_joins_and_bounds() {
-        assert_eq!(command_line(b"python3\0-m\0vllm.entrypoints.openai.api_server\0").as_deref(), Some("python3 -m vllm.entrypoints.openai.api_server"));
+        assert_eq!(
+            command_line(b"python3\0-m\0vllm.entrypoints.openai.api_server\0").as_deref(),
+            Some("python3 -m vllm.entrypoints.openai.api_server")
+        );
         assert_eq!(command_line(b""), None);
         let long = "é".repeat(200);
         let c = command_line(long.as_bytes()).unwrap();
@@ -169,7 +219,11 @@ pub(super) mod tests {
         let dir = root.join(pid.to_string());
         std::fs::create_dir_all(dir.join("net")).unwrap();
         std::fs::create_dir_all(dir.join("fd")).unwrap();
-        std::fs::write(dir.join("stat"), format!("{pid} (python3 (x)) S {ppid} {pid} 1 0")).unwrap();
+        std::fs::write(
+            dir.join("stat"),
+            format!("{pid} (python3 (x)) S {ppid} {pid} 1 0"),
+        )
+        .unwrap();
         std::fs::write(dir.join("comm"), "python3\n").unwrap();
         std::fs::write(dir.join("net/tcp"), tcp).unwrap();
         for (i, target) in fds.iter().enumerate() {
@@ -183,7 +237,10 @@ pub(super) mod tests {
 
     #[test]
     fn a_process_serves_a_port_when_it_or_an_ancestor_listens_there() {
-        assert_eq!(listening_sockets(TCP_8000).collect::<Vec<_>>(), [(4242, (8000, 1000))]);
+        assert_eq!(
+            listening_sockets(TCP_8000).collect::<Vec<_>>(),
+            [(4242, (8000, 1000))]
+        );
         let root = std::env::temp_dir().join(format!("lmperf-procs-serves-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         // 100 listens on 8000 (vLLM's API server); 101 is its GPU worker; 102 a grandchild;
@@ -192,12 +249,29 @@ pub(super) mod tests {
         fake_proc(&root, 101, 100, TCP_8000, &["socket:[999]"]);
         fake_proc(&root, 102, 101, TCP_8000, &[]);
         fake_proc(&root, 200, 1, TCP_8000, &["socket:[4343]"]);
-        fake_proc(&root, 300, 1, &TCP_8000.replace("1F40 00000000:0000 0A", "2328 00000000:0000 0A"), &["socket:[4242]"]);
-        for (pid, want) in [(100, Some(8000)), (101, Some(8000)), (102, Some(8000)), (200, None), (300, None), (999, None)] {
+        fake_proc(
+            &root,
+            300,
+            1,
+            &TCP_8000.replace("1F40 00000000:0000 0A", "2328 00000000:0000 0A"),
+            &["socket:[4242]"],
+        );
+        for (pid, want) in [
+            (100, Some(8000)),
+            (101, Some(8000)),
+            (102, Some(8000)),
+            (200, None),
+            (300, None),
+            (999, None),
+        ] {
             assert_eq!(serves_port(&root, pid, &[8000, 8080]), want, "pid {pid}");
         }
         assert_eq!(serves_port(&root, 300, &[9000]), Some(9000));
-        assert_eq!(serves_port(&root, 100, &[]), None, "no target ports: none is the server");
+        assert_eq!(
+            serves_port(&root, 100, &[]),
+            None,
+            "no target ports: none is the server"
+        );
         let _ = std::fs::remove_dir_all(&root);
     }
 

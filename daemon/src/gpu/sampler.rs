@@ -105,7 +105,9 @@ pub struct Sampler<B: GpuBackend> {
 
 /// Microseconds since the Unix epoch.
 fn unix_us(t: SystemTime) -> u64 {
-    t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
 }
 
 impl<B: GpuBackend> Sampler<B> {
@@ -176,7 +178,12 @@ impl<B: GpuBackend> Sampler<B> {
             devices: self
                 .devices
                 .iter()
-                .map(|t| DeviceEntry { info: t.info.clone(), lost: t.lost, unsupported: t.unsupported.clone(), sample: t.sample.clone() })
+                .map(|t| DeviceEntry {
+                    info: t.info.clone(),
+                    lost: t.lost,
+                    unsupported: t.unsupported.clone(),
+                    sample: t.sample.clone(),
+                })
                 .collect(),
             xid_counts: self.xid_counts.clone(),
             lost_total: self.lost_total,
@@ -217,12 +224,18 @@ impl<B: GpuBackend> Sampler<B> {
                 if on > 0 {
                     self.state.set_mode(Mode::On, None);
                 } else {
-                    self.state.set_mode(Mode::Discovering, Some("no GPU found; retrying discovery".into()));
+                    self.state.set_mode(
+                        Mode::Discovering,
+                        Some("no GPU found; retrying discovery".into()),
+                    );
                     self.discover_at = Some(now + self.rediscover);
                 }
             }
             Err(e) => {
-                let reason = format!("NVML discovery failed: {e}; retrying every {}", humantime::format_duration(self.rediscover));
+                let reason = format!(
+                    "NVML discovery failed: {e}; retrying every {}",
+                    humantime::format_duration(self.rediscover)
+                );
                 if !self.discovery_warned {
                     tracing::warn!(error = %e, "GPU discovery failed; retrying.");
                     self.discovery_warned = true;
@@ -264,14 +277,26 @@ impl<B: GpuBackend> Sampler<B> {
 
     /// Replaces the tracked set with `found`, keeping lost devices that did not come back.
     fn merge(&mut self, found: Vec<DeviceInfo>, wall: SystemTime) {
-        let mut old: HashMap<String, Tracked> = self.devices.drain(..).map(|t| (t.info.uuid.clone(), t)).collect();
+        let mut old: HashMap<String, Tracked> = self
+            .devices
+            .drain(..)
+            .map(|t| (t.info.uuid.clone(), t))
+            .collect();
         for info in found {
-            let dref = DeviceRef { index: info.index, mig_index: info.mig.as_ref().map(|m| m.mig_index) };
+            let dref = DeviceRef {
+                index: info.index,
+                mig_index: info.mig.as_ref().map(|m| m.mig_index),
+            };
             match old.remove(&info.uuid) {
                 Some(mut t) => {
                     if t.lost {
                         tracing::info!(hw_id = %info.uuid, index = info.index, "GPU recovered; its metrics resume.");
-                        self.state.event(wall, "recovered", Some(&info.uuid), format!("GPU {} is back", info.index));
+                        self.state.event(
+                            wall,
+                            "recovered",
+                            Some(&info.uuid),
+                            format!("GPU {} is back", info.index),
+                        );
                     }
                     if t.lost {
                         // The time it was lost is not PCIe traffic.
@@ -284,7 +309,18 @@ impl<B: GpuBackend> Sampler<B> {
                 }
                 None => {
                     tracing::info!(hw_id = %info.uuid, name = %info.name, index = info.index, mig = ?info.mig.as_ref().map(|m| &m.profile), "GPU found.");
-                    self.devices.push(Tracked { info, dref, lost: false, unsupported: Vec::new(), last_seen_us: 0, last_sm: HashMap::new(), pcie_tx: 0.0, pcie_rx: 0.0, pcie_at: None, sample: None });
+                    self.devices.push(Tracked {
+                        info,
+                        dref,
+                        lost: false,
+                        unsupported: Vec::new(),
+                        last_seen_us: 0,
+                        last_sm: HashMap::new(),
+                        pcie_tx: 0.0,
+                        pcie_rx: 0.0,
+                        pcie_at: None,
+                        sample: None,
+                    });
                 }
             }
         }
@@ -306,12 +342,18 @@ impl<B: GpuBackend> Sampler<B> {
                     d.sample = None;
                     self.lost_total += 1;
                     tracing::warn!(hw_id = %d.info.uuid, index = d.info.index, "GPU is lost (GPU_IS_LOST): its metrics stop; retrying discovery.");
-                    self.state.event(wall, "lost", Some(&d.info.uuid), format!("GPU {} answered GPU_IS_LOST", d.info.index));
+                    self.state.event(
+                        wall,
+                        "lost",
+                        Some(&d.info.uuid),
+                        format!("GPU {} answered GPU_IS_LOST", d.info.index),
+                    );
                     self.discover_at.get_or_insert(now + self.rediscover);
                 }
                 Err(Stop::Driver(why)) => {
                     tracing::warn!(error = %why, "NVIDIA driver went away: every GPU's metrics stop; retrying discovery.");
-                    self.state.event(wall, "driver_unavailable", None, why.clone());
+                    self.state
+                        .event(wall, "driver_unavailable", None, why.clone());
                     for d in &mut self.devices {
                         if !d.lost {
                             self.lost_total += 1;
@@ -319,7 +361,10 @@ impl<B: GpuBackend> Sampler<B> {
                         d.lost = true;
                         d.sample = None;
                     }
-                    self.state.set_mode(Mode::Discovering, Some(format!("NVIDIA driver unavailable: {why}")));
+                    self.state.set_mode(
+                        Mode::Discovering,
+                        Some(format!("NVIDIA driver unavailable: {why}")),
+                    );
                     self.discover_at = Some(now + self.rediscover);
                     break;
                 }
@@ -331,7 +376,8 @@ impl<B: GpuBackend> Sampler<B> {
                 let codes: Vec<u64> = xids.iter().map(|x| x.code).collect();
                 for x in xids {
                     tracing::warn!(hw_id = %x.uuid, xid = x.code, "GPU XID error.");
-                    self.state.event(wall, "xid", Some(&x.uuid), format!("XID {}", x.code));
+                    self.state
+                        .event(wall, "xid", Some(&x.uuid), format!("XID {}", x.code));
                     *self.xid_counts.entry((x.uuid, x.code)).or_default() += 1;
                 }
                 self.state.xids(wall, &codes);
@@ -345,24 +391,37 @@ impl<B: GpuBackend> Sampler<B> {
         if self.warned.insert((hw_id.to_owned(), field)) {
             self.warnings += 1;
             match e {
-                GpuError::NotSupported => tracing::warn!(hw_id, field, "GPU field not supported by this device; it is not exported (warned once)."),
+                GpuError::NotSupported => tracing::warn!(
+                    hw_id,
+                    field,
+                    "GPU field not supported by this device; it is not exported (warned once)."
+                ),
                 GpuError::MissingFunction(f) => {
                     tracing::warn!(hw_id, field, function = %f, "The NVML library lacks the function for this GPU field (driver too old); it is not exported (warned once).")
                 }
-                _ => tracing::warn!(hw_id, field, error = %e, "Reading a GPU field failed; it is not exported while it fails (warned once)."),
+                _ => {
+                    tracing::warn!(hw_id, field, error = %e, "Reading a GPU field failed; it is not exported while it fails (warned once).")
+                }
             }
         }
     }
 
     /// A value, or `None` for a field NVML does not give; `Err` stops the device.
-    fn field<T>(&mut self, i: usize, field: &'static str, r: Result<T, GpuError>) -> Result<Option<T>, Stop> {
+    fn field<T>(
+        &mut self,
+        i: usize,
+        field: &'static str,
+        r: Result<T, GpuError>,
+    ) -> Result<Option<T>, Stop> {
         match r {
             Ok(v) => Ok(Some(v)),
             Err(GpuError::NotFound) => Ok(None),
             Err(GpuError::GpuLost) => Err(Stop::Lost),
             Err(GpuError::Driver(why) | GpuError::NoLibrary(why)) => Err(Stop::Driver(why)),
             Err(e) => {
-                if matches!(e, GpuError::NotSupported | GpuError::MissingFunction(_)) && !self.devices[i].unsupported.contains(&field) {
+                if matches!(e, GpuError::NotSupported | GpuError::MissingFunction(_))
+                    && !self.devices[i].unsupported.contains(&field)
+                {
                     self.devices[i].unsupported.push(field);
                 }
                 let id = self.devices[i].info.uuid.clone();
@@ -372,7 +431,13 @@ impl<B: GpuBackend> Sampler<B> {
         }
     }
 
-    fn sample_one(&mut self, i: usize, now: Instant, wall: SystemTime, pids_seen: &mut HashSet<u32>) -> Result<DeviceSample, Stop> {
+    fn sample_one(
+        &mut self,
+        i: usize,
+        now: Instant,
+        wall: SystemTime,
+        pids_seen: &mut HashSet<u32>,
+    ) -> Result<DeviceSample, Stop> {
         let d = self.devices[i].dref;
         let mut s = DeviceSample::default();
         let r = self.backend.utilization(d);
@@ -390,17 +455,25 @@ impl<B: GpuBackend> Sampler<B> {
             s.memory_total = Some(m.total);
         }
         let r = self.backend.power_mw(d);
-        s.power_w = self.field(i, "gpu.power", r)?.map(|mw| f64::from(mw) / 1000.0);
+        s.power_w = self
+            .field(i, "gpu.power", r)?
+            .map(|mw| f64::from(mw) / 1000.0);
         let r = self.backend.power_limit_mw(d);
-        s.power_limit_w = self.field(i, "gpu.power_limit", r)?.map(|mw| f64::from(mw) / 1000.0);
+        s.power_limit_w = self
+            .field(i, "gpu.power_limit", r)?
+            .map(|mw| f64::from(mw) / 1000.0);
         let r = self.backend.energy_mj(d);
         s.energy_j = self.field(i, "gpu.energy", r)?.map(|mj| mj as f64 / 1000.0);
         let r = self.backend.temperature_c(d);
         s.temperature_c = self.field(i, "gpu.temperature", r)?.map(f64::from);
         let r = self.backend.clock_mhz(d, ClockKind::Sm);
-        s.sm_clock_hz = self.field(i, "gpu.clock.sm", r)?.map(|m| f64::from(m) * 1e6);
+        s.sm_clock_hz = self
+            .field(i, "gpu.clock.sm", r)?
+            .map(|m| f64::from(m) * 1e6);
         let r = self.backend.clock_mhz(d, ClockKind::Memory);
-        s.memory_clock_hz = self.field(i, "gpu.clock.memory", r)?.map(|m| f64::from(m) * 1e6);
+        s.memory_clock_hz = self
+            .field(i, "gpu.clock.memory", r)?
+            .map(|m| f64::from(m) * 1e6);
         let r = self.backend.throttle_reasons(d);
         s.throttle = self.field(i, "gpu.throttle", r)?;
         let r = self.backend.pcie_kb_per_s(d, PcieDirection::Transmit);
@@ -408,7 +481,10 @@ impl<B: GpuBackend> Sampler<B> {
             let r = self.backend.pcie_kb_per_s(d, PcieDirection::Receive);
             if let Some(rx) = self.field(i, "gpu.pcie.throughput", r)? {
                 let t = &mut self.devices[i];
-                let secs = t.pcie_at.map_or(self.interval, |at| now.saturating_duration_since(at)).as_secs_f64();
+                let secs = t
+                    .pcie_at
+                    .map_or(self.interval, |at| now.saturating_duration_since(at))
+                    .as_secs_f64();
                 t.pcie_at = Some(now);
                 t.pcie_tx += f64::from(tx) * 1024.0 * secs;
                 t.pcie_rx += f64::from(rx) * 1024.0 * secs;
@@ -430,7 +506,9 @@ impl<B: GpuBackend> Sampler<B> {
         // The next call passes the time of this one, so it asks only for newer samples.
         let last_seen = self.devices[i].last_seen_us;
         let r = self.backend.process_utilization(d, last_seen);
-        let utils = self.field(i, "gpu.process.utilization", r)?.unwrap_or_default();
+        let utils = self
+            .field(i, "gpu.process.utilization", r)?
+            .unwrap_or_default();
         let newest = utils.iter().map(|u| u.timestamp_us).max().unwrap_or(0);
         self.devices[i].last_seen_us = newest.max(unix_us(wall)).max(last_seen);
         let mut sm: HashMap<u32, u32> = HashMap::new();
@@ -442,10 +520,16 @@ impl<B: GpuBackend> Sampler<B> {
         let hold_us = PROCESS_UTILIZATION_HOLD.as_micros() as u64;
         let t = &mut self.devices[i];
         for (pid, pct) in &sm {
-            let ts = utils.iter().filter(|u| u.pid == *pid).map(|u| u.timestamp_us).max().unwrap_or(now_us);
+            let ts = utils
+                .iter()
+                .filter(|u| u.pid == *pid)
+                .map(|u| u.timestamp_us)
+                .max()
+                .unwrap_or(now_us);
             t.last_sm.insert(*pid, (ts, *pct));
         }
-        t.last_sm.retain(|pid, _| procs.iter().any(|p| p.pid == *pid));
+        t.last_sm
+            .retain(|pid, _| procs.iter().any(|p| p.pid == *pid));
         for (pid, (ts, pct)) in &t.last_sm {
             if now_us.saturating_sub(*ts) <= hold_us {
                 sm.entry(*pid).or_insert(*pct);
@@ -459,7 +543,16 @@ impl<B: GpuBackend> Sampler<B> {
         for p in procs {
             pids_seen.insert(p.pid);
             let (root, ports) = (&self.proc_root, &self.server_ports);
-            let (info, model_server) = self.procs.entry(p.pid).or_insert_with(|| (procs::read(root, p.pid), procs::serves_port(root, p.pid, ports).is_some())).clone();
+            let (info, model_server) = self
+                .procs
+                .entry(p.pid)
+                .or_insert_with(|| {
+                    (
+                        procs::read(root, p.pid),
+                        procs::serves_port(root, p.pid, ports).is_some(),
+                    )
+                })
+                .clone();
             s.processes.push(ProcessSample {
                 pid: p.pid,
                 used_bytes: p.used_bytes,
@@ -484,7 +577,10 @@ pub struct GpuMonitor {
 impl GpuMonitor {
     /// A monitor that runs nothing (GPU monitoring disabled).
     pub fn none() -> Self {
-        Self { stop: None, thread: None }
+        Self {
+            stop: None,
+            thread: None,
+        }
     }
 
     /// Stops the loop and waits up to `timeout` for the thread (an NVML call in progress is
@@ -507,28 +603,37 @@ impl GpuMonitor {
 ///
 /// # Errors
 /// When the OS cannot start a thread.
-pub fn spawn<B: GpuBackend + 'static>(backend: B, state: Arc<GpuState>, rediscover: Duration) -> std::io::Result<GpuMonitor> {
+pub fn spawn<B: GpuBackend + 'static>(
+    backend: B,
+    state: Arc<GpuState>,
+    rediscover: Duration,
+) -> std::io::Result<GpuMonitor> {
     let (tx, rx) = mpsc::channel::<()>();
     let interval = state.interval();
-    let thread = std::thread::Builder::new().name("lmperf-gpu".into()).spawn(move || {
-        let mut sampler = Sampler::new(backend, state, rediscover);
-        let mut next = Instant::now();
-        loop {
-            if !sampler.tick(Instant::now(), SystemTime::now()) {
-                break;
+    let thread = std::thread::Builder::new()
+        .name("lmperf-gpu".into())
+        .spawn(move || {
+            let mut sampler = Sampler::new(backend, state, rediscover);
+            let mut next = Instant::now();
+            loop {
+                if !sampler.tick(Instant::now(), SystemTime::now()) {
+                    break;
+                }
+                // Absolute schedule; after a slow tick, skip the missed ones rather than bunch up.
+                next += interval;
+                let now = Instant::now();
+                if next <= now {
+                    next = now + interval;
+                }
+                match rx.recv_timeout(next - now) {
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
+                }
             }
-            // Absolute schedule; after a slow tick, skip the missed ones rather than bunch up.
-            next += interval;
-            let now = Instant::now();
-            if next <= now {
-                next = now + interval;
-            }
-            match rx.recv_timeout(next - now) {
-                Err(RecvTimeoutError::Timeout) => {}
-                Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
-            }
-        }
-        sampler.backend.shutdown();
-    })?;
-    Ok(GpuMonitor { stop: Some(tx), thread: Some(thread) })
+            sampler.backend.shutdown();
+        })?;
+    Ok(GpuMonitor {
+        stop: Some(tx),
+        thread: Some(thread),
+    })
 }

@@ -199,13 +199,16 @@ pub struct GpuDeviceStatus {
 }
 
 fn unix_s(t: SystemTime) -> f64 {
-    t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 impl GpuState {
     /// A state for sampling every `interval`, in `mode` (`Starting` or `Disabled`).
     pub fn new(interval: Duration, mode: Mode) -> Self {
-        let reason = (mode == Mode::Disabled).then(|| "disabled in the configuration ([gpu] enabled = false)".to_owned());
+        let reason = (mode == Mode::Disabled)
+            .then(|| "disabled in the configuration ([gpu] enabled = false)".to_owned());
         Self {
             interval,
             inner: Mutex::new(Inner {
@@ -265,7 +268,12 @@ impl GpuState {
         if g.events.len() == EVENTS {
             g.events.pop_front();
         }
-        g.events.push_back(GpuEvent { at_unix_s: unix_s(at), kind, hw_id: hw_id.map(str::to_owned), detail });
+        g.events.push_back(GpuEvent {
+            at_unix_s: unix_s(at),
+            kind,
+            hw_id: hw_id.map(str::to_owned),
+            detail,
+        });
     }
 
     /// Records XID codes seen at `at`.
@@ -282,7 +290,12 @@ impl GpuState {
     /// Publishes a tick's snapshot; `cost` is how long the tick took.
     pub fn publish(&self, snap: Snapshot, cost: Duration) {
         let at = snap.at.unwrap_or_else(SystemTime::now);
-        let mut s = Summary { at, max_util: None, max_mem: None, throttle: 0 };
+        let mut s = Summary {
+            at,
+            max_util: None,
+            max_mem: None,
+            throttle: 0,
+        };
         for d in snap.devices.iter().filter_map(|d| d.sample.as_ref()) {
             s.max_util = max_opt(s.max_util, d.utilization);
             s.max_mem = max_opt(s.max_mem, d.memory_utilization());
@@ -308,7 +321,12 @@ impl GpuState {
     /// than the interval). Empty when no sample exists (GPU monitoring off).
     pub fn request_attributes(&self, start: SystemTime, end: SystemTime) -> Vec<KeyValue> {
         let g = self.lock();
-        let mut used: Vec<Summary> = g.history.iter().filter(|s| s.at >= start && s.at <= end).copied().collect();
+        let mut used: Vec<Summary> = g
+            .history
+            .iter()
+            .filter(|s| s.at >= start && s.at <= end)
+            .copied()
+            .collect();
         if used.is_empty()
             && let Some(s) = g.history.iter().rev().find(|s| s.at <= end)
         {
@@ -317,8 +335,19 @@ impl GpuState {
         if used.is_empty() {
             return Vec::new();
         }
-        let xids: Vec<i64> = g.xids.iter().filter(|(t, _)| *t >= start && *t <= end).map(|(_, c)| *c as i64).collect();
-        let mut procs: Vec<ProcessSample> = g.latest.devices.iter().filter_map(|d| d.sample.as_ref()).flat_map(|s| s.processes.iter().cloned()).collect();
+        let xids: Vec<i64> = g
+            .xids
+            .iter()
+            .filter(|(t, _)| *t >= start && *t <= end)
+            .map(|(_, c)| *c as i64)
+            .collect();
+        let mut procs: Vec<ProcessSample> = g
+            .latest
+            .devices
+            .iter()
+            .filter_map(|d| d.sample.as_ref())
+            .flat_map(|s| s.processes.iter().cloned())
+            .collect();
         drop(g);
         procs.sort_by_key(|p| p.pid);
         procs.dedup_by_key(|p| p.pid);
@@ -337,18 +366,40 @@ impl GpuState {
         kv.push(KeyValue::new(n::LMPERF_GPU_THROTTLED, !reasons.is_empty()));
         if !reasons.is_empty() {
             let arr: Vec<StringValue> = reasons.into_iter().map(StringValue::from).collect();
-            kv.push(KeyValue::new(n::LMPERF_GPU_THROTTLE_REASONS, Value::Array(Array::String(arr))));
+            kv.push(KeyValue::new(
+                n::LMPERF_GPU_THROTTLE_REASONS,
+                Value::Array(Array::String(arr)),
+            ));
         }
         kv.push(KeyValue::new(n::LMPERF_GPU_XID_SEEN, !xids.is_empty()));
         if !xids.is_empty() {
-            kv.push(KeyValue::new(n::LMPERF_GPU_XID_CODES, Value::Array(Array::I64(xids))));
+            kv.push(KeyValue::new(
+                n::LMPERF_GPU_XID_CODES,
+                Value::Array(Array::I64(xids)),
+            ));
         }
         kv.push(KeyValue::new(n::LMPERF_GPU_SAMPLES, used.len() as i64));
         if !procs.is_empty() {
-            let strings = |f: fn(&ProcessSample) -> Option<&String>| Value::Array(Array::String(procs.iter().map(|p| StringValue::from(f(p).cloned().unwrap_or_default())).collect()));
-            kv.push(KeyValue::new(n::LMPERF_GPU_PROCESS_PIDS, Value::Array(Array::I64(procs.iter().map(|p| i64::from(p.pid)).collect()))));
-            kv.push(KeyValue::new(n::LMPERF_GPU_PROCESS_EXECUTABLES, strings(|p| p.executable.as_ref())));
-            kv.push(KeyValue::new(n::LMPERF_GPU_PROCESS_CONTAINER_IDS, strings(|p| p.container_id.as_ref())));
+            let strings = |f: fn(&ProcessSample) -> Option<&String>| {
+                Value::Array(Array::String(
+                    procs
+                        .iter()
+                        .map(|p| StringValue::from(f(p).cloned().unwrap_or_default()))
+                        .collect(),
+                ))
+            };
+            kv.push(KeyValue::new(
+                n::LMPERF_GPU_PROCESS_PIDS,
+                Value::Array(Array::I64(procs.iter().map(|p| i64::from(p.pid)).collect())),
+            ));
+            kv.push(KeyValue::new(
+                n::LMPERF_GPU_PROCESS_EXECUTABLES,
+                strings(|p| p.executable.as_ref()),
+            ));
+            kv.push(KeyValue::new(
+                n::LMPERF_GPU_PROCESS_CONTAINER_IDS,
+                strings(|p| p.container_id.as_ref()),
+            ));
         }
         kv
     }
@@ -379,7 +430,11 @@ impl GpuState {
                     utilization: d.sample.as_ref().and_then(|s| s.utilization),
                     memory_used_bytes: d.sample.as_ref().and_then(|s| s.memory_used),
                     memory_total_bytes: d.sample.as_ref().and_then(|s| s.memory_total),
-                    processes: d.sample.as_ref().map(|s| s.processes.clone()).unwrap_or_default(),
+                    processes: d
+                        .sample
+                        .as_ref()
+                        .map(|s| s.processes.clone())
+                        .unwrap_or_default(),
                 })
                 .collect(),
         }

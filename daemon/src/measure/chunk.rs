@@ -206,21 +206,33 @@ pub fn parse_payload(data: &str) -> Payload<'_> {
         ..Chunk::default()
     };
     for choice in raw.choices.into_iter().flatten() {
-        let mut c = ChoiceDelta { index: choice.index.unwrap_or(0), finish_reason: choice.finish_reason, ..ChoiceDelta::default() };
+        let mut c = ChoiceDelta {
+            index: choice.index.unwrap_or(0),
+            finish_reason: choice.finish_reason,
+            ..ChoiceDelta::default()
+        };
         if let Some(delta) = choice.delta {
             let calls = delta.tool_calls.unwrap_or_default();
             let tool = !calls.is_empty() || delta.function_call.is_some();
             let text = non_empty(&delta.content);
             c.carries_content = text || tool;
-            c.carries_tokens = c.carries_content || non_empty(&delta.reasoning) || non_empty(&delta.reasoning_content);
+            c.carries_tokens = c.carries_content
+                || non_empty(&delta.reasoning)
+                || non_empty(&delta.reasoning_content);
             if text {
                 c.text = delta.content;
             }
             c.tool_calls = calls
                 .into_iter()
                 .map(|t| {
-                    let (name, arguments) = t.function.map_or((None, None), |f| (f.name, f.arguments));
-                    ToolCallDelta { index: t.index.unwrap_or(0), id: t.id, name, arguments }
+                    let (name, arguments) =
+                        t.function.map_or((None, None), |f| (f.name, f.arguments));
+                    ToolCallDelta {
+                        index: t.index.unwrap_or(0),
+                        id: t.id,
+                        name,
+                        arguments,
+                    }
                 })
                 .collect();
         }
@@ -249,20 +261,31 @@ pub fn parse_error_value(text: &str) -> Option<StreamError> {
     match serde_json::from_str::<serde_json::Value>(trimmed) {
         Ok(serde_json::Value::Object(mut map)) => match map.remove("error") {
             Some(err) if !err.is_null() => Some(stream_error(err)),
-            _ if map.contains_key("message") || map.get("object").and_then(|o| o.as_str()) == Some("error") => {
+            _ if map.contains_key("message")
+                || map.get("object").and_then(|o| o.as_str()) == Some("error") =>
+            {
                 Some(stream_error(serde_json::Value::Object(map)))
             }
             _ => None,
         },
-        Ok(serde_json::Value::String(s)) => Some(StreamError { message: Some(s), ..StreamError::default() }),
+        Ok(serde_json::Value::String(s)) => Some(StreamError {
+            message: Some(s),
+            ..StreamError::default()
+        }),
         Ok(_) => None,
-        Err(_) => Some(StreamError { message: Some(trimmed.to_owned()), ..StreamError::default() }),
+        Err(_) => Some(StreamError {
+            message: Some(trimmed.to_owned()),
+            ..StreamError::default()
+        }),
     }
 }
 
 /// Whether a bare (non-SSE) JSON document is an error (see [`parse_error_value`]).
 pub fn parse_bare_error(text: &str) -> Option<StreamError> {
-    serde_json::from_str::<serde_json::Value>(text.trim()).ok().filter(|v| v.is_object()).and_then(|_| parse_error_value(text))
+    serde_json::from_str::<serde_json::Value>(text.trim())
+        .ok()
+        .filter(|v| v.is_object())
+        .and_then(|_| parse_error_value(text))
 }
 
 fn value_text(v: &serde_json::Value) -> Option<String> {
@@ -280,7 +303,10 @@ fn stream_error(err: serde_json::Value) -> StreamError {
             error_type: map.get("type").and_then(value_text),
             code: map.get("code").and_then(value_text),
         },
-        other => StreamError { message: value_text(&other), ..StreamError::default() },
+        other => StreamError {
+            message: value_text(&other),
+            ..StreamError::default()
+        },
     }
 }
 
@@ -298,16 +324,24 @@ mod tests {
     #[test]
     fn role_only_empty_and_usage_only_chunks_carry_no_tokens() {
         let role = r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#;
-        let null_content = r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}"#;
+        let null_content =
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}"#;
         let empty = r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#;
         let usage = r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2}}"#;
         for d in [role, null_content, empty, usage] {
             assert!(!chunk(d).carries_tokens, "{d}");
         }
-        assert_eq!(chunk(empty).choices[0].finish_reason.as_deref(), Some("stop"));
+        assert_eq!(
+            chunk(empty).choices[0].finish_reason.as_deref(),
+            Some("stop")
+        );
         assert_eq!(
             chunk(usage).usage,
-            Some(Usage { prompt_tokens: Some(5), completion_tokens: Some(2), reasoning_tokens: None })
+            Some(Usage {
+                prompt_tokens: Some(5),
+                completion_tokens: Some(2),
+                reasoning_tokens: None
+            })
         );
     }
 
@@ -317,9 +351,13 @@ mod tests {
         assert!(r.carries_tokens && !r.carries_content);
         let r = chunk(r#"{"choices":[{"delta":{"reasoning_content":" so"}}]}"#);
         assert!(r.carries_tokens && !r.carries_content);
-        let t = chunk(r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}"#);
+        let t = chunk(
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}"#,
+        );
         assert!(t.carries_tokens && t.carries_content);
-        let c = chunk(r#"{"id":"cmpl-1","model":"m","choices":[{"text":"Hello","finish_reason":null}]}"#);
+        let c = chunk(
+            r#"{"id":"cmpl-1","model":"m","choices":[{"text":"Hello","finish_reason":null}]}"#,
+        );
         assert!(c.carries_tokens && c.carries_content);
         assert_eq!(c.id.as_deref(), Some("cmpl-1"));
     }
@@ -328,7 +366,9 @@ mod tests {
     fn errors_done_and_garbage() {
         assert_eq!(parse_payload(" [DONE] "), Payload::Done);
         assert_eq!(
-            parse_payload(r#"{"error": {"message": "TimeoutError", "type": "GatewayTimeout", "code": 504}}"#),
+            parse_payload(
+                r#"{"error": {"message": "TimeoutError", "type": "GatewayTimeout", "code": 504}}"#
+            ),
             Payload::Error(StreamError {
                 message: Some("TimeoutError".into()),
                 error_type: Some("GatewayTimeout".into()),
@@ -336,36 +376,94 @@ mod tests {
             })
         );
         assert_eq!(
-            parse_payload(r#"{"object":"error","message":"too long","type":"BadRequestError","param":null,"code":400}"#),
-            Payload::Error(StreamError { message: Some("too long".into()), error_type: Some("BadRequestError".into()), code: Some("400".into()) })
+            parse_payload(
+                r#"{"object":"error","message":"too long","type":"BadRequestError","param":null,"code":400}"#
+            ),
+            Payload::Error(StreamError {
+                message: Some("too long".into()),
+                error_type: Some("BadRequestError".into()),
+                code: Some("400".into())
+            })
         );
-        assert!(matches!(parse_payload("{\"choices\": [ {"), Payload::Invalid(_)));
+        assert!(matches!(
+            parse_payload("{\"choices\": [ {"),
+            Payload::Invalid(_)
+        ));
         assert!(matches!(parse_payload("42"), Payload::Invalid(_)));
     }
 
     #[test]
     fn choices_keep_their_index_text_and_tool_calls() {
-        let c = chunk(r#"{"choices":[{"index":0,"delta":{"content":"A"}},{"index":1,"delta":{},"finish_reason":"stop"}]}"#);
+        let c = chunk(
+            r#"{"choices":[{"index":0,"delta":{"content":"A"}},{"index":1,"delta":{},"finish_reason":"stop"}]}"#,
+        );
         assert_eq!(c.choices.len(), 2);
-        assert_eq!((c.choices[0].index, c.choices[0].text.as_deref(), c.choices[0].carries_tokens), (0, Some("A"), true));
-        assert_eq!((c.choices[1].index, c.choices[1].finish_reason.as_deref(), c.choices[1].carries_tokens), (1, Some("stop"), false));
-        let t = chunk(r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_2","type":"function","function":{"name":"f","arguments":""}}]}}]}"#);
+        assert_eq!(
+            (
+                c.choices[0].index,
+                c.choices[0].text.as_deref(),
+                c.choices[0].carries_tokens
+            ),
+            (0, Some("A"), true)
+        );
+        assert_eq!(
+            (
+                c.choices[1].index,
+                c.choices[1].finish_reason.as_deref(),
+                c.choices[1].carries_tokens
+            ),
+            (1, Some("stop"), false)
+        );
+        let t = chunk(
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_2","type":"function","function":{"name":"f","arguments":""}}]}}]}"#,
+        );
         let call = &t.choices[0].tool_calls[0];
-        assert_eq!((call.index, call.id.as_deref(), call.name.as_deref(), call.arguments.as_deref()), (1, Some("call_2"), Some("f"), Some("")));
+        assert_eq!(
+            (
+                call.index,
+                call.id.as_deref(),
+                call.name.as_deref(),
+                call.arguments.as_deref()
+            ),
+            (1, Some("call_2"), Some("f"), Some(""))
+        );
     }
 
     #[test]
     fn error_values_in_every_shape() {
-        let want = StreamError { message: Some("too long".into()), error_type: Some("exceed_context_size_error".into()), code: Some("400".into()) };
-        let wrapped = r#"{"error":{"code":400,"message":"too long","type":"exceed_context_size_error"}}"#;
+        let want = StreamError {
+            message: Some("too long".into()),
+            error_type: Some("exceed_context_size_error".into()),
+            code: Some("400".into()),
+        };
+        let wrapped =
+            r#"{"error":{"code":400,"message":"too long","type":"exceed_context_size_error"}}"#;
         let flat = r#"{"code":400,"message":"too long","type":"exceed_context_size_error"}"#;
         assert_eq!(parse_error_value(wrapped), Some(want.clone()));
         assert_eq!(parse_error_value(flat), Some(want.clone()));
         assert_eq!(parse_bare_error(wrapped), Some(want));
-        assert_eq!(parse_error_value("upstream died").and_then(|e| e.message).as_deref(), Some("upstream died"));
-        assert_eq!(parse_error_value(r#""quota""#).and_then(|e| e.message).as_deref(), Some("quota"));
-        assert_eq!(parse_error_value(r#"{"choices":[]}"#), None, "a chunk is no error");
-        assert_eq!(parse_bare_error("not json"), None, "bare text is no JSON error");
+        assert_eq!(
+            parse_error_value("upstream died")
+                .and_then(|e| e.message)
+                .as_deref(),
+            Some("upstream died")
+        );
+        assert_eq!(
+            parse_error_value(r#""quota""#)
+                .and_then(|e| e.message)
+                .as_deref(),
+            Some("quota")
+        );
+        assert_eq!(
+            parse_error_value(r#"{"choices":[]}"#),
+            None,
+            "a chunk is no error"
+        );
+        assert_eq!(
+            parse_bare_error("not json"),
+            None,
+            "bare text is no JSON error"
+        );
         assert_eq!(parse_error_value("  "), None);
     }
 }

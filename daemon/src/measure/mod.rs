@@ -117,14 +117,30 @@ pub struct RequestError {
 
 impl RequestError {
     pub fn new(error_type: impl Into<String>, message: Option<String>) -> Self {
-        Self { error_type: error_type.into(), message: message.map(cut_message), code: None, server_type: None, retry_after: None }
+        Self {
+            error_type: error_type.into(),
+            message: message.map(cut_message),
+            code: None,
+            server_type: None,
+            retry_after: None,
+        }
     }
 
     /// An error the server reported in a 200 stream: `error.type` is its own type, else its
     /// code, else [`error_type::STREAM_ERROR`].
     pub fn from_stream(e: StreamError) -> Self {
-        let error_type = e.error_type.clone().or_else(|| e.code.clone()).unwrap_or_else(|| error_type::STREAM_ERROR.into());
-        Self { error_type, message: e.message.map(cut_message), code: e.code, server_type: e.error_type, retry_after: None }
+        let error_type = e
+            .error_type
+            .clone()
+            .or_else(|| e.code.clone())
+            .unwrap_or_else(|| error_type::STREAM_ERROR.into());
+        Self {
+            error_type,
+            message: e.message.map(cut_message),
+            code: e.code,
+            server_type: e.error_type,
+            retry_after: None,
+        }
     }
 
     /// The server's type when it gave one, else `error_type` (`"503"`, `"stream_truncated"`).
@@ -211,7 +227,12 @@ pub struct ToolCall {
 
 impl RequestRecord {
     /// A request that failed before any response body was measured.
-    pub fn failed(outcome: Outcome, error: RequestError, http_status: Option<u16>, e2e: Duration) -> Self {
+    pub fn failed(
+        outcome: Outcome,
+        error: RequestError,
+        http_status: Option<u16>,
+        e2e: Duration,
+    ) -> Self {
         Self {
             outcome,
             error: Some(error),
@@ -250,7 +271,9 @@ impl RequestRecord {
                     Some(serde_json::Value::Null) | None => None,
                     Some(other) => Some(other.to_string()),
                 };
-                error.message = text("message").or_else(|| e.as_str().map(str::to_owned)).map(cut_message);
+                error.message = text("message")
+                    .or_else(|| e.as_str().map(str::to_owned))
+                    .map(cut_message);
                 error.code = text("code");
                 error.server_type = text("type");
             }
@@ -295,10 +318,20 @@ impl RequestRecord {
         let zero = |v: &Option<Duration>| v.map(|_| Duration::ZERO);
         let zeros = |v: &[Duration]| vec![Duration::ZERO; v.len()];
         let mut r = self.clone();
-        (r.ttft, r.time_to_first_content, r.tpot, r.e2e) = (zero(&r.ttft), zero(&r.time_to_first_content), zero(&r.tpot), Duration::ZERO);
+        (r.ttft, r.time_to_first_content, r.tpot, r.e2e) = (
+            zero(&r.ttft),
+            zero(&r.time_to_first_content),
+            zero(&r.tpot),
+            Duration::ZERO,
+        );
         (r.token_chunk_times, r.itl) = (zeros(&r.token_chunk_times), zeros(&r.itl));
         for c in &mut r.choices {
-            (c.first_token, c.last_token, c.tpot, c.itl) = (zero(&c.first_token), zero(&c.last_token), zero(&c.tpot), zeros(&c.itl));
+            (c.first_token, c.last_token, c.tpot, c.itl) = (
+                zero(&c.first_token),
+                zero(&c.last_token),
+                zero(&c.tpot),
+                zeros(&c.itl),
+            );
         }
         r
     }
@@ -334,7 +367,14 @@ pub enum StreamEnd {
 }
 
 /// Finish reasons that mean a clean completion (OpenAI API).
-const CLEAN_FINISH_REASONS: &[&str] = &["stop", "length", "tool_calls", "content_filter", "function_call", "eos"];
+const CLEAN_FINISH_REASONS: &[&str] = &[
+    "stop",
+    "length",
+    "tool_calls",
+    "content_filter",
+    "function_call",
+    "eos",
+];
 const ABORT_FINISH_REASONS: &[&str] = &["abort", "aborted", "cancelled", "canceled"];
 
 /// Measures one streamed response. Feed it with [`StreamMeasurer::on_bytes`] as bytes arrive,
@@ -474,7 +514,10 @@ impl StreamMeasurer {
             EventKind::Message => {}
             EventKind::Error | EventKind::ErrorLine => {
                 let data = ev.data.trim();
-                let e = chunk::parse_error_value(data).unwrap_or_else(|| StreamError { message: (!data.is_empty()).then(|| data.to_owned()), ..StreamError::default() });
+                let e = chunk::parse_error_value(data).unwrap_or_else(|| StreamError {
+                    message: (!data.is_empty()).then(|| data.to_owned()),
+                    ..StreamError::default()
+                });
                 return self.on_error(e);
             }
             EventKind::Bare => {
@@ -520,11 +563,16 @@ impl StreamMeasurer {
                 for choice in c.choices {
                     if let Some(reason) = &choice.finish_reason {
                         self.finish_reasons.push((choice.index, reason.to_string()));
-                        if !self.choice_usage.contains_key(&choice.index) && !self.finished_without_usage.contains(&choice.index) && self.finished_without_usage.len() < MAX_CHOICES {
+                        if !self.choice_usage.contains_key(&choice.index)
+                            && !self.finished_without_usage.contains(&choice.index)
+                            && self.finished_without_usage.len() < MAX_CHOICES
+                        {
                             self.finished_without_usage.push(choice.index);
                         }
                     }
-                    if !self.choices.contains_key(&choice.index) && self.choices.len() >= MAX_CHOICES {
+                    if !self.choices.contains_key(&choice.index)
+                        && self.choices.len() >= MAX_CHOICES
+                    {
                         continue;
                     }
                     let state = self.choices.entry(choice.index).or_default();
@@ -539,7 +587,14 @@ impl StreamMeasurer {
                             state.text.push_str(t);
                         }
                         for call in choice.tool_calls {
-                            let kept = state.tool_calls.entry(call.index).or_insert_with(|| ToolCall { index: call.index, ..ToolCall::default() });
+                            let kept =
+                                state
+                                    .tool_calls
+                                    .entry(call.index)
+                                    .or_insert_with(|| ToolCall {
+                                        index: call.index,
+                                        ..ToolCall::default()
+                                    });
                             if kept.id.is_none() {
                                 kept.id = call.id.map(|s| s.into_owned());
                             }
@@ -578,13 +633,27 @@ impl StreamMeasurer {
             Some(n) => (n, UsageSource::Server),
             None => (self.token_chunks.len() as u64, UsageSource::Chunks),
         };
-        let choices: Vec<ChoiceRecord> = if multi_choice { self.choices.iter().map(|(i, c)| choice_record(*i, c, self.keep_text)).collect() } else { Vec::new() };
+        let choices: Vec<ChoiceRecord> = if multi_choice {
+            self.choices
+                .iter()
+                .map(|(i, c)| choice_record(*i, c, self.keep_text))
+                .collect()
+        } else {
+            Vec::new()
+        };
         // Across parallel choices only per-choice gaps mean anything; no request-level TPOT.
         let (itl, tpot) = if multi_choice {
-            (choices.iter().flat_map(|c| c.itl.iter().copied()).collect(), None)
+            (
+                choices.iter().flat_map(|c| c.itl.iter().copied()).collect(),
+                None,
+            )
         } else {
             let tpot = match (ttft, self.token_chunks.last()) {
-                (Some(first), Some((last, _))) if output_tokens > 1 => u32::try_from(output_tokens - 1).ok().map(|n| (*last - first) / n),
+                (Some(first), Some((last, _))) if output_tokens > 1 => {
+                    u32::try_from(output_tokens - 1)
+                        .ok()
+                        .map(|n| (*last - first) / n)
+                }
                 _ => None,
             };
             (inter_token_latencies(&self.token_chunks), tpot)
@@ -593,8 +662,16 @@ impl StreamMeasurer {
             self.finish_reasons.sort_by_key(|(i, _)| *i);
         }
         let first_choice = self.choices.values().next();
-        let output_text = self.keep_text.then(|| first_choice.map(|c| c.text.clone()).unwrap_or_default());
-        let tool_calls = if self.keep_text { first_choice.map(|c| c.tool_calls.values().cloned().collect()).unwrap_or_default() } else { Vec::new() };
+        let output_text = self
+            .keep_text
+            .then(|| first_choice.map(|c| c.text.clone()).unwrap_or_default());
+        let tool_calls = if self.keep_text {
+            first_choice
+                .map(|c| c.tool_calls.values().cloned().collect())
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
 
         let (outcome, error) = self.classify(&end, ttft.is_some());
         RequestRecord {
@@ -628,7 +705,10 @@ impl StreamMeasurer {
             return (Outcome::Error, Some(RequestError::from_stream(e)));
         }
         if let Some(msg) = self.too_large.take() {
-            return (Outcome::Error, Some(RequestError::new(et::SSE_EVENT_TOO_LARGE, Some(msg))));
+            return (
+                Outcome::Error,
+                Some(RequestError::new(et::SSE_EVENT_TOO_LARGE, Some(msg))),
+            );
         }
         let ended_cleanly = self.done_at.is_some();
         match end {
@@ -636,19 +716,32 @@ impl StreamMeasurer {
                 return (Outcome::Timeout, Some(RequestError::new(et::TIMEOUT, None)));
             }
             StreamEnd::Cancelled if !ended_cleanly => {
-                return (Outcome::Cancelled, Some(RequestError::new(et::CANCELLED, None)));
+                return (
+                    Outcome::Cancelled,
+                    Some(RequestError::new(et::CANCELLED, None)),
+                );
             }
             _ => {}
         }
         if let Some(msg) = self.invalid.take() {
-            return (Outcome::Error, Some(RequestError::new(et::INVALID_CHUNK, Some(msg))));
+            return (
+                Outcome::Error,
+                Some(RequestError::new(et::INVALID_CHUNK, Some(msg))),
+            );
         }
-        if let Some((_, reason)) = self.finish_reasons.iter().find(|(_, r)| !CLEAN_FINISH_REASONS.contains(&r.as_str())) {
+        if let Some((_, reason)) = self
+            .finish_reasons
+            .iter()
+            .find(|(_, r)| !CLEAN_FINISH_REASONS.contains(&r.as_str()))
+        {
             let msg = Some(format!("finish_reason {reason:?}"));
             return if ABORT_FINISH_REASONS.contains(&reason.as_str()) {
                 (Outcome::Aborted, Some(RequestError::new(et::ABORTED, msg)))
             } else {
-                (Outcome::Error, Some(RequestError::new(et::UNEXPECTED_FINISH_REASON, msg)))
+                (
+                    Outcome::Error,
+                    Some(RequestError::new(et::UNEXPECTED_FINISH_REASON, msg)),
+                )
             };
         }
         if !ended_cleanly && self.finish_reasons.is_empty() {
@@ -656,10 +749,16 @@ impl StreamMeasurer {
                 StreamEnd::BodyError(m) => Some(m.clone()),
                 _ => Some("stream ended without finish_reason or [DONE]".to_owned()),
             };
-            return (Outcome::Error, Some(RequestError::new(et::STREAM_TRUNCATED, msg)));
+            return (
+                Outcome::Error,
+                Some(RequestError::new(et::STREAM_TRUNCATED, msg)),
+            );
         }
         if !got_tokens {
-            return (Outcome::Error, Some(RequestError::new(et::NO_TOKEN_RECEIVED, None)));
+            return (
+                Outcome::Error,
+                Some(RequestError::new(et::NO_TOKEN_RECEIVED, None)),
+            );
         }
         (Outcome::Ok, None)
     }
@@ -676,7 +775,11 @@ fn choice_record(index: u32, c: &ChoiceState, keep_text: bool) -> ChoiceRecord {
         first_token: first,
         last_token: last,
         token_chunks: c.chunks.len(),
-        itl: c.chunks.windows(2).map(|w| w[1].saturating_sub(w[0])).collect(),
+        itl: c
+            .chunks
+            .windows(2)
+            .map(|w| w[1].saturating_sub(w[0]))
+            .collect(),
         tpot,
         finish_reason: c.finish_reason.clone(),
         text: keep_text.then(|| c.text.clone()),
@@ -723,11 +826,28 @@ mod tests {
     #[test]
     fn kept_text_joins_the_first_choice() {
         let mut m = StreamMeasurer::new(200, 1 << 20).keep_text();
-        m.on_bytes(ms(1), b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n");
+        m.on_bytes(
+            ms(1),
+            b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+        );
         m.on_bytes(ms(2), b"data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"lo \\\"x\\\"\"}}]}\n\n");
         m.on_bytes(ms(3), b"data: {\"choices\":[{\"text\":\"!\",\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n");
-        assert_eq!(m.finish(StreamEnd::Eof, ms(3)).output_text.as_deref(), Some("Hello \"x\"!"));
-        assert_eq!(measure(&[(1, "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n")], StreamEnd::Eof).output_text, None, "not kept by default");
+        assert_eq!(
+            m.finish(StreamEnd::Eof, ms(3)).output_text.as_deref(),
+            Some("Hello \"x\"!")
+        );
+        assert_eq!(
+            measure(
+                &[(
+                    1,
+                    "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n"
+                )],
+                StreamEnd::Eof
+            )
+            .output_text,
+            None,
+            "not kept by default"
+        );
     }
 
     #[test]
@@ -745,7 +865,10 @@ mod tests {
             &[
                 (10, "data: {\"choices\":[{\"text\":\"a\"}]}\n\n"),
                 (20, "data: {\"choices\":[{\"text\":\"b\"}]}\n\n"),
-                (30, "data: {\"choices\":[{\"text\":\"c\",\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":3}}\n\n"),
+                (
+                    30,
+                    "data: {\"choices\":[{\"text\":\"c\",\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":3}}\n\n",
+                ),
                 (31, "data: [DONE]\n\n"),
             ],
             StreamEnd::Eof,
@@ -760,34 +883,58 @@ mod tests {
     #[test]
     fn truncated_stream_is_an_error_with_partial_measurement() {
         let r = measure(
-            &[(10, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n")],
+            &[(
+                10,
+                "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+            )],
             StreamEnd::BodyError("connection reset".into()),
         );
         assert_eq!(r.outcome, Outcome::Error);
-        assert_eq!(r.error.as_ref().map(|e| e.error_type.as_str()), Some(error_type::STREAM_TRUNCATED));
+        assert_eq!(
+            r.error.as_ref().map(|e| e.error_type.as_str()),
+            Some(error_type::STREAM_TRUNCATED)
+        );
         assert_eq!(r.ttft, Some(ms(10)));
     }
 
     #[test]
     fn timeout_and_cancel_win_over_truncation() {
-        let frames = [(10, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n")];
-        assert_eq!(measure(&frames, StreamEnd::Timeout).outcome, Outcome::Timeout);
-        assert_eq!(measure(&frames, StreamEnd::Cancelled).outcome, Outcome::Cancelled);
+        let frames = [(
+            10,
+            "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+        )];
+        assert_eq!(
+            measure(&frames, StreamEnd::Timeout).outcome,
+            Outcome::Timeout
+        );
+        assert_eq!(
+            measure(&frames, StreamEnd::Cancelled).outcome,
+            Outcome::Cancelled
+        );
     }
 
     #[test]
     fn invalid_json_is_recorded_and_reading_goes_on() {
         let r = measure(
             &[
-                (10, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"),
+                (
+                    10,
+                    "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+                ),
                 (20, "data: {not json\n\n"),
-                (30, "data: {\"choices\":[{\"delta\":{\"content\":\"b\"},\"finish_reason\":\"stop\"}]}\n\n"),
+                (
+                    30,
+                    "data: {\"choices\":[{\"delta\":{\"content\":\"b\"},\"finish_reason\":\"stop\"}]}\n\n",
+                ),
                 (40, "data: [DONE]\n\n"),
             ],
             StreamEnd::Eof,
         );
         assert_eq!(r.outcome, Outcome::Error);
-        assert_eq!(r.error.as_ref().map(|e| e.error_type.as_str()), Some(error_type::INVALID_CHUNK));
+        assert_eq!(
+            r.error.as_ref().map(|e| e.error_type.as_str()),
+            Some(error_type::INVALID_CHUNK)
+        );
         assert_eq!(r.token_chunk_times, vec![ms(10), ms(30)]);
         assert_eq!(r.e2e, ms(40));
     }
@@ -800,13 +947,36 @@ mod tests {
             ms(5),
         );
         let e = r.error.unwrap();
-        assert_eq!((e.error_type.as_str(), e.message.as_deref(), e.code.as_deref()), ("429", Some("rate limited"), Some("rate_limit_exceeded")));
+        assert_eq!(
+            (
+                e.error_type.as_str(),
+                e.message.as_deref(),
+                e.code.as_deref()
+            ),
+            ("429", Some("rate limited"), Some("rate_limit_exceeded"))
+        );
         let r = RequestRecord::http_error(500, b"Internal Server Error", ms(5));
-        assert_eq!(r.error.unwrap().message.as_deref(), Some("Internal Server Error"));
+        assert_eq!(
+            r.error.unwrap().message.as_deref(),
+            Some("Internal Server Error")
+        );
         // An SSE error body on a non-2xx status.
         let r = RequestRecord::http_error(500, b"data: {\"error\":{\"message\":\"engine dead\",\"type\":\"EngineDeadError\",\"code\":500}}\n\n", ms(5));
         let e = r.error.unwrap();
-        assert_eq!((e.error_type.as_str(), e.server_type.as_deref(), e.message.as_deref(), e.code.as_deref()), ("500", Some("EngineDeadError"), Some("engine dead"), Some("500")));
+        assert_eq!(
+            (
+                e.error_type.as_str(),
+                e.server_type.as_deref(),
+                e.message.as_deref(),
+                e.code.as_deref()
+            ),
+            (
+                "500",
+                Some("EngineDeadError"),
+                Some("engine dead"),
+                Some("500")
+            )
+        );
     }
 }
 

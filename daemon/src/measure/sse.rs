@@ -135,7 +135,9 @@ impl SseParser {
 
     fn extend_line(&mut self, part: &[u8]) -> Result<(), SseError> {
         if self.buffered_bytes() + part.len() > self.max_event_bytes {
-            return Err(SseError::EventTooLarge { limit: self.max_event_bytes });
+            return Err(SseError::EventTooLarge {
+                limit: self.max_event_bytes,
+            });
         }
         self.line.extend_from_slice(part);
         Ok(())
@@ -180,7 +182,10 @@ impl SseParser {
                     self.has_data = true;
                 }
                 b"event" => self.event_is_error = value.trim_ascii() == b"error",
-                b"error" => out.push(SseEvent { kind: EventKind::ErrorLine, data: String::from_utf8_lossy(value).into_owned() }),
+                b"error" => out.push(SseEvent {
+                    kind: EventKind::ErrorLine,
+                    data: String::from_utf8_lossy(value).into_owned(),
+                }),
                 _ => {}
             }
         }
@@ -197,7 +202,9 @@ impl SseParser {
             self.data = String::new();
             self.bare = String::new();
             self.has_data = false;
-            return Err(SseError::EventTooLarge { limit: self.max_event_bytes });
+            return Err(SseError::EventTooLarge {
+                limit: self.max_event_bytes,
+            });
         }
         Ok(())
     }
@@ -208,21 +215,33 @@ impl SseParser {
         }
         self.bare.push_str(&String::from_utf8_lossy(line));
         // Try a parse only where a document can end.
-        if line.trim_ascii_end().last() == Some(&b'}') && serde_json::from_str::<serde::de::IgnoredAny>(&self.bare).is_ok() {
+        if line.trim_ascii_end().last() == Some(&b'}')
+            && serde_json::from_str::<serde::de::IgnoredAny>(&self.bare).is_ok()
+        {
             self.flush_bare(out);
         }
     }
 
     fn flush_bare(&mut self, out: &mut Vec<SseEvent>) {
         if !self.bare.is_empty() {
-            out.push(SseEvent { kind: EventKind::Bare, data: std::mem::take(&mut self.bare) });
+            out.push(SseEvent {
+                kind: EventKind::Bare,
+                data: std::mem::take(&mut self.bare),
+            });
         }
     }
 
     fn dispatch(&mut self, out: &mut Vec<SseEvent>) {
-        let kind = if self.event_is_error { EventKind::Error } else { EventKind::Message };
+        let kind = if self.event_is_error {
+            EventKind::Error
+        } else {
+            EventKind::Message
+        };
         if self.has_data || self.event_is_error {
-            out.push(SseEvent { kind, data: std::mem::take(&mut self.data) });
+            out.push(SseEvent {
+                kind,
+                data: std::mem::take(&mut self.data),
+            });
             self.has_data = false;
         }
         self.event_is_error = false;
@@ -231,7 +250,13 @@ impl SseParser {
 
 /// A line that names an SSE field this parser acts on, or a comment.
 fn is_field_line(line: &[u8]) -> bool {
-    line.first() == Some(&b':') || [&b"data"[..], b"event", b"error", b"id", b"retry"].iter().any(|f| line.strip_prefix(*f).is_some_and(|r| r.is_empty() || r[0] == b':'))
+    line.first() == Some(&b':')
+        || [&b"data"[..], b"event", b"error", b"id", b"retry"]
+            .iter()
+            .any(|f| {
+                line.strip_prefix(*f)
+                    .is_some_and(|r| r.is_empty() || r[0] == b':')
+            })
 }
 
 #[cfg(test)]
@@ -275,15 +300,28 @@ mod tests {
         }
         // An unfinished bare document ends at the next SSE field line; event: error without data.
         let input = b"{not json\ndata: x\n\nevent: error\n\n";
-        assert_eq!(kinds_in_pieces(input, 3), vec![(Bare, "{not json".to_string()), (Message, "x".to_string()), (Error, String::new())]);
+        assert_eq!(
+            kinds_in_pieces(input, 3),
+            vec![
+                (Bare, "{not json".to_string()),
+                (Message, "x".to_string()),
+                (Error, String::new())
+            ]
+        );
     }
 
     #[test]
     fn line_ends_and_splits_give_the_same_events() {
-        let lf = b"data: {\"a\":1}\n\n: keep-alive\n\ndata: x\ndata: y\n\nevent: e\ndata: [DONE]\n\n";
+        let lf =
+            b"data: {\"a\":1}\n\n: keep-alive\n\ndata: x\ndata: y\n\nevent: e\ndata: [DONE]\n\n";
         let crlf = b"data: {\"a\":1}\r\n\r\n: keep-alive\r\n\r\ndata: x\r\ndata: y\r\n\r\nevent: e\r\ndata: [DONE]\r\n\r\n";
-        let cr = b"data: {\"a\":1}\r\r: keep-alive\r\rdata: x\rdata: y\r\revent: e\rdata: [DONE]\r\r";
-        let want = vec!["{\"a\":1}".to_string(), "x\ny".to_string(), "[DONE]".to_string()];
+        let cr =
+            b"data: {\"a\":1}\r\r: keep-alive\r\rdata: x\rdata: y\r\revent: e\rdata: [DONE]\r\r";
+        let want = vec![
+            "{\"a\":1}".to_string(),
+            "x\ny".to_string(),
+            "[DONE]".to_string(),
+        ];
         for input in [&lf[..], &crlf[..], &cr[..]] {
             for piece in [1, 2, 3, 7, input.len()] {
                 assert_eq!(parse_in_pieces(input, piece), want, "piece {piece}");
@@ -303,7 +341,10 @@ mod tests {
     #[test]
     fn last_event_without_blank_line_is_dispatched_at_finish() {
         assert_eq!(parse_in_pieces(b"data: tail", 4), vec!["tail".to_string()]);
-        assert_eq!(parse_in_pieces(b"data:nospace\n", 4), vec!["nospace".to_string()]);
+        assert_eq!(
+            parse_in_pieces(b"data:nospace\n", 4),
+            vec!["nospace".to_string()]
+        );
     }
 
     #[test]
@@ -318,7 +359,10 @@ mod tests {
         assert!(p.push(b"data: 0123456789\n", &mut out).is_err());
         // Invalid UTF-8 grows when decoded (U+FFFD is 3 bytes): still within the limit held.
         let mut p = SseParser::new(16);
-        assert!(p.push(b"data: \xff\xff\xff\xff\xff\xff\n", &mut out).is_err());
+        assert!(
+            p.push(b"data: \xff\xff\xff\xff\xff\xff\n", &mut out)
+                .is_err()
+        );
         assert!(p.buffered_bytes() <= 16, "found by the fuzz target");
     }
 }

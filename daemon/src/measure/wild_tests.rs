@@ -284,7 +284,9 @@ fn n3_completions_are_measured_per_choice() {
 #[test]
 fn llamacpp_n2_usage_per_choice_is_summed() {
     let c = |i: u32, text: &str, finish: &str| {
-        format!("data: {{\"choices\":[{{\"finish_reason\":{finish},\"index\":{i},\"delta\":{{\"content\":\"{text}\"}}}}],\"object\":\"chat.completion.chunk\"}}\n\n")
+        format!(
+            "data: {{\"choices\":[{{\"finish_reason\":{finish},\"index\":{i},\"delta\":{{\"content\":\"{text}\"}}}}],\"object\":\"chat.completion.chunk\"}}\n\n"
+        )
     };
     let usage = "data: {\"choices\":[],\"object\":\"chat.completion.chunk\",\"usage\":{\"completion_tokens\":4,\"prompt_tokens\":25,\"total_tokens\":29}}\n\n";
     let frames = [
@@ -305,7 +307,10 @@ fn llamacpp_n2_usage_per_choice_is_summed() {
     let r = measure(&frames);
     assert_eq!(r.outcome, Outcome::Ok, "{:?}", r.error);
     assert_eq!((r.output_tokens, r.input_tokens), (Some(8), Some(25)));
-    assert_eq!(r.choices.iter().map(|c| c.token_chunks).collect::<Vec<_>>(), vec![4, 4]);
+    assert_eq!(
+        r.choices.iter().map(|c| c.token_chunks).collect::<Vec<_>>(),
+        vec![4, 4]
+    );
 }
 
 /// vLLM with `n = 2`: one usage chunk after the last finish counts the whole request (9); it is
@@ -313,7 +318,9 @@ fn llamacpp_n2_usage_per_choice_is_summed() {
 #[test]
 fn vllm_n2_single_usage_is_the_request() {
     let c = |i: u32, text: &str, finish: &str| {
-        format!("data: {{\"choices\":[{{\"finish_reason\":{finish},\"index\":{i},\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n")
+        format!(
+            "data: {{\"choices\":[{{\"finish_reason\":{finish},\"index\":{i},\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n"
+        )
     };
     let frames = [
         (10, c(0, "a", "null")),

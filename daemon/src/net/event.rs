@@ -106,7 +106,9 @@ impl RawEvent {
     /// What the event measured, in its unit.
     pub fn kind(&self) -> Option<Kind> {
         match self.kind {
-            EV_RTT => Some(Kind::Rtt { srtt_us: self.value }),
+            EV_RTT => Some(Kind::Rtt {
+                srtt_us: self.value,
+            }),
             EV_CONNECT => Some(Kind::Connect { ns: self.value }),
             EV_RETRANS => Some(Kind::Retransmit { total: self.value }),
             _ => None,

@@ -32,7 +32,9 @@ pub struct PortFilter {
 
 impl PortFilter {
     pub fn new(ports: impl IntoIterator<Item = u16>) -> Self {
-        Self { ports: ports.into_iter().filter(|p| *p != 0).collect() }
+        Self {
+            ports: ports.into_iter().filter(|p| *p != 0).collect(),
+        }
     }
 
     pub fn ports(&self) -> impl Iterator<Item = u16> + '_ {
@@ -85,8 +87,14 @@ mod tests {
     fn the_end_on_a_target_port_is_the_server() {
         let f = PortFilter::new([8000, 0]);
         assert_eq!(f.ports().collect::<Vec<_>>(), vec![8000]);
-        assert_eq!(f.classify(a("10.0.0.1:40000"), a("10.0.0.2:8000")), Some((Side::Client, a("10.0.0.2:8000"))));
-        assert_eq!(f.classify(a("10.0.0.2:8000"), a("10.0.0.1:40000")), Some((Side::Server, a("10.0.0.2:8000"))));
+        assert_eq!(
+            f.classify(a("10.0.0.1:40000"), a("10.0.0.2:8000")),
+            Some((Side::Client, a("10.0.0.2:8000")))
+        );
+        assert_eq!(
+            f.classify(a("10.0.0.2:8000"), a("10.0.0.1:40000")),
+            Some((Side::Server, a("10.0.0.2:8000")))
+        );
         assert_eq!(f.classify(a("10.0.0.1:40000"), a("10.0.0.2:9000")), None);
     }
 
@@ -94,7 +102,10 @@ mod tests {
     fn addresses_beyond_the_cap_are_other() {
         let mut cap = AddressCap::default();
         for i in 0..AddressCap::MAX {
-            assert_eq!(cap.label(IpAddr::from([10, 0, 0, i as u8])), format!("10.0.0.{i}"));
+            assert_eq!(
+                cap.label(IpAddr::from([10, 0, 0, i as u8])),
+                format!("10.0.0.{i}")
+            );
         }
         assert_eq!(cap.label(IpAddr::from([10, 0, 1, 0])), AddressCap::OTHER);
         assert_eq!(cap.label(IpAddr::from([10, 0, 0, 3])), "10.0.0.3");

@@ -6,8 +6,8 @@
 //! reasons and the others run. Only when none attaches are the probes off.
 
 use std::os::fd::AsRawFd;
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use aya::maps::{Array, MapData, PerCpuArray, RingBuf};
@@ -15,9 +15,9 @@ use aya::programs::{BtfTracePoint, TracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
 
 use super::event::{AF_INET6, RawEvent};
-use crate::config::NetPrograms;
 use super::metrics::NetInstruments;
 use super::state::{Mode, NetState, ProbeStatus};
+use crate::config::NetPrograms;
 
 /// The compiled kernel programs (empty when `build.rs` found no clang).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lmperf_net.bpf.o"));
@@ -83,9 +83,15 @@ pub enum NetError {
     #[error("kernel BTF unavailable (/sys/kernel/btf/vmlinux; needs CONFIG_DEBUG_INFO_BTF): {0}")]
     Btf(#[source] aya::BtfError),
     #[error("loading the eBPF object failed{hint}: {source}")]
-    Load { hint: &'static str, source: aya::EbpfError },
+    Load {
+        hint: &'static str,
+        source: aya::EbpfError,
+    },
     #[error("eBPF map {name}: {source}")]
-    Map { name: &'static str, source: aya::maps::MapError },
+    Map {
+        name: &'static str,
+        source: aya::maps::MapError,
+    },
     #[error("eBPF map {0} missing from the object")]
     MissingMap(&'static str),
     #[error("no probe attached: {0}")]
@@ -104,7 +110,10 @@ pub struct NetMonitor {
 impl NetMonitor {
     /// A monitor with nothing to stop.
     pub fn none() -> Self {
-        Self { stop: Arc::new(AtomicBool::new(true)), handle: None }
+        Self {
+            stop: Arc::new(AtomicBool::new(true)),
+            handle: None,
+        }
     }
 
     /// Stops the thread (within one poll interval) and detaches the probes.
@@ -118,7 +127,9 @@ impl NetMonitor {
 
 fn is_permission(e: &aya::EbpfError) -> bool {
     let text = format!("{e:?}");
-    text.contains("PermissionDenied") || text.contains("EPERM") || text.contains("Operation not permitted")
+    text.contains("PermissionDenied")
+        || text.contains("EPERM")
+        || text.contains("Operation not permitted")
 }
 
 /// One line of an error that may carry a verifier log.
@@ -151,32 +162,70 @@ pub fn load(state: &NetState, programs: NetPrograms) -> Result<Loaded, NetError>
         return Err(NetError::NotBuilt(BUILD_NOTE));
     }
     let btf = Btf::from_sys_fs().map_err(NetError::Btf)?;
-    let mut ebpf = EbpfLoader::new().btf(Some(&btf)).load(OBJECT).map_err(|source| NetError::Load {
-        hint: if is_permission(&source) { " (needs CAP_BPF and CAP_PERFMON, or root)" } else { "" },
-        source,
-    })?;
+    let mut ebpf = EbpfLoader::new()
+        .btf(Some(&btf))
+        .load(OBJECT)
+        .map_err(|source| NetError::Load {
+            hint: if is_permission(&source) {
+                " (needs CAP_BPF and CAP_PERFMON, or root)"
+            } else {
+                ""
+            },
+            source,
+        })?;
     {
         // A bitmap: bit (port % 64) of entry (port / 64).
-        let map = ebpf.map_mut("lmperf_ports").ok_or(NetError::MissingMap("lmperf_ports"))?;
-        let mut bits: Array<_, u64> = Array::try_from(map).map_err(|source| NetError::Map { name: "lmperf_ports", source })?;
+        let map = ebpf
+            .map_mut("lmperf_ports")
+            .ok_or(NetError::MissingMap("lmperf_ports"))?;
+        let mut bits: Array<_, u64> = Array::try_from(map).map_err(|source| NetError::Map {
+            name: "lmperf_ports",
+            source,
+        })?;
         for p in state.filter.ports() {
             let i = u32::from(p / 64);
-            let word = bits.get(&i, 0).map_err(|source| NetError::Map { name: "lmperf_ports", source })?;
-            bits.set(i, word | (1u64 << (p % 64)), 0).map_err(|source| NetError::Map { name: "lmperf_ports", source })?;
+            let word = bits.get(&i, 0).map_err(|source| NetError::Map {
+                name: "lmperf_ports",
+                source,
+            })?;
+            bits.set(i, word | (1u64 << (p % 64)), 0)
+                .map_err(|source| NetError::Map {
+                    name: "lmperf_ports",
+                    source,
+                })?;
         }
     }
-    let probes: Vec<ProbeStatus> = PROBES.iter().map(|p| attach_probe(&mut ebpf, p, &btf, programs)).collect();
-    let failed: Vec<String> = probes.iter().filter_map(|p| p.error.as_ref().map(|e| format!("{}: {e}", p.attach))).collect();
+    let probes: Vec<ProbeStatus> = PROBES
+        .iter()
+        .map(|p| attach_probe(&mut ebpf, p, &btf, programs))
+        .collect();
+    let failed: Vec<String> = probes
+        .iter()
+        .filter_map(|p| p.error.as_ref().map(|e| format!("{}: {e}", p.attach)))
+        .collect();
     if failed.len() == probes.len() {
         state.set_probes(probes);
         return Err(NetError::NoProbe(failed.join("; ")));
     }
-    let ring = RingBuf::try_from(ebpf.take_map("lmperf_events").ok_or(NetError::MissingMap("lmperf_events"))?)
-        .map_err(|source| NetError::Map { name: "lmperf_events", source })?;
-    let drops: PerCpuArray<MapData, u64> = PerCpuArray::try_from(ebpf.take_map("lmperf_drops").ok_or(NetError::MissingMap("lmperf_drops"))?)
-        .map_err(|source| NetError::Map { name: "lmperf_drops", source })?;
+    let ring = RingBuf::try_from(
+        ebpf.take_map("lmperf_events")
+            .ok_or(NetError::MissingMap("lmperf_events"))?,
+    )
+    .map_err(|source| NetError::Map {
+        name: "lmperf_events",
+        source,
+    })?;
+    let drops: PerCpuArray<MapData, u64> = PerCpuArray::try_from(
+        ebpf.take_map("lmperf_drops")
+            .ok_or(NetError::MissingMap("lmperf_drops"))?,
+    )
+    .map_err(|source| NetError::Map {
+        name: "lmperf_drops",
+        source,
+    })?;
     let live: Vec<&str> = probes.iter().filter(|p| p.live).map(|p| p.attach).collect();
-    let reason = (!failed.is_empty()).then(|| format!("some probes not attached: {}", failed.join("; ")));
+    let reason =
+        (!failed.is_empty()).then(|| format!("some probes not attached: {}", failed.join("; ")));
     tracing::info!(probes = ?live, ports = ?state.filter.ports().collect::<Vec<_>>(), "eBPF network probes attached.");
     state.set_probes(probes);
     state.set_mode(Mode::On, reason);
@@ -188,12 +237,21 @@ impl Loaded {
     ///
     /// # Errors
     /// [`NetError::Thread`] when the thread cannot start.
-    pub fn spawn(self, state: Arc<NetState>, instruments: NetInstruments) -> Result<NetMonitor, NetError> {
+    pub fn spawn(
+        self,
+        state: Arc<NetState>,
+        instruments: NetInstruments,
+    ) -> Result<NetMonitor, NetError> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let Loaded { ebpf, ring, drops } = self;
         let fd = ring.as_raw_fd();
-        let drain = Arc::new(Mutex::new(Drain { ring, drops, instruments, last_drops_read: Instant::now() }));
+        let drain = Arc::new(Mutex::new(Drain {
+            ring,
+            drops,
+            instruments,
+            last_drops_read: Instant::now(),
+        }));
         let on_demand = drain.clone();
         state.set_drainer(Box::new(move |st: &NetState| {
             if let Ok(mut d) = on_demand.lock() {
@@ -204,7 +262,10 @@ impl Loaded {
             .name("lmperf-net".to_owned())
             .spawn(move || drain_loop(ebpf, fd, &drain, &state, &flag))
             .map_err(NetError::Thread)?;
-        Ok(NetMonitor { stop, handle: Some(handle) })
+        Ok(NetMonitor {
+            stop,
+            handle: Some(handle),
+        })
     }
 }
 
@@ -213,21 +274,40 @@ impl Loaded {
 fn attach_probe(ebpf: &mut Ebpf, p: &Probe, btf: &Btf, programs: NetPrograms) -> ProbeStatus {
     let btf_error = match programs {
         NetPrograms::Tracepoint => None,
-        NetPrograms::Auto | NetPrograms::TpBtf => match attach_btf(ebpf, p.btf_program, p.btf_tracepoint, btf) {
-            Ok(()) => return ProbeStatus { program: p.btf_program, attach: p.btf_attach, live: true, error: None },
-            Err(e) => Some(e),
-        },
+        NetPrograms::Auto | NetPrograms::TpBtf => {
+            match attach_btf(ebpf, p.btf_program, p.btf_tracepoint, btf) {
+                Ok(()) => {
+                    return ProbeStatus {
+                        program: p.btf_program,
+                        attach: p.btf_attach,
+                        live: true,
+                        error: None,
+                    };
+                }
+                Err(e) => Some(e),
+            }
+        }
     };
     if programs == NetPrograms::TpBtf {
         tracing::warn!(probe = p.btf_attach, error = ?btf_error, "eBPF probe not attached.");
-        return ProbeStatus { program: p.btf_program, attach: p.btf_attach, live: false, error: btf_error };
+        return ProbeStatus {
+            program: p.btf_program,
+            attach: p.btf_attach,
+            live: false,
+            error: btf_error,
+        };
     }
     match attach_classic(ebpf, p) {
         Ok(()) => {
             if let Some(e) = &btf_error {
                 tracing::info!(probe = p.tp_attach, refused = p.btf_attach, error = %e, "eBPF probe attached as a classic tracepoint.");
             }
-            ProbeStatus { program: p.tp_program, attach: p.tp_attach, live: true, error: None }
+            ProbeStatus {
+                program: p.tp_program,
+                attach: p.tp_attach,
+                live: true,
+                error: None,
+            }
         }
         Err(e) => {
             let error = match btf_error {
@@ -235,7 +315,16 @@ fn attach_probe(ebpf: &mut Ebpf, p: &Probe, btf: &Btf, programs: NetPrograms) ->
                 None => e,
             };
             tracing::warn!(probe = p.btf_attach, error = %error, "eBPF probe not attached.");
-            ProbeStatus { program: p.btf_program, attach: if programs == NetPrograms::Tracepoint { p.tp_attach } else { p.btf_attach }, live: false, error: Some(error) }
+            ProbeStatus {
+                program: p.btf_program,
+                attach: if programs == NetPrograms::Tracepoint {
+                    p.tp_attach
+                } else {
+                    p.btf_attach
+                },
+                live: false,
+                error: Some(error),
+            }
         }
     }
 }
@@ -247,7 +336,8 @@ fn attach_classic(ebpf: &mut Ebpf, p: &Probe) -> Result<(), String> {
         .try_into()
         .map_err(|e| short(&e))?;
     prog.load().map_err(|e| short(&e))?;
-    prog.attach(p.tp_category, p.tp_name).map_err(|e| short(&e))?;
+    prog.attach(p.tp_category, p.tp_name)
+        .map_err(|e| short(&e))?;
     Ok(())
 }
 
@@ -264,18 +354,27 @@ fn attach_btf(ebpf: &mut Ebpf, program: &str, tracepoint: &str, btf: &Btf) -> Re
 
 /// CLOCK_MONOTONIC now, in nanoseconds (the clock of `bpf_ktime_get_ns`).
 fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     if rc != 0 {
         return 0;
     }
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 /// Waits until `fd` is readable or `timeout` passes.
 fn wait_readable(fd: i32, timeout: Duration) {
-    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
     // SAFETY: one valid pollfd for the duration of the call.
     let _ = unsafe { libc::poll(&mut p, 1, timeout.as_millis() as i32) };
 }
@@ -294,13 +393,20 @@ impl Drain {
     fn drain(&mut self, state: &NetState) {
         let (mono, wall) = (monotonic_ns(), SystemTime::now());
         while let Some(item) = self.ring.next() {
-            let Some(ev) = RawEvent::parse(&item) else { continue };
+            let Some(ev) = RawEvent::parse(&item) else {
+                continue;
+            };
             drop(item);
             let Some(kind) = ev.kind() else { continue };
             let (local, remote) = (ev.local(), ev.remote());
-            let Some((side, server)) = state.filter.classify(local, remote) else { continue };
-            let at = wall.checked_sub(Duration::from_nanos(mono.saturating_sub(ev.ts_ns))).unwrap_or(wall);
-            self.instruments.record(side, server, ev.family == AF_INET6, kind);
+            let Some((side, server)) = state.filter.classify(local, remote) else {
+                continue;
+            };
+            let at = wall
+                .checked_sub(Duration::from_nanos(mono.saturating_sub(ev.ts_ns)))
+                .unwrap_or(wall);
+            self.instruments
+                .record(side, server, ev.family == AF_INET6, kind);
             state.push(at, side, server, local, kind);
         }
         if self.last_drops_read.elapsed() >= Duration::from_secs(1) {

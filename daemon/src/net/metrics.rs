@@ -53,7 +53,12 @@ impl NetInstruments {
                 }
             })
             .build();
-        Self { rtt, connect, retransmits, addresses: Mutex::new(AddressCap::default()) }
+        Self {
+            rtt,
+            connect,
+            retransmits,
+            addresses: Mutex::new(AddressCap::default()),
+        }
     }
 
     /// Records one event of a socket on `side` of a connection to `server`.

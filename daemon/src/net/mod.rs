@@ -38,13 +38,28 @@ pub struct Prepared {
 /// and attaches the probes as configured, reporting flows on `ports` (the targets' ports).
 /// Never fails the agent: refused probes leave the state off with the reason.
 pub fn load(cfg: &NetConfig, ports: &[u16]) -> Prepared {
-    let state = Arc::new(NetState::new(filter::PortFilter::new(ports.iter().copied())));
+    let state = Arc::new(NetState::new(filter::PortFilter::new(
+        ports.iter().copied(),
+    )));
     if !cfg.enabled {
-        state.set_mode(Mode::Disabled, Some("disabled in the configuration ([net] enabled = false)".to_owned()));
-        return Prepared { state, enabled: false, loaded: None };
+        state.set_mode(
+            Mode::Disabled,
+            Some("disabled in the configuration ([net] enabled = false)".to_owned()),
+        );
+        return Prepared {
+            state,
+            enabled: false,
+            loaded: None,
+        };
     }
-    let loaded = loader::load(&state, cfg.programs).map_err(|e| off(&state, &e)).ok();
-    Prepared { state, enabled: true, loaded }
+    let loaded = loader::load(&state, cfg.programs)
+        .map_err(|e| off(&state, &e))
+        .ok();
+    Prepared {
+        state,
+        enabled: true,
+        loaded,
+    }
 }
 
 fn off(state: &NetState, e: &loader::NetError) {
@@ -55,12 +70,18 @@ fn off(state: &NetState, e: &loader::NetError) {
 impl Prepared {
     /// Registers the instruments on `meter` and starts draining the probes' events.
     pub fn start(self, meter: &opentelemetry::metrics::Meter) -> (Arc<NetState>, NetMonitor) {
-        let Prepared { state, enabled, loaded } = self;
+        let Prepared {
+            state,
+            enabled,
+            loaded,
+        } = self;
         if !enabled {
             return (state, NetMonitor::none());
         }
         let instruments = metrics::NetInstruments::new(meter, state.clone());
-        let Some(loaded) = loaded else { return (state, NetMonitor::none()) };
+        let Some(loaded) = loaded else {
+            return (state, NetMonitor::none());
+        };
         match loaded.spawn(state.clone(), instruments) {
             Ok(m) => (state, m),
             Err(e) => {
@@ -72,6 +93,10 @@ impl Prepared {
 }
 
 /// [`load`] then [`Prepared::start`], for callers that keep their capabilities.
-pub fn start(cfg: &NetConfig, ports: &[u16], meter: &opentelemetry::metrics::Meter) -> (Arc<NetState>, NetMonitor) {
+pub fn start(
+    cfg: &NetConfig,
+    ports: &[u16],
+    meter: &opentelemetry::metrics::Meter,
+) -> (Arc<NetState>, NetMonitor) {
     load(cfg, ports).start(meter)
 }

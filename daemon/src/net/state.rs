@@ -131,7 +131,12 @@ impl NetState {
         Self {
             drainer: std::sync::OnceLock::new(),
             filter,
-            inner: Mutex::new(Inner { mode: Mode::Starting, reason: None, probes: Vec::new(), history: VecDeque::new() }),
+            inner: Mutex::new(Inner {
+                mode: Mode::Starting,
+                reason: None,
+                probes: Vec::new(),
+                history: VecDeque::new(),
+            }),
             rtt_events: AtomicU64::new(0),
             connect_events: AtomicU64::new(0),
             retransmit_events: AtomicU64::new(0),
@@ -171,7 +176,14 @@ impl NetState {
     }
 
     /// Counts an event and, when the reporting socket is a client's, keeps it for spans.
-    pub fn push(&self, at: SystemTime, side: Side, server: SocketAddr, local: SocketAddr, kind: Kind) {
+    pub fn push(
+        &self,
+        at: SystemTime,
+        side: Side,
+        server: SocketAddr,
+        local: SocketAddr,
+        kind: Kind,
+    ) {
         let counter = match kind {
             Kind::Rtt { .. } => &self.rtt_events,
             Kind::Connect { .. } => &self.connect_events,
@@ -185,14 +197,25 @@ impl NetState {
             if g.history.len() >= HISTORY {
                 g.history.pop_front();
             }
-            g.history.push_back(Sample { at, server, local, kind });
+            g.history.push_back(Sample {
+                at,
+                server,
+                local,
+                kind,
+            });
         }
     }
 
     /// What client sockets to `server_port` saw between `from` and `to` (inclusive); only the
     /// socket bound to `local` when given (the request's own connection), else every client
     /// of that port on this node during the request.
-    pub fn request(&self, server_port: u16, local: Option<SocketAddr>, from: SystemTime, to: SystemTime) -> RequestNet {
+    pub fn request(
+        &self,
+        server_port: u16,
+        local: Option<SocketAddr>,
+        from: SystemTime,
+        to: SystemTime,
+    ) -> RequestNet {
         let mut r = RequestNet::default();
         let Ok(g) = self.inner.lock() else { return r };
         for s in g.history.iter().rev() {
@@ -219,9 +242,19 @@ impl NetState {
     /// The `lmperf.net.*` span attributes of a request to `server_port` from `from` to `to`
     /// over `conn` (local, remote) when known: the probes' events while they are on, else one
     /// TCP_INFO reading of that connection (nothing when it is closed or unknown).
-    pub fn request_attributes(&self, server_port: u16, conn: Option<(SocketAddr, SocketAddr)>, from: SystemTime, to: SystemTime) -> Vec<KeyValue> {
+    pub fn request_attributes(
+        &self,
+        server_port: u16,
+        conn: Option<(SocketAddr, SocketAddr)>,
+        from: SystemTime,
+        to: SystemTime,
+    ) -> Vec<KeyValue> {
         if self.mode() != Mode::On {
-            let Some(info) = conn.and_then(|(local, remote)| super::tcp_info::own_connection(local, remote)) else { return Vec::new() };
+            let Some(info) =
+                conn.and_then(|(local, remote)| super::tcp_info::own_connection(local, remote))
+            else {
+                return Vec::new();
+            };
             self.tcp_info_samples.fetch_add(1, Ordering::Relaxed);
             return vec![
                 KeyValue::new(names::LMPERF_NET_SOURCE, names::NET_SOURCE_TCP_INFO),
@@ -242,7 +275,10 @@ impl NetState {
             a.push(KeyValue::new(names::LMPERF_NET_SRTT_MAX, max.as_secs_f64()));
         }
         if let Some(c) = r.connect {
-            a.push(KeyValue::new(names::LMPERF_NET_CONNECT_DURATION, c.as_secs_f64()));
+            a.push(KeyValue::new(
+                names::LMPERF_NET_CONNECT_DURATION,
+                c.as_secs_f64(),
+            ));
         }
         a
     }
@@ -250,13 +286,20 @@ impl NetState {
     /// The kept client-side events, oldest first.
     pub fn recent(&self) -> Vec<Sample> {
         self.drain_now();
-        self.inner.lock().map(|g| g.history.iter().copied().collect()).unwrap_or_default()
+        self.inner
+            .lock()
+            .map(|g| g.history.iter().copied().collect())
+            .unwrap_or_default()
     }
 
     pub fn status(&self) -> NetStatus {
         let (mode, reason, probes) = match self.inner.lock() {
             Ok(g) => (g.mode, g.reason.clone(), g.probes.clone()),
-            Err(_) => (Mode::Off, Some("state lock poisoned".to_owned()), Vec::new()),
+            Err(_) => (
+                Mode::Off,
+                Some("state lock poisoned".to_owned()),
+                Vec::new(),
+            ),
         };
         NetStatus {
             mode,
@@ -269,7 +312,11 @@ impl NetState {
                 retransmit: self.retransmit_events.load(Ordering::Relaxed),
             },
             dropped: self.dropped.load(Ordering::Relaxed),
-            source: if mode == Mode::On { names::NET_SOURCE_EBPF } else { names::NET_SOURCE_TCP_INFO },
+            source: if mode == Mode::On {
+                names::NET_SOURCE_EBPF
+            } else {
+                names::NET_SOURCE_TCP_INFO
+            },
             tcp_info_samples: self.tcp_info_samples.load(Ordering::Relaxed),
         }
     }
@@ -291,12 +338,30 @@ mod tests {
         let ms = |n| t0 + Duration::from_millis(n);
         let (srv, other, local) = (a("10.0.0.2:8000"), a("10.0.0.2:9000"), a("10.0.0.1:40000"));
         st.push(ms(0), Side::Client, srv, local, Kind::Rtt { srtt_us: 100 }); // before
-        st.push(ms(10), Side::Client, srv, local, Kind::Connect { ns: 250_000 });
+        st.push(
+            ms(10),
+            Side::Client,
+            srv,
+            local,
+            Kind::Connect { ns: 250_000 },
+        );
         st.push(ms(11), Side::Client, srv, local, Kind::Rtt { srtt_us: 300 });
-        st.push(ms(12), Side::Client, other, local, Kind::Rtt { srtt_us: 9000 }); // other port
+        st.push(
+            ms(12),
+            Side::Client,
+            other,
+            local,
+            Kind::Rtt { srtt_us: 9000 },
+        ); // other port
         st.push(ms(13), Side::Server, srv, local, Kind::Rtt { srtt_us: 7 }); // server side: not kept
         st.push(ms(14), Side::Client, srv, local, Kind::Rtt { srtt_us: 200 });
-        st.push(ms(15), Side::Client, srv, local, Kind::Retransmit { total: 1 });
+        st.push(
+            ms(15),
+            Side::Client,
+            srv,
+            local,
+            Kind::Retransmit { total: 1 },
+        );
         st.push(ms(30), Side::Client, srv, local, Kind::Rtt { srtt_us: 1 }); // after
         let r = st.request(8000, None, ms(5), ms(20));
         assert_eq!(
@@ -309,16 +374,45 @@ mod tests {
                 connect: Some(Duration::from_micros(250)),
             }
         );
-        assert_eq!(st.status().events, EventCounts { rtt: 6, connect: 1, retransmit: 1 });
+        assert_eq!(
+            st.status().events,
+            EventCounts {
+                rtt: 6,
+                connect: 1,
+                retransmit: 1
+            }
+        );
         assert_eq!(st.status().source, names::NET_SOURCE_EBPF);
         let other_local = a("10.0.0.1:40001");
-        st.push(ms(16), Side::Client, srv, other_local, Kind::Rtt { srtt_us: 5 }); // another client socket
-        assert_eq!(st.request(8000, Some(local), ms(5), ms(20)), r, "the request's own socket only");
-        assert_eq!(st.request(8000, None, ms(5), ms(20)).srtt_min, Some(Duration::from_micros(5)));
+        st.push(
+            ms(16),
+            Side::Client,
+            srv,
+            other_local,
+            Kind::Rtt { srtt_us: 5 },
+        ); // another client socket
+        assert_eq!(
+            st.request(8000, Some(local), ms(5), ms(20)),
+            r,
+            "the request's own socket only"
+        );
+        assert_eq!(
+            st.request(8000, None, ms(5), ms(20)).srtt_min,
+            Some(Duration::from_micros(5))
+        );
         let attrs = st.request_attributes(8000, Some((local, srv)), ms(5), ms(20));
-        assert!(attrs.iter().any(|kv| kv.key.as_str() == names::LMPERF_NET_CONNECT_DURATION && kv.value == opentelemetry::Value::F64(0.00025)));
+        assert!(
+            attrs
+                .iter()
+                .any(|kv| kv.key.as_str() == names::LMPERF_NET_CONNECT_DURATION
+                    && kv.value == opentelemetry::Value::F64(0.00025))
+        );
         st.set_mode(Mode::Off, Some("x".into()));
-        assert!(st.request_attributes(8000, Some((local, srv)), ms(5), ms(20)).is_empty(), "off, and no such socket for TCP_INFO");
+        assert!(
+            st.request_attributes(8000, Some((local, srv)), ms(5), ms(20))
+                .is_empty(),
+            "off, and no such socket for TCP_INFO"
+        );
         assert_eq!(st.status().source, names::NET_SOURCE_TCP_INFO);
     }
 
@@ -327,7 +421,13 @@ mod tests {
         let st = NetState::new(PortFilter::new([8000]));
         let t0 = SystemTime::UNIX_EPOCH;
         for i in 0..(HISTORY as u64 + 10) {
-            st.push(t0 + Duration::from_micros(i), Side::Client, a("10.0.0.2:8000"), a("10.0.0.1:1"), Kind::Rtt { srtt_us: i });
+            st.push(
+                t0 + Duration::from_micros(i),
+                Side::Client,
+                a("10.0.0.2:8000"),
+                a("10.0.0.1:1"),
+                Kind::Rtt { srtt_us: i },
+            );
         }
         let r = st.request(8000, None, t0, t0 + Duration::from_secs(1));
         assert_eq!(r.rtt_samples, HISTORY as u64);

@@ -24,7 +24,9 @@ pub struct TcpInfo {
 
 fn unmapped(a: SocketAddr) -> SocketAddr {
     match a.ip() {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(a, |v4| SocketAddr::new(IpAddr::V4(v4), a.port())),
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map_or(a, |v4| SocketAddr::new(IpAddr::V4(v4), a.port())),
         IpAddr::V4(_) => a,
     }
 }
@@ -35,7 +37,13 @@ fn sockaddr(fd: i32, peer: bool) -> Option<SocketAddr> {
     let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
     let p = (&raw mut ss).cast::<libc::sockaddr>();
     // SAFETY: ss and len are valid for writing; a non-socket fd fails with ENOTSOCK.
-    let rc = unsafe { if peer { libc::getpeername(fd, p, &mut len) } else { libc::getsockname(fd, p, &mut len) } };
+    let rc = unsafe {
+        if peer {
+            libc::getpeername(fd, p, &mut len)
+        } else {
+            libc::getsockname(fd, p, &mut len)
+        }
+    };
     if rc != 0 {
         return None;
     }
@@ -43,12 +51,18 @@ fn sockaddr(fd: i32, peer: bool) -> Option<SocketAddr> {
         libc::AF_INET => {
             // SAFETY: the kernel wrote a sockaddr_in for AF_INET.
             let a: libc::sockaddr_in = unsafe { *(&raw const ss).cast() };
-            Some(SocketAddr::new(IpAddr::from(u32::from_be(a.sin_addr.s_addr).to_be_bytes()), u16::from_be(a.sin_port)))
+            Some(SocketAddr::new(
+                IpAddr::from(u32::from_be(a.sin_addr.s_addr).to_be_bytes()),
+                u16::from_be(a.sin_port),
+            ))
         }
         libc::AF_INET6 => {
             // SAFETY: the kernel wrote a sockaddr_in6 for AF_INET6.
             let a: libc::sockaddr_in6 = unsafe { *(&raw const ss).cast() };
-            Some(unmapped(SocketAddr::new(IpAddr::from(a.sin6_addr.s6_addr), u16::from_be(a.sin6_port))))
+            Some(unmapped(SocketAddr::new(
+                IpAddr::from(a.sin6_addr.s6_addr),
+                u16::from_be(a.sin6_port),
+            )))
         }
         _ => None,
     }
@@ -63,7 +77,15 @@ pub fn read(fd: i32) -> io::Result<TcpInfo> {
     let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
     // SAFETY: ti and len are valid for writing; the kernel writes at most len bytes.
-    let rc = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, (&raw mut ti).cast(), &mut len) };
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&raw mut ti).cast(),
+            &mut len,
+        )
+    };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -100,12 +122,19 @@ mod tests {
             s.write_all(b"y").unwrap();
             c.read_exact(&mut b).unwrap();
         }
-        let info = own_connection(c.local_addr().unwrap(), c.peer_addr().unwrap()).expect("the client socket");
-        assert!(info.srtt > Duration::ZERO && info.srtt < Duration::from_millis(50), "{info:?}");
+        let info = own_connection(c.local_addr().unwrap(), c.peer_addr().unwrap())
+            .expect("the client socket");
+        assert!(
+            info.srtt > Duration::ZERO && info.srtt < Duration::from_millis(50),
+            "{info:?}"
+        );
         assert_eq!(info.total_retrans, 0);
         // The server's end is the reverse pair; an unknown pair is none.
         assert!(own_connection(s.local_addr().unwrap(), s.peer_addr().unwrap()).is_some());
-        assert_eq!(own_connection(c.local_addr().unwrap(), "127.0.0.1:1".parse().unwrap()), None);
+        assert_eq!(
+            own_connection(c.local_addr().unwrap(), "127.0.0.1:1".parse().unwrap()),
+            None
+        );
         drop(c);
         assert!(read(0).is_err(), "stdin is no TCP socket");
     }

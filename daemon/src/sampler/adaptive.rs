@@ -70,7 +70,14 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 6] = [Reason::Error, Reason::SloBreach, Reason::Spike, Reason::Base, Reason::Head, Reason::Inject];
+    pub const ALL: [Reason; 6] = [
+        Reason::Error,
+        Reason::SloBreach,
+        Reason::Spike,
+        Reason::Base,
+        Reason::Head,
+        Reason::Inject,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -107,13 +114,24 @@ pub enum SpikeTransition {
 #[serde(tag = "reason", rename_all = "snake_case")]
 pub enum SpikeRule {
     /// The window's error share reached `threshold`.
-    ErrorRate { error_rate: f64, threshold: f64, requests: usize },
+    ErrorRate {
+        error_rate: f64,
+        threshold: f64,
+        requests: usize,
+    },
     /// The window's p99 E2E reached `spike_p99` (`threshold_s`).
     SloP99 { p99_s: f64, threshold_s: f64 },
     /// The p99 of `signal` (`ttft` | `e2e`) per bucket jumped against the target's own
     /// baseline (its median `baseline_s`): `ratio` = p99 ÷ median, `z` the robust z score.
     /// `in_flight`: canaries still in flight whose elapsed time counted as a lower bound.
-    LatencyJump { signal: &'static str, p99_s: f64, baseline_s: f64, ratio: f64, z: f64, in_flight: usize },
+    LatencyJump {
+        signal: &'static str,
+        p99_s: f64,
+        baseline_s: f64,
+        ratio: f64,
+        z: f64,
+        in_flight: usize,
+    },
 }
 
 impl SpikeRule {
@@ -129,13 +147,45 @@ impl SpikeRule {
     /// One human line: `latency_jump: ttft p99 2.41 s = 6.3 × baseline 0.38 s (z 41.0)`.
     pub fn describe(&self) -> String {
         match *self {
-            SpikeRule::ErrorRate { error_rate, threshold, requests } => format!("error_rate: {:.1} % of {requests} requests failed (threshold {:.1} %)", error_rate * 100.0, threshold * 100.0),
-            SpikeRule::SloP99 { p99_s, threshold_s } => format!("slo_p99: e2e p99 {} ≥ {}", secs(p99_s), secs(threshold_s)),
-            SpikeRule::LatencyJump { signal, p99_s, baseline_s, ratio, z, in_flight: 0 } => {
-                format!("latency_jump: {signal} p99 {} = {ratio:.1} × baseline {} (z {z:.1})", secs(p99_s), secs(baseline_s))
+            SpikeRule::ErrorRate {
+                error_rate,
+                threshold,
+                requests,
+            } => format!(
+                "error_rate: {:.1} % of {requests} requests failed (threshold {:.1} %)",
+                error_rate * 100.0,
+                threshold * 100.0
+            ),
+            SpikeRule::SloP99 { p99_s, threshold_s } => {
+                format!("slo_p99: e2e p99 {} ≥ {}", secs(p99_s), secs(threshold_s))
             }
-            SpikeRule::LatencyJump { signal, p99_s, baseline_s, ratio, z, in_flight } => {
-                format!("latency_jump: {signal} p99 ≥ {} = {ratio:.1} × baseline {} (z {z:.1}; {in_flight} canaries still in flight)", secs(p99_s), secs(baseline_s))
+            SpikeRule::LatencyJump {
+                signal,
+                p99_s,
+                baseline_s,
+                ratio,
+                z,
+                in_flight: 0,
+            } => {
+                format!(
+                    "latency_jump: {signal} p99 {} = {ratio:.1} × baseline {} (z {z:.1})",
+                    secs(p99_s),
+                    secs(baseline_s)
+                )
+            }
+            SpikeRule::LatencyJump {
+                signal,
+                p99_s,
+                baseline_s,
+                ratio,
+                z,
+                in_flight,
+            } => {
+                format!(
+                    "latency_jump: {signal} p99 ≥ {} = {ratio:.1} × baseline {} (z {z:.1}; {in_flight} canaries still in flight)",
+                    secs(p99_s),
+                    secs(baseline_s)
+                )
             }
         }
     }
@@ -185,7 +235,11 @@ pub struct SamplingPolicy {
 }
 
 /// The default latency-jump rule of spike mode: 2 ×, robust z 3.5, 50 ms.
-pub const DEFAULT_SPIKE_JUMP: JumpRule = JumpRule { ratio: 2.0, z: 3.5, floor: 0.05 };
+pub const DEFAULT_SPIKE_JUMP: JumpRule = JumpRule {
+    ratio: 2.0,
+    z: 3.5,
+    floor: 0.05,
+};
 
 /// The default share of a bucket's canaries that must be above the jump threshold themselves
 /// ([`DetectorConfig::min_share_above`]): a quarter.
@@ -204,7 +258,11 @@ impl Default for SamplingPolicy {
             spike_hold: Duration::from_secs(60),
             spike_min_requests: 10,
             spike_jump: Some(DEFAULT_SPIKE_JUMP),
-            spike_detector: DetectorConfig { exclude_max: true, min_share_above: DEFAULT_SPIKE_JUMP_MIN_SHARE, ..DetectorConfig::default() },
+            spike_detector: DetectorConfig {
+                exclude_max: true,
+                min_share_above: DEFAULT_SPIKE_JUMP_MIN_SHARE,
+                ..DetectorConfig::default()
+            },
         }
     }
 }
@@ -213,9 +271,17 @@ impl Default for SamplingPolicy {
 /// canaries per second: min(`configured`, canaries expected in `window`), at least 3 (unless
 /// `configured` is below 3). The second value is `false` when the window cannot hold that many
 /// at this rate: the two rules can then never fire.
-pub fn effective_min_requests(configured: usize, window: Duration, rate_per_s: f64) -> (usize, bool) {
+pub fn effective_min_requests(
+    configured: usize,
+    window: Duration,
+    rate_per_s: f64,
+) -> (usize, bool) {
     let expected = (window.as_secs_f64() * rate_per_s).floor();
-    let expected = if expected.is_finite() && expected >= 0.0 { expected.min(usize::MAX as f64) as usize } else { usize::MAX };
+    let expected = if expected.is_finite() && expected >= 0.0 {
+        expected.min(usize::MAX as f64) as usize
+    } else {
+        usize::MAX
+    };
     let min = configured.min(expected.max(3));
     (min, expected >= min)
 }
@@ -327,7 +393,8 @@ impl TargetSampler {
     pub fn decide(&mut self, now: Instant, o: Observed) -> Decision {
         let transition = self.update_window(now, o);
         let p = self.policy;
-        let slo_breach = p.slo_ttft.is_some_and(|t| o.ttft.is_some_and(|v| v > t)) || p.slo_e2e.is_some_and(|t| o.e2e > t);
+        let slo_breach = p.slo_ttft.is_some_and(|t| o.ttft.is_some_and(|v| v > t))
+            || p.slo_e2e.is_some_and(|t| o.e2e > t);
         let (keep, reason, probability) = if o.failed || o.cancelled {
             (true, Reason::Error, 1.0)
         } else if slo_breach {
@@ -338,15 +405,26 @@ impl TargetSampler {
             let keep = threshold::keeps(o.trace_id, p.base_ratio) && self.take_token(now);
             (keep, Reason::Base, p.base_ratio)
         };
-        let spike = if transition == Some(SpikeTransition::Entered) { self.rule } else { None };
-        Decision { keep, reason, probability, transition, spike }
+        let spike = if transition == Some(SpikeTransition::Entered) {
+            self.rule
+        } else {
+            None
+        };
+        Decision {
+            keep,
+            reason,
+            probability,
+            transition,
+            spike,
+        }
     }
 
     fn take_token(&mut self, now: Instant) -> bool {
         let rate = self.policy.max_base_per_second;
         let cap = rate.max(1.0);
         if let Some(last) = self.last_refill {
-            self.tokens = (self.tokens + now.saturating_duration_since(last).as_secs_f64() * rate).min(cap);
+            self.tokens =
+                (self.tokens + now.saturating_duration_since(last).as_secs_f64() * rate).min(cap);
         }
         self.last_refill = Some(now);
         if self.tokens >= 1.0 {
@@ -378,7 +456,9 @@ impl TargetSampler {
     /// Drops what left the window and updates spike mode (leaving it only when `may_leave`).
     fn judge(&mut self, now: Instant, at: Duration, may_leave: bool) -> Option<SpikeTransition> {
         while let Some(&(t, failed, _)) = self.window.front() {
-            if now.saturating_duration_since(t) > self.policy.spike_window || self.window.len() > MAX_WINDOW {
+            if now.saturating_duration_since(t) > self.policy.spike_window
+                || self.window.len() > MAX_WINDOW
+            {
                 self.window.pop_front();
                 self.errors_in_window -= failed as usize;
             } else {
@@ -408,29 +488,55 @@ impl TargetSampler {
     }
 
     /// The first rule that holds at `at` (detector time), if any.
-    fn hot(&mut self, now: Instant, at: Duration, err_factor: f64, lat_factor: f64) -> Option<SpikeRule> {
+    fn hot(
+        &mut self,
+        now: Instant,
+        at: Duration,
+        err_factor: f64,
+        lat_factor: f64,
+    ) -> Option<SpikeRule> {
         let p = self.policy;
         let n = self.window.len();
         if n >= p.spike_min_requests {
             let error_rate = self.errors_in_window as f64 / n as f64;
             if error_rate >= p.spike_error_rate * err_factor {
-                return Some(SpikeRule::ErrorRate { error_rate, threshold: p.spike_error_rate, requests: n });
+                return Some(SpikeRule::ErrorRate {
+                    error_rate,
+                    threshold: p.spike_error_rate,
+                    requests: n,
+                });
             }
             if let Some(t) = p.spike_p99 {
                 let p99 = self.p99();
                 if p99 >= t.mul_f64(lat_factor) {
-                    return Some(SpikeRule::SloP99 { p99_s: p99.as_secs_f64(), threshold_s: t.as_secs_f64() });
+                    return Some(SpikeRule::SloP99 {
+                        p99_s: p99.as_secs_f64(),
+                        threshold_s: t.as_secs_f64(),
+                    });
                 }
             }
         }
         let rule = p.spike_jump?.relaxed(lat_factor);
         // A canary in flight has no TTFT yet, but an E2E of at least its elapsed time.
-        let bounds = self.origin.map(|o| self.in_flight.bounds(now, o)).unwrap_or_default();
-        for (signal, series, bounds) in [("ttft", &mut self.ttft, &[][..]), ("e2e", &mut self.e2e, &bounds[..])] {
+        let bounds = self
+            .origin
+            .map(|o| self.in_flight.bounds(now, o))
+            .unwrap_or_default();
+        for (signal, series, bounds) in [
+            ("ttft", &mut self.ttft, &[][..]),
+            ("e2e", &mut self.e2e, &bounds[..]),
+        ] {
             if let Some(a) = series.assess_with(at, &rule, bounds)
                 && a.jumped
             {
-                return Some(SpikeRule::LatencyJump { signal, p99_s: a.peak, baseline_s: a.baseline.median, ratio: a.ratio, z: a.z, in_flight: bounds.len() });
+                return Some(SpikeRule::LatencyJump {
+                    signal,
+                    p99_s: a.peak,
+                    baseline_s: a.baseline.median,
+                    ratio: a.ratio,
+                    z: a.z,
+                    in_flight: bounds.len(),
+                });
             }
         }
         None
@@ -442,7 +548,9 @@ impl TargetSampler {
             return Duration::ZERO;
         }
         let last = v.len() - 1;
-        let idx = (((v.len() as f64) * 0.99).ceil() as usize).saturating_sub(1).min(last);
+        let idx = (((v.len() as f64) * 0.99).ceil() as usize)
+            .saturating_sub(1)
+            .min(last);
         let (_, nth, _) = v.select_nth_unstable(idx);
         *nth
     }
@@ -453,7 +561,14 @@ mod tests {
     use super::*;
 
     fn obs(failed: bool, e2e_ms: u64, id: u128) -> Observed {
-        Observed { failed, ttft: Some(Duration::from_millis(e2e_ms / 4)), e2e: Duration::from_millis(e2e_ms), trace_id: id, cancelled: false, timed_out: false }
+        Observed {
+            failed,
+            ttft: Some(Duration::from_millis(e2e_ms / 4)),
+            e2e: Duration::from_millis(e2e_ms),
+            trace_id: id,
+            cancelled: false,
+            timed_out: false,
+        }
     }
 
     fn policy() -> SamplingPolicy {
@@ -470,7 +585,9 @@ mod tests {
     fn ids() -> impl FnMut() -> u128 {
         let mut x: u128 = 42;
         move || {
-            x = x.wrapping_mul(0x2360_ED05_1FC6_5DA4_4385_DF64_9FCC_F645).wrapping_add(0x5851_F42D_4C95_7F2D_1405_7B7E_F767_814F);
+            x = x
+                .wrapping_mul(0x2360_ED05_1FC6_5DA4_4385_DF64_9FCC_F645)
+                .wrapping_add(0x5851_F42D_4C95_7F2D_1405_7B7E_F767_814F);
             x
         }
     }
@@ -489,7 +606,10 @@ mod tests {
             calm += 1;
             kept_calm += d.keep as u32;
         }
-        assert!((10..=32).contains(&kept_calm), "kept {kept_calm} of {calm} calm spans");
+        assert!(
+            (10..=32).contains(&kept_calm),
+            "kept {kept_calm} of {calm} calm spans"
+        );
         // Burst: 30 % errors for 20 s.
         let burst_start = Instant::now();
         let mut entered_at = None;
@@ -504,7 +624,10 @@ mod tests {
             }
         }
         let entered = entered_at.expect("spike entered");
-        assert!(entered <= Duration::from_secs(2), "entered after {entered:?}");
+        assert!(
+            entered <= Duration::from_secs(2),
+            "entered after {entered:?}"
+        );
         // Calm again: leaves after the window drains and the hold passes, once.
         let burst_end = Instant::now();
         let mut left_at = None;
@@ -521,45 +644,72 @@ mod tests {
             }
         }
         let left = left_at.expect("spike left");
-        assert!(left >= Duration::from_secs(5) && left <= Duration::from_secs(9), "left {left:?} after the burst");
+        assert!(
+            left >= Duration::from_secs(5) && left <= Duration::from_secs(9),
+            "left {left:?} after the burst"
+        );
         let _ = t0;
     }
 
     #[tokio::test(start_paused = true)]
     async fn errors_and_slo_breaches_always_kept_and_base_is_rate_capped() {
-        let mut s = TargetSampler::new(SamplingPolicy { slo_e2e: Some(Duration::from_millis(500)), base_ratio: 1.0, max_base_per_second: 2.0, spike_min_requests: 1000, ..SamplingPolicy::default() });
+        let mut s = TargetSampler::new(SamplingPolicy {
+            slo_e2e: Some(Duration::from_millis(500)),
+            base_ratio: 1.0,
+            max_base_per_second: 2.0,
+            spike_min_requests: 1000,
+            ..SamplingPolicy::default()
+        });
         let mut id = ids();
         let now = Instant::now();
         assert_eq!(s.decide(now, obs(true, 10, id())).reason, Reason::Error);
         let d = s.decide(now, obs(false, 900, id()));
         assert!(d.keep && d.reason == Reason::SloBreach);
         // Ratio 1.0 but 2/s cap: 10 healthy spans at one instant, 2 kept.
-        let kept = (0..10).filter(|_| s.decide(now, obs(false, 10, id())).keep).count();
+        let kept = (0..10)
+            .filter(|_| s.decide(now, obs(false, 10, id())).keep)
+            .count();
         assert_eq!(kept, 2);
         tokio::time::advance(Duration::from_secs(1)).await;
-        let kept = (0..10).filter(|_| s.decide(Instant::now(), obs(false, 10, id())).keep).count();
+        let kept = (0..10)
+            .filter(|_| s.decide(Instant::now(), obs(false, 10, id())).keep)
+            .count();
         assert_eq!(kept, 2);
     }
 
     #[tokio::test(start_paused = true)]
     async fn latency_spike_uses_window_p99() {
-        let mut s = TargetSampler::new(SamplingPolicy { spike_p99: Some(Duration::from_millis(400)), spike_window: Duration::from_secs(2), spike_min_requests: 10, ..SamplingPolicy::default() });
+        let mut s = TargetSampler::new(SamplingPolicy {
+            spike_p99: Some(Duration::from_millis(400)),
+            spike_window: Duration::from_secs(2),
+            spike_min_requests: 10,
+            ..SamplingPolicy::default()
+        });
         let mut id = ids();
         for _ in 0..20 {
             tokio::time::advance(Duration::from_millis(50)).await;
-            assert!(!s.in_spike() && s.decide(Instant::now(), obs(false, 100, id())).transition.is_none());
+            assert!(
+                !s.in_spike()
+                    && s.decide(Instant::now(), obs(false, 100, id()))
+                        .transition
+                        .is_none()
+            );
         }
         let mut entered = false;
         for _ in 0..5 {
             tokio::time::advance(Duration::from_millis(50)).await;
-            entered |= s.decide(Instant::now(), obs(false, 900, id())).transition == Some(SpikeTransition::Entered);
+            entered |= s.decide(Instant::now(), obs(false, 900, id())).transition
+                == Some(SpikeTransition::Entered);
         }
         assert!(entered && s.in_spike());
     }
 
     #[tokio::test(start_paused = true)]
     async fn latency_jump_without_slo_enters_with_its_values_and_leaves_after_hold() {
-        let mut s = TargetSampler::new(SamplingPolicy { spike_hold: Duration::from_secs(20), ..SamplingPolicy::default() });
+        let mut s = TargetSampler::new(SamplingPolicy {
+            spike_hold: Duration::from_secs(20),
+            ..SamplingPolicy::default()
+        });
         let mut id = ids();
         let step = Duration::from_millis(500); // 2 canaries/s
         // 2 min calm at TTFT 100 ms (E2E 400 ms).
@@ -583,8 +733,21 @@ mod tests {
         }
         let (after, rule) = entered.expect("spike entered");
         // The bucket in progress counts after 5 samples; 2 of the last 3 buckets must jump.
-        assert!(after <= Duration::from_secs(20), "entered {after:?} after the jump");
-        let Some(SpikeRule::LatencyJump { signal, p99_s, baseline_s, ratio, z, .. }) = rule else { panic!("{rule:?}") };
+        assert!(
+            after <= Duration::from_secs(20),
+            "entered {after:?} after the jump"
+        );
+        let Some(SpikeRule::LatencyJump {
+            signal,
+            p99_s,
+            baseline_s,
+            ratio,
+            z,
+            ..
+        }) = rule
+        else {
+            panic!("{rule:?}")
+        };
         assert_eq!((signal, p99_s, baseline_s), ("ttft", 1.0, 0.1));
         assert!((ratio - 10.0).abs() < 1e-9 && z > 100.0, "{ratio} {z}");
         assert_eq!(s.spike_rule(), rule);
@@ -597,11 +760,18 @@ mod tests {
             match d.transition {
                 Some(SpikeTransition::Left) => left = Some(Instant::now() - calm),
                 Some(SpikeTransition::Entered) => panic!("flapped"),
-                None => assert_eq!(d.keep && left.is_none(), left.is_none(), "kept until the hold ends"),
+                None => assert_eq!(
+                    d.keep && left.is_none(),
+                    left.is_none(),
+                    "kept until the hold ends"
+                ),
             }
         }
         let left = left.expect("left");
-        assert!(left >= Duration::from_secs(20) && left <= Duration::from_secs(45), "left {left:?} after calm");
+        assert!(
+            left >= Duration::from_secs(20) && left <= Duration::from_secs(45),
+            "left {left:?} after calm"
+        );
         assert_eq!(s.spike_rule(), None);
     }
 
@@ -615,23 +785,42 @@ mod tests {
         let step = Duration::from_secs(1);
         for _ in 0..150 {
             tokio::time::advance(step).await;
-            assert!(s.decide(Instant::now(), obs(false, 400, id())).transition.is_none());
+            assert!(
+                s.decide(Instant::now(), obs(false, 400, id()))
+                    .transition
+                    .is_none()
+            );
         }
         for slow in [&[3][..], &[3, 6]] {
             for i in 0..30 {
                 tokio::time::advance(step).await;
                 let e2e = if slow.contains(&(i % 10)) { 4000 } else { 400 };
-                assert!(s.decide(Instant::now(), obs(false, e2e, id())).transition.is_none(), "{slow:?}: entered at {i}");
+                assert!(
+                    s.decide(Instant::now(), obs(false, e2e, id()))
+                        .transition
+                        .is_none(),
+                    "{slow:?}: entered at {i}"
+                );
             }
         }
         let mut entered = None;
         for i in 0..30 {
             tokio::time::advance(step).await;
-            let e2e = if [3, 6, 8].contains(&(i % 10)) { 4000 } else { 400 };
-            entered = entered.or(s.decide(Instant::now(), obs(false, e2e, id())).spike.map(|r| (i, r)));
+            let e2e = if [3, 6, 8].contains(&(i % 10)) {
+                4000
+            } else {
+                400
+            };
+            entered = entered.or(s
+                .decide(Instant::now(), obs(false, e2e, id()))
+                .spike
+                .map(|r| (i, r)));
         }
         let (i, rule) = entered.expect("entered");
-        assert!(i <= 20 && matches!(rule, SpikeRule::LatencyJump { signal: "ttft", .. }), "{i} {rule:?}");
+        assert!(
+            i <= 20 && matches!(rule, SpikeRule::LatencyJump { signal: "ttft", .. }),
+            "{i} {rule:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -644,8 +833,18 @@ mod tests {
         }
         // Shutdown: every canary in flight is cancelled at once.
         for _ in 0..20 {
-            let d = s.decide(Instant::now(), Observed { cancelled: true, ttft: None, ..obs(true, 5000, id()) });
-            assert!(d.keep && d.reason == Reason::Error && d.transition.is_none(), "{d:?}");
+            let d = s.decide(
+                Instant::now(),
+                Observed {
+                    cancelled: true,
+                    ttft: None,
+                    ..obs(true, 5000, id())
+                },
+            );
+            assert!(
+                d.keep && d.reason == Reason::Error && d.transition.is_none(),
+                "{d:?}"
+            );
         }
         assert!(!s.in_spike());
         // A real failure still counts.
@@ -653,8 +852,18 @@ mod tests {
             s.decide(Instant::now(), obs(true, 100, id()));
         }
         // The window (3 s at 20/s) holds the real requests only: the 20 cancelled ones are absent.
-        let Some(SpikeRule::ErrorRate { error_rate, requests, .. }) = s.spike_rule() else { panic!("{:?}", s.spike_rule()) };
-        assert!(requests <= 60 && (error_rate * requests as f64).round() <= 10.0, "{requests} {error_rate}");
+        let Some(SpikeRule::ErrorRate {
+            error_rate,
+            requests,
+            ..
+        }) = s.spike_rule()
+        else {
+            panic!("{:?}", s.spike_rule())
+        };
+        assert!(
+            requests <= 60 && (error_rate * requests as f64).round() <= 10.0,
+            "{requests} {error_rate}"
+        );
     }
 
     #[test]
@@ -662,8 +871,14 @@ mod tests {
         let w = Duration::from_secs(30);
         assert_eq!(effective_min_requests(10, w, 0.2), (6, true));
         assert_eq!(effective_min_requests(10, w, 10.0), (10, true));
-        assert_eq!(effective_min_requests(10, Duration::from_secs(10), 0.2), (3, false));
-        assert_eq!(effective_min_requests(2, Duration::from_secs(5), 0.2), (2, false));
+        assert_eq!(
+            effective_min_requests(10, Duration::from_secs(10), 0.2),
+            (3, false)
+        );
+        assert_eq!(
+            effective_min_requests(2, Duration::from_secs(5), 0.2),
+            (2, false)
+        );
         assert_eq!(effective_min_requests(2, w, 0.2), (2, true));
     }
 
@@ -672,35 +887,64 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn target_down_enters_spike_at_default_settings() {
         let (min, ok) = effective_min_requests(10, Duration::from_secs(30), 0.2);
-        let mut s = TargetSampler::new(SamplingPolicy { spike_min_requests: min, ..SamplingPolicy::default() });
+        let mut s = TargetSampler::new(SamplingPolicy {
+            spike_min_requests: min,
+            ..SamplingPolicy::default()
+        });
         assert!(ok);
         let mut id = ids();
         for _ in 0..12 {
             tokio::time::advance(Duration::from_secs(5)).await;
-            assert!(s.decide(Instant::now(), obs(false, 400, id())).transition.is_none());
+            assert!(
+                s.decide(Instant::now(), obs(false, 400, id()))
+                    .transition
+                    .is_none()
+            );
         }
         let mut entered = None;
         for i in 0..8 {
             tokio::time::advance(Duration::from_secs(5)).await;
-            let d = s.decide(Instant::now(), Observed { ttft: None, ..obs(true, 1, id()) });
+            let d = s.decide(
+                Instant::now(),
+                Observed {
+                    ttft: None,
+                    ..obs(true, 1, id())
+                },
+            );
             if d.transition == Some(SpikeTransition::Entered) {
                 entered = Some((i, d.spike));
             }
         }
         let (i, rule) = entered.expect("spike entered");
         assert_eq!(i, 0, "the first failure of a window of 6 is 17 %");
-        assert!(matches!(rule, Some(SpikeRule::ErrorRate { requests: 6..=7, .. })), "{rule:?}");
+        assert!(
+            matches!(
+                rule,
+                Some(SpikeRule::ErrorRate {
+                    requests: 6..=7,
+                    ..
+                })
+            ),
+            "{rule:?}"
+        );
     }
 
     /// Rules other than the jump off: only the TTFT/E2E series can start a spike.
     fn jump_only() -> SamplingPolicy {
-        SamplingPolicy { spike_min_requests: usize::MAX, ..SamplingPolicy::default() }
+        SamplingPolicy {
+            spike_min_requests: usize::MAX,
+            ..SamplingPolicy::default()
+        }
     }
 
     async fn calm(s: &mut TargetSampler, id: &mut impl FnMut() -> u128) {
         for _ in 0..240 {
             tokio::time::advance(Duration::from_millis(500)).await;
-            assert!(s.decide(Instant::now(), obs(false, 400, id())).transition.is_none());
+            assert!(
+                s.decide(Instant::now(), obs(false, 400, id()))
+                    .transition
+                    .is_none()
+            );
         }
     }
 
@@ -713,10 +957,17 @@ mod tests {
         let mut rule = None;
         for _ in 0..60 {
             tokio::time::advance(Duration::from_millis(500)).await;
-            let o = Observed { ttft: Some(Duration::from_secs(47)), e2e: Duration::from_secs(60), timed_out: true, ..obs(true, 0, id()) };
+            let o = Observed {
+                ttft: Some(Duration::from_secs(47)),
+                e2e: Duration::from_secs(60),
+                timed_out: true,
+                ..obs(true, 0, id())
+            };
             rule = rule.or(s.decide(Instant::now(), o).spike);
         }
-        let Some(SpikeRule::LatencyJump { signal, p99_s, .. }) = rule else { panic!("{rule:?}") };
+        let Some(SpikeRule::LatencyJump { signal, p99_s, .. }) = rule else {
+            panic!("{rule:?}")
+        };
         assert_eq!((signal, p99_s), ("ttft", 47.0));
     }
 
@@ -728,7 +979,13 @@ mod tests {
         calm(&mut s, &mut id).await;
         for _ in 0..60 {
             tokio::time::advance(Duration::from_millis(500)).await;
-            let d = s.decide(Instant::now(), Observed { ttft: None, ..obs(true, 30_000, id()) });
+            let d = s.decide(
+                Instant::now(),
+                Observed {
+                    ttft: None,
+                    ..obs(true, 30_000, id())
+                },
+            );
             assert!(d.transition.is_none());
         }
         // A timeout without a first token: its elapsed time is an E2E lower bound.
@@ -737,10 +994,16 @@ mod tests {
         let mut rule = None;
         for _ in 0..60 {
             tokio::time::advance(Duration::from_millis(500)).await;
-            let o = Observed { ttft: None, timed_out: true, ..obs(true, 30_000, id()) };
+            let o = Observed {
+                ttft: None,
+                timed_out: true,
+                ..obs(true, 30_000, id())
+            };
             rule = rule.or(s.decide(Instant::now(), o).spike);
         }
-        let Some(SpikeRule::LatencyJump { signal, p99_s, .. }) = rule else { panic!("{rule:?}") };
+        let Some(SpikeRule::LatencyJump { signal, p99_s, .. }) = rule else {
+            panic!("{rule:?}")
+        };
         assert_eq!((signal, p99_s), ("e2e", 30.0));
     }
 }

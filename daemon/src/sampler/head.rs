@@ -33,7 +33,10 @@ impl HeadSampler {
             Some("always_off" | "parentbased_always_off") => HeadSampler::AlwaysOff,
             Some("traceidratio" | "parentbased_traceidratio") => HeadSampler::TraceIdRatio(ratio()),
             Some(other) => {
-                tracing::warn!(value = other, "Unsupported OTEL_TRACES_SAMPLER; using always_on.");
+                tracing::warn!(
+                    value = other,
+                    "Unsupported OTEL_TRACES_SAMPLER; using always_on."
+                );
                 HeadSampler::AlwaysOn
             }
         }
@@ -53,11 +56,12 @@ impl HeadSampler {
         match *self {
             HeadSampler::AlwaysOn => true,
             HeadSampler::AlwaysOff => false,
-            HeadSampler::TraceIdRatio(r) => threshold::keeps(u128::from_be_bytes(trace_id.to_bytes()), r),
+            HeadSampler::TraceIdRatio(r) => {
+                threshold::keeps(u128::from_be_bytes(trace_id.to_bytes()), r)
+            }
         }
     }
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -65,11 +69,26 @@ mod tests {
 
     #[test]
     fn sampler_from_env_values() {
-        assert_eq!(HeadSampler::from_env_values(None, None), HeadSampler::AlwaysOn);
-        assert_eq!(HeadSampler::from_env_values(Some("parentbased_always_off"), None), HeadSampler::AlwaysOff);
-        assert_eq!(HeadSampler::from_env_values(Some("traceidratio"), Some("0.25")), HeadSampler::TraceIdRatio(0.25));
+        assert_eq!(
+            HeadSampler::from_env_values(None, None),
+            HeadSampler::AlwaysOn
+        );
+        assert_eq!(
+            HeadSampler::from_env_values(Some("parentbased_always_off"), None),
+            HeadSampler::AlwaysOff
+        );
+        assert_eq!(
+            HeadSampler::from_env_values(Some("traceidratio"), Some("0.25")),
+            HeadSampler::TraceIdRatio(0.25)
+        );
         let s = HeadSampler::TraceIdRatio(0.25);
-        let kept = (0..40_000u128).filter(|i| s.should_sample(TraceId::from(i.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835)))).count();
+        let kept = (0..40_000u128)
+            .filter(|i| {
+                s.should_sample(TraceId::from(
+                    i.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835),
+                ))
+            })
+            .count();
         assert!((9_000..11_000).contains(&kept), "kept {kept} of 40000");
     }
 }

@@ -53,7 +53,9 @@ mod tests {
         let mut x: u128 = 0x1234_5678_9abc_def0_0fed_cba9_8765_4321;
         let mut kept = 0;
         for _ in 0..100_000 {
-            x = x.wrapping_mul(0x2360_ED05_1FC6_5DA4_4385_DF64_9FCC_F645).wrapping_add(0x5851_F42D_4C95_7F2D_1405_7B7E_F767_814F);
+            x = x
+                .wrapping_mul(0x2360_ED05_1FC6_5DA4_4385_DF64_9FCC_F645)
+                .wrapping_add(0x5851_F42D_4C95_7F2D_1405_7B7E_F767_814F);
             kept += keeps(x, 0.1) as u32;
         }
         assert!((9_500..10_500).contains(&kept), "kept {kept}");

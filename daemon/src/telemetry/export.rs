@@ -95,7 +95,11 @@ impl Lanes {
     /// Up to `n` spans, priority lane first.
     fn take(&mut self, n: usize, into: &mut Vec<SpanData>) {
         while into.len() < n {
-            match self.priority.pop_front().or_else(|| self.healthy.pop_front()) {
+            match self
+                .priority
+                .pop_front()
+                .or_else(|| self.healthy.pop_front())
+            {
                 Some((s, _)) => into.push(s),
                 None => break,
             }
@@ -126,27 +130,53 @@ pub struct SpanQueue {
 impl SpanQueue {
     /// A queue that exports nothing (export disabled); counts nothing as dropped.
     pub fn disabled() -> Self {
-        Self { shared: None, tasks: Arc::default(), capacity: 0, stats: Arc::default() }
+        Self {
+            shared: None,
+            tasks: Arc::default(),
+            capacity: 0,
+            stats: Arc::default(),
+        }
     }
 
     /// Starts one export task on the current tokio runtime.
-    pub fn start<E: SpanExporter + 'static>(exporter: E, capacity: usize, batch_size: usize, export_timeout: Duration) -> Self {
+    pub fn start<E: SpanExporter + 'static>(
+        exporter: E,
+        capacity: usize,
+        batch_size: usize,
+        export_timeout: Duration,
+    ) -> Self {
         Self::start_many(vec![exporter], capacity, batch_size, export_timeout)
     }
 
     /// Starts one export task per exporter, all taking batches from the same queue, so that
     /// several batches can be in flight to a collector whose round trip is slow.
-    pub fn start_many<E: SpanExporter + 'static>(exporters: Vec<E>, capacity: usize, batch_size: usize, export_timeout: Duration) -> Self {
+    pub fn start_many<E: SpanExporter + 'static>(
+        exporters: Vec<E>,
+        capacity: usize,
+        batch_size: usize,
+        export_timeout: Duration,
+    ) -> Self {
         let shared = Arc::new(Shared::default());
         let stats = Arc::new(ExportStats::default());
         let tasks = exporters
             .into_iter()
             .map(|exporter| {
-                let task = ExportTask { exporter, shared: shared.clone(), batch_size, export_timeout, stats: stats.clone() };
+                let task = ExportTask {
+                    exporter,
+                    shared: shared.clone(),
+                    batch_size,
+                    export_timeout,
+                    stats: stats.clone(),
+                };
                 tokio::spawn(task.run())
             })
             .collect();
-        Self { shared: Some(shared), tasks: Arc::new(Mutex::new(tasks)), capacity, stats }
+        Self {
+            shared: Some(shared),
+            tasks: Arc::new(Mutex::new(tasks)),
+            capacity,
+            stats,
+        }
     }
 
     /// Queues a span kept for `reason`; when the queue is full, drops per the lane rules and
@@ -154,9 +184,15 @@ impl SpanQueue {
     pub fn enqueue(&self, span: SpanData, reason: Reason) {
         let Some(shared) = &self.shared else { return };
         let dropped = {
-            let Ok(mut lanes) = shared.lanes.lock() else { return };
+            let Ok(mut lanes) = shared.lanes.lock() else {
+                return;
+            };
             if lanes.len() < self.capacity {
-                if reason.is_priority() { lanes.priority.push_back((span, reason)) } else { lanes.healthy.push_back((span, reason)) }
+                if reason.is_priority() {
+                    lanes.priority.push_back((span, reason))
+                } else {
+                    lanes.healthy.push_back((span, reason))
+                }
                 None
             } else if reason.is_priority() {
                 match lanes.healthy.pop_back() {
@@ -179,7 +215,10 @@ impl SpanQueue {
                 }
                 self.stats.dropped[r.index()].fetch_add(1, Ordering::Relaxed);
                 if !self.stats.warned_full.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(capacity = self.capacity, "Span export queue is full; dropping the newest healthy spans first (counted in lmperf.export.spans).");
+                    tracing::warn!(
+                        capacity = self.capacity,
+                        "Span export queue is full; dropping the newest healthy spans first (counted in lmperf.export.spans)."
+                    );
                 }
             }
         }
@@ -201,7 +240,10 @@ impl SpanQueue {
             enqueued: s.enqueued.load(Ordering::Relaxed),
             exported: s.exported.load(Ordering::Relaxed),
             dropped_queue_full: s.dropped_total(),
-            dropped_by_reason: Reason::ALL.iter().map(|r| (r.as_str(), s.dropped[r.index()].load(Ordering::Relaxed))).collect(),
+            dropped_by_reason: Reason::ALL
+                .iter()
+                .map(|r| (r.as_str(), s.dropped[r.index()].load(Ordering::Relaxed)))
+                .collect(),
             failed: s.failed.load(Ordering::Relaxed),
             export_errors: s.export_errors.load(Ordering::Relaxed),
             last_error: s.last_error.lock().ok().and_then(|g| g.clone()),
@@ -216,7 +258,11 @@ impl SpanQueue {
             *d = Some(deadline);
         }
         shared.stop.cancel();
-        let tasks = self.tasks.lock().map(|mut t| std::mem::take(&mut *t)).unwrap_or_default();
+        let tasks = self
+            .tasks
+            .lock()
+            .map(|mut t| std::mem::take(&mut *t))
+            .unwrap_or_default();
         for t in tasks {
             let _ = tokio::time::timeout_at(deadline, t).await;
         }
@@ -236,7 +282,9 @@ impl<E: SpanExporter> ExportTask<E> {
         if let Ok(mut lanes) = self.shared.lanes.lock() {
             lanes.take(self.batch_size, into);
         }
-        self.stats.exporting.fetch_add(into.len() as u64, Ordering::Relaxed);
+        self.stats
+            .exporting
+            .fetch_add(into.len() as u64, Ordering::Relaxed);
     }
 
     fn queued(&self) -> usize {
@@ -270,7 +318,9 @@ impl<E: SpanExporter> ExportTask<E> {
                 continue;
             }
             let n = batch.len() as u64;
-            let result = self.export(std::mem::take(&mut batch), self.export_timeout).await;
+            let result = self
+                .export(std::mem::take(&mut batch), self.export_timeout)
+                .await;
             self.stats.exporting.fetch_sub(n, Ordering::Relaxed);
             match result {
                 Ok(()) => {
@@ -293,7 +343,13 @@ impl<E: SpanExporter> ExportTask<E> {
     }
 
     async fn stop(&mut self) {
-        let deadline = self.shared.deadline.lock().ok().and_then(|d| *d).unwrap_or_else(Instant::now);
+        let deadline = self
+            .shared
+            .deadline
+            .lock()
+            .ok()
+            .and_then(|d| *d)
+            .unwrap_or_else(Instant::now);
         self.drain(deadline).await;
     }
 
@@ -331,7 +387,11 @@ impl<E: SpanExporter> ExportTask<E> {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             let n = batch.len() as u64;
-            let result = if left.is_zero() { Err("shutdown deadline passed".to_owned()) } else { self.export(batch, left.min(self.export_timeout)).await };
+            let result = if left.is_zero() {
+                Err("shutdown deadline passed".to_owned())
+            } else {
+                self.export(batch, left.min(self.export_timeout)).await
+            };
             self.stats.exporting.fetch_sub(n, Ordering::Relaxed);
             match result {
                 Ok(()) => {
@@ -366,7 +426,9 @@ mod tests {
     impl SpanExporter for Switch {
         async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
             if !self.up.load(Ordering::SeqCst) {
-                return Err(opentelemetry_sdk::error::OTelSdkError::InternalFailure("down".into()));
+                return Err(opentelemetry_sdk::error::OTelSdkError::InternalFailure(
+                    "down".into(),
+                ));
             }
             if let Ok(mut g) = self.got.lock() {
                 g.extend(batch.into_iter().map(|s| s.name.into_owned()));
@@ -424,7 +486,10 @@ mod tests {
         let snap = q.snapshot();
         assert_eq!(snap.failed, 1);
         assert_eq!(snap.exported, 4);
-        assert_eq!(snap.enqueued, snap.exported + snap.failed + snap.dropped_queue_full + snap.queue_len as u64);
+        assert_eq!(
+            snap.enqueued,
+            snap.exported + snap.failed + snap.dropped_queue_full + snap.queue_len as u64
+        );
     }
 
     #[tokio::test(start_paused = true)]

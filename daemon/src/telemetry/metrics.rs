@@ -56,13 +56,17 @@ impl Instruments {
             time_to_first_chunk: meter
                 .f64_histogram(n::METRIC_TIME_TO_FIRST_CHUNK)
                 .with_unit("s")
-                .with_description("Time to receive the first chunk, from when the client issues the request.")
+                .with_description(
+                    "Time to receive the first chunk, from when the client issues the request.",
+                )
                 .with_boundaries(n::BUCKETS_TIME_TO_FIRST_CHUNK.to_vec())
                 .build(),
             time_per_output_chunk: meter
                 .f64_histogram(n::METRIC_TIME_PER_OUTPUT_CHUNK)
                 .with_unit("s")
-                .with_description("Time between consecutive output chunks, for each chunk after the first.")
+                .with_description(
+                    "Time between consecutive output chunks, for each chunk after the first.",
+                )
                 .with_boundaries(n::BUCKETS_TIME_PER_OUTPUT_CHUNK.to_vec())
                 .build(),
             requests: meter
@@ -73,17 +77,23 @@ impl Instruments {
             retries: meter
                 .u64_counter(n::METRIC_CANARY_RETRIES)
                 .with_unit("{request}")
-                .with_description("Canary requests re-sent once after a stale keep-alive connection.")
+                .with_description(
+                    "Canary requests re-sent once after a stale keep-alive connection.",
+                )
                 .build(),
             skipped: meter
                 .u64_counter("lmperf.canary.skipped")
                 .with_unit("{request}")
-                .with_description("Scheduled canaries not sent because max_in_flight were still running.")
+                .with_description(
+                    "Scheduled canaries not sent because max_in_flight were still running.",
+                )
                 .build(),
             injected: meter
                 .u64_counter(n::METRIC_INJECT_REQUESTS)
                 .with_unit("{request}")
-                .with_description("Requests injected through the control API, by outcome and error type.")
+                .with_description(
+                    "Requests injected through the control API, by outcome and error type.",
+                )
                 .build(),
         }
     }
@@ -112,7 +122,8 @@ impl Instruments {
             self.time_to_first_chunk.record(t.as_secs_f64(), &attrs);
         }
         for w in r.token_chunk_times.windows(2) {
-            self.time_per_output_chunk.record(w[1].saturating_sub(w[0]).as_secs_f64(), &attrs);
+            self.time_per_output_chunk
+                .record(w[1].saturating_sub(w[0]).as_secs_f64(), &attrs);
         }
         // Token usage: only what the server or the stream reported.
         let with_type = |ty: &'static str, v: u64| {
@@ -123,7 +134,10 @@ impl Instruments {
         if let Some(v) = r.input_tokens {
             with_type(n::TOKEN_TYPE_INPUT, v);
         }
-        if let Some(v) = r.output_tokens.filter(|_| r.http_status.is_some_and(|s| (200..300).contains(&s))) {
+        if let Some(v) = r
+            .output_tokens
+            .filter(|_| r.http_status.is_some_and(|s| (200..300).contains(&s)))
+        {
             with_type(n::TOKEN_TYPE_OUTPUT, v);
         }
         let mut counter_attrs = vec![
@@ -137,14 +151,20 @@ impl Instruments {
         }
         self.requests.add(1, &counter_attrs);
         if m.retries > 0 {
-            self.retries.add(u64::from(m.retries), &[KeyValue::new(n::LMPERF_TARGET, c.target.to_owned())]);
+            self.retries.add(
+                u64::from(m.retries),
+                &[KeyValue::new(n::LMPERF_TARGET, c.target.to_owned())],
+            );
         }
     }
 
     /// Counts one measured injected request (only here: injected load stays out of the canary
     /// counters and the GenAI histograms, which describe the canaries).
     pub fn record_inject(&self, target: &str, m: &Measured) {
-        let mut attrs = vec![KeyValue::new(n::LMPERF_TARGET, target.to_owned()), KeyValue::new(n::LMPERF_OUTCOME, m.record.outcome.as_str())];
+        let mut attrs = vec![
+            KeyValue::new(n::LMPERF_TARGET, target.to_owned()),
+            KeyValue::new(n::LMPERF_OUTCOME, m.record.outcome.as_str()),
+        ];
         if let Some(e) = m.record.failure() {
             attrs.push(KeyValue::new(n::ERROR_TYPE, e.error_type.clone()));
         }
@@ -153,7 +173,8 @@ impl Instruments {
 
     /// Counts a scheduled canary that was not sent.
     pub fn record_skipped(&self, target: &str) {
-        self.skipped.add(1, &[KeyValue::new(n::LMPERF_TARGET, target.to_owned())]);
+        self.skipped
+            .add(1, &[KeyValue::new(n::LMPERF_TARGET, target.to_owned())]);
     }
 }
 

@@ -24,20 +24,26 @@ use opentelemetry_sdk::trace::SpanExporter as _;
 
 use crate::canary::client::Measured;
 use crate::config::{Env, OtlpConfig, OtlpProtocol};
-use export::{ExportStats, SpanQueue};
-use metrics::{Instruments, MetricContext};
 use crate::sampler::adaptive::{Decision, Reason};
 use crate::sampler::head::HeadSampler;
 use crate::status::TargetState;
+use export::{ExportStats, SpanQueue};
+use metrics::{Instruments, MetricContext};
 use spans::{SpanContextInfo, TraceIds};
 
 /// Telemetry could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
     #[error("OTLP span exporter for {endpoint}: {source}")]
-    SpanExporter { endpoint: String, source: opentelemetry_otlp::ExporterBuildError },
+    SpanExporter {
+        endpoint: String,
+        source: opentelemetry_otlp::ExporterBuildError,
+    },
     #[error("OTLP metric exporter for {endpoint}: {source}")]
-    MetricExporter { endpoint: String, source: opentelemetry_otlp::ExporterBuildError },
+    MetricExporter {
+        endpoint: String,
+        source: opentelemetry_otlp::ExporterBuildError,
+    },
     #[error("Prometheus exporter: {0}")]
     Prometheus(String),
 }
@@ -62,7 +68,10 @@ pub struct Telemetry {
 pub fn resource(env: &dyn Env) -> Resource {
     let mut b = Resource::builder();
     let service_from_env = env.var("OTEL_SERVICE_NAME").is_some()
-        || env.var("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|a| a.split(',').any(|kv| kv.trim().starts_with("service.name=")));
+        || env.var("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|a| {
+            a.split(',')
+                .any(|kv| kv.trim().starts_with("service.name="))
+        });
     if !service_from_env {
         b = b.with_service_name("lmperf");
     }
@@ -98,15 +107,25 @@ impl Telemetry {
             .with_registry(registry.clone())
             .build()
             .map_err(|e| TelemetryError::Prometheus(e.to_string()))?;
-        let mut mp = SdkMeterProvider::builder().with_resource(resource.clone()).with_reader(prom);
+        let mut mp = SdkMeterProvider::builder()
+            .with_resource(resource.clone())
+            .with_reader(prom);
         let spans = if cfg.enabled {
             let mut exporters = Vec::with_capacity(cfg.export_concurrency);
             for _ in 0..cfg.export_concurrency {
-                let mut exporter = span_exporter(cfg).map_err(|source| TelemetryError::SpanExporter { endpoint: cfg.traces_endpoint.clone(), source })?;
+                let mut exporter =
+                    span_exporter(cfg).map_err(|source| TelemetryError::SpanExporter {
+                        endpoint: cfg.traces_endpoint.clone(),
+                        source,
+                    })?;
                 exporter.set_resource(&resource);
                 exporters.push(exporter);
             }
-            let metric_exporter = metric_exporter(cfg).map_err(|source| TelemetryError::MetricExporter { endpoint: cfg.metrics_endpoint.clone(), source })?;
+            let metric_exporter =
+                metric_exporter(cfg).map_err(|source| TelemetryError::MetricExporter {
+                    endpoint: cfg.metrics_endpoint.clone(),
+                    source,
+                })?;
             let reader = opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicReader::builder(
                 metric_exporter,
                 opentelemetry_sdk::runtime::Tokio,
@@ -114,24 +133,39 @@ impl Telemetry {
             .with_interval(cfg.export_interval)
             .build();
             mp = mp.with_reader(reader);
-            SpanQueue::start_many(exporters, cfg.queue_size, cfg.batch_size, cfg.export_timeout)
+            SpanQueue::start_many(
+                exporters,
+                cfg.queue_size,
+                cfg.batch_size,
+                cfg.export_timeout,
+            )
         } else {
             SpanQueue::disabled()
         };
         let meter_provider = mp.build();
-        let scope = InstrumentationScope::builder("lmperf").with_version(env!("CARGO_PKG_VERSION")).build();
+        let scope = InstrumentationScope::builder("lmperf")
+            .with_version(env!("CARGO_PKG_VERSION"))
+            .build();
         let meter = meter_provider.meter_with_scope(scope.clone());
         let instruments = Instruments::new(&meter);
         register_export_counters(&meter, spans.stats.clone());
-        let head_sampler = env
-            .var("OTEL_TRACES_SAMPLER")
-            .map(|name| HeadSampler::from_env_values(Some(&name), env.var("OTEL_TRACES_SAMPLER_ARG").as_deref()));
+        let head_sampler = env.var("OTEL_TRACES_SAMPLER").map(|name| {
+            HeadSampler::from_env_values(Some(&name), env.var("OTEL_TRACES_SAMPLER_ARG").as_deref())
+        });
         let sampling_spans = meter
             .u64_counter(names::METRIC_SAMPLING_SPANS)
             .with_unit("{span}")
             .with_description("Sampling decisions by target, reason and decision (kept or dropped); every request once.")
             .build();
-        Ok(Self { instruments, spans, head_sampler, registry, scope, meter_provider, sampling_spans })
+        Ok(Self {
+            instruments,
+            spans,
+            head_sampler,
+            registry,
+            scope,
+            meter_provider,
+            sampling_spans,
+        })
     }
 
     /// New trace ids for a request about to be sent. With the adaptive sampler the
@@ -158,7 +192,10 @@ impl Telemetry {
             .with_description("1 while the target is in spike mode (every span kept), else 0.")
             .with_callback(move |obs| {
                 for t in &targets {
-                    obs.observe(u64::from(t.spike.load(Ordering::Relaxed)), &[KeyValue::new(names::LMPERF_TARGET, t.name.clone())]);
+                    obs.observe(
+                        u64::from(t.spike.load(Ordering::Relaxed)),
+                        &[KeyValue::new(names::LMPERF_TARGET, t.name.clone())],
+                    );
                 }
             })
             .build();
@@ -166,13 +203,26 @@ impl Telemetry {
 
     /// Records the metrics of a measured request (always) and, when `decision` keeps it,
     /// queues its span.
-    pub fn record(&self, info: &SpanContextInfo<'_>, ids: TraceIds, m: &Measured, decision: &Decision) {
+    pub fn record(
+        &self,
+        info: &SpanContextInfo<'_>,
+        ids: TraceIds,
+        m: &Measured,
+        decision: &Decision,
+    ) {
         self.record_labeled(info, ids, m, decision, &[]);
     }
 
     /// [`Telemetry::record`] with `labels` added to every metric point (low cardinality, e.g.
     /// `lmperf.request.source`; a span carries its own in `info.extra`).
-    pub fn record_labeled(&self, info: &SpanContextInfo<'_>, ids: TraceIds, m: &Measured, decision: &Decision, labels: &[KeyValue]) {
+    pub fn record_labeled(
+        &self,
+        info: &SpanContextInfo<'_>,
+        ids: TraceIds,
+        m: &Measured,
+        decision: &Decision,
+        labels: &[KeyValue],
+    ) {
         let mc = MetricContext {
             labels,
             target: info.target,
@@ -188,17 +238,29 @@ impl Telemetry {
 
     /// Counts the sampling decision of a measured request and, when it keeps it, queues its
     /// span (no GenAI metric: [`Telemetry::record`] adds those for canaries).
-    pub fn record_span(&self, info: &SpanContextInfo<'_>, ids: TraceIds, m: &Measured, decision: &Decision) {
+    pub fn record_span(
+        &self,
+        info: &SpanContextInfo<'_>,
+        ids: TraceIds,
+        m: &Measured,
+        decision: &Decision,
+    ) {
         self.sampling_spans.add(
             1,
             &[
                 KeyValue::new(names::LMPERF_TARGET, info.target.to_owned()),
                 KeyValue::new(names::LMPERF_SAMPLING_REASON, decision.reason.as_str()),
-                KeyValue::new(names::LMPERF_SAMPLING_DECISION, if decision.keep { "kept" } else { "dropped" }),
+                KeyValue::new(
+                    names::LMPERF_SAMPLING_DECISION,
+                    if decision.keep { "kept" } else { "dropped" },
+                ),
             ],
         );
         if decision.keep {
-            self.spans.enqueue(spans::build_span(ids, info, m, decision, &self.scope), decision.reason);
+            self.spans.enqueue(
+                spans::build_span(ids, info, m, decision, &self.scope),
+                decision.reason,
+            );
         }
     }
 
@@ -208,7 +270,9 @@ impl Telemetry {
         let deadline = tokio::time::Instant::now() + timeout;
         self.spans.shutdown(timeout).await;
         let mp = self.meter_provider.clone();
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now()).max(Duration::from_millis(200));
+        let left = deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+            .max(Duration::from_millis(200));
         let flush = tokio::task::spawn_blocking(move || mp.shutdown_with_timeout(left));
         match tokio::time::timeout(left, flush).await {
             Ok(Ok(Ok(()))) => {}
@@ -219,7 +283,9 @@ impl Telemetry {
     }
 }
 
-fn span_exporter(cfg: &OtlpConfig) -> Result<opentelemetry_otlp::SpanExporter, opentelemetry_otlp::ExporterBuildError> {
+fn span_exporter(
+    cfg: &OtlpConfig,
+) -> Result<opentelemetry_otlp::SpanExporter, opentelemetry_otlp::ExporterBuildError> {
     match cfg.protocol {
         OtlpProtocol::Grpc => opentelemetry_otlp::SpanExporter::builder()
             .with_tonic()
@@ -235,7 +301,9 @@ fn span_exporter(cfg: &OtlpConfig) -> Result<opentelemetry_otlp::SpanExporter, o
     }
 }
 
-fn metric_exporter(cfg: &OtlpConfig) -> Result<opentelemetry_otlp::MetricExporter, opentelemetry_otlp::ExporterBuildError> {
+fn metric_exporter(
+    cfg: &OtlpConfig,
+) -> Result<opentelemetry_otlp::MetricExporter, opentelemetry_otlp::ExporterBuildError> {
     match cfg.protocol {
         OtlpProtocol::Grpc => opentelemetry_otlp::MetricExporter::builder()
             .with_tonic()

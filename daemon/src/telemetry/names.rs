@@ -99,8 +99,8 @@ pub const BUCKETS_OPERATION_DURATION: &[f64] = &[
 ];
 /// Bucket boundaries of `gen_ai.client.token.usage` (from the conventions).
 pub const BUCKETS_TOKEN_USAGE: &[f64] = &[
-    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0,
-    4194304.0, 16777216.0, 67108864.0,
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+    16777216.0, 67108864.0,
 ];
 /// Bucket boundaries, in seconds, of `gen_ai.client.operation.time_to_first_chunk` (the
 /// conventions' boundaries for time to first token).
@@ -309,8 +309,8 @@ pub const NETWORK_TYPE: &str = "network.type";
 /// Bucket boundaries, in seconds, of `lmperf.tcp.rtt` and `lmperf.tcp.connect.duration`:
 /// 25 µs (loopback) to about 1.3 s.
 pub const BUCKETS_TCP_RTT: &[f64] = &[
-    0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08,
-    0.16, 0.32, 0.64, 1.28,
+    0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16,
+    0.32, 0.64, 1.28,
 ];
 
 // ---- lmperf.net.* span attributes: the kernel's view of the canary's connection during one

@@ -8,7 +8,9 @@
 use std::borrow::Cow;
 use std::time::SystemTime;
 
-use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState};
+use opentelemetry::trace::{
+    SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
+};
 use opentelemetry::{InstrumentationScope, KeyValue, Value};
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 
@@ -34,12 +36,21 @@ impl TraceIds {
         let mut rng = rand::rng();
         let trace_id = TraceId::from(rng.random_range(1..=u128::MAX));
         let span_id = SpanId::from(rng.random_range(1..=u64::MAX));
-        Self { trace_id, span_id, sampled: sampler.should_sample(trace_id) }
+        Self {
+            trace_id,
+            span_id,
+            sampled: sampler.should_sample(trace_id),
+        }
     }
 
     /// The W3C `traceparent` header value: `00-{trace-id}-{parent-id}-{flags}`.
     pub fn traceparent(&self) -> String {
-        format!("00-{}-{}-{:02x}", self.trace_id, self.span_id, if self.sampled { 1 } else { 0 })
+        format!(
+            "00-{}-{}-{:02x}",
+            self.trace_id,
+            self.span_id,
+            if self.sampled { 1 } else { 0 }
+        )
     }
 }
 
@@ -67,19 +78,40 @@ fn secs(d: std::time::Duration) -> Value {
 /// Builds the span of one measured request, kept by `decision`: it carries
 /// `lmperf.sampling.reason`, its sampling probability as `tracestate: ot=th:…`, and a span
 /// event when spike mode changed with this request.
-pub fn build_span(ids: TraceIds, info: &SpanContextInfo<'_>, m: &Measured, decision: &Decision, scope: &InstrumentationScope) -> SpanData {
+pub fn build_span(
+    ids: TraceIds,
+    info: &SpanContextInfo<'_>,
+    m: &Measured,
+    decision: &Decision,
+    scope: &InstrumentationScope,
+) -> SpanData {
     let r = &m.record;
     let mut a: Vec<KeyValue> = Vec::with_capacity(32);
     a.push(KeyValue::new(n::GEN_AI_OPERATION_NAME, info.operation));
-    a.push(KeyValue::new(n::GEN_AI_PROVIDER_NAME, info.provider.to_owned()));
-    a.push(KeyValue::new(n::GEN_AI_REQUEST_MODEL, info.request_model.to_owned()));
-    a.push(KeyValue::new(n::GEN_AI_REQUEST_MAX_TOKENS, i64::from(info.max_tokens)));
+    a.push(KeyValue::new(
+        n::GEN_AI_PROVIDER_NAME,
+        info.provider.to_owned(),
+    ));
+    a.push(KeyValue::new(
+        n::GEN_AI_REQUEST_MODEL,
+        info.request_model.to_owned(),
+    ));
+    a.push(KeyValue::new(
+        n::GEN_AI_REQUEST_MAX_TOKENS,
+        i64::from(info.max_tokens),
+    ));
     a.push(KeyValue::new(n::GEN_AI_REQUEST_TEMPERATURE, 0.0));
     a.push(KeyValue::new(n::GEN_AI_REQUEST_STREAM, true));
-    a.push(KeyValue::new(n::SERVER_ADDRESS, info.server_address.to_owned()));
+    a.push(KeyValue::new(
+        n::SERVER_ADDRESS,
+        info.server_address.to_owned(),
+    ));
     a.push(KeyValue::new(n::SERVER_PORT, i64::from(info.server_port)));
     a.push(KeyValue::new(n::LMPERF_TARGET, info.target.to_owned()));
-    a.push(KeyValue::new(n::LMPERF_PROMPT_ID, info.prompt_id.to_owned()));
+    a.push(KeyValue::new(
+        n::LMPERF_PROMPT_ID,
+        info.prompt_id.to_owned(),
+    ));
     a.push(KeyValue::new(n::LMPERF_OUTCOME, r.outcome.as_str()));
     a.push(KeyValue::new(n::LMPERF_E2E, secs(r.e2e)));
     a.push(KeyValue::new(n::LMPERF_RETRIES, i64::from(m.retries)));
@@ -90,11 +122,18 @@ pub fn build_span(ids: TraceIds, info: &SpanContextInfo<'_>, m: &Measured, decis
         a.push(KeyValue::new(n::GEN_AI_RESPONSE_MODEL, model.clone()));
     }
     if !r.finish_reasons.is_empty() {
-        let v: Vec<opentelemetry::StringValue> = r.finish_reasons.iter().map(|s| s.clone().into()).collect();
-        a.push(KeyValue::new(n::GEN_AI_RESPONSE_FINISH_REASONS, Value::Array(v.into())));
+        let v: Vec<opentelemetry::StringValue> =
+            r.finish_reasons.iter().map(|s| s.clone().into()).collect();
+        a.push(KeyValue::new(
+            n::GEN_AI_RESPONSE_FINISH_REASONS,
+            Value::Array(v.into()),
+        ));
     }
     if let Some(t) = r.ttft {
-        a.push(KeyValue::new(n::GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, secs(t)));
+        a.push(KeyValue::new(
+            n::GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK,
+            secs(t),
+        ));
     }
     if let Some(t) = r.time_to_first_content {
         a.push(KeyValue::new(n::LMPERF_TIME_TO_FIRST_CONTENT, secs(t)));
@@ -106,7 +145,10 @@ pub fn build_span(ids: TraceIds, info: &SpanContextInfo<'_>, m: &Measured, decis
         a.push(KeyValue::new(n::GEN_AI_USAGE_OUTPUT_TOKENS, v as i64));
     }
     if let Some(v) = r.reasoning_tokens {
-        a.push(KeyValue::new(n::GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, v as i64));
+        a.push(KeyValue::new(
+            n::GEN_AI_USAGE_REASONING_OUTPUT_TOKENS,
+            v as i64,
+        ));
     }
     if let Some(src) = r.usage_source {
         a.push(KeyValue::new(n::LMPERF_USAGE_SOURCE, src.as_str()));
@@ -120,14 +162,20 @@ pub fn build_span(ids: TraceIds, info: &SpanContextInfo<'_>, m: &Measured, decis
     if let Some(v) = r.tpot {
         a.push(KeyValue::new(n::LMPERF_TPOT, secs(v)));
     }
-    a.push(KeyValue::new(n::LMPERF_TOKEN_CHUNKS, r.token_chunk_times.len() as i64));
+    a.push(KeyValue::new(
+        n::LMPERF_TOKEN_CHUNKS,
+        r.token_chunk_times.len() as i64,
+    ));
     if !r.choices.is_empty() {
         a.push(KeyValue::new(n::LMPERF_CHOICES, r.choices.len() as i64));
     }
     if let Some(s) = r.http_status {
         a.push(KeyValue::new(n::HTTP_RESPONSE_STATUS_CODE, i64::from(s)));
     }
-    a.push(KeyValue::new(n::LMPERF_SAMPLING_REASON, decision.reason.as_str()));
+    a.push(KeyValue::new(
+        n::LMPERF_SAMPLING_REASON,
+        decision.reason.as_str(),
+    ));
     a.extend(info.extra.iter().cloned());
     let status = match r.failure() {
         Some(e) => {
@@ -153,7 +201,10 @@ pub fn build_span(ids: TraceIds, info: &SpanContextInfo<'_>, m: &Measured, decis
     } else {
         Cow::Owned(format!("{} {}", info.operation, info.request_model))
     };
-    let end_time = m.wall_start.checked_add(r.e2e).unwrap_or_else(SystemTime::now);
+    let end_time = m
+        .wall_start
+        .checked_add(r.e2e)
+        .unwrap_or_else(SystemTime::now);
     let mut events = SpanEvents::default();
     if let Some(t) = decision.transition {
         let name = match t {
@@ -164,13 +215,25 @@ pub fn build_span(ids: TraceIds, info: &SpanContextInfo<'_>, m: &Measured, decis
         if let Some(rule) = decision.spike {
             attrs.extend(spike_attributes(&rule));
         }
-        events.events.push(opentelemetry::trace::Event::new(name, end_time, attrs, 0));
+        events
+            .events
+            .push(opentelemetry::trace::Event::new(name, end_time, attrs, 0));
     }
     events.events.extend(info.events.iter().cloned());
-    let th = format!("th:{}", threshold::encode(threshold::threshold(decision.probability)));
-    let trace_state = TraceState::from_key_value([(n::TRACESTATE_OT, th.as_str())]).unwrap_or_default();
+    let th = format!(
+        "th:{}",
+        threshold::encode(threshold::threshold(decision.probability))
+    );
+    let trace_state =
+        TraceState::from_key_value([(n::TRACESTATE_OT, th.as_str())]).unwrap_or_default();
     SpanData {
-        span_context: SpanContext::new(ids.trace_id, ids.span_id, TraceFlags::SAMPLED, false, trace_state),
+        span_context: SpanContext::new(
+            ids.trace_id,
+            ids.span_id,
+            TraceFlags::SAMPLED,
+            false,
+            trace_state,
+        ),
         parent_span_id: SpanId::INVALID,
         parent_span_is_remote: false,
         span_kind: SpanKind::Client,
@@ -191,7 +254,11 @@ pub fn spike_attributes(rule: &crate::sampler::adaptive::SpikeRule) -> Vec<KeyVa
     use crate::sampler::adaptive::SpikeRule;
     let mut a = vec![KeyValue::new(n::LMPERF_SPIKE_REASON, rule.as_str())];
     match *rule {
-        SpikeRule::ErrorRate { error_rate, threshold, .. } => {
+        SpikeRule::ErrorRate {
+            error_rate,
+            threshold,
+            ..
+        } => {
             a.push(KeyValue::new(n::LMPERF_SPIKE_VALUE, error_rate));
             a.push(KeyValue::new(n::LMPERF_SPIKE_THRESHOLD, threshold));
         }
@@ -199,7 +266,14 @@ pub fn spike_attributes(rule: &crate::sampler::adaptive::SpikeRule) -> Vec<KeyVa
             a.push(KeyValue::new(n::LMPERF_SPIKE_VALUE, p99_s));
             a.push(KeyValue::new(n::LMPERF_SPIKE_THRESHOLD, threshold_s));
         }
-        SpikeRule::LatencyJump { signal, p99_s, baseline_s, ratio, z, in_flight } => {
+        SpikeRule::LatencyJump {
+            signal,
+            p99_s,
+            baseline_s,
+            ratio,
+            z,
+            in_flight,
+        } => {
             a.push(KeyValue::new(n::LMPERF_SPIKE_SIGNAL, signal));
             a.push(KeyValue::new(n::LMPERF_SPIKE_VALUE, p99_s));
             a.push(KeyValue::new(n::LMPERF_SPIKE_BASELINE, baseline_s));
@@ -217,8 +291,14 @@ mod tests {
 
     #[test]
     fn traceparent_is_w3c() {
-        let ids = TraceIds { trace_id: TraceId::from(0x0af7651916cd43dd8448eb211c80319c_u128), span_id: SpanId::from(0xb7ad6b7169203331_u64), sampled: true };
-        assert_eq!(ids.traceparent(), "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+        let ids = TraceIds {
+            trace_id: TraceId::from(0x0af7651916cd43dd8448eb211c80319c_u128),
+            span_id: SpanId::from(0xb7ad6b7169203331_u64),
+            sampled: true,
+        };
+        assert_eq!(
+            ids.traceparent(),
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        );
     }
-
 }

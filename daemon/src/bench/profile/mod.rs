@@ -81,7 +81,12 @@ pub struct ProfileError {
 
 impl std::fmt::Display for ProfileError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let Self { file, key, value, reason } = self;
+        let Self {
+            file,
+            key,
+            value,
+            reason,
+        } = self;
         match key.as_str() {
             "(file)" => write!(f, "{file}: cannot read: {reason}"),
             "(document)" => write!(f, "{file}: YAML error{value}: {reason}"),
@@ -245,11 +250,16 @@ pub fn parse(file: &str, text: &str) -> Result<Profile, ProfileError> {
     let doc: Value = yaml_serde::from_str(text).map_err(|e| {
         let message = e.to_string().replace('\n', " ");
         // The location goes first; the message without its own " at line …".
-        let reason = message.find(" at line ").map_or(message.as_str(), |i| &message[..i]).to_owned();
+        let reason = message
+            .find(" at line ")
+            .map_or(message.as_str(), |i| &message[..i])
+            .to_owned();
         ProfileError {
             file: file.to_owned(),
             key: "(document)".into(),
-            value: e.location().map_or(String::new(), |l| format!(" at line {} column {}", l.line(), l.column())),
+            value: e.location().map_or(String::new(), |l| {
+                format!(" at line {} column {}", l.line(), l.column())
+            }),
             reason,
         }
     })?;
@@ -291,7 +301,12 @@ pub fn load(path: &std::path::Path) -> Result<Profile, ProfileError> {
         key: "(file)".into(),
         value: String::new(),
         // "No such file or directory", without " (os error 2)".
-        reason: e.to_string().split(" (os error").next().unwrap_or_default().to_owned(),
+        reason: e
+            .to_string()
+            .split(" (os error")
+            .next()
+            .unwrap_or_default()
+            .to_owned(),
     })?;
     parse(&file, &text)
 }
@@ -471,10 +486,21 @@ mod tests {
     #[test]
     fn file_errors_are_one_plain_line() {
         let e = load(std::path::Path::new("/nonexistent.yaml")).unwrap_err();
-        assert_eq!(e.to_string(), "/nonexistent.yaml: cannot read: No such file or directory");
-        let e = parse("p.yaml", "profile: x\ntoken_rate: {mode: constant\n").unwrap_err().to_string();
-        assert!(e.starts_with("p.yaml: YAML error at line 3 column 1: "), "{e}");
-        assert!(!e.contains("(document)") && !e.contains(" = …") && e.matches(" at line ").count() == 1, "{e}");
+        assert_eq!(
+            e.to_string(),
+            "/nonexistent.yaml: cannot read: No such file or directory"
+        );
+        let e = parse("p.yaml", "profile: x\ntoken_rate: {mode: constant\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("p.yaml: YAML error at line 3 column 1: "),
+            "{e}"
+        );
+        assert!(
+            !e.contains("(document)") && !e.contains(" = …") && e.matches(" at line ").count() == 1,
+            "{e}"
+        );
     }
 
     #[test]

@@ -78,7 +78,11 @@ pub(crate) async fn run(
     let _cancel_on_drop = cancel.clone().drop_guard();
     // `--duration` bounds the run (it wins over --num-prompts); without it, --num-prompts
     // requests or DEFAULT_DURATION, whichever ends first.
-    let requests = if spec.duration.is_some() { usize::MAX } else { spec.num_prompts };
+    let requests = if spec.duration.is_some() {
+        usize::MAX
+    } else {
+        spec.num_prompts
+    };
     for i in 0..requests {
         // Rows of the requests that ended, on in index order: the set holds those in flight.
         while let Some(r) = tasks.try_join_next() {

@@ -466,7 +466,9 @@ mod tests {
     #[test]
     fn adaptive_levels_with_skipped_arrivals_or_no_evidence_do_not_hold() {
         let mut s = Scheduler::new(
-            profile("token_rate: {mode: adaptive, target: 100/s, increase: 50%, step: 1s, floor: 20}\n"),
+            profile(
+                "token_rate: {mode: adaptive, target: 100/s, increase: 50%, step: 1s, floor: 20}\n",
+            ),
             10,
             0,
         );
@@ -487,7 +489,9 @@ mod tests {
         assert_eq!(s.sustained_token_rate(), Some(150.0));
 
         let mut quiet = Scheduler::new(
-            profile("token_rate: {mode: adaptive, target: 100/s, increase: 50%, step: 1s, floor: 20}\n"),
+            profile(
+                "token_rate: {mode: adaptive, target: 100/s, increase: 50%, step: 1s, floor: 20}\n",
+            ),
             10,
             0,
         );
@@ -496,7 +500,11 @@ mod tests {
                 break;
             }
         }
-        assert_eq!(quiet.sustained_token_rate(), None, "no request finished: nothing held");
+        assert_eq!(
+            quiet.sustained_token_rate(),
+            None,
+            "no request finished: nothing held"
+        );
     }
 
     /// A cap on the request rate stops the raise where the next level would exceed it.

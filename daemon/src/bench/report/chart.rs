@@ -201,7 +201,9 @@ impl Scale {
         }
         let (lo, hi, mut ticks) = linear_ticks(lo, hi);
         // Integer data (concurrency, counts): integer ticks only.
-        if d.iter().all(|v| v.fract() == 0.0) && ticks.iter().filter(|t| t.0.fract() == 0.0).count() >= 2 {
+        if d.iter().all(|v| v.fract() == 0.0)
+            && ticks.iter().filter(|t| t.0.fract() == 0.0).count() >= 2
+        {
             ticks.retain(|t| t.0.fract() == 0.0);
             ticks.iter_mut().for_each(|t| t.1 = fixed(t.0, 0));
         }
@@ -238,7 +240,11 @@ impl Scale {
     pub fn show(&self, v: f64) -> String {
         let d = v / self.per;
         // Integer data (concurrency, counts) without decimals.
-        if d.fract() == 0.0 && d.abs() < 1e15 { fixed(d, 0) } else { number(d) }
+        if d.fract() == 0.0 && d.abs() < 1e15 {
+            fixed(d, 0)
+        } else {
+            number(d)
+        }
     }
 
     /// The exact data value with its unit (hover text): `16.6253 ms`.
@@ -379,7 +385,11 @@ impl Chart {
         for (t, label) in &sx.ticks {
             let x = LEFT + sx.at(*t) * pw;
             // A label that would run past the right edge ends at its tick instead.
-            let anchor = if x + label.chars().count() as f64 * 3.0 > WIDTH { r#" text-anchor="end""# } else { "" };
+            let anchor = if x + label.chars().count() as f64 * 3.0 > WIDTH {
+                r#" text-anchor="end""#
+            } else {
+                ""
+            };
             let _ = write!(
                 s,
                 r##"<line x1="{x:.1}" y1="{TOP}" x2="{x:.1}" y2="{}" stroke="#e4e4e4"/><text x="{x:.1}" y="{}"{anchor}>{label}</text>"##,
@@ -663,16 +673,23 @@ mod tests {
         assert_eq!(
             labels(&s),
             [
-                "4,096.0", "4,096.2", "4,096.4", "4,096.6", "4,096.8", "4,097.0", "4,097.2", "4,097.4",
-                "4,097.6"
+                "4,096.0", "4,096.2", "4,096.4", "4,096.6", "4,096.8", "4,097.0", "4,097.2",
+                "4,097.4", "4,097.6"
             ]
         );
         // Integer data (concurrency 1 … 4): integer ticks and values, not 1.0 1.5 … / 1.00.
         let s = Scale::fit(&Axis::linear("concurrency", "", false), [1.0, 2.0, 4.0]).unwrap();
         assert_eq!(labels(&s), ["1", "2", "3", "4"]);
-        assert_eq!((s.show(4.0), s.show(8.4393)), ("4".to_owned(), "8.44".to_owned()));
+        assert_eq!(
+            (s.show(4.0), s.show(8.4393)),
+            ("4".to_owned(), "8.44".to_owned())
+        );
         // Hover text: six significant digits, not the raw float.
-        let s = Scale::fit(&Axis::linear("tok", "ms", false), [644.4344600000001, 700.0]).unwrap();
+        let s = Scale::fit(
+            &Axis::linear("tok", "ms", false),
+            [644.4344600000001, 700.0],
+        )
+        .unwrap();
         assert_eq!(s.exact(644.4344600000001), "644.434 ms");
         let s = Scale::fit(&Axis::linear("share", "", true), [0.01, 1.0]).unwrap();
         assert_eq!(labels(&s), ["0.0", "0.2", "0.4", "0.6", "0.8", "1.0"]);

@@ -33,7 +33,11 @@ pub fn sig(v: f64, sig: usize) -> String {
 /// `644.434` of 644.4344600000001, `5` of 5.0000, `7.99043` of 7.9904335060000005.
 pub fn exact(v: f64, digits: usize) -> String {
     let s = sig(v, digits);
-    if s.contains('.') { s.trim_end_matches('0').trim_end_matches('.').to_owned() } else { s }
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_owned()
+    } else {
+        s
+    }
 }
 
 /// `v` with [`SIG`] significant digits (see [`sig`]).

@@ -189,15 +189,29 @@ pub fn capacity_sentence(c: &crate::bench::capacity::Capacity) -> String {
     use super::fmt::rate;
     let slos: Vec<&str> = c.slos.iter().map(|s| s.text.as_str()).collect();
     let max = match c.max_rate {
-        Some(r) => format!("max rate meeting every SLO ({}): {}", slos.join(", "), rate(r, "req/s")),
+        Some(r) => format!(
+            "max rate meeting every SLO ({}): {}",
+            slos.join(", "),
+            rate(r, "req/s")
+        ),
         None => format!("no rate met every SLO ({})", slos.join(", ")),
     };
-    let failing = c.failing_rate.map_or_else(String::new, |r| format!(" (first failing: {})", rate(r, "req/s")));
+    let failing = c.failing_rate.map_or_else(String::new, |r| {
+        format!(" (first failing: {})", rate(r, "req/s"))
+    });
     let knee = match c.knee_rate {
-        Some(r) => format!("knee at {} ({})", rate(r, "req/s"), c.knee_reasons.join(", ")),
+        Some(r) => format!(
+            "knee at {} ({})",
+            rate(r, "req/s"),
+            c.knee_reasons.join(", ")
+        ),
         None => "no knee (queueing) seen".to_owned(),
     };
-    format!("Capacity search, {} steps: {max}{failing}; {knee}; stopped: {}.", c.steps.len(), c.stopped)
+    format!(
+        "Capacity search, {} steps: {max}{failing}; {knee}; stopped: {}.",
+        c.steps.len(),
+        c.stopped
+    )
 }
 
 #[cfg(test)]
@@ -207,11 +221,26 @@ mod tests {
     /// The found rate and the knee, named with units; the failing step is not "the highest".
     #[test]
     fn capacity_sentence_states_the_max_rate_and_the_knee() {
-        let mut s = Search::new(vec![Slo::parse("ttft_p99:5ms").unwrap()], 0.05, 100.0, 10_000.0, Some(20));
-        let step = |rate: f64, achieved: f64, ttft: f64| StepObservation { offered_rate: rate, achieved_rate: achieved, requests: 20, ttft_ms: vec![ttft; 20], ..StepObservation::default() };
+        let mut s = Search::new(
+            vec![Slo::parse("ttft_p99:5ms").unwrap()],
+            0.05,
+            100.0,
+            10_000.0,
+            Some(20),
+        );
+        let step = |rate: f64, achieved: f64, ttft: f64| StepObservation {
+            offered_rate: rate,
+            achieved_rate: achieved,
+            requests: 20,
+            ttft_ms: vec![ttft; 20],
+            ..StepObservation::default()
+        };
         s.feed(step(100.0, 100.0, 1.0));
         s.feed(step(200.0, 120.0, 9.0));
-        assert_eq!(s.result().steps[0].slos[0].brief(), "ttft_p99:5ms 1.00 ms / bound 1.00 ms");
+        assert_eq!(
+            s.result().steps[0].slos[0].brief(),
+            "ttft_p99:5ms 1.00 ms / bound 1.00 ms"
+        );
         let text = super::capacity_sentence(&s.result());
         assert_eq!(
             text,

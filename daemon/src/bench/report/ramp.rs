@@ -24,7 +24,10 @@ pub struct LimitLatency {
 /// One benchmark's successful rows grouped by `concurrency_limit`, ascending.
 pub fn by_limit(rows: &[RequestRow], benchmark: &str) -> Vec<LimitLatency> {
     let mut groups: BTreeMap<usize, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
-    for r in rows.iter().filter(|r| r.benchmark == benchmark && r.outcome == "ok") {
+    for r in rows
+        .iter()
+        .filter(|r| r.benchmark == benchmark && r.outcome == "ok")
+    {
         let g = groups.entry(r.concurrency_limit).or_default();
         g.0.extend(r.ttft_ms);
         g.1.push(r.e2el_ms);
@@ -34,15 +37,34 @@ pub fn by_limit(rows: &[RequestRow], benchmark: &str) -> Vec<LimitLatency> {
         .map(|(limit, (mut ttft, mut e2el))| {
             ttft.sort_by(f64::total_cmp);
             e2el.sort_by(f64::total_cmp);
-            let p = |v: &[f64], q| if v.is_empty() { f64::NAN } else { percentile(v, q) };
-            LimitLatency { limit, requests: e2el.len(), ttft_p50_ms: p(&ttft, 0.5), ttft_p99_ms: p(&ttft, 0.99), e2el_p50_ms: p(&e2el, 0.5), e2el_p99_ms: p(&e2el, 0.99) }
+            let p = |v: &[f64], q| {
+                if v.is_empty() {
+                    f64::NAN
+                } else {
+                    percentile(v, q)
+                }
+            };
+            LimitLatency {
+                limit,
+                requests: e2el.len(),
+                ttft_p50_ms: p(&ttft, 0.5),
+                ttft_p99_ms: p(&ttft, 0.99),
+                e2el_p50_ms: p(&e2el, 0.5),
+                e2el_p99_ms: p(&e2el, 0.99),
+            }
         })
         .collect()
 }
 
 /// The section: empty unless the run's ramp is over the concurrency.
 pub fn section(summary: &Summary, rows: &[RequestRow]) -> String {
-    let Some(ramp) = summary.workload.ramp.filter(|r| r.over == RampOver::Concurrency) else { return String::new() };
+    let Some(ramp) = summary
+        .workload
+        .ramp
+        .filter(|r| r.over == RampOver::Concurrency)
+    else {
+        return String::new();
+    };
     let mut h = format!(
         "<h2>Latency vs concurrency (ramp)</h2><p>{:?} concurrency ramp {} → {} over {:.1} s; each request under the limit it was dispatched with.</p>",
         ramp.kind,
@@ -52,9 +74,27 @@ pub fn section(summary: &Summary, rows: &[RequestRow]) -> String {
     );
     for b in &summary.benchmarks {
         let pts = by_limit(rows, &b.benchmark);
-        let series = |name: &str, f: fn(&LimitLatency) -> f64| (name.to_owned(), pts.iter().map(|p| (p.limit as f64, f(p))).filter(|(_, y)| y.is_finite()).collect::<Vec<_>>());
-        let lines = [series("TTFT p50", |p| p.ttft_p50_ms), series("TTFT p99", |p| p.ttft_p99_ms), series("E2EL p50", |p| p.e2el_p50_ms), series("E2EL p99", |p| p.e2el_p99_ms)];
-        h.push_str(&line_chart(&format!("{}: latency vs concurrency limit", b.benchmark), "concurrency limit (requests in flight)", "ms", &lines));
+        let series = |name: &str, f: fn(&LimitLatency) -> f64| {
+            (
+                name.to_owned(),
+                pts.iter()
+                    .map(|p| (p.limit as f64, f(p)))
+                    .filter(|(_, y)| y.is_finite())
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let lines = [
+            series("TTFT p50", |p| p.ttft_p50_ms),
+            series("TTFT p99", |p| p.ttft_p99_ms),
+            series("E2EL p50", |p| p.e2el_p50_ms),
+            series("E2EL p99", |p| p.e2el_p99_ms),
+        ];
+        h.push_str(&line_chart(
+            &format!("{}: latency vs concurrency limit", b.benchmark),
+            "concurrency limit (requests in flight)",
+            "ms",
+            &lines,
+        ));
     }
     h
 }
@@ -74,12 +114,34 @@ mod tests {
             r.outcome = outcome;
             r
         };
-        let rows = vec![row(1, Some(10.0), 50.0, "ok"), row(1, Some(20.0), 70.0, "ok"), row(2, None, 90.0, "ok"), row(2, Some(5.0), 1.0, "error"), row(3, Some(30.0), 100.0, "ok")];
+        let rows = vec![
+            row(1, Some(10.0), 50.0, "ok"),
+            row(1, Some(20.0), 70.0, "ok"),
+            row(2, None, 90.0, "ok"),
+            row(2, Some(5.0), 1.0, "error"),
+            row(3, Some(30.0), 100.0, "ok"),
+        ];
         let got = by_limit(&rows, "b");
         assert_eq!(got.len(), 3);
-        assert_eq!((got[0].limit, got[0].requests, got[0].ttft_p50_ms, got[0].e2el_p50_ms), (1, 2, 15.0, 60.0));
-        assert!((got[0].ttft_p99_ms - 19.9).abs() < 1e-9 && (got[0].e2el_p99_ms - 69.8).abs() < 1e-9, "p99 of 10, 20 and of 50, 70: {:?}", got[0]);
-        assert_eq!((got[1].limit, got[1].requests, got[1].e2el_p50_ms), (2, 1, 90.0), "the failed request is left out");
+        assert_eq!(
+            (
+                got[0].limit,
+                got[0].requests,
+                got[0].ttft_p50_ms,
+                got[0].e2el_p50_ms
+            ),
+            (1, 2, 15.0, 60.0)
+        );
+        assert!(
+            (got[0].ttft_p99_ms - 19.9).abs() < 1e-9 && (got[0].e2el_p99_ms - 69.8).abs() < 1e-9,
+            "p99 of 10, 20 and of 50, 70: {:?}",
+            got[0]
+        );
+        assert_eq!(
+            (got[1].limit, got[1].requests, got[1].e2el_p50_ms),
+            (2, 1, 90.0),
+            "the failed request is left out"
+        );
         assert!(got[1].ttft_p50_ms.is_nan());
         assert_eq!((got[2].limit, got[2].e2el_p99_ms), (3, 100.0));
         assert!(by_limit(&rows, "other").is_empty());

@@ -54,7 +54,11 @@ fn segments<'a>(benchmarks: &[(&str, f64)], rows: &'a [RequestRow]) -> Vec<Segme
             } else {
                 name.to_owned()
             };
-            let warm_s = if warmup_s.is_finite() { warmup_s.max(0.0) / repeats.len() as f64 } else { 0.0 };
+            let warm_s = if warmup_s.is_finite() {
+                warmup_s.max(0.0) / repeats.len() as f64
+            } else {
+                0.0
+            };
             let warmup_from = (warm_s > 0.0).then_some(offset_s);
             offset_s += warm_s;
             out.push(Segment {
@@ -232,9 +236,15 @@ pub fn plot(
                 w.x
             );
             p50.push((w.x, w.p50));
-            t50.push(format!("{name} p50 {} ms: {span}", super::fmt::exact(w.p50, 6)));
+            t50.push(format!(
+                "{name} p50 {} ms: {span}",
+                super::fmt::exact(w.p50, 6)
+            ));
             p99.push((w.x, w.p99));
-            t99.push(format!("{name} p99 {} ms: {span}", super::fmt::exact(w.p99, 6)));
+            t99.push(format!(
+                "{name} p99 {} ms: {span}",
+                super::fmt::exact(w.p99, 6)
+            ));
         }
         // A gap in the lines between runs.
         for (line, titles) in [(&mut p50, &mut t50), (&mut p99, &mut t99)] {
@@ -245,7 +255,9 @@ pub fn plot(
     if raw.is_empty() {
         return None;
     }
-    let ok_total = raw.len().max(summary.benchmarks.iter().map(|b| b.completed).sum());
+    let ok_total = raw
+        .len()
+        .max(summary.benchmarks.iter().map(|b| b.completed).sum());
     let raw = spread(&raw, RAW_POINTS);
     let mut points = Series::new(
         sample_label(raw.len(), ok_total),
@@ -286,7 +298,11 @@ pub fn plot(
 /// shown` when they are a sample of the run's successful requests.
 fn sample_label(shown: usize, total: usize) -> String {
     if shown < total {
-        format!("{} of {} requests shown", count(shown as u64), count(total as u64))
+        format!(
+            "{} of {} requests shown",
+            count(shown as u64),
+            count(total as u64)
+        )
     } else {
         format!("requests ({})", count(shown as u64))
     }
@@ -347,13 +363,34 @@ mod tests {
     /// is drawn as its own band.
     #[test]
     fn warm_ups_precede_their_runs() {
-        let rows = vec![row("a", 0, 0.0, 1000.0, 1), row("b", 0, 0.0, 500.0, 1), row("b", 1, 0.0, 500.0, 1)];
+        let rows = vec![
+            row("a", 0, 0.0, 1000.0, 1),
+            row("b", 0, 0.0, 500.0, 1),
+            row("b", 1, 0.0, 500.0, 1),
+        ];
         let segs = segments(&[("a", 2.0), ("b", 1.0)], &rows);
-        let got: Vec<(Option<f64>, f64, f64)> = segs.iter().map(|s| (s.warmup_from, s.offset_s, s.end_s)).collect();
-        assert_eq!(got, [(Some(0.0), 2.0, 3.0), (Some(3.0), 3.5, 4.0), (Some(4.0), 4.5, 5.0)]);
+        let got: Vec<(Option<f64>, f64, f64)> = segs
+            .iter()
+            .map(|s| (s.warmup_from, s.offset_s, s.end_s))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (Some(0.0), 2.0, 3.0),
+                (Some(3.0), 3.5, 4.0),
+                (Some(4.0), 4.5, 5.0)
+            ]
+        );
         let band = warmup_band(&segs[1]).expect("a band");
-        assert_eq!((band.from, band.to, band.label.as_str()), (3.0, 3.5, "b run 1 warm-up (not measured)"));
-        assert!(segments(&[("a", 0.0)], &rows).iter().all(|s| warmup_band(s).is_none()));
+        assert_eq!(
+            (band.from, band.to, band.label.as_str()),
+            (3.0, 3.5, "b run 1 warm-up (not measured)")
+        );
+        assert!(
+            segments(&[("a", 0.0)], &rows)
+                .iter()
+                .all(|s| warmup_band(s).is_none())
+        );
     }
 
     /// A concurrency ramp: one phase per limit, from its first send; a rate ramp: the ramp,

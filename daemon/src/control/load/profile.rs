@@ -132,7 +132,11 @@ fn adaptive_peak(profile: &Profile, output_tokens: u32, pace: &Pace) -> Option<f
         return None;
     };
     let start = target / f64::from(output_tokens.max(1));
-    Some(pace.min_gap_s.filter(|g| *g > 0.0).map_or(start, |g| (1.0 / g).max(start)))
+    Some(
+        pace.min_gap_s
+            .filter(|g| *g > 0.0)
+            .map_or(start, |g| (1.0 / g).max(start)),
+    )
 }
 
 /// `req` with `output_tokens` filled from its target's `canary.max_tokens` when it is a
