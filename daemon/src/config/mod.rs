@@ -6,6 +6,7 @@
 //! variables (OpenTelemetry SDK environment variable specification), built-in defaults.
 //! Canary flags on the command line apply to every target.
 
+pub mod k8s;
 pub mod raw;
 
 use std::fmt;
@@ -146,6 +147,9 @@ pub struct TargetConfig {
     pub sampling: SamplingPolicy,
     /// The model server's own metrics and identity (`server`).
     pub server: crate::server::config::ScrapeConfig,
+    /// The pod that serves this target (Kubernetes discovery or `[target.k8s]`); `None` on a
+    /// plain host.
+    pub k8s: Option<k8s::K8sIdentity>,
 }
 
 /// OTLP wire protocol.
@@ -889,6 +893,7 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
         provider: t.provider,
         sampling,
         server,
+        k8s: None,
     })
 }
 
