@@ -8,7 +8,8 @@
 //!
 //! It also generates the gRPC control API (`../proto/lmperf/v1/agent.proto`) into `OUT_DIR`:
 //! `protox` parses the proto in pure Rust (no `protoc` binary), `tonic-prost-build` writes the
-//! messages, the server and the client.
+//! messages, the server and the client; likewise the kubelet's pod-resources API
+//! (`../proto/kubelet/podresources/v1/api.proto`, upstream's text) for the GPU attribution.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -94,6 +95,14 @@ fn compile_proto() -> Result<(), Box<dyn std::error::Error>> {
         .build_transport(false)
         .btree_map(".")
         .type_attribute(".lmperf.v1", "#[derive(serde::Serialize)]")
+        .compile_fds(fds)?;
+    // The kubelet's pod-resources API (upstream proto, unchanged): the client the GPU
+    // attribution calls, and the server the tests script.
+    let kubelet = root.join("kubelet/podresources/v1/api.proto");
+    println!("cargo:rerun-if-changed={}", kubelet.display());
+    let fds = protox::compile([&kubelet], [&root])?;
+    tonic_prost_build::configure()
+        .build_transport(false)
         .compile_fds(fds)?;
     Ok(())
 }

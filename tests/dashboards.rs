@@ -41,6 +41,9 @@ const PENDING_LABELS: &[(&str, u32)] = &[
     ("hw_name", 4),
     ("lmperf_gpu_throttle_reason", 4),
     ("lmperf_gpu_xid", 4),
+    // Issue 25: the pod holding a GPU (the kubelet's pod-resources API; none off Kubernetes).
+    ("k8s_namespace_name", 25),
+    ("k8s_pod_name", 25),
     ("server_address", 5),
     ("server_port", 5),
 ];

@@ -139,12 +139,15 @@ fn chart_renders_and_every_manifest_passes_the_kubernetes_schemas() {
 
 /// Least privilege in every values set: never `privileged`, no host namespaces, nothing
 /// writable from the host, all capabilities dropped and only CAP_BPF + CAP_PERFMON added
-/// back, and only when the eBPF probes are on; non-root otherwise.
+/// back, and only when the eBPF probes are on; non-root otherwise, except with the kubelet's
+/// pod-resources socket (NVML on): its directory alone from the host, read-only, and root with
+/// no capability (the socket is writable by root only).
 #[test]
 fn no_values_set_grants_privilege_or_host_write() {
     for (name, files) in value_sets() {
         let ms = render(&files);
         let ebpf = name.contains("ebpf") || name.contains("full");
+        let pod_resources = name == "full-values" || name == "nvml-values";
         for ds in of_kind(&ms, "DaemonSet") {
             let pod = &ds["spec"]["template"]["spec"];
             for host in ["hostNetwork", "hostPID", "hostIPC"] {
@@ -154,15 +157,34 @@ fn no_values_set_grants_privilege_or_host_write() {
                 pod["automountServiceAccountToken"], false,
                 "{name}: the agent needs no API token"
             );
-            let host_paths: BTreeSet<String> = arr(&pod["volumes"])
-                .iter()
+            let host_paths: Vec<Value> = arr(&pod["volumes"])
+                .into_iter()
                 .filter(|v| v.get("hostPath").is_some())
-                .map(|v| v["name"].as_str().unwrap_or("").to_owned())
                 .collect();
-            assert!(
-                host_paths.is_empty(),
-                "{name}: hostPath volumes {host_paths:?}"
-            );
+            if pod_resources {
+                assert_eq!(
+                    host_paths,
+                    [serde_json::json!({
+                        "name": "pod-resources",
+                        "hostPath": {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}
+                    })],
+                    "{name}: only the kubelet's pod-resources directory"
+                );
+                let mount = arr(&pod["containers"][0]["volumeMounts"])
+                    .into_iter()
+                    .find(|m| m["name"] == "pod-resources")
+                    .unwrap_or_else(|| panic!("{name}: pod-resources not mounted"));
+                assert_eq!(mount["readOnly"], true, "{name}");
+                assert_eq!(
+                    mount["mountPath"], "/var/lib/kubelet/pod-resources",
+                    "{name}"
+                );
+            } else {
+                assert!(
+                    host_paths.is_empty(),
+                    "{name}: hostPath volumes {host_paths:?}"
+                );
+            }
             assert_eq!(
                 pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
                 "{name}"
@@ -205,6 +227,16 @@ fn no_values_set_grants_privilege_or_host_write() {
                         add,
                         ["BPF", "PERFMON"],
                         "{who}: the eBPF probes get exactly CAP_BPF and CAP_PERFMON"
+                    );
+                } else if pod_resources {
+                    assert!(
+                        add.is_empty(),
+                        "{who}: capabilities {add:?} with the probes off"
+                    );
+                    assert_eq!(
+                        run_as("runAsUser"),
+                        0,
+                        "{who}: the kubelet's socket needs root"
                     );
                 } else {
                     assert!(
@@ -381,6 +413,13 @@ fn rendered_config_loads_in_the_agent_and_matches_the_pod() {
             "{name}: {attrs}"
         );
         assert_eq!(cfg.otlp.enabled, name != "no-otlp-values", "{name}");
+        // The pod-resources socket the agent reads is in the directory the pod mounts.
+        let pod_resources = name == "full-values" || name == "nvml-values";
+        assert_eq!(
+            cfg.gpu.pod_resources_socket,
+            pod_resources.then(|| PathBuf::from("/var/lib/kubelet/pod-resources/kubelet.sock")),
+            "{name}"
+        );
         // The control API stays on the pod's loopback: no token, no port of the pod.
         assert!(cfg.control.enabled, "{name}");
         assert!(

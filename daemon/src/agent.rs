@@ -92,6 +92,16 @@ pub async fn run(
     let telemetry = Arc::new(Telemetry::init(&cfg.otlp, env)?);
     let (gpu, gpu_monitor) = crate::gpu::start(&cfg.gpu, &telemetry.meter());
     gpu.set_server_ports(cfg.targets.iter().map(|t| t.port).collect());
+    // Which pod holds each GPU: the kubelet's pod-resources API, read on the runtime.
+    let pods_stop = tokio_util::sync::CancellationToken::new();
+    let pods_task = cfg.gpu.enabled.then(|| {
+        tokio::spawn(crate::gpu::pod_resources::run(
+            cfg.gpu.pod_resources_socket.clone(),
+            cfg.gpu.interval,
+            gpu.clone(),
+            pods_stop.clone(),
+        ))
+    });
     let states: Vec<Arc<TargetState>> = cfg
         .targets
         .iter()
@@ -105,6 +115,9 @@ pub async fn run(
         crate::diagnosis::EngineConfig::default(),
         cfg.targets.iter().map(|t| t.name.clone()).collect(),
     ));
+    for t in &cfg.targets {
+        diagnosis.set_k8s(&t.name, t.k8s.clone());
+    }
     crate::diagnosis_live::register_gauges(&telemetry.meter(), diagnosis.clone());
     let status = Arc::new(AgentStatus {
         targets: states.clone(),
@@ -237,6 +250,10 @@ pub async fn run(
     }
     diagnosis_stop.cancel();
     let _ = tokio::time::timeout(Duration::from_millis(200), diagnosis_task).await;
+    pods_stop.cancel();
+    if let Some(t) = pods_task {
+        let _ = tokio::time::timeout(Duration::from_millis(200), t).await;
+    }
     // Stop sampling before the final metric flush; an NVML call in progress is not waited for.
     let _ = tokio::task::spawn_blocking(move || gpu_monitor.stop(Duration::from_millis(200))).await;
     let _ = tokio::task::spawn_blocking(move || net_monitor.stop()).await;

@@ -20,9 +20,11 @@ use opentelemetry::{KeyValue, Value};
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 
 use crate::canary::client::Measured;
+use crate::config::k8s::K8sIdentity;
 use crate::diagnosis::report::{State, TargetDiagnosis, unix_s};
 use crate::diagnosis::{Cause, Diagnosis, Engine, EngineConfig, Signal};
 use crate::gpu::backend::throttle;
+use crate::gpu::pods::GpuSelection;
 use crate::gpu::state::{GpuState, Snapshot};
 use crate::measure::Outcome;
 use crate::net::state::RequestNet;
@@ -50,8 +52,14 @@ pub struct LiveDiagnosis {
     /// The last root_confirmed diagnosis of each target, with when it was confirmed.
     confirmed: Mutex<BTreeMap<String, (SystemTime, TargetDiagnosis)>>,
     kept: Mutex<BTreeMap<String, VecDeque<KeptSpan>>>,
-    /// The GPU tick last fed, and the fault count then (XIDs + lost GPUs + uncorrected ECC).
-    gpu_seen: Mutex<(Option<SystemTime>, Option<u64>)>,
+    /// The GPU tick last fed, and per target the fault count then (XIDs + lost GPUs +
+    /// uncorrected ECC of the GPUs it reads).
+    gpu_seen: Mutex<(Option<SystemTime>, BTreeMap<String, u64>)>,
+    /// Per target: its pod, whose GPUs alone it reads where pod-resources tells them.
+    k8s: Mutex<BTreeMap<String, K8sIdentity>>,
+    /// Per target: the GPUs behind each GPU signal's latest harmful value (the evidence's
+    /// `hw_ids`).
+    gpu_evidence: Mutex<BTreeMap<String, GpuEvidence>>,
     /// Per target: the newest server sample and change event fed.
     server_seen: Mutex<BTreeMap<String, (SystemTime, SystemTime)>>,
     targets: Vec<String>,
@@ -100,32 +108,68 @@ pub fn request_signals(m: &Measured) -> Vec<(Signal, f64)> {
 /// The node-wide GPU signals of one snapshot: the lowest SM clock, any slowdown, the fullest
 /// memory, the processes on the GPUs, and the fault counter (XIDs, lost GPUs, uncorrected ECC).
 pub fn gpu_signals(s: &Snapshot) -> (Vec<(Signal, f64)>, u64) {
-    let samples: Vec<_> = s.devices.iter().filter_map(|d| d.sample.as_ref()).collect();
+    let (v, faults, _) = gpu_signals_of(s, &GpuSelection::All);
+    (v, faults)
+}
+
+/// Which GPUs (`hw.id`) gave a GPU signal its value: the slowest clock, the throttled ones,
+/// the fullest memory.
+pub type GpuEvidence = Vec<(Signal, Vec<String>)>;
+
+/// [`gpu_signals`] of the GPUs `selection` names only (a target's pod's GPUs), with the GPUs
+/// behind each value. With [`GpuSelection::Only`] the fault counter counts the selected GPUs'
+/// XIDs, uncorrected ECC errors and those lost now (the node's lost counter is not per GPU).
+pub fn gpu_signals_of(
+    s: &Snapshot,
+    selection: &GpuSelection,
+) -> (Vec<(Signal, f64)>, u64, GpuEvidence) {
+    let chosen: Vec<_> = s
+        .devices
+        .iter()
+        .filter(|d| selection.contains(&d.info.uuid))
+        .collect();
+    let samples: Vec<_> = chosen
+        .iter()
+        .filter_map(|d| Some((d.info.uuid.as_str(), d.sample.as_ref()?)))
+        .collect();
+    let ids_where = |f: &dyn Fn(&crate::gpu::state::DeviceSample) -> bool| -> Vec<String> {
+        samples
+            .iter()
+            .filter(|(_, d)| f(d))
+            .map(|(id, _)| (*id).to_owned())
+            .collect()
+    };
     let mut v = Vec::new();
+    let mut evidence = Vec::new();
     if let Some(c) = samples
         .iter()
-        .filter_map(|d| d.sm_clock_hz)
+        .filter_map(|(_, d)| d.sm_clock_hz)
         .reduce(f64::min)
     {
         v.push((Signal::GpuSmClock, c));
+        evidence.push((Signal::GpuSmClock, ids_where(&|d| d.sm_clock_hz == Some(c))));
     }
     let slow: u64 = throttle::SLOWDOWNS
         .iter()
         .map(|(b, _)| b)
         .fold(0, |a, b| a | b);
-    if samples.iter().any(|d| d.throttle.is_some()) {
-        let any = samples
-            .iter()
-            .any(|d| d.throttle.is_some_and(|t| t & slow != 0));
-        v.push((Signal::GpuThrottle, f64::from(u8::from(any))));
+    if samples.iter().any(|(_, d)| d.throttle.is_some()) {
+        let slowed = ids_where(&|d| d.throttle.is_some_and(|t| t & slow != 0));
+        v.push((Signal::GpuThrottle, f64::from(u8::from(!slowed.is_empty()))));
+        evidence.push((Signal::GpuThrottle, slowed));
     }
     if let Some(m) = samples
         .iter()
-        .filter_map(|d| d.memory_utilization())
+        .filter_map(|(_, d)| d.memory_utilization())
         .reduce(f64::max)
     {
         v.push((Signal::GpuMemoryUtilization, m));
+        evidence.push((
+            Signal::GpuMemoryUtilization,
+            ids_where(&|d| d.memory_utilization() == Some(m)),
+        ));
     }
+    let samples: Vec<_> = samples.into_iter().map(|(_, d)| d).collect();
     if !samples.is_empty() {
         // Foreign: not a target's model server (`gpu::procs::serves_port`); one whose /proc
         // cannot be read counts as foreign.
@@ -136,13 +180,23 @@ pub fn gpu_signals(s: &Snapshot) -> (Vec<(Signal, f64)>, u64) {
             .count();
         v.push((Signal::GpuForeignProcesses, foreign as f64));
     }
-    let faults = s.xid_counts.values().sum::<u64>()
-        + s.lost_total
-        + samples
-            .iter()
-            .filter_map(|d| d.ecc_uncorrected)
-            .sum::<u64>();
-    (v, faults)
+    let ecc = samples
+        .iter()
+        .filter_map(|d| d.ecc_uncorrected)
+        .sum::<u64>();
+    let faults = match selection {
+        GpuSelection::All => s.xid_counts.values().sum::<u64>() + s.lost_total + ecc,
+        GpuSelection::Only(ids) => {
+            s.xid_counts
+                .iter()
+                .filter(|((id, _), _)| ids.contains(id))
+                .map(|(_, n)| n)
+                .sum::<u64>()
+                + chosen.iter().filter(|d| d.lost).count() as u64
+                + ecc
+        }
+    };
+    (v, faults, evidence)
 }
 
 /// The diagnosis signals of one model server scrape (fields the server lacks are absent). A
@@ -185,6 +239,8 @@ impl LiveDiagnosis {
             confirmed: Mutex::default(),
             kept: Mutex::default(),
             gpu_seen: Mutex::default(),
+            k8s: Mutex::default(),
+            gpu_evidence: Mutex::default(),
             server_seen: Mutex::default(),
             targets,
             evaluations: AtomicU64::new(0),
@@ -224,7 +280,17 @@ impl LiveDiagnosis {
         q.push_back((end, ids.trace_id, ids.span_id));
     }
 
-    /// Feeds a new GPU tick to every target (GPUs are the node's).
+    /// Sets the pod serving `target` (`None`: not known; it reads every GPU).
+    pub fn set_k8s(&self, target: &str, identity: Option<K8sIdentity>) {
+        let Ok(mut k) = self.k8s.lock() else { return };
+        match identity {
+            Some(i) => k.insert(target.to_owned(), i),
+            None => k.remove(target),
+        };
+    }
+
+    /// Feeds a new GPU tick to every target: the GPUs of its pod where the kubelet's
+    /// pod-resources API tells them, else every GPU of the node.
     fn feed_gpu(&self, gpu: &GpuState) {
         let snap = gpu.latest();
         let Some(at) = snap.at else { return };
@@ -234,18 +300,56 @@ impl LiveDiagnosis {
         if seen.0 == Some(at) {
             return;
         }
-        let (signals, faults) = gpu_signals(&snap);
-        let new_faults = seen.1.map_or(0, |before| faults.saturating_sub(before));
-        *seen = (Some(at), Some(faults));
+        seen.0 = Some(at);
+        let identities = self.k8s.lock().map(|k| k.clone()).unwrap_or_default();
+        let mut fed = Vec::with_capacity(self.targets.len());
+        for t in &self.targets {
+            let selection = gpu.selection(identities.get(t));
+            let (signals, faults, evidence) = gpu_signals_of(&snap, &selection);
+            let new_faults = seen
+                .1
+                .get(t)
+                .map_or(0, |before| faults.saturating_sub(*before));
+            seen.1.insert(t.clone(), faults);
+            fed.push((t, signals, new_faults, evidence));
+        }
         drop(seen);
+        if let Ok(mut ev) = self.gpu_evidence.lock() {
+            for (t, _, _, evidence) in &fed {
+                let kept = ev.entry((*t).clone()).or_default();
+                for (sig, ids) in evidence {
+                    // A throttle that stopped keeps naming the GPUs that throttled.
+                    if *sig == Signal::GpuThrottle && ids.is_empty() {
+                        continue;
+                    }
+                    kept.retain(|(s, _)| s != sig);
+                    kept.push((*sig, ids.clone()));
+                }
+            }
+        }
         let Ok(mut e) = self.engine.lock() else {
             return;
         };
-        for t in &self.targets {
-            for &(s, v) in &signals {
+        for (t, signals, new_faults, _) in &fed {
+            for &(s, v) in signals {
                 e.observe(t, s, at, v);
             }
-            e.observe(t, Signal::GpuFault, at, new_faults as f64);
+            e.observe(t, Signal::GpuFault, at, *new_faults as f64);
+        }
+    }
+
+    /// Names the GPUs behind the GPU evidence of `td`.
+    fn add_gpu_evidence(&self, td: &mut TargetDiagnosis) {
+        let Ok(ev) = self.gpu_evidence.lock() else {
+            return;
+        };
+        let Some(kept) = ev.get(&td.target) else {
+            return;
+        };
+        for e in td.causes.iter_mut().flat_map(|c| &mut c.evidence) {
+            if let Some((_, ids)) = kept.iter().find(|(s, _)| *s == e.signal) {
+                e.hw_ids = ids.clone();
+            }
         }
     }
 
@@ -313,12 +417,13 @@ impl LiveDiagnosis {
             targets: Vec::new(),
         };
         for name in &self.targets {
-            let td = d
+            let mut td = d
                 .targets
                 .iter()
                 .find(|t| &t.target == name)
                 .cloned()
                 .unwrap_or_else(|| idle(name));
+            self.add_gpu_evidence(&mut td);
             let before = last
                 .targets
                 .iter()

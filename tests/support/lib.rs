@@ -7,6 +7,7 @@ pub mod fake_nvml;
 pub mod netns;
 pub mod otlp;
 pub mod peers;
+pub mod pod_resources;
 pub mod prometheus;
 pub mod promql;
 pub mod scripted;

@@ -522,7 +522,10 @@ impl TargetRunner {
                 let mut extra = self
                     .gpu
                     .as_ref()
-                    .map(|g| g.request_attributes(from, to))
+                    .map(|g| {
+                        // Only the GPUs of the target's pod, where pod-resources tells them.
+                        g.request_attributes_of(from, to, &g.selection(t.k8s.as_ref()))
+                    })
                     .unwrap_or_default();
                 if let Some(n) = &self.net {
                     extra.extend(n.request_attributes(

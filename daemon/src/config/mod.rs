@@ -185,6 +185,9 @@ pub struct GpuConfig {
     pub interval: Duration,
     /// NVML library path; `None`: `libnvidia-ml.so.1` from the loader's path.
     pub nvml_library: Option<PathBuf>,
+    /// The kubelet's pod-resources socket (which pod holds each GPU); `None`: off
+    /// (`pod_resources_socket = ""`). Default [`crate::gpu::pod_resources::DEFAULT_SOCKET`].
+    pub pod_resources_socket: Option<PathBuf>,
 }
 
 pub const DEFAULT_GPU_INTERVAL: Duration = Duration::from_secs(1);
@@ -500,6 +503,13 @@ fn validate(mut raw: RawConfig, o: Overrides, env: &dyn Env) -> Result<AgentConf
             "no target: give --target URL or a [[target]] table",
         ));
     }
+    if raw.canary.k8s.is_some() {
+        return Err(ConfigError::invalid(
+            "canary.k8s",
+            "[canary.k8s]",
+            "a pod serves one target: set [target.k8s] in that [[target]]",
+        ));
+    }
     let mut targets = Vec::with_capacity(raw_targets.len());
     for (field, t) in raw_targets {
         let merged = cli.clone().or(&t.or(&raw.canary));
@@ -719,10 +729,23 @@ fn validate_gpu(raw: raw::RawGpu) -> Result<GpuConfig, ConfigError> {
         }
         p => p.map(PathBuf::from),
     };
+    let pod_resources_socket = match raw.pod_resources_socket {
+        None => Some(PathBuf::from(crate::gpu::pod_resources::DEFAULT_SOCKET)),
+        Some(p) if p.is_empty() => None,
+        Some(p) if p.trim().is_empty() || !p.starts_with('/') => {
+            return Err(ConfigError::invalid(
+                "gpu.pod_resources_socket",
+                p,
+                "an absolute path, or \"\" for off",
+            ));
+        }
+        Some(p) => Some(PathBuf::from(p)),
+    };
     Ok(GpuConfig {
         enabled: raw.enabled.unwrap_or(true),
         interval,
         nvml_library,
+        pod_resources_socket,
     })
 }
 
@@ -893,7 +916,65 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
         provider: t.provider,
         sampling,
         server,
-        k8s: None,
+        k8s: match t.k8s {
+            Some(k) => Some(validate_k8s(field, k)?),
+            None => None,
+        },
+    })
+}
+
+/// `[target.k8s]`: namespace and pod required, Kubernetes name syntax (a namespace and a
+/// container are DNS labels, a pod a DNS subdomain).
+fn validate_k8s(field: &str, k: raw::RawK8s) -> Result<k8s::K8sIdentity, ConfigError> {
+    fn name(
+        field: &str,
+        key: &str,
+        value: Option<String>,
+        max: usize,
+        dots: bool,
+    ) -> Result<String, ConfigError> {
+        let f = format!("{field}.k8s.{key}");
+        let v = value.ok_or_else(|| ConfigError::invalid(&f, "", "missing"))?;
+        let ok_char = |c: char| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || (dots && c == '.')
+        };
+        let edge =
+            |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+        if v.is_empty()
+            || v.len() > max
+            || !v.chars().all(ok_char)
+            || !edge(v.chars().next())
+            || !edge(v.chars().last())
+        {
+            return Err(ConfigError::invalid(
+                &f,
+                &v,
+                format!(
+                    "a Kubernetes name: at most {max} lowercase letters, digits{} and '-', starting and ending with a letter or digit",
+                    if dots { ", '.'" } else { "" }
+                ),
+            ));
+        }
+        Ok(v)
+    }
+    let namespace = name(field, "namespace", k.namespace, 63, false)?;
+    let pod_name = name(field, "pod", k.pod, 253, true)?;
+    let container_name = match k.container {
+        Some(c) => Some(name(field, "container", Some(c), 63, false)?),
+        None => None,
+    };
+    let pod_uid = match k.uid {
+        Some(u) if u.trim().is_empty() => {
+            return Err(ConfigError::invalid(format!("{field}.k8s.uid"), u, "empty"));
+        }
+        u => u.unwrap_or_default(),
+    };
+    Ok(k8s::K8sIdentity {
+        namespace,
+        pod_name,
+        pod_uid,
+        container_name,
+        owner: None,
     })
 }
 
@@ -1453,7 +1534,8 @@ mod tests {
             GpuConfig {
                 enabled: true,
                 interval: Duration::from_secs(1),
-                nvml_library: None
+                nvml_library: None,
+                pod_resources_socket: Some("/var/lib/kubelet/pod-resources/kubelet.sock".into()),
             }
         );
         let c = from_toml("[gpu]\nenabled = false\ninterval = \"100ms\"\nnvml_library = \"/x/libnvidia-ml.so.1\"\n", o(), &[]).unwrap();
@@ -1462,13 +1544,108 @@ mod tests {
             GpuConfig {
                 enabled: false,
                 interval: Duration::from_millis(100),
-                nvml_library: Some("/x/libnvidia-ml.so.1".into())
+                nvml_library: Some("/x/libnvidia-ml.so.1".into()),
+                pod_resources_socket: Some("/var/lib/kubelet/pod-resources/kubelet.sock".into()),
             }
         );
         let err = from_toml("[gpu]\nintervall = \"1s\"\n", o(), &[])
             .unwrap_err()
             .to_string();
         assert!(err.contains("line 2") && err.contains("intervall"), "{err}");
+    }
+
+    #[test]
+    fn pod_resources_socket_and_target_pod() {
+        let o = || Overrides {
+            targets: vec!["http://127.0.0.1:1".into()],
+            ..Overrides::default()
+        };
+        let gpu = |text: &str| from_toml(text, o(), &[]).map(|c| c.gpu.pod_resources_socket);
+        assert_eq!(gpu("[gpu]\npod_resources_socket = \"\"\n").unwrap(), None);
+        assert_eq!(
+            gpu("[gpu]\npod_resources_socket = \"/run/k/kubelet.sock\"\n").unwrap(),
+            Some("/run/k/kubelet.sock".into())
+        );
+        let err = gpu("[gpu]\npod_resources_socket = \"kubelet.sock\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("gpu.pod_resources_socket = \"kubelet.sock\""),
+            "{err}"
+        );
+
+        let target = |k8s: &str| {
+            from_toml(
+                &format!("[[target]]\nurl = \"http://x:1\"\n[target.k8s]\n{k8s}"),
+                Overrides::default(),
+                &[],
+            )
+            .map(|c| c.targets[0].k8s.clone())
+        };
+        assert_eq!(
+            target(
+                "namespace = \"ml\"\npod = \"vllm-0.a\"\ncontainer = \"vllm\"\nuid = \"0b7c\"\n"
+            )
+            .unwrap(),
+            Some(k8s::K8sIdentity {
+                namespace: "ml".into(),
+                pod_name: "vllm-0.a".into(),
+                pod_uid: "0b7c".into(),
+                container_name: Some("vllm".into()),
+                owner: None,
+            })
+        );
+        let id = target("namespace = \"ml\"\npod = \"p\"\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!((id.container_name, id.pod_uid.as_str()), (None, ""));
+        assert_eq!(
+            from_toml(
+                "[[target]]\nurl = \"http://x:1\"\n",
+                Overrides::default(),
+                &[]
+            )
+            .unwrap()
+            .targets[0]
+                .k8s,
+            None
+        );
+        let cases = [
+            ("pod = \"p\"\n", "target[0].k8s.namespace = \"\": missing"),
+            ("namespace = \"ml\"\n", "target[0].k8s.pod = \"\": missing"),
+            (
+                "namespace = \"ML\"\npod = \"p\"\n",
+                "target[0].k8s.namespace = \"ML\"",
+            ),
+            (
+                "namespace = \"ml\"\npod = \"p-\"\n",
+                "target[0].k8s.pod = \"p-\"",
+            ),
+            (
+                "namespace = \"ml\"\npod = \"p\"\ncontainer = \"a.b\"\n",
+                "target[0].k8s.container = \"a.b\"",
+            ),
+            (
+                "namespace = \"ml\"\npod = \"p\"\nuid = \" \"\n",
+                "target[0].k8s.uid = \" \"",
+            ),
+        ];
+        for (k8s, want) in cases {
+            let err = target(k8s).unwrap_err().to_string();
+            assert!(err.starts_with(want), "{err} should start with {want}");
+        }
+        let err = target("namespace = \"ml\"\npods = \"p\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("pods"), "{err}");
+        let err = from_toml(
+            "[canary.k8s]\nnamespace = \"ml\"\npod = \"p\"\n[[target]]\nurl = \"http://x:1\"\n",
+            Overrides::default(),
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("canary.k8s"), "{err}");
     }
 
     #[test]

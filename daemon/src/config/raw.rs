@@ -37,6 +37,10 @@
 //! # metrics_url = "http://127.0.0.1:8000/metrics"  # default: <url>/metrics
 //! metrics_interval = "5s"           # 1s to 60s (metrics_timeout, metrics_max_bytes = 8 MiB)
 //! # server_kind = "vllm"            # default: detected from the metric prefixes
+//! # [target.k8s]                    # the pod serving it: its GPUs only (pod-resources)
+//! # namespace = "ml"
+//! # pod = "vllm-0"
+//! # container = "vllm"              # optional; uid = "…" optional
 //!
 //! [otlp]
 //! endpoint = "http://127.0.0.1:4318"  # default: OTEL_EXPORTER_OTLP_ENDPOINT, else the spec's
@@ -46,6 +50,7 @@
 //! enabled = true                      # GPU metrics through NVML; off by itself without a driver
 //! interval = "1s"                     # sampling interval, 100ms to 60s
 //! # nvml_library = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+//! pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock"  # which pod holds each GPU; "" off
 //!
 //! [net]
 //! enabled = true                      # eBPF TCP probes on the targets' ports; off by itself without permission
@@ -146,6 +151,21 @@ pub struct RawCanary {
     pub metrics_max_bytes: Option<usize>,
     /// auto | vllm | sglang | tgi | llama.cpp.
     pub server_kind: Option<String>,
+    /// `[target.k8s]`: the pod serving a static target (only per target).
+    pub k8s: Option<RawK8s>,
+}
+
+/// `[target.k8s]`: which pod (and container) serves a static target, for the GPU attribution
+/// (the GPUs that pod holds) and the `k8s.*` identity.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawK8s {
+    pub namespace: Option<String>,
+    pub pod: Option<String>,
+    /// The model server's container; absent: every container of the pod.
+    pub container: Option<String>,
+    /// `k8s.pod.uid`.
+    pub uid: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -172,6 +192,8 @@ pub struct RawGpu {
     pub interval: Option<Duration>,
     /// Path of the NVML library instead of `libnvidia-ml.so.1` from the loader's path.
     pub nvml_library: Option<String>,
+    /// The kubelet's pod-resources socket; `""` turns the pod attribution off.
+    pub pod_resources_socket: Option<String>,
 }
 
 /// `[net]`: kernel TCP measurements through eBPF.
@@ -246,6 +268,8 @@ impl RawCanary {
             metrics_timeout: self.metrics_timeout.or(b.metrics_timeout),
             metrics_max_bytes: self.metrics_max_bytes.or(b.metrics_max_bytes),
             server_kind: self.server_kind.or(b.server_kind),
+            // A pod names one target: `[canary] k8s` is refused before merging.
+            k8s: self.k8s.or(b.k8s),
         }
     }
 }

@@ -707,6 +707,7 @@ fn score(
         changed_at_unix_s: mv.changed_at.map(f64::from),
         lead_s: mv.changed_at.map(|c| f64::from(onset) - f64::from(c)),
         rule,
+        hw_ids: Vec::new(),
     };
     let ttft = m(Signal::Ttft);
     let tpot = m(Signal::Tpot);
@@ -857,6 +858,7 @@ fn event_evidence(
         changed_at_unix_s: Some(f64::from(last)),
         lead_s: Some(lead),
         rule: Some(rule.to_owned()),
+        hw_ids: Vec::new(),
     };
     Some((value, e))
 }

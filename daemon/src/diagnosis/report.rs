@@ -194,6 +194,11 @@ pub struct Evidence {
     pub lead_s: Option<f64>,
     /// The hard rule that fired, in words (e.g. `KV usage ≥ 0.95`).
     pub rule: Option<String>,
+    /// For a GPU signal: the GPUs (`hw.id`) that gave its value (the throttled ones, the
+    /// fullest, the slowest) among those the target reads (its pod's, where the kubelet's
+    /// pod-resources API tells them). Filled by the agent, not the engine; empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hw_ids: Vec<String>,
 }
 
 /// Extra client TTFT since the onset, split into parts (seconds; a part is `None` without its

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Meter;
 
+use super::pods::Attribution;
 use super::state::{DeviceEntry, GpuState, Snapshot};
 use crate::telemetry::names as n;
 
@@ -43,6 +44,40 @@ pub fn device_attributes(d: &DeviceEntry, driver_version: &str) -> Vec<KeyValue>
     kv
 }
 
+/// The attribute sets of a device's series: one per container holding it (its
+/// `k8s.namespace.name`, `k8s.pod.name`, `k8s.container.name`), or the device's alone when no
+/// pod holds it or no pod-resources answer is at hand (see [`super::pods`] on shared devices).
+pub fn series_attributes(
+    d: &DeviceEntry,
+    driver_version: &str,
+    pods: Option<&Attribution>,
+) -> Vec<Vec<KeyValue>> {
+    let base = device_attributes(d, driver_version);
+    holder_attributes(pods, &d.info.uuid)
+        .iter()
+        .map(|k8s| with(&base, k8s))
+        .collect()
+}
+
+/// The `k8s.*` attributes of each container holding the device `hw_id`; one empty set when
+/// none does (or no pod-resources answer is at hand).
+pub fn holder_attributes(pods: Option<&Attribution>, hw_id: &str) -> Vec<Vec<KeyValue>> {
+    let holders = pods.map_or(&[][..], |p| p.holders(hw_id));
+    if holders.is_empty() {
+        return vec![Vec::new()];
+    }
+    holders
+        .iter()
+        .map(|h| {
+            vec![
+                KeyValue::new(n::K8S_NAMESPACE_NAME, h.namespace.clone()),
+                KeyValue::new(n::K8S_POD_NAME, h.pod.clone()),
+                KeyValue::new(n::K8S_CONTAINER_NAME, h.container.clone()),
+            ]
+        })
+        .collect()
+}
+
 fn with(base: &[KeyValue], extra: &[KeyValue]) -> Vec<KeyValue> {
     let mut v = base.to_vec();
     v.extend_from_slice(extra);
@@ -55,10 +90,12 @@ fn each(
     mut f: impl FnMut(&Snapshot, &DeviceEntry, &super::state::DeviceSample, &[KeyValue]),
 ) {
     let snap = state.latest();
+    let pods = state.pods();
     for d in &snap.devices {
         if let Some(s) = &d.sample {
-            let attrs = device_attributes(d, &snap.driver_version);
-            f(&snap, d, s, &attrs);
+            for attrs in series_attributes(d, &snap.driver_version, pods.as_deref()) {
+                f(&snap, d, s, &attrs);
+            }
         }
     }
 }
@@ -293,16 +330,18 @@ pub fn register(meter: &Meter, state: Arc<GpuState>) {
             )
             .with_callback(move |o| {
                 let snap = st.latest();
+                let pods = st.pods();
                 for d in &snap.devices {
-                    let a = device_attributes(d, &snap.driver_version);
-                    o.observe(
-                        i64::from(!d.lost),
-                        &with(&a, &[KeyValue::new(n::HW_STATE, n::HW_STATE_OK)]),
-                    );
-                    o.observe(
-                        i64::from(d.lost),
-                        &with(&a, &[KeyValue::new(n::HW_STATE, n::HW_STATE_FAILED)]),
-                    );
+                    for a in series_attributes(d, &snap.driver_version, pods.as_deref()) {
+                        o.observe(
+                            i64::from(!d.lost),
+                            &with(&a, &[KeyValue::new(n::HW_STATE, n::HW_STATE_OK)]),
+                        );
+                        o.observe(
+                            i64::from(d.lost),
+                            &with(&a, &[KeyValue::new(n::HW_STATE, n::HW_STATE_FAILED)]),
+                        );
+                    }
                 }
             })
             .build();
@@ -315,15 +354,16 @@ pub fn register(meter: &Meter, state: Arc<GpuState>) {
             .with_description("Critical XID error events.")
             .with_callback(move |o| {
                 let snap = st.latest();
+                let pods = st.pods();
                 for ((uuid, code), count) in &snap.xid_counts {
-                    o.observe(
-                        *count,
-                        &[
-                            KeyValue::new(n::HW_ID, uuid.clone()),
-                            KeyValue::new(n::HW_TYPE, n::HW_TYPE_GPU),
-                            KeyValue::new(n::LMPERF_GPU_XID, *code as i64),
-                        ],
-                    );
+                    let base = [
+                        KeyValue::new(n::HW_ID, uuid.clone()),
+                        KeyValue::new(n::HW_TYPE, n::HW_TYPE_GPU),
+                        KeyValue::new(n::LMPERF_GPU_XID, *code as i64),
+                    ];
+                    for k8s in holder_attributes(pods.as_deref(), uuid) {
+                        o.observe(*count, &with(&base, &k8s));
+                    }
                 }
             })
             .build();

@@ -4,15 +4,21 @@
 //! [`backend::GpuBackend`] — [`nvml`] for the real library, [`fake`] for tests and the
 //! benchmark — and publishes a snapshot to [`state::GpuState`]; [`metrics`] exports it with
 //! the OpenTelemetry hardware conventions; [`state::GpuState::request_attributes`] gives each
-//! canary span its `lmperf.gpu.*` attributes; [`procs`] names the processes on a GPU.
+//! canary span its `lmperf.gpu.*` attributes; [`procs`] names the processes on a GPU;
+//! [`pod_resources`] asks the kubelet which pod holds which GPU and [`pods`] maps the answer
+//! (the `k8s.*` labels of the series, the GPUs each target reads).
 //!
 //! **Architecture Invariant:** nothing outside `sampler` calls the GPU library, and the
 //! sampler never runs on the async runtime: a slow or hung NVML call delays only GPU samples.
 
+#[cfg(test)]
+mod attribution_tests;
 pub mod backend;
 pub mod fake;
 pub mod metrics;
 pub mod nvml;
+pub mod pod_resources;
+pub mod pods;
 pub mod procs;
 pub mod sampler;
 pub mod state;

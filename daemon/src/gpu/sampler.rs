@@ -373,7 +373,8 @@ impl<B: GpuBackend> Sampler<B> {
         self.procs.retain(|pid, _| pids_seen.contains(pid));
         match self.backend.poll_xids() {
             Ok(xids) if !xids.is_empty() => {
-                let codes: Vec<u64> = xids.iter().map(|x| x.code).collect();
+                let codes: Vec<(String, u64)> =
+                    xids.iter().map(|x| (x.uuid.clone(), x.code)).collect();
                 for x in xids {
                     tracing::warn!(hw_id = %x.uuid, xid = x.code, "GPU XID error.");
                     self.state

@@ -13,6 +13,8 @@ use opentelemetry::{Array, KeyValue, StringValue, Value};
 use serde::Serialize;
 
 use super::backend::{DeviceInfo, throttle};
+use super::pods::{Attribution, GpuHolder, GpuSelection};
+use crate::config::k8s::K8sIdentity;
 use crate::telemetry::names as n;
 
 /// Per-sample summaries kept for span attributes: 10 minutes at 1 s, 1 minute at 100 ms.
@@ -136,12 +138,56 @@ pub struct GpuEvent {
     pub detail: String,
 }
 
-#[derive(Debug, Clone, Copy)]
+/// One sample, per device: what a span reads of the GPUs its target may read.
+#[derive(Debug, Clone)]
 struct Summary {
     at: SystemTime,
-    max_util: Option<f64>,
-    max_mem: Option<f64>,
+    devices: Vec<DeviceSummary>,
+}
+
+#[derive(Debug, Clone)]
+struct DeviceSummary {
+    /// `hw.id`, shared with the previous summary's (one allocation per device, not per tick).
+    id: Arc<str>,
+    util: Option<f64>,
+    mem: Option<f64>,
     throttle: u64,
+}
+
+/// The pod-resources reader's state (`gpu.pod_resources` of `/api/v1/status`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PodResourcesStatus {
+    /// The kubelet socket read; `None` when off (`[gpu] pod_resources_socket = ""`, GPU
+    /// monitoring disabled).
+    pub socket: Option<String>,
+    /// off | starting | ok | unavailable
+    pub state: &'static str,
+    /// Why it is off or unavailable.
+    pub reason: Option<String>,
+    /// `List` calls made.
+    pub lists: u64,
+    pub last_list_unix_s: Option<f64>,
+    /// Pods in the last answer.
+    pub pods: usize,
+    /// NVIDIA device ids of the last answer that NVML does not know.
+    pub unknown_device_ids: Vec<String>,
+    /// Each fault and change once, when it began (most recent last).
+    pub events: Vec<GpuEvent>,
+}
+
+impl PodResourcesStatus {
+    fn off(reason: &str) -> Self {
+        Self {
+            socket: None,
+            state: "off",
+            reason: Some(reason.to_owned()),
+            lists: 0,
+            last_list_unix_s: None,
+            pods: 0,
+            unknown_device_ids: Vec::new(),
+            events: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -150,12 +196,15 @@ struct Inner {
     reason: Option<String>,
     latest: Arc<Snapshot>,
     history: VecDeque<Summary>,
-    xids: VecDeque<(SystemTime, u64)>,
+    xids: VecDeque<(SystemTime, String, u64)>,
     events: VecDeque<GpuEvent>,
     samples: u64,
     last_tick_us: u64,
     /// TCP ports of the configured targets: a GPU process listening on one is a model server.
     server_ports: Vec<u16>,
+    /// The GPUs' holders from the last good pod-resources `List`; `None` without one.
+    pods: Option<Arc<Attribution>>,
+    pod_status: PodResourcesStatus,
 }
 
 /// The shared GPU state.
@@ -180,6 +229,8 @@ pub struct GpuStatus {
     pub devices: Vec<GpuDeviceStatus>,
     /// Most recent last.
     pub events: Vec<GpuEvent>,
+    /// Which pod holds which GPU (the kubelet's pod-resources API).
+    pub pod_resources: PodResourcesStatus,
 }
 
 /// One device in `/api/v1/status`.
@@ -196,6 +247,9 @@ pub struct GpuDeviceStatus {
     pub memory_used_bytes: Option<u64>,
     pub memory_total_bytes: Option<u64>,
     pub processes: Vec<ProcessSample>,
+    /// The containers holding it (pod-resources); `[]`: held by no pod; `None`: not known
+    /// (no pod-resources answer).
+    pub k8s_holders: Option<Vec<GpuHolder>>,
 }
 
 fn unix_s(t: SystemTime) -> f64 {
@@ -221,6 +275,8 @@ impl GpuState {
                 samples: 0,
                 last_tick_us: 0,
                 server_ports: Vec::new(),
+                pods: None,
+                pod_status: PodResourcesStatus::off("not started"),
             }),
         }
     }
@@ -276,32 +332,97 @@ impl GpuState {
         });
     }
 
-    /// Records XID codes seen at `at`.
-    pub fn xids(&self, at: SystemTime, codes: &[u64]) {
+    /// Records XID codes seen at `at`, each with the `hw.id` of its GPU.
+    pub fn xids(&self, at: SystemTime, codes: &[(String, u64)]) {
         let mut g = self.lock();
-        for &c in codes {
+        for (id, c) in codes {
             if g.xids.len() == XID_HISTORY {
                 g.xids.pop_front();
             }
-            g.xids.push_back((at, c));
+            g.xids.push_back((at, id.clone(), *c));
         }
+    }
+
+    /// Sets the pod-resources reader's status (the reader owns it; see
+    /// [`super::pod_resources`]).
+    pub fn set_pod_status(&self, f: impl FnOnce(&mut PodResourcesStatus)) {
+        f(&mut self.lock().pod_status);
+    }
+
+    /// Records a pod-resources event (a fault or change, once when it began).
+    pub fn pod_event(
+        &self,
+        at: SystemTime,
+        kind: &'static str,
+        hw_id: Option<&str>,
+        detail: String,
+    ) {
+        let mut g = self.lock();
+        let events = &mut g.pod_status.events;
+        if events.len() == EVENTS {
+            events.remove(0);
+        }
+        events.push(GpuEvent {
+            at_unix_s: unix_s(at),
+            kind,
+            hw_id: hw_id.map(str::to_owned),
+            detail,
+        });
+    }
+
+    /// Sets the GPUs' holders (`None`: no pod-resources answer at hand; the pod labels go and
+    /// targets read every GPU).
+    pub fn set_pods(&self, pods: Option<Attribution>) {
+        self.lock().pods = pods.map(Arc::new);
+    }
+
+    /// The GPUs' holders of the last good pod-resources answer.
+    pub fn pods(&self) -> Option<Arc<Attribution>> {
+        self.lock().pods.clone()
+    }
+
+    /// The GPUs the target whose pod is `identity` reads ([`super::pods::select`]).
+    pub fn selection(&self, identity: Option<&K8sIdentity>) -> GpuSelection {
+        if identity.is_none() {
+            return GpuSelection::All;
+        }
+        let (pods, latest) = {
+            let g = self.lock();
+            (g.pods.clone(), g.latest.clone())
+        };
+        let devices: Vec<DeviceInfo> = latest.devices.iter().map(|d| d.info.clone()).collect();
+        super::pods::select(identity, pods.as_deref(), &devices)
     }
 
     /// Publishes a tick's snapshot; `cost` is how long the tick took.
     pub fn publish(&self, snap: Snapshot, cost: Duration) {
         let at = snap.at.unwrap_or_else(SystemTime::now);
-        let mut s = Summary {
-            at,
-            max_util: None,
-            max_mem: None,
-            throttle: 0,
-        };
-        for d in snap.devices.iter().filter_map(|d| d.sample.as_ref()) {
-            s.max_util = max_opt(s.max_util, d.utilization);
-            s.max_mem = max_opt(s.max_mem, d.memory_utilization());
-            s.throttle |= d.throttle.unwrap_or(0);
-        }
         let mut g = self.lock();
+        let prev = g
+            .history
+            .back()
+            .map(|p| p.devices.clone())
+            .unwrap_or_default();
+        let s = Summary {
+            at,
+            devices: snap
+                .devices
+                .iter()
+                .filter_map(|d| {
+                    let sample = d.sample.as_ref()?;
+                    let id = prev
+                        .iter()
+                        .find(|p| *p.id == *d.info.uuid)
+                        .map_or_else(|| Arc::from(d.info.uuid.as_str()), |p| p.id.clone());
+                    Some(DeviceSummary {
+                        id,
+                        util: sample.utilization,
+                        mem: sample.memory_utilization(),
+                        throttle: sample.throttle.unwrap_or(0),
+                    })
+                })
+                .collect(),
+        };
         if g.history.len() == HISTORY {
             g.history.pop_front();
         }
@@ -320,17 +441,27 @@ impl GpuState {
     /// the samples taken in between, else from the latest one before `end` (a request shorter
     /// than the interval). Empty when no sample exists (GPU monitoring off).
     pub fn request_attributes(&self, start: SystemTime, end: SystemTime) -> Vec<KeyValue> {
+        self.request_attributes_of(start, end, &GpuSelection::All)
+    }
+
+    /// [`Self::request_attributes`] of the GPUs `selection` names only (a target's pod's
+    /// GPUs); with [`GpuSelection::Only`] the span also names them (`lmperf.gpu.hw_ids`).
+    pub fn request_attributes_of(
+        &self,
+        start: SystemTime,
+        end: SystemTime,
+        selection: &GpuSelection,
+    ) -> Vec<KeyValue> {
         let g = self.lock();
-        let mut used: Vec<Summary> = g
+        let mut used: Vec<&Summary> = g
             .history
             .iter()
             .filter(|s| s.at >= start && s.at <= end)
-            .copied()
             .collect();
         if used.is_empty()
             && let Some(s) = g.history.iter().rev().find(|s| s.at <= end)
         {
-            used.push(*s);
+            used.push(s);
         }
         if used.is_empty() {
             return Vec::new();
@@ -338,25 +469,42 @@ impl GpuState {
         let xids: Vec<i64> = g
             .xids
             .iter()
-            .filter(|(t, _)| *t >= start && *t <= end)
-            .map(|(_, c)| *c as i64)
+            .filter(|(t, id, _)| *t >= start && *t <= end && selection.contains(id))
+            .map(|(_, _, c)| *c as i64)
             .collect();
         let mut procs: Vec<ProcessSample> = g
             .latest
             .devices
             .iter()
+            .filter(|d| selection.contains(&d.info.uuid))
             .filter_map(|d| d.sample.as_ref())
             .flat_map(|s| s.processes.iter().cloned())
             .collect();
+        let (mut max_util, mut max_mem, mut bits) = (None, None, 0);
+        for d in used
+            .iter()
+            .flat_map(|s| &s.devices)
+            .filter(|d| selection.contains(&d.id))
+        {
+            max_util = max_opt(max_util, d.util);
+            max_mem = max_opt(max_mem, d.mem);
+            bits |= d.throttle;
+        }
+        let samples = used.len();
         drop(g);
         procs.sort_by_key(|p| p.pid);
         procs.dedup_by_key(|p| p.pid);
         procs.truncate(n::MAX_SPAN_GPU_PROCESSES);
-        let max_util = used.iter().fold(None, |m, s| max_opt(m, s.max_util));
-        let max_mem = used.iter().fold(None, |m, s| max_opt(m, s.max_mem));
-        let bits = used.iter().fold(0, |b, s| b | s.throttle);
         let reasons = throttle::names(bits);
-        let mut kv = Vec::with_capacity(7);
+        let mut kv = Vec::with_capacity(8);
+        if let GpuSelection::Only(ids) = selection {
+            kv.push(KeyValue::new(
+                n::LMPERF_GPU_HW_IDS,
+                Value::Array(Array::String(
+                    ids.iter().map(|i| StringValue::from(i.clone())).collect(),
+                )),
+            ));
+        }
         if let Some(u) = max_util {
             kv.push(KeyValue::new(n::LMPERF_GPU_UTILIZATION_MAX, u));
         }
@@ -378,7 +526,7 @@ impl GpuState {
                 Value::Array(Array::I64(xids)),
             ));
         }
-        kv.push(KeyValue::new(n::LMPERF_GPU_SAMPLES, used.len() as i64));
+        kv.push(KeyValue::new(n::LMPERF_GPU_SAMPLES, samples as i64));
         if !procs.is_empty() {
             let strings = |f: fn(&ProcessSample) -> Option<&String>| {
                 Value::Array(Array::String(
@@ -416,6 +564,7 @@ impl GpuState {
             samples: g.samples,
             last_tick_us: g.last_tick_us,
             events: g.events.iter().cloned().collect(),
+            pod_resources: g.pod_status.clone(),
             devices: snap
                 .devices
                 .iter()
@@ -435,6 +584,7 @@ impl GpuState {
                         .as_ref()
                         .map(|s| s.processes.clone())
                         .unwrap_or_default(),
+                    k8s_holders: g.pods.as_ref().map(|p| p.holders(&d.info.uuid).to_vec()),
                 })
                 .collect(),
         }

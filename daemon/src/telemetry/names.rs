@@ -118,6 +118,10 @@ pub const SERVICE_NAME: &str = "service.name";
 pub const HOST_NAME: &str = "host.name";
 pub const K8S_NODE_NAME: &str = "k8s.node.name";
 pub const K8S_POD_NAME: &str = "k8s.pod.name";
+/// Namespace of the pod holding a GPU (`hw.gpu.*` series; pod-resources).
+pub const K8S_NAMESPACE_NAME: &str = "k8s.namespace.name";
+/// Container holding a GPU (`hw.gpu.*` series; pod-resources).
+pub const K8S_CONTAINER_NAME: &str = "k8s.container.name";
 
 // ---- Sampling (see `sampler`) ----
 /// Why a kept span was kept: error | slo_breach | spike | base | head.
@@ -273,6 +277,10 @@ pub const LMPERF_GPU_XID_SEEN: &str = "lmperf.gpu.xid.seen";
 pub const LMPERF_GPU_XID_CODES: &str = "lmperf.gpu.xid.codes";
 /// GPU samples the values come from.
 pub const LMPERF_GPU_SAMPLES: &str = "lmperf.gpu.samples";
+/// Span: the `hw.id`s of the GPUs whose state the span carries, when its target's pod is known
+/// and the kubelet's pod-resources API says which GPUs that pod holds (absent otherwise: every
+/// GPU of the node).
+pub const LMPERF_GPU_HW_IDS: &str = "lmperf.gpu.hw_ids";
 /// The compute processes on the node's GPUs at the request's end (latest sample), by PID
 /// (int array, ascending, at most [`MAX_SPAN_GPU_PROCESSES`]): on a node with one model server,
 /// its PID.

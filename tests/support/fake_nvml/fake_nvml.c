@@ -122,8 +122,9 @@ _Static_assert(sizeof(nvmlEventData_t) == 32, "nvmlEventData_t");
 #define MAX_FAULTS 64
 
 struct fake_device {
-    int index;
+    int index; /* a MIG device carries its parent's */
     cJSON *json;
+    int mig_first, mig_n; /* a GPU's MIG devices: migs[mig_first .. mig_first + mig_n) */
 };
 
 struct xid {
@@ -151,6 +152,9 @@ static int loaded;
 static cJSON *script;
 static struct fake_device devices[MAX_DEVICES];
 static int device_count;
+#define MAX_MIGS 64
+static struct fake_device migs[MAX_MIGS];
+static int mig_count;
 static struct xid xids[MAX_XIDS];
 static int xid_count;
 static struct fault faults[MAX_FAULTS];
@@ -236,7 +240,7 @@ static const char *DEVICE_KEYS[] = {
     "memory_used_bytes", "power_mw", "power_limit_mw", "energy_mj", "temperature_c", "clock_graphics_mhz", "clock_sm_mhz",
     "clock_memory_mhz", "clock_video_mhz", "max_clock_graphics_mhz", "max_clock_sm_mhz", "max_clock_memory_mhz",
     "max_clock_video_mhz", "throttle_reasons", "pcie_tx_kb_s", "pcie_rx_kb_s", "pcie_replays", "ecc_corrected",
-    "ecc_uncorrected", "processes", "process_sample_period_s", "xids", "lost", "comment", NULL,
+    "ecc_uncorrected", "processes", "process_sample_period_s", "xids", "lost", "mig_devices", "comment", NULL,
 };
 
 static void check_keys(const cJSON *obj, const char *where) {
@@ -306,11 +310,26 @@ static int load_script(void) {
             cJSON_Delete(root);
             return -1;
         }
-        char where[32];
+        char where[64];
         snprintf(where, sizeof where, "devices[%d]", device_count);
         check_keys(d, where);
         devices[device_count].index = device_count;
         devices[device_count].json = (cJSON *)d;
+        devices[device_count].mig_first = mig_count;
+        devices[device_count].mig_n = 0;
+        const cJSON *ms = cJSON_GetObjectItemCaseSensitive(d, "mig_devices");
+        const cJSON *m;
+        cJSON_ArrayForEach(m, ms) {
+            if (mig_count == MAX_MIGS) break;
+            snprintf(where, sizeof where, "devices[%d].mig_devices[%d]", device_count, devices[device_count].mig_n);
+            check_keys(m, where);
+            migs[mig_count].index = device_count;
+            migs[mig_count].json = (cJSON *)m;
+            migs[mig_count].mig_first = 0;
+            migs[mig_count].mig_n = 0;
+            mig_count++;
+            devices[device_count].mig_n++;
+        }
         const cJSON *xs = cJSON_GetObjectItemCaseSensitive(d, "xids");
         const cJSON *x;
         cJSON_ArrayForEach(x, xs) {
@@ -436,7 +455,7 @@ static int device_lost(const struct fake_device *d, double t) {
 }
 
 static int valid_device(nvmlDevice_t d) {
-    return d >= devices && d < devices + device_count;
+    return (d >= devices && d < devices + device_count) || (d >= migs && d < migs + mig_count);
 }
 
 /*
@@ -644,15 +663,16 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *current, 
 EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *count) {
     ENTER_DEV("nvmlDeviceGetMaxMigDeviceCount", d);
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
-    *count = 0;
+    *count = (unsigned int)d->mig_n;
     return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int index, nvmlDevice_t *mig) {
-    (void)index;
-    (void)mig;
     ENTER_DEV("nvmlDeviceGetMigDeviceHandleByIndex", d);
-    return NVML_ERROR_NOT_FOUND;
+    if (!mig) return NVML_ERROR_INVALID_ARGUMENT;
+    if (index >= (unsigned int)d->mig_n) return NVML_ERROR_NOT_FOUND;
+    *mig = &migs[d->mig_first + (int)index];
+    return NVML_SUCCESS;
 }
 
 /* ---- values ---- */
