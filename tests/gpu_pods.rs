@@ -484,3 +484,138 @@ fn set_mode(path: &Path, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
+
+/// The proof's diagnosis half on the real binary (`LMPERF_DIAGNOSE_LIVE=1`, about 4 min, like
+/// `tests/diagnose_live.rs`): both pods' targets slow down at once (inter-token gap 10 → 30 ms)
+/// while GPU 3 (pod B's) throttles for thermal reasons and GPU 1's memory (pod A's) fills to
+/// 99 %. Pod B's target is diagnosed `gpu_throttling` naming GPU 3, never memory pressure; pod
+/// A's sees `gpu_memory_pressure` naming GPU 1, never throttling. Without the pod-resources
+/// attribution both would read both GPUs (the unit test
+/// `gpu::attribution_tests::without_pod_resources_every_target_reads_every_gpu`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_each_gpu_fault_is_its_own_pods_cause() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use lmperf_e2e::scripted::{Received, Reply, ScriptedServer, chat_stream};
+    if std::env::var("LMPERF_DIAGNOSE_LIVE").map_or(true, |v| v != "1") {
+        eprintln!("skipped: set LMPERF_DIAGNOSE_LIVE=1 (about 4 min)");
+        return;
+    }
+    let total = 150_754_820_096u64;
+    let files = std::env::temp_dir().join(format!("lmperf-gpu-pods-live-{}", std::process::id()));
+    std::fs::create_dir_all(&files).unwrap();
+    let file = |name: &str| files.join(name).display().to_string();
+    let mut s = script();
+    s["devices"][3]["clock_sm_mhz"] = json!({"file": file("sm3"), "default": 1980});
+    s["devices"][3]["throttle_reasons"] = json!({"file": file("throttle3"), "default": 0});
+    s["devices"][1]["memory_used_bytes"] = json!({"file": file("mem1"), "default": total / 10 * 6});
+    let script = Script::write("gpu-pods-live", &s);
+    let lib = fake_nvml::library(&[]);
+    let pods = PodResourcesServer::start(
+        &script.dir.join("pod-resources"),
+        Answer::Pods(node_pods(&[])),
+    )
+    .await;
+    let fault = Arc::new(AtomicBool::new(false));
+    let f = fault.clone();
+    let server = ScriptedServer::start(Arc::new(move |r: &Received, i: usize| {
+        if !r.path.ends_with("/chat/completions") {
+            return Reply::json(
+                200,
+                r#"{"object":"list","data":[{"id":"m","object":"model"}]}"#,
+            );
+        }
+        let on = f.load(Ordering::SeqCst);
+        Reply::sse(chat_stream(
+            16,
+            Duration::from_millis(40 + (i % 7) as u64 * 3),
+            Duration::from_millis(if on { 30 } else { 10 }),
+            20,
+        ))
+    }))
+    .await;
+    let cfg = config_to(&script.dir, &lib, &pods.path, &server.url(), "500ms");
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str("[net]\nenabled = false\n");
+    std::fs::write(&cfg, text).unwrap();
+    let agent = spawn(&script, &cfg).await;
+    tokio::time::sleep(Duration::from_secs(115)).await;
+    std::fs::write(files.join("sm3"), "1100").unwrap();
+    std::fs::write(files.join("throttle3"), "96").unwrap();
+    std::fs::write(files.join("mem1"), (total / 100 * 99).to_string()).unwrap();
+    fault.store(true, Ordering::SeqCst);
+    let onset = Instant::now();
+    let mut confirmed: std::collections::BTreeMap<String, Value> = Default::default();
+    while onset.elapsed() < Duration::from_secs(100) && confirmed.len() < 2 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (code, body) = agent.get("/api/v1/diagnosis");
+        assert_eq!(code, 200, "{body}");
+        let d: Value = serde_json::from_str(&body).unwrap();
+        for t in d["targets"].as_array().cloned().unwrap_or_default() {
+            let name = t["target"].as_str().unwrap_or_default().to_owned();
+            if t["state"] == "root_confirmed" && !confirmed.contains_key(&name) {
+                println!(
+                    "{name} root_confirmed {:.0} s after the onset: {}",
+                    onset.elapsed().as_secs_f64(),
+                    t["summary"]
+                );
+                confirmed.insert(name, t);
+            }
+        }
+    }
+    let status = agent.status();
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&files);
+    assert_eq!(
+        status["gpu"]["pod_resources"]["state"], "ok",
+        "{}",
+        status["gpu"]
+    );
+    let causes = |t: &Value| -> Vec<String> {
+        t["causes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|c| c["cause"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    let gpus = |t: &Value, cause: &str, signal: &str| -> Value {
+        t["causes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .find(|c| c["cause"] == cause)
+            .and_then(|c| {
+                c["evidence"]
+                    .as_array()
+                    .and_then(|e| e.iter().find(|e| e["signal"] == signal).cloned())
+            })
+            .map_or(Value::Null, |e| e["hw_ids"].clone())
+    };
+    let b = confirmed
+        .get("b")
+        .unwrap_or_else(|| panic!("pod B's target not confirmed: {confirmed:?}"));
+    assert_eq!(b["causes"][0]["cause"], "gpu_throttling", "{b}");
+    assert_eq!(
+        gpus(b, "gpu_throttling", "gpu_throttle"),
+        json!([uuid(3)]),
+        "{b}"
+    );
+    assert!(
+        !causes(b).contains(&"gpu_memory_pressure".to_owned()),
+        "{b}"
+    );
+    let a = confirmed
+        .get("a")
+        .unwrap_or_else(|| panic!("pod A's target not confirmed: {confirmed:?}"));
+    assert!(causes(a).contains(&"gpu_memory_pressure".to_owned()), "{a}");
+    assert_eq!(
+        gpus(a, "gpu_memory_pressure", "gpu_memory_utilization"),
+        json!([uuid(1)]),
+        "{a}"
+    );
+    assert!(!causes(a).contains(&"gpu_throttling".to_owned()), "{a}");
+}
