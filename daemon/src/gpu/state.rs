@@ -276,7 +276,11 @@ impl GpuState {
                 last_tick_us: 0,
                 server_ports: Vec::new(),
                 pods: None,
-                pod_status: PodResourcesStatus::off("not started"),
+                pod_status: PodResourcesStatus::off(if mode == Mode::Disabled {
+                    "GPU monitoring is disabled ([gpu] enabled = false)"
+                } else {
+                    "not started"
+                }),
             }),
         }
     }
