@@ -180,12 +180,15 @@ impl SpanQueue {
     }
 
     /// Queues a span kept for `reason`; when the queue is full, drops per the lane rules and
-    /// counts the drop.
-    pub fn enqueue(&self, span: SpanData, reason: Reason) {
-        let Some(shared) = &self.shared else { return };
+    /// counts the drop. True when this span is queued (false when it was dropped, or export is
+    /// off).
+    pub fn enqueue(&self, span: SpanData, reason: Reason) -> bool {
+        let Some(shared) = &self.shared else {
+            return false;
+        };
         let dropped = {
             let Ok(mut lanes) = shared.lanes.lock() else {
-                return;
+                return false;
             };
             if lanes.len() < self.capacity {
                 if reason.is_priority() {
@@ -207,6 +210,9 @@ impl SpanQueue {
             }
         };
         self.stats.enqueued.fetch_add(1, Ordering::Relaxed);
+        // Queued unless the span itself was the one dropped (a priority span that evicted a
+        // healthy one is queued).
+        let queued = dropped.is_none_or(|r| reason.is_priority() && r != reason);
         match dropped {
             None => shared.ready.notify_one(),
             Some(r) => {
@@ -222,6 +228,7 @@ impl SpanQueue {
                 }
             }
         }
+        queued
     }
 
     pub fn snapshot(&self) -> ExportSnapshot {
