@@ -307,7 +307,7 @@ async fn slowdown_is_diagnosed_as_load_surge_within_60_s() {
         .unwrap_or_else(|| panic!("{openmetrics}"));
     assert!(
         confirmed.contains(&format!(
-            "} 1 # {{trace_id=\"{}\",span_id=\"{}\"}} 1 ",
+            "}} 1 # {{trace_id=\"{}\",span_id=\"{}\"}} 1 ",
             diag[0].trace_id, diag[0].span_id
         )),
         "{confirmed}"
