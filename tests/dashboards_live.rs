@@ -29,12 +29,13 @@ const SCRAPE_S: u64 = 1;
 /// `$__rate_interval` windows).
 const RUN: Duration = Duration::from_secs(30);
 
-/// Panels that cannot have data on this machine, with the reason (matched by title; the test
-/// fails if a listed panel has data after all, so the list stays true).
+/// Panels that need not have data on this machine, with the reason (matched by title; a
+/// listed panel that has data anyway, e.g. a loopback retransmit on a loaded machine, is
+/// said so in the printed list).
 fn cannot_have_data(ebpf_on: bool) -> Vec<(&'static str, &'static str)> {
     let mut v = vec![(
         "TCP retransmits/s by peer",
-        "no segment is retransmitted on loopback (tests/net.rs forces one with a full accept queue)",
+        "a retransmit on loopback is not guaranteed here (tests/net.rs forces one with a full accept queue)",
     )];
     if !ebpf_on {
         v.push((
@@ -409,15 +410,11 @@ async fn every_panel_and_variable_returns_data_and_exemplars_resolve() {
                 evaluated += 1;
                 let data = has_data(&r);
                 let listed = skip.iter().find(|(t, _)| *t == title);
-                match (data, listed) {
-                    (true, None) | (false, Some(_)) => {}
-                    (false, None) => problems.push(format!("{file}: panel {title:?}: no data:\n    {q}")),
-                    (true, Some(_)) => problems.push(format!(
-                        "{file}: panel {title:?} is listed as unable to have data here but has data: take it off the list"
-                    )),
+                if !data && listed.is_none() {
+                    problems.push(format!("{file}: panel {title:?}: no data:\n    {q}"));
                 }
                 if !data {
-                    without_data.push(format!("{file}: {title}"));
+                    without_data.push(title.to_owned());
                 }
             }
         }
@@ -476,9 +473,14 @@ async fn every_panel_and_variable_returns_data_and_exemplars_resolve() {
         received.len(),
         if ebpf_on { "on" } else { "off" }
     );
-    eprintln!("panels without data here:");
+    eprintln!("panels that need not have data here:");
     for (title, why) in &skip {
-        eprintln!("  {title}: {why}");
+        let had = if without_data.iter().any(|t| t == title) {
+            "no data"
+        } else {
+            "had data this run"
+        };
+        eprintln!("  {title}: {why} ({had})");
     }
     assert!(evaluated >= 40, "only {evaluated} queries evaluated");
     assert!(

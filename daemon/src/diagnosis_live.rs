@@ -527,10 +527,13 @@ pub async fn run(
                 ),
             ];
             confirmed.add(1, &attrs);
-            if telemetry
+            let e = telemetry
                 .spans
-                .enqueue(span, crate::sampler::adaptive::Reason::Spike)
-            {
+                .enqueue(span, crate::sampler::adaptive::Reason::Spike);
+            if let Some(t) = e.evicted {
+                telemetry.exemplars.forget_trace(t);
+            }
+            if e.queued {
                 // The counter's exemplar is this diagnosis span (only once it is queued).
                 telemetry.exemplars.offer_counter(
                     crate::telemetry::exemplars::DIAGNOSIS_CONFIRMED_FAMILY,

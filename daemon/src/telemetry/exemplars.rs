@@ -212,6 +212,22 @@ impl ExemplarStore {
         c.get(&(family.to_owned(), key.clone())).copied()
     }
 
+    /// Removes every exemplar naming `trace_id` (its span was evicted from the export queue,
+    /// so the trace will never exist). Scans at most 3 × [`MAX_SERIES`] rows: called only on an
+    /// eviction, when the queue is full.
+    pub fn forget_trace(&self, trace_id: TraceId) {
+        if let Ok(mut metrics) = self.metrics.lock() {
+            for slot in metrics.iter_mut().flat_map(|m| m.values_mut()).flatten() {
+                if slot.is_some_and(|e| e.trace_id == trace_id) {
+                    *slot = None;
+                }
+            }
+        }
+        if let Ok(mut c) = self.counters.lock() {
+            c.retain(|_, e| e.trace_id != trace_id);
+        }
+    }
+
     /// Exemplars not stored because a metric already had [`MAX_SERIES`] series.
     pub fn series_refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
@@ -333,6 +349,45 @@ mod tests {
             .is_none()
         );
         assert!(s.for_series("gen_ai_client_token_usage", &key).is_none());
+    }
+
+    #[test]
+    fn an_evicted_trace_loses_its_exemplars() {
+        let s = ExemplarStore::default();
+        let (t1, s1) = ids(1);
+        let (t2, s2) = ids(2);
+        let gaps = [20, 300].map(Duration::from_millis).into_iter();
+        let ttft = Some(Duration::from_millis(50));
+        s.offer_request(
+            &attrs(),
+            t1,
+            s1,
+            at(1),
+            Duration::from_millis(400),
+            ttft,
+            gaps,
+        );
+        let none = std::iter::empty();
+        s.offer_request(&attrs(), t2, s2, at(2), Duration::from_secs(3), None, none);
+        s.offer_counter(DIAGNOSIS_CONFIRMED_FAMILY, &attrs(), t1, s1, at(1), 1.0);
+        s.forget_trace(t1);
+        let key = series_key(&attrs());
+        for (_, family, _) in HISTOGRAMS {
+            let left: Vec<TraceId> = s
+                .for_series(family, &key)
+                .unwrap_or_default()
+                .into_iter()
+                .flatten()
+                .map(|e| e.trace_id)
+                .collect();
+            let want = if family.ends_with("duration_seconds") {
+                vec![t2]
+            } else {
+                vec![]
+            };
+            assert_eq!(left, want, "{family}");
+        }
+        assert_eq!(s.for_counter(DIAGNOSIS_CONFIRMED_FAMILY, &key), None);
     }
 
     #[test]

@@ -279,11 +279,18 @@ impl Telemetry {
                 ),
             ],
         );
-        decision.keep
-            && self.spans.enqueue(
-                spans::build_span(ids, info, m, decision, &self.scope),
-                decision.reason,
-            )
+        if !decision.keep {
+            return false;
+        }
+        let e = self.spans.enqueue(
+            spans::build_span(ids, info, m, decision, &self.scope),
+            decision.reason,
+        );
+        // A trace evicted from the queue is never exported: its exemplars must go.
+        if let Some(t) = e.evicted {
+            self.exemplars.forget_trace(t);
+        }
+        e.queued
     }
 
     /// Flushes spans and metrics within `timeout`, then stops the exporters. A collector that
