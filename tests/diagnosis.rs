@@ -96,6 +96,8 @@ async fn slowdown_is_diagnosed_as_load_surge_within_60_s() {
                 "grpc",
                 "--otlp-endpoint",
                 &endpoint,
+                "--log-format",
+                "json",
             ],
             &[("OTEL_METRIC_EXPORT_INTERVAL", "5000")],
         )
@@ -195,6 +197,17 @@ async fn slowdown_is_diagnosed_as_load_surge_within_60_s() {
         .map(String::from)
         .collect();
     assert_eq!(lines.len(), 1, "{lines:?}");
+    // JSON (`--log-format json`): the line carries its diagnosis span's ids (checked below).
+    let warn: Value =
+        serde_json::from_str(&lines[0]).unwrap_or_else(|e| panic!("{e}: {}", lines[0]));
+    assert_eq!(warn["level"], "WARN", "{warn}");
+    for l in agent.stderr_text().lines().filter(|l| !l.trim().is_empty()) {
+        let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+        assert!(
+            v["timestamp"].is_string() && v["level"].is_string() && v["message"].is_string(),
+            "{l}"
+        );
+    }
     assert!(
         lines[0].contains("WARN")
             && lines[0].contains("load_surge 0.")
@@ -227,7 +240,15 @@ async fn slowdown_is_diagnosed_as_load_surge_within_60_s() {
         tokio::task::block_in_place(|| ctl(&agent, &["diagnose", "--target", "nope"]));
     assert_eq!(code, 3, "{err}");
 
-    // Gauges.
+    // Gauges; and the counter of confirmed diagnoses, whose OpenMetrics exemplar is the span.
+    let admin = agent.admin;
+    let (_, _, openmetrics) = tokio::task::block_in_place(|| {
+        lmperf_e2e::openmetrics::get_accept(
+            admin,
+            "/metrics",
+            lmperf_e2e::openmetrics::PROMETHEUS_ACCEPT,
+        )
+    });
     let (_, metrics) = agent.get("/metrics");
     let state_line = metrics
         .lines()
@@ -269,6 +290,28 @@ async fn slowdown_is_diagnosed_as_load_surge_within_60_s() {
         .filter(|s| s.name == "lmperf.diagnosis")
         .collect();
     assert_eq!(diag.len(), 1, "{} diagnosis spans", diag.len());
+    assert_eq!(
+        (warn["trace_id"].as_str(), warn["span_id"].as_str()),
+        (
+            Some(diag[0].trace_id.as_str()),
+            Some(diag[0].span_id.as_str())
+        ),
+        "the WARN line names its diagnosis span: {warn}"
+    );
+    let confirmed = openmetrics
+        .lines()
+        .find(|l| {
+            l.starts_with("lmperf_diagnosis_confirmed_total{")
+                && l.contains("lmperf_diagnosis_cause=\"load_surge\"")
+        })
+        .unwrap_or_else(|| panic!("{openmetrics}"));
+    assert!(
+        confirmed.contains(&format!(
+            "}} 1 # {{trace_id=\"{}\",span_id=\"{}\"}} 1 ",
+            diag[0].trace_id, diag[0].span_id
+        )),
+        "{confirmed}"
+    );
     let a = attrs(&diag[0].attributes);
     assert_eq!(
         (

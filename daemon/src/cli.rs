@@ -18,6 +18,11 @@ use crate::config::raw::RawCanary;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Log lines on stderr: text, or json (one object per line with timestamp, level,
+    /// message, fields, and trace_id/span_id on lines about a request or a diagnosis).
+    /// Default: the config file's log_format, else LMPERF_LOG_FORMAT, else text.
+    #[arg(long, global = true, value_name = "FORMAT", value_parser = crate::config::log_format::LOG_FORMATS)]
+    pub log_format: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

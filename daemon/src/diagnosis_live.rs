@@ -604,6 +604,12 @@ pub async fn run(
 ) {
     let mut every = tokio::time::interval(Duration::from_secs(1));
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let confirmed = telemetry
+        .meter()
+        .u64_counter(n::METRIC_DIAGNOSIS_CONFIRMED)
+        .with_unit("{diagnosis}")
+        .with_description("Confirmed root causes, by target and cause.")
+        .build();
     loop {
         tokio::select! {
             biased;
@@ -614,12 +620,35 @@ pub async fn run(
         live.feed_server(&server);
         for d in live.tick(now, Some(&gpu)) {
             let line = d.summary.clone().unwrap_or_else(|| "unknown".to_owned());
-            tracing::warn!(target_name = %d.target, cause = d.causes.first().map_or("unknown", |c| c.cause.as_str()), "Diagnosis: {line}");
+            // The line carries its `lmperf.diagnosis` span's ids, so a log line joins its trace.
             let ids = telemetry.new_trace();
+            tracing::warn!(target_name = %d.target, cause = d.causes.first().map_or("unknown", |c| c.cause.as_str()), trace_id = %ids.trace_id, span_id = %ids.span_id, "Diagnosis: {line}");
             let span = live.span(&d, ids, now, telemetry.scope());
-            telemetry
+            let attrs = [
+                KeyValue::new(n::LMPERF_TARGET, d.target.clone()),
+                KeyValue::new(
+                    n::LMPERF_DIAGNOSIS_CAUSE,
+                    d.causes.first().map_or("unknown", |c| c.cause.as_str()),
+                ),
+            ];
+            confirmed.add(1, &attrs);
+            let e = telemetry
                 .spans
                 .enqueue(span, crate::sampler::adaptive::Reason::Spike);
+            if let Some(t) = e.evicted {
+                telemetry.exemplars.forget_trace(t);
+            }
+            if e.queued {
+                // The counter's exemplar is this diagnosis span (only once it is queued).
+                telemetry.exemplars.offer_counter(
+                    crate::telemetry::exemplars::DIAGNOSIS_CONFIRMED_FAMILY,
+                    &attrs,
+                    ids.trace_id,
+                    ids.span_id,
+                    now,
+                    1.0,
+                );
+            }
         }
     }
 }

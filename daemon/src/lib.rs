@@ -18,6 +18,7 @@ pub mod control;
 pub mod diagnosis;
 pub mod diagnosis_live;
 pub mod gpu;
+pub mod logging;
 pub mod measure;
 pub mod net;
 pub mod sampler;

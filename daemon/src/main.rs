@@ -9,7 +9,23 @@ use lmperf::config::{self, ProcessEnv};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    // Logging starts first (the configuration logs its own warnings): the flag, else the
+    // agent's config file, else LMPERF_LOG_FORMAT.
+    let config_file = match &cli.command {
+        Command::Agent(a) => a.config.clone(),
+        _ => None,
+    };
+    match config::log_format::resolve(
+        cli.log_format.as_deref(),
+        config_file.as_deref(),
+        &ProcessEnv,
+    ) {
+        Ok(format) => lmperf::logging::init(format),
+        Err(e) => {
+            eprintln!("lmperf: config error: {e}");
+            return ExitCode::from(2);
+        }
+    }
     match cli.command {
         Command::Run(args) => {
             let spec = match args.into_spec(&ProcessEnv) {
@@ -179,19 +195,4 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
             eprintln!("lmperf: cannot start the runtime: {e}");
             ExitCode::from(1)
         })
-}
-
-/// Logs to stderr; `RUST_LOG` filters (default `info`). The exporters' own HTTP/gRPC stacks
-/// are kept at `warn` so that telemetry does not log about itself.
-fn init_logging() {
-    use std::io::IsTerminal;
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,hyper=warn,h2=warn,tonic=warn,reqwest=warn,opentelemetry=warn,opentelemetry_sdk=warn,opentelemetry_otlp=warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .init();
 }

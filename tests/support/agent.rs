@@ -46,11 +46,16 @@ fn pump(
 ) {
     std::thread::spawn(move || {
         for line in BufReader::new(r).lines().map_while(Result::ok) {
+            // `admin=ADDR` in a text line, `"admin":"ADDR"` in a JSON line (`--log-format json`).
             if let Some(tx) = &started
                 && line.contains("Agent started.")
                 && let Some(a) = line
                     .split_whitespace()
                     .find_map(|w| w.strip_prefix("admin="))
+                    .or_else(|| {
+                        let (_, rest) = line.split_once("\"admin\":\"")?;
+                        rest.split('"').next()
+                    })
                 && let Ok(addr) = a.parse()
             {
                 let _ = tx.send(addr);

@@ -5,6 +5,7 @@ pub mod agent;
 pub mod chromium;
 pub mod fake_nvml;
 pub mod netns;
+pub mod openmetrics;
 pub mod otlp;
 pub mod peers;
 pub mod pod_resources;

@@ -66,6 +66,16 @@ impl Prometheus {
     /// Starts `bin` with `prometheus.yml` (written into a new temp directory, beside the
     /// `rules` files given as (file name, text)) and waits for `/-/ready` (30 s at most).
     pub fn start(bin: &Path, config: &str, rules: &[(&str, &str)]) -> Prometheus {
+        Self::start_with(bin, config, rules, &[])
+    }
+
+    /// [`Prometheus::start`] with more flags (e.g. `--enable-feature=exemplar-storage`).
+    pub fn start_with(
+        bin: &Path,
+        config: &str,
+        rules: &[(&str, &str)],
+        flags: &[&str],
+    ) -> Prometheus {
         let port = free_port();
         let dir =
             std::env::temp_dir().join(format!("lmperf-prometheus-{}-{port}", std::process::id()));
@@ -87,6 +97,7 @@ impl Prometheus {
             ))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .arg("--log.level=warn")
+            .args(flags)
             .current_dir(&dir)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log file"))

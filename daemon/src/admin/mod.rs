@@ -3,7 +3,9 @@
 //! **API Boundary:** `/healthz` (200 while the process serves), `/readyz` (200 once canaries
 //! are scheduled, 503 after shutdown begins), `/metrics` (Prometheus text exposition of the
 //! same meter provider that feeds OTLP; names translated as the OTel Prometheus
-//! compatibility spec says: dots to underscores, unit suffix, `_total` on counters) and
+//! compatibility spec says: dots to underscores, unit suffix, `_total` on counters; the
+//! classic text format by default, OpenMetrics 1.0 with exemplars of kept traces when the
+//! `Accept` header prefers `application/openmetrics-text`: `telemetry::openmetrics`) and
 //! `/api/v1/status` (JSON: targets with counts by outcome and last result, exporter queue
 //! and drop counts, GPU monitoring state, eBPF probe state).
 
@@ -68,8 +70,20 @@ async fn readyz(State(s): State<AdminState>) -> Response {
     }
 }
 
-async fn metrics(State(s): State<AdminState>) -> Response {
+async fn metrics(State(s): State<AdminState>, headers: axum::http::HeaderMap) -> Response {
     let families = s.telemetry.registry.gather();
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    if crate::telemetry::openmetrics::prefers_openmetrics(accept) {
+        let body = crate::telemetry::openmetrics::encode(&families, &s.telemetry.exemplars);
+        return (
+            [(
+                header::CONTENT_TYPE,
+                crate::telemetry::openmetrics::CONTENT_TYPE,
+            )],
+            body,
+        )
+            .into_response();
+    }
     let mut out = String::new();
     match prometheus::TextEncoder::new().encode_utf8(&families, &mut out) {
         Ok(()) => (

@@ -605,7 +605,7 @@ impl TargetRunner {
         }
         let r = &measured.record;
         if r.outcome != crate::measure::Outcome::Ok {
-            tracing::debug!(target_name = %t.name, source = source.as_str(), outcome = r.outcome.as_str(), error_type = ?r.error.as_ref().map(|e| &e.error_type), "Request failed.");
+            tracing::debug!(target_name = %t.name, source = source.as_str(), outcome = r.outcome.as_str(), error_type = ?r.error.as_ref().map(|e| &e.error_type), trace_id = %ids.trace_id, span_id = %ids.span_id, "Request failed.");
         }
         if self.console && *source == Source::Canary {
             println!(

@@ -7,6 +7,7 @@
 //! Canary flags on the command line apply to every target.
 
 pub mod k8s;
+pub mod log_format;
 pub mod raw;
 
 use std::fmt;

@@ -4,6 +4,7 @@
 //! admin_addr = "127.0.0.1:9464"     # admin HTTP: /healthz /readyz /metrics /api/v1/status
 //! shutdown_timeout = "5s"           # in-flight canaries are cancelled after this on SIGTERM
 //! console = false                   # print one line per measured request on stdout
+//! log_format = "text"               # text | json (one JSON object per line, with trace ids)
 //!
 //! [canary]                          # defaults for every target
 //! api = "chat"                      # chat | completions
@@ -79,6 +80,8 @@ pub struct RawConfig {
     #[serde(default, with = "humantime_serde")]
     pub shutdown_timeout: Option<Duration>,
     pub console: Option<bool>,
+    /// `text` | `json`; read before the rest (`config::log_format::resolve`).
+    pub log_format: Option<String>,
     #[serde(default)]
     pub canary: RawCanary,
     /// `[[target]]` tables: a `url`, an optional `name`, and any canary field.

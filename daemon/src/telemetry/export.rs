@@ -127,6 +127,15 @@ pub struct SpanQueue {
     pub stats: Arc<ExportStats>,
 }
 
+/// What [`SpanQueue::enqueue`] did with a span.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The span is in the queue.
+    pub queued: bool,
+    /// The trace of the healthy span evicted to make room for it (never exported).
+    pub evicted: Option<opentelemetry::trace::TraceId>,
+}
+
 impl SpanQueue {
     /// A queue that exports nothing (export disabled); counts nothing as dropped.
     pub fn disabled() -> Self {
@@ -180,12 +189,16 @@ impl SpanQueue {
     }
 
     /// Queues a span kept for `reason`; when the queue is full, drops per the lane rules and
-    /// counts the drop.
-    pub fn enqueue(&self, span: SpanData, reason: Reason) {
-        let Some(shared) = &self.shared else { return };
+    /// counts the drop. Says whether this span is queued (not when it was dropped, or export is
+    /// off) and which healthy span's trace was evicted for it.
+    pub fn enqueue(&self, span: SpanData, reason: Reason) -> Enqueued {
+        let mut evicted_trace = None;
+        let Some(shared) = &self.shared else {
+            return Enqueued::default();
+        };
         let dropped = {
             let Ok(mut lanes) = shared.lanes.lock() else {
-                return;
+                return Enqueued::default();
             };
             if lanes.len() < self.capacity {
                 if reason.is_priority() {
@@ -196,7 +209,8 @@ impl SpanQueue {
                 None
             } else if reason.is_priority() {
                 match lanes.healthy.pop_back() {
-                    Some((_, evicted)) => {
+                    Some((old, evicted)) => {
+                        evicted_trace = Some(old.span_context.trace_id());
                         lanes.priority.push_back((span, reason));
                         Some(evicted)
                     }
@@ -207,6 +221,9 @@ impl SpanQueue {
             }
         };
         self.stats.enqueued.fetch_add(1, Ordering::Relaxed);
+        // Queued unless the span itself was the one dropped (a priority span that evicted a
+        // healthy one is queued).
+        let queued = dropped.is_none_or(|r| reason.is_priority() && r != reason);
         match dropped {
             None => shared.ready.notify_one(),
             Some(r) => {
@@ -221,6 +238,10 @@ impl SpanQueue {
                     );
                 }
             }
+        }
+        Enqueued {
+            queued,
+            evicted: evicted_trace,
         }
     }
 
@@ -454,6 +475,46 @@ mod tests {
             status: Status::Unset,
             instrumentation_scope: Default::default(),
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn enqueue_says_what_was_queued_and_evicted() {
+        use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+        let with_trace = |n: u128| {
+            let mut sp = span("x");
+            sp.span_context = SpanContext::new(
+                TraceId::from(n),
+                SpanId::from(1_u64),
+                TraceFlags::SAMPLED,
+                false,
+                TraceState::NONE,
+            );
+            sp
+        };
+        let off = SpanQueue::disabled();
+        assert_eq!(
+            off.enqueue(with_trace(1), Reason::Error),
+            Enqueued::default()
+        );
+        let ex = Switch::default(); // down: nothing leaves the queue
+        let q = SpanQueue::start(ex.clone(), 2, 10, Duration::from_secs(60));
+        let queued = |evicted| Enqueued {
+            queued: true,
+            evicted,
+        };
+        assert_eq!(q.enqueue(with_trace(1), Reason::Base), queued(None));
+        assert_eq!(q.enqueue(with_trace(2), Reason::Base), queued(None));
+        // Full: a healthy span is dropped; a priority one evicts the newest healthy (trace 2).
+        assert_eq!(q.enqueue(with_trace(3), Reason::Base), Enqueued::default());
+        assert_eq!(
+            q.enqueue(with_trace(4), Reason::Error),
+            queued(Some(TraceId::from(2_u128)))
+        );
+        assert_eq!(
+            q.enqueue(with_trace(5), Reason::Spike),
+            queued(Some(TraceId::from(1_u128)))
+        );
+        assert_eq!(q.enqueue(with_trace(6), Reason::Spike), Enqueued::default());
     }
 
     #[tokio::test(start_paused = true)]

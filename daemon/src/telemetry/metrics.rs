@@ -101,22 +101,8 @@ impl Instruments {
     /// Records one measured request.
     pub fn record(&self, c: &MetricContext<'_>, m: &Measured) {
         let r = &m.record;
-        let mut attrs = vec![
-            KeyValue::new(n::GEN_AI_OPERATION_NAME, c.operation),
-            KeyValue::new(n::GEN_AI_PROVIDER_NAME, c.provider.to_owned()),
-            KeyValue::new(n::GEN_AI_REQUEST_MODEL, c.request_model.to_owned()),
-            KeyValue::new(n::SERVER_ADDRESS, c.server_address.to_owned()),
-            KeyValue::new(n::SERVER_PORT, i64::from(c.server_port)),
-            KeyValue::new(n::LMPERF_TARGET, c.target.to_owned()),
-        ];
-        attrs.extend(c.labels.iter().cloned());
-        if let Some(model) = &r.response_model {
-            attrs.push(KeyValue::new(n::GEN_AI_RESPONSE_MODEL, model.clone()));
-        }
+        let attrs = histogram_attrs(c, m);
         let error = r.failure();
-        if let Some(e) = error {
-            attrs.push(KeyValue::new(n::ERROR_TYPE, e.error_type.clone()));
-        }
         self.duration.record(r.e2e.as_secs_f64(), &attrs);
         if let Some(t) = r.ttft {
             self.time_to_first_chunk.record(t.as_secs_f64(), &attrs);
@@ -176,6 +162,27 @@ impl Instruments {
         self.skipped
             .add(1, &[KeyValue::new(n::LMPERF_TARGET, target.to_owned())]);
     }
+}
+
+/// The attributes of a request's GenAI histogram points (also the series of its exemplars).
+pub fn histogram_attrs(c: &MetricContext<'_>, m: &Measured) -> Vec<KeyValue> {
+    let r = &m.record;
+    let mut attrs = vec![
+        KeyValue::new(n::GEN_AI_OPERATION_NAME, c.operation),
+        KeyValue::new(n::GEN_AI_PROVIDER_NAME, c.provider.to_owned()),
+        KeyValue::new(n::GEN_AI_REQUEST_MODEL, c.request_model.to_owned()),
+        KeyValue::new(n::SERVER_ADDRESS, c.server_address.to_owned()),
+        KeyValue::new(n::SERVER_PORT, i64::from(c.server_port)),
+        KeyValue::new(n::LMPERF_TARGET, c.target.to_owned()),
+    ];
+    attrs.extend(c.labels.iter().cloned());
+    if let Some(model) = &r.response_model {
+        attrs.push(KeyValue::new(n::GEN_AI_RESPONSE_MODEL, model.clone()));
+    }
+    if let Some(e) = r.failure() {
+        attrs.push(KeyValue::new(n::ERROR_TYPE, e.error_type.clone()));
+    }
+    attrs
 }
 
 #[cfg(test)]

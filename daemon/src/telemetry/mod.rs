@@ -6,9 +6,11 @@
 //! runtime and `/metrics` through the Prometheus exporter, both readers of one meter provider,
 //! so both show the same counts.
 
+pub mod exemplars;
 pub mod export;
 pub mod metrics;
 pub mod names;
+pub mod openmetrics;
 pub mod spans;
 
 use std::sync::Arc;
@@ -57,6 +59,8 @@ pub struct Telemetry {
     pub head_sampler: Option<HeadSampler>,
     /// Where `/metrics` reads from.
     pub registry: prometheus::Registry,
+    /// Exemplars of kept traces for the OpenMetrics exposition of `/metrics`.
+    pub exemplars: Arc<exemplars::ExemplarStore>,
     scope: InstrumentationScope,
     meter_provider: SdkMeterProvider,
     sampling_spans: opentelemetry::metrics::Counter<u64>,
@@ -145,6 +149,7 @@ impl Telemetry {
         let meter_provider = mp.build();
         let scope = InstrumentationScope::builder("lmperf")
             .with_version(env!("CARGO_PKG_VERSION"))
+            .with_schema_url(names::SEMCONV_SCHEMA_URL)
             .build();
         let meter = meter_provider.meter_with_scope(scope.clone());
         let instruments = Instruments::new(&meter);
@@ -162,6 +167,7 @@ impl Telemetry {
             spans,
             head_sampler,
             registry,
+            exemplars: Arc::default(),
             scope,
             meter_provider,
             sampling_spans,
@@ -233,18 +239,35 @@ impl Telemetry {
             server_port: info.server_port,
         };
         self.instruments.record(&mc, m);
-        self.record_span(info, ids, m, decision);
+        if self.record_span(info, ids, m, decision) {
+            // Only a trace that was kept and queued gets exemplars: they must resolve.
+            let r = &m.record;
+            self.exemplars.offer_request(
+                &metrics::histogram_attrs(&mc, m),
+                ids.trace_id,
+                ids.span_id,
+                m.wall_start
+                    .checked_add(r.e2e)
+                    .unwrap_or_else(std::time::SystemTime::now),
+                r.e2e,
+                r.ttft,
+                r.token_chunk_times
+                    .windows(2)
+                    .map(|w| w[1].saturating_sub(w[0])),
+            );
+        }
     }
 
     /// Counts the sampling decision of a measured request and, when it keeps it, queues its
-    /// span (no GenAI metric: [`Telemetry::record`] adds those for canaries).
+    /// span (no GenAI metric: [`Telemetry::record`] adds those for canaries). True when the
+    /// span was queued for export.
     pub fn record_span(
         &self,
         info: &SpanContextInfo<'_>,
         ids: TraceIds,
         m: &Measured,
         decision: &Decision,
-    ) {
+    ) -> bool {
         self.sampling_spans.add(
             1,
             &[
@@ -256,12 +279,18 @@ impl Telemetry {
                 ),
             ],
         );
-        if decision.keep {
-            self.spans.enqueue(
-                spans::build_span(ids, info, m, decision, &self.scope),
-                decision.reason,
-            );
+        if !decision.keep {
+            return false;
         }
+        let e = self.spans.enqueue(
+            spans::build_span(ids, info, m, decision, &self.scope),
+            decision.reason,
+        );
+        // A trace evicted from the queue is never exported: its exemplars must go.
+        if let Some(t) = e.evicted {
+            self.exemplars.forget_trace(t);
+        }
+        e.queued
     }
 
     /// Flushes spans and metrics within `timeout`, then stops the exporters. A collector that

@@ -388,3 +388,21 @@ pub const LMPERF_SERVER_SCRAPE_AGE: &str = "lmperf.server.scrape.age";
 pub const EVENT_SERVER_CHANGE: &str = "lmperf.server.change";
 pub const LMPERF_SERVER_CHANGE_OLD: &str = "lmperf.server.change.old";
 pub const LMPERF_SERVER_CHANGE_NEW: &str = "lmperf.server.change.new";
+
+// ---- The conventions these names follow (pinned) ----
+/// The OpenTelemetry semantic conventions release lmperf's `gen_ai.*`, `hw.*`, `k8s.*` and
+/// general names follow: v1.41.0, the last release of `open-telemetry/semantic-conventions`
+/// that holds the GenAI conventions (they continue in `open-telemetry/semantic-conventions-genai`,
+/// whose v0.1.0 renames the client metrics to `gen_ai.client.inference.*`; lmperf keeps the
+/// v1.41.0 names by default, as the conventions' transition plan asks of existing
+/// instrumentations, until it opts in through `OTEL_SEMCONV_STABILITY_OPT_IN`).
+pub const SEMCONV_VERSION: &str = "1.41.0";
+/// The schema URL of [`SEMCONV_VERSION`], set on the agent's instrumentation scope (spans and
+/// metrics; `otel_scope_schema_url` on `/metrics`).
+pub const SEMCONV_SCHEMA_URL: &str = "https://opentelemetry.io/schemas/1.41.0";
+
+// ---- Diagnosis counter (issue 26: carries the diagnosis span as its exemplar) ----
+/// Counter, unit `{diagnosis}`: confirmed root causes, by `lmperf.target` and
+/// `lmperf.diagnosis.cause`; on `/metrics` (OpenMetrics) its exemplar is the latest
+/// `lmperf.diagnosis` span of the series.
+pub const METRIC_DIAGNOSIS_CONFIRMED: &str = "lmperf.diagnosis.confirmed";
