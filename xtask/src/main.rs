@@ -120,20 +120,13 @@ pub fn peers_and_agent() -> Result<()> {
     step("[2/3] cargo build -p lmperf", build)
 }
 
-/// `cargo test -p lmperf-e2e --test FILE NAME -- --nocapture`: one end-to-end test, its output
-/// shown.
-pub fn e2e_test(file: &str, name: &str) -> Command {
+/// `cargo test -p lmperf-e2e --test e2e MODULE::NAME -- --nocapture`: one end-to-end test
+/// (module `MODULE` of `tests/tests.rs`), its output shown.
+pub fn e2e_test(module: &str, name: &str) -> Command {
     let mut test = cargo();
-    test.args([
-        "test",
-        "-p",
-        "lmperf-e2e",
-        "--test",
-        file,
-        name,
-        "--",
-        "--nocapture",
-    ]);
+    test.args(["test", "-p", "lmperf-e2e", "--test", "e2e"])
+        .arg(format!("{module}::{name}"))
+        .args(["--", "--nocapture"]);
     test
 }
 
