@@ -11,9 +11,10 @@
 //!    tests/alerts.rs), with its service kept from starting
 //! 3. `cargo build --workspace --locked --bins --tests --examples`: what the tests run (the
 //!    e2e tests spawn target/debug/lmperf), not the benchmarks (`cargo bench` builds those)
-//! 4. The tests, `--no-fail-fast`, in two runs of `cargo test`: every package but the e2e one
-//!    (unit tests, doc tests) one test at a time per binary ([`UNIT_TEST_THREADS`]); then the
-//!    one e2e binary (`tests/tests.rs`) with [`E2E_TEST_THREADS`] tests at a time, those that
+//! 4. The tests, `--no-fail-fast`, in three runs of `cargo test --workspace` (the build's
+//!    packages and features): the unit tests (`--lib --bins`) one test at a time per binary
+//!    ([`UNIT_TEST_THREADS`]), the doc tests, then the integration tests (`--test '*'`: the one
+//!    e2e binary, `tests/tests.rs`) with [`E2E_TEST_THREADS`] tests at a time, those that
 //!    start the real model server or time CPU work one after another (`tests/support/serial.rs`),
 //!    each test's time printed by libtest (`--report-time`) and the slowest listed. As root on a
 //!    kernel with BTF, with `LMPERF_REQUIRE_EBPF=1` so the probe tests must run; as root, with
@@ -120,25 +121,38 @@ pub fn run(args: &[String]) -> Result<()> {
         env.push(("LMPERF_REQUIRE_EBPF", "1"));
     }
     let started = Instant::now();
+    // Every run names the whole workspace: the same packages, so the same features as the
+    // build step (`--exclude lmperf-e2e` would drop the e2e package's features and rebuild
+    // tokio and all above it: 3.5 min of CPU).
     let mut unit = crate::cargo();
     unit.args([
         "test",
         "--workspace",
-        "--exclude",
-        "lmperf-e2e",
         "--locked",
         "--no-fail-fast",
+        "--lib",
+        "--bins",
     ])
     .args(test_args)
     .env("RUST_TEST_THREADS", UNIT_TEST_THREADS.to_string())
     .envs(env.iter().copied());
     let header = format!(
-        "[4/5] cargo test --workspace --exclude lmperf-e2e --locked --no-fail-fast {}",
+        "[4/5] cargo test --workspace --locked --no-fail-fast --lib --bins {}",
         test_args.join(" ")
     );
     println!("\n==> {}", header.trim_end());
-    let unit_run = run_counting(unit)?;
-    times.push("unit tests", started);
+    let mut unit_run = run_counting(unit)?;
+    let mut doc = crate::cargo();
+    doc.args(["test", "--workspace", "--locked", "--no-fail-fast", "--doc"])
+        .args(test_args)
+        .envs(env.iter().copied());
+    let header = format!(
+        "[4/5] cargo test --workspace --locked --no-fail-fast --doc {}",
+        test_args.join(" ")
+    );
+    println!("\n==> {}", header.trim_end());
+    unit_run.add(run_counting(doc)?);
+    times.push("unit and doc tests", started);
 
     let started = Instant::now();
     let mut e2e = crate::cargo();
@@ -149,12 +163,11 @@ pub fn run(args: &[String]) -> Result<()> {
         "--config",
         r#"target.'cfg(all())'.runner = ["env", "RUSTC_BOOTSTRAP=1"]"#,
         "test",
-        "-p",
-        "lmperf-e2e",
-        "--test",
-        "e2e",
+        "--workspace",
         "--locked",
         "--no-fail-fast",
+        "--test",
+        "*",
     ])
     .args(test_args);
     if !test_args.iter().any(|a| a == "--") {
@@ -164,12 +177,12 @@ pub fn run(args: &[String]) -> Result<()> {
         .env("RUST_TEST_THREADS", E2E_TEST_THREADS.to_string())
         .envs(env.iter().copied());
     let header_e2e = format!(
-        "[4/5] cargo test -p lmperf-e2e --test e2e --locked --no-fail-fast {} ({E2E_TEST_THREADS} tests at a time)",
+        "[4/5] cargo test --workspace --locked --no-fail-fast --test '*' {} (the e2e binary and any other integration test, {E2E_TEST_THREADS} tests at a time)",
         test_args.join(" ")
     );
     println!("\n==> {header_e2e}");
     let e2e_run = run_counting(e2e)?;
-    times.push("e2e tests", started);
+    times.push("integration (e2e) tests", started);
 
     let (passed, failed) = (
         unit_run.passed + e2e_run.passed,
@@ -329,6 +342,15 @@ struct TestRun {
 }
 
 impl TestRun {
+    /// Both runs' counts and times together.
+    fn add(&mut self, o: TestRun) {
+        self.passed += o.passed;
+        self.failed += o.failed;
+        self.ok &= o.ok;
+        self.binaries.extend(o.binaries);
+        self.tests.extend(o.tests);
+    }
+
     /// The `n` slowest tests (when their times were printed), else the `n` slowest binaries,
     /// and the sum, so the CI budget is watched where it goes.
     fn print_slowest(&self, what: &str, n: usize) {
