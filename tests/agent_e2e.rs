@@ -12,6 +12,8 @@ use lmperf_e2e::agent::{Agent, prom_sum};
 use lmperf_e2e::otlp::attrs;
 use lmperf_e2e::peers::{Collector, ModelServer, inner};
 use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
+use lmperf_e2e::serial;
+use lmperf_e2e::temp;
 
 /// Attributes every successful canary span must carry.
 const SPAN_ATTRS: &[&str] = &[
@@ -51,6 +53,7 @@ fn spawn_blocking_agent(
 /// non-zero counts; `/metrics` and `/api/v1/status` agree.
 #[tokio::test(flavor = "multi_thread")]
 async fn real_server_grpc_receiver() {
+    let _serial = serial::lock().await;
     let server = tokio::task::spawn_blocking(ModelServer::start)
         .await
         .unwrap();
@@ -233,13 +236,13 @@ async fn real_server_grpc_receiver() {
 /// Acceptance 1, over HTTP/protobuf to a real OpenTelemetry collector (rotel).
 #[tokio::test(flavor = "multi_thread")]
 async fn real_server_http_protobuf_to_real_collector() {
+    let _serial = serial::lock().await;
     let server = tokio::task::spawn_blocking(ModelServer::start)
         .await
         .unwrap();
     let collector = tokio::task::spawn_blocking(Collector::start).await.unwrap();
     // Keep every span through the adaptive sampler's own settings.
-    let dir = std::env::temp_dir().join(format!("lmperf-http-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp::dir("http");
     let cfg = dir.join("agent.toml");
     std::fs::write(
         &cfg,
@@ -350,8 +353,7 @@ async fn sigterm_during_a_long_stream() {
     }))
     .await;
     let mut collector = FakeCollectorServer::start().await.unwrap();
-    let dir = std::env::temp_dir().join(format!("lmperf-term-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp::dir("term");
     let cfg = dir.join("agent.toml");
     std::fs::write(&cfg, "shutdown_timeout = \"2s\"\n").unwrap();
     let args = [
@@ -423,8 +425,7 @@ async fn api_key_never_leaks() {
     }))
     .await;
     let mut collector = FakeCollectorServer::start().await.unwrap();
-    let dir = std::env::temp_dir().join(format!("lmperf-key-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp::dir("key");
     let key = dir.join("key");
     std::fs::write(&key, format!("{SECRET}\n")).unwrap();
     let args = [
@@ -537,8 +538,7 @@ async fn api_key_never_leaks() {
 /// A bad configuration: one line naming the field and the value, exit code 2.
 #[test]
 fn bad_config_exits_2_with_one_line() {
-    let dir = std::env::temp_dir().join(format!("lmperf-badcfg-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp::dir("badcfg");
     for (text, want) in [
         (
             "[canary]\nintervall = \"5s\"\n[[target]]\nurl = \"http://127.0.0.1:9\"\n",

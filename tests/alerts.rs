@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use lmperf_e2e::agent::{Agent, workspace_root};
 use lmperf_e2e::prometheus::{Prometheus, promtool, tool};
 use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
+use lmperf_e2e::temp;
 use serde_json::Value;
 
 fn alerts_dir() -> PathBuf {
@@ -141,8 +142,7 @@ fn rules_file_is_the_chart_rendered_with_its_defaults() {
 #[test]
 fn slo_thresholds_must_be_bucket_boundaries_of_the_agent_histograms() {
     use lmperf::telemetry::names::{BUCKETS_OPERATION_DURATION, BUCKETS_TIME_TO_FIRST_CHUNK};
-    let dir = std::env::temp_dir().join(format!("lmperf-alerts-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = temp::dir("alerts-test");
     for (key, metric, buckets) in [
         (
             "ttft",
@@ -309,8 +309,7 @@ fn rules_pass_promtool_check_and_every_alert_has_a_unit_test() {
     assert!(out.contains(&format!("SUCCESS: {n} rules found")), "{out}");
     // The test render too (other windows, other grouping).
     let e2e = rules_text(&[&dir.join("tests/e2e-values.yaml")]);
-    let tmp = std::env::temp_dir().join(format!("lmperf-e2e-rules-{}.yaml", std::process::id()));
-    std::fs::write(&tmp, &e2e).expect("write rules");
+    let tmp = temp::file("e2e-rules.yaml", &e2e);
     let (ok, out) = promtool(&bin, &dir, &["check", "rules", &tmp.display().to_string()]);
     let _ = std::fs::remove_file(&tmp);
     assert!(ok, "{out}");
@@ -421,7 +420,8 @@ fn gpu_exposition() -> String {
 /// rule of the file makes, or a [`PENDING`] one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rule_expressions_name_only_what_the_agent_exports() {
-    use lmperf_e2e::promql::{Pending, check_expr, extract, parse_exposition};
+    use lmperf_e2e::prom_text::label_names;
+    use lmperf_e2e::promql::{Pending, check_expr, extract};
     let scrape = lmperf_e2e::promql::agent_metrics().await;
     let gpu = gpu_exposition();
     for must in [
@@ -436,8 +436,8 @@ async fn rule_expressions_name_only_what_the_agent_exports() {
             "{must} not in the GPU exposition:\n{gpu}"
         );
     }
-    let mut exported = parse_exposition(&scrape);
-    for (name, labels) in parse_exposition(&gpu) {
+    let mut exported = label_names(&scrape);
+    for (name, labels) in label_names(&gpu) {
         exported.entry(name).or_default().extend(labels);
     }
     let rules = default_rules();

@@ -2,11 +2,12 @@
 //! scorecard.html rendered by headless Chromium, exit codes) and over a live agent's
 //! `/api/v1/diagnosis`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use lmperf_e2e::agent::{Agent, lmperf_bin};
+use lmperf_e2e::temp;
 
 /// A run of two benchmarks at 1 request/s for 10 min: `calm`, and `burst` whose server answers
 /// 503 to 60 % of the requests from 360 s on.
@@ -35,13 +36,6 @@ fn write_run(dir: &Path) {
     std::fs::write(dir.join("requests.jsonl"), s).unwrap();
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("lmperf-analyze-e2e-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 fn analyze(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(lmperf_bin())
         .arg("analyze")
@@ -57,7 +51,7 @@ fn analyze(args: &[&str]) -> (i32, String, String) {
 
 #[test]
 fn analyze_a_run_dir_as_text_json_and_html() {
-    let dir = tmp("run");
+    let dir = temp::dir("analyze-run");
     write_run(&dir);
     let d = dir.to_str().unwrap();
     let (code, text, err) = analyze(&[d]);
@@ -102,7 +96,7 @@ fn analyze_a_run_dir_as_text_json_and_html() {
     }
 
     // No requests.jsonl: exit 1 naming the file; nothing to analyze: exit 2.
-    let empty = tmp("empty");
+    let empty = temp::dir("analyze-empty");
     let (code, _, err) = analyze(&[empty.to_str().unwrap()]);
     assert_eq!(code, 1);
     assert!(err.contains("requests.jsonl"), "{err}");

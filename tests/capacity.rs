@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use lmperf_e2e::agent::lmperf_bin;
 use lmperf_e2e::peers::ModelServer;
+use lmperf_e2e::serial;
+use lmperf_e2e::temp;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -119,12 +121,7 @@ async fn k_slot_server(k: usize, service: Duration) -> (String, Arc<Mutex<Vec<Du
 }
 
 fn run(args: &[&str]) -> (Value, String) {
-    let dir = std::env::temp_dir().join(format!(
-        "lmperf-capacity-{}-{}",
-        std::process::id(),
-        args.len()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = temp::dir("capacity");
     let out = Command::new(lmperf_bin())
         .args(["run", "--output-dir", dir.to_str().unwrap()])
         .args(args)
@@ -148,6 +145,7 @@ fn run(args: &[&str]) -> (Value, String) {
 /// passing step is below every failing one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finds_the_known_capacity_within_the_precision() {
+    let _serial = serial::lock().await;
     let (url, held) = k_slot_server(8, Duration::from_millis(100)).await;
     let (s, err) = tokio::task::spawn_blocking(move || {
         run(&[
@@ -224,6 +222,7 @@ async fn finds_the_known_capacity_within_the_precision() {
 /// ends at the precision or with no passing rate.
 #[test]
 fn finds_a_max_rate_on_the_real_server() {
+    let _serial = serial::lock_blocking();
     let server = ModelServer::start();
     let url = server.url();
     let (s, err) = run(&[

@@ -17,13 +17,9 @@ use std::time::Duration;
 use lmperf_e2e::agent::{lmperf_bin, workspace_root};
 use lmperf_e2e::peers::{ModelServer, free_port};
 use lmperf_e2e::scripted::{Reply, ScriptedServer};
+use lmperf_e2e::serial;
+use lmperf_e2e::temp;
 use serde_json::Value;
-
-fn tmp(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("lmperf-chat-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
 
 struct Run {
     summary: Value,
@@ -34,7 +30,7 @@ struct Run {
 /// `lmperf run --api chat` against `url` with small numbers (2 prompts of 2 output tokens by
 /// default) and `args`; exit 0.
 fn run_chat(url: &str, name: &str, args: &[&str]) -> Run {
-    let dir = tmp(name);
+    let dir = temp::dir(&format!("chat-{name}"));
     let out = Command::new(lmperf_bin())
         .args([
             "run",
@@ -215,8 +211,7 @@ fn gemma_tokenizer_dir() -> std::path::PathBuf {
         "{} missing: run tests/peers/install.sh",
         json.display()
     );
-    let dir = tmp("tokenizer");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp::dir("chat-tokenizer");
     std::os::unix::fs::symlink(&json, dir.join("tokenizer.json")).unwrap();
     let template = std::fs::read_to_string(
         workspace_root().join("tests/fixtures/chat_templates/chatml.jinja"),
@@ -234,6 +229,7 @@ fn gemma_tokenizer_dir() -> std::path::PathBuf {
 /// estimate, whose requests are then bucketed by the server's counts.
 #[test]
 fn chat_prompts_count_the_template_on_the_real_server() {
+    let _serial = serial::lock_blocking();
     let server = ModelServer::start_with(free_port(), &["--threads", "1"]);
     let mt_bench = workspace_root().join("tests/fixtures/traces/mt_bench_questions.jsonl");
     let mt_bench = mt_bench.to_str().unwrap();
@@ -372,11 +368,11 @@ fn chat_prompts_count_the_template_on_the_real_server() {
 /// counts, for synthetic prompts and for multi-turn conversations (`assistant` → `model`).
 #[test]
 fn gemma3_template_local_and_server_agree() {
+    let _serial = serial::lock_blocking();
     let fixture =
         workspace_root().join("tests/fixtures/chat_templates/gemma3/tokenizer_config.json");
     let config: Value = serde_json::from_str(&std::fs::read_to_string(&fixture).unwrap()).unwrap();
-    let dir = tmp("gemma3");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp::dir("chat-gemma3");
     let template = dir.join("gemma3.jinja");
     std::fs::write(&template, config["chat_template"].as_str().unwrap()).unwrap();
     let json = workspace_root().join(".venv-peers/tokenizer/tokenizer.json");
@@ -524,7 +520,7 @@ async fn tokenize_with_messages_on_a_vllm_style_server() {
 
     // --chat-template: a file that is no template is refused naming the flag (exit 2); one
     // with completions is refused too (it counts chat requests).
-    let dir = tmp("bad-template");
+    let dir = temp::dir("chat-bad-template");
     let lmperf = |args: &[&str]| {
         Command::new(lmperf_bin())
             .args([

@@ -11,6 +11,7 @@ use fake_opentelemetry_collector::FakeCollectorServer;
 use lmperf_e2e::agent::{Agent, lmperf_bin, prom_sum};
 use lmperf_e2e::otlp::attrs;
 use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
+use lmperf_e2e::temp;
 use serde_json::Value;
 
 /// `lmperf ctl ARGS`: (exit code, stdout, stderr). No token unless `envs` gives one.
@@ -58,13 +59,6 @@ async fn load_when_ended(addr: &str) -> Value {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lmperf-ctl-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 fn write_config(dir: &Path, target: &str, control: &str) -> PathBuf {
@@ -142,7 +136,7 @@ async fn every_rpc_end_to_end_over_a_unix_socket() {
     }))
     .await;
     let mut collector = FakeCollectorServer::start().await.unwrap();
-    let dir = temp_dir("rpc");
+    let dir = temp::dir("ctl-rpc");
     let sock = dir.join("control.sock");
     let addr = format!("unix:{}", sock.display());
     let control = format!(
@@ -542,7 +536,7 @@ async fn a_trace_replay_sends_the_traces_requests_on_its_schedule() {
     }))
     .await;
     let mut collector = FakeCollectorServer::start().await.unwrap();
-    let dir = temp_dir("trace");
+    let dir = temp::dir("ctl-trace");
     let addr = format!("unix:{}", dir.join("control.sock").display());
     let traces = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/traces");
     let control = format!(
@@ -811,7 +805,7 @@ async fn a_non_loopback_bind_needs_the_token_on_every_call() {
         ))
     }))
     .await;
-    let dir = temp_dir("token");
+    let dir = temp::dir("ctl-token");
     let cfg = write_config(&dir, &server.url(), "listen = \"0.0.0.0:0\"\n");
     let agent = spawn(
         vec![
@@ -880,7 +874,7 @@ async fn a_non_loopback_bind_needs_the_token_on_every_call() {
 /// needs none.
 #[tokio::test(flavor = "multi_thread")]
 async fn non_loopback_without_token_is_refused_at_start() {
-    let dir = temp_dir("notoken");
+    let dir = temp::dir("ctl-notoken");
     let url = format!("http://127.0.0.1:{}", lmperf_e2e::peers::free_port());
     let cfg = write_config(&dir, &url, "listen = \"0.0.0.0:0\"\n");
     let out = tokio::task::spawn_blocking({
@@ -1040,7 +1034,7 @@ async fn a_trace_replay_calibrates_prompts_with_tokenize() {
         ))
     }))
     .await;
-    let dir = temp_dir("tokenize");
+    let dir = temp::dir("ctl-tokenize");
     // Rows 1-5 of the Azure code trace: (max_tokens, input tokens).
     let mut want = vec![(10, 4808), (8, 3180), (27, 110), (14, 7433), (12, 34)];
     want.sort_unstable();
@@ -1098,7 +1092,7 @@ async fn a_chat_trace_replay_counts_prompts_with_the_servers_chat_template() {
                 }
             }))
             .await;
-        let dir = temp_dir(&format!("chat-template-{server_kind}"));
+        let dir = temp::dir(&format!("ctl-chat-template-{server_kind}"));
         // Rows 1-5 of the Azure code trace: (max_tokens, input tokens − the template's 6).
         let mut want = vec![(10, 4802), (8, 3174), (27, 104), (14, 7427), (12, 28)];
         want.sort_unstable();
@@ -1116,7 +1110,7 @@ async fn a_chat_trace_replay_counts_prompts_with_the_servers_chat_template() {
 /// line (exit 1) naming the address, the cause once, and what to do; no RPC name.
 #[tokio::test(flavor = "multi_thread")]
 async fn ctl_without_an_agent_says_what_failed_and_what_to_do_in_one_line() {
-    let dir = temp_dir("unreachable");
+    let dir = temp::dir("ctl-unreachable");
     let stale = dir.join("stale.sock");
     drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
     let http = ScriptedServer::start(Arc::new(|_, _| Reply::json(404, "{}"))).await;
@@ -1218,7 +1212,7 @@ async fn a_replay_with_a_p99_threshold_says_whether_the_alert_fired_and_the_diag
         ))
     }))
     .await;
-    let dir = temp_dir("scene");
+    let dir = temp::dir("ctl-scene");
     let addr = format!("unix:{}", dir.join("control.sock").display());
     let traces = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/traces");
     let control = format!(
@@ -1302,7 +1296,7 @@ async fn an_injected_profile_is_updated_while_it_runs() {
     }))
     .await;
     let mut collector = FakeCollectorServer::start().await.unwrap();
-    let dir = temp_dir("profile");
+    let dir = temp::dir("ctl-profile");
     let addr = format!("unix:{}", dir.join("control.sock").display());
     let control = format!(
         "listen = \"{addr}\"\nrecent_requests = 1000\nmax_inject_rate = 40.0\nmax_inject_concurrency = 16\nmax_inject_requests = 1000\nmax_inject_duration = \"10s\"\n"
@@ -1557,7 +1551,7 @@ async fn a_watched_injected_profile_follows_edits_of_its_file() {
         ))
     }))
     .await;
-    let dir = temp_dir("profile-watch");
+    let dir = temp::dir("ctl-profile-watch");
     let addr = format!("unix:{}", dir.join("control.sock").display());
     let control = format!(
         "listen = \"{addr}\"\nmax_inject_rate = 40.0\nmax_inject_concurrency = 8\nmax_inject_requests = 1000\nmax_inject_duration = \"10s\"\n"
@@ -1647,7 +1641,7 @@ async fn ctrl_c_on_a_watch_says_the_load_goes_on() {
         ))
     }))
     .await;
-    let dir = temp_dir("profile-watch-ctrlc");
+    let dir = temp::dir("ctl-profile-watch-ctrlc");
     let addr = format!("unix:{}", dir.join("control.sock").display());
     let control = format!(
         "listen = \"{addr}\"\nmax_inject_rate = 40.0\nmax_inject_concurrency = 8\nmax_inject_requests = 1000\nmax_inject_duration = \"30s\"\n"

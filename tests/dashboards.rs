@@ -13,7 +13,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use lmperf_e2e::agent::workspace_root;
-use lmperf_e2e::promql::{self, parse_exposition};
+use lmperf_e2e::prom_text::label_names;
+use lmperf_e2e::promql;
 use serde_json::Value;
 
 /// Metrics the "Node" dashboard shows that a test machine may not export: GPU series need an
@@ -51,7 +52,7 @@ const PENDING_LABELS: &[(&str, u32)] = &[
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_and_label_in_every_panel_is_exported() {
     let scrape = promql::agent_metrics().await;
-    let exported = parse_exposition(&scrape);
+    let exported = label_names(&scrape);
     // The scrape is the real thing: these must exist or the test setup is wrong.
     for must in [
         "gen_ai_client_operation_duration_seconds_bucket",
@@ -189,7 +190,7 @@ fn check_expr(
 
 #[test]
 fn a_renamed_metric_or_label_fails_the_check() {
-    let exported = parse_exposition(
+    let exported = label_names(
         "# TYPE a_total counter\na_total{lmperf_target=\"t\",error_type=\"x\",otel_scope_name=\"lmperf\"} 1\nb_bucket{le=\"1\",lmperf_target=\"t\"} 1\n",
     );
     assert_eq!(

@@ -13,6 +13,7 @@ use std::process::Command;
 
 use lmperf::config::{Env, Overrides, load};
 use lmperf_e2e::agent::workspace_root;
+use lmperf_e2e::temp;
 use serde_json::Value;
 
 fn python() -> PathBuf {
@@ -92,14 +93,6 @@ fn of_kind<'a>(ms: &'a [Value], kind: &str) -> Vec<&'a Value> {
 
 fn arr(v: &Value) -> Vec<Value> {
     v.as_array().cloned().unwrap_or_default()
-}
-
-fn temp_file(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lmperf-deploy-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join(name);
-    std::fs::write(&path, text).expect("write temp file");
-    path
 }
 
 #[test]
@@ -278,7 +271,7 @@ fn no_values_set_grants_privilege_or_host_write() {
 
 #[test]
 fn the_chart_refuses_capabilities_beyond_the_ebpf_set() {
-    let f = temp_file(
+    let f = temp::file(
         "sysadmin-values.yaml",
         "ebpf:\n  enabled: true\n  capabilities: [BPF, PERFMON, SYS_ADMIN]\n",
     );
@@ -288,7 +281,7 @@ fn the_chart_refuses_capabilities_beyond_the_ebpf_set() {
         stderr.contains("ebpf.capabilities may hold only BPF and PERFMON, not SYS_ADMIN"),
         "{stderr}"
     );
-    let f = temp_file("no-targets-values.yaml", "config:\n  targets: []\n");
+    let f = temp::file("no-targets-values.yaml", "config:\n  targets: []\n");
     let (ok, _, stderr) = render_py(&["render", "-f", &f.display().to_string()]);
     assert!(
         !ok && stderr.contains("config.targets is empty"),
@@ -346,7 +339,7 @@ fn rendered_config_loads_in_the_agent_and_matches_the_pod() {
             .find(|c| c["data"].get("lmperf.toml").is_some())
             .expect("config ConfigMap");
         let toml = cm["data"]["lmperf.toml"].as_str().expect("toml");
-        let path = temp_file(&format!("{name}.toml"), toml);
+        let path = temp::file(&format!("{name}.toml"), toml);
         let ds = of_kind(&ms, "DaemonSet")[0];
         let pod = &ds["spec"]["template"]["spec"];
         let c = &pod["containers"][0];

@@ -26,14 +26,14 @@
 //! with 1, so neither the size nor the direction of the shift is stable.
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use lmperf_e2e::agent::{Agent, lmperf_bin, prom_sum};
+use lmperf_e2e::agent::{Agent, prom_sum};
 use lmperf_e2e::fake_nvml::{self, Script};
 use lmperf_e2e::scripted::{Received, Reply, ScriptedServer, chat_stream};
+use lmperf_e2e::temp;
 use serde_json::Value;
 
 /// Seconds of calm before the fault (the engine needs 8 baseline buckets of 10 s).
@@ -61,22 +61,10 @@ fn unix_now() -> f64 {
 
 /// The canaries of `target` the agent kept (`lmperf ctl recent --json`), as episode series.
 fn recorded(agent: &Agent, target: &str, start: f64) -> BTreeMap<String, Vec<[f64; 2]>> {
-    let out = Command::new(lmperf_bin())
-        .args([
-            "ctl", "--json", "recent", "--limit", "4096", "--target", target,
-        ])
-        .env("XDG_RUNTIME_DIR", &agent.runtime_dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let requests = agent.recent(&["--target", target]);
     let mut s: BTreeMap<String, Vec<[f64; 2]>> = BTreeMap::new();
     let mut push = |name: &str, t: f64, x: f64| s.entry(name.to_owned()).or_default().push([t, x]);
-    for r in v["requests"].as_array().unwrap() {
+    for r in &requests {
         if r["source"] != "canary" || r["outcome"] == "cancelled" {
             continue;
         }
@@ -398,8 +386,7 @@ async fn episode_with(name: &str, cause: Option<&str>, notes: &str, kind: Fault)
         ))
     }))
     .await;
-    let dir = std::env::temp_dir().join(format!("lmperf-diag-live-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp::dir(&format!("diag-live-{name}"));
     let cfg = dir.join("agent.toml");
     let script = gpu_script(kind, name, &dir);
     let gpu_cfg = match &script {

@@ -7,15 +7,15 @@
 //! phase yields no diagnosis, and spike mode enters on `latency_jump` without any SLO.
 //! The same against the real llama.cpp server is in `tests/spike.rs`.
 
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use fake_opentelemetry_collector::{ExportedSpan, FakeCollectorServer};
-use lmperf_e2e::agent::{Agent, lmperf_bin};
+use lmperf_e2e::agent::Agent;
 use lmperf_e2e::otlp::attrs;
 use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
+use lmperf_e2e::temp;
 use serde_json::Value;
 
 const CALM: Duration = Duration::from_secs(125);
@@ -28,17 +28,8 @@ fn unix(t: SystemTime) -> f64 {
 }
 
 fn ctl(agent: &Agent, args: &[&str]) -> (i32, String) {
-    let sock = agent.runtime_dir.join("lmperf/control.sock");
-    let out = Command::new(lmperf_bin())
-        .args(["ctl", "--addr", &format!("unix:{}", sock.display())])
-        .args(args)
-        .env_remove("LMPERF_CONTROL_TOKEN")
-        .output()
-        .expect("run lmperf ctl");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
-    )
+    let (code, out, err) = agent.ctl(args);
+    (code, out + &err)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -70,8 +61,7 @@ async fn slowdown_is_diagnosed_as_load_surge_within_60_s() {
     }))
     .await;
     let mut collector = FakeCollectorServer::start().await.unwrap();
-    let dir = std::env::temp_dir().join(format!("lmperf-diagnosis-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp::dir("diagnosis");
     let cfg = dir.join("agent.toml");
     std::fs::write(
         &cfg,

@@ -10,6 +10,7 @@ use lmperf::config::{self, Api, Env, Overrides, TargetConfig, raw::RawCanary};
 use lmperf::measure::Outcome;
 use lmperf_e2e::agent::{Agent, prom_sum};
 use lmperf_e2e::scripted::{Frame, Reply, ScriptedServer, chat_stream};
+use lmperf_e2e::temp;
 use tokio_util::sync::CancellationToken;
 
 struct NoEnv;
@@ -341,8 +342,7 @@ async fn collector_down_13_otel_rust_956_collector_down() {
     let case = lmperf_e2e::case("other/13_otel_rust_956_collector_down.json");
     let good =
         ScriptedServer::start(Arc::new(|_, _| Reply::sse(chat_stream(2, ms(2), ms(2), 4)))).await;
-    let dir = std::env::temp_dir().join(format!("lmperf-13-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp::dir("13");
     let cfg = dir.join("agent.toml");
     std::fs::write(&cfg, "[otlp]\nqueue_size = 64\nbatch_size = 16\nexport_timeout = \"500ms\"\nexport_interval = \"500ms\"\n").unwrap();
     let url = good.url();

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use lmperf_e2e::agent::{Agent, prom_sum};
+use lmperf_e2e::temp;
 
 fn gpu_series(metrics: &str) -> Vec<&str> {
     metrics
@@ -15,12 +16,10 @@ fn gpu_series(metrics: &str) -> Vec<&str> {
 
 fn config_file(extra: &str) -> std::path::PathBuf {
     let port = lmperf_e2e::peers::free_port();
-    let p = std::env::temp_dir().join(format!("lmperf-gpu-e2e-{}-{port}.toml", std::process::id()));
     let text = format!(
         "[canary]\ninterval = \"200ms\"\nmodel = \"m\"\n[[target]]\nurl = \"http://127.0.0.1:{port}\"\n{extra}"
     );
-    std::fs::write(&p, text).expect("write config");
-    p
+    temp::file("gpu.toml", &text)
 }
 
 fn check_off(agent: &Agent, library: &str) {

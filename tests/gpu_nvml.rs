@@ -13,21 +13,13 @@ use std::time::{Duration, Instant};
 use fake_opentelemetry_collector::FakeCollectorServer;
 use lmperf_e2e::agent::{Agent, lmperf_bin};
 use lmperf_e2e::fake_nvml::{self, Script};
+use lmperf_e2e::prom_text::first as prom;
 use lmperf_e2e::scripted::{Frame, Reply, ScriptedServer};
+use lmperf_e2e::temp;
 use serde_json::json;
 
 const GPU0: &str = "GPU-0c8f6f54-2d4e-4f1a-9b1e-000000000000";
 const GPU1: &str = "GPU-0c8f6f54-2d4e-4f1a-9b1e-000000000001";
-
-/// One Prometheus sample: the value of the first line of `metric` carrying every `labels`
-/// fragment (`k="v"`).
-fn prom(text: &str, metric: &str, labels: &[&str]) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(&format!("{metric}{{")) || l.starts_with(&format!("{metric} ")))
-        .find(|l| labels.iter().all(|lab| l.contains(lab)))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-}
 
 /// `hw.temperature` of the GPU `uuid` (its sensor's `hw.parent`).
 fn temperature(metrics: &str, uuid: &str) -> Option<f64> {
@@ -708,8 +700,7 @@ fn missing_symbols_fall_back_or_say_why() {
 #[test]
 fn lmperf_run_peak_vram_and_the_vram_gate_through_the_library() {
     let gib = |g: u64| g << 30;
-    let dir = std::env::temp_dir().join(format!("lmperf-nvml-run-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = temp::dir("nvml-run");
     std::fs::create_dir_all(&dir).unwrap();
     let level = dir.join("gpu1_used_bytes");
     let devices = json!([

@@ -3,19 +3,15 @@
 //! `OPENAI_BASE_URL` or vLLM's default port 8000; nothing answering is one error line.
 
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lmperf_e2e::agent::{lmperf_bin, workspace_root};
 use lmperf_e2e::peers::{ModelServer, free_port};
+use lmperf_e2e::serial;
+use lmperf_e2e::temp;
 use serde_json::Value;
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("lmperf-launch-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
 
 fn summary(dir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
@@ -122,7 +118,8 @@ fn check_seed_outputs(dir: &Path) {
 /// runs, `server.log` and `summary.json` `server` say what ran, and the server is gone after.
 #[test]
 fn seed_command_launches_the_real_server_and_stops_it() {
-    let dir = tmp("seed");
+    let _serial = serial::lock_blocking();
+    let dir = temp::dir("launch-seed");
     let pid_file = dir.with_extension("pid");
     let script = workspace_root().join("tests/peers/model-server.py");
     // `echo $$; exec`: the server keeps the shell's pid, so the test can look for it after.
@@ -182,6 +179,7 @@ fn seed_command_launches_the_real_server_and_stops_it() {
 /// default), and `OPENAI_BASE_URL` (with `/v1`) taking precedence over that default.
 #[test]
 fn seed_command_without_target_uses_port_8000_and_openai_base_url() {
+    let _serial = serial::lock_blocking();
     let port_8000_free = TcpListener::bind("127.0.0.1:8000").is_ok();
     let server = if port_8000_free {
         ModelServer::start_with(8000, &[])
@@ -189,7 +187,7 @@ fn seed_command_without_target_uses_port_8000_and_openai_base_url() {
         ModelServer::start()
     };
     if port_8000_free {
-        let dir = tmp("8000");
+        let dir = temp::dir("launch-8000");
         check_seed_run(&seed_run(&dir, None), &dir);
         assert_eq!(summary(&dir)["target"], "http://127.0.0.1:8000/");
     } else {
@@ -197,7 +195,7 @@ fn seed_command_without_target_uses_port_8000_and_openai_base_url() {
     }
     // OPENAI_BASE_URL wins over the default: a dead one fails even while 8000 answers.
     let dead = free_port();
-    let dir = tmp("dead");
+    let dir = temp::dir("launch-dead");
     let out = seed_run(&dir, Some(format!("http://127.0.0.1:{dead}/v1")));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
@@ -208,7 +206,7 @@ fn seed_command_without_target_uses_port_8000_and_openai_base_url() {
             && err.contains("--launch"),
         "{err}"
     );
-    let dir = tmp("env");
+    let dir = temp::dir("launch-env");
     check_seed_run(&seed_run(&dir, Some(format!("{}/v1", server.url()))), &dir);
     assert_eq!(summary(&dir)["target"], format!("{}/", server.url()));
 }
@@ -217,8 +215,7 @@ fn seed_command_without_target_uses_port_8000_and_openai_base_url() {
 /// with one line; the server process is gone.
 #[test]
 fn ctrl_c_while_the_server_starts_stops_it() {
-    let dir = tmp("ctrlc");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp::dir("launch-ctrlc");
     let pid_file = dir.join("pid");
     let template = sleeping_server(&pid_file);
     let mut child = launch_run(&template, &dir, &[])
@@ -261,7 +258,7 @@ fn ctrl_c_while_the_server_starts_stops_it() {
 /// error line each, and nothing left running.
 #[test]
 fn a_server_that_dies_or_never_answers_is_one_error_line() {
-    let dir = tmp("dies");
+    let dir = temp::dir("launch-dies");
     let out = Command::new(lmperf_bin())
         .args([
             "run",
@@ -285,8 +282,7 @@ fn a_server_that_dies_or_never_answers_is_one_error_line() {
         "{line}"
     );
 
-    let dir = tmp("slow");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp::dir("launch-slow");
     let pid_file = dir.join("pid");
     let template = sleeping_server(&pid_file);
     let t = Instant::now();
@@ -337,6 +333,7 @@ fn launch_without_model_or_with_target_exits_2() {
 /// --launch`'s stop wait its 10 s grace and then SIGKILL it.
 #[test]
 fn the_model_server_exits_promptly_on_sigterm_while_it_generates() {
+    let _serial = serial::lock_blocking();
     use std::io::{Read, Write};
     let mut server = ModelServer::start();
     let port = server.port;

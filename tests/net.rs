@@ -25,6 +25,8 @@ use lmperf_e2e::agent::{Agent, prom_sum};
 use lmperf_e2e::netns::DelayLink;
 use lmperf_e2e::otlp::attrs;
 use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
+use lmperf_e2e::serial;
+use lmperf_e2e::temp;
 use opentelemetry::metrics::MeterProvider as _;
 
 fn required() -> bool {
@@ -209,13 +211,10 @@ fn loopback_flows_report_rtt_connect_latency_and_a_forced_retransmit() {
 }
 
 fn config(extra: &str) -> std::path::PathBuf {
-    let p = std::env::temp_dir().join(format!(
-        "lmperf-net-{}-{}.toml",
-        std::process::id(),
-        lmperf_e2e::peers::free_port()
-    ));
-    std::fs::write(&p, format!("[canary]\nsampling_ratio = 1.0\n{extra}")).unwrap();
-    p
+    temp::file(
+        "net.toml",
+        &format!("[canary]\nsampling_ratio = 1.0\n{extra}"),
+    )
 }
 
 #[test]
@@ -588,6 +587,7 @@ fn secs(a: &std::collections::BTreeMap<String, String>, key: &str) -> f64 {
 /// against the smallest of 24: the floor of each, which a busy machine does not lower).
 #[test]
 fn canary_across_a_20ms_rtt_link_sees_it_in_kernel_rtt_and_ttft() {
+    let _serial = serial::lock_blocking();
     const TTFT: &str = "gen_ai.response.time_to_first_chunk";
     // More canaries without delay: their smallest TTFT is the floor the delayed ones stand on,
     // and a busy machine only ever raises a sample (a floor taken over 8 was 1 ms high once).
@@ -646,6 +646,7 @@ fn canary_across_a_20ms_rtt_link_sees_it_in_kernel_rtt_and_ttft() {
 /// RTT link, and the status says where the values come from.
 #[test]
 fn tcp_info_fallback_reads_the_canary_connection_rtt_when_probes_are_disabled() {
+    let _serial = serial::lock_blocking();
     let Some((spans, status)) = canaries_across(Duration::from_millis(10), 4, false) else {
         return;
     };

@@ -19,6 +19,7 @@ use lmperf_e2e::agent::lmperf_bin;
 use lmperf_e2e::chromium;
 use lmperf_e2e::np_percentile;
 use lmperf_e2e::scripted::{Frame, Reply, ScriptedServer};
+use lmperf_e2e::temp;
 
 struct Fixture {
     base: PathBuf,
@@ -30,8 +31,7 @@ struct Fixture {
 fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
-        let root = std::env::temp_dir().join(format!("lmperf-reports-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
+        let root = temp::dir("reports");
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -617,8 +617,7 @@ fn pow2_bucket(n: u64) -> (u64, u64) {
 /// report.html's heatmap and SLO cells equal to summary.json.
 #[test]
 fn length_distribution_heatmap_buckets_requests_by_their_lengths() {
-    let root = std::env::temp_dir().join(format!("lmperf-heat-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
+    let root = temp::dir("heat");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -816,8 +815,7 @@ fn length_distribution_heatmap_buckets_requests_by_their_lengths() {
 /// time, the table in report.html; with stderr not a terminal, plain progress lines.
 #[test]
 fn repeat_gives_cv_per_metric_and_plain_progress_lines() {
-    let root = std::env::temp_dir().join(format!("lmperf-repeat-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
+    let root = temp::dir("repeat");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -1011,7 +1009,7 @@ async fn run_exports_spans_and_metrics_over_otlp() {
     }))
     .await;
     let mut collector = FakeCollectorServer::start().await.unwrap();
-    let root = std::env::temp_dir().join(format!("lmperf-otlp-{}", std::process::id()));
+    let root = temp::dir("otlp");
     // Exporting runs: with the flags (in8), with the variables only (in16); a run with
     // neither (in32) exports nothing.
     for (len, mode) in [("8", "flags"), ("16", "env"), ("32", "none")] {

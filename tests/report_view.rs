@@ -18,6 +18,7 @@ use std::time::Duration;
 use lmperf_e2e::agent::{lmperf_bin, workspace_root};
 use lmperf_e2e::chromium;
 use lmperf_e2e::scripted::{Frame, Reply, ScriptedServer};
+use lmperf_e2e::temp;
 
 /// Screenshot size: the whole report of these runs fits.
 const SHOT: (u32, u32) = (1400, 5200);
@@ -54,8 +55,7 @@ fn run(
     script: impl Fn(usize) -> Reply + Send + Sync + 'static,
     args: &[&str],
 ) -> (PathBuf, String) {
-    let dir = std::env::temp_dir().join(format!("lmperf-view-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = temp::dir(&format!("view-{name}"));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -11,6 +11,8 @@ use lmperf_e2e::agent::lmperf_bin;
 use lmperf_e2e::np_percentile;
 use lmperf_e2e::peers::ModelServer;
 use lmperf_e2e::scripted::{Frame, Reply, ScriptedServer};
+use lmperf_e2e::serial;
+use lmperf_e2e::temp;
 
 struct NoEnv;
 impl Env for NoEnv {
@@ -36,6 +38,7 @@ fn completions_target(url: &str, max_tokens: u32) -> lmperf::config::TargetConfi
 
 #[tokio::test(flavor = "multi_thread")]
 async fn case_07_vllm_54101_client_queueing() {
+    let _serial = serial::lock().await;
     let case = lmperf_e2e::case("sse/07_vllm_54101_client_queueing.json");
     let (input, want) = (&case["input"], &case["expected"]);
     let ttft = Duration::from_millis(input["server_ttft_ms"].as_u64().unwrap());
@@ -63,7 +66,7 @@ async fn case_07_vllm_54101_client_queueing() {
     }))
     .await;
     let target = completions_target(&server.url(), 3);
-    let dir = std::env::temp_dir().join(format!("lmperf-case07-{}", std::process::id()));
+    let dir = temp::dir("case07");
     let n = input["num_requests"].as_u64().unwrap() as usize;
     let spec = RunSpec {
         concurrencies: vec![input["max_concurrency"].as_u64().unwrap() as usize],
@@ -160,9 +163,9 @@ async fn case_07_vllm_54101_client_queueing() {
 /// counts consistent, percentiles recomputable from requests.jsonl, a gate exits 3.
 #[test]
 fn seed_command_on_the_real_server() {
+    let _serial = serial::lock_blocking();
     let server = ModelServer::start();
-    let dir = std::env::temp_dir().join(format!("lmperf-run-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = temp::dir("run");
     let out = Command::new(lmperf_bin())
         .args([
             "run",
@@ -356,6 +359,7 @@ fn bad_flags_exit_2() {
 /// gaps are exponential with rate 200, and the sends follow the schedule.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poisson_200_per_second_for_60_s() {
+    let _serial = serial::lock().await;
     let seconds: usize = std::env::var("LMPERF_POISSON_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -369,7 +373,7 @@ async fn poisson_200_per_second_for_60_s() {
     }))
     .await;
     let target = completions_target(&server.url(), 1);
-    let dir = std::env::temp_dir().join(format!("lmperf-poisson-{}", std::process::id()));
+    let dir = temp::dir("poisson");
     let n = seconds * rate as usize;
     let spec = RunSpec {
         concurrencies: vec![256],
@@ -480,7 +484,7 @@ async fn peak_vram_per_benchmark_and_the_vram_gate() {
     }))
     .await;
     let target = completions_target(&server.url(), 3);
-    let dir = std::env::temp_dir().join(format!("lmperf-vram-{}", std::process::id()));
+    let dir = temp::dir("vram");
     let spec = RunSpec {
         concurrencies: vec![1, 2],
         input_lengths: vec![8],
@@ -545,8 +549,7 @@ async fn the_servers_error_reason_reaches_the_terminal_and_the_report() {
         Reply::json(400, r#"{"error":{"code":400,"message":"request (3001 tokens) exceeds the available context size (2048 tokens)","type":"exceed_context_size_error"}}"#)
     }))
     .await;
-    let dir = std::env::temp_dir().join(format!("lmperf-run-reason-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = temp::dir("run-reason");
     let url = server.url();
     let d = dir.clone();
     let out = tokio::task::spawn_blocking(move || {
@@ -634,8 +637,7 @@ async fn fast_then_slow(fast: usize) -> ScriptedServer {
 async fn ctrl_c_during_a_capacity_search_writes_the_steps_that_completed() {
     // Step 0's 10 requests answer in 40 ms, later steps' take 30 s.
     let server = fast_then_slow(10).await;
-    let dir = std::env::temp_dir().join(format!("lmperf-run-ctrlc-cap-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = temp::dir("run-ctrlc-cap");
     let mut child = tokio::process::Command::new(lmperf_bin())
         .args([
             "run",
@@ -748,8 +750,7 @@ async fn ctrl_c_writes_the_benchmarks_that_completed() {
     // The first benchmark's 10 requests answer in 40 ms, the second's take 30 s: the
     // interrupt always lands during the second.
     let server = fast_then_slow(10).await;
-    let dir = std::env::temp_dir().join(format!("lmperf-run-ctrlc-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = temp::dir("run-ctrlc");
     // c1: 10 requests one at a time (~0.5 s); c2: 10 requests of 30 s each.
     let mut child = tokio::process::Command::new(lmperf_bin())
         .args([

@@ -11,6 +11,7 @@ use fake_opentelemetry_collector::{ExportedMetric, ExportedSpan, FakeCollectorSe
 use lmperf_e2e::agent::Agent;
 use lmperf_e2e::otlp::attrs;
 use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
+use lmperf_e2e::temp;
 
 const CALM: Duration = Duration::from_secs(10);
 const BURST: Duration = Duration::from_secs(20);
@@ -62,8 +63,7 @@ async fn calm_error_burst_calm_at_a_real_receiver() {
     }))
     .await;
     let mut collector = FakeCollectorServer::start().await.unwrap();
-    let dir = std::env::temp_dir().join(format!("lmperf-sampling-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp::dir("sampling");
     let cfg = dir.join("agent.toml");
     std::fs::write(
         &cfg,

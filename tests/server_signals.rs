@@ -13,6 +13,9 @@ use fake_opentelemetry_collector::FakeCollectorServer;
 use lmperf_e2e::agent::{Agent, prom_sum};
 use lmperf_e2e::otlp::attrs;
 use lmperf_e2e::peers::{ModelServer, free_port};
+use lmperf_e2e::prom_text;
+use lmperf_e2e::serial;
+use lmperf_e2e::temp;
 
 /// A config file for one target at `url`, scraped every second.
 fn config(dir: &std::path::Path, url: &str, canary_interval: &str) -> std::path::PathBuf {
@@ -22,12 +25,6 @@ fn config(dir: &std::path::Path, url: &str, canary_interval: &str) -> std::path:
     );
     std::fs::write(&path, text).expect("write config");
     path
-}
-
-fn tempdir(tag: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("lmperf-server-{tag}-{}", std::process::id()));
-    let _ = std::fs::create_dir_all(&d);
-    d
 }
 
 /// Starts the agent with `cfg`, exporting over gRPC to `endpoint`, every span kept.
@@ -130,24 +127,19 @@ async fn drain_until<T>(
     (out, spans, metrics)
 }
 
-fn prom_value(text: &str, metric: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{metric}{{")) || l.starts_with(&format!("{metric} ")))
-        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
-}
-
 /// Acceptance 1: more concurrent requests than `--parallel` slots: the agent's
 /// `lmperf_server_requests_waiting` rises above 0, `requests.running` equals the busy slots
 /// (2), its token counters equal the server's own counter deltas, and canary spans carry the
 /// queue at their send.
 #[tokio::test(flavor = "multi_thread")]
 async fn overloaded_llamacpp_queue_running_tokens_and_span_attributes() {
+    let _serial = serial::lock().await;
     let server = tokio::task::spawn_blocking(ModelServer::start)
         .await
         .unwrap();
     let port = server.port;
     let mut collector = FakeCollectorServer::start().await.unwrap();
-    let dir = tempdir("overload");
+    let dir = temp::dir("server-overload");
     let cfg = config(&dir, &server.url(), "700ms");
     let before = prom_sum(&server.metrics(), "llamacpp:tokens_predicted_total", &[]);
     let endpoint = collector.endpoint();
@@ -179,10 +171,12 @@ async fn overloaded_llamacpp_queue_running_tokens_and_span_attributes() {
                     && t.elapsed() > Duration::from_secs(6))
             {
                 let (_, m) = agent.get("/metrics");
-                max_waiting = max_waiting
-                    .max(prom_value(&m, "lmperf_server_requests_waiting").unwrap_or(0.0));
-                max_running = max_running
-                    .max(prom_value(&m, "lmperf_server_requests_running").unwrap_or(0.0));
+                max_waiting = max_waiting.max(
+                    prom_text::first(&m, "lmperf_server_requests_waiting", &[]).unwrap_or(0.0),
+                );
+                max_running = max_running.max(
+                    prom_text::first(&m, "lmperf_server_requests_running", &[]).unwrap_or(0.0),
+                );
                 std::thread::sleep(Duration::from_millis(250));
             }
             stop.store(true, Ordering::Relaxed);
@@ -285,13 +279,14 @@ async fn overloaded_llamacpp_queue_running_tokens_and_span_attributes() {
 /// canary span and `lmperf_server_changes_total`.
 #[tokio::test(flavor = "multi_thread")]
 async fn restart_under_another_alias_is_one_model_change() {
+    let _serial = serial::lock().await;
     let port = free_port();
     let server =
         tokio::task::spawn_blocking(move || ModelServer::start_with(port, &["--alias", "model-a"]))
             .await
             .unwrap();
     let mut collector = FakeCollectorServer::start().await.unwrap();
-    let dir = tempdir("restart");
+    let dir = temp::dir("server-restart");
     let cfg = config(&dir, &server.url(), "1s");
     let endpoint = collector.endpoint();
     let agent = spawn_agent(cfg, endpoint, &[]).await;
@@ -402,8 +397,9 @@ async fn restart_under_another_alias_is_one_model_change() {
 /// the client's TTFT (rendered in headless Chromium when present).
 #[test]
 fn lmperf_run_against_the_overloaded_server_reports_its_queue() {
+    let _serial = serial::lock_blocking();
     let server = ModelServer::start();
-    let dir = tempdir("run");
+    let dir = temp::dir("server-run");
     let out = std::process::Command::new(lmperf_e2e::agent::lmperf_bin())
         .args([
             "run",

@@ -8,24 +8,20 @@
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use fake_opentelemetry_collector::{ExportedSpan, FakeCollectorServer};
-use lmperf_e2e::agent::{Agent, lmperf_bin};
+use lmperf_e2e::agent::Agent;
 use lmperf_e2e::otlp::attrs;
 use lmperf_e2e::peers::{ModelServer, free_port};
 use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
+use lmperf_e2e::serial;
+use lmperf_e2e::temp;
 use serde_json::Value;
 
 const HOLD: Duration = Duration::from_secs(20);
-
-/// The real-server tests run one at a time: an overload next to a calm run would make it
-/// anything but calm on a small machine.
-static REAL_SERVER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The model server on one thread: with two on a loaded 2-core machine, llama.cpp's threads
 /// wait on each other (a canary of 8 tokens took 5-9 s instead of 0.3 s with one), and the
@@ -38,13 +34,6 @@ fn unix(t: SystemTime) -> f64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lmperf-spike-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 /// The agent with Poisson canaries at 1/s on `url`, no SLO, spike hold 20 s, every request
@@ -92,30 +81,8 @@ async fn spawn_agent(
 
 /// Every canary the agent measured, from `lmperf ctl recent --json`.
 fn recent_canaries(agent: &Agent) -> Vec<Value> {
-    let sock = agent.runtime_dir.join("lmperf/control.sock");
-    let out = Command::new(lmperf_bin())
-        .args([
-            "ctl",
-            "--addr",
-            &format!("unix:{}", sock.display()),
-            "--json",
-            "recent",
-            "--limit",
-            "4096",
-        ])
-        .env_remove("LMPERF_CONTROL_TOKEN")
-        .output()
-        .expect("run lmperf ctl");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
-    v["requests"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
+    agent
+        .recent(&[])
         .into_iter()
         .filter(|r| r["source"] == "canary")
         .collect()
@@ -123,18 +90,7 @@ fn recent_canaries(agent: &Agent) -> Vec<Value> {
 
 /// `lmperf ctl status` as text.
 fn ctl_status(agent: &Agent) -> String {
-    let sock = agent.runtime_dir.join("lmperf/control.sock");
-    let out = Command::new(lmperf_bin())
-        .args([
-            "ctl",
-            "--addr",
-            &format!("unix:{}", sock.display()),
-            "status",
-        ])
-        .env_remove("LMPERF_CONTROL_TOKEN")
-        .output()
-        .expect("run lmperf ctl");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    agent.ctl(&["status"]).1
 }
 
 /// Notes when the live diagnosis first confirms a root cause (Unix s) and its target document.
@@ -230,12 +186,12 @@ async fn overload_is_diagnosed_within_60_s_of_its_onset() {
 /// phase is also CI's calm check: the jump rule judges from 110 s on (8 baseline buckets and
 /// 3 recent ones), so its last 40 s must not enter spike mode.
 async fn overload_scenario(check_diagnosis: bool) {
-    let _serial = REAL_SERVER.lock().await;
+    let _serial = serial::lock().await;
     let calm = Duration::from_secs(150);
     let overload_for = Duration::from_secs(45);
     let server = tokio::task::spawn_blocking(model_server).await.unwrap();
     let mut collector = FakeCollectorServer::start().await.unwrap();
-    let dir = temp_dir("overload");
+    let dir = temp::dir("spike-overload");
     let agent = spawn_agent(&dir, &server.url(), &collector.endpoint(), "").await;
 
     let mut spans: Vec<ExportedSpan> = Vec::new();
@@ -531,14 +487,14 @@ fn busy_cores(a: Option<(u64, u64)>, b: Option<(u64, u64)>) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "cargo xtask spike-calm runs it (10 min); in CI the overload test's calm phase checks the same"]
 async fn calm_poisson_canaries_never_enter_spike_mode() {
-    let _serial = REAL_SERVER.lock().await;
+    let _serial = serial::lock().await;
     let secs: u64 = std::env::var("LMPERF_SPIKE_CALM_S")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(150);
     let server = tokio::task::spawn_blocking(model_server).await.unwrap();
     let mut collector = FakeCollectorServer::start().await.unwrap();
-    let dir = temp_dir("calm");
+    let dir = temp::dir("spike-calm");
     let agent = spawn_agent(&dir, &server.url(), &collector.endpoint(), "").await;
     let mut spans: Vec<ExportedSpan> = Vec::new();
     let cpu0 = machine_cpu();
@@ -604,6 +560,7 @@ async fn calm_poisson_canaries_never_enter_spike_mode() {
 /// cancellations are not errors of the target.
 #[tokio::test(flavor = "multi_thread")]
 async fn shutdown_with_canaries_in_flight_does_not_enter_spike_mode() {
+    let _serial = serial::lock().await;
     let slow = Arc::new(AtomicBool::new(false));
     let s2 = slow.clone();
     let server = ScriptedServer::start(Arc::new(move |req, _| {
@@ -623,7 +580,7 @@ async fn shutdown_with_canaries_in_flight_does_not_enter_spike_mode() {
     }))
     .await;
     let mut collector = FakeCollectorServer::start().await.unwrap();
-    let dir = temp_dir("shutdown");
+    let dir = temp::dir("spike-shutdown");
     let cfg = dir.join("agent.toml");
     std::fs::write(&cfg, "shutdown_timeout = \"500ms\"\n[canary]\nmax_in_flight = 32\nspike_min_requests = 5\nspike_window = \"30s\"\n").unwrap();
     let (url, endpoint) = (server.url(), collector.endpoint());

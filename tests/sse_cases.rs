@@ -14,9 +14,17 @@ use lmperf::config::{self, Api, Env, Overrides, TargetConfig, raw::RawCanary};
 use lmperf::measure::{Outcome, UsageSource};
 use lmperf_e2e::case;
 use lmperf_e2e::scripted::{Reply, ScriptedServer, case_frames};
+use lmperf_e2e::serial;
+use lmperf_e2e::temp;
 use tokio_util::sync::CancellationToken;
 
 const TOLERANCE_MS: f64 = 5.0;
+/// What a busy 2-core machine adds to a measured time beyond the server's own lateness: the
+/// test thread descheduled between the server's write and the client's read (the server and
+/// the client share it). Seen: 22 ms over the script on case 19's 1 MiB event with the machine's
+/// load average at 10 (the server's lateness 5 ms of it). Only late times get it: a time
+/// measured early (the wrong, earlier event) still fails at the tolerance.
+const BUSY_MS: f64 = 15.0;
 
 struct NoEnv;
 impl Env for NoEnv {
@@ -69,29 +77,68 @@ async fn replay(api: Api, frames: &serde_json::Value, status: u16) -> Measured {
     let m = client::execute(&clients, &t, &req, &CancellationToken::new()).await;
     let got = server.requests();
     assert_eq!(got.len(), 1, "one request on the wire");
-    set_send_offset(sent, got[0].arrived);
+    set_slack(sent, &got[0]);
     assert_eq!(got[0].path, format!("/{}", api.path()));
     m
 }
 
+/// What the scripted server's own clock says of one request, in ms: how long after the
+/// client's clock started the server had it (connect and send), and how late the server wrote
+/// its frames at most ([`lmperf_e2e::scripted::Received::lateness`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct Slack {
+    send_offset_ms: f64,
+    late_ms: f64,
+}
+
+impl Slack {
+    /// The larger of each, for samples that mix requests.
+    fn max(self, o: Slack) -> Slack {
+        Slack {
+            send_offset_ms: self.send_offset_ms.max(o.send_offset_ms),
+            late_ms: self.late_ms.max(o.late_ms),
+        }
+    }
+
+    fn total_ms(self) -> f64 {
+        self.send_offset_ms + self.late_ms
+    }
+}
+
 thread_local! {
-    /// How long after the client's clock started the server had the request (connect and
-    /// send), in ms. A case's times count from the request's arrival at the server, so a
-    /// measured time may exceed the case's by this much: on a loaded 2-core machine running
-    /// a debug build it reached 2.4 ms, half the tolerance.
-    static SEND_OFFSET_MS: std::cell::Cell<f64> = const { std::cell::Cell::new(0.0) };
+    /// The [`Slack`] of the request being checked. A case's times count from the request's
+    /// arrival at the server, so a measured time may exceed the case's by the send offset (on
+    /// a loaded 2-core machine running a debug build it reached 2.4 ms, half the tolerance);
+    /// and where the server wrote a frame late (a busy machine wakes its timer late: case 22's
+    /// 8 ms error body took 14.7 ms once), the measurement follows the real send, not the
+    /// script.
+    static SLACK: std::cell::Cell<Slack> = const {
+        std::cell::Cell::new(Slack { send_offset_ms: 0.0, late_ms: 0.0 })
+    };
 }
 
-/// Records the offset of the request sent at `sent` that the server read at `arrived`.
-fn set_send_offset(sent: std::time::Instant, arrived: std::time::Instant) {
-    SEND_OFFSET_MS.with(|o| o.set(ms(arrived.saturating_duration_since(sent))));
+/// Records the slack of the request sent at `sent` that the server received as `r`.
+fn set_slack(sent: std::time::Instant, r: &lmperf_e2e::scripted::Received) {
+    SLACK.with(|o| {
+        o.set(Slack {
+            send_offset_ms: ms(r.arrived.saturating_duration_since(sent)),
+            late_ms: ms(r.lateness()),
+        })
+    });
 }
 
-/// `got` matches the case's `want` (ms from the request's arrival at the server): no earlier
-/// than `want` less the tolerance, no later than `want` plus the send offset and tolerance.
+fn slack() -> Slack {
+    SLACK.with(std::cell::Cell::get)
+}
+
+/// `got` matches the case's `want` (ms from the request's arrival at the server), checked
+/// against the server's own send times: no earlier than `want` less the tolerance (less the
+/// server's lateness, for a gap between two frames), no later than `want` plus the send
+/// offset, the lateness, the tolerance and [`BUSY_MS`].
 fn near(got: f64, want: f64) -> bool {
-    let offset = SEND_OFFSET_MS.with(std::cell::Cell::get);
-    got >= want - TOLERANCE_MS && got <= want + offset + TOLERANCE_MS
+    let s = slack();
+    got >= want - s.late_ms - TOLERANCE_MS
+        && got <= want + s.send_offset_ms + s.late_ms + TOLERANCE_MS + BUSY_MS
 }
 
 fn ms(d: Duration) -> f64 {
@@ -107,8 +154,8 @@ fn close(got: Option<Duration>, want: &serde_json::Value, what: &str) {
                 .unwrap_or_else(|| panic!("{what}: got none, want {w} ms"));
             assert!(
                 near(g, w),
-                "{what}: got {g:.2} ms, want {w} ms (send offset {:.2} ms)",
-                SEND_OFFSET_MS.with(std::cell::Cell::get)
+                "{what}: got {g:.2} ms, want {w} ms ({:?})",
+                slack()
             );
         }
         None => assert!(got.is_none(), "{what}: got {got:?}, want none"),
@@ -127,8 +174,8 @@ fn close_list(got: &[Duration], want: &serde_json::Value, what: &str) {
     for (g, w) in got.iter().zip(&want) {
         assert!(
             near(ms(*g), *w),
-            "{what}: got {got:?}, want {want:?} (send offset {:.2} ms)",
-            SEND_OFFSET_MS.with(std::cell::Cell::get)
+            "{what}: got {got:?}, want {want:?} ({:?})",
+            slack()
         );
     }
 }
@@ -142,6 +189,7 @@ async fn single(name: &str) -> (serde_json::Value, Measured) {
 
 #[tokio::test]
 async fn case_01_guidellm_737_reasoning_ttft() {
+    let _serial = serial::lock().await;
     let (e, m) = single("01_guidellm_737_reasoning_ttft").await;
     let r = &m.record;
     close(r.ttft, &e["ttft_ms"], "ttft");
@@ -161,6 +209,7 @@ async fn case_01_guidellm_737_reasoning_ttft() {
 
 #[tokio::test]
 async fn case_02_guidellm_743_http200_error_event() {
+    let _serial = serial::lock().await;
     let (e, m) = single("02_guidellm_743_http200_error_event").await;
     let r = &m.record;
     assert_eq!(r.outcome == Outcome::Ok, e["success"].as_bool().unwrap());
@@ -179,6 +228,7 @@ async fn case_02_guidellm_743_http200_error_event() {
 
 #[tokio::test]
 async fn case_03_vllm_27485_multi_token_chunks() {
+    let _serial = serial::lock().await;
     let (e, m) = single("03_vllm_27485_multi_token_chunks").await;
     let r = &m.record;
     close(r.ttft, &e["ttft_ms"], "ttft");
@@ -193,6 +243,7 @@ async fn case_03_vllm_27485_multi_token_chunks() {
 
 #[tokio::test]
 async fn case_04_vllm_7242_ttft_in_itl() {
+    let _serial = serial::lock().await;
     let (e, m) = single("04_vllm_7242_ttft_in_itl").await;
     let r = &m.record;
     close(r.ttft, &e["ttft_ms"], "ttft");
@@ -203,11 +254,14 @@ async fn case_04_vllm_7242_ttft_in_itl() {
 
 #[tokio::test]
 async fn case_05_vllm_6064_zero_ttft_pollutes_percentiles() {
+    let _serial = serial::lock().await;
     let c = case("sse/05_vllm_6064_zero_ttft_pollutes_percentiles.json");
     let e = &c["expected"];
     let mut ttfts = Vec::new();
+    let mut run = Slack::default();
     for req in c["requests"].as_array().unwrap() {
         let m = replay(api_of(&c), &req["frames"], 200).await;
+        run = run.max(slack());
         if req["id"] == "R3" {
             assert_eq!(
                 m.record.outcome == Outcome::Ok,
@@ -226,16 +280,20 @@ async fn case_05_vllm_6064_zero_ttft_pollutes_percentiles() {
         // Only requests that produced a token give a TTFT sample.
         ttfts.extend(m.record.ttft);
     }
+    // The samples mix requests: the largest offset and lateness of any.
+    SLACK.with(|o| o.set(run));
     close_list(&ttfts, &e["ttft_samples_ms"], "ttft samples");
     let mean = ttfts.iter().map(|d| ms(*d)).sum::<f64>() / ttfts.len() as f64;
     assert!(
-        (mean - e["mean_ttft_ms"].as_f64().unwrap()).abs() <= TOLERANCE_MS,
-        "mean ttft {mean}"
+        (mean - e["mean_ttft_ms"].as_f64().unwrap()).abs()
+            <= TOLERANCE_MS + run.total_ms() + BUSY_MS,
+        "mean ttft {mean} ({run:?})"
     );
 }
 
 #[tokio::test]
 async fn case_08_vllm_57082_abort_finish_reason() {
+    let _serial = serial::lock().await;
     let (e, m) = single("08_vllm_57082_abort_finish_reason").await;
     let r = &m.record;
     assert_eq!(r.outcome == Outcome::Ok, e["success"].as_bool().unwrap());
@@ -251,6 +309,7 @@ async fn case_08_vllm_57082_abort_finish_reason() {
 
 #[tokio::test]
 async fn case_09_llamacpp_16048_usage_chunk_empty_choices() {
+    let _serial = serial::lock().await;
     let (e, m) = single("09_llamacpp_16048_usage_chunk_empty_choices").await;
     let r = &m.record;
     assert_eq!(r.outcome == Outcome::Ok, e["success"].as_bool().unwrap());
@@ -269,6 +328,7 @@ async fn case_09_llamacpp_16048_usage_chunk_empty_choices() {
 
 #[tokio::test]
 async fn case_11_inference_perf_564_per_chunk_retokenize() {
+    let _serial = serial::lock().await;
     let (e, m) = single("11_inference_perf_564_per_chunk_retokenize").await;
     let r = &m.record;
     assert_eq!(
@@ -291,12 +351,11 @@ fn extra_of(c: &serde_json::Value) -> serde_json::Map<String, serde_json::Value>
     c["request_extra"].as_object().cloned().unwrap_or_default()
 }
 
-/// Serves the whole case and measures each of its requests in POST order (text kept).
-/// Measures every request of case `c` in order; with each, when it was sent and when the
-/// server had read it (see [`set_send_offset`]).
+/// Serves the whole case and measures each of its requests in POST order (text kept); with
+/// each, when it was sent and the request as the server received it (see [`set_slack`]).
 async fn measure_case(
     c: &serde_json::Value,
-) -> Vec<(Measured, std::time::Instant, std::time::Instant)> {
+) -> Vec<(Measured, std::time::Instant, lmperf_e2e::scripted::Received)> {
     let server = lmperf_e2e::scripted::case_server(c).await;
     let t = target(&server.url());
     let clients = Clients::new(t.connect_timeout).expect("clients");
@@ -327,7 +386,7 @@ async fn measure_case(
     out.into_iter()
         .zip(sent)
         .zip(got)
-        .map(|((m, s), r)| (m, s, r.arrived))
+        .map(|((m, s), r)| (m, s, r))
         .collect()
 }
 
@@ -381,8 +440,10 @@ fn check_request(id: &str, e: &serde_json::Value, m: &Measured) {
                     let g = opt_ms(r.tpot).expect("tpot");
                     let tokens = r.output_tokens.unwrap_or(2).max(2) as f64;
                     assert!(
-                        (g - w).abs() <= 2.0 * TOLERANCE_MS / (tokens - 1.0),
-                        "{what}: got {g}, want {w}"
+                        (g - w).abs()
+                            <= (2.0 * TOLERANCE_MS + slack().late_ms + BUSY_MS) / (tokens - 1.0),
+                        "{what}: got {g}, want {w} ({:?})",
+                        slack()
                     );
                 }
                 _ => close(r.tpot, want, &what),
@@ -419,9 +480,16 @@ fn check_request(id: &str, e: &serde_json::Value, m: &Measured) {
                 want.as_u64().unwrap(),
                 "{what}"
             ),
+            // 1000 / TPOT: within 2 tokens/s, or, where the server sent late (a busy machine
+            // can bunch its frames), the TPOT checked as every time is, against its send times.
             "decode_tokens_per_s" => {
-                let g = 1000.0 / opt_ms(r.tpot).expect("tpot");
-                assert!((g - want.as_f64().unwrap()).abs() <= 2.0, "{what}: got {g}");
+                let tpot = opt_ms(r.tpot).expect("tpot");
+                let (g, w) = (1000.0 / tpot, want.as_f64().unwrap());
+                assert!(
+                    (g - w).abs() <= 2.0 || (slack().late_ms > 0.0 && near(tpot, 1000.0 / w)),
+                    "{what}: got {g} ({:?})",
+                    slack()
+                );
             }
             "tool_calls" => {
                 let got: Vec<serde_json::Value> = r
@@ -554,22 +622,19 @@ async fn check_case(name: &str) -> Vec<Measured> {
                 .map(|r| r["id"].as_str().unwrap())
                 .collect();
             assert_eq!(per.len(), ids.len(), "an expectation per request");
-            for (id, (m, sent, arrived)) in ids.iter().zip(&measured) {
-                set_send_offset(*sent, *arrived);
+            let mut run = Slack::default();
+            for (id, (m, sent, r)) in ids.iter().zip(&measured) {
+                set_slack(*sent, r);
+                run = run.max(slack());
                 check_request(id, &per[*id], m);
             }
-            // Run-level samples mix requests: the largest offset of any.
-            if let Some((_, sent, arrived)) = measured
-                .iter()
-                .max_by_key(|(_, s, a)| a.saturating_duration_since(*s))
-            {
-                set_send_offset(*sent, *arrived);
-            }
+            // Run-level samples mix requests: the largest offset and lateness of any.
+            SLACK.with(|o| o.set(run));
             check_run(e, &ms_all);
         }
         None => {
-            let (m, sent, arrived) = &measured[0];
-            set_send_offset(*sent, *arrived);
+            let (m, sent, r) = &measured[0];
+            set_slack(*sent, r);
             check_request(name, e, m);
         }
     }
@@ -578,22 +643,26 @@ async fn check_case(name: &str) -> Vec<Measured> {
 
 #[tokio::test]
 async fn case_18_evalscope_1638_half_event_coalesced() {
+    let _serial = serial::lock().await;
     check_case("sse/18_evalscope_1638_half_event_coalesced.json").await;
 }
 
 #[tokio::test]
 async fn case_19_inference_perf_283_one_mib_event() {
+    let _serial = serial::lock().await;
     let m = check_case("sse/19_inference_perf_283_one_mib_event.json").await;
     assert!(m[0].record.error.is_none());
 }
 
 #[tokio::test]
 async fn case_21_llamacpp_16104_error_outside_data_field() {
+    let _serial = serial::lock().await;
     check_case("sse/21_llamacpp_16104_error_outside_data_field.json").await;
 }
 
 #[tokio::test]
 async fn case_22_llamacpp_16486_non200_error_bodies() {
+    let _serial = serial::lock().await;
     let m = check_case("sse/22_llamacpp_16486_non200_error_bodies.json").await;
     // error.type stays the status; the server's type is kept beside it.
     let e = m[0].record.error.as_ref().unwrap();
@@ -605,21 +674,25 @@ async fn case_22_llamacpp_16486_non200_error_bodies() {
 
 #[tokio::test]
 async fn case_23_aiperf_804_tool_call_only_stream() {
+    let _serial = serial::lock().await;
     check_case("sse/23_aiperf_804_tool_call_only_stream.json").await;
 }
 
 #[tokio::test]
 async fn case_24_langfuse_16998_n2_interleaved_choices() {
+    let _serial = serial::lock().await;
     check_case("sse/24_langfuse_16998_n2_interleaved_choices.json").await;
 }
 
 #[tokio::test]
 async fn case_25_ik_llamacpp_467_no_done_marker() {
+    let _serial = serial::lock().await;
     check_case("sse/25_ik_llamacpp_467_no_done_marker.json").await;
 }
 
 #[tokio::test]
 async fn case_26_vllm_55508_usage_tail_tpot() {
+    let _serial = serial::lock().await;
     check_case("sse/26_vllm_55508_usage_tail_tpot.json").await;
 }
 
@@ -628,11 +701,11 @@ async fn case_26_vllm_55508_usage_tail_tpot() {
 /// come from the one success only.
 #[tokio::test(flavor = "multi_thread")]
 async fn case_22_llamacpp_16486_non200_error_bodies_in_lmperf_run() {
+    let _serial = serial::lock().await;
     let c = case("sse/22_llamacpp_16486_non200_error_bodies.json");
     let e = &c["expected"];
     let server = lmperf_e2e::scripted::case_server(&c).await;
-    let dir = std::env::temp_dir().join(format!("lmperf-case22-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = temp::dir("case22");
     let spec = lmperf::bench::RunSpec {
         num_prompts: 5,
         input_lengths: vec![8],
@@ -722,6 +795,7 @@ const OWN_TOKEN: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\"
 
 #[tokio::test]
 async fn own_event_error_stream() {
+    let _serial = serial::lock().await;
     let f = own_frames(&[
         (20, OWN_TOKEN),
         (
@@ -763,6 +837,7 @@ async fn own_event_error_stream() {
 
 #[tokio::test]
 async fn own_bare_json_error_after_tokens() {
+    let _serial = serial::lock().await;
     let f = own_frames(&[
         (20, OWN_TOKEN),
         (30, OWN_TOKEN),
@@ -793,6 +868,7 @@ async fn own_bare_json_error_after_tokens() {
 
 #[tokio::test]
 async fn own_n3_on_completions() {
+    let _serial = serial::lock().await;
     let c = |t: &str| format!("data: {{\"object\":\"text_completion\",\"choices\":[{t}]}}\n\n");
     let (a, b, d, e) = (
         c(
@@ -816,10 +892,14 @@ async fn own_n3_on_completions() {
     ]);
     let r = replay(Api::Completions, &f, 200).await.record;
     assert_eq!(r.outcome, Outcome::Ok, "{:?}", r.error);
+    // Before the second frame was due (70 ms), plus what the server's own clock says it was
+    // late by and the send offset.
+    let s = slack();
     assert!(
         r.ttft
-            .is_some_and(|t| t >= Duration::from_millis(50) && t < Duration::from_millis(70)),
-        "TTFT: first token of any choice: {:?}",
+            .map(ms)
+            .is_some_and(|t| t >= 50.0 && t < 70.0 + s.late_ms + s.send_offset_ms),
+        "TTFT: first token of any choice: {:?} ({s:?})",
         r.ttft
     );
     assert_eq!(r.tpot, None, "no request-level TPOT across choices");
@@ -854,10 +934,10 @@ async fn own_n3_on_completions() {
 /// TTFT, ITL and finish reason, with no request-level TPOT.
 #[tokio::test(flavor = "multi_thread")]
 async fn case_24_langfuse_16998_n2_interleaved_choices_in_lmperf_run() {
+    let _serial = serial::lock().await;
     let c = case("sse/24_langfuse_16998_n2_interleaved_choices.json");
     let server = lmperf_e2e::scripted::case_server(&c).await;
-    let dir = std::env::temp_dir().join(format!("lmperf-case24-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = temp::dir("case24");
     let spec = lmperf::bench::RunSpec {
         num_prompts: 2,
         input_lengths: vec![8],

@@ -17,6 +17,8 @@ use lmperf_e2e::agent::{lmperf_bin, workspace_root};
 use lmperf_e2e::np_percentile;
 use lmperf_e2e::peers::{ModelServer, free_port};
 use lmperf_e2e::scripted::{Frame, Received, Reply, ScriptedServer};
+use lmperf_e2e::serial;
+use lmperf_e2e::temp;
 use serde_json::Value;
 
 struct NoEnv;
@@ -116,12 +118,6 @@ fn rows(dir: &std::path::Path) -> Vec<Value> {
         .collect()
 }
 
-fn tmp(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("lmperf-wl-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
 /// (offset s, input, output) of a trace file, parsed here independently of the daemon.
 fn expected(name: &str, limit: usize) -> Vec<(f64, u64, u64)> {
     let text = std::fs::read_to_string(fixture(name)).unwrap();
@@ -201,7 +197,7 @@ async fn trace_samples_replay_with_speedup() {
         let speedup = span / 0.5;
         assert!(speedup > 1.0, "{name}: the limit spans some time");
         let trace = lmperf::bench::trace::load(&fixture(name), None, Some(limit)).unwrap();
-        let dir = tmp(name);
+        let dir = temp::dir(&format!("wl-{name}"));
         let before = srv.requests().len();
         let w = Workload {
             trace: Some(TraceReplay {
@@ -324,8 +320,7 @@ async fn mooncake_134k_token_prompt() {
         .unwrap()
         .to_owned();
     assert!(line.contains("\"input_length\": 134773"));
-    let dir = tmp("moon134k");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp::dir("wl-moon134k");
     let f = dir.join("big.jsonl");
     std::fs::write(&f, line + "\n").unwrap();
     let trace = lmperf::bench::trace::load(&f, None, None).unwrap();
@@ -360,8 +355,7 @@ async fn mooncake_134k_token_prompt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mooncake_shared_hash_ids_share_prompt_blocks() {
     let srv = server(4).await;
-    let dir = tmp("moonhash");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp::dir("wl-moonhash");
     let f = dir.join("shared.jsonl");
     let lines = [
         r#"{"timestamp": 0, "input_length": 700, "output_length": 2, "hash_ids": [7, 1]}"#,
@@ -436,7 +430,7 @@ async fn length_distributions_targets_vs_achieved_and_seed() {
     };
     let mut runs = Vec::new();
     for (i, seed) in [5u64, 5, 6].into_iter().enumerate() {
-        let dir = tmp(&format!("dist{i}"));
+        let dir = temp::dir(&format!("wl-dist{i}"));
         let before = srv.requests().len();
         let mut sp = spec(&srv.url(), "completions", &dir, w());
         sp.seed = seed;
@@ -509,7 +503,7 @@ async fn length_distributions_targets_vs_achieved_and_seed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prompt_file_and_multi_turn() {
     let srv = server(5).await;
-    let dir = tmp("csv");
+    let dir = temp::dir("wl-csv");
     let file =
         lmperf::bench::dataset::load(&fixture("awesome_chatgpt_prompts.csv"), false).unwrap();
     let all: Vec<String> = file
@@ -544,7 +538,7 @@ async fn prompt_file_and_multi_turn() {
         assert!(p.is_some(), "prompt_tokens is the tokenizer's count: {r}");
     }
 
-    let dir = tmp("mt");
+    let dir = temp::dir("wl-mt");
     let file = lmperf::bench::dataset::load(&fixture("mt_bench_questions.jsonl"), true).unwrap();
     let w = Workload {
         prompt_file: Some(Arc::new(file)),
@@ -613,8 +607,9 @@ async fn prompt_file_and_multi_turn() {
 /// (constant arrivals: request i at Λ⁻¹(i)), and the sends follow the offsets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ramp_linear_from_the_command_line() {
+    let _serial = serial::lock().await;
     let srv = server(2).await;
-    let dir = tmp("ramp");
+    let dir = temp::dir("wl-ramp");
     let out = run_cli(
         [
             "run",
@@ -751,7 +746,7 @@ fn in_flight_at_server(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrency_ramp_linear_from_the_command_line() {
     let (srv, arrivals) = slow_server().await;
-    let dir = tmp("cramp");
+    let dir = temp::dir("wl-cramp");
     let out = run_cli(
         [
             "run",
@@ -876,7 +871,7 @@ async fn concurrency_ramp_linear_from_the_command_line() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrency_ramp_sawtooth_falls_back() {
     let (srv, arrivals) = slow_server().await;
-    let dir = tmp("cramp-saw");
+    let dir = temp::dir("wl-cramp-saw");
     let ramp = Ramp::new_over(
         "sawtooth",
         1.0,
@@ -1028,8 +1023,9 @@ fn bad_workload_flags_exit_2_naming_the_flag() {
 /// `prompt_tokens` adds its BOS token (tolerance +1).
 #[test]
 fn trace_on_the_real_server() {
+    let _serial = serial::lock_blocking();
     let server = ModelServer::start();
-    let dir = tmp("real-trace");
+    let dir = temp::dir("wl-real-trace");
     let out = Command::new(lmperf_bin())
         .args([
             "run",
@@ -1098,7 +1094,7 @@ fn trace_on_the_real_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_tokenizer_json_instead_of_tokenize() {
     let server = server(4).await;
-    let dir = tmp("local-tokenizer");
+    let dir = temp::dir("wl-local-tokenizer");
     let tok = lmperf::bench::prompts::LocalTokenizer::load(
         &workspace_root().join("tests/fixtures/tokenizers/whitespace-words.json"),
     )
@@ -1175,6 +1171,7 @@ async fn local_tokenizer_json_instead_of_tokenize() {
 /// of the exact length (the server's usage adds its BOS token).
 #[test]
 fn gemma_tokenizer_json_matches_llama_cpp() {
+    let _serial = serial::lock_blocking();
     let path = workspace_root().join(".venv-peers/tokenizer/tokenizer.json");
     assert!(
         path.exists(),
@@ -1219,7 +1216,7 @@ fn gemma_tokenizer_json_matches_llama_cpp() {
             .len() as u32;
         assert_eq!(tok.count(t), Some(server_count), "{t:?}");
     }
-    let dir = tmp("gemma-tokenizer");
+    let dir = temp::dir("wl-gemma-tokenizer");
     let out = Command::new(lmperf_bin())
         .args([
             "run",
@@ -1265,8 +1262,7 @@ fn gemma_tokenizer_json_matches_llama_cpp() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn profile_hot_update_while_running() {
     let srv = server(4).await;
-    let dir = tmp("profile");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp::dir("wl-profile");
     let file = dir.join("load.yaml");
     // 40 output tokens/s ÷ 4 per request = 10 req/s.
     std::fs::write(&file, "profile: burst-llm-eval\nprompt_length: {distribution: lognormal, mu: 60, sigma: 0.3, max: 200}\nconcurrency: {ramp: exponential, base: 4, step: 1s, max: 16}\ntoken_rate: {mode: constant, target: 40/s, jitter: 15%}\n").unwrap();
@@ -1399,6 +1395,7 @@ async fn profile_hot_update_while_running() {
 /// load returns to that level and the streams to 100 tokens/s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adaptive_token_rate_finds_the_servers_decode_rate_floor() {
+    let _serial = serial::lock().await;
     const TOKENS: u64 = 4;
     let arrivals: Arc<std::sync::Mutex<std::collections::VecDeque<std::time::Instant>>> =
         Arc::default();
@@ -1427,8 +1424,7 @@ async fn adaptive_token_rate_finds_the_servers_decode_rate_floor() {
         }
     }))
     .await;
-    let dir = tmp("adaptive");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp::dir("wl-adaptive");
     let file = dir.join("adaptive.yaml");
     std::fs::write(&file, "profile: find-floor\nprompt_length: {distribution: fixed, value: 8}\nconcurrency: {ramp: fixed, base: 64}\ntoken_rate: {mode: adaptive, target: 100/s, increase: 50%, step: 1s, floor: 50}\n").unwrap();
     let out_dir = dir.join("out");
@@ -1521,9 +1517,9 @@ async fn adaptive_token_rate_finds_the_servers_decode_rate_floor() {
 /// limit 1 before 4 s and 2 after; the summary and report mark the change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn profile_hot_update_on_the_real_server() {
+    let _serial = serial::lock().await;
     let server = ModelServer::start_with(free_port(), &["--threads", "1"]);
-    let dir = tmp("profile-real");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp::dir("wl-profile-real");
     let file = dir.join("load.yaml");
     let concurrency = "concurrency: {ramp: linear, base: 1, step: 4s, max: 2}\n";
     std::fs::write(&file, format!("profile: real-ramp\nprompt_length: {{distribution: fixed, value: 32}}\n{concurrency}token_rate: {{mode: constant, target: 4/s}}\n")).unwrap();
@@ -1699,8 +1695,9 @@ async fn profile_hot_update_on_the_real_server() {
 /// the histograms' 0.1 %).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closed_loop_dispatch_delay_counts_from_the_free_slot() {
+    let _serial = serial::lock().await;
     let (srv, _) = slow_server().await;
-    let dir = tmp("closed-delay");
+    let dir = temp::dir("wl-closed-delay");
     let started = std::time::Instant::now();
     let out = run_cli(
         [

@@ -22,13 +22,10 @@ use lmperf_e2e::netns::DelayLink;
 use lmperf_e2e::otlp::attrs;
 use lmperf_e2e::peers::ModelServer;
 use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
+use lmperf_e2e::temp;
 use serde_json::Value;
 
 use super::{CALM_S, CONFIRM_WITHIN_S, RECORD_AFTER_ONSET_S, Run, enabled, recorded, unix_now};
-
-/// The real-server episodes run one at a time (an overload next to another episode's calm
-/// would be neither).
-static REAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The canaries on the real server: one a second, of 4 tokens (about 0.3 s each with one
 /// thread). With 16 tokens at 2/s on a 2-core machine shared with other model servers, the
@@ -299,13 +296,6 @@ fn run_episode<G>(
     (run, seen)
 }
 
-fn temp_dir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("lmperf-diag-real-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 /// Closed-loop clients against the model server on `port`, each sending `body(i, n)` (client
 /// i, its n-th request) after another, until the guard drops or `LOAD_MAX`; counts requests
 /// answered.
@@ -450,9 +440,9 @@ fn real_server_episode(
     if !enabled() {
         return None;
     }
-    let _serial = REAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = lmperf_e2e::serial::lock_blocking();
     let server = model_server();
-    let dir = temp_dir(cause);
+    let dir = temp::dir(&format!("diag-real-{cause}"));
     let cfg = agent_config(
         &dir,
         &server.url(),
@@ -558,7 +548,7 @@ fn network(one_way_ms: u64, name: &'static str) {
     if !enabled() {
         return;
     }
-    let _serial = REAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = lmperf_e2e::serial::lock_blocking();
     let link = match DelayLink::new(Duration::ZERO) {
         Ok(l) => Arc::new(l),
         Err(e) => panic!("the network episode needs root (namespaces, TUN): {e}"),
@@ -599,7 +589,7 @@ fn network(one_way_ms: u64, name: &'static str) {
     let server_addr: SocketAddr = addr_rx.recv_timeout(Duration::from_secs(5)).unwrap();
     let l2 = link.clone();
     let (run, seen) = link.a.run(move || {
-        let dir = temp_dir("network");
+        let dir = temp::dir("diag-real-network");
         let cfg = agent_config(&dir, &format!("http://{server_addr}"), "m", "interval = \"500ms\"\nmax_tokens = 16\n", "", true);
         let mut otlp = Otlp::start();
         let magnitude = format!("RTT +{} ms ({one_way_ms} ms each way)", 2 * one_way_ms);
@@ -661,9 +651,9 @@ fn live_calm_real_server_is_never_diagnosed() {
         eprintln!("skipped: set LMPERF_DIAGNOSE_CALM_S=N (cargo xtask diagnose-eval --calm 30m)");
         return;
     };
-    let _serial = REAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = lmperf_e2e::serial::lock_blocking();
     let server = model_server();
-    let dir = temp_dir("calm");
+    let dir = temp::dir("diag-real-calm");
     let cfg = agent_config(
         &dir,
         &server.url(),

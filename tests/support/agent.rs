@@ -167,6 +167,39 @@ impl Agent {
         self.child.id()
     }
 
+    /// The agent's default control socket (`<its XDG_RUNTIME_DIR>/lmperf/control.sock`).
+    pub fn control_socket(&self) -> PathBuf {
+        self.runtime_dir.join("lmperf/control.sock")
+    }
+
+    /// `lmperf ctl --addr unix:<its control socket> ARGS`, without a control token from the
+    /// environment: (exit code, -1 for a signal; stdout; stderr).
+    pub fn ctl(&self, args: &[&str]) -> (i32, String, String) {
+        let out = Command::new(lmperf_bin())
+            .args(["ctl", "--addr"])
+            .arg(format!("unix:{}", self.control_socket().display()))
+            .args(args)
+            .env_remove("LMPERF_CONTROL_TOKEN")
+            .output()
+            .expect("run lmperf ctl");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// The requests the agent keeps (`lmperf ctl --json recent --limit 4096 ARGS`), oldest
+    /// first; panics unless `ctl` succeeds.
+    pub fn recent(&self, args: &[&str]) -> Vec<serde_json::Value> {
+        let mut all = vec!["--json", "recent", "--limit", "4096"];
+        all.extend_from_slice(args);
+        let (code, out, err) = self.ctl(&all);
+        assert_eq!(code, 0, "lmperf ctl recent: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("ctl recent JSON");
+        v["requests"].as_array().cloned().unwrap_or_default()
+    }
+
     /// SIGTERM, then waits up to `timeout` for the exit off the async runtime; returns the exit
     /// code (`None`: still running, or ended by a signal) and the agent, for its logs.
     pub async fn stop(mut self, timeout: Duration) -> (Option<i32>, Agent) {
@@ -282,12 +315,6 @@ fn dechunk(mut s: &str) -> String {
     out
 }
 
-/// Sum of a Prometheus counter's samples whose line matches all `labels` (`k="v"`).
-pub fn prom_sum(text: &str, metric: &str, labels: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(&format!("{metric}{{")) || l.starts_with(&format!("{metric} ")))
-        .filter(|l| labels.iter().all(|lab| l.contains(lab)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
+/// Sum of a Prometheus counter's samples whose line matches all `labels` (`k="v"`): the
+/// name the tests import ([`crate::prom_text::sum`]).
+pub use crate::prom_text::sum as prom_sum;

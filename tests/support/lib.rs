@@ -1,5 +1,6 @@
-//! Test support for lmperf's end-to-end tests: a scripted SSE server, the agent as a child
-//! process, and the real peers (model server, OTLP collector).
+//! Test support for lmperf's end-to-end tests (the `e2e` binary, `tests.rs`): a scripted SSE
+//! server, the agent as a child process, the real peers (model server, OTLP collector), temp
+//! dirs, Prometheus text, and the lock of the tests that must not overlap ([`serial`]).
 
 pub mod agent;
 pub mod chromium;
@@ -9,11 +10,14 @@ pub mod openmetrics;
 pub mod otlp;
 pub mod peers;
 pub mod pod_resources;
+pub mod prom_text;
 pub mod prometheus;
 pub mod promql;
 pub mod scripted;
+pub mod serial;
 pub mod spans;
 pub mod stream_server;
+pub mod temp;
 
 /// The shared cases copied into `tests/fixtures/cases` (from `../shared/cases`).
 pub fn case(name: &str) -> serde_json::Value {

@@ -106,37 +106,8 @@ pub struct Pending<'a> {
     pub labels: &'a [(&'a str, u32)],
 }
 
-/// Sample name → the label names seen on it (from the sample lines, so histograms give
-/// `_bucket` (with `le`), `_sum` and `_count`).
-pub fn parse_exposition(text: &str) -> BTreeMap<String, BTreeSet<String>> {
-    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for line in text
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-    {
-        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
-        let labels = out.entry(line[..name_end].to_owned()).or_default();
-        if line[name_end..].starts_with('{') {
-            // name="value",... ; values may hold commas and escaped quotes.
-            let mut rest = &line[name_end + 1..];
-            while let Some(eq) = rest.find("=\"") {
-                labels.insert(rest[..eq].trim_start_matches(',').trim().to_owned());
-                let mut i = eq + 2;
-                let bytes = rest.as_bytes();
-                while i < bytes.len() && bytes[i] != b'"' {
-                    i += if bytes[i] == b'\\' { 2 } else { 1 };
-                }
-                rest = &rest[(i + 1).min(rest.len())..];
-                if rest.starts_with('}') {
-                    break;
-                }
-            }
-        }
-    }
-    out
-}
-
-/// Checks one expression against the scrape (`exported`, from [`parse_exposition`]); Ok(the
+/// Checks one expression against the scrape (`exported`, from
+/// [`crate::prom_text::label_names`]); Ok(the
 /// pending metrics it uses). Names and labels a scrape lacks are errors unless `pending` lists
 /// them or Prometheus adds them ([`SCRAPE_LABELS`]).
 pub fn check_expr(
@@ -481,43 +452,5 @@ fn matchers(toks: &[Tok], mut i: usize, labels: &mut Vec<String>) -> Result<usiz
             }
             t => return Err(format!("bad label matcher at {t:?}")),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn names(r: &Refs) -> Vec<(&str, Vec<&str>)> {
-        r.series
-            .iter()
-            .map(|s| {
-                (
-                    s.name.as_str(),
-                    s.labels.iter().map(String::as_str).collect(),
-                )
-            })
-            .collect()
-    }
-
-    #[test]
-    fn quantile_of_a_bucket_rate() {
-        let r = extract(r#"histogram_quantile(0.99, sum by (le, lmperf_target) (rate(m_bucket{a=~"$t", b="", c!="x,}y"}[$__rate_interval])))"#).unwrap();
-        assert_eq!(names(&r), vec![("m_bucket", vec!["a", "b", "c"])]);
-        assert_eq!(r.grouping, vec!["le", "lmperf_target"]);
-    }
-
-    #[test]
-    fn binary_operators_with_vector_matching() {
-        let r = extract(r#"sum by (t, e) (rate(x_total{o!="ok"}[5m])) / ignoring (e) group_left sum(rate(y[${__interval}])) by (t) > bool 0.5"#).unwrap();
-        assert_eq!(names(&r), vec![("x_total", vec!["o"]), ("y", vec![])]);
-        assert_eq!(r.grouping, vec!["t", "e", "e", "t"]);
-    }
-
-    #[test]
-    fn a_typo_in_a_function_or_a_matcher_is_an_error() {
-        assert!(extract("rat(x[5m])").unwrap_err().contains("rat"));
-        assert!(extract(r#"x{a=}"#).is_err());
-        assert!(extract(r#"sum x"#).is_err());
     }
 }

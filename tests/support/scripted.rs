@@ -76,9 +76,27 @@ pub struct Received {
     pub on_connection: usize,
     /// When the whole request had been read: the instant the frames' `at` count from.
     pub arrived: std::time::Instant,
+    /// Each body frame written so far: its `at`, and the instant its write and flush
+    /// returned (the server's own send time; filled while the reply is written).
+    pub written: Arc<Mutex<Vec<(Duration, std::time::Instant)>>>,
 }
 
 impl Received {
+    /// How late the server wrote its frames, at most: the write's instant less `arrived +
+    /// at`, the largest over the frames written so far (zero before any). A loaded machine
+    /// wakes the server's timer late, and a time the client measures is late by as much.
+    pub fn lateness(&self) -> Duration {
+        self.written
+            .lock()
+            .map(|w| {
+                w.iter()
+                    .map(|(at, t)| t.saturating_duration_since(self.arrived + *at))
+                    .max()
+                    .unwrap_or_default()
+            })
+            .unwrap_or_default()
+    }
+
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
@@ -228,7 +246,9 @@ async fn serve_connection(
             connection: conn_id,
             on_connection: on_conn,
             arrived: arrived.into_std(),
+            written: Arc::default(),
         };
+        let written = req.written.clone();
         on_conn += 1;
         let n = counter.fetch_add(1, Ordering::SeqCst);
         let reply = script(&req, n);
@@ -284,6 +304,9 @@ async fn serve_connection(
                         return;
                     }
                     let _ = sock.flush().await;
+                    if let Ok(mut w) = written.lock() {
+                        w.push((f.at, std::time::Instant::now()));
+                    }
                 }
                 if cut {
                     return;

@@ -1,19 +1,42 @@
 //! `cargo xtask ci [-- <cargo test args>]`: the one test command (also `.ci/run`).
 //!
-//! 1. `tests/peers/install.sh`: the real peers the integration tests talk to; as root, the
-//!    apt packages that build the eBPF probes (`clang libbpf-dev bpftool`) and render the
-//!    HTML reports (`chromium`), when missing; and Debian's `prometheus` (server and
-//!    `promtool` for tests/alerts.rs), with its service kept from starting
-//! 2. `cargo build --workspace --all-targets --locked` (the e2e tests spawn target/debug/lmperf)
-//! 3. `cargo test --workspace --locked [args]`: daemon unit tests and tests/ e2e tests; as
-//!    root on a kernel with BTF, with `LMPERF_REQUIRE_EBPF=1` so the probe tests must run; as
-//!    root, with `LMPERF_REQUIRE_CHROMIUM=1` so the report render tests must run, and with
+//! 1. Style, first because it is fast and fails early: `cargo fmt --all --check`, then
+//!    `cargo clippy --workspace --all-targets --locked -- -D warnings` (the lints the project
+//!    allows are named in one place, `[workspace.lints]` of the root Cargo.toml; clippy also
+//!    type-checks the benchmarks, which no later step builds). `tests/peers/install.sh`
+//!    (network and pip, little CPU) runs beside it.
+//! 2. The real peers the integration tests talk to (that install, waited for); as root, the
+//!    apt packages that build the eBPF probes (`clang libbpf-dev bpftool`) and render the HTML
+//!    reports (`chromium`), when missing; and Debian's `prometheus` (server and `promtool` for
+//!    tests/alerts.rs), with its service kept from starting
+//! 3. `cargo build --workspace --locked --bins --tests --examples`: what the tests run (the
+//!    e2e tests spawn target/debug/lmperf), not the benchmarks (`cargo bench` builds those)
+//! 4. The tests, `--no-fail-fast`, in three runs of `cargo test --workspace` (the build's
+//!    packages and features): the unit tests (`--lib --bins`) one test at a time per binary
+//!    ([`UNIT_TEST_THREADS`]), the doc tests, then the integration tests (`--test '*'`: the one
+//!    e2e binary, `tests/tests.rs`) with [`E2E_TEST_THREADS`] tests at a time, those that
+//!    start the real model server or time CPU work one after another (`tests/support/serial.rs`),
+//!    each test's time printed by libtest (`--report-time`) and the slowest listed. As root on a
+//!    kernel with BTF, with `LMPERF_REQUIRE_EBPF=1` so the probe tests must run; as root, with
+//!    `LMPERF_REQUIRE_CHROMIUM=1` so the report render tests must run, and with
 //!    `LMPERF_REQUIRE_PROMETHEUS=1` so the alerting rule tests must run
-//! 4. `cargo xtask fuzz --seconds 60`: a short run of the fuzz target over the stream
-//!    measurement (installs cargo-fuzz, builds with nightly: about 4 minutes on 2 cores in all;
-//!    the long run is `cargo xtask fuzz`, 10 minutes)
+//! 5. `cargo xtask fuzz --seconds 30`: a short run of the fuzz target over the stream
+//!    measurement (cargo-fuzz installed once into `$CARGO_HOME/bin`, a nightly build of the
+//!    small fuzz crate, 30 s of fuzzing; the long run is `cargo xtask fuzz`, 10 minutes)
+//!
+//! Each step's time is printed as it ends, and all of them at the end.
 
-use anyhow::{Result, bail};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+/// Tests at a time in the e2e binary. Most e2e tests wait (on calm phases, scrape intervals,
+/// timeouts) rather than compute, and those that compute or time the CPU hold the serial lock;
+/// chosen from measured per-test times on 2 cores (see the issue 23 report).
+pub const E2E_TEST_THREADS: usize = 4;
+
+/// Tests at a time in the unit test binaries (as before issue 23): some time real sleeps.
+pub const UNIT_TEST_THREADS: usize = 1;
 
 pub fn run(args: &[String]) -> Result<()> {
     let test_args: &[String] = match args.split_first() {
@@ -21,7 +44,8 @@ pub fn run(args: &[String]) -> Result<()> {
         Some((first, rest)) if first == "--" => rest,
         Some((first, _)) if first == "-h" || first == "--help" => {
             println!(
-                "usage: cargo xtask ci [-- <cargo test args>]   e.g. cargo xtask ci -- sse -- --nocapture"
+                "usage: cargo xtask ci [-- <cargo test args>]   e.g. cargo xtask ci -- sse -- --nocapture\n\
+                 (the arguments go to both test runs: the unit tests and the e2e binary)"
             );
             return Ok(());
         }
@@ -29,8 +53,36 @@ pub fn run(args: &[String]) -> Result<()> {
             bail!("unexpected argument {first:?}; pass cargo test arguments after `--`")
         }
     };
+    let mut times = Times::default();
 
-    crate::step("[1/3] tests/peers/install.sh", crate::install_peers_cmd())?;
+    // [1/5] Style, with the peers installing beside it.
+    let peers_log = crate::root().join("target/ci-peers.log");
+    std::fs::create_dir_all(crate::root().join("target"))?;
+    let peers = spawn_logged(crate::install_peers_cmd(), &peers_log)
+        .context("cannot start tests/peers/install.sh")?;
+    let style = Instant::now();
+    let mut fmt = crate::cargo();
+    fmt.args(["fmt", "--all", "--check"]);
+    crate::step("[1/5] cargo fmt --all --check", fmt)?;
+    let mut clippy = crate::cargo();
+    clippy.args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--locked",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    crate::step(
+        "[1/5] cargo clippy --workspace --all-targets --locked -- -D warnings",
+        clippy,
+    )?;
+    times.push("style (fmt, clippy)", style);
+
+    // [2/5] Peers and packages.
+    let started = Instant::now();
+    wait_logged("[2/5] tests/peers/install.sh", peers, &peers_log)?;
     let root = is_root();
     if root {
         install_apt_packages()?;
@@ -40,46 +92,168 @@ pub fn run(args: &[String]) -> Result<()> {
             "==> not root: eBPF build packages and chromium not installed, probe and render tests skip themselves"
         );
     }
+    times.push("peers and packages", started);
 
+    // [3/5] Build what the tests run.
+    let started = Instant::now();
     let mut build = crate::cargo();
-    build.args(["build", "--workspace", "--all-targets", "--locked"]);
+    build.args([
+        "build",
+        "--workspace",
+        "--locked",
+        "--bins",
+        "--tests",
+        "--examples",
+    ]);
     crate::step(
-        "[2/3] cargo build --workspace --all-targets --locked",
+        "[3/5] cargo build --workspace --locked --bins --tests --examples",
         build,
     )?;
+    times.push("build", started);
 
-    let mut test = crate::cargo();
-    // One test at a time per binary (as on main, bb1acdf): the timing tests and the real
-    // model server share this machine's CPUs.
-    test.args(["test", "--workspace", "--locked", "--no-fail-fast"])
-        .args(test_args)
-        .env("RUST_TEST_THREADS", "1");
+    // [4/5] The tests.
+    let mut env: Vec<(&str, &str)> = Vec::new();
     if root {
-        test.env("LMPERF_REQUIRE_CHROMIUM", "1");
-        test.env("LMPERF_REQUIRE_PROMETHEUS", "1");
+        env.push(("LMPERF_REQUIRE_CHROMIUM", "1"));
+        env.push(("LMPERF_REQUIRE_PROMETHEUS", "1"));
     }
     if root && std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
-        test.env("LMPERF_REQUIRE_EBPF", "1");
+        env.push(("LMPERF_REQUIRE_EBPF", "1"));
     }
+    let started = Instant::now();
+    // Every run names the whole workspace: the same packages, so the same features as the
+    // build step (`--exclude lmperf-e2e` would drop the e2e package's features and rebuild
+    // tokio and all above it: 3.5 min of CPU).
+    let mut unit = crate::cargo();
+    unit.args([
+        "test",
+        "--workspace",
+        "--locked",
+        "--no-fail-fast",
+        "--lib",
+        "--bins",
+    ])
+    .args(test_args)
+    .env("RUST_TEST_THREADS", UNIT_TEST_THREADS.to_string())
+    .envs(env.iter().copied());
     let header = format!(
-        "[3/3] cargo test --workspace --locked --no-fail-fast {}",
+        "[4/5] cargo test --workspace --locked --no-fail-fast --lib --bins {}",
         test_args.join(" ")
     );
-    println!("==> {}", header.trim_end());
-    let (passed, failed, ok) = run_counting(test)?;
+    println!("\n==> {}", header.trim_end());
+    let mut unit_run = run_counting(unit)?;
+    let mut doc = crate::cargo();
+    doc.args(["test", "--workspace", "--locked", "--no-fail-fast", "--doc"])
+        .args(test_args)
+        .envs(env.iter().copied());
+    let header = format!(
+        "[4/5] cargo test --workspace --locked --no-fail-fast --doc {}",
+        test_args.join(" ")
+    );
+    println!("\n==> {}", header.trim_end());
+    unit_run.add(run_counting(doc)?);
+    times.push("unit and doc tests", started);
+
+    let started = Instant::now();
+    let mut e2e = crate::cargo();
+    // libtest prints each test's time with `--report-time`, an unstable option it accepts
+    // when RUSTC_BOOTSTRAP is set at run time: set through a runner, for the test binary
+    // only (set for cargo, it would rebuild proc-macro2 and everything above it).
+    e2e.args([
+        "--config",
+        r#"target.'cfg(all())'.runner = ["env", "RUSTC_BOOTSTRAP=1"]"#,
+        "test",
+        "--workspace",
+        "--locked",
+        "--no-fail-fast",
+        "--test",
+        "*",
+    ])
+    .args(test_args);
+    if !test_args.iter().any(|a| a == "--") {
+        e2e.arg("--");
+    }
+    e2e.args(["-Z", "unstable-options", "--report-time"])
+        .env("RUST_TEST_THREADS", E2E_TEST_THREADS.to_string())
+        .envs(env.iter().copied());
+    let header_e2e = format!(
+        "[4/5] cargo test --workspace --locked --no-fail-fast --test '*' {} (the e2e binary and any other integration test, {E2E_TEST_THREADS} tests at a time)",
+        test_args.join(" ")
+    );
+    println!("\n==> {header_e2e}");
+    let e2e_run = run_counting(e2e)?;
+    times.push("integration (e2e) tests", started);
+
+    let (passed, failed) = (
+        unit_run.passed + e2e_run.passed,
+        unit_run.failed + e2e_run.failed,
+    );
+    unit_run.print_slowest("unit test binaries", 5);
+    e2e_run.print_slowest("e2e tests", 15);
     // One plain closing line, so a reader of the log sees the whole suite's count rather than
     // the last test binary's (often the empty doc-test run).
     println!("\nci: {passed} passed, {failed} failed");
-    if !ok || failed > 0 {
-        bail!("`{}` failed", header.trim_end());
+    if !unit_run.ok || !e2e_run.ok || failed > 0 {
+        times.print();
+        bail!("the tests failed");
     }
-    println!("\n==> [fuzz] cargo xtask fuzz --seconds {CI_FUZZ_SECONDS}");
+
+    // [5/5] A short fuzz run.
+    let started = Instant::now();
+    println!("\n==> [5/5] cargo xtask fuzz --seconds {CI_FUZZ_SECONDS}");
     crate::fuzz::run(&["--seconds".to_owned(), CI_FUZZ_SECONDS.to_string()])?;
+    times.push("fuzz", started);
+    times.print();
     Ok(())
 }
 
 /// Seconds of the fuzz run in CI (`cargo xtask fuzz` alone runs 600).
-const CI_FUZZ_SECONDS: u64 = 60;
+const CI_FUZZ_SECONDS: u64 = 30;
+
+/// Each step's wall time, for the closing table.
+#[derive(Default)]
+struct Times(Vec<(&'static str, f64)>);
+
+impl Times {
+    fn push(&mut self, step: &'static str, started: Instant) {
+        self.0.push((step, started.elapsed().as_secs_f64()));
+    }
+
+    fn print(&self) {
+        let total: f64 = self.0.iter().map(|t| t.1).sum();
+        println!("\nci: steps (wall time):");
+        for (step, secs) in &self.0 {
+            println!("  {secs:>7.1} s  {step}");
+        }
+        println!("  {total:>7.1} s  in all ({:.1} min)", total / 60.0);
+    }
+}
+
+/// Starts `cmd` with its stdout and stderr into `log`.
+fn spawn_logged(
+    mut cmd: std::process::Command,
+    log: &std::path::Path,
+) -> Result<std::process::Child> {
+    let out = std::fs::File::create(log).with_context(|| format!("{}", log.display()))?;
+    let err = out.try_clone()?;
+    Ok(cmd.stdout(out).stderr(err).spawn()?)
+}
+
+/// Waits for `child` started by [`spawn_logged`], prints its log, fails unless it exited 0.
+fn wait_logged(header: &str, mut child: std::process::Child, log: &std::path::Path) -> Result<()> {
+    println!("\n==> {header}");
+    let started = Instant::now();
+    let status = child.wait()?;
+    print!("{}", std::fs::read_to_string(log).unwrap_or_default());
+    if !status.success() {
+        bail!("`{header}` failed ({status})");
+    }
+    println!(
+        "==> {header}: ok (waited {:.1} s after the style step)",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
 
 /// Packages that build `ebpf/` (clang for `-target bpf`, libbpf's headers, bpftool for
 /// inspecting the object), and Debian's `chromium`, which `tests/outputs.rs` renders
@@ -157,8 +331,49 @@ fn install_prometheus() -> Result<()> {
     result
 }
 
-/// Runs `cmd`, echoing its stdout, and sums the `test result:` lines of libtest.
-fn run_counting(mut cmd: std::process::Command) -> Result<(u64, u64, bool)> {
+/// What one `cargo test` printed: the counts of its `test result:` lines, each binary's time,
+/// and each test's time where libtest printed it (`--report-time`).
+struct TestRun {
+    passed: u64,
+    failed: u64,
+    ok: bool,
+    binaries: Vec<(f64, String)>,
+    tests: Vec<(f64, String)>,
+}
+
+impl TestRun {
+    /// Both runs' counts and times together.
+    fn add(&mut self, o: TestRun) {
+        self.passed += o.passed;
+        self.failed += o.failed;
+        self.ok &= o.ok;
+        self.binaries.extend(o.binaries);
+        self.tests.extend(o.tests);
+    }
+
+    /// The `n` slowest tests (when their times were printed), else the `n` slowest binaries,
+    /// and the sum, so the CI budget is watched where it goes.
+    fn print_slowest(&self, what: &str, n: usize) {
+        let (list, total) = if self.tests.is_empty() {
+            (
+                &self.binaries,
+                self.binaries.iter().map(|t| t.0).sum::<f64>(),
+            )
+        } else {
+            (&self.tests, self.tests.iter().map(|t| t.0).sum::<f64>())
+        };
+        let mut sorted: Vec<&(f64, String)> = list.iter().collect();
+        sorted.sort_by(|a, b| b.0.total_cmp(&a.0));
+        println!("\nci: {what}: {total:.0} s of test time in all; the slowest:");
+        for (secs, name) in sorted.iter().take(n) {
+            println!("  {secs:>7.1} s  {name}");
+        }
+    }
+}
+
+/// Runs `cmd`, echoing its output, and reads libtest's lines: `test result:` (counts, binary
+/// time) and `test NAME ... ok <1.234s>` (a test's time, with `--report-time`).
+fn run_counting(mut cmd: std::process::Command) -> Result<TestRun> {
     use std::io::{BufRead, BufReader, Read};
     let mut child = cmd
         .stdout(std::process::Stdio::piped())
@@ -188,9 +403,14 @@ fn run_counting(mut cmd: std::process::Command) -> Result<(u64, u64, bool)> {
         readers.push(forward(err, true, tx.clone()));
     }
     drop(tx);
-    let (mut passed, mut failed) = (0, 0);
+    let mut run = TestRun {
+        passed: 0,
+        failed: 0,
+        ok: false,
+        binaries: Vec::new(),
+        tests: Vec::new(),
+    };
     let mut binary = String::new();
-    let mut times: Vec<(f64, String)> = Vec::new();
     for (is_err, line) in rx {
         if is_err {
             eprintln!("{line}");
@@ -201,29 +421,39 @@ fn run_counting(mut cmd: std::process::Command) -> Result<(u64, u64, bool)> {
             binary = rest.split(" (").next().unwrap_or(rest).to_owned();
         }
         if let Some(rest) = line.strip_prefix("test result: ") {
-            passed += count(rest, " passed");
-            failed += count(rest, " failed");
+            run.passed += count(rest, " passed");
+            run.failed += count(rest, " failed");
             if let Some(secs) = rest
                 .rsplit("finished in ")
                 .next()
                 .and_then(|t| t.trim().strip_suffix('s'))
                 .and_then(|t| t.parse::<f64>().ok())
             {
-                times.push((secs, binary.clone()));
+                run.binaries.push((secs, binary.clone()));
             }
+        }
+        if let Some(t) = test_time(&line) {
+            run.tests.push(t);
         }
     }
     for r in readers {
         let _ = r.join();
     }
-    // The slowest test binaries, so the 30-minute budget of CI is watched where it goes.
-    times.sort_by(|a, b| b.0.total_cmp(&a.0));
-    let total: f64 = times.iter().map(|t| t.0).sum();
-    println!("\nci: test binaries took {total:.0} s in all; the slowest:");
-    for (secs, name) in times.iter().take(10) {
-        println!("  {secs:>7.1} s  {name}");
-    }
-    Ok((passed, failed, child.wait()?.success()))
+    run.ok = child.wait()?.success();
+    Ok(run)
+}
+
+/// `test sse_cases::case_01 ... ok <1.234s>` → (1.234, "sse_cases::case_01").
+fn test_time(line: &str) -> Option<(f64, String)> {
+    let rest = line.strip_prefix("test ")?;
+    let (name, result) = rest.split_once(" ... ")?;
+    let secs = result
+        .rsplit_once('<')?
+        .1
+        .strip_suffix("s>")?
+        .parse::<f64>()
+        .ok()?;
+    Some((secs, name.to_owned()))
 }
 
 /// `ok. 22 passed; 0 failed; …` → the number before `what`.
@@ -238,4 +468,25 @@ fn count(line: &str, what: &str) -> u64 {
         })
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_libtest_lines() {
+        assert_eq!(
+            test_time("test sse_cases::case_01_x ... ok <1.234s>"),
+            Some((1.234, "sse_cases::case_01_x".to_owned()))
+        );
+        assert_eq!(
+            test_time("test spike::overload ... FAILED <295.020s>"),
+            Some((295.02, "spike::overload".to_owned()))
+        );
+        assert_eq!(test_time("test spike::calm ... ignored"), None);
+        assert_eq!(test_time("test a::b ... ok"), None);
+        let r = "ok. 22 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 3.01s";
+        assert_eq!((count(r, " passed"), count(r, " failed")), (22, 1));
+    }
 }

@@ -38,7 +38,8 @@ pub fn run(args: &[String]) -> Result<()> {
             "-p",
             "lmperf-e2e",
             "--test",
-            "diagnose_live",
+            "e2e",
+            "diagnose_live::",
             "--",
             "--nocapture",
         ]);

@@ -2,7 +2,9 @@
 //! measurement (`daemon/fuzz/`, target `stream_measurer`), then its figures: executions,
 //! coverage (libFuzzer's edges `cov` and features `ft`), corpus size, time, peak memory.
 //!
-//! 1. `cargo-fuzz` from crates.io into `target/tools` (`cargo install --locked`, once);
+//! 1. `cargo-fuzz`: the one on PATH (`$CARGO_HOME/bin`, where an earlier run installed it),
+//!    else from crates.io (`cargo install cargo-fuzz --locked`, once for the machine: a fresh
+//!    clone does not build it again);
 //! 2. `cargo +nightly fuzz run stream_measurer` (nightly only here: the sanitizer-coverage
 //!    flags need it; the rest of the project builds on stable) with the corpus of the repo
 //!    (`daemon/fuzz/corpus/stream_measurer`, read) and a working corpus in
@@ -41,17 +43,12 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     }
     let root = crate::root();
+    // Earlier versions installed it here; still used when present.
     let tools = root.join("target/tools");
-    let cargo_fuzz = tools.join("bin/cargo-fuzz");
-    if !cargo_fuzz.exists() {
+    if !tools.join("bin/cargo-fuzz").exists() && !cargo_fuzz_on_path() {
         let mut install = crate::cargo();
-        install
-            .args(["install", "cargo-fuzz", "--locked", "--root"])
-            .arg(&tools);
-        crate::step(
-            "cargo install cargo-fuzz --locked --root target/tools",
-            install,
-        )?;
+        install.args(["install", "cargo-fuzz", "--locked"]);
+        crate::step("cargo install cargo-fuzz --locked", install)?;
     }
     check_nightly()?;
     let work = root.join("target/fuzz-corpus").join(TARGET);
@@ -120,6 +117,16 @@ pub fn run(args: &[String]) -> Result<()> {
 
 fn rel(root: &Path, p: &Path) -> String {
     p.strip_prefix(root).unwrap_or(p).display().to_string()
+}
+
+/// Whether `cargo fuzz` runs (`cargo-fuzz` in `$CARGO_HOME/bin` or elsewhere on PATH).
+fn cargo_fuzz_on_path() -> bool {
+    Command::new("cargo")
+        .args(["fuzz", "--version"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 fn check_nightly() -> Result<()> {

@@ -1,6 +1,6 @@
 //! Project automation (the cargo-xtask pattern): `cargo xtask <task>`, see `.cargo/config.toml`.
 //!
-//!   cargo xtask ci [-- <cargo test args>]   install the peers, build everything, run all tests
+//!   cargo xtask ci [-- <cargo test args>]   style, peers, build, every test, a short fuzz run
 //!   cargo xtask demo [--seconds N]          model server + collector + agent, live spans
 //!   cargo xtask gpu-check [--seconds N]     GPU metrics against nvidia-smi on a real GPU
 //!   cargo xtask bench-client                lmperf run vs GuideLLM and AIPerf (figures)
@@ -28,7 +28,8 @@ const USAGE: &str = "\
 usage: cargo xtask <task>
 
 tasks:
-  ci [-- <cargo test args>]   install the peers, build the workspace, run every test
+  ci [-- <cargo test args>]   fmt and clippy, install the peers, build, run every test
+                              (the e2e binary several tests at a time), fuzz 30 s
   demo [--seconds N]          run a local model server, an OTLP collector and the agent;
                               stop after N seconds or on Ctrl-C
   gpu-check [--seconds N]     on a machine with an NVIDIA GPU: run the agent under a
@@ -37,7 +38,7 @@ tasks:
                               and their sustained rate, CPU per request and TTFT error
                               against one local stream server (LMPERF_BENCH_* settings)
   fuzz [--seconds N]          cargo fuzz over StreamMeasurer (daemon/fuzz/) for N seconds
-                              (default 600; installs cargo-fuzz into target/tools, needs
+                              (default 600; installs cargo-fuzz into $CARGO_HOME/bin, needs
                               nightly), then executions, coverage and time
   fake-nvml DIR [--omit SYM]  build the scripted NVML into DIR/libnvidia-ml.so.1 with cc
                               (tests/support/fake_nvml/README.md)
@@ -120,20 +121,13 @@ pub fn peers_and_agent() -> Result<()> {
     step("[2/3] cargo build -p lmperf", build)
 }
 
-/// `cargo test -p lmperf-e2e --test FILE NAME -- --nocapture`: one end-to-end test, its output
-/// shown.
-pub fn e2e_test(file: &str, name: &str) -> Command {
+/// `cargo test -p lmperf-e2e --test e2e MODULE::NAME -- --nocapture`: one end-to-end test
+/// (module `MODULE` of `tests/tests.rs`), its output shown.
+pub fn e2e_test(module: &str, name: &str) -> Command {
     let mut test = cargo();
-    test.args([
-        "test",
-        "-p",
-        "lmperf-e2e",
-        "--test",
-        file,
-        name,
-        "--",
-        "--nocapture",
-    ]);
+    test.args(["test", "-p", "lmperf-e2e", "--test", "e2e"])
+        .arg(format!("{module}::{name}"))
+        .args(["--", "--nocapture"]);
     test
 }
 
