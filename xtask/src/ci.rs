@@ -1,5 +1,6 @@
 //! `cargo xtask ci [-- <cargo test args>]`: the one test command (also `.ci/run`).
 //!
+//! 0. `cargo xtask arch-check`: no import cycle in daemon/src, pure crates pure (no build)
 //! 1. `tests/peers/install.sh`: the real peers the integration tests talk to; as root, the
 //!    apt packages that build the eBPF probes (`clang libbpf-dev bpftool`) and render the
 //!    HTML reports (`chromium`), when missing; and Debian's `prometheus` (server and
@@ -29,6 +30,10 @@ pub fn run(args: &[String]) -> Result<()> {
             bail!("unexpected argument {first:?}; pass cargo test arguments after `--`")
         }
     };
+
+    // First and cheapest (source text only, no build): import cycles, pure crates.
+    println!("\n==> [arch] cargo xtask arch-check");
+    crate::arch_check::run(&[])?;
 
     crate::step("[1/3] tests/peers/install.sh", crate::install_peers_cmd())?;
     let root = is_root();
