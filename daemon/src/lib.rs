@@ -17,6 +17,7 @@ pub mod config;
 pub mod control;
 pub mod diagnosis;
 pub mod diagnosis_live;
+pub mod fmt;
 pub mod gpu;
 pub mod measure;
 pub mod net;

@@ -7,7 +7,8 @@
 
 pub mod capacity;
 pub mod chart;
-pub mod fmt;
+/// The number formatter, now the leaf module [`crate::fmt`] (its old path kept).
+pub use crate::fmt;
 pub mod overview;
 pub mod profile;
 pub mod ramp;
