@@ -19,7 +19,7 @@ use opentelemetry::trace::{
 use opentelemetry::{KeyValue, Value};
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 
-use crate::canary::client::Measured;
+use crate::measure::Measured;
 use crate::diagnosis::report::{State, TargetDiagnosis, unix_s};
 use crate::diagnosis::{Cause, Diagnosis, Engine, EngineConfig, Signal};
 use crate::gpu::backend::throttle;

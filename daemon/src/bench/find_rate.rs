@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::capacity::{Capacity, Next, Search, Slo, StepObservation};
 use super::prompts::TokenizeClient;
-use super::report::fmt;
+use crate::fmt;
 use super::{
     BenchError, BenchSummary, RequestRow, RunSpec, export, feed, one_benchmark, rows, summarize,
 };

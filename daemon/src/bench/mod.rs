@@ -839,15 +839,15 @@ fn result_line(summary: &BenchSummary) -> String {
         format!(", failed: {}", summary.error_reasons().join("; "))
     };
     let ms = |d: &Option<Distribution>, f: fn(&Distribution) -> f64| {
-        report::fmt::opt_duration_ms(d.as_ref().map(f))
+        crate::fmt::opt_duration_ms(d.as_ref().map(f))
     };
     format!(
         "lmperf run: {}: {} requests, {} ok{errors}, {}, {}, TTFT p50 {} p99 {}, E2EL p99 {}",
         summary.benchmark,
         summary.num_requests,
         summary.completed,
-        report::fmt::rate(summary.request_throughput, "req/s"),
-        report::fmt::rate(summary.output_token_throughput, "tok/s"),
+        crate::fmt::rate(summary.request_throughput, "req/s"),
+        crate::fmt::rate(summary.output_token_throughput, "tok/s"),
         ms(&summary.ttft_ms, |d| d.p50),
         ms(&summary.ttft_ms, |d| d.p99),
         ms(&summary.e2el_ms, |d| d.p99),
@@ -868,10 +868,10 @@ fn behind_warning(summary: &BenchSummary, rate: Option<f64>) -> Option<String> {
         format!(
             "lmperf run: warning: {}: the schedule fell behind (dispatch delay p99 {} > {} at {} offered; achieved {}): concurrency {} holds requests back; raise --batch-sizes (concurrency)",
             summary.benchmark,
-            report::fmt::duration_ms(p99),
-            report::fmt::duration_ms(bound),
-            report::fmt::rate(rate, "req/s"),
-            report::fmt::rate(summary.request_throughput, "req/s"),
+            crate::fmt::duration_ms(p99),
+            crate::fmt::duration_ms(bound),
+            crate::fmt::rate(rate, "req/s"),
+            crate::fmt::rate(summary.request_throughput, "req/s"),
             summary.concurrency,
         )
     })

@@ -353,7 +353,7 @@ pub fn report_section(summary: &super::Summary) -> String {
         ));
     }
     h.push_str(r#"<table class="server"><tr><th>benchmark</th><th>waiting mean</th><th>waiting max</th><th>running mean</th><th>running max</th><th>KV max</th><th>preemptions</th><th>prefix hit</th><th>server TTFT p50 (s)</th><th>p99 (s)</th><th>queue p50 (s)</th><th>p99 (s)</th></tr>"#);
-    let f = |v: Option<f64>| v.map_or("–".to_owned(), super::report::fmt::number);
+    let f = |v: Option<f64>| v.map_or("–".to_owned(), crate::fmt::number);
     for (name, s) in &with {
         let _ = write!(
             h,

@@ -72,13 +72,6 @@ impl Api {
             Api::Completions => "v1/completions",
         }
     }
-    /// `gen_ai.operation.name` for this API.
-    pub fn operation_name(self) -> &'static str {
-        match self {
-            Api::Chat => crate::telemetry::names::OPERATION_CHAT,
-            Api::Completions => crate::telemetry::names::OPERATION_TEXT_COMPLETION,
-        }
-    }
 }
 
 /// Gaps between request arrivals.

@@ -227,7 +227,7 @@ pub fn clock(unix: f64) -> String {
 pub fn fmt_value(signal: Signal, v: f64) -> String {
     match signal.unit() {
         // Three significant digits in its own unit: 0.103 ms, 1.66 ms, 53.0 ms, 1.24 s.
-        "s" => crate::bench::report::fmt::duration_ms(v * 1000.0),
+        "s" => crate::fmt::duration_ms(v * 1000.0),
         "Hz" => format!("{:.2} GHz", v / 1e9),
         _ if v.fract() == 0.0 && v.abs() < 1e6 => format!("{v:.0}"),
         _ if v.abs() >= 10.0 => format!("{v:.0}"),

@@ -25,6 +25,7 @@
 //! and tokens measured before it.
 
 pub mod chunk;
+pub mod measured;
 pub mod sse;
 
 use std::collections::BTreeMap;
@@ -34,6 +35,8 @@ use serde::Serialize;
 
 use chunk::{Payload, StreamError};
 use sse::{EventKind, SseEvent, SseParser};
+
+pub use measured::{Conn, Measured};
 
 /// How a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -193,7 +193,7 @@ impl SpikeRule {
 
 /// Seconds in their own unit, three significant digits: `1.66 ms`, `431 ms`, `4.10 s`.
 fn secs(s: f64) -> String {
-    crate::bench::report::fmt::duration_ms(s * 1000.0)
+    crate::fmt::duration_ms(s * 1000.0)
 }
 
 /// A sampling decision.

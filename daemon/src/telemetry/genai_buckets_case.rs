@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use super::Instruments;
 use super::MetricContext;
-use crate::canary::client::Measured;
+use crate::measure::Measured;
 use crate::config::{self, Env, Overrides};
 use crate::measure::{Outcome, RequestError, RequestRecord};
 use crate::telemetry::{Telemetry, names as n};

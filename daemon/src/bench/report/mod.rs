@@ -18,7 +18,7 @@ use std::fmt::Write as _;
 
 pub use chart::line_chart;
 use chart::{Axis, Chart, Mark, Series};
-use fmt::TimeUnit;
+use crate::fmt::TimeUnit;
 
 use super::stats::Distribution;
 use super::{BenchSummary, RequestRow, Summary};

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 use super::chart::{Axis, Band, Chart, Mark, Series, spread};
-use super::fmt::count;
+use crate::fmt::count;
 use crate::bench::stats::percentile;
 use crate::bench::workload::{Ramp, RampKind, RampOver};
 use crate::bench::{RequestRow, Summary};
