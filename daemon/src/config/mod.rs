@@ -8,6 +8,7 @@
 
 pub mod k8s;
 pub mod raw;
+pub mod scrape;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -139,7 +140,7 @@ pub struct TargetConfig {
     pub provider: Option<String>,
     pub sampling: SamplingPolicy,
     /// The model server's own metrics and identity (`server`).
-    pub server: crate::server::config::ScrapeConfig,
+    pub server: scrape::ScrapeConfig,
     /// The pod that serves this target (Kubernetes discovery or `[target.k8s]`); `None` on a
     /// plain host.
     pub k8s: Option<k8s::K8sIdentity>,
@@ -868,7 +869,7 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
     sampling.spike_min_requests = effective_spike_min(field, &sampling, &schedule);
     let api_key = read_api_key(field, &t, env)?;
     let name = t.name.clone().unwrap_or_else(|| format!("{host}:{port}"));
-    let server = crate::server::config::validate(field, &t, &base_url)?;
+    let server = scrape::validate(field, &t, &base_url)?;
     Ok(TargetConfig {
         name,
         base_url,

@@ -6,7 +6,8 @@
 //! deltas, `quantile`) are pure; `identity` reads the info routes' JSON; `state` holds what
 //! the scrapers publish.
 
-pub mod config;
+/// The scrape settings, validated in `config/` (their old path kept).
+pub use crate::config::scrape as config;
 pub mod identity;
 pub mod interval;
 pub mod normalize;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use url::Url;
 
-use super::normalize::ServerKind;
+use crate::server::normalize::ServerKind;
 use crate::config::ConfigError;
 use crate::config::raw::RawCanary;
 
