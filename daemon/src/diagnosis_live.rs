@@ -19,11 +19,11 @@ use opentelemetry::trace::{
 use opentelemetry::{KeyValue, Value};
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 
-use crate::measure::Measured;
 use crate::diagnosis::report::{State, TargetDiagnosis, unix_s};
 use crate::diagnosis::{Cause, Diagnosis, Engine, EngineConfig, Signal};
 use crate::gpu::backend::throttle;
 use crate::gpu::state::{GpuState, Snapshot};
+use crate::measure::Measured;
 use crate::measure::Outcome;
 use crate::net::state::RequestNet;
 use crate::server::interval::ServerSample;

@@ -10,8 +10,8 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
-use crate::measure::Measured;
 use crate::config::TargetConfig;
+use crate::measure::Measured;
 
 /// Where a measured request came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -384,7 +384,10 @@ mod tests {
 }
 
 /// `lmperf.sampling.spike{lmperf.target}` on `meter`: 1 while a target is in spike mode.
-pub fn register_spike_gauge(meter: &opentelemetry::metrics::Meter, targets: Vec<std::sync::Arc<TargetState>>) {
+pub fn register_spike_gauge(
+    meter: &opentelemetry::metrics::Meter,
+    targets: Vec<std::sync::Arc<TargetState>>,
+) {
     use crate::telemetry::names;
     let _gauge = meter
         .u64_observable_gauge(names::METRIC_SAMPLING_SPIKE)
@@ -393,7 +396,10 @@ pub fn register_spike_gauge(meter: &opentelemetry::metrics::Meter, targets: Vec<
             for t in &targets {
                 obs.observe(
                     u64::from(t.spike.load(Ordering::Relaxed)),
-                    &[opentelemetry::KeyValue::new(names::LMPERF_TARGET, t.name.clone())],
+                    &[opentelemetry::KeyValue::new(
+                        names::LMPERF_TARGET,
+                        t.name.clone(),
+                    )],
                 );
             }
         })

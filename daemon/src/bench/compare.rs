@@ -889,12 +889,7 @@ pub fn compare(spec: &CompareSpec) -> Result<Comparison, CompareError> {
 fn num(v: Option<f64>, per: f64) -> String {
     v.map_or_else(
         || "<td>–</td>".to_owned(),
-        |v| {
-            format!(
-                r#"<td title="{v}">{}</td>"#,
-                crate::fmt::number(v / per)
-            )
-        },
+        |v| format!(r#"<td title="{v}">{}</td>"#, crate::fmt::number(v / per)),
     )
 }
 
@@ -952,9 +947,8 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
             } else {
                 (m.unit, 1.0)
             };
-            let ci = |v: Option<f64>| {
-                v.map_or_else(|| "–".to_owned(), |v| crate::fmt::number(v / per))
-            };
+            let ci =
+                |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| crate::fmt::number(v / per));
             // A ratio's change in percentage points (a relative change of a ratio near 0 says
             // little); a metric without interval nor test has no verdict.
             let (delta_cell, pct_cell) = if m.unit == "ratio" {

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use opentelemetry::KeyValue;
 
-use crate::measure::Measured;
 use crate::config::{Env, OtlpConfig, TargetConfig};
+use crate::measure::Measured;
 use crate::measure::Outcome;
 use crate::sampler::adaptive::{Decision, Reason};
 use crate::telemetry::names as n;

@@ -27,6 +27,7 @@ pub mod rows;
 pub mod server;
 pub mod slots;
 pub mod stats;
+pub mod tokens;
 pub mod trace;
 pub mod vram;
 pub mod workload;
@@ -516,11 +517,18 @@ async fn run_on(
             spec.target.base_url
         );
     }
-    let tok = chat_template::setup(tok, &spec.workload, spec.target.api, spec.progress).await?;
+    let tok = tokens::setup(
+        tok,
+        spec.workload.chat_template.as_ref(),
+        spec.workload.tokenizer.as_ref(),
+        spec.target.api,
+        spec.progress,
+    )
+    .await?;
     // Chat prompts shorter than the template itself cannot be sent: warned, and the summary's
     // input_len is then the achieved mean.
     let template_floor = match spec.target.api {
-        Api::Chat if !spec.workload.own_inputs() => chat_template::template_floor(&tok).await,
+        Api::Chat if !spec.workload.own_inputs() => tokens::template_floor(&tok).await,
         _ => None,
     };
     if spec.progress
@@ -807,7 +815,7 @@ async fn run_on(
         profile: profile_info,
         interrupted: stopped_during.is_some(),
         prompt_tokens_source: tok.source(),
-        chat_template: tok.chat.as_ref().map(chat_template::ChatCounting::describe),
+        chat_template: tok.chat.as_ref().map(tokens::ChatCounting::describe),
         prompt_tokens_mismatch: 0,
     };
     let summary = chat_template::checked(summary, spec.progress);

@@ -357,10 +357,8 @@ pub const DEFAULT_MAX_TOKENS: u32 = 32;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 4;
-/// One SSE event may be large (a long text piece, a logprobs block, a tool call with a large
-/// argument: `../shared/cases/sse/19_*` is 1 MiB); 16 MiB is above any real server's and still
-/// bounds memory.
-pub const DEFAULT_MAX_EVENT_BYTES: usize = 16 << 20;
+/// The default cap of one SSE event (the measurer's, [`crate::measure::DEFAULT_MAX_EVENT_BYTES`]).
+pub use crate::measure::DEFAULT_MAX_EVENT_BYTES;
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_API_KEY_ENV: &str = "LMPERF_API_KEY";
 

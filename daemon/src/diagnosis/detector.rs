@@ -122,7 +122,21 @@ impl Default for DetectorConfig {
     }
 }
 
+/// The share of a bucket's canaries above the jump threshold that the sampler's spike mode
+/// asks by default ([`DetectorConfig::min_share_above`]): a quarter.
+pub const SPIKE_MODE_MIN_SHARE_ABOVE: f64 = 0.25;
+
 impl DetectorConfig {
+    /// The sampler's spike-mode settings (its default `spike_detector`): the defaults with the
+    /// bucket's largest sample left out and [`SPIKE_MODE_MIN_SHARE_ABOVE`].
+    pub fn spike_mode() -> Self {
+        Self {
+            exclude_max: true,
+            min_share_above: SPIKE_MODE_MIN_SHARE_ABOVE,
+            ..Self::default()
+        }
+    }
+
     fn history_buckets(&self) -> u64 {
         (self.history.as_nanos() / self.bucket.as_nanos().max(1)).max(1) as u64
     }
@@ -1031,7 +1045,7 @@ mod tests {
 
     /// The sampler's spike-mode detector settings.
     fn spike_mode() -> DetectorConfig {
-        crate::sampler::adaptive::SamplingPolicy::default().spike_detector
+        DetectorConfig::spike_mode()
     }
 
     /// 1 canary/s with a real server's calm TTFT (~94 ms, light exponential jitter), where

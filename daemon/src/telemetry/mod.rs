@@ -22,8 +22,8 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::trace::SpanExporter as _;
 
-use crate::measure::Measured;
 use crate::config::{Env, OtlpConfig, OtlpProtocol};
+use crate::measure::Measured;
 use crate::sampler::adaptive::{Decision, Reason};
 use crate::sampler::head::HeadSampler;
 use export::{ExportStats, SpanQueue};

@@ -17,9 +17,9 @@ pub mod timeline;
 
 use std::fmt::Write as _;
 
+use crate::fmt::TimeUnit;
 pub use chart::line_chart;
 use chart::{Axis, Chart, Mark, Series};
-use crate::fmt::TimeUnit;
 
 use super::stats::Distribution;
 use super::{BenchSummary, RequestRow, Summary};

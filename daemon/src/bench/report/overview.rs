@@ -4,10 +4,10 @@
 
 use std::fmt::Write as _;
 
-use crate::fmt::{TimeUnit, count, number};
 use super::{Pick, esc, field};
 use crate::bench::stats::Distribution;
 use crate::bench::{BenchSummary, Summary};
+use crate::fmt::{TimeUnit, count, number};
 
 /// A time of one benchmark in its own unit (`16.6 ms`), marked with its summary.json field.
 fn time(
