@@ -8,7 +8,7 @@ use url::Url;
 
 use crate::config::ConfigError;
 use crate::config::raw::RawCanary;
-use crate::server::normalize::ServerKind;
+use lmperf_server_page::normalize::ServerKind;
 
 /// Default scrape interval (issue 11: 5 s, 1 s..60 s).
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);

@@ -95,7 +95,7 @@ pub struct DetectorConfig {
     /// ratio of 1/0 flags (the error ratio), the number of errors in the bucket, so that one
     /// error among a handful of requests against an error-free baseline (a ratio of ∞ × and a
     /// z of thousands) is not a jump. Default 0 (off: the sampler's spike mode); the
-    /// diagnosis's error ratio sets [`crate::diagnosis::engine::MIN_ERRORS_PER_BUCKET`].
+    /// diagnosis's error ratio sets [`crate::engine::MIN_ERRORS_PER_BUCKET`].
     pub min_bucket_sum: f64,
     /// A p99 bucket counts as jumped only when at least this share of its requests (finished
     /// and in flight) are themselves jumped values, i.e. its `1 − share` quantile jumped too.

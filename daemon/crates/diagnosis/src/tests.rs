@@ -680,7 +680,7 @@ fn control_with_stray_errors(
     errors_per_bucket: usize,
 ) -> (usize, Option<Signal>) {
     let v: serde_json::Value = serde_json::from_str(include_str!(
-        "../../../tests/fixtures/episodes/live-control-1.json"
+        "../../../../tests/fixtures/episodes/live-control-1.json"
     ))
     .unwrap();
     let start = v["start_unix_s"].as_f64().unwrap();
