@@ -9,7 +9,9 @@
 //!    `report → server` among the children of `bench`). Any strongly connected component of
 //!    more than one module, at any level, fails the check: each is listed with one file:line
 //!    per edge, so it says what to move.
-//! 2. **Pure crates stay pure.** Every crate under `daemon/crates/` must be listed in
+//! 2. **clap only in the CLI layer:** no path through `clap` in `daemon/src` outside
+//!    [`CLI_LAYER`]; domain modules take plain structs that the CLI converts its flags into.
+//! 3. **Pure crates stay pure.** Every crate under `daemon/crates/` must be listed in
 //!    [`PURE_CRATES`] with the dependencies it may have; its `Cargo.toml` may name no other
 //!    (in `[dependencies]`; `[dev-dependencies]` may add test-only crates, never an IO one),
 //!    and its `src/` may not use [`FORBIDDEN_IN_PURE`] (IO, sockets, clocks, async runtimes).
@@ -38,6 +40,9 @@ pub const PURE_CRATES: &[(&str, &[&str])] = &[
         ],
     ),
 ];
+
+/// The files of `daemon/src` that may use clap: the binary and its command line.
+pub const CLI_LAYER: &[&str] = &["main.rs", "cli.rs", "cli/"];
 
 /// Crates that no pure crate may depend on, not even for its tests.
 const FORBIDDEN_DEPS: &[&str] = &[
@@ -73,14 +78,18 @@ pub const FORBIDDEN_IN_PURE: &[&[&str]] = &[
 ];
 
 pub fn run(args: &[String]) -> Result<()> {
-    if let Some(a) = args.first() {
-        if a == "-h" || a == "--help" {
-            println!("usage: cargo xtask arch-check   (import cycles of daemon/src, pure crates)");
+    // `--root DIR`: check another checkout (e.g. `git archive main | tar -x -C DIR`).
+    let root = match args {
+        [] => crate::root(),
+        [flag, dir] if flag == "--root" => PathBuf::from(dir),
+        [a, ..] if a == "-h" || a == "--help" => {
+            println!(
+                "usage: cargo xtask arch-check [--root DIR]   (import cycles of daemon/src, clap in the CLI layer, pure crates)"
+            );
             return Ok(());
         }
-        bail!("unexpected argument {a:?}");
-    }
-    let root = crate::root();
+        [a, ..] => bail!("unexpected argument {a:?}"),
+    };
     let started = std::time::Instant::now();
     let mut report = String::new();
     let mut failures = 0usize;
@@ -130,6 +139,7 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     }
 
+    failures += check_cli_layer(&root.join("daemon/src"), &tree, &mut report)?;
     failures += check_pure_crates(&root, &mut report)?;
 
     if failures > 0 {
@@ -137,7 +147,7 @@ pub fn run(args: &[String]) -> Result<()> {
         bail!("arch-check: {failures} violation(s) (see above)");
     }
     println!(
-        "arch-check: ok, no import cycle, pure crates pure ({:.0} ms)",
+        "arch-check: ok, no import cycle, clap only in the CLI layer, pure crates pure ({:.0} ms)",
         started.elapsed().as_secs_f64() * 1e3
     );
     Ok(())
@@ -739,6 +749,37 @@ fn cycles(edges: &BTreeMap<(String, String), String>) -> Vec<BTreeSet<String>> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// clap in the CLI layer only.
+
+fn check_cli_layer(src: &Path, tree: &ModuleTree, report: &mut String) -> Result<usize> {
+    let mut failures = 0;
+    for file in &tree.files {
+        let rel = file.path.strip_prefix(src).unwrap_or(&file.path);
+        let rel_s = rel.to_string_lossy();
+        if CLI_LAYER
+            .iter()
+            .any(|c| rel_s == *c || (c.ends_with('/') && rel_s.starts_with(c)))
+        {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file.path)?;
+        for t in without_tests(tokenize(&text)) {
+            if t.tok == Tok::Ident("clap".to_owned()) {
+                failures += 1;
+                let _ = writeln!(
+                    report,
+                    "daemon/src/{rel_s}:{}: clap outside the CLI layer ({}): take a plain struct, let the CLI convert",
+                    t.line,
+                    CLI_LAYER.join(", ")
+                );
+                break;
+            }
+        }
+    }
+    Ok(failures)
+}
+
+// ---------------------------------------------------------------------------------------------
 // Pure crates.
 
 fn check_pure_crates(root: &Path, report: &mut String) -> Result<usize> {
@@ -862,19 +903,20 @@ fn manifest_deps(manifest: &str) -> Vec<(String, String)> {
         let line = line.split('#').next().unwrap_or("").trim();
         if let Some(h) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
             section = h.trim().to_owned();
-            if let Some((s, dep)) = section.clone().rsplit_once('.') {
-                if s.ends_with("dependencies") {
-                    out.push((s.rsplit('.').next().unwrap_or(s).to_owned(), dep.to_owned()));
-                }
+            if let Some((s, dep)) = section.clone().rsplit_once('.')
+                && s.ends_with("dependencies")
+            {
+                out.push((s.rsplit('.').next().unwrap_or(s).to_owned(), dep.to_owned()));
             }
             continue;
         }
-        if section.ends_with("dependencies") && !section.contains('.') {
-            if let Some((dep, _)) = line.split_once('=') {
-                let dep = dep.trim().split('.').next().unwrap_or("").trim();
-                if !dep.is_empty() {
-                    out.push((section.clone(), dep.to_owned()));
-                }
+        if section.ends_with("dependencies")
+            && !section.contains('.')
+            && let Some((dep, _)) = line.split_once('=')
+        {
+            let dep = dep.trim().split('.').next().unwrap_or("").trim();
+            if !dep.is_empty() {
+                out.push((section.clone(), dep.to_owned()));
             }
         }
     }
