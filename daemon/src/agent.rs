@@ -107,7 +107,7 @@ pub async fn run(
         .iter()
         .map(|t| Arc::new(TargetState::new(t)))
         .collect();
-    telemetry.register_spike_gauge(states.clone());
+    crate::status::register_spike_gauge(&telemetry.meter(), states.clone());
     let (net, net_monitor) = privileged.net.start(&telemetry.meter());
     let recent = Arc::new(RecentRequests::new(cfg.control.recent_requests));
     let (server, server_monitor) = crate::server::start(&cfg.targets, Some(&telemetry.meter()));

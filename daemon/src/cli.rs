@@ -6,6 +6,12 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+mod analyze;
+mod ctl;
+pub mod workload;
+
+pub use analyze::{AnalyzeArgs, Format};
+
 use crate::config::Overrides;
 use crate::config::raw::RawCanary;
 
@@ -40,7 +46,7 @@ pub enum Command {
     Compare(CompareArgs),
     /// Root-cause diagnosis offline: the diagnosis engine over a run's requests.jsonl, or a
     /// live agent's diagnosis; prints the scorecard (text, JSON or scorecard.html).
-    Analyze(crate::analyze::command::AnalyzeArgs),
+    Analyze(AnalyzeArgs),
 }
 
 /// `lmperf ctl` flags. Exit codes: 0 done, 1 agent unreachable or failed, 2 bad command
@@ -287,7 +293,7 @@ pub struct RunArgs {
     pub output_dir: std::path::PathBuf,
     /// Length distributions, trace replay, prompt files, ramps.
     #[command(flatten)]
-    pub workload: crate::bench::workload::WorkloadArgs,
+    pub workload: workload::WorkloadArgs,
     /// Export each measured request as a GenAI span and metric points to this OTLP endpoint
     /// (also OTEL_EXPORTER_OTLP_ENDPOINT and the other OTEL_EXPORTER_OTLP_* variables).
     #[arg(long, value_name = "URL")]
@@ -482,7 +488,8 @@ impl RunArgs {
             (_, b) if (b - 1.0).abs() > f64::EPSILON => RunArrival::Gamma(b),
             _ => RunArrival::Poisson,
         };
-        let mut workload = self.workload.into_workload()?;
+        let mut workload =
+            crate::bench::workload::WorkloadArgs::from(self.workload).into_workload()?;
         if workload.chat_template.is_some() && target.api != crate::config::Api::Chat {
             return Err("--chat-template: counts chat requests: it needs --api chat (or leave --chat-template out)".to_owned());
         }

@@ -19,14 +19,13 @@ use opentelemetry::trace::{
 use opentelemetry::{KeyValue, Value};
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 
-use crate::canary::client::Measured;
 use crate::config::k8s::K8sIdentity;
 use crate::diagnosis::report::{State, TargetDiagnosis, unix_s};
 use crate::diagnosis::{Cause, Diagnosis, Engine, EngineConfig, Signal};
 use crate::gpu::backend::throttle;
 use crate::gpu::pods::GpuSelection;
 use crate::gpu::state::{GpuState, Snapshot};
-use crate::measure::Outcome;
+use crate::measure::Measured;
 use crate::net::state::RequestNet;
 use crate::server::interval::ServerSample;
 use crate::server::state::ServerState;
@@ -68,42 +67,9 @@ pub struct LiveDiagnosis {
     pub evaluate_ns: AtomicU64,
 }
 
-/// The canary signals of one measured request (none for a request the agent cancelled).
-pub fn request_signals(m: &Measured) -> Vec<(Signal, f64)> {
-    let r = &m.record;
-    if r.outcome == Outcome::Cancelled {
-        return Vec::new();
-    }
-    let failed = r.outcome != Outcome::Ok;
-    let mut v = vec![
-        (Signal::Error, f64::from(u8::from(failed))),
-        (
-            Signal::Error5xx,
-            f64::from(u8::from(r.http_status.is_some_and(|s| s >= 500))),
-        ),
-        (
-            Signal::Error429,
-            f64::from(u8::from(r.http_status == Some(429))),
-        ),
-        (
-            Signal::ErrorTimeout,
-            f64::from(u8::from(r.outcome == Outcome::Timeout)),
-        ),
-    ];
-    if !failed {
-        if let Some(t) = r.ttft {
-            v.push((Signal::Ttft, t.as_secs_f64()));
-        }
-        if let Some(t) = r.tpot {
-            v.push((Signal::Tpot, t.as_secs_f64()));
-        }
-        v.push((Signal::E2e, r.e2e.as_secs_f64()));
-    }
-    if let Some(tokens) = r.input_tokens {
-        v.push((Signal::InputTokens, tokens as f64));
-    }
-    v
-}
+/// The pure mappers of a canary's record and a server scrape to signals, in the diagnosis
+/// crate (their old paths kept).
+pub use crate::diagnosis::inputs::{request_signals, server_signals};
 
 /// The node-wide GPU signals of one snapshot: the lowest SM clock, any slowdown, the fullest
 /// memory, the processes on the GPUs, and the fault counter (XIDs, lost GPUs, uncorrected ECC).
@@ -197,32 +163,6 @@ pub fn gpu_signals_of(
         }
     };
     (v, faults, evidence)
-}
-
-/// The diagnosis signals of one model server scrape (fields the server lacks are absent). A
-/// counter reset (restart) is not among them: the scraper logs a `restart` change event for
-/// each, fed as the server change (counting both read one restart as two changes).
-pub fn server_signals(s: &ServerSample) -> Vec<(Signal, f64)> {
-    let pairs = [
-        (Signal::ServerRequestsWaiting, s.requests_waiting),
-        (Signal::ServerRequestsRunning, s.requests_running),
-        (Signal::ServerKvUsage, s.kv_cache_usage),
-        (Signal::ServerPreemptions, s.preemptions_per_s),
-        (Signal::ServerPromptTokensRate, s.prompt_tokens_per_s),
-        (
-            Signal::ServerGenerationTokensRate,
-            s.generation_tokens_per_s,
-        ),
-        (Signal::ServerRequestRate, s.requests_per_s),
-        (Signal::ServerTtft, s.ttft.mean),
-        (Signal::ServerQueueTime, s.queue.mean),
-        (Signal::ServerPrefillTime, s.prefill.mean),
-        (Signal::ServerDecodeTime, s.decode.mean),
-    ];
-    pairs
-        .into_iter()
-        .filter_map(|(sig, x)| x.map(|x| (sig, x)))
-        .collect()
 }
 
 impl LiveDiagnosis {
@@ -687,7 +627,7 @@ pub fn register_gauges(meter: &opentelemetry::metrics::Meter, live: std::sync::A
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::measure::RequestRecord;
+    use crate::measure::{Outcome, RequestRecord};
 
     fn measured(ttft_ms: u64, outcome: Outcome, at: SystemTime) -> Measured {
         let mut record = RequestRecord::failed(

@@ -15,16 +15,19 @@ pub mod caps;
 pub mod cli;
 pub mod config;
 pub mod control;
-pub mod diagnosis;
 pub mod diagnosis_live;
 pub mod gpu;
 pub mod logging;
-pub mod measure;
 pub mod net;
 pub mod sampler;
 pub mod server;
 pub mod status;
 pub mod telemetry;
+
+// The pure crates (daemon/crates/), under the module paths they had inside this crate.
+pub use lmperf_diagnosis as diagnosis;
+pub use lmperf_fmt as fmt;
+pub use lmperf_measure as measure;
 
 /// Installs rustls' `ring` crypto provider as the process default (the one TLS stack of
 /// lmperf), before any HTTP client is built. Idempotent.

@@ -67,11 +67,11 @@ fn main() -> ExitCode {
                 Ok(rt) => rt,
                 Err(code) => return code,
             };
-            ExitCode::from(rt.block_on(lmperf::control::client::run(args, &ProcessEnv)))
+            ExitCode::from(rt.block_on(lmperf::control::client::run(args.into(), &ProcessEnv)))
         }
         Command::Compare(args) => compare(args),
         Command::Analyze(args) => match runtime() {
-            Ok(rt) => ExitCode::from(rt.block_on(lmperf::analyze::command::run(args))),
+            Ok(rt) => ExitCode::from(rt.block_on(lmperf::analyze::command::run(args.into()))),
             Err(code) => code,
         },
         Command::Agent(args) => {

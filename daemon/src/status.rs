@@ -10,8 +10,8 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
-use crate::canary::client::Measured;
 use crate::config::TargetConfig;
+use crate::measure::Measured;
 
 /// Where a measured request came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -381,4 +381,27 @@ mod tests {
             .is_empty()
         );
     }
+}
+
+/// `lmperf.sampling.spike{lmperf.target}` on `meter`: 1 while a target is in spike mode.
+pub fn register_spike_gauge(
+    meter: &opentelemetry::metrics::Meter,
+    targets: Vec<std::sync::Arc<TargetState>>,
+) {
+    use crate::telemetry::names;
+    let _gauge = meter
+        .u64_observable_gauge(names::METRIC_SAMPLING_SPIKE)
+        .with_description("1 while the target is in spike mode (every span kept), else 0.")
+        .with_callback(move |obs| {
+            for t in &targets {
+                obs.observe(
+                    u64::from(t.spike.load(Ordering::Relaxed)),
+                    &[opentelemetry::KeyValue::new(
+                        names::LMPERF_TARGET,
+                        t.name.clone(),
+                    )],
+                );
+            }
+        })
+        .build();
 }

@@ -1,5 +1,7 @@
 //! `cargo xtask ci [-- <cargo test args>]`: the one test command (also `.ci/run`).
 //!
+//! 0. `cargo xtask arch-check`: no import cycle in daemon/src, pure crates pure (source text
+//!    only, no build: seconds)
 //! 1. Style, first because it is fast and fails early: `cargo fmt --all --check`, then
 //!    `cargo clippy --workspace --all-targets --locked -- -D warnings` (the lints the project
 //!    allows are named in one place, `[workspace.lints]` of the root Cargo.toml; clippy also
@@ -54,6 +56,12 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     };
     let mut times = Times::default();
+
+    // [0] First and cheapest (source text only, no build): import cycles, pure crates.
+    println!("\n==> [0/5] cargo xtask arch-check");
+    let arch = Instant::now();
+    crate::arch_check::run(&[])?;
+    times.push("arch-check", arch);
 
     // [1/5] Style, with the peers installing beside it.
     let peers_log = crate::root().join("target/ci-peers.log");

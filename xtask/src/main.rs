@@ -1,6 +1,7 @@
 //! Project automation (the cargo-xtask pattern): `cargo xtask <task>`, see `.cargo/config.toml`.
 //!
 //!   cargo xtask ci [-- <cargo test args>]   style, peers, build, every test, a short fuzz run
+//!   cargo xtask arch-check                  import cycles of daemon/src, pure crates (no build)
 //!   cargo xtask demo [--seconds N]          model server + collector + agent, live spans
 //!   cargo xtask gpu-check [--seconds N]     GPU metrics against nvidia-smi on a real GPU
 //!   cargo xtask bench-client                lmperf run vs GuideLLM and AIPerf (figures)
@@ -9,6 +10,7 @@
 //!   cargo xtask spike-calm [--seconds N]    calm run: spike mode never entered (issue 17)
 //!   cargo xtask diagnose-eval [--live] [-v] diagnosis AC@1/AC@3 over the episode corpus (issue 12)
 
+mod arch_check;
 mod bench_client;
 mod ci;
 mod demo;
@@ -30,6 +32,9 @@ usage: cargo xtask <task>
 tasks:
   ci [-- <cargo test args>]   fmt and clippy, install the peers, build, run every test
                               (the e2e binary several tests at a time), fuzz 30 s
+  arch-check                  the architecture from the source text, no build: no import
+                              cycle among daemon/src's modules, pure crates (daemon/crates/)
+                              with only their allowed dependencies and no IO or clock
   demo [--seconds N]          run a local model server, an OTLP collector and the agent;
                               stop after N seconds or on Ctrl-C
   gpu-check [--seconds N]     on a machine with an NVIDIA GPU: run the agent under a
@@ -56,6 +61,7 @@ fn main() -> ExitCode {
     let rest: Vec<String> = args.collect();
     let result = match task.as_deref() {
         Some("ci") => ci::run(&rest),
+        Some("arch-check") => arch_check::run(&rest),
         Some("demo") => demo::run(&rest),
         Some("gpu-check") => gpu_check::run(&rest),
         Some("bench-client") => bench_client::run(&rest),

@@ -1,4 +1,4 @@
-//! Fuzz target over the model server metrics page parser (`daemon/src/server/parse.rs`) and
+//! Fuzz target over the model server metrics page parser (`daemon/crates/server-page/src/parse.rs`) and
 //! what reads its output (`normalize`, `interval`, `quantile`): any bytes give a page or an
 //! error, never a panic, and every figure of the sample is finite or absent; the scraper's
 //! filtered parse (`parse_with(normalize::reads)`) gives the same reading.
@@ -9,14 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use libfuzzer_sys::fuzz_target;
 
-#[allow(dead_code)]
-#[path = "../../src/server"]
-mod server {
-    pub mod interval;
-    pub mod normalize;
-    pub mod parse;
-    pub mod quantile;
-}
+use lmperf_server_page as server;
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);

@@ -1,4 +1,4 @@
-//! Fuzz target over `StreamMeasurer` (`daemon/src/measure/`): arbitrary bytes in arbitrary
+//! Fuzz target over `StreamMeasurer` (`daemon/crates/measure/`): arbitrary bytes in arbitrary
 //! reads. Checks, for every input:
 //! - no panic (libFuzzer reports one as a crash);
 //! - bounded memory: after each read the parser holds at most the event cap
@@ -17,10 +17,7 @@ use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 
-#[allow(dead_code)]
-#[path = "../../src/measure/mod.rs"]
-mod measure;
-
+use lmperf_measure as measure;
 use measure::{RequestRecord, StreamEnd, StreamMeasurer};
 
 fn measure(body: &[u8], cap: usize, cuts: &[usize]) -> RequestRecord {

@@ -5,13 +5,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
-
 use super::{html, offline, prometheus};
 use crate::diagnosis::scorecard;
 
 /// Output format of `lmperf analyze`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
     /// The scorecard, as `lmperf ctl diagnose` prints it.
     Text,
@@ -21,38 +19,24 @@ pub enum Format {
     Html,
 }
 
-/// `lmperf analyze` flags.
-#[derive(Debug, Args)]
+/// What `lmperf analyze` reads and writes (the CLI's flags, `cli::AnalyzeArgs`, converted).
+#[derive(Debug)]
 pub struct AnalyzeArgs {
     /// An `lmperf run` output directory (its requests.jsonl): each benchmark is a target.
-    #[arg(
-        value_name = "RUN_DIR",
-        required_unless_present_any = ["agent", "prometheus"],
-        conflicts_with_all = ["agent", "prometheus"]
-    )]
     pub run_dir: Option<PathBuf>,
     /// A live agent's admin address (host:port or URL): its /api/v1/diagnosis.
-    #[arg(long, value_name = "ADDR", conflicts_with = "prometheus")]
     pub agent: Option<String>,
-    /// A Prometheus server (URL) holding the fleet's lmperf series: every node's targets are
-    /// diagnosed over the last WINDOW (default 30m) and the fleet view says whether one node,
-    /// one model or every node moved.
-    #[arg(long, value_name = "URL")]
+    /// A Prometheus server (URL) holding the fleet's lmperf series.
     pub prometheus: Option<String>,
-    /// With --prometheus: the resolution of the range queries.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    /// With `prometheus`: the resolution of the range queries.
     pub step: Duration,
-    /// With --prometheus: the range of rate() (at least 4 scrape intervals).
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "1m")]
+    /// With `prometheus`: the range of rate() (at least 4 scrape intervals).
     pub rate_window: Duration,
-    /// Only diagnoses of the last WINDOW (of the run; for an agent, an idle target shows its
-    /// last confirmed diagnosis of the window). Default: the whole run, the agent's default.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    /// Only diagnoses of the last `window`; `None`: the whole run, the agent's default (for
+    /// `prometheus`: 30 min).
     pub window: Option<Duration>,
-    #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
     /// Write here instead of standard output.
-    #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
 }
 

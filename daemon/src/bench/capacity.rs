@@ -190,7 +190,7 @@ pub struct SloCheck {
 impl SloCheck {
     /// `ttft_p99:500ms 312 ms / bound 340 ms`.
     pub fn brief(&self) -> String {
-        use super::report::fmt::duration_ms;
+        use crate::fmt::duration_ms;
         format!(
             "{} {} / bound {}",
             self.slo,

@@ -20,51 +20,9 @@
 //! `usage.prompt_tokens` is the count or one more.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use minijinja::{Environment, Error, ErrorKind, Value};
 use serde_json::json;
-
-use super::BenchError;
-use super::prompts::{PromptTokensSource, TokenizeClient, Tokenizer};
-use crate::config::Api;
-
-/// How a chat request's input tokens are counted (see the module doc).
-#[derive(Debug, Clone)]
-pub enum ChatCounting {
-    /// A local template rendered here, then counted by the run's tokenizer.
-    Local(Arc<ChatTemplate>),
-    /// llama.cpp: `POST /apply-template`, then the run's tokenizer on its `prompt`.
-    ServerApplyTemplate,
-    /// vLLM / SGLang: `POST /tokenize` with `messages` (the server applies its template).
-    ServerTokenizeMessages,
-    /// No template: the text of the messages alone (an undercount).
-    TextOnly,
-}
-
-impl ChatCounting {
-    /// The `prompt_tokens_source` of requests counted this way, with the run's tokenizer.
-    pub fn source(&self, tokenizer: Tokenizer) -> PromptTokensSource {
-        match self {
-            _ if tokenizer == Tokenizer::Estimate => PromptTokensSource::Estimate,
-            Self::Local(_) => PromptTokensSource::LocalTemplate,
-            Self::ServerApplyTemplate | Self::ServerTokenizeMessages => {
-                PromptTokensSource::ServerTemplate
-            }
-            Self::TextOnly => PromptTokensSource::TextOnly,
-        }
-    }
-
-    /// `summary.json` `chat_template`: where the template came from, in words.
-    pub fn describe(&self) -> String {
-        match self {
-            Self::Local(t) => format!("local: {}", t.path().display()),
-            Self::ServerApplyTemplate => "server: POST /apply-template".to_owned(),
-            Self::ServerTokenizeMessages => "server: POST /tokenize with messages".to_owned(),
-            Self::TextOnly => "none: message text only (the template is not counted)".to_owned(),
-        }
-    }
-}
 
 /// A Hugging Face chat template (Jinja), ready to render.
 pub struct ChatTemplate {
@@ -306,93 +264,6 @@ pub fn user_message(text: &str) -> serde_json::Value {
     json!({ "role": "user", "content": text })
 }
 
-/// How the run counts chat requests: `local` when given (`--chat-template`, or beside
-/// `--tokenizer`), else the server's template when it offers one and the run has a tokenizer,
-/// else the message text only.
-pub async fn detect(tok: &TokenizeClient, local: Option<Arc<ChatTemplate>>) -> ChatCounting {
-    if let Some(t) = local {
-        return ChatCounting::Local(t);
-    }
-    if tok.kind == Tokenizer::Estimate {
-        return ChatCounting::TextOnly;
-    }
-    let probe = [user_message("Hello world")];
-    if apply_template(tok, &probe)
-        .await
-        .is_some_and(|p| p.contains("Hello world"))
-    {
-        return ChatCounting::ServerApplyTemplate;
-    }
-    let text_only = tok.count("Hello world").await.unwrap_or(0);
-    if tokenize_messages(tok, &probe)
-        .await
-        .is_some_and(|n| n > text_only)
-    {
-        return ChatCounting::ServerTokenizeMessages;
-    }
-    ChatCounting::TextOnly
-}
-
-/// Sets up the run's chat counting (`tok.chat`) for `--api chat`: the local template
-/// (`--chat-template`, else beside `--tokenizer`), else [`detect`]s the server's. Completions
-/// are left as they are. With `progress`, says on stderr which it is, and warns when the
-/// template cannot be counted.
-///
-/// # Errors
-/// `--chat-template` without `--api chat`; a `tokenizer_config.json` beside `--tokenizer`
-/// whose `chat_template` does not load.
-pub async fn setup(
-    mut tok: TokenizeClient,
-    w: &super::workload::Workload,
-    api: Api,
-    progress: bool,
-) -> Result<TokenizeClient, BenchError> {
-    if api != Api::Chat {
-        return match &w.chat_template {
-            Some(t) => Err(BenchError::Invalid {
-                field: "--chat-template",
-                value: t.path().display().to_string(),
-                reason: "counts chat requests: it needs --api chat".into(),
-            }),
-            None => Ok(tok),
-        };
-    }
-    let local = match (&w.chat_template, &w.tokenizer) {
-        (Some(t), _) => Some(t.clone()),
-        (None, Some(l)) => ChatTemplate::beside(l.path())
-            .map_err(|reason| BenchError::Invalid {
-                field: "--tokenizer",
-                value: l.path().display().to_string(),
-                reason: format!("{reason} (give --chat-template FILE instead)"),
-            })?
-            .map(Arc::new),
-        (None, None) => None,
-    };
-    let how = detect(&tok, local).await;
-    if progress {
-        match how.source(tok.kind) {
-            PromptTokensSource::ServerTemplate | PromptTokensSource::LocalTemplate => eprintln!(
-                "lmperf run: chat prompts counted with their chat template ({})",
-                how.describe()
-            ),
-            _ => eprintln!(
-                "lmperf run: warning: no chat template to count (the server offers none; give --chat-template FILE, or --tokenizer with a tokenizer_config.json beside it): prompt_tokens undercount what the server sees"
-            ),
-        }
-    }
-    tok.chat = Some(how);
-    Ok(tok)
-}
-
-/// Tokens of the chat template around an empty user message: the shortest chat prompt the
-/// run can send; `None` without chat counting or when the count failed.
-pub async fn template_floor(tok: &TokenizeClient) -> Option<u32> {
-    let how = tok.chat.as_ref()?;
-    count(tok, how, &[user_message("")])
-        .await
-        .filter(|&n| n > 0)
-}
-
 /// The warning for `--seq-lengths` shorter than the chat template's own `floor` tokens (such
 /// prompts are sent at the floor and more); `None` when every length reaches it.
 pub fn short_lengths_warning(lengths: &[u32], floor: u32) -> Option<String> {
@@ -428,45 +299,6 @@ pub fn checked(mut summary: super::Summary, progress: bool) -> super::Summary {
         );
     }
     summary
-}
-
-/// Input tokens of a chat request with `messages`, counted as `how` says; `None` when a count
-/// failed (the server's answer, the template).
-pub async fn count(
-    tok: &TokenizeClient,
-    how: &ChatCounting,
-    messages: &[serde_json::Value],
-) -> Option<u32> {
-    match how {
-        ChatCounting::Local(t) => tok.count(&t.render(messages).ok()?).await,
-        ChatCounting::ServerApplyTemplate => tok.count(&apply_template(tok, messages).await?).await,
-        ChatCounting::ServerTokenizeMessages => tokenize_messages(tok, messages).await,
-        ChatCounting::TextOnly => {
-            let mut n = 0;
-            for m in messages {
-                n += tok.count(m["content"].as_str().unwrap_or_default()).await?;
-            }
-            Some(n)
-        }
-    }
-}
-
-/// llama.cpp's `POST /apply-template`: the rendered prompt.
-async fn apply_template(tok: &TokenizeClient, messages: &[serde_json::Value]) -> Option<String> {
-    let reply = tok
-        .post("apply-template", &json!({ "messages": messages }))
-        .await?;
-    reply["prompt"].as_str().map(str::to_owned)
-}
-
-/// vLLM / SGLang `POST /tokenize` with `messages`: the templated count.
-async fn tokenize_messages(tok: &TokenizeClient, messages: &[serde_json::Value]) -> Option<u32> {
-    let body = json!({ "model": tok.model, "messages": messages, "add_generation_prompt": true, "add_special_tokens": false });
-    let reply = tok.post("tokenize", &body).await?;
-    reply["count"]
-        .as_u64()
-        .or_else(|| reply["tokens"].as_array().map(|t| t.len() as u64))
-        .and_then(|n| u32::try_from(n).ok())
 }
 
 #[cfg(test)]

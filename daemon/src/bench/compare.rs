@@ -889,12 +889,7 @@ pub fn compare(spec: &CompareSpec) -> Result<Comparison, CompareError> {
 fn num(v: Option<f64>, per: f64) -> String {
     v.map_or_else(
         || "<td>–</td>".to_owned(),
-        |v| {
-            format!(
-                r#"<td title="{v}">{}</td>"#,
-                super::report::fmt::number(v / per)
-            )
-        },
+        |v| format!(r#"<td title="{v}">{}</td>"#, crate::fmt::number(v / per)),
     )
 }
 
@@ -947,14 +942,13 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
             };
             // Times in one unit per row (that of the larger of base and new): 0.155 ms, 1.24 s.
             let (unit, per) = if m.unit == "ms" {
-                let u = super::report::fmt::TimeUnit::for_values(m.base.into_iter().chain(m.new));
+                let u = crate::fmt::TimeUnit::for_values(m.base.into_iter().chain(m.new));
                 (u.symbol(), u.ms())
             } else {
                 (m.unit, 1.0)
             };
-            let ci = |v: Option<f64>| {
-                v.map_or_else(|| "–".to_owned(), |v| super::report::fmt::number(v / per))
-            };
+            let ci =
+                |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| crate::fmt::number(v / per));
             // A ratio's change in percentage points (a relative change of a ratio near 0 says
             // little); a metric without interval nor test has no verdict.
             let (delta_cell, pct_cell) = if m.unit == "ratio" {

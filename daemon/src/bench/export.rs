@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use opentelemetry::KeyValue;
 
-use crate::canary::client::Measured;
 use crate::config::{Env, OtlpConfig, TargetConfig};
+use crate::measure::Measured;
 use crate::measure::Outcome;
 use crate::sampler::adaptive::{Decision, Reason};
 use crate::telemetry::names as n;
@@ -71,7 +71,7 @@ impl BenchTelemetry {
         let prompt_id = format!("{}/{}", c.benchmark, c.index);
         let info = SpanContextInfo {
             target: &c.target.name,
-            operation: c.target.api.operation_name(),
+            operation: crate::telemetry::operation_name(c.target.api),
             provider: &provider,
             request_model: c.model,
             max_tokens: c.max_tokens,

@@ -647,6 +647,13 @@ impl Iterator for Schedule {
     }
 }
 
+impl Ramp {
+    /// Send offsets of `n` requests with `arrival` gaps (in units of the ramp's integral).
+    pub fn offsets(&self, n: usize, arrival: RunArrival, seed: u64) -> Vec<Duration> {
+        Schedule::ramp(*self, arrival, n, seed).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use super::capacity::{Capacity, Next, Search, Slo, StepObservation};
 use super::prompts::TokenizeClient;
-use super::report::fmt;
 use super::{
     BenchError, BenchSummary, RequestRow, RunSpec, export, feed, one_benchmark, rows, summarize,
 };
 use crate::canary::client::Clients;
+use crate::fmt;
 
 /// Highest rate the search offers without `--max-rate`, req/s.
 pub const DEFAULT_MAX_RATE: f64 = 10_000.0;

@@ -27,6 +27,7 @@ pub mod rows;
 pub mod server;
 pub mod slots;
 pub mod stats;
+pub mod tokens;
 pub mod trace;
 pub mod vram;
 pub mod workload;
@@ -516,11 +517,18 @@ async fn run_on(
             spec.target.base_url
         );
     }
-    let tok = chat_template::setup(tok, &spec.workload, spec.target.api, spec.progress).await?;
+    let tok = tokens::setup(
+        tok,
+        spec.workload.chat_template.as_ref(),
+        spec.workload.tokenizer.as_ref(),
+        spec.target.api,
+        spec.progress,
+    )
+    .await?;
     // Chat prompts shorter than the template itself cannot be sent: warned, and the summary's
     // input_len is then the achieved mean.
     let template_floor = match spec.target.api {
-        Api::Chat if !spec.workload.own_inputs() => chat_template::template_floor(&tok).await,
+        Api::Chat if !spec.workload.own_inputs() => tokens::template_floor(&tok).await,
         _ => None,
     };
     if spec.progress
@@ -807,7 +815,7 @@ async fn run_on(
         profile: profile_info,
         interrupted: stopped_during.is_some(),
         prompt_tokens_source: tok.source(),
-        chat_template: tok.chat.as_ref().map(chat_template::ChatCounting::describe),
+        chat_template: tok.chat.as_ref().map(tokens::ChatCounting::describe),
         prompt_tokens_mismatch: 0,
     };
     let summary = chat_template::checked(summary, spec.progress);
@@ -839,15 +847,15 @@ fn result_line(summary: &BenchSummary) -> String {
         format!(", failed: {}", summary.error_reasons().join("; "))
     };
     let ms = |d: &Option<Distribution>, f: fn(&Distribution) -> f64| {
-        report::fmt::opt_duration_ms(d.as_ref().map(f))
+        crate::fmt::opt_duration_ms(d.as_ref().map(f))
     };
     format!(
         "lmperf run: {}: {} requests, {} ok{errors}, {}, {}, TTFT p50 {} p99 {}, E2EL p99 {}",
         summary.benchmark,
         summary.num_requests,
         summary.completed,
-        report::fmt::rate(summary.request_throughput, "req/s"),
-        report::fmt::rate(summary.output_token_throughput, "tok/s"),
+        crate::fmt::rate(summary.request_throughput, "req/s"),
+        crate::fmt::rate(summary.output_token_throughput, "tok/s"),
         ms(&summary.ttft_ms, |d| d.p50),
         ms(&summary.ttft_ms, |d| d.p99),
         ms(&summary.e2el_ms, |d| d.p99),
@@ -868,10 +876,10 @@ fn behind_warning(summary: &BenchSummary, rate: Option<f64>) -> Option<String> {
         format!(
             "lmperf run: warning: {}: the schedule fell behind (dispatch delay p99 {} > {} at {} offered; achieved {}): concurrency {} holds requests back; raise --batch-sizes (concurrency)",
             summary.benchmark,
-            report::fmt::duration_ms(p99),
-            report::fmt::duration_ms(bound),
-            report::fmt::rate(rate, "req/s"),
-            report::fmt::rate(summary.request_throughput, "req/s"),
+            crate::fmt::duration_ms(p99),
+            crate::fmt::duration_ms(bound),
+            crate::fmt::rate(rate, "req/s"),
+            crate::fmt::rate(summary.request_throughput, "req/s"),
             summary.concurrency,
         )
     })

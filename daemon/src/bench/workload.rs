@@ -13,9 +13,8 @@ use rand::rngs::SmallRng;
 use rand_distr::{Distribution as _, LogNormal, Normal, Zipf};
 use serde::Serialize;
 
-use super::RunArrival;
 use super::dataset::PromptSet;
-use super::prompts::LocalTokenizer;
+use super::tokens::LocalTokenizer;
 use super::trace::{Trace, TraceFormat};
 
 /// A distribution of token lengths. Samples are rounded and clipped to `[1, 1_000_000]`
@@ -389,11 +388,6 @@ impl Ramp {
             }
         }
     }
-
-    /// Send offsets of `n` requests with `arrival` gaps (in units of the ramp's integral).
-    pub fn offsets(&self, n: usize, arrival: RunArrival, seed: u64) -> Vec<Duration> {
-        super::feed::Schedule::ramp(*self, arrival, n, seed).collect()
-    }
 }
 
 /// Replay of a trace: its requests, the speedup (offsets are divided by it).
@@ -501,62 +495,48 @@ impl TraceReplay {
     }
 }
 
-/// `lmperf run` flags of the workload (flattened into the run's flags).
-#[derive(Debug, Default, clap::Args)]
+/// The workload options of `lmperf run`, as given (the CLI's `--input-dist`, `--trace`, …
+/// flags, `cli::workload`); [`WorkloadArgs::into_workload`] validates them and reads the files.
+#[derive(Debug, Default)]
 pub struct WorkloadArgs {
     /// Input length distribution in tokens, instead of --seq-lengths: fixed:N,
     /// uniform:min=A,max=B, normal:mean=M,std=S, lognormal:mu=M,sigma=S, zipf:n=N,s=S
     /// (normal and lognormal take min=, max= to clip).
-    #[arg(long, value_name = "DIST")]
     pub input_dist: Option<String>,
     /// Output length distribution in tokens (max_tokens per request), instead of --output-len.
-    #[arg(long, value_name = "DIST")]
     pub output_dist: Option<String>,
     /// Replay a trace: arrival times, input and output lengths (Azure LLM CSV, BurstGPT CSV,
     /// Mooncake JSONL). One benchmark per concurrency; --num-prompts does not apply.
-    #[arg(long, value_name = "PATH", conflicts_with_all = ["prompt_file", "input_dist", "ramp"])]
     pub trace: Option<std::path::PathBuf>,
     /// Trace format (default: detected from the first line).
-    #[arg(long, value_parser = ["azure", "burstgpt", "mooncake"], requires = "trace")]
     pub trace_format: Option<String>,
     /// Replay the trace this many times faster (arrival offsets divided by it).
-    #[arg(long, default_value_t = 1.0, value_name = "X")]
     pub trace_speedup: f64,
     /// Replay only the first N requests of the trace.
-    #[arg(long, value_name = "N", requires = "trace")]
     pub trace_limit: Option<usize>,
     /// Prompts from a file: JSONL with a prompt/text field (or turns), or CSV with a prompt column.
-    #[arg(long, value_name = "PATH", conflicts_with = "input_dist")]
     pub prompt_file: Option<std::path::PathBuf>,
     /// Multi-turn conversations from --prompt-file's `turns` (MT-Bench question.jsonl): each
     /// turn sent after the previous answer, with the history (needs --api chat).
-    #[arg(long, requires = "prompt_file")]
     pub multi_turn: bool,
     /// Ramp the request rate (open loop) instead of --request-rate, or the concurrency
     /// (closed loop, see --ramp-over).
-    #[arg(long, value_parser = ["linear", "exponential", "sawtooth"], requires_all = ["ramp_from", "ramp_to", "ramp_duration"])]
     pub ramp: Option<String>,
     /// What the ramp drives: the request rate (default), or the concurrency (requests in
     /// flight, sent as soon as a slot is free; needs --request-rate inf).
-    #[arg(long, value_parser = ["rate", "concurrency"], requires = "ramp")]
     pub ramp_over: Option<String>,
     /// Rate (requests per second) or concurrency at the start of the ramp.
-    #[arg(long, value_name = "R", requires = "ramp")]
     pub ramp_from: Option<f64>,
     /// Rate (requests per second) or concurrency at the end of the ramp.
-    #[arg(long, value_name = "R", requires = "ramp")]
     pub ramp_to: Option<f64>,
     /// Length of the ramp (the sawtooth's period), e.g. 60s.
-    #[arg(long, value_name = "D", value_parser = humantime::parse_duration, requires = "ramp")]
     pub ramp_duration: Option<Duration>,
     /// A Hugging Face tokenizer.json (or its directory) for exact prompt lengths, used instead
     /// of the server's /tokenize (needed where the server has none).
-    #[arg(long, value_name = "PATH")]
     pub tokenizer: Option<std::path::PathBuf>,
     /// The model's chat template, to count --api chat requests exactly: a Jinja file or a
     /// tokenizer_config.json (default: the tokenizer_config.json beside --tokenizer, else the
     /// server's own template).
-    #[arg(long, value_name = "PATH")]
     pub chat_template: Option<std::path::PathBuf>,
 }
 
@@ -634,6 +614,7 @@ impl WorkloadArgs {
 
 #[cfg(test)]
 mod tests {
+    use super::super::RunArrival;
     use super::*;
     use rand::SeedableRng;
 

@@ -83,35 +83,18 @@ pub struct CanaryRequest<'a> {
     pub extra_body: Option<&'a serde_json::Map<String, serde_json::Value>>,
 }
 
-/// One measured request with the context a span needs.
-#[derive(Debug, Clone)]
-pub struct Measured {
-    pub record: RequestRecord,
-    /// Wall-clock time of the send (span start).
-    pub wall_start: SystemTime,
-    /// Re-sends after a stale connection (0 or 1).
-    pub retries: u32,
-    /// The connection that carried the response, when one did.
-    pub conn: Option<Conn>,
-}
+/// The measured request and its connection, defined in `measure` (kept here under their old path).
+pub use crate::measure::{Conn, Measured};
 
-/// The addresses of a request's TCP connection, as the HTTP client saw them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Conn {
-    pub local: std::net::SocketAddr,
-    pub remote: std::net::SocketAddr,
-}
-
-impl Conn {
-    fn of(response: &reqwest::Response) -> Option<Conn> {
-        let info = response
-            .extensions()
-            .get::<hyper_util::client::legacy::connect::HttpInfo>()?;
-        Some(Conn {
-            local: info.local_addr(),
-            remote: info.remote_addr(),
-        })
-    }
+/// The connection that carried `response`, from hyper's `HttpInfo`.
+fn conn_of(response: &reqwest::Response) -> Option<Conn> {
+    let info = response
+        .extensions()
+        .get::<hyper_util::client::legacy::connect::HttpInfo>()?;
+    Some(Conn {
+        local: info.local_addr(),
+        remote: info.remote_addr(),
+    })
 }
 
 /// The JSON body of a canary request: streaming with usage, temperature 0, bounded output.
@@ -289,7 +272,7 @@ async fn attempt(
         Ok(Ok(resp)) => resp,
     };
     let status = response.status().as_u16();
-    let conn = Conn::of(&response);
+    let conn = conn_of(&response);
     if !response.status().is_success() {
         let retry_after = retry_after(response.headers(), SystemTime::now());
         let body = read_error_body(response, deadline).await;

@@ -507,7 +507,7 @@ impl TargetRunner {
         };
         let mut info = SpanContextInfo {
             target: &t.name,
-            operation: t.api.operation_name(),
+            operation: crate::telemetry::operation_name(t.api),
             provider: &provider,
             request_model: &model,
             max_tokens,

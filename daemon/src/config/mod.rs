@@ -9,6 +9,7 @@
 pub mod k8s;
 pub mod log_format;
 pub mod raw;
+pub mod scrape;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -71,13 +72,6 @@ impl Api {
         match self {
             Api::Chat => "v1/chat/completions",
             Api::Completions => "v1/completions",
-        }
-    }
-    /// `gen_ai.operation.name` for this API.
-    pub fn operation_name(self) -> &'static str {
-        match self {
-            Api::Chat => crate::telemetry::names::OPERATION_CHAT,
-            Api::Completions => crate::telemetry::names::OPERATION_TEXT_COMPLETION,
         }
     }
 }
@@ -147,7 +141,7 @@ pub struct TargetConfig {
     pub provider: Option<String>,
     pub sampling: SamplingPolicy,
     /// The model server's own metrics and identity (`server`).
-    pub server: crate::server::config::ScrapeConfig,
+    pub server: scrape::ScrapeConfig,
     /// The pod that serves this target (Kubernetes discovery or `[target.k8s]`); `None` on a
     /// plain host.
     pub k8s: Option<k8s::K8sIdentity>,
@@ -367,10 +361,8 @@ pub const DEFAULT_MAX_TOKENS: u32 = 32;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 4;
-/// One SSE event may be large (a long text piece, a logprobs block, a tool call with a large
-/// argument: `../shared/cases/sse/19_*` is 1 MiB); 16 MiB is above any real server's and still
-/// bounds memory.
-pub const DEFAULT_MAX_EVENT_BYTES: usize = 16 << 20;
+/// The default cap of one SSE event (the measurer's, [`crate::measure::DEFAULT_MAX_EVENT_BYTES`]).
+pub use crate::measure::DEFAULT_MAX_EVENT_BYTES;
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_API_KEY_ENV: &str = "LMPERF_API_KEY";
 
@@ -899,7 +891,7 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
     sampling.spike_min_requests = effective_spike_min(field, &sampling, &schedule);
     let api_key = read_api_key(field, &t, env)?;
     let name = t.name.clone().unwrap_or_else(|| format!("{host}:{port}"));
-    let server = crate::server::config::validate(field, &t, &base_url)?;
+    let server = scrape::validate(field, &t, &base_url)?;
     Ok(TargetConfig {
         name,
         base_url,

@@ -563,10 +563,60 @@ pub fn format_recent(r: &proto::ListRecentRequestsResponse) -> String {
     o
 }
 
+/// One `lmperf ctl` call as given (the CLI converts its flags, `cli::CtlArgs`, into it).
+#[derive(Debug)]
+pub struct CtlRequest {
+    /// The agent's control address (`unix:/path` or `IP:port`); `None`: the default socket.
+    pub addr: Option<String>,
+    /// File holding the control token; `None`: `LMPERF_CONTROL_TOKEN`.
+    pub token_file: Option<std::path::PathBuf>,
+    /// Print the reply as JSON.
+    pub json: bool,
+    pub call: CtlCall,
+}
+
+/// The calls of `lmperf ctl` (see `cli::CtlCommand` for each field's meaning).
+#[derive(Debug)]
+pub enum CtlCall {
+    Status,
+    Diagnose {
+        target: Option<String>,
+        window: Option<std::time::Duration>,
+    },
+    Recent {
+        limit: u32,
+        target: Option<String>,
+        outcome: Option<String>,
+        source: Option<String>,
+    },
+    Inject {
+        target: Option<String>,
+        rate: Option<f64>,
+        duration: Option<std::time::Duration>,
+        concurrency: Option<u32>,
+        max_requests: Option<u64>,
+        arrival: String,
+        trace_file: Option<String>,
+        trace_speedup: Option<f64>,
+        trace_format: Option<String>,
+        p99_threshold: Option<std::time::Duration>,
+        profile: Option<std::path::PathBuf>,
+        output_tokens: Option<u32>,
+        watch: bool,
+    },
+    UpdateLoad {
+        id: Option<String>,
+        profile: std::path::PathBuf,
+    },
+    Stop {
+        id: Option<String>,
+    },
+}
+
 /// Runs one `lmperf ctl` command, prints the reply on stdout (errors on stderr), and returns
 /// the exit code.
-pub async fn run(args: crate::cli::CtlArgs, env: &dyn crate::config::Env) -> u8 {
-    use crate::cli::CtlCommand;
+pub async fn run(args: CtlRequest, env: &dyn crate::config::Env) -> u8 {
+    use CtlCall as CtlCommand;
     let at = match &args.addr {
         Some(a) => match ControlListen::parse(a) {
             Ok(at) => at,
@@ -595,7 +645,7 @@ pub async fn run(args: crate::cli::CtlArgs, env: &dyn crate::config::Env) -> u8 
     };
     let result = async {
         let mut c = CtlClient::connect(&at, token).await?;
-        let out: (String, String) = match args.command {
+        let out: (String, String) = match args.call {
             CtlCommand::Status => {
                 let r = c.status().await?;
                 (format_status(&r), json(&r))

@@ -687,7 +687,7 @@ impl Load {
 /// Prompts of each trace request's exact input length, calibrated with the server's
 /// `/tokenize` as `lmperf run` does ([`crate::bench::prompts::synthetic`]): for a chat target,
 /// the whole request with the server's chat template applied (llama.cpp `/apply-template`,
-/// vLLM/SGLang `/tokenize` with messages: [`crate::bench::chat_template::detect`]; the message
+/// vLLM/SGLang `/tokenize` with messages: [`crate::bench::tokens::detect`]; the message
 /// text alone when it offers none); all `None` (the estimate,
 /// [`crate::bench::prompts::estimated`], made per request) when the server has no `/tokenize`,
 /// and the rest `None` once `stop` is cancelled.
@@ -701,7 +701,7 @@ async fn calibrated_prompts(
     let model = runner.target.model.clone().unwrap_or_default();
     let mut tok = TokenizeClient::detect(&runner.clients, &runner.target, &model).await;
     if runner.target.api == crate::config::Api::Chat && tok.kind != Tokenizer::Estimate {
-        tok.chat = Some(crate::bench::chat_template::detect(&tok, None).await);
+        tok.chat = Some(crate::bench::tokens::detect(&tok, None).await);
     }
     let mut out = Vec::with_capacity(requests.len());
     for (seq, r) in requests.iter().enumerate() {

@@ -193,7 +193,7 @@ impl SpikeRule {
 
 /// Seconds in their own unit, three significant digits: `1.66 ms`, `431 ms`, `4.10 s`.
 fn secs(s: f64) -> String {
-    crate::bench::report::fmt::duration_ms(s * 1000.0)
+    crate::fmt::duration_ms(s * 1000.0)
 }
 
 /// A sampling decision.
@@ -243,7 +243,8 @@ pub const DEFAULT_SPIKE_JUMP: JumpRule = JumpRule {
 
 /// The default share of a bucket's canaries that must be above the jump threshold themselves
 /// ([`DetectorConfig::min_share_above`]): a quarter.
-pub const DEFAULT_SPIKE_JUMP_MIN_SHARE: f64 = 0.25;
+pub const DEFAULT_SPIKE_JUMP_MIN_SHARE: f64 =
+    crate::diagnosis::detector::SPIKE_MODE_MIN_SHARE_ABOVE;
 
 impl Default for SamplingPolicy {
     fn default() -> Self {
@@ -258,11 +259,7 @@ impl Default for SamplingPolicy {
             spike_hold: Duration::from_secs(60),
             spike_min_requests: 10,
             spike_jump: Some(DEFAULT_SPIKE_JUMP),
-            spike_detector: DetectorConfig {
-                exclude_max: true,
-                min_share_above: DEFAULT_SPIKE_JUMP_MIN_SHARE,
-                ..DetectorConfig::default()
-            },
+            spike_detector: DetectorConfig::spike_mode(),
         }
     }
 }
@@ -559,6 +556,24 @@ impl TargetSampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The spike rule's sentence keeps three significant digits of small latencies (as the
+    /// diagnosis's values do).
+    #[test]
+    fn small_latencies_keep_significant_digits_in_the_rule() {
+        let rule = SpikeRule::LatencyJump {
+            signal: "e2e",
+            p99_s: 0.431,
+            baseline_s: 0.001_66,
+            ratio: 259.9,
+            z: 40.0,
+            in_flight: 2,
+        };
+        assert_eq!(
+            rule.describe(),
+            "latency_jump: e2e p99 ≥ 431 ms = 259.9 × baseline 1.66 ms (z 40.0; 2 canaries still in flight)"
+        );
+    }
 
     fn obs(failed: bool, e2e_ms: u64, id: u128) -> Observed {
         Observed {

@@ -6,13 +6,12 @@
 //! deltas, `quantile`) are pure; `identity` reads the info routes' JSON; `state` holds what
 //! the scrapers publish.
 
-pub mod config;
-pub mod identity;
-pub mod interval;
-pub mod normalize;
-pub mod parse;
-pub mod quantile;
+/// The scrape settings, validated in `config/` (their old path kept).
+pub use crate::config::scrape as config;
 pub mod state;
+
+// The pure modules (crate `lmperf-server-page`), under their old paths.
+pub use lmperf_server_page::{identity, interval, normalize, parse, quantile};
 
 pub use identity::{Change, ChangeKind, Identity};
 pub use interval::{LatencyStats, ServerSample};

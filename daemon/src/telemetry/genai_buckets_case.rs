@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime};
 
 use super::Instruments;
 use super::MetricContext;
-use crate::canary::client::Measured;
 use crate::config::{self, Env, Overrides};
+use crate::measure::Measured;
 use crate::measure::{Outcome, RequestError, RequestRecord};
 use crate::telemetry::{Telemetry, names as n};
 

@@ -10,7 +10,7 @@ use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Histogram, Meter};
 
 use super::names as n;
-use crate::canary::client::Measured;
+use crate::measure::Measured;
 
 /// The instruments.
 #[derive(Debug, Clone)]

@@ -24,11 +24,10 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::trace::SpanExporter as _;
 
-use crate::canary::client::Measured;
 use crate::config::{Env, OtlpConfig, OtlpProtocol};
+use crate::measure::Measured;
 use crate::sampler::adaptive::{Decision, Reason};
 use crate::sampler::head::HeadSampler;
-use crate::status::TargetState;
 use export::{ExportStats, SpanQueue};
 use metrics::{Instruments, MetricContext};
 use spans::{SpanContextInfo, TraceIds};
@@ -64,6 +63,14 @@ pub struct Telemetry {
     scope: InstrumentationScope,
     meter_provider: SdkMeterProvider,
     sampling_spans: opentelemetry::metrics::Counter<u64>,
+}
+
+/// `gen_ai.operation.name` of a target's API.
+pub fn operation_name(api: crate::config::Api) -> &'static str {
+    match api {
+        crate::config::Api::Chat => names::OPERATION_CHAT,
+        crate::config::Api::Completions => names::OPERATION_TEXT_COMPLETION,
+    }
 }
 
 /// The resource: `service.name` (`lmperf` unless `OTEL_SERVICE_NAME` or
@@ -188,23 +195,6 @@ impl Telemetry {
     /// The meter of the agent's own instruments (for other sources' metrics).
     pub fn meter(&self) -> opentelemetry::metrics::Meter {
         self.meter_provider.meter_with_scope(self.scope.clone())
-    }
-
-    /// `lmperf.sampling.spike{lmperf.target}`: 1 while a target is in spike mode.
-    pub fn register_spike_gauge(&self, targets: Vec<Arc<TargetState>>) {
-        let _gauge = self
-            .meter()
-            .u64_observable_gauge(names::METRIC_SAMPLING_SPIKE)
-            .with_description("1 while the target is in spike mode (every span kept), else 0.")
-            .with_callback(move |obs| {
-                for t in &targets {
-                    obs.observe(
-                        u64::from(t.spike.load(Ordering::Relaxed)),
-                        &[KeyValue::new(names::LMPERF_TARGET, t.name.clone())],
-                    );
-                }
-            })
-            .build();
     }
 
     /// Records the metrics of a measured request (always) and, when `decision` keeps it,

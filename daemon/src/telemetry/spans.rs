@@ -19,7 +19,7 @@ use crate::sampler::threshold;
 use rand::Rng;
 
 use super::names as n;
-use crate::canary::client::Measured;
+use crate::measure::Measured;
 use crate::sampler::head::HeadSampler;
 
 /// Ids of a canary's trace, made before the request so they can go out in `traceparent`.

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use super::esc;
-use super::fmt::{TimeUnit, fixed, number};
+use crate::fmt::{TimeUnit, fixed, number};
 
 /// Colors of the series, in order.
 pub const COLORS: &[&str] = &[

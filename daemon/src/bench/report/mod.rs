@@ -7,17 +7,19 @@
 
 pub mod capacity;
 pub mod chart;
-pub mod fmt;
+/// The number formatter, now the leaf module [`crate::fmt`] (its old path kept).
+pub use crate::fmt;
 pub mod overview;
 pub mod profile;
 pub mod ramp;
+pub mod server;
 pub mod timeline;
 
 use std::fmt::Write as _;
 
+use crate::fmt::TimeUnit;
 pub use chart::line_chart;
 use chart::{Axis, Chart, Mark, Series};
-use fmt::TimeUnit;
 
 use super::stats::Distribution;
 use super::{BenchSummary, RequestRow, Summary};
@@ -476,7 +478,7 @@ caption{{white-space:nowrap;text-align:left;font-size:13px}} details{{font-size:
     ] {
         h.push_str(&timeline::plot(summary, rows, name, metric).unwrap_or_default());
     }
-    h.push_str(&super::server::report_section(summary));
+    h.push_str(&server::section(summary));
     h.push_str("<h2>Throughput</h2>");
     h.push_str(&throughput_chart(summary));
     h.push_str(&ramp::section(summary, rows));

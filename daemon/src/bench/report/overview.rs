@@ -4,10 +4,10 @@
 
 use std::fmt::Write as _;
 
-use super::fmt::{TimeUnit, count, number};
 use super::{Pick, esc, field};
 use crate::bench::stats::Distribution;
 use crate::bench::{BenchSummary, Summary};
+use crate::fmt::{TimeUnit, count, number};
 
 /// A time of one benchmark in its own unit (`16.6 ms`), marked with its summary.json field.
 fn time(
@@ -186,7 +186,7 @@ pub fn paragraph(summary: &Summary) -> String {
 /// The capacity search in words: the highest offered rate meeting every SLO, the first that
 /// broke one, and the knee (where queueing started).
 pub fn capacity_sentence(c: &crate::bench::capacity::Capacity) -> String {
-    use super::fmt::rate;
+    use crate::fmt::rate;
     let slos: Vec<&str> = c.slos.iter().map(|s| s.text.as_str()).collect();
     let max = match c.max_rate {
         Some(r) => format!(

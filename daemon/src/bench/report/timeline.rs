@@ -5,10 +5,10 @@
 use std::collections::BTreeSet;
 
 use super::chart::{Axis, Band, Chart, Mark, Series, spread};
-use super::fmt::count;
 use crate::bench::stats::percentile;
 use crate::bench::workload::{Ramp, RampKind, RampOver};
 use crate::bench::{RequestRow, Summary};
+use crate::fmt::count;
 
 /// Raw points drawn per plot, at most (evenly spread over the run).
 const RAW_POINTS: usize = 1500;

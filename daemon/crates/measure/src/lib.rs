@@ -25,6 +25,7 @@
 //! and tokens measured before it.
 
 pub mod chunk;
+pub mod measured;
 pub mod sse;
 
 use std::collections::BTreeMap;
@@ -34,6 +35,8 @@ use serde::Serialize;
 
 use chunk::{Payload, StreamError};
 use sse::{EventKind, SseEvent, SseParser};
+
+pub use measured::{Conn, Measured};
 
 /// How a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -411,6 +414,11 @@ pub struct StreamMeasurer {
 
 /// Choice indexes measured apart; a stream with more keeps the first ones only.
 pub const MAX_CHOICES: usize = 128;
+
+/// One SSE event may be large (a long text piece, a logprobs block, a tool call with a large
+/// argument: `../shared/cases/sse/19_*` is 1 MiB); 16 MiB is above any real server's and still
+/// bounds memory.
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 16 << 20;
 
 #[derive(Debug, Default)]
 struct ChoiceState {

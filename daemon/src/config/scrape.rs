@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use url::Url;
 
-use super::normalize::ServerKind;
 use crate::config::ConfigError;
 use crate::config::raw::RawCanary;
+use lmperf_server_page::normalize::ServerKind;
 
 /// Default scrape interval (issue 11: 5 s, 1 s..60 s).
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);

@@ -1,5 +1,5 @@
 //! The diagnosis engine: per target, symptom → onset → cause scores → state. See the module
-//! doc of [`crate::diagnosis`] for the algorithm and its sources.
+//! doc of [`crate`] for the algorithm and its sources.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
@@ -82,7 +82,7 @@ pub const MIN_ERRORS_PER_BUCKET: f64 = 2.0;
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
-/// use lmperf::diagnosis::{Engine, EngineConfig, Signal};
+/// use lmperf_diagnosis::{Engine, EngineConfig, Signal};
 /// let mut e = Engine::new(EngineConfig::default());
 /// let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
 /// e.observe("vllm-0", Signal::Ttft, t0, 0.120);

@@ -1,6 +1,6 @@
 //! The `Diagnosis` document (**API Boundary**, versioned by [`SCHEMA_VERSION`]): what
 //! `/api/v1/diagnosis`, `lmperf ctl diagnose --json` and offline callers get. The schema is in
-//! the module doc of [`crate::diagnosis`].
+//! the module doc of [`crate`].
 
 use std::time::SystemTime;
 
@@ -232,7 +232,7 @@ pub fn clock(unix: f64) -> String {
 pub fn fmt_value(signal: Signal, v: f64) -> String {
     match signal.unit() {
         // Three significant digits in its own unit: 0.103 ms, 1.66 ms, 53.0 ms, 1.24 s.
-        "s" => crate::bench::report::fmt::duration_ms(v * 1000.0),
+        "s" => lmperf_fmt::duration_ms(v * 1000.0),
         "Hz" => format!("{:.2} GHz", v / 1e9),
         _ if v.fract() == 0.0 && v.abs() < 1e6 => format!("{v:.0}"),
         _ if v.abs() >= 10.0 => format!("{v:.0}"),

@@ -9,7 +9,7 @@
 //!
 //! **Architecture Invariant:** pure, like `measure/`: no clock, no socket, no file. Callers
 //! pass the times; everything is testable on recorded series in milliseconds. The agent's
-//! feeder is `crate::diagnosis_live`.
+//! feeder is `lmperf::diagnosis_live`.
 //!
 //! # API (for the agent and offline callers)
 //!
@@ -98,6 +98,7 @@
 
 pub mod detector;
 pub mod engine;
+pub mod inputs;
 pub mod report;
 pub mod scorecard;
 pub mod signal;

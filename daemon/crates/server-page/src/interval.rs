@@ -278,11 +278,9 @@ mod tests {
     #[test]
     fn first_scrape_has_no_rates_and_reset_is_flagged() {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
-        let mut r = crate::server::normalize::normalize(
-            &crate::server::parse::parse(
-                "vllm:prompt_tokens_total 100\nvllm:num_requests_waiting 2\n",
-            )
-            .unwrap(),
+        let mut r = crate::normalize::normalize(
+            &crate::parse::parse("vllm:prompt_tokens_total 100\nvllm:num_requests_waiting 2\n")
+                .unwrap(),
             None,
         );
         let s = sample(None, &r, t0);

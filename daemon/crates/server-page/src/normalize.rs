@@ -395,7 +395,7 @@ pub fn is_counter(page: &Page, name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::parse::parse;
+    use crate::parse::parse;
 
     #[test]
     fn detects_kind_by_prefix_majority() {
@@ -441,7 +441,10 @@ mod tests {
     fn reads_keeps_every_name_normalize_reads() {
         // Each fixture normalized from every sample and from the `reads` samples only: the
         // same reading (Debug, as a NaN histogram sum is not equal to itself).
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/server/");
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../../tests/fixtures/server/"
+        );
         let mut n = 0;
         for e in std::fs::read_dir(dir).unwrap() {
             let path = e.unwrap().path();
@@ -450,7 +453,7 @@ mod tests {
             }
             let text = std::fs::read_to_string(&path).unwrap();
             let all = parse(&text).unwrap();
-            let kept = crate::server::parse::parse_with(&text, reads).unwrap();
+            let kept = crate::parse::parse_with(&text, reads).unwrap();
             assert!(kept.samples.len() <= all.samples.len(), "{path:?}");
             assert_eq!(
                 format!("{:?}", normalize(&all, None)),

@@ -95,7 +95,7 @@ pub struct DetectorConfig {
     /// ratio of 1/0 flags (the error ratio), the number of errors in the bucket, so that one
     /// error among a handful of requests against an error-free baseline (a ratio of ∞ × and a
     /// z of thousands) is not a jump. Default 0 (off: the sampler's spike mode); the
-    /// diagnosis's error ratio sets [`crate::diagnosis::engine::MIN_ERRORS_PER_BUCKET`].
+    /// diagnosis's error ratio sets [`crate::engine::MIN_ERRORS_PER_BUCKET`].
     pub min_bucket_sum: f64,
     /// A p99 bucket counts as jumped only when at least this share of its requests (finished
     /// and in flight) are themselves jumped values, i.e. its `1 − share` quantile jumped too.
@@ -122,7 +122,21 @@ impl Default for DetectorConfig {
     }
 }
 
+/// The share of a bucket's canaries above the jump threshold that the sampler's spike mode
+/// asks by default ([`DetectorConfig::min_share_above`]): a quarter.
+pub const SPIKE_MODE_MIN_SHARE_ABOVE: f64 = 0.25;
+
 impl DetectorConfig {
+    /// The sampler's spike-mode settings (its default `spike_detector`): the defaults with the
+    /// bucket's largest sample left out and [`SPIKE_MODE_MIN_SHARE_ABOVE`].
+    pub fn spike_mode() -> Self {
+        Self {
+            exclude_max: true,
+            min_share_above: SPIKE_MODE_MIN_SHARE_ABOVE,
+            ..Self::default()
+        }
+    }
+
     fn history_buckets(&self) -> u64 {
         (self.history.as_nanos() / self.bucket.as_nanos().max(1)).max(1) as u64
     }
@@ -1031,7 +1045,7 @@ mod tests {
 
     /// The sampler's spike-mode detector settings.
     fn spike_mode() -> DetectorConfig {
-        crate::sampler::adaptive::SamplingPolicy::default().spike_detector
+        DetectorConfig::spike_mode()
     }
 
     /// 1 canary/s with a real server's calm TTFT (~94 ms, light exponential jitter), where

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use super::DEFAULT_MAX_EVENT_BYTES;
 use super::*;
-use crate::config::DEFAULT_MAX_EVENT_BYTES;
 
 fn ms(v: u64) -> Duration {
     Duration::from_millis(v)

@@ -1,0 +1,16 @@
+//! The model server's own signals, from text: its Prometheus page (`parse`, tolerant: a bad
+//! line is skipped and counted, never the page), the families normalized per server kind
+//! (`normalize`: vLLM old and new, SGLang, TGI, llama.cpp → `Reading`), two readings into a
+//! sample (`interval`: counter rates with reset detection, histogram deltas, `quantile`), and
+//! the info routes' JSON (`identity`). No IO and no clock: the scraper (`lmperf::server::scrape`)
+//! fetches and passes the times.
+
+pub mod identity;
+pub mod interval;
+pub mod normalize;
+pub mod parse;
+pub mod quantile;
+
+pub use identity::{Change, ChangeKind, Identity};
+pub use interval::{LatencyStats, ServerSample};
+pub use normalize::{Reading, ServerKind};
