@@ -53,7 +53,7 @@ fn state() -> AdminState {
         .iter()
         .map(|t| Arc::new(TargetState::new(t)))
         .collect();
-    telemetry.register_spike_gauge(targets.clone());
+    lmperf::status::register_spike_gauge(&telemetry.meter(), targets.clone());
     targets[0].record(&RequestSummary {
         source: "canary",
         target: "127.0.0.1:9".to_owned(),

@@ -290,6 +290,29 @@ pub struct AgentStatus {
     pub server: std::sync::Arc<crate::server::ServerState>,
 }
 
+/// `lmperf.sampling.spike{lmperf.target}` on `meter`: 1 while a target is in spike mode.
+pub fn register_spike_gauge(
+    meter: &opentelemetry::metrics::Meter,
+    targets: Vec<std::sync::Arc<TargetState>>,
+) {
+    use crate::telemetry::names;
+    let _gauge = meter
+        .u64_observable_gauge(names::METRIC_SAMPLING_SPIKE)
+        .with_description("1 while the target is in spike mode (every span kept), else 0.")
+        .with_callback(move |obs| {
+            for t in &targets {
+                obs.observe(
+                    u64::from(t.spike.load(Ordering::Relaxed)),
+                    &[opentelemetry::KeyValue::new(
+                        names::LMPERF_TARGET,
+                        t.name.clone(),
+                    )],
+                );
+            }
+        })
+        .build();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -381,27 +404,4 @@ mod tests {
             .is_empty()
         );
     }
-}
-
-/// `lmperf.sampling.spike{lmperf.target}` on `meter`: 1 while a target is in spike mode.
-pub fn register_spike_gauge(
-    meter: &opentelemetry::metrics::Meter,
-    targets: Vec<std::sync::Arc<TargetState>>,
-) {
-    use crate::telemetry::names;
-    let _gauge = meter
-        .u64_observable_gauge(names::METRIC_SAMPLING_SPIKE)
-        .with_description("1 while the target is in spike mode (every span kept), else 0.")
-        .with_callback(move |obs| {
-            for t in &targets {
-                obs.observe(
-                    u64::from(t.spike.load(Ordering::Relaxed)),
-                    &[opentelemetry::KeyValue::new(
-                        names::LMPERF_TARGET,
-                        t.name.clone(),
-                    )],
-                );
-            }
-        })
-        .build();
 }

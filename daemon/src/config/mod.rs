@@ -115,6 +115,10 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// Where the kubelet serves its pod-resources API (`v1.PodResourcesLister`), the default of
+/// `[gpu] pod_resources_socket`.
+pub const DEFAULT_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+
 /// One validated target.
 #[derive(Debug, Clone)]
 pub struct TargetConfig {
@@ -181,7 +185,7 @@ pub struct GpuConfig {
     /// NVML library path; `None`: `libnvidia-ml.so.1` from the loader's path.
     pub nvml_library: Option<PathBuf>,
     /// The kubelet's pod-resources socket (which pod holds each GPU); `None`: off
-    /// (`pod_resources_socket = ""`). Default [`crate::gpu::pod_resources::DEFAULT_SOCKET`].
+    /// (`pod_resources_socket = ""`). Default [`DEFAULT_POD_RESOURCES_SOCKET`].
     pub pod_resources_socket: Option<PathBuf>,
 }
 
@@ -723,7 +727,7 @@ fn validate_gpu(raw: raw::RawGpu) -> Result<GpuConfig, ConfigError> {
         p => p.map(PathBuf::from),
     };
     let pod_resources_socket = match raw.pod_resources_socket {
-        None => Some(PathBuf::from(crate::gpu::pod_resources::DEFAULT_SOCKET)),
+        None => Some(PathBuf::from(DEFAULT_POD_RESOURCES_SOCKET)),
         Some(p) if p.is_empty() => None,
         Some(p) if p.trim().is_empty() || !p.starts_with('/') => {
             return Err(ConfigError::invalid(

@@ -28,7 +28,7 @@ pub mod proto {
 }
 
 /// The kubelet's socket where the agent's config does not name another.
-pub const DEFAULT_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+pub use crate::config::DEFAULT_POD_RESOURCES_SOCKET as DEFAULT_SOCKET;
 /// Largest `List` answer accepted (a node with hundreds of pods answers well under it).
 pub const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
 
