@@ -32,7 +32,6 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-#[allow(clippy::large_enum_variant)] // parsed once
 pub enum Command {
     /// Run the node agent: continuous canary requests to the targets, exported over OTLP.
     Agent(AgentArgs),

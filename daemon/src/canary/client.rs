@@ -227,7 +227,6 @@ fn build_failure(message: String) -> Measured {
     }
 }
 
-#[allow(clippy::large_enum_variant)] // one per request, moved once: boxing would buy nothing
 enum Attempt {
     Done(RequestRecord, SystemTime, Option<Conn>),
     /// The connection failed before any response byte in a way a stale keep-alive
