@@ -12,12 +12,12 @@ use std::time::{Duration, SystemTime};
 use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, AdminState};
-use crate::canary::client::Clients;
 use crate::canary::{Shutdown, TargetRunner};
-use crate::config::{AgentConfig, Env};
+use crate::config::{AgentConfig, Env, TargetConfig};
 use crate::control::ControlService;
 use crate::control::load::LoadManager;
 use crate::status::{AgentStatus, RecentRequests, TargetState};
+use crate::targets::{LiveList, Shared, TargetSet};
 use crate::telemetry::{Telemetry, TelemetryError};
 
 /// Total time from the signal to exit, within the 10 s a supervisor allows.
@@ -28,11 +28,8 @@ pub const SHUTDOWN_BUDGET: Duration = Duration::from_millis(9500);
 pub enum AgentError {
     #[error(transparent)]
     Telemetry(#[from] TelemetryError),
-    #[error("HTTP client for target {target}: {source}")]
-    Client {
-        target: String,
-        source: reqwest::Error,
-    },
+    #[error("target {target}: {reason}")]
+    Target { target: String, reason: String },
     #[error("admin HTTP cannot listen on {addr}: {source}")]
     AdminBind {
         addr: std::net::SocketAddr,
@@ -91,19 +88,14 @@ pub async fn run(
     let signalled_at_start = futures_util::FutureExt::now_or_never(signal.as_mut()).is_some();
     let telemetry = Arc::new(Telemetry::init(&cfg.otlp, env)?);
     let (gpu, gpu_monitor) = crate::gpu::start(&cfg.gpu, &telemetry.meter());
-    gpu.set_server_ports(cfg.targets.iter().map(|t| t.port).collect());
-    let states: Vec<Arc<TargetState>> = cfg
-        .targets
-        .iter()
-        .map(|t| Arc::new(TargetState::new(t)))
-        .collect();
+    let states: Arc<LiveList<TargetState>> = Arc::default();
     telemetry.register_spike_gauge(states.clone());
     let (net, net_monitor) = privileged.net.start(&telemetry.meter());
     let recent = Arc::new(RecentRequests::new(cfg.control.recent_requests));
-    let (server, server_monitor) = crate::server::start(&cfg.targets, Some(&telemetry.meter()));
+    let (server, server_monitor) = crate::server::start(&[], Some(&telemetry.meter()));
     let diagnosis = Arc::new(crate::diagnosis_live::LiveDiagnosis::new(
         crate::diagnosis::EngineConfig::default(),
-        cfg.targets.iter().map(|t| t.name.clone()).collect(),
+        Vec::new(),
     ));
     crate::diagnosis_live::register_gauges(&telemetry.meter(), diagnosis.clone());
     let status = Arc::new(AgentStatus {
@@ -115,6 +107,7 @@ pub async fn run(
         recent: recent.clone(),
         server: server.clone(),
         diagnosis: diagnosis.clone(),
+        discovery: Default::default(),
     });
 
     let listener = tokio::net::TcpListener::from_std(privileged.admin).map_err(|source| {
@@ -142,38 +135,47 @@ pub async fn run(
 
     let shutdown = Shutdown::default();
     let tracker = TaskTracker::new();
-    let mut loops = Vec::new();
-    let mut runners = Vec::new();
-    for (i, (t, state)) in cfg.targets.iter().zip(&states).enumerate() {
-        let clients = Clients::new(t.connect_timeout).map_err(|source| AgentError::Client {
-            target: t.name.clone(),
-            source,
-        })?;
-        let runner = TargetRunner::new(
-            Arc::new(t.clone()),
-            clients,
-            telemetry.clone(),
-            state.clone(),
-            cfg.console,
-        )
-        .with_gpu(gpu.clone())
-        .with_net(net.clone())
-        .with_recent(recent.clone())
-        .with_diagnosis(diagnosis.clone());
-        let runner = match server.targets.get(i) {
-            Some(s) => runner.with_server(s.clone()),
-            None => runner,
-        };
-        let seed = rand::random::<u64>() ^ i as u64;
-        runners.push(runner.clone());
-        loops.push(tokio::spawn(runner.run(
-            shutdown.clone(),
-            tracker.clone(),
-            seed,
-        )));
+    let runners: Arc<LiveList<TargetRunner>> = Arc::default();
+    let mut set = TargetSet::new(Shared {
+        telemetry: telemetry.clone(),
+        gpu: gpu.clone(),
+        net: net.clone(),
+        recent: recent.clone(),
+        diagnosis: diagnosis.clone(),
+        server: server.clone(),
+        states: states.clone(),
+        runners: runners.clone(),
+        console: cfg.console,
+        shutdown: shutdown.clone(),
+        drain: cfg.shutdown_timeout,
+    });
+    // Static targets first, through the same path as discovered ones: a static target that
+    // cannot start is a start-up error, as before.
+    let applied = set.apply(&cfg.targets);
+    if let Some((target, reason)) = applied.failed.into_iter().next() {
+        return Err(AgentError::Target { target, reason });
     }
+    let discovery_stop = tokio_util::sync::CancellationToken::new();
+    let discovery = crate::discovery::start(&cfg.discovery, discovery_stop.clone());
+    let (desired, changes, discovery_task) = match discovery {
+        Some(d) => {
+            if let Ok(mut s) = status.discovery.lock() {
+                *s = Some(d.status.clone());
+            }
+            (Some(d.desired), Some(d.changes), Some(d.task))
+        }
+        None => (None, None, None),
+    };
+    let reconcile = tokio::spawn(reconcile(
+        set,
+        cfg.targets.clone(),
+        desired,
+        changes,
+        server.clone(),
+        shutdown.stop.clone(),
+    ));
     let loads = Arc::new(LoadManager::new(
-        runners,
+        runners.clone(),
         cfg.control.caps.clone(),
         shutdown.clone(),
         tracker.clone(),
@@ -201,7 +203,7 @@ pub async fn run(
     tracing::info!(
         admin = %admin_addr,
         control = %control.as_ref().map_or("off", |(at, _)| at.as_str()),
-        targets = cfg.targets.len(),
+        targets = states.len(),
         otlp = cfg.otlp.enabled,
         gpu_interval = %(if cfg.gpu.enabled { humantime::format_duration(cfg.gpu.interval).to_string() } else { "disabled".to_owned() }),
         net = ?net.mode(),
@@ -217,21 +219,20 @@ pub async fn run(
     tracing::info!("Shutting down: no new canaries.");
     status.ready.store(false, Ordering::Relaxed);
     shutdown.stop.cancel();
-    for l in loops {
-        let _ = l.await;
+    discovery_stop.cancel();
+    if let Some(t) = discovery_task {
+        let _ = tokio::time::timeout(Duration::from_millis(200), t).await;
     }
+    match reconcile.await {
+        Ok(set) => set.shutdown(cfg.shutdown_timeout).await,
+        Err(e) => tracing::warn!(error = %e, "Target reconciliation task failed."),
+    }
+    // Injected load (control API) runs on the agent's own tracker.
     tracker.close();
-    if tokio::time::timeout(cfg.shutdown_timeout, tracker.wait())
+    if tokio::time::timeout(Duration::from_millis(500), tracker.wait())
         .await
         .is_err()
     {
-        tracing::info!(
-            in_flight = states
-                .iter()
-                .map(|s| s.in_flight.load(Ordering::Relaxed))
-                .sum::<u64>(),
-            "Cancelling canaries still in flight."
-        );
         shutdown.cancel.cancel();
         let _ = tokio::time::timeout(Duration::from_millis(500), tracker.wait()).await;
     }
@@ -259,6 +260,95 @@ pub async fn run(
         "Agent stopped."
     );
     Ok(())
+}
+
+/// Applies desired-target snapshots until `stop`: the static targets, then each discovered
+/// snapshot from `desired` (a discovered target named like a static one is left out, said once),
+/// and the discovered targets' lifecycle `changes` as server changes (after the snapshot that
+/// started their target). Returns the set for the ordered shutdown.
+async fn reconcile(
+    mut set: TargetSet,
+    static_targets: Vec<TargetConfig>,
+    desired: Option<tokio::sync::watch::Receiver<Vec<TargetConfig>>>,
+    changes: Option<tokio::sync::mpsc::Receiver<crate::discovery::TargetChange>>,
+    server: Arc<crate::server::ServerState>,
+    stop: tokio_util::sync::CancellationToken,
+) -> TargetSet {
+    let (Some(mut desired), Some(mut changes)) = (desired, changes) else {
+        stop.cancelled().await;
+        return set;
+    };
+    let mut shadowed: std::collections::BTreeSet<String> = Default::default();
+    let mut changes_open = true;
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return set,
+            changed = desired.changed() => {
+                if changed.is_err() {
+                    // The sender is gone (shutdown): keep what runs until `stop`.
+                    stop.cancelled().await;
+                    return set;
+                }
+            }
+            c = changes.recv(), if changes_open => {
+                match c {
+                    Some(c) => {
+                        if desired.has_changed().unwrap_or(false) {
+                            // The change may be of a target this snapshot starts.
+                            let snap = desired.borrow_and_update().clone();
+                            apply_discovered(&mut set, &static_targets, snap, &mut shadowed);
+                        }
+                        server_change(&server, c);
+                    }
+                    None => changes_open = false,
+                }
+                continue;
+            }
+        }
+        let discovered = desired.borrow_and_update().clone();
+        apply_discovered(&mut set, &static_targets, discovered, &mut shadowed);
+    }
+}
+
+/// A discovered target's lifecycle change, with the scraper's log line, span event, counter
+/// and status entry (`TargetServer::push_event`).
+fn server_change(server: &crate::server::ServerState, c: crate::discovery::TargetChange) {
+    let Some(t) = server.target(&c.target) else {
+        tracing::debug!(target_name = %c.target, kind = c.change.kind.as_str(), "Server change of a target no longer running.");
+        return;
+    };
+    tracing::warn!(
+        target_name = %c.target,
+        kind = c.change.kind.as_str(),
+        old = c.change.old.as_deref().unwrap_or("-"),
+        new = c.change.new.as_deref().unwrap_or("-"),
+        source = "kubernetes",
+        "Server change."
+    );
+    t.push_event(c.at, c.change);
+}
+
+fn apply_discovered(
+    set: &mut TargetSet,
+    static_targets: &[TargetConfig],
+    discovered: Vec<TargetConfig>,
+    shadowed: &mut std::collections::BTreeSet<String>,
+) {
+    let mut all = static_targets.to_vec();
+    for t in discovered {
+        if static_targets.iter().any(|s| s.name == t.name) {
+            if shadowed.insert(t.name.clone()) {
+                tracing::warn!(target_name = %t.name, "Discovered target has a static target's name; the static one is kept.");
+            }
+            continue;
+        }
+        all.push(t);
+    }
+    let applied = set.apply(&all);
+    if !applied.is_empty() {
+        tracing::debug!(?applied, "Targets reconciled.");
+    }
 }
 
 /// Completes on SIGTERM or SIGINT.

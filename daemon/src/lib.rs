@@ -17,12 +17,14 @@ pub mod config;
 pub mod control;
 pub mod diagnosis;
 pub mod diagnosis_live;
+pub mod discovery;
 pub mod gpu;
 pub mod measure;
 pub mod net;
 pub mod sampler;
 pub mod server;
 pub mod status;
+pub mod targets;
 pub mod telemetry;
 
 /// Installs rustls' `ring` crypto provider as the process default (the one TLS stack of

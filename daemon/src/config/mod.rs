@@ -6,6 +6,7 @@
 //! variables (OpenTelemetry SDK environment variable specification), built-in defaults.
 //! Canary flags on the command line apply to every target.
 
+pub mod discovery;
 pub mod k8s;
 pub mod raw;
 
@@ -121,7 +122,7 @@ impl fmt::Debug for Secret {
 }
 
 /// One validated target.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TargetConfig {
     /// Low-cardinality name for metrics and logs (default `host:port`).
     pub name: String,
@@ -328,6 +329,8 @@ pub struct AgentConfig {
     pub gpu: GpuConfig,
     pub net: NetConfig,
     pub control: ControlConfig,
+    /// `[discovery]`; its targets join the static ones at run time.
+    pub discovery: discovery::DiscoveryConfig,
 }
 
 /// What the command line sets (see `cli.rs`); `None` leaves the file's or default value.
@@ -493,7 +496,12 @@ fn validate(mut raw: RawConfig, o: Overrides, env: &dyn Env) -> Result<AgentConf
             })
             .collect()
     };
-    if raw_targets.is_empty() {
+    let discovery = discovery::validate(
+        std::mem::take(&mut raw.discovery),
+        discovery::TargetTemplate::new(cli.clone().or(&raw.canary), env)?,
+        env,
+    )?;
+    if raw_targets.is_empty() && !discovery.enabled() {
         return Err(ConfigError::invalid(
             "--target",
             "",
@@ -562,6 +570,7 @@ fn validate(mut raw: RawConfig, o: Overrides, env: &dyn Env) -> Result<AgentConf
         gpu,
         net,
         control,
+        discovery,
     })
 }
 

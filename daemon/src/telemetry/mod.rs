@@ -7,6 +7,7 @@
 //! so both show the same counts.
 
 pub mod export;
+pub mod k8s;
 pub mod metrics;
 pub mod names;
 pub mod spans;
@@ -185,13 +186,13 @@ impl Telemetry {
     }
 
     /// `lmperf.sampling.spike{lmperf.target}`: 1 while a target is in spike mode.
-    pub fn register_spike_gauge(&self, targets: Vec<Arc<TargetState>>) {
+    pub fn register_spike_gauge(&self, targets: Arc<crate::targets::LiveList<TargetState>>) {
         let _gauge = self
             .meter()
             .u64_observable_gauge(names::METRIC_SAMPLING_SPIKE)
             .with_description("1 while the target is in spike mode (every span kept), else 0.")
             .with_callback(move |obs| {
-                for t in &targets {
+                for t in targets.iter() {
                     obs.observe(
                         u64::from(t.spike.load(Ordering::Relaxed)),
                         &[KeyValue::new(names::LMPERF_TARGET, t.name.clone())],

@@ -380,3 +380,16 @@ pub const LMPERF_SERVER_SCRAPE_AGE: &str = "lmperf.server.scrape.age";
 pub const EVENT_SERVER_CHANGE: &str = "lmperf.server.change";
 pub const LMPERF_SERVER_CHANGE_OLD: &str = "lmperf.server.change.old";
 pub const LMPERF_SERVER_CHANGE_NEW: &str = "lmperf.server.change.new";
+
+// ---- A target's Kubernetes identity (OTel k8s semantic conventions; span attributes and
+// per-target series labels of discovered targets: `telemetry::k8s`) ----
+pub const K8S_NAMESPACE_NAME: &str = "k8s.namespace.name";
+pub const K8S_POD_UID: &str = "k8s.pod.uid";
+pub const K8S_CONTAINER_NAME: &str = "k8s.container.name";
+pub const K8S_DEPLOYMENT_NAME: &str = "k8s.deployment.name";
+pub const K8S_STATEFULSET_NAME: &str = "k8s.statefulset.name";
+pub const K8S_DAEMONSET_NAME: &str = "k8s.daemonset.name";
+pub const K8S_REPLICASET_NAME: &str = "k8s.replicaset.name";
+pub const K8S_JOB_NAME: &str = "k8s.job.name";
+/// No OTel convention yet; named like the others.
+pub const K8S_LEADERWORKERSET_NAME: &str = "k8s.leaderworkerset.name";
