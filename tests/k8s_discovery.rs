@@ -426,3 +426,109 @@ async fn agent_canaries_exactly_this_nodes_annotated_pods() {
     drop(agent);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Config reload in place: a new file (written as a ConfigMap update is, a symlink swap) adds a
+/// target without a restart and the running one keeps its counts; a bad file is refused with
+/// the field named in `/api/v1/status` while the old config keeps running; SIGHUP reloads too.
+#[tokio::test(flavor = "multi_thread")]
+async fn config_file_changes_and_sighup_reload_in_place() {
+    let (a, b) = (vllm().await, vllm().await);
+    let dir = std::env::temp_dir().join(format!("lmperf-reload-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let table = |name: &str, s: &ScriptedServer| {
+        format!(
+            "[[target]]\nurl = \"{}\"\nname = \"{name}\"\nmodel = \"m\"\nserver_metrics = \"off\"\n",
+            s.url()
+        )
+    };
+    let head = "[canary]\nmax_tokens = 4\ninterval = \"200ms\"\n\n";
+    // A ConfigMap volume: the file is a link through `..data`, swapped on update.
+    let swap = |n: u32, text: &str| {
+        let data = dir.join(format!("..data-{n}"));
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(data.join("lmperf.toml"), text).unwrap();
+        let tmp = dir.join("..data_tmp");
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(&data, &tmp).unwrap();
+        std::fs::rename(&tmp, dir.join("..data")).unwrap();
+    };
+    swap(1, &format!("{head}{}", table("a", &a)));
+    std::os::unix::fs::symlink(dir.join("..data/lmperf.toml"), dir.join("lmperf.toml")).unwrap();
+    let cfg = dir.join("lmperf.toml").display().to_string();
+    let agent =
+        tokio::task::spawn_blocking(move || Agent::spawn(&["--config", &cfg, "--no-otlp"], &[]))
+            .await
+            .unwrap();
+    let (s, _) = wait(&agent, Duration::from_secs(20), |s| {
+        target(s, "a")["requests"].as_u64() >= Some(3)
+    })
+    .await;
+    let a_before = target(&s, "a")["requests"].as_u64().unwrap_or(0);
+    assert!(a_before >= 3, "{s:#}");
+
+    swap(2, &format!("{head}{}\n{}", table("a", &a), table("b", &b)));
+    let (s, took) = wait(&agent, Duration::from_secs(10), |s| {
+        target(s, "b")["requests"].as_u64() >= Some(1)
+    })
+    .await;
+    println!("added target's first canary {took:?} after the swap");
+    assert_eq!(target_names(&s), ["a", "b"], "{s:#}");
+    assert!(
+        target(&s, "a")["requests"].as_u64().unwrap_or(0) >= a_before,
+        "the unchanged target kept its counts"
+    );
+    assert_eq!(
+        s["config_reload"]["last_ok"], true,
+        "{}",
+        s["config_reload"]
+    );
+
+    // A bad file: refused, named, the old config goes on.
+    swap(
+        3,
+        &format!(
+            "{head}{}\n[[target]]\nurl = \"{}\"\nname = \"c\"\nrate = -1.0\n",
+            table("a", &a),
+            b.url()
+        ),
+    );
+    let (s, _) = wait(&agent, Duration::from_secs(10), |s| {
+        s["config_reload"]["last_ok"] == false
+    })
+    .await;
+    let e = s["config_reload"]["last_error"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        e.contains("rate") && e.contains("-1"),
+        "{}",
+        s["config_reload"]
+    );
+    let b_now = completions(&b);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(completions(&b) > b_now, "the running config goes on");
+    assert_eq!(target_names(&agent.status()), ["a", "b"]);
+
+    // SIGHUP after fixing the file in place (no swap event: only the signal reloads it).
+    std::fs::write(
+        dir.join("..data-3/lmperf.toml"),
+        format!("{head}{}", table("a", &a)),
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    unsafe { libc::kill(agent.pid() as i32, libc::SIGHUP) };
+    let (s, _) = wait(&agent, Duration::from_secs(10), |s| {
+        target_names(s) == ["a"]
+    })
+    .await;
+    assert_eq!(target_names(&s), ["a"], "{s:#}");
+    assert_eq!(
+        s["config_reload"]["last_ok"], true,
+        "{}",
+        s["config_reload"]
+    );
+    assert!(s["config_reload"]["attempts"].as_u64() >= Some(3));
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -81,6 +81,7 @@ pub async fn run(
     privileged: Privileged,
     env: &dyn Env,
     signal: impl std::future::Future<Output = ()>,
+    reload: Option<crate::reload::Loader>,
 ) -> Result<(), AgentError> {
     // Polled once now: the signal handlers are installed from here on, so a SIGTERM during
     // start-up is an ordered shutdown (control socket removed…), not the default kill.
@@ -108,6 +109,7 @@ pub async fn run(
         server: server.clone(),
         diagnosis: diagnosis.clone(),
         discovery: Default::default(),
+        reload: Default::default(),
     });
 
     let listener = tokio::net::TcpListener::from_std(privileged.admin).map_err(|source| {
@@ -157,20 +159,38 @@ pub async fn run(
     }
     let discovery_stop = tokio_util::sync::CancellationToken::new();
     let discovery = crate::discovery::start(&cfg.discovery, discovery_stop.clone());
+    // Without discovery, senders that stay open (and quiet) until shutdown.
+    let (quiet_desired, quiet_changes) = (
+        tokio::sync::watch::channel(Vec::new()),
+        tokio::sync::mpsc::channel(1),
+    );
     let (desired, changes, discovery_task) = match discovery {
         Some(d) => {
             if let Ok(mut s) = status.discovery.lock() {
                 *s = Some(d.status.clone());
             }
-            (Some(d.desired), Some(d.changes), Some(d.task))
+            (d.desired, d.changes, Some(d.task))
         }
-        None => (None, None, None),
+        None => (quiet_desired.1, quiet_changes.1, None),
     };
+    let (statics_tx, statics) = tokio::sync::watch::channel(cfg.targets.clone());
+    let reload_stop = tokio_util::sync::CancellationToken::new();
+    let reload_task = reload.map(|loader| {
+        tokio::spawn(crate::reload::run(
+            loader,
+            cfg.clone(),
+            statics_tx,
+            status.reload.clone(),
+            reload_stop.clone(),
+        ))
+    });
     let reconcile = tokio::spawn(reconcile(
         set,
-        cfg.targets.clone(),
-        desired,
-        changes,
+        Inputs {
+            statics,
+            desired,
+            changes,
+        },
         server.clone(),
         shutdown.stop.clone(),
     ));
@@ -220,6 +240,11 @@ pub async fn run(
     status.ready.store(false, Ordering::Relaxed);
     shutdown.stop.cancel();
     discovery_stop.cancel();
+    reload_stop.cancel();
+    if let Some(t) = reload_task {
+        let _ = tokio::time::timeout(Duration::from_millis(200), t).await;
+    }
+    drop((quiet_desired.0, quiet_changes.0));
     if let Some(t) = discovery_task {
         let _ = tokio::time::timeout(Duration::from_millis(200), t).await;
     }
@@ -262,42 +287,50 @@ pub async fn run(
     Ok(())
 }
 
-/// Applies desired-target snapshots until `stop`: the static targets, then each discovered
-/// snapshot from `desired` (a discovered target named like a static one is left out, said once),
-/// and the discovered targets' lifecycle `changes` as server changes (after the snapshot that
-/// started their target). Returns the set for the ordered shutdown.
+/// What the reconcile task follows: the static targets (the config, then each reload), the
+/// discovered ones, and the discovered targets' lifecycle changes.
+struct Inputs {
+    statics: tokio::sync::watch::Receiver<Vec<TargetConfig>>,
+    desired: tokio::sync::watch::Receiver<Vec<TargetConfig>>,
+    changes: tokio::sync::mpsc::Receiver<crate::discovery::TargetChange>,
+}
+
+/// Applies the static targets with each discovered snapshot until `stop` (a discovered target
+/// named like a static one is left out, said once), and the discovered targets' lifecycle
+/// changes as server changes (after the snapshot that started their target). Returns the set
+/// for the ordered shutdown.
 async fn reconcile(
     mut set: TargetSet,
-    static_targets: Vec<TargetConfig>,
-    desired: Option<tokio::sync::watch::Receiver<Vec<TargetConfig>>>,
-    changes: Option<tokio::sync::mpsc::Receiver<crate::discovery::TargetChange>>,
+    mut i: Inputs,
     server: Arc<crate::server::ServerState>,
     stop: tokio_util::sync::CancellationToken,
 ) -> TargetSet {
-    let (Some(mut desired), Some(mut changes)) = (desired, changes) else {
-        stop.cancelled().await;
-        return set;
-    };
     let mut shadowed: std::collections::BTreeSet<String> = Default::default();
-    let mut changes_open = true;
+    let (mut statics_open, mut desired_open, mut changes_open) = (true, true, true);
     loop {
         tokio::select! {
             biased;
             _ = stop.cancelled() => return set,
-            changed = desired.changed() => {
-                if changed.is_err() {
-                    // The sender is gone (shutdown): keep what runs until `stop`.
-                    stop.cancelled().await;
-                    return set;
+            r = i.statics.changed(), if statics_open => {
+                if r.is_err() {
+                    statics_open = false;
+                    continue;
                 }
             }
-            c = changes.recv(), if changes_open => {
+            r = i.desired.changed(), if desired_open => {
+                if r.is_err() {
+                    desired_open = false;
+                    continue;
+                }
+            }
+            c = i.changes.recv(), if changes_open => {
                 match c {
                     Some(c) => {
-                        if desired.has_changed().unwrap_or(false) {
+                        if i.desired.has_changed().unwrap_or(false) {
                             // The change may be of a target this snapshot starts.
-                            let snap = desired.borrow_and_update().clone();
-                            apply_discovered(&mut set, &static_targets, snap, &mut shadowed);
+                            let statics = i.statics.borrow_and_update().clone();
+                            let snap = i.desired.borrow_and_update().clone();
+                            apply_discovered(&mut set, &statics, snap, &mut shadowed);
                         }
                         server_change(&server, c);
                     }
@@ -306,8 +339,9 @@ async fn reconcile(
                 continue;
             }
         }
-        let discovered = desired.borrow_and_update().clone();
-        apply_discovered(&mut set, &static_targets, discovered, &mut shadowed);
+        let statics = i.statics.borrow_and_update().clone();
+        let discovered = i.desired.borrow_and_update().clone();
+        apply_discovered(&mut set, &statics, discovered, &mut shadowed);
     }
 }
 

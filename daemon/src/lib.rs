@@ -21,6 +21,7 @@ pub mod discovery;
 pub mod gpu;
 pub mod measure;
 pub mod net;
+pub mod reload;
 pub mod sampler;
 pub mod server;
 pub mod status;

@@ -308,6 +308,8 @@ pub struct AgentStatus {
     pub server: std::sync::Arc<crate::server::ServerState>,
     /// Target discovery, once started (`None`: off).
     pub discovery: Mutex<Option<std::sync::Arc<crate::discovery::DiscoveryStatus>>>,
+    /// Config reloads (SIGHUP, file change): the last outcome and its reason.
+    pub reload: std::sync::Arc<crate::reload::ReloadStatus>,
 }
 
 #[cfg(test)]

@@ -53,6 +53,9 @@ pub struct StatusDoc {
     /// RBAC 403, an unreachable API server), pods and targets, pods with bad annotations.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub discovery: Option<crate::discovery::DiscoveryView>,
+    /// Config reloads (SIGHUP or a change of the file): attempts, failures, the last outcome,
+    /// its refusal reason, the sections that need a restart.
+    pub config_reload: crate::reload::ReloadView,
 }
 
 /// The admin router, for serving or for driving with `oneshot` in tests.
@@ -119,6 +122,7 @@ pub fn status_doc(s: &AdminState) -> StatusDoc {
             .lock()
             .ok()
             .and_then(|d| d.as_ref().map(|d| d.view())),
+        config_reload: s.status.reload.view(),
     }
 }
 
