@@ -317,10 +317,17 @@ fn the_chart_refuses_capabilities_beyond_the_ebpf_set() {
         stderr.contains("ebpf.capabilities may hold only BPF and PERFMON, not SYS_ADMIN"),
         "{stderr}"
     );
+    // No static target is fine with discovery (the chart's default); without it, refused.
     let f = temp_file("no-targets-values.yaml", "config:\n  targets: []\n");
     let (ok, _, stderr) = render_py(&["render", "-f", &f.display().to_string()]);
+    assert!(ok, "{stderr}");
+    let f = temp_file(
+        "no-targets-no-discovery-values.yaml",
+        "config:\n  targets: []\ndiscovery:\n  enabled: false\n",
+    );
+    let (ok, _, stderr) = render_py(&["render", "-f", &f.display().to_string()]);
     assert!(
-        !ok && stderr.contains("config.targets is empty"),
+        !ok && stderr.contains("config.targets is empty and discovery.enabled is false"),
         "{stderr}"
     );
 }
