@@ -8,7 +8,7 @@
 //! and publishes them when they changed; an owner ReplicaSet is read once (cached) to name its
 //! Deployment, by the `pod-template-hash` rule when it cannot be read.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -46,6 +46,9 @@ struct Watch {
     replicasets: BTreeMap<String, Option<String>>,
     /// Pods whose bad annotation was said, with the reason said.
     said_bad: BTreeMap<String, String>,
+    /// Per pod (`namespace/name`): its target, or why it was skipped for a bad annotation;
+    /// a pod event maps only that pod again.
+    mapped: BTreeMap<String, Result<TargetConfig, String>>,
     lifecycle: Lifecycle,
 }
 
@@ -91,6 +94,7 @@ pub async fn run(
         pods: BTreeMap::new(),
         replicasets: BTreeMap::new(),
         said_bad: BTreeMap::new(),
+        mapped: BTreeMap::new(),
         lifecycle: Lifecycle::default(),
     };
     w.run(stop).await;
@@ -132,18 +136,26 @@ impl Watch {
                         self.pods = m;
                     }
                     self.status.listed();
-                    self.recompute().await;
+                    self.mapped.clear();
+                    let pods: Vec<Pod> = self.pods.values().cloned().collect();
+                    for p in &pods {
+                        self.map(p).await;
+                    }
+                    self.publish();
                 }
                 watcher::Event::Apply(p) => {
+                    self.map(&p).await;
                     self.pods.insert(key(&p), p);
-                    self.recompute().await;
+                    self.publish();
                 }
                 watcher::Event::Delete(p) => {
-                    self.pods.remove(&key(&p));
+                    let k = key(&p);
+                    self.pods.remove(&k);
+                    self.mapped.remove(&k);
                     if let Some(uid) = p.metadata.uid.as_deref() {
                         self.lifecycle.forget_pod(uid);
                     }
-                    self.recompute().await;
+                    self.publish();
                 }
             }
         }
@@ -182,44 +194,58 @@ impl Watch {
         Some(deployment.map_or(direct, K8sOwner::Deployment))
     }
 
-    /// Maps every pod held, publishes the targets when they changed, feeds the lifecycle.
-    async fn recompute(&mut self) {
-        let pods: Vec<Pod> = self.pods.values().cloned().collect();
-        let mut targets = Vec::new();
-        let mut bad = BTreeMap::new();
-        let mut live_rs = BTreeSet::new();
-        for p in &pods {
-            let owner = self.owner(p).await;
-            if let Some(K8sOwner::ReplicaSet(rs) | K8sOwner::Deployment(rs)) = &owner {
-                live_rs.insert(rs.clone());
-            }
-            let name = key(p);
-            let verdict = pod::pod_target(p, self.cfg.selector.as_ref(), owner.clone());
-            let reason = match verdict {
-                PodVerdict::Target(t) => {
-                    match self.template.target(&format!("pod {name}"), t.raw.clone()) {
-                        Ok(mut c) => {
-                            self.feed_lifecycle(p, &c.name, &t.identity, owner.as_ref());
-                            c.k8s = Some(t.identity);
-                            targets.push(c);
-                            None
-                        }
-                        Err(e) => Some(e.to_string()),
+    /// Maps one pod (its target or its bad annotation), feeding the lifecycle.
+    async fn map(&mut self, p: &Pod) {
+        let name = key(p);
+        let owner = self.owner(p).await;
+        let verdict = pod::pod_target(p, self.cfg.selector.as_ref(), owner.clone());
+        let entry = match verdict {
+            PodVerdict::Target(t) => {
+                match self.template.target(&format!("pod {name}"), t.raw.clone()) {
+                    Ok(mut c) => {
+                        self.feed_lifecycle(p, &c.name, &t.identity, owner.as_ref());
+                        c.k8s = Some(t.identity);
+                        Some(Ok(c))
                     }
+                    Err(e) => Some(Err(e.to_string())),
                 }
-                PodVerdict::Skip(_) => None,
-                PodVerdict::Bad(why) => Some(why),
-            };
-            if let Some(why) = reason {
+            }
+            PodVerdict::Skip(_) => None,
+            PodVerdict::Bad(why) => Some(Err(why)),
+        };
+        match entry {
+            Some(Err(why)) => {
                 if self.said_bad.get(&name) != Some(&why) {
                     tracing::warn!(pod = %name, reason = %why, "Pod skipped: bad lmperf.dev annotation (said once per pod).");
                     self.said_bad.insert(name.clone(), why.clone());
                 }
-                bad.insert(name, why);
+                self.mapped.insert(name, Err(why));
+            }
+            Some(Ok(c)) => {
+                self.said_bad.remove(&name);
+                self.mapped.insert(name, Ok(c));
+            }
+            None => {
+                self.said_bad.remove(&name);
+                self.mapped.remove(&name);
             }
         }
+    }
+
+    /// Publishes the targets when they changed; the counts for the status.
+    fn publish(&mut self) {
+        let targets: Vec<TargetConfig> = self
+            .mapped
+            .values()
+            .filter_map(|m| m.as_ref().ok().cloned())
+            .collect();
+        let bad: BTreeMap<String, String> = self
+            .mapped
+            .iter()
+            .filter_map(|(k, m)| m.as_ref().err().map(|e| (k.clone(), e.clone())))
+            .collect();
         self.said_bad.retain(|k, _| bad.contains_key(k));
-        self.status.counts(pods.len(), targets.len(), bad);
+        self.status.counts(self.pods.len(), targets.len(), bad);
         self.desired.send_if_modified(|cur| {
             if *cur == targets {
                 false
