@@ -180,3 +180,54 @@ pub async fn run(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Overrides, load};
+
+    struct NoEnv;
+    impl crate::config::Env for NoEnv {
+        fn var(&self, _: &str) -> Option<String> {
+            None
+        }
+    }
+
+    fn cfg(text: &str) -> AgentConfig {
+        let dir = std::env::temp_dir().join(format!("lmperf-reload-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!(
+            "{:x}.toml",
+            text.len() * 7919 + text.bytes().map(usize::from).sum::<usize>()
+        ));
+        std::fs::write(&path, text).unwrap();
+        load(
+            Overrides {
+                config: Some(path),
+                ..Overrides::default()
+            },
+            &NoEnv,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_plan_applies_targets_and_names_what_needs_a_restart() {
+        let a = cfg("[[target]]\nurl = \"http://127.0.0.1:8000\"\n");
+        let same = cfg("[[target]]\nurl = \"http://127.0.0.1:8000\"\n\n");
+        assert_eq!(plan(&a, &same), (None, vec![]));
+        let more = cfg(
+            "[[target]]\nurl = \"http://127.0.0.1:8000\"\n[[target]]\nurl = \"http://127.0.0.1:8001\"\n",
+        );
+        let (t, r) = plan(&a, &more);
+        assert_eq!(t.map(|t| t.len()), Some(2));
+        assert!(r.is_empty());
+        let rate = cfg("[[target]]\nurl = \"http://127.0.0.1:8000\"\nrate = 3.0\n");
+        assert!(
+            plan(&a, &rate).0.is_some(),
+            "a changed rate re-applies the target"
+        );
+        let gpu = cfg("[[target]]\nurl = \"http://127.0.0.1:8000\"\n[gpu]\nenabled = false\n");
+        assert_eq!(plan(&a, &gpu), (None, vec!["gpu"]));
+    }
+}
