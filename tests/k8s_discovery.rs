@@ -407,8 +407,17 @@ async fn agent_canaries_exactly_this_nodes_annotated_pods() {
     assert_eq!(target_names(&s), now);
 
     // Spans carry the pod.
-    let spans = collector.exported_spans(20, Duration::from_secs(10)).await;
-    let a: Vec<BTreeMap<String, String>> = spans.iter().map(|s| attrs(&s.attributes)).collect();
+    // Batches arrive in export order: read until one of the newest pod's spans is in.
+    let mut a: Vec<BTreeMap<String, String>> = Vec::new();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(20)
+        && !a
+            .iter()
+            .any(|a| a.get("k8s.pod.name").map(String::as_str) == Some("vllm-a-2"))
+    {
+        let spans = collector.exported_spans(1, Duration::from_secs(2)).await;
+        a.extend(spans.iter().map(|s| attrs(&s.attributes)));
+    }
     let a2 = a
         .iter()
         .find(|a| a.get("k8s.pod.name").map(String::as_str) == Some("vllm-a-2"))

@@ -113,7 +113,7 @@ impl TargetSet {
     }
 
     /// Makes the running targets those of `desired` (names unique: a later duplicate is
-    /// ignored). Returns what changed.
+    /// ignored); new ones start in `desired`'s order. Returns what changed.
     pub fn apply(&mut self, desired: &[TargetConfig]) -> Applied {
         let mut want: BTreeMap<&str, &TargetConfig> = BTreeMap::new();
         for t in desired {
@@ -134,8 +134,12 @@ impl TargetSet {
                 applied.stopped.push(name);
             }
         }
-        for (name, t) in want {
-            if self.running.contains_key(name) {
+        // In the desired order (the config's, then discovery's), each name once.
+        for t in desired {
+            let name = t.name.as_str();
+            if self.running.contains_key(name)
+                || !want.get(name).is_some_and(|w| std::ptr::eq(*w, t))
+            {
                 continue;
             }
             match self.start(t) {
