@@ -104,11 +104,71 @@ fn chart_renders_and_every_manifest_passes_the_kubernetes_schemas() {
             assert!(kinds.contains(k), "{name}: no {k} in {kinds:?}");
         }
         for m in &ms {
+            if matches!(
+                m["kind"].as_str(),
+                Some("ClusterRole" | "ClusterRoleBinding")
+            ) {
+                assert!(m["metadata"].get("namespace").is_none(), "{name}");
+                continue;
+            }
             assert_eq!(
                 m["metadata"]["namespace"], "lmperf",
                 "{name}: {} is namespaced",
                 m["kind"]
             );
+        }
+        // Discovery (on by default): read-only access to pods and replicasets, bound to the
+        // agent's ServiceAccount, whose token is mounted only then.
+        let discovery = name != "static-values";
+        let roles = of_kind(&ms, "ClusterRole");
+        let bindings = of_kind(&ms, "ClusterRoleBinding");
+        let ds = &of_kind(&ms, "DaemonSet")[0]["spec"]["template"]["spec"];
+        assert_eq!(ds["automountServiceAccountToken"], discovery, "{name}");
+        if discovery {
+            assert_eq!((roles.len(), bindings.len()), (1, 1), "{name}");
+            let rules = arr(&roles[0]["rules"]);
+            let granted: BTreeSet<(String, String, String)> = rules
+                .iter()
+                .flat_map(|r| {
+                    let groups = arr(&r["apiGroups"]);
+                    let resources = arr(&r["resources"]);
+                    let verbs = arr(&r["verbs"]);
+                    let mut out = Vec::new();
+                    for g in &groups {
+                        for res in &resources {
+                            for v in &verbs {
+                                out.push((
+                                    g.as_str().unwrap_or("?").to_owned(),
+                                    res.as_str().unwrap_or("?").to_owned(),
+                                    v.as_str().unwrap_or("?").to_owned(),
+                                ));
+                            }
+                        }
+                    }
+                    out
+                })
+                .collect();
+            let want: BTreeSet<(String, String, String)> = [("", "pods"), ("apps", "replicasets")]
+                .iter()
+                .flat_map(|(g, r)| {
+                    ["get", "list", "watch"]
+                        .map(|v| ((*g).to_owned(), (*r).to_owned(), v.to_owned()))
+                })
+                .collect();
+            assert_eq!(
+                granted, want,
+                "{name}: exactly get/list/watch on pods and replicasets"
+            );
+            let b = bindings[0];
+            assert_eq!(b["roleRef"]["name"], roles[0]["metadata"]["name"], "{name}");
+            assert_eq!(b["subjects"][0]["kind"], "ServiceAccount", "{name}");
+            assert_eq!(
+                b["subjects"][0]["name"], ds["serviceAccountName"],
+                "{name}: bound to the agent's ServiceAccount"
+            );
+            assert_eq!(b["subjects"][0]["namespace"], "lmperf", "{name}");
+        } else {
+            assert!(roles.is_empty() && bindings.is_empty(), "{name}");
         }
         if name == "full-values" {
             assert_eq!(of_kind(&ms, "ServiceMonitor").len(), 1, "{name}");
@@ -147,8 +207,9 @@ fn no_values_set_grants_privilege_or_host_write() {
                 assert_ne!(pod[host], true, "{name}: {host}");
             }
             assert_eq!(
-                pod["automountServiceAccountToken"], false,
-                "{name}: the agent needs no API token"
+                pod["automountServiceAccountToken"],
+                name != "static-values",
+                "{name}: an API token only for discovery"
             );
             let host_paths: Vec<Value> = arr(&pod["volumes"])
                 .into_iter()
@@ -281,10 +342,17 @@ fn the_chart_refuses_capabilities_beyond_the_ebpf_set() {
         stderr.contains("ebpf.capabilities may hold only BPF and PERFMON, not SYS_ADMIN"),
         "{stderr}"
     );
+    // No static target is fine with discovery (the chart's default); without it, refused.
     let f = temp::file("no-targets-values.yaml", "config:\n  targets: []\n");
     let (ok, _, stderr) = render_py(&["render", "-f", &f.display().to_string()]);
+    assert!(ok, "{stderr}");
+    let f = temp::file(
+        "no-targets-no-discovery-values.yaml",
+        "config:\n  targets: []\ndiscovery:\n  enabled: false\n",
+    );
+    let (ok, _, stderr) = render_py(&["render", "-f", &f.display().to_string()]);
     assert!(
-        !ok && stderr.contains("config.targets is empty"),
+        !ok && stderr.contains("config.targets is empty and discovery.enabled is false"),
         "{stderr}"
     );
 }
@@ -436,8 +504,23 @@ fn rendered_config_loads_in_the_agent_and_matches_the_pod() {
                 cfg.otlp.traces_endpoint
             );
         }
-        let want_targets = if name == "full-values" { 2 } else { 1 };
+        let want_targets = match name.as_str() {
+            "full-values" => 2,
+            "static-values" => 1,
+            _ => 0,
+        };
         assert_eq!(cfg.targets.len(), want_targets, "{name}");
+        assert_eq!(
+            cfg.discovery.kubernetes.enabled,
+            name != "static-values",
+            "{name}: discovery on by default in the chart"
+        );
+        if cfg.discovery.kubernetes.enabled {
+            assert_eq!(
+                cfg.discovery.kubernetes.node_name, "node-a",
+                "{name}: the node from K8S_NODE_NAME (downward API)"
+            );
+        }
         if name == "full-values" {
             assert_eq!(
                 env.0.get("LMPERF_API_KEY").map(String::as_str),

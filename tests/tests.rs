@@ -29,6 +29,7 @@ mod faults;
 mod gpu;
 mod gpu_nvml;
 mod gpu_pods;
+mod k8s_discovery;
 mod launch;
 mod logs_json;
 mod net;

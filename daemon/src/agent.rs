@@ -12,12 +12,12 @@ use std::time::{Duration, SystemTime};
 use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, AdminState};
-use crate::canary::client::Clients;
 use crate::canary::{Shutdown, TargetRunner};
-use crate::config::{AgentConfig, Env};
+use crate::config::{AgentConfig, Env, TargetConfig};
 use crate::control::ControlService;
 use crate::control::load::LoadManager;
 use crate::status::{AgentStatus, RecentRequests, TargetState};
+use crate::targets::{LiveList, Shared, TargetSet};
 use crate::telemetry::{Telemetry, TelemetryError};
 
 /// Total time from the signal to exit, within the 10 s a supervisor allows.
@@ -28,11 +28,8 @@ pub const SHUTDOWN_BUDGET: Duration = Duration::from_millis(9500);
 pub enum AgentError {
     #[error(transparent)]
     Telemetry(#[from] TelemetryError),
-    #[error("HTTP client for target {target}: {source}")]
-    Client {
-        target: String,
-        source: reqwest::Error,
-    },
+    #[error("target {target}: {reason}")]
+    Target { target: String, reason: String },
     #[error("admin HTTP cannot listen on {addr}: {source}")]
     AdminBind {
         addr: std::net::SocketAddr,
@@ -84,6 +81,7 @@ pub async fn run(
     privileged: Privileged,
     env: &dyn Env,
     signal: impl std::future::Future<Output = ()>,
+    reload: Option<crate::reload::Loader>,
 ) -> Result<(), AgentError> {
     // Polled once now: the signal handlers are installed from here on, so a SIGTERM during
     // start-up is an ordered shutdown (control socket removed…), not the default kill.
@@ -91,7 +89,6 @@ pub async fn run(
     let signalled_at_start = futures_util::FutureExt::now_or_never(signal.as_mut()).is_some();
     let telemetry = Arc::new(Telemetry::init(&cfg.otlp, env)?);
     let (gpu, gpu_monitor) = crate::gpu::start(&cfg.gpu, &telemetry.meter());
-    gpu.set_server_ports(cfg.targets.iter().map(|t| t.port).collect());
     // Which pod holds each GPU: the kubelet's pod-resources API, read on the runtime.
     let pods_stop = tokio_util::sync::CancellationToken::new();
     let pods_task = cfg.gpu.enabled.then(|| {
@@ -102,22 +99,15 @@ pub async fn run(
             pods_stop.clone(),
         ))
     });
-    let states: Vec<Arc<TargetState>> = cfg
-        .targets
-        .iter()
-        .map(|t| Arc::new(TargetState::new(t)))
-        .collect();
+    let states: Arc<LiveList<TargetState>> = Arc::default();
     crate::status::register_spike_gauge(&telemetry.meter(), states.clone());
     let (net, net_monitor) = privileged.net.start(&telemetry.meter());
     let recent = Arc::new(RecentRequests::new(cfg.control.recent_requests));
-    let (server, server_monitor) = crate::server::start(&cfg.targets, Some(&telemetry.meter()));
+    let (server, server_monitor) = crate::server::start(&[], Some(&telemetry.meter()));
     let diagnosis = Arc::new(crate::diagnosis_live::LiveDiagnosis::new(
         crate::diagnosis::EngineConfig::default(),
-        cfg.targets.iter().map(|t| t.name.clone()).collect(),
+        Vec::new(),
     ));
-    for t in &cfg.targets {
-        diagnosis.set_k8s(&t.name, t.k8s.clone());
-    }
     crate::diagnosis_live::register_gauges(&telemetry.meter(), diagnosis.clone());
     let status = Arc::new(AgentStatus {
         targets: states.clone(),
@@ -128,6 +118,8 @@ pub async fn run(
         recent: recent.clone(),
         server: server.clone(),
         diagnosis: diagnosis.clone(),
+        discovery: Default::default(),
+        reload: Default::default(),
     });
 
     let listener = tokio::net::TcpListener::from_std(privileged.admin).map_err(|source| {
@@ -155,38 +147,65 @@ pub async fn run(
 
     let shutdown = Shutdown::default();
     let tracker = TaskTracker::new();
-    let mut loops = Vec::new();
-    let mut runners = Vec::new();
-    for (i, (t, state)) in cfg.targets.iter().zip(&states).enumerate() {
-        let clients = Clients::new(t.connect_timeout).map_err(|source| AgentError::Client {
-            target: t.name.clone(),
-            source,
-        })?;
-        let runner = TargetRunner::new(
-            Arc::new(t.clone()),
-            clients,
-            telemetry.clone(),
-            state.clone(),
-            cfg.console,
-        )
-        .with_gpu(gpu.clone())
-        .with_net(net.clone())
-        .with_recent(recent.clone())
-        .with_diagnosis(diagnosis.clone());
-        let runner = match server.targets.get(i) {
-            Some(s) => runner.with_server(s.clone()),
-            None => runner,
-        };
-        let seed = rand::random::<u64>() ^ i as u64;
-        runners.push(runner.clone());
-        loops.push(tokio::spawn(runner.run(
-            shutdown.clone(),
-            tracker.clone(),
-            seed,
-        )));
+    let runners: Arc<LiveList<TargetRunner>> = Arc::default();
+    let mut set = TargetSet::new(Shared {
+        telemetry: telemetry.clone(),
+        gpu: gpu.clone(),
+        net: net.clone(),
+        recent: recent.clone(),
+        diagnosis: diagnosis.clone(),
+        server: server.clone(),
+        states: states.clone(),
+        runners: runners.clone(),
+        console: cfg.console,
+        shutdown: shutdown.clone(),
+        drain: cfg.shutdown_timeout,
+    });
+    // Static targets first, through the same path as discovered ones: a static target that
+    // cannot start is a start-up error, as before.
+    let applied = set.apply(&cfg.targets);
+    if let Some((target, reason)) = applied.failed.into_iter().next() {
+        return Err(AgentError::Target { target, reason });
     }
+    let discovery_stop = tokio_util::sync::CancellationToken::new();
+    let discovery = crate::discovery::start(&cfg.discovery, discovery_stop.clone());
+    // Without discovery, senders that stay open (and quiet) until shutdown.
+    let (quiet_desired, quiet_changes) = (
+        tokio::sync::watch::channel(Vec::new()),
+        tokio::sync::mpsc::channel(1),
+    );
+    let (desired, changes, discovery_task) = match discovery {
+        Some(d) => {
+            if let Ok(mut s) = status.discovery.lock() {
+                *s = Some(d.status.clone());
+            }
+            (d.desired, d.changes, Some(d.task))
+        }
+        None => (quiet_desired.1, quiet_changes.1, None),
+    };
+    let (statics_tx, statics) = tokio::sync::watch::channel(cfg.targets.clone());
+    let reload_stop = tokio_util::sync::CancellationToken::new();
+    let reload_task = reload.map(|loader| {
+        tokio::spawn(crate::reload::run(
+            loader,
+            cfg.clone(),
+            statics_tx,
+            status.reload.clone(),
+            reload_stop.clone(),
+        ))
+    });
+    let reconcile = tokio::spawn(reconcile(
+        set,
+        Inputs {
+            statics,
+            desired,
+            changes,
+        },
+        server.clone(),
+        shutdown.stop.clone(),
+    ));
     let loads = Arc::new(LoadManager::new(
-        runners,
+        runners.clone(),
         cfg.control.caps.clone(),
         shutdown.clone(),
         tracker.clone(),
@@ -214,7 +233,7 @@ pub async fn run(
     tracing::info!(
         admin = %admin_addr,
         control = %control.as_ref().map_or("off", |(at, _)| at.as_str()),
-        targets = cfg.targets.len(),
+        targets = states.len(),
         otlp = cfg.otlp.enabled,
         gpu_interval = %(if cfg.gpu.enabled { humantime::format_duration(cfg.gpu.interval).to_string() } else { "disabled".to_owned() }),
         net = ?net.mode(),
@@ -230,21 +249,25 @@ pub async fn run(
     tracing::info!("Shutting down: no new canaries.");
     status.ready.store(false, Ordering::Relaxed);
     shutdown.stop.cancel();
-    for l in loops {
-        let _ = l.await;
+    discovery_stop.cancel();
+    reload_stop.cancel();
+    if let Some(t) = reload_task {
+        let _ = tokio::time::timeout(Duration::from_millis(200), t).await;
     }
+    drop((quiet_desired.0, quiet_changes.0));
+    if let Some(t) = discovery_task {
+        let _ = tokio::time::timeout(Duration::from_millis(200), t).await;
+    }
+    match reconcile.await {
+        Ok(set) => set.shutdown(cfg.shutdown_timeout).await,
+        Err(e) => tracing::warn!(error = %e, "Target reconciliation task failed."),
+    }
+    // Injected load (control API) runs on the agent's own tracker.
     tracker.close();
-    if tokio::time::timeout(cfg.shutdown_timeout, tracker.wait())
+    if tokio::time::timeout(Duration::from_millis(500), tracker.wait())
         .await
         .is_err()
     {
-        tracing::info!(
-            in_flight = states
-                .iter()
-                .map(|s| s.in_flight.load(Ordering::Relaxed))
-                .sum::<u64>(),
-            "Cancelling canaries still in flight."
-        );
         shutdown.cancel.cancel();
         let _ = tokio::time::timeout(Duration::from_millis(500), tracker.wait()).await;
     }
@@ -276,6 +299,104 @@ pub async fn run(
         "Agent stopped."
     );
     Ok(())
+}
+
+/// What the reconcile task follows: the static targets (the config, then each reload), the
+/// discovered ones, and the discovered targets' lifecycle changes.
+struct Inputs {
+    statics: tokio::sync::watch::Receiver<Vec<TargetConfig>>,
+    desired: tokio::sync::watch::Receiver<Vec<TargetConfig>>,
+    changes: tokio::sync::mpsc::Receiver<crate::discovery::TargetChange>,
+}
+
+/// Applies the static targets with each discovered snapshot until `stop` (a discovered target
+/// named like a static one is left out, said once), and the discovered targets' lifecycle
+/// changes as server changes (after the snapshot that started their target). Returns the set
+/// for the ordered shutdown.
+async fn reconcile(
+    mut set: TargetSet,
+    mut i: Inputs,
+    server: Arc<crate::server::ServerState>,
+    stop: tokio_util::sync::CancellationToken,
+) -> TargetSet {
+    let mut shadowed: std::collections::BTreeSet<String> = Default::default();
+    let (mut statics_open, mut desired_open, mut changes_open) = (true, true, true);
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return set,
+            r = i.statics.changed(), if statics_open => {
+                if r.is_err() {
+                    statics_open = false;
+                    continue;
+                }
+            }
+            r = i.desired.changed(), if desired_open => {
+                if r.is_err() {
+                    desired_open = false;
+                    continue;
+                }
+            }
+            c = i.changes.recv(), if changes_open => {
+                match c {
+                    Some(c) => {
+                        if i.desired.has_changed().unwrap_or(false) {
+                            // The change may be of a target this snapshot starts.
+                            let statics = i.statics.borrow_and_update().clone();
+                            let snap = i.desired.borrow_and_update().clone();
+                            apply_discovered(&mut set, &statics, snap, &mut shadowed);
+                        }
+                        server_change(&server, c);
+                    }
+                    None => changes_open = false,
+                }
+                continue;
+            }
+        }
+        let statics = i.statics.borrow_and_update().clone();
+        let discovered = i.desired.borrow_and_update().clone();
+        apply_discovered(&mut set, &statics, discovered, &mut shadowed);
+    }
+}
+
+/// A discovered target's lifecycle change, with the scraper's log line, span event, counter
+/// and status entry (`TargetServer::push_event`).
+fn server_change(server: &crate::server::ServerState, c: crate::discovery::TargetChange) {
+    let Some(t) = server.target(&c.target) else {
+        tracing::debug!(target_name = %c.target, kind = c.change.kind.as_str(), "Server change of a target no longer running.");
+        return;
+    };
+    tracing::warn!(
+        target_name = %c.target,
+        kind = c.change.kind.as_str(),
+        old = c.change.old.as_deref().unwrap_or("-"),
+        new = c.change.new.as_deref().unwrap_or("-"),
+        source = "kubernetes",
+        "Server change."
+    );
+    t.push_event(c.at, c.change);
+}
+
+fn apply_discovered(
+    set: &mut TargetSet,
+    static_targets: &[TargetConfig],
+    discovered: Vec<TargetConfig>,
+    shadowed: &mut std::collections::BTreeSet<String>,
+) {
+    let mut all = static_targets.to_vec();
+    for t in discovered {
+        if static_targets.iter().any(|s| s.name == t.name) {
+            if shadowed.insert(t.name.clone()) {
+                tracing::warn!(target_name = %t.name, "Discovered target has a static target's name; the static one is kept.");
+            }
+            continue;
+        }
+        all.push(t);
+    }
+    let applied = set.apply(&all);
+    if !applied.is_empty() {
+        tracing::debug!(?applied, "Targets reconciled.");
+    }
 }
 
 /// Completes on SIGTERM or SIGINT.

@@ -61,7 +61,8 @@ pub struct LiveDiagnosis {
     gpu_evidence: Mutex<BTreeMap<String, GpuEvidence>>,
     /// Per target: the newest server sample and change event fed.
     server_seen: Mutex<BTreeMap<String, (SystemTime, SystemTime)>>,
-    targets: Vec<String>,
+    /// The agent's targets now (they join and leave at run time: [`LiveDiagnosis::add_target`]).
+    targets: Mutex<Vec<String>>,
     /// Evaluations done and their total time, ns (the cost figure).
     pub evaluations: AtomicU64,
     pub evaluate_ns: AtomicU64,
@@ -182,9 +183,45 @@ impl LiveDiagnosis {
             k8s: Mutex::default(),
             gpu_evidence: Mutex::default(),
             server_seen: Mutex::default(),
-            targets,
+            targets: Mutex::new(targets),
             evaluations: AtomicU64::new(0),
             evaluate_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// The targets now.
+    fn target_names(&self) -> Vec<String> {
+        self.targets.lock().map(|g| g.clone()).unwrap_or_default()
+    }
+
+    /// A target joined: it is evaluated from now on (idle until it has evidence).
+    pub fn add_target(&self, name: &str) {
+        if let Ok(mut g) = self.targets.lock()
+            && !g.iter().any(|t| t == name)
+        {
+            g.push(name.to_owned());
+        }
+    }
+
+    /// A target left: its evidence, last evaluation, confirmed diagnosis and kept spans go.
+    pub fn remove_target(&self, name: &str) {
+        if let Ok(mut g) = self.targets.lock() {
+            g.retain(|t| t != name);
+        }
+        if let Ok(mut e) = self.engine.lock() {
+            e.forget(name);
+        }
+        if let Ok(mut l) = self.last.lock() {
+            l.targets.retain(|t| t.target != name);
+        }
+        if let Ok(mut c) = self.confirmed.lock() {
+            c.remove(name);
+        }
+        if let Ok(mut k) = self.kept.lock() {
+            k.remove(name);
+        }
+        if let Ok(mut s) = self.server_seen.lock() {
+            s.remove(name);
         }
     }
 
@@ -242,8 +279,9 @@ impl LiveDiagnosis {
         }
         seen.0 = Some(at);
         let identities = self.k8s.lock().map(|k| k.clone()).unwrap_or_default();
-        let mut fed = Vec::with_capacity(self.targets.len());
-        for t in &self.targets {
+        let targets = self.target_names();
+        let mut fed = Vec::with_capacity(targets.len());
+        for t in &targets {
             let selection = gpu.selection(identities.get(t));
             let (signals, faults, evidence) = gpu_signals_of(&snap, &selection);
             let new_faults = seen
@@ -298,7 +336,7 @@ impl LiveDiagnosis {
         let Ok(mut seen) = self.server_seen.lock() else {
             return;
         };
-        for t in &self.targets {
+        for t in &self.target_names() {
             let (last_sample, last_event) = seen
                 .get(t)
                 .copied()
@@ -356,7 +394,7 @@ impl LiveDiagnosis {
             evaluated_at_unix_s: d.evaluated_at_unix_s,
             targets: Vec::new(),
         };
-        for name in &self.targets {
+        for name in &self.target_names() {
             let mut td = d
                 .targets
                 .iter()
@@ -783,7 +821,7 @@ mod tests {
             None,
         ));
         let state = ServerState {
-            targets: vec![target.clone()],
+            targets: crate::targets::LiveList::new(vec![target.clone()]),
         };
         let live = LiveDiagnosis::new(EngineConfig::default(), vec!["a".into()]);
         // 3 min calm at 2 req/s with nothing waiting, then 12 req/s with 20 waiting; canaries
@@ -850,7 +888,7 @@ mod tests {
             None,
         ));
         let state = ServerState {
-            targets: vec![target.clone()],
+            targets: crate::targets::LiveList::new(vec![target.clone()]),
         };
         let live = LiveDiagnosis::new(EngineConfig::default(), vec!["a".into()]);
         // 200 s calm, then the restart (the reset sample, its restart event and the new

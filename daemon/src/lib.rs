@@ -16,12 +16,15 @@ pub mod cli;
 pub mod config;
 pub mod control;
 pub mod diagnosis_live;
+pub mod discovery;
 pub mod gpu;
 pub mod logging;
 pub mod net;
+pub mod reload;
 pub mod sampler;
 pub mod server;
 pub mod status;
+pub mod targets;
 pub mod telemetry;
 
 // The pure crates (daemon/crates/), under the module paths they had inside this crate.

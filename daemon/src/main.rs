@@ -75,7 +75,13 @@ fn main() -> ExitCode {
             Err(code) => code,
         },
         Command::Agent(args) => {
-            let cfg = match config::load(args.into_overrides(), &ProcessEnv) {
+            let overrides = args.into_overrides();
+            let again = overrides.clone();
+            let reload = lmperf::reload::Loader {
+                path: overrides.config.clone(),
+                load: Box::new(move || config::load(again.clone(), &ProcessEnv)),
+            };
+            let cfg = match config::load(overrides, &ProcessEnv) {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("lmperf: config error: {e}");
@@ -99,6 +105,7 @@ fn main() -> ExitCode {
                 privileged,
                 &ProcessEnv,
                 lmperf::agent::shutdown_signal(),
+                Some(reload),
             )) {
                 Ok(()) => {
                     rt.shutdown_timeout(std::time::Duration::from_millis(200));

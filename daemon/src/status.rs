@@ -183,6 +183,8 @@ pub struct TargetState {
     pub skipped: AtomicU64,
     /// In spike mode (every span kept).
     pub spike: AtomicBool,
+    /// The serving pod's `k8s.*` attributes (empty on a plain host).
+    pub k8s: BTreeMap<String, String>,
     inner: Mutex<Inner>,
 }
 
@@ -202,6 +204,10 @@ pub struct TargetSnapshot {
     pub last: Option<RequestSummary>,
     /// While in spike mode: the rule that started it, with its values.
     pub spike_reason: Option<crate::sampler::adaptive::SpikeRule>,
+    /// The serving pod, by OTel attribute name (`k8s.namespace.name`, `k8s.pod.name`,
+    /// `k8s.pod.uid`, `k8s.container.name`, the owner); absent on a plain host.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub k8s: BTreeMap<String, String>,
 }
 
 fn ms(d: std::time::Duration) -> f64 {
@@ -217,6 +223,16 @@ impl TargetState {
             in_flight: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
             spike: AtomicBool::new(false),
+            k8s: t
+                .k8s
+                .as_ref()
+                .map(|k| {
+                    crate::telemetry::k8s::span_attributes(k)
+                        .into_iter()
+                        .map(|kv| (kv.key.to_string(), kv.value.to_string()))
+                        .collect()
+                })
+                .unwrap_or_default(),
             inner: Mutex::new(Inner {
                 model: t.model.clone(),
                 ..Inner::default()
@@ -267,6 +283,7 @@ impl TargetState {
             spike: self.spike.load(Ordering::Relaxed),
             last,
             spike_reason,
+            k8s: self.k8s.clone(),
         }
     }
 }
@@ -274,7 +291,8 @@ impl TargetState {
 /// Live state of the agent.
 #[derive(Debug)]
 pub struct AgentStatus {
-    pub targets: Vec<std::sync::Arc<TargetState>>,
+    /// The targets now, in the order they joined (static and discovered).
+    pub targets: std::sync::Arc<crate::targets::LiveList<TargetState>>,
     pub started: SystemTime,
     /// False once shutdown has begun (`/readyz` then answers 503).
     pub ready: AtomicBool,
@@ -288,6 +306,10 @@ pub struct AgentStatus {
     pub diagnosis: std::sync::Arc<crate::diagnosis_live::LiveDiagnosis>,
     /// Model server signals per target (`server`).
     pub server: std::sync::Arc<crate::server::ServerState>,
+    /// Target discovery, once started (`None`: off).
+    pub discovery: Mutex<Option<std::sync::Arc<crate::discovery::DiscoveryStatus>>>,
+    /// Config reloads (SIGHUP, file change): the last outcome and its reason.
+    pub reload: std::sync::Arc<crate::reload::ReloadStatus>,
 }
 
 /// `lmperf.sampling.spike{lmperf.target}` on `meter`: 1 while a target is in spike mode.

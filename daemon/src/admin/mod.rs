@@ -9,6 +9,8 @@
 //! `/api/v1/status` (JSON: targets with counts by outcome and last result, exporter queue
 //! and drop counts, GPU monitoring state, eBPF probe state).
 
+pub mod diagnosis_doc;
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -49,6 +51,13 @@ pub struct StatusDoc {
     /// Model server signals per target: `mode` (on | failing | off | starting), `reason` when
     /// not on, kind, version, model, last scrape, skipped lines, latest sample, change events.
     pub server: Vec<crate::server::state::TargetServerView>,
+    /// Target discovery (absent when off): source and why, watch mode and last error (an
+    /// RBAC 403, an unreachable API server), pods and targets, pods with bad annotations.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub discovery: Option<crate::discovery::DiscoveryView>,
+    /// Config reloads (SIGHUP or a change of the file): attempts, failures, the last outcome,
+    /// its refusal reason, the sections that need a restart.
+    pub config_reload: crate::reload::ReloadView,
 }
 
 /// The admin router, for serving or for driving with `oneshot` in tests.
@@ -121,6 +130,13 @@ pub fn status_doc(s: &AdminState) -> StatusDoc {
         gpu: s.status.gpu.status(),
         net: s.status.net.status(),
         server: s.status.server.view(),
+        discovery: s
+            .status
+            .discovery
+            .lock()
+            .ok()
+            .and_then(|d| d.as_ref().map(|d| d.view())),
+        config_reload: s.status.reload.view(),
     }
 }
 
@@ -152,10 +168,9 @@ async fn diagnosis(
         Some(Ok(w)) => Some(w),
         None => None,
     };
-    axum::Json(s.status.diagnosis.snapshot(
-        q.target.as_deref(),
-        window,
-        std::time::SystemTime::now(),
-    ))
-    .into_response()
+    let d = s
+        .status
+        .diagnosis
+        .snapshot(q.target.as_deref(), window, std::time::SystemTime::now());
+    axum::Json(diagnosis_doc::with_k8s(&s.status, &d)).into_response()
 }

@@ -204,7 +204,7 @@ impl ServerWatch {
         t.server.interval = RUN_SCRAPE_INTERVAL;
         t.server.timeout = t.server.timeout.min(RUN_SCRAPE_INTERVAL);
         let (state, monitor) = crate::server::start(std::slice::from_ref(&t), None);
-        let (Some(ts), Ok(client)) = (state.targets.first().cloned(), Scraper::client()) else {
+        let (Some(ts), Ok(client)) = (state.targets.get(0), Scraper::client()) else {
             return off;
         };
         let scraper = Scraper::new(&t, ts.clone(), client);

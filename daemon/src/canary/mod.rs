@@ -564,6 +564,9 @@ impl TargetRunner {
                 if let Some(s) = &self.server {
                     extra.extend(crate::server::span_attributes(s, measured.wall_start));
                 }
+                if let Some(k) = &t.k8s {
+                    extra.extend(crate::telemetry::k8s::span_attributes(k));
+                }
                 extra
             },
             events: match (&self.server, source) {
@@ -577,7 +580,13 @@ impl TargetRunner {
             Source::Canary => {
                 let decision = self.decide(ids, &measured);
                 info.events.extend(self.carried_spike_event());
-                self.telemetry.record(&info, ids, &measured, &decision);
+                let k8s = t
+                    .k8s
+                    .as_ref()
+                    .map(crate::telemetry::k8s::series_labels)
+                    .unwrap_or_default();
+                self.telemetry
+                    .record_labeled(&info, ids, &measured, &decision, &k8s);
                 self.state.record(&summary);
                 if let Some(d) = &self.diagnosis {
                     let (from, to) = (

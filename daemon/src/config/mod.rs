@@ -6,6 +6,7 @@
 //! variables (OpenTelemetry SDK environment variable specification), built-in defaults.
 //! Canary flags on the command line apply to every target.
 
+pub mod discovery;
 pub mod k8s;
 pub mod log_format;
 pub mod raw;
@@ -120,7 +121,7 @@ impl fmt::Debug for Secret {
 pub const DEFAULT_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 
 /// One validated target.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TargetConfig {
     /// Low-cardinality name for metrics and logs (default `host:port`).
     pub name: String,
@@ -330,6 +331,8 @@ pub struct AgentConfig {
     pub gpu: GpuConfig,
     pub net: NetConfig,
     pub control: ControlConfig,
+    /// `[discovery]`; its targets join the static ones at run time.
+    pub discovery: discovery::DiscoveryConfig,
 }
 
 /// What the command line sets (see `cli.rs`); `None` leaves the file's or default value.
@@ -493,7 +496,12 @@ fn validate(mut raw: RawConfig, o: Overrides, env: &dyn Env) -> Result<AgentConf
             })
             .collect()
     };
-    if raw_targets.is_empty() {
+    let discovery = discovery::validate(
+        std::mem::take(&mut raw.discovery),
+        discovery::TargetTemplate::new(cli.clone().or(&raw.canary), env)?,
+        env,
+    )?;
+    if raw_targets.is_empty() && !discovery.enabled() {
         return Err(ConfigError::invalid(
             "--target",
             "",
@@ -569,6 +577,7 @@ fn validate(mut raw: RawConfig, o: Overrides, env: &dyn Env) -> Result<AgentConf
         gpu,
         net,
         control,
+        discovery,
     })
 }
 

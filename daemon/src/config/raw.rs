@@ -95,6 +95,9 @@ pub struct RawConfig {
     pub net: RawNet,
     #[serde(default)]
     pub control: RawControl,
+    /// `[discovery]`: targets found at run time (`super::discovery`).
+    #[serde(default)]
+    pub discovery: super::discovery::RawDiscovery,
 }
 
 /// Canary settings; every field may be set in `[canary]` (defaults) or per `[[target]]`;

@@ -366,6 +366,18 @@ pub fn format_status(s: &proto::GetStatusResponse) -> String {
             t.skipped,
             if t.spike { "  SPIKE" } else { "" }
         );
+        if !t.k8s.is_empty() {
+            let mut k: Vec<_> = t.k8s.iter().collect();
+            k.sort();
+            let _ = writeln!(
+                o,
+                "  k8s: {}",
+                k.iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+        }
         if let Some(r) = &t.spike_reason {
             // The rule's values when the spike began (status does not re-evaluate it).
             let _ = writeln!(o, "  spike: {r} (entered on these values)");

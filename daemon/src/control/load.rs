@@ -733,7 +733,8 @@ struct Sender {
 /// Starts and stops injected loads; holds the running (or last) one.
 #[derive(Debug)]
 pub struct LoadManager {
-    runners: Vec<TargetRunner>,
+    /// The agent's targets now (they join and leave at run time).
+    runners: Arc<crate::targets::LiveList<TargetRunner>>,
     caps: InjectCaps,
     shutdown: Shutdown,
     tracker: TaskTracker,
@@ -748,7 +749,7 @@ impl LoadManager {
     /// Loads against `runners` (the agent's targets), bounded by `caps`, stopped by the
     /// agent's `shutdown`, their tasks on the agent's `tracker`.
     pub fn new(
-        runners: Vec<TargetRunner>,
+        runners: Arc<crate::targets::LiveList<TargetRunner>>,
         caps: InjectCaps,
         shutdown: Shutdown,
         tracker: TaskTracker,
@@ -777,8 +778,9 @@ impl LoadManager {
     /// # Errors
     /// [`Refusal`]: invalid or beyond a cap, another load running, shutting down.
     pub async fn start(&self, req: &proto::InjectLoadRequest) -> Result<Arc<Load>, Refusal> {
-        let names: Vec<String> = self.runners.iter().map(|r| r.target.name.clone()).collect();
-        let req: &proto::InjectLoadRequest = &profile::with_output_tokens(req, &self.runners);
+        let runners: Vec<TargetRunner> = self.runners.iter().map(|r| (*r).clone()).collect();
+        let names: Vec<String> = runners.iter().map(|r| r.target.name.clone()).collect();
+        let req: &proto::InjectLoadRequest = &profile::with_output_tokens(req, &runners);
         let spec = if req.trace_file.is_empty() {
             validate(
                 req,
@@ -786,7 +788,7 @@ impl LoadManager {
                 &self.caps,
             )?
         } else {
-            let (req, caps) = (req.clone(), self.caps.clone());
+            let (req, caps, names) = (req.clone(), self.caps.clone(), names.clone());
             tokio::task::spawn_blocking(move || {
                 validate(
                     &req,
@@ -805,7 +807,12 @@ impl LoadManager {
             return Err(Refusal::Busy(l.id.to_string()));
         }
         let id: Arc<str> = format!("load-{}", self.next_id.fetch_add(1, Ordering::Relaxed)).into();
-        let runner = self.runners[spec.target].clone();
+        let Some(runner) = runners.get(spec.target).cloned() else {
+            return Err(Refusal::UnknownTarget {
+                name: spec.target_name.clone(),
+                known: names.join(", "),
+            });
+        };
         let seed: u64 = rand::random();
         let profile = spec
             .profile

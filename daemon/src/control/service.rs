@@ -120,6 +120,7 @@ impl ControlService {
                         .server
                         .target(&t.name)
                         .map(|s| server_status(&s.view())),
+                    k8s: t.k8s.clone().into_iter().collect(),
                 })
                 .collect(),
             exporter: Some(proto::ExporterStatus {
@@ -289,8 +290,11 @@ impl proto::agent_control_server::AgentControl for ControlService {
             .status
             .diagnosis
             .snapshot(target, window, std::time::SystemTime::now());
-        let diagnosis_json = serde_json::to_string(&d)
-            .map_err(|e| Status::internal(format!("diagnosis JSON: {e}")))?;
+        let diagnosis_json = serde_json::to_string(&crate::admin::diagnosis_doc::with_k8s(
+            &self.admin.status,
+            &d,
+        ))
+        .map_err(|e| Status::internal(format!("diagnosis JSON: {e}")))?;
         Ok(Response::new(proto::DiagnoseResponse { diagnosis_json }))
     }
 }

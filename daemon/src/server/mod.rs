@@ -55,7 +55,7 @@ pub fn start(
     meter: Option<&opentelemetry::metrics::Meter>,
 ) -> (Arc<ServerState>, Monitor) {
     let client = scrape::Scraper::client();
-    let mut state = ServerState::default();
+    let state = ServerState::default();
     for t in targets {
         let off = if !t.server.enabled {
             Some("server_metrics = off".to_owned())
@@ -77,7 +77,7 @@ pub fn start(
     let stop = tokio_util::sync::CancellationToken::new();
     let mut tasks = Vec::new();
     if let Ok(client) = client {
-        for (t, ts) in targets.iter().zip(&state.targets) {
+        for (t, ts) in targets.iter().zip(state.targets.snapshot()) {
             if t.server.enabled {
                 tasks.push(tokio::spawn(
                     scrape::Scraper::new(t, ts.clone(), client.clone()).run(stop.clone()),

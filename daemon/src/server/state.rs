@@ -309,14 +309,15 @@ impl TargetServer {
     }
 }
 
-/// Every target's server, in config order. Owned by the agent (`lmperf run` makes its own).
+/// Every target's server, in the order targets joined. Owned by the agent (`lmperf run` makes
+/// its own); targets join and leave at run time (`crate::targets`).
 #[derive(Debug, Default)]
 pub struct ServerState {
-    pub targets: Vec<Arc<TargetServer>>,
+    pub targets: crate::targets::LiveList<TargetServer>,
 }
 
 impl ServerState {
-    pub fn target(&self, name: &str) -> Option<&Arc<TargetServer>> {
+    pub fn target(&self, name: &str) -> Option<Arc<TargetServer>> {
         self.targets.iter().find(|t| t.target == name)
     }
 

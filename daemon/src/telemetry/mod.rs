@@ -8,6 +8,7 @@
 
 pub mod exemplars;
 pub mod export;
+pub mod k8s;
 pub mod metrics;
 pub mod names;
 pub mod openmetrics;

@@ -406,3 +406,14 @@ pub const SEMCONV_SCHEMA_URL: &str = "https://opentelemetry.io/schemas/1.41.0";
 /// `lmperf.diagnosis.cause`; on `/metrics` (OpenMetrics) its exemplar is the latest
 /// `lmperf.diagnosis` span of the series.
 pub const METRIC_DIAGNOSIS_CONFIRMED: &str = "lmperf.diagnosis.confirmed";
+
+// ---- A target's Kubernetes identity (OTel k8s semantic conventions; span attributes and
+// per-target series labels of discovered targets: `telemetry::k8s`) ----
+pub const K8S_POD_UID: &str = "k8s.pod.uid";
+pub const K8S_DEPLOYMENT_NAME: &str = "k8s.deployment.name";
+pub const K8S_STATEFULSET_NAME: &str = "k8s.statefulset.name";
+pub const K8S_DAEMONSET_NAME: &str = "k8s.daemonset.name";
+pub const K8S_REPLICASET_NAME: &str = "k8s.replicaset.name";
+pub const K8S_JOB_NAME: &str = "k8s.job.name";
+/// No OTel convention yet; named like the others.
+pub const K8S_LEADERWORKERSET_NAME: &str = "k8s.leaderworkerset.name";

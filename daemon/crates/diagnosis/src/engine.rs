@@ -144,6 +144,12 @@ impl Engine {
         }
     }
 
+    /// Drops everything known of `target` (it left the agent: a pod deleted); a target of the
+    /// same name later starts afresh.
+    pub fn forget(&mut self, target: &str) {
+        self.targets.remove(target);
+    }
+
     /// Names of the targets seen.
     pub fn targets(&self) -> impl Iterator<Item = &str> {
         self.targets.keys().map(String::as_str)

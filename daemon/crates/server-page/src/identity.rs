@@ -97,6 +97,9 @@ pub enum ChangeKind {
     Restart,
     /// The metrics page now says another server kind.
     Kind,
+    /// The pod was replaced by one with another image or other arguments (Kubernetes
+    /// discovery: `crate::discovery::lifecycle`).
+    Rollout,
 }
 
 impl ChangeKind {
@@ -107,6 +110,7 @@ impl ChangeKind {
             Self::ModelRevision => "model_revision",
             Self::Restart => "restart",
             Self::Kind => "kind",
+            Self::Rollout => "rollout",
         }
     }
 }

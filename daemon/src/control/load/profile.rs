@@ -498,7 +498,7 @@ mod tests {
             cancel: Default::default(),
         };
         let m = LoadManager::new(
-            Vec::new(),
+            Default::default(),
             caps(),
             shutdown,
             tokio_util::task::TaskTracker::new(),

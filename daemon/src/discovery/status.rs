@@ -1,0 +1,150 @@
+//! What discovery says in `/api/v1/status`: which source runs and why, whether its watch is
+//! healthy (the last error: an expired watch, an RBAC 403, an unreachable API server), the
+//! pods it sees, and the pods skipped for a bad annotation (said once per pod).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+use serde::Serialize;
+
+/// Pods with a bad annotation listed at most (the count goes on).
+pub const MAX_BAD_LISTED: usize = 64;
+
+/// The watch's health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Not listed yet.
+    Starting,
+    /// Listed, watching.
+    Watching,
+    /// The last list or watch failed (`error` says why); retried with backoff.
+    Failing,
+}
+
+/// `/api/v1/status` `discovery` section.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct DiscoveryView {
+    /// `kubernetes`.
+    pub kind: &'static str,
+    /// `apiserver` | `kubelet`.
+    pub source: &'static str,
+    /// Why this source runs (e.g. no kubelet Pods API socket).
+    pub source_reason: String,
+    pub node: String,
+    pub selector: Option<String>,
+    pub mode: Mode,
+    /// The last error, while failing (kept until the next success).
+    pub error: Option<String>,
+    /// Errors since start (each retried).
+    pub errors: u64,
+    /// Full lists done (the first, and each relist after a 410 Gone or a dropped watch).
+    pub lists: u64,
+    /// Pods of this node seen now.
+    pub pods: usize,
+    /// Of those, targets now.
+    pub targets: usize,
+    /// Pods selected but skipped for a bad annotation: `namespace/pod` → the reason.
+    pub bad_pods: BTreeMap<String, String>,
+    /// Lifecycle changes dropped because the agent's queue was full.
+    pub changes_dropped: u64,
+    /// Unix time of the last event handled, seconds.
+    pub last_event_unix_s: Option<f64>,
+}
+
+/// Shared, updated by the discovery task.
+#[derive(Debug)]
+pub struct DiscoveryStatus {
+    inner: Mutex<DiscoveryView>,
+}
+
+impl DiscoveryStatus {
+    pub fn new(
+        source: &'static str,
+        source_reason: String,
+        node: &str,
+        selector: Option<String>,
+    ) -> Self {
+        Self {
+            inner: Mutex::new(DiscoveryView {
+                kind: "kubernetes",
+                source,
+                source_reason,
+                node: node.to_owned(),
+                selector,
+                mode: Mode::Starting,
+                error: None,
+                errors: 0,
+                lists: 0,
+                pods: 0,
+                targets: 0,
+                bad_pods: BTreeMap::new(),
+                changes_dropped: 0,
+                last_event_unix_s: None,
+            }),
+        }
+    }
+
+    fn with(&self, f: impl FnOnce(&mut DiscoveryView)) {
+        match self.inner.lock() {
+            Ok(mut g) => f(&mut g),
+            Err(p) => f(&mut p.into_inner()),
+        }
+    }
+
+    pub fn view(&self) -> DiscoveryView {
+        match self.inner.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// A list or watch failed; returns true when the error is new (log it then).
+    pub fn failed(&self, error: String) -> bool {
+        let mut new = false;
+        self.with(|v| {
+            v.errors += 1;
+            new = v.mode != Mode::Failing || v.error.as_deref() != Some(error.as_str());
+            v.mode = Mode::Failing;
+            v.error = Some(error);
+        });
+        new
+    }
+
+    /// A full list completed.
+    pub fn listed(&self) {
+        self.with(|v| {
+            v.lists += 1;
+            v.mode = Mode::Watching;
+            v.error = None;
+        });
+    }
+
+    /// An event arrived (the watch works).
+    pub fn event(&self, at: SystemTime) {
+        self.with(|v| {
+            if v.mode == Mode::Failing && v.lists > 0 {
+                v.mode = Mode::Watching;
+                v.error = None;
+            }
+            v.last_event_unix_s = at
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .ok()
+                .map(|d| d.as_secs_f64());
+        });
+    }
+
+    /// The counts after a recomputation, and the pods skipped for a bad annotation now.
+    pub fn counts(&self, pods: usize, targets: usize, bad: BTreeMap<String, String>) {
+        self.with(|v| {
+            v.pods = pods;
+            v.targets = targets;
+            v.bad_pods = bad.into_iter().take(MAX_BAD_LISTED).collect();
+        });
+    }
+
+    pub fn change_dropped(&self) {
+        self.with(|v| v.changes_dropped += 1);
+    }
+}

@@ -1,0 +1,543 @@
+//! Kubernetes discovery end to end on loopback (issue 24): the real agent, through a kubeconfig
+//! file (its production code path: `kube`'s client and watcher), against the scripted API server
+//! of `support/kube_api.rs`, with scripted vLLM-style servers as the pods of two Deployments on
+//! this node and 2,000 annotated pods on other nodes.
+//!
+//! It checks: exactly this node's annotated Ready pods are canaried, beside a static target;
+//! spans and series carry namespace / pod / deployment; a deleted pod's canaries stop within
+//! one watch event; a new Ready pod starts within 5 s; a restart with `OOMKilled` is one
+//! `restart` change with the reason; a replacement with a new image is one `rollout`; a 410
+//! Gone relists without duplicating targets; a dropped watch resumes; a 403 is said in the
+//! status while every target goes on.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fake_opentelemetry_collector::FakeCollectorServer;
+use lmperf_e2e::agent::{Agent, prom_sum};
+use lmperf_e2e::kube_api::{KubeApi, pod};
+use lmperf_e2e::otlp::attrs;
+use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
+use serde_json::Value;
+
+const NODE: &str = "node-1";
+const NS: &str = "llm";
+
+async fn vllm() -> ScriptedServer {
+    ScriptedServer::start(Arc::new(|req, _| match req.path.as_str() {
+        "/v1/models" => Reply::json(
+            200,
+            r#"{"object":"list","data":[{"id":"m","owned_by":"vllm"}]}"#,
+        ),
+        p if p.ends_with("/completions") => Reply::sse(chat_stream(
+            3,
+            Duration::from_millis(5),
+            Duration::from_millis(2),
+            4,
+        )),
+        _ => Reply::json(404, r#"{"error":"not scripted"}"#),
+    }))
+    .await
+}
+
+fn completions(s: &ScriptedServer) -> usize {
+    s.requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/completions"))
+        .count()
+}
+
+fn target_names(s: &Value) -> Vec<String> {
+    let mut v: Vec<String> = s["targets"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|t| t["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn target<'a>(s: &'a Value, name: &str) -> &'a Value {
+    s["targets"]
+        .as_array()
+        .and_then(|a| a.iter().find(|t| t["name"] == name))
+        .unwrap_or(&Value::Null)
+}
+
+fn changes(s: &Value, name: &str, kind: &str) -> Vec<Value> {
+    s["server"]
+        .as_array()
+        .and_then(|a| a.iter().find(|t| t["target"] == name))
+        .and_then(|t| t["changes"].as_array())
+        .map(|c| c.iter().filter(|c| c["kind"] == kind).cloned().collect())
+        .unwrap_or_default()
+}
+
+async fn wait(
+    agent: &Agent,
+    timeout: Duration,
+    pred: impl Fn(&Value) -> bool,
+) -> (Value, Duration) {
+    let t = Instant::now();
+    loop {
+        let s = agent.status();
+        if pred(&s) || t.elapsed() > timeout {
+            return (s, t.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_canaries_exactly_this_nodes_annotated_pods() {
+    let api = KubeApi::start().await;
+    api.add_replicaset(NS, "vllm-a-5c6b8d", "vllm-a");
+    api.add_replicaset(NS, "vllm-b-5c6b8d", "vllm-b");
+    let mut servers = BTreeMap::new();
+    for name in [
+        "vllm-a-0", "vllm-a-1", "vllm-b-0", "vllm-b-1", "vllm-a-2", "vllm-b-2", "static",
+    ] {
+        servers.insert(name, vllm().await);
+    }
+    let port = |n: &str| servers[n].addr.port();
+    for n in ["vllm-a-0", "vllm-a-1"] {
+        api.apply(pod(
+            NS,
+            n,
+            NODE,
+            "vllm-a",
+            port(n),
+            true,
+            "vllm/vllm-openai:v0.9.0",
+        ));
+    }
+    for n in ["vllm-b-0", "vllm-b-1"] {
+        api.apply(pod(
+            NS,
+            n,
+            NODE,
+            "vllm-b",
+            port(n),
+            true,
+            "vllm/vllm-openai:v0.9.0",
+        ));
+    }
+    // On this node but not targets: not annotated; annotated but not Ready.
+    api.apply(pod(NS, "plain", NODE, "web", 1, false, "nginx"));
+    let mut unready = pod(
+        NS,
+        "vllm-a-starting",
+        NODE,
+        "vllm-a",
+        1,
+        true,
+        "vllm/vllm-openai:v0.9.0",
+    );
+    unready["status"]["conditions"][0]["status"] = "False".into();
+    api.apply(unready);
+    // 2,000 annotated pods on other nodes (port 1: a canary to them would fail loudly).
+    api.apply_all((0..2000).map(|i| {
+        pod(
+            NS,
+            &format!("other-{i}"),
+            &format!("node-{}", 2 + i % 50),
+            "vllm-a",
+            1,
+            true,
+            "x",
+        )
+    }));
+
+    let dir = std::env::temp_dir().join(format!("lmperf-k8s-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+    let config = dir.join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[canary]\nmax_tokens = 4\ninterval = \"250ms\"\n\n[[target]]\nurl = \"{}\"\nname = \"static\"\nmodel = \"m\"\nserver_metrics = \"off\"\n\n[discovery.kubernetes]\nenabled = true\nnode_name = \"{NODE}\"\n",
+            servers["static"].url()
+        ),
+    )
+    .unwrap();
+    let mut collector = FakeCollectorServer::start().await.unwrap();
+    let endpoint = collector.endpoint();
+    let (cfg, kc) = (
+        config.display().to_string(),
+        kubeconfig.display().to_string(),
+    );
+    let agent = tokio::task::spawn_blocking(move || {
+        Agent::spawn(
+            &[
+                "--config",
+                &cfg,
+                "--otlp-protocol",
+                "grpc",
+                "--otlp-endpoint",
+                &endpoint,
+            ],
+            &[
+                ("KUBECONFIG", kc.as_str()),
+                ("OTEL_TRACES_SAMPLER", "always_on"),
+                ("RUST_LOG", "info,kube=warn"),
+            ],
+        )
+    })
+    .await
+    .unwrap();
+
+    // Exactly this node's annotated Ready pods, beside the static target.
+    let want = |extra: &[&str]| {
+        let mut v: Vec<String> = ["static"]
+            .iter()
+            .chain(extra)
+            .map(|n| {
+                if *n == "static" {
+                    (*n).to_owned()
+                } else {
+                    format!("{NS}/{n}")
+                }
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let first = want(&["vllm-a-0", "vllm-a-1", "vllm-b-0", "vllm-b-1"]);
+    let (s, _) = wait(&agent, Duration::from_secs(30), |s| {
+        target_names(s) == first
+            && s["targets"]
+                .as_array()
+                .is_some_and(|a| a.iter().all(|t| t["requests"].as_u64() >= Some(2)))
+    })
+    .await;
+    assert_eq!(target_names(&s), first, "{s:#}");
+    let d = &s["discovery"];
+    assert_eq!(d["source"], "apiserver", "{d}");
+    assert_eq!(d["node"], NODE);
+    assert_eq!(d["pods"], 6, "this node's pods only (field selector): {d}");
+    assert_eq!(d["targets"], 4, "{d}");
+    let a0 = target(&s, "llm/vllm-a-0");
+    assert_eq!(a0["k8s"]["k8s.namespace.name"], NS, "{a0}");
+    assert_eq!(a0["k8s"]["k8s.pod.name"], "vllm-a-0");
+    assert_eq!(a0["k8s"]["k8s.pod.uid"], "uid-llm-vllm-a-0");
+    assert_eq!(a0["k8s"]["k8s.container.name"], "server");
+    assert_eq!(a0["k8s"]["k8s.deployment.name"], "vllm-a");
+    assert_eq!(
+        target(&s, "llm/vllm-b-1")["k8s"]["k8s.deployment.name"],
+        "vllm-b"
+    );
+    assert!(
+        target(&s, "static")["k8s"].is_null(),
+        "a static target has none"
+    );
+    for n in ["vllm-a-0", "vllm-a-1", "vllm-b-0", "vllm-b-1", "static"] {
+        assert!(completions(&servers[n]) >= 2, "{n} canaried");
+    }
+    // The per-target series carry the identity.
+    let (_, metrics) = agent.get("/metrics");
+    for (pod, dep) in [("vllm-a-1", "vllm-a"), ("vllm-b-0", "vllm-b")] {
+        let n = prom_sum(
+            &metrics,
+            "lmperf_canary_requests_total",
+            &[
+                "k8s_namespace_name=\"llm\"",
+                &format!("k8s_pod_name=\"{pod}\""),
+                &format!("k8s_deployment_name=\"{dep}\""),
+            ],
+        );
+        assert!(n >= 1.0, "{pod}: {metrics}");
+    }
+
+    // A deleted pod: gone within one watch event; its server gets no canary after that
+    // (one in flight may finish).
+    let events_before = api
+        .counts
+        .watches
+        .load(std::sync::atomic::Ordering::Relaxed);
+    api.delete("llm/vllm-a-1");
+    let (s, took) = wait(&agent, Duration::from_secs(5), |s| {
+        !target_names(s).contains(&"llm/vllm-a-1".to_owned())
+    })
+    .await;
+    assert!(
+        !target_names(&s).contains(&"llm/vllm-a-1".to_owned()),
+        "{s:#}"
+    );
+    println!("deleted pod left the targets in {took:?}");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let after_delete = completions(&servers["vllm-a-1"]);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        completions(&servers["vllm-a-1"]),
+        after_delete,
+        "no canary after the delete"
+    );
+    assert_eq!(
+        api.counts
+            .watches
+            .load(std::sync::atomic::Ordering::Relaxed),
+        events_before,
+        "the delete came on the open watch"
+    );
+
+    // A new Ready pod starts within 5 s.
+    let t0 = Instant::now();
+    api.apply(pod(
+        NS,
+        "vllm-a-2",
+        NODE,
+        "vllm-a",
+        port("vllm-a-2"),
+        true,
+        "vllm/vllm-openai:v0.9.0",
+    ));
+    while completions(&servers["vllm-a-2"]) == 0 && t0.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = t0.elapsed();
+    println!("new pod's first canary after {took:?}");
+    assert!(completions(&servers["vllm-a-2"]) >= 1);
+    assert!(took < Duration::from_secs(5), "{took:?}");
+
+    // A container restart after OOMKilled: one `restart` change with the reason.
+    let mut b0 = api.pod("llm/vllm-b-0").unwrap();
+    b0["status"]["containerStatuses"][0]["restartCount"] = 1.into();
+    b0["status"]["containerStatuses"][0]["lastState"] =
+        serde_json::json!({"terminated": {"exitCode": 137, "reason": "OOMKilled"}});
+    api.apply(b0);
+    let (s, _) = wait(&agent, Duration::from_secs(5), |s| {
+        !changes(s, "llm/vllm-b-0", "restart").is_empty()
+    })
+    .await;
+    let r = changes(&s, "llm/vllm-b-0", "restart");
+    assert_eq!(r.len(), 1, "{r:?}");
+    let new = r[0]["new"].as_str().unwrap_or_default();
+    assert!(new.contains("OOMKilled") && new.contains("137"), "{new}");
+
+    // A replacement with a new image: one `rollout` (old → new image).
+    api.delete("llm/vllm-b-1");
+    api.apply(pod(
+        NS,
+        "vllm-b-2",
+        NODE,
+        "vllm-b",
+        port("vllm-b-2"),
+        true,
+        "vllm/vllm-openai:v0.10.0",
+    ));
+    let (s, _) = wait(&agent, Duration::from_secs(5), |s| {
+        !changes(s, "llm/vllm-b-2", "rollout").is_empty()
+    })
+    .await;
+    let r = changes(&s, "llm/vllm-b-2", "rollout");
+    assert_eq!(r.len(), 1, "{s:#}");
+    assert_eq!(r[0]["old"], "vllm/vllm-openai:v0.9.0");
+    assert_eq!(r[0]["new"], "vllm/vllm-openai:v0.10.0");
+    let now = want(&["vllm-a-0", "vllm-a-2", "vllm-b-0", "vllm-b-2"]);
+    assert_eq!(target_names(&s), now);
+
+    // A bookmark, a dropped watch, then a 410 Gone: relisted, no duplicate, nothing restarted.
+    use std::sync::atomic::Ordering::Relaxed;
+    let lists = api.counts.lists.load(Relaxed);
+    let watches = api.counts.watches.load(Relaxed);
+    api.bookmark();
+    api.drop_watches();
+    let t = Instant::now();
+    while api.counts.watches.load(Relaxed) == watches && t.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        api.counts.watches.load(Relaxed) > watches,
+        "re-watched after the drop"
+    );
+    api.compact();
+    let t = Instant::now();
+    while api.counts.lists.load(Relaxed) == lists && t.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(api.counts.lists.load(Relaxed) > lists, "relisted after 410");
+    let (s, _) = wait(&agent, Duration::from_secs(5), |s| {
+        s["discovery"]["lists"].as_u64() >= Some(2) && s["discovery"]["mode"] == "watching"
+    })
+    .await;
+    assert_eq!(
+        target_names(&s),
+        now,
+        "no duplicate after the relist: {s:#}"
+    );
+    assert_eq!(
+        changes(&s, "llm/vllm-b-0", "restart").len(),
+        1,
+        "no replayed restart"
+    );
+
+    // RBAC 403: said in the status; every running target goes on.
+    let static_before = completions(&servers["static"]);
+    let a0_before = completions(&servers["vllm-a-0"]);
+    api.set_forbidden(true);
+    let (s, _) = wait(&agent, Duration::from_secs(10), |s| {
+        s["discovery"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("403"))
+    })
+    .await;
+    let e = s["discovery"]["error"].as_str().unwrap_or_default();
+    assert!(e.contains("403") && e.contains("RBAC"), "{s:#}");
+    assert_eq!(s["discovery"]["mode"], "failing");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        completions(&servers["static"]) > static_before,
+        "static target goes on"
+    );
+    assert!(
+        completions(&servers["vllm-a-0"]) > a0_before,
+        "discovered targets go on"
+    );
+    api.set_forbidden(false);
+    let (s, _) = wait(&agent, Duration::from_secs(40), |s| {
+        s["discovery"]["mode"] == "watching"
+    })
+    .await;
+    assert_eq!(s["discovery"]["mode"], "watching", "{s:#}");
+    assert_eq!(target_names(&s), now);
+
+    // Spans carry the pod.
+    // Batches arrive in export order: read until one of the newest pod's spans is in.
+    let mut a: Vec<BTreeMap<String, String>> = Vec::new();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(20)
+        && !a
+            .iter()
+            .any(|a| a.get("k8s.pod.name").map(String::as_str) == Some("vllm-a-2"))
+    {
+        let spans = collector.exported_spans(1, Duration::from_secs(2)).await;
+        a.extend(spans.iter().map(|s| attrs(&s.attributes)));
+    }
+    let a2 = a
+        .iter()
+        .find(|a| a.get("k8s.pod.name").map(String::as_str) == Some("vllm-a-2"))
+        .unwrap_or_else(|| panic!("a span of vllm-a-2 among {}", a.len()));
+    assert_eq!(a2["k8s.namespace.name"], NS);
+    assert_eq!(a2["k8s.deployment.name"], "vllm-a");
+    assert_eq!(a2["k8s.pod.uid"], "uid-llm-vllm-a-2");
+    assert_eq!(a2["lmperf.target"], "llm/vllm-a-2");
+    assert!(
+        a.iter()
+            .filter(|a| a.get("lmperf.target").map(String::as_str) == Some("static"))
+            .all(|a| !a.contains_key("k8s.pod.name")),
+        "static spans carry no pod"
+    );
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Config reload in place: a new file (written as a ConfigMap update is, a symlink swap) adds a
+/// target without a restart and the running one keeps its counts; a bad file is refused with
+/// the field named in `/api/v1/status` while the old config keeps running; SIGHUP reloads too.
+#[tokio::test(flavor = "multi_thread")]
+async fn config_file_changes_and_sighup_reload_in_place() {
+    let (a, b) = (vllm().await, vllm().await);
+    let dir = std::env::temp_dir().join(format!("lmperf-reload-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let table = |name: &str, s: &ScriptedServer| {
+        format!(
+            "[[target]]\nurl = \"{}\"\nname = \"{name}\"\nmodel = \"m\"\nserver_metrics = \"off\"\n",
+            s.url()
+        )
+    };
+    let head = "[canary]\nmax_tokens = 4\ninterval = \"200ms\"\n\n";
+    // A ConfigMap volume: the file is a link through `..data`, swapped on update.
+    let swap = |n: u32, text: &str| {
+        let data = dir.join(format!("..data-{n}"));
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(data.join("lmperf.toml"), text).unwrap();
+        let tmp = dir.join("..data_tmp");
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(&data, &tmp).unwrap();
+        std::fs::rename(&tmp, dir.join("..data")).unwrap();
+    };
+    swap(1, &format!("{head}{}", table("a", &a)));
+    std::os::unix::fs::symlink(dir.join("..data/lmperf.toml"), dir.join("lmperf.toml")).unwrap();
+    let cfg = dir.join("lmperf.toml").display().to_string();
+    let agent =
+        tokio::task::spawn_blocking(move || Agent::spawn(&["--config", &cfg, "--no-otlp"], &[]))
+            .await
+            .unwrap();
+    let (s, _) = wait(&agent, Duration::from_secs(20), |s| {
+        target(s, "a")["requests"].as_u64() >= Some(3)
+    })
+    .await;
+    let a_before = target(&s, "a")["requests"].as_u64().unwrap_or(0);
+    assert!(a_before >= 3, "{s:#}");
+
+    swap(2, &format!("{head}{}\n{}", table("a", &a), table("b", &b)));
+    let (s, took) = wait(&agent, Duration::from_secs(10), |s| {
+        target(s, "b")["requests"].as_u64() >= Some(1)
+    })
+    .await;
+    println!("added target's first canary {took:?} after the swap");
+    assert_eq!(target_names(&s), ["a", "b"], "{s:#}");
+    assert!(
+        target(&s, "a")["requests"].as_u64().unwrap_or(0) >= a_before,
+        "the unchanged target kept its counts"
+    );
+    assert_eq!(
+        s["config_reload"]["last_ok"], true,
+        "{}",
+        s["config_reload"]
+    );
+
+    // A bad file: refused, named, the old config goes on.
+    swap(
+        3,
+        &format!(
+            "{head}{}\n[[target]]\nurl = \"{}\"\nname = \"c\"\nrate = -1.0\n",
+            table("a", &a),
+            b.url()
+        ),
+    );
+    let (s, _) = wait(&agent, Duration::from_secs(10), |s| {
+        s["config_reload"]["last_ok"] == false
+    })
+    .await;
+    let e = s["config_reload"]["last_error"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        e.contains("rate") && e.contains("-1"),
+        "{}",
+        s["config_reload"]
+    );
+    let b_now = completions(&b);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(completions(&b) > b_now, "the running config goes on");
+    assert_eq!(target_names(&agent.status()), ["a", "b"]);
+
+    // SIGHUP after fixing the file in place (no swap event: only the signal reloads it).
+    std::fs::write(
+        dir.join("..data-3/lmperf.toml"),
+        format!("{head}{}", table("a", &a)),
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    unsafe { libc::kill(agent.pid() as i32, libc::SIGHUP) };
+    let (s, _) = wait(&agent, Duration::from_secs(10), |s| {
+        target_names(s) == ["a"]
+    })
+    .await;
+    assert_eq!(target_names(&s), ["a"], "{s:#}");
+    assert_eq!(
+        s["config_reload"]["last_ok"], true,
+        "{}",
+        s["config_reload"]
+    );
+    assert!(s["config_reload"]["attempts"].as_u64() >= Some(3));
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+}
