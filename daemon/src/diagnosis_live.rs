@@ -821,7 +821,7 @@ mod tests {
             None,
         ));
         let state = ServerState {
-            targets: crate::targets::LiveList::new(vec![target.clone()]),
+            targets: crate::live_list::LiveList::new(vec![target.clone()]),
         };
         let live = LiveDiagnosis::new(EngineConfig::default(), vec!["a".into()]);
         // 3 min calm at 2 req/s with nothing waiting, then 12 req/s with 20 waiting; canaries
@@ -888,7 +888,7 @@ mod tests {
             None,
         ));
         let state = ServerState {
-            targets: crate::targets::LiveList::new(vec![target.clone()]),
+            targets: crate::live_list::LiveList::new(vec![target.clone()]),
         };
         let live = LiveDiagnosis::new(EngineConfig::default(), vec!["a".into()]);
         // 200 s calm, then the restart (the reset sample, its restart event and the new

@@ -18,6 +18,7 @@ pub mod control;
 pub mod diagnosis_live;
 pub mod discovery;
 pub mod gpu;
+pub mod live_list;
 pub mod logging;
 pub mod net;
 pub mod reload;

@@ -292,7 +292,7 @@ impl TargetState {
 #[derive(Debug)]
 pub struct AgentStatus {
     /// The targets now, in the order they joined (static and discovered).
-    pub targets: std::sync::Arc<crate::targets::LiveList<TargetState>>,
+    pub targets: std::sync::Arc<crate::live_list::LiveList<TargetState>>,
     pub started: SystemTime,
     /// False once shutdown has begun (`/readyz` then answers 503).
     pub ready: AtomicBool,

@@ -11,30 +11,11 @@
 
 use serde::Deserialize;
 
-use super::raw::RawCanary;
+use super::raw::{RawCanary, RawDiscovery};
 use super::{ConfigError, Env, Secret, TargetConfig};
 
 /// The environment variable the chart sets from `spec.nodeName` (downward API).
 pub const NODE_NAME_ENV: &str = "K8S_NODE_NAME";
-
-/// `[discovery]` as written.
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawDiscovery {
-    #[serde(default)]
-    pub kubernetes: RawKubernetes,
-}
-
-/// `[discovery.kubernetes]` as written.
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawKubernetes {
-    pub enabled: Option<bool>,
-    pub node_name: Option<String>,
-    pub selector: Option<String>,
-    pub inference_pools: Option<bool>,
-    pub source: Option<String>,
-}
 
 /// Where pods are read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,7 +45,7 @@ pub struct KubernetesDiscovery {
     /// This node's name: only its pods are targets. Empty when discovery is off.
     pub node_name: String,
     /// Pods matching this label selector are targets (beside the opt-in annotation).
-    pub selector: Option<crate::discovery::selector::LabelSelector>,
+    pub selector: Option<super::selector::LabelSelector>,
     /// Always false in this build (`true` is refused at load).
     pub inference_pools: bool,
     pub source: PodSource,
@@ -164,7 +145,7 @@ pub fn validate(
     let selector = match k.selector.as_deref().map(str::trim) {
         None | Some("") => None,
         Some(text) => Some(
-            crate::discovery::selector::LabelSelector::parse(text)
+            super::selector::LabelSelector::parse(text)
                 .map_err(|why| ConfigError::invalid("discovery.kubernetes.selector", text, why))?,
         ),
     };

@@ -11,6 +11,7 @@ pub mod k8s;
 pub mod log_format;
 pub mod raw;
 pub mod scrape;
+pub mod selector;
 
 use std::fmt;
 use std::net::SocketAddr;

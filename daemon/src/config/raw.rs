@@ -97,7 +97,7 @@ pub struct RawConfig {
     pub control: RawControl,
     /// `[discovery]`: targets found at run time (`super::discovery`).
     #[serde(default)]
-    pub discovery: super::discovery::RawDiscovery,
+    pub discovery: RawDiscovery,
 }
 
 /// Canary settings; every field may be set in `[canary]` (defaults) or per `[[target]]`;
@@ -278,4 +278,23 @@ impl RawCanary {
             k8s: self.k8s.or(b.k8s),
         }
     }
+}
+
+/// `[discovery]` as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDiscovery {
+    #[serde(default)]
+    pub kubernetes: RawKubernetes,
+}
+
+/// `[discovery.kubernetes]` as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKubernetes {
+    pub enabled: Option<bool>,
+    pub node_name: Option<String>,
+    pub selector: Option<String>,
+    pub inference_pools: Option<bool>,
+    pub source: Option<String>,
 }

@@ -734,7 +734,7 @@ struct Sender {
 #[derive(Debug)]
 pub struct LoadManager {
     /// The agent's targets now (they join and leave at run time).
-    runners: Arc<crate::targets::LiveList<TargetRunner>>,
+    runners: Arc<crate::live_list::LiveList<TargetRunner>>,
     caps: InjectCaps,
     shutdown: Shutdown,
     tracker: TaskTracker,
@@ -749,7 +749,7 @@ impl LoadManager {
     /// Loads against `runners` (the agent's targets), bounded by `caps`, stopped by the
     /// agent's `shutdown`, their tasks on the agent's `tracker`.
     pub fn new(
-        runners: Arc<crate::targets::LiveList<TargetRunner>>,
+        runners: Arc<crate::live_list::LiveList<TargetRunner>>,
         caps: InjectCaps,
         shutdown: Shutdown,
         tracker: TaskTracker,

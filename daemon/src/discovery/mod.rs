@@ -9,7 +9,7 @@
 pub mod apiserver;
 pub mod lifecycle;
 pub mod pod;
-pub mod selector;
+pub use crate::config::selector;
 pub mod status;
 
 use std::path::Path;

@@ -12,9 +12,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use super::selector::LabelSelector;
 use crate::config::k8s::{K8sIdentity, K8sOwner};
 use crate::config::raw::RawCanary;
+use crate::config::selector::LabelSelector;
 
 pub const ANN_CANARY: &str = "lmperf.dev/canary";
 pub const ANN_PORT: &str = "lmperf.dev/port";

@@ -313,7 +313,7 @@ impl TargetServer {
 /// its own); targets join and leave at run time (`crate::targets`).
 #[derive(Debug, Default)]
 pub struct ServerState {
-    pub targets: crate::targets::LiveList<TargetServer>,
+    pub targets: crate::live_list::LiveList<TargetServer>,
 }
 
 impl ServerState {
