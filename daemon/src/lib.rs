@@ -20,6 +20,7 @@ pub mod diagnosis_live;
 pub mod gpu;
 pub mod measure;
 pub mod net;
+pub mod node;
 pub mod sampler;
 pub mod server;
 pub mod status;

@@ -76,6 +76,9 @@ pub fn text(d: &Diagnosis) -> String {
                 part(dec.network_s),
                 dec.unexplained_s * 1000.0
             );
+            if let Some(note) = &dec.note {
+                let _ = writeln!(o, "    ({note})");
+            }
         }
     }
     o
