@@ -121,22 +121,42 @@ pub fn arrivals(store: &EvidenceStore, onset: u32, now: u32) -> Option<Arrivals>
     })
 }
 
-/// Whether the batch's throughput (generated tokens/s) rose since `onset` beyond how much a
-/// window of that length ordinarily wanders (≥ 1.1 × and [`RISE_SD`] spreads): requests that
-/// wait while the server generates more are queued behind more work, not behind a server that
-/// got slower. `false` without the signal.
+/// Whether the batch's throughput (generated tokens/s) was up while requests waited: its mean
+/// over the scrapes since `onset` that saw a request waiting (all scrapes since the onset when
+/// none did) against its level over the 5 min before, ≥ 1.1 × and [`RISE_SD`] spreads of a
+/// window that long. Requests that wait while the server generates more are queued behind more
+/// work (a full batch), not behind a server that got slower. `false` without the signal.
 pub fn throughput_rose(store: &EvidenceStore, onset: u32, now: u32) -> bool {
     let s = Signal::ServerGenerationTokensRate;
-    let len = now.saturating_add(1).saturating_sub(onset);
-    let (Some((before, spread)), Some(after)) = (
-        level_and_spread(
-            store,
-            s,
-            onset.saturating_sub(300),
-            onset.saturating_sub(5),
-            len,
-        ),
-        mean_in(store, s, onset, now.saturating_add(1)),
+    let Some(gen_series) = store.series(s) else {
+        return false;
+    };
+    let to = now.saturating_add(1);
+    let waiting: Vec<u32> = store
+        .series(Signal::ServerRequestsWaiting)
+        .map(|w| {
+            w.range(onset, to)
+                .filter(|&(_, v)| v >= 1.0)
+                .map(|(t, _)| t)
+                .collect()
+        })
+        .unwrap_or_default();
+    let during: Vec<f64> = gen_series
+        .range(onset, to)
+        .filter(|(t, _)| waiting.is_empty() || waiting.contains(t))
+        .map(|(_, v)| v)
+        .collect();
+    if during.is_empty() {
+        return false;
+    }
+    let after = during.iter().sum::<f64>() / during.len() as f64;
+    let len = u32::try_from(during.len()).unwrap_or(u32::MAX);
+    let Some((before, spread)) = level_and_spread(
+        store,
+        s,
+        onset.saturating_sub(300),
+        onset.saturating_sub(5),
+        len,
     ) else {
         return false;
     };
