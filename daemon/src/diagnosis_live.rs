@@ -535,6 +535,7 @@ fn idle(target: &str) -> TargetDiagnosis {
         ttft_decomposition: None,
         summary: None,
         baseline_wait: None,
+        roots: Vec::new(),
     }
 }
 

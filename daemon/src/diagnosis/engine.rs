@@ -13,7 +13,7 @@ use super::report::{
 };
 use super::signal::{Harm, Signal};
 use super::store::{EvidenceStore, SecondSeries};
-use super::{contradict, queueing, warning};
+use super::{contradict, queueing, roots, warning};
 
 /// Engine settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -605,6 +605,7 @@ impl TargetEngine {
             causes: warnings,
             ttft_decomposition: None,
             baseline_wait: None,
+            roots: Vec::new(),
         };
         self.last = Some(d.clone());
         d
@@ -622,6 +623,7 @@ impl TargetEngine {
             ttft_decomposition: None,
             summary: None,
             baseline_wait: self.baseline_wait(),
+            roots: Vec::new(),
         };
         self.last = Some(d.clone());
         d
@@ -756,8 +758,22 @@ impl TargetEngine {
             ttft_decomposition: decomposition,
             summary: None,
             baseline_wait: None,
+            roots: Vec::new(),
         };
         d.summary = d.line();
+        if d.state == State::RootConfirmed {
+            let roots = roots::concurrent_roots(&d.causes, cfg.confirm_score, |p, c| {
+                GRAPH.contains(&(p, c))
+            });
+            if roots.len() >= 2 {
+                d.summary = Some(format!(
+                    "{}; {}",
+                    roots::words(&roots),
+                    d.summary.clone().unwrap_or_default()
+                ));
+                d.roots = roots.into_iter().map(|(c, _)| c).collect();
+            }
+        }
         self.last = Some(d.clone());
         d
     }

@@ -10,6 +10,7 @@
 //! - [`engine`]: [`Engine`]: symptom → onset → cause scores → state, per target.
 //! - [`warning`]: early warnings (a cause's hard rule holds, the latency moved less than a
 //!   symptom): the `warning` state, never a page.
+//! - [`roots`]: concurrent faults: more than one confirmed root, in causal order.
 //! - [`report`]: the [`Diagnosis`] document (**API Boundary**); [`scorecard`]: it as text.
 //!
 //! **Architecture Invariant:** pure, like `measure/`: no clock, no socket, no file. Callers
@@ -109,6 +110,7 @@ pub mod detector;
 pub mod engine;
 pub mod queueing;
 pub mod report;
+pub mod roots;
 pub mod scorecard;
 pub mod signal;
 pub mod store;

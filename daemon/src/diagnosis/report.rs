@@ -147,6 +147,11 @@ pub struct TargetDiagnosis {
     /// Idle because no symptom series has a baseline yet: seconds held and needed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub baseline_wait: Option<BaselineWait>,
+    /// When confirmed with more than one root (each ≥ the confirmation score, none a child of
+    /// another in the cause graph): the roots in causal order (when their signals changed).
+    /// Empty for a single root.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roots: Vec<Cause>,
 }
 
 /// How far the history is from a baseline (idle only).

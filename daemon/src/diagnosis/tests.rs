@@ -948,3 +948,31 @@ fn the_ttft_decomposition_never_leaves_a_negative_rest() {
         "{dec:?}"
     );
 }
+
+#[test]
+fn a_network_delay_and_a_throttled_gpu_are_two_causes() {
+    // Two faults at once on one node: the link delayed and the GPU throttled. Both roots are
+    // confirmed (neither a child of the other), in the order their signals changed.
+    let (first, _) = episode(
+        true,
+        ONSET + 120,
+        |w| {
+            w.srtt = 0.05;
+            w.ttft = 0.3;
+            w.sm_clock = 1.1e9;
+            w.throttle = 1.0;
+            w.tpot = 0.045;
+        },
+        &[],
+    );
+    let (_, d) = first.expect("confirmed");
+    let top3: Vec<Cause> = d.causes.iter().take(3).map(|c| c.cause).collect();
+    assert!(
+        top3.contains(&Cause::Network) && top3.contains(&Cause::GpuThrottling),
+        "{:#?}",
+        d.causes
+    );
+    assert_eq!(d.roots.len(), 2, "{:#?}", d.causes);
+    let line = d.summary.clone().unwrap_or_default();
+    assert!(line.starts_with("two causes: "), "{line}");
+}
