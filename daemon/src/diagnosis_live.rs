@@ -264,6 +264,19 @@ impl LiveDiagnosis {
         }
     }
 
+    /// Feeds one scheduled canary of `target` at `at`: `skipped` when `max_in_flight`
+    /// canaries still ran ([`Signal::CanarySkipped`]).
+    pub fn observe_schedule(&self, target: &str, at: SystemTime, skipped: bool) {
+        if let Ok(mut e) = self.engine.lock() {
+            e.observe(
+                target,
+                Signal::CanarySkipped,
+                at,
+                f64::from(u8::from(skipped)),
+            );
+        }
+    }
+
     /// Remembers a kept priority span (error, SLO breach, spike) of `target` for the links.
     pub fn note_kept(&self, target: &str, ids: TraceIds, end: SystemTime) {
         let Ok(mut k) = self.kept.lock() else { return };
@@ -536,6 +549,7 @@ fn idle(target: &str) -> TargetDiagnosis {
         summary: None,
         baseline_wait: None,
         roots: Vec::new(),
+        canaries_skipped_share: None,
     }
 }
 

@@ -606,6 +606,7 @@ impl TargetEngine {
             ttft_decomposition: None,
             baseline_wait: None,
             roots: Vec::new(),
+            canaries_skipped_share: None,
         };
         self.last = Some(d.clone());
         d
@@ -624,6 +625,7 @@ impl TargetEngine {
             summary: None,
             baseline_wait: self.baseline_wait(),
             roots: Vec::new(),
+            canaries_skipped_share: None,
         };
         self.last = Some(d.clone());
         d
@@ -759,8 +761,24 @@ impl TargetEngine {
             summary: None,
             baseline_wait: None,
             roots: Vec::new(),
+            canaries_skipped_share: None,
         };
         d.summary = d.line();
+        d.canaries_skipped_share = self.store.series(Signal::CanarySkipped).and_then(|x| {
+            let v: Vec<f64> = x
+                .range(onset, now_sec.saturating_add(1))
+                .map(|(_, v)| v)
+                .collect();
+            (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+        });
+        if let (Some(share), Some(line)) = (d.canaries_skipped_share, d.summary.as_mut())
+            && share >= 0.005
+        {
+            line.push_str(&format!(
+                " ({:.0} % of canaries skipped at max_in_flight)",
+                share * 100.0
+            ));
+        }
         if d.state == State::RootConfirmed {
             let roots = roots::concurrent_roots(&d.causes, cfg.confirm_score, |p, c| {
                 GRAPH.contains(&(p, c))

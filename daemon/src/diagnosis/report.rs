@@ -152,6 +152,11 @@ pub struct TargetDiagnosis {
     /// Empty for a single root.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub roots: Vec<Cause>,
+    /// The share of scheduled canaries skipped since the onset because `max_in_flight`
+    /// canaries still ran (0..1): how much of the spike the canaries did not sample. `None`
+    /// when idle or not fed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canaries_skipped_share: Option<f64>,
 }
 
 /// How far the history is from a baseline (idle only).

@@ -103,10 +103,13 @@ pub enum Signal {
     CgroupOomKill,
     /// The agent's own CPU use, cores (so the node is never blamed for the agent).
     AgentCpu,
+    /// 1 for a scheduled canary skipped because `max_in_flight` canaries still ran, 0 for one
+    /// sent: the share of the spike the canaries did not see.
+    CanarySkipped,
 }
 
 impl Signal {
-    pub const ALL: [Signal; 36] = [
+    pub const ALL: [Signal; 37] = [
         Signal::Ttft,
         Signal::Tpot,
         Signal::E2e,
@@ -143,6 +146,7 @@ impl Signal {
         Signal::CgroupMemoryUsage,
         Signal::CgroupOomKill,
         Signal::AgentCpu,
+        Signal::CanarySkipped,
     ];
 
     pub fn index(self) -> usize {
@@ -188,6 +192,7 @@ impl Signal {
             Signal::CgroupMemoryUsage => "cgroup_memory_usage",
             Signal::CgroupOomKill => "cgroup_oom_kill",
             Signal::AgentCpu => "agent_cpu",
+            Signal::CanarySkipped => "canary_skipped",
         }
     }
 
@@ -235,6 +240,7 @@ impl Signal {
             Signal::CgroupMemoryUsage => "memory used of its limit",
             Signal::CgroupOomKill => "OOM kills",
             Signal::AgentCpu => "agent CPU (cores)",
+            Signal::CanarySkipped => "canaries skipped at max_in_flight",
         }
     }
 
@@ -298,6 +304,7 @@ impl Signal {
                 | Signal::ServerPreemptions
                 | Signal::ServerChange
                 | Signal::CgroupOomKill
+                | Signal::CanarySkipped
         )
     }
 
@@ -336,6 +343,7 @@ impl Signal {
             Signal::CgroupMemoryUsage => 0.05,
             Signal::CgroupOomKill => 0.5,
             Signal::AgentCpu => 0.2,
+            Signal::CanarySkipped => 0.05,
         }
     }
 }

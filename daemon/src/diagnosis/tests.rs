@@ -976,3 +976,51 @@ fn a_network_delay_and_a_throttled_gpu_are_two_causes() {
     let line = d.summary.clone().unwrap_or_default();
     assert!(line.starts_with("two causes: "), "{line}");
 }
+
+#[test]
+fn the_share_of_skipped_canaries_is_said_with_the_diagnosis() {
+    // Overload: a third of the scheduled canaries skipped at max_in_flight from the onset.
+    let mut e = Engine::new(EngineConfig::default());
+    let mut rng = Rng(0x7777_1234_5678_9ABC);
+    let mut confirmed = None;
+    for s in 0..(ONSET + 120) {
+        let over = s >= ONSET;
+        let t = s as f64 + 0.3;
+        let skipped = over && s % 3 == 0;
+        e.observe(
+            "t",
+            Signal::CanarySkipped,
+            at(t),
+            f64::from(u8::from(skipped)),
+        );
+        if !skipped {
+            let k = if over { 4.0 } else { 1.0 };
+            e.observe("t", Signal::Error, at(t), 0.0);
+            e.observe("t", Signal::Ttft, at(t), k * rng.jitter(0.1, 0.3));
+            e.observe(
+                "t",
+                Signal::Tpot,
+                at(t),
+                (1.0 + k / 4.0) * rng.jitter(0.02, 0.2),
+            );
+        }
+        let d = e.evaluate(at(s as f64 + 1.0));
+        if confirmed.is_none() && d.targets[0].state == State::RootConfirmed {
+            confirmed = Some(d.targets[0].clone());
+        }
+    }
+    let d = confirmed.expect("confirmed");
+    let share = d.canaries_skipped_share.expect("share");
+    assert!((0.2..=0.45).contains(&share), "{share}");
+    let line = d.summary.clone().unwrap_or_default();
+    assert!(
+        line.contains("of canaries skipped at max_in_flight"),
+        "{line}"
+    );
+    let doc = super::Diagnosis {
+        schema_version: 1,
+        evaluated_at_unix_s: 0.0,
+        targets: vec![d],
+    };
+    assert!(super::scorecard::text(&doc).contains("scheduled canaries skipped since the onset"));
+}
