@@ -145,11 +145,12 @@ pub fn gpu_signals(s: &Snapshot) -> (Vec<(Signal, f64)>, u64) {
     (v, faults)
 }
 
+/// Signal values of one sample.
+pub type Signals = Vec<(Signal, f64)>;
+
 /// The diagnosis signals of one node sample: node-wide ones (PSI, the agent's own CPU) for
 /// every target, and each target's cgroup values for it (absent fields stay absent).
-pub fn node_signals(
-    s: &crate::node::NodeSample,
-) -> (Vec<(Signal, f64)>, Vec<(String, Vec<(Signal, f64)>)>) {
+pub fn node_signals(s: &crate::node::NodeSample) -> (Signals, Vec<(String, Signals)>) {
     let node = [
         (Signal::NodeCpuPressure, s.cpu_some),
         (Signal::NodeMemoryPressure, s.memory_some),
