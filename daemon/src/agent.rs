@@ -227,6 +227,11 @@ pub async fn run(
         gpu.clone(),
         server.clone(),
         telemetry.clone(),
+        Some(crate::node::NodeSampler::new(
+            std::path::Path::new("/proc"),
+            std::path::Path::new("/sys/fs/cgroup"),
+            crate::node::targets_of(&cfg.targets),
+        )),
         diagnosis_stop.clone(),
     ));
     status.ready.store(true, Ordering::Relaxed);

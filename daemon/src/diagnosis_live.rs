@@ -166,6 +166,39 @@ pub fn gpu_signals_of(
     (v, faults, evidence)
 }
 
+/// Signal values of one sample.
+pub type Signals = Vec<(Signal, f64)>;
+
+/// The diagnosis signals of one node sample: node-wide ones (PSI, the agent's own CPU) for
+/// every target, and each target's cgroup values for it (absent fields stay absent).
+pub fn node_signals(s: &crate::node::NodeSample) -> (Signals, Vec<(String, Signals)>) {
+    let node = [
+        (Signal::NodeCpuPressure, s.cpu_some),
+        (Signal::NodeMemoryPressure, s.memory_some),
+        (Signal::NodeIoPressure, s.io_some),
+        (Signal::AgentCpu, s.agent_cpu_cores),
+    ]
+    .into_iter()
+    .filter_map(|(sig, x)| x.map(|x| (sig, x)))
+    .collect();
+    let targets = s
+        .targets
+        .iter()
+        .map(|(name, c)| {
+            let v = [
+                (Signal::CgroupCpuThrottled, c.cpu_throttled_share),
+                (Signal::CgroupMemoryUsage, c.memory_usage_ratio),
+                (Signal::CgroupOomKill, c.oom_kills.map(|k| k as f64)),
+            ]
+            .into_iter()
+            .filter_map(|(sig, x)| x.map(|x| (sig, x)))
+            .collect();
+            (name.clone(), v)
+        })
+        .collect();
+    (node, targets)
+}
+
 impl LiveDiagnosis {
     /// For the agent's `targets` (each gets an entry, idle, from the start).
     pub fn new(config: EngineConfig, targets: Vec<String>) -> Self {
@@ -244,6 +277,37 @@ impl LiveDiagnosis {
             if let Some(c) = net.connect {
                 e.observe(target, Signal::NetConnect, end, c.as_secs_f64());
             }
+        }
+    }
+
+    /// Feeds one node sample taken at `at` (see [`node_signals`]).
+    pub fn feed_node(&self, at: SystemTime, sample: &crate::node::NodeSample) {
+        let (node, targets) = node_signals(sample);
+        let Ok(mut e) = self.engine.lock() else {
+            return;
+        };
+        for t in &self.targets {
+            for &(s, v) in &node {
+                e.observe(t, s, at, v);
+            }
+        }
+        for (t, values) in targets {
+            for (s, v) in values {
+                e.observe(&t, s, at, v);
+            }
+        }
+    }
+
+    /// Feeds one scheduled canary of `target` at `at`: `skipped` when `max_in_flight`
+    /// canaries still ran ([`Signal::CanarySkipped`]).
+    pub fn observe_schedule(&self, target: &str, at: SystemTime, skipped: bool) {
+        if let Ok(mut e) = self.engine.lock() {
+            e.observe(
+                target,
+                Signal::CanarySkipped,
+                at,
+                f64::from(u8::from(skipped)),
+            );
         }
     }
 
@@ -568,6 +632,8 @@ fn idle(target: &str) -> TargetDiagnosis {
         ttft_decomposition: None,
         summary: None,
         baseline_wait: None,
+        roots: Vec::new(),
+        canaries_skipped_share: None,
     }
 }
 
@@ -578,6 +644,7 @@ pub async fn run(
     gpu: std::sync::Arc<GpuState>,
     server: std::sync::Arc<ServerState>,
     telemetry: std::sync::Arc<crate::telemetry::Telemetry>,
+    mut node: Option<crate::node::NodeSampler>,
     stop: tokio_util::sync::CancellationToken,
 ) {
     let mut every = tokio::time::interval(Duration::from_secs(1));
@@ -596,6 +663,19 @@ pub async fn run(
         }
         let now = SystemTime::now();
         live.feed_server(&server);
+        // The node's /proc and /sys files, off the runtime's threads.
+        if let Some(mut n) = node.take() {
+            let at = std::time::Instant::now();
+            if let Ok((n, sample)) = tokio::task::spawn_blocking(move || {
+                let s = n.sample(at);
+                (n, s)
+            })
+            .await
+            {
+                live.feed_node(now, &sample);
+                node = Some(n);
+            }
+        }
         for d in live.tick(now, Some(&gpu)) {
             let line = d.summary.clone().unwrap_or_else(|| "unknown".to_owned());
             // The line carries its `lmperf.diagnosis` span's ids, so a log line joins its trace.
@@ -633,7 +713,7 @@ pub async fn run(
 
 /// `lmperf.diagnosis.score{lmperf.target, lmperf.diagnosis.cause}` (unit 1) and
 /// `lmperf.diagnosis.state{lmperf.target}` (unit `{state}`: 0 idle, 1 triggered,
-/// 2 propagating, 3 root_confirmed).
+/// 2 propagating, 3 root_confirmed, 4 warning).
 pub fn register_gauges(meter: &opentelemetry::metrics::Meter, live: std::sync::Arc<LiveDiagnosis>) {
     let l = live.clone();
     let _score = meter
@@ -652,7 +732,7 @@ pub fn register_gauges(meter: &opentelemetry::metrics::Meter, live: std::sync::A
         .u64_observable_gauge(n::METRIC_DIAGNOSIS_STATE)
         .with_unit("{state}")
         .with_description(
-            "Diagnosis state of the target: 0 idle, 1 triggered, 2 propagating, 3 root_confirmed.",
+            "Diagnosis state of the target: 0 idle, 1 triggered, 2 propagating, 3 root_confirmed, 4 warning (a cause's hard rule holds, no symptom yet).",
         )
         .with_callback(move |obs| {
             for (target, state, _) in live.gauges() {

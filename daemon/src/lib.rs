@@ -21,6 +21,7 @@ pub mod gpu;
 pub mod live_list;
 pub mod logging;
 pub mod net;
+pub mod node;
 pub mod reload;
 pub mod sampler;
 pub mod server;

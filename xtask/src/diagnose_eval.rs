@@ -1,7 +1,9 @@
 //! `cargo xtask diagnose-eval [--live] [--release] [ARGS]`: the diagnosis engine over the
 //! episode corpus (the synthetic episodes of `lmperf::analyze::synth` and the recorded ones of
 //! `tests/fixtures/episodes/`), printing AC@1, AC@3, Avg@5, the median time from onset to
-//! `root_confirmed` per cause, and the control episodes diagnosed (issue 12). Runs
+//! `root_confirmed` and the onset error per cause, and the control episodes diagnosed (issue 12),
+//! on the development half, the holdout half and the whole corpus (issue 28: the split is
+//! `lmperf::analyze::eval::split`, documented in `tests/fixtures/episodes/README.md`). Runs
 //! `daemon/examples/diagnose_eval.rs`; ARGS go to it (`-v` lists every episode's ranking,
 //! `--per-magnitude N`, `--controls N`, `--json FILE`, `--write-synthetic DIR`). `--live` first
 //! runs the live harness (`tests/diagnose_live.rs`: the real agent against injected faults,

@@ -154,8 +154,19 @@ pub struct Outcome {
     pub time_to_confirmed_s: Option<f64>,
     /// Evaluations (of any target) in `root_confirmed`, and the first one's offset in the episode.
     pub confirmed_evaluations: usize,
-    /// Evaluations (of any target) not idle.
+    /// Evaluations (of any target) past idle: a symptom (triggered, propagating, confirmed).
     pub triggered_evaluations: usize,
+    /// Evaluations (of any target) in the `warning` state (no symptom, a hard rule holds).
+    #[serde(default)]
+    pub warning_evaluations: usize,
+    /// Seconds from the true onset to the first `warning` of the fault's target (from 30 s
+    /// before the onset on), if any.
+    #[serde(default)]
+    pub time_to_warning_s: Option<f64>,
+    /// The engine's onset (the ranking's diagnosis) − the injected onset, seconds (negative:
+    /// placed before the fault).
+    #[serde(default)]
+    pub onset_error_s: Option<f64>,
     /// The first confirmed cause of any target (a control's false alarm names it).
     pub first_confirmed: Option<(String, Cause, f64)>,
 }
@@ -214,13 +225,18 @@ pub fn replay(ep: &Episode, config: EngineConfig) -> Outcome {
         time_to_confirmed_s: None,
         confirmed_evaluations: 0,
         triggered_evaluations: 0,
+        warning_evaluations: 0,
+        time_to_warning_s: None,
+        onset_error_s: None,
         first_confirmed: None,
     };
     replay_with(ep, config, |now_off, d| {
         let now = ep.start_unix_s + now_off;
         for t in &d.targets {
-            if t.state != State::Idle {
-                out.triggered_evaluations += 1;
+            match t.state {
+                State::Idle => {}
+                State::Warning => out.warning_evaluations += 1,
+                _ => out.triggered_evaluations += 1,
             }
             if t.state == State::RootConfirmed {
                 out.confirmed_evaluations += 1;
@@ -234,14 +250,20 @@ pub fn replay(ep: &Episode, config: EngineConfig) -> Outcome {
                 continue;
             }
             let Some(on) = onset else { continue };
+            if t.state == State::Warning && now >= on - 30.0 && out.time_to_warning_s.is_none() {
+                out.time_to_warning_s = Some(now - on);
+            }
             if out.time_to_confirmed_s.is_some() {
                 continue;
             }
+            let onset_error = t.onset_unix_s.map(|o| o - on);
             if t.state == State::RootConfirmed && now >= on - 30.0 {
                 out.ranking = t.causes.iter().map(|c| c.cause).collect();
                 out.time_to_confirmed_s = Some(now - on);
-            } else if t.state != State::Idle && now >= on {
+                out.onset_error_s = onset_error;
+            } else if !matches!(t.state, State::Idle | State::Warning) && now >= on {
                 out.ranking = t.causes.iter().map(|c| c.cause).collect();
+                out.onset_error_s = onset_error;
             }
         }
     });

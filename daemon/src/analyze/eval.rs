@@ -28,6 +28,10 @@ pub struct Row {
     pub confirmed: usize,
     /// Median seconds from the onset to `root_confirmed`, over the confirmed ones.
     pub median_time_to_confirmed_s: Option<f64>,
+    /// Median of the engine's onset − the injected onset, seconds (negative: before the
+    /// fault), and the largest |error|, over the episodes with an onset.
+    pub median_onset_error_s: Option<f64>,
+    pub worst_onset_error_s: Option<f64>,
     /// The causes ranked first in the misses (AC@1), by episode.
     pub misses: Vec<(String, Option<Cause>)>,
 }
@@ -70,6 +74,16 @@ fn row(cause: Option<Cause>, outs: &[&Outcome]) -> Row {
                 .filter_map(|o| o.time_to_confirmed_s)
                 .collect::<Vec<_>>(),
         ),
+        median_onset_error_s: median(
+            &mut outs
+                .iter()
+                .filter_map(|o| o.onset_error_s)
+                .collect::<Vec<_>>(),
+        ),
+        worst_onset_error_s: outs
+            .iter()
+            .filter_map(|o| o.onset_error_s)
+            .max_by(|a, b| a.abs().total_cmp(&b.abs())),
         misses: outs
             .iter()
             .filter(|o| o.rank() != Some(1))
@@ -114,23 +128,35 @@ pub fn table(r: &Report) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{:<20} {:>8} {:>6} {:>6} {:>6} {:>10} {:>14}",
-        "cause", "episodes", "AC@1", "AC@3", "Avg@5", "confirmed", "median TTD s"
+        "{:<20} {:>8} {:>6} {:>6} {:>6} {:>10} {:>14} {:>16}",
+        "cause",
+        "episodes",
+        "AC@1",
+        "AC@3",
+        "Avg@5",
+        "confirmed",
+        "median TTD s",
+        "onset err s med/worst"
     );
     let line = |o: &mut String, name: &str, r: &Row| {
         let ttd = r
             .median_time_to_confirmed_s
             .map_or("-".to_owned(), |t| format!("{t:.0}"));
+        let onset = match (r.median_onset_error_s, r.worst_onset_error_s) {
+            (Some(m), Some(w)) => format!("{m:+.0}/{w:+.0}"),
+            _ => "-".to_owned(),
+        };
         let _ = writeln!(
             o,
-            "{:<20} {:>8} {:>6.2} {:>6.2} {:>6.2} {:>10} {:>14}",
+            "{:<20} {:>8} {:>6.2} {:>6.2} {:>6.2} {:>10} {:>14} {:>16}",
             name,
             r.episodes,
             r.ac1,
             r.ac3,
             r.avg5,
             format!("{}/{}", r.confirmed, r.episodes),
-            ttd
+            ttd,
+            onset
         );
     };
     for x in &r.rows {
@@ -156,4 +182,47 @@ pub fn table(r: &Report) -> String {
         }
     }
     o
+}
+
+/// The half of the corpus an episode belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Half {
+    /// Rules and thresholds may be tuned on these.
+    Development,
+    /// Never looked at while tuning: the figures that count.
+    Holdout,
+}
+
+/// FNV-1a (64 bit) of `s`: a hash that is the same on every machine and in every release.
+pub fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Splits the corpus in two halves, deterministically and balanced per cause (controls are a
+/// group of their own): within a group, episodes ordered by the FNV-1a hash of their name go
+/// alternately to the development half (first) and the holdout half. The assignment of an
+/// episode depends only on the names in its group, never on how the engine scored it.
+/// Returns the half of each item, in the order given.
+pub fn split<T>(items: &[T], key: impl Fn(&T) -> (&str, Option<Cause>)) -> Vec<Half> {
+    let mut groups: BTreeMap<Option<Cause>, Vec<(u64, &str, usize)>> = BTreeMap::new();
+    for (i, it) in items.iter().enumerate() {
+        let (name, cause) = key(it);
+        groups
+            .entry(cause)
+            .or_default()
+            .push((fnv1a(name), name, i));
+    }
+    let mut out = vec![Half::Development; items.len()];
+    for g in groups.values_mut() {
+        g.sort();
+        for (k, &(_, _, i)) in g.iter().enumerate() {
+            if k % 2 == 1 {
+                out[i] = Half::Holdout;
+            }
+        }
+    }
+    out
 }

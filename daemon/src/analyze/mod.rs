@@ -4,6 +4,7 @@
 //!   time series, the injected cause and its onset) and its replay through
 //!   [`crate::diagnosis::Engine`], evaluated once a second like the agent.
 //! - [`synth`]: synthetic episodes per cause at two magnitudes, and no-fault controls.
+//! - [`busy`]: a calm, busy server (M/G/c queue with background traffic) as a control episode.
 //! - [`eval`]: AC@1 / AC@3 / Avg@5, time to `root_confirmed`, control diagnoses (RCAEval).
 //! - [`offline`]: `lmperf analyze`: the engine over a run's `requests.jsonl`, or a live agent's
 //!   `/api/v1/diagnosis`; [`prometheus`]: `--prometheus URL`, the fleet's series and the
@@ -12,6 +13,7 @@
 //! **Architecture Invariant:** like the engine, pure apart from [`episode::Episode::load`] and the loaders of [`offline`]:
 //! replays run on recorded times, never on the clock.
 
+pub mod busy;
 pub mod command;
 pub mod episode;
 pub mod eval;

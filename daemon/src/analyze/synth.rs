@@ -109,6 +109,14 @@ struct World {
     throttle: f64,
     gpu_mem: f64,
     foreign: f64,
+    /// Node PSI cpu / memory `some` avg10 (0..1).
+    cpu_psi: f64,
+    mem_psi: f64,
+    /// The model server cgroup's throttled share of CFS periods and memory ÷ limit.
+    throttled: f64,
+    cgroup_mem: f64,
+    /// OOM kills at the onset (an event).
+    oom_kill: bool,
 }
 
 impl World {
@@ -135,6 +143,11 @@ impl World {
             throttle: 0.0,
             gpu_mem: 0.90,
             foreign: 0.0,
+            cpu_psi: 0.02,
+            mem_psi: 0.0,
+            throttled: 0.01,
+            cgroup_mem: 0.6,
+            oom_kill: false,
         }
     }
 }
@@ -148,7 +161,11 @@ fn faulted(cause: Cause, m: Magnitude, since: f64, variant: u64) -> World {
     let mut w = World::calm();
     let ramp = match cause {
         Cause::LoadSurge | Cause::KvCachePressure => 20.0,
-        Cause::GpuFault | Cause::ErrorBurst | Cause::ServerChange | Cause::Network => 2.0,
+        Cause::GpuFault
+        | Cause::ErrorBurst
+        | Cause::ServerChange
+        | Cause::Network
+        | Cause::MemoryPressure => 2.0,
         _ => 10.0,
     };
     let f = (since / ramp).clamp(0.0, 1.0);
@@ -231,6 +248,32 @@ fn faulted(cause: Cause, m: Magnitude, since: f64, variant: u64) -> World {
             let k = m.pick(1.8, 2.5);
             w.decode_s = c.decode_s * k;
             w.prefill_s = c.prefill_s * k;
+        }
+        Cause::CpuThrottling => {
+            // The container at its CFS quota: the CPU-bound frontend (tokenization, the
+            // scheduler loop, detokenization) runs in bursts: requests wait, tokens come late.
+            w.throttled = lerp(c.throttled, m.pick(0.4, 0.8), f);
+            w.queue_s = lerp(c.queue_s, m.pick(0.06, 0.25), f);
+            w.waiting = lerp(0.0, m.pick(1.0, 4.0), f);
+            w.decode_s = lerp(c.decode_s, c.decode_s * m.pick(1.4, 2.0), f);
+            w.client_s = lerp(c.client_s, c.client_s * 1.5, f);
+        }
+        Cause::NodeCpuPressure => {
+            // A neighbour spinning the node's cores: the server's threads wait for a CPU (its
+            // own quota is not the limit, so no throttling).
+            w.cpu_psi = lerp(c.cpu_psi, m.pick(0.35, 0.7), f);
+            w.queue_s = lerp(c.queue_s, m.pick(0.05, 0.2), f);
+            w.decode_s = lerp(c.decode_s, c.decode_s * m.pick(1.4, 1.9), f);
+            w.client_s = lerp(c.client_s, c.client_s * 2.0, f);
+        }
+        Cause::MemoryPressure => {
+            // A memory hog: reclaim stalls the server (PSI memory), its cgroup near its limit;
+            // strong: a helper process OOM-killed at the onset.
+            w.mem_psi = lerp(c.mem_psi, m.pick(0.2, 0.5), f);
+            w.cgroup_mem = lerp(c.cgroup_mem, m.pick(0.96, 0.995), f);
+            w.oom_kill = m == Magnitude::Strong;
+            w.prefill_s = lerp(c.prefill_s, c.prefill_s * m.pick(1.6, 2.5), f);
+            w.decode_s = lerp(c.decode_s, c.decode_s * m.pick(1.5, 2.2), f);
         }
         Cause::Unknown => {}
     }
@@ -357,6 +400,32 @@ fn generate(
             );
             r.push(Signal::GpuForeignProcesses, t, w.foreign);
             r.push(Signal::GpuFault, t, 0.0);
+            // The node sampler's signals (PSI, the server's cgroup, the agent's own CPU).
+            let jitter =
+                |rng: &mut StdRng, v: f64, sd: f64| (v + sd * unit.sample(rng)).clamp(0.0, 1.0);
+            r.push(
+                Signal::NodeCpuPressure,
+                t,
+                jitter(&mut rng, w.cpu_psi, 0.01),
+            );
+            r.push(
+                Signal::NodeMemoryPressure,
+                t,
+                jitter(&mut rng, w.mem_psi, 0.005),
+            );
+            r.push(Signal::NodeIoPressure, t, jitter(&mut rng, 0.01, 0.005));
+            r.push(
+                Signal::CgroupCpuThrottled,
+                t,
+                jitter(&mut rng, w.throttled, 0.02),
+            );
+            r.push(
+                Signal::CgroupMemoryUsage,
+                t,
+                jitter(&mut rng, w.cgroup_mem, 0.003),
+            );
+            r.push(Signal::CgroupOomKill, t, 0.0);
+            r.push(Signal::AgentCpu, t, jitter(&mut rng, 0.015, 0.003));
             t += 1.0;
         }
     }
@@ -449,6 +518,9 @@ pub fn fault(cause: Cause, magnitude: Magnitude, variant: u64) -> Episode {
     let event = match cause {
         Cause::GpuFault => Some(Signal::GpuFault),
         Cause::ServerChange => Some(Signal::ServerChange),
+        Cause::MemoryPressure if faulted(cause, magnitude, 1.0, variant).oom_kill => {
+            Some(Signal::CgroupOomKill)
+        }
         _ => None,
     };
     if let Some(s) = event {
@@ -539,8 +611,8 @@ pub fn control(kind: Control, variant: u64) -> Episode {
     }
 }
 
-/// The synthetic corpus: every cause at both magnitudes, `per_magnitude` variants each, and
-/// every control kind `controls` times.
+/// The synthetic corpus: every cause at both magnitudes, `per_magnitude` variants each, every
+/// control kind `controls` times, and `controls` calm busy servers ([`super::busy`]).
 pub fn corpus(per_magnitude: u64, controls: u64) -> Vec<Episode> {
     let mut out = Vec::new();
     for cause in causes() {
@@ -554,6 +626,11 @@ pub fn corpus(per_magnitude: u64, controls: u64) -> Vec<Episode> {
         for v in 1..=controls {
             out.push(control(kind, v));
         }
+    }
+    // A calm, busy server (issue 28): canaries queued behind ordinary traffic.
+    let busy = super::busy::BusyConfig::default();
+    for v in 1..=controls {
+        out.push(super::busy::episode(&busy, v));
     }
     out
 }

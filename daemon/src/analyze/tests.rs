@@ -52,6 +52,9 @@ fn outcome(name: &str, cause: Option<Cause>, ranking: &[Cause], ttd: Option<f64>
         time_to_confirmed_s: ttd,
         confirmed_evaluations: usize::from(ttd.is_some()),
         triggered_evaluations: usize::from(!ranking.is_empty()),
+        warning_evaluations: 0,
+        time_to_warning_s: None,
+        onset_error_s: None,
         first_confirmed: None,
     }
 }
@@ -456,4 +459,35 @@ async fn an_agent_that_refuses_says_so_and_what_to_check() {
             "agent {addr}: GET http://{addr}/api/v1/diagnosis: connection refused; is the agent running, with admin_addr there? (--agent HOST:PORT names another)"
         )
     );
+}
+
+#[test]
+fn a_calm_busy_server_is_never_diagnosed() {
+    // Issue 28, item 0: a server kept about half busy by background traffic queues a canary now
+    // and then (10 ms → 0.5 s); two or three such blips in a row read as a 40 × jump and
+    // `unknown 1.00` was confirmed 2 s after triggering. No evaluation may confirm a cause.
+    use super::busy::{self, BusyConfig};
+    let cfg = BusyConfig::default();
+    let mut queued_all = 0;
+    for variant in 1..=5 {
+        let (share, skipped) = busy::busy_share(&cfg, variant);
+        assert!((0.4..=0.6).contains(&share), "busy share {share:.2}");
+        assert!(skipped < 0.2, "skipped {skipped:.2}");
+        let ep = busy::episode(&cfg, variant);
+        // The scenario holds the blips the issue describes: canaries queued ≥ 10 × the median.
+        let mut ttft: Vec<f64> = ep.series[synth::TARGET]["ttft"]
+            .iter()
+            .map(|p| p[1])
+            .collect();
+        ttft.sort_by(f64::total_cmp);
+        let median = ttft[ttft.len() / 2];
+        queued_all += ttft.iter().filter(|&&v| v >= 10.0 * median).count();
+        let o = replay(&ep, EngineConfig::default());
+        assert_eq!(
+            o.confirmed_evaluations, 0,
+            "{}: confirmed {:?} ({} evaluations not idle)",
+            ep.name, o.first_confirmed, o.triggered_evaluations
+        );
+    }
+    assert!(queued_all >= 20, "{queued_all} queued canaries in 5 runs");
 }

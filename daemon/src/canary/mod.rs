@@ -197,7 +197,15 @@ impl TargetRunner {
                 }
                 t = ticker.tick() => t,
             };
-            let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
+            let permit = self.in_flight.clone().try_acquire_owned();
+            if let Some(d) = &self.diagnosis {
+                d.observe_schedule(
+                    &self.target.name,
+                    std::time::SystemTime::now(),
+                    permit.is_err(),
+                );
+            }
+            let Ok(permit) = permit else {
                 self.state.skipped.fetch_add(1, Ordering::Relaxed);
                 self.telemetry.instruments.record_skipped(&self.target.name);
                 tracing::debug!(target_name = %self.target.name, "Canary skipped: max_in_flight requests still running.");

@@ -104,7 +104,24 @@ pub struct DetectorConfig {
     /// buckets, while under overload every canary is slow. Default 0 (off: the diagnosis
     /// judges the tail alone); the sampler's spike mode sets 0.25 (`spike_jump_min_share`).
     pub min_share_above: f64,
+    /// The baseline's ordinary tail: with a value in (0, 1), a p99 series counts as jumped only
+    /// when the number of the recent slots' requests above the jump threshold (pooled: k of
+    /// n) is improbable for the baseline's own share of such requests: P(Binomial(n, p̂) ≥ k)
+    /// < `tail_alpha`, p̂ the baseline buckets' pooled share above the threshold (their
+    /// largest samples are kept). A half-busy server queues a canary now and then (10 ms →
+    /// 0.5 s): the median bucket's p99 does not hold that, its pooled share does, and a few
+    /// queued canaries among eighty are then ordinary, while a fault that slows most requests
+    /// stays improbable. Default 0 (off: the sampler's spike mode); the diagnosis sets
+    /// [`DEFAULT_TAIL_ALPHA`].
+    pub tail_alpha: f64,
 }
+
+/// The diagnosis's [`DetectorConfig::tail_alpha`]: one bucket in a thousand of an unchanged
+/// server may count as jumped by its tail alone.
+pub const DEFAULT_TAIL_ALPHA: f64 = 1e-3;
+
+/// Largest samples kept per closed p99 bucket for the pooled tail share of the baseline.
+const TOP_KEPT: usize = 3;
 
 impl Default for DetectorConfig {
     fn default() -> Self {
@@ -118,6 +135,7 @@ impl Default for DetectorConfig {
             exclude_max: false,
             min_bucket_sum: 0.0,
             min_share_above: 0.0,
+            tail_alpha: 0.0,
         }
     }
 }
@@ -234,6 +252,41 @@ pub fn quantile_below_max(v: &mut [f64], q: f64) -> Option<f64> {
     Some(*nth)
 }
 
+/// P(X ≥ `k`) for X ~ Binomial(`n`, `p`): 1 for k = 0, 0 for k > n.
+pub fn binomial_sf(k: usize, n: usize, p: f64) -> f64 {
+    if k == 0 {
+        return 1.0;
+    }
+    if k > n {
+        return 0.0;
+    }
+    let p = p.clamp(0.0, 1.0);
+    if p >= 1.0 {
+        return 1.0;
+    }
+    if p <= 0.0 {
+        return 0.0;
+    }
+    // Σ_{i ≥ k} C(n, i) pⁱ (1 − p)ⁿ⁻ⁱ, term by term from i = k in logs (n is a bucket's
+    // requests: at most a few thousand).
+    let ln_choose = |i: usize| -> f64 {
+        (1..=i)
+            .map(|j| ((n - i + j) as f64).ln() - (j as f64).ln())
+            .sum()
+    };
+    let mut term = (ln_choose(k) + k as f64 * p.ln() + (n - k) as f64 * (-p).ln_1p()).exp();
+    let mut sum = 0.0;
+    for i in k..=n {
+        sum += term;
+        if term < sum * 1e-12 {
+            break;
+        }
+        // term(i + 1) = term(i) · (n − i)/(i + 1) · p/(1 − p)
+        term *= (n - i) as f64 / (i + 1) as f64 * p / (1.0 - p);
+    }
+    sum.min(1.0)
+}
+
 /// The verdict of [`BucketSeries::assess`].
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Assessment {
@@ -272,15 +325,36 @@ struct Closed {
     at_stat: u32,
     /// ⌈share · count⌉ (0 when the share rule is off).
     body_k: u32,
+    /// The largest samples, largest first (−∞ where the bucket held fewer; p99 buckets only).
+    top: [f32; TOP_KEPT],
 }
 
 impl Closed {
     /// `(v, k)` pairs: at least `k` samples are ≥ `v`.
     fn evidence(&self) -> Vec<(f64, usize)> {
-        vec![
+        let mut out = vec![
             (self.stat, self.at_stat as usize),
             (self.body, self.body_k as usize),
-        ]
+        ];
+        out.extend(
+            self.top
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.is_finite())
+                .map(|(i, &v)| (f64::from(v), i + 1)),
+        );
+        out
+    }
+
+    /// Samples known to satisfy `above` (monotone): a lower bound when more than the kept
+    /// largest samples do.
+    fn known_above(&self, above: impl Fn(f64) -> bool) -> usize {
+        self.evidence()
+            .iter()
+            .filter(|&&(v, _)| above(v))
+            .map(|&(_, k)| k)
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -423,6 +497,7 @@ impl BucketSeries {
         {
             if let Some((stat, count, sum)) = self.current_value() {
                 let [(_, at_stat), (body, body_k)] = self.evidence_of_closing(stat);
+                let top = self.top_samples();
                 let count = if self.aggregate == Aggregate::P99 {
                     self.samples.len() as u64
                 } else {
@@ -437,6 +512,7 @@ impl BucketSeries {
                     count: u32_of(count),
                     at_stat: u32_of(at_stat as u64),
                     body_k: u32_of(body_k as u64),
+                    top,
                 });
             }
             self.current = None;
@@ -456,6 +532,41 @@ impl BucketSeries {
         self.closed
             .iter()
             .map(|c| (self.config.bucket * c.idx as u32, c.stat))
+    }
+
+    /// The largest samples of the bucket in progress (p99 buckets with the tail test only).
+    fn top_samples(&mut self) -> [f32; TOP_KEPT] {
+        let mut top = [f32::NEG_INFINITY; TOP_KEPT];
+        if self.aggregate != Aggregate::P99 || self.config.tail_alpha <= 0.0 {
+            return top;
+        }
+        let n = self.samples.len();
+        if n > TOP_KEPT {
+            self.samples
+                .select_nth_unstable_by(n - TOP_KEPT, f64::total_cmp);
+        }
+        let mut kept: Vec<f64> = self.samples[n.saturating_sub(TOP_KEPT)..].to_vec();
+        kept.sort_unstable_by(|a, b| b.total_cmp(a));
+        for (slot, v) in top.iter_mut().zip(kept) {
+            *slot = v as f32;
+        }
+        top
+    }
+
+    /// The baseline's pooled share of samples satisfying `above` (a lower bound: at most
+    /// [`TOP_KEPT`] per bucket are known), smoothed by half a sample: (k + ½) ÷ (n + 1).
+    fn baseline_share(&self, first_recent: u64, above: impl Fn(f64) -> bool) -> f64 {
+        let from = first_recent.saturating_sub(self.config.history_buckets());
+        let (mut k, mut n) = (0usize, 0usize);
+        for c in self
+            .closed
+            .iter()
+            .filter(|c| c.idx >= from && c.idx < first_recent)
+        {
+            k += c.known_above(&above);
+            n += c.count as usize;
+        }
+        (k as f64 + 0.5) / (n as f64 + 1.0)
     }
 
     /// Whether the share rule applies to this series.
@@ -485,7 +596,9 @@ impl BucketSeries {
     fn recent(&mut self, now_idx: u64, bounds: &[(Duration, f64)]) -> (Vec<Slot>, u64) {
         let n = self.config.recent_buckets.max(1) as u64;
         let latency = matches!(self.aggregate, Aggregate::P99 | Aggregate::Max);
-        let share = self.share_rule();
+        // The bucket in progress is judged sample by sample (share rule, tail test).
+        let share =
+            self.share_rule() || (self.aggregate == Aggregate::P99 && self.config.tail_alpha > 0.0);
         // (slot of its start, start, lower bound); a start after `now` counts in the slot of
         // `now`.
         let bounds: Vec<(u64, f64, f64)> = if latency {
@@ -714,15 +827,29 @@ impl BucketSeries {
         } else {
             0.0
         };
+        let tail = self.aggregate == Aggregate::P99 && self.config.tail_alpha > 0.0;
+        let p_tail = if tail {
+            self.baseline_share(first_recent, |v| baseline.jumped(v, rule))
+        } else {
+            0.0
+        };
+        let (mut above_all, mut total_all) = (0usize, 0usize);
         let jumped_buckets = recent
             .iter()
             .filter(|s| {
+                let above = s.known_above(&self.samples, |v| baseline.jumped(v, rule));
+                above_all += above;
+                total_all += s.total;
                 baseline.jumped(s.stat, rule)
                     && s.sum >= self.config.min_bucket_sum
-                    && s.known_above(&self.samples, |v| baseline.jumped(v, rule)) as f64
-                        >= (share * s.total as f64).ceil()
+                    && above as f64 >= (share * s.total as f64).ceil()
             })
             .count();
+        // The ordinary tail: the recent slots' requests above the threshold, pooled, must be
+        // improbable at the baseline's own share of them (a few canaries a bucket cannot make
+        // a bucket improbable alone; a fault slows most of the canaries of every slot).
+        let ordinary_tail =
+            tail && binomial_sf(above_all, total_all, p_tail) >= self.config.tail_alpha;
         Some(Assessment {
             value,
             peak,
@@ -731,7 +858,7 @@ impl BucketSeries {
             z: baseline.z(peak),
             jumped_buckets,
             recent: recent.len(),
-            jumped: jumped_buckets >= self.config.min_jumped.max(1),
+            jumped: jumped_buckets >= self.config.min_jumped.max(1) && !ordinary_tail,
         })
     }
 

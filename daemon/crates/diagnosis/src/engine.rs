@@ -4,13 +4,16 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
-use super::detector::{Assessment, Baseline, BucketSeries, DetectorConfig, JumpRule, median};
+use super::detector::{
+    Assessment, Baseline, BucketSeries, DEFAULT_TAIL_ALPHA, DetectorConfig, JumpRule, median,
+};
 use super::report::{
     BaselineWait, Cause, CauseScore, Diagnosis, Evidence, SCHEMA_VERSION, State, Symptom,
     TargetDiagnosis, TtftDecomposition, unix_s,
 };
 use super::signal::{Harm, Signal};
 use super::store::{EvidenceStore, SecondSeries};
+use super::{contradict, queueing, roots, warning};
 
 /// Engine settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -35,8 +38,12 @@ pub struct EngineConfig {
     /// `confirm_margin`. `unknown` confirms only at `confirm_score`. Defaults 0.6 and 0.3.
     pub confirm_min: f64,
     pub confirm_margin: f64,
-    /// Without a confirmed cause this long after the onset, `unknown` is concluded when
-    /// nothing scores 0.5. Default 45 s.
+    /// Without a confirmed cause this long after the symptom was first detected (its own
+    /// clock: not after the onset, which the CUSUM places before the detection, so an onset
+    /// estimated 50 s early met a 45 s rule 2 s after triggering), `unknown` is concluded when
+    /// nothing scores 0.5 and the server's own queue does not explain the jump
+    /// ([`super::queueing`]). Default 30 s: with the 3 of 4 buckets detection needs, a
+    /// symptom persisted about a minute.
     pub unknown_after: Duration,
     /// The symptom must be gone this long for the state to fall back to idle. Default 60 s.
     pub clear_after: Duration,
@@ -51,6 +58,7 @@ impl Default for EngineConfig {
                 recent_buckets: 4,
                 min_jumped: 3,
                 exclude_max: true,
+                tail_alpha: DEFAULT_TAIL_ALPHA,
                 ..DetectorConfig::default()
             },
             ratio_detector: DetectorConfig {
@@ -65,7 +73,7 @@ impl Default for EngineConfig {
             confirm_score: 0.75,
             confirm_min: 0.6,
             confirm_margin: 0.3,
-            unknown_after: Duration::from_secs(45),
+            unknown_after: Duration::from_secs(30),
             clear_after: Duration::from_secs(60),
             max_targets: 256,
         }
@@ -103,6 +111,8 @@ struct TargetEngine {
     state: State,
     since: Option<SystemTime>,
     onset: Option<u32>,
+    /// The second the symptom was first detected (the state left idle).
+    triggered: Option<u32>,
     last_symptom: Option<SystemTime>,
     last: Option<TargetDiagnosis>,
 }
@@ -264,6 +274,27 @@ const CAUSES: &[CauseDef] = &[
         signals: &[Signal::ServerChange],
         part: Part::Any,
     },
+    // A CPU-bound frontend (tokenization, detokenization, the scheduler loop) slows both the
+    // first token and the tokens after it.
+    CauseDef {
+        cause: Cause::CpuThrottling,
+        signals: &[Signal::CgroupCpuThrottled],
+        part: Part::Any,
+    },
+    CauseDef {
+        cause: Cause::NodeCpuPressure,
+        signals: &[Signal::NodeCpuPressure],
+        part: Part::Any,
+    },
+    CauseDef {
+        cause: Cause::MemoryPressure,
+        signals: &[
+            Signal::CgroupOomKill,
+            Signal::NodeMemoryPressure,
+            Signal::CgroupMemoryUsage,
+        ],
+        part: Part::Any,
+    },
 ];
 
 /// The cause graph (parent → child): when both moved, the parent ranks first and carries the
@@ -280,6 +311,12 @@ const GRAPH: &[(Cause, Cause)] = &[
     // Longer prompts are more tokens arriving: when the prompt tokens per generated token rose
     // with the load, the prompts' length is the more specific cause.
     (Cause::LongPrompts, Cause::LoadSurge),
+    // A CPU-starved scheduler makes requests wait.
+    (Cause::CpuThrottling, Cause::ServerQueueing),
+    (Cause::NodeCpuPressure, Cause::ServerQueueing),
+    // An OOM kill restarts the server (and fails its requests).
+    (Cause::MemoryPressure, Cause::ServerChange),
+    (Cause::MemoryPressure, Cause::ErrorBurst),
 ];
 
 /// Robust z (harmful direction) → strength in [0, 1): 1 − e^(−z/8) (z 3.5 → 0.35, 10 → 0.71,
@@ -488,6 +525,7 @@ impl TargetEngine {
             state: State::Idle,
             since: None,
             onset: None,
+            triggered: None,
             last_symptom: None,
             last: None,
         }
@@ -497,6 +535,12 @@ impl TargetEngine {
     fn symptom(&mut self, now: SystemTime, cfg: &EngineConfig, factor: f64) -> Option<Symptom> {
         let at = dur(now);
         let mut best: Option<(Signal, Assessment)> = None;
+        // Strong cause evidence (a hard rule holds) lowers the latency floors.
+        let floor_factor = if warning::corroborated(&self.store, sec(now)) {
+            warning::CORROBORATED_FLOOR
+        } else {
+            1.0
+        };
         let s = &mut self.store;
         let series: [(Signal, &mut BucketSeries); 4] = [
             (Signal::Ttft, &mut s.ttft),
@@ -508,7 +552,7 @@ impl TargetEngine {
             let floor = if signal == Signal::Error {
                 0.05
             } else {
-                signal.floor()
+                signal.floor() * floor_factor
             };
             let rule = JumpRule {
                 floor,
@@ -534,6 +578,46 @@ impl TargetEngine {
         })
     }
 
+    /// Without a symptom: `warning` while a cause's hard rule holds ([`warning`]), else idle.
+    fn quiet(&mut self, name: &str, now: SystemTime, cfg: &EngineConfig) -> TargetDiagnosis {
+        let warnings = warning::early_warnings(&self.store, sec(now));
+        if warnings.is_empty() {
+            self.set_state(State::Idle, now);
+            return self.idle(name);
+        }
+        self.set_state(State::Warning, now);
+        // How far the latency moved: the newest buckets' p99 against the baseline.
+        let at = dur(now);
+        let s = &mut self.store;
+        let mut moved = Vec::new();
+        for (signal, b) in [(Signal::Ttft, &mut s.ttft), (Signal::Tpot, &mut s.tpot)] {
+            let rule = JumpRule {
+                floor: signal.floor(),
+                ..cfg.symptom
+            };
+            if let Some(a) = b.assess(at, &rule)
+                && a.baseline.median > 0.0
+            {
+                moved.push((signal, a.value / a.baseline.median));
+            }
+        }
+        let d = TargetDiagnosis {
+            target: name.to_owned(),
+            state: State::Warning,
+            since_unix_s: self.since.map(unix_s),
+            onset_unix_s: None,
+            symptom: None,
+            summary: warning::line(&warnings, &moved, cfg.symptom.ratio),
+            causes: warnings,
+            ttft_decomposition: None,
+            baseline_wait: None,
+            roots: Vec::new(),
+            canaries_skipped_share: None,
+        };
+        self.last = Some(d.clone());
+        d
+    }
+
     /// The idle diagnosis (kept as the last one).
     fn idle(&mut self, name: &str) -> TargetDiagnosis {
         let d = TargetDiagnosis {
@@ -546,6 +630,8 @@ impl TargetEngine {
             ttft_decomposition: None,
             summary: None,
             baseline_wait: self.baseline_wait(),
+            roots: Vec::new(),
+            canaries_skipped_share: None,
         };
         self.last = Some(d.clone());
         d
@@ -582,7 +668,11 @@ impl TargetEngine {
         let now_sec = sec(now);
         self.store.roll(now_sec);
         let prev = self.state;
-        let factor = if self.state == State::Idle { 1.0 } else { 0.8 };
+        let factor = if matches!(self.state, State::Idle | State::Warning) {
+            1.0
+        } else {
+            0.8
+        };
         let symptom = self.symptom(now, cfg, factor);
         if symptom.is_some() {
             self.last_symptom = Some(now);
@@ -591,15 +681,17 @@ impl TargetEngine {
             .last_symptom
             .is_none_or(|t| now.duration_since(t).unwrap_or_default() >= cfg.clear_after);
         match (self.state, &symptom) {
-            (State::Idle, None) => return self.idle(name),
-            (State::Idle, Some(sym)) => {
+            (State::Idle | State::Warning, None) => return self.quiet(name, now, cfg),
+            (State::Idle | State::Warning, Some(sym)) => {
                 self.set_state(State::Triggered, now);
                 self.onset = Some(self.onset_of(sym.signal, now_sec, cfg));
+                self.triggered = Some(now_sec);
             }
             (_, None) if cleared => {
                 self.set_state(State::Idle, now);
                 self.onset = None;
-                return self.idle(name);
+                self.triggered = None;
+                return self.quiet(name, now, cfg);
             }
             (State::Triggered, Some(_)) => self.set_state(State::Propagating, now),
             _ => {}
@@ -608,8 +700,34 @@ impl TargetEngine {
         let history_s = cfg.detector.history.as_secs() as u32;
         let (mut causes, decomposition) = score(&self.store, onset, now_sec, history_s);
         let best = causes.first().map_or(0.0, |c| c.score);
-        let waited = Duration::from_secs(u64::from(now_sec.saturating_sub(onset)));
-        if best < 0.5 && waited >= cfg.unknown_after && symptom.is_some() {
+        let triggered = self.triggered.unwrap_or(now_sec);
+        let waited = Duration::from_secs(u64::from(now_sec.saturating_sub(triggered)));
+        // The seconds of the symptom: its recent buckets before the detection, and since.
+        let recent_s =
+            (cfg.detector.bucket.as_secs() as u32).max(1) * (cfg.detector.recent_buckets as u32);
+        let queued = (best < 0.5)
+            .then(|| {
+                queueing::queue_explains(
+                    &self.store,
+                    triggered.saturating_sub(recent_s).min(onset),
+                    now_sec,
+                )
+            })
+            .flatten();
+        if let Some(e) = queued {
+            match causes.iter_mut().find(|c| c.cause == Cause::ServerQueueing) {
+                Some(c) => {
+                    c.score = c.score.max(queueing::ORDINARY_QUEUEING_SCORE);
+                    c.evidence.insert(0, e);
+                }
+                None => causes.push(CauseScore {
+                    cause: Cause::ServerQueueing,
+                    score: queueing::ORDINARY_QUEUEING_SCORE,
+                    evidence: vec![e],
+                }),
+            }
+            causes.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.cause.cmp(&b.cause)));
+        } else if best < 0.5 && waited >= cfg.unknown_after && symptom.is_some() {
             causes.insert(
                 0,
                 CauseScore {
@@ -648,8 +766,38 @@ impl TargetEngine {
             ttft_decomposition: decomposition,
             summary: None,
             baseline_wait: None,
+            roots: Vec::new(),
+            canaries_skipped_share: None,
         };
         d.summary = d.line();
+        d.canaries_skipped_share = self.store.series(Signal::CanarySkipped).and_then(|x| {
+            let v: Vec<f64> = x
+                .range(onset, now_sec.saturating_add(1))
+                .map(|(_, v)| v)
+                .collect();
+            (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+        });
+        if let (Some(share), Some(line)) = (d.canaries_skipped_share, d.summary.as_mut())
+            && share >= 0.005
+        {
+            line.push_str(&format!(
+                " ({:.0} % of canaries skipped at max_in_flight)",
+                share * 100.0
+            ));
+        }
+        if d.state == State::RootConfirmed {
+            let roots = roots::concurrent_roots(&d.causes, cfg.confirm_score, |p, c| {
+                GRAPH.contains(&(p, c))
+            });
+            if roots.len() >= 2 {
+                d.summary = Some(format!(
+                    "{}; {}",
+                    roots::words(&roots),
+                    d.summary.clone().unwrap_or_default()
+                ));
+                d.roots = roots.into_iter().map(|(c, _)| c).collect();
+            }
+        }
         self.last = Some(d.clone());
         d
     }
@@ -772,6 +920,27 @@ fn score(
             sc *= 0.5;
         }
         ev.sort_by(|a, b| b.0.total_cmp(&a.0));
+        if let Some(why) = contradict::contradiction(def.cause, store, onset, now) {
+            sc = sc.min(contradict::CONTRADICTED_CAP);
+            let signal = def.signals.first().copied().unwrap_or(Signal::Ttft);
+            ev.push((
+                0.0,
+                Evidence {
+                    signal: if def.cause == Cause::ServerQueueing {
+                        Signal::ServerRequestsWaiting
+                    } else {
+                        signal
+                    },
+                    before: 0.0,
+                    after: 0.0,
+                    peak: 0.0,
+                    z: 0.0,
+                    changed_at_unix_s: None,
+                    lead_s: None,
+                    rule: Some(format!("contradicted: {why}")),
+                },
+            ));
+        }
         out.push(CauseScore {
             cause: def.cause,
             score: sc,
@@ -796,6 +965,9 @@ fn score(
                         | Cause::GpuFault
                         | Cause::Network
                         | Cause::ErrorBurst
+                        | Cause::CpuThrottling
+                        | Cause::NodeCpuPressure
+                        | Cause::MemoryPressure
                 )
             })
             .map(|c| c.score)
@@ -834,6 +1006,7 @@ fn event_evidence(
 ) -> Option<(f64, Evidence)> {
     let (window, rule) = match s {
         Signal::GpuFault => (60, "XID / ECC / GPU lost event"),
+        Signal::CgroupOomKill => (60, "OOM kill in the model server's cgroup"),
         Signal::ServerChange => (
             15 * 60,
             "server change (restart, version, model) in the 15 min before",
@@ -906,13 +1079,16 @@ fn hard_rule(s: Signal, mv: &Moved, store: &EvidenceStore, onset: u32, now: u32)
         Signal::ServerPreemptions if mv.before == 0.0 && any_after(s, onset) => {
             Some("preemptions since the onset".to_owned())
         }
+        // Occupancy rises as much when the server only got slower (Little's law): the rule
+        // needs the arrivals to have risen too.
         Signal::ServerRequestsRunning
             if mv.after >= 2.0 * mv.before
                 && mv.after - mv.before >= 1.0
+                && contradict::arrivals_rose(store, onset, now) == Some(true)
                 && !generation_fell(store, onset, now) =>
         {
             Some(format!(
-                "requests running {:.0} → {:.0} (≥ 2 × and +1) with generated tokens/s not falling: more work arrived",
+                "requests running {:.0} → {:.0} (≥ 2 × and +1) with arrivals up and generated tokens/s not falling: more work arrived",
                 mv.before, mv.after
             ))
         }
@@ -937,6 +1113,30 @@ fn hard_rule(s: Signal, mv: &Moved, store: &EvidenceStore, onset: u32, now: u32)
         Signal::Error if mv.after >= 0.01 && mv.material => {
             Some(format!("error ratio {:.1} % ≥ 1 %", mv.after * 100.0))
         }
+        // Grafana Sift's check: throttled periods above 25 % of the CFS periods, and rising.
+        Signal::CgroupCpuThrottled if mv.after >= 0.25 && mv.after > mv.before => Some(format!(
+            "CPU periods throttled {:.0} % ≥ 25 % (from {:.0} %): the model server's cgroup is at its CPU quota",
+            mv.after * 100.0,
+            mv.before * 100.0
+        )),
+        Signal::NodeCpuPressure if mv.after >= 0.1 && mv.after - mv.before >= 0.05 => {
+            Some(format!(
+                "node PSI cpu some avg10 {:.0} % → {:.0} %: tasks wait for a CPU",
+                mv.before * 100.0,
+                mv.after * 100.0
+            ))
+        }
+        Signal::NodeMemoryPressure if mv.after >= 0.1 && mv.after - mv.before >= 0.05 => {
+            Some(format!(
+                "node PSI memory some avg10 {:.0} % → {:.0} %: tasks stall on memory reclaim",
+                mv.before * 100.0,
+                mv.after * 100.0
+            ))
+        }
+        Signal::CgroupMemoryUsage if mv.peak >= 0.95 => Some(format!(
+            "the model server's cgroup at {:.0} % of its memory limit",
+            mv.peak * 100.0
+        )),
         _ => None,
     }
 }
@@ -969,11 +1169,18 @@ fn decompose(ttft: &Moved, m: &impl Fn(Signal) -> Option<Moved>) -> TtftDecompos
     let prefill = part(Signal::ServerPrefillTime);
     let network = part(Signal::NetSrtt);
     let explained = queue.unwrap_or(0.0) + prefill.unwrap_or(0.0) + network.unwrap_or(0.0);
+    let over = explained - extra;
     TtftDecomposition {
         extra_s: extra,
         server_queue_s: queue,
         server_prefill_s: prefill,
         network_s: network,
-        unexplained_s: extra - explained,
+        unexplained_s: (extra - explained).max(0.0),
+        note: (over > 0.0).then(|| {
+            format!(
+                "the parts exceed the client's extra TTFT by {:.0} ms: the server's queue and prefill are means over all its requests, the client's TTFT the median of its canaries",
+                over * 1e3
+            )
+        }),
     }
 }

@@ -4,7 +4,13 @@
 //!   sampler's spike mode (2 ×) and the diagnosis's symptom detection (1.5 ×).
 //! - [`signal`]: the named input signals (canary, GPU, network, inference server).
 //! - [`store`]: the evidence store of a target (1 s resolution, 30 min, bounded).
+//! - [`contradict`]: what the server says against a cause (arrivals for a load surge, the
+//!   queue for queueing).
+//! - [`queueing`]: whether the server's own queue explains a jump (ordinary queueing).
 //! - [`engine`]: [`Engine`]: symptom → onset → cause scores → state, per target.
+//! - [`warning`]: early warnings (a cause's hard rule holds, the latency moved less than a
+//!   symptom): the `warning` state, never a page.
+//! - [`roots`]: concurrent faults: more than one confirmed root, in causal order.
 //! - [`report`]: the [`Diagnosis`] document (**API Boundary**); [`scorecard`]: it as text.
 //!
 //! **Architecture Invariant:** pure, like `measure/`: no clock, no socket, no file. Callers
@@ -39,7 +45,10 @@
 //!    seed-style): triggered on the symptom, propagating while causes are scored,
 //!    root_confirmed when a cause scores ≥ 0.75, or is unambiguous (≥ 0.6 and 0.3 ahead of the
 //!    best cause that is not its child in the graph); back to idle 60 s after the symptom ended.
-//!    `unknown` is concluded 45 s after the onset when no cause reaches 0.5 (score 1 − best).
+//!    `unknown` is concluded 30 s after the symptom was detected (its own clock, never the
+//!    onset estimated before it) when no cause reaches 0.5 (score 1 − best) and the server's
+//!    queue does not explain the jump at its scrape resolution (requests waiting at a scrape,
+//!    or a queue time ≥ 20 ms: then `server_queueing` 0.45, ordinary queueing, no page).
 //! 4. **Cause scores** in [0, 1]: for each signal of a cause, a BARO-style robust change
 //!    (Pham et al., "BARO: Robust Root Cause Analysis for Microservices via Multivariate
 //!    Bayesian Online Change Point Detection", FSE 2024): (median after onset − median before;
@@ -74,7 +83,7 @@
 //! ```text
 //! { "schema_version": 1, "evaluated_at_unix_s": f64,
 //!   "targets": [ { "target": str,
-//!     "state": "idle" | "triggered" | "propagating" | "root_confirmed",
+//!     "state": "idle" | "triggered" | "propagating" | "root_confirmed" | "warning",
 //!     "since_unix_s": f64 | null,            // last state change
 //!     "onset_unix_s": f64 | null,            // CUSUM change point of the symptom
 //!     "symptom": null | { "signal": "ttft" | "tpot" | "e2e" | "error", "value": f64,
@@ -96,13 +105,17 @@
 //! Values are in the signal's unit ([`Signal::unit`]: seconds, Hz, ratios, counts). Fields
 //! are only added in version 1; a rename or removal bumps [`report::SCHEMA_VERSION`].
 
+pub mod contradict;
 pub mod detector;
 pub mod engine;
 pub mod inputs;
+pub mod queueing;
 pub mod report;
+pub mod roots;
 pub mod scorecard;
 pub mod signal;
 pub mod store;
+pub mod warning;
 
 pub use engine::{Engine, EngineConfig};
 pub use report::{Cause, CauseScore, Diagnosis, Evidence, State, TargetDiagnosis};

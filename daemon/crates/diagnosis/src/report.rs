@@ -35,12 +35,18 @@ pub enum Cause {
     ErrorBurst,
     /// Restart, new version, new model.
     ServerChange,
+    /// The model server's cgroup at its CPU quota: CFS periods throttled.
+    CpuThrottling,
+    /// The node's CPUs contended (PSI cpu): a noisy neighbour.
+    NodeCpuPressure,
+    /// Memory: PSI memory, the cgroup near its limit, an OOM kill.
+    MemoryPressure,
     /// The symptom is real and nothing explains it.
     Unknown,
 }
 
 impl Cause {
-    pub const ALL: [Cause; 11] = [
+    pub const ALL: [Cause; 14] = [
         Cause::LoadSurge,
         Cause::ServerQueueing,
         Cause::KvCachePressure,
@@ -51,6 +57,9 @@ impl Cause {
         Cause::Network,
         Cause::ErrorBurst,
         Cause::ServerChange,
+        Cause::CpuThrottling,
+        Cause::NodeCpuPressure,
+        Cause::MemoryPressure,
         Cause::Unknown,
     ];
 
@@ -66,6 +75,9 @@ impl Cause {
             Cause::Network => "network",
             Cause::ErrorBurst => "error_burst",
             Cause::ServerChange => "server_change",
+            Cause::CpuThrottling => "cpu_throttling",
+            Cause::NodeCpuPressure => "node_cpu_pressure",
+            Cause::MemoryPressure => "memory_pressure",
             Cause::Unknown => "unknown",
         }
     }
@@ -84,6 +96,9 @@ pub enum State {
     Propagating,
     /// A cause reached the confirmation score (or `unknown` was concluded) (3).
     RootConfirmed,
+    /// No symptom, but a cause's hard rule holds (KV ≥ 0.95 with preemptions, throttle
+    /// reasons, a GPU fault): an early warning, never a page (4).
+    Warning,
 }
 
 impl State {
@@ -93,10 +108,11 @@ impl State {
             State::Triggered => "triggered",
             State::Propagating => "propagating",
             State::RootConfirmed => "root_confirmed",
+            State::Warning => "warning",
         }
     }
 
-    /// The gauge value: 0 idle, 1 triggered, 2 propagating, 3 root_confirmed.
+    /// The gauge value: 0 idle, 1 triggered, 2 propagating, 3 root_confirmed, 4 warning.
     pub fn code(self) -> u8 {
         self as u8
     }
@@ -131,6 +147,16 @@ pub struct TargetDiagnosis {
     /// Idle because no symptom series has a baseline yet: seconds held and needed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub baseline_wait: Option<BaselineWait>,
+    /// When confirmed with more than one root (each ≥ the confirmation score, none a child of
+    /// another in the cause graph): the roots in causal order (when their signals changed).
+    /// Empty for a single root.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roots: Vec<Cause>,
+    /// The share of scheduled canaries skipped since the onset because `max_in_flight`
+    /// canaries still ran (0..1): how much of the spike the canaries did not sample. `None`
+    /// when idle or not fed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canaries_skipped_share: Option<f64>,
 }
 
 /// How far the history is from a baseline (idle only).
@@ -211,8 +237,13 @@ pub struct TtftDecomposition {
     pub server_prefill_s: Option<f64>,
     /// Kernel RTT change × round trips (1: the request and the first chunk).
     pub network_s: Option<f64>,
-    /// What the parts leave unexplained.
+    /// What the parts leave unexplained, ≥ 0: when the parts add up to more than the extra
+    /// client TTFT, 0 and [`TtftDecomposition::note`] says by how much and why.
     pub unexplained_s: f64,
+    /// Why the parts do not add up, when they exceed the client's extra TTFT (the server's
+    /// means cover all its requests, the client's median its canaries).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// Unix seconds of `t` (0 before the epoch).

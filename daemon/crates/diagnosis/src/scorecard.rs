@@ -64,6 +64,13 @@ pub fn text(d: &Diagnosis) -> String {
                 );
             }
         }
+        if let Some(share) = t.canaries_skipped_share.filter(|s| *s > 0.0) {
+            let _ = writeln!(
+                o,
+                "  {:.0} % of scheduled canaries skipped since the onset (max_in_flight still running): the spike is sampled less",
+                share * 100.0
+            );
+        }
         if let Some(dec) = &t.ttft_decomposition {
             let part =
                 |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{:.0} ms", v * 1000.0));
@@ -76,6 +83,9 @@ pub fn text(d: &Diagnosis) -> String {
                 part(dec.network_s),
                 dec.unexplained_s * 1000.0
             );
+            if let Some(note) = &dec.note {
+                let _ = writeln!(o, "    ({note})");
+            }
         }
     }
     o

@@ -88,10 +88,28 @@ pub enum Signal {
     /// the store from the two token rates of each scrape, never observed directly): longer
     /// prompts raise it, more users of the same prompts do not.
     ServerPromptRatio,
+    // ---- Node and model-server cgroup (`node::NodeSampler`), one sample a second ----
+    /// PSI cpu `some` avg10 of the node, 0..1 (share of time some task waited for a CPU).
+    NodeCpuPressure,
+    /// PSI memory `some` avg10 of the node, 0..1.
+    NodeMemoryPressure,
+    /// PSI io `some` avg10 of the node, 0..1.
+    NodeIoPressure,
+    /// Share of the model server cgroup's CFS periods throttled (its CPU quota), 0..1.
+    CgroupCpuThrottled,
+    /// The model server cgroup's memory ÷ its limit, 0..1.
+    CgroupMemoryUsage,
+    /// OOM kills in the model server's cgroup (an event count).
+    CgroupOomKill,
+    /// The agent's own CPU use, cores (so the node is never blamed for the agent).
+    AgentCpu,
+    /// 1 for a scheduled canary skipped because `max_in_flight` canaries still ran, 0 for one
+    /// sent: the share of the spike the canaries did not see.
+    CanarySkipped,
 }
 
 impl Signal {
-    pub const ALL: [Signal; 29] = [
+    pub const ALL: [Signal; 37] = [
         Signal::Ttft,
         Signal::Tpot,
         Signal::E2e,
@@ -121,6 +139,14 @@ impl Signal {
         Signal::ServerDecodeTime,
         Signal::ServerChange,
         Signal::ServerPromptRatio,
+        Signal::NodeCpuPressure,
+        Signal::NodeMemoryPressure,
+        Signal::NodeIoPressure,
+        Signal::CgroupCpuThrottled,
+        Signal::CgroupMemoryUsage,
+        Signal::CgroupOomKill,
+        Signal::AgentCpu,
+        Signal::CanarySkipped,
     ];
 
     pub fn index(self) -> usize {
@@ -159,6 +185,14 @@ impl Signal {
             Signal::ServerDecodeTime => "server_decode_time",
             Signal::ServerChange => "server_change",
             Signal::ServerPromptRatio => "server_prompt_ratio",
+            Signal::NodeCpuPressure => "node_cpu_pressure",
+            Signal::NodeMemoryPressure => "node_memory_pressure",
+            Signal::NodeIoPressure => "node_io_pressure",
+            Signal::CgroupCpuThrottled => "cgroup_cpu_throttled",
+            Signal::CgroupMemoryUsage => "cgroup_memory_usage",
+            Signal::CgroupOomKill => "cgroup_oom_kill",
+            Signal::AgentCpu => "agent_cpu",
+            Signal::CanarySkipped => "canary_skipped",
         }
     }
 
@@ -199,6 +233,14 @@ impl Signal {
             Signal::ServerDecodeTime => "server decode time",
             Signal::ServerChange => "server changes",
             Signal::ServerPromptRatio => "prompt tokens per generated token",
+            Signal::NodeCpuPressure => "node CPU pressure (PSI some)",
+            Signal::NodeMemoryPressure => "node memory pressure (PSI some)",
+            Signal::NodeIoPressure => "node IO pressure (PSI some)",
+            Signal::CgroupCpuThrottled => "CPU periods throttled",
+            Signal::CgroupMemoryUsage => "memory used of its limit",
+            Signal::CgroupOomKill => "OOM kills",
+            Signal::AgentCpu => "agent CPU (cores)",
+            Signal::CanarySkipped => "canaries skipped at max_in_flight",
         }
     }
 
@@ -219,6 +261,7 @@ impl Signal {
             Signal::ServerPromptTokensRate | Signal::ServerGenerationTokensRate => "{token}/s",
             Signal::ServerRequestRate | Signal::ServerPreemptions => "1/s",
             Signal::ServerRequestsWaiting | Signal::ServerRequestsRunning => "{request}",
+            Signal::AgentCpu => "{cpu}",
             _ => "1",
         }
     }
@@ -227,7 +270,11 @@ impl Signal {
     pub fn aggregate(self) -> Aggregate {
         match self {
             Signal::Ttft | Signal::Tpot | Signal::E2e => Aggregate::P99,
-            Signal::GpuFault | Signal::NetRetransmits | Signal::ServerChange => Aggregate::Sum,
+            Signal::GpuFault
+            | Signal::NetRetransmits
+            | Signal::ServerChange
+            | Signal::CgroupOomKill => Aggregate::Sum,
+            Signal::CgroupMemoryUsage => Aggregate::Max,
             Signal::GpuThrottle
             | Signal::GpuMemoryUtilization
             | Signal::GpuForeignProcesses
@@ -256,6 +303,8 @@ impl Signal {
                 | Signal::NetRetransmits
                 | Signal::ServerPreemptions
                 | Signal::ServerChange
+                | Signal::CgroupOomKill
+                | Signal::CanarySkipped
         )
     }
 
@@ -289,6 +338,12 @@ impl Signal {
             Signal::ServerGenerationTokensRate => 20.0,
             Signal::ServerRequestRate => 0.2,
             Signal::ServerPromptRatio => 1.0,
+            Signal::NodeCpuPressure | Signal::NodeMemoryPressure | Signal::NodeIoPressure => 0.05,
+            Signal::CgroupCpuThrottled => 0.1,
+            Signal::CgroupMemoryUsage => 0.05,
+            Signal::CgroupOomKill => 0.5,
+            Signal::AgentCpu => 0.2,
+            Signal::CanarySkipped => 0.05,
         }
     }
 }

@@ -1,0 +1,209 @@
+//! What the server's own signals say against a cause: arrivals (not occupancy) for a load
+//! surge, the queue for server queueing. A cause its server contradicts scores below 0.5
+//! ([`CONTRADICTED_CAP`]) whatever else moved.
+//!
+//! - `load_surge` is more work **arriving**: the server's request counter or its prompt token
+//!   rate up, beyond how much a window of that length ordinarily wanders. Requests running (occupancy) rise as much when the server only
+//!   got slower (Little's law: L = λ W, and W grew): a KV squeeze, longer prefills, a slower
+//!   decode. Without an arrival rise a load surge is contradicted.
+//! - `server_queueing` is requests **waiting** behind a server that got slower: when every
+//!   scrape since the onset saw an empty queue (a server refusing everything with 503 queues
+//!   nothing), or the batch generated more tokens/s while they waited (a half-busy server's
+//!   ordinary congestion, or a surge: queued behind more work), it is contradicted.
+//!
+//! Pure: the caller passes the seconds.
+
+use super::report::Cause;
+use super::signal::Signal;
+use super::store::EvidenceStore;
+
+/// The highest score a contradicted cause keeps.
+pub const CONTRADICTED_CAP: f64 = 0.45;
+
+/// Arrival signals: more of them is more work at the server. The generated tokens/s are not
+/// among them: they are the batch's throughput, which rises with the occupancy whenever the
+/// batch has room (a random burst of long answers doubles it with no more requests arriving),
+/// and falls when the server only got slower.
+pub const ARRIVALS: [Signal; 2] = [Signal::ServerRequestRate, Signal::ServerPromptTokensRate];
+
+/// The mean of `s` over `[from, to)`, `None` without a sample.
+fn mean_in(store: &EvidenceStore, s: Signal, from: u32, to: u32) -> Option<f64> {
+    let (n, sum) = store
+        .series(s)?
+        .range(from, to)
+        .fold((0usize, 0.0), |(n, sum), (_, v)| (n + 1, sum + v));
+    (n > 0).then(|| sum / n as f64)
+}
+
+/// How many robust standard deviations of the ordinary variation of a window's mean a rise
+/// must be: a Poisson stream's own 20 s bursts are one or two, a surge is many.
+const RISE_SD: f64 = 3.0;
+
+/// The block the level and spread of an arrival signal are measured in (one symptom bucket).
+const BLOCK_S: u32 = 10;
+
+/// The ordinary level and spread of `s` over `[from, to)` for a window of `len` seconds: the
+/// median of its 10 s block means (robust to a warm-up burst at the agent's start) and
+/// 1.4826 · MAD of them ÷ √(len ÷ 10) (the spread of a window's mean). `None` with fewer
+/// than 3 blocks.
+fn level_and_spread(
+    store: &EvidenceStore,
+    s: Signal,
+    from: u32,
+    to: u32,
+    len: u32,
+) -> Option<(f64, f64)> {
+    let mut means = Vec::new();
+    let mut start = from;
+    while start.saturating_add(BLOCK_S) <= to {
+        if let Some(m) = mean_in(store, s, start, start + BLOCK_S) {
+            means.push(m);
+        }
+        start += BLOCK_S;
+    }
+    if means.len() < 3 {
+        return None;
+    }
+    let b = super::detector::Baseline::of(&mut means)?;
+    let blocks = (f64::from(len) / f64::from(BLOCK_S)).max(1.0);
+    Some((b.median, 1.4826 * b.mad / blocks.sqrt()))
+}
+
+/// What the arrivals did since `onset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrivals {
+    /// An arrival signal's mean rose ≥ 1.25 × and by its floor, or doubled (a small server's
+    /// rates sit below the floors, which are a vLLM's), and by [`RISE_SD`] times the ordinary
+    /// spread of a window's mean (a random burst of ordinary traffic is not a surge).
+    Rose,
+    /// Every arrival signal's mean stayed below 1.1 × its mean before: no more work came.
+    Flat,
+    /// Neither (a bursty counter, a small rise).
+    Unclear,
+}
+
+/// The arrivals since `onset`: each arrival signal's mean after the onset against its level
+/// over the 5 min before ([`level_and_spread`]; means of seconds: llama.cpp counts a request's
+/// tokens when it ends, so its seconds are bursts and zeros). `None` when the server exports none of them (the canary alone cannot
+/// tell).
+pub fn arrivals(store: &EvidenceStore, onset: u32, now: u32) -> Option<Arrivals> {
+    let mut seen = false;
+    let mut flat = true;
+    for s in ARRIVALS {
+        let (from, to) = (onset.saturating_sub(300), onset.saturating_sub(5));
+        let len = now.saturating_add(1).saturating_sub(onset);
+        let (Some((before, spread)), Some(after)) = (
+            level_and_spread(store, s, from, to, len),
+            mean_in(store, s, onset, now.saturating_add(1)),
+        ) else {
+            continue;
+        };
+        seen = true;
+        let significant = after - before >= RISE_SD * spread;
+        let ratio = if before > 0.0 {
+            after / before
+        } else if after > 0.0 {
+            f64::INFINITY
+        } else {
+            1.0
+        };
+        if ratio >= 1.25 && (after - before >= s.floor() || ratio >= 2.0) && significant {
+            return Some(Arrivals::Rose);
+        }
+        if ratio >= 1.1 {
+            flat = false;
+        }
+    }
+    seen.then_some(if flat {
+        Arrivals::Flat
+    } else {
+        Arrivals::Unclear
+    })
+}
+
+/// Whether the batch's throughput (generated tokens/s) was up while requests waited: its mean
+/// over the scrapes since `onset` that saw a request waiting (all scrapes since the onset when
+/// none did) against its level over the 5 min before, ≥ 1.1 × and [`RISE_SD`] spreads of a
+/// window that long. Requests that wait while the server generates more are queued behind more
+/// work (a full batch), not behind a server that got slower. `false` without the signal.
+pub fn throughput_rose(store: &EvidenceStore, onset: u32, now: u32) -> bool {
+    let s = Signal::ServerGenerationTokensRate;
+    let Some(gen_series) = store.series(s) else {
+        return false;
+    };
+    let to = now.saturating_add(1);
+    let waiting: Vec<u32> = store
+        .series(Signal::ServerRequestsWaiting)
+        .map(|w| {
+            w.range(onset, to)
+                .filter(|&(_, v)| v >= 1.0)
+                .map(|(t, _)| t)
+                .collect()
+        })
+        .unwrap_or_default();
+    let during: Vec<f64> = gen_series
+        .range(onset, to)
+        .filter(|(t, _)| waiting.is_empty() || waiting.contains(t))
+        .map(|(_, v)| v)
+        .collect();
+    if during.is_empty() {
+        return false;
+    }
+    let after = during.iter().sum::<f64>() / during.len() as f64;
+    let len = u32::try_from(during.len()).unwrap_or(u32::MAX);
+    let Some((before, spread)) = level_and_spread(
+        store,
+        s,
+        onset.saturating_sub(300),
+        onset.saturating_sub(5),
+        len,
+    ) else {
+        return false;
+    };
+    after >= 1.1 * before && after - before >= RISE_SD * spread
+}
+
+/// Whether arrivals rose since `onset` (`None` without arrival signals).
+pub fn arrivals_rose(store: &EvidenceStore, onset: u32, now: u32) -> Option<bool> {
+    arrivals(store, onset, now).map(|a| a == Arrivals::Rose)
+}
+
+/// Why the server contradicts `cause` since `onset`, in words; `None` when it does not (or
+/// cannot tell).
+pub fn contradiction(cause: Cause, store: &EvidenceStore, onset: u32, now: u32) -> Option<String> {
+    match cause {
+        Cause::LoadSurge => (arrivals(store, onset, now) == Some(Arrivals::Flat)).then(|| {
+            "no more arrivals (server requests/s and prompt tokens/s flat): the server got slower, not busier".to_owned()
+        }),
+        Cause::ServerQueueing => {
+            if throughput_rose(store, onset, now) {
+                return Some(
+                    "the batch generated more tokens/s while requests waited: queued behind more work, not behind a slower server".to_owned(),
+                );
+            }
+            let waiting = store.series(Signal::ServerRequestsWaiting)?;
+            let mut after = waiting.range(onset, now.saturating_add(1)).peekable();
+            after.peek()?;
+            after
+                .all(|(_, v)| v < 1.0)
+                .then(|| "no request waiting at any scrape since the onset".to_owned())
+        }
+        // The agent never blames the node for itself: when its own CPU use rose by half a core
+        // or more since the onset, the node's CPU pressure is (at least partly) the agent's.
+        Cause::NodeCpuPressure => {
+            let before = mean_in(
+                store,
+                Signal::AgentCpu,
+                onset.saturating_sub(300),
+                onset.saturating_sub(5),
+            )?;
+            let after = mean_in(store, Signal::AgentCpu, onset, now.saturating_add(1))?;
+            (after - before >= 0.5).then(|| {
+                format!(
+                    "the agent's own CPU use rose {before:.2} → {after:.2} cores: the pressure is the agent's"
+                )
+            })
+        }
+        _ => None,
+    }
+}

@@ -1,0 +1,106 @@
+//! Concurrent faults: more than one root confirmed at once (issue 28, item 3). A load surge
+//! that fills the KV cache is one root and its child; a network delay on a node whose GPU also
+//! throttles is two roots. Roots are the causes at or above the confirmation score, none a
+//! child of another in the cause graph, ranked by when their own signals changed (causal
+//! order). Pure.
+
+use super::report::{Cause, CauseScore, clock};
+
+/// The roots among `causes` (ranked, highest first): each ≥ `confirm`, not `unknown`, not a
+/// child of another root (`is_child(parent, child)`), in the order their earliest evidence
+/// changed (those without a change time last, by score). Empty or one: a single root.
+pub fn concurrent_roots(
+    causes: &[CauseScore],
+    confirm: f64,
+    is_child: impl Fn(Cause, Cause) -> bool,
+) -> Vec<(Cause, Option<f64>)> {
+    let strong: Vec<&CauseScore> = causes
+        .iter()
+        .filter(|c| c.score >= confirm && c.cause != Cause::Unknown)
+        .collect();
+    let mut roots: Vec<(Cause, Option<f64>)> = strong
+        .iter()
+        .filter(|c| !strong.iter().any(|p| is_child(p.cause, c.cause)))
+        .map(|c| {
+            let first = c
+                .evidence
+                .iter()
+                .filter_map(|e| e.changed_at_unix_s)
+                .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.min(t))));
+            (c.cause, first)
+        })
+        .collect();
+    roots.sort_by(|a, b| match (a.1, b.1) {
+        (Some(x), Some(y)) => x.total_cmp(&y),
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (None, None) => std::cmp::Ordering::Equal,
+    });
+    roots
+}
+
+/// "two causes: network (from 03:02:04), then gpu_throttling (from 03:02:30)".
+pub fn words(roots: &[(Cause, Option<f64>)]) -> String {
+    let n = match roots.len() {
+        2 => "two".to_owned(),
+        3 => "three".to_owned(),
+        k => k.to_string(),
+    };
+    let parts: Vec<String> = roots
+        .iter()
+        .map(|(c, at)| match at {
+            Some(t) => format!("{} (from {})", c.as_str(), clock(*t)),
+            None => c.as_str().to_owned(),
+        })
+        .collect();
+    format!("{n} causes: {}", parts.join(", then "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::diagnosis::report::Evidence;
+    use crate::diagnosis::signal::Signal;
+
+    fn cause(c: Cause, score: f64, at: Option<f64>) -> CauseScore {
+        CauseScore {
+            cause: c,
+            score,
+            evidence: vec![Evidence {
+                signal: Signal::Ttft,
+                before: 0.0,
+                after: 0.0,
+                peak: 0.0,
+                z: 0.0,
+                changed_at_unix_s: at,
+                lead_s: None,
+                rule: None,
+            }],
+        }
+    }
+
+    #[test]
+    fn two_independent_roots_in_causal_order_and_a_child_is_not_one() {
+        let causes = vec![
+            cause(Cause::GpuThrottling, 0.9, Some(130.0)),
+            cause(Cause::Network, 0.85, Some(100.0)),
+            cause(Cause::ServerQueueing, 0.8, Some(101.0)),
+            cause(Cause::LoadSurge, 0.6, Some(90.0)),
+        ];
+        let graph = |p: Cause, c: Cause| (p, c) == (Cause::Network, Cause::ServerQueueing);
+        let roots = concurrent_roots(&causes, 0.75, graph);
+        assert_eq!(
+            roots,
+            vec![
+                (Cause::Network, Some(100.0)),
+                (Cause::GpuThrottling, Some(130.0))
+            ]
+        );
+        assert_eq!(
+            words(&roots),
+            "two causes: network (from 00:01:40), then gpu_throttling (from 00:02:10)"
+        );
+        // One strong cause: a single root.
+        assert_eq!(concurrent_roots(&causes[..1], 0.75, graph).len(), 1);
+    }
+}

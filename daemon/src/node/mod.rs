@@ -1,0 +1,275 @@
+//! CPU and memory contention of the node and of each model server (issue 28): the agent-layer
+//! readers of `/proc` and `/sys` whose values the diagnosis receives (the engine does no IO).
+//!
+//! - [`psi`]: node pressure, `/proc/pressure/{cpu,memory,io}` (PSI `some`/`full` avg10, total).
+//! - [`cgroup`]: per model server, its cgroup's CFS throttling and memory (v2 and v1), found
+//!   from the target's process (plain host: the process listening on the target's port) or its
+//!   pod uid (Kubernetes: `TargetConfig.k8s`, a read-only hostPath `/sys/fs/cgroup`).
+//! - [`NodeSampler`]: one [`NodeSample`] a call (the agent: every second), with the agent's own
+//!   CPU use so the diagnosis never blames the node for the agent.
+//!
+//! Everything unreadable is absent (`None`), never 0: no PSI in the kernel, no cgroup found, a
+//! file the agent may not read.
+
+pub mod cgroup;
+pub mod psi;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::gpu::procs::listening_sockets;
+
+/// Where a target's model server runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeTarget {
+    pub name: String,
+    /// The port it serves (found in `/proc` on a plain host).
+    pub port: u16,
+    /// The pod uid (Kubernetes); its cgroup is found by it.
+    pub pod_uid: Option<String>,
+}
+
+/// The node targets of the agent's configured targets: a pod's by its uid; a plain host's by
+/// the process listening on its port, only when the target is on this host (a loopback
+/// address or `localhost`); a remote target gets none (its cgroup is not here).
+pub fn targets_of(targets: &[crate::config::TargetConfig]) -> Vec<NodeTarget> {
+    targets
+        .iter()
+        .filter_map(|t| {
+            let pod_uid = t
+                .k8s
+                .as_ref()
+                .map(|k| k.pod_uid.clone())
+                .filter(|u| !u.is_empty());
+            let local = t.host == "localhost"
+                || t.host
+                    .trim_matches(['[', ']'])
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback());
+            (pod_uid.is_some() || local).then(|| NodeTarget {
+                name: t.name.clone(),
+                port: t.port,
+                pod_uid,
+            })
+        })
+        .collect()
+}
+
+/// One target's cgroup values of a sample.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct TargetContention {
+    /// Share of CFS periods throttled since the previous sample (0..1).
+    pub cpu_throttled_share: Option<f64>,
+    /// `memory.current` ÷ `memory.max` (0..1); `None` without a limit.
+    pub memory_usage_ratio: Option<f64>,
+    /// OOM kills since the previous sample.
+    pub oom_kills: Option<u64>,
+}
+
+/// One sample of the node.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NodeSample {
+    /// PSI `some` avg10 shares (0..1).
+    pub cpu_some: Option<f64>,
+    pub memory_some: Option<f64>,
+    pub memory_full: Option<f64>,
+    pub io_some: Option<f64>,
+    /// The agent's own CPU use since the previous sample, cores.
+    pub agent_cpu_cores: Option<f64>,
+    pub targets: Vec<(String, TargetContention)>,
+}
+
+/// How often a target whose cgroup was not found is looked up again.
+const RETRY: Duration = Duration::from_secs(60);
+
+#[derive(Debug)]
+struct Tracked {
+    target: NodeTarget,
+    dirs: cgroup::CgroupDirs,
+    looked_up: Option<Instant>,
+    prev: Option<cgroup::CgroupReading>,
+}
+
+/// Samples the node and the targets' cgroups; keeps the previous readings for the deltas.
+#[derive(Debug)]
+pub struct NodeSampler {
+    proc_root: PathBuf,
+    cgroup_root: PathBuf,
+    targets: Vec<Tracked>,
+    prev_self: Option<(Instant, f64)>,
+    clk_tck: f64,
+}
+
+impl NodeSampler {
+    /// For `targets`, reading `proc_root` (`/proc`) and `cgroup_root` (`/sys/fs/cgroup`).
+    pub fn new(proc_root: &Path, cgroup_root: &Path, targets: Vec<NodeTarget>) -> Self {
+        // SAFETY: sysconf has no preconditions; a negative answer falls back to 100 Hz.
+        let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        Self {
+            proc_root: proc_root.to_path_buf(),
+            cgroup_root: cgroup_root.to_path_buf(),
+            targets: targets
+                .into_iter()
+                .map(|target| Tracked {
+                    target,
+                    dirs: cgroup::CgroupDirs::default(),
+                    looked_up: None,
+                    prev: None,
+                })
+                .collect(),
+            prev_self: None,
+            clk_tck: if tck > 0 { tck as f64 } else { 100.0 },
+        }
+    }
+
+    /// One sample at monotonic `now`.
+    pub fn sample(&mut self, now: Instant) -> NodeSample {
+        let p = psi::read(&self.proc_root);
+        let mut out = NodeSample {
+            cpu_some: p.cpu.and_then(|x| x.some).map(|l| l.avg10),
+            memory_some: p.memory.and_then(|x| x.some).map(|l| l.avg10),
+            memory_full: p.memory.and_then(|x| x.full).map(|l| l.avg10),
+            io_some: p.io.and_then(|x| x.some).map(|l| l.avg10),
+            agent_cpu_cores: None,
+            targets: Vec::with_capacity(self.targets.len()),
+        };
+        if let Some(cpu_s) = self_cpu_s(&self.proc_root, self.clk_tck) {
+            if let Some((at, prev)) = self.prev_self {
+                let dt = now.saturating_duration_since(at).as_secs_f64();
+                if dt > 0.0 && cpu_s >= prev {
+                    out.agent_cpu_cores = Some((cpu_s - prev) / dt);
+                }
+            }
+            self.prev_self = Some((now, cpu_s));
+        }
+        let (proc_root, cgroup_root) = (self.proc_root.clone(), self.cgroup_root.clone());
+        for t in &mut self.targets {
+            if t.dirs.is_empty() && t.looked_up.is_none_or(|at| now.duration_since(at) >= RETRY) {
+                t.looked_up = Some(now);
+                t.dirs = match &t.target.pod_uid {
+                    Some(uid) if !uid.is_empty() => cgroup::dirs_of_pod(&cgroup_root, uid),
+                    _ => pid_listening(&proc_root, t.target.port)
+                        .map(|pid| cgroup::dirs_of_pid(&proc_root, pid, &cgroup_root))
+                        .unwrap_or_default(),
+                };
+            }
+            if t.dirs.is_empty() {
+                continue;
+            }
+            let cur = cgroup::read(&t.dirs);
+            let c = TargetContention {
+                cpu_throttled_share: match (t.prev.and_then(|p| p.cpu), cur.cpu) {
+                    (Some(a), Some(b)) => cgroup::throttled_share(&a, &b),
+                    _ => None,
+                },
+                memory_usage_ratio: match (cur.memory_bytes, cur.memory_limit_bytes) {
+                    (Some(m), Some(l)) if l > 0 => Some((m as f64 / l as f64).min(1.0)),
+                    _ => None,
+                },
+                oom_kills: match (t.prev.and_then(|p| p.oom_kills), cur.oom_kills) {
+                    (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+                    _ => None,
+                },
+            };
+            if cur == cgroup::CgroupReading::default() {
+                // The cgroup went away (a restart): look it up again next time.
+                t.dirs = cgroup::CgroupDirs::default();
+                t.looked_up = None;
+            }
+            t.prev = Some(cur);
+            out.targets.push((t.target.name.clone(), c));
+        }
+        out
+    }
+}
+
+/// The agent's own CPU time, s (`/proc/self/stat` utime + stime, all threads).
+fn self_cpu_s(proc_root: &Path, clk_tck: f64) -> Option<f64> {
+    let stat = std::fs::read_to_string(proc_root.join("self/stat")).ok()?;
+    parse_stat_cpu_ticks(&stat).map(|t| t as f64 / clk_tck)
+}
+
+/// utime + stime (fields 14 and 15) of a `/proc/PID/stat` line, in clock ticks. The command
+/// (field 2) is in parentheses and may hold spaces: fields are counted after its last `)`.
+pub fn parse_stat_cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After ")": field 3 (state) is f[0], so field n is f[n - 3].
+    let utime: u64 = f.get(11)?.parse().ok()?;
+    let stime: u64 = f.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// The process holding the LISTEN socket of `port` in the agent's network namespace
+/// (`/proc/net/tcp{,6}`, then `/proc/*/fd` links `socket:[inode]`); `None` when not found.
+pub fn pid_listening(proc_root: &Path, port: u16) -> Option<u32> {
+    let mut inodes = Vec::new();
+    for table in ["net/tcp", "net/tcp6"] {
+        if let Ok(text) = std::fs::read_to_string(proc_root.join(table)) {
+            inodes.extend(
+                listening_sockets(&text)
+                    .filter(|(_, (p, _))| *p == port)
+                    .map(|(inode, _)| inode),
+            );
+        }
+    }
+    if inodes.is_empty() {
+        return None;
+    }
+    let want: Vec<String> = inodes.iter().map(|i| format!("socket:[{i}]")).collect();
+    for e in std::fs::read_dir(proc_root).ok()?.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(e.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if let Ok(link) = std::fs::read_link(fd.path())
+                && want.iter().any(|w| link.as_os_str() == w.as_str())
+            {
+                return Some(pid);
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_cpu_ticks_after_a_command_with_spaces() {
+        let stat =
+            "1234 (lm perf) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 8 0 100 0 0";
+        assert_eq!(parse_stat_cpu_ticks(stat), Some(300));
+        assert_eq!(parse_stat_cpu_ticks("garbage"), None);
+    }
+
+    #[test]
+    fn the_agent_reads_its_own_cpu_and_an_absent_root_gives_nothing() {
+        let mut s = NodeSampler::new(Path::new("/proc"), Path::new("/sys/fs/cgroup"), Vec::new());
+        let t0 = Instant::now();
+        s.sample(t0);
+        // Burn a little CPU so the delta is positive.
+        let mut x = 0u64;
+        for i in 0..3_000_000u64 {
+            x = x.wrapping_add(i * i);
+        }
+        std::hint::black_box(x);
+        let b = s.sample(t0 + Duration::from_secs(1));
+        assert!(b.agent_cpu_cores.is_some_and(|c| c >= 0.0), "{b:?}");
+        let mut none = NodeSampler::new(
+            Path::new("/nonexistent-proc"),
+            Path::new("/nonexistent-cgroup"),
+            vec![NodeTarget {
+                name: "t".into(),
+                port: 1,
+                pod_uid: None,
+            }],
+        );
+        let n = none.sample(t0);
+        assert_eq!(n, NodeSample::default());
+    }
+}
