@@ -10,6 +10,7 @@ pub mod peers;
 pub mod prometheus;
 pub mod promql;
 pub mod scripted;
+pub mod slot_server;
 pub mod spans;
 pub mod stream_server;
 
