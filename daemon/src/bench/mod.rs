@@ -27,6 +27,7 @@ pub mod rows;
 pub mod server;
 pub mod slots;
 pub mod stats;
+pub mod summary_csv;
 pub mod trace;
 pub mod vram;
 pub mod workload;
@@ -893,7 +894,7 @@ fn write_jsonl<T: Serialize>(path: &std::path::Path, rows: &[T]) -> std::io::Res
     std::fs::write(path, lines)
 }
 
-/// Writes `summary.json` and `report.html` (`requests.jsonl` is written as rows finish, see
+/// Writes `summary.json`, `summary.csv` ([`summary_csv`]) and `report.html` (`requests.jsonl` is written as rows finish, see
 /// [`rows`]); `sample`: the report's rows ([`rows::REPORT_SAMPLE`] per benchmark at most).
 fn write_outputs(
     dir: &std::path::Path,
@@ -906,6 +907,8 @@ fn write_outputs(
     };
     let text = serde_json::to_string_pretty(summary).map_err(|e| io(std::io::Error::other(e)))?;
     std::fs::write(dir.join("summary.json"), text + "\n").map_err(io)?;
+    let csv = summary_csv::render(&summary.benchmarks).map_err(|e| io(std::io::Error::other(e)))?;
+    std::fs::write(dir.join("summary.csv"), csv).map_err(io)?;
     std::fs::write(dir.join("report.html"), report::render(summary, sample)).map_err(io)
 }
 
