@@ -16,6 +16,7 @@ const DISTRIBUTIONS: &[&str] = &[
     "output_tokens",
     "prompt_tokens",
     "ttft_ms",
+    "ttfo_ms",
     "itl_ms",
     "tpot_ms",
     "e2el_ms",

@@ -309,6 +309,10 @@ pub struct BenchSummary {
     /// Requests per second meeting every `--goodput` SLO (null without SLOs).
     pub goodput: Option<f64>,
     pub ttft_ms: Option<Distribution>,
+    /// Time to first visible output (AIPerf's TTFO): send → first chunk with text or a tool
+    /// call, not reasoning (`requests.jsonl` `time_to_first_content_ms`); equal to TTFT for a
+    /// model that does not reason, later by its thinking for one that does.
+    pub ttfo_ms: Option<Distribution>,
     pub itl_ms: Option<Distribution>,
     pub tpot_ms: Option<Distribution>,
     pub e2el_ms: Option<Distribution>,

@@ -32,6 +32,7 @@ pub const SCALARS: &[&str] = &[
 /// The distributions ([`super::stats::Distribution`]), in column order.
 pub const DISTRIBUTIONS: &[&str] = &[
     "ttft_ms",
+    "ttfo_ms",
     "itl_ms",
     "tpot_ms",
     "e2el_ms",
