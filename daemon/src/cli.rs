@@ -372,7 +372,7 @@ fn find_rate_of(
     Ok(FindRate {
         slos,
         precision,
-        start_rate: request_rate.unwrap_or(1.0).min(max_rate),
+        start_rate: request_rate.map(|r| r.min(max_rate)),
         max_rate,
         step_requests,
     })

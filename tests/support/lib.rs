@@ -16,6 +16,7 @@ pub mod prometheus;
 pub mod promql;
 pub mod scripted;
 pub mod serial;
+pub mod slot_server;
 pub mod spans;
 pub mod stream_server;
 pub mod temp;

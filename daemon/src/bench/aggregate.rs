@@ -213,6 +213,7 @@ pub struct Summarizer {
     output_tokens_target_sum: f64,
     output_tokens_short: usize,
     ttft_ms: Accumulator,
+    ttfo_ms: Accumulator,
     itl_ms: Accumulator,
     tpot_ms: Accumulator,
     e2el_ms: Accumulator,
@@ -294,6 +295,9 @@ impl Summarizer {
         if let Some(v) = r.ttft_ms {
             self.ttft_ms.record(v);
         }
+        if let Some(v) = r.time_to_first_content_ms {
+            self.ttfo_ms.record(v);
+        }
         for v in &r.itl_ms {
             self.itl_ms.record(*v);
         }
@@ -317,6 +321,7 @@ impl Summarizer {
     pub fn histogram_bytes(&self) -> usize {
         [
             &self.ttft_ms,
+            &self.ttfo_ms,
             &self.itl_ms,
             &self.tpot_ms,
             &self.e2el_ms,
@@ -366,6 +371,7 @@ impl Summarizer {
             total_output_tokens: self.total_output_tokens,
             goodput,
             ttft_ms: self.ttft_ms.distribution(),
+            ttfo_ms: self.ttfo_ms.distribution(),
             itl_ms: self.itl_ms.distribution(),
             tpot_ms: self.tpot_ms.distribution(),
             e2el_ms: self.e2el_ms.distribution(),

@@ -8,6 +8,18 @@
 //! `(fail − pass) / pass ≤ precision`. The answer is the highest passing rate, so it is at
 //! most `precision` below the true limit.
 //!
+//! **Throughput probe** ([`Search::probed`], the default without a start rate; as GuideLLM's
+//! sweep sets its bounds with a throughput run first): one short closed-loop run at full
+//! concurrency ([`Next::Probe`]) measures the server's throughput `C`; no open-loop rate above
+//! it can be kept up. The bracket's top is then a tentative `C × (1 + `[`CEILING_MARGIN`]`)`
+//! and the first step is [`PROBE_START`]` × C`; bisection runs inside it. The tentative top is
+//! never an answer: a search that would stop against it measures it first, and if it passes
+//! (the probe understated the server) the search doubles from there as without a probe. Every
+//! step keeps the order-statistic length below, so a pass has the same guarantee either way;
+//! the probe only saves the doubling from a low start (each doubling step lasts `n / rate`).
+//! When the first step fails, the next steps down go by [`PROBE_START`] while above half the
+//! probe's throughput, then halve.
+//!
 //! **Step length (the order-statistic rule).** A step of `n` requests estimates the `q`
 //! quantile. Distribution-free, the `k`-th smallest of `n` values is an upper confidence bound
 //! of level `1 − α` for the `q` quantile when `P(Binomial(n, q) ≤ k − 1) ≥ 1 − α`. A step is
@@ -42,6 +54,13 @@ pub const LATENCY_RISE: f64 = 1.5;
 pub const MIN_RATE_DIVISOR: f64 = 16.0;
 /// Steps at most (bracketing and bisection together).
 pub const MAX_STEPS: usize = 24;
+/// The tentative bracket top after a throughput probe: this fraction above its throughput
+/// (the probe is short and closed loop: it may understate the server a little).
+pub const CEILING_MARGIN: f64 = 0.1;
+/// The first step after a throughput probe, as a fraction of its throughput (servers' knees
+/// lie between about 0.6 and 0.95 of their throughput; bisection from here takes the fewest
+/// steps over that span).
+pub const PROBE_START: f64 = 0.75;
 
 /// A latency metric an SLO bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -153,6 +172,10 @@ pub struct StepObservation {
     /// Completions per second over the step: (completed − 1) / (last end − first end), so
     /// the requests' own latency does not count as a slower rate.
     pub achieved_rate: f64,
+    /// The arrival rate the step's schedule realized: (sent − 1) / (last send − first send).
+    /// Poisson arrivals of n requests are ±1/√n off the offered rate (±4.6 % at 473), so
+    /// whether the server kept up is judged against this when present, not the offered rate.
+    pub sent_rate: Option<f64>,
     pub requests: usize,
     pub failed: usize,
     /// Successful requests' values per metric, milliseconds, any order.
@@ -205,6 +228,8 @@ impl SloCheck {
 pub struct Step {
     pub offered_rate: f64,
     pub achieved_rate: f64,
+    /// See [`StepObservation::sent_rate`].
+    pub sent_rate: Option<f64>,
     pub requests: usize,
     pub failed: usize,
     pub ttft_p50_ms: Option<f64>,
@@ -234,6 +259,9 @@ pub struct Capacity {
     pub knee_reasons: Vec<&'static str>,
     /// Every step in the order measured.
     pub steps: Vec<Step>,
+    /// Throughput of the closed-loop probe at full concurrency that set the bracket (req/s);
+    /// null without a probe (a start rate given) or when the probe completed nothing.
+    pub probe_rate: Option<f64>,
     /// Why the search stopped: `precision`, `max_steps`, `no_rate_passes`, `max_rate_cap`,
     /// `interrupted` (Ctrl-C: the steps measured so far).
     pub stopped: &'static str,
@@ -242,6 +270,11 @@ pub struct Capacity {
 /// What to do next.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Next {
+    /// Measure the throughput of `requests` requests all due at once (closed loop at full
+    /// concurrency); feed it with [`Search::feed_probe`].
+    Probe {
+        requests: usize,
+    },
     /// Measure `requests` requests offered at `rate` req/s.
     Measure {
         rate: f64,
@@ -263,6 +296,20 @@ pub struct Search {
     fail: Option<f64>,
     steps: Vec<Step>,
     stopped: Option<&'static str>,
+    probe: Probe,
+}
+
+/// Where the throughput probe stands.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Probe {
+    /// No probe (a start rate given).
+    None,
+    Pending,
+    /// Its throughput (req/s) when it completed anything; the tentative bracket top.
+    Done {
+        rate: Option<f64>,
+        ceiling: Option<f64>,
+    },
 }
 
 fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
@@ -299,7 +346,35 @@ impl Search {
             fail: None,
             steps: Vec::new(),
             stopped: None,
+            probe: Probe::None,
         }
+    }
+
+    /// A search that starts with a throughput probe ([`Next::Probe`]) and brackets from it
+    /// (see the module doc); without a usable probe it starts at `fallback_start` req/s.
+    pub fn probed(
+        slos: Vec<Slo>,
+        precision: f64,
+        fallback_start: f64,
+        max_rate: f64,
+        requests: Option<usize>,
+    ) -> Self {
+        Self {
+            probe: Probe::Pending,
+            ..Self::new(slos, precision, fallback_start, max_rate, requests)
+        }
+    }
+
+    /// Feeds the probe's throughput (completions per second; `None` or not positive when it
+    /// completed nothing: the search then starts at its fallback rate).
+    pub fn feed_probe(&mut self, throughput: Option<f64>) {
+        let rate = throughput.filter(|r| r.is_finite() && *r > 0.0);
+        let ceiling = rate.map(|r| (r * (1.0 + CEILING_MARGIN)).min(self.max_rate));
+        if let Some(r) = rate {
+            self.start = (r * PROBE_START).min(self.max_rate);
+            self.min_rate = self.start / MIN_RATE_DIVISOR;
+        }
+        self.probe = Probe::Done { rate, ceiling };
     }
 
     /// Fraction of the offered rate the achieved rate must reach.
@@ -317,10 +392,33 @@ impl Search {
         if self.stopped.is_some() {
             return Next::Done;
         }
+        if self.probe == Probe::Pending {
+            return Next::Probe {
+                requests: self.requests,
+            };
+        }
+        // The probe's tentative top while no measured failure and no pass reached it.
+        let ceiling = match self.probe {
+            Probe::Done {
+                ceiling: Some(c), ..
+            } if self.pass.is_none_or(|p| p < c) => Some(c),
+            _ => None,
+        };
         let rate = match (self.pass, self.fail) {
             (None, None) => self.start,
-            (Some(p), None) => (p * 2.0).min(self.max_rate),
-            (None, Some(f)) => f / 2.0,
+            (Some(p), None) => match ceiling {
+                // Close enough to the tentative top: measure it (an answer needs a measured
+                // failure above it).
+                Some(c) if (c - p) / p <= self.precision => c,
+                Some(c) => (p * c).sqrt(),
+                None => (p * 2.0).min(self.max_rate),
+            },
+            // Below the probe's first step: down by its fraction while near the probe's
+            // throughput (a server's SLO limit usually is), halving further down.
+            (None, Some(f)) => match self.probe {
+                Probe::Done { rate: Some(c), .. } if f >= 0.5 * c => f * PROBE_START,
+                _ => f / 2.0,
+            },
             // Geometric midpoint: the bracket's ratio halves in log steps.
             (Some(p), Some(f)) => (p * f).sqrt(),
         };
@@ -351,13 +449,15 @@ impl Search {
                 holds: upper.is_some_and(|u| u <= s.limit_ms),
             });
         }
-        let kept_up = obs.achieved_rate >= self.achieved_floor() * obs.offered_rate;
+        let kept_up =
+            obs.achieved_rate >= self.achieved_floor() * obs.sent_rate.unwrap_or(obs.offered_rate);
         let passed = obs.failed == 0 && kept_up && slos.iter().all(|c| c.holds);
         let mut ttft = obs.ttft_ms.clone();
         ttft.sort_by(f64::total_cmp);
         let step = Step {
             offered_rate: obs.offered_rate,
             achieved_rate: obs.achieved_rate,
+            sent_rate: obs.sent_rate,
             requests: obs.requests,
             failed: obs.failed,
             ttft_p50_ms: quantile(&ttft, 0.5),
@@ -395,7 +495,7 @@ impl Search {
         let base = order.first().and_then(|&i| steps[i].ttft_p50_ms);
         for &i in &order {
             let s = &mut steps[i];
-            if s.achieved_rate < self.achieved_floor() * s.offered_rate {
+            if s.achieved_rate < self.achieved_floor() * s.sent_rate.unwrap_or(s.offered_rate) {
                 s.queueing.push("achieved_behind_offered");
             }
             if let (Some(b), Some(v)) = (base, s.ttft_p50_ms)
@@ -425,6 +525,10 @@ impl Search {
             knee_rate: knee.map(|s| s.offered_rate),
             knee_reasons: knee.map(|s| s.queueing.clone()).unwrap_or_default(),
             steps,
+            probe_rate: match self.probe {
+                Probe::Done { rate, .. } => rate,
+                Probe::None | Probe::Pending => None,
+            },
             stopped: self.stopped.unwrap_or("running"),
         }
     }
@@ -519,6 +623,104 @@ mod tests {
             );
             assert!(steps < 16, "{steps}");
         }
+    }
+
+    /// Runs a search against [`observe`]'s server of capacity `cap`, the probe reading
+    /// `probe`; the steps' rates in order.
+    fn run_probed(cap: f64, probe: Option<f64>) -> (Capacity, Vec<f64>) {
+        let mut s = Search::probed(
+            vec![Slo::parse("ttft_p99:100ms").unwrap()],
+            0.05,
+            1.0,
+            1e6,
+            None,
+        );
+        let mut rates = Vec::new();
+        let mut probes = 0;
+        loop {
+            match s.next() {
+                Next::Probe { requests } => {
+                    assert_eq!(requests, 473);
+                    probes += 1;
+                    s.feed_probe(probe);
+                }
+                Next::Measure { rate, requests } => {
+                    assert_eq!(requests, 473, "every step keeps the p99 rule's length");
+                    rates.push(rate);
+                    s.feed(observe(rate, requests, cap));
+                }
+                Next::Done => break,
+            }
+        }
+        assert_eq!(probes, 1);
+        (s.result(), rates)
+    }
+
+    /// The probe's throughput sets the bracket: a few steps, all near the capacity, none of
+    /// the doubling from 1 req/s; the answer as precise as without the probe.
+    #[test]
+    fn a_throughput_probe_brackets_in_a_few_steps() {
+        for cap in [40.0, 3.3, 1234.0] {
+            let (c, rates) = run_probed(cap, Some(cap * 1.02));
+            let max = c.max_rate.unwrap();
+            assert_eq!(c.stopped, "precision", "{rates:?}");
+            assert!(
+                (max - cap).abs() <= 0.05 * cap,
+                "cap {cap}: {max} {rates:?}"
+            );
+            assert!(rates.len() <= 5, "cap {cap}: {rates:?}");
+            assert!(rates.iter().all(|r| *r >= 0.7 * cap), "{rates:?}");
+            assert_eq!(c.probe_rate, Some(cap * 1.02));
+            assert!(c.failing_rate.unwrap() > cap);
+        }
+    }
+
+    /// A probe that understates the server (its top passes: measured, then doubling) or
+    /// completed nothing (the fallback start) still ends at the capacity.
+    #[test]
+    fn a_wrong_or_empty_probe_still_finds_the_capacity() {
+        for probe in [Some(10.0), Some(200.0), None] {
+            let (c, rates) = run_probed(80.0, probe);
+            let max = c.max_rate.unwrap();
+            assert!(
+                (max - 80.0).abs() <= 4.0,
+                "probe {probe:?}: {max} {rates:?}"
+            );
+            assert_eq!(c.stopped, "precision");
+            // The tentative top is never the answer's failing rate unless measured.
+            assert!(
+                rates.iter().any(|r| *r == c.failing_rate.unwrap()),
+                "{rates:?}"
+            );
+        }
+        assert_eq!(run_probed(80.0, None).0.probe_rate, None);
+    }
+
+    /// Poisson arrivals that came slower than offered do not count as the server falling
+    /// behind: the verdict compares completions with the rate actually sent.
+    #[test]
+    fn kept_up_is_judged_against_the_sent_rate() {
+        let mut s = Search::new(
+            vec![Slo::parse("ttft_p90:100ms").unwrap()],
+            0.05,
+            10.0,
+            1e6,
+            None,
+        );
+        s.feed(StepObservation {
+            achieved_rate: 9.2,
+            sent_rate: Some(9.25),
+            ..observe(10.0, 46, 100.0)
+        });
+        s.feed(StepObservation {
+            achieved_rate: 9.2,
+            ..observe(10.0, 46, 100.0)
+        });
+        let c = s.result();
+        assert_eq!(
+            c.steps.iter().map(|s| s.passed).collect::<Vec<_>>(),
+            [true, false]
+        );
     }
 
     #[test]

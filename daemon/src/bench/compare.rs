@@ -90,8 +90,9 @@ pub struct CompareGate {
 
 /// Statistics of each latency metric, in this order.
 const STATS: [&str; 4] = ["mean", "p50", "p90", "p99"];
-/// Latency metrics (`requests.jsonl` fields without `_ms`).
-const LATENCIES: [&str; 4] = ["ttft", "itl", "tpot", "e2el"];
+/// Latency metrics (`requests.jsonl` fields without `_ms`; `ttfo`: time to first visible
+/// output, `time_to_first_content_ms`, last so the other metrics' resamples stay as they were).
+const LATENCIES: [&str; 5] = ["ttft", "itl", "tpot", "e2el", "ttfo"];
 /// Run-level metrics.
 const RATES: [(&str, &str, Better); 3] = [
     ("request_throughput", "req/s", Better::Higher),
@@ -234,6 +235,9 @@ struct Req {
     repeat: usize,
     send_ms: f64,
     ttft_ms: Option<f64>,
+    /// TTFO; absent in runs of versions before it (its metrics are then null).
+    #[serde(default)]
+    time_to_first_content_ms: Option<f64>,
     #[serde(default)]
     itl_ms: Vec<f64>,
     tpot_ms: Option<f64>,
@@ -613,6 +617,7 @@ fn latency_values(b: &Bench, metric: &str) -> Clustered {
     let one = |v: Option<f64>| v.map_or_else(Vec::new, |v| vec![v]);
     let groups: Vec<Vec<f64>> = match metric {
         "ttft" => ok.map(|r| one(r.ttft_ms)).collect(),
+        "ttfo" => ok.map(|r| one(r.time_to_first_content_ms)).collect(),
         "itl" => ok.map(|r| r.itl_ms.clone()).collect(),
         "tpot" => ok.map(|r| one(r.tpot_ms)).collect(),
         _ => ok.map(|r| vec![r.e2el_ms]).collect(),

@@ -13,6 +13,10 @@ use crate::fmt;
 
 /// Highest rate the search offers without `--max-rate`, req/s.
 pub const DEFAULT_MAX_RATE: f64 = 10_000.0;
+/// Mixed into `--seed` for the throughput probe's prompts.
+const PROBE_SEED: u64 = 0x5052_4F42_4500_0001;
+/// Where the search starts when the throughput probe completed nothing, req/s.
+pub const FALLBACK_START_RATE: f64 = 1.0;
 
 /// `--find-max-rate` settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -20,8 +24,9 @@ pub struct FindRate {
     pub slos: Vec<Slo>,
     /// `--precision`: 0.05 for 5 %.
     pub precision: f64,
-    /// First rate tried (`--request-rate` when finite, else 1 req/s).
-    pub start_rate: f64,
+    /// First rate tried (`--request-rate` when finite); `None`: a throughput probe at full
+    /// concurrency sets the bracket first ([`Search::probed`]).
+    pub start_rate: Option<f64>,
     /// `--max-rate`: the search offers no more.
     pub max_rate: f64,
     /// `--step-requests`: overrides the order-statistic rule (fewer makes the p99 less sure).
@@ -46,13 +51,22 @@ pub(super) async fn search(
     out: &mut rows::RunRows,
     stop: &tokio_util::sync::CancellationToken,
 ) -> Result<(Vec<BenchSummary>, Capacity, Option<String>), BenchError> {
-    let mut s = Search::new(
-        f.slos.clone(),
-        f.precision,
-        f.start_rate,
-        f.max_rate,
-        f.step_requests,
-    );
+    let mut s = match f.start_rate {
+        Some(start) => Search::new(
+            f.slos.clone(),
+            f.precision,
+            start,
+            f.max_rate,
+            f.step_requests,
+        ),
+        None => Search::probed(
+            f.slos.clone(),
+            f.precision,
+            FALLBACK_START_RATE.min(f.max_rate),
+            f.max_rate,
+            f.step_requests,
+        ),
+    };
     let concurrency = spec.concurrencies.iter().copied().max().unwrap_or(1);
     let input_len = spec.input_lengths.first().copied().unwrap_or(128);
     let mut benchmarks = Vec::new();
@@ -68,14 +82,30 @@ pub(super) async fn search(
         );
     }
     let mut i = 0u64;
-    while let Next::Measure { rate, requests } = s.next() {
+    loop {
+        let (rate, requests) = match s.next() {
+            Next::Done => break,
+            Next::Probe { requests } => (None, requests),
+            Next::Measure { rate, requests } => (Some(rate), requests),
+        };
         let mut sp = spec.clone();
-        sp.request_rate = Some(rate);
+        sp.request_rate = rate;
         sp.num_prompts = requests;
-        let seed = spec.seed ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        // The probe's prompts are its own (a prefix cache must not carry them into step 0).
+        let seed = match rate {
+            Some(_) => spec.seed ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            None => spec.seed ^ PROBE_SEED,
+        };
         let items = feed::ItemSource::new(&sp, tok, requests, input_len, seed);
-        let schedule = feed::Schedule::new(&sp, items.len(), seed)?;
-        let name = format!("step{i}_r{rate:.3}");
+        let schedule = match rate {
+            Some(_) => feed::Schedule::new(&sp, items.len(), seed)?,
+            // The probe: everything due at once, the concurrency the only limit.
+            None => feed::Schedule::zero(items.len()),
+        };
+        let name = match rate {
+            Some(rate) => format!("step{i}_r{rate:.3}"),
+            None => format!("probe_c{concurrency}"),
+        };
         let mut rows = Vec::with_capacity(items.len());
         let mut push = |r| rows.push(r);
         let step = one_benchmark(
@@ -100,17 +130,29 @@ pub(super) async fn search(
         }
         let b = summarize(&sp, &name, concurrency, input_len, &rows);
         let ok: Vec<&RequestRow> = rows.iter().filter(|r| r.outcome == "ok").collect();
-        let mut ends: Vec<f64> = ok.iter().map(|r| r.send_ms + r.e2el_ms).collect();
-        ends.sort_by(f64::total_cmp);
-        let achieved_rate = match (ends.first(), ends.last()) {
-            (Some(a), Some(z)) if ends.len() > 1 && z > a => {
-                (ends.len() - 1) as f64 / ((z - a) / 1000.0)
+        let achieved_rate = rate_of(ok.iter().map(|r| r.send_ms + r.e2el_ms).collect());
+        let Some(rate) = rate else {
+            // Completed over first send to last end: requests all due at once end in waves
+            // of the server's batch, so the span between ends alone overstates the rate.
+            let throughput = Some(b.request_throughput);
+            s.feed_probe(throughput);
+            if spec.progress {
+                eprintln!(
+                    "lmperf run: throughput probe ({} requests at concurrency {concurrency}): {}",
+                    rows.len(),
+                    throughput.map_or("nothing completed".to_owned(), |t| fmt::rate(t, "req/s"))
+                );
             }
-            _ => b.request_throughput,
+            out.begin();
+            rows.into_iter().for_each(|r| out.push(r));
+            out.commit();
+            benchmarks.push(b);
+            continue;
         };
         let obs = StepObservation {
             offered_rate: rate,
-            achieved_rate,
+            achieved_rate: achieved_rate.unwrap_or(b.request_throughput),
+            sent_rate: rate_of(rows.iter().map(|r| r.send_ms).collect()),
             requests: rows.len(),
             failed: rows.len() - ok.len(),
             ttft_ms: ok.iter().filter_map(|r| r.ttft_ms).collect(),
@@ -152,4 +194,17 @@ pub(super) async fn search(
         );
     }
     Ok((benchmarks, c, None))
+}
+
+/// Events per second of instants (ms, any order): (count − 1) / (last − first); `None` with
+/// fewer than two or no span. Of completions: the requests' own latency does not count as a
+/// slower rate; of sends: the rate a schedule realized.
+fn rate_of(mut ms: Vec<f64>) -> Option<f64> {
+    ms.sort_by(f64::total_cmp);
+    match (ms.first(), ms.last()) {
+        (Some(a), Some(z)) if ms.len() > 1 && z > a => {
+            Some((ms.len() - 1) as f64 / ((z - a) / 1000.0))
+        }
+        _ => None,
+    }
 }

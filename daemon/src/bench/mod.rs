@@ -27,6 +27,7 @@ pub mod rows;
 pub mod server;
 pub mod slots;
 pub mod stats;
+pub mod summary_csv;
 pub mod tokens;
 pub mod trace;
 pub mod vram;
@@ -309,6 +310,10 @@ pub struct BenchSummary {
     /// Requests per second meeting every `--goodput` SLO (null without SLOs).
     pub goodput: Option<f64>,
     pub ttft_ms: Option<Distribution>,
+    /// Time to first visible output (AIPerf's TTFO): send → first chunk with text or a tool
+    /// call, not reasoning (`requests.jsonl` `time_to_first_content_ms`); equal to TTFT for a
+    /// model that does not reason, later by its thinking for one that does.
+    pub ttfo_ms: Option<Distribution>,
     pub itl_ms: Option<Distribution>,
     pub tpot_ms: Option<Distribution>,
     pub e2el_ms: Option<Distribution>,
@@ -901,7 +906,7 @@ fn write_jsonl<T: Serialize>(path: &std::path::Path, rows: &[T]) -> std::io::Res
     std::fs::write(path, lines)
 }
 
-/// Writes `summary.json` and `report.html` (`requests.jsonl` is written as rows finish, see
+/// Writes `summary.json`, `summary.csv` ([`summary_csv`]) and `report.html` (`requests.jsonl` is written as rows finish, see
 /// [`rows`]); `sample`: the report's rows ([`rows::REPORT_SAMPLE`] per benchmark at most).
 fn write_outputs(
     dir: &std::path::Path,
@@ -914,6 +919,8 @@ fn write_outputs(
     };
     let text = serde_json::to_string_pretty(summary).map_err(|e| io(std::io::Error::other(e)))?;
     std::fs::write(dir.join("summary.json"), text + "\n").map_err(io)?;
+    let csv = summary_csv::render(&summary.benchmarks).map_err(|e| io(std::io::Error::other(e)))?;
+    std::fs::write(dir.join("summary.csv"), csv).map_err(io)?;
     std::fs::write(dir.join("report.html"), report::render(summary, sample)).map_err(io)
 }
 

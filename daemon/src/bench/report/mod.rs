@@ -335,6 +335,12 @@ fn benchmarks_table(summary: &Summary) -> String {
         time_column("TTFT p99", "ttft_ms/p99", bs, |b| {
             b.ttft_ms.as_ref().map(|d| d.p99)
         }),
+        time_column("TTFO p50", "ttfo_ms/p50", bs, |b| {
+            b.ttfo_ms.as_ref().map(|d| d.p50)
+        }),
+        time_column("TTFO p99", "ttfo_ms/p99", bs, |b| {
+            b.ttfo_ms.as_ref().map(|d| d.p99)
+        }),
         time_column("ITL p50", "itl_ms/p50", bs, |b| {
             b.itl_ms.as_ref().map(|d| d.p50)
         }),
