@@ -6,14 +6,17 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use lmperf_e2e::agent::lmperf_bin;
+use lmperf_e2e::serial;
 use lmperf_e2e::slot_server::k_slot_server;
+use lmperf_e2e::temp;
 use serde_json::Value;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_search_answers_fast_from_a_throughput_probe() {
+    // Its rates are held by this machine's CPUs: one timing test at a time.
+    let _serial = serial::lock().await;
     let (url, held) = k_slot_server(4, Duration::from_millis(100)).await;
-    let dir = std::env::temp_dir().join(format!("lmperf-capacity-fast-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = temp::dir("capacity-fast");
     let d = dir.clone();
     let (wall, err) = tokio::task::spawn_blocking(move || {
         let t0 = Instant::now();
