@@ -53,25 +53,30 @@ fn state() -> AdminState {
         .iter()
         .map(|t| Arc::new(TargetState::new(t)))
         .collect();
+    let targets = Arc::new(lmperf::live_list::LiveList::new(targets));
     lmperf::status::register_spike_gauge(&telemetry.meter(), targets.clone());
-    targets[0].record(&RequestSummary {
-        source: "canary",
-        target: "127.0.0.1:9".to_owned(),
-        model: "m".to_owned(),
-        at_unix_s: 1_700_000_000.0,
-        outcome: "ok",
-        error_type: None,
-        http_status: Some(200),
-        ttft_ms: Some(12.5),
-        tpot_ms: Some(3.0),
-        e2e_ms: 40.0,
-        input_tokens: Some(8),
-        output_tokens: Some(10),
-        trace_id: "0af7651916cd43dd8448eb211c80319c".to_owned(),
-        retries: 0,
-        load_id: None,
-        profile_revision: None,
-    });
+    targets
+        .iter()
+        .next()
+        .expect("one target")
+        .record(&RequestSummary {
+            source: "canary",
+            target: "127.0.0.1:9".to_owned(),
+            model: "m".to_owned(),
+            at_unix_s: 1_700_000_000.0,
+            outcome: "ok",
+            error_type: None,
+            http_status: Some(200),
+            ttft_ms: Some(12.5),
+            tpot_ms: Some(3.0),
+            e2e_ms: 40.0,
+            input_tokens: Some(8),
+            output_tokens: Some(10),
+            trace_id: "0af7651916cd43dd8448eb211c80319c".to_owned(),
+            retries: 0,
+            load_id: None,
+            profile_revision: None,
+        });
     let names: Vec<String> = cfg.targets.iter().map(|t| t.name.clone()).collect();
     let status = Arc::new(AgentStatus {
         targets,
@@ -87,6 +92,8 @@ fn state() -> AdminState {
             names,
         )),
         server: Arc::new(lmperf::server::state::ServerState::default()),
+        discovery: Default::default(),
+        reload: Default::default(),
     });
     AdminState { status, telemetry }
 }
@@ -178,7 +185,13 @@ async fn metrics_is_prometheus_text_of_the_meter() {
         Some(0.0),
         "{body}"
     );
-    s.status.targets[0].spike.store(true, Ordering::Relaxed);
+    s.status
+        .targets
+        .iter()
+        .next()
+        .expect("one target")
+        .spike
+        .store(true, Ordering::Relaxed);
     let (_, _, body) = get(&s, "/metrics").await;
     assert_eq!(
         prom_text::first(

@@ -283,10 +283,11 @@ impl LiveDiagnosis {
     /// Feeds one node sample taken at `at` (see [`node_signals`]).
     pub fn feed_node(&self, at: SystemTime, sample: &crate::node::NodeSample) {
         let (node, targets) = node_signals(sample);
+        let names = self.target_names();
         let Ok(mut e) = self.engine.lock() else {
             return;
         };
-        for t in &self.targets {
+        for t in &names {
             for &(s, v) in &node {
                 e.observe(t, s, at, v);
             }

@@ -315,14 +315,14 @@ pub struct AgentStatus {
 /// `lmperf.sampling.spike{lmperf.target}` on `meter`: 1 while a target is in spike mode.
 pub fn register_spike_gauge(
     meter: &opentelemetry::metrics::Meter,
-    targets: Vec<std::sync::Arc<TargetState>>,
+    targets: std::sync::Arc<crate::live_list::LiveList<TargetState>>,
 ) {
     use crate::telemetry::names;
     let _gauge = meter
         .u64_observable_gauge(names::METRIC_SAMPLING_SPIKE)
         .with_description("1 while the target is in spike mode (every span kept), else 0.")
         .with_callback(move |obs| {
-            for t in &targets {
+            for t in targets.iter() {
                 obs.observe(
                     u64::from(t.spike.load(Ordering::Relaxed)),
                     &[opentelemetry::KeyValue::new(

@@ -16,8 +16,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp, LogNormal};
 
-use super::episode::{Episode, FORMAT};
-use super::synth::{START_UNIX_S, TARGET};
+use super::episode::{Episode, FORMAT, START_UNIX_S, TARGET};
 use crate::diagnosis::Signal;
 
 /// The server and the traffic of a busy episode.

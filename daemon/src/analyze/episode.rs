@@ -269,3 +269,8 @@ pub fn replay(ep: &Episode, config: EngineConfig) -> Outcome {
     });
     out
 }
+
+/// Unix second of every synthetic episode's start (`synth`, `busy`) (2023-11-14T22:13:20Z).
+pub const START_UNIX_S: f64 = 1_700_000_000.0;
+/// The target name of synthetic episodes.
+pub const TARGET: &str = "vllm-0";

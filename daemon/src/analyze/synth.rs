@@ -18,10 +18,7 @@ use crate::diagnosis::{Cause, Signal};
 pub const CALM_S: f64 = 360.0;
 /// Seconds of the fault.
 pub const FAULT_S: f64 = 240.0;
-/// Unix second of every synthetic episode's start (2023-11-14T22:13:20Z).
-pub const START_UNIX_S: f64 = 1_700_000_000.0;
-/// The target name of synthetic episodes.
-pub const TARGET: &str = "vllm-0";
+pub use super::episode::{START_UNIX_S, TARGET};
 
 /// `mild` or `strong`. Both make a P99 spike (the symptom the on-call is paged for): `mild`
 /// about 1.6–2 × the calm p99 of the latency the fault moves, `strong` 2.5 × and more (and, for

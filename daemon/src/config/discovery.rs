@@ -9,8 +9,6 @@
 //! source = "auto"                # auto | apiserver | kubelet
 //! ```
 
-use serde::Deserialize;
-
 use super::raw::{RawCanary, RawDiscovery};
 use super::{ConfigError, Env, Secret, TargetConfig};
 
@@ -239,7 +237,7 @@ mod tests {
     }
 
     fn parse(text: &str) -> RawDiscovery {
-        #[derive(Deserialize)]
+        #[derive(serde::Deserialize)]
         struct W {
             discovery: RawDiscovery,
         }

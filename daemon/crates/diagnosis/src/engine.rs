@@ -938,6 +938,7 @@ fn score(
                     changed_at_unix_s: None,
                     lead_s: None,
                     rule: Some(format!("contradicted: {why}")),
+                    hw_ids: Vec::new(),
                 },
             ));
         }

@@ -54,6 +54,7 @@ pub fn queue_explains(store: &EvidenceStore, from: u32, now: u32) -> Option<Evid
             rule: Some(format!(
                 "{w:.0} request(s) waiting at the server's scrapes during the symptom: the canaries queued behind its traffic (ordinary queueing, no change of the queue itself)"
             )),
+            hw_ids: Vec::new(),
         });
     }
     let floor = Signal::ServerQueueTime.floor();
@@ -70,5 +71,6 @@ pub fn queue_explains(store: &EvidenceStore, from: u32, now: u32) -> Option<Evid
             "server queue time {:.0} ms during the symptom: the canaries queued behind its traffic (ordinary queueing)",
             q * 1e3
         )),
+        hw_ids: Vec::new(),
     })
 }

@@ -59,8 +59,8 @@ pub fn words(roots: &[(Cause, Option<f64>)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::diagnosis::report::Evidence;
-    use crate::diagnosis::signal::Signal;
+    use crate::report::Evidence;
+    use crate::signal::Signal;
 
     fn cause(c: Cause, score: f64, at: Option<f64>) -> CauseScore {
         CauseScore {
@@ -75,6 +75,7 @@ mod tests {
                 changed_at_unix_s: at,
                 lead_s: None,
                 rule: None,
+                hw_ids: Vec::new(),
             }],
         }
     }

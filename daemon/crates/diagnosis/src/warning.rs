@@ -55,6 +55,7 @@ fn evidence(store: &EvidenceStore, s: Signal, from: u32, to: u32, rule: String) 
         changed_at_unix_s: values(store, s, from, to).first().map(|p| f64::from(p.0)),
         lead_s: None,
         rule: Some(rule),
+        hw_ids: Vec::new(),
     }
 }
 
