@@ -19,12 +19,19 @@ use std::time::{Duration, Instant, SystemTime};
 use fake_opentelemetry_collector::FakeCollectorServer;
 use lmperf_e2e::agent::{Agent, workspace_root};
 use lmperf_e2e::fake_nvml;
+use lmperf_e2e::pod_resources::{Answer, Held, PodResourcesServer};
 use lmperf_e2e::prometheus::{Prometheus, tool};
 use lmperf_e2e::scripted::{Frame, Reply, ScriptedServer, chat_stream};
 use serde_json::{Value, json};
 
 /// Prometheus scrapes every second; Grafana's datasource "scrape interval" set to match.
 const SCRAPE_S: u64 = 1;
+/// The UUIDs of the scripted NVML's `two_gpus.json` devices.
+const GPU_UUIDS: [&str; 2] = [
+    "GPU-0c8f6f54-2d4e-4f1a-9b1e-000000000000",
+    "GPU-0c8f6f54-2d4e-4f1a-9b1e-000000000001",
+];
+
 /// How long the agent runs under the scrapes before the queries (enough for several
 /// `$__rate_interval` windows).
 const RUN: Duration = Duration::from_secs(30);
@@ -299,19 +306,29 @@ async fn every_panel_and_variable_returns_data_and_exemplars_resolve() {
     let script = fake_nvml::Script::write("dashboards-live", &script);
     let lib = fake_nvml::library(&[]);
 
-    let dir = std::env::temp_dir().join(format!("lmperf-dashboards-live-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = lmperf_e2e::temp::dir("dashboards-live");
+    // The kubelet's pod-resources API (scripted): each GPU held by a pod, so the Node
+    // dashboard's `$pod` variable and its by-pod GPU panels have values.
+    let pods = PodResourcesServer::start(
+        &dir.join("pod-resources"),
+        Answer::Pods(vec![
+            Held::gpus("ml", "vllm-0", "vllm", &[GPU_UUIDS[0]]),
+            Held::gpus("ml", "vllm-1", "vllm", &[GPU_UUIDS[1]]),
+        ]),
+    )
+    .await;
     let cfg = dir.join("agent.toml");
     std::fs::write(
         &cfg,
         format!(
             "[canary]\ninterval = \"200ms\"\nmodel = \"m\"\nsampling_ratio = 0.2\n\
              [[target]]\nname = \"ok\"\nurl = \"{}\"\n[[target]]\nname = \"failing\"\nurl = \"{}\"\n[[target]]\nname = \"cut\"\nurl = \"{}\"\n\
-             [gpu]\ninterval = \"500ms\"\nnvml_library = \"{}\"\n",
+             [gpu]\ninterval = \"500ms\"\nnvml_library = \"{}\"\npod_resources_socket = \"{}\"\n",
             ok.url(),
             failing.url(),
             cut.url(),
-            lib.display()
+            lib.display(),
+            pods.path.display()
         ),
     )
     .unwrap();
