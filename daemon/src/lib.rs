@@ -17,6 +17,7 @@ pub mod config;
 pub mod control;
 pub mod diagnosis_live;
 pub mod gpu;
+pub mod load;
 pub mod logging;
 pub mod net;
 pub mod sampler;

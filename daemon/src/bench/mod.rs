@@ -11,26 +11,24 @@
 pub mod aggregate;
 pub mod buckets;
 pub mod capacity;
-pub mod chat_template;
 pub mod compare;
-pub mod dataset;
 pub mod export;
 pub mod feed;
 pub mod find_rate;
 pub mod launch;
 pub mod profile;
 pub mod progress;
-pub mod prompts;
+pub mod prompt_tokens;
 pub mod repeat;
 pub mod report;
 pub mod rows;
 pub mod server;
 pub mod slots;
 pub mod stats;
-pub mod tokens;
-pub mod trace;
 pub mod vram;
-pub mod workload;
+
+// The load layer's modules under their old paths (tests/, xtask and `bench`'s own files use them).
+pub use crate::load::{chat_template, dataset, prompts, tokens, trace, workload};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -113,6 +111,22 @@ pub enum BenchError {
         "nothing answers at {url} ({reason}): give --target URL (or OPENAI_BASE_URL) of a running server, or --launch vllm|sglang|llama-server|\"CMD … {{model}} … {{port}}\" to start one"
     )]
     Unreachable { url: String, reason: String },
+}
+
+impl From<crate::load::LoadError> for BenchError {
+    fn from(e: crate::load::LoadError) -> Self {
+        match e {
+            crate::load::LoadError::Invalid {
+                field,
+                value,
+                reason,
+            } => Self::Invalid {
+                field,
+                value,
+                reason,
+            },
+        }
+    }
 }
 
 /// A whole `lmperf run`.
@@ -818,7 +832,7 @@ async fn run_on(
         chat_template: tok.chat.as_ref().map(tokens::ChatCounting::describe),
         prompt_tokens_mismatch: 0,
     };
-    let summary = chat_template::checked(summary, spec.progress);
+    let summary = prompt_tokens::checked(summary, spec.progress);
     write_outputs(&spec.output_dir, &sample, &summary)?;
     server::write_samples(&spec.output_dir, &server_samples).map_err(|source| {
         BenchError::Output {

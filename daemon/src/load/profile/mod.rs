@@ -14,7 +14,6 @@
 //! back to `base`; all capped by `max` (default 1024). `token_rate` is the output-token rate
 //! asked of the server (see [`scheduler`]). The scheduler is a pure module: [`scheduler`].
 
-pub mod run;
 pub mod scheduler;
 pub mod watch;
 
@@ -22,7 +21,7 @@ use std::time::Duration;
 
 use yaml_serde::Value;
 
-use super::workload::LengthDist;
+use crate::load::workload::LengthDist;
 
 /// `prompt_length`, `concurrency`, `token_rate` of a profile; a dimension left out keeps the
 /// run's flags (`--seq-lengths`, `--batch-sizes`, `--request-rate`).
