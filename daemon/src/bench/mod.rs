@@ -12,6 +12,7 @@ pub mod aggregate;
 pub mod buckets;
 pub mod capacity;
 pub mod compare;
+pub mod context;
 pub mod export;
 pub mod feed;
 pub mod find_rate;
@@ -31,6 +32,8 @@ pub mod vram;
 // The load layer's modules under their old paths (tests/, xtask and `bench`'s own files use them).
 pub use crate::load::{chat_template, dataset, prompts, tokens, trace, workload};
 pub use summary::{BenchSummary, ChoiceRow, RequestRow, Summary};
+
+use context::RunContext;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -371,6 +374,14 @@ async fn run_on(
             reason: "multi-turn needs --api chat".into(),
         });
     }
+    let ctx = RunContext {
+        spec: &spec,
+        clients: &clients,
+        model: &model,
+        extra: &extra,
+        tok: &tok,
+        telemetry: telemetry.clone(),
+    };
     let watch = vram::VramWatch::start(&spec.gpu);
     let mut server_watch = server::ServerWatch::start(&spec.target);
     // Rows go to requests.jsonl, the length buckets and the report's sample as they finish.
@@ -388,18 +399,7 @@ async fn run_on(
             s.push(&r);
             out.push(r);
         };
-        let run = profile::run::run(
-            &spec,
-            path,
-            p.clone(),
-            &clients,
-            &model,
-            &extra,
-            &tok,
-            &name,
-            telemetry.clone(),
-            &mut sink,
-        );
+        let run = profile::run::run(&ctx, path, p.clone(), &name, &mut sink);
         let info = tokio::select! {
             r = run => r?,
             () = stop.cancelled() => {
@@ -427,18 +427,7 @@ async fn run_on(
     let mut stopped_during = None;
     if let Some(f) = &spec.find_rate {
         // Ctrl-C: the steps that completed are written with a partial `capacity`.
-        let (benches, c, cut) = find_rate::search(
-            &spec,
-            f,
-            &clients,
-            &model,
-            &extra,
-            &tok,
-            telemetry.clone(),
-            &mut out,
-            stop,
-        )
-        .await?;
+        let (benches, c, cut) = find_rate::search(&ctx, f, &mut out, stop).await?;
         (benchmarks, capacity, stopped_during) = (benches, Some(c), cut);
     }
     'benchmarks: for &input_len in &input_lengths {
@@ -493,14 +482,10 @@ async fn run_on(
                         let started = std::time::Instant::now();
                         let mut sent = 0usize;
                         one_benchmark(
-                            &spec,
-                            &clients,
-                            &model,
-                            &extra,
+                            &ctx,
                             &name,
                             concurrency,
                             warm,
-                            None,
                             None,
                             &mut |_: RequestRow| sent += 1,
                         )
@@ -531,15 +516,11 @@ async fn run_on(
                         out.push(r);
                     };
                     one_benchmark(
-                        &spec,
-                        &clients,
-                        &model,
-                        &extra,
+                        &ctx,
                         &name,
                         concurrency,
                         measured,
                         Some(schedule),
-                        telemetry.clone(),
                         &mut sink,
                     )
                     .await?;
@@ -742,22 +723,20 @@ fn write_outputs(
 /// Nothing here grows with the item count: items are made as they are due ([`feed`]), and a
 /// row leaves once it is in order. Dropped (Ctrl-C), it stops sending and cancels the
 /// requests in flight.
-#[allow(clippy::too_many_arguments)]
 async fn one_benchmark(
-    spec: &RunSpec,
-    clients: &Clients,
-    model: &str,
-    extra: &serde_json::Map<String, serde_json::Value>,
+    ctx: &RunContext<'_>,
     name: &str,
     concurrency: usize,
     items: feed::ItemSource,
     schedule: Option<feed::Schedule>,
-    telemetry: Option<Arc<export::BenchTelemetry>>,
     on_row: &mut dyn FnMut(RequestRow),
 ) -> Result<(), BenchError> {
+    let (spec, clients, model, extra) = (ctx.spec, ctx.clients, ctx.model, ctx.extra);
     let n = items.len();
-    // Warm-up (no schedule) runs closed loop; measured runs follow the schedule.
+    // Warm-up (no schedule) runs closed loop and is not exported; measured runs follow the
+    // schedule.
     let measured = schedule.is_some();
+    let telemetry = ctx.telemetry.clone().filter(|_| measured);
     let schedule = schedule.unwrap_or_else(|| feed::Schedule::zero(n));
     // Every offset 0 (no rate, no trace): each request waits for a slot (closed loop).
     let closed_loop = schedule.closed_loop();
@@ -846,7 +825,7 @@ async fn one_benchmark(
                     if !ok {
                         task_errors.fetch_add(1, Ordering::Relaxed);
                     }
-                    rows.push(row(&bench_name, i, turn as u32, (concurrency, limit), t0, scheduled, dispatched, &prompt, item.max_tokens, &m));
+                    rows.push(row(RowKey { name: &bench_name, index: i, turn: turn as u32, concurrency, concurrency_limit: limit }, t0, scheduled, dispatched, &prompt, item.max_tokens, &m));
                     // The next turn: after this answer, with the history.
                     let Some((text, tokens)) = item.next_turns.get(turn).cloned() else { break };
                     if !ok {
@@ -878,12 +857,25 @@ async fn one_benchmark(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Which request a [`RequestRow`] is: its benchmark, index and turn, and the concurrency it
+/// ran at with the limit then in force (`RequestRow::concurrency_limit`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RowKey<'a> {
+    pub name: &'a str,
+    pub index: usize,
+    pub turn: u32,
+    pub concurrency: usize,
+    pub concurrency_limit: usize,
+}
+
 fn row(
-    name: &str,
-    index: usize,
-    turn: u32,
-    (concurrency, concurrency_limit): (usize, usize),
+    RowKey {
+        name,
+        index,
+        turn,
+        concurrency,
+        concurrency_limit,
+    }: RowKey<'_>,
     t0: Instant,
     scheduled: Instant,
     dispatched: Instant,
