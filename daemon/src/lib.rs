@@ -19,6 +19,7 @@ pub mod diagnosis_live;
 pub mod discovery;
 pub mod gpu;
 pub mod live_list;
+pub mod load;
 pub mod logging;
 pub mod net;
 pub mod node;

@@ -139,6 +139,9 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     }
 
+    if let Some(top) = graphs.get(&Vec::new()) {
+        failures += check_layers(top, &mut report);
+    }
     failures += check_cli_layer(&root.join("daemon/src"), &tree, &mut report)?;
     failures += check_pure_crates(&root, &mut report)?;
 
@@ -147,7 +150,7 @@ pub fn run(args: &[String]) -> Result<()> {
         bail!("arch-check: {failures} violation(s) (see above)");
     }
     println!(
-        "arch-check: ok, no import cycle, clap only in the CLI layer, pure crates pure ({:.0} ms)",
+        "arch-check: ok, no import cycle, load shared by bench and control (neither imports the other), clap only in the CLI layer, pure crates pure ({:.0} ms)",
         started.elapsed().as_secs_f64() * 1e3
     );
     Ok(())
@@ -750,6 +753,36 @@ fn cycles(edges: &BTreeMap<(String, String), String>) -> Vec<BTreeSet<String>> {
 
 // ---------------------------------------------------------------------------------------------
 // clap in the CLI layer only.
+
+/// Top-level imports forbidden beyond the acyclic rule, `(from, to, why)`: the load layer
+/// (`load`) is shared by `lmperf run` (`bench`) and `lmperf ctl inject` (`control`), which
+/// must not reach into each other, and it imports neither.
+const FORBIDDEN_EDGES: &[(&str, &str, &str)] = &[
+    (
+        "control",
+        "bench",
+        "the agent must not depend on the benchmark (shared: `load`)",
+    ),
+    (
+        "bench",
+        "control",
+        "the benchmark must not depend on the agent (shared: `load`)",
+    ),
+    ("load", "bench", "`load` sits below `bench`"),
+    ("load", "control", "`load` sits below `control`"),
+];
+
+/// Counts (and reports) the top-level edges in [`FORBIDDEN_EDGES`].
+fn check_layers(top: &BTreeMap<(String, String), String>, report: &mut String) -> usize {
+    let mut failures = 0;
+    for (from, to, why) in FORBIDDEN_EDGES {
+        if let Some(at) = top.get(&((*from).to_owned(), (*to).to_owned())) {
+            failures += 1;
+            let _ = writeln!(report, "forbidden import {from} -> {to} ({at}): {why}");
+        }
+    }
+    failures
+}
 
 fn check_cli_layer(src: &Path, tree: &ModuleTree, report: &mut String) -> Result<usize> {
     let mut failures = 0;

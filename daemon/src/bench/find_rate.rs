@@ -1,14 +1,9 @@
 //! `lmperf run --find-max-rate`: runs the steps the capacity search ([`super::capacity`])
 //! asks for, each an open-loop benchmark at one offered rate, and feeds back what it measured.
 
-use std::sync::Arc;
-
 use super::capacity::{Capacity, Next, Search, Slo, StepObservation};
-use super::prompts::TokenizeClient;
-use super::{
-    BenchError, BenchSummary, RequestRow, RunSpec, export, feed, one_benchmark, rows, summarize,
-};
-use crate::canary::client::Clients;
+use super::context::RunContext;
+use super::{BenchError, BenchSummary, RequestRow, feed, one_benchmark, rows, summarize};
 use crate::fmt;
 
 /// Highest rate the search offers without `--max-rate`, req/s.
@@ -39,18 +34,13 @@ pub struct FindRate {
 ///
 /// # Errors
 /// What stops a benchmark from starting (the dispatcher thread).
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn search(
-    spec: &RunSpec,
+    ctx: &RunContext<'_>,
     f: &FindRate,
-    clients: &Clients,
-    model: &str,
-    extra: &serde_json::Map<String, serde_json::Value>,
-    tok: &TokenizeClient,
-    telemetry: Option<Arc<export::BenchTelemetry>>,
     out: &mut rows::RunRows,
     stop: &tokio_util::sync::CancellationToken,
 ) -> Result<(Vec<BenchSummary>, Capacity, Option<String>), BenchError> {
+    let (spec, tok) = (ctx.spec, ctx.tok);
     let mut s = match f.start_rate {
         Some(start) => Search::new(
             f.slos.clone(),
@@ -108,18 +98,9 @@ pub(super) async fn search(
         };
         let mut rows = Vec::with_capacity(items.len());
         let mut push = |r| rows.push(r);
-        let step = one_benchmark(
-            &sp,
-            clients,
-            model,
-            extra,
-            &name,
-            concurrency,
-            items,
-            Some(schedule),
-            telemetry.clone(),
-            &mut push,
-        );
+        let step = one_benchmark(ctx, &name, concurrency, items, Some(schedule), &mut push);
+        // The step's rate and count only shape `items` and `schedule`: the benchmark itself
+        // runs with the run's context.
         // Ctrl-C: the steps that completed stand (their rows are in `out`), this one's are cut.
         tokio::select! {
             r = step => r?,

@@ -11,29 +11,31 @@
 pub mod aggregate;
 pub mod buckets;
 pub mod capacity;
-pub mod chat_template;
 pub mod compare;
-pub mod dataset;
+pub mod context;
 pub mod export;
 pub mod feed;
 pub mod find_rate;
 pub mod launch;
 pub mod profile;
 pub mod progress;
-pub mod prompts;
+pub mod prompt_tokens;
 pub mod repeat;
 pub mod report;
 pub mod rows;
 pub mod server;
 pub mod slots;
 pub mod stats;
+pub mod summary;
 pub mod summary_csv;
-pub mod tokens;
-pub mod trace;
 pub mod vram;
-pub mod workload;
 
-use std::collections::BTreeMap;
+// The load layer's modules under their old paths (tests/, xtask and `bench`'s own files use them).
+pub use crate::load::{chat_template, dataset, prompts, tokens, trace, workload};
+pub use summary::{BenchSummary, ChoiceRow, RequestRow, Summary};
+
+use context::RunContext;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -46,7 +48,7 @@ use tokio_util::sync::CancellationToken;
 use crate::canary::client::{self, CanaryRequest, Clients, Measured};
 use crate::config::{Api, TargetConfig};
 use crate::measure::Outcome;
-use prompts::{Prompt, TokenizeClient, Tokenizer};
+use prompts::{Prompt, TokenizeClient};
 use stats::Distribution;
 
 /// Version of `summary.json` and `requests.jsonl`; bumped on any incompatible change.
@@ -114,6 +116,22 @@ pub enum BenchError {
         "nothing answers at {url} ({reason}): give --target URL (or OPENAI_BASE_URL) of a running server, or --launch vllm|sglang|llama-server|\"CMD … {{model}} … {{port}}\" to start one"
     )]
     Unreachable { url: String, reason: String },
+}
+
+impl From<crate::load::LoadError> for BenchError {
+    fn from(e: crate::load::LoadError) -> Self {
+        match e {
+            crate::load::LoadError::Invalid {
+                field,
+                value,
+                reason,
+            } => Self::Invalid {
+                field,
+                value,
+                reason,
+            },
+        }
+    }
 }
 
 /// A whole `lmperf run`.
@@ -186,205 +204,6 @@ impl RunSpec {
             n: 1,
         }
     }
-}
-
-/// One request of a benchmark: a line of `requests.jsonl`. Times in milliseconds; `*_ms`
-/// offsets are from the benchmark's start (the first scheduled send).
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct RequestRow {
-    pub schema_version: u32,
-    pub benchmark: String,
-    pub index: usize,
-    /// Which run of the benchmark (0-based, `--repeat`); offsets restart at each.
-    pub repeat: usize,
-    pub concurrency: usize,
-    /// Requests allowed in flight when this one was dispatched: `concurrency`, or the
-    /// ramp's limit then with `--ramp-over concurrency` ([`workload::Ramp::concurrency_at`]).
-    pub concurrency_limit: usize,
-    pub scheduled_ms: f64,
-    /// Time the request waited for a free concurrency slot after its scheduled time; closed
-    /// loop (no rate: every offset 0), after its slot became free (`scheduled_ms` is then
-    /// that moment).
-    pub dispatch_delay_ms: f64,
-    pub send_ms: f64,
-    pub ttft_ms: Option<f64>,
-    pub ttft_from_schedule_ms: Option<f64>,
-    pub time_to_first_content_ms: Option<f64>,
-    pub itl_ms: Vec<f64>,
-    pub tpot_ms: Option<f64>,
-    pub e2el_ms: f64,
-    pub e2el_from_schedule_ms: f64,
-    /// Prompt length by the tokenizer (see `summary.json` `tokenizer`).
-    pub prompt_tokens: u32,
-    pub prompt_tokens_target: u32,
-    /// `max_tokens` asked (and `min_tokens` with ignore-EOS); `output_tokens` is what came.
-    pub output_tokens_target: u32,
-    /// Turn of a multi-turn conversation (0, 1, …; `index` is the conversation's).
-    pub turn: u32,
-    /// Input tokens from the server's usage.
-    pub input_tokens: Option<u64>,
-    pub output_tokens: Option<u64>,
-    pub usage_source: Option<&'static str>,
-    pub finish_reasons: Vec<String>,
-    pub outcome: &'static str,
-    pub error_type: Option<String>,
-    pub http_status: Option<u16>,
-    pub retries: u32,
-    /// `--profile`: the profile revision the request was sent under (0 = as started).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub profile_revision: Option<u32>,
-    /// The server's own error type (e.g. `exceed_context_size_error`), where it sent one.
-    pub error_server_type: Option<String>,
-    /// The server's error code, as text.
-    pub error_code: Option<String>,
-    /// The server's (or the transport's) message, cut to 512 bytes.
-    pub error_message: Option<String>,
-    /// The server's `Retry-After` on an HTTP error, in milliseconds.
-    pub retry_after_ms: Option<f64>,
-    /// Per choice of an `n > 1` request (index, first token, ITL, TPOT, finish reason); empty
-    /// for one choice.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub choices: Vec<ChoiceRow>,
-    /// What decided `prompt_tokens`: for chat, the whole request with its chat template
-    /// (`server_template`, `local_template`) or not (`text_only`, `estimate`); see
-    /// [`prompts::PromptTokensSource`].
-    pub prompt_tokens_source: prompts::PromptTokensSource,
-}
-
-impl RequestRow {
-    /// The input length the request is bucketed by (heatmaps, length buckets, SLO cells): the
-    /// server's `usage.prompt_tokens` when it reported one, else the calibrated `prompt_tokens`.
-    pub fn input_tokens_for_buckets(&self) -> u64 {
-        self.input_tokens.unwrap_or(u64::from(self.prompt_tokens))
-    }
-
-    /// Whether the server's input count differs from `prompt_tokens` by more than the one BOS
-    /// token it may add (`prompt_tokens_mismatch`); false without the server's count.
-    pub fn prompt_tokens_mismatch(&self) -> bool {
-        self.input_tokens
-            .is_some_and(|n| n.abs_diff(u64::from(self.prompt_tokens)) > 1)
-    }
-}
-
-/// One choice of an `n > 1` request in `requests.jsonl`; times from the request's send.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct ChoiceRow {
-    pub index: u32,
-    pub ttft_ms: Option<f64>,
-    pub last_token_ms: Option<f64>,
-    pub token_chunks: usize,
-    pub itl_ms: Vec<f64>,
-    pub tpot_ms: Option<f64>,
-    pub finish_reason: Option<String>,
-}
-
-/// One benchmark of `summary.json`.
-#[derive(Debug, Clone, Serialize)]
-pub struct BenchSummary {
-    pub benchmark: String,
-    pub concurrency: usize,
-    pub input_len: u32,
-    pub output_len: u32,
-    /// `"inf"` or requests per second.
-    pub request_rate: serde_json::Value,
-    pub num_requests: usize,
-    pub completed: usize,
-    /// Failed requests by `error.type`.
-    pub errors: BTreeMap<String, usize>,
-    /// Failed requests by HTTP status (`"400"`; `"none"` without a response).
-    pub errors_by_status: BTreeMap<String, usize>,
-    /// Failed requests by HTTP status, then by the server's own error type (or `error.type`
-    /// when the server gave none): `{"400": {"exceed_context_size_error": 2}}`.
-    pub errors_by_status_and_type: BTreeMap<String, BTreeMap<String, usize>>,
-    /// The first message per `"STATUS TYPE"` of `errors_by_status_and_type` (the server's
-    /// reason: `"400 exceed_context_size_error": "request (3001 tokens) exceeds …"`).
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub error_messages: BTreeMap<String, String>,
-    /// First send to last end, seconds.
-    pub duration_s: f64,
-    /// Completed requests per second.
-    pub request_throughput: f64,
-    pub output_token_throughput: f64,
-    pub total_input_tokens: u64,
-    pub total_output_tokens: u64,
-    /// Requests per second meeting every `--goodput` SLO (null without SLOs).
-    pub goodput: Option<f64>,
-    pub ttft_ms: Option<Distribution>,
-    /// Time to first visible output (AIPerf's TTFO): send → first chunk with text or a tool
-    /// call, not reasoning (`requests.jsonl` `time_to_first_content_ms`); equal to TTFT for a
-    /// model that does not reason, later by its thinking for one that does.
-    pub ttfo_ms: Option<Distribution>,
-    pub itl_ms: Option<Distribution>,
-    pub tpot_ms: Option<Distribution>,
-    pub e2el_ms: Option<Distribution>,
-    pub ttft_from_schedule_ms: Option<Distribution>,
-    pub e2el_from_schedule_ms: Option<Distribution>,
-    pub dispatch_delay_ms: Option<Distribution>,
-    pub output_tokens: Option<Distribution>,
-    /// Output lengths asked (`max_tokens`), against the achieved `output_tokens`.
-    pub output_tokens_target: Option<Distribution>,
-    /// Successful requests that ended with fewer output tokens than asked.
-    pub output_tokens_short: usize,
-    pub prompt_tokens: Option<Distribution>,
-    /// Requests whose server-reported input tokens differ from `prompt_tokens` by more than
-    /// 1 (BOS): a calibration that missed (e.g. a chat template not counted).
-    pub prompt_tokens_mismatch: usize,
-    /// Peak GPU memory during the benchmark; null without GPU figures (see `Summary::gpu`).
-    pub vram: Option<vram::VramStats>,
-    /// The model server's own signals during the benchmark ([`server`]); null when its
-    /// metrics could not be read or `server_metrics = off`.
-    pub server: Option<server::ServerBlock>,
-    /// Variation across `--repeat` runs (null with one run); the fields above pool all runs.
-    pub repeat: Option<repeat::RepeatStats>,
-    /// Warm-up requests sent before the measured ones (`--warmup` per run), not measured.
-    pub warmup_requests: usize,
-    /// Wall time of those warm-ups, seconds (all runs together); the report marks it.
-    pub warmup_s: f64,
-}
-
-/// `summary.json`.
-#[derive(Debug, Clone, Serialize)]
-pub struct Summary {
-    pub schema_version: u32,
-    pub lmperf_version: &'static str,
-    pub target: String,
-    pub model: String,
-    pub api: &'static str,
-    pub tokenizer: Tokenizer,
-    pub seed: u64,
-    pub goodput_slo: Goodput,
-    pub benchmarks: Vec<BenchSummary>,
-    /// Per concurrency, its requests bucketed by their own input × output lengths (the
-    /// report's heatmaps and SLO matrix; scheme in [`buckets`]).
-    pub length_buckets: Vec<buckets::LengthBuckets>,
-    /// Whether the benchmarks have GPU memory figures, and why not.
-    pub gpu: vram::GpuRunStatus,
-    /// The replayed trace (`--trace`), if any.
-    pub trace: Option<workload::TraceInfo>,
-    /// Length distributions, prompt file, ramp.
-    pub workload: workload::WorkloadInfo,
-    /// `--fail-on` gates that tripped.
-    pub failed_gates: Vec<String>,
-    /// The server `--launch` started (absent without it; the server's own signals are
-    /// per benchmark, `benchmarks[].server`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub launch: Option<launch::ServerInfo>,
-    /// `--find-max-rate`: the capacity search (absent without it; see [`capacity`]).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub capacity: Option<capacity::Capacity>,
-    /// `--profile`: the file and its revisions over time (absent without it).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub profile: Option<profile::run::ProfileInfo>,
-    /// Ctrl-C or SIGTERM stopped the run: `benchmarks` holds those that completed (absent
-    /// when the run finished).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub interrupted: bool,
-    /// What decides the prompts' `prompt_tokens` ([`prompts::PromptTokensSource`]).
-    pub prompt_tokens_source: prompts::PromptTokensSource,
-    /// `--api chat`: where the chat template counted came from (null for completions).
-    pub chat_template: Option<String>,
-    /// Sum of the benchmarks' `prompt_tokens_mismatch`.
-    pub prompt_tokens_mismatch: usize,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -556,6 +375,14 @@ async fn run_on(
             reason: "multi-turn needs --api chat".into(),
         });
     }
+    let ctx = RunContext {
+        spec: &spec,
+        clients: &clients,
+        model: &model,
+        extra: &extra,
+        tok: &tok,
+        telemetry: telemetry.clone(),
+    };
     let watch = vram::VramWatch::start(&spec.gpu);
     let mut server_watch = server::ServerWatch::start(&spec.target);
     // Rows go to requests.jsonl, the length buckets and the report's sample as they finish.
@@ -573,18 +400,7 @@ async fn run_on(
             s.push(&r);
             out.push(r);
         };
-        let run = profile::run::run(
-            &spec,
-            path,
-            p.clone(),
-            &clients,
-            &model,
-            &extra,
-            &tok,
-            &name,
-            telemetry.clone(),
-            &mut sink,
-        );
+        let run = profile::run::run(&ctx, path, p.clone(), &name, &mut sink);
         let info = tokio::select! {
             r = run => r?,
             () = stop.cancelled() => {
@@ -612,18 +428,7 @@ async fn run_on(
     let mut stopped_during = None;
     if let Some(f) = &spec.find_rate {
         // Ctrl-C: the steps that completed are written with a partial `capacity`.
-        let (benches, c, cut) = find_rate::search(
-            &spec,
-            f,
-            &clients,
-            &model,
-            &extra,
-            &tok,
-            telemetry.clone(),
-            &mut out,
-            stop,
-        )
-        .await?;
+        let (benches, c, cut) = find_rate::search(&ctx, f, &mut out, stop).await?;
         (benchmarks, capacity, stopped_during) = (benches, Some(c), cut);
     }
     'benchmarks: for &input_len in &input_lengths {
@@ -678,14 +483,10 @@ async fn run_on(
                         let started = std::time::Instant::now();
                         let mut sent = 0usize;
                         one_benchmark(
-                            &spec,
-                            &clients,
-                            &model,
-                            &extra,
+                            &ctx,
                             &name,
                             concurrency,
                             warm,
-                            None,
                             None,
                             &mut |_: RequestRow| sent += 1,
                         )
@@ -716,15 +517,11 @@ async fn run_on(
                         out.push(r);
                     };
                     one_benchmark(
-                        &spec,
-                        &clients,
-                        &model,
-                        &extra,
+                        &ctx,
                         &name,
                         concurrency,
                         measured,
                         Some(schedule),
-                        telemetry.clone(),
                         &mut sink,
                     )
                     .await?;
@@ -823,7 +620,7 @@ async fn run_on(
         chat_template: tok.chat.as_ref().map(tokens::ChatCounting::describe),
         prompt_tokens_mismatch: 0,
     };
-    let summary = chat_template::checked(summary, spec.progress);
+    let summary = prompt_tokens::checked(summary, spec.progress);
     write_outputs(&spec.output_dir, &sample, &summary)?;
     server::write_samples(&spec.output_dir, &server_samples).map_err(|source| {
         BenchError::Output {
@@ -929,22 +726,20 @@ fn write_outputs(
 /// Nothing here grows with the item count: items are made as they are due ([`feed`]), and a
 /// row leaves once it is in order. Dropped (Ctrl-C), it stops sending and cancels the
 /// requests in flight.
-#[allow(clippy::too_many_arguments)]
 async fn one_benchmark(
-    spec: &RunSpec,
-    clients: &Clients,
-    model: &str,
-    extra: &serde_json::Map<String, serde_json::Value>,
+    ctx: &RunContext<'_>,
     name: &str,
     concurrency: usize,
     items: feed::ItemSource,
     schedule: Option<feed::Schedule>,
-    telemetry: Option<Arc<export::BenchTelemetry>>,
     on_row: &mut dyn FnMut(RequestRow),
 ) -> Result<(), BenchError> {
+    let (spec, clients, model, extra) = (ctx.spec, ctx.clients, ctx.model, ctx.extra);
     let n = items.len();
-    // Warm-up (no schedule) runs closed loop; measured runs follow the schedule.
+    // Warm-up (no schedule) runs closed loop and is not exported; measured runs follow the
+    // schedule.
     let measured = schedule.is_some();
+    let telemetry = ctx.telemetry.clone().filter(|_| measured);
     let schedule = schedule.unwrap_or_else(|| feed::Schedule::zero(n));
     // Every offset 0 (no rate, no trace): each request waits for a slot (closed loop).
     let closed_loop = schedule.closed_loop();
@@ -1033,7 +828,7 @@ async fn one_benchmark(
                     if !ok {
                         task_errors.fetch_add(1, Ordering::Relaxed);
                     }
-                    rows.push(row(&bench_name, i, turn as u32, (concurrency, limit), t0, scheduled, dispatched, &prompt, item.max_tokens, &m));
+                    rows.push(row(RowKey { name: &bench_name, index: i, turn: turn as u32, concurrency, concurrency_limit: limit }, t0, scheduled, dispatched, &prompt, item.max_tokens, &m));
                     // The next turn: after this answer, with the history.
                     let Some((text, tokens)) = item.next_turns.get(turn).cloned() else { break };
                     if !ok {
@@ -1065,12 +860,25 @@ async fn one_benchmark(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Which request a [`RequestRow`] is: its benchmark, index and turn, and the concurrency it
+/// ran at with the limit then in force (`RequestRow::concurrency_limit`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RowKey<'a> {
+    pub name: &'a str,
+    pub index: usize,
+    pub turn: u32,
+    pub concurrency: usize,
+    pub concurrency_limit: usize,
+}
+
 fn row(
-    name: &str,
-    index: usize,
-    turn: u32,
-    (concurrency, concurrency_limit): (usize, usize),
+    RowKey {
+        name,
+        index,
+        turn,
+        concurrency,
+        concurrency_limit,
+    }: RowKey<'_>,
     t0: Instant,
     scheduled: Instant,
     dispatched: Instant,

@@ -858,7 +858,7 @@ async fn watch_profile(
     started: proto::LoadStatus,
 ) -> Result<(String, String), CtlError> {
     eprint!("lmperf ctl: started {}", format_load(&started));
-    let mut watch = crate::bench::profile::watch::ProfileWatch::start(path);
+    let mut watch = crate::load::profile::watch::ProfileWatch::start(path);
     let deadline =
         std::time::Instant::now() + Duration::from_secs_f64(started.duration_s.max(0.0) + 30.0);
     let mut last = started.clone();

@@ -4,7 +4,7 @@
 //! A load is open loop on an absolute schedule ([`crate::canary::schedule`], Poisson or
 //! constant gaps) for `duration`, at most `max_requests` sends, at most `concurrency` in
 //! flight (a send due while that many run is skipped and counted). A trace replay
-//! ([`crate::bench::trace`]) sends request i at the start + its arrival offset ÷ speedup, with
+//! ([`crate::load::trace`]) sends request i at the start + its arrival offset ÷ speedup, with
 //! synthetic text of about its input tokens and `max_tokens` = its output tokens. Each request
 //! goes through [`TargetRunner::measure_with`], the canaries' client and measurement, marked
 //! as injected. Every bound is checked against [`InjectCaps`] before anything is sent (for a
@@ -25,10 +25,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::proto;
-use crate::bench::trace::{self, TraceFormat, TraceRequest};
 use crate::canary::schedule::{Gaps, Ticker, wait_until};
 use crate::canary::{RequestShape, Shutdown, TargetRunner};
 use crate::config::{Arrival, InjectCaps, Schedule};
+use crate::load::trace::{self, TraceFormat, TraceRequest};
 use crate::status::Source;
 
 /// Why an `InjectLoad` or `StopLoad` is refused. `Display` is one line naming the field, the
@@ -576,7 +576,7 @@ impl Load {
             let summary = match trace_request {
                 Some((r, calibrated)) => {
                     let prompt = calibrated.unwrap_or_else(|| {
-                        crate::bench::prompts::estimated(
+                        crate::load::prompts::estimated(
                             r.input_tokens,
                             seed ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15),
                         )
@@ -685,11 +685,11 @@ impl Load {
 }
 
 /// Prompts of each trace request's exact input length, calibrated with the server's
-/// `/tokenize` as `lmperf run` does ([`crate::bench::prompts::synthetic`]): for a chat target,
+/// `/tokenize` as `lmperf run` does ([`crate::load::prompts::synthetic`]): for a chat target,
 /// the whole request with the server's chat template applied (llama.cpp `/apply-template`,
-/// vLLM/SGLang `/tokenize` with messages: [`crate::bench::tokens::detect`]; the message
+/// vLLM/SGLang `/tokenize` with messages: [`crate::load::tokens::detect`]; the message
 /// text alone when it offers none); all `None` (the estimate,
-/// [`crate::bench::prompts::estimated`], made per request) when the server has no `/tokenize`,
+/// [`crate::load::prompts::estimated`], made per request) when the server has no `/tokenize`,
 /// and the rest `None` once `stop` is cancelled.
 async fn calibrated_prompts(
     runner: &TargetRunner,
@@ -697,11 +697,11 @@ async fn calibrated_prompts(
     seed: u64,
     stop: &CancellationToken,
 ) -> Vec<Option<String>> {
-    use crate::bench::prompts::{TokenizeClient, Tokenizer, synthetic};
+    use crate::load::prompts::{TokenizeClient, Tokenizer, synthetic};
     let model = runner.target.model.clone().unwrap_or_default();
     let mut tok = TokenizeClient::detect(&runner.clients, &runner.target, &model).await;
     if runner.target.api == crate::config::Api::Chat && tok.kind != Tokenizer::Estimate {
-        tok.chat = Some(crate::bench::tokens::detect(&tok, None).await);
+        tok.chat = Some(crate::load::tokens::detect(&tok, None).await);
     }
     let mut out = Vec::with_capacity(requests.len());
     for (seq, r) in requests.iter().enumerate() {

@@ -15,10 +15,11 @@ use tokio::time::Instant;
 
 use super::watch::ProfileWatch;
 use super::{self as profile, Profile, scheduler::Scheduler};
-use crate::bench::prompts::{self, TokenizeClient};
+use crate::bench::context::RunContext;
+use crate::bench::prompts;
 use crate::bench::rows::Reorder;
-use crate::bench::{BenchError, RequestRow, RunSpec, export, row};
-use crate::canary::client::{self, CanaryRequest, Clients};
+use crate::bench::{BenchError, RequestRow, RowKey, export, row};
+use crate::canary::client::{self, CanaryRequest};
 
 /// Run length without `--duration`.
 pub const DEFAULT_DURATION: Duration = Duration::from_secs(60);
@@ -39,19 +40,15 @@ pub struct ProfileInfo {
 ///
 /// # Errors
 /// None today besides what the caller's setup reports; kept for symmetry with the others.
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn run(
-    spec: &RunSpec,
+    ctx: &RunContext<'_>,
     path: &std::path::Path,
     first: Profile,
-    clients: &Clients,
-    model: &str,
-    extra: &serde_json::Map<String, serde_json::Value>,
-    tok: &TokenizeClient,
     name: &str,
-    telemetry: Option<Arc<export::BenchTelemetry>>,
     on_row: &mut dyn FnMut(RequestRow),
 ) -> Result<ProfileInfo, BenchError> {
+    let (spec, clients, model, extra, tok) = (ctx.spec, ctx.clients, ctx.model, ctx.extra, ctx.tok);
+    let telemetry = ctx.telemetry.clone();
     let mut info = ProfileInfo {
         name: first.name.clone(),
         file: path.display().to_string(),
@@ -227,10 +224,13 @@ pub(crate) async fn run(
             in_flight.fetch_sub(1, Ordering::AcqRel);
             freed.notify_one();
             let mut r = row(
-                &name,
-                i,
-                0,
-                (limit, limit),
+                RowKey {
+                    name: &name,
+                    index: i,
+                    turn: 0,
+                    concurrency: limit,
+                    concurrency_limit: limit,
+                },
                 t0,
                 due.min(dispatched),
                 dispatched,

@@ -1,11 +1,11 @@
 //! Injected load profiles (`lmperf ctl inject --profile FILE`, `lmperf ctl update-load`): the
-//! agent follows [`crate::bench::profile`]'s scheduler, the same one `lmperf run --profile`
+//! agent follows [`crate::load::profile`]'s scheduler, the same one `lmperf run --profile`
 //! uses, against one target.
 //!
 //! The client sends the profile as text (the agent reads no file for it). Arrivals come from
 //! `token_rate` (required) ÷ the output tokens asked per request; each request gets synthetic
 //! text of about its `prompt_length` (default [`DEFAULT_INPUT_TOKENS`]; the estimate of
-//! [`crate::bench::prompts::estimated`]); the concurrency limit is the profile's at the time
+//! [`crate::load::prompts::estimated`]); the concurrency limit is the profile's at the time
 //! of the send, at most the load's `concurrency`, and a send due while that many run is
 //! skipped and counted, as for a rate. `UpdateLoad` swaps the profile in the scheduler from
 //! its next scheduling step (a changed dimension restarts at the update; requests in flight go
@@ -24,12 +24,12 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::{Load, LoadManager, LoadSpec, LoadState, Refusal, Sender, concurrency_within};
-use crate::bench::profile::{self as bench_profile, Profile, TokenRate, scheduler::Scheduler};
-use crate::bench::trace::TraceRequest;
 use crate::canary::TargetRunner;
 use crate::canary::schedule::wait_until;
 use crate::config::{Arrival, InjectCaps};
 use crate::control::proto;
+use crate::load::profile::{self as bench_profile, Profile, TokenRate, scheduler::Scheduler};
+use crate::load::trace::TraceRequest;
 
 /// Prompt length of a profile without `prompt_length`, in tokens (as `lmperf run`'s default).
 pub const DEFAULT_INPUT_TOKENS: u32 = 128;
@@ -105,7 +105,7 @@ impl Pace {
 /// `token_rate`), requests asking `output_tokens` each: `constant` its target's (the mean of
 /// its jitter); `bursty` twice it in on periods (from `pace.rate_epoch_s`, `period` each) and 0
 /// in off periods; `adaptive` 1 ÷ the last planned gap (its current level), its target before
-/// two arrivals. Mirrors [`Scheduler`]'s rule (`crate::bench::profile::scheduler`).
+/// two arrivals. Mirrors [`Scheduler`]'s rule (`crate::load::profile::scheduler`).
 fn request_rate_now(profile: &Profile, output_tokens: u32, t_s: f64, pace: &Pace) -> Option<f64> {
     let per_request = f64::from(output_tokens.max(1));
     Some(match profile.token_rate? {

@@ -614,8 +614,8 @@ impl WorkloadArgs {
 
 #[cfg(test)]
 mod tests {
-    use super::super::RunArrival;
     use super::*;
+    use crate::bench::RunArrival;
     use rand::SeedableRng;
 
     fn moments(v: &[u32]) -> (f64, f64) {

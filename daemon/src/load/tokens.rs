@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::json;
 
-use super::BenchError;
+use super::LoadError;
 use super::chat_template::{ChatTemplate, user_message};
 use crate::canary::client::Clients;
 use crate::config::{Api, TargetConfig};
@@ -319,10 +319,10 @@ pub async fn setup(
     tokenizer: Option<&LocalTokenizer>,
     api: Api,
     progress: bool,
-) -> Result<TokenizeClient, BenchError> {
+) -> Result<TokenizeClient, LoadError> {
     if api != Api::Chat {
         return match chat_template {
-            Some(t) => Err(BenchError::Invalid {
+            Some(t) => Err(LoadError::Invalid {
                 field: "--chat-template",
                 value: t.path().display().to_string(),
                 reason: "counts chat requests: it needs --api chat".into(),
@@ -333,7 +333,7 @@ pub async fn setup(
     let local = match (chat_template, tokenizer) {
         (Some(t), _) => Some(t.clone()),
         (None, Some(l)) => ChatTemplate::beside(l.path())
-            .map_err(|reason| BenchError::Invalid {
+            .map_err(|reason| LoadError::Invalid {
                 field: "--tokenizer",
                 value: l.path().display().to_string(),
                 reason: format!("{reason} (give --chat-template FILE instead)"),
