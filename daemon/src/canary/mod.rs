@@ -378,7 +378,7 @@ impl TargetRunner {
                     self.discovery_failing.store(false, Ordering::Relaxed);
                     let old = cached.found.as_ref().map(|f| f.model.clone());
                     if old.as_deref() != Some(d.model.as_str()) {
-                        tracing::info!(target_name = %t.name, model = %d.model, previous = ?old, owned_by = ?d.owned_by, "Discovered the served model.");
+                        tracing::info!(target_name = %t.name, model = %d.model, previous = old.as_deref().unwrap_or(""), owned_by = d.owned_by.as_deref().unwrap_or(""), "Discovered the served model.");
                     }
                     cached.found = Some(d);
                 }
@@ -622,7 +622,7 @@ impl TargetRunner {
         }
         let r = &measured.record;
         if r.outcome != crate::measure::Outcome::Ok {
-            tracing::debug!(target_name = %t.name, source = source.as_str(), outcome = r.outcome.as_str(), error_type = ?r.error.as_ref().map(|e| &e.error_type), trace_id = %ids.trace_id, span_id = %ids.span_id, "Request failed.");
+            tracing::debug!(target_name = %t.name, source = source.as_str(), outcome = r.outcome.as_str(), error_type = r.error.as_ref().map_or("", |e| e.error_type.as_str()), trace_id = %ids.trace_id, span_id = %ids.span_id, "Request failed.");
         }
         if self.console && *source == Source::Canary {
             println!(
