@@ -95,7 +95,7 @@ async fn json_lines_with_the_request_trace_ids() {
     let seen = seen.lock().unwrap();
     for l in failed {
         assert_eq!(l["level"], "DEBUG");
-        assert_eq!(l["error_type"], "Some(\"503\")", "{l}");
+        assert_eq!(l["error_type"], "503", "{l}");
         let trace = l["trace_id"]
             .as_str()
             .unwrap_or_else(|| panic!("no trace_id: {l}"));
