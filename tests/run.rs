@@ -92,7 +92,9 @@ async fn case_07_vllm_54101_client_queueing() {
             .collect::<Vec<_>>()
     };
     // A real server's 500 ms is 500 ms plus a millisecond or two of timer and loopback, and
-    // with one slot each send waits for the previous end: allow 10 ms + 5 ms per request.
+    // with one slot each send waits for the previous end. On 2 busy cores (CI runs other e2e
+    // tests beside this one) a wake-up can be tens of ms late: allow 40 ms + 10 ms per request,
+    // still far below the 500 ms steps the case is about.
     let close = |got: &[f64], want: &serde_json::Value, what: &str| {
         let want: Vec<f64> = want
             .as_array()
@@ -103,7 +105,7 @@ async fn case_07_vllm_54101_client_queueing() {
         assert_eq!(got.len(), want.len());
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert!(
-                (g - w).abs() <= 10.0 + 5.0 * i as f64,
+                (g - w).abs() <= 40.0 + 10.0 * i as f64,
                 "{what}: got {got:?}, want {want:?}"
             );
         }
@@ -112,7 +114,7 @@ async fn case_07_vllm_54101_client_queueing() {
     let (send, e2e) = (col("send_ms"), col("e2el_ms"));
     for i in 1..n {
         assert!(
-            (send[i] - (send[i - 1] + e2e[i - 1])).abs() <= 10.0,
+            (send[i] - (send[i - 1] + e2e[i - 1])).abs() <= 40.0,
             "send {i} at {} ms, previous ended at {} ms",
             send[i],
             send[i - 1] + e2e[i - 1]
@@ -130,27 +132,27 @@ async fn case_07_vllm_54101_client_queueing() {
         "E2E from schedule",
     );
     let mean = |v: Vec<f64>| v.iter().sum::<f64>() / v.len() as f64;
-    assert!((mean(col("e2el_ms")) - want["e2e_from_send_mean_ms"].as_f64().unwrap()).abs() <= 15.0);
+    assert!((mean(col("e2el_ms")) - want["e2e_from_send_mean_ms"].as_f64().unwrap()).abs() <= 40.0);
     assert!(
         (mean(col("e2el_from_schedule_ms")) - want["e2e_from_schedule_mean_ms"].as_f64().unwrap())
             .abs()
-            <= 30.0
+            <= 60.0
     );
     assert!(
         (mean(col("ttft_from_schedule_ms")) - want["ttft_from_schedule_mean_ms"].as_f64().unwrap())
             .abs()
-            <= 30.0
+            <= 60.0
     );
     // Both views are in the summary too.
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     let b = &summary["benchmarks"][0];
     assert!(
-        (b["e2el_from_schedule_ms"]["mean"].as_f64().unwrap() - 1900.0).abs() <= 30.0,
+        (b["e2el_from_schedule_ms"]["mean"].as_f64().unwrap() - 1900.0).abs() <= 60.0,
         "{b}"
     );
     assert!(
-        (b["e2el_ms"]["mean"].as_f64().unwrap() - 500.0).abs() <= 15.0,
+        (b["e2el_ms"]["mean"].as_f64().unwrap() - 500.0).abs() <= 40.0,
         "{b}"
     );
     assert_eq!(
