@@ -9,6 +9,7 @@ pub mod kube_api;
 pub mod netns;
 pub mod openmetrics;
 pub mod otlp;
+pub mod own_process;
 pub mod peers;
 pub mod pod_resources;
 pub mod prom_text;
