@@ -206,9 +206,38 @@ fn seed_command_without_target_uses_port_8000_and_openai_base_url() {
             && err.contains("--launch"),
         "{err}"
     );
+    // And a live one is used: one small benchmark (the seed's six ran above and in the
+    // `--launch` test; a second full run on the real server would only repeat them).
     let dir = temp::dir("launch-env");
-    check_seed_run(&seed_run(&dir, Some(format!("{}/v1", server.url()))), &dir);
-    assert_eq!(summary(&dir)["target"], format!("{}/", server.url()));
+    let out = Command::new(lmperf_bin())
+        .args([
+            "run",
+            "--model",
+            "gemma-3-270m",
+            "--batch-sizes",
+            "1",
+            "--seq-lengths",
+            "64",
+            "--num-prompts",
+            "2",
+            "--output-len",
+            "4",
+            "--output-dir",
+            dir.to_str().unwrap(),
+        ])
+        .env("OPENAI_BASE_URL", format!("{}/v1", server.url()))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = summary(&dir);
+    assert_eq!(s["target"], format!("{}/", server.url()));
+    let b = &s["benchmarks"][0];
+    assert!(b["completed"] == 2 && b["num_requests"] == 2, "{b}");
 }
 
 /// Ctrl-C while the server starts: lmperf stops it (SIGTERM to its process group) and exits 1

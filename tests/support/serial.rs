@@ -12,18 +12,62 @@
 //! is inside it too. A tokio mutex: a guard may be held across `.await`, and a failing test
 //! releases it as it unwinds (no poisoning).
 
-/// Held while a serial test runs; dropping it lets the next one start.
-pub type Guard = tokio::sync::MutexGuard<'static, ()>;
+use std::io::Write as _;
+use std::time::Instant;
+
+/// Held while a serial test runs; dropping it lets the next one start and, when
+/// `LMPERF_SERIAL_LOG` names a file, appends `<test>\t<waited s>\t<held s>` to it (how
+/// `cargo xtask ci` reports the serial chain, the floor of the e2e run's wall time).
+pub struct Guard {
+    _inner: tokio::sync::MutexGuard<'static, ()>,
+    test: String,
+    waited_s: f64,
+    since: Instant,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let Ok(path) = std::env::var("LMPERF_SERIAL_LOG") else {
+            return;
+        };
+        let line = format!(
+            "{}\t{:.1}\t{:.1}\n",
+            self.test,
+            self.waited_s,
+            self.since.elapsed().as_secs_f64()
+        );
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = f.write_all(line.as_bytes());
+        }
+    }
+}
 
 static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+fn guard(inner: tokio::sync::MutexGuard<'static, ()>, asked: Instant) -> Guard {
+    Guard {
+        _inner: inner,
+        test: std::thread::current().name().unwrap_or("?").to_owned(),
+        waited_s: asked.elapsed().as_secs_f64(),
+        since: Instant::now(),
+    }
+}
+
 /// In a `#[tokio::test]`: waits until no other serial test runs.
 pub async fn lock() -> Guard {
-    LOCK.lock().await
+    let asked = Instant::now();
+    // The test's name is its thread's name in libtest, also on a current-thread runtime.
+    let inner = LOCK.lock().await;
+    guard(inner, asked)
 }
 
 /// In a plain `#[test]` (outside any async runtime: tokio panics otherwise): blocks until no
 /// other serial test runs.
 pub fn lock_blocking() -> Guard {
-    LOCK.blocking_lock()
+    let asked = Instant::now();
+    guard(LOCK.blocking_lock(), asked)
 }

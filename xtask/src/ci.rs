@@ -2,29 +2,33 @@
 //!
 //! 0. `cargo xtask arch-check`: no import cycle in daemon/src, pure crates pure (source text
 //!    only, no build: seconds)
-//! 1. Style, first because it is fast and fails early: `cargo fmt --all --check`, then
-//!    `cargo clippy --workspace --all-targets --locked -- -D warnings` (the lints the project
-//!    allows are named in one place, `[workspace.lints]` of the root Cargo.toml; clippy also
-//!    type-checks the benchmarks, which no later step builds). `tests/peers/install.sh`
-//!    (network and pip, little CPU) runs beside it.
-//! 2. The real peers the integration tests talk to (that install, waited for); as root, the
-//!    apt packages that build the eBPF probes (`clang libbpf-dev bpftool`) and render the HTML
-//!    reports (`chromium`), when missing; and Debian's `prometheus` (server and `promtool` for
-//!    tests/alerts.rs), with its service kept from starting
+//! 1. `cargo fmt --all --check`, first because it takes seconds. `tests/peers/install.sh`
+//!    (network and pip, little CPU) starts beside it and runs on through the build.
+//! 2. As root, the apt packages that build the eBPF probes (`clang libbpf-dev bpftool`) and
+//!    render the HTML reports (`chromium`), when missing; and Debian's `prometheus` (server
+//!    and `promtool` for the alert rule tests), with its service kept from starting. Then the
+//!    **lane** starts at nice 19 (`cargo xtask ci-lane`, [`lane`]): `cargo clippy --workspace
+//!    --all-targets --locked -- -D warnings` (the lints the project allows are named in one
+//!    place, `[workspace.lints]` of the root Cargo.toml; clippy also type-checks the
+//!    benchmarks, which no later step builds) in `target/clippy`, then `cargo xtask fuzz
+//!    --seconds 30` (cargo-fuzz installed once into `$CARGO_HOME/bin`, a nightly build of the
+//!    small fuzz crate; the long run is `cargo xtask fuzz`, 10 minutes). At the lowest
+//!    priority it takes only the CPU that the build and the tests leave idle (the e2e tests
+//!    mostly wait on servers and timers), instead of ~8 minutes of wall time of its own.
 //! 3. `cargo build --workspace --locked --bins --tests --examples`: what the tests run (the
-//!    e2e tests spawn target/debug/lmperf), not the benchmarks (`cargo bench` builds those)
+//!    e2e tests spawn target/debug/lmperf), not the benchmarks (`cargo bench` builds those);
+//!    then the peers' install is waited for.
 //! 4. The tests, `--no-fail-fast`, in three runs of `cargo test --workspace` (the build's
 //!    packages and features): the unit tests (`--lib --bins`) one test at a time per binary
 //!    ([`UNIT_TEST_THREADS`]), the doc tests, then the integration tests (`--test '*'`: the one
 //!    e2e binary, `tests/tests.rs`) with [`E2E_TEST_THREADS`] tests at a time, those that
-//!    start the real model server or time CPU work one after another (`tests/support/serial.rs`),
-//!    each test's time printed by libtest (`--report-time`) and the slowest listed. As root on a
-//!    kernel with BTF, with `LMPERF_REQUIRE_EBPF=1` so the probe tests must run; as root, with
+//!    start the real model server or time CPU work one after another (`tests/support/serial.rs`,
+//!    whose chain is printed from `LMPERF_SERIAL_LOG`), each test's time printed by libtest
+//!    (`--report-time`) and the slowest listed. As root on a kernel with BTF, with
+//!    `LMPERF_REQUIRE_EBPF=1` so the probe tests must run; as root, with
 //!    `LMPERF_REQUIRE_CHROMIUM=1` so the report render tests must run, and with
 //!    `LMPERF_REQUIRE_PROMETHEUS=1` so the alerting rule tests must run
-//! 5. `cargo xtask fuzz --seconds 30`: a short run of the fuzz target over the stream
-//!    measurement (cargo-fuzz installed once into `$CARGO_HOME/bin`, a nightly build of the
-//!    small fuzz crate, 30 s of fuzzing; the long run is `cargo xtask fuzz`, 10 minutes)
+//! 5. The lane is waited for (its log printed); CI fails if it failed.
 //!
 //! Each step's time is printed as it ends, and all of them at the end.
 
@@ -63,7 +67,7 @@ pub fn run(args: &[String]) -> Result<()> {
     crate::arch_check::run(&[])?;
     times.push("arch-check", arch);
 
-    // [1/5] Style, with the peers installing beside it.
+    // [1/5] Format, with the peers installing beside it and the build.
     let peers_log = crate::root().join("target/ci-peers.log");
     std::fs::create_dir_all(crate::root().join("target"))?;
     let peers = spawn_logged(crate::install_peers_cmd(), &peers_log)
@@ -72,25 +76,10 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut fmt = crate::cargo();
     fmt.args(["fmt", "--all", "--check"]);
     crate::step("[1/5] cargo fmt --all --check", fmt)?;
-    let mut clippy = crate::cargo();
-    clippy.args([
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--locked",
-        "--",
-        "-D",
-        "warnings",
-    ]);
-    crate::step(
-        "[1/5] cargo clippy --workspace --all-targets --locked -- -D warnings",
-        clippy,
-    )?;
-    times.push("style (fmt, clippy)", style);
-
-    // [2/5] Peers and packages.
+    times.push("fmt", style);
+    // [2/5] Packages (the build needs clang and libbpf for the probes); the peers go on
+    // installing beside the build and are waited for before the tests.
     let started = Instant::now();
-    wait_logged("[2/5] tests/peers/install.sh", peers, &peers_log)?;
     let root = is_root();
     if root {
         install_apt_packages()?;
@@ -100,7 +89,18 @@ pub fn run(args: &[String]) -> Result<()> {
             "==> not root: eBPF build packages and chromium not installed, probe and render tests skip themselves"
         );
     }
-    times.push("peers and packages", started);
+    times.push("packages", started);
+
+    // The low-priority lane: clippy and the short fuzz run at nice 19, beside the build and
+    // the tests (which mostly wait on servers and timers): they use the CPU time that the
+    // rest leaves idle instead of 8 minutes of their own. Awaited after the tests.
+    let lane_log = crate::root().join("target/ci-lane.log");
+    let lane = Instant::now();
+    let lane_child = spawn_logged(lane_cmd()?, &lane_log).context("cannot start the lane")?;
+    println!(
+        "\n==> [5/5] clippy and fuzz: started at nice 19 beside the build and the tests (log: {})",
+        lane_log.display()
+    );
 
     // [3/5] Build what the tests run.
     let started = Instant::now();
@@ -118,6 +118,9 @@ pub fn run(args: &[String]) -> Result<()> {
         build,
     )?;
     times.push("build", started);
+    let started = Instant::now();
+    wait_logged("[3/5] tests/peers/install.sh", peers, &peers_log)?;
+    times.push("peers (after the build)", started);
 
     // [4/5] The tests.
     let mut env: Vec<(&str, &str)> = Vec::new();
@@ -163,6 +166,8 @@ pub fn run(args: &[String]) -> Result<()> {
     times.push("unit and doc tests", started);
 
     let started = Instant::now();
+    let serial_log = crate::root().join("target/ci-serial.log");
+    let _ = std::fs::remove_file(&serial_log);
     let mut e2e = crate::cargo();
     // libtest prints each test's time with `--report-time`, an unstable option it accepts
     // when RUSTC_BOOTSTRAP is set at run time: set through a runner, for the test binary
@@ -183,6 +188,7 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     e2e.args(["-Z", "unstable-options", "--report-time"])
         .env("RUST_TEST_THREADS", E2E_TEST_THREADS.to_string())
+        .env("LMPERF_SERIAL_LOG", &serial_log)
         .envs(env.iter().copied());
     let header_e2e = format!(
         "[4/5] cargo test --workspace --locked --no-fail-fast --test '*' {} (the e2e binary and any other integration test, {E2E_TEST_THREADS} tests at a time)",
@@ -198,21 +204,89 @@ pub fn run(args: &[String]) -> Result<()> {
     );
     unit_run.print_slowest("unit test binaries", 5);
     e2e_run.print_slowest("e2e tests", 15);
+    print_serial_chain(&serial_log, 12);
     // One plain closing line, so a reader of the log sees the whole suite's count rather than
     // the last test binary's (often the empty doc-test run).
     println!("\nci: {passed} passed, {failed} failed");
+
+    // [5/5] The lane: clippy and fuzz, waited for.
+    let started = Instant::now();
+    let lane_ok = wait_logged(
+        "[5/5] clippy and fuzz (the nice 19 lane)",
+        lane_child,
+        &lane_log,
+    );
+    println!(
+        "==> the lane ran {:.1} s in all; CI waited {:.1} s for it after the tests",
+        lane.elapsed().as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    times.push("clippy and fuzz (after the tests)", started);
+    times.print();
     if !unit_run.ok || !e2e_run.ok || failed > 0 {
-        times.print();
         bail!("the tests failed");
     }
+    lane_ok
+}
 
-    // [5/5] A short fuzz run.
-    let started = Instant::now();
-    println!("\n==> [5/5] cargo xtask fuzz --seconds {CI_FUZZ_SECONDS}");
-    crate::fuzz::run(&["--seconds".to_owned(), CI_FUZZ_SECONDS.to_string()])?;
-    times.push("fuzz", started);
-    times.print();
-    Ok(())
+/// The serial lock's chain from `tests/support/serial.rs`'s log (`test\twaited s\theld s`
+/// lines): the sum of the held times is the floor of the e2e run's wall time.
+fn print_serial_chain(log: &std::path::Path, n: usize) {
+    let Ok(text) = std::fs::read_to_string(log) else {
+        return;
+    };
+    let mut held: Vec<(f64, &str)> = text
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split('\t');
+            let name = f.next()?;
+            let secs = f.nth(1)?.parse::<f64>().ok()?;
+            Some((secs, name))
+        })
+        .collect();
+    held.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let total: f64 = held.iter().map(|h| h.0).sum();
+    println!(
+        "\nci: serial chain: {} tests held the lock {total:.0} s in all (the e2e run's floor); the longest:",
+        held.len()
+    );
+    for (secs, name) in held.iter().take(n) {
+        println!("  {secs:>7.1} s  {name}");
+    }
+}
+
+/// `nice -n 19 <this xtask binary> ci-lane`: the binary itself rather than `cargo xtask`,
+/// which would wait for the build directory's lock that `cargo test` holds.
+fn lane_cmd() -> Result<std::process::Command> {
+    let exe = std::env::current_exe().context("the xtask binary's path")?;
+    let mut cmd = std::process::Command::new("nice");
+    cmd.args(["-n", "19"])
+        .arg(exe)
+        .arg("ci-lane")
+        .current_dir(crate::root());
+    Ok(cmd)
+}
+
+/// `cargo xtask ci-lane` (started by `ci`, at nice 19): `cargo clippy --workspace
+/// --all-targets --locked -- -D warnings` in its own target dir (`target/clippy`: the build
+/// directory of `target/debug` stays locked by the tests), then `cargo xtask fuzz --seconds
+/// 30`. Fails on the first that fails.
+pub fn lane(args: &[String]) -> Result<()> {
+    if let Some(a) = args.first() {
+        bail!("unexpected argument {a:?}: ci-lane takes none");
+    }
+    let mut clippy = crate::cargo();
+    clippy
+        .args(["clippy", "--workspace", "--all-targets", "--locked"])
+        .arg("--target-dir")
+        .arg(crate::root().join("target/clippy"))
+        .args(["--", "-D", "warnings"]);
+    crate::step(
+        "cargo clippy --workspace --all-targets --locked -- -D warnings",
+        clippy,
+    )?;
+    println!("\n==> cargo xtask fuzz --seconds {CI_FUZZ_SECONDS}");
+    crate::fuzz::run(&["--seconds".to_owned(), CI_FUZZ_SECONDS.to_string()])
 }
 
 /// Seconds of the fuzz run in CI (`cargo xtask fuzz` alone runs 600).
@@ -257,7 +331,7 @@ fn wait_logged(header: &str, mut child: std::process::Child, log: &std::path::Pa
         bail!("`{header}` failed ({status})");
     }
     println!(
-        "==> {header}: ok (waited {:.1} s after the style step)",
+        "==> {header}: ok (waited {:.1} s for it)",
         started.elapsed().as_secs_f64()
     );
     Ok(())

@@ -61,6 +61,7 @@ fn main() -> ExitCode {
     let rest: Vec<String> = args.collect();
     let result = match task.as_deref() {
         Some("ci") => ci::run(&rest),
+        Some("ci-lane") => ci::lane(&rest),
         Some("arch-check") => arch_check::run(&rest),
         Some("demo") => demo::run(&rest),
         Some("gpu-check") => gpu_check::run(&rest),

@@ -565,7 +565,6 @@ fn verdict(better: Better, ci: Option<(f64, f64)>) -> Verdict {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn delta(
     metric: String,
     unit: &'static str,

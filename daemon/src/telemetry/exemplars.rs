@@ -105,21 +105,37 @@ fn unix_s(t: SystemTime) -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
+/// One canary whose trace was kept, as [`ExemplarStore::offer_request`] takes it.
+#[derive(Debug, Clone, Copy)]
+pub struct KeptRequest {
+    /// Its trace and span: what the exemplar links to.
+    pub trace_id: TraceId,
+    pub span_id: SpanId,
+    /// When the request ended (the exemplar's timestamp).
+    pub end: SystemTime,
+    /// Its operation duration (E2E latency).
+    pub e2e: Duration,
+    /// Its time to first chunk, where one came.
+    pub ttft: Option<Duration>,
+}
+
 impl ExemplarStore {
     /// Offers one kept canary's observations: its operation duration, TTFT and the gaps
     /// between its output chunks (per bucket, the largest gap of the canary in it), with the
-    /// attributes its histogram points were recorded with. `end` is the end of the request.
-    #[allow(clippy::too_many_arguments)]
+    /// attributes its histogram points were recorded with.
     pub fn offer_request(
         &self,
         attrs: &[KeyValue],
-        trace_id: TraceId,
-        span_id: SpanId,
-        end: SystemTime,
-        e2e: Duration,
-        ttft: Option<Duration>,
+        req: KeptRequest,
         chunk_gaps: impl Iterator<Item = Duration>,
     ) {
+        let KeptRequest {
+            trace_id,
+            span_id,
+            end,
+            e2e,
+            ttft,
+        } = req;
         let key = series_key(attrs);
         let ts = unix_s(end);
         let ex = |v: Duration| Exemplar {
@@ -273,32 +289,38 @@ mod tests {
         // Two canaries in the 0.16 s bucket of the operation duration, the second newer.
         s.offer_request(
             &attrs(),
-            t1,
-            s1,
-            at(10),
-            Duration::from_millis(150),
-            None,
+            KeptRequest {
+                trace_id: t1,
+                span_id: s1,
+                end: at(10),
+                e2e: Duration::from_millis(150),
+                ttft: None,
+            },
             none,
         );
         let gaps = [30, 40, 180].map(Duration::from_millis).into_iter();
         s.offer_request(
             &attrs(),
-            t2,
-            s2,
-            at(11),
-            Duration::from_millis(120),
-            Some(Duration::from_millis(15)),
+            KeptRequest {
+                trace_id: t2,
+                span_id: s2,
+                end: at(11),
+                e2e: Duration::from_millis(120),
+                ttft: Some(Duration::from_millis(15)),
+            },
             gaps,
         );
         // An older one arriving late does not replace it.
         let none = std::iter::empty();
         s.offer_request(
             &attrs(),
-            t3,
-            s3,
-            at(9),
-            Duration::from_millis(100),
-            None,
+            KeptRequest {
+                trace_id: t3,
+                span_id: s3,
+                end: at(9),
+                e2e: Duration::from_millis(100),
+                ttft: None,
+            },
             none,
         );
         let key = series_key(&attrs());
@@ -360,15 +382,27 @@ mod tests {
         let ttft = Some(Duration::from_millis(50));
         s.offer_request(
             &attrs(),
-            t1,
-            s1,
-            at(1),
-            Duration::from_millis(400),
-            ttft,
+            KeptRequest {
+                trace_id: t1,
+                span_id: s1,
+                end: at(1),
+                e2e: Duration::from_millis(400),
+                ttft,
+            },
             gaps,
         );
         let none = std::iter::empty();
-        s.offer_request(&attrs(), t2, s2, at(2), Duration::from_secs(3), None, none);
+        s.offer_request(
+            &attrs(),
+            KeptRequest {
+                trace_id: t2,
+                span_id: s2,
+                end: at(2),
+                e2e: Duration::from_secs(3),
+                ttft: None,
+            },
+            none,
+        );
         s.offer_counter(DIAGNOSIS_CONFIRMED_FAMILY, &attrs(), t1, s1, at(1), 1.0);
         s.forget_trace(t1);
         let key = series_key(&attrs());
@@ -398,11 +432,13 @@ mod tests {
             let a = [KeyValue::new("lmperf.target", i.to_string())];
             s.offer_request(
                 &a,
-                t,
-                sp,
-                at(1),
-                Duration::from_millis(5),
-                None,
+                KeptRequest {
+                    trace_id: t,
+                    span_id: sp,
+                    end: at(1),
+                    e2e: Duration::from_millis(5),
+                    ttft: None,
+                },
                 std::iter::empty(),
             );
         }

@@ -235,13 +235,16 @@ impl Telemetry {
             let r = &m.record;
             self.exemplars.offer_request(
                 &metrics::histogram_attrs(&mc, m),
-                ids.trace_id,
-                ids.span_id,
-                m.wall_start
-                    .checked_add(r.e2e)
-                    .unwrap_or_else(std::time::SystemTime::now),
-                r.e2e,
-                r.ttft,
+                exemplars::KeptRequest {
+                    trace_id: ids.trace_id,
+                    span_id: ids.span_id,
+                    end: m
+                        .wall_start
+                        .checked_add(r.e2e)
+                        .unwrap_or_else(std::time::SystemTime::now),
+                    e2e: r.e2e,
+                    ttft: r.ttft,
+                },
                 r.token_chunk_times
                     .windows(2)
                     .map(|w| w[1].saturating_sub(w[0])),

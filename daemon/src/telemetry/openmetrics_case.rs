@@ -79,11 +79,13 @@ fn same_series_as_classic_with_exemplars_on_kept_buckets() {
     let end = SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_250);
     store.offer_request(
         &a,
-        t,
-        s,
-        end,
-        Duration::from_millis(150),
-        None,
+        crate::telemetry::exemplars::KeptRequest {
+            trace_id: t,
+            span_id: s,
+            end,
+            e2e: Duration::from_millis(150),
+            ttft: None,
+        },
         std::iter::empty(),
     );
     c.add(2, &b);
@@ -98,11 +100,13 @@ fn same_series_as_classic_with_exemplars_on_kept_buckets() {
     let t2 = TraceId::from(7_u128);
     store.offer_request(
         &a,
-        t2,
-        s,
-        end,
-        Duration::from_secs(100),
-        None,
+        crate::telemetry::exemplars::KeptRequest {
+            trace_id: t2,
+            span_id: s,
+            end,
+            e2e: Duration::from_secs(100),
+            ttft: None,
+        },
         std::iter::empty(),
     );
 
