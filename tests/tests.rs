@@ -44,4 +44,5 @@ mod spike;
 mod sse_cases;
 mod summary_csv;
 mod support_checks;
+mod traffic;
 mod workload;

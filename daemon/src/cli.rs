@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod analyze;
 mod ctl;
+pub mod traffic;
 pub mod workload;
 
 pub use analyze::{AnalyzeArgs, Format};
@@ -219,123 +220,143 @@ impl CompareArgs {
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// Base URL of an OpenAI-compatible server (a trailing /v1 is fine); default:
-    /// OPENAI_BASE_URL, else http://127.0.0.1:8000 (vLLM's default).
-    #[arg(long, value_name = "URL", conflicts_with = "launch")]
-    pub target: Option<String>,
+    /// OPENAI_BASE_URL, else http://127.0.0.1:8000 (vLLM's default). Given more than once:
+    /// one schedule spread over the endpoints (--endpoint-policy), a block per endpoint.
+    #[arg(long, value_name = "URL", conflicts_with = "launch", action = clap::ArgAction::Append, help_heading = "Target")]
+    pub target: Vec<String>,
     /// Model name; default: the first model of GET /v1/models.
-    #[arg(long)]
+    #[arg(long, help_heading = "Target")]
     pub model: Option<String>,
     /// API to call.
-    #[arg(long, value_parser = ["chat", "completions"], default_value = "completions")]
+    #[arg(long, value_parser = ["chat", "completions"], default_value = "completions", help_heading = "Target")]
     pub api: String,
     /// Concurrency levels: requests in flight at most, one benchmark each.
     /// Default: 1, or 4096 with `--trace` (a replay is open loop: the trace's own arrivals
     /// decide the concurrency, as in `vllm bench serve` without `--max-concurrency`).
-    #[arg(long = "batch-sizes", visible_alias = "concurrency", num_args = 1.., conflicts_with = "max_concurrency")]
+    #[arg(long = "batch-sizes", visible_alias = "concurrency", num_args = 1.., conflicts_with = "max_concurrency", help_heading = "Workload")]
     pub batch_sizes: Vec<usize>,
     /// One concurrency level (same as a single --batch-sizes value).
-    #[arg(long)]
+    #[arg(long, help_heading = "Workload")]
     pub max_concurrency: Option<usize>,
     /// Input lengths in tokens, one benchmark each.
-    #[arg(long = "seq-lengths", visible_alias = "input-lengths", num_args = 1.., default_values_t = [128u32])]
+    #[arg(long = "seq-lengths", visible_alias = "input-lengths", num_args = 1.., default_values_t = [128u32], help_heading = "Workload")]
     pub seq_lengths: Vec<u32>,
     /// Output length in tokens (max_tokens; with ignore_eos/min_tokens where the server has them).
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, help_heading = "Workload")]
     pub output_len: u32,
     /// Measured requests per benchmark.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, help_heading = "Workload")]
     pub num_prompts: usize,
     /// Requests per second, or `inf` to send all at once (bounded by the concurrency).
-    #[arg(long, default_value = "inf")]
+    #[arg(long, default_value = "inf", help_heading = "Workload")]
     pub request_rate: String,
     /// Gaps between sends with a finite rate.
-    #[arg(long, value_parser = ["poisson", "gamma", "constant"], default_value = "poisson")]
+    #[arg(long, value_parser = ["poisson", "gamma", "constant"], default_value = "poisson", help_heading = "Workload")]
     pub arrival: String,
     /// Gamma shape of the gaps (1 = Poisson, < 1 burstier, > 1 steadier).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, help_heading = "Workload")]
     pub burstiness: f64,
     /// Requests before each benchmark that are not counted.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, help_heading = "Workload")]
     pub warmup: usize,
     /// Stop scheduling after this long (e.g. 60s).
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = humantime::parse_duration, help_heading = "Workload")]
     pub duration: Option<Duration>,
     /// Seed of prompts and schedule (same seed, same run).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, help_heading = "Workload")]
     pub seed: u64,
     /// SLOs for goodput: ttft:MS tpot:MS e2el:MS.
-    #[arg(long, num_args = 1..)]
+    #[arg(long, num_args = 1.., help_heading = "SLO and capacity")]
     pub goodput: Vec<String>,
-    /// Exit 3 when a gate trips: e.g. ttft_p99_ms>500 e2el_mean_ms>2000 error_rate>0.01.
-    #[arg(long, num_args = 1..)]
+    /// Exit 3 when a gate trips: e.g. ttft_p99_ms>500 e2el_mean_ms>2000 error_rate>0.01;
+    /// with --probe-rate, the same on the probes alone: probe_ttft_p99_ms>300 probe_error_rate>0.
+    #[arg(long, num_args = 1.., help_heading = "SLO and capacity")]
     pub fail_on: Vec<String>,
     /// Do not ask the server to ignore EOS (output lengths then vary).
-    #[arg(long)]
+    #[arg(long, help_heading = "Workload")]
     pub no_ignore_eos: bool,
     /// Deadline of one request.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "600s")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "600s", help_heading = "Target")]
     pub timeout: Duration,
     /// Name of the environment variable that holds the API key (default LMPERF_API_KEY).
-    #[arg(long, value_name = "VAR")]
+    #[arg(long, value_name = "VAR", help_heading = "Target")]
     pub api_key_env: Option<String>,
     /// File that holds the API key.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", help_heading = "Target")]
     pub api_key_file: Option<String>,
     /// Peak VRAM per benchmark from NVML (`auto`: when a driver is present), or `off`.
-    #[arg(long, value_parser = ["auto", "off"], default_value = "auto")]
+    #[arg(long, value_parser = ["auto", "off"], default_value = "auto", help_heading = "Output")]
     pub gpu: String,
     /// NVML library path (default: libnvidia-ml.so.1 from the loader's path).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", help_heading = "Output")]
     pub nvml_library: Option<std::path::PathBuf>,
     /// Where requests.jsonl and summary.json go.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", help_heading = "Output")]
     pub output_dir: std::path::PathBuf,
     /// Length distributions, trace replay, prompt files, ramps.
     #[command(flatten)]
     pub workload: workload::WorkloadArgs,
     /// Export each measured request as a GenAI span and metric points to this OTLP endpoint
     /// (also OTEL_EXPORTER_OTLP_ENDPOINT and the other OTEL_EXPORTER_OTLP_* variables).
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", help_heading = "Output")]
     pub otlp_endpoint: Option<String>,
     /// OTLP protocol (default: OTEL_EXPORTER_OTLP_PROTOCOL, else http/protobuf).
-    #[arg(long, value_parser = ["grpc", "http/protobuf"])]
+    #[arg(long, value_parser = ["grpc", "http/protobuf"], help_heading = "Output")]
     pub otlp_protocol: Option<String>,
     /// Run each benchmark K times; summary.json gives the coefficient of variation of each
     /// metric across the runs and flags those above 1.5 %.
-    #[arg(long, value_name = "K", default_value_t = 1)]
+    #[arg(long, value_name = "K", default_value_t = 1, help_heading = "Workload")]
     pub repeat: usize,
     /// Choices per request (the API's `n`); each choice is measured on its own.
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    #[arg(long, value_name = "N", default_value_t = 1, help_heading = "Workload")]
     pub n: u32,
     /// Start the server for --model first (on a free loopback port, output in server.log),
     /// warm it up, and stop it at the end: vllm, sglang, llama-server, or a command with
     /// {model} and {port}, e.g. "my-server --model {model} --port {port}".
-    #[arg(long, value_name = "SERVER", requires = "model")]
+    #[arg(
+        long,
+        value_name = "SERVER",
+        requires = "model",
+        help_heading = "Target"
+    )]
     pub launch: Option<String>,
     /// How long a launched server may take to answer (big models load slowly).
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "20m")]
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "20m", help_heading = "Target")]
     pub launch_timeout: Duration,
     /// Capacity search: the highest open-loop request rate at which every --slo holds
     /// (bracketing, then bisection to --precision), and the knee where queueing starts.
-    #[arg(long, requires = "slo")]
+    #[arg(long, requires = "slo", help_heading = "SLO and capacity")]
     pub find_max_rate: bool,
     /// SLOs of --find-max-rate: METRIC_pQ:LIMIT, e.g. ttft_p99:500ms tpot_p99:50ms.
-    #[arg(long, num_args = 1.., requires = "find_max_rate")]
+    #[arg(long, num_args = 1.., requires = "find_max_rate", help_heading = "SLO and capacity")]
     pub slo: Vec<String>,
     /// Precision of --find-max-rate, relative (5% or 0.05).
-    #[arg(long, default_value = "5%", requires = "find_max_rate")]
+    #[arg(
+        long,
+        default_value = "5%",
+        requires = "find_max_rate",
+        help_heading = "SLO and capacity"
+    )]
     pub precision: String,
     /// Highest rate --find-max-rate offers, req/s.
-    #[arg(long, requires = "find_max_rate")]
+    #[arg(long, requires = "find_max_rate", help_heading = "SLO and capacity")]
     pub max_rate: Option<f64>,
     /// Requests per --find-max-rate step instead of the order-statistic rule's (fewer: a
     /// less certain p99).
-    #[arg(long, requires = "find_max_rate")]
+    #[arg(long, requires = "find_max_rate", help_heading = "SLO and capacity")]
     pub step_requests: Option<usize>,
     /// A YAML load profile (prompt_length, concurrency, token_rate) followed for --duration
     /// (default 60 s); edits of the file apply while it runs.
-    #[arg(long, value_name = "FILE", conflicts_with = "find_max_rate")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with = "find_max_rate",
+        help_heading = "Workload"
+    )]
     pub profile: Option<std::path::PathBuf>,
+    /// LoRA adapters, several endpoints, canary probes.
+    #[command(flatten)]
+    pub traffic: traffic::TrafficArgs,
 }
 
 /// `--find-max-rate` flags, checked.
@@ -434,8 +455,13 @@ impl RunArgs {
             }),
             None => None,
         };
+        let targets = if self.target.is_empty() {
+            vec![default_target(env)]
+        } else {
+            self.target.clone()
+        };
         let overrides = Overrides {
-            targets: vec![self.target.clone().unwrap_or_else(|| default_target(env))],
+            targets,
             canary: RawCanary {
                 model: self.model,
                 api: Some(self.api),
@@ -466,6 +492,26 @@ impl RunArgs {
         }
         let mut cfg = crate::config::load(overrides, env).map_err(|e| e.to_string())?;
         let target = cfg.targets.remove(0);
+        let traffic = self
+            .traffic
+            .into_traffic(std::mem::take(&mut cfg.targets))?;
+        // A profile sends through its own scheduler: these flags would be ignored there.
+        if let Some(p) = &self.profile {
+            let refused = [
+                (traffic.probe_rate.is_some(), "--probe-rate"),
+                (traffic.lora.is_some(), "--lora-modules"),
+                (
+                    !traffic.more_endpoints.is_empty(),
+                    "--target (more than one)",
+                ),
+            ];
+            if let Some((_, flag)) = refused.iter().find(|(on, _)| *on) {
+                return Err(format!(
+                    "{flag}: not with --profile {} (it applies to the benchmarks of the matrix and --find-max-rate)",
+                    p.display()
+                ));
+            }
+        }
         let request_rate = match self.request_rate.as_str() {
             "inf" => None,
             r => Some(
@@ -615,6 +661,7 @@ impl RunArgs {
             find_rate,
             profile,
             n: self.n,
+            traffic,
         })
     }
 }
@@ -841,6 +888,12 @@ mod tests {
             (&["--repeat", "2"][..], "--repeat"),
             (&["--batch-sizes", "1", "2"], "--batch-sizes"),
             (&["--seq-lengths", "32", "64"], "--seq-lengths"),
+            (&["--probe-rate", "2"], "--probe-rate"),
+            (&["--lora-modules", "a"], "--lora-modules"),
+            (
+                &["--target", "http://127.0.0.1:10"],
+                "--target (more than one)",
+            ),
         ] {
             let e = spec(extra).unwrap_err();
             assert!(
@@ -914,5 +967,106 @@ mod tests {
             .is_ok()
         );
         let _ = std::fs::remove_file(&tpl);
+    }
+
+    /// `--lora-modules`, `--target` repeated, `--endpoint-policy`, `--probe-rate` into the
+    /// spec; bad values named; `--help` groups the run flags under headings.
+    #[test]
+    fn run_traffic_flags_and_help_groups() {
+        use crate::bench::traffic::{Assignment, EndpointPolicy};
+        struct NoEnv;
+        impl crate::config::Env for NoEnv {
+            fn var(&self, _: &str) -> Option<String> {
+                None
+            }
+        }
+        let spec = |extra: &[&str]| {
+            let mut args = vec!["lmperf", "run", "--output-dir", "/tmp/lmperf-unused"];
+            args.extend_from_slice(extra);
+            match Cli::try_parse_from(args).unwrap().command {
+                super::Command::Run(r) => r.into_spec(&NoEnv),
+                _ => unreachable!(),
+            }
+        };
+        let s = spec(&[
+            "--target",
+            "http://127.0.0.1:9",
+            "--target",
+            "http://127.0.0.1:10",
+            "--lora-modules",
+            "a",
+            "b",
+            "--lora-assignment",
+            "round-robin",
+            "--endpoint-policy",
+            "least-outstanding",
+            "--probe-rate",
+            "2.5",
+        ])
+        .unwrap();
+        assert_eq!(s.target.port, 9);
+        let t = &s.traffic;
+        assert_eq!(
+            t.more_endpoints.iter().map(|e| e.port).collect::<Vec<_>>(),
+            [10]
+        );
+        assert_eq!(t.endpoint_policy, EndpointPolicy::LeastOutstanding);
+        assert_eq!(t.probe_rate, Some(2.5));
+        let lora = t.lora.as_ref().unwrap();
+        assert_eq!(
+            (lora.adapters.len(), lora.assignment),
+            (2, Assignment::RoundRobin)
+        );
+        // The seed command: one target, nothing spread, no probes.
+        let plain = spec(&["--target", "http://127.0.0.1:9"]).unwrap();
+        assert_eq!(plain.traffic, crate::bench::traffic::Traffic::default());
+        let t = "http://127.0.0.1:9";
+        assert_eq!(
+            spec(&["--target", t, "--probe-rate", "0"]).unwrap_err(),
+            "--probe-rate 0: a positive number of probes per second, at most 1000"
+        );
+        assert_eq!(
+            spec(&[
+                "--target",
+                t,
+                "--lora-modules",
+                "a",
+                "b",
+                "--lora-weights",
+                "1"
+            ])
+            .unwrap_err(),
+            "--lora-weights: 1 weights for 2 adapters (one per --lora-modules name)"
+        );
+        let mut cmd = <Cli as clap::CommandFactory>::command();
+        let help = cmd
+            .find_subcommand_mut("run")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        let at = |needle: &str| {
+            help.find(needle)
+                .unwrap_or_else(|| panic!("{needle}: {help}"))
+        };
+        let groups = [
+            ("Target:", "--target <URL>"),
+            ("Workload:", "--batch-sizes"),
+            ("Datasets:", "--trace <PATH>"),
+            ("LoRA:", "--lora-modules"),
+            ("Endpoints:", "--endpoint-policy"),
+            ("Probes:", "--probe-rate"),
+            ("SLO and capacity:", "--find-max-rate"),
+            ("Output:", "--output-dir"),
+        ];
+        for (heading, flag) in groups {
+            // The flag's own line (6 spaces in), under the last heading above it.
+            let f = at(&format!("\n      {flag}"));
+            let owner = groups
+                .iter()
+                .map(|(h, _)| (at(&format!("\n{h}")), *h))
+                .filter(|(p, _)| *p < f)
+                .max();
+            assert_eq!(owner.map(|o| o.1), Some(heading), "{flag}");
+        }
     }
 }

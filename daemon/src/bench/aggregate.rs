@@ -224,6 +224,8 @@ pub struct Summarizer {
     output_tokens_target: Accumulator,
     prompt_tokens: Accumulator,
     prompt_tokens_mismatch: usize,
+    /// Per adapter, per endpoint, probes ([`super::groups`]).
+    groups: super::groups::Groups,
 }
 
 /// What [`Summarizer::finish`] needs from the run besides the rows.
@@ -249,6 +251,10 @@ impl Summarizer {
 
     /// Adds one request (successful requests feed the latency statistics).
     pub fn push(&mut self, r: &RequestRow) {
+        // A probe counts in its own block only.
+        if self.groups.push(r, self.goodput) {
+            return;
+        }
         self.num_requests += 1;
         let s = self.spans.entry(r.repeat).or_insert((f64::INFINITY, 0.0));
         *s = (s.0.min(r.send_ms), s.1.max(r.send_ms + r.e2el_ms));
@@ -348,6 +354,7 @@ impl Summarizer {
         let g = self.goodput;
         let goodput = (g.ttft_ms.is_some() || g.tpot_ms.is_some() || g.e2el_ms.is_some())
             .then(|| self.meets_goodput as f64 / duration_s);
+        let groups = self.groups.finish(g);
         super::BenchSummary {
             benchmark: shape.name.to_owned(),
             concurrency: shape.concurrency,
@@ -388,6 +395,9 @@ impl Summarizer {
             repeat: None,
             warmup_requests: 0,
             warmup_s: 0.0,
+            adapters: groups.adapters,
+            endpoints: groups.endpoints,
+            probes: groups.probes,
         }
     }
 }

@@ -224,6 +224,10 @@ pub struct Comparison {
     pub only_in_new: Vec<String>,
     pub gates: Vec<GateResult>,
     pub failed_gates: Vec<String>,
+    /// `--lora-modules`: each pair of the new run's adapters per benchmark, the first as base
+    /// (`c1_in8 [adapter a vs b]`); gates do not apply (absent without adapters).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub adapter_pairs: Vec<BenchComparison>,
 }
 
 /// The fields of a `requests.jsonl` line that compare uses.
@@ -243,6 +247,40 @@ struct Req {
     tpot_ms: Option<f64>,
     e2el_ms: f64,
     output_tokens: Option<u64>,
+    /// `--lora-modules`: the adapter; its requests also form `BENCH [adapter NAME]`.
+    #[serde(default)]
+    adapter: Option<String>,
+    /// `--target` repeated: the endpoint; its requests also form `BENCH [endpoint URL]`.
+    #[serde(default)]
+    endpoint: Option<String>,
+    /// `--probe-rate`: a probe, in `BENCH [probes]` only.
+    #[serde(default)]
+    probe: bool,
+}
+
+/// The name of a benchmark's group in compare (`c4_in128 [adapter sql]`, `… [probes]`).
+fn group_name(bench: &str, kind: &str, key: Option<&str>) -> String {
+    match key {
+        Some(k) => format!("{bench} [{kind} {k}]"),
+        None => format!("{bench} [{kind}]"),
+    }
+}
+
+/// A group block of `summary.json` (`adapters.NAME`, `endpoints.URL`, `probes`) as a benchmark
+/// of its own: its throughputs from the block, its requests added as they are read.
+fn group_bench(g: &serde_json::Value) -> Bench {
+    let rate = g["request_throughput"].as_f64();
+    let completed = g["completed"].as_f64().unwrap_or(0.0);
+    let tokens = g["total_output_tokens"].as_f64().unwrap_or(0.0);
+    Bench {
+        requests: Vec::new(),
+        request_throughput: rate,
+        // Tokens over the group's span (completed / request rate).
+        output_throughput: rate
+            .filter(|r| *r > 0.0 && completed > 0.0)
+            .map(|r| tokens * r / completed),
+        server: serde_json::Value::Null,
+    }
 }
 
 /// One benchmark of one run.
@@ -309,7 +347,21 @@ fn read_run(dir: &Path) -> Result<Run, CompareError> {
             server: b["server"].clone(),
         };
         order.push(name.clone());
-        benches.insert(name, bench);
+        benches.insert(name.clone(), bench);
+        for kind in ["adapter", "endpoint"] {
+            if let Some(m) = b[format!("{kind}s")].as_object() {
+                for (k, g) in m {
+                    let n = group_name(&name, kind, Some(k));
+                    order.push(n.clone());
+                    benches.insert(n, group_bench(g));
+                }
+            }
+        }
+        if b["probes"].is_object() {
+            let n = group_name(&name, "probes", None);
+            order.push(n.clone());
+            benches.insert(n, group_bench(&b["probes"]));
+        }
     }
     let rpath = dir.join("requests.jsonl");
     let rtext = std::fs::read_to_string(&rpath).map_err(io(&rpath))?;
@@ -320,6 +372,25 @@ fn read_run(dir: &Path) -> Result<Run, CompareError> {
     {
         let r: Req =
             serde_json::from_str(line).map_err(|e| fmt(&rpath, format!("line {}: {e}", i + 1)))?;
+        let groups = if r.probe {
+            vec![group_name(&r.benchmark, "probes", None)]
+        } else {
+            [("adapter", &r.adapter), ("endpoint", &r.endpoint)]
+                .into_iter()
+                .filter_map(|(kind, k)| {
+                    k.as_deref()
+                        .map(|k| group_name(&r.benchmark, kind, Some(k)))
+                })
+                .collect()
+        };
+        for g in &groups {
+            if let Some(b) = benches.get_mut(g) {
+                b.requests.push(r.clone());
+            }
+        }
+        if r.probe {
+            continue;
+        }
         let b = benches.get_mut(&r.benchmark).ok_or_else(|| {
             fmt(
                 &rpath,
@@ -819,6 +890,25 @@ pub fn compare(spec: &CompareSpec) -> Result<Comparison, CompareError> {
             benchmarks.push(compare_bench(name, b, n, spec));
         }
     }
+    // Adapters of the new run against each other: `c1_in8 [adapter a vs b]` (base: a, new: b).
+    let mut adapter_pairs = Vec::new();
+    for name in &new.order {
+        let prefix = format!("{name} [adapter ");
+        let adapters: Vec<&String> = new
+            .order
+            .iter()
+            .filter(|n| n.starts_with(&prefix))
+            .collect();
+        for (i, a) in adapters.iter().enumerate() {
+            for b in &adapters[i + 1..] {
+                let label = |n: &str| n[prefix.len()..n.len() - 1].to_owned();
+                let pair = format!("{name} [adapter {} vs {}]", label(a), label(b));
+                if let (Some(x), Some(y)) = (new.benches.get(*a), new.benches.get(*b)) {
+                    adapter_pairs.push(compare_bench(&pair, x, y, spec));
+                }
+            }
+        }
+    }
     let only_in_base: Vec<String> = base
         .order
         .iter()
@@ -846,9 +936,12 @@ pub fn compare(spec: &CompareSpec) -> Result<Comparison, CompareError> {
                 .collect();
             // A benchmark the base ran and the new run lacks (an interrupted run): every metric
             // of it is missing, so every gate trips on it.
+            // A group (adapter, endpoint, probes) the new run lacks is a changed workload,
+            // not a missing benchmark.
             hit.extend(
                 only_in_base
                     .iter()
+                    .filter(|n| !n.contains(" ["))
                     .map(|n| format!("{n} (missing from the new run)")),
             );
             GateResult {
@@ -876,6 +969,7 @@ pub fn compare(spec: &CompareSpec) -> Result<Comparison, CompareError> {
         only_in_new,
         gates,
         failed_gates,
+        adapter_pairs,
     };
     let out = &spec.output_dir;
     let io = |source| CompareError::Io {
@@ -930,7 +1024,7 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
             let _ = write!(h, "<p>{what}: {}</p>", esc(&list.join(", ")));
         }
     }
-    for b in &c.benchmarks {
+    for b in c.benchmarks.iter().chain(&c.adapter_pairs) {
         let _ = write!(
             h,
             r#"<h2>{name}</h2><p>{} base requests, {} new requests</p><table class="compare" data-benchmark="{name}"><tr><th>metric</th><th>unit</th><th>base</th><th>new</th><th>Δ</th><th>Δ %</th><th>CI of Δ</th><th>p</th><th>verdict</th></tr>"#,

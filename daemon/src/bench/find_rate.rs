@@ -110,7 +110,12 @@ pub(super) async fn search(
             }
         }
         let b = summarize(&sp, &name, concurrency, input_len, &rows);
-        let ok: Vec<&RequestRow> = rows.iter().filter(|r| r.outcome == "ok").collect();
+        let ok: Vec<&RequestRow> = rows
+            .iter()
+            .filter(|r| r.outcome == "ok" && !r.probe)
+            .collect();
+        // `--probe-rate`: the probes' rows are not the step's load.
+        let load = rows.iter().filter(|r| !r.probe).count();
         let achieved_rate = rate_of(ok.iter().map(|r| r.send_ms + r.e2el_ms).collect());
         let Some(rate) = rate else {
             // Completed over first send to last end: requests all due at once end in waves
@@ -119,8 +124,7 @@ pub(super) async fn search(
             s.feed_probe(throughput);
             if spec.progress {
                 eprintln!(
-                    "lmperf run: throughput probe ({} requests at concurrency {concurrency}): {}",
-                    rows.len(),
+                    "lmperf run: throughput probe ({load} requests at concurrency {concurrency}): {}",
                     throughput.map_or("nothing completed".to_owned(), |t| fmt::rate(t, "req/s"))
                 );
             }
@@ -133,9 +137,14 @@ pub(super) async fn search(
         let obs = StepObservation {
             offered_rate: rate,
             achieved_rate: achieved_rate.unwrap_or(b.request_throughput),
-            sent_rate: rate_of(rows.iter().map(|r| r.send_ms).collect()),
-            requests: rows.len(),
-            failed: rows.len() - ok.len(),
+            sent_rate: rate_of(
+                rows.iter()
+                    .filter(|r| !r.probe)
+                    .map(|r| r.send_ms)
+                    .collect(),
+            ),
+            requests: load,
+            failed: load - ok.len(),
             ttft_ms: ok.iter().filter_map(|r| r.ttft_ms).collect(),
             tpot_ms: ok.iter().filter_map(|r| r.tpot_ms).collect(),
             itl_ms: ok.iter().flat_map(|r| r.itl_ms.iter().copied()).collect(),

@@ -16,7 +16,9 @@ pub mod context;
 pub mod export;
 pub mod feed;
 pub mod find_rate;
+pub mod groups;
 pub mod launch;
+pub mod probe;
 pub mod profile;
 pub mod progress;
 pub mod prompt_tokens;
@@ -28,6 +30,7 @@ pub mod slots;
 pub mod stats;
 pub mod summary;
 pub mod summary_csv;
+pub mod traffic;
 pub mod vram;
 
 // The load layer's modules under their old paths (tests/, xtask and `bench`'s own files use them).
@@ -171,6 +174,8 @@ pub struct RunSpec {
     /// Choices per request (`n` of the OpenAI API, `--n`); 1 sends no `n`. Each choice is
     /// measured on its own ([`crate::measure::ChoiceRecord`], `choices` in `requests.jsonl`).
     pub n: u32,
+    /// LoRA adapters, several endpoints, canary probes ([`traffic`]); default: none.
+    pub traffic: traffic::Traffic,
 }
 
 impl RunSpec {
@@ -202,6 +207,7 @@ impl RunSpec {
             find_rate: None,
             profile: None,
             n: 1,
+            traffic: traffic::Traffic::default(),
         }
     }
 }
@@ -301,12 +307,14 @@ async fn run_on(
         dir: spec.output_dir.clone(),
     };
     let clients = Clients::new(spec.target.connect_timeout)?;
-    launch::reachable(&spec.target)
-        .await
-        .map_err(|reason| BenchError::Unreachable {
-            url: spec.target.base_url.to_string(),
-            reason,
-        })?;
+    for t in std::iter::once(&spec.target).chain(&spec.traffic.more_endpoints) {
+        launch::reachable(t)
+            .await
+            .map_err(|reason| BenchError::Unreachable {
+                url: t.base_url.to_string(),
+                reason,
+            })?;
+    }
     let telemetry = match &spec.otlp {
         Some(cfg) => Some(Arc::new(export::BenchTelemetry::start(
             cfg,
@@ -509,7 +517,7 @@ async fn run_on(
                         if spec.repeat > 1 {
                             this.push(&r);
                         }
-                        if r.turn == 0 {
+                        if r.turn == 0 && !r.probe {
                             first_turns += 1;
                             first_turn_tokens += f64::from(r.prompt_tokens_target);
                             first_turn_sent += f64::from(r.prompt_tokens);
@@ -744,7 +752,13 @@ async fn one_benchmark(
     // Every offset 0 (no rate, no trace): each request waits for a slot (closed loop).
     let closed_loop = schedule.closed_loop();
     let mut feed = items.start().await;
-    let target = Arc::new(spec.target.clone());
+    let endpoints = traffic::Endpoints::new(
+        &spec.target,
+        &spec.traffic.more_endpoints,
+        spec.traffic.endpoint_policy,
+    );
+    let lora = spec.traffic.lora.clone().map(Arc::new);
+    let seed = spec.seed;
     let extra = Arc::new(extra.clone());
     let model: Arc<str> = Arc::from(model);
     let counters = progress::Counters::default();
@@ -772,6 +786,20 @@ async fn one_benchmark(
     // Finished requests' rows, to the collector below (bounded: a full queue holds the
     // requests' tasks, not the dispatcher).
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(usize, Vec<RequestRow>)>(1024);
+    // `--probe-rate`: canary probes beside the measured load, until its last request ends.
+    let probes = match spec.traffic.probe_rate {
+        Some(rate) if measured => Some(probe::start(probe::ProbeRun {
+            clients: clients.clone(),
+            endpoints: endpoints.clone(),
+            model: model.clone(),
+            name: name.to_owned(),
+            concurrency,
+            rate,
+            t0,
+            cancel: cancel.clone(),
+        })),
+        _ => None,
+    };
     let (handle, clients) = (tokio::runtime::Handle::current(), clients.clone());
     let dispatcher = tokio::task::spawn_blocking(move || {
         crate::canary::schedule::pacer_thread_init();
@@ -794,11 +822,14 @@ async fn one_benchmark(
             } else {
                 scheduled
             };
+            // The endpoint, held (in flight) until the request's last turn ends.
+            let hold = endpoints.pick();
+            let adapter = lora.as_ref().map(|l| l.adapter_for(seed, i).to_owned());
             let (clients, target, extra, model, task_done, task_errors, cancel) = (
                 clients.clone(),
-                target.clone(),
+                hold.target.clone(),
                 extra.clone(),
-                model.clone(),
+                adapter.as_deref().map_or_else(|| model.clone(), Arc::from),
                 done.clone(),
                 errors.clone(),
                 cancel.clone(),
@@ -828,7 +859,9 @@ async fn one_benchmark(
                     if !ok {
                         task_errors.fetch_add(1, Ordering::Relaxed);
                     }
-                    rows.push(row(RowKey { name: &bench_name, index: i, turn: turn as u32, concurrency, concurrency_limit: limit }, t0, scheduled, dispatched, &prompt, item.max_tokens, &m));
+                    let mut r = row(RowKey { name: &bench_name, index: i, turn: turn as u32, concurrency, concurrency_limit: limit }, t0, scheduled, dispatched, &prompt, item.max_tokens, &m);
+                    (r.adapter, r.endpoint) = (adapter.clone(), hold.label.clone());
+                    rows.push(r);
                     // The next turn: after this answer, with the history.
                     let Some((text, tokens)) = item.next_turns.get(turn).cloned() else { break };
                     if !ok {
@@ -840,6 +873,7 @@ async fn one_benchmark(
                     (scheduled, dispatched) = (Instant::now(), Instant::now());
                 }
                 drop(permit);
+                drop(hold);
                 task_done.fetch_add(1, Ordering::Relaxed);
                 // The collector is gone only when the benchmark was dropped.
                 let _ = tx.send((i, rows)).await;
@@ -856,6 +890,11 @@ async fn one_benchmark(
     dispatcher
         .await
         .map_err(|e| BenchError::Dispatcher(e.to_string()))?;
+    // The load has ended: no more probes; those in flight finish, their rows follow the
+    // benchmark's.
+    if let Some(p) = probes {
+        p.finish().await.into_iter().for_each(&mut *on_row);
+    }
     shown.finish().await;
     Ok(())
 }
@@ -936,6 +975,9 @@ fn row(
             })
             .collect(),
         prompt_tokens_source: prompt.source,
+        adapter: None,
+        endpoint: None,
+        probe: false,
     }
 }
 
@@ -982,6 +1024,20 @@ pub fn parse_gate(text: &str) -> Result<Gate, String> {
         .parse()
         .map_err(|_| format!("{text:?}: {limit:?} is not a number"))?;
     let name = name.trim();
+    // `--probe-rate`: the same gates on the probes alone (`probe_ttft_p99_ms>300`).
+    if let Some(inner) = name.strip_prefix("probe_") {
+        if inner == "vram_pct" || inner.starts_with("probe_") {
+            return Err(format!(
+                "{text:?}: probe_ gates are probe_METRIC_STAT_ms or probe_error_rate"
+            ));
+        }
+        let g = parse_gate(&format!("{inner}>{limit}"))?;
+        return Ok(Gate {
+            text: text.to_owned(),
+            metric: format!("probe_{}", g.metric),
+            ..g
+        });
+    }
     if name == "error_rate" || name == "vram_pct" {
         return Ok(Gate {
             text: text.to_owned(),
@@ -1012,6 +1068,14 @@ pub fn parse_gate(text: &str) -> Result<Gate, String> {
 }
 
 fn gate_trips(g: &Gate, b: &BenchSummary) -> bool {
+    if let Some(metric) = g.metric.strip_prefix("probe_") {
+        // No probe block, or no value in it: the gate cannot be checked, so it trips.
+        return b
+            .probes
+            .as_ref()
+            .and_then(|p| p.value(metric, g.stat.as_deref()))
+            .is_none_or(|v| v > g.limit);
+    }
     if g.metric == "error_rate" {
         let failed: usize = b.errors.values().sum();
         return b.num_requests > 0 && failed as f64 / b.num_requests as f64 > g.limit;
@@ -1090,5 +1154,21 @@ mod tests {
         assert!(parse_gate("ttft_p99>500").is_err());
         assert!(parse_gate("latency_p99_ms>5").is_err());
         assert!(parse_gate("ttft_p98_ms>5").is_err());
+        let p = parse_gate("probe_ttft_p99_ms>300").unwrap();
+        assert_eq!(
+            (
+                p.metric.as_str(),
+                p.stat.as_deref(),
+                p.limit,
+                p.text.as_str()
+            ),
+            ("probe_ttft", Some("p99"), 300.0, "probe_ttft_p99_ms>300")
+        );
+        assert_eq!(
+            parse_gate("probe_error_rate>0").unwrap().metric,
+            "probe_error_rate"
+        );
+        assert!(parse_gate("probe_vram_pct>9").is_err());
+        assert!(parse_gate("probe_latency_p99_ms>9").is_err());
     }
 }

@@ -132,6 +132,10 @@ impl RunRows {
     /// One finished row of the running benchmark, in file order.
     pub fn push(&mut self, row: RequestRow) {
         self.write(&row);
+        // A probe (`--probe-rate`) is in the file, not in the benchmark's buckets or sample.
+        if row.probe {
+            return;
+        }
         self.pending_buckets.push(&row);
         let s = &mut self.pending_sample;
         s.seen += 1;

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::prompts::{self, Tokenizer};
 use super::stats::Distribution;
-use super::{Goodput, buckets, capacity, launch, profile, repeat, server, vram, workload};
+use super::{Goodput, buckets, capacity, groups, launch, profile, repeat, server, vram, workload};
 
 /// One request of a benchmark: a line of `requests.jsonl`. Times in milliseconds; `*_ms`
 /// offsets are from the benchmark's start (the first scheduled send).
@@ -71,6 +71,16 @@ pub struct RequestRow {
     /// (`server_template`, `local_template`) or not (`text_only`, `estimate`); see
     /// [`prompts::PromptTokensSource`].
     pub prompt_tokens_source: prompts::PromptTokensSource,
+    /// `--lora-modules`: the adapter the request named as its `model` (absent without).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<String>,
+    /// `--target` repeated: the endpoint (base URL) the request went to (absent with one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// `--probe-rate`: a canary probe sent alongside the load, summarized apart from the
+    /// benchmark (`benchmarks[].probes`); absent for the benchmark's own requests.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub probe: bool,
 }
 
 impl RequestRow {
@@ -162,6 +172,15 @@ pub struct BenchSummary {
     pub warmup_requests: usize,
     /// Wall time of those warm-ups, seconds (all runs together); the report marks it.
     pub warmup_s: f64,
+    /// `--lora-modules`: per adapter (absent without).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adapters: Option<BTreeMap<String, groups::GroupSummary>>,
+    /// `--target` repeated: per endpoint, by base URL (absent with one endpoint).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoints: Option<BTreeMap<String, groups::GroupSummary>>,
+    /// `--probe-rate`: the canary probes sent alongside the load (absent without).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probes: Option<groups::GroupSummary>,
 }
 
 /// `summary.json`.

@@ -9,6 +9,7 @@ pub mod capacity;
 pub mod chart;
 /// The number formatter, now the leaf module [`crate::fmt`] (its old path kept).
 pub use crate::fmt;
+pub mod groups;
 pub mod overview;
 pub mod profile;
 pub mod ramp;
@@ -485,6 +486,7 @@ caption{{white-space:nowrap;text-align:left;font-size:13px}} details{{font-size:
         h.push_str(&timeline::plot(summary, rows, name, metric).unwrap_or_default());
     }
     h.push_str(&server::section(summary));
+    h.push_str(&groups::sections(summary));
     h.push_str("<h2>Throughput</h2>");
     h.push_str(&throughput_chart(summary));
     h.push_str(&ramp::section(summary, rows));
