@@ -224,6 +224,7 @@ pub struct Summarizer {
     output_tokens_target: Accumulator,
     prompt_tokens: Accumulator,
     prompt_tokens_mismatch: usize,
+    workload: super::workload_stats::WorkloadStats,
 }
 
 /// What [`Summarizer::finish`] needs from the run besides the rows.
@@ -250,6 +251,7 @@ impl Summarizer {
     /// Adds one request (successful requests feed the latency statistics).
     pub fn push(&mut self, r: &RequestRow) {
         self.num_requests += 1;
+        self.workload.push(r);
         let s = self.spans.entry(r.repeat).or_insert((f64::INFINITY, 0.0));
         *s = (s.0.min(r.send_ms), s.1.max(r.send_ms + r.e2el_ms));
         self.dispatch_delay_ms.record(r.dispatch_delay_ms);
@@ -388,6 +390,8 @@ impl Summarizer {
             repeat: None,
             warmup_requests: 0,
             warmup_s: 0.0,
+            prefix_cache: self.workload.prefix_cache(),
+            images: self.workload.images(),
         }
     }
 }

@@ -29,6 +29,7 @@ pub mod stats;
 pub mod summary;
 pub mod summary_csv;
 pub mod vram;
+pub mod workload_stats;
 
 // The load layer's modules under their old paths (tests/, xtask and `bench`'s own files use them).
 pub use crate::load::{chat_template, dataset, prompts, tokens, trace, workload};
@@ -810,12 +811,14 @@ async fn one_benchmark(
                     extra.insert("min_tokens".into(), serde_json::Value::from(item.max_tokens));
                 }
                 let mut rows = Vec::with_capacity(1 + item.next_turns.len());
-                let mut messages = if multi_turn { vec![serde_json::json!({ "role": "user", "content": item.prompt.text })] } else { Vec::new() };
+                let mut messages = if multi_turn { vec![item.extras.user_message(&item.prompt.text)] } else { Vec::new() };
                 let mut prompt = item.prompt.clone();
                 let (mut scheduled, mut dispatched) = (scheduled, dispatched);
                 for turn in 0..=item.next_turns.len() {
                     if multi_turn {
                         extra.insert("messages".into(), serde_json::Value::Array(messages.clone()));
+                    } else if target.api == Api::Chat && let Some(m) = item.extras.chat_messages(&prompt.text) {
+                        extra.insert("messages".into(), m);
                     }
                     let ids = export::BenchTelemetry::new_trace();
                     let traceparent = ids.traceparent();
@@ -828,7 +831,9 @@ async fn one_benchmark(
                     if !ok {
                         task_errors.fetch_add(1, Ordering::Relaxed);
                     }
-                    rows.push(row(RowKey { name: &bench_name, index: i, turn: turn as u32, concurrency, concurrency_limit: limit }, t0, scheduled, dispatched, &prompt, item.max_tokens, &m));
+                    let mut r = row(RowKey { name: &bench_name, index: i, turn: turn as u32, concurrency, concurrency_limit: limit }, t0, scheduled, dispatched, &prompt, item.max_tokens, &m);
+                    item.extras.tag(&mut r);
+                    rows.push(r);
                     // The next turn: after this answer, with the history.
                     let Some((text, tokens)) = item.next_turns.get(turn).cloned() else { break };
                     if !ok {
@@ -936,6 +941,8 @@ fn row(
             })
             .collect(),
         prompt_tokens_source: prompt.source,
+        cached_input_tokens: r.cached_input_tokens,
+        ..RequestRow::default()
     }
 }
 
