@@ -375,7 +375,7 @@ async fn synthetic_images_decode_to_their_size() {
 }
 
 /// Shared prefixes against the real llama.cpp server (one slot, the full KV cache kept so a
-/// cached prefix is reused): 2 groups × 3 requests with a 160-token prefix, sent group by
+/// cached prefix is reused): 2 groups × 2 requests with a 96-token prefix, sent group by
 /// group. The later requests of a group find the prefix in the server's cache (its usage's
 /// `cached_tokens`) as predicted within ±10 %, and their TTFT is below the first's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -391,11 +391,11 @@ async fn shared_prefix_hits_the_llama_cpp_cache() {
                 "--api",
                 "completions",
                 "--num-prompts",
-                "6",
+                "4",
                 "--seq-lengths",
-                "192",
+                "112",
                 "--prefix-len",
-                "160",
+                "96",
                 "--prefix-groups",
                 "2",
             ],
@@ -406,11 +406,11 @@ async fn shared_prefix_hits_the_llama_cpp_cache() {
     let p = &r.summary["benchmarks"][0]["prefix_cache"];
     assert_eq!(
         (p["requests_first"].as_u64(), p["requests_later"].as_u64()),
-        (Some(2), Some(4)),
+        (Some(2), Some(2)),
         "{p}"
     );
     let expected = p["expected_cached_tokens"].as_f64().unwrap();
-    assert_eq!(expected, 4.0 * 160.0, "{p}");
+    assert_eq!(expected, 2.0 * 96.0, "{p}");
     let later = p["server_cached_tokens_later"].as_f64().unwrap();
     assert!(
         (later - expected).abs() <= 0.1 * expected,
@@ -433,7 +433,7 @@ async fn shared_prefix_hits_the_llama_cpp_cache() {
         "TTFT later {later_ttft} ms vs first {first} ms: {p}"
     );
     for row in &r.rows {
-        assert_eq!(row["prefix_shared_tokens"], 160, "{row}");
+        assert_eq!(row["prefix_shared_tokens"], 96, "{row}");
         let server = row["input_tokens"].as_u64().unwrap();
         let ours = row["prompt_tokens"].as_u64().unwrap();
         assert!(server == ours || server == ours + 1, "{row}");
