@@ -27,6 +27,33 @@ fn value_of<'a>(b: &'a Value, col: &str) -> &'a Value {
     if let Some(v) = b.get(col) {
         return v;
     }
+    // The workload blocks' columns (absent blocks: empty cells).
+    let nested: &[(&str, &[&str])] = &[
+        (
+            "prefix_expected_hit_ratio",
+            &["prefix_cache", "expected_hit_ratio"],
+        ),
+        (
+            "prefix_server_hit_ratio",
+            &["prefix_cache", "server_hit_ratio"],
+        ),
+        (
+            "prefix_ttft_first_ms_p50",
+            &["prefix_cache", "ttft_first_ms", "p50"],
+        ),
+        (
+            "prefix_ttft_later_ms_p50",
+            &["prefix_cache", "ttft_later_ms", "p50"],
+        ),
+        ("images", &["images", "images"]),
+        ("image_bytes", &["images", "image_bytes"]),
+    ];
+    if let Some((_, path)) = nested.iter().find(|(c, _)| *c == col) {
+        return path
+            .iter()
+            .try_fold(b, |x, k| x.get(*k))
+            .unwrap_or(&Value::Null);
+    }
     let d = DISTRIBUTIONS
         .iter()
         .find(|d| col.starts_with(&format!("{d}_")))

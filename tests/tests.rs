@@ -38,6 +38,7 @@ mod outputs;
 mod reasoning_ttfo;
 mod report_view;
 mod run;
+mod run_workloads;
 mod sampling;
 mod server_signals;
 mod spike;

@@ -535,6 +535,16 @@ impl RunArgs {
         };
         let mut workload =
             crate::bench::workload::WorkloadArgs::from(self.workload).into_workload()?;
+        if workload.images.is_some() && target.api != crate::config::Api::Chat {
+            return Err(
+                "--images-per-request: images go in chat messages: it needs --api chat".to_owned(),
+            );
+        }
+        if let Some(d) = &workload.dataset {
+            for w in d.warnings(20) {
+                eprintln!("{w}");
+            }
+        }
         if workload.chat_template.is_some() && target.api != crate::config::Api::Chat {
             return Err("--chat-template: counts chat requests: it needs --api chat (or leave --chat-template out)".to_owned());
         }

@@ -48,6 +48,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--parallel", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--ready-timeout", type=float, default=120.0)
+    p.add_argument("--swa-full", action="store_true", help="keep the full KV cache of sliding-window layers, so a later prompt reuses a cached prefix (Gemma 3 re-processes it otherwise)")
     p.add_argument("--chat-template-file", default=None, help="a Jinja chat template instead of the GGUF's (or llama.cpp's chatml fallback)")
     return p.parse_args()
 
@@ -86,6 +87,7 @@ def main() -> int:
     params.endpoint_metrics = True
     params.n_gpu_layers = 0
     params.warmup = True
+    params.swa_full = args.swa_full
     if args.chat_template_file:
         params.use_jinja = True
         params.chat_template = Path(args.chat_template_file).read_text()

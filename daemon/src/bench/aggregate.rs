@@ -226,6 +226,7 @@ pub struct Summarizer {
     prompt_tokens_mismatch: usize,
     /// Per adapter, per endpoint, probes ([`super::groups`]).
     groups: super::groups::Groups,
+    workload: super::workload_stats::WorkloadStats,
 }
 
 /// What [`Summarizer::finish`] needs from the run besides the rows.
@@ -256,6 +257,7 @@ impl Summarizer {
             return;
         }
         self.num_requests += 1;
+        self.workload.push(r);
         let s = self.spans.entry(r.repeat).or_insert((f64::INFINITY, 0.0));
         *s = (s.0.min(r.send_ms), s.1.max(r.send_ms + r.e2el_ms));
         self.dispatch_delay_ms.record(r.dispatch_delay_ms);
@@ -398,6 +400,8 @@ impl Summarizer {
             adapters: groups.adapters,
             endpoints: groups.endpoints,
             probes: groups.probes,
+            prefix_cache: self.workload.prefix_cache(),
+            images: self.workload.images(),
         }
     }
 }

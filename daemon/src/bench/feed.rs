@@ -28,6 +28,8 @@ use super::dataset::PromptSet;
 use super::prompts::{self, Prompt, TokenizeClient};
 use super::workload::{LengthDist, Ramp, RampOver, TraceReplay};
 use super::{BenchError, RunArrival, RunSpec};
+use crate::load::images::SyntheticImages;
+use crate::load::shared_prefix::{Place, SharedPrefix};
 
 /// Items made before a benchmark starts, and at most kept ready ahead of its sends after.
 pub const AHEAD: usize = 1024;
@@ -50,6 +52,80 @@ pub struct Item {
     /// Multi-turn: counts each later turn's whole request (history and template) before it
     /// is sent; `None` otherwise.
     pub history_counter: Option<Arc<TokenizeClient>>,
+    /// Images, a dataset row's own messages, the shared-prefix group.
+    pub extras: Extras,
+}
+
+/// What a workload adds to an item beyond its prompt text.
+#[derive(Debug, Clone, Default)]
+pub struct Extras {
+    /// Image URLs (`data:` URLs of synthetic images, or a dataset row's), sent with the
+    /// first user turn as `image_url` parts (chat).
+    pub images: Vec<String>,
+    /// Encoded bytes of the synthetic images.
+    pub image_bytes: Option<u64>,
+    /// `WxH` of the synthetic images.
+    pub image_size: Option<String>,
+    /// A dataset row's own chat messages, sent as they are.
+    pub messages: Option<Vec<serde_json::Value>>,
+    /// `--prefix-groups`: (group, first of its group, prefix tokens).
+    pub prefix: Option<(u32, bool, u32)>,
+}
+
+impl Extras {
+    /// The first user message with `text` and the images (`content` parts when there are
+    /// images, else the text).
+    pub fn user_message(&self, text: &str) -> serde_json::Value {
+        serde_json::json!({ "role": "user", "content": self.content(text) })
+    }
+
+    fn content(&self, text: &str) -> serde_json::Value {
+        if self.images.is_empty() {
+            return serde_json::Value::from(text);
+        }
+        let mut parts = vec![serde_json::json!({ "type": "text", "text": text })];
+        parts.extend(
+            self.images
+                .iter()
+                .map(|u| serde_json::json!({ "type": "image_url", "image_url": { "url": u } })),
+        );
+        serde_json::Value::Array(parts)
+    }
+
+    /// The `messages` of a chat request of a single turn when the workload sets them (a
+    /// dataset row's messages, with the images on its last user message; or one user message
+    /// with images); `None`: the request's own one user message with `text`.
+    pub fn chat_messages(&self, text: &str) -> Option<serde_json::Value> {
+        match &self.messages {
+            Some(m) => {
+                let mut m = m.clone();
+                if !self.images.is_empty()
+                    && let Some(last) = m.iter_mut().rev().find(|x| x["role"] == "user")
+                {
+                    let t = last["content"].as_str().unwrap_or_default().to_owned();
+                    last["content"] = self.content(&t);
+                }
+                Some(serde_json::Value::Array(m))
+            }
+            None if !self.images.is_empty() => {
+                Some(serde_json::Value::Array(vec![self.user_message(text)]))
+            }
+            None => None,
+        }
+    }
+
+    /// Writes what the row says of them.
+    pub fn tag(&self, row: &mut super::RequestRow) {
+        if let Some((group, first, tokens)) = self.prefix {
+            (row.prefix_group, row.prefix_first, row.prefix_shared_tokens) =
+                (Some(group), Some(first), Some(tokens));
+        }
+        if !self.images.is_empty() {
+            row.images = Some(self.images.len() as u32);
+            row.image_bytes = self.image_bytes;
+            row.image_size = self.image_size.clone();
+        }
+    }
 }
 
 impl Item {
@@ -92,6 +168,9 @@ struct Shared {
     file: Option<Arc<PromptSet>>,
     blocks: Mutex<Blocks>,
     seed: u64,
+    /// `--prefix-len`: the workload and its requests per group.
+    prefix: Option<(SharedPrefix, usize)>,
+    images: Option<SyntheticImages>,
 }
 
 /// What item `i` is, decided in index order (cheap); [`make`] then makes it.
@@ -102,6 +181,8 @@ enum Plan {
     Trace,
     /// This conversation of the prompt file.
     File(usize),
+    /// A shared-prefix prompt of this many tokens in all, at this place.
+    Prefixed(u32, Place),
 }
 
 /// The items of one benchmark, `n` of them (for a trace: its first `n` requests), from `seed`.
@@ -141,6 +222,11 @@ impl ItemSource {
                 file: w.prompt_file.clone(),
                 blocks: Mutex::new(Blocks::new()),
                 seed,
+                prefix: w
+                    .shared_prefix
+                    .filter(|_| w.trace.is_none() && w.prompt_file.is_none())
+                    .map(|p| (p, p.per_group(spec.num_prompts))),
+                images: w.images,
             }),
             start: 0,
             next: 0,
@@ -193,7 +279,14 @@ impl ItemSource {
                 t.trace.requests.get(i).map(|r| r.output_tokens),
             )
         } else if !self.order.is_empty() {
-            (Plan::File(self.order[i % self.order.len()]), None)
+            let c = self.order[i % self.order.len()];
+            // A dataset row's own output length.
+            let row_output = sh
+                .file
+                .as_ref()
+                .and_then(|f| f.conversations.get(c))
+                .and_then(|c| c.output_len);
+            (Plan::File(c), row_output)
         } else if let Some((d, rng)) = &mut self.input_dist {
             (
                 Plan::Synthetic(
@@ -207,7 +300,15 @@ impl ItemSource {
         } else {
             (Plan::Synthetic(self.input_len), None)
         };
+        let plan = match (plan, sh.prefix) {
+            (Plan::Synthetic(len), Some((p, per_group))) => {
+                Plan::Prefixed(len, p.place(i, per_group))
+            }
+            (plan, _) => plan,
+        };
         let max_tokens = match (&mut self.output_dist, trace_output) {
+            // A dataset row's output length wins over --output-dist.
+            (Some(_), Some(t)) if matches!(plan, Plan::File(_)) => t,
             (Some((d, rng)), _) => d
                 .sample_n(rng, 1)
                 .first()
@@ -261,8 +362,14 @@ impl ItemSource {
 
 /// Makes the item of `plan` (calibrating prompts with the tokenizer).
 async fn make(sh: Arc<Shared>, i: usize, plan: Plan, max_tokens: u32) -> Item {
+    let mut extras = Extras::default();
     let (prompt, next_turns) = match plan {
         Plan::Synthetic(len) => (one_prompt(&sh.tok, len, sh.seed, i).await, Vec::new()),
+        Plan::Prefixed(len, place) => {
+            let (p, prefix_tokens) = prefix_prompt(&sh, len, place, i).await;
+            extras.prefix = Some((place.group, place.first, prefix_tokens));
+            (p, Vec::new())
+        }
         Plan::Trace => {
             let Some(t) = &sh.trace else {
                 return Item {
@@ -270,6 +377,7 @@ async fn make(sh: Arc<Shared>, i: usize, plan: Plan, max_tokens: u32) -> Item {
                     max_tokens,
                     next_turns: Vec::new(),
                     history_counter: None,
+                    extras,
                 };
             };
             let len = t.trace.requests.get(i).map_or(1, |r| r.input_tokens);
@@ -280,12 +388,30 @@ async fn make(sh: Arc<Shared>, i: usize, plan: Plan, max_tokens: u32) -> Item {
             (p, Vec::new())
         }
         Plan::File(c) => {
-            let turns_text = sh
-                .file
-                .as_ref()
-                .and_then(|f| f.conversations.get(c))
-                .map(|c| c.turns.clone())
-                .unwrap_or_default();
+            let conversation = sh.file.as_ref().and_then(|f| f.conversations.get(c));
+            let turns_text = conversation.map(|c| c.turns.clone()).unwrap_or_default();
+            if let Some(conv) = conversation {
+                extras.images.clone_from(&conv.images);
+                // A row's own messages are one chat request (counted with its template).
+                if let (Some(m), Some(_)) = (&conv.messages, &sh.tok.chat) {
+                    extras.messages = Some(m.clone());
+                    let text = turns_text.join("\n");
+                    let (tokens, source) = match sh.tok.count_messages(m).await {
+                        Some(n) => (n, sh.tok.source()),
+                        None => (
+                            prompts::estimated_count(&text),
+                            prompts::PromptTokensSource::Estimate,
+                        ),
+                    };
+                    let prompt = Prompt {
+                        text,
+                        target_tokens: tokens,
+                        tokens,
+                        source,
+                    };
+                    return finish(&sh, i, prompt, max_tokens, Vec::new(), extras);
+                }
+            }
             let mut turns = Vec::with_capacity(turns_text.len());
             for t in turns_text {
                 let c = sh.tok.count(&t).await.unwrap_or(0);
@@ -315,12 +441,88 @@ async fn make(sh: Arc<Shared>, i: usize, plan: Plan, max_tokens: u32) -> Item {
             }
         }
     };
+    finish(&sh, i, prompt, max_tokens, next_turns, extras)
+}
+
+/// The item, with `--images-per-request` synthetic images added.
+fn finish(
+    sh: &Shared,
+    i: usize,
+    prompt: Prompt,
+    max_tokens: u32,
+    next_turns: Vec<(String, u32)>,
+    mut extras: Extras,
+) -> Item {
+    if let Some(img) = &sh.images {
+        let mut bytes = 0u64;
+        for k in 0..img.per_request {
+            // A valid size always encodes; an image that did not is left out (the row's
+            // `images` counts those sent).
+            if let Ok(e) = img.image(sh.seed, i, k) {
+                bytes += e.bytes as u64;
+                extras.images.push(e.data_url);
+            }
+        }
+        extras.image_bytes = Some(bytes);
+        extras.image_size = Some(img.size_label());
+    }
     Item {
         prompt,
         max_tokens,
         next_turns,
         history_counter: sh.history_counter.clone(),
+        extras,
     }
+}
+
+/// Key space of the shared prefixes' text in [`Shared::blocks`] (apart from Mooncake ids).
+const PREFIX_KEY: u64 = 0x5348_4152_4544_0000;
+
+/// A shared-prefix prompt of `len` tokens in all (for chat, with the template): its group's
+/// prefix of [`SharedPrefix::len`] tokens (the same text for every request of the group, made
+/// from the seed and the group alone), then a suffix of this request alone. Returns the
+/// prompt and the prefix's tokens as the tokenizer counts them.
+async fn prefix_prompt(sh: &Shared, len: u32, place: Place, i: usize) -> (Prompt, u32) {
+    let tok = &sh.tok;
+    let n = sh.prefix.map_or(1, |(p, _)| p.len);
+    let key = (PREFIX_KEY ^ u64::from(place.group), n);
+    let known = sh.blocks.lock().ok().and_then(|b| b.get(&key).cloned());
+    let (prefix, prefix_tokens) = match known {
+        Some(b) => b,
+        None => {
+            let seed =
+                sh.seed ^ PREFIX_KEY ^ u64::from(place.group).wrapping_mul(0xA24B_AED4_963E_E407);
+            let p = one_prompt(tok, n, seed, 0).await;
+            if let Ok(mut b) = sh.blocks.lock() {
+                b.insert(key, (p.text.clone(), p.tokens));
+            }
+            (p.text, p.tokens)
+        }
+    };
+    let overhead = if tok.chat.is_some() {
+        tok.count_prompt("").await.unwrap_or(0)
+    } else {
+        0
+    };
+    let rest = len.saturating_sub(overhead + prefix_tokens).max(1);
+    let suffix = one_prompt(tok, rest, sh.seed, i).await;
+    let text = format!("{prefix} {}", suffix.text);
+    let (tokens, source) = match tok.count_prompt(&text).await {
+        Some(n) => (n, tok.source()),
+        None => (
+            prompts::estimated_count(&text),
+            prompts::PromptTokensSource::Estimate,
+        ),
+    };
+    (
+        Prompt {
+            text,
+            target_tokens: len,
+            tokens,
+            source,
+        },
+        prefix_tokens,
+    )
 }
 
 fn empty(len: u32) -> Prompt {

@@ -32,6 +32,7 @@ pub mod summary;
 pub mod summary_csv;
 pub mod traffic;
 pub mod vram;
+pub mod workload_stats;
 
 // The load layer's modules under their old paths (tests/, xtask and `bench`'s own files use them).
 pub use crate::load::{chat_template, dataset, prompts, tokens, trace, workload};
@@ -841,12 +842,14 @@ async fn one_benchmark(
                     extra.insert("min_tokens".into(), serde_json::Value::from(item.max_tokens));
                 }
                 let mut rows = Vec::with_capacity(1 + item.next_turns.len());
-                let mut messages = if multi_turn { vec![serde_json::json!({ "role": "user", "content": item.prompt.text })] } else { Vec::new() };
+                let mut messages = if multi_turn { vec![item.extras.user_message(&item.prompt.text)] } else { Vec::new() };
                 let mut prompt = item.prompt.clone();
                 let (mut scheduled, mut dispatched) = (scheduled, dispatched);
                 for turn in 0..=item.next_turns.len() {
                     if multi_turn {
                         extra.insert("messages".into(), serde_json::Value::Array(messages.clone()));
+                    } else if target.api == Api::Chat && let Some(m) = item.extras.chat_messages(&prompt.text) {
+                        extra.insert("messages".into(), m);
                     }
                     let ids = export::BenchTelemetry::new_trace();
                     let traceparent = ids.traceparent();
@@ -861,6 +864,7 @@ async fn one_benchmark(
                     }
                     let mut r = row(RowKey { name: &bench_name, index: i, turn: turn as u32, concurrency, concurrency_limit: limit }, t0, scheduled, dispatched, &prompt, item.max_tokens, &m);
                     (r.adapter, r.endpoint) = (adapter.clone(), hold.label.clone());
+                    item.extras.tag(&mut r);
                     rows.push(r);
                     // The next turn: after this answer, with the history.
                     let Some((text, tokens)) = item.next_turns.get(turn).cloned() else { break };
@@ -978,6 +982,8 @@ fn row(
         adapter: None,
         endpoint: None,
         probe: false,
+        cached_input_tokens: r.cached_input_tokens,
+        ..RequestRow::default()
     }
 }
 

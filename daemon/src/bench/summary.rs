@@ -81,9 +81,40 @@ pub struct RequestRow {
     /// benchmark (`benchmarks[].probes`); absent for the benchmark's own requests.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub probe: bool,
+    /// Of `input_tokens`, those the server took from its prefix cache (its usage's
+    /// `prompt_tokens_details.cached_tokens`, llama.cpp's `timings.cache_n`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cached_input_tokens: Option<u64>,
+    /// `--prefix-groups`: the request's group (0-based).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_group: Option<u32>,
+    /// `--prefix-groups`: whether it was the first of its group.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_first: Option<bool>,
+    /// `--prefix-len`: tokens of its group's prefix (what a later request of the group should
+    /// find in the server's cache).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_shared_tokens: Option<u32>,
+    /// Images sent with the request (`--images-per-request`, dataset `images`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub images: Option<u32>,
+    /// Encoded bytes of the synthetic images (before base64).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_bytes: Option<u64>,
+    /// `WxH` of the synthetic images.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_size: Option<String>,
 }
 
 impl RequestRow {
+    /// Input tokens the server counted beyond the text of a request with images
+    /// (`input_tokens − prompt_tokens`); `None` without images or the server's count.
+    pub fn image_tokens(&self) -> Option<u64> {
+        self.images.filter(|n| *n > 0)?;
+        self.input_tokens
+            .map(|n| n.saturating_sub(u64::from(self.prompt_tokens)))
+    }
+
     /// The input length the request is bucketed by (heatmaps, length buckets, SLO cells): the
     /// server's `usage.prompt_tokens` when it reported one, else the calibrated `prompt_tokens`.
     pub fn input_tokens_for_buckets(&self) -> u64 {
@@ -92,9 +123,12 @@ impl RequestRow {
 
     /// Whether the server's input count differs from `prompt_tokens` by more than the one BOS
     /// token it may add (`prompt_tokens_mismatch`); false without the server's count.
+    /// A request with images is not checked: the server counts the images' tokens too.
     pub fn prompt_tokens_mismatch(&self) -> bool {
-        self.input_tokens
-            .is_some_and(|n| n.abs_diff(u64::from(self.prompt_tokens)) > 1)
+        self.images.is_none_or(|n| n == 0)
+            && self
+                .input_tokens
+                .is_some_and(|n| n.abs_diff(u64::from(self.prompt_tokens)) > 1)
     }
 }
 
@@ -181,6 +215,13 @@ pub struct BenchSummary {
     /// `--probe-rate`: the canary probes sent alongside the load (absent without).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub probes: Option<groups::GroupSummary>,
+    /// `--prefix-len`: the server's prefix-cache hit ratio beside the workload's, TTFT first
+    /// vs later in group (absent without it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_cache: Option<super::workload_stats::PrefixCacheStats>,
+    /// Requests with images, by image size (absent without them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub images: Option<super::workload_stats::ImageStats>,
 }
 
 /// `summary.json`.

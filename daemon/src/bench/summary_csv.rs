@@ -49,12 +49,37 @@ pub const STATS: &[&str] = &[
     "count", "mean", "std", "min", "p50", "p90", "p95", "p99", "p99.9", "max",
 ];
 
-/// The header: [`SCALARS`], then `FIELD_STAT` for each of [`DISTRIBUTIONS`] × [`STATS`].
+/// Scalars of the workload blocks (`prefix_cache`, `images`): column name and JSON path; empty
+/// cells in a benchmark without the block.
+pub const WORKLOAD_SCALARS: &[(&str, &[&str])] = &[
+    (
+        "prefix_expected_hit_ratio",
+        &["prefix_cache", "expected_hit_ratio"],
+    ),
+    (
+        "prefix_server_hit_ratio",
+        &["prefix_cache", "server_hit_ratio"],
+    ),
+    (
+        "prefix_ttft_first_ms_p50",
+        &["prefix_cache", "ttft_first_ms", "p50"],
+    ),
+    (
+        "prefix_ttft_later_ms_p50",
+        &["prefix_cache", "ttft_later_ms", "p50"],
+    ),
+    ("images", &["images", "images"]),
+    ("image_bytes", &["images", "image_bytes"]),
+];
+
+/// The header: [`SCALARS`], then `FIELD_STAT` for each of [`DISTRIBUTIONS`] × [`STATS`], then
+/// [`WORKLOAD_SCALARS`].
 pub fn columns() -> Vec<String> {
     let mut c: Vec<String> = SCALARS.iter().map(|s| (*s).to_owned()).collect();
     for d in DISTRIBUTIONS {
         c.extend(STATS.iter().map(|s| format!("{d}_{s}")));
     }
+    c.extend(WORKLOAD_SCALARS.iter().map(|(n, _)| (*n).to_owned()));
     c
 }
 
@@ -92,6 +117,9 @@ pub fn render(benchmarks: &[BenchSummary]) -> Result<String, serde_json::Error> 
                     .iter()
                     .map(|s| cell(v.get(*d).and_then(|x| x.get(*s)))),
             );
+        }
+        for (_, path) in WORKLOAD_SCALARS {
+            row.push(cell(path.iter().try_fold(&v, |x, k| x.get(*k))));
         }
         out.push_str(&row.join(","));
         out.push_str("\r\n");

@@ -7,6 +7,7 @@ use clap::Args;
 
 /// `lmperf run` flags of the workload (flattened into the run's flags).
 #[derive(Debug, Default, Args)]
+#[command(group(clap::ArgGroup::new("prompts_source").args(["prompt_file", "dataset"])))]
 pub struct WorkloadArgs {
     /// Input length distribution in tokens, instead of --seq-lengths: fixed:N,
     /// uniform:min=A,max=B, normal:mean=M,std=S, lognormal:mu=M,sigma=S, zipf:n=N,s=S
@@ -42,10 +43,52 @@ pub struct WorkloadArgs {
         help_heading = "Datasets"
     )]
     pub prompt_file: Option<std::path::PathBuf>,
-    /// Multi-turn conversations from --prompt-file's `turns` (MT-Bench question.jsonl): each
-    /// turn sent after the previous answer, with the history (needs --api chat).
-    #[arg(long, requires = "prompt_file", help_heading = "Datasets")]
+    /// Multi-turn conversations from --prompt-file's `turns` (MT-Bench question.jsonl), or
+    /// every human turn of --dataset sharegpt: each turn sent after the previous answer, with
+    /// the history (needs --api chat).
+    #[arg(long, requires = "prompts_source", help_heading = "Datasets")]
     pub multi_turn: bool,
+    /// A standard dataset: `sharegpt FILE` (vLLM/SGLang ShareGPT JSON: each row's first human
+    /// turn, all with --multi-turn) or `jsonl FILE` (vLLM custom: `prompt` or `messages`,
+    /// optional `output_len`, `images`). Malformed rows are skipped, counted and named.
+    #[arg(long, num_args = 2, value_names = ["FORMAT", "FILE"], help_heading = "Datasets",
+          conflicts_with_all = ["prompt_file", "trace", "input_dist", "prefix_len"])]
+    pub dataset: Option<Vec<String>>,
+    /// Shared-prefix workload: each request starts with one of --prefix-groups system prompts
+    /// of exactly N tokens, then a unique suffix (SGLang generated-shared-prefix).
+    #[arg(long, value_name = "N", help_heading = "Workload",
+          conflicts_with_all = ["prompt_file", "trace"])]
+    pub prefix_len: Option<u32>,
+    /// Distinct shared prefixes (default 1); requests go group by group.
+    #[arg(
+        long,
+        value_name = "G",
+        requires = "prefix_len",
+        help_heading = "Workload"
+    )]
+    pub prefix_groups: Option<u32>,
+    /// Requests of a group sent in a row (default: --num-prompts / --prefix-groups).
+    #[arg(
+        long,
+        value_name = "P",
+        requires = "prefix_len",
+        help_heading = "Workload"
+    )]
+    pub prompts_per_group: Option<u32>,
+    /// Synthetic images per request, sent as image_url data URLs (needs --api chat).
+    #[arg(long, value_name = "K", help_heading = "Workload")]
+    pub images_per_request: Option<u32>,
+    /// Size of the synthetic images, WIDTHxHEIGHT pixels.
+    #[arg(
+        long,
+        value_name = "WxH",
+        default_value = "512x512",
+        help_heading = "Workload"
+    )]
+    pub image_size: String,
+    /// Encoding of the synthetic images.
+    #[arg(long, value_parser = ["png"], default_value = "png", help_heading = "Workload")]
+    pub image_format: String,
     /// Ramp the request rate (open loop) instead of --request-rate, or the concurrency
     /// (closed loop, see --ramp-over).
     #[arg(long, value_parser = ["linear", "exponential", "sawtooth"], requires_all = ["ramp_from", "ramp_to", "ramp_duration"], help_heading = "Workload")]
@@ -85,6 +128,15 @@ impl From<WorkloadArgs> for crate::bench::workload::WorkloadArgs {
             trace_limit: a.trace_limit,
             prompt_file: a.prompt_file,
             multi_turn: a.multi_turn,
+            dataset: a
+                .dataset
+                .and_then(|v| Some((v.first()?.clone(), v.get(1)?.into()))),
+            prefix_len: a.prefix_len,
+            prefix_groups: a.prefix_groups,
+            prompts_per_group: a.prompts_per_group,
+            images_per_request: a.images_per_request,
+            image_size: a.image_size,
+            image_format: a.image_format,
             ramp: a.ramp,
             ramp_over: a.ramp_over,
             ramp_from: a.ramp_from,

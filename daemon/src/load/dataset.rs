@@ -6,9 +6,18 @@
 use std::path::Path;
 
 /// One conversation of a prompt file: its user turns, in order (one for a plain prompt).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Conversation {
     pub turns: Vec<String>,
+    /// `max_tokens` of its requests, from the row (`--dataset jsonl` `output_len`); `None`:
+    /// the run's `--output-len` / `--output-dist`.
+    pub output_len: Option<u32>,
+    /// Image URLs (`http(s):` or `data:`) sent with the first turn as `image_url` parts
+    /// (`--dataset jsonl` `images`; chat only).
+    pub images: Vec<String>,
+    /// The row's own chat messages (`--dataset jsonl` `messages`), sent as they are in one
+    /// request (`turns` then holds their text joined, for `--api completions`).
+    pub messages: Option<Vec<serde_json::Value>>,
 }
 
 /// The prompts of a file.
@@ -189,7 +198,10 @@ fn push(out: &mut Vec<Conversation>, mut turns: Vec<String>, multi_turn: bool) {
         turns.truncate(1);
     }
     if !turns.is_empty() {
-        out.push(Conversation { turns });
+        out.push(Conversation {
+            turns,
+            ..Conversation::default()
+        });
     }
 }
 

@@ -403,8 +403,15 @@ pub struct Workload {
     pub input_dist: Option<LengthDist>,
     pub output_dist: Option<LengthDist>,
     pub trace: Option<TraceReplay>,
-    /// Prompts (or conversations with `--multi-turn`) from a file.
+    /// Prompts (or conversations with `--multi-turn`) from a file (`--prompt-file`, or the
+    /// usable rows of `--dataset`).
     pub prompt_file: Option<Arc<PromptSet>>,
+    /// `--dataset`: its format, rows and skipped rows (its prompts are `prompt_file`).
+    pub dataset: Option<super::datasets::DatasetInfo>,
+    /// `--prefix-len`, `--prefix-groups`: shared system prompts.
+    pub shared_prefix: Option<super::shared_prefix::SharedPrefix>,
+    /// `--images-per-request`: synthetic images with every request.
+    pub images: Option<super::images::SyntheticImages>,
     pub multi_turn: bool,
     pub ramp: Option<Ramp>,
     /// A local tokenizer for exact prompt lengths (`--tokenizer`).
@@ -439,7 +446,14 @@ impl Workload {
         WorkloadInfo {
             input_dist: self.input_dist.map(|d| d.to_string()),
             output_dist: self.output_dist.map(|d| d.to_string()),
-            prompt_file: self.prompt_file.as_ref().map(|p| p.name.clone()),
+            prompt_file: self
+                .prompt_file
+                .as_ref()
+                .filter(|_| self.dataset.is_none())
+                .map(|p| p.name.clone()),
+            dataset: self.dataset.clone(),
+            shared_prefix: self.shared_prefix,
+            images: self.images,
             multi_turn: self.multi_turn,
             ramp: self.ramp,
             tokenizer_file: self
@@ -456,6 +470,15 @@ pub struct WorkloadInfo {
     pub input_dist: Option<String>,
     pub output_dist: Option<String>,
     pub prompt_file: Option<String>,
+    /// `--dataset` (absent without it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<super::datasets::DatasetInfo>,
+    /// `--prefix-len` / `--prefix-groups` (absent without them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_prefix: Option<super::shared_prefix::SharedPrefix>,
+    /// `--images-per-request` (absent without it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub images: Option<super::images::SyntheticImages>,
     pub multi_turn: bool,
     pub ramp: Option<Ramp>,
     /// The local tokenizer.json of `--tokenizer` (`tokenizer` is then `local_file`).
@@ -516,6 +539,20 @@ pub struct WorkloadArgs {
     pub trace_limit: Option<usize>,
     /// Prompts from a file: JSONL with a prompt/text field (or turns), or CSV with a prompt column.
     pub prompt_file: Option<std::path::PathBuf>,
+    /// `--dataset FORMAT FILE`: `sharegpt` or `jsonl` and the file ([`super::datasets`]).
+    pub dataset: Option<(String, std::path::PathBuf)>,
+    /// `--prefix-len N`: tokens of each shared prefix.
+    pub prefix_len: Option<u32>,
+    /// `--prefix-groups G`: distinct shared prefixes (default 1).
+    pub prefix_groups: Option<u32>,
+    /// `--prompts-per-group P`: requests per group in a row.
+    pub prompts_per_group: Option<u32>,
+    /// `--images-per-request K`.
+    pub images_per_request: Option<u32>,
+    /// `--image-size WxH`.
+    pub image_size: String,
+    /// `--image-format png`.
+    pub image_format: String,
     /// Multi-turn conversations from --prompt-file's `turns` (MT-Bench question.jsonl): each
     /// turn sent after the previous answer, with the history (needs --api chat).
     pub multi_turn: bool,
@@ -575,6 +612,32 @@ impl WorkloadArgs {
             )),
             None => None,
         };
+        let (prompt_file, dataset) = match &self.dataset {
+            Some((format, path)) => {
+                let f = super::datasets::DatasetFormat::parse(format).ok_or_else(|| {
+                    format!("--dataset {format:?}: sharegpt or jsonl, then the file")
+                })?;
+                let d = super::datasets::load(f, path, self.multi_turn)
+                    .map_err(|e| format!("--dataset {e}"))?;
+                let info = d.info();
+                (Some(Arc::new(d.prompts)), Some(info))
+            }
+            None => (prompt_file, None),
+        };
+        let shared_prefix = self
+            .prefix_len
+            .map(|n| {
+                super::shared_prefix::SharedPrefix::new(
+                    n,
+                    self.prefix_groups.unwrap_or(1),
+                    self.prompts_per_group,
+                )
+            })
+            .transpose()?;
+        let images = self
+            .images_per_request
+            .map(|k| super::images::SyntheticImages::new(k, &self.image_size, &self.image_format))
+            .transpose()?;
         let ramp = match (&self.ramp, self.ramp_from, self.ramp_to, self.ramp_duration) {
             (Some(k), Some(a), Some(b), Some(d)) => {
                 let over = if self.ramp_over.as_deref() == Some("concurrency") {
@@ -604,6 +667,9 @@ impl WorkloadArgs {
             output_dist: dist("--output-dist", &self.output_dist)?,
             trace,
             prompt_file,
+            dataset,
+            shared_prefix,
+            images,
             multi_turn: self.multi_turn,
             ramp,
             tokenizer,

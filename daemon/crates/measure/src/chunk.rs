@@ -24,6 +24,9 @@ pub struct Usage {
     pub completion_tokens: Option<u64>,
     /// `completion_tokens_details.reasoning_tokens`, where the server reports it.
     pub reasoning_tokens: Option<u64>,
+    /// Prompt tokens the server took from its prefix cache: `prompt_tokens_details.cached_tokens`
+    /// (OpenAI, vLLM, SGLang, llama.cpp), else llama.cpp's `timings.cache_n` beside the usage.
+    pub cached_tokens: Option<u64>,
 }
 
 /// An error the server sent inside the stream (`data: {"error": {...}}`, `event: error`, an
@@ -99,6 +102,9 @@ struct RawChunk<'a> {
     choices: Option<Vec<RawChoice<'a>>>,
     #[serde(default)]
     usage: Option<RawUsage>,
+    /// llama.cpp's `timings` (`cache_n`: prompt tokens reused from the slot's cache).
+    #[serde(default)]
+    timings: Option<RawTimings>,
     #[serde(default)]
     error: Option<serde_json::Value>,
     #[serde(borrow, default)]
@@ -163,6 +169,20 @@ struct RawUsage {
     completion_tokens: Option<u64>,
     #[serde(default)]
     completion_tokens_details: Option<RawCompletionDetails>,
+    #[serde(default)]
+    prompt_tokens_details: Option<RawPromptDetails>,
+}
+
+#[derive(Deserialize)]
+struct RawPromptDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct RawTimings {
+    #[serde(default)]
+    cache_n: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -202,6 +222,10 @@ pub fn parse_payload(data: &str) -> Payload<'_> {
             prompt_tokens: u.prompt_tokens,
             completion_tokens: u.completion_tokens,
             reasoning_tokens: u.completion_tokens_details.and_then(|d| d.reasoning_tokens),
+            cached_tokens: u
+                .prompt_tokens_details
+                .and_then(|d| d.cached_tokens)
+                .or_else(|| raw.timings.as_ref().and_then(|t| t.cache_n)),
         }),
         ..Chunk::default()
     };
@@ -340,9 +364,25 @@ mod tests {
             Some(Usage {
                 prompt_tokens: Some(5),
                 completion_tokens: Some(2),
-                reasoning_tokens: None
+                reasoning_tokens: None,
+                cached_tokens: None,
             })
         );
+    }
+
+    /// Cached prompt tokens: OpenAI's `prompt_tokens_details.cached_tokens` (llama.cpp sends
+    /// it too), else llama.cpp's `timings.cache_n`.
+    #[test]
+    fn cached_prompt_tokens_from_details_or_llama_cpp_timings() {
+        let details = r#"{"choices":[],"usage":{"prompt_tokens":204,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":181}},"timings":{"cache_n":180}}"#;
+        assert_eq!(
+            chunk(details).usage.and_then(|u| u.cached_tokens),
+            Some(181)
+        );
+        let timings = r#"{"choices":[],"usage":{"prompt_tokens":204,"completion_tokens":2},"timings":{"cache_n":23,"prompt_n":181}}"#;
+        assert_eq!(chunk(timings).usage.and_then(|u| u.cached_tokens), Some(23));
+        let none = r#"{"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":2}}"#;
+        assert_eq!(chunk(none).usage.and_then(|u| u.cached_tokens), None);
     }
 
     #[test]

@@ -180,6 +180,9 @@ pub struct RequestRecord {
     pub tpot: Option<Duration>,
     pub e2e: Duration,
     pub input_tokens: Option<u64>,
+    /// Of `input_tokens`, those the server took from its prefix cache (its usage's
+    /// `prompt_tokens_details.cached_tokens`, or llama.cpp's `timings.cache_n`).
+    pub cached_input_tokens: Option<u64>,
     pub output_tokens: Option<u64>,
     pub reasoning_tokens: Option<u64>,
     pub usage_source: Option<UsageSource>,
@@ -247,6 +250,7 @@ impl RequestRecord {
             tpot: None,
             e2e,
             input_tokens: None,
+            cached_input_tokens: None,
             output_tokens: None,
             reasoning_tokens: None,
             usage_source: None,
@@ -442,6 +446,7 @@ impl StreamMeasurer {
             prompt_tokens: parts.clone().filter_map(|u| u.prompt_tokens).max(),
             completion_tokens: sum(|u| u.completion_tokens),
             reasoning_tokens: sum(|u| u.reasoning_tokens),
+            cached_tokens: parts.clone().filter_map(|u| u.cached_tokens).max(),
         })
     }
 
@@ -693,6 +698,7 @@ impl StreamMeasurer {
             tpot,
             e2e,
             input_tokens: usage.and_then(|u| u.prompt_tokens),
+            cached_input_tokens: usage.and_then(|u| u.cached_tokens),
             output_tokens: Some(output_tokens),
             reasoning_tokens: usage.and_then(|u| u.reasoning_tokens),
             usage_source: Some(usage_source),

@@ -15,6 +15,7 @@ pub mod profile;
 pub mod ramp;
 pub mod server;
 pub mod timeline;
+pub mod workload;
 
 use std::fmt::Write as _;
 
@@ -492,6 +493,7 @@ caption{{white-space:nowrap;text-align:left;font-size:13px}} details{{font-size:
     h.push_str(&ramp::section(summary, rows));
     h.push_str(&capacity::section(summary));
     h.push_str(&profile::section(summary, rows));
+    h.push_str(&workload::section(summary));
 
     // Heatmaps: input bucket × output bucket of p99 TTFT and E2EL (colored against the SLO
     // when given) and the request count, one table per concurrency, every value one of
