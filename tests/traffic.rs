@@ -37,7 +37,7 @@ fn stream(first_ms: u64) -> Reply {
 /// `/tokenize` (words), `/v1/completions` answered by `first_ms(request)`, else 404.
 fn server_by(
     first_ms: impl Fn(&Received) -> u64 + Send + Sync + 'static,
-) -> Arc<dyn Fn(&Received, usize) -> Reply + Send + Sync> {
+) -> lmperf_e2e::scripted::Script {
     Arc::new(move |req, _| {
         let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
         if req.path == "/tokenize" {

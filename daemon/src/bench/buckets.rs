@@ -13,7 +13,7 @@
 //!
 //! Latencies of a cell use its successful requests only (as the benchmark statistics do),
 //! with the percentiles of `summary.json`'s distributions: numpy's linear method over a
-//! bounded HDR histogram at 3 significant digits ([`super::aggregate::Accumulator`]; within
+//! bounded HDR histogram at 3 significant digits ([`super::accumulator::Accumulator`]; within
 //! 0.1 % of the exact value). [`Pool`] is fed one request at a time: its memory grows with the
 //! non-empty cells (three histograms each), not with the requests.
 
@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::aggregate::Accumulator;
+use super::accumulator::Accumulator;
 use super::{Goodput, RequestRow};
 
 /// The bucketing scheme, as written to `summary.json`.

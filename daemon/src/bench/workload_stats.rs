@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::RequestRow;
-use super::aggregate::Accumulator;
+use super::accumulator::Accumulator;
 use super::stats::Distribution;
 
 /// `benchmarks[].prefix_cache`: a shared-prefix benchmark's cache figures, over its
