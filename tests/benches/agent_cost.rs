@@ -183,7 +183,7 @@ async fn main() {
             Agent::spawn(
                 &a,
                 &[
-                    ("RUST_LOG", "warn"),
+                    ("RUST_LOG", "warn,lmperf::agent=info"),
                     ("OTEL_METRIC_EXPORT_INTERVAL", "10000"),
                 ],
             )
