@@ -20,7 +20,9 @@ use opentelemetry::{KeyValue, Value};
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 
 use crate::config::k8s::K8sIdentity;
-use crate::diagnosis::report::{State, TargetDiagnosis, unix_s};
+use crate::diagnosis::announce::{Announcement, Announcer};
+use crate::diagnosis::node_scope::Placement;
+use crate::diagnosis::report::{NodeDiagnosis, State, TargetDiagnosis, unix_s};
 use crate::diagnosis::{Cause, Diagnosis, Engine, EngineConfig, Signal};
 use crate::gpu::backend::throttle;
 use crate::gpu::pods::GpuSelection;
@@ -63,9 +65,36 @@ pub struct LiveDiagnosis {
     server_seen: Mutex<BTreeMap<String, (SystemTime, SystemTime)>>,
     /// The agent's targets now (they join and leave at run time: [`LiveDiagnosis::add_target`]).
     targets: Mutex<Vec<String>>,
+    /// What was said of each incident (a node's fault once, not per target).
+    announcer: Mutex<Announcer>,
     /// Evaluations done and their total time, ns (the cost figure).
     pub evaluations: AtomicU64,
     pub evaluate_ns: AtomicU64,
+    /// The CPU time of the once-a-second loop's work ([`run`]): feeding and evaluating, ns of
+    /// its thread's CPU clock.
+    pub loop_cpu_ns: AtomicU64,
+}
+
+/// `/api/v1/status`'s `diagnosis_cost`.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct DiagnosisCost {
+    pub evaluations: u64,
+    /// CPU time of the diagnosis loop (feeding server, GPU and node signals, evaluating), s.
+    pub cpu_s: f64,
+}
+
+/// This thread's CPU time, ns (`CLOCK_THREAD_CPUTIME_ID`; 0 where unreadable).
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the call only writes it.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
 }
 
 /// The pure mappers of a canary's record and a server scrape to signals, in the diagnosis
@@ -206,6 +235,7 @@ impl LiveDiagnosis {
             schema_version: crate::diagnosis::report::SCHEMA_VERSION,
             evaluated_at_unix_s: 0.0,
             targets: targets.iter().map(|t| idle(t)).collect(),
+            nodes: Vec::new(),
         };
         Self {
             engine: Mutex::new(Engine::new(config)),
@@ -217,8 +247,10 @@ impl LiveDiagnosis {
             gpu_evidence: Mutex::default(),
             server_seen: Mutex::default(),
             targets: Mutex::new(targets),
+            announcer: Mutex::default(),
             evaluations: AtomicU64::new(0),
             evaluate_ns: AtomicU64::new(0),
+            loop_cpu_ns: AtomicU64::new(0),
         }
     }
 
@@ -312,6 +344,22 @@ impl LiveDiagnosis {
         }
     }
 
+    /// The canaries of `target` in flight at `now`, by elapsed time (lower bounds of their
+    /// E2E: [`Engine::in_flight`]).
+    pub fn observe_in_flight(&self, target: &str, now: SystemTime, elapsed: &[Duration]) {
+        if let Ok(mut e) = self.engine.lock() {
+            e.in_flight(target, now, elapsed);
+        }
+    }
+
+    /// What the diagnosis has cost so far.
+    pub fn cost(&self) -> DiagnosisCost {
+        DiagnosisCost {
+            evaluations: self.evaluations.load(Ordering::Relaxed),
+            cpu_s: self.loop_cpu_ns.load(Ordering::Relaxed) as f64 / 1e9,
+        }
+    }
+
     /// Remembers a kept priority span (error, SLO breach, spike) of `target` for the links.
     pub fn note_kept(&self, target: &str, ids: TraceIds, end: SystemTime) {
         let Ok(mut k) = self.kept.lock() else { return };
@@ -354,11 +402,16 @@ impl LiveDiagnosis {
                 .get(t)
                 .map_or(0, |before| faults.saturating_sub(*before));
             seen.1.insert(t.clone(), faults);
-            fed.push((t, signals, new_faults, evidence));
+            // Where it reads its GPUs: a node-level GPU fault needs targets sharing one.
+            let gpus = match selection {
+                GpuSelection::All => None,
+                GpuSelection::Only(ids) => Some(ids),
+            };
+            fed.push((t, signals, new_faults, evidence, gpus));
         }
         drop(seen);
         if let Ok(mut ev) = self.gpu_evidence.lock() {
-            for (t, _, _, evidence) in &fed {
+            for (t, _, _, evidence, _) in &fed {
                 let kept = ev.entry((*t).clone()).or_default();
                 for (sig, ids) in evidence {
                     // A throttle that stopped keeps naming the GPUs that throttled.
@@ -373,11 +426,12 @@ impl LiveDiagnosis {
         let Ok(mut e) = self.engine.lock() else {
             return;
         };
-        for (t, signals, new_faults, _) in &fed {
-            for &(s, v) in signals {
+        for (t, signals, new_faults, _, gpus) in fed {
+            e.place(t, Placement { node: None, gpus });
+            for (s, v) in signals {
                 e.observe(t, s, at, v);
             }
-            e.observe(t, Signal::GpuFault, at, *new_faults as f64);
+            e.observe(t, Signal::GpuFault, at, new_faults as f64);
         }
     }
 
@@ -439,27 +493,48 @@ impl LiveDiagnosis {
 
     /// One evaluation at `now`; returns the targets that just reached root_confirmed.
     pub fn tick(&self, now: SystemTime, gpu: Option<&GpuState>) -> Vec<TargetDiagnosis> {
+        self.step(now, gpu).newly
+    }
+
+    /// One evaluation at `now`: the targets that just reached root_confirmed, and what to say
+    /// of them ([`Announcer`]: a node-level fault once for its node, not once per target).
+    pub fn step(&self, now: SystemTime, gpu: Option<&GpuState>) -> Tick {
         if let Some(g) = gpu {
             self.feed_gpu(g);
         }
         let started = std::time::Instant::now();
-        let d = match self.engine.lock() {
-            Ok(mut e) => e.evaluate(now),
-            Err(_) => return Vec::new(),
+        let (d, neighbours) = match self.engine.lock() {
+            Ok(mut e) => {
+                let d = e.evaluate(now);
+                let n: Vec<(String, bool)> = d
+                    .targets
+                    .iter()
+                    .map(|t| (t.target.clone(), e.has_neighbours(&t.target)))
+                    .collect();
+                (d, n)
+            }
+            Err(_) => return Tick::default(),
         };
         self.evaluations.fetch_add(1, Ordering::Relaxed);
         self.evaluate_ns
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let mut newly = Vec::new();
         let Ok(mut last) = self.last.lock() else {
-            return newly;
+            return Tick::default();
         };
+        let names = self.target_names();
         let mut merged = Diagnosis {
             schema_version: d.schema_version,
             evaluated_at_unix_s: d.evaluated_at_unix_s,
             targets: Vec::new(),
+            nodes: d
+                .nodes
+                .iter()
+                .filter(|n| n.targets.iter().any(|t| names.contains(t)))
+                .cloned()
+                .collect(),
         };
-        for name in &self.target_names() {
+        for name in &names {
             let mut td = d
                 .targets
                 .iter()
@@ -480,8 +555,14 @@ impl LiveDiagnosis {
             }
             merged.targets.push(td);
         }
+        let announce = match self.announcer.lock() {
+            Ok(mut a) => a.step(&merged, &|t| {
+                neighbours.iter().any(|(n, has)| n == t && *has)
+            }),
+            Err(_) => Vec::new(),
+        };
         *last = merged;
-        newly
+        Tick { newly, announce }
     }
 
     /// The last evaluation, for `target` only when given; with `window`, a target idle now
@@ -500,8 +581,11 @@ impl LiveDiagnosis {
                 schema_version: crate::diagnosis::report::SCHEMA_VERSION,
                 evaluated_at_unix_s: 0.0,
                 targets: Vec::new(),
+                nodes: Vec::new(),
             });
         d.targets.retain(|t| target.is_none_or(|w| w == t.target));
+        d.nodes
+            .retain(|n| target.is_none_or(|w| n.targets.iter().any(|t| t == w)));
         if let Some(w) = window
             && let Ok(c) = self.confirmed.lock()
         {
@@ -551,20 +635,53 @@ impl LiveDiagnosis {
         now: SystemTime,
         scope: &opentelemetry::InstrumentationScope,
     ) -> SpanData {
+        self.span_linking(d, std::slice::from_ref(&d.target), ids, now, scope)
+    }
+
+    /// The `lmperf.diagnosis` span of a node-level diagnosis: as [`span`](Self::span), its
+    /// `lmperf.target` the member targets (comma-separated), linked to each one's kept traces.
+    pub fn node_span(
+        &self,
+        n: &NodeDiagnosis,
+        ids: TraceIds,
+        now: SystemTime,
+        scope: &opentelemetry::InstrumentationScope,
+    ) -> SpanData {
+        let mut d = idle(&n.targets.join(","));
+        d.state = n.state;
+        d.onset_unix_s = n.onset_unix_s;
+        d.causes = vec![crate::diagnosis::CauseScore {
+            cause: n.cause,
+            score: n.score,
+            evidence: n.evidence.clone(),
+        }];
+        d.summary = Some(n.summary.clone());
+        d.scope = crate::diagnosis::Scope::Node;
+        d.node = Some(n.node.clone());
+        self.span_linking(&d, &n.targets, ids, now, scope)
+    }
+
+    fn span_linking(
+        &self,
+        d: &TargetDiagnosis,
+        link_targets: &[String],
+        ids: TraceIds,
+        now: SystemTime,
+        scope: &opentelemetry::InstrumentationScope,
+    ) -> SpanData {
         let onset = d.onset_unix_s.map_or(now, |s| {
             SystemTime::UNIX_EPOCH + Duration::from_secs_f64(s.max(0.0))
         });
         let from = onset.checked_sub(Duration::from_secs(30)).unwrap_or(onset);
         let mut links = SpanLinks::default();
-        if let Ok(k) = self.kept.lock()
-            && let Some(q) = k.get(&d.target)
-        {
-            for &(_, trace_id, span_id) in q
+        if let Ok(k) = self.kept.lock() {
+            let mut kept: Vec<&KeptSpan> = link_targets
                 .iter()
-                .rev()
-                .filter(|(at, _, _)| *at >= from)
-                .take(MAX_LINKS)
-            {
+                .filter_map(|t| k.get(t))
+                .flat_map(|q| q.iter().filter(|(at, _, _)| *at >= from))
+                .collect();
+            kept.sort_by_key(|k| std::cmp::Reverse(k.0));
+            for &&(_, trace_id, span_id) in kept.iter().take(MAX_LINKS) {
                 let ctx = SpanContext::new(
                     trace_id,
                     span_id,
@@ -635,7 +752,18 @@ fn idle(target: &str) -> TargetDiagnosis {
         baseline_wait: None,
         roots: Vec::new(),
         canaries_skipped_share: None,
+        scope: Default::default(),
+        node: None,
     }
+}
+
+/// What one evaluation ([`LiveDiagnosis::step`]) found.
+#[derive(Debug, Default)]
+pub struct Tick {
+    /// The targets that just reached root_confirmed.
+    pub newly: Vec<TargetDiagnosis>,
+    /// What to say: each incident once (a node's fault for the node).
+    pub announce: Vec<Announcement>,
 }
 
 /// Evaluates every second until `stop`; on each new root_confirmed: the WARN line and the
@@ -663,21 +791,42 @@ pub async fn run(
             _ = every.tick() => {}
         }
         let now = SystemTime::now();
+        let cpu0 = thread_cpu_ns();
         live.feed_server(&server);
+        let cpu_feed = thread_cpu_ns().saturating_sub(cpu0);
         // The node's /proc and /sys files, off the runtime's threads.
         if let Some(mut n) = node.take() {
             let at = std::time::Instant::now();
-            if let Ok((n, sample)) = tokio::task::spawn_blocking(move || {
+            if let Ok((n, sample, read_ns)) = tokio::task::spawn_blocking(move || {
+                let cpu0 = thread_cpu_ns();
                 let s = n.sample(at);
-                (n, s)
+                (n, s, thread_cpu_ns().saturating_sub(cpu0))
             })
             .await
             {
+                let cpu0 = thread_cpu_ns();
                 live.feed_node(now, &sample);
+                live.loop_cpu_ns.fetch_add(
+                    read_ns + thread_cpu_ns().saturating_sub(cpu0),
+                    Ordering::Relaxed,
+                );
                 node = Some(n);
             }
         }
-        for d in live.tick(now, Some(&gpu)) {
+        let cpu0 = thread_cpu_ns();
+        let tick = live.step(now, Some(&gpu));
+        live.loop_cpu_ns.fetch_add(
+            cpu_feed + thread_cpu_ns().saturating_sub(cpu0),
+            Ordering::Relaxed,
+        );
+        for a in tick.announce {
+            let d = match a {
+                Announcement::Target(d) => *d,
+                Announcement::Node(n) => {
+                    announce_node(&live, &telemetry, &confirmed, &n, now);
+                    continue;
+                }
+            };
             let line = d.summary.clone().unwrap_or_else(|| "unknown".to_owned());
             // The line carries its `lmperf.diagnosis` span's ids, so a log line joins its trace.
             let ids = telemetry.new_trace();
@@ -709,6 +858,37 @@ pub async fn run(
                 );
             }
         }
+    }
+}
+
+/// Says a node-level diagnosis once: one WARN line naming the node and its targets, one
+/// `lmperf.diagnosis` span linked to every member's kept traces, the confirmed counter for each
+/// member target (it counts by target).
+fn announce_node(
+    live: &LiveDiagnosis,
+    telemetry: &crate::telemetry::Telemetry,
+    confirmed: &opentelemetry::metrics::Counter<u64>,
+    nd: &NodeDiagnosis,
+    now: SystemTime,
+) {
+    let ids = telemetry.new_trace();
+    let targets = nd.targets.join(",");
+    tracing::warn!(target_name = %targets, node = %nd.node, scope = "node", cause = nd.cause.as_str(), trace_id = %ids.trace_id, span_id = %ids.span_id, "Diagnosis: {}", nd.summary);
+    let span = live.node_span(nd, ids, now, telemetry.scope());
+    for t in &nd.targets {
+        confirmed.add(
+            1,
+            &[
+                KeyValue::new(n::LMPERF_TARGET, t.clone()),
+                KeyValue::new(n::LMPERF_DIAGNOSIS_CAUSE, nd.cause.as_str()),
+            ],
+        );
+    }
+    let e = telemetry
+        .spans
+        .enqueue(span, crate::sampler::adaptive::Reason::Spike);
+    if let Some(t) = e.evicted {
+        telemetry.exemplars.forget_trace(t);
     }
 }
 
@@ -947,6 +1127,146 @@ mod tests {
             .find(|e| e.signal == Signal::ServerRequestsWaiting)
             .expect("queue as evidence");
         assert_eq!((waiting.before, waiting.after), (0.0, 20.0));
+    }
+
+    /// Two targets on the agent's node, fed as the agent feeds them (canaries, node samples),
+    /// for 10 min calm then 2 min of `slowed` targets with the node PSI cpu at `psi`: every
+    /// announcement with its second, and the live diagnosis.
+    fn two_targets(slowed: &[&str], psi: f64) -> (Vec<(u64, Announcement)>, LiveDiagnosis) {
+        let live = LiveDiagnosis::new(EngineConfig::default(), vec!["a".into(), "b".into()]);
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let mut said = Vec::new();
+        for s in 0..720u64 {
+            let at = t0 + Duration::from_secs(s);
+            let bad = s >= 600;
+            for t in ["a", "b"] {
+                for half in [0u64, 500] {
+                    let ms = if bad && slowed.contains(&t) {
+                        400 + (s % 5) * 10
+                    } else {
+                        100 + (s % 7) * 3
+                    };
+                    live.observe_request(
+                        t,
+                        &measured(ms, Outcome::Ok, at + Duration::from_millis(half)),
+                        None,
+                    );
+                }
+            }
+            let sample = crate::node::NodeSample {
+                cpu_some: Some(if bad { psi } else { 0.05 } + (s % 3) as f64 * 0.005),
+                agent_cpu_cores: Some(0.01),
+                ..Default::default()
+            };
+            live.feed_node(at, &sample);
+            for a in live.step(at + Duration::from_secs(1), None).announce {
+                said.push((s, a));
+            }
+        }
+        (said, live)
+    }
+
+    #[test]
+    fn one_slowed_target_of_two_is_its_own_diagnosis() {
+        let (said, live) = two_targets(&["a"], 0.05);
+        assert_eq!(said.len(), 1, "{said:#?}");
+        let Announcement::Target(d) = &said[0].1 else {
+            panic!("{said:#?}")
+        };
+        assert_eq!(d.target, "a");
+        assert_eq!(d.scope, crate::diagnosis::Scope::Target);
+        let snap = live.snapshot(None, None, SystemTime::now());
+        assert!(snap.nodes.is_empty());
+        let b = snap.targets.iter().find(|t| t.target == "b").expect("b");
+        assert_eq!(b.state, State::Idle);
+    }
+
+    #[test]
+    fn both_targets_slowed_by_node_cpu_pressure_are_one_node_level_diagnosis() {
+        let (said, live) = two_targets(&["a", "b"], 0.7);
+        assert_eq!(said.len(), 1, "one incident: {said:#?}");
+        let (when, Announcement::Node(n)) = &said[0] else {
+            panic!("{said:#?}")
+        };
+        assert!((600..=660).contains(when), "said at {when} s");
+        assert_eq!(n.cause, Cause::NodeCpuPressure, "{n:#?}");
+        assert_eq!(n.targets, ["a", "b"]);
+        // The node's diagnosis shows with either target, and each target links to it.
+        let snap = live.snapshot(Some("b"), None, SystemTime::now());
+        assert_eq!(snap.nodes.len(), 1);
+        assert_eq!(snap.targets[0].scope, crate::diagnosis::Scope::Node);
+        assert_eq!(snap.targets[0].node.as_deref(), Some("local"));
+        let text = crate::diagnosis::scorecard::text(&snap);
+        assert!(
+            text.starts_with("node local  root_confirmed  node_cpu_pressure"),
+            "{text}"
+        );
+        // One span for the node, linking to both targets' kept traces.
+        for (i, t) in ["a", "b"].into_iter().enumerate() {
+            let ids = TraceIds {
+                trace_id: TraceId::from(i as u128 + 1),
+                span_id: SpanId::from(i as u64 + 1),
+                sampled: true,
+            };
+            live.note_kept(
+                t,
+                ids,
+                SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_650),
+            );
+        }
+        let span = live.node_span(
+            n,
+            TraceIds {
+                trace_id: TraceId::from(99u128),
+                span_id: SpanId::from(99u64),
+                sampled: true,
+            },
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_700),
+            &opentelemetry::InstrumentationScope::builder("t").build(),
+        );
+        assert_eq!(span.links.links.len(), 2);
+        assert!(
+            span.attributes
+                .iter()
+                .any(|kv| kv.key.as_str() == n::LMPERF_TARGET && kv.value.as_str() == "a,b")
+        );
+    }
+
+    #[test]
+    fn in_flight_canaries_bound_the_e2e_from_below() {
+        // Target a: 5 min calm (E2E 200 ms), then its canaries hang: none finishes, 4 are in
+        // flight for ever longer. Without bounds no bucket would hold a sample.
+        let live = LiveDiagnosis::new(EngineConfig::default(), vec!["a".into()]);
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let mut states = Vec::new();
+        for s in 0..400u64 {
+            let at = t0 + Duration::from_secs(s);
+            if s < 300 {
+                for half in [0u64, 500] {
+                    live.observe_request(
+                        "a",
+                        &measured(
+                            100 + (s % 7) * 3,
+                            Outcome::Ok,
+                            at + Duration::from_millis(half),
+                        ),
+                        None,
+                    );
+                }
+            } else {
+                let elapsed: Vec<Duration> =
+                    (0..4).map(|k| Duration::from_secs(s - 300 + k)).collect();
+                live.observe_in_flight("a", at, &elapsed);
+            }
+            let d = live.step(at + Duration::from_secs(1), None);
+            drop(d);
+            let snap = live.snapshot(Some("a"), None, at);
+            states.push(snap.targets[0].state);
+        }
+        assert!(
+            states[300..].iter().any(|s| *s != State::Idle),
+            "the hung canaries were never seen"
+        );
     }
 
     /// A restart as another model (seen in the live `server_change` episode, which read

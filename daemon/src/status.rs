@@ -171,7 +171,14 @@ struct Inner {
     counts: BTreeMap<&'static str, u64>,
     last: Option<RequestSummary>,
     spike_rule: Option<crate::sampler::adaptive::SpikeRule>,
+    /// Scheduled and skipped canaries per [`SKIP_BUCKET_S`] bucket (its Unix index), the
+    /// newest last, at most [`SKIP_BUCKETS`].
+    skip_window: VecDeque<(u64, u32, u32)>,
 }
+
+/// The skip share's window: 6 buckets of 10 s (the last minute).
+pub const SKIP_BUCKET_S: u64 = 10;
+pub const SKIP_BUCKETS: usize = 6;
 
 /// Live state of one target.
 #[derive(Debug)]
@@ -181,6 +188,8 @@ pub struct TargetState {
     pub api: &'static str,
     pub in_flight: AtomicU64,
     pub skipped: AtomicU64,
+    /// Canaries the schedule fired (sent or skipped).
+    pub scheduled: AtomicU64,
     /// In spike mode (every span kept).
     pub spike: AtomicBool,
     /// The serving pod's `k8s.*` attributes (empty on a plain host).
@@ -200,6 +209,13 @@ pub struct TargetSnapshot {
     pub by_outcome: BTreeMap<&'static str, u64>,
     pub in_flight: u64,
     pub skipped: u64,
+    /// Canaries the schedule fired (sent or skipped at `max_in_flight`).
+    pub scheduled: u64,
+    /// `skipped ÷ scheduled` since the start (0 before the first canary).
+    pub skipped_share: f64,
+    /// The share skipped over the last minute (6 buckets of 10 s; `None` before a canary was
+    /// scheduled in it): the share of a spike the canaries do not see.
+    pub skipped_share_last_minute: Option<f64>,
     pub spike: bool,
     pub last: Option<RequestSummary>,
     /// While in spike mode: the rule that started it, with its values.
@@ -208,6 +224,25 @@ pub struct TargetSnapshot {
     /// `k8s.pod.uid`, `k8s.container.name`, the owner); absent on a plain host.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub k8s: BTreeMap<String, String>,
+}
+
+fn unix_secs(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Skipped ÷ scheduled over the buckets of the last minute before bucket `now_idx` (itself
+/// included); `None` without a scheduled canary there.
+fn skip_share(window: &VecDeque<(u64, u32, u32)>, now_idx: u64) -> Option<f64> {
+    let from = now_idx.saturating_sub(SKIP_BUCKETS as u64 - 1);
+    let (sched, skipped) = window
+        .iter()
+        .filter(|b| b.0 >= from && b.0 <= now_idx)
+        .fold((0u64, 0u64), |(a, b), x| {
+            (a + u64::from(x.1), b + u64::from(x.2))
+        });
+    (sched > 0).then(|| skipped as f64 / sched as f64)
 }
 
 fn ms(d: std::time::Duration) -> f64 {
@@ -222,6 +257,7 @@ impl TargetState {
             api: t.api.path(),
             in_flight: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
+            scheduled: AtomicU64::new(0),
             spike: AtomicBool::new(false),
             k8s: t
                 .k8s
@@ -253,6 +289,29 @@ impl TargetState {
         }
     }
 
+    /// Counts a scheduled canary at `now`: `skipped` when `max_in_flight` canaries still ran.
+    pub fn note_scheduled(&self, now: SystemTime, skipped: bool) {
+        self.scheduled.fetch_add(1, Ordering::Relaxed);
+        if skipped {
+            self.skipped.fetch_add(1, Ordering::Relaxed);
+        }
+        let idx = unix_secs(now) / SKIP_BUCKET_S;
+        if let Ok(mut g) = self.inner.lock() {
+            match g.skip_window.back_mut() {
+                Some(b) if b.0 == idx => {
+                    b.1 += 1;
+                    b.2 += u32::from(skipped);
+                }
+                _ => {
+                    g.skip_window.push_back((idx, 1, u32::from(skipped)));
+                    while g.skip_window.len() > SKIP_BUCKETS {
+                        g.skip_window.pop_front();
+                    }
+                }
+            }
+        }
+    }
+
     /// Counts a measured canary and keeps it as the last result.
     pub fn record(&self, last: &RequestSummary) {
         if let Ok(mut g) = self.inner.lock() {
@@ -262,15 +321,19 @@ impl TargetState {
     }
 
     pub fn snapshot(&self) -> TargetSnapshot {
-        let (model, by_outcome, last, spike_reason) = match self.inner.lock() {
+        let now_idx = unix_secs(SystemTime::now()) / SKIP_BUCKET_S;
+        let (model, by_outcome, last, spike_reason, last_minute) = match self.inner.lock() {
             Ok(g) => (
                 g.model.clone(),
                 g.counts.clone(),
                 g.last.clone(),
                 g.spike_rule,
+                skip_share(&g.skip_window, now_idx),
             ),
-            Err(_) => (None, BTreeMap::new(), None, None),
+            Err(_) => (None, BTreeMap::new(), None, None, None),
         };
+        let scheduled = self.scheduled.load(Ordering::Relaxed);
+        let skipped = self.skipped.load(Ordering::Relaxed);
         TargetSnapshot {
             name: self.name.clone(),
             url: self.url.clone(),
@@ -279,7 +342,14 @@ impl TargetState {
             requests: by_outcome.values().sum(),
             by_outcome,
             in_flight: self.in_flight.load(Ordering::Relaxed),
-            skipped: self.skipped.load(Ordering::Relaxed),
+            skipped,
+            scheduled,
+            skipped_share: if scheduled == 0 {
+                0.0
+            } else {
+                skipped as f64 / scheduled as f64
+            },
+            skipped_share_last_minute: last_minute,
             spike: self.spike.load(Ordering::Relaxed),
             last,
             spike_reason,
@@ -363,6 +433,19 @@ mod tests {
             load_id: None,
             profile_revision: None,
         }
+    }
+
+    #[test]
+    fn the_skip_share_counts_the_last_minute() {
+        let mut w = VecDeque::new();
+        // Buckets 100..=106: 10 scheduled each, 0 skipped in the old ones, 5 in the last two.
+        for i in 100..=106u64 {
+            w.push_back((i, 10, if i >= 105 { 5 } else { 0 }));
+        }
+        // The last minute of bucket 106: 101..=106, 60 scheduled, 10 skipped.
+        let share = skip_share(&w, 106).expect("share");
+        assert!((share - 10.0 / 60.0).abs() < 1e-12, "{share}");
+        assert_eq!(skip_share(&w, 200), None);
     }
 
     #[test]

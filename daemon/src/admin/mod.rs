@@ -58,6 +58,9 @@ pub struct StatusDoc {
     /// Config reloads (SIGHUP or a change of the file): attempts, failures, the last outcome,
     /// its refusal reason, the sections that need a restart.
     pub config_reload: crate::reload::ReloadView,
+    /// What the live diagnosis has cost the agent: evaluations and the CPU time of its
+    /// once-a-second loop (feeding server, GPU and node signals, evaluating).
+    pub diagnosis_cost: crate::diagnosis_live::DiagnosisCost,
 }
 
 /// The admin router, for serving or for driving with `oneshot` in tests.
@@ -137,6 +140,7 @@ pub fn status_doc(s: &AdminState) -> StatusDoc {
             .ok()
             .and_then(|d| d.as_ref().map(|d| d.view())),
         config_reload: s.status.reload.view(),
+        diagnosis_cost: s.status.diagnosis.cost(),
     }
 }
 

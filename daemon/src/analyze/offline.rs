@@ -328,6 +328,7 @@ pub fn analyze_episode(ep: &Episode, window: Option<Duration>, source: String) -
             schema_version: SCHEMA_VERSION,
             evaluated_at_unix_s: evaluated,
             targets: shown.into_values().collect(),
+            nodes: Vec::new(),
         },
         timeline,
         series,

@@ -261,6 +261,7 @@ fn write_queued_run(dir: &std::path::Path, with_server: bool) {
             p50: Some(mean),
             p99: Some(mean * 1.5),
             count: 1.0,
+            ..Default::default()
         };
         rows.push(crate::bench::server::ServerSampleRow {
             schema_version: 1,

@@ -198,15 +198,12 @@ impl TargetRunner {
                 t = ticker.tick() => t,
             };
             let permit = self.in_flight.clone().try_acquire_owned();
+            let now = std::time::SystemTime::now();
             if let Some(d) = &self.diagnosis {
-                d.observe_schedule(
-                    &self.target.name,
-                    std::time::SystemTime::now(),
-                    permit.is_err(),
-                );
+                d.observe_schedule(&self.target.name, now, permit.is_err());
             }
+            self.state.note_scheduled(now, permit.is_err());
             let Ok(permit) = permit else {
-                self.state.skipped.fetch_add(1, Ordering::Relaxed);
                 self.telemetry.instruments.record_skipped(&self.target.name);
                 tracing::debug!(target_name = %self.target.name, "Canary skipped: max_in_flight requests still running.");
                 continue;
@@ -276,10 +273,15 @@ impl TargetRunner {
         if self.telemetry.head_sampler.is_some() {
             return;
         }
-        let entered = match self.sampler.lock() {
-            Ok(mut s) => s.tick(tokio::time::Instant::now()),
-            Err(_) => None,
+        let now = tokio::time::Instant::now();
+        let (entered, elapsed) = match self.sampler.lock() {
+            Ok(mut s) => (s.tick(now), s.in_flight_elapsed(now)),
+            Err(_) => (None, Vec::new()),
         };
+        // The diagnosis counts the canaries still waiting as lower bounds too.
+        if let Some(d) = &self.diagnosis {
+            d.observe_in_flight(&self.target.name, std::time::SystemTime::now(), &elapsed);
+        }
         if let Some(rule) = entered {
             self.note_transition(SpikeTransition::Entered, Some(rule));
         }

@@ -357,6 +357,11 @@ impl TargetSampler {
         self.in_flight.len()
     }
 
+    /// The elapsed time at `now` of each canary in flight (the diagnosis's lower bounds).
+    pub fn in_flight_elapsed(&self, now: Instant) -> Vec<std::time::Duration> {
+        self.in_flight.elapsed(now)
+    }
+
     /// Judges the canaries in flight at `now` without a finished one: enters (or prolongs)
     /// spike mode when a rule holds, and returns the rule when it entered. Never leaves spike
     /// mode: the next finished canary does, on its span.

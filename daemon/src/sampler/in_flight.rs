@@ -46,6 +46,14 @@ impl InFlight {
         self.started.is_empty()
     }
 
+    /// At `now`, each canary in flight's elapsed time.
+    pub fn elapsed(&self, now: Instant) -> Vec<Duration> {
+        self.started
+            .values()
+            .map(|&s| now.saturating_duration_since(s))
+            .collect()
+    }
+
     /// At `now`, each canary in flight as `(start, elapsed)`: its start since `origin` and its
     /// elapsed time in seconds (a lower bound of its E2E). Starts before `origin` count from it.
     pub fn bounds(&self, now: Instant, origin: Instant) -> Vec<(Duration, f64)> {

@@ -67,8 +67,9 @@ fn vllm(name: &str) {
     // p99: rank 4950 is past every finite bucket (4600): the highest finite bound, 80.
     close(s.itl.p99, 80.0);
     close(s.itl.mean, (330.0 - 180.0) / 5000.0);
-    // Queue delta: ≤0.3: 50 … +Inf 80; p50 rank 40 in the first bucket, from 0: 0.3 × 40/50.
-    close(s.queue.p50, 0.24);
+    // Queue delta: ≤0.3: 50 … +Inf 80; p50 rank 40 in the first bucket, 0.3 s wide: only
+    // "below 0.3 s" is known (an interpolated 0.24 s would be a queue the server may not have).
+    assert_eq!((s.queue.p50, s.queue.p50_below), (None, Some(0.3)));
     close(s.queue.mean, 8.0 / 80.0);
     assert_eq!(s.prefill.count, 0.0);
     assert_eq!(

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 use super::detector::{
     Assessment, Baseline, BucketSeries, DEFAULT_TAIL_ALPHA, DetectorConfig, JumpRule, median,
 };
+use super::node_scope::{self, Placement};
 use super::report::{
     BaselineWait, Cause, CauseScore, Diagnosis, Evidence, SCHEMA_VERSION, State, Symptom,
     TargetDiagnosis, TtftDecomposition, unix_s,
@@ -101,6 +102,9 @@ pub const MIN_ERRORS_PER_BUCKET: f64 = 2.0;
 pub struct Engine {
     config: EngineConfig,
     targets: BTreeMap<String, TargetEngine>,
+    /// Where each target runs (its node, its GPUs), for node-level diagnoses; a target not
+    /// placed runs on the agent's node and reads every GPU.
+    placements: BTreeMap<String, Placement>,
     /// Observations dropped because `max_targets` was reached.
     pub dropped: u64,
 }
@@ -115,7 +119,13 @@ struct TargetEngine {
     triggered: Option<u32>,
     last_symptom: Option<SystemTime>,
     last: Option<TargetDiagnosis>,
+    /// The canaries in flight at the last [`Engine::in_flight`] call: when it was (Unix s), and
+    /// each one's start (since the epoch) and elapsed time (s, a lower bound of its E2E).
+    in_flight: (u32, Vec<(Duration, f64)>),
 }
+
+/// In-flight bounds older than this (s) are stale: not used.
+const IN_FLIGHT_FRESH_S: u32 = 2;
 
 fn dur(t: SystemTime) -> Duration {
     t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default()
@@ -130,6 +140,7 @@ impl Engine {
         Self {
             config,
             targets: BTreeMap::new(),
+            placements: BTreeMap::new(),
             dropped: 0,
         }
     }
@@ -154,10 +165,51 @@ impl Engine {
         }
     }
 
+    /// The canaries of `target` in flight at `now`, each by its elapsed time: lower bounds of
+    /// their E2E, as spike mode counts them ([`crate::detector::BucketSeries::assess_with`]).
+    /// Only those that started before the bucket in progress count (a canary sent a moment
+    /// ago says nothing yet), so a slowdown that keeps canaries waiting does not thin the
+    /// samples the symptom is judged on. Replaces the previous call's; stale after 2 s.
+    pub fn in_flight(&mut self, target: &str, now: SystemTime, elapsed: &[Duration]) {
+        let bucket = self.config.detector.bucket.as_secs().max(1);
+        let Some(t) = self.targets.get_mut(target) else {
+            return;
+        };
+        let now_d = dur(now);
+        let bucket_start = Duration::from_secs(now_d.as_secs() / bucket * bucket);
+        t.in_flight = (
+            sec(now),
+            elapsed
+                .iter()
+                .filter_map(|&e| {
+                    let start = now_d.checked_sub(e)?;
+                    (start < bucket_start).then_some((start, e.as_secs_f64()))
+                })
+                .collect(),
+        );
+    }
+
     /// Drops everything known of `target` (it left the agent: a pod deleted); a target of the
     /// same name later starts afresh.
     pub fn forget(&mut self, target: &str) {
         self.targets.remove(target);
+        self.placements.remove(target);
+    }
+
+    /// Says where `target` runs: its node and the GPUs it reads ([`Placement`]).
+    pub fn place(&mut self, target: &str, placement: Placement) {
+        if placement == Placement::default() {
+            self.placements.remove(target);
+        } else {
+            self.placements.insert(target.to_owned(), placement);
+        }
+    }
+
+    /// Whether another target runs on `target`'s node.
+    pub fn has_neighbours(&self, target: &str) -> bool {
+        let node = |t: &str| self.placements.get(t).and_then(|p| p.node.clone());
+        let mine = node(target);
+        self.targets.keys().any(|t| t != target && node(t) == mine)
     }
 
     /// Names of the targets seen.
@@ -168,15 +220,22 @@ impl Engine {
     /// Evaluates every target at `now` and advances its state machine.
     pub fn evaluate(&mut self, now: SystemTime) -> Diagnosis {
         let cfg = self.config;
-        let targets = self
+        let mut targets: Vec<TargetDiagnosis> = self
             .targets
             .iter_mut()
             .map(|(name, t)| t.evaluate(name, now, &cfg))
             .collect();
+        let placements = &self.placements;
+        let nodes = node_scope::group(
+            &mut targets,
+            &|t| placements.get(t).cloned().unwrap_or_default(),
+            cfg.detector.bucket.as_secs_f64(),
+        );
         Diagnosis {
             schema_version: SCHEMA_VERSION,
             evaluated_at_unix_s: unix_s(now),
             targets,
+            nodes,
         }
     }
 
@@ -528,6 +587,7 @@ impl TargetEngine {
             triggered: None,
             last_symptom: None,
             last: None,
+            in_flight: (0, Vec::new()),
         }
     }
 
@@ -541,6 +601,12 @@ impl TargetEngine {
         } else {
             1.0
         };
+        let bounds: &[(Duration, f64)] =
+            if sec(now).saturating_sub(self.in_flight.0) <= IN_FLIGHT_FRESH_S {
+                &self.in_flight.1
+            } else {
+                &[]
+            };
         let s = &mut self.store;
         let series: [(Signal, &mut BucketSeries); 4] = [
             (Signal::Ttft, &mut s.ttft),
@@ -559,7 +625,9 @@ impl TargetEngine {
                 ..cfg.symptom
             }
             .relaxed(factor);
-            if let Some(a) = b.assess(at, &rule)
+            // Canaries in flight bound the E2E from below (their TTFT may have come).
+            let lower = if signal == Signal::E2e { bounds } else { &[] };
+            if let Some(a) = b.assess_with(at, &rule, lower)
                 && a.jumped
                 && best.as_ref().is_none_or(|(_, x)| a.ratio > x.ratio)
             {
@@ -613,6 +681,8 @@ impl TargetEngine {
             baseline_wait: None,
             roots: Vec::new(),
             canaries_skipped_share: None,
+            scope: Default::default(),
+            node: None,
         };
         self.last = Some(d.clone());
         d
@@ -632,6 +702,8 @@ impl TargetEngine {
             baseline_wait: self.baseline_wait(),
             roots: Vec::new(),
             canaries_skipped_share: None,
+            scope: Default::default(),
+            node: None,
         };
         self.last = Some(d.clone());
         d
@@ -768,6 +840,8 @@ impl TargetEngine {
             baseline_wait: None,
             roots: Vec::new(),
             canaries_skipped_share: None,
+            scope: Default::default(),
+            node: None,
         };
         d.summary = d.line();
         d.canaries_skipped_share = self.store.series(Signal::CanarySkipped).and_then(|x| {

@@ -11,6 +11,9 @@
 //! - [`warning`]: early warnings (a cause's hard rule holds, the latency moved less than a
 //!   symptom): the `warning` state, never a page.
 //! - [`roots`]: concurrent faults: more than one confirmed root, in causal order.
+//! - [`node_scope`]: node-wide vs target: one fault on most of a node's targets through a
+//!   signal they share is one node-level diagnosis (`scope: node`); [`announce`]: what is said
+//!   once per incident (a node's fault once, not per target).
 //! - [`report`]: the [`Diagnosis`] document (**API Boundary**); [`scorecard`]: it as text.
 //!
 //! **Architecture Invariant:** pure, like `measure/`: no clock, no socket, no file. Callers
@@ -100,15 +103,22 @@
 //!     "ttft_decomposition": null | { "extra_s": f64, "server_queue_s": f64 | null,
 //!                                    "server_prefill_s": f64 | null, "network_s": f64 | null,
 //!                                    "unexplained_s": f64 },
-//!     "summary": str | null } ] }           // the WARN line in words
+//!     "summary": str | null,                // the WARN line in words
+//!     "scope": "target" | "node",           // node: part of a node-level diagnosis
+//!     "node": str? } ],                     // that diagnosis's node (scope node only)
+//!   "nodes": [ { "node": str, "scope": "node", "state": str, "cause": str, "score": f64,
+//!                "onset_unix_s": f64 | null, "targets": [str], "node_targets": int,
+//!                "evidence": [ … ], "summary": str } ]? }   // absent when empty
 //! ```
 //! Values are in the signal's unit ([`Signal::unit`]: seconds, Hz, ratios, counts). Fields
 //! are only added in version 1; a rename or removal bumps [`report::SCHEMA_VERSION`].
 
+pub mod announce;
 pub mod contradict;
 pub mod detector;
 pub mod engine;
 pub mod inputs;
+pub mod node_scope;
 pub mod queueing;
 pub mod report;
 pub mod roots;
@@ -118,7 +128,9 @@ pub mod store;
 pub mod warning;
 
 pub use engine::{Engine, EngineConfig};
-pub use report::{Cause, CauseScore, Diagnosis, Evidence, State, TargetDiagnosis};
+pub use report::{
+    Cause, CauseScore, Diagnosis, Evidence, NodeDiagnosis, Scope, State, TargetDiagnosis,
+};
 pub use signal::Signal;
 
 #[cfg(test)]

@@ -126,6 +126,55 @@ pub struct Diagnosis {
     pub evaluated_at_unix_s: f64,
     /// One entry per target, by name.
     pub targets: Vec<TargetDiagnosis>,
+    /// Node-level diagnoses: one fault that hit most of a node's targets at once through a
+    /// signal they share ([`crate::node_scope`]); each member target says `scope: node` and
+    /// names its node. Empty (absent) when every diagnosis is a target's own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeDiagnosis>,
+}
+
+/// Whose fault a diagnosis names: the target's own (its GPU, its queue) or the node's (node
+/// CPU or memory pressure, the node's network, a GPU its targets share).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    #[default]
+    Target,
+    Node,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Target => "target",
+            Scope::Node => "node",
+        }
+    }
+}
+
+/// One node-level diagnosis: a symptom on at least 2/3 of the node's targets, their onsets
+/// within one bucket, with a cause whose signal they share ([`crate::node_scope`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeDiagnosis {
+    /// The node's name (`local` for the agent's own node when not told).
+    pub node: String,
+    /// Always `node`.
+    pub scope: Scope,
+    /// `root_confirmed` once a member target confirmed it, else `propagating`.
+    pub state: State,
+    pub cause: Cause,
+    /// The mean of the cause's scores on the member targets.
+    pub score: f64,
+    /// The earliest member onset, Unix seconds.
+    pub onset_unix_s: Option<f64>,
+    /// The targets it hit (each with `scope: node` and `node` set), by name.
+    pub targets: Vec<String>,
+    /// How many targets the node has.
+    pub node_targets: usize,
+    /// The cause's evidence on the member with the highest score.
+    pub evidence: Vec<Evidence>,
+    /// The WARN line in words.
+    pub summary: String,
 }
 
 /// One target's diagnosis.
@@ -157,6 +206,13 @@ pub struct TargetDiagnosis {
     /// when idle or not fed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canaries_skipped_share: Option<f64>,
+    /// `node` while this target's diagnosis is part of a node-level one (its node in
+    /// [`TargetDiagnosis::node`], the diagnosis in [`Diagnosis::nodes`]); else `target`.
+    #[serde(default)]
+    pub scope: Scope,
+    /// The node of the node-level diagnosis this target belongs to (`scope: node`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// How far the history is from a baseline (idle only).

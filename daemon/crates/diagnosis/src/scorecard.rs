@@ -1,5 +1,6 @@
 //! The scorecard in the terminal (`lmperf ctl diagnose`): per target its state, onset and
-//! symptom, then the causes ranked by score with their evidence, one line each.
+//! symptom, then the causes ranked by score with their evidence, one line each. Node-level
+//! diagnoses (one fault over several targets of a node) come first.
 
 use std::fmt::Write;
 
@@ -8,6 +9,21 @@ use super::report::{Diagnosis, State, clock, fmt_value};
 /// The scorecard of `d` as text.
 pub fn text(d: &Diagnosis) -> String {
     let mut o = String::new();
+    // Node-level diagnoses first: one fault over several targets.
+    for n in &d.nodes {
+        let _ = writeln!(
+            o,
+            "node {}  {}  {} {:.2} on {} of {} targets ({})",
+            n.node,
+            n.state.as_str(),
+            n.cause.as_str(),
+            n.score,
+            n.targets.len(),
+            n.node_targets,
+            n.targets.join(", ")
+        );
+        let _ = writeln!(o, "  {}", n.summary);
+    }
     for t in &d.targets {
         // Idle is no verdict on traffic: a target that ran requests is "not judged" (no
         // baseline yet) or "no spike".

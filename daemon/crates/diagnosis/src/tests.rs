@@ -534,6 +534,7 @@ fn diagnosis_json_round_trips_with_stable_names() {
         schema_version: super::report::SCHEMA_VERSION,
         evaluated_at_unix_s: 1.0,
         targets: vec![d],
+        nodes: Vec::new(),
     };
     let v = serde_json::to_value(&doc).unwrap();
     assert_eq!(v["schema_version"], 1);
@@ -1009,6 +1010,7 @@ fn the_share_of_skipped_canaries_is_said_with_the_diagnosis() {
         schema_version: 1,
         evaluated_at_unix_s: 0.0,
         targets: vec![d],
+        nodes: Vec::new(),
     };
     assert!(super::scorecard::text(&doc).contains("scheduled canaries skipped since the onset"));
 }

@@ -5,7 +5,10 @@
 //! before the P99 pages them (issue 28, item 5).
 //!
 //! A rule holds over the last [`WINDOW_S`] seconds, most of them ([`HOLD_SHARE`] of the
-//! scrapes), so one scrape at 0.96 is no warning. Pure: the caller passes the seconds.
+//! scrapes), so one scrape at 0.96 is no warning. A node-wide pressure (PSI cpu or memory)
+//! warns a target only when its latency moved ([`latency_moved`]) or the PSI rose well above
+//! its own baseline ([`psi_rose`]): on a machine that is always busy the PSI alone says nothing
+//! about this target. Pure: the caller passes the seconds.
 
 use super::report::{Cause, CauseScore, Evidence};
 use super::signal::Signal;
@@ -64,6 +67,52 @@ fn evidence(store: &EvidenceStore, s: Signal, from: u32, to: u32, rule: String) 
 fn holds(store: &EvidenceStore, s: Signal, from: u32, to: u32, ok: impl Fn(f64) -> bool) -> bool {
     let v = values(store, s, from, to);
     !v.is_empty() && v.iter().filter(|p| ok(p.1)).count() as f64 >= HOLD_SHARE * v.len() as f64
+}
+
+/// How much a target's latency must have moved for a node-wide pressure (PSI) to warn about it:
+/// the window's median TTFT or TPOT (1 s p99s) at least this many times its median over the
+/// [`BEFORE_S`] before (and by half the signal's floor). Below the symptom's 1.5 ×.
+pub const LATENCY_MOVED_RATIO: f64 = 1.2;
+/// How far a node PSI must rise above its own baseline (its median over the [`BASELINE_S`]
+/// before the window) to warn without the latency moving: + this much (absolute share of
+/// time) and at least [`PSI_RISE_RATIO`] × the baseline.
+pub const PSI_RISE: f64 = 0.15;
+/// See [`PSI_RISE`].
+pub const PSI_RISE_RATIO: f64 = 2.0;
+/// The PSI baseline's seconds before the window (the store's 30 min, less the window).
+const BASELINE_S: u32 = 1800 - WINDOW_S;
+/// Baseline seconds a PSI needs before its rise counts (a fresh agent has no baseline: then
+/// only a latency move makes a PSI warning).
+const MIN_BASELINE_SAMPLES: usize = 60;
+
+/// Whether the target's TTFT or TPOT moved in `[from, to)` ([`LATENCY_MOVED_RATIO`]).
+pub fn latency_moved(store: &EvidenceStore, from: u32, to: u32) -> bool {
+    [Signal::Ttft, Signal::Tpot].into_iter().any(|s| {
+        let now: Vec<f64> = values(store, s, from, to).iter().map(|p| p.1).collect();
+        let before: Vec<f64> = values(store, s, from.saturating_sub(BEFORE_S), from)
+            .iter()
+            .map(|p| p.1)
+            .collect();
+        if now.is_empty() || before.is_empty() {
+            return false;
+        }
+        let (after, before) = (median(now), median(before));
+        before > 0.0 && after >= LATENCY_MOVED_RATIO * before && after - before >= s.floor() / 2.0
+    })
+}
+
+/// Whether the node PSI `s` in `[from, to)` rose well above its own baseline ([`PSI_RISE`]).
+pub fn psi_rose(store: &EvidenceStore, s: Signal, from: u32, to: u32) -> bool {
+    let now: Vec<f64> = values(store, s, from, to).iter().map(|p| p.1).collect();
+    let before: Vec<f64> = values(store, s, from.saturating_sub(BASELINE_S), from)
+        .iter()
+        .map(|p| p.1)
+        .collect();
+    if now.is_empty() || before.len() < MIN_BASELINE_SAMPLES {
+        return false;
+    }
+    let (after, before) = (median(now), median(before));
+    after >= before + PSI_RISE && after >= PSI_RISE_RATIO * before
 }
 
 /// The causes whose hard rule holds over the [`WINDOW_S`] seconds before `now`, each with its
@@ -130,11 +179,17 @@ pub fn early_warnings(store: &EvidenceStore, now: u32) -> Vec<CauseScore> {
             )],
         });
     }
-    // The node's CPUs contended (PSI), unless the agent itself is the load.
+    // The node's CPUs contended (PSI), unless the agent itself is the load, and only when it
+    // concerns this target: its latency moved, or the PSI rose well above its own baseline (a
+    // machine that is always busy has a high PSI and no warning).
     let agent_busy = values(store, Signal::AgentCpu, from, to)
         .iter()
         .any(|p| p.1 >= 0.5);
-    if !agent_busy && holds(store, Signal::NodeCpuPressure, from, to, |v| v >= 0.25) {
+    let latency = latency_moved(store, from, to);
+    if !agent_busy
+        && holds(store, Signal::NodeCpuPressure, from, to, |v| v >= 0.25)
+        && (latency || psi_rose(store, Signal::NodeCpuPressure, from, to))
+    {
         out.push(CauseScore {
             cause: Cause::NodeCpuPressure,
             score: WARNING_SCORE,
@@ -149,7 +204,8 @@ pub fn early_warnings(store: &EvidenceStore, now: u32) -> Vec<CauseScore> {
     }
     // Memory: an OOM kill, PSI memory, or the cgroup at its limit.
     let oom = events(Signal::CgroupOomKill) > 0.0;
-    let psi_mem = holds(store, Signal::NodeMemoryPressure, from, to, |v| v >= 0.1);
+    let psi_mem = holds(store, Signal::NodeMemoryPressure, from, to, |v| v >= 0.1)
+        && (latency || psi_rose(store, Signal::NodeMemoryPressure, from, to));
     let near_limit = holds(store, Signal::CgroupMemoryUsage, from, to, |v| v >= 0.95);
     if oom || psi_mem || near_limit {
         let mut ev = Vec::new();
@@ -262,4 +318,85 @@ pub fn corroborated(store: &EvidenceStore, now: u32) -> bool {
     }
     let (after, before) = (median(recent), median(before));
     before > 0.0 && after >= 2.0 * before && after - before >= 0.005
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use crate::report::{Cause, State};
+    use crate::{Engine, EngineConfig, Signal};
+
+    const T0: u64 = 1_700_000_000;
+
+    fn at(s: f64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs_f64(T0 as f64 + s)
+    }
+
+    /// `secs` seconds of a target with 2 canaries a second (TTFT `ttft(s)`, TPOT 20 ms) and the
+    /// node PSI cpu `psi(s)`; the states of every evaluation.
+    fn run(secs: u32, ttft: impl Fn(u32) -> f64, psi: impl Fn(u32) -> f64) -> Vec<State> {
+        let mut e = Engine::new(EngineConfig::default());
+        let mut states = Vec::new();
+        for s in 0..secs {
+            // A deterministic wobble of ±10 %.
+            let wobble = 1.0 + 0.1 * (f64::from(s % 7) - 3.0) / 3.0;
+            for half in [0.0, 0.5] {
+                let t = f64::from(s) + half;
+                e.observe("t", Signal::Ttft, at(t), ttft(s) * wobble);
+                e.observe("t", Signal::Tpot, at(t), 0.02 * wobble);
+                e.observe("t", Signal::E2e, at(t), ttft(s) * wobble + 0.3);
+                e.observe("t", Signal::Error, at(t), 0.0);
+            }
+            e.observe(
+                "t",
+                Signal::NodeCpuPressure,
+                at(f64::from(s) + 0.25),
+                psi(s),
+            );
+            e.observe("t", Signal::AgentCpu, at(f64::from(s) + 0.25), 0.01);
+            let d = e.evaluate(at(f64::from(s) + 1.0));
+            let t = &d.targets[0];
+            if t.state == State::Warning {
+                assert_eq!(t.causes[0].cause, Cause::NodeCpuPressure, "{:?}", t.causes);
+            }
+            states.push(t.state);
+        }
+        states
+    }
+
+    #[test]
+    fn node_psi_alone_on_an_always_busy_machine_is_no_warning() {
+        // PSI cpu some 40–60 % for 20 min (a machine that is always busy), the latency flat.
+        let psi = |s: u32| 0.4 + 0.2 * f64::from(s % 11) / 10.0;
+        let states = run(1200, |_| 0.1, psi);
+        assert!(
+            states.iter().all(|s| *s == State::Idle),
+            "{:?}",
+            states.iter().filter(|s| **s != State::Idle).count()
+        );
+    }
+
+    #[test]
+    fn node_psi_warns_when_the_latency_moved_or_the_psi_rose_above_its_baseline() {
+        let busy = |s: u32| 0.4 + 0.2 * f64::from(s % 11) / 10.0;
+        // The same busy machine; from 600 s the TTFT +30 % (under the symptom's 1.5 ×).
+        let states = run(700, |s| if s >= 600 { 0.13 } else { 0.1 }, busy);
+        let first = states.iter().position(|s| *s == State::Warning);
+        assert!(
+            first.is_some_and(|i| (600..=660).contains(&i)),
+            "first warning at {first:?}"
+        );
+        assert!(states[..600].iter().all(|s| *s == State::Idle));
+        // A calm machine (PSI 5 %) whose PSI rises to 80 % at 600 s, the latency flat.
+        let states = run(700, |_| 0.1, |s| if s >= 600 { 0.8 } else { 0.05 });
+        let first = states.iter().position(|s| *s == State::Warning);
+        assert!(
+            first.is_some_and(|i| (600..=660).contains(&i)),
+            "first warning at {first:?}"
+        );
+        // The busy machine's PSI up by 10 points only (below +15 and 2 ×): no warning.
+        let states = run(700, |_| 0.1, |s| busy(s) + if s >= 600 { 0.1 } else { 0.0 });
+        assert!(states.iter().all(|s| *s == State::Idle));
+    }
 }

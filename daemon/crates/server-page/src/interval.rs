@@ -8,10 +8,11 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use super::normalize::{Histogram, Reading};
-use super::quantile::histogram_quantile;
+use super::quantile::{below_first_bucket, histogram_quantile};
 
 /// Mean, p50 and p99 of one server-side latency over an interval, seconds; `None` when no
-/// request finished in it.
+/// request finished in it, or when the quantile lies in a wide first bucket: then
+/// `p50_below` / `p99_below` say "below the first bucket" with its bound.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct LatencyStats {
     pub mean: Option<f64>,
@@ -19,6 +20,14 @@ pub struct LatencyStats {
     pub p99: Option<f64>,
     /// Observations in the interval.
     pub count: f64,
+    /// The p50 lies in the histogram's first bucket, (0, this bound], wider than
+    /// [`super::quantile::WIDE_FIRST_BUCKET_S`]: below this bound, no interpolated value (vLLM's
+    /// queue histogram starts at 0.3 s: a server with no queue read a 150 ms median).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p50_below: Option<f64>,
+    /// As `p50_below`, for the p99.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p99_below: Option<f64>,
 }
 
 /// The server's state at one scrape and its activity since the previous one.
@@ -122,11 +131,17 @@ pub fn latency_stats(h: &Histogram) -> LatencyStats {
         return LatencyStats::default();
     }
     let mean = (h.sum.is_finite() && h.count > 0.0).then(|| h.sum / h.count);
+    let (p50_below, p99_below) = (
+        below_first_bucket(0.5, &h.buckets),
+        below_first_bucket(0.99, &h.buckets),
+    );
     LatencyStats {
         mean,
-        p50: histogram_quantile(0.5, &h.buckets),
-        p99: histogram_quantile(0.99, &h.buckets),
+        p50: histogram_quantile(0.5, &h.buckets).filter(|_| p50_below.is_none()),
+        p99: histogram_quantile(0.99, &h.buckets).filter(|_| p99_below.is_none()),
         count,
+        p50_below,
+        p99_below,
     }
 }
 

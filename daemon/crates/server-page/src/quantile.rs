@@ -57,6 +57,27 @@ pub fn histogram_quantile(q: f64, buckets: &[(f64, f64)]) -> Option<f64> {
     Some(start + (end - start) * (rank / count))
 }
 
+/// A first bucket wider than this (s) says too little to interpolate in: vLLM's queue and
+/// prefill histograms start at 0.3 s, so a server with no queue read a 150 ms queue median.
+pub const WIDE_FIRST_BUCKET_S: f64 = 0.01;
+
+/// The first bucket's upper bound when the `q` quantile lies in it, it starts at 0 and is
+/// wider than [`WIDE_FIRST_BUCKET_S`]: the quantile is only known to be below that bound
+/// (what [`histogram_quantile`] would interpolate there is a guess). `None` otherwise.
+pub fn below_first_bucket(q: f64, buckets: &[(f64, f64)]) -> Option<f64> {
+    let &(first, first_count) = buckets.first()?;
+    let total = buckets.last()?.1.max(first_count);
+    if !(0.0..=1.0).contains(&q)
+        || total <= 0.0
+        || first <= WIDE_FIRST_BUCKET_S
+        || !first.is_finite()
+        || first_count < q * total
+    {
+        return None;
+    }
+    Some(first)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,6 +94,18 @@ mod tests {
         assert!((histogram_quantile(0.1, &b).unwrap() - 0.05).abs() < 1e-12);
         // p99: rank 9.9 falls in +Inf: the highest finite bound.
         assert_eq!(histogram_quantile(0.99, &b), Some(1.0));
+    }
+
+    #[test]
+    fn a_quantile_in_a_wide_first_bucket_is_only_below_it() {
+        // vLLM's queue histogram: 50 of 80 requests ≤ 0.3 s (the first bucket).
+        let b = [(0.3, 50.0), (0.5, 70.0), (1.0, 80.0), (INF, 80.0)];
+        assert_eq!(below_first_bucket(0.5, &b), Some(0.3));
+        assert_eq!(below_first_bucket(0.99, &b), None, "p99 in (0.5, 1]");
+        // A narrow first bucket (1 ms): interpolating there costs under a millisecond.
+        let narrow = [(0.001, 50.0), (0.5, 70.0), (INF, 80.0)];
+        assert_eq!(below_first_bucket(0.5, &narrow), None);
+        assert_eq!(below_first_bucket(0.5, &[(0.3, 0.0), (INF, 0.0)]), None);
     }
 
     #[test]

@@ -59,6 +59,11 @@ pub fn section(summary: &Summary) -> String {
     }
     h.push_str(r#"<table class="server"><tr><th>benchmark</th><th>waiting mean</th><th>waiting max</th><th>running mean</th><th>running max</th><th>KV max</th><th>preemptions</th><th>prefix hit</th><th>server TTFT p50 (s)</th><th>p99 (s)</th><th>queue p50 (s)</th><th>p99 (s)</th></tr>"#);
     let f = |v: Option<f64>| v.map_or("–".to_owned(), crate::fmt::number);
+    // A quantile in a wide first bucket: "below" its bound, never an interpolated guess.
+    let q = |v: Option<f64>, below: Option<f64>| match below {
+        Some(b) => format!("&lt; {}", crate::fmt::number(b)),
+        None => f(v),
+    };
     for (name, s) in &with {
         let _ = write!(
             h,
@@ -73,10 +78,10 @@ pub fn section(summary: &Summary) -> String {
             f(s.kv_usage_max),
             f(s.preemptions),
             f(s.prefix_hit_ratio),
-            f(s.ttft_s.p50),
-            f(s.ttft_s.p99),
-            f(s.queue_s.p50),
-            f(s.queue_s.p99),
+            q(s.ttft_s.p50, s.ttft_s.p50_below),
+            q(s.ttft_s.p99, s.ttft_s.p99_below),
+            q(s.queue_s.p50, s.queue_s.p50_below),
+            q(s.queue_s.p99, s.queue_s.p99_below),
         );
     }
     h.push_str("</table><p>Server-side latencies in seconds, from the server's histograms over each benchmark.</p>");

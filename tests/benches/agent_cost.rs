@@ -1,0 +1,225 @@
+//! What the whole agent costs (issue 28's budget: ≤ 1 % of a core, ≤ 40 MiB RSS), printed,
+//! not asserted: 8 scripted vLLM-style targets (a streamed chat answer, a vLLM `/metrics` page
+//! whose counters and histograms move), 1 canary/s each, a 1 s scrape, the diagnosis on (its
+//! node and cgroup signals too), eBPF where the machine allows, spans and metrics over OTLP to
+//! a quiet collector (rotel, blackhole exporter). Three agents in turn for the same window:
+//! everything on, the scrape off, the export off. Printed: each one's CPU (user + system, a
+//! share of one core) and RSS at steady state, the diagnosis loop's own CPU (its thread CPU
+//! clock, `/api/v1/status` `diagnosis_cost`), and the breakdown of the full run: scrape and
+//! export by difference, the diagnosis measured, the canaries (and the runtime) the rest.
+//!
+//! `cargo build --release -p lmperf && cargo bench -p lmperf-e2e --bench agent_cost`
+//! (`LMPERF_BENCH_SECS` sets the window, default 60).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use lmperf_e2e::agent::Agent;
+use lmperf_e2e::peers::{QuietCollector, free_port};
+use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
+
+const TARGETS: usize = 8;
+
+fn cpu_of(pid: u32) -> Duration {
+    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let rest = s.rsplit_once(')')?.1.split_whitespace().collect::<Vec<_>>();
+            Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
+        })
+        .unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
+/// A vLLM page after `n` requests: gauges, counters and the TTFT and queue histograms (the
+/// queue's first bucket 0.3 s, as vLLM's).
+fn vllm_page(n: u64) -> String {
+    let m = r#"model_name="m",engine="0""#;
+    let nf = n as f64;
+    let mut p = format!(
+        "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{{m}}} {}\n\
+         # TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{{m}}} 0\n\
+         # TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{{m}}} 0.2\n\
+         # TYPE vllm:num_preemptions counter\nvllm:num_preemptions_total{{{m}}} 0\n\
+         # TYPE vllm:prompt_tokens counter\nvllm:prompt_tokens_total{{{m}}} {}\n\
+         # TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total{{{m}}} {}\n",
+        n % 2,
+        nf * 16.0,
+        nf * 8.0
+    );
+    p.push_str(&format!(
+        "# TYPE vllm:request_success counter\nvllm:request_success_total{{{m},finished_reason=\"length\"}} {nf}\n"
+    ));
+    for (name, bounds, share) in [
+        (
+            "time_to_first_token_seconds",
+            &[0.01, 0.02, 0.04, 0.1, 0.25, 0.5, 1.0][..],
+            &[0.0, 0.1, 0.9, 1.0, 1.0, 1.0, 1.0][..],
+        ),
+        (
+            "request_queue_time_seconds",
+            &[0.3, 0.5, 0.8, 1.0, 1.5][..],
+            &[1.0, 1.0, 1.0, 1.0, 1.0][..],
+        ),
+    ] {
+        p.push_str(&format!("# TYPE vllm:{name} histogram\n"));
+        for (b, s) in bounds.iter().zip(share) {
+            p.push_str(&format!(
+                "vllm:{name}_bucket{{{m},le=\"{b}\"}} {}\n",
+                (nf * s).round()
+            ));
+        }
+        p.push_str(&format!(
+            "vllm:{name}_bucket{{{m},le=\"+Inf\"}} {nf}\nvllm:{name}_count{{{m}}} {nf}\nvllm:{name}_sum{{{m}}} {}\n",
+            nf * 0.03
+        ));
+    }
+    p
+}
+
+async fn measure(agent: &Agent, window: Duration) -> (f64, f64, f64) {
+    // Warm-up: model discovery, the first canaries and scrapes, the eBPF load.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let d0 = agent.status()["diagnosis_cost"]["cpu_s"]
+        .as_f64()
+        .unwrap_or(0.0);
+    let (c0, t0) = (cpu_of(agent.pid()), Instant::now());
+    tokio::time::sleep(window).await;
+    let (c1, t1) = (cpu_of(agent.pid()), Instant::now());
+    let d1 = agent.status()["diagnosis_cost"]["cpu_s"]
+        .as_f64()
+        .unwrap_or(0.0);
+    let wall = (t1 - t0).as_secs_f64();
+    let cpu = (c1 - c0).as_secs_f64() / wall;
+    let rss = agent.rss_kib().unwrap_or(0) as f64 / 1024.0;
+    (cpu, rss, (d1 - d0) / wall)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let window = Duration::from_secs(
+        std::env::var("LMPERF_BENCH_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(60),
+    );
+    let mut servers = Vec::new();
+    for _ in 0..TARGETS {
+        let served = Arc::new(AtomicU64::new(0));
+        servers.push(
+            ScriptedServer::start(Arc::new(move |req, _| match req.path.as_str() {
+                "/v1/models" => Reply::json(200, r#"{"object":"list","data":[{"id":"m"}]}"#),
+                "/metrics" => Reply::Stream {
+                    status: 200,
+                    content_type: "text/plain; version=0.0.4".into(),
+                    frames: vec![lmperf_e2e::scripted::Frame {
+                        at: Duration::ZERO,
+                        bytes: vllm_page(served.load(Ordering::Relaxed)).into_bytes(),
+                    }],
+                    cut: false,
+                },
+                p if p.ends_with("/completions") => {
+                    served.fetch_add(1, Ordering::Relaxed);
+                    Reply::sse(chat_stream(
+                        8,
+                        Duration::from_millis(20),
+                        Duration::from_millis(5),
+                        16,
+                    ))
+                }
+                _ => Reply::json(404, "{}"),
+            }))
+            .await,
+        );
+    }
+    let (grpc, http) = (free_port(), free_port());
+    let _collector = QuietCollector::start(grpc, http);
+    let endpoint = format!("http://127.0.0.1:{grpc}");
+    let dir = std::env::temp_dir().join(format!("lmperf-agent-cost-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let config = |scrape: bool| {
+        let mut text = format!(
+            "[canary]\nmax_tokens = 8\ninterval = \"1s\"\nmodel = \"m\"\nmetrics_interval = \"1s\"\nserver_metrics = \"{}\"\n",
+            if scrape { "auto" } else { "off" }
+        );
+        for (i, s) in servers.iter().enumerate() {
+            text.push_str(&format!(
+                "\n[[target]]\nurl = \"{}\"\nname = \"vllm-{i}\"\n",
+                s.url()
+            ));
+        }
+        let path = dir.join(format!("scrape-{scrape}.toml"));
+        std::fs::write(&path, text).expect("config");
+        path.display().to_string()
+    };
+    let (with_scrape, without_scrape) = (config(true), config(false));
+    println!(
+        "agent_cost: {TARGETS} vLLM-style targets, 1 canary/s each, 1 s scrape, diagnosis on; {window:?} per agent (after 10 s warm-up)"
+    );
+    println!(
+        "  {:<22} {:>12} {:>9} {:>16}",
+        "agent", "CPU % core", "RSS MiB", "diagnosis % core"
+    );
+    let mut rows = Vec::new();
+    for (label, cfg, otlp) in [
+        ("everything on", &with_scrape, true),
+        ("scrape off", &without_scrape, true),
+        ("export off", &with_scrape, false),
+    ] {
+        let mut args: Vec<String> = vec!["--config".into(), cfg.clone()];
+        if otlp {
+            args.extend([
+                "--otlp-protocol".into(),
+                "grpc".into(),
+                "--otlp-endpoint".into(),
+                endpoint.clone(),
+            ]);
+        } else {
+            args.push("--no-otlp".into());
+        }
+        let agent = tokio::task::spawn_blocking(move || {
+            let a: Vec<&str> = args.iter().map(String::as_str).collect();
+            Agent::spawn(
+                &a,
+                &[
+                    ("RUST_LOG", "warn,lmperf::agent=info"),
+                    ("OTEL_METRIC_EXPORT_INTERVAL", "10000"),
+                ],
+            )
+        })
+        .await
+        .expect("agent");
+        let (cpu, rss, diag) = measure(&agent, window).await;
+        let s = agent.status();
+        let requests: u64 = s["targets"]
+            .as_array()
+            .map_or(0, |t| t.iter().filter_map(|t| t["requests"].as_u64()).sum());
+        println!(
+            "  {label:<22} {:>12.3} {rss:>9.1} {:>16.3}   (requests {requests}, net {})",
+            cpu * 100.0,
+            diag * 100.0,
+            s["net"]["mode"]
+        );
+        rows.push((cpu, rss, diag));
+        drop(agent);
+    }
+    let (full, no_scrape, no_export) = (rows[0], rows[1], rows[2]);
+    let scrape = (full.0 - no_scrape.0).max(0.0);
+    let export = (full.0 - no_export.0).max(0.0);
+    let diagnosis = full.2;
+    let canary = (full.0 - scrape - export - diagnosis).max(0.0);
+    println!(
+        "  breakdown (everything on): canary + runtime {:.3} %, scrape {:.3} %, diagnosis {:.3} %, export {:.3} % of a core",
+        canary * 100.0,
+        scrape * 100.0,
+        diagnosis * 100.0,
+        export * 100.0
+    );
+    println!(
+        "  total {:.3} % of a core, RSS {:.1} MiB (issue 28 budget: <= 1 %, <= 40 MiB)",
+        full.0 * 100.0,
+        full.1
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
