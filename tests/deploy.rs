@@ -148,7 +148,13 @@ fn chart_renders_and_every_manifest_passes_the_kubernetes_schemas() {
                     out
                 })
                 .collect();
-            let want: BTreeSet<(String, String, String)> = [("", "pods"), ("apps", "replicasets")]
+            // InferencePools only where discovery.inferencePools is on (full-values).
+            let pools = name == "full-values";
+            let mut resources = vec![("", "pods"), ("apps", "replicasets")];
+            if pools {
+                resources.push(("inference.networking.k8s.io", "inferencepools"));
+            }
+            let want: BTreeSet<(String, String, String)> = resources
                 .iter()
                 .flat_map(|(g, r)| {
                     ["get", "list", "watch"]
@@ -157,7 +163,7 @@ fn chart_renders_and_every_manifest_passes_the_kubernetes_schemas() {
                 .collect();
             assert_eq!(
                 granted, want,
-                "{name}: exactly get/list/watch on pods and replicasets"
+                "{name}: exactly get/list/watch on pods and replicasets (inferencepools: {pools})"
             );
             let b = bindings[0];
             assert_eq!(b["roleRef"]["name"], roles[0]["metadata"]["name"], "{name}");
@@ -521,6 +527,11 @@ fn rendered_config_loads_in_the_agent_and_matches_the_pod() {
                 "{name}: the node from K8S_NODE_NAME (downward API)"
             );
         }
+        assert_eq!(
+            cfg.discovery.kubernetes.inference_pools,
+            name == "full-values",
+            "{name}: discovery.inferencePools reaches [discovery.kubernetes] inference_pools"
+        );
         if name == "full-values" {
             assert_eq!(
                 env.0.get("LMPERF_API_KEY").map(String::as_str),

@@ -8,7 +8,9 @@
 //! one watch event; a new Ready pod starts within 5 s; a restart with `OOMKilled` is one
 //! `restart` change with the reason; a replacement with a new image is one `rollout`; a 410
 //! Gone relists without duplicating targets; a dropped watch resumes; a 403 is said in the
-//! status while every target goes on.
+//! status while every target goes on. InferencePools: a missing CRD is said in the status while
+//! annotated pods are canaried; a pool selecting 2 pods gives 2 targets at podIP:targetPort
+//! carrying the pool's name; the pool deleted, they are gone.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use fake_opentelemetry_collector::FakeCollectorServer;
 use lmperf_e2e::agent::{Agent, prom_sum};
-use lmperf_e2e::kube_api::{KubeApi, pod};
+use lmperf_e2e::kube_api::{KubeApi, inference_pool, pod};
 use lmperf_e2e::otlp::attrs;
 use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
 use serde_json::Value;
@@ -25,19 +27,29 @@ const NODE: &str = "node-1";
 const NS: &str = "llm";
 
 async fn vllm() -> ScriptedServer {
-    ScriptedServer::start(Arc::new(|req, _| match req.path.as_str() {
-        "/v1/models" => Reply::json(
-            200,
-            r#"{"object":"list","data":[{"id":"m","owned_by":"vllm"}]}"#,
-        ),
-        p if p.ends_with("/completions") => Reply::sse(chat_stream(
-            3,
-            Duration::from_millis(5),
-            Duration::from_millis(2),
-            4,
-        )),
-        _ => Reply::json(404, r#"{"error":"not scripted"}"#),
-    }))
+    vllm_at("127.0.0.1:0").await
+}
+
+/// A scripted vLLM-style server on `bind` (another loopback address stands for another pod IP).
+async fn vllm_at(bind: &str) -> ScriptedServer {
+    let bind = bind.parse().expect("a socket address");
+    ScriptedServer::start_at(
+        bind,
+        Arc::new(|req, _| match req.path.as_str() {
+            "/v1/models" => Reply::json(
+                200,
+                r#"{"object":"list","data":[{"id":"m","owned_by":"vllm"}]}"#,
+            ),
+            p if p.ends_with("/completions") => Reply::sse(chat_stream(
+                3,
+                Duration::from_millis(5),
+                Duration::from_millis(2),
+                4,
+            )),
+            _ => Reply::json(404, r#"{"error":"not scripted"}"#),
+        }),
+        None,
+    )
     .await
 }
 
@@ -538,6 +550,160 @@ async fn config_file_changes_and_sighup_reload_in_place() {
         s["config_reload"]
     );
     assert!(s["config_reload"]["attempts"].as_u64() >= Some(3));
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// InferencePool discovery (`inference_pools = true`): while the CRD is absent the status says
+/// so and the annotated pod is canaried; installed, a pool selecting 2 pods of this node makes
+/// them 2 targets at podIP:targetPort with `k8s.inferencepool.name` (a pod on another node and
+/// one of another namespace are not); the pool deleted, both stop.
+#[tokio::test(flavor = "multi_thread")]
+async fn inference_pools_name_their_pods_as_targets() {
+    let api = KubeApi::start().await;
+    api.add_replicaset(NS, "llama-5c6b8d", "llama");
+    let annotated = vllm().await;
+    // Two pod IPs (loopback addresses) on one port: the pool's target port.
+    let a = vllm_at("127.0.0.2:0").await;
+    let port = a.addr.port();
+    let b = vllm_at(&format!("127.0.0.3:{port}")).await;
+    api.apply(pod(
+        NS,
+        "annotated-0",
+        NODE,
+        "annotated",
+        annotated.addr.port(),
+        true,
+        "vllm/vllm-openai:v0.9.0",
+    ));
+    for (name, node, ns, ip) in [
+        ("llama-0", NODE, NS, "127.0.0.2"),
+        ("llama-1", NODE, NS, "127.0.0.3"),
+        ("llama-far", "node-9", NS, "127.0.0.4"),
+        ("llama-other-ns", NODE, "other", "127.0.0.5"),
+    ] {
+        let mut p = pod(
+            ns,
+            name,
+            node,
+            "llama",
+            port,
+            false,
+            "vllm/vllm-openai:v0.9.0",
+        );
+        p["status"]["podIP"] = ip.into();
+        api.apply(p);
+    }
+    api.apply_pool(inference_pool(
+        NS,
+        "llama-pool",
+        &[("app", "llama")],
+        &[port],
+    ));
+
+    let dir = std::env::temp_dir().join(format!("lmperf-k8s-pools-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+    let config = dir.join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[canary]\nmax_tokens = 4\ninterval = \"250ms\"\nmodel = \"m\"\nserver_metrics = \"off\"\n\n[discovery.kubernetes]\nenabled = true\nnode_name = \"{NODE}\"\ninference_pools = true\n"
+        ),
+    )
+    .unwrap();
+    let (cfg, kc) = (
+        config.display().to_string(),
+        kubeconfig.display().to_string(),
+    );
+    let agent = tokio::task::spawn_blocking(move || {
+        Agent::spawn(
+            &["--config", &cfg, "--no-otlp"],
+            &[("KUBECONFIG", kc.as_str()), ("RUST_LOG", "info,kube=warn")],
+        )
+    })
+    .await
+    .unwrap();
+
+    // The CRD absent: said in the status; the annotated pod is canaried all the same.
+    let (s, _) = wait(&agent, Duration::from_secs(30), |s| {
+        s["discovery"]["inference_pools"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("404"))
+            && target(s, "llm/annotated-0")["requests"].as_u64() >= Some(1)
+    })
+    .await;
+    let pools = &s["discovery"]["inference_pools"];
+    let e = pools["error"].as_str().unwrap_or_default();
+    assert!(
+        e.contains("not installed") && e.contains("inferencepools.inference.networking.k8s.io"),
+        "{s:#}"
+    );
+    assert_eq!(pools["mode"], "failing", "{pools}");
+    assert_eq!(s["discovery"]["mode"], "watching", "pods go on: {s:#}");
+    assert_eq!(target_names(&s), ["llm/annotated-0"]);
+    assert!(completions(&annotated) >= 1);
+    assert_eq!(completions(&a) + completions(&b), 0);
+
+    // Installed: the pool's 2 pods of this node become targets at podIP:targetPort.
+    api.install_pool_crd();
+    let want = ["llm/annotated-0", "llm/llama-0", "llm/llama-1"];
+    let (s, took) = wait(&agent, Duration::from_secs(30), |s| {
+        target_names(s) == want && completions(&a) >= 1 && completions(&b) >= 1
+    })
+    .await;
+    println!("pool targets canaried {took:?} after the CRD was installed");
+    assert_eq!(target_names(&s), want, "{s:#}");
+    let pools = &s["discovery"]["inference_pools"];
+    assert_eq!(pools["mode"], "watching", "{pools}");
+    assert_eq!(pools["pools"], 1, "{pools}");
+    assert_eq!(pools["targets"], 2, "{pools}");
+    assert!(pools["error"].is_null(), "{pools}");
+    for (name, ip) in [("llm/llama-0", "127.0.0.2"), ("llm/llama-1", "127.0.0.3")] {
+        let t = target(&s, name);
+        assert_eq!(t["url"], format!("http://{ip}:{port}/"), "{t}");
+        assert_eq!(t["k8s"]["k8s.inferencepool.name"], "llama-pool", "{t}");
+        assert_eq!(t["k8s"]["k8s.deployment.name"], "llama", "{t}");
+    }
+    assert!(
+        target(&s, "llm/annotated-0")["k8s"]["k8s.inferencepool.name"].is_null(),
+        "no pool selects the annotated pod"
+    );
+    assert!(completions(&a) >= 1 && completions(&b) >= 1);
+    let (_, metrics) = agent.get("/metrics");
+    let n = prom_sum(
+        &metrics,
+        "lmperf_canary_requests_total",
+        &[
+            "k8s_pod_name=\"llama-1\"",
+            "k8s_inferencepool_name=\"llama-pool\"",
+        ],
+    );
+    assert!(n >= 1.0, "{metrics}");
+
+    // The pool deleted: its targets leave, their servers get no canary after that.
+    api.delete_pool("llm/llama-pool");
+    let (s, _) = wait(&agent, Duration::from_secs(5), |s| {
+        target_names(s) == ["llm/annotated-0"]
+    })
+    .await;
+    assert_eq!(target_names(&s), ["llm/annotated-0"], "{s:#}");
+    assert_eq!(s["discovery"]["inference_pools"]["pools"], 0);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let after = completions(&a) + completions(&b);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(
+        completions(&a) + completions(&b),
+        after,
+        "no canary after the delete"
+    );
+    let before = completions(&annotated);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        completions(&annotated) > before,
+        "the annotated pod goes on"
+    );
     drop(agent);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -10,7 +10,12 @@
 //!   ([`KubeApi::compact`]); the stream is cut by [`KubeApi::drop_watches`];
 //! - every pod request answers 403 (a `Forbidden` Status) while [`KubeApi::set_forbidden`];
 //! - `GET /apis/apps/v1/namespaces/NS/replicasets/NAME` answers the ReplicaSets added with
-//!   [`KubeApi::add_replicaset`], else 404.
+//!   [`KubeApi::add_replicaset`], else 404;
+//! - `GET /apis/inference.networking.k8s.io/v1/inferencepools` lists and watches the
+//!   InferencePools of every namespace ([`KubeApi::apply_pool`], [`KubeApi::delete_pool`]) the
+//!   same way (one resourceVersion sequence for both kinds, as etcd keeps), once the CRD is
+//!   installed ([`KubeApi::install_pool_crd`]; before that 404, as a cluster without it answers),
+//!   403 while [`KubeApi::set_pools_forbidden`].
 //!
 //! It counts lists and watches so tests can assert a relist happened.
 
@@ -23,9 +28,18 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::broadcast;
 
-/// One watch event as stored: its resourceVersion, type and object.
+/// The pods resource.
+const PODS: &str = "pods";
+/// The InferencePools resource.
+const POOLS: &str = "inferencepools";
+/// The path of InferencePools (all namespaces).
+pub const POOLS_PATH: &str = "/apis/inference.networking.k8s.io/v1/inferencepools";
+
+/// One watch event as stored: its resource, resourceVersion, type and object.
 #[derive(Debug, Clone)]
 struct Ev {
+    /// `pods`, `inferencepools`, or `*` (an ERROR for every watch).
+    res: &'static str,
     rv: u64,
     kind: &'static str,
     object: Value,
@@ -36,6 +50,8 @@ struct State {
     rv: u64,
     /// Pods by `namespace/name`.
     pods: BTreeMap<String, Value>,
+    /// InferencePools by `namespace/name`.
+    pools: BTreeMap<String, Value>,
     history: Vec<Ev>,
     /// Watches asking for a resourceVersion below this get 410 Gone.
     compacted: u64,
@@ -50,6 +66,8 @@ pub struct Counts {
     pub gone: AtomicU64,
     pub forbidden: AtomicU64,
     pub replicaset_gets: AtomicU64,
+    /// InferencePool requests of any kind (lists, watches, refused ones).
+    pub pool_requests: AtomicU64,
 }
 
 /// The server; dropped, it stops accepting.
@@ -58,8 +76,16 @@ pub struct KubeApi {
     state: Arc<Mutex<State>>,
     live: broadcast::Sender<Option<Ev>>,
     forbidden: Arc<AtomicBool>,
+    pools: Arc<PoolsSwitch>,
     pub counts: Arc<Counts>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// Whether the InferencePool CRD is installed, and whether its requests are refused.
+#[derive(Debug, Default)]
+struct PoolsSwitch {
+    installed: AtomicBool,
+    forbidden: AtomicBool,
 }
 
 impl Drop for KubeApi {
@@ -136,17 +162,23 @@ impl KubeApi {
         let state: Arc<Mutex<State>> = Arc::default();
         let (live, _) = broadcast::channel(16_384);
         let forbidden = Arc::new(AtomicBool::new(false));
+        let pools: Arc<PoolsSwitch> = Arc::default();
         let counts = Arc::new(Counts::default());
-        let (st, tx, fb, ct) = (
+        let (st, tx, fb, ps, ct) = (
             state.clone(),
             live.clone(),
             forbidden.clone(),
+            pools.clone(),
             counts.clone(),
         );
         let task = tokio::spawn(async move {
             while let Ok((sock, _)) = listener.accept().await {
                 let _ = sock.set_nodelay(true);
-                tokio::spawn(serve(sock, st.clone(), tx.clone(), fb.clone(), ct.clone()));
+                let sw = Switches {
+                    forbidden: fb.clone(),
+                    pools: ps.clone(),
+                };
+                tokio::spawn(serve(sock, st.clone(), tx.clone(), sw, ct.clone()));
             }
         });
         Self {
@@ -154,6 +186,7 @@ impl KubeApi {
             state,
             live,
             forbidden,
+            pools,
             counts,
             task,
         }
@@ -168,19 +201,29 @@ impl KubeApi {
         std::fs::write(path, text).expect("write kubeconfig");
     }
 
-    fn push(&self, kind: &'static str, mut object: Value) -> u64 {
+    fn push(&self, res: &'static str, kind: &'static str, mut object: Value) -> u64 {
         let ev = {
             let mut s = self.state.lock().expect("state");
             s.rv += 1;
             let rv = s.rv;
             object["metadata"]["resourceVersion"] = json!(rv.to_string());
             let k = key(&object);
-            if kind == "DELETED" {
-                s.pods.remove(&k);
+            let store = if res == POOLS {
+                &mut s.pools
             } else {
-                s.pods.insert(k, object.clone());
+                &mut s.pods
+            };
+            if kind == "DELETED" {
+                store.remove(&k);
+            } else {
+                store.insert(k, object.clone());
             }
-            let ev = Ev { rv, kind, object };
+            let ev = Ev {
+                res,
+                rv,
+                kind,
+                object,
+            };
             s.history.push(ev.clone());
             ev
         };
@@ -197,7 +240,43 @@ impl KubeApi {
             .expect("state")
             .pods
             .contains_key(&key(&pod));
-        self.push(if exists { "MODIFIED" } else { "ADDED" }, pod)
+        self.push(PODS, if exists { "MODIFIED" } else { "ADDED" }, pod)
+    }
+
+    /// Adds or replaces an InferencePool (see [`inference_pool`]); returns its resourceVersion.
+    pub fn apply_pool(&self, pool: Value) -> u64 {
+        let exists = self
+            .state
+            .lock()
+            .expect("state")
+            .pools
+            .contains_key(&key(&pool));
+        self.push(POOLS, if exists { "MODIFIED" } else { "ADDED" }, pool)
+    }
+
+    /// Deletes an InferencePool by `namespace/name`.
+    pub fn delete_pool(&self, ns_name: &str) -> Option<u64> {
+        let pool = self
+            .state
+            .lock()
+            .expect("state")
+            .pools
+            .get(ns_name)
+            .cloned()?;
+        Some(self.push(POOLS, "DELETED", pool))
+    }
+
+    /// Installs the InferencePool CRD: its requests are served from now on (404 before).
+    pub fn install_pool_crd(&self) {
+        self.pools.installed.store(true, Ordering::SeqCst);
+    }
+
+    /// While true, every InferencePool list and watch answers 403 Forbidden.
+    pub fn set_pools_forbidden(&self, on: bool) {
+        self.pools.forbidden.store(on, Ordering::SeqCst);
+        if on {
+            self.drop_watches();
+        }
     }
 
     /// Adds many pods at once (no watcher should be connected yet: one event each otherwise).
@@ -216,7 +295,7 @@ impl KubeApi {
             .pods
             .get(ns_name)
             .cloned()?;
-        Some(self.push("DELETED", pod))
+        Some(self.push(PODS, "DELETED", pod))
     }
 
     /// The pod now, by `namespace/name`.
@@ -228,9 +307,18 @@ impl KubeApi {
     pub fn bookmark(&self) {
         let rv = self.state.lock().expect("state").rv;
         let _ = self.live.send(Some(Ev {
+            res: PODS,
             rv,
             kind: "BOOKMARK",
             object: json!({"kind": "Pod", "apiVersion": "v1",
+                "metadata": {"resourceVersion": rv.to_string()}}),
+        }));
+        let _ = self.live.send(Some(Ev {
+            res: POOLS,
+            rv,
+            kind: "BOOKMARK",
+            object: json!({"kind": "InferencePool",
+                "apiVersion": "inference.networking.k8s.io/v1",
                 "metadata": {"resourceVersion": rv.to_string()}}),
         }));
     }
@@ -244,6 +332,7 @@ impl KubeApi {
             s.history.clear();
         }
         let _ = self.live.send(Some(Ev {
+            res: "*",
             rv: 0,
             kind: "ERROR",
             object: status(410, "Expired", "too old resource version"),
@@ -325,11 +414,17 @@ async fn chunk(sock: &mut TcpStream, line: &str) -> std::io::Result<()> {
     sock.flush().await
 }
 
+/// What a connection reads of the server's switches.
+struct Switches {
+    forbidden: Arc<AtomicBool>,
+    pools: Arc<PoolsSwitch>,
+}
+
 async fn serve(
     mut sock: TcpStream,
     state: Arc<Mutex<State>>,
     live: broadcast::Sender<Option<Ev>>,
-    forbidden: Arc<AtomicBool>,
+    sw: Switches,
     counts: Arc<Counts>,
 ) {
     while let Some((method, target)) = read_request(&mut sock).await {
@@ -368,11 +463,45 @@ async fn serve(
             }
             continue;
         }
-        if path != "/api/v1/pods" {
-            let _ = respond(&mut sock, 404, &status(404, "NotFound", "not scripted")).await;
-            continue;
+        let res = match path.as_str() {
+            "/api/v1/pods" => PODS,
+            POOLS_PATH => POOLS,
+            _ => {
+                let _ = respond(&mut sock, 404, &status(404, "NotFound", "not scripted")).await;
+                continue;
+            }
+        };
+        if res == POOLS {
+            counts.pool_requests.fetch_add(1, Ordering::Relaxed);
+            let refused = if !sw.pools.installed.load(Ordering::SeqCst) {
+                Some((
+                    404,
+                    status(
+                        404,
+                        "NotFound",
+                        "the server could not find the requested resource",
+                    ),
+                ))
+            } else if sw.pools.forbidden.load(Ordering::SeqCst) {
+                Some((
+                    403,
+                    status(
+                        403,
+                        "Forbidden",
+                        "inferencepools.inference.networking.k8s.io is forbidden: User \"system:serviceaccount:lmperf:lmperf\" cannot list resource \"inferencepools\" in API group \"inference.networking.k8s.io\" at the cluster scope",
+                    ),
+                ))
+            } else {
+                None
+            };
+            if let Some((code, body)) = refused {
+                if respond(&mut sock, code, &body).await.is_err() {
+                    return;
+                }
+                continue;
+            }
         }
-        if forbidden.load(Ordering::SeqCst) {
+        if res == PODS && sw.forbidden.load(Ordering::SeqCst) {
             counts.forbidden.fetch_add(1, Ordering::Relaxed);
             let body = status(
                 403,
@@ -384,15 +513,26 @@ async fn serve(
             }
             continue;
         }
-        let node = node_selector(&q);
+        let node = if res == PODS { node_selector(&q) } else { None };
         let selected = |p: &Value| node.as_deref().is_none_or(|n| node_of(p) == n);
         let watching = q.get("watch").is_some_and(|w| w == "true" || w == "1");
         if !watching {
-            counts.lists.fetch_add(1, Ordering::Relaxed);
+            if res == PODS {
+                counts.lists.fetch_add(1, Ordering::Relaxed);
+            }
             let body = {
                 let s = state.lock().expect("state");
-                let items: Vec<Value> = s.pods.values().filter(|p| selected(p)).cloned().collect();
-                json!({"kind": "PodList", "apiVersion": "v1",
+                let (store, kind, api_version) = if res == POOLS {
+                    (
+                        &s.pools,
+                        "InferencePoolList",
+                        "inference.networking.k8s.io/v1",
+                    )
+                } else {
+                    (&s.pods, "PodList", "v1")
+                };
+                let items: Vec<Value> = store.values().filter(|p| selected(p)).cloned().collect();
+                json!({"kind": kind, "apiVersion": api_version,
                     "metadata": {"resourceVersion": s.rv.to_string()}, "items": items})
             };
             if respond(&mut sock, 200, &body).await.is_err() {
@@ -400,7 +540,9 @@ async fn serve(
             }
             continue;
         }
-        counts.watches.fetch_add(1, Ordering::Relaxed);
+        if res == PODS {
+            counts.watches.fetch_add(1, Ordering::Relaxed);
+        }
         let from: u64 = q
             .get("resourceVersion")
             .and_then(|v| v.parse().ok())
@@ -416,7 +558,7 @@ async fn serve(
                 (
                     s.history
                         .iter()
-                        .filter(|e| e.rv > from)
+                        .filter(|e| e.rv > from && e.res == res)
                         .cloned()
                         .collect::<Vec<_>>(),
                     false,
@@ -428,7 +570,9 @@ async fn serve(
             return;
         }
         if gone {
-            counts.gone.fetch_add(1, Ordering::Relaxed);
+            if res == PODS {
+                counts.gone.fetch_add(1, Ordering::Relaxed);
+            }
             let ev = json!({"type": "ERROR", "object": status(410, "Expired", "too old resource version")});
             let _ = chunk(&mut sock, &ev.to_string()).await;
             let _ = sock.write_all(b"0\r\n\r\n").await;
@@ -446,8 +590,11 @@ async fn serve(
         }
         let ended = loop {
             match rx.recv().await {
+                Ok(Some(e)) if e.res != res && e.res != "*" => {}
                 Ok(Some(e)) if e.kind == "ERROR" => {
-                    counts.gone.fetch_add(1, Ordering::Relaxed);
+                    if res == PODS {
+                        counts.gone.fetch_add(1, Ordering::Relaxed);
+                    }
                     let ev = json!({"type": "ERROR", "object": e.object});
                     let _ = chunk(&mut sock, &ev.to_string()).await;
                     break true;
@@ -517,5 +664,21 @@ pub fn pod(
             "conditions": [{"type": "Ready", "status": "True"}],
             "containerStatuses": [{"name": "server", "image": image, "imageID": "",
                 "ready": true, "restartCount": 0, "started": true}]}
+    })
+}
+
+/// An InferencePool (`inference.networking.k8s.io/v1`) in `ns` selecting the pods that carry
+/// every `match_labels` entry, at `ports`.
+pub fn inference_pool(ns: &str, name: &str, match_labels: &[(&str, &str)], ports: &[u16]) -> Value {
+    let labels: serde_json::Map<String, Value> = match_labels
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), json!(v)))
+        .collect();
+    let ports: Vec<Value> = ports.iter().map(|p| json!({"number": p})).collect();
+    json!({
+        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+        "metadata": {"name": name, "namespace": ns, "uid": format!("pool-{ns}-{name}")},
+        "spec": {"selector": {"matchLabels": labels}, "targetPorts": ports,
+            "endpointPickerRef": {"name": format!("{name}-epp"), "port": {"number": 9002}}}
     })
 }

@@ -5,7 +5,7 @@
 //! enabled = true                 # off by default (the Helm chart turns it on)
 //! # node_name = "gpu-node-7"     # default: the K8S_NODE_NAME environment variable
 //! # selector = "app.kubernetes.io/name=vllm"   # pods matching it are targets too
-//! inference_pools = false        # InferencePool objects name target pods too
+//! inference_pools = false        # InferencePool objects (inference.networking.k8s.io/v1) name target pods too
 //! source = "auto"                # auto | apiserver | kubelet
 //! ```
 
@@ -44,7 +44,8 @@ pub struct KubernetesDiscovery {
     pub node_name: String,
     /// Pods matching this label selector are targets (beside the opt-in annotation).
     pub selector: Option<super::selector::LabelSelector>,
-    /// Always false in this build (`true` is refused at load).
+    /// Pods that Gateway API Inference Extension `InferencePool` objects select are targets
+    /// too, at each of the pool's target ports (after the annotation and the selector).
     pub inference_pools: bool,
     pub source: PodSource,
 }
@@ -151,13 +152,6 @@ pub fn validate(
         Some(n) => n.trim().to_owned(),
         None => env.var(NODE_NAME_ENV).unwrap_or_default(),
     };
-    if k.inference_pools == Some(true) {
-        return Err(ConfigError::invalid(
-            "discovery.kubernetes.inference_pools",
-            "true",
-            "InferencePool discovery is not in this build yet; select the pods with `selector` or the lmperf.dev/canary annotation",
-        ));
-    }
     if enabled && node_name.is_empty() {
         return Err(ConfigError::invalid(
             "discovery.kubernetes.node_name",

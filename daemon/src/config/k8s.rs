@@ -37,6 +37,10 @@ pub struct K8sIdentity {
     pub container_name: Option<String>,
     /// The pod's controller, where one is known.
     pub owner: Option<K8sOwner>,
+    /// `k8s.inferencepool.name`: the Gateway API Inference Extension `InferencePool` (same
+    /// namespace) that selects the pod, where discovery watches pools; the first by name when
+    /// several do.
+    pub inference_pool: Option<String>,
 }
 
 impl K8sIdentity {

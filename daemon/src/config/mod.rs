@@ -982,6 +982,7 @@ fn validate_k8s(field: &str, k: raw::RawK8s) -> Result<k8s::K8sIdentity, ConfigE
         pod_uid,
         container_name,
         owner: None,
+        inference_pool: None,
     })
 }
 
@@ -1600,6 +1601,7 @@ mod tests {
                 pod_uid: "0b7c".into(),
                 container_name: Some("vllm".into()),
                 owner: None,
+                inference_pool: None,
             })
         );
         let id = target("namespace = \"ml\"\npod = \"p\"\n")

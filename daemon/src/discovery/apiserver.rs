@@ -7,14 +7,21 @@
 //! Every event recomputes the desired targets from the pods held (a node holds ≤ 110 pods)
 //! and publishes them when they changed; an owner ReplicaSet is read once (cached) to name its
 //! Deployment, by the `pod-template-hash` rule when it cannot be read.
+//!
+//! With `inference_pools = true` a second watcher reads the `InferencePool` objects of every
+//! namespace through `kube`'s dynamic API (no generated type); each pool event maps this node's
+//! pods again. Its failures (the CRD not installed: 404; RBAC: 403) are said once in the status's
+//! `inference_pools` section and retried with backoff; pod discovery goes on meanwhile.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::Pod;
+use kube::core::DynamicObject;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
 use kube::{Api, Client};
@@ -23,7 +30,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::TargetChange;
 use super::lifecycle::Lifecycle;
-use super::pod::{self, PodVerdict};
+use super::pod::{self, PodVerdict, Skip};
+use super::pools::{self, InferencePool};
 use super::status::DiscoveryStatus;
 use crate::config::TargetConfig;
 use crate::config::discovery::{KubernetesDiscovery, TargetTemplate};
@@ -46,11 +54,30 @@ struct Watch {
     replicasets: BTreeMap<String, Option<String>>,
     /// Pods whose bad annotation was said, with the reason said.
     said_bad: BTreeMap<String, String>,
-    /// Per pod (`namespace/name`): its target, or why it was skipped for a bad annotation;
-    /// a pod event maps only that pod again.
-    mapped: BTreeMap<String, Result<TargetConfig, String>>,
+    /// Per pod (`namespace/name`) that is or would be a target: its targets, or why it was
+    /// skipped; a pod event maps only that pod again, a pool event every pod.
+    mapped: BTreeMap<String, Mapped>,
     lifecycle: Lifecycle,
+    /// InferencePools by `namespace/name` (empty unless `inference_pools`).
+    pools: BTreeMap<String, InferencePool>,
+    /// Pools with a bad spec: `namespace/name` → the reason (said once).
+    bad_pools: BTreeMap<String, String>,
 }
+
+/// What one pod is now.
+#[derive(Debug, Default)]
+struct Mapped {
+    /// One, or one per target port of the pools naming it.
+    targets: Vec<TargetConfig>,
+    /// Skipped for a bad annotation (or canary value): the sentence.
+    bad: Option<String>,
+    /// Named by a pool only (not the annotation or the selector).
+    by_pool: bool,
+}
+
+type PoolEvents = BoxStream<'static, Result<watcher::Event<DynamicObject>, watcher::Error>>;
+/// A relist of pools in progress: the pools and the bad ones seen so far.
+type PoolRelist = (BTreeMap<String, InferencePool>, BTreeMap<String, String>);
 
 /// Runs discovery through the API server until `stop`. Never returns an error: a client that
 /// cannot be built, a 403, an unreachable server are said in `status` and retried.
@@ -96,6 +123,8 @@ pub async fn run(
         said_bad: BTreeMap::new(),
         mapped: BTreeMap::new(),
         lifecycle: Lifecycle::default(),
+        pools: BTreeMap::new(),
+        bad_pools: BTreeMap::new(),
     };
     w.run(stop).await;
 }
@@ -106,11 +135,29 @@ impl Watch {
         let wc =
             watcher::Config::default().fields(&format!("spec.nodeName={}", self.cfg.node_name));
         let mut stream = std::pin::pin!(watcher(api, wc).default_backoff());
+        let mut pool_events: PoolEvents = if self.cfg.inference_pools {
+            self.status.pools_on();
+            let api: Api<DynamicObject> =
+                Api::all_with(self.client.clone(), &pools::api_resource());
+            watcher(api, watcher::Config::default())
+                .default_backoff()
+                .boxed()
+        } else {
+            futures_util::stream::pending().boxed()
+        };
         let mut init: Option<BTreeMap<String, Pod>> = None;
+        let mut pool_init: Option<PoolRelist> = None;
         loop {
             let next = tokio::select! {
                 _ = stop.cancelled() => return,
                 n = stream.next() => n,
+                p = pool_events.next() => {
+                    match p {
+                        Some(item) => self.on_pool(item, &mut pool_init).await,
+                        None => pool_events = futures_util::stream::pending().boxed(),
+                    }
+                    continue;
+                }
             };
             let Some(item) = next else { return };
             let event = match item {
@@ -161,6 +208,91 @@ impl Watch {
         }
     }
 
+    /// One event of the InferencePool watch: the pools change, every pod is mapped again.
+    async fn on_pool(
+        &mut self,
+        item: Result<watcher::Event<DynamicObject>, watcher::Error>,
+        relist: &mut Option<PoolRelist>,
+    ) {
+        let event = match item {
+            Ok(e) => e,
+            Err(e) => {
+                let text = pool_watch_error(&e);
+                if self.status.pools_failed(text.clone()) {
+                    tracing::warn!(error = %text, "InferencePool watch failed; pod discovery goes on, pools are retried with backoff.");
+                }
+                return;
+            }
+        };
+        match event {
+            watcher::Event::Init => {
+                *relist = Some((BTreeMap::new(), BTreeMap::new()));
+                return;
+            }
+            watcher::Event::InitApply(o) => {
+                if let Some((ok, bad)) = relist.as_mut() {
+                    let (k, read) = self.read_pool(&o);
+                    match read {
+                        Ok(p) => {
+                            ok.insert(k, p);
+                        }
+                        Err(why) => {
+                            bad.insert(k, why);
+                        }
+                    }
+                }
+                return;
+            }
+            watcher::Event::InitDone => {
+                if let Some((ok, bad)) = relist.take() {
+                    self.pools = ok;
+                    self.bad_pools = bad;
+                }
+            }
+            watcher::Event::Apply(o) => {
+                let (k, read) = self.read_pool(&o);
+                match read {
+                    Ok(p) => {
+                        self.bad_pools.remove(&k);
+                        self.pools.insert(k, p);
+                    }
+                    Err(why) => {
+                        self.pools.remove(&k);
+                        self.bad_pools.insert(k, why);
+                    }
+                }
+            }
+            watcher::Event::Delete(o) => {
+                let (k, _) = self.read_pool(&o);
+                self.pools.remove(&k);
+                self.bad_pools.remove(&k);
+            }
+        }
+        self.status.pools_listed();
+        self.mapped.clear();
+        let pods: Vec<Pod> = self.pods.values().cloned().collect();
+        for p in &pods {
+            self.map(p).await;
+        }
+        self.publish();
+    }
+
+    /// A pool's key and what it reads as; a bad spec is logged once per pool and reason.
+    fn read_pool(&self, o: &DynamicObject) -> (String, Result<InferencePool, String>) {
+        let k = format!(
+            "{}/{}",
+            o.metadata.namespace.as_deref().unwrap_or_default(),
+            o.metadata.name.as_deref().unwrap_or_default()
+        );
+        let read = InferencePool::from_object(o);
+        if let Err(why) = &read
+            && self.bad_pools.get(&k) != Some(why)
+        {
+            tracing::warn!(pool = %k, reason = %why, "InferencePool skipped: bad spec (said once per pool).");
+        }
+        (k, read)
+    }
+
     /// The pod's owner, a ReplicaSet resolved to its Deployment (read once, cached).
     async fn owner(&mut self, p: &Pod) -> Option<K8sOwner> {
         let direct = pod::direct_owner(p)?;
@@ -194,41 +326,67 @@ impl Watch {
         Some(deployment.map_or(direct, K8sOwner::Deployment))
     }
 
-    /// Maps one pod (its target or its bad annotation), feeding the lifecycle.
+    /// Maps one pod (its targets or its bad annotation), feeding the lifecycle: the annotation
+    /// first, then the selector, then the InferencePools selecting it.
     async fn map(&mut self, p: &Pod) {
         let name = key(p);
         let owner = self.owner(p).await;
-        let verdict = pod::pod_target(p, self.cfg.selector.as_ref(), owner.clone());
-        let entry = match verdict {
-            PodVerdict::Target(t) => {
-                match self.template.target(&format!("pod {name}"), t.raw.clone()) {
-                    Ok(mut c) => {
-                        self.feed_lifecycle(p, &c.name, &t.identity, owner.as_ref());
-                        c.k8s = Some(t.identity);
-                        Some(Ok(c))
+        let members: Vec<&InferencePool> = self.pools.values().filter(|pl| pl.selects(p)).collect();
+        let (verdicts, by_pool) =
+            match pod::pod_target(p, self.cfg.selector.as_ref(), owner.clone()) {
+                PodVerdict::Target(mut t) => {
+                    t.identity.inference_pool = members.first().map(|m| m.name.clone());
+                    (vec![PodVerdict::Target(t)], false)
+                }
+                PodVerdict::Skip(Skip::NotSelected) if !members.is_empty() => {
+                    (pod::pool_targets(p, &members, owner.clone()), true)
+                }
+                other => (vec![other], false),
+            };
+        let mut m = Mapped {
+            by_pool,
+            ..Mapped::default()
+        };
+        for v in verdicts {
+            match v {
+                PodVerdict::Target(t) => {
+                    match self.template.target(&format!("pod {name}"), t.raw.clone()) {
+                        Ok(mut c) => {
+                            c.k8s = Some(t.identity);
+                            m.targets.push(c);
+                        }
+                        Err(e) => {
+                            m.bad.get_or_insert(e.to_string());
+                        }
                     }
-                    Err(e) => Some(Err(e.to_string())),
+                }
+                PodVerdict::Skip(_) => {}
+                PodVerdict::Bad(why) => {
+                    m.bad.get_or_insert(why);
                 }
             }
-            PodVerdict::Skip(_) => None,
-            PodVerdict::Bad(why) => Some(Err(why)),
-        };
-        match entry {
-            Some(Err(why)) => {
-                if self.said_bad.get(&name) != Some(&why) {
+        }
+        if m.bad.is_some() {
+            m.targets.clear();
+        }
+        if !m.targets.is_empty() {
+            self.feed_lifecycle(p, &m.targets, owner.as_ref());
+        }
+        match &m.bad {
+            Some(why) => {
+                if self.said_bad.get(&name) != Some(why) {
                     tracing::warn!(pod = %name, reason = %why, "Pod skipped: bad lmperf.dev annotation (said once per pod).");
                     self.said_bad.insert(name.clone(), why.clone());
                 }
-                self.mapped.insert(name, Err(why));
-            }
-            Some(Ok(c)) => {
-                self.said_bad.remove(&name);
-                self.mapped.insert(name, Ok(c));
             }
             None => {
                 self.said_bad.remove(&name);
-                self.mapped.remove(&name);
             }
+        }
+        if m.bad.is_some() || !m.targets.is_empty() {
+            self.mapped.insert(name, m);
+        } else {
+            self.mapped.remove(&name);
         }
     }
 
@@ -237,15 +395,23 @@ impl Watch {
         let targets: Vec<TargetConfig> = self
             .mapped
             .values()
-            .filter_map(|m| m.as_ref().ok().cloned())
+            .flat_map(|m| m.targets.iter().cloned())
             .collect();
         let bad: BTreeMap<String, String> = self
             .mapped
             .iter()
-            .filter_map(|(k, m)| m.as_ref().err().map(|e| (k.clone(), e.clone())))
+            .filter_map(|(k, m)| m.bad.as_ref().map(|e| (k.clone(), e.clone())))
             .collect();
         self.said_bad.retain(|k, _| bad.contains_key(k));
         self.status.counts(self.pods.len(), targets.len(), bad);
+        let by_pool = self
+            .mapped
+            .values()
+            .filter(|m| m.by_pool)
+            .map(|m| m.targets.len())
+            .sum();
+        self.status
+            .pools_counts(self.pools.len(), by_pool, &self.bad_pools);
         self.desired.send_if_modified(|cur| {
             if *cur == targets {
                 false
@@ -256,13 +422,12 @@ impl Watch {
         });
     }
 
-    fn feed_lifecycle(
-        &mut self,
-        p: &Pod,
-        target: &str,
-        id: &crate::config::k8s::K8sIdentity,
-        owner: Option<&K8sOwner>,
-    ) {
+    /// Feeds the pod's model-server container to the lifecycle; its changes go to each of the
+    /// pod's `targets` (several when a pool names several ports).
+    fn feed_lifecycle(&mut self, p: &Pod, targets: &[TargetConfig], owner: Option<&K8sOwner>) {
+        let Some(id) = targets.first().and_then(|t| t.k8s.clone()) else {
+            return;
+        };
         let Some(container) = id.container_name.as_deref() else {
             return;
         };
@@ -274,13 +439,15 @@ impl Watch {
             .lifecycle
             .observe(&id.pod_uid, owner_key.as_deref(), &facts)
         {
-            let c = TargetChange {
-                target: target.to_owned(),
-                at: SystemTime::now(),
-                change,
-            };
-            if self.changes.try_send(c).is_err() {
-                self.status.change_dropped();
+            for t in targets {
+                let c = TargetChange {
+                    target: t.name.clone(),
+                    at: SystemTime::now(),
+                    change: change.clone(),
+                };
+                if self.changes.try_send(c).is_err() {
+                    self.status.change_dropped();
+                }
             }
         }
     }
@@ -294,16 +461,36 @@ fn key(p: &Pod) -> String {
     )
 }
 
-/// A watch error in one line, naming an RBAC refusal as such.
-fn watch_error(e: &watcher::Error) -> String {
-    let status = match e {
+/// The API server's Status in a watch error, when it sent one.
+fn api_status(e: &watcher::Error) -> Option<kube::core::Status> {
+    match e {
         watcher::Error::InitialListFailed(kube::Error::Api(s))
         | watcher::Error::WatchStartFailed(kube::Error::Api(s))
         | watcher::Error::WatchFailed(kube::Error::Api(s)) => Some(s.as_ref().clone()),
         watcher::Error::WatchError(s) => Some(s.as_ref().clone()),
         _ => None,
-    };
-    match status {
+    }
+}
+
+/// An InferencePool watch error in one line: a missing CRD and an RBAC refusal named as such.
+fn pool_watch_error(e: &watcher::Error) -> String {
+    let what = format!("{}.{}/{}", pools::PLURAL, pools::GROUP, pools::VERSION);
+    match api_status(e) {
+        Some(s) if s.code == 404 => format!(
+            "404 Not Found: the InferencePool CRD ({what}) is not installed; pools are not read, pod discovery goes on"
+        ),
+        Some(s) if s.code == 403 => format!(
+            "403 Forbidden: the agent's ServiceAccount may not list/watch {what} (RBAC: get/list/watch on inferencepools, the chart's discovery.inferencePools); pod discovery goes on: {}",
+            s.message
+        ),
+        Some(s) if s.code == 410 => format!("410 Gone (watch expired; relisting): {}", s.message),
+        _ => e.to_string(),
+    }
+}
+
+/// A watch error in one line, naming an RBAC refusal as such.
+fn watch_error(e: &watcher::Error) -> String {
+    match api_status(e) {
         Some(s) if s.code == 403 => format!(
             "403 Forbidden: the agent's ServiceAccount may not list/watch pods (RBAC: a ClusterRole with get/list/watch on pods): {}",
             s.message

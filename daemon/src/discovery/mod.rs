@@ -1,14 +1,16 @@
 //! Target discovery: the model-server pods of this node become targets at run time.
 //!
-//! `selector` (label selectors, pure), `pod` (pod → target, pure), `lifecycle` (restarts and
-//! rollouts as server changes, pure), `apiserver` (the `kube` watcher of this node's pods),
-//! `status` (the `/api/v1/status` section). [`start`] runs the configured source; it publishes
+//! `selector` (label selectors, pure), `pod` (pod → target, pure), `pools` (InferencePools,
+//! pure), `lifecycle` (restarts and rollouts as server changes, pure), `apiserver` (the `kube`
+//! watchers of this node's pods and of the InferencePools), `status` (the `/api/v1/status`
+//! section). [`start`] runs the configured source; it publishes
 //! whole desired-target snapshots on a watch channel (the agent's `targets::TargetSet`
 //! reconciles them with the static targets) and lifecycle changes on a bounded queue.
 
 pub mod apiserver;
 pub mod lifecycle;
 pub mod pod;
+pub mod pools;
 pub use crate::config::selector;
 pub mod status;
 
@@ -49,7 +51,7 @@ pub struct Running {
 /// Which source runs for `source`, and why.
 pub fn choose_source(source: PodSource, kubelet_dir: &Path) -> (&'static str, String) {
     let present = kubelet_dir.exists();
-    let why_not = "the kubelet Pods API (KEP-4188, alpha) is not read by this build";
+    let why_not = "the kubelet Pods API (KEP-4188: v1alpha1.Pods/WatchPods, beta in Kubernetes 1.37, proto published in kubernetes/kubelet pkg/apis/pods/v1alpha1) is not read by this build yet";
     match source {
         PodSource::ApiServer => ("apiserver", "source = apiserver".to_owned()),
         PodSource::Auto if present => (

@@ -6,12 +6,14 @@
 //! terminating, and has an IP. It is canaried at `podIP:port`, named `namespace/pod`. The
 //! annotations `lmperf.dev/port`, `/api` (chat | completions), `/model`, `/metrics-path` and
 //! `/rate` override the `[canary]` defaults; a bad value is [`PodVerdict::Bad`] with a sentence
-//! naming the annotation and the value.
+//! naming the annotation and the value. Pods that neither names but an `InferencePool` selects
+//! are targets at the pool's target ports ([`pool_targets`]).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
+use super::pools::InferencePool;
 use crate::config::k8s::{K8sIdentity, K8sOwner};
 use crate::config::raw::RawCanary;
 use crate::config::selector::LabelSelector;
@@ -134,7 +136,8 @@ fn declared_port(pod: &Pod) -> Option<u16> {
         .filter(|&p| p > 0)
 }
 
-/// What `pod` is to discovery, given the configured `selector` and its resolved `owner`.
+/// What `pod` is to discovery, given the configured `selector` and its resolved `owner`: the
+/// opt-in annotation first, then the selector (InferencePools come after: [`pool_targets`]).
 pub fn pod_target(
     pod: &Pod,
     selector: Option<&LabelSelector>,
@@ -156,6 +159,61 @@ pub fn pod_target(
     if !selected {
         return PodVerdict::Skip(Skip::NotSelected);
     }
+    target_at(pod, ann, None, owner)
+}
+
+/// Targets of one pod at most (the distinct target ports of the pools selecting it).
+pub const MAX_POOL_TARGETS_PER_POD: usize = 16;
+
+/// The targets of a pod that InferencePools select (`pools`: the pools whose selector matches
+/// it, in order) when neither the annotation nor the selector names it: one per distinct
+/// target port, at `podIP:port`, named `namespace/pod` when there is one port and
+/// `namespace/pod:port` when there are several, each carrying the first pool naming that port
+/// as `k8s.inferencepool.name`. `lmperf.dev/canary: "false"` opts the pod out (empty); the
+/// other `lmperf.dev/*` annotations apply, except `port` (the pool names the ports).
+pub fn pool_targets(
+    pod: &Pod,
+    pools: &[&InferencePool],
+    owner: Option<K8sOwner>,
+) -> Vec<PodVerdict> {
+    let empty = BTreeMap::new();
+    let ann = pod.metadata.annotations.as_ref().unwrap_or(&empty);
+    if ann.get(ANN_CANARY).map(|v| v.trim()) == Some("false") {
+        return Vec::new();
+    }
+    let mut ports: Vec<(u16, &str)> = Vec::new();
+    for pool in pools {
+        for &port in &pool.ports {
+            if ports.len() < MAX_POOL_TARGETS_PER_POD && !ports.iter().any(|(p, _)| *p == port) {
+                ports.push((port, pool.name.as_str()));
+            }
+        }
+    }
+    let several = ports.len() > 1;
+    ports
+        .into_iter()
+        .map(
+            |(port, pool)| match target_at(pod, ann, Some(port), owner.clone()) {
+                PodVerdict::Target(mut t) => {
+                    t.identity.inference_pool = Some(pool.to_owned());
+                    if several {
+                        t.raw.name = Some(format!("{}:{port}", t.identity.qualified_name()));
+                    }
+                    PodVerdict::Target(t)
+                }
+                other => other,
+            },
+        )
+        .collect()
+}
+
+/// A selected pod as a target at `port` (`None`: `lmperf.dev/port`, else a declared port).
+fn target_at(
+    pod: &Pod,
+    ann: &BTreeMap<String, String>,
+    port: Option<u16>,
+    owner: Option<K8sOwner>,
+) -> PodVerdict {
     if pod.metadata.deletion_timestamp.is_some() {
         return PodVerdict::Skip(Skip::Terminating);
     }
@@ -163,14 +221,15 @@ pub fn pod_target(
     let (true, Some(ip)) = (ready(pod), ip.filter(|ip| !ip.is_empty())) else {
         return PodVerdict::Skip(Skip::NotReady);
     };
-    let port = match ann.get(ANN_PORT).map(|v| v.trim()) {
-        Some(v) => match v.parse::<u16>() {
+    let port = match (port, ann.get(ANN_PORT).map(|v| v.trim())) {
+        (Some(p), _) => p,
+        (None, Some(v)) => match v.parse::<u16>() {
             Ok(p) if p > 0 => p,
             _ => {
                 return PodVerdict::Bad(format!("{ANN_PORT} = {v:?}: a port, 1 to 65535"));
             }
         },
-        None => match declared_port(pod) {
+        (None, None) => match declared_port(pod) {
             Some(p) => p,
             None => {
                 return PodVerdict::Bad(format!(
@@ -227,6 +286,7 @@ pub fn pod_target(
         pod_uid: pod.metadata.uid.clone().unwrap_or_default(),
         container_name: container_for(pod, Some(port)).map(|c| c.name.clone()),
         owner,
+        inference_pool: None,
     };
     let raw = RawCanary {
         url: Some(base),
@@ -345,6 +405,7 @@ mod tests {
                 pod_uid: "u-1".into(),
                 container_name: Some("server".into()),
                 owner,
+                inference_pool: None,
             }
         );
     }
@@ -442,6 +503,64 @@ mod tests {
             direct_owner(&lws),
             Some(K8sOwner::LeaderWorkerSet("llama-405b".into()))
         );
+    }
+
+    fn pool(name: &str, ports: &[u16]) -> InferencePool {
+        InferencePool {
+            namespace: "llm".into(),
+            name: name.into(),
+            match_labels: [("app".to_owned(), "vllm".to_owned())].into(),
+            ports: ports.to_vec(),
+        }
+    }
+
+    #[test]
+    fn pool_members_are_targets_at_each_target_port() {
+        let p = vllm(serde_json::json!({"lmperf.dev/model": "m"}), "True");
+        let (a, b) = (pool("llama-pool", &[8000]), pool("llama-b", &[8000, 8002]));
+        let one = pool_targets(&p, &[&a], None);
+        let [PodVerdict::Target(t)] = &one[..] else {
+            panic!("{one:?}")
+        };
+        assert_eq!(t.raw.url.as_deref(), Some("http://10.1.2.3:8000"));
+        assert_eq!(t.raw.name.as_deref(), Some("llm/vllm-0-7d9f"));
+        assert_eq!(t.raw.model.as_deref(), Some("m"), "annotations apply");
+        assert_eq!(t.identity.inference_pool.as_deref(), Some("llama-pool"));
+        assert_eq!(t.identity.container_name.as_deref(), Some("server"));
+        let two = pool_targets(&p, &[&a, &b], None);
+        let got: Vec<_> = two
+            .iter()
+            .map(|v| match v {
+                PodVerdict::Target(t) => (
+                    t.raw.name.clone().unwrap_or_default(),
+                    t.raw.url.clone().unwrap_or_default(),
+                    t.identity.inference_pool.clone().unwrap_or_default(),
+                ),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    "llm/vllm-0-7d9f:8000".to_owned(),
+                    "http://10.1.2.3:8000".to_owned(),
+                    "llama-pool".to_owned()
+                ),
+                (
+                    "llm/vllm-0-7d9f:8002".to_owned(),
+                    "http://10.1.2.3:8002".to_owned(),
+                    "llama-b".to_owned()
+                )
+            ]
+        );
+        let out = vllm(serde_json::json!({"lmperf.dev/canary": "false"}), "True");
+        assert!(pool_targets(&out, &[&a], None).is_empty(), "opted out");
+        let unready = vllm(serde_json::json!({}), "False");
+        assert!(matches!(
+            &pool_targets(&unready, &[&a], None)[..],
+            [PodVerdict::Skip(Skip::NotReady)]
+        ));
     }
 
     #[test]

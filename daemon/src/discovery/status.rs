@@ -1,6 +1,8 @@
 //! What discovery says in `/api/v1/status`: which source runs and why, whether its watch is
 //! healthy (the last error: an expired watch, an RBAC 403, an unreachable API server), the
-//! pods it sees, and the pods skipped for a bad annotation (said once per pod).
+//! pods it sees, and the pods skipped for a bad annotation (said once per pod); where
+//! `inference_pools = true`, the InferencePool watch's own health (a missing CRD or a 403 is
+//! said there and stops nothing else).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -51,6 +53,25 @@ pub struct DiscoveryView {
     pub changes_dropped: u64,
     /// Unix time of the last event handled, seconds.
     pub last_event_unix_s: Option<f64>,
+    /// The InferencePool watch; absent unless `inference_pools = true`.
+    pub inference_pools: Option<PoolsView>,
+}
+
+/// `discovery.inference_pools`: the InferencePool watch (all namespaces).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PoolsView {
+    pub mode: Mode,
+    /// Why pools are not read now (the CRD is not installed: 404; RBAC: 403), kept until a
+    /// list succeeds; pod discovery goes on meanwhile.
+    pub error: Option<String>,
+    /// Errors since start (each retried with backoff).
+    pub errors: u64,
+    /// Pools seen now.
+    pub pools: usize,
+    /// Targets that only a pool names (not the annotation or the selector).
+    pub targets: usize,
+    /// Pools skipped for a bad spec: `namespace/name` → the reason.
+    pub bad_pools: BTreeMap<String, String>,
 }
 
 /// Shared, updated by the discovery task.
@@ -82,6 +103,7 @@ impl DiscoveryStatus {
                 bad_pods: BTreeMap::new(),
                 changes_dropped: 0,
                 last_event_unix_s: None,
+                inference_pools: None,
             }),
         }
     }
@@ -141,6 +163,61 @@ impl DiscoveryStatus {
             v.pods = pods;
             v.targets = targets;
             v.bad_pods = bad.into_iter().take(MAX_BAD_LISTED).collect();
+        });
+    }
+
+    /// Turns the InferencePool section on (`inference_pools = true`).
+    pub fn pools_on(&self) {
+        self.with(|v| {
+            v.inference_pools = Some(PoolsView {
+                mode: Mode::Starting,
+                error: None,
+                errors: 0,
+                pools: 0,
+                targets: 0,
+                bad_pools: BTreeMap::new(),
+            });
+        });
+    }
+
+    fn with_pools(&self, f: impl FnOnce(&mut PoolsView)) {
+        self.with(|v| {
+            if let Some(p) = v.inference_pools.as_mut() {
+                f(p);
+            }
+        });
+    }
+
+    /// The pool list or watch failed; true when the error is new (log it then).
+    pub fn pools_failed(&self, error: String) -> bool {
+        let mut new = false;
+        self.with_pools(|p| {
+            p.errors += 1;
+            new = p.mode != Mode::Failing || p.error.as_deref() != Some(error.as_str());
+            p.mode = Mode::Failing;
+            p.error = Some(error);
+        });
+        new
+    }
+
+    /// The pools were listed (or an event came: the watch works).
+    pub fn pools_listed(&self) {
+        self.with_pools(|p| {
+            p.mode = Mode::Watching;
+            p.error = None;
+        });
+    }
+
+    /// The pools held now, the targets only they name, the pools with a bad spec.
+    pub fn pools_counts(&self, pools: usize, targets: usize, bad: &BTreeMap<String, String>) {
+        self.with_pools(|p| {
+            p.pools = pools;
+            p.targets = targets;
+            p.bad_pools = bad
+                .iter()
+                .take(MAX_BAD_LISTED)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
         });
     }
 

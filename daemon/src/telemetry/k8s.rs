@@ -1,6 +1,6 @@
 //! The `k8s.*` attributes of a target's Kubernetes identity: on every canary span (all of
-//! them) and on the per-target series (bounded: namespace, pod, container and owner; the pod
-//! uid only on spans; no pod labels copied).
+//! them) and on the per-target series (bounded: namespace, pod, container, owner and the
+//! InferencePool; the pod uid only on spans; no pod labels copied).
 
 use opentelemetry::KeyValue;
 
@@ -20,7 +20,8 @@ pub fn owner_attribute(o: &K8sOwner) -> KeyValue {
     KeyValue::new(k, v.clone())
 }
 
-/// The labels of a target's series: namespace, pod, container (when known), owner.
+/// The labels of a target's series: namespace, pod, container (when known), owner, the
+/// InferencePool (when one selects the pod).
 pub fn series_labels(id: &K8sIdentity) -> Vec<KeyValue> {
     let mut a = vec![
         KeyValue::new(n::K8S_NAMESPACE_NAME, id.namespace.clone()),
@@ -31,6 +32,9 @@ pub fn series_labels(id: &K8sIdentity) -> Vec<KeyValue> {
     }
     if let Some(o) = &id.owner {
         a.push(owner_attribute(o));
+    }
+    if let Some(p) = &id.inference_pool {
+        a.push(KeyValue::new(n::K8S_INFERENCEPOOL_NAME, p.clone()));
     }
     a
 }
@@ -56,6 +60,7 @@ mod tests {
             pod_uid: "u1".into(),
             container_name: Some("server".into()),
             owner: Some(K8sOwner::Deployment("vllm".into())),
+            inference_pool: Some("llama-pool".into()),
         };
         let keys = |v: Vec<KeyValue>| v.into_iter().map(|k| k.key.to_string()).collect::<Vec<_>>();
         assert_eq!(
@@ -64,7 +69,8 @@ mod tests {
                 "k8s.namespace.name",
                 "k8s.pod.name",
                 "k8s.container.name",
-                "k8s.deployment.name"
+                "k8s.deployment.name",
+                "k8s.inferencepool.name"
             ]
         );
         assert_eq!(

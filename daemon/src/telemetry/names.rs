@@ -417,3 +417,6 @@ pub const K8S_REPLICASET_NAME: &str = "k8s.replicaset.name";
 pub const K8S_JOB_NAME: &str = "k8s.job.name";
 /// No OTel convention yet; named like the others.
 pub const K8S_LEADERWORKERSET_NAME: &str = "k8s.leaderworkerset.name";
+/// The Gateway API Inference Extension `InferencePool` that selects the target's pod (one per
+/// target). No OTel convention yet; named like the others.
+pub const K8S_INFERENCEPOOL_NAME: &str = "k8s.inferencepool.name";
