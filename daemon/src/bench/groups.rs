@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::aggregate::Accumulator;
+use super::accumulator::Accumulator;
 use super::stats::Distribution;
 use super::{Goodput, RequestRow};
 

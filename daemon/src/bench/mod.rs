@@ -8,6 +8,7 @@
 //! `requests.jsonl` (one line per request), `summary.json` (schema below, versioned) and
 //! `report.html` (self-contained charts and tables, see [`report`]).
 
+pub mod accumulator;
 pub mod aggregate;
 pub mod buckets;
 pub mod capacity;
