@@ -877,8 +877,10 @@ async fn one_benchmark(
                     prompt = item.next_turn_prompt(&messages, text, tokens).await;
                     (scheduled, dispatched) = (Instant::now(), Instant::now());
                 }
-                drop(permit);
+                // The endpoint first: the next request, dispatched as the slot frees, sees
+                // this one's endpoint no longer in flight (least-outstanding).
                 drop(hold);
+                drop(permit);
                 task_done.fetch_add(1, Ordering::Relaxed);
                 // The collector is gone only when the benchmark was dropped.
                 let _ = tx.send((i, rows)).await;
