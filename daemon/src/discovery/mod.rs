@@ -2,11 +2,13 @@
 //!
 //! `selector` (label selectors, pure), `pod` (pod → target, pure), `lifecycle` (restarts and
 //! rollouts as server changes, pure), `apiserver` (the `kube` watcher of this node's pods),
+//! `kube_client` (the API client, found as `kube::Config::infer()` does, errors naming it),
 //! `status` (the `/api/v1/status` section). [`start`] runs the configured source; it publishes
 //! whole desired-target snapshots on a watch channel (the agent's `targets::TargetSet`
 //! reconciles them with the static targets) and lifecycle changes on a bounded queue.
 
 pub mod apiserver;
+pub mod kube_client;
 pub mod lifecycle;
 pub mod pod;
 pub use crate::config::selector;
