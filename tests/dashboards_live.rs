@@ -512,10 +512,10 @@ async fn every_panel_and_variable_returns_data_and_exemplars_resolve() {
         for (k, v) in builtins(range_s) {
             vars.insert(k.to_owned(), v);
         }
-        if let Some(t) = values.get("target") {
-            if *t != [k8s_target.clone()] {
-                problems.push(format!("{file}: $target follows the pod pick: {t:?}"));
-            }
+        if let Some(t) = values.get("target")
+            && *t != [k8s_target.clone()]
+        {
+            problems.push(format!("{file}: $target follows the pod pick: {t:?}"));
         }
         let mut with_data = 0;
         for (title, q, r) in eval(&dash, &vars, &file) {
