@@ -85,6 +85,20 @@ async fn every_metric_and_label_in_every_panel_is_exported() {
         checked >= 20,
         "only {checked} queries found: is the dashboard walker still right?"
     );
+    // The Kubernetes variables filter every panel whose series carry the labels.
+    let mut unfiltered = Vec::new();
+    for (file, dash) in dashboards() {
+        unfiltered.extend(
+            k8s_filter_problems(&dash, &exported)
+                .into_iter()
+                .map(|p| format!("{file}: {p}")),
+        );
+    }
+    assert!(
+        unfiltered.is_empty(),
+        "queries the namespace / deployment / pod variables do not filter:\n{}",
+        unfiltered.join("\n")
+    );
     // An entry nobody uses is stale: remove it.
     for (name, issue) in PENDING {
         assert!(
@@ -162,15 +176,273 @@ fn queries(dash: &Value) -> Vec<(String, String)> {
                 let (series, label) = args
                     .rsplit_once(',')
                     .unwrap_or_else(|| panic!("{name}: label_values needs a metric: {q}"));
-                out.push((
-                    name,
-                    format!("count by ({}) ({})", label.trim(), series.trim()),
-                ));
+                for series in union_alternatives(series.trim()) {
+                    out.push((
+                        name.clone(),
+                        format!("count by ({}) ({series})", label.trim()),
+                    ));
+                }
             }
             None => out.push((name, q.to_owned())),
         }
     }
     out
+}
+
+/// A union selector `{__name__=~"a|b", l=~"v", …}` as one selector per metric (`a{…}`,
+/// `b{…}`), each with the matchers on labels that metric carries ([`UNION_LABELS`]: a
+/// matcher on a label a series lacks matches it when the value may be empty, as `.*`
+/// does); any other selector as itself.
+fn union_alternatives(series: &str) -> Vec<String> {
+    let Some(inner) = series
+        .strip_prefix("{__name__=~\"")
+        .and_then(|r| r.strip_suffix('}'))
+    else {
+        return vec![series.to_owned()];
+    };
+    let (names, rest) = inner
+        .split_once('"')
+        .unwrap_or_else(|| panic!("unterminated __name__ in {series}"));
+    let matchers: Vec<&str> = rest
+        .split(',')
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .collect();
+    let mut out = Vec::new();
+    for name in names.split('|') {
+        let kept: Vec<&str> = matchers
+            .iter()
+            .copied()
+            .filter(|m| {
+                let label = m.split(['=', '!']).next().unwrap_or("").trim();
+                UNION_LABELS
+                    .iter()
+                    .find(|(metric, _)| *metric == name)
+                    .is_none_or(|(_, labels)| labels.contains(&label))
+            })
+            .collect();
+        out.push(format!("{name}{{{}}}", kept.join(", ")));
+    }
+    out
+}
+
+/// The labels each metric of a union selector is matched on (the others: absent on that
+/// metric, so the union's `=~"$var"` with All = `.*` keeps its series). GPU series carry the
+/// holding pod but no owner.
+const UNION_LABELS: &[(&str, &[&str])] = &[(
+    "hw_gpu_utilization_ratio",
+    &["instance", "k8s_namespace_name", "k8s_pod_name"],
+)];
+
+/// The Kubernetes template variables and the label each filters on.
+const K8S_VARIABLES: [(&str, &str); 3] = [
+    ("namespace", "k8s_namespace_name"),
+    ("deployment", "k8s_deployment_name"),
+    ("pod", "k8s_pod_name"),
+];
+
+/// What keeps the Kubernetes variables from filtering a dashboard: a variable missing, not a
+/// multi-value query on its label with All = `.*` (so series without the label, static
+/// targets and GPUs held by no pod, still show under All); a panel selector of a metric
+/// carrying a `k8s_*` label without its `label=~"$var"` matcher; a selector of a per-target
+/// metric without k8s labels not filtered by `$target`, or a `$target` whose values do not
+/// follow the three variables (its All must be its values, not `.*`).
+fn k8s_filter_problems(dash: &Value, exported: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let vars = dash["templating"]["list"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let var = |name: &str| vars.iter().find(|v| v["name"] == name);
+    let mut problems = Vec::new();
+    for (name, label) in K8S_VARIABLES {
+        let Some(v) = var(name) else {
+            problems.push(format!("no ${name} variable"));
+            continue;
+        };
+        let q = v["query"]["query"].as_str().unwrap_or("");
+        if !(v["type"] == "query"
+            && q.starts_with("label_values(")
+            && q.trim_end_matches(')').ends_with(label)
+            && v["includeAll"] == true
+            && v["multi"] == true
+            && v["allValue"] == ".*")
+        {
+            problems.push(format!(
+                "${name} must be a multi-value label_values(…, {label}) with All = .*: {v}"
+            ));
+        }
+    }
+    let has_target = var("target").is_some();
+    if let Some(t) = var("target") {
+        let q = t["query"]["query"].as_str().unwrap_or("");
+        for (name, label) in K8S_VARIABLES {
+            if !q.contains(&format!("{label}=~\"${name}\"")) {
+                problems.push(format!("$target's values do not follow ${name}: {q}"));
+            }
+        }
+        if !t["allValue"].is_null() {
+            problems.push(format!(
+                "$target's All is {} (must be its values, so it follows the k8s variables)",
+                t["allValue"]
+            ));
+        }
+    }
+    // Labels of a metric: the scrape's; a pending GPU metric (issue 4) carries the pending
+    // pod labels of issue 25.
+    let labels_of = |metric: &str| -> BTreeSet<String> {
+        if let Some(l) = exported.get(metric) {
+            return l.clone();
+        }
+        if PENDING.iter().any(|(m, i)| *m == metric && *i == 4) {
+            return PENDING_LABELS
+                .iter()
+                .filter(|(_, i)| *i == 25)
+                .map(|(l, _)| (*l).to_owned())
+                .collect();
+        }
+        BTreeSet::new()
+    };
+    for p in panels(dash) {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let Some(expr) = t["expr"].as_str() else {
+                continue;
+            };
+            let mut sel = selectors(expr);
+            // A metric named without braces has no matchers.
+            for s in promql::extract(expr).map(|r| r.series).unwrap_or_default() {
+                if !sel.iter().any(|(m, _)| *m == s.name) {
+                    sel.push((s.name, String::new()));
+                }
+            }
+            for (metric, matchers) in sel {
+                let labels = labels_of(&metric);
+                let mut k8s = false;
+                for (name, label) in K8S_VARIABLES {
+                    if labels.contains(label) {
+                        k8s = true;
+                        if !matchers.contains(&format!("{label}=~\"${name}\"")) {
+                            problems.push(format!(
+                                "panel {:?}: {metric} carries {label} but is not filtered by ${name}",
+                                p["title"]
+                            ));
+                        }
+                    }
+                }
+                if !k8s
+                    && has_target
+                    && labels.contains("lmperf_target")
+                    && !matchers.contains("lmperf_target=~\"$target\"")
+                {
+                    problems.push(format!(
+                        "panel {:?}: {metric} is per target but not filtered by $target",
+                        p["title"]
+                    ));
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// Every `metric{matchers}` selector of an expression: (metric, the text between the braces).
+fn selectors(expr: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let b = expr.as_bytes();
+    let mut i = 0;
+    while let Some(open) = expr[i..].find('{').map(|o| o + i) {
+        let start = expr[..open]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+            .map_or(0, |s| s + 1);
+        let close = expr[open..].find('}').map_or(b.len(), |c| c + open);
+        if start < open {
+            out.push((
+                expr[start..open].to_owned(),
+                expr[open + 1..close].to_owned(),
+            ));
+        }
+        i = close.min(b.len() - 1) + 1;
+        if i >= b.len() {
+            break;
+        }
+    }
+    out
+}
+
+#[test]
+fn k8s_filters_are_checked() {
+    assert_eq!(
+        selectors(r#"sum by (a) (rate(x_total{a="1", b=~"$b"}[5m])) / y{}"#),
+        [
+            ("x_total".to_owned(), r#"a="1", b=~"$b""#.to_owned()),
+            ("y".to_owned(), String::new())
+        ]
+    );
+    assert_eq!(
+        union_alternatives(
+            r#"{__name__=~"lmperf_canary_requests_total|hw_gpu_utilization_ratio", instance=~"$instance", k8s_deployment_name=~"$deployment"}"#
+        ),
+        [
+            r#"lmperf_canary_requests_total{instance=~"$instance", k8s_deployment_name=~"$deployment"}"#,
+            r#"hw_gpu_utilization_ratio{instance=~"$instance"}"#
+        ]
+    );
+    let exported = label_names(
+        "# TYPE a_total counter\na_total{lmperf_target=\"t\",k8s_namespace_name=\"n\",k8s_pod_name=\"p\",k8s_deployment_name=\"d\"} 1\nb{lmperf_target=\"t\"} 1\n",
+    );
+    let dash = |target_q: &str, expr: &str| {
+        let v = |name: &str, label: &str| {
+            serde_json::json!({"name": name, "type": "query", "multi": true, "includeAll": true,
+                "allValue": ".*", "query": {"query": format!("label_values(a_total, {label})")}})
+        };
+        serde_json::json!({
+            "templating": {"list": [v("namespace", "k8s_namespace_name"),
+                v("deployment", "k8s_deployment_name"), v("pod", "k8s_pod_name"),
+                {"name": "target", "type": "query", "includeAll": true,
+                 "query": {"query": target_q}}]},
+            "panels": [{"title": "p", "targets": [{"expr": expr}]}]
+        })
+    };
+    let good_target = r#"label_values(a_total{k8s_namespace_name=~"$namespace", k8s_deployment_name=~"$deployment", k8s_pod_name=~"$pod"}, lmperf_target)"#;
+    let good = r#"rate(a_total{lmperf_target=~"$target", k8s_namespace_name=~"$namespace", k8s_deployment_name=~"$deployment", k8s_pod_name=~"$pod"}[5m]) / b{lmperf_target=~"$target"}"#;
+    assert_eq!(
+        k8s_filter_problems(&dash(good_target, good), &exported),
+        Vec::<String>::new()
+    );
+    let p = k8s_filter_problems(
+        &dash(good_target, &good.replace(r#", k8s_pod_name=~"$pod""#, "")),
+        &exported,
+    );
+    assert!(
+        p.len() == 1 && p[0].contains("not filtered by $pod"),
+        "{p:?}"
+    );
+    let p = k8s_filter_problems(
+        &dash(
+            good_target,
+            &good.replace(r#"b{lmperf_target=~"$target"}"#, "b"),
+        ),
+        &exported,
+    );
+    assert!(
+        p.len() == 1 && p[0].contains("not filtered by $target"),
+        "{p:?}"
+    );
+    let p = k8s_filter_problems(
+        &dash(
+            good_target,
+            &good.replace(r#"b{lmperf_target=~"$target"}"#, "b{}"),
+        ),
+        &exported,
+    );
+    assert!(
+        p.len() == 1 && p[0].contains("not filtered by $target"),
+        "{p:?}"
+    );
+    let p = k8s_filter_problems(
+        &dash("label_values(a_total, lmperf_target)", good),
+        &exported,
+    );
+    assert_eq!(p.len(), 3, "{p:?}");
 }
 
 /// Checks one expression against the scrape; Ok(the pending metrics it uses).

@@ -5,7 +5,9 @@
 //! panel and template variable of both dashboards is evaluated through the HTTP API, with the
 //! variables and Grafana's `$__rate_interval` / `$__interval` / `$__range` substituted as
 //! Grafana would, and must return data; the panels that cannot have data here are listed
-//! with their reason. `query_exemplars` must return exemplars whose trace ids are all traces
+//! with their reason. The agent also discovers one pod through a scripted Kubernetes API
+//! server: under All the static targets (no k8s labels) and the pod show side by side; with
+//! that namespace / deployment / pod picked, every panel shows that pod's series only. `query_exemplars` must return exemplars whose trace ids are all traces
 //! the OTLP receiver got.
 //!
 //! `cargo xtask ci` installs the `prometheus` package and sets `LMPERF_REQUIRE_PROMETHEUS=1`;
@@ -148,13 +150,17 @@ fn urlencode(s: &str) -> String {
 /// The variables as Grafana sets them on first load: a query variable with "All" gets its
 /// `allValue` (else the regex of every value), otherwise its first value; a custom one its
 /// `current` value.
-fn resolve_variables(
+/// `picked` holds a user's picks: those query variables get the value given (the variables
+/// after them follow it). Also each query variable's values.
+fn resolve_picked(
     p: &Prometheus,
     dash: &Value,
     problems: &mut Vec<String>,
     file: &str,
-) -> BTreeMap<String, String> {
+    picked: &BTreeMap<&str, &str>,
+) -> (BTreeMap<String, String>, BTreeMap<String, Vec<String>>) {
     let mut vars: BTreeMap<String, String> = BTreeMap::new();
+    let mut all_values = BTreeMap::new();
     for v in dash["templating"]["list"].as_array().into_iter().flatten() {
         let name = v["name"].as_str().unwrap_or("").to_owned();
         match v["type"].as_str() {
@@ -166,6 +172,16 @@ fn resolve_variables(
                 let values = variable_values(p, q, &vars);
                 if values.is_empty() {
                     problems.push(format!("{file}: variable ${name} has no values: {q}"));
+                }
+                all_values.insert(name.clone(), values.clone());
+                if let Some(value) = picked.get(name.as_str()) {
+                    if !values.iter().any(|x| x == value) {
+                        problems.push(format!(
+                            "{file}: ${name} = {value:?} is not among its values {values:?}"
+                        ));
+                    }
+                    vars.insert(name, regex_escape(value));
+                    continue;
                 }
                 let value = if v["includeAll"] == true {
                     v["allValue"]
@@ -208,7 +224,7 @@ fn resolve_variables(
             _ => {}
         }
     }
-    vars
+    (vars, all_values)
 }
 
 fn regex_escape(s: &str) -> String {
@@ -220,6 +236,16 @@ fn regex_escape(s: &str) -> String {
         o.push(c);
     }
     o
+}
+
+/// The values of `label` on the series of a query result.
+fn label_values(v: &Value, label: &str) -> BTreeSet<String> {
+    v["data"]["result"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["metric"][label].as_str().map(str::to_owned))
+        .collect()
 }
 
 /// Does a `query_range` result hold at least one finite value?
@@ -317,23 +343,30 @@ async fn every_panel_and_variable_returns_data_and_exemplars_resolve() {
         ]),
     )
     .await;
+    // A scripted Kubernetes API server with one annotated pod, ml/vllm-0 of Deployment vllm
+    // (the holder of GPU 0 above), at the ok server: the k8s variables have values, and the
+    // static targets (no k8s labels) must still show under All.
+    let (_kube, discovery, kubeconfig) =
+        lmperf_e2e::promql::k8s_discovery("dashboards-live-k8s", ok.addr.port()).await;
     let cfg = dir.join("agent.toml");
     std::fs::write(
         &cfg,
         format!(
             "[canary]\ninterval = \"200ms\"\nmodel = \"m\"\nsampling_ratio = 0.2\n\
              [[target]]\nname = \"ok\"\nurl = \"{}\"\n[[target]]\nname = \"failing\"\nurl = \"{}\"\n[[target]]\nname = \"cut\"\nurl = \"{}\"\n\
-             [gpu]\ninterval = \"500ms\"\nnvml_library = \"{}\"\npod_resources_socket = \"{}\"\n",
+             [gpu]\ninterval = \"500ms\"\nnvml_library = \"{}\"\npod_resources_socket = \"{}\"\n{}",
             ok.url(),
             failing.url(),
             cut.url(),
             lib.display(),
-            pods.path.display()
+            pods.path.display(),
+            std::fs::read_to_string(&discovery).unwrap()
         ),
     )
     .unwrap();
     let endpoint = collector.endpoint();
-    let env: Vec<(&'static str, String)> = script.env();
+    let mut env: Vec<(&'static str, String)> = script.env();
+    env.push(("KUBECONFIG", kubeconfig.display().to_string()));
     let agent = tokio::task::spawn_blocking(move || {
         let envs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
         Agent::spawn(
@@ -399,18 +432,17 @@ async fn every_panel_and_variable_returns_data_and_exemplars_resolve() {
     let mut evaluated = 0;
     let mut without_data: Vec<String> = Vec::new();
     let skip = cannot_have_data(ebpf_on);
-    for (file, dash) in dashboards() {
-        let mut vars = resolve_variables(&prom, &dash, &mut problems, &file);
-        for (k, v) in builtins(range_s) {
-            vars.insert(k.to_owned(), v);
-        }
-        for p in panels(&dash) {
-            let title = p["title"].as_str().unwrap_or("");
+    let (_, k8s_ns, k8s_pod, k8s_deployment) = lmperf_e2e::promql::K8S_POD;
+    let k8s_target = format!("{k8s_ns}/{k8s_pod}");
+    let eval = |dash: &Value, vars: &BTreeMap<String, String>, file: &str| {
+        let mut out = Vec::new();
+        for p in panels(dash) {
+            let title = p["title"].as_str().unwrap_or("").to_owned();
             for target in p["targets"].as_array().into_iter().flatten() {
                 let Some(expr) = target["expr"].as_str() else {
                     continue;
                 };
-                let q = substitute(expr, &vars);
+                let q = substitute(expr, vars);
                 assert!(
                     !q.contains('$'),
                     "{file}: {title}: unsubstituted variable in {q}"
@@ -424,16 +456,88 @@ async fn every_panel_and_variable_returns_data_and_exemplars_resolve() {
                         .unwrap_or(1000) as f64
                         / 1000.0
                 ));
-                evaluated += 1;
-                let data = has_data(&r);
-                let listed = skip.iter().find(|(t, _)| *t == title);
-                if !data && listed.is_none() {
-                    problems.push(format!("{file}: panel {title:?}: no data:\n    {q}"));
-                }
-                if !data {
-                    without_data.push(title.to_owned());
+                out.push((title.clone(), q, r));
+            }
+        }
+        out
+    };
+    for (file, dash) in dashboards() {
+        // All: every panel has data, static and discovered targets side by side.
+        let (mut vars, values) =
+            resolve_picked(&prom, &dash, &mut problems, &file, &BTreeMap::new());
+        for (k, v) in builtins(range_s) {
+            vars.insert(k.to_owned(), v);
+        }
+        for (name, want) in [
+            ("namespace", k8s_ns),
+            ("deployment", k8s_deployment),
+            ("pod", k8s_pod),
+        ] {
+            if !values
+                .get(name)
+                .is_some_and(|v| v.iter().any(|x| x == want))
+            {
+                problems.push(format!("{file}: ${name} lacks {want:?}: {values:?}"));
+            }
+        }
+        let mut shown: BTreeSet<String> = BTreeSet::new();
+        for (title, q, r) in eval(&dash, &vars, &file) {
+            evaluated += 1;
+            shown.extend(label_values(&r, "lmperf_target"));
+            let data = has_data(&r);
+            let listed = skip.iter().find(|(t, _)| *t == title);
+            if !data && listed.is_none() {
+                problems.push(format!("{file}: panel {title:?}: no data:\n    {q}"));
+            }
+            if !data {
+                without_data.push(title);
+            }
+        }
+        for t in ["ok", "failing", "cut", k8s_target.as_str()] {
+            if !shown.contains(t) {
+                problems.push(format!(
+                    "{file}: under All no panel shows target {t:?} (shown: {shown:?})"
+                ));
+            }
+        }
+
+        // One pod picked: every panel shows that pod's series only, the canary panels
+        // (through the k8s labels or through $target) and the GPU panels (the GPU it holds).
+        let picked = BTreeMap::from([
+            ("namespace", k8s_ns),
+            ("deployment", k8s_deployment),
+            ("pod", k8s_pod),
+        ]);
+        let (mut vars, values) = resolve_picked(&prom, &dash, &mut problems, &file, &picked);
+        for (k, v) in builtins(range_s) {
+            vars.insert(k.to_owned(), v);
+        }
+        if let Some(t) = values.get("target")
+            && *t != [k8s_target.clone()]
+        {
+            problems.push(format!("{file}: $target follows the pod pick: {t:?}"));
+        }
+        let mut with_data = 0;
+        for (title, q, r) in eval(&dash, &vars, &file) {
+            evaluated += 1;
+            with_data += usize::from(has_data(&r));
+            for (label, want) in [
+                ("lmperf_target", k8s_target.as_str()),
+                ("k8s_pod_name", k8s_pod),
+                ("hw_id", GPU_UUIDS[0]),
+            ] {
+                let got = label_values(&r, label);
+                if got.iter().any(|v| v != want) {
+                    problems.push(format!(
+                        "{file}: panel {title:?} with pod {k8s_pod} picked shows {label} {got:?}:\n    {q}"
+                    ));
                 }
             }
+        }
+        if with_data < 3 {
+            problems.push(format!(
+                "{file}: with pod {k8s_pod} picked only {with_data} queries have data"
+            ));
         }
     }
 

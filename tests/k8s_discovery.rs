@@ -374,7 +374,7 @@ async fn agent_canaries_exactly_this_nodes_annotated_pods() {
     }
     assert!(api.counts.lists.load(Relaxed) > lists, "relisted after 410");
     let (s, _) = wait(&agent, Duration::from_secs(5), |s| {
-        s["discovery"]["lists"].as_u64() >= Some(2) && s["discovery"]["mode"] == "watching"
+        s["discovery"]["lists"].as_u64() >= Some(2) && s["discovery"]["state"] == "watching"
     })
     .await;
     assert_eq!(
@@ -400,7 +400,14 @@ async fn agent_canaries_exactly_this_nodes_annotated_pods() {
     .await;
     let e = s["discovery"]["error"].as_str().unwrap_or_default();
     assert!(e.contains("403") && e.contains("RBAC"), "{s:#}");
-    assert_eq!(s["discovery"]["mode"], "failing");
+    assert!(
+        e.contains(&format!("API server http://{}", api.addr)),
+        "names the API server: {e}"
+    );
+    assert_eq!(s["discovery"]["state"], "failing");
+    // Readiness stays: the static and already-found targets go on (documented in admin/).
+    assert_eq!(s["ready"], true, "{s:#}");
+    assert_eq!(agent.get("/readyz").0, 200);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
         completions(&servers["static"]) > static_before,
@@ -412,10 +419,10 @@ async fn agent_canaries_exactly_this_nodes_annotated_pods() {
     );
     api.set_forbidden(false);
     let (s, _) = wait(&agent, Duration::from_secs(40), |s| {
-        s["discovery"]["mode"] == "watching"
+        s["discovery"]["state"] == "watching"
     })
     .await;
-    assert_eq!(s["discovery"]["mode"], "watching", "{s:#}");
+    assert_eq!(s["discovery"]["state"], "watching", "{s:#}");
     assert_eq!(target_names(&s), now);
 
     // Spans carry the pod.

@@ -15,17 +15,20 @@ fn main() -> ExitCode {
         Command::Agent(a) => a.config.clone(),
         _ => None,
     };
-    match config::log_format::resolve(
+    let log_format = match config::log_format::resolve(
         cli.log_format.as_deref(),
         config_file.as_deref(),
         &ProcessEnv,
     ) {
-        Ok(format) => lmperf::logging::init(format),
+        Ok(format) => {
+            lmperf::logging::init(format);
+            format
+        }
         Err(e) => {
             eprintln!("lmperf: config error: {e}");
             return ExitCode::from(2);
         }
-    }
+    };
     match cli.command {
         Command::Run(args) => {
             let spec = match args.into_spec(&ProcessEnv) {
@@ -77,9 +80,14 @@ fn main() -> ExitCode {
         Command::Agent(args) => {
             let overrides = args.into_overrides();
             let again = overrides.clone();
+            let (flag, file) = (cli.log_format.clone(), overrides.config.clone());
             let reload = lmperf::reload::Loader {
                 path: overrides.config.clone(),
                 load: Box::new(move || config::load(again.clone(), &ProcessEnv)),
+                log_format: Box::new(move || {
+                    config::log_format::resolve(flag.as_deref(), file.as_deref(), &ProcessEnv)
+                }),
+                running_log_format: log_format,
             };
             let cfg = match config::load(overrides, &ProcessEnv) {
                 Ok(c) => c,

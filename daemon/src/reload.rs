@@ -5,8 +5,11 @@
 //! and the running config stays. The static targets of a good one are applied through the
 //! agent's `TargetSet` (a new target starts, a removed one drains and stops, a changed one is
 //! restarted with its new settings: its own histories start again, other targets keep theirs);
-//! a change of a section read only at start (admin, OTLP, GPU, eBPF, control, discovery) is
-//! said, and takes effect at the next restart.
+//! a change of a section read only at start (admin, OTLP, GPU, eBPF, control, discovery,
+//! `log_format`, …) is said, and takes effect at the next restart. `needs_restart` compares
+//! the new file with the config the process started with (not with the last reload), so a
+//! later no-op reload keeps it and reverting the change clears it; the log line and the
+//! status carry the same list.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -16,6 +19,7 @@ use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::config::log_format::LogFormat;
 use crate::config::{AgentConfig, ConfigError, TargetConfig};
 
 /// Loads the config again the way the agent first did (same flags and environment).
@@ -23,6 +27,10 @@ pub struct Loader {
     /// The config file watched for changes (`None`: SIGHUP only).
     pub path: Option<PathBuf>,
     pub load: Box<dyn Fn() -> Result<AgentConfig, ConfigError> + Send + Sync>,
+    /// The log format resolved again as at start (flag, file's `log_format`, environment).
+    pub log_format: Box<dyn Fn() -> Result<LogFormat, ConfigError> + Send + Sync>,
+    /// The log format the process runs with (set once at start: a change needs a restart).
+    pub running_log_format: LogFormat,
 }
 
 impl std::fmt::Debug for Loader {
@@ -78,38 +86,61 @@ impl ReloadStatus {
     }
 }
 
-/// What a reload from `old` to `new` does: the new static targets (when they changed) and the
-/// sections that changed but are read only at start. Pure.
+/// What a reload to `new` does: the new static targets (when they differ from `current`, the
+/// config applied last) and the sections read only at start that differ from `started`, the
+/// config the process started with. Pure.
 pub fn plan(
-    old: &AgentConfig,
+    started: &AgentConfig,
+    current: &AgentConfig,
     new: &AgentConfig,
 ) -> (Option<Vec<TargetConfig>>, Vec<&'static str>) {
-    let targets = (old.targets != new.targets).then(|| new.targets.clone());
-    let mut restart = Vec::new();
+    let targets = (current.targets != new.targets).then(|| new.targets.clone());
+    (targets, restart_sections(started, new))
+}
+
+/// The sections of `new` read only at start that differ from `started`. Every field is named
+/// (a new one does not compile until it is said to be reloaded or to need a restart).
+fn restart_sections(started: &AgentConfig, new: &AgentConfig) -> Vec<&'static str> {
+    let AgentConfig {
+        // Applied in place through the agent's TargetSet.
+        targets: _,
+        admin_addr,
+        shutdown_timeout,
+        console,
+        otlp,
+        gpu,
+        net,
+        control,
+        discovery,
+    } = new;
     let differs =
         |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") != format!("{b:?}");
-    if old.admin_addr != new.admin_addr {
+    let mut restart = Vec::new();
+    if started.admin_addr != *admin_addr {
         restart.push("admin_addr");
     }
-    if differs(&old.otlp, &new.otlp) {
-        restart.push("otlp");
+    if started.shutdown_timeout != *shutdown_timeout {
+        restart.push("shutdown_timeout");
     }
-    if old.gpu != new.gpu {
-        restart.push("gpu");
-    }
-    if differs(&old.net, &new.net) {
-        restart.push("net");
-    }
-    if old.control != new.control {
-        restart.push("control");
-    }
-    if differs(&old.discovery, &new.discovery) {
-        restart.push("discovery");
-    }
-    if old.console != new.console {
+    if started.console != *console {
         restart.push("console");
     }
-    (targets, restart)
+    if differs(&started.otlp, otlp) {
+        restart.push("otlp");
+    }
+    if started.gpu != *gpu {
+        restart.push("gpu");
+    }
+    if differs(&started.net, net) {
+        restart.push("net");
+    }
+    if started.control != *control {
+        restart.push("control");
+    }
+    if differs(&started.discovery, discovery) {
+        restart.push("discovery");
+    }
+    restart
 }
 
 /// Whether a file event concerns `path` (the file itself, or the `..data` link a ConfigMap
@@ -123,13 +154,15 @@ fn concerns(event: &notify::Event, path: &Path) -> bool {
 }
 
 /// Reloads on SIGHUP and file changes until `stop`; applies new static targets on `statics`.
+/// `started` is the config the process started with.
 pub async fn run(
     loader: Loader,
-    mut current: AgentConfig,
+    started: AgentConfig,
     statics: watch::Sender<Vec<TargetConfig>>,
     status: Arc<ReloadStatus>,
     stop: CancellationToken,
 ) {
+    let mut current = started.clone();
     let (tx, mut rx) = mpsc::channel::<&'static str>(8);
     let _watcher = loader.path.as_deref().and_then(|path| {
         let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
@@ -159,24 +192,41 @@ pub async fn run(
         // A save or a symlink swap is several events: settle, then read once.
         tokio::time::sleep(Duration::from_millis(150)).await;
         while rx.try_recv().is_ok() {}
-        match (loader.load)() {
-            Err(e) => {
-                tracing::warn!(trigger = why, error = %e, "Config reload refused; the running config stays.");
-                status.record(Err(e.to_string()));
+        reload_once(&loader, &started, &mut current, &statics, &status, why);
+    }
+}
+
+/// One reload: loads, refuses (the running config stays) or applies the new static targets on
+/// `statics` and records what needs a restart; the log line says the same as the status.
+fn reload_once(
+    loader: &Loader,
+    started: &AgentConfig,
+    current: &mut AgentConfig,
+    statics: &watch::Sender<Vec<TargetConfig>>,
+    status: &ReloadStatus,
+    why: &str,
+) {
+    match (loader.load)().and_then(|c| (loader.log_format)().map(|f| (c, f))) {
+        Err(e) => {
+            tracing::warn!(trigger = why, error = %e, "Config reload refused; the running config stays.");
+            status.record(Err(e.to_string()));
+        }
+        Ok((new, log_format)) => {
+            let (targets, mut restart) = plan(started, current, &new);
+            if log_format != loader.running_log_format {
+                restart.push("log_format");
             }
-            Ok(new) => {
-                let (targets, restart) = plan(&current, &new);
-                if targets.is_none() && restart.is_empty() {
-                    tracing::debug!(trigger = why, "Config reloaded: nothing changed.");
-                } else {
-                    tracing::info!(trigger = why, targets_changed = targets.is_some(), needs_restart = ?restart, "Config reloaded.");
-                }
-                if let Some(t) = targets {
-                    statics.send_replace(t);
-                }
-                status.record(Ok(restart));
-                current = new;
+            tracing::info!(
+                trigger = why,
+                targets_changed = targets.is_some(),
+                needs_restart = %restart.join(","),
+                "Config reloaded."
+            );
+            if let Some(t) = targets {
+                statics.send_replace(t);
             }
+            status.record(Ok(restart));
+            *current = new;
         }
     }
 }
@@ -214,6 +264,7 @@ mod tests {
     #[test]
     fn the_plan_applies_targets_and_names_what_needs_a_restart() {
         let a = cfg("[[target]]\nurl = \"http://127.0.0.1:8000\"\n");
+        let plan = |old: &AgentConfig, new: &AgentConfig| plan(old, old, new);
         let same = cfg("[[target]]\nurl = \"http://127.0.0.1:8000\"\n\n");
         assert_eq!(plan(&a, &same), (None, vec![]));
         let more = cfg(
@@ -229,5 +280,99 @@ mod tests {
         );
         let gpu = cfg("[[target]]\nurl = \"http://127.0.0.1:8000\"\n[gpu]\nenabled = false\n");
         assert_eq!(plan(&a, &gpu), (None, vec!["gpu"]));
+        let stop = cfg("shutdown_timeout = \"3s\"\n[[target]]\nurl = \"http://127.0.0.1:8000\"\n");
+        assert_eq!(plan(&a, &stop), (None, vec!["shutdown_timeout"]));
+    }
+
+    #[test]
+    fn needs_restart_is_against_the_started_config() {
+        let started = cfg("[[target]]\nurl = \"http://127.0.0.1:8000\"\n");
+        let gpu = cfg("[[target]]\nurl = \"http://127.0.0.1:8000\"\n[gpu]\nenabled = false\n");
+        // The change is pending after its reload and after a no-op one (same file again).
+        assert_eq!(super::plan(&started, &started, &gpu).1, ["gpu"]);
+        assert_eq!(super::plan(&started, &gpu, &gpu), (None, vec!["gpu"]));
+        // Reverting it clears it.
+        assert_eq!(super::plan(&started, &gpu, &started), (None, vec![]));
+    }
+
+    /// A loader serving `file` (its text set by the test) and the log format `format`.
+    fn loader(
+        file: Arc<Mutex<String>>,
+        format: Arc<Mutex<&'static str>>,
+        running: LogFormat,
+    ) -> Loader {
+        Loader {
+            path: None,
+            load: Box::new(move || {
+                let text = file.lock().map(|g| g.clone()).unwrap_or_default();
+                let dir =
+                    std::env::temp_dir().join(format!("lmperf-reload-once-{}", std::process::id()));
+                std::fs::create_dir_all(&dir).unwrap();
+                let path = dir.join("lmperf.toml");
+                std::fs::write(&path, text).unwrap();
+                load(
+                    Overrides {
+                        config: Some(path),
+                        ..Overrides::default()
+                    },
+                    &NoEnv,
+                )
+            }),
+            log_format: Box::new(move || {
+                let f = format.lock().map(|g| *g).unwrap_or("text");
+                LogFormat::parse("log_format", f)
+            }),
+            running_log_format: running,
+        }
+    }
+
+    #[test]
+    fn a_pending_restart_survives_no_op_and_bad_reloads_and_log_format_is_listed() {
+        let base = "[[target]]\nurl = \"http://127.0.0.1:8000\"\n";
+        let file = Arc::new(Mutex::new(base.to_owned()));
+        let format = Arc::new(Mutex::new("text"));
+        let l = loader(file.clone(), format.clone(), LogFormat::Text);
+        let started = (l.load)().unwrap();
+        let mut current = started.clone();
+        let (statics, _) = watch::channel(started.targets.clone());
+        let status = ReloadStatus::default();
+        let set = |text: String| *file.lock().unwrap() = text;
+
+        set(format!("{base}[gpu]\nenabled = false\n"));
+        *format.lock().unwrap() = "json";
+        reload_once(&l, &started, &mut current, &statics, &status, "SIGHUP");
+        let v = status.view();
+        assert_eq!(
+            (v.last_ok, v.needs_restart.clone()),
+            (Some(true), vec!["gpu", "log_format"])
+        );
+        // The same file again (a no-op SIGHUP): still pending.
+        reload_once(&l, &started, &mut current, &statics, &status, "SIGHUP");
+        assert_eq!(status.view().needs_restart, ["gpu", "log_format"]);
+        // A bad file: refused; still pending.
+        set(format!("{base}rate = -1.0\n"));
+        reload_once(&l, &started, &mut current, &statics, &status, "file");
+        let v = status.view();
+        assert_eq!((v.last_ok, v.failures), (Some(false), 1));
+        assert!(
+            v.last_error.as_deref().is_some_and(|e| e.contains("rate")),
+            "{v:?}"
+        );
+        assert_eq!(v.needs_restart, ["gpu", "log_format"]);
+        // A bad log_format is refused too, naming it.
+        set(base.to_owned());
+        *format.lock().unwrap() = "yaml";
+        reload_once(&l, &started, &mut current, &statics, &status, "file");
+        let v = status.view();
+        assert!(
+            v.last_error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("log_format = \"yaml\"")),
+            "{v:?}"
+        );
+        // Back to the started file and format: nothing pending.
+        *format.lock().unwrap() = "text";
+        reload_once(&l, &started, &mut current, &statics, &status, "file");
+        assert_eq!(status.view().needs_restart, Vec::<&str>::new());
     }
 }

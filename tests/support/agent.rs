@@ -15,8 +15,12 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// `target/debug/lmperf`, next to this test binary (`target/debug/deps/…`).
+/// `target/debug/lmperf`, next to this test binary (`target/debug/deps/…`); `LMPERF_BIN`
+/// overrides it (a benchmark's harness built in another profile than the agent it measures).
 pub fn lmperf_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("LMPERF_BIN") {
+        return PathBuf::from(bin);
+    }
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
     let bin = dir.join("lmperf");

@@ -14,8 +14,10 @@ use crate::scripted::{Reply, ScriptedServer, chat_stream};
 pub const SCRAPE_LABELS: &[&str] = &["instance", "job", "node"];
 
 /// A real agent's `/metrics` once every series the dashboards and rules name has samples: the
-/// agent probes three scripted servers (streaming; 503; a stream cut after its first tokens,
-/// a failed request with a TTFT, so the latency histograms carry `error_type` too).
+/// agent probes three static scripted servers (streaming; 503; a stream cut after its first
+/// tokens, a failed request with a TTFT, so the latency histograms carry `error_type` too) and
+/// one pod it discovers through the scripted Kubernetes API server ([`K8S_POD`], at the
+/// streaming server), so the `k8s_*` labels of discovered targets are in the scrape.
 pub async fn agent_metrics() -> String {
     // Its /metrics is a vLLM page (tests/fixtures/server): a, b, then a again (a restart), so
     // the lmperf.server.* gauges, counters, latencies and a change event all have samples.
@@ -63,11 +65,16 @@ pub async fn agent_metrics() -> String {
     }))
     .await;
     let urls = [ok.url(), failing.url(), cut.url()];
-    tokio::task::spawn_blocking(move || {
+    let (api, config, kubeconfig) = k8s_discovery("dashboards-k8s", ok.addr.port()).await;
+    let scrape = tokio::task::spawn_blocking(move || {
         let mut args: Vec<&str> = urls.iter().flat_map(|u| ["--target", u.as_str()]).collect();
+        let config = config.display().to_string();
+        args.extend(["--config", &config]);
         args.extend(["--model", "m", "--interval", "200ms", "--no-otlp"]);
-        let agent = Agent::spawn(&args, &[]);
+        let kubeconfig = kubeconfig.display().to_string();
+        let agent = Agent::spawn(&args, &[("KUBECONFIG", &kubeconfig)]);
         let wanted = [
+            r#"k8s_deployment_name="vllm""#,
             r#"lmperf_outcome="ok""#,
             r#"lmperf_outcome="error""#,
             "gen_ai_client_operation_time_per_output_chunk_seconds_bucket",
@@ -95,7 +102,47 @@ pub async fn agent_metrics() -> String {
         }
     })
     .await
-    .expect("scrape")
+    .expect("scrape");
+    drop(api);
+    scrape
+}
+
+/// The node, namespace, pod and deployment of the pod that [`k8s_discovery`] serves.
+pub const K8S_POD: (&str, &str, &str, &str) = ("node-1", "ml", "vllm-0", "vllm");
+
+/// A scripted API server holding [`K8S_POD`] (annotated, Ready, at 127.0.0.1:`port`), a
+/// kubeconfig pointing at it and an agent config turning discovery on for its node, both in a
+/// fresh temp dir `name`: (server, config path, kubeconfig path).
+pub async fn k8s_discovery(
+    name: &str,
+    port: u16,
+) -> (
+    crate::kube_api::KubeApi,
+    std::path::PathBuf,
+    std::path::PathBuf,
+) {
+    let (node, ns, pod, deployment) = K8S_POD;
+    let api = crate::kube_api::KubeApi::start().await;
+    api.add_replicaset(ns, &format!("{deployment}-5c6b8d"), deployment);
+    api.apply(crate::kube_api::pod(
+        ns,
+        pod,
+        node,
+        deployment,
+        port,
+        true,
+        "vllm/vllm-openai:v0.9.0",
+    ));
+    let dir = crate::temp::dir(name);
+    let kubeconfig = dir.join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+    let config = dir.join("discovery.toml");
+    std::fs::write(
+        &config,
+        format!("[discovery.kubernetes]\nenabled = true\nnode_name = \"{node}\"\n"),
+    )
+    .expect("write config");
+    (api, config, kubeconfig)
 }
 
 /// Metrics (Prometheus names) that another issue will add, with its number, and the labels

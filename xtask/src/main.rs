@@ -9,6 +9,7 @@
 //!   cargo xtask fake-nvml DIR               the scripted libnvidia-ml.so.1 (tests, no GPU)
 //!   cargo xtask spike-calm [--seconds N]    calm run: spike mode never entered (issue 17)
 //!   cargo xtask diagnose-eval [--live] [-v] diagnosis AC@1/AC@3 over the episode corpus (issue 12)
+//!   cargo xtask k8s-discovery-cost [--seconds N] [--rounds R]  discovery's CPU/RSS (issue 24)
 
 mod arch_check;
 mod bench_client;
@@ -18,6 +19,7 @@ mod diagnose_eval;
 mod fake_nvml;
 mod fuzz;
 mod gpu_check;
+mod k8s_discovery_cost;
 mod spike_calm;
 
 use std::ffi::OsString;
@@ -53,7 +55,11 @@ tasks:
                               tests/fixtures/episodes/): AC@1, AC@3, time to diagnosis per
                               cause, control diagnoses; --live first runs the live harness
                               (real agent, injected faults) and records its episodes;
-                              --calm 30m: only the calm run on the real server (0 diagnoses)";
+                              --calm 30m: only the calm run on the real server (0 diagnoses)
+  k8s-discovery-cost [--seconds N] [--rounds R]
+                              release build, then Kubernetes discovery's CPU (% of a core)
+                              and RSS vs the same agent with discovery off: 50,000 pods in
+                              a scripted cluster, 110 on the node, 8 targets (figures)";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -70,6 +76,7 @@ fn main() -> ExitCode {
         Some("fake-nvml") => fake_nvml::run(&rest),
         Some("spike-calm") => spike_calm::run(&rest),
         Some("diagnose-eval") => diagnose_eval::run(&rest),
+        Some("k8s-discovery-cost") => k8s_discovery_cost::run(&rest),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

@@ -1,7 +1,9 @@
 //! Admin HTTP (axum), on 127.0.0.1 by default.
 //!
 //! **API Boundary:** `/healthz` (200 while the process serves), `/readyz` (200 once canaries
-//! are scheduled, 503 after shutdown begins), `/metrics` (Prometheus text exposition of the
+//! are scheduled, 503 after shutdown begins; a failing Kubernetes discovery does not make it
+//! unready: `discovery.state` = `failing` and `discovery.error` in the status say it),
+//! `/metrics` (Prometheus text exposition of the
 //! same meter provider that feeds OTLP; names translated as the OTel Prometheus
 //! compatibility spec says: dots to underscores, unit suffix, `_total` on counters; the
 //! classic text format by default, OpenMetrics 1.0 with exemplars of kept traces when the
@@ -51,8 +53,9 @@ pub struct StatusDoc {
     /// Model server signals per target: `mode` (on | failing | off | starting), `reason` when
     /// not on, kind, version, model, last scrape, skipped lines, latest sample, change events.
     pub server: Vec<crate::server::state::TargetServerView>,
-    /// Target discovery (absent when off): source and why, watch mode and last error (an
-    /// RBAC 403, an unreachable API server), pods and targets, pods with bad annotations.
+    /// Target discovery (absent when off): source and why, `state` (starting | watching |
+    /// failing) and `error` (an RBAC 403, an unreachable API server, naming its URL), pods and
+    /// targets, pods with bad annotations.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub discovery: Option<crate::discovery::DiscoveryView>,
     /// Config reloads (SIGHUP or a change of the file): attempts, failures, the last outcome,

@@ -43,9 +43,40 @@ pub struct K8sIdentity {
     pub inference_pool: Option<String>,
 }
 
+/// Whether `s` is a pod uid as the API server writes `metadata.uid`: a UUID in its canonical
+/// text form, 8-4-4-4-12 hex digits (either case).
+pub fn is_uid(s: &str) -> bool {
+    let groups: Vec<&str> = s.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, n)| g.len() == n && g.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
 impl K8sIdentity {
     /// `namespace/pod`, the target name discovery gives a pod.
     pub fn qualified_name(&self) -> String {
         format!("{}/{}", self.namespace, self.pod_name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_uid_is_a_canonical_uuid() {
+        assert!(super::is_uid("0b7c9a52-3e1f-4c2d-9a8b-6f5e4d3c2b1a"));
+        assert!(super::is_uid("0B7C9A52-3E1F-4C2D-9A8B-6F5E4D3C2B1A"));
+        for bad in [
+            "",
+            "0b7c",
+            "0b7c9a523e1f4c2d9a8b6f5e4d3c2b1a",
+            "0b7c9a52-3e1f-4c2d-9a8b-6f5e4d3c2b1",
+            "0b7c9a52-3e1f-4c2d-9a8b-6f5e4d3c2b1az",
+            "0b7c9a52-3e1f-4c2d-9a8b-6f5e4d3c2b1g",
+            "{0b7c9a52-3e1f-4c2d-9a8b-6f5e4d3c2b1a}",
+        ] {
+            assert!(!super::is_uid(bad), "{bad}");
+        }
     }
 }

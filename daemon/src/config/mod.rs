@@ -971,8 +971,12 @@ fn validate_k8s(field: &str, k: raw::RawK8s) -> Result<k8s::K8sIdentity, ConfigE
         None => None,
     };
     let pod_uid = match k.uid {
-        Some(u) if u.trim().is_empty() => {
-            return Err(ConfigError::invalid(format!("{field}.k8s.uid"), u, "empty"));
+        Some(u) if !k8s::is_uid(&u) => {
+            return Err(ConfigError::invalid(
+                format!("{field}.k8s.uid"),
+                u,
+                "a UUID as in the pod's metadata.uid (8-4-4-4-12 hex digits, e.g. 0b7c9a52-3e1f-4c2d-9a8b-6f5e4d3c2b1a)",
+            ));
         }
         u => u.unwrap_or_default(),
     };
@@ -1592,13 +1596,13 @@ mod tests {
         };
         assert_eq!(
             target(
-                "namespace = \"ml\"\npod = \"vllm-0.a\"\ncontainer = \"vllm\"\nuid = \"0b7c\"\n"
+                "namespace = \"ml\"\npod = \"vllm-0.a\"\ncontainer = \"vllm\"\nuid = \"0b7c9a52-3e1f-4c2d-9a8b-6f5e4d3c2b1a\"\n"
             )
             .unwrap(),
             Some(k8s::K8sIdentity {
                 namespace: "ml".into(),
                 pod_name: "vllm-0.a".into(),
-                pod_uid: "0b7c".into(),
+                pod_uid: "0b7c9a52-3e1f-4c2d-9a8b-6f5e4d3c2b1a".into(),
                 container_name: Some("vllm".into()),
                 owner: None,
                 inference_pool: None,
@@ -1636,7 +1640,15 @@ mod tests {
             ),
             (
                 "namespace = \"ml\"\npod = \"p\"\nuid = \" \"\n",
-                "target[0].k8s.uid = \" \"",
+                "target[0].k8s.uid = \" \": a UUID",
+            ),
+            (
+                "namespace = \"ml\"\npod = \"p\"\nuid = \"0b7c\"\n",
+                "target[0].k8s.uid = \"0b7c\": a UUID",
+            ),
+            (
+                "namespace = \"ml\"\npod = \"p\"\nuid = \"0b7c9a52-3e1f-4c2d-9a8b-6f5e4d3c2b1g\"\n",
+                "target[0].k8s.uid = \"0b7c9a52-3e1f-4c2d-9a8b-6f5e4d3c2b1g\": a UUID",
             ),
         ];
         for (k8s, want) in cases {

@@ -457,6 +457,7 @@ pub fn format_status(s: &proto::GetStatusResponse) -> String {
             }
         );
     }
+    o.push_str(&super::status_sections::format(&s.status_json));
     match &s.load {
         Some(l) => o.push_str(&format!("load: {}", format_load(l))),
         None => o.push_str("load: none\n"),

@@ -11,6 +11,7 @@ pub mod client;
 pub mod load;
 pub mod scene;
 mod service;
+pub mod status_sections;
 
 /// The messages, the server and the client generated from `proto/lmperf/v1/agent.proto` by
 /// `daemon/build.rs`.

@@ -48,6 +48,8 @@ struct Watch {
     desired: watch::Sender<Vec<TargetConfig>>,
     changes: mpsc::Sender<TargetChange>,
     client: Client,
+    /// The API server's URL (named in every error).
+    url: String,
     /// This node's pods, by `namespace/name`.
     pods: BTreeMap<String, Pod>,
     /// `namespace/replicaset` → its Deployment (`None`: a bare ReplicaSet).
@@ -90,14 +92,8 @@ pub async fn run(
     stop: CancellationToken,
 ) {
     let mut wait = std::time::Duration::from_secs(1);
-    let client = loop {
-        let made = match kube::Config::infer().await {
-            Ok(c) => Client::try_from(c).map_err(|e| format!("Kubernetes client: {e}")),
-            Err(e) => Err(format!(
-                "no Kubernetes API server (KUBECONFIG, ~/.kube/config or in-cluster): {e}"
-            )),
-        };
-        match made {
+    let connected = loop {
+        match super::kube_client::connect().await {
             Ok(c) => break c,
             Err(e) => {
                 if status.failed(e.clone()) {
@@ -111,13 +107,15 @@ pub async fn run(
         }
         wait = (wait * 2).min(std::time::Duration::from_secs(30));
     };
+    tracing::info!(api_server = %connected.url, from = connected.source, "Kubernetes API server found.");
     let mut w = Watch {
         cfg,
         template,
         status,
         desired,
         changes,
-        client,
+        client: connected.client,
+        url: connected.url,
         pods: BTreeMap::new(),
         replicasets: BTreeMap::new(),
         said_bad: BTreeMap::new(),
@@ -163,7 +161,7 @@ impl Watch {
             let event = match item {
                 Ok(e) => e,
                 Err(e) => {
-                    let text = watch_error(&e);
+                    let text = format!("{} (API server {})", watch_error(&e), self.url);
                     if self.status.failed(text.clone()) {
                         tracing::warn!(error = %text, "Kubernetes pod watch failed; retrying with backoff.");
                     }
@@ -496,6 +494,6 @@ fn watch_error(e: &watcher::Error) -> String {
             s.message
         ),
         Some(s) if s.code == 410 => format!("410 Gone (watch expired; relisting): {}", s.message),
-        _ => e.to_string(),
+        _ => super::kube_client::chain(e),
     }
 }

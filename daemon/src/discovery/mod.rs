@@ -2,12 +2,14 @@
 //!
 //! `selector` (label selectors, pure), `pod` (pod → target, pure), `pools` (InferencePools,
 //! pure), `lifecycle` (restarts and rollouts as server changes, pure), `apiserver` (the `kube`
-//! watchers of this node's pods and of the InferencePools), `status` (the `/api/v1/status`
+//! watchers of this node's pods and of the InferencePools), `kube_client` (the API client,
+//! found as `kube::Config::infer()` does, errors naming it), `status` (the `/api/v1/status`
 //! section). [`start`] runs the configured source; it publishes
 //! whole desired-target snapshots on a watch channel (the agent's `targets::TargetSet`
 //! reconciles them with the static targets) and lifecycle changes on a bounded queue.
 
 pub mod apiserver;
+pub mod kube_client;
 pub mod lifecycle;
 pub mod pod;
 pub mod pools;

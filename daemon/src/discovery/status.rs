@@ -36,8 +36,12 @@ pub struct DiscoveryView {
     pub source_reason: String,
     pub node: String,
     pub selector: Option<String>,
+    /// `state`: starting | watching | failing. A failing discovery leaves `/readyz` ready
+    /// (the static targets and the targets already found go on; a DaemonSet rollout must not
+    /// stall on an API server outage): this field and `error` say it.
+    #[serde(rename = "state")]
     pub mode: Mode,
-    /// The last error, while failing (kept until the next success).
+    /// Why it is failing (naming the API server), while failing (kept until the next success).
     pub error: Option<String>,
     /// Errors since start (each retried).
     pub errors: u64,
@@ -223,5 +227,34 @@ impl DiscoveryStatus {
 
     pub fn change_dropped(&self) {
         self.with(|v| v.changes_dropped += 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_says_failing_with_the_reason_until_a_list_succeeds() {
+        let s = DiscoveryStatus::new("apiserver", "test".into(), "node-1", None);
+        let state = |s: &DiscoveryStatus| serde_json::to_value(s.view()).unwrap_or_default();
+        assert_eq!(state(&s)["state"], "starting");
+        assert!(s.failed("403 Forbidden (API server http://127.0.0.1:1/)".into()));
+        assert!(
+            !s.failed("403 Forbidden (API server http://127.0.0.1:1/)".into()),
+            "said once"
+        );
+        let v = state(&s);
+        assert_eq!(v["state"], "failing");
+        assert_eq!(v["error"], "403 Forbidden (API server http://127.0.0.1:1/)");
+        assert_eq!(v["errors"], 2);
+        s.event(SystemTime::now());
+        assert_eq!(state(&s)["state"], "failing", "no list yet: still failing");
+        s.listed();
+        let v = state(&s);
+        assert_eq!(
+            (v["state"].as_str(), v["error"].is_null()),
+            (Some("watching"), true)
+        );
     }
 }
