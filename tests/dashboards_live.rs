@@ -265,8 +265,10 @@ fn has_data(v: &Value) -> bool {
 
 async fn servers() -> (ScriptedServer, ScriptedServer, ScriptedServer) {
     // The ok target's /metrics: a vLLM page, then another, then the first again (a restart),
-    // so the lmperf.server.* series and a change event exist.
-    let pages = ["a", "b", "a"].map(|s| {
+    // then the second again, so the lmperf.server.* series and a change event exist and the
+    // last page's queue p99 lies above its first bucket (page a's all lie in it: "below the
+    // first bucket" is said, not published as a p99).
+    let pages = ["a", "b", "a", "b"].map(|s| {
         std::fs::read_to_string(
             workspace_root().join(format!("tests/fixtures/server/vllm-new.{s}.prom")),
         )
@@ -282,7 +284,7 @@ async fn servers() -> (ScriptedServer, ScriptedServer, ScriptedServer) {
                 content_type: "text/plain; version=0.0.4".into(),
                 frames: vec![Frame {
                     at: Duration::ZERO,
-                    bytes: pages[i.min(2)].clone().into_bytes(),
+                    bytes: pages[i.min(3)].clone().into_bytes(),
                 }],
                 cut: false,
             };

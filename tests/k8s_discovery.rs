@@ -647,8 +647,8 @@ async fn inference_pools_name_their_pods_as_targets() {
         e.contains("not installed") && e.contains("inferencepools.inference.networking.k8s.io"),
         "{s:#}"
     );
-    assert_eq!(pools["mode"], "failing", "{pools}");
-    assert_eq!(s["discovery"]["mode"], "watching", "pods go on: {s:#}");
+    assert_eq!(pools["state"], "failing", "{pools}");
+    assert_eq!(s["discovery"]["state"], "watching", "pods go on: {s:#}");
     assert_eq!(target_names(&s), ["llm/annotated-0"]);
     assert!(completions(&annotated) >= 1);
     assert_eq!(completions(&a) + completions(&b), 0);
@@ -663,7 +663,7 @@ async fn inference_pools_name_their_pods_as_targets() {
     println!("pool targets canaried {took:?} after the CRD was installed");
     assert_eq!(target_names(&s), want, "{s:#}");
     let pools = &s["discovery"]["inference_pools"];
-    assert_eq!(pools["mode"], "watching", "{pools}");
+    assert_eq!(pools["state"], "watching", "{pools}");
     assert_eq!(pools["pools"], 1, "{pools}");
     assert_eq!(pools["targets"], 2, "{pools}");
     assert!(pools["error"].is_null(), "{pools}");

@@ -635,8 +635,10 @@ fn canary_across_a_20ms_rtt_link_sees_it_in_kernel_rtt_and_ttft() {
             .map(|s| &s["lmperf.net.srtt.max"])
             .collect::<Vec<_>>()
     );
+    // One round trip more, within the 1 ms the two paths' timers and processing may differ by
+    // (seen: +19.993 ms on a 20.0 ms link).
     assert!(
-        ttft_delayed - ttft_base >= 0.020,
+        ttft_delayed - ttft_base >= 0.019,
         "TTFT {ttft_delayed} s vs {ttft_base} s without delay"
     );
 }

@@ -1,7 +1,8 @@
-//! Length buckets of `summary.json` (`length_buckets`): the requests of each concurrency,
-//! pooled over its benchmarks and `--repeat` runs, bucketed by their own lengths, so a run
-//! with length distributions, a prompt file or a trace (one benchmark, many lengths) still
-//! gets an input × output heatmap and SLO matrix.
+//! Length buckets of `summary.json` (`length_buckets`): the requests of each concurrency (and,
+//! with images, of each image size: a vision request's latency depends on its images as much
+//! as on its text), pooled over its benchmarks and `--repeat` runs, bucketed by their own
+//! lengths, so a run with length distributions, a prompt file or a trace (one benchmark, many
+//! lengths) still gets an input × output heatmap and SLO matrix.
 //!
 //! - Input bucket: the server's `usage.prompt_tokens` when it reported one, else the request's
 //!   calibrated `prompt_tokens` (for chat, with its template; [`RequestRow::input_tokens_for_buckets`]).
@@ -87,6 +88,10 @@ pub struct BucketCell {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LengthBuckets {
     pub concurrency: usize,
+    /// The `WxH` of the images its requests carried (`url` for images given by URL, whose
+    /// size lmperf does not know); absent for requests without images.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_size: Option<String>,
     /// The bucketing, in words ([`SCHEME`]).
     pub scheme: &'static str,
     /// Benchmarks whose requests are pooled here.
@@ -99,6 +104,14 @@ pub struct LengthBuckets {
     pub output_buckets: Vec<Bucket>,
     /// Non-empty cells, by input then output bucket.
     pub cells: Vec<BucketCell>,
+}
+
+/// The image size a request is grouped by: its synthetic images' `WxH`, `url` for images
+/// given by URL, `None` without images (as `images.by_size` of the summary keys them).
+fn image_key(r: &RequestRow) -> Option<String> {
+    r.images
+        .filter(|n| *n > 0)
+        .map(|_| r.image_size.clone().unwrap_or_else(|| "url".into()))
 }
 
 /// The output length a request is bucketed by: achieved when known, else the target.
@@ -172,13 +185,16 @@ struct Group {
 /// `length_buckets` fed one request at a time ([`Pool::push`]), read with [`Pool::finish`].
 #[derive(Debug, Clone, Default)]
 pub struct Pool {
-    groups: BTreeMap<usize, Group>,
+    groups: BTreeMap<(usize, Option<String>), Group>,
 }
 
 impl Pool {
     /// Adds one request to its concurrency's cell.
     pub fn push(&mut self, r: &RequestRow) {
-        let g = self.groups.entry(r.concurrency).or_default();
+        let g = self
+            .groups
+            .entry((r.concurrency, image_key(r)))
+            .or_default();
         if g.benchmarks.last() != Some(&r.benchmark) && !g.benchmarks.contains(&r.benchmark) {
             g.benchmarks.push(r.benchmark.clone());
         }
@@ -206,8 +222,8 @@ impl Pool {
 
     /// Adds every request of `other` (pushed after this pool's).
     pub fn merge(&mut self, other: &Pool) {
-        for (concurrency, o) in &other.groups {
-            let g = self.groups.entry(*concurrency).or_default();
+        for (key, o) in &other.groups {
+            let g = self.groups.entry(key.clone()).or_default();
             for b in &o.benchmarks {
                 if !g.benchmarks.contains(b) {
                     g.benchmarks.push(b.clone());
@@ -220,18 +236,20 @@ impl Pool {
         }
     }
 
-    /// The length buckets, one entry per concurrency (ascending), SLO checks against `slo`.
+    /// The length buckets, one entry per concurrency (ascending; with images, per image size
+    /// within it, requests without images first), SLO checks against `slo`.
     pub fn finish(&self, slo: Goodput) -> Vec<LengthBuckets> {
         self.groups
             .iter()
-            .map(|(&concurrency, g)| {
+            .map(|((concurrency, image_size), g)| {
                 let mut input_buckets: Vec<Bucket> = g.cells.keys().map(|k| k.0).collect();
                 let mut output_buckets: Vec<Bucket> = g.cells.keys().map(|k| k.1).collect();
                 input_buckets.dedup();
                 output_buckets.sort_unstable();
                 output_buckets.dedup();
                 LengthBuckets {
-                    concurrency,
+                    concurrency: *concurrency,
+                    image_size: image_size.clone(),
                     scheme: SCHEME,
                     benchmarks: g.benchmarks.clone(),
                     num_requests: g.num_requests,
@@ -459,5 +477,54 @@ mod tests {
         rows[7..].iter().for_each(|r| b.push(r));
         a.merge(&b);
         assert_eq!(a.finish(slo), by_concurrency(&rows, slo));
+    }
+
+    #[test]
+    fn requests_with_images_get_a_heatmap_per_image_size() {
+        let row = |concurrency: usize, images: Option<(u32, &str)>, ttft: f64| RequestRow {
+            concurrency,
+            benchmark: format!("c{concurrency}"),
+            outcome: "ok",
+            prompt_tokens: 100,
+            output_tokens: Some(10),
+            ttft_ms: Some(ttft),
+            e2el_ms: ttft + 50.0,
+            images: images.map(|i| i.0),
+            image_size: images.map(|i| i.1.to_owned()),
+            ..RequestRow::default()
+        };
+        let rows = [
+            row(2, None, 10.0),
+            row(2, Some((1, "64x64")), 40.0),
+            row(2, Some((2, "512x512")), 300.0),
+            row(2, Some((1, "64x64")), 60.0),
+            row(4, None, 20.0),
+        ];
+        let got = by_concurrency(&rows, Goodput::default());
+        let groups: Vec<(usize, Option<&str>, usize)> = got
+            .iter()
+            .map(|g| (g.concurrency, g.image_size.as_deref(), g.num_requests))
+            .collect();
+        assert_eq!(
+            groups,
+            [
+                (2, None, 1),
+                (2, Some("512x512"), 1),
+                (2, Some("64x64"), 2),
+                (4, None, 1)
+            ]
+        );
+        let small = &got[2].cells[0];
+        assert_eq!(
+            (small.count, small.ttft_p99_ms.map(f64::round)),
+            (2, Some(60.0))
+        );
+        // Without images, nothing changes in summary.json: no `image_size` key.
+        let json = serde_json::to_value(&got[0]).unwrap();
+        assert!(json.get("image_size").is_none(), "{json}");
+        assert_eq!(
+            serde_json::to_value(&got[1]).unwrap()["image_size"],
+            "512x512"
+        );
     }
 }

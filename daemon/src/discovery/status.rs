@@ -64,6 +64,8 @@ pub struct DiscoveryView {
 /// `discovery.inference_pools`: the InferencePool watch (all namespaces).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct PoolsView {
+    /// `state`: starting | watching | failing, as the pod watch's.
+    #[serde(rename = "state")]
     pub mode: Mode,
     /// Why pools are not read now (the CRD is not installed: 404; RBAC: 403), kept until a
     /// list succeeds; pod discovery goes on meanwhile.

@@ -527,7 +527,14 @@ caption{{white-space:nowrap;text-align:left;font-size:13px}} details{{font-size:
             };
             let _ = write!(
                 h,
-                r#"<table class="heatmap" data-metric="{key}" data-concurrency="{c}"><caption>concurrency {c} ({}){what}</caption><tr><th>input \ output</th>"#,
+                r#"<table class="heatmap" data-metric="{key}" data-concurrency="{c}"{}><caption>concurrency {c}{} ({}){what}</caption><tr><th>input \ output</th>"#,
+                g.image_size.as_ref().map_or(String::new(), |s| format!(
+                    r#" data-image-size="{}""#,
+                    esc(s)
+                )),
+                g.image_size
+                    .as_ref()
+                    .map_or(String::new(), |s| format!(", images {}", esc(s))),
                 esc(&g.benchmarks.join(", "))
             );
             for o in &g.output_buckets {
