@@ -152,6 +152,32 @@ async fn word_server(images: Decoded) -> ScriptedServer {
 }
 
 /// Every request's `prompt_tokens` is the server's own count of it.
+/// The dataset block of `run`: `(position, rows)` kept, these bad rows skipped (by index or
+/// line), each named on stderr as `FILE <at>`.
+fn skipped_rows(run: &Run, file: &str, (position, rows): (&str, u64), bad: &[u64], at: &[&str]) {
+    let d = &run.summary["workload"]["dataset"];
+    assert_eq!(
+        (d["rows"].as_u64(), d["skipped_rows"].as_u64()),
+        (Some(rows), Some(bad.len() as u64)),
+        "{d}"
+    );
+    assert_eq!(d["bad_row_position"], position);
+    let got: Vec<u64> = d["bad_rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["line"].as_u64().unwrap())
+        .collect();
+    assert_eq!(got, bad);
+    for at in at {
+        assert!(
+            run.stderr.contains(&format!("{file} {at}")),
+            "{at}: {}",
+            run.stderr
+        );
+    }
+}
+
 fn exact(run: &Run) {
     for r in &run.rows {
         assert_eq!(r["outcome"], "ok", "{r}");
@@ -226,31 +252,18 @@ async fn datasets_with_malformed_rows() {
     .unwrap();
 
     // ShareGPT: rows 1, 3 and 4 of the array skipped; rows 0 and 2 sent (first human turn).
-    let d = &share.summary["workload"]["dataset"];
-    assert_eq!(d["format"], "sharegpt");
-    assert_eq!(
-        (d["rows"].as_u64(), d["skipped_rows"].as_u64()),
-        (Some(2), Some(3))
+    assert_eq!(share.summary["workload"]["dataset"]["format"], "sharegpt");
+    skipped_rows(
+        &share,
+        "share.json",
+        ("index", 2),
+        &[1, 3, 4],
+        &[
+            "row 1: no `conversations` array",
+            "row 3: ",
+            "row 4: conversations[0]",
+        ],
     );
-    assert_eq!(d["bad_row_position"], "index");
-    let bad: Vec<u64> = d["bad_rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["line"].as_u64().unwrap())
-        .collect();
-    assert_eq!(bad, [1, 3, 4]);
-    for at in [
-        "row 1: no `conversations` array",
-        "row 3: ",
-        "row 4: conversations[0]",
-    ] {
-        assert!(
-            share.stderr.contains(&format!("share.json {at}")),
-            "{at}: {}",
-            share.stderr
-        );
-    }
     exact(&share);
     // One user message of 4 or 3 words: 3 + words + 2.
     let mut tokens: Vec<u64> = share
@@ -263,30 +276,17 @@ async fn datasets_with_malformed_rows() {
     assert!(share.report.contains(r#"data-skipped="3""#));
 
     // JSONL: lines 2, 5 and 6 skipped (the empty line 3 is not a row); lines 1, 4, 7 sent.
-    let d = &custom.summary["workload"]["dataset"];
-    assert_eq!(
-        (d["rows"].as_u64(), d["skipped_rows"].as_u64()),
-        (Some(3), Some(3))
+    skipped_rows(
+        &custom,
+        "custom.jsonl",
+        ("line", 3),
+        &[2, 5, 6],
+        &[
+            "line 2: not JSON",
+            "line 5: output_len -3",
+            "line 6: no `prompt`",
+        ],
     );
-    assert_eq!(d["bad_row_position"], "line");
-    let bad: Vec<u64> = d["bad_rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["line"].as_u64().unwrap())
-        .collect();
-    assert_eq!(bad, [2, 5, 6]);
-    for at in [
-        "line 2: not JSON",
-        "line 5: output_len -3",
-        "line 6: no `prompt`",
-    ] {
-        assert!(
-            custom.stderr.contains(&format!("custom.jsonl {at}")),
-            "{at}: {}",
-            custom.stderr
-        );
-    }
     exact(&custom);
     let mut got: Vec<(u64, u64)> = custom
         .rows
