@@ -114,10 +114,13 @@ fn end_s(r: &Value) -> f64 {
     r["at_unix_s"].as_f64().unwrap_or(0.0) + r["e2e_ms"].as_f64().unwrap_or(0.0) / 1000.0
 }
 
-/// Another client overloading the 2-slot scripted server ([`k_slot_server`]): `clients`
-/// threads each sending a streamed completion after another until `until`, reading each to
-/// its last chunk (the server keeps the connection open).
-fn overload_slots(
+/// Another client overloading the server: `clients` threads each sending a request after
+/// another until `until` and reading its answer to the end (EOF, or the last chunk of a
+/// chunked body on a connection the server keeps open). On the real model server a long
+/// non-streaming chat completion; on the 2-slot scripted server ([`k_slot_server`]) a short
+/// streamed completion.
+fn overload(
+    kind: Overloaded,
     port: u16,
     clients: usize,
     until: Instant,
@@ -125,14 +128,17 @@ fn overload_slots(
 ) -> Vec<std::thread::JoinHandle<()>> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     (0..clients)
-        .map(|_| {
+        .map(|i| {
             let sent = sent.clone();
             std::thread::spawn(move || {
+                let (path, body, timeout) = match kind {
+                    Overloaded::RealServer => ("/v1/chat/completions", format!(r#"{{"model":"gemma-3-270m","messages":[{{"role":"user","content":"Tell a long story about a lighthouse keeper, part {i}."}}],"max_tokens":256,"temperature":0.8}}"#), 120),
+                    Overloaded::Slots => ("/v1/completions", r#"{"model":"m","prompt":"load","max_tokens":4,"stream":true}"#.to_owned(), 30),
+                };
                 while Instant::now() < until {
-                    let body = r#"{"model":"m","prompt":"load","max_tokens":4,"stream":true}"#;
                     let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else { continue };
-                    let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
-                    let req = format!("POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(timeout)));
+                    let req = format!("POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
                     if s.write_all(req.as_bytes()).is_err() {
                         continue;
                     }
@@ -144,35 +150,6 @@ fn overload_slots(
                             Ok(0) | Err(_) => break,
                             Ok(n) => got.extend_from_slice(&chunk[..n]),
                         }
-                    }
-                }
-            })
-        })
-        .collect()
-}
-
-/// Another client overloading the model server: `clients` threads each sending a long
-/// non-streaming completion after another until `until`.
-fn overload(
-    port: u16,
-    clients: usize,
-    until: Instant,
-    sent: Arc<AtomicUsize>,
-) -> Vec<std::thread::JoinHandle<()>> {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    (0..clients)
-        .map(|i| {
-            let sent = sent.clone();
-            std::thread::spawn(move || {
-                while Instant::now() < until {
-                    let body = format!(r#"{{"model":"gemma-3-270m","messages":[{{"role":"user","content":"Tell a long story about a lighthouse keeper, part {i}."}}],"max_tokens":256,"temperature":0.8}}"#);
-                    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else { continue };
-                    let _ = s.set_read_timeout(Some(Duration::from_secs(120)));
-                    let req = format!("POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
-                    if s.write_all(req.as_bytes()).is_ok() {
-                        sent.fetch_add(1, Ordering::Relaxed);
-                        let mut sink = Vec::new();
-                        let _ = s.read_to_end(&mut sink);
                     }
                 }
             })
@@ -318,10 +295,7 @@ async fn overload_scenario(kind: Overloaded, check_diagnosis: bool) {
     // seconds in the queue).
     let over_wall = SystemTime::now();
     let sent = Arc::new(AtomicUsize::new(0));
-    let threads = match kind {
-        Overloaded::RealServer => overload(port, 4, Instant::now() + overload_for, sent.clone()),
-        Overloaded::Slots => overload_slots(port, 4, Instant::now() + overload_for, sent.clone()),
-    };
+    let threads = overload(kind, port, 4, Instant::now() + overload_for, sent.clone());
     let mut spike_status = None;
     let mut diagnosed: Option<(f64, Value)> = None;
     let t1 = Instant::now();
