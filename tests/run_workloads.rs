@@ -442,3 +442,35 @@ async fn shared_prefix_hits_the_llama_cpp_cache() {
         "shared prefix: expected hit ratio {want:.3}, server {got:.3}; later-in-group cached {later} of {expected} predicted; TTFT p50 first {first:.1} ms, later {later_ttft:.1} ms"
     );
 }
+
+/// A shared prefix as long as an input length leaves no room for each request's own suffix:
+/// refused before anything is sent, naming the flag, its value and the shortest length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_longer_than_an_input_length_is_refused() {
+    let server = word_server(Arc::default()).await;
+    let url = server.url();
+    let dir = temp::dir("workloads-prefix-too-long");
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(lmperf_bin())
+            .args(["run", "--target", &url, "--model", "m", "--output-len", "2"])
+            .args(["--seq-lengths", "64", "256", "--prefix-len", "64"])
+            .args(["--prefix-groups", "2", "--num-prompts", "2", "--output-dir"])
+            .arg(&dir)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(r#"--prefix-len = "64""#) && stderr.contains("(64 tokens)"),
+        "{stderr}"
+    );
+    let completions = server
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/completions"))
+        .count();
+    assert_eq!(completions, 0, "nothing sent");
+}

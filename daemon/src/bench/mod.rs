@@ -385,6 +385,22 @@ async fn run_on(
             reason: "multi-turn needs --api chat".into(),
         });
     }
+    // Each request of a shared-prefix workload is its group's prefix and a unique suffix, so the
+    // prefix must leave room in every input length (a distribution's lengths are drawn later).
+    if let (Some(p), None, Some(&shortest)) = (
+        spec.workload.shared_prefix,
+        &spec.workload.input_dist,
+        spec.input_lengths.iter().min(),
+    ) && p.len >= shortest
+    {
+        return Err(BenchError::Invalid {
+            field: "--prefix-len",
+            value: p.len.to_string(),
+            reason: format!(
+                "the shared prefix must be shorter than the shortest --seq-lengths ({shortest} tokens): each request needs a unique suffix"
+            ),
+        });
+    }
     let ctx = RunContext {
         spec: &spec,
         clients: &clients,
