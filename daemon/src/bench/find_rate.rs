@@ -86,9 +86,9 @@ pub(super) async fn search(
             Some(_) => spec.seed ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15),
             None => spec.seed ^ PROBE_SEED,
         };
-        let items = feed::ItemSource::new(&sp, tok, requests, input_len, seed);
+        let items = feed::ItemSource::new(&sp.feed(), tok, requests, input_len, seed);
         let schedule = match rate {
-            Some(_) => feed::Schedule::new(&sp, items.len(), seed)?,
+            Some(_) => feed::Schedule::new(&sp.feed(), items.len(), seed)?,
             // The probe: everything due at once, the concurrency the only limit.
             None => feed::Schedule::zero(items.len()),
         };

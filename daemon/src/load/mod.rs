@@ -3,13 +3,15 @@
 //! importing only those before it: datasets and traces ([`dataset`], [`datasets`], [`trace`]) →
 //! workloads and arrival schedules ([`workload`], [`profile`], [`shared_prefix`], [`images`]) → tokenizers ([`tokens`]) →
 //! chat templates ([`chat_template`]) → prompts ([`prompts`]); the benchmark's feed
-//! (`bench::feed`) and the agent's injected loads (`control::load`) consume them. Neither
+//! (`load::feed`: items and send times) and the agent's injected loads (`control::load`) consume them. Neither
 //! `bench` nor `control` is imported here.
 
+pub mod arrival;
 pub mod chat_template;
 pub mod dataset;
 pub mod datasets;
 pub mod error;
+pub mod feed;
 pub mod images;
 pub mod profile;
 pub mod prompts;

@@ -681,7 +681,7 @@ impl WorkloadArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::RunArrival;
+    use crate::load::arrival::RunArrival;
     use rand::SeedableRng;
 
     fn moments(v: &[u32]) -> (f64, f64) {

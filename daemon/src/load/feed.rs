@@ -12,7 +12,7 @@
 //!   send: that shows as its `dispatch_delay_ms`.
 //! - **Offsets.** Computed one at a time from the seed: a steady rate's random gaps are drawn
 //!   twice (a first pass finds the scale that puts the last send at exactly `(n − 1) / rate`,
-//!   see [`super::RunArrival`]), a ramp's follow its integral, a trace's are its own.
+//!   see [`RunArrival`]), a ramp's follow its integral, a trace's are its own.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -24,12 +24,29 @@ use rand::seq::SliceRandom;
 use rand_distr::{Distribution as _, Exp, Gamma};
 use tokio::sync::mpsc;
 
+use super::LoadError;
+use super::arrival::RunArrival;
 use super::dataset::PromptSet;
+use super::images::SyntheticImages;
 use super::prompts::{self, Prompt, TokenizeClient};
-use super::workload::{LengthDist, Ramp, RampOver, TraceReplay};
-use super::{BenchError, RunArrival, RunSpec};
-use crate::load::images::SyntheticImages;
-use crate::load::shared_prefix::{Place, SharedPrefix};
+use super::shared_prefix::{Place, SharedPrefix};
+use super::workload::{LengthDist, Ramp, RampOver, TraceReplay, Workload};
+
+/// What the feed needs of a run: its workload, prompt count, output length and arrivals
+/// (`lmperf run`'s `RunSpec::feed`, `lmperf ctl inject`'s load).
+#[derive(Debug, Clone, Copy)]
+pub struct FeedSpec<'a> {
+    /// Length distributions, ramp, trace replay, prompt file, shared prefixes, images.
+    pub workload: &'a Workload,
+    /// Prompts per benchmark (`--num-prompts`): sizes the shared-prefix groups.
+    pub num_prompts: usize,
+    /// Output tokens asked of each request when no output distribution is set.
+    pub output_len: u32,
+    /// Requests per second; `None`: all at once.
+    pub request_rate: Option<f64>,
+    /// Gaps between scheduled sends.
+    pub arrival: RunArrival,
+}
 
 /// Items made before a benchmark starts, and at most kept ready ahead of its sends after.
 pub const AHEAD: usize = 1024;
@@ -113,19 +130,6 @@ impl Extras {
             None => None,
         }
     }
-
-    /// Writes what the row says of them.
-    pub fn tag(&self, row: &mut super::RequestRow) {
-        if let Some((group, first, tokens)) = self.prefix {
-            (row.prefix_group, row.prefix_first, row.prefix_shared_tokens) =
-                (Some(group), Some(first), Some(tokens));
-        }
-        if !self.images.is_empty() {
-            row.images = Some(self.images.len() as u32);
-            row.image_bytes = self.image_bytes;
-            row.image_size = self.image_size.clone();
-        }
-    }
 }
 
 impl Item {
@@ -201,8 +205,14 @@ pub struct ItemSource {
 
 impl ItemSource {
     /// The source of `n` items of `spec`'s workload (`input_len` for fixed lengths).
-    pub fn new(spec: &RunSpec, tok: &TokenizeClient, n: usize, input_len: u32, seed: u64) -> Self {
-        let w = &spec.workload;
+    pub fn new(
+        spec: &FeedSpec<'_>,
+        tok: &TokenizeClient,
+        n: usize,
+        input_len: u32,
+        seed: u64,
+    ) -> Self {
+        let w = spec.workload;
         let n = match &w.trace {
             Some(t) => n.min(t.trace.requests.len()),
             None => n,
@@ -710,7 +720,7 @@ impl Schedule {
     ///
     /// # Errors
     /// A rate or gamma shape the distributions refuse (names `--request-rate`).
-    pub fn new(spec: &RunSpec, n: usize, seed: u64) -> Result<Self, BenchError> {
+    pub fn new(spec: &FeedSpec<'_>, n: usize, seed: u64) -> Result<Self, LoadError> {
         if let Some(t) = &spec.workload.trace {
             let closed_loop = t
                 .trace
@@ -738,8 +748,8 @@ impl Schedule {
     ///
     /// # Errors
     /// A rate or gamma shape the distributions refuse (names `--request-rate`).
-    pub fn steady(rate: f64, arrival: RunArrival, n: usize, seed: u64) -> Result<Self, BenchError> {
-        let invalid = |e: String| BenchError::Invalid {
+    pub fn steady(rate: f64, arrival: RunArrival, n: usize, seed: u64) -> Result<Self, LoadError> {
+        let invalid = |e: String| LoadError::Invalid {
             field: "--request-rate",
             value: rate.to_string(),
             reason: e,
@@ -865,7 +875,7 @@ mod tests {
         arrival: RunArrival,
         n: usize,
         seed: u64,
-    ) -> Result<Schedule, BenchError> {
+    ) -> Result<Schedule, LoadError> {
         match rate {
             Some(r) => Schedule::steady(r, arrival, n, seed),
             None => Ok(Schedule::zero(n)),
