@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use fake_opentelemetry_collector::FakeCollectorServer;
 use lmperf_e2e::agent::{Agent, prom_sum};
 use lmperf_e2e::otlp::attrs;
-use lmperf_e2e::peers::{Collector, ModelServer, inner};
+use lmperf_e2e::peers::shared_model_server;
+use lmperf_e2e::peers::{Collector, inner};
 use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
 use lmperf_e2e::serial;
 use lmperf_e2e::temp;
@@ -54,9 +55,11 @@ fn spawn_blocking_agent(
 #[tokio::test(flavor = "multi_thread")]
 async fn real_server_grpc_receiver() {
     let _serial = serial::lock().await;
-    let server = tokio::task::spawn_blocking(ModelServer::start)
+    let server = tokio::task::spawn_blocking(shared_model_server)
         .await
         .unwrap();
+    // The shared server's counter before this test (idle: nothing else adds to it).
+    let predicted_before = prom_sum(&server.metrics(), "llamacpp:tokens_predicted_total", &[]);
     let mut collector = FakeCollectorServer::start().await.unwrap();
     let args = [
         "--target",
@@ -171,7 +174,8 @@ async fn real_server_grpc_receiver() {
     // the agent talks to this server). A canary cancelled at shutdown has no server usage; the
     // server may or may not count its tokens, at most max_tokens (16) each.
     let not_ok = spans.len() - ok.len();
-    let predicted = prom_sum(&server.metrics(), "llamacpp:tokens_predicted_total", &[]);
+    let predicted =
+        prom_sum(&server.metrics(), "llamacpp:tokens_predicted_total", &[]) - predicted_before;
     let ok_out = output_sum as f64;
     assert!(
         predicted >= ok_out && predicted <= ok_out + 16.0 * not_ok as f64,
@@ -237,7 +241,7 @@ async fn real_server_grpc_receiver() {
 #[tokio::test(flavor = "multi_thread")]
 async fn real_server_http_protobuf_to_real_collector() {
     let _serial = serial::lock().await;
-    let server = tokio::task::spawn_blocking(ModelServer::start)
+    let server = tokio::task::spawn_blocking(shared_model_server)
         .await
         .unwrap();
     let collector = tokio::task::spawn_blocking(Collector::start).await.unwrap();

@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use lmperf_e2e::agent::lmperf_bin;
-use lmperf_e2e::peers::ModelServer;
+use lmperf_e2e::peers::shared_model_server;
 use lmperf_e2e::serial;
 use lmperf_e2e::slot_server::k_slot_server;
 use lmperf_e2e::temp;
@@ -52,7 +52,7 @@ async fn finds_the_known_capacity_within_the_precision() {
             "--arrival",
             "constant",
             "--request-rate",
-            "20",
+            "40",
             "--find-max-rate",
             "--slo",
             "ttft_p99:40ms",
@@ -109,13 +109,13 @@ async fn finds_the_known_capacity_within_the_precision() {
 }
 
 /// The real llama.cpp server (a smoke test: its speed depends on the machine's load, so the
-/// answer is not known in advance): 12 requests a step (`--step-requests`), a 10 s p90 TTFT
+/// answer is not known in advance): 8 requests a step (`--step-requests`), a 10 s p90 TTFT
 /// SLO. Every verdict matches its step's figures, passes lie below failures, and the search
 /// ends at the precision or with no passing rate.
 #[test]
 fn finds_a_max_rate_on_the_real_server() {
     let _serial = serial::lock_blocking();
-    let server = ModelServer::start();
+    let server = shared_model_server();
     let url = server.url();
     let (s, err) = run(&[
         "--target",
@@ -134,11 +134,11 @@ fn finds_a_max_rate_on_the_real_server() {
         "--precision",
         "50%",
         "--step-requests",
-        "12",
+        "8",
     ]);
     let c = &s["capacity"];
     println!("real server: {err}");
-    assert_eq!(c["step_requests"], 12);
+    assert_eq!(c["step_requests"], 8);
     let steps = c["steps"].as_array().unwrap();
     for st in steps {
         let bound = st["slos"][0]["upper_bound_ms"].as_f64().unwrap();

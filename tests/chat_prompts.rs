@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lmperf_e2e::agent::{lmperf_bin, workspace_root};
+use lmperf_e2e::peers::shared_model_server;
 use lmperf_e2e::peers::{ModelServer, free_port};
 use lmperf_e2e::scripted::{Reply, ScriptedServer};
 use lmperf_e2e::serial;
@@ -230,7 +231,7 @@ fn gemma_tokenizer_dir() -> std::path::PathBuf {
 #[test]
 fn chat_prompts_count_the_template_on_the_real_server() {
     let _serial = serial::lock_blocking();
-    let server = ModelServer::start_with(free_port(), &["--threads", "1"]);
+    let server = shared_model_server();
     let mt_bench = workspace_root().join("tests/fixtures/traces/mt_bench_questions.jsonl");
     let mt_bench = mt_bench.to_str().unwrap();
 

@@ -9,7 +9,7 @@ use lmperf::bench::{RunArrival, RunSpec};
 use lmperf::config::{self, Env, Overrides, raw::RawCanary};
 use lmperf_e2e::agent::lmperf_bin;
 use lmperf_e2e::np_percentile;
-use lmperf_e2e::peers::ModelServer;
+use lmperf_e2e::peers::shared_model_server;
 use lmperf_e2e::scripted::{Frame, Reply, ScriptedServer};
 use lmperf_e2e::serial;
 use lmperf_e2e::temp;
@@ -166,7 +166,7 @@ async fn case_07_vllm_54101_client_queueing() {
 #[test]
 fn seed_command_on_the_real_server() {
     let _serial = serial::lock_blocking();
-    let server = ModelServer::start();
+    let server = shared_model_server();
     let dir = temp::dir("run");
     let out = Command::new(lmperf_bin())
         .args([
@@ -182,14 +182,16 @@ fn seed_command_on_the_real_server() {
             "64",
             "128",
             "--num-prompts",
-            "20",
+            "8",
             "--output-len",
-            "16",
+            "8",
         ])
         .args([
+            // Bounds a loaded 2-core machine keeps (under a load average of 9, TTFTs of the
+            // real server reach seconds): goodput must be computed, not near its edge.
             "--goodput",
-            "ttft:2000",
-            "e2el:5000",
+            "ttft:20000",
+            "e2el:60000",
             "--fail-on",
             "ttft_p99_ms>0.001",
             "--output-dir",
@@ -225,10 +227,10 @@ fn seed_command_on_the_real_server() {
             mine.len(),
             "{name}: summary count = requests.jsonl lines"
         );
-        assert_eq!(mine.len(), 20);
+        assert_eq!(mine.len(), 8);
         let ok: Vec<&&serde_json::Value> = mine.iter().filter(|r| r["outcome"] == "ok").collect();
         assert_eq!(b["completed"].as_u64().unwrap() as usize, ok.len());
-        assert_eq!(ok.len(), 20, "{name}: all requests ok");
+        assert_eq!(ok.len(), 8, "{name}: all requests ok");
         total += mine.len();
         for (metric, field) in [
             ("ttft_ms", "ttft_ms"),
@@ -272,7 +274,7 @@ fn seed_command_on_the_real_server() {
             "{name}: prompt lengths"
         );
         assert!(
-            mine.iter().all(|r| r["output_tokens"].as_u64() == Some(16)),
+            mine.iter().all(|r| r["output_tokens"].as_u64() == Some(8)),
             "{name}: output lengths"
         );
         assert!(b["goodput"].as_f64().unwrap() > 0.0);
@@ -294,7 +296,7 @@ fn seed_command_on_the_real_server() {
         assert!(html.contains(&format!("<td>{}</td>", b["benchmark"].as_str().unwrap())));
     }
     // Each benchmark's requests fill one length bucket of its concurrency's heatmap (exact
-    // prompt lengths 64 → [64,128), 128 → [128,256); 16 output tokens → [16,32)), so that cell's
+    // prompt lengths 64 → [64,128), 128 → [128,256); 8 output tokens → [8,16)), so that cell's
     // p99 TTFT is the benchmark's.
     for b in benches {
         let name = b["benchmark"].as_str().unwrap();
@@ -304,7 +306,7 @@ fn seed_command_on_the_real_server() {
             "[128,256)"
         };
         let attr = format!(
-            r#"data-metric="ttft_p99" data-concurrency="{}" data-input="{input}" data-output="[16,32)" data-count="20" data-value=""#,
+            r#"data-metric="ttft_p99" data-concurrency="{}" data-input="{input}" data-output="[8,16)" data-count="8" data-value=""#,
             b["concurrency"]
         );
         let at = html
@@ -322,7 +324,7 @@ fn seed_command_on_the_real_server() {
     }
     assert!(
         html.contains("SLO compliance") && html.contains("(pass)"),
-        "the e2el:5000 SLO passes"
+        "the e2el:60000 SLO passes"
     );
 }
 

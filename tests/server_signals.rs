@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use fake_opentelemetry_collector::FakeCollectorServer;
 use lmperf_e2e::agent::{Agent, prom_sum};
 use lmperf_e2e::otlp::attrs;
+use lmperf_e2e::peers::shared_model_server;
 use lmperf_e2e::peers::{ModelServer, free_port};
 use lmperf_e2e::prom_text;
 use lmperf_e2e::serial;
@@ -134,7 +135,7 @@ async fn drain_until<T>(
 #[tokio::test(flavor = "multi_thread")]
 async fn overloaded_llamacpp_queue_running_tokens_and_span_attributes() {
     let _serial = serial::lock().await;
-    let server = tokio::task::spawn_blocking(ModelServer::start)
+    let server = tokio::task::spawn_blocking(shared_model_server)
         .await
         .unwrap();
     let port = server.port;
@@ -398,7 +399,7 @@ async fn restart_under_another_alias_is_one_model_change() {
 #[test]
 fn lmperf_run_against_the_overloaded_server_reports_its_queue() {
     let _serial = serial::lock_blocking();
-    let server = ModelServer::start();
+    let server = shared_model_server();
     let dir = temp::dir("server-run");
     let out = std::process::Command::new(lmperf_e2e::agent::lmperf_bin())
         .args([

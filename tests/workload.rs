@@ -15,7 +15,7 @@ use lmperf::bench::workload::{LengthDist, Ramp, RampOver, TraceReplay, Workload}
 use lmperf::config::{self, Env, Overrides, raw::RawCanary};
 use lmperf_e2e::agent::{lmperf_bin, workspace_root};
 use lmperf_e2e::np_percentile;
-use lmperf_e2e::peers::{ModelServer, free_port};
+use lmperf_e2e::peers::shared_model_server;
 use lmperf_e2e::scripted::{Frame, Received, Reply, ScriptedServer};
 use lmperf_e2e::serial;
 use lmperf_e2e::temp;
@@ -1024,7 +1024,7 @@ fn bad_workload_flags_exit_2_naming_the_flag() {
 #[test]
 fn trace_on_the_real_server() {
     let _serial = serial::lock_blocking();
-    let server = ModelServer::start();
+    let server = shared_model_server();
     let dir = temp::dir("wl-real-trace");
     let out = Command::new(lmperf_bin())
         .args([
@@ -1179,7 +1179,7 @@ fn gemma_tokenizer_json_matches_llama_cpp() {
         path.display()
     );
     let tok = lmperf::bench::prompts::LocalTokenizer::load(&path).unwrap();
-    let server = ModelServer::start();
+    let server = shared_model_server();
     let texts: Vec<String> = std::fs::read_to_string(fixture("mt_bench_questions.jsonl"))
         .unwrap()
         .lines()
@@ -1518,7 +1518,7 @@ async fn adaptive_token_rate_finds_the_servers_decode_rate_floor() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn profile_hot_update_on_the_real_server() {
     let _serial = serial::lock().await;
-    let server = ModelServer::start_with(free_port(), &["--threads", "1"]);
+    let server = shared_model_server();
     let dir = temp::dir("wl-profile-real");
     let file = dir.join("load.yaml");
     let concurrency = "concurrency: {ramp: linear, base: 1, step: 4s, max: 2}\n";

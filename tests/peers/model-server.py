@@ -46,7 +46,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--alias", default="gemma-3-270m", help="model id reported by /v1/models")
     p.add_argument("--ctx", type=int, default=4096, help="total context, split across --parallel slots")
     p.add_argument("--parallel", type=int, default=2)
-    p.add_argument("--threads", type=int, default=2)
+    # One thread: llama.cpp's threads meet at a spinning barrier after every op, so with two
+    # threads on a 2-core machine doing other work (the build, the agent, other tests) each
+    # token waits for a descheduled thread. Measured on the 2-core CI machine under load
+    # (load average 9): 6 requests × 16 tokens took 49–63 s with 2 threads, 10–12 s with 1.
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--ready-timeout", type=float, default=120.0)
     p.add_argument("--swa-full", action="store_true", help="keep the full KV cache of sliding-window layers, so a later prompt reuses a cached prefix (Gemma 3 re-processes it otherwise)")
     p.add_argument("--chat-template-file", default=None, help="a Jinja chat template instead of the GGUF's (or llama.cpp's chatml fallback)")
@@ -114,8 +118,12 @@ def main() -> int:
         time.sleep(0.1)
     if not stop.is_set():
         print(f"READY {base} model={args.alias} startup_s={time.monotonic() - t0:.2f}", flush=True)
+        # Exit with the parent: a test process that shares one server among its tests, or
+        # dies killed, leaves no server behind (its children are re-parented when it ends).
+        parent = os.getppid()
         while not stop.wait(1.0):
-            pass
+            if os.getppid() != parent:
+                break
     sys.stdout.flush()
     sys.stderr.flush()
     # The embedded C++ server has no stop() method, and its destructor waits for the

@@ -105,6 +105,51 @@ impl ModelServer {
     }
 }
 
+/// The model server that tests with its default arguments share, started on first use.
+static SHARED: std::sync::OnceLock<ModelServer> = std::sync::OnceLock::new();
+
+/// The real model server with default arguments, one for the whole test process: tests that
+/// need no arguments of their own use it instead of starting one each (5–10 s each on 2
+/// cores). Use it only while holding the serial lock (`serial::lock`), so one test at a time
+/// sends to it. Started on first use on port 8000 when that is free (vLLM's default port,
+/// which `launch`'s default-target test needs), else on a free port; it exits with this test
+/// process (`model-server.py` watches its parent). Returns once the server has no request in
+/// progress or deferred (a previous test's last requests are finished), at most 60 s.
+pub fn shared_model_server() -> &'static ModelServer {
+    let server = SHARED.get_or_init(|| {
+        let port = if TcpListener::bind(("127.0.0.1", 8000)).is_ok() {
+            8000
+        } else {
+            free_port()
+        };
+        ModelServer::start_with(port, &[])
+    });
+    server.wait_idle(Duration::from_secs(60));
+    server
+}
+
+impl ModelServer {
+    /// Waits until the server's `llamacpp:requests_processing` and `requests_deferred` are 0,
+    /// at most `timeout`; false if they were not.
+    pub fn wait_idle(&self, timeout: Duration) -> bool {
+        let t = Instant::now();
+        loop {
+            let m = self.metrics();
+            let busy = ["llamacpp:requests_processing", "llamacpp:requests_deferred"]
+                .iter()
+                .map(|n| crate::prom_text::first(&m, n, &[]).unwrap_or(0.0))
+                .sum::<f64>();
+            if busy == 0.0 && m.contains("llamacpp:requests_processing") {
+                return true;
+            }
+            if t.elapsed() > timeout {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
 impl Drop for ModelServer {
     fn drop(&mut self) {
         kill_term(&mut self.child);

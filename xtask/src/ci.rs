@@ -30,7 +30,8 @@
 //!    `LMPERF_REQUIRE_PROMETHEUS=1` so the alerting rule tests must run
 //! 5. The lane is waited for (its log printed); CI fails if it failed.
 //!
-//! Each step's time is printed as it ends, and all of them at the end.
+//! Each step's time is printed as it ends, and all of them at the end. On a fresh checkout (no
+//! `target/debug` yet) every cargo command of the run has `CARGO_INCREMENTAL=0`.
 
 use std::time::Instant;
 
@@ -60,6 +61,20 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     };
     let mut times = Times::default();
+    // A fresh checkout (nothing built yet): incremental compilation only costs there (its
+    // caches are written and not read again in this run; ~10–20 % of the workspace crates'
+    // compile time), so it is off for every cargo command of the run, the lane's included.
+    let fresh = !crate::root().join("target/debug/.fingerprint").exists();
+    if fresh {
+        println!("==> a fresh checkout: CARGO_INCREMENTAL=0 for this run");
+    }
+    let cargo = || {
+        let mut c = crate::cargo();
+        if fresh {
+            c.env("CARGO_INCREMENTAL", "0");
+        }
+        c
+    };
 
     // [0] First and cheapest (source text only, no build): import cycles, pure crates.
     println!("\n==> [0/5] cargo xtask arch-check");
@@ -73,7 +88,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let peers = spawn_logged(crate::install_peers_cmd(), &peers_log)
         .context("cannot start tests/peers/install.sh")?;
     let style = Instant::now();
-    let mut fmt = crate::cargo();
+    let mut fmt = cargo();
     fmt.args(["fmt", "--all", "--check"]);
     crate::step("[1/5] cargo fmt --all --check", fmt)?;
     times.push("fmt", style);
@@ -96,7 +111,11 @@ pub fn run(args: &[String]) -> Result<()> {
     // rest leaves idle instead of 8 minutes of their own. Awaited after the tests.
     let lane_log = crate::root().join("target/ci-lane.log");
     let lane = Instant::now();
-    let lane_child = spawn_logged(lane_cmd()?, &lane_log).context("cannot start the lane")?;
+    let mut lane_cmd = lane_cmd()?;
+    if fresh {
+        lane_cmd.env("CARGO_INCREMENTAL", "0");
+    }
+    let lane_child = spawn_logged(lane_cmd, &lane_log).context("cannot start the lane")?;
     println!(
         "\n==> [5/5] clippy and fuzz: started at nice 19 beside the build and the tests (log: {})",
         lane_log.display()
@@ -104,7 +123,7 @@ pub fn run(args: &[String]) -> Result<()> {
 
     // [3/5] Build what the tests run.
     let started = Instant::now();
-    let mut build = crate::cargo();
+    let mut build = cargo();
     build.args([
         "build",
         "--workspace",
@@ -135,7 +154,7 @@ pub fn run(args: &[String]) -> Result<()> {
     // Every run names the whole workspace: the same packages, so the same features as the
     // build step (`--exclude lmperf-e2e` would drop the e2e package's features and rebuild
     // tokio and all above it: 3.5 min of CPU).
-    let mut unit = crate::cargo();
+    let mut unit = cargo();
     unit.args([
         "test",
         "--workspace",
@@ -153,7 +172,7 @@ pub fn run(args: &[String]) -> Result<()> {
     );
     println!("\n==> {}", header.trim_end());
     let mut unit_run = run_counting(unit)?;
-    let mut doc = crate::cargo();
+    let mut doc = cargo();
     doc.args(["test", "--workspace", "--locked", "--no-fail-fast", "--doc"])
         .args(test_args)
         .envs(env.iter().copied());
@@ -168,7 +187,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let started = Instant::now();
     let serial_log = crate::root().join("target/ci-serial.log");
     let _ = std::fs::remove_file(&serial_log);
-    let mut e2e = crate::cargo();
+    let mut e2e = cargo();
     // libtest prints each test's time with `--report-time`, an unstable option it accepts
     // when RUSTC_BOOTSTRAP is set at run time: set through a runner, for the test binary
     // only (set for cargo, it would rebuild proc-macro2 and everything above it).
