@@ -174,6 +174,47 @@ mod tests {
         );
     }
 
+    /// `kubelet` without a socket: the status says failing with the reason, the source stays
+    /// the kubelet (retried with backoff, never the API server).
+    #[tokio::test]
+    async fn kubelet_without_a_socket_is_failing_with_the_reason() {
+        let dir = std::env::temp_dir().join(format!("lmperf-src-k-{}", std::process::id()));
+        let mut c = cfg(PodSource::Kubelet);
+        c.kubelet_pods_api_dir = dir.clone();
+        let (source, reason) = initial(&c);
+        let status = Arc::new(DiscoveryStatus::new(source, reason, "n1", None));
+        let (desired, _rx) = watch::channel(Vec::new());
+        let (changes, _crx) = mpsc::channel(1);
+        let stop = CancellationToken::new();
+        let template = crate::config::discovery::TargetTemplate::new(
+            crate::config::raw::RawCanary::default(),
+            &NoEnv,
+        )
+        .unwrap();
+        let task = tokio::spawn(run(
+            c,
+            template,
+            status.clone(),
+            desired,
+            changes,
+            stop.clone(),
+        ));
+        let t = std::time::Instant::now();
+        while status.view().error.is_none() && t.elapsed().as_secs() < 10 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        stop.cancel();
+        let _ = task.await;
+        let v = serde_json::to_value(status.view()).unwrap();
+        assert_eq!(v["source"], "kubelet", "{v}");
+        assert_eq!(v["state"], "failing", "{v}");
+        let e = v["error"].as_str().unwrap_or_default();
+        assert!(
+            e.contains("kubelet Pods API") && e.contains("does not exist"),
+            "{e}"
+        );
+    }
+
     struct NoEnv;
     impl crate::config::Env for NoEnv {
         fn var(&self, _: &str) -> Option<String> {
