@@ -7,7 +7,8 @@
 //! It checks: listed pods become targets with their `k8s.*` identity (the Deployment named by
 //! the pod-template-hash rule, without the API server); a watched `ADDED` Ready pod starts its
 //! canaries within 5 s; `DELETED` stops them; a restart after `OOMKilled` gives one `restart`
-//! change; a restarted kubelet (the watch cut) is relisted without a replayed change. In
+//! change; the eBPF probes follow the new pod's port (where they run); a restarted kubelet
+//! (the watch cut) is relisted without a replayed change. In
 //! `auto`: with the socket the kubelet runs and the API server is not watched; without it, or
 //! with a kubelet answering `Unimplemented`, the API server runs and the status says why.
 
@@ -171,6 +172,21 @@ async fn the_kubelet_pods_api_drives_targets_identity_and_lifecycle() {
     println!("new pod's first canary after {took:?}");
     assert!(completions(&servers[2]) >= 1);
     assert!(took < Duration::from_secs(5), "{took:?}");
+    // The eBPF probes follow it (where they run: root here, after the agent dropped its
+    // capabilities): its port joins the kernel filter.
+    let net = agent.status()["net"].clone();
+    if net["mode"] == "on" {
+        let p = u64::from(port(2));
+        assert!(
+            net["ports"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|v| v.as_u64() == Some(p))),
+            "{net}"
+        );
+        assert!(net["ports_refused"].is_null(), "{net}");
+    } else {
+        eprintln!("eBPF probes not on here: {}", net["reason"]);
+    }
 
     // DELETED (name, namespace and uid only): its canaries stop.
     kubelet.delete("llm/vllm-a-1");
