@@ -9,7 +9,10 @@
 //! It also generates the gRPC control API (`../proto/lmperf/v1/agent.proto`) into `OUT_DIR`:
 //! `protox` parses the proto in pure Rust (no `protoc` binary), `tonic-prost-build` writes the
 //! messages, the server and the client; likewise the kubelet's pod-resources API
-//! (`../proto/kubelet/podresources/v1/api.proto`, upstream's text) for the GPU attribution.
+//! (`../proto/kubelet/podresources/v1/api.proto`, upstream's text) for the GPU attribution,
+//! and the kubelet's Pods API (`../proto/kubelet/pods/v1alpha1/api.proto`, upstream's text)
+//! with the subset of `k8s.io/api` core/v1 `Pod` that discovery decodes its pod bytes into
+//! (`../proto/k8s.io/…/generated.proto`, upstream's field numbers).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -103,6 +106,19 @@ fn compile_proto() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile([&kubelet], [&root])?;
     tonic_prost_build::configure()
         .build_transport(false)
+        .compile_fds(fds)?;
+    // The kubelet's Pods API (KEP-4188) and the v1.Pod subset its `bytes` decode into: the
+    // client discovery runs, and the server the tests script.
+    let pods = root.join("kubelet/pods/v1alpha1/api.proto");
+    let core = root.join("k8s.io/api/core/v1/generated.proto");
+    let meta = root.join("k8s.io/apimachinery/pkg/apis/meta/v1/generated.proto");
+    for f in [&pods, &core, &meta] {
+        println!("cargo:rerun-if-changed={}", f.display());
+    }
+    let fds = protox::compile([&pods, &core], [&root])?;
+    tonic_prost_build::configure()
+        .build_transport(false)
+        .btree_map(".k8s.io")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -199,14 +199,17 @@ fn chart_renders_and_every_manifest_passes_the_kubernetes_schemas() {
 /// Least privilege in every values set: never `privileged`, no host namespaces, nothing
 /// writable from the host, all capabilities dropped and only CAP_BPF + CAP_PERFMON added
 /// back, and only when the eBPF probes are on; non-root otherwise, except with the kubelet's
-/// pod-resources socket (NVML on): its directory alone from the host, read-only, and root with
-/// no capability (the socket is writable by root only).
+/// pod-resources socket (NVML on) or Pods API socket (`discovery.kubeletPodsApi`): their
+/// directories alone from the host, read-only, and root with no capability (the sockets are
+/// writable by root only).
 #[test]
 fn no_values_set_grants_privilege_or_host_write() {
     for (name, files) in value_sets() {
         let ms = render(&files);
         let ebpf = name.contains("ebpf") || name.contains("full");
         let pod_resources = name == "full-values" || name == "nvml-values";
+        // The kubelet's Pods API socket only where discovery.kubeletPodsApi is on (full-values).
+        let pods_api = name == "full-values";
         for ds in of_kind(&ms, "DaemonSet") {
             let pod = &ds["spec"]["template"]["spec"];
             for host in ["hostNetwork", "hostPID", "hostIPC"] {
@@ -221,24 +224,44 @@ fn no_values_set_grants_privilege_or_host_write() {
                 .into_iter()
                 .filter(|v| v.get("hostPath").is_some())
                 .collect();
-            if pod_resources {
-                assert_eq!(
-                    host_paths,
-                    [serde_json::json!({
+            if pod_resources || pods_api {
+                let mut want = Vec::new();
+                if pod_resources {
+                    want.push(serde_json::json!({
                         "name": "pod-resources",
                         "hostPath": {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}
-                    })],
-                    "{name}: only the kubelet's pod-resources directory"
-                );
-                let mount = arr(&pod["containers"][0]["volumeMounts"])
-                    .into_iter()
-                    .find(|m| m["name"] == "pod-resources")
-                    .unwrap_or_else(|| panic!("{name}: pod-resources not mounted"));
-                assert_eq!(mount["readOnly"], true, "{name}");
+                    }));
+                }
+                if pods_api {
+                    want.push(serde_json::json!({
+                        "name": "kubelet-pods-api",
+                        "hostPath": {"path": "/var/lib/kubelet/pods-api", "type": "DirectoryOrCreate"}
+                    }));
+                }
                 assert_eq!(
-                    mount["mountPath"], "/var/lib/kubelet/pod-resources",
-                    "{name}"
+                    host_paths, want,
+                    "{name}: only the kubelet's pod-resources / pods-api directories"
                 );
+                for (volume, path) in [
+                    ("pod-resources", "/var/lib/kubelet/pod-resources"),
+                    ("kubelet-pods-api", "/var/lib/kubelet/pods-api"),
+                ] {
+                    let mount = arr(&pod["containers"][0]["volumeMounts"])
+                        .into_iter()
+                        .find(|m| m["name"] == volume);
+                    let used = if volume == "pod-resources" {
+                        pod_resources
+                    } else {
+                        pods_api
+                    };
+                    let Some(mount) = mount else {
+                        assert!(!used, "{name}: {volume} not mounted");
+                        continue;
+                    };
+                    assert!(used, "{name}: {volume} mounted unasked");
+                    assert_eq!(mount["readOnly"], true, "{name}");
+                    assert_eq!(mount["mountPath"], path, "{name}");
+                }
             } else {
                 assert!(
                     host_paths.is_empty(),
@@ -288,7 +311,7 @@ fn no_values_set_grants_privilege_or_host_write() {
                         ["BPF", "PERFMON"],
                         "{who}: the eBPF probes get exactly CAP_BPF and CAP_PERFMON"
                     );
-                } else if pod_resources {
+                } else if pod_resources || pods_api {
                     assert!(
                         add.is_empty(),
                         "{who}: capabilities {add:?} with the probes off"
@@ -532,6 +555,22 @@ fn rendered_config_loads_in_the_agent_and_matches_the_pod() {
             name == "full-values",
             "{name}: discovery.inferencePools reaches [discovery.kubernetes] inference_pools"
         );
+        // The kubelet's Pods API where its socket directory is mounted (full-values), in the
+        // directory the pod mounts; the API server alone otherwise.
+        if cfg.discovery.kubernetes.enabled {
+            use lmperf::config::discovery::PodSource;
+            let k = &cfg.discovery.kubernetes;
+            if name == "full-values" {
+                assert_eq!(k.source, PodSource::Auto, "{name}");
+                assert_eq!(
+                    k.kubelet_pods_api_dir,
+                    PathBuf::from("/var/lib/kubelet/pods-api"),
+                    "{name}"
+                );
+            } else {
+                assert_eq!(k.source, PodSource::ApiServer, "{name}");
+            }
+        }
         if name == "full-values" {
             assert_eq!(
                 env.0.get("LMPERF_API_KEY").map(String::as_str),

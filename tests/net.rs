@@ -210,6 +210,81 @@ fn loopback_flows_report_rtt_connect_latency_and_a_forced_retransmit() {
     monitor.stop();
 }
 
+/// Twenty echo round trips to `port` on one new connection (served by `listener`).
+fn round_trips(listener: &TcpListener, port: u16) {
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_nodelay(true).unwrap();
+    let (mut s, _) = listener.accept().unwrap();
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 || s.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+    });
+    let mut buf = [0u8; 5];
+    for _ in 0..20 {
+        c.write_all(b"hello").unwrap();
+        c.read_exact(&mut buf).unwrap();
+    }
+    drop(c);
+    echo.join().unwrap();
+}
+
+/// The probes follow the targets (issue 24): a port added after load (a target discovered
+/// after start) is reported from then on, and adding it needs no capability: the thread that
+/// adds it has dropped every one of its own (Linux >= 6.5 lets a held map fd be updated
+/// without one; an older kernel's refusal is said in `ports_refused`).
+#[test]
+fn a_target_port_added_after_start_is_reported_without_capabilities() {
+    let known = TcpListener::bind("127.0.0.1:0").unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let Some((state, monitor)) = probes(known.local_addr().unwrap().port()) else {
+        return;
+    };
+    let on_port = |st: &NetState| {
+        st.drain_now();
+        st.recent()
+            .iter()
+            .filter(|s| s.server.port() == port)
+            .count()
+    };
+    round_trips(&listener, port);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(on_port(&state), 0, "not a target port yet: not reported");
+
+    let st = state.clone();
+    std::thread::spawn(move || {
+        lmperf::caps::drop_all().expect("drop this thread's capabilities");
+        assert_eq!(lmperf::caps::effective().unwrap(), 0, "no capability left");
+        st.follow_ports([port]);
+    })
+    .join()
+    .unwrap();
+    let status = state.status();
+    assert!(status.ports.contains(&port), "{status:?}");
+    if let Some(why) = &status.ports_refused {
+        // A kernel before 6.5 with unprivileged BPF disabled: said, and the test says so.
+        assert!(!required(), "port not followed: {why}");
+        eprintln!("skipped: {why}");
+        monitor.stop();
+        return;
+    }
+    round_trips(&listener, port);
+    assert!(
+        wait_for(Duration::from_secs(2), || on_port(&state) > 0),
+        "the new port's flow is reported: {:?}",
+        state.recent()
+    );
+    eprintln!(
+        "followed port {port}: {} samples after it was added without capabilities",
+        on_port(&state)
+    );
+    monitor.stop();
+}
+
 fn config(extra: &str) -> std::path::PathBuf {
     temp::file(
         "net.toml",

@@ -31,6 +31,7 @@ mod gpu;
 mod gpu_nvml;
 mod gpu_pods;
 mod k8s_discovery;
+mod k8s_kubelet;
 mod launch;
 mod logs_json;
 mod net;

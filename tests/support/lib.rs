@@ -6,6 +6,7 @@ pub mod agent;
 pub mod chromium;
 pub mod fake_nvml;
 pub mod kube_api;
+pub mod kubelet_pods;
 pub mod netns;
 pub mod openmetrics;
 pub mod otlp;

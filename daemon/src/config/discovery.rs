@@ -7,6 +7,7 @@
 //! # selector = "app.kubernetes.io/name=vllm"   # pods matching it are targets too
 //! inference_pools = false        # InferencePool objects (inference.networking.k8s.io/v1) name target pods too
 //! source = "auto"                # auto | apiserver | kubelet
+//! # kubelet_pods_api_dir = "/var/lib/kubelet/pods-api"   # the kubelet Pods API's socket dir
 //! ```
 
 use super::raw::{RawCanary, RawDiscovery};
@@ -14,6 +15,9 @@ use super::{ConfigError, Env, Secret, TargetConfig};
 
 /// The environment variable the chart sets from `spec.nodeName` (downward API).
 pub const NODE_NAME_ENV: &str = "K8S_NODE_NAME";
+/// Where the kubelet serves its node-local Pods API (KEP-4188), the default of
+/// `kubelet_pods_api_dir`; the socket is `kubelet.sock` in it.
+pub const DEFAULT_KUBELET_PODS_API_DIR: &str = "/var/lib/kubelet/pods-api";
 
 /// Where pods are read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +52,8 @@ pub struct KubernetesDiscovery {
     /// too, at each of the pool's target ports (after the annotation and the selector).
     pub inference_pools: bool,
     pub source: PodSource,
+    /// The directory of the kubelet's Pods API socket (`source = auto | kubelet`).
+    pub kubelet_pods_api_dir: std::path::PathBuf,
 }
 
 /// Validated `[discovery]`.
@@ -168,6 +174,11 @@ pub fn validate(
             selector,
             inference_pools: k.inference_pools.unwrap_or(false),
             source,
+            kubelet_pods_api_dir: k
+                .kubelet_pods_api_dir
+                .filter(|d| !d.trim().is_empty())
+                .unwrap_or_else(|| DEFAULT_KUBELET_PODS_API_DIR.to_owned())
+                .into(),
         },
         template,
     })

@@ -297,4 +297,5 @@ pub struct RawKubernetes {
     pub selector: Option<String>,
     pub inference_pools: Option<bool>,
     pub source: Option<String>,
+    pub kubelet_pods_api_dir: Option<String>,
 }

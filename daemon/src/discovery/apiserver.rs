@@ -8,6 +8,11 @@
 //! and publishes them when they changed; an owner ReplicaSet is read once (cached) to name its
 //! Deployment, by the `pod-template-hash` rule when it cannot be read.
 //!
+//! The same [`Watch`] maps the pods of the kubelet's Pods API (`super::kubelet`): [`Watch::run`]
+//! takes the pod events of either source as one stream; without an API server client (the
+//! kubelet source) an owner ReplicaSet is named by the `pod-template-hash` rule alone, with no
+//! API-server request at all.
+//!
 //! With `inference_pools = true` a second watcher reads the `InferencePool` objects of every
 //! namespace through `kube`'s dynamic API (no generated type); each pool event maps this node's
 //! pods again. Its failures (the CRD not installed: 404; RBAC: 403) are said once in the status's
@@ -18,6 +23,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use futures_util::StreamExt;
+use futures_util::TryStreamExt;
 use futures_util::stream::BoxStream;
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::Pod;
@@ -41,14 +47,16 @@ use crate::config::k8s::K8sOwner;
 const MAX_REPLICASETS: usize = 1024;
 
 /// What the watch task holds.
-struct Watch {
+pub(super) struct Watch {
     cfg: KubernetesDiscovery,
     template: TargetTemplate,
     status: Arc<DiscoveryStatus>,
     desired: watch::Sender<Vec<TargetConfig>>,
     changes: mpsc::Sender<TargetChange>,
-    client: Client,
-    /// The API server's URL (named in every error).
+    /// The API server's client; `None` with the kubelet source when none is configured or
+    /// needed (no InferencePools).
+    client: Option<Client>,
+    /// The API server's URL (named in every error), empty without a client.
     url: String,
     /// This node's pods, by `namespace/name`.
     pods: BTreeMap<String, Pod>,
@@ -78,6 +86,8 @@ struct Mapped {
 }
 
 type PoolEvents = BoxStream<'static, Result<watcher::Event<DynamicObject>, watcher::Error>>;
+/// This node's pod events from either source, an error as the sentence the status says.
+pub(super) type PodEvents = BoxStream<'static, Result<watcher::Event<Pod>, String>>;
 /// A relist of pools in progress: the pools and the bad ones seen so far.
 type PoolRelist = (BTreeMap<String, InferencePool>, BTreeMap<String, String>);
 
@@ -91,6 +101,19 @@ pub async fn run(
     changes: mpsc::Sender<TargetChange>,
     stop: CancellationToken,
 ) {
+    let Some(connected) = connect(&status, &stop).await else {
+        return;
+    };
+    let mut w = Watch::new(cfg, template, status, desired, changes, Some(connected));
+    w.watch_apiserver(stop).await;
+}
+
+/// The API server's client, retried with backoff (each new failure said in `status`) until it
+/// can be built; `None` once `stop` fires.
+pub(super) async fn connect(
+    status: &DiscoveryStatus,
+    stop: &CancellationToken,
+) -> Option<super::kube_client::Connected> {
     let mut wait = std::time::Duration::from_secs(1);
     let connected = loop {
         match super::kube_client::connect().await {
@@ -102,46 +125,92 @@ pub async fn run(
             }
         }
         tokio::select! {
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => return None,
             _ = tokio::time::sleep(wait) => {}
         }
         wait = (wait * 2).min(std::time::Duration::from_secs(30));
     };
     tracing::info!(api_server = %connected.url, from = connected.source, "Kubernetes API server found.");
-    let mut w = Watch {
-        cfg,
-        template,
-        status,
-        desired,
-        changes,
-        client: connected.client,
-        url: connected.url,
-        pods: BTreeMap::new(),
-        replicasets: BTreeMap::new(),
-        said_bad: BTreeMap::new(),
-        mapped: BTreeMap::new(),
-        lifecycle: Lifecycle::default(),
-        pools: BTreeMap::new(),
-        bad_pools: BTreeMap::new(),
-    };
-    w.run(stop).await;
+    Some(connected)
 }
 
 impl Watch {
-    async fn run(&mut self, stop: CancellationToken) {
-        let api: Api<Pod> = Api::all(self.client.clone());
+    /// A watch holding nothing yet; `connected`: the API server's client, if any.
+    pub(super) fn new(
+        cfg: KubernetesDiscovery,
+        template: TargetTemplate,
+        status: Arc<DiscoveryStatus>,
+        desired: watch::Sender<Vec<TargetConfig>>,
+        changes: mpsc::Sender<TargetChange>,
+        connected: Option<super::kube_client::Connected>,
+    ) -> Self {
+        let (client, url) = match connected {
+            Some(c) => (Some(c.client), c.url),
+            None => (None, String::new()),
+        };
+        Self {
+            cfg,
+            template,
+            status,
+            desired,
+            changes,
+            client,
+            url,
+            pods: BTreeMap::new(),
+            replicasets: BTreeMap::new(),
+            said_bad: BTreeMap::new(),
+            mapped: BTreeMap::new(),
+            lifecycle: Lifecycle::default(),
+            pools: BTreeMap::new(),
+            bad_pools: BTreeMap::new(),
+        }
+    }
+
+    /// Watches this node's pods through the API server until `stop`, connecting first when
+    /// no client is held (a fall-back from the kubelet source). The pods, owners and lifecycle
+    /// held so far are kept: the first list replaces the pods, a pod seen before gives no
+    /// replayed change.
+    pub(super) async fn watch_apiserver(&mut self, stop: CancellationToken) {
+        if self.client.is_none() {
+            let Some(c) = connect(&self.status, &stop).await else {
+                return;
+            };
+            self.client = Some(c.client);
+            self.url = c.url;
+        }
+        let Some(client) = self.client.clone() else {
+            return;
+        };
+        let api: Api<Pod> = Api::all(client);
         let wc =
             watcher::Config::default().fields(&format!("spec.nodeName={}", self.cfg.node_name));
-        let mut stream = std::pin::pin!(watcher(api, wc).default_backoff());
-        let mut pool_events: PoolEvents = if self.cfg.inference_pools {
-            self.status.pools_on();
-            let api: Api<DynamicObject> =
-                Api::all_with(self.client.clone(), &pools::api_resource());
-            watcher(api, watcher::Config::default())
-                .default_backoff()
-                .boxed()
-        } else {
-            futures_util::stream::pending().boxed()
+        let url = self.url.clone();
+        let stream = watcher(api, wc)
+            .default_backoff()
+            .map_err(move |e| format!("{} (API server {url})", watch_error(&e)))
+            .boxed();
+        self.run(stop, stream).await;
+    }
+
+    /// Maps the pod events of `stream` until it ends or `stop` fires.
+    pub(super) async fn run(&mut self, stop: CancellationToken, stream: PodEvents) {
+        let mut stream = stream;
+        let mut pool_events: PoolEvents = match (&self.client, self.cfg.inference_pools) {
+            (Some(client), true) => {
+                self.status.pools_on();
+                let api: Api<DynamicObject> = Api::all_with(client.clone(), &pools::api_resource());
+                watcher(api, watcher::Config::default())
+                    .default_backoff()
+                    .boxed()
+            }
+            (None, true) => {
+                self.status.pools_on();
+                self.status.pools_failed(
+                    "no Kubernetes API server client (kubeconfig or in-cluster): InferencePools are read from the API server only; pod discovery goes on".to_owned(),
+                );
+                futures_util::stream::pending().boxed()
+            }
+            (_, false) => futures_util::stream::pending().boxed(),
         };
         let mut init: Option<BTreeMap<String, Pod>> = None;
         let mut pool_init: Option<PoolRelist> = None;
@@ -160,8 +229,7 @@ impl Watch {
             let Some(item) = next else { return };
             let event = match item {
                 Ok(e) => e,
-                Err(e) => {
-                    let text = format!("{} (API server {})", watch_error(&e), self.url);
+                Err(text) => {
                     if self.status.failed(text.clone()) {
                         tracing::warn!(error = %text, "Kubernetes pod watch failed; retrying with backoff.");
                     }
@@ -195,6 +263,9 @@ impl Watch {
                 }
                 watcher::Event::Delete(p) => {
                     let k = key(&p);
+                    if let Some(m) = init.as_mut() {
+                        m.remove(&k);
+                    }
                     self.pods.remove(&k);
                     self.mapped.remove(&k);
                     if let Some(uid) = p.metadata.uid.as_deref() {
@@ -302,7 +373,12 @@ impl Watch {
         if let Some(d) = self.replicasets.get(&k) {
             return Some(d.clone().map_or(direct, K8sOwner::Deployment));
         }
-        let api: Api<ReplicaSet> = Api::namespaced(self.client.clone(), &ns);
+        let Some(client) = self.client.clone() else {
+            // The kubelet source: no API-server request, the pod-template-hash rule.
+            let deployment = pod::deployment_by_hash(p, rs);
+            return Some(deployment.map_or(direct, K8sOwner::Deployment));
+        };
+        let api: Api<ReplicaSet> = Api::namespaced(client, &ns);
         let deployment = match api.get_opt(rs).await {
             Ok(Some(r)) => r
                 .metadata

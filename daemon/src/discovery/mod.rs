@@ -2,21 +2,25 @@
 //!
 //! `selector` (label selectors, pure), `pod` (pod → target, pure), `pools` (InferencePools,
 //! pure), `lifecycle` (restarts and rollouts as server changes, pure), `apiserver` (the `kube`
-//! watchers of this node's pods and of the InferencePools), `kube_client` (the API client,
-//! found as `kube::Config::infer()` does, errors naming it), `status` (the `/api/v1/status`
-//! section). [`start`] runs the configured source; it publishes
+//! watchers of this node's pods and of the InferencePools, and the mapping both sources feed),
+//! `kubelet` (the kubelet's node-local Pods API, KEP-4188), `kubelet_pod` (its messages and
+//! pod bytes decoded, pure), `source` (which source runs and why, the fall-back), `kube_client`
+//! (the API client, found as `kube::Config::infer()` does, errors naming it), `status` (the
+//! `/api/v1/status` section). [`start`] runs the configured source; it publishes
 //! whole desired-target snapshots on a watch channel (the agent's `targets::TargetSet`
 //! reconciles them with the static targets) and lifecycle changes on a bounded queue.
 
 pub mod apiserver;
 pub mod kube_client;
+pub mod kubelet;
+pub mod kubelet_pod;
 pub mod lifecycle;
 pub mod pod;
 pub mod pools;
 pub use crate::config::selector;
+pub mod source;
 pub mod status;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -24,12 +28,12 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::TargetConfig;
-use crate::config::discovery::{DiscoveryConfig, PodSource};
+use crate::config::discovery::DiscoveryConfig;
 use crate::server::Change;
 pub use status::{DiscoveryStatus, DiscoveryView};
 
-/// Where the kubelet's node-local Pods API socket would be (KEP-4188).
-pub const KUBELET_PODS_API_DIR: &str = "/var/lib/kubelet/pods-api";
+/// Where the kubelet's node-local Pods API socket is by default (KEP-4188).
+pub use crate::config::discovery::DEFAULT_KUBELET_PODS_API_DIR as KUBELET_PODS_API_DIR;
 /// Lifecycle changes queued for the agent at most (more are dropped and counted).
 pub const CHANGE_QUEUE: usize = 256;
 
@@ -50,40 +54,13 @@ pub struct Running {
     pub task: tokio::task::JoinHandle<()>,
 }
 
-/// Which source runs for `source`, and why.
-pub fn choose_source(source: PodSource, kubelet_dir: &Path) -> (&'static str, String) {
-    let present = kubelet_dir.exists();
-    let why_not = "the kubelet Pods API (KEP-4188: v1alpha1.Pods/WatchPods, beta in Kubernetes 1.37, proto published in kubernetes/kubelet pkg/apis/pods/v1alpha1) is not read by this build yet";
-    match source {
-        PodSource::ApiServer => ("apiserver", "source = apiserver".to_owned()),
-        PodSource::Auto if present => (
-            "apiserver",
-            format!(
-                "source = auto: {} is present but {why_not}; the API server is watched with a spec.nodeName field selector",
-                kubelet_dir.display()
-            ),
-        ),
-        PodSource::Auto => (
-            "apiserver",
-            format!(
-                "source = auto: no kubelet Pods API socket under {}; the API server is watched with a spec.nodeName field selector",
-                kubelet_dir.display()
-            ),
-        ),
-        PodSource::Kubelet => (
-            "apiserver",
-            format!("source = kubelet asked, but {why_not}; the API server is watched instead"),
-        ),
-    }
-}
-
 /// Starts the configured discovery on the current runtime, `None` when it is off.
 pub fn start(cfg: &DiscoveryConfig, stop: CancellationToken) -> Option<Running> {
     let k = &cfg.kubernetes;
     if !k.enabled {
         return None;
     }
-    let (source, reason) = choose_source(k.source, Path::new(KUBELET_PODS_API_DIR));
+    let (source, reason) = source::initial(k);
     tracing::info!(node = %k.node_name, source, reason = %reason, "Kubernetes discovery on.");
     let status = Arc::new(DiscoveryStatus::new(
         source,
@@ -93,7 +70,7 @@ pub fn start(cfg: &DiscoveryConfig, stop: CancellationToken) -> Option<Running> 
     ));
     let (desired_tx, desired) = watch::channel(Vec::new());
     let (changes_tx, changes) = mpsc::channel(CHANGE_QUEUE);
-    let task = tokio::spawn(apiserver::run(
+    let task = tokio::spawn(source::run(
         k.clone(),
         cfg.template.clone(),
         status.clone(),
@@ -107,21 +84,4 @@ pub fn start(cfg: &DiscoveryConfig, stop: CancellationToken) -> Option<Running> 
         changes,
         task,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_status_says_which_source_and_why() {
-        let none = Path::new("/nonexistent/pods-api");
-        let (s, why) = choose_source(PodSource::Auto, none);
-        assert_eq!(s, "apiserver");
-        assert!(why.contains("no kubelet Pods API socket"), "{why}");
-        let dir = std::env::temp_dir();
-        let (s, why) = choose_source(PodSource::Kubelet, &dir);
-        assert_eq!(s, "apiserver");
-        assert!(why.contains("KEP-4188"), "{why}");
-    }
 }

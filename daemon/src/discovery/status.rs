@@ -30,9 +30,10 @@ pub enum Mode {
 pub struct DiscoveryView {
     /// `kubernetes`.
     pub kind: &'static str,
-    /// `apiserver` | `kubelet`.
+    /// `apiserver` | `kubelet`: the source running now (`starting` while `source = auto`
+    /// tries the kubelet's Pods API first).
     pub source: &'static str,
-    /// Why this source runs (e.g. no kubelet Pods API socket).
+    /// Why this source runs (e.g. no kubelet Pods API socket, or its error in `auto`).
     pub source_reason: String,
     pub node: String,
     pub selector: Option<String>,
@@ -126,6 +127,15 @@ impl DiscoveryStatus {
             Ok(g) => g.clone(),
             Err(p) => p.into_inner().clone(),
         }
+    }
+
+    /// The source runs now and why (the kubelet's Pods API, or the API server after the
+    /// kubelet's did not answer in `source = auto`).
+    pub fn set_source(&self, source: &'static str, reason: String) {
+        self.with(|v| {
+            v.source = source;
+            v.source_reason = reason;
+        });
     }
 
     /// A list or watch failed; returns true when the error is new (log it then).

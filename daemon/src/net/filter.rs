@@ -41,6 +41,11 @@ impl PortFilter {
         self.ports.iter().copied()
     }
 
+    /// Adds `port` (a target started after load); true when it is new.
+    pub fn insert(&mut self, port: u16) -> bool {
+        port != 0 && self.ports.insert(port)
+    }
+
     /// The reporting socket's side and the server's address, or `None` when neither port is
     /// a target's.
     pub fn classify(&self, local: SocketAddr, remote: SocketAddr) -> Option<(Side, SocketAddr)> {

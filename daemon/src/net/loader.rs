@@ -173,27 +173,21 @@ pub fn load(state: &NetState, programs: NetPrograms) -> Result<Loaded, NetError>
             },
             source,
         })?;
-    {
-        // A bitmap: bit (port % 64) of entry (port / 64).
-        let map = ebpf
-            .map_mut("lmperf_ports")
-            .ok_or(NetError::MissingMap("lmperf_ports"))?;
-        let mut bits: Array<_, u64> = Array::try_from(map).map_err(|source| NetError::Map {
+    // A bitmap: bit (port % 64) of entry (port / 64). The map is taken out of `ebpf` and kept
+    // (its fd held): targets started later set their bits through it without a capability.
+    let mut bits: Array<MapData, u64> = Array::try_from(
+        ebpf.take_map("lmperf_ports")
+            .ok_or(NetError::MissingMap("lmperf_ports"))?,
+    )
+    .map_err(|source| NetError::Map {
+        name: "lmperf_ports",
+        source,
+    })?;
+    for p in state.ports() {
+        set_port_bit(&mut bits, p).map_err(|source| NetError::Map {
             name: "lmperf_ports",
             source,
         })?;
-        for p in state.filter.ports() {
-            let i = u32::from(p / 64);
-            let word = bits.get(&i, 0).map_err(|source| NetError::Map {
-                name: "lmperf_ports",
-                source,
-            })?;
-            bits.set(i, word | (1u64 << (p % 64)), 0)
-                .map_err(|source| NetError::Map {
-                    name: "lmperf_ports",
-                    source,
-                })?;
-        }
     }
     let probes: Vec<ProbeStatus> = PROBES
         .iter()
@@ -226,10 +220,27 @@ pub fn load(state: &NetState, programs: NetPrograms) -> Result<Loaded, NetError>
     let live: Vec<&str> = probes.iter().filter(|p| p.live).map(|p| p.attach).collect();
     let reason =
         (!failed.is_empty()).then(|| format!("some probes not attached: {}", failed.join("; ")));
-    tracing::info!(probes = ?live, ports = ?state.filter.ports().collect::<Vec<_>>(), "eBPF network probes attached.");
+    tracing::info!(probes = ?live, ports = ?state.ports(), "eBPF network probes attached.");
+    let bits = Mutex::new(bits);
+    state.set_port_writer(Box::new(move |p| {
+        let mut b = bits
+            .lock()
+            .map_err(|_| "port map lock poisoned".to_owned())?;
+        set_port_bit(&mut b, p).map_err(|e| match std::error::Error::source(&e) {
+            Some(s) => format!("{e}: {s}"),
+            None => e.to_string(),
+        })
+    }));
     state.set_probes(probes);
     state.set_mode(Mode::On, reason);
     Ok(Loaded { ebpf, ring, drops })
+}
+
+/// Sets `port`'s bit in the `lmperf_ports` bitmap (a read and an update of one word).
+fn set_port_bit(bits: &mut Array<MapData, u64>, port: u16) -> Result<(), aya::maps::MapError> {
+    let i = u32::from(port / 64);
+    let word = bits.get(&i, 0)?;
+    bits.set(i, word | (1u64 << (port % 64)), 0)
 }
 
 impl Loaded {
@@ -399,7 +410,7 @@ impl Drain {
             drop(item);
             let Some(kind) = ev.kind() else { continue };
             let (local, remote) = (ev.local(), ev.remote());
-            let Some((side, server)) = state.filter.classify(local, remote) else {
+            let Some((side, server)) = state.classify(local, remote) else {
                 continue;
             };
             let at = wall

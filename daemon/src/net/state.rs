@@ -61,8 +61,12 @@ pub struct NetStatus {
     pub mode: Mode,
     /// Why the probes are off (or some of them), when they are.
     pub reason: Option<String>,
-    /// Ports reported by the kernel filter (the targets').
+    /// Ports reported by the kernel filter (the targets', those started after load too).
     pub ports: Vec<u16>,
+    /// Why a target port added after start is not in the kernel filter (an older kernel
+    /// refusing the map update without a capability); absent when every one is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ports_refused: Option<String>,
     pub probes: Vec<ProbeStatus>,
     /// Events received since start, by kind.
     pub events: EventCounts,
@@ -92,6 +96,17 @@ struct Inner {
 
 /// Drains the probes' waiting events into the state (set by the loader).
 pub type DrainFn = Box<dyn Fn(&NetState) + Send + Sync>;
+/// Sets one port's bit in the kernel's `lmperf_ports` map (through the map fd held since load);
+/// the error's text when the kernel refuses.
+pub type PortWriteFn = Box<dyn Fn(u16) -> Result<(), String> + Send + Sync>;
+
+struct PortWriter(PortWriteFn);
+
+impl std::fmt::Debug for PortWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PortWriter")
+    }
+}
 
 struct Drainer(DrainFn);
 
@@ -105,7 +120,11 @@ impl std::fmt::Debug for Drainer {
 #[derive(Debug)]
 pub struct NetState {
     drainer: std::sync::OnceLock<Drainer>,
-    pub filter: PortFilter,
+    /// The target ports: those of the start, and of targets started later ([`Self::follow_ports`]).
+    filter: std::sync::RwLock<PortFilter>,
+    port_writer: std::sync::OnceLock<PortWriter>,
+    /// Ports the kernel refused to add after start, with the reason (said once).
+    ports_refused: Mutex<Option<String>>,
     inner: Mutex<Inner>,
     pub rtt_events: AtomicU64,
     pub connect_events: AtomicU64,
@@ -130,7 +149,9 @@ impl NetState {
     pub fn new(filter: PortFilter) -> Self {
         Self {
             drainer: std::sync::OnceLock::new(),
-            filter,
+            filter: std::sync::RwLock::new(filter),
+            port_writer: std::sync::OnceLock::new(),
+            ports_refused: Mutex::new(None),
             inner: Mutex::new(Inner {
                 mode: Mode::Starting,
                 reason: None,
@@ -142,6 +163,55 @@ impl NetState {
             retransmit_events: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             tcp_info_samples: AtomicU64::new(0),
+        }
+    }
+
+    /// The target ports the probes report now.
+    pub fn ports(&self) -> Vec<u16> {
+        self.filter
+            .read()
+            .map(|f| f.ports().collect())
+            .unwrap_or_default()
+    }
+
+    /// The reporting socket's side and the server's address, `None` when neither port is a
+    /// target's ([`PortFilter::classify`]).
+    pub fn classify(&self, local: SocketAddr, remote: SocketAddr) -> Option<(Side, SocketAddr)> {
+        self.filter.read().ok()?.classify(local, remote)
+    }
+
+    /// Sets how [`Self::follow_ports`] reaches the kernel's port map (once, at load).
+    pub fn set_port_writer(&self, f: PortWriteFn) {
+        let _ = self.port_writer.set(PortWriter(f));
+    }
+
+    /// The probes follow the running targets: each port not reported yet is added to the
+    /// user-space filter and, while the probes are on, to the kernel's map through the fd
+    /// held since load (no capability needed on Linux >= 6.5; an older kernel's refusal is
+    /// said once in the status and the log, and that port's spans keep TCP_INFO). Ports are
+    /// never removed (a port may serve several targets; a stale bit only lets a few events
+    /// through that no target claims).
+    pub fn follow_ports(&self, ports: impl IntoIterator<Item = u16>) {
+        let new: Vec<u16> = match self.filter.write() {
+            Ok(mut f) => ports.into_iter().filter(|p| f.insert(*p)).collect(),
+            Err(_) => return,
+        };
+        let Some(w) = self.port_writer.get() else {
+            return;
+        };
+        for p in new {
+            match (w.0)(p) {
+                Ok(()) => tracing::info!(port = p, "eBPF probes follow a new target port."),
+                Err(e) => {
+                    let text = format!("port {p} not added to the kernel filter after start: {e}");
+                    if let Ok(mut r) = self.ports_refused.lock() {
+                        if r.is_none() {
+                            tracing::warn!(error = %text, "eBPF probes cannot follow a new target port (its spans keep TCP_INFO).");
+                        }
+                        *r = Some(text);
+                    }
+                }
+            }
         }
     }
 
@@ -304,7 +374,8 @@ impl NetState {
         NetStatus {
             mode,
             reason,
-            ports: self.filter.ports().collect(),
+            ports: self.ports(),
+            ports_refused: self.ports_refused.lock().ok().and_then(|r| r.clone()),
             probes,
             events: EventCounts {
                 rtt: self.rtt_events.load(Ordering::Relaxed),

@@ -159,6 +159,10 @@ impl TargetSet {
             self.shared
                 .gpu
                 .set_server_ports(self.running.values().map(|r| r.cfg.port).collect());
+            // The eBPF probes follow: a discovered target's port joins the kernel filter.
+            self.shared
+                .net
+                .follow_ports(self.running.values().map(|r| r.cfg.port));
         }
         applied
     }
