@@ -1,7 +1,8 @@
 //! Kubernetes discovery end to end on loopback (issue 24): the real agent, through a kubeconfig
 //! file (its production code path: `kube`'s client and watcher), against the scripted API server
-//! of `support/kube_api.rs`, with scripted vLLM-style servers as the pods of two Deployments on
-//! this node and 2,000 annotated pods on other nodes.
+//! of `support/kube_api.rs`, with scripted vLLM-style servers as the pods of two Deployments and
+//! the real llama.cpp server as the pod of a third on this node, and 2,000 annotated pods on
+//! other nodes.
 //!
 //! It checks: exactly this node's annotated Ready pods are canaried, beside a static target;
 //! spans and series carry namespace / pod / deployment; a deleted pod's canaries stop within
@@ -20,7 +21,9 @@ use fake_opentelemetry_collector::FakeCollectorServer;
 use lmperf_e2e::agent::{Agent, prom_sum};
 use lmperf_e2e::kube_api::{KubeApi, inference_pool, pod};
 use lmperf_e2e::otlp::attrs;
+use lmperf_e2e::peers::shared_model_server;
 use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
+use lmperf_e2e::serial;
 use serde_json::Value;
 
 const NODE: &str = "node-1";
@@ -106,9 +109,16 @@ async fn wait(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn agent_canaries_exactly_this_nodes_annotated_pods() {
+    // One pod is the real llama.cpp server (shared: one test at a time sends to it).
+    let _serial = serial::lock().await;
+    let llama = tokio::task::spawn_blocking(shared_model_server)
+        .await
+        .unwrap();
+    let llama_before = prom_sum(&llama.metrics(), "llamacpp:tokens_predicted_total", &[]);
     let api = KubeApi::start().await;
     api.add_replicaset(NS, "vllm-a-5c6b8d", "vllm-a");
     api.add_replicaset(NS, "vllm-b-5c6b8d", "vllm-b");
+    api.add_replicaset(NS, "llama-5c6b8d", "llama");
     let mut servers = BTreeMap::new();
     for name in [
         "vllm-a-0", "vllm-a-1", "vllm-b-0", "vllm-b-1", "vllm-a-2", "vllm-b-2", "static",
@@ -138,6 +148,17 @@ async fn agent_canaries_exactly_this_nodes_annotated_pods() {
             "vllm/vllm-openai:v0.9.0",
         ));
     }
+    let mut real = pod(
+        NS,
+        "llama-0",
+        NODE,
+        "llama",
+        llama.port,
+        true,
+        "ghcr.io/ggml-org/llama.cpp:server",
+    );
+    real["metadata"]["annotations"]["lmperf.dev/model"] = "gemma-3-270m".into();
+    api.apply(real);
     // On this node but not targets: not annotated; annotated but not Ready.
     api.apply(pod(NS, "plain", NODE, "web", 1, false, "nginx"));
     let mut unready = pod(
@@ -219,7 +240,7 @@ async fn agent_canaries_exactly_this_nodes_annotated_pods() {
         v.sort();
         v
     };
-    let first = want(&["vllm-a-0", "vllm-a-1", "vllm-b-0", "vllm-b-1"]);
+    let first = want(&["llama-0", "vllm-a-0", "vllm-a-1", "vllm-b-0", "vllm-b-1"]);
     let (s, _) = wait(&agent, Duration::from_secs(30), |s| {
         target_names(s) == first
             && s["targets"]
@@ -231,8 +252,8 @@ async fn agent_canaries_exactly_this_nodes_annotated_pods() {
     let d = &s["discovery"];
     assert_eq!(d["source"], "apiserver", "{d}");
     assert_eq!(d["node"], NODE);
-    assert_eq!(d["pods"], 6, "this node's pods only (field selector): {d}");
-    assert_eq!(d["targets"], 4, "{d}");
+    assert_eq!(d["pods"], 7, "this node's pods only (field selector): {d}");
+    assert_eq!(d["targets"], 5, "{d}");
     let a0 = target(&s, "llm/vllm-a-0");
     assert_eq!(a0["k8s"]["k8s.namespace.name"], NS, "{a0}");
     assert_eq!(a0["k8s"]["k8s.pod.name"], "vllm-a-0");
@@ -252,7 +273,21 @@ async fn agent_canaries_exactly_this_nodes_annotated_pods() {
     }
     // The per-target series carry the identity.
     let (_, metrics) = agent.get("/metrics");
-    for (pod, dep) in [("vllm-a-1", "vllm-a"), ("vllm-b-0", "vllm-b")] {
+    // The real llama.cpp pod: its own count of generated tokens grew by the canaries'.
+    let llama_generated =
+        prom_sum(&llama.metrics(), "llamacpp:tokens_predicted_total", &[]) - llama_before;
+    assert!(
+        llama_generated >= 2.0,
+        "llama-0 canaried: {llama_generated} tokens"
+    );
+    let l0 = target(&s, "llm/llama-0");
+    assert_eq!(l0["k8s"]["k8s.deployment.name"], "llama", "{l0}");
+    assert_eq!(l0["k8s"]["k8s.pod.name"], "llama-0", "{l0}");
+    for (pod, dep) in [
+        ("vllm-a-1", "vllm-a"),
+        ("vllm-b-0", "vllm-b"),
+        ("llama-0", "llama"),
+    ] {
         let n = prom_sum(
             &metrics,
             "lmperf_canary_requests_total",
@@ -350,7 +385,7 @@ async fn agent_canaries_exactly_this_nodes_annotated_pods() {
     assert_eq!(r.len(), 1, "{s:#}");
     assert_eq!(r[0]["old"], "vllm/vllm-openai:v0.9.0");
     assert_eq!(r[0]["new"], "vllm/vllm-openai:v0.10.0");
-    let now = want(&["vllm-a-0", "vllm-a-2", "vllm-b-0", "vllm-b-2"]);
+    let now = want(&["llama-0", "vllm-a-0", "vllm-a-2", "vllm-b-0", "vllm-b-2"]);
     assert_eq!(target_names(&s), now);
 
     // A bookmark, a dropped watch, then a 410 Gone: relisted, no duplicate, nothing restarted.
