@@ -7,21 +7,21 @@
 //! 2. As root, the apt packages that build the eBPF probes (`clang libbpf-dev bpftool`) and
 //!    render the HTML reports (`chromium`), when missing; and Debian's `prometheus` (server
 //!    and `promtool` for the alert rule tests), with its service kept from starting. Then the
-//!    **lane** starts at nice 19 (`cargo xtask ci-lane`, [`lane`]): `cargo clippy --workspace
-//!    --all-targets --locked -- -D warnings` (the lints the project allows are named in one
-//!    place, `[workspace.lints]` of the root Cargo.toml; clippy also type-checks the
-//!    benchmarks, which no later step builds) in `target/clippy`, then `cargo xtask fuzz
+//!    **lane** starts at nice 19 (`cargo xtask ci-lane`, [`lane`]): `cargo xtask fuzz
 //!    --seconds 30` (cargo-fuzz installed once into `$CARGO_HOME/bin`, a nightly build of the
 //!    small fuzz crate; the long run is `cargo xtask fuzz`, 10 minutes). At the lowest
-//!    priority it takes only the CPU that the build and the tests leave idle (the e2e tests
-//!    mostly wait on servers and timers), instead of ~8 minutes of wall time of its own.
-//! 3. `cargo build --workspace --locked --bins --tests --examples`: what the tests run (the
-//!    e2e tests spawn target/debug/lmperf), not the benchmarks (`cargo bench` builds those);
-//!    then the peers' install is waited for.
-//! 4. The tests, `--no-fail-fast`, in three runs of `cargo test --workspace` (the build's
-//!    packages and features): the unit tests (`--lib --bins`) one test at a time per binary
-//!    ([`UNIT_TEST_THREADS`]), the doc tests, then the integration tests (`--test '*'`: the one
-//!    e2e binary, `tests/tests.rs`) with [`E2E_TEST_THREADS`] tests at a time, those that
+//!    priority it takes only the CPU that the build and the tests leave idle.
+//! 3. `cargo build --workspace --locked --bins --tests --examples --benches` **through
+//!    clippy** ([`clippy_env`]: `clippy-driver` as the workspace's rustc wrapper with `-D
+//!    warnings`, as `cargo clippy` itself runs it): the workspace's crates are linted as they
+//!    are compiled for the tests (the lints the project allows are named in one place,
+//!    `[workspace.lints]` of the root Cargo.toml), so no second, check-only build of every
+//!    dependency; a lint fails the build. The tests run the same way (same fingerprints).
+//!    Then the unit and doc tests (`--lib --bins`, one test at a time per binary,
+//!    [`UNIT_TEST_THREADS`]; they need no peer), then the peers' install is waited for.
+//! 4. The integration tests, `--no-fail-fast` (`cargo test --workspace --test '*'`, the
+//!    build's packages and features: the one e2e binary, `tests/tests.rs`) with
+//!    [`E2E_TEST_THREADS`] tests at a time, those that
 //!    start the real model server or time CPU work one after another (`tests/support/serial.rs`,
 //!    whose chain is printed from `LMPERF_SERIAL_LOG`), each test's time printed by libtest
 //!    (`--report-time`) and the slowest listed. As root on a kernel with BTF, with
@@ -68,11 +68,13 @@ pub fn run(args: &[String]) -> Result<()> {
     if fresh {
         println!("==> a fresh checkout: CARGO_INCREMENTAL=0 for this run");
     }
+    let clippy = clippy_env()?;
     let cargo = || {
         let mut c = crate::cargo();
         if fresh {
             c.env("CARGO_INCREMENTAL", "0");
         }
+        c.envs(clippy.iter().map(|(k, v)| (k, v)));
         c
     };
 
@@ -106,9 +108,9 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     times.push("packages", started);
 
-    // The low-priority lane: clippy and the short fuzz run at nice 19, beside the build and
-    // the tests (which mostly wait on servers and timers): they use the CPU time that the
-    // rest leaves idle instead of 8 minutes of their own. Awaited after the tests.
+    // The low-priority lane: the short fuzz run at nice 19, beside the build and the tests
+    // (which mostly wait on servers and timers): it uses the CPU time that the rest leaves
+    // idle instead of minutes of its own. Awaited after the tests.
     let lane_log = crate::root().join("target/ci-lane.log");
     let lane = Instant::now();
     let mut lane_cmd = lane_cmd()?;
@@ -117,7 +119,7 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     let lane_child = spawn_logged(lane_cmd, &lane_log).context("cannot start the lane")?;
     println!(
-        "\n==> [5/5] clippy and fuzz: started at nice 19 beside the build and the tests (log: {})",
+        "\n==> [5/5] fuzz: started at nice 19 beside the build and the tests (log: {})",
         lane_log.display()
     );
 
@@ -131,15 +133,13 @@ pub fn run(args: &[String]) -> Result<()> {
         "--bins",
         "--tests",
         "--examples",
+        "--benches",
     ]);
     crate::step(
-        "[3/5] cargo build --workspace --locked --bins --tests --examples",
+        "[3/5] cargo build --workspace --locked --bins --tests --examples --benches (through clippy, -D warnings)",
         build,
     )?;
-    times.push("build", started);
-    let started = Instant::now();
-    wait_logged("[3/5] tests/peers/install.sh", peers, &peers_log)?;
-    times.push("peers (after the build)", started);
+    times.push("build (with clippy)", started);
 
     // [4/5] The tests.
     let mut env: Vec<(&str, &str)> = Vec::new();
@@ -183,6 +183,9 @@ pub fn run(args: &[String]) -> Result<()> {
     println!("\n==> {}", header.trim_end());
     unit_run.add(run_counting(doc)?);
     times.push("unit and doc tests", started);
+    let started = Instant::now();
+    wait_logged("[4/5] tests/peers/install.sh", peers, &peers_log)?;
+    times.push("peers (after the unit tests)", started);
 
     let started = Instant::now();
     let serial_log = crate::root().join("target/ci-serial.log");
@@ -228,19 +231,15 @@ pub fn run(args: &[String]) -> Result<()> {
     // the last test binary's (often the empty doc-test run).
     println!("\nci: {passed} passed, {failed} failed");
 
-    // [5/5] The lane: clippy and fuzz, waited for.
+    // [5/5] The lane: fuzz, waited for.
     let started = Instant::now();
-    let lane_ok = wait_logged(
-        "[5/5] clippy and fuzz (the nice 19 lane)",
-        lane_child,
-        &lane_log,
-    );
+    let lane_ok = wait_logged("[5/5] fuzz (the nice 19 lane)", lane_child, &lane_log);
     println!(
         "==> the lane ran {:.1} s in all; CI waited {:.1} s for it after the tests",
         lane.elapsed().as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
-    times.push("clippy and fuzz (after the tests)", started);
+    times.push("fuzz (after the tests)", started);
     times.print();
     if !unit_run.ok || !e2e_run.ok || failed > 0 {
         bail!("the tests failed");
@@ -286,26 +285,49 @@ fn lane_cmd() -> Result<std::process::Command> {
     Ok(cmd)
 }
 
-/// `cargo xtask ci-lane` (started by `ci`, at nice 19): `cargo clippy --workspace
-/// --all-targets --locked -- -D warnings` in its own target dir (`target/clippy`: the build
-/// directory of `target/debug` stays locked by the tests), then `cargo xtask fuzz --seconds
-/// 30`. Fails on the first that fails.
+/// `cargo xtask ci-lane` (started by `ci`, at nice 19): `cargo xtask fuzz --seconds 30`.
 pub fn lane(args: &[String]) -> Result<()> {
     if let Some(a) = args.first() {
         bail!("unexpected argument {a:?}: ci-lane takes none");
     }
-    let mut clippy = crate::cargo();
-    clippy
-        .args(["clippy", "--workspace", "--all-targets", "--locked"])
-        .arg("--target-dir")
-        .arg(crate::root().join("target/clippy"))
-        .args(["--", "-D", "warnings"]);
-    crate::step(
-        "cargo clippy --workspace --all-targets --locked -- -D warnings",
-        clippy,
-    )?;
     println!("\n==> cargo xtask fuzz --seconds {CI_FUZZ_SECONDS}");
     crate::fuzz::run(&["--seconds".to_owned(), CI_FUZZ_SECONDS.to_string()])
+}
+
+/// The environment that makes a cargo build lint the workspace's crates as `cargo clippy
+/// --workspace -- -D warnings` does, while compiling them for real: `clippy-driver` of the
+/// active toolchain as `RUSTC_WORKSPACE_WRAPPER` (dependencies are compiled by plain rustc
+/// and not linted) and `CLIPPY_ARGS` (the arguments after `--`, `__CLIPPY_HACKERY__`-joined
+/// as cargo-clippy passes them). Every cargo command of a CI run gets it, so the tests reuse
+/// the build.
+///
+/// # Errors
+/// `rustc --print sysroot` fails, or the toolchain has no `clippy-driver` (`rustup
+/// component add clippy`).
+pub fn clippy_env() -> Result<Vec<(&'static str, String)>> {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
+    let out = std::process::Command::new(&rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .with_context(|| format!("cannot run {rustc} --print sysroot"))?;
+    if !out.status.success() {
+        bail!("{rustc} --print sysroot failed ({})", out.status);
+    }
+    let sysroot = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let driver = std::path::Path::new(&sysroot).join("bin/clippy-driver");
+    if !driver.exists() {
+        bail!(
+            "no clippy in this toolchain ({} is missing): rustup component add clippy",
+            driver.display()
+        );
+    }
+    Ok(vec![
+        ("RUSTC_WORKSPACE_WRAPPER", driver.display().to_string()),
+        (
+            "CLIPPY_ARGS",
+            "-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__".to_owned(),
+        ),
+    ])
 }
 
 /// Seconds of the fuzz run in CI (`cargo xtask fuzz` alone runs 600).
