@@ -3,7 +3,8 @@
 //! table per cause (AC@1, AC@3, Avg@5, median time to `root_confirmed`, control diagnoses).
 //!
 //! Arguments: `[--per-magnitude N] [--controls N] [--no-synthetic] [--write-synthetic DIR]
-//! [--json FILE] [-v] [DIR...]`.
+//! [--json FILE] [--explain NAME] [-v] [DIR...]`. `--explain NAME` prints the episode's first
+//! `root_confirmed` evaluation (else its last one that left idle) as JSON.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,6 +31,7 @@ fn run() -> anyhow::Result<()> {
     let mut write: Option<PathBuf> = None;
     let mut json: Option<PathBuf> = None;
     let mut verbose = false;
+    let mut explain: Option<String> = None;
     let mut dirs = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -47,6 +49,7 @@ fn run() -> anyhow::Result<()> {
             "--write-synthetic" => write = args.next().map(PathBuf::from),
             "--json" => json = args.next().map(PathBuf::from),
             "-v" | "--verbose" => verbose = true,
+            "--explain" => explain = args.next(),
             d if !d.starts_with('-') => dirs.push(PathBuf::from(d)),
             other => anyhow::bail!("unknown argument {other:?}"),
         }
@@ -66,6 +69,31 @@ fn run() -> anyhow::Result<()> {
         let found = Episode::load_dir(d)?;
         println!("{}: {} recorded episodes", d.display(), found.len());
         episodes.extend(found);
+    }
+    if let Some(name) = &explain {
+        let e = episodes
+            .iter()
+            .find(|e| &e.name == name)
+            .ok_or_else(|| anyhow::anyhow!("--explain {name:?}: no such episode"))?;
+        let mut shown: Option<(f64, lmperf::diagnosis::TargetDiagnosis)> = None;
+        lmperf::analyze::episode::replay_with(e, EngineConfig::default(), |off, d| {
+            for t in &d.targets {
+                let confirmed = shown
+                    .as_ref()
+                    .is_some_and(|s| s.1.state == lmperf::diagnosis::State::RootConfirmed);
+                if !confirmed && t.state != lmperf::diagnosis::State::Idle {
+                    shown = Some((off, t.clone()));
+                }
+            }
+        });
+        match shown {
+            Some((off, t)) => println!(
+                "{name} at +{off:.0} s:\n{}",
+                serde_json::to_string_pretty(&t)?
+            ),
+            None => println!("{name}: idle throughout"),
+        }
+        return Ok(());
     }
     let started = Instant::now();
     let outcomes: Vec<Outcome> = episodes

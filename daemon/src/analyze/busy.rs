@@ -55,6 +55,53 @@ impl Default for BusyConfig {
     }
 }
 
+impl BusyConfig {
+    /// A heavier busy server (`variant` 1, 2, …, cycling through four shapes): fewer slots
+    /// held longer (long answers, long prompts), more canaries, a slower scrape; each kept
+    /// about half busy by its background rate. Its canaries queue for seconds, not
+    /// milliseconds, and its queue is often non-empty: the ordinary tail the baseline must hold.
+    pub fn heavy(variant: u64) -> Self {
+        let base = Self::default();
+        match variant % 4 {
+            // 4 slots, long answers: a queue of several seconds now and then.
+            1 => Self {
+                slots: 4,
+                background_rps: 0.33,
+                prompt_tokens: 800.0,
+                output_tokens: 300.0,
+                ..base
+            },
+            // 8 slots, long prompts, 4 canaries/s.
+            2 => Self {
+                slots: 8,
+                background_rps: 0.85,
+                prompt_tokens: 1600.0,
+                output_tokens: 200.0,
+                canary_rps: 4.0,
+                ..base
+            },
+            // 6 slots, very long answers, a 2 s scrape.
+            3 => Self {
+                slots: 6,
+                background_rps: 0.3,
+                prompt_tokens: 300.0,
+                output_tokens: 500.0,
+                scrape_s: 2.0,
+                ..base
+            },
+            // 16 slots, 3 canaries/s.
+            _ => Self {
+                slots: 16,
+                background_rps: 3.1,
+                prompt_tokens: 500.0,
+                output_tokens: 150.0,
+                canary_rps: 3.0,
+                ..base
+            },
+        }
+    }
+}
+
 /// Prefill seconds per prompt token, decode seconds per output token at an empty batch, and
 /// the decode slowdown per running sequence.
 const PREFILL_S_PER_TOKEN: f64 = 1e-4;
@@ -165,6 +212,19 @@ fn simulate(cfg: &BusyConfig, seed: u64) -> (Vec<Req>, Vec<f64>) {
 /// E2E and errors per canary, the kernel RTT per canary, the GPU once a second (flat), and the
 /// server's queue, batch, KV usage, counter rates and mean queue / prefill time per scrape.
 pub fn episode(cfg: &BusyConfig, variant: u64) -> Episode {
+    episode_named(cfg, variant, &format!("control-busy-{variant}"))
+}
+
+/// A heavier busy control ([`BusyConfig::heavy`]), `control-busy-heavy-<variant>`.
+pub fn heavy_episode(variant: u64) -> Episode {
+    episode_named(
+        &BusyConfig::heavy(variant),
+        0x6865_6176 ^ variant,
+        &format!("control-busy-heavy-{variant}"),
+    )
+}
+
+fn episode_named(cfg: &BusyConfig, variant: u64, name: &str) -> Episode {
     let (reqs, _skipped) = simulate(cfg, 0x6275_7379 ^ variant);
     let mut s: BTreeMap<Signal, Vec<[f64; 2]>> = BTreeMap::new();
     let mut push = |sig: Signal, t: f64, v: f64| {
@@ -252,7 +312,7 @@ pub fn episode(cfg: &BusyConfig, variant: u64) -> Episode {
         .collect();
     Episode {
         format: FORMAT.to_owned(),
-        name: format!("control-busy-{variant}"),
+        name: name.to_owned(),
         source: "synthetic".to_owned(),
         cause: None,
         magnitude: None,

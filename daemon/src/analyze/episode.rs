@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
+use crate::diagnosis::node_scope::Placement;
 use crate::diagnosis::report::State;
 use crate::diagnosis::{Cause, Diagnosis, Engine, EngineConfig, Signal};
 
@@ -186,7 +187,19 @@ fn at(unix: f64) -> SystemTime {
 /// Replays `ep` through a fresh engine: samples in time order, one evaluation per second (the
 /// agent's cadence), from the first second to the end; `each` sees every evaluation with its
 /// offset in the episode.
-pub fn replay_with(ep: &Episode, config: EngineConfig, mut each: impl FnMut(f64, &Diagnosis)) {
+pub fn replay_with(ep: &Episode, config: EngineConfig, each: impl FnMut(f64, &Diagnosis)) {
+    replay_placed(ep, config, &|_| Placement::default(), each);
+}
+
+/// [`replay_with`], each target placed by `placement` (its node, its GPUs) before the replay,
+/// for the node-level diagnoses ([`crate::diagnosis::node_scope`]); unplaced targets share the
+/// agent's node.
+pub fn replay_placed(
+    ep: &Episode,
+    config: EngineConfig,
+    placement: &dyn Fn(&str) -> Placement,
+    mut each: impl FnMut(f64, &Diagnosis),
+) {
     let mut samples: Vec<(f64, &str, Signal, f64)> = ep
         .series
         .iter()
@@ -200,6 +213,9 @@ pub fn replay_with(ep: &Episode, config: EngineConfig, mut each: impl FnMut(f64,
         .collect();
     samples.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut engine = Engine::new(config);
+    for t in ep.series.keys() {
+        engine.place(t, placement(t));
+    }
     let mut next = 0;
     let seconds = ep.duration_s.ceil() as u64;
     for k in 1..=seconds {

@@ -9,8 +9,9 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
-use super::episode::{Episode, FORMAT, replay_with};
-use crate::diagnosis::report::{SCHEMA_VERSION, State, TargetDiagnosis};
+use super::episode::{Episode, FORMAT, replay_placed};
+use crate::diagnosis::node_scope::Placement;
+use crate::diagnosis::report::{NodeDiagnosis, SCHEMA_VERSION, Scope, State, TargetDiagnosis};
 use crate::diagnosis::{Cause, Diagnosis, EngineConfig, Signal};
 
 /// Seconds per row of the bottleneck heatmap.
@@ -267,14 +268,40 @@ fn add_rows<R: serde::de::DeserializeOwned>(
 }
 
 /// Runs the engine over `ep` (once a second) and keeps, per target, the diagnosis of the last
-/// `window` (all of it when `None`) and the heatmap slices.
+/// `window` (all of it when `None`) and the heatmap slices. Every target shares one node (a
+/// run's benchmarks, a recorded episode's targets): see [`analyze_episode_placed`].
 pub fn analyze_episode(ep: &Episode, window: Option<Duration>, source: String) -> Analysis {
+    analyze_episode_placed(ep, window, source, &|_| Placement::default())
+}
+
+/// [`analyze_episode`] with each target placed on its node by `placement`: the node-level
+/// diagnoses (a symptom on ≥ 2/3 of a node's targets within one bucket with a shared cause
+/// signal, [`crate::diagnosis::node_scope`]) are kept like the targets' (the first
+/// `root_confirmed` of the window, else the last), in [`Diagnosis::nodes`], and each member
+/// target's diagnosis says `scope: node` and its node.
+pub fn analyze_episode_placed(
+    ep: &Episode,
+    window: Option<Duration>,
+    source: String,
+    placement: &dyn Fn(&str) -> Placement,
+) -> Analysis {
     let from = window.map_or(f64::NEG_INFINITY, |w| ep.duration_s - w.as_secs_f64());
     let mut shown: BTreeMap<String, TargetDiagnosis> = BTreeMap::new();
+    let mut nodes: BTreeMap<String, NodeDiagnosis> = BTreeMap::new();
     let mut timeline: BTreeMap<String, Vec<Slice>> = BTreeMap::new();
     let mut evaluated = ep.start_unix_s;
-    replay_with(ep, EngineConfig::default(), |off, d| {
+    replay_placed(ep, EngineConfig::default(), placement, |off, d| {
         evaluated = d.evaluated_at_unix_s;
+        if off >= from {
+            for n in &d.nodes {
+                let keep = nodes
+                    .get(&n.node)
+                    .is_none_or(|prev| prev.state != State::RootConfirmed);
+                if keep {
+                    nodes.insert(n.node.clone(), n.clone());
+                }
+            }
+        }
         for t in &d.targets {
             let slices = timeline.entry(t.target.clone()).or_default();
             let start = ep.start_unix_s + (off / SLICE_S).floor() * SLICE_S;
@@ -322,13 +349,26 @@ pub fn analyze_episode(ep: &Episode, window: Option<Duration>, source: String) -
             (t.clone(), sigs)
         })
         .collect();
+    // Each node diagnosis links its members: their shown diagnoses say so even when kept from
+    // another second than the node's.
+    for n in nodes.values() {
+        for t in &n.targets {
+            if let Some(d) = shown
+                .get_mut(t)
+                .filter(|d| d.state != State::Idle && d.causes.iter().any(|c| c.cause == n.cause))
+            {
+                d.scope = Scope::Node;
+                d.node = Some(n.node.clone());
+            }
+        }
+    }
     Analysis {
         source,
         diagnosis: Diagnosis {
             schema_version: SCHEMA_VERSION,
             evaluated_at_unix_s: evaluated,
             targets: shown.into_values().collect(),
-            nodes: Vec::new(),
+            nodes: nodes.into_values().collect(),
         },
         timeline,
         series,

@@ -21,7 +21,8 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use super::episode::{Episode, FORMAT};
-use super::offline::{Analysis, AnalyzeError, analyze_episode};
+use super::offline::{Analysis, AnalyzeError, analyze_episode_placed};
+use crate::diagnosis::node_scope::Placement;
 use crate::diagnosis::{Cause, Signal, State};
 
 /// How `lmperf analyze --prometheus` queries.
@@ -420,7 +421,11 @@ pub async fn analyze_prometheus(q: &PromQuery) -> Result<(Analysis, Fleet), Anal
             q.window.as_secs()
         )));
     }
-    let a = analyze_episode(&ep, None, format!("prometheus {base}"));
+    // Each engine target is `node/target`: placed on its node, for node-level diagnoses.
+    let a = analyze_episode_placed(&ep, None, format!("prometheus {base}"), &|t| Placement {
+        node: t.split_once('/').map(|(n, _)| n.to_owned()),
+        gpus: None,
+    });
     let fleet = fleet_view(&a, &members);
     Ok((a, fleet))
 }

@@ -609,7 +609,8 @@ pub fn control(kind: Control, variant: u64) -> Episode {
 }
 
 /// The synthetic corpus: every cause at both magnitudes, `per_magnitude` variants each, every
-/// control kind `controls` times, and `controls` calm busy servers ([`super::busy`]).
+/// control kind `controls` times, `controls` calm busy servers ([`super::busy`]) and `4 ×
+/// controls` heavier ones ([`super::busy::BusyConfig::heavy`]).
 pub fn corpus(per_magnitude: u64, controls: u64) -> Vec<Episode> {
     let mut out = Vec::new();
     for cause in causes() {
@@ -628,6 +629,10 @@ pub fn corpus(per_magnitude: u64, controls: u64) -> Vec<Episode> {
     let busy = super::busy::BusyConfig::default();
     for v in 1..=controls {
         out.push(super::busy::episode(&busy, v));
+    }
+    // Heavier busy servers: fewer slots held longer, queues of seconds (four shapes).
+    for v in 1..=4 * controls {
+        out.push(super::busy::heavy_episode(v));
     }
     out
 }

@@ -491,4 +491,114 @@ fn a_calm_busy_server_is_never_diagnosed() {
         );
     }
     assert!(queued_all >= 20, "{queued_all} queued canaries in 5 runs");
+    // Heavier busy servers (few slots held by long answers or prompts, queues of seconds): the
+    // queue and the full batch are their ordinary tail, never a root (6 of 15 confirmed
+    // `server_queueing` or `load_surge` before the ordinary-tail checks).
+    for variant in 1..=8 {
+        let cfg = BusyConfig::heavy(variant);
+        let ep = busy::heavy_episode(variant);
+        let waits = ep.series[synth::TARGET]["server_requests_waiting"]
+            .iter()
+            .filter(|p| p[1] >= 1.0)
+            .count();
+        assert!(waits >= 5, "{}: {waits} scrapes with a queue", ep.name);
+        let o = replay(&ep, EngineConfig::default());
+        assert_eq!(
+            o.confirmed_evaluations, 0,
+            "{} ({} slots, {} rps): confirmed {:?}",
+            ep.name, cfg.slots, cfg.background_rps, o.first_confirmed
+        );
+    }
+}
+
+#[test]
+fn analyze_names_a_fault_on_most_of_a_nodes_targets_once_at_node_scope() {
+    // Issue 28, item 4, offline: node n1 runs three targets, two of them slowed by a node CPU
+    // hog at the same second; node n2 runs two, one slowed alone. n1's fault is one node-level
+    // diagnosis linked to its two targets; n2's stays its target's (1 of 2 < 2/3).
+    use std::collections::BTreeMap;
+
+    use super::offline::analyze_episode_placed;
+    use crate::diagnosis::node_scope::Placement;
+    use crate::diagnosis::report::{Scope, State};
+    let hog = |v| synth::fault(Cause::NodeCpuPressure, Magnitude::Strong, v);
+    let calm = synth::control(Control::Calm, 1);
+    let of = |e: &Episode| e.series[synth::TARGET].clone();
+    let mut ep = hog(1);
+    ep.series = BTreeMap::from([
+        ("n1/a".to_owned(), of(&hog(1))),
+        ("n1/b".to_owned(), of(&hog(2))),
+        ("n1/c".to_owned(), of(&calm)),
+        ("n2/d".to_owned(), of(&hog(3))),
+        ("n2/e".to_owned(), of(&calm)),
+    ]);
+    let place = |t: &str| Placement {
+        node: t.split_once('/').map(|(n, _)| n.to_owned()),
+        gpus: None,
+    };
+    let a = analyze_episode_placed(&ep, None, "test".to_owned(), &place);
+    let d = &a.diagnosis;
+    assert_eq!(d.nodes.len(), 1, "{:#?}", d.nodes);
+    let n = &d.nodes[0];
+    assert_eq!(
+        (
+            n.node.as_str(),
+            n.scope,
+            n.state,
+            n.cause,
+            n.targets.clone(),
+            n.node_targets
+        ),
+        (
+            "n1",
+            Scope::Node,
+            State::RootConfirmed,
+            Cause::NodeCpuPressure,
+            vec!["n1/a".to_owned(), "n1/b".to_owned()],
+            3
+        )
+    );
+    assert!(n.score >= 0.75, "{n:#?}");
+    let onset = n.onset_unix_s.unwrap() - (synth::START_UNIX_S + synth::CALM_S);
+    assert!((-5.0..=10.0).contains(&onset), "node onset {onset:+.0} s");
+    let t = |name: &str| d.targets.iter().find(|t| t.target == name).unwrap();
+    for name in ["n1/a", "n1/b"] {
+        assert_eq!(
+            (t(name).scope, t(name).node.as_deref(), t(name).state),
+            (Scope::Node, Some("n1"), State::RootConfirmed),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        (t("n1/c").scope, t("n1/c").state),
+        (Scope::Target, State::Idle)
+    );
+    let d2 = t("n2/d");
+    assert_eq!(
+        (d2.scope, d2.node.as_deref(), d2.state, d2.causes[0].cause),
+        (
+            Scope::Target,
+            None,
+            State::RootConfirmed,
+            Cause::NodeCpuPressure
+        )
+    );
+    // In the JSON and the text.
+    let json = serde_json::to_value(d).unwrap();
+    assert_eq!(json["nodes"][0]["scope"], "node");
+    assert_eq!(json["nodes"][0]["targets"][1], "n1/b");
+    let linked: Vec<&str> = json["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["scope"] == "node")
+        .map(|t| t["target"].as_str().unwrap())
+        .collect();
+    assert_eq!(linked, ["n1/a", "n1/b"]);
+    let text = crate::diagnosis::scorecard::text(d);
+    assert!(
+        text.starts_with("node n1  root_confirmed  node_cpu_pressure 0.")
+            && text.contains("on 2 of 3 targets (n1/a, n1/b)"),
+        "{text}"
+    );
 }

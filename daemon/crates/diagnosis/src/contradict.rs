@@ -9,7 +9,9 @@
 //! - `server_queueing` is requests **waiting** behind a server that got slower: when every
 //!   scrape since the onset saw an empty queue (a server refusing everything with 503 queues
 //!   nothing), or the batch generated more tokens/s while they waited (a half-busy server's
-//!   ordinary congestion, or a surge: queued behind more work), it is contradicted.
+//!   ordinary congestion, or a surge: queued behind more work), or requests waited only
+//!   behind the server's ordinary full batch at its ordinary decode speed ([`full_batch`]: a
+//!   busy server with few slots queues whenever they are all held), it is contradicted.
 //!
 //! Pure: the caller passes the seconds.
 
@@ -181,6 +183,9 @@ pub fn contradiction(cause: Cause, store: &EvidenceStore, onset: u32, now: u32) 
                     "the batch generated more tokens/s while requests waited: queued behind more work, not behind a slower server".to_owned(),
                 );
             }
+            if let Some(why) = full_batch(store, onset, now) {
+                return Some(why);
+            }
             let waiting = store.series(Signal::ServerRequestsWaiting)?;
             let mut after = waiting.range(onset, now.saturating_add(1)).peekable();
             after.peek()?;
@@ -206,4 +211,77 @@ pub fn contradiction(cause: Cause, store: &EvidenceStore, onset: u32, now: u32) 
         }
         _ => None,
     }
+}
+
+/// The share of the baseline's scrapes a batch as large as the one requests waited behind must
+/// stay below to count as the server's ordinary full batch (its 95th percentile).
+const FULL_BATCH_QUANTILE: f64 = 0.95;
+
+/// The server's ordinary batch before `onset`: the median and the 95th percentile
+/// ([`FULL_BATCH_QUANTILE`], its ordinary full batch) of the requests running over the 30 min
+/// before. `None` with fewer than 60 scrapes.
+pub fn ordinary_batch(store: &EvidenceStore, onset: u32) -> Option<(f64, f64)> {
+    let mut before: Vec<f64> = store
+        .series(Signal::ServerRequestsRunning)?
+        .range(onset.saturating_sub(1800), onset.saturating_sub(5))
+        .map(|(_, v)| v)
+        .collect();
+    if before.len() < 60 {
+        return None;
+    }
+    before.sort_by(f64::total_cmp);
+    let pick =
+        |q: f64| before[((q * (before.len() - 1) as f64).round() as usize).min(before.len() - 1)];
+    Some((pick(0.5), pick(FULL_BATCH_QUANTILE)))
+}
+
+/// Whether the requests that waited since `onset` waited behind the server's ordinary full
+/// batch: at the scrapes that saw a request waiting, the batch (requests running) at least its
+/// 95th percentile over the 30 min before (a batch that varies: above its median there), and
+/// the server's decode time per token not up 20 % (the batch no slower than ordinary). A
+/// half-busy server with few slots queues whenever its slots are all held by its ordinary
+/// traffic: congestion that is ordinary for it. A scheduler that got slower (stuck, a slow
+/// tokenizer) queues with its batch at its usual size, a KV squeeze with a smaller one. The
+/// words when it does; `None` when not, or without the signals.
+pub fn full_batch(store: &EvidenceStore, onset: u32, now: u32) -> Option<String> {
+    let to = now.saturating_add(1);
+    let waiting: Vec<u32> = store
+        .series(Signal::ServerRequestsWaiting)?
+        .range(onset, to)
+        .filter(|&(_, v)| v >= 1.0)
+        .map(|(t, _)| t)
+        .collect();
+    if waiting.is_empty() {
+        return None;
+    }
+    let running = store.series(Signal::ServerRequestsRunning)?;
+    let (median, full) = ordinary_batch(store, onset)?;
+    if full <= median {
+        return None;
+    }
+    let mut during: Vec<f64> = running
+        .range(onset, to)
+        .filter(|(t, _)| waiting.contains(t))
+        .map(|(_, v)| v)
+        .collect();
+    let batch = super::detector::median(&mut during)?;
+    if batch < full {
+        return None;
+    }
+    if let (Some(b), Some(a)) = (
+        mean_in(
+            store,
+            Signal::ServerDecodeTime,
+            onset.saturating_sub(300),
+            onset.saturating_sub(5),
+        ),
+        mean_in(store, Signal::ServerDecodeTime, onset, to),
+    ) && b > 0.0
+        && a >= 1.2 * b
+    {
+        return None;
+    }
+    Some(format!(
+        "requests waited behind a batch of {batch:.0} running, the server's ordinary full batch (its 95th percentile {full:.0}, median {median:.0}) at its ordinary decode speed: a busy server's ordinary congestion"
+    ))
 }

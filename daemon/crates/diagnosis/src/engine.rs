@@ -14,7 +14,7 @@ use super::report::{
 };
 use super::signal::{Harm, Signal};
 use super::store::{EvidenceStore, SecondSeries};
-use super::{contradict, queueing, roots, warning};
+use super::{contradict, pressure, queueing, roots, warning};
 
 /// Engine settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -483,7 +483,23 @@ fn moved(
     let delta = sign * (after_med - b.median);
     let z = delta / s;
     let relative_ok = b.median == 0.0 || delta / b.median.abs() >= 0.2;
-    let material = delta >= floor && z >= 3.0 && relative_ok;
+    let mut material = delta >= floor && z >= 3.0 && relative_ok;
+    // A level must also leave the server's ordinary tail: a busy server's queue is empty most
+    // seconds (median and MAD 0) and full for a while now and then; a window whose median its
+    // calm windows of the same length ordinarily reach is no change ([`ordinary_high`]).
+    if material
+        && !ratio
+        && ordinary_high(
+            series,
+            onset.saturating_sub(history_s),
+            onset.saturating_sub(GUARD_S),
+            now.saturating_add(1).saturating_sub(onset),
+            sign,
+        )
+        .is_some_and(|o| sign * (after_med - o) < floor)
+    {
+        material = false;
+    }
     // k as for the symptom's onset: with k = 0.5 a level that is 1 a third of the calm seconds
     // (a slot busy with a canary) alarmed 105 s before an overload and read "moved first".
     let k = if ratio { CUSUM_K } else { ONSET_CUSUM_K };
@@ -505,6 +521,47 @@ fn moved(
         changed_at,
         material,
     })
+}
+
+/// Calm windows an [`ordinary_high`] needs (fewer: no verdict, the baseline alone decides).
+const MIN_ORDINARY_WINDOWS: usize = 6;
+
+/// The highest median (in the harmful direction `sign`) of the windows of `len` seconds within
+/// `[from, to)` of `series`, each window starting half a window after the previous one: how
+/// far a window that long ordinarily goes on this server. `None` with fewer than
+/// [`MIN_ORDINARY_WINDOWS`] windows holding half their seconds.
+fn ordinary_high(series: &SecondSeries, from: u32, to: u32, len: u32, sign: f64) -> Option<f64> {
+    let len = len.max(1);
+    let vals: Vec<(u32, f64)> = series.range(from, to).collect();
+    let step = (len / 2).max(1);
+    let mut high: Option<f64> = None;
+    let mut windows = 0;
+    let mut start = from;
+    let mut i = 0;
+    let mut w: Vec<f64> = Vec::new();
+    while start.saturating_add(len) <= to {
+        while i < vals.len() && vals[i].0 < start {
+            i += 1;
+        }
+        w.clear();
+        w.extend(
+            vals[i..]
+                .iter()
+                .take_while(|p| p.0 < start + len)
+                .map(|p| sign * p.1),
+        );
+        if 2 * w.len() >= len as usize
+            && let Some(m) = median(&mut w)
+        {
+            windows += 1;
+            high = Some(high.map_or(m, |h: f64| h.max(m)));
+        }
+        start += step;
+    }
+    (windows >= MIN_ORDINARY_WINDOWS)
+        .then_some(high)
+        .flatten()
+        .map(|h| sign * h)
 }
 
 /// The window over which the peak of a ratio signal is taken (one symptom bucket).
@@ -941,18 +998,31 @@ fn score(
     let tpot = m(Signal::Tpot);
     let ttft_moved = ttft.is_some_and(|x| x.material);
     let tpot_moved = tpot.is_some_and(|x| x.material);
+    // The latency's inflation (the most inflated latency that moved), for the PSI magnitude
+    // check ([`pressure`]).
+    let inflation = [ttft, tpot, m(Signal::E2e)]
+        .into_iter()
+        .flatten()
+        .filter(|x| x.material && x.before > 0.0)
+        .map(|x| x.after / x.before)
+        .fold(1.0_f64, f64::max);
     let mut out: Vec<CauseScore> = Vec::new();
+    // Causes whose every signal was a node pressure that cannot explain the latency: they do
+    // not argue against a load the canaries show.
+    let mut insufficient: Vec<Cause> = Vec::new();
     for def in CAUSES {
         let mut best = 0.0_f64;
         let mut ev: Vec<(f64, Evidence)> = Vec::new();
+        let mut only_insufficient = true;
         for &s in def.signals {
             if let Some((value, e)) = event_evidence(s, store, onset, now) {
                 best = best.max(value);
                 ev.push((value, e));
+                only_insufficient = false;
                 continue;
             }
             let Some(mv) = m(s) else { continue };
-            let rule = hard_rule(s, &mv, store, onset, now);
+            let mut rule = hard_rule(s, &mv, store, onset, now);
             let strength = if mv.material { squash(mv.z) } else { 0.0 };
             let mut value = strength;
             if rule.is_some() {
@@ -960,6 +1030,26 @@ fn score(
             }
             if value <= 0.0 {
                 continue;
+            }
+            // A node pressure stretches a step at most 1 ÷ (1 − share): far more inflation
+            // without a queue to amplify it is another cause's.
+            let short = matches!(s, Signal::NodeCpuPressure | Signal::NodeMemoryPressure)
+                .then(|| pressure::insufficient(mv.before, mv.after, inflation, store, onset, now))
+                .flatten();
+            if let Some(i) = short {
+                value = (value * i.explained).min(pressure::INSUFFICIENT_CAP);
+                let words = i.words(&format!(
+                    "{} {:.0} % → {:.0} %",
+                    s.words(),
+                    mv.before * 100.0,
+                    mv.after * 100.0
+                ));
+                rule = Some(match rule {
+                    Some(r) => format!("{r}; but {words}"),
+                    None => words,
+                });
+            } else {
+                only_insufficient = false;
             }
             // Time order: moved before the symptom gains, well after loses.
             let lead = mv.changed_at.map(|c| f64::from(onset) - f64::from(c));
@@ -975,6 +1065,9 @@ fn score(
         }
         if best <= 0.0 {
             continue;
+        }
+        if only_insufficient {
+            insufficient.push(def.cause);
         }
         // Which part of the latency moved.
         let fits = match def.part {
@@ -1032,6 +1125,7 @@ fn score(
     {
         let hw = out
             .iter()
+            .filter(|c| !insufficient.contains(&c.cause))
             .filter(|c| {
                 matches!(
                     c.cause,
@@ -1150,20 +1244,29 @@ fn hard_rule(s: Signal, mv: &Moved, store: &EvidenceStore, onset: u32, now: u32)
             .is_some_and(|x| x.range(from, now.saturating_add(1)).any(|(_, v)| v > 0.0))
     };
     match s {
-        Signal::ServerKvUsage if mv.peak >= 0.95 => Some(format!("KV usage {:.2} ≥ 0.95", mv.peak)),
+        // A full cache is a busy vLLM's steady state (it admits requests until the blocks run
+        // out): pressure is when it preempts (the warning's rule, KV ≥ 0.95 with preemptions).
+        // Without a preemption a full cache counts only by how far it moved (its z).
+        Signal::ServerKvUsage if mv.peak >= 0.95 && any_after(Signal::ServerPreemptions, onset) => {
+            Some(format!("KV usage {:.2} ≥ 0.95 with preemptions", mv.peak))
+        }
         Signal::ServerPreemptions if mv.before == 0.0 && any_after(s, onset) => {
             Some("preemptions since the onset".to_owned())
         }
         // Occupancy rises as much when the server only got slower (Little's law): the rule
         // needs the arrivals to have risen too.
+        // And beyond the server's ordinary full batch: a half-busy server with few slots fills
+        // them whenever a Poisson burst of its ordinary traffic arrives.
         Signal::ServerRequestsRunning
             if mv.after >= 2.0 * mv.before
                 && mv.after - mv.before >= 1.0
+                && contradict::ordinary_batch(store, onset)
+                    .is_none_or(|(_, full)| mv.after > full)
                 && contradict::arrivals_rose(store, onset, now) == Some(true)
                 && !generation_fell(store, onset, now) =>
         {
             Some(format!(
-                "requests running {:.0} → {:.0} (≥ 2 × and +1) with arrivals up and generated tokens/s not falling: more work arrived",
+                "requests running {:.0} → {:.0} (≥ 2 × and +1, beyond its ordinary full batch) with arrivals up and generated tokens/s not falling: more work arrived",
                 mv.before, mv.after
             ))
         }

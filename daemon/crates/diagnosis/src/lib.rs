@@ -6,6 +6,8 @@
 //! - [`store`]: the evidence store of a target (1 s resolution, 30 min, bounded).
 //! - [`contradict`]: what the server says against a cause (arrivals for a load surge, the
 //!   queue for queueing).
+//! - [`pressure`]: how much a node pressure (PSI) can explain: at most 1 ÷ (1 − share) of a
+//!   step, unless the server's queue amplifies it.
 //! - [`queueing`]: whether the server's own queue explains a jump (ordinary queueing).
 //! - [`engine`]: [`Engine`]: symptom → onset → cause scores → state, per target.
 //! - [`warning`]: early warnings (a cause's hard rule holds, the latency moved less than a
@@ -57,11 +59,16 @@
 //!    Bayesian Online Change Point Detection", FSE 2024): (median after onset − median before;
 //!    for flags, events and counts the mean, i.e. the window's ratio or rate)
 //!    ÷ (1.4826 · MAD), in the harmful direction only, material when beyond the signal's floor,
-//!    20 % and z ≥ 3, squashed as 1 − e^(−z/8); hard rules raise a signal to ≥ 0.85 (KV ≥ 0.95,
+//!    20 % and z ≥ 3, and for a level beyond the highest median its calm windows of the same length
+//!    reached (a busy server's queue is empty most seconds and full now and then: its ordinary
+//!    tail, not a change), squashed as 1 − e^(−z/8); hard rules raise a signal to ≥ 0.85 (KV ≥ 0.95 with preemptions,
 //!    any preemption, throttle reasons set, GPU memory ≥ 95 % or a new process, an XID / ECC /
 //!    lost event, kernel RTT ≥ 2 × and +5 ms, error ratio ≥ 1 %, a server change in the 15 min
-//!    before onset, requests running ≥ 2 × and +1 while generated tokens/s did not fall: more
-//!    work, not a slower server); `long_prompts` also reads the prompt tokens per generated token
+//!    before onset, requests running ≥ 2 × and +1 and beyond its ordinary full batch
+//!    (95th percentile) with arrivals up while generated tokens/s did not fall: more work, not a
+//!    slower server); a node pressure (PSI) that cannot stretch a step as far as the latency
+//!    moved (at most 1 ÷ (1 − share), [`pressure`]) without a queue to amplify it stays below
+//!    0.5; `long_prompts` also reads the prompt tokens per generated token
 //!    over 10 s (`server_prompt_ratio`, derived by the store from the two token rates: llama.cpp
 //!    has no request counter); time order (the signal's own CUSUM change point of the shift
 //!    still in effect, one floor a σ, k = 1 σ for levels: ≥ 2 s before the onset
@@ -119,6 +126,7 @@ pub mod detector;
 pub mod engine;
 pub mod inputs;
 pub mod node_scope;
+pub mod pressure;
 pub mod queueing;
 pub mod report;
 pub mod roots;
