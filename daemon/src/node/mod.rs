@@ -127,6 +127,27 @@ impl NodeSampler {
         }
     }
 
+    /// Seeds the plain-host targets' server processes found by [`pids_of`] (while the agent
+    /// held its capabilities): their cgroups are resolved from `/proc/PID/cgroup`, readable
+    /// without capabilities, and followed from then on. A target whose process is gone is
+    /// looked up again by its port (which finds only processes the agent may still inspect).
+    pub fn with_pids(mut self, pids: &[(String, u32)]) -> Self {
+        for (name, pid) in pids {
+            let Some(t) = self.targets.iter_mut().find(|t| {
+                t.target.name == *name && t.target.pod_uid.as_deref().is_none_or(str::is_empty)
+            }) else {
+                continue;
+            };
+            if let Ok(text) =
+                std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("cgroup"))
+            {
+                t.dirs = cgroup::dirs_of(&text, &self.cgroup_root);
+                t.pid = Some((*pid, text));
+            }
+        }
+        self
+    }
+
     /// One sample at monotonic `now`.
     pub fn sample(&mut self, now: Instant) -> NodeSample {
         let p = psi::read(&self.proc_root);
@@ -238,6 +259,18 @@ pub fn parse_stat_cpu_ticks(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
+/// The server process of each plain-host target (`pod_uid` none), by its port: (target name,
+/// pid). Reading another process's `/proc/PID/fd` needs ptrace access (a root-owned server
+/// with capabilities is out of reach of an agent that dropped its own), so the agent calls
+/// this before dropping them.
+pub fn pids_of(proc_root: &Path, targets: &[NodeTarget]) -> Vec<(String, u32)> {
+    targets
+        .iter()
+        .filter(|t| t.pod_uid.as_deref().is_none_or(str::is_empty))
+        .filter_map(|t| Some((t.name.clone(), pid_listening(proc_root, t.port)?)))
+        .collect()
+}
+
 /// The process holding the LISTEN socket of `port` in the agent's network namespace
 /// (`/proc/net/tcp{,6}`, then `/proc/*/fd` links `socket:[inode]`); `None` when not found.
 pub fn pid_listening(proc_root: &Path, port: u16) -> Option<u32> {
@@ -325,6 +358,19 @@ mod tests {
         t.prev = Some(cgroup::read(&t.dirs));
         follow_process(&mut t, &proc_root, &cg);
         assert!(t.prev.is_some());
+        // Seeded by pid (found while the agent held its capabilities): the cgroup's share of
+        // throttled periods from the second sample on.
+        let mut s = NodeSampler::new(&proc_root, &cg, vec![t.target.clone()])
+            .with_pids(&[("t0".to_owned(), 77)]);
+        let t1 = Instant::now();
+        assert_eq!(s.sample(t1).targets[0].1.cpu_throttled_share, None);
+        std::fs::write(
+            cg.join("cpu/capped/cpu.stat"),
+            "nr_periods 110\nnr_throttled 45\nthrottled_time 0\n",
+        )
+        .unwrap();
+        let b = s.sample(t1 + Duration::from_secs(1));
+        assert_eq!(b.targets[0].1.cpu_throttled_share, Some(0.5));
         // Gone: looked up again by its port at the next sample.
         std::fs::remove_dir_all(proc_root.join("77")).unwrap();
         follow_process(&mut t, &proc_root, &cg);
