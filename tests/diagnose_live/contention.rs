@@ -98,16 +98,25 @@ impl NodeProbe {
     fn sample(&mut self, offset_s: f64) {
         let mut push = |k: &str, v: Option<f64>| {
             if let Some(v) = v {
-                self.series.entry(k.to_owned()).or_default().push([offset_s, v]);
+                self.series
+                    .entry(k.to_owned())
+                    .or_default()
+                    .push([offset_s, v]);
             }
         };
         let p = psi::read(Path::new("/proc"));
-        push("node_cpu_pressure", p.cpu.and_then(|x| x.some).map(|l| l.avg10));
+        push(
+            "node_cpu_pressure",
+            p.cpu.and_then(|x| x.some).map(|l| l.avg10),
+        );
         push(
             "node_memory_pressure",
             p.memory.and_then(|x| x.some).map(|l| l.avg10),
         );
-        push("node_io_pressure", p.io.and_then(|x| x.some).map(|l| l.avg10));
+        push(
+            "node_io_pressure",
+            p.io.and_then(|x| x.some).map(|l| l.avg10),
+        );
         let now = Instant::now();
         let ticks = std::fs::read_to_string(format!("/proc/{}/stat", self.agent_pid))
             .ok()
@@ -116,7 +125,10 @@ impl NodeProbe {
             let cpu_s = t as f64 / 100.0;
             if let Some((at, prev)) = self.prev_agent {
                 let dt = now.duration_since(at).as_secs_f64();
-                push("agent_cpu", (dt > 0.0).then(|| (cpu_s - prev).max(0.0) / dt));
+                push(
+                    "agent_cpu",
+                    (dt > 0.0).then(|| (cpu_s - prev).max(0.0) / dt),
+                );
             }
             self.prev_agent = Some((now, cpu_s));
         }
@@ -178,7 +190,7 @@ fn run<G>(
     let start = unix_now().floor();
     let mut seen = Seen::default();
     let mut probe = NodeProbe::new(cgroup, agent.pid());
-    let mut poll = |seen: &mut Seen, probe: &mut NodeProbe| -> Value {
+    let poll = |seen: &mut Seen, probe: &mut NodeProbe| -> Value {
         let (_, body) = agent.get("/api/v1/diagnosis?target=t0");
         seen.server_sample(&agent.status());
         probe.sample(unix_now() - start);
@@ -258,7 +270,13 @@ fn ranked(t: &Value, n: usize) -> String {
         .into_iter()
         .flatten()
         .take(n)
-        .map(|c| format!("{} {:.2}", c["cause"].as_str().unwrap_or("?"), c["score"].as_f64().unwrap_or(0.0)))
+        .map(|c| {
+            format!(
+                "{} {:.2}",
+                c["cause"].as_str().unwrap_or("?"),
+                c["score"].as_f64().unwrap_or(0.0)
+            )
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -268,16 +286,20 @@ fn ranked(t: &Value, n: usize) -> String {
 fn confirms(t: &Value, cause: &str) -> bool {
     t["state"] == "root_confirmed"
         && (t["causes"][0]["cause"] == cause
-            || t["roots"].as_array().is_some_and(|r| r.iter().any(|x| x == cause)))
+            || t["roots"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|x| x == cause)))
 }
 
 /// Whether every one of `causes` is among the first three of `t`, confirmed.
 fn in_top_three(t: &Value, causes: &[&str]) -> bool {
-    let top: Vec<&Value> = t["causes"].as_array().into_iter().flatten().take(3).collect();
-    t["state"] == "root_confirmed"
-        && causes
-            .iter()
-            .all(|c| top.iter().any(|x| x["cause"] == *c))
+    let top: Vec<&Value> = t["causes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .take(3)
+        .collect();
+    t["state"] == "root_confirmed" && causes.iter().all(|c| top.iter().any(|x| x["cause"] == *c))
 }
 
 /// The evidence of `cause` in `t` in one line: each signal's before → after and its rule.
@@ -320,12 +342,18 @@ fn report<'a>(
     expected: &str,
     hit: impl Fn(&Value) -> bool,
 ) -> Option<&'a (f64, Value)> {
-    let first = out.polls.iter().find(|(_, t)| t["state"] == "root_confirmed");
+    let first = out
+        .polls
+        .iter()
+        .find(|(_, t)| t["state"] == "root_confirmed");
     let found = out.polls.iter().find(|(_, t)| hit(t));
     let warning = out.polls.iter().find(|(_, t)| t["state"] == "warning");
     println!("diagnose-live {} ({}):", spec.name, spec.magnitude);
     if let Some((second, after)) = spec.second {
-        println!("  faults: {} at the injection, {second} {after} s later", spec.cause);
+        println!(
+            "  faults: {} at the injection, {second} {after} s later",
+            spec.cause
+        );
     }
     match first {
         Some((at, t)) => println!(
@@ -335,11 +363,16 @@ fn report<'a>(
         None => println!(
             "  no root_confirmed within {} s of the injection (last state {})",
             out.polls.last().map_or(0.0, |p| p.0).round(),
-            out.polls.last().map_or(Value::Null, |p| p.1["state"].clone())
+            out.polls
+                .last()
+                .map_or(Value::Null, |p| p.1["state"].clone())
         ),
     }
     if let Some((at, t)) = warning {
-        println!("  first warning {at:.0} s after the injection: {}", t["summary"]);
+        println!(
+            "  first warning {at:.0} s after the injection: {}",
+            t["summary"]
+        );
     }
     match found {
         Some((at, t)) => {
@@ -352,13 +385,12 @@ fn report<'a>(
         }
         None => {
             println!("  {expected}: MISSED");
-            if let Some((at, t)) = out
-                .polls
-                .iter()
-                .rev()
-                .find(|(_, t)| t["state"] != "idle")
-            {
-                println!("  last non-idle ({at:.0} s, {}): {}", t["state"], ranked(t, 3));
+            if let Some((at, t)) = out.polls.iter().rev().find(|(_, t)| t["state"] != "idle") {
+                println!(
+                    "  last non-idle ({at:.0} s, {}): {}",
+                    t["state"],
+                    ranked(t, 3)
+                );
                 println!("  summary: {}", t["summary"]);
             }
         }
@@ -510,7 +542,9 @@ fn live_cpu_quota_on_llamacpp() {
     let nr = std::fs::read_to_string(cg.dir.join("cpu.stat")).unwrap_or_default();
     drop(server);
     drop(cg);
-    let hit = report(&spec, &out, "cpu_throttling", |t| confirms(t, "cpu_throttling"));
+    let hit = report(&spec, &out, "cpu_throttling", |t| {
+        confirms(t, "cpu_throttling")
+    });
     println!("  cpu.stat at the end: {}", nr.replace('\n', " "));
     let (at, t) = hit.expect("cpu_throttling not confirmed");
     assert!(*at <= 60.0, "cpu_throttling after {at:.0} s (> 60 s)");
@@ -564,7 +598,9 @@ fn live_cpu_hog_on_llamacpp() {
         cause: "node_cpu_pressure",
         second: None,
         magnitude: format!("{cores} busy-loop processes (every core)"),
-        notes: format!("tests/diagnose_live/contention.rs: the agent's canaries (1/s, 4 tokens) and its 1 s scrape of the real llama.cpp server (Gemma 3 270M, --parallel 2, --threads 1); from the onset a neighbour spins every core ({cores} `sh` busy loops) (node_* series: /proc/pressure read by the test each second, as the agent reads it)"),
+        notes: format!(
+            "tests/diagnose_live/contention.rs: the agent's canaries (1/s, 4 tokens) and its 1 s scrape of the real llama.cpp server (Gemma 3 270M, --parallel 2, --threads 1); from the onset a neighbour spins every core ({cores} `sh` busy loops) (node_* series: /proc/pressure read by the test each second, as the agent reads it)"
+        ),
     };
     let pid = server_pid(server.port);
     let dirs = cgroup::dirs_of_pid(Path::new("/proc"), pid, Path::new("/sys/fs/cgroup"));
@@ -601,10 +637,8 @@ fn live_memory_limit_on_llamacpp() {
     cg.enter(me, "memory");
     std::fs::copy(&model, &copy).expect("copy the model");
     let port = free_port();
-    let server = ModelServer::start_with(
-        port,
-        &["--threads", "1", "--model", copy.to_str().unwrap()],
-    );
+    let server =
+        ModelServer::start_with(port, &["--threads", "1", "--model", copy.to_str().unwrap()]);
     cg.leave(me);
     let usage = cg.read_u64("memory.usage_in_bytes").unwrap_or(0);
     let calm_limit = (3 * usage).max(1 << 30);
@@ -651,7 +685,9 @@ fn live_memory_limit_on_llamacpp() {
     drop(server);
     drop(cg);
     let _ = std::fs::remove_file(&copy);
-    let hit = report(&spec, &out, "memory_pressure", |t| confirms(t, "memory_pressure"));
+    let hit = report(&spec, &out, "memory_pressure", |t| {
+        confirms(t, "memory_pressure")
+    });
     println!(
         "  cgroup at the end: limit {} MiB, failcnt {failcnt:?}, {}",
         *limit.lock().unwrap() >> 20,
@@ -709,7 +745,13 @@ impl Drop for FailingProxy {
     }
 }
 
-fn serve(conn: TcpStream, upstream: u16, failing: &AtomicBool, refused: &AtomicUsize, chats: &AtomicUsize) {
+fn serve(
+    conn: TcpStream,
+    upstream: u16,
+    failing: &AtomicBool,
+    refused: &AtomicUsize,
+    chats: &AtomicUsize,
+) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(120)));
     let Ok(clone) = conn.try_clone() else { return };
     let mut reader = BufReader::new(clone);
@@ -797,8 +839,12 @@ fn live_surge_then_503_on_llamacpp() {
         name: "live-load_surge-then-error_burst-llamacpp-1".into(),
         cause: "load_surge",
         second: Some(("error_burst", SECOND_FAULT_S)),
-        magnitude: format!("4 closed-loop clients of 48-token answers on 2 slots; {SECOND_FAULT_S} s later 503 to 3 of 5 chat requests"),
-        notes: format!("tests/diagnose_live/contention.rs: the agent's canaries (1/s, 4 tokens) and its 1 s scrape of the real llama.cpp server (Gemma 3 270M, --parallel 2, --threads 1) through a proxy; from the onset 4 more clients send 48-token story requests to the server back to back (load_surge), and {SECOND_FAULT_S} s later the proxy answers 503 to 3 of every 5 chat requests (error_burst): two faults, the episode's cause the first"),
+        magnitude: format!(
+            "4 closed-loop clients of 48-token answers on 2 slots; {SECOND_FAULT_S} s later 503 to 3 of 5 chat requests"
+        ),
+        notes: format!(
+            "tests/diagnose_live/contention.rs: the agent's canaries (1/s, 4 tokens) and its 1 s scrape of the real llama.cpp server (Gemma 3 270M, --parallel 2, --threads 1) through a proxy; from the onset 4 more clients send 48-token story requests to the server back to back (load_surge), and {SECOND_FAULT_S} s later the proxy answers 503 to 3 of every 5 chat requests (error_burst): two faults, the episode's cause the first"
+        ),
     };
     let port = server.port;
     let (failing, stop) = (proxy.failing.clone(), Arc::new(AtomicBool::new(false)));
@@ -825,7 +871,10 @@ fn live_surge_then_503_on_llamacpp() {
                 stop: stop.clone(),
             }
         },
-        |p| p.iter().any(|(_, t)| in_top_three(t, &["load_surge", "error_burst"])),
+        |p| {
+            p.iter()
+                .any(|(_, t)| in_top_three(t, &["load_surge", "error_burst"]))
+        },
     );
     let refused = proxy.refused.load(Ordering::Relaxed);
     drop(proxy);
@@ -835,7 +884,10 @@ fn live_surge_then_503_on_llamacpp() {
         in_top_three(t, &["load_surge", "error_burst"])
     });
     if let Some((at, t)) = first_surge {
-        println!("  load_surge alone confirmed first {at:.0} s after the surge: {}", ranked(t, 3));
+        println!(
+            "  load_surge alone confirmed first {at:.0} s after the surge: {}",
+            ranked(t, 3)
+        );
     }
     println!(
         "  (the 503s began {SECOND_FAULT_S} s after the surge; the proxy refused {refused} chat requests)"

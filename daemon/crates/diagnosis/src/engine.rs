@@ -373,6 +373,9 @@ const GRAPH: &[(Cause, Cause)] = &[
     // A CPU-starved scheduler makes requests wait.
     (Cause::CpuThrottling, Cause::ServerQueueing),
     (Cause::NodeCpuPressure, Cause::ServerQueueing),
+    // A server short of memory (reclaiming, its mapped weights read again at every step)
+    // makes requests wait, as a CPU-starved one does.
+    (Cause::MemoryPressure, Cause::ServerQueueing),
     // An OOM kill restarts the server (and fails its requests).
     (Cause::MemoryPressure, Cause::ServerChange),
     (Cause::MemoryPressure, Cause::ErrorBurst),
