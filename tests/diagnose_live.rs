@@ -821,3 +821,9 @@ async fn live_control_is_never_diagnosed() {
 // run: `tests/diagnose_live/real.rs`.
 #[path = "diagnose_live/real.rs"]
 mod real;
+
+// The contention episodes on the real server (CFS quota, a CPU hog, a memory limit, a load
+// surge and a 503 burst 20 s apart): `tests/diagnose_live/contention.rs`, `cargo xtask
+// diagnose-live`.
+#[path = "diagnose_live/contention.rs"]
+mod contention;

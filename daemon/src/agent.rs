@@ -43,6 +43,11 @@ pub enum AgentError {
 pub struct Privileged {
     net: crate::net::Prepared,
     admin: std::net::TcpListener,
+    /// The plain-host targets' server processes (target name, pid), found by their port while
+    /// the agent could still read other processes' `/proc/PID/fd` (issue 28: without
+    /// capabilities a root-owned server's sockets are out of reach; its `/proc/PID/cgroup` is
+    /// not).
+    node_pids: Vec<(String, u32)>,
 }
 
 /// The privileged part of the start: loads the probes, binds the admin listener, then drops
@@ -60,6 +65,10 @@ pub fn prepare(cfg: &AgentConfig) -> Result<Privileged, AgentError> {
             addr: cfg.admin_addr,
             source,
         })?;
+    let node_pids = crate::node::pids_of(
+        std::path::Path::new("/proc"),
+        &crate::node::targets_of(&cfg.targets),
+    );
     match crate::caps::drop_all() {
         Ok(before) => {
             tracing::info!(effective_before = %format!("{before:#x}"), "Capabilities dropped: the agent needs none after start.")
@@ -68,7 +77,11 @@ pub fn prepare(cfg: &AgentConfig) -> Result<Privileged, AgentError> {
             tracing::warn!(error = %e, "Cannot drop capabilities; the agent keeps those it was given.")
         }
     }
-    Ok(Privileged { net, admin })
+    Ok(Privileged {
+        net,
+        admin,
+        node_pids,
+    })
 }
 
 /// Runs the agent until `signal` completes, then shuts down. Returns when everything is
@@ -102,6 +115,7 @@ pub async fn run(
     let states: Arc<LiveList<TargetState>> = Arc::default();
     crate::status::register_spike_gauge(&telemetry.meter(), states.clone());
     let (net, net_monitor) = privileged.net.start(&telemetry.meter());
+    let privileged_node_pids = privileged.node_pids;
     let recent = Arc::new(RecentRequests::new(cfg.control.recent_requests));
     let (server, server_monitor) = crate::server::start(&[], Some(&telemetry.meter()));
     let diagnosis = Arc::new(crate::diagnosis_live::LiveDiagnosis::new(
@@ -227,11 +241,14 @@ pub async fn run(
         gpu.clone(),
         server.clone(),
         telemetry.clone(),
-        Some(crate::node::NodeSampler::new(
-            std::path::Path::new("/proc"),
-            std::path::Path::new("/sys/fs/cgroup"),
-            crate::node::targets_of(&cfg.targets),
-        )),
+        Some(
+            crate::node::NodeSampler::new(
+                std::path::Path::new("/proc"),
+                std::path::Path::new("/sys/fs/cgroup"),
+                crate::node::targets_of(&cfg.targets),
+            )
+            .with_pids(&privileged_node_pids),
+        ),
         diagnosis_stop.clone(),
     ));
     status.ready.store(true, Ordering::Relaxed);

@@ -30,11 +30,11 @@ use super::{CALM_S, CONFIRM_WITHIN_S, RECORD_AFTER_ONSET_S, Run, enabled, record
 /// The canaries on the real server: one a second, of 4 tokens (about 0.3 s each with one
 /// thread). With 16 tokens at 2/s on a 2-core machine shared with other model servers, the
 /// canaries alone kept both slots busy and requests waiting before any fault.
-const REAL_CANARY: &str = "interval = \"1s\"\nmax_tokens = 4\n";
+pub(super) const REAL_CANARY: &str = "interval = \"1s\"\nmax_tokens = 4\n";
 
 /// The model server on one thread: with two on a busy 2-core machine, llama.cpp's threads
 /// wait for each other at every step (a 4-token answer took 5 s instead of 0.3 s).
-fn model_server() -> ModelServer {
+pub(super) fn model_server() -> ModelServer {
     ModelServer::start_with(lmperf_e2e::peers::free_port(), &["--threads", "1"])
 }
 
@@ -70,9 +70,9 @@ const SERVER_FIELDS: [(&str, &[&str]); 11] = [
 
 /// What the poll loop collects besides the verdicts.
 #[derive(Default)]
-struct Seen {
+pub(super) struct Seen {
     /// Server samples by scrape time (Unix s): (signal, value).
-    server: BTreeMap<u64, Vec<(&'static str, f64)>>,
+    pub(super) server: BTreeMap<u64, Vec<(&'static str, f64)>>,
     /// Canary spans' kernel view: (end Unix s, signal, value), eBPF only.
     net: Vec<(f64, &'static str, f64)>,
     /// Spans by `lmperf.net.source` (ebpf | tcp_info | none).
@@ -86,7 +86,7 @@ struct Seen {
 }
 
 impl Seen {
-    fn server_sample(&mut self, status: &Value) {
+    pub(super) fn server_sample(&mut self, status: &Value) {
         let latest = &status["server"][0]["latest"];
         let Some(at) = latest["at"].as_f64() else {
             return;
@@ -173,7 +173,7 @@ impl Otlp {
 
 /// The agent's config: canaries every 500 ms on `url` (model `model`), `target_extra` under
 /// the target, GPU off, net probes `net`.
-fn agent_config(
+pub(super) fn agent_config(
     dir: &std::path::Path,
     url: &str,
     model: &str,
@@ -299,14 +299,14 @@ fn run_episode<G>(
 /// Closed-loop clients against the model server on `port`, each sending `body(i, n)` (client
 /// i, its n-th request) after another, until the guard drops or `LOAD_MAX`; counts requests
 /// answered.
-struct Load {
+pub(super) struct Load {
     stop: Arc<AtomicBool>,
     threads: Vec<std::thread::JoinHandle<()>>,
     done: Arc<AtomicUsize>,
 }
 
 impl Load {
-    fn start(port: u16, clients: usize, body: fn(usize, usize) -> String) -> Load {
+    pub(super) fn start(port: u16, clients: usize, body: fn(usize, usize) -> String) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let done = Arc::new(AtomicUsize::new(0));
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
@@ -360,7 +360,7 @@ impl Drop for Load {
 }
 
 /// A short prompt and a long answer (decode-heavy work, as many more users would bring).
-fn story(i: usize, n: usize) -> String {
+pub(super) fn story(i: usize, n: usize) -> String {
     format!(
         r#"{{"model":"gemma-3-270m","messages":[{{"role":"user","content":"Tell a long story about a lighthouse keeper, part {i}.{n}."}}],"max_tokens":48,"temperature":0.8}}"#
     )

@@ -9,6 +9,7 @@
 //!   cargo xtask fake-nvml DIR               the scripted libnvidia-ml.so.1 (tests, no GPU)
 //!   cargo xtask spike-calm [--seconds N]    calm run: spike mode never entered (issue 17)
 //!   cargo xtask diagnose-eval [--live] [-v] diagnosis AC@1/AC@3 over the episode corpus (issue 12)
+//!   cargo xtask diagnose-live [--episode NAME] [--record]  contention episodes, real server (issue 28)
 //!   cargo xtask k8s-discovery-cost [--seconds N] [--rounds R]  discovery's CPU/RSS (issue 24)
 
 mod arch_check;
@@ -16,6 +17,7 @@ mod bench_client;
 mod ci;
 mod demo;
 mod diagnose_eval;
+mod diagnose_live;
 mod fake_nvml;
 mod fuzz;
 mod gpu_check;
@@ -56,6 +58,15 @@ tasks:
                               cause, control diagnoses; --live first runs the live harness
                               (real agent, injected faults) and records its episodes;
                               --calm 30m: only the calm run on the real server (0 diagnoses)
+  diagnose-live [--episode NAME]... [--record]
+                              the agent against the real llama.cpp server under contention
+                              (about 4 min each): cpu_quota (CFS quota cut to 20 % of a
+                              core), cpu_hog (a neighbour spinning every core), memory_limit
+                              (the server's memory cgroup below its working set),
+                              surge_then_503 (a load surge, 503s 20 s later); prints the
+                              confirmed cause, its time from the injection, evidence and top
+                              three; --record writes the episodes to tests/fixtures/episodes/
+                              (needs root and cgroup v1 for the cgroup episodes)
   k8s-discovery-cost [--seconds N] [--rounds R]
                               release build, then Kubernetes discovery's CPU (% of a core)
                               and RSS vs the same agent with discovery off: 50,000 pods in
@@ -76,6 +87,7 @@ fn main() -> ExitCode {
         Some("fake-nvml") => fake_nvml::run(&rest),
         Some("spike-calm") => spike_calm::run(&rest),
         Some("diagnose-eval") => diagnose_eval::run(&rest),
+        Some("diagnose-live") => diagnose_live::run(&rest),
         Some("k8s-discovery-cost") => k8s_discovery_cost::run(&rest),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");

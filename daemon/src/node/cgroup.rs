@@ -31,7 +31,8 @@ impl CgroupDirs {
 }
 
 /// The cgroup paths of a `/proc/PID/cgroup` text, resolved under `root` (`/sys/fs/cgroup`):
-/// `0::/p` → `root/p` (or `root/unified/p` on a hybrid host); `N:cpu,cpuacct:/p` →
+/// `0::/p` → `root/p` (or `root/unified/p` on a hybrid host; a v2 directory, one that holds
+/// `cgroup.controllers`); `N:cpu,cpuacct:/p` →
 /// `root/cpu,cpuacct/p` (or `root/cpu/p`); `N:memory:/p` → `root/memory/p`. Only
 /// directories that exist are kept.
 pub fn dirs_of(cgroup: &str, root: &Path) -> CgroupDirs {
@@ -46,7 +47,11 @@ pub fn dirs_of(cgroup: &str, root: &Path) -> CgroupDirs {
         };
         let p = rel(path);
         if ctrls.is_empty() {
-            out.unified = first_dir(vec![root.join(&p), root.join("unified").join(&p)]);
+            // A v2 cgroup directory holds `cgroup.controllers`; on a hybrid host `root` itself
+            // is a tmpfs of v1 hierarchies and the v2 one is mounted at `root/unified`.
+            out.unified = [root.join(&p), root.join("unified").join(&p)]
+                .into_iter()
+                .find(|d| d.join("cgroup.controllers").is_file());
             continue;
         }
         let ctrls: Vec<&str> = ctrls.split(',').collect();
@@ -335,6 +340,12 @@ mod tests {
             &tmp,
         );
         assert_eq!(by_pid, d);
+        // A hybrid host: `root` is the tmpfs of the v1 hierarchies, not a v2 cgroup; the v2
+        // one is `root/unified` (it holds `cgroup.controllers`).
+        assert_eq!(dirs_of("0::/\n", &tmp).unified, None);
+        std::fs::create_dir_all(tmp.join("unified")).unwrap();
+        std::fs::write(tmp.join("unified/cgroup.controllers"), "cpu memory\n").unwrap();
+        assert_eq!(dirs_of("0::/\n", &tmp).unified, Some(tmp.join("unified/")));
         // Nothing readable: every field absent.
         assert_eq!(read(&CgroupDirs::default()), CgroupReading::default());
         let _ = std::fs::remove_dir_all(&tmp);

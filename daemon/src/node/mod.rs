@@ -88,6 +88,10 @@ struct Tracked {
     dirs: cgroup::CgroupDirs,
     looked_up: Option<Instant>,
     prev: Option<cgroup::CgroupReading>,
+    /// A plain host's server process and its `/proc/PID/cgroup` text when last resolved: a
+    /// process moved to another cgroup (`systemd-run`, `cgclassify`, a runtime's update) is
+    /// followed at the next sample.
+    pid: Option<(u32, String)>,
 }
 
 /// Samples the node and the targets' cgroups; keeps the previous readings for the deltas.
@@ -115,11 +119,33 @@ impl NodeSampler {
                     dirs: cgroup::CgroupDirs::default(),
                     looked_up: None,
                     prev: None,
+                    pid: None,
                 })
                 .collect(),
             prev_self: None,
             clk_tck: if tck > 0 { tck as f64 } else { 100.0 },
         }
+    }
+
+    /// Seeds the plain-host targets' server processes found by [`pids_of`] (while the agent
+    /// held its capabilities): their cgroups are resolved from `/proc/PID/cgroup`, readable
+    /// without capabilities, and followed from then on. A target whose process is gone is
+    /// looked up again by its port (which finds only processes the agent may still inspect).
+    pub fn with_pids(mut self, pids: &[(String, u32)]) -> Self {
+        for (name, pid) in pids {
+            let Some(t) = self.targets.iter_mut().find(|t| {
+                t.target.name == *name && t.target.pod_uid.as_deref().is_none_or(str::is_empty)
+            }) else {
+                continue;
+            };
+            if let Ok(text) =
+                std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("cgroup"))
+            {
+                t.dirs = cgroup::dirs_of(&text, &self.cgroup_root);
+                t.pid = Some((*pid, text));
+            }
+        }
+        self
     }
 
     /// One sample at monotonic `now`.
@@ -144,12 +170,21 @@ impl NodeSampler {
         }
         let (proc_root, cgroup_root) = (self.proc_root.clone(), self.cgroup_root.clone());
         for t in &mut self.targets {
+            follow_process(t, &proc_root, &cgroup_root);
             if t.dirs.is_empty() && t.looked_up.is_none_or(|at| now.duration_since(at) >= RETRY) {
                 t.looked_up = Some(now);
                 t.dirs = match &t.target.pod_uid {
                     Some(uid) if !uid.is_empty() => cgroup::dirs_of_pod(&cgroup_root, uid),
                     _ => pid_listening(&proc_root, t.target.port)
-                        .map(|pid| cgroup::dirs_of_pid(&proc_root, pid, &cgroup_root))
+                        .and_then(|pid| {
+                            let text = std::fs::read_to_string(
+                                proc_root.join(pid.to_string()).join("cgroup"),
+                            )
+                            .ok()?;
+                            let dirs = cgroup::dirs_of(&text, &cgroup_root);
+                            t.pid = Some((pid, text));
+                            Some(dirs)
+                        })
                         .unwrap_or_default(),
                 };
             }
@@ -183,6 +218,30 @@ impl NodeSampler {
     }
 }
 
+/// A plain host's server process: when its `/proc/PID/cgroup` changed since the cgroup was
+/// resolved (the process was moved), the cgroup is resolved again and its previous reading
+/// dropped (another cgroup's counters); when the process is gone, the target is looked up again
+/// by its port at the next sample. One small file read a target and sample.
+fn follow_process(t: &mut Tracked, proc_root: &Path, cgroup_root: &Path) {
+    let Some((pid, text)) = &t.pid else {
+        return;
+    };
+    match std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup")) {
+        Ok(now) if now == *text => {}
+        Ok(now) => {
+            t.dirs = cgroup::dirs_of(&now, cgroup_root);
+            t.prev = None;
+            t.pid = Some((*pid, now));
+        }
+        Err(_) => {
+            t.pid = None;
+            t.dirs = cgroup::CgroupDirs::default();
+            t.looked_up = None;
+            t.prev = None;
+        }
+    }
+}
+
 /// The agent's own CPU time, s (`/proc/self/stat` utime + stime, all threads).
 fn self_cpu_s(proc_root: &Path, clk_tck: f64) -> Option<f64> {
     let stat = std::fs::read_to_string(proc_root.join("self/stat")).ok()?;
@@ -198,6 +257,18 @@ pub fn parse_stat_cpu_ticks(stat: &str) -> Option<u64> {
     let utime: u64 = f.get(11)?.parse().ok()?;
     let stime: u64 = f.get(12)?.parse().ok()?;
     Some(utime + stime)
+}
+
+/// The server process of each plain-host target (`pod_uid` none), by its port: (target name,
+/// pid). Reading another process's `/proc/PID/fd` needs ptrace access (a root-owned server
+/// with capabilities is out of reach of an agent that dropped its own), so the agent calls
+/// this before dropping them.
+pub fn pids_of(proc_root: &Path, targets: &[NodeTarget]) -> Vec<(String, u32)> {
+    targets
+        .iter()
+        .filter(|t| t.pod_uid.as_deref().is_none_or(str::is_empty))
+        .filter_map(|t| Some((t.name.clone(), pid_listening(proc_root, t.port)?)))
+        .collect()
 }
 
 /// The process holding the LISTEN socket of `port` in the agent's network namespace
@@ -245,6 +316,66 @@ mod tests {
             "1234 (lm perf) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 8 0 100 0 0";
         assert_eq!(parse_stat_cpu_ticks(stat), Some(300));
         assert_eq!(parse_stat_cpu_ticks("garbage"), None);
+    }
+
+    #[test]
+    fn a_server_moved_to_another_cgroup_is_followed_and_a_gone_one_looked_up_again() {
+        let tmp = std::env::temp_dir().join(format!("lmperf-node-follow-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let (proc_root, cg) = (tmp.join("proc"), tmp.join("cgroup"));
+        for (dir, throttled) in [("cpu", 0), ("cpu/capped", 40)] {
+            std::fs::create_dir_all(cg.join(dir)).unwrap();
+            std::fs::write(
+                cg.join(dir).join("cpu.stat"),
+                format!("nr_periods 100\nnr_throttled {throttled}\nthrottled_time 0\n"),
+            )
+            .unwrap();
+        }
+        std::fs::create_dir_all(proc_root.join("77")).unwrap();
+        let at_root = "1:cpu:/\n";
+        std::fs::write(proc_root.join("77/cgroup"), "1:cpu:/capped\n").unwrap();
+        let mut t = Tracked {
+            target: NodeTarget {
+                name: "t0".into(),
+                port: 8000,
+                pod_uid: None,
+            },
+            dirs: cgroup::dirs_of(at_root, &cg),
+            looked_up: Some(Instant::now()),
+            prev: Some(cgroup::CgroupReading::default()),
+            pid: Some((77, at_root.to_owned())),
+        };
+        assert_eq!(t.dirs.cpu_v1.as_deref(), Some(cg.join("cpu").as_path()));
+        // Moved: the new cgroup, its counters from a fresh start.
+        follow_process(&mut t, &proc_root, &cg);
+        assert_eq!(
+            t.dirs.cpu_v1.as_deref(),
+            Some(cg.join("cpu/capped").as_path())
+        );
+        assert_eq!(t.prev, None);
+        assert_eq!(cgroup::read(&t.dirs).cpu.map(|c| c.nr_throttled), Some(40));
+        // Unchanged: kept as is.
+        t.prev = Some(cgroup::read(&t.dirs));
+        follow_process(&mut t, &proc_root, &cg);
+        assert!(t.prev.is_some());
+        // Seeded by pid (found while the agent held its capabilities): the cgroup's share of
+        // throttled periods from the second sample on.
+        let mut s = NodeSampler::new(&proc_root, &cg, vec![t.target.clone()])
+            .with_pids(&[("t0".to_owned(), 77)]);
+        let t1 = Instant::now();
+        assert_eq!(s.sample(t1).targets[0].1.cpu_throttled_share, None);
+        std::fs::write(
+            cg.join("cpu/capped/cpu.stat"),
+            "nr_periods 110\nnr_throttled 45\nthrottled_time 0\n",
+        )
+        .unwrap();
+        let b = s.sample(t1 + Duration::from_secs(1));
+        assert_eq!(b.targets[0].1.cpu_throttled_share, Some(0.5));
+        // Gone: looked up again by its port at the next sample.
+        std::fs::remove_dir_all(proc_root.join("77")).unwrap();
+        follow_process(&mut t, &proc_root, &cg);
+        assert!(t.dirs.is_empty() && t.pid.is_none() && t.looked_up.is_none());
+        let _ = std::fs::remove_dir_all(&tmp);
     }
 
     #[test]

@@ -373,6 +373,13 @@ const GRAPH: &[(Cause, Cause)] = &[
     // A CPU-starved scheduler makes requests wait.
     (Cause::CpuThrottling, Cause::ServerQueueing),
     (Cause::NodeCpuPressure, Cause::ServerQueueing),
+    // A throttled cgroup's runnable tasks count as CPU stalls in the node's PSI too: the node's
+    // pressure that rose with the server's throttling is (at least partly) that throttling
+    // (seen live: a server cut to 20 % of a core confirmed node_cpu_pressure as a second root).
+    (Cause::CpuThrottling, Cause::NodeCpuPressure),
+    // A server short of memory (reclaiming, its mapped weights read again at every step)
+    // makes requests wait, as a CPU-starved one does.
+    (Cause::MemoryPressure, Cause::ServerQueueing),
     // An OOM kill restarts the server (and fails its requests).
     (Cause::MemoryPressure, Cause::ServerChange),
     (Cause::MemoryPressure, Cause::ErrorBurst),

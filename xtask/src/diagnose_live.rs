@@ -1,0 +1,76 @@
+//! `cargo xtask diagnose-live [--episode NAME] [--record]`: the live contention episodes on the
+//! real llama.cpp server (issue 28; `tests/diagnose_live/contention.rs`), a long evaluation that
+//! prints figures, not part of CI (about 4 minutes an episode): `cpu_quota` (the server's CFS
+//! quota cut to 20 % of a core → `cpu_throttling`), `cpu_hog` (a neighbour spinning every core
+//! → `node_cpu_pressure`), `memory_limit` (the server's memory cgroup cut below its working set
+//! → `memory_pressure`), `surge_then_503` (a load surge and a 503 burst 20 s apart → both in
+//! the top three). Prints per episode the first `root_confirmed`, the expected cause's time from
+//! the injection, its evidence and the top three. `--record` writes each episode into
+//! `tests/fixtures/episodes/` for `cargo xtask diagnose-eval`. Needs root and cgroup v1 for the
+//! cgroup episodes (it restores what it changed).
+
+use anyhow::{Result, bail};
+
+/// Episode name → the test that runs it.
+const EPISODES: [(&str, &str); 4] = [
+    ("cpu_quota", "live_cpu_quota_on_llamacpp"),
+    ("cpu_hog", "live_cpu_hog_on_llamacpp"),
+    ("memory_limit", "live_memory_limit_on_llamacpp"),
+    ("surge_then_503", "live_surge_then_503_on_llamacpp"),
+];
+
+pub fn run(args: &[String]) -> Result<()> {
+    let mut chosen: Vec<&str> = Vec::new();
+    let mut record = false;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--record" => record = true,
+            "--episode" => {
+                let Some(name) = it.next() else {
+                    bail!("--episode needs a name: one of {}", names());
+                };
+                let Some((_, test)) = EPISODES.iter().find(|(n, _)| n == name) else {
+                    bail!("--episode {name:?}: expected one of {}", names());
+                };
+                chosen.push(test);
+            }
+            other => bail!(
+                "diagnose-live takes [--episode NAME]... [--record] (got {other:?}; episodes: {})",
+                names()
+            ),
+        }
+    }
+    if chosen.is_empty() {
+        chosen = EPISODES.iter().map(|(_, t)| *t).collect();
+    }
+    crate::peers_and_agent()?;
+    let mut failed = Vec::new();
+    for test in chosen {
+        let mut cmd = crate::e2e_test("diagnose_live", &format!("contention::{test}"));
+        cmd.args(["--exact", "--test-threads", "1"]);
+        cmd.env("LMPERF_DIAGNOSE_LIVE", "1");
+        if record {
+            cmd.env(
+                "LMPERF_EPISODE_DIR",
+                crate::root().join("tests/fixtures/episodes"),
+            );
+        }
+        if let Err(e) = crate::step(&format!("[3/3] live episode {test}"), cmd) {
+            eprintln!("{e:#}");
+            failed.push(test);
+        }
+    }
+    if !failed.is_empty() {
+        bail!("episodes that missed their cause: {failed:?}");
+    }
+    Ok(())
+}
+
+fn names() -> String {
+    EPISODES
+        .iter()
+        .map(|(n, _)| *n)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
