@@ -31,7 +31,7 @@
 //! 5. The lane is waited for (its log printed); CI fails if it failed.
 //!
 //! Each step's time is printed as it ends, and all of them at the end. On a fresh checkout (no
-//! `target/debug` yet) every cargo command of the run has `CARGO_INCREMENTAL=0`.
+//! `target/debug/lmperf` yet) every cargo command of the run has `CARGO_INCREMENTAL=0`.
 
 use std::time::Instant;
 
@@ -64,7 +64,8 @@ pub fn run(args: &[String]) -> Result<()> {
     // A fresh checkout (nothing built yet): incremental compilation only costs there (its
     // caches are written and not read again in this run; ~10–20 % of the workspace crates'
     // compile time), so it is off for every cargo command of the run, the lane's included.
-    let fresh = !crate::root().join("target/debug/.fingerprint").exists();
+    // (`cargo xtask` has built xtask itself by now: the agent's binary tells.)
+    let fresh = !crate::root().join("target/debug/lmperf").exists();
     if fresh {
         println!("==> a fresh checkout: CARGO_INCREMENTAL=0 for this run");
     }
