@@ -212,9 +212,19 @@ fn analyze_names_the_error_burst_of_a_run_and_draws_its_scorecard() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Recorded live episodes the engine does not diagnose yet (issue 28), kept in the corpus as
+/// the misses they are: a CPU hog on a node whose PSI was already at its ceiling (it cannot
+/// rise), and a surge on llama.cpp (no request counter: a saturated server shows no more
+/// arrivals) followed by 503s that come first to the detector. Checked to still miss, so that
+/// a fix shows here and the entry goes.
+const KNOWN_LIVE_MISSES: [&str; 2] = [
+    "live-node_cpu_pressure-llamacpp-spin-1",
+    "live-load_surge-then-error_burst-llamacpp-1",
+];
+
 /// The recorded live episodes of `tests/fixtures/episodes/` (`cargo xtask diagnose-eval
 /// --live`): the engine names each injected cause first, within 60 s of the onset, and never
-/// leaves idle in a control.
+/// leaves idle in a control; [`KNOWN_LIVE_MISSES`] aside.
 #[test]
 fn recorded_live_episodes_are_diagnosed() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/episodes");
@@ -229,6 +239,10 @@ fn recorded_live_episodes_are_diagnosed() {
                 (0, 0),
                 "{o:?}"
             );
+            continue;
+        }
+        if KNOWN_LIVE_MISSES.contains(&ep.name.as_str()) {
+            assert_ne!(o.rank(), Some(1), "a known miss is diagnosed now: {o:?}");
             continue;
         }
         assert_eq!(o.rank(), Some(1), "{o:?}");
