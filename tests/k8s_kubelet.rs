@@ -19,6 +19,7 @@ use lmperf_e2e::agent::Agent;
 use lmperf_e2e::kube_api::{KubeApi, pod};
 use lmperf_e2e::kubelet_pods::KubeletPods;
 use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
+use lmperf_e2e::targets::{changes, completions, target, target_names};
 use serde_json::Value;
 
 const NODE: &str = "node-1";
@@ -40,42 +41,6 @@ async fn vllm() -> ScriptedServer {
         _ => Reply::json(404, r#"{"error":"not scripted"}"#),
     }))
     .await
-}
-
-fn completions(s: &ScriptedServer) -> usize {
-    s.requests()
-        .iter()
-        .filter(|r| r.path.ends_with("/completions"))
-        .count()
-}
-
-fn target_names(s: &Value) -> Vec<String> {
-    let mut v: Vec<String> = s["targets"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|t| t["name"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
-}
-
-fn target<'a>(s: &'a Value, name: &str) -> &'a Value {
-    s["targets"]
-        .as_array()
-        .and_then(|a| a.iter().find(|t| t["name"] == name))
-        .unwrap_or(&Value::Null)
-}
-
-fn changes(s: &Value, name: &str, kind: &str) -> Vec<Value> {
-    s["server"]
-        .as_array()
-        .and_then(|a| a.iter().find(|t| t["target"] == name))
-        .and_then(|t| t["changes"].as_array())
-        .map(|c| c.iter().filter(|c| c["kind"] == kind).cloned().collect())
-        .unwrap_or_default()
 }
 
 async fn wait(agent: &Agent, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Value {

@@ -21,6 +21,7 @@ pub mod serial;
 pub mod slot_server;
 pub mod spans;
 pub mod stream_server;
+pub mod targets;
 pub mod temp;
 
 /// The shared cases copied into `tests/fixtures/cases` (from `../shared/cases`).
