@@ -29,6 +29,7 @@ pub mod server;
 pub mod status;
 pub mod targets;
 pub mod telemetry;
+pub mod unix_grpc;
 
 // The pure crates (daemon/crates/), under the module paths they had inside this crate.
 pub use lmperf_diagnosis as diagnosis;

@@ -19,7 +19,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -164,18 +163,7 @@ async fn client(
                 source: e,
             },
         })?;
-    // The connection made above, handed to tonic once: connect errors keep their io kind, and
-    // a broken connection fails the stream (this module reconnects) instead of redialling.
-    let slot = Arc::new(Mutex::new(Some(stream)));
-    let channel = tonic::transport::Endpoint::from_static("http://localhost")
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let s = slot.lock().ok().and_then(|mut g| g.take());
-            async move {
-                s.map(hyper_util::rt::TokioIo::new).ok_or_else(|| {
-                    std::io::Error::new(std::io::ErrorKind::NotConnected, "connection used")
-                })
-            }
-        }))
+    let channel = crate::unix_grpc::channel(stream)
         .await
         .map_err(|e| KubeletError::Connect {
             path: socket.to_owned(),

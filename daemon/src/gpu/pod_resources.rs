@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio_util::sync::CancellationToken;
@@ -100,17 +100,7 @@ async fn list_inner(path: &Path) -> Result<Vec<ContainerDevices>, PodResourcesEr
                 source: e,
             },
         })?;
-    // The connection made above, handed to tonic once: connect errors keep their io kind.
-    let slot = Arc::new(Mutex::new(Some(stream)));
-    let channel = tonic::transport::Endpoint::from_static("http://localhost")
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let s = slot.lock().ok().and_then(|mut g| g.take());
-            async move {
-                s.map(hyper_util::rt::TokioIo::new).ok_or_else(|| {
-                    std::io::Error::new(std::io::ErrorKind::NotConnected, "connection used")
-                })
-            }
-        }))
+    let channel = crate::unix_grpc::channel(stream)
         .await
         .map_err(|e| PodResourcesError::Rpc(e.to_string()))?;
     let mut client = proto::pod_resources_lister_client::PodResourcesListerClient::new(channel)
