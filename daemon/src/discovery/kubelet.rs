@@ -50,7 +50,7 @@ pub fn socket_path(dir: &Path) -> PathBuf {
 #[derive(Debug, thiserror::Error)]
 pub enum KubeletError {
     #[error(
-        "socket {0} does not exist (the kubelet does not serve the Pods API: Kubernetes before 1.37 or the PodsAPI feature gate off, or /var/lib/kubelet/pods-api is not mounted)"
+        "socket {0} does not exist (the kubelet does not serve the Pods API: Kubernetes before 1.37 or the PodsAPI feature gate off, or the socket's directory is not mounted into the agent's pod)"
     )]
     Missing(PathBuf),
     #[error("permission denied on socket {0} (the agent must run as a user that may write it)")]
