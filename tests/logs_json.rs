@@ -136,6 +136,46 @@ fn log_format_in_the_config_file_and_bad_values() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A config given as a pipe (`--config <(…)`, here a FIFO) is read once for both its log
+/// format and the rest: its unknown key is named (read twice, the second read found nothing
+/// and said "no target").
+#[test]
+fn a_config_through_a_pipe_is_read_whole() {
+    let dir = std::env::temp_dir().join(format!("lmperf-logs-fifo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("config.toml");
+    let _ = std::fs::remove_file(&fifo);
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            std::fs::write(&fifo, "log_format = \"json\"\nbogus = 1\n").unwrap();
+        })
+    };
+    let mut child = Command::new(lmperf_bin())
+        .args(["agent", "--config", fifo.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read twice, a FIFO's second open waits for a writer that never comes: bounded here.
+    let t = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if child.try_wait().unwrap().is_none() {
+        let _ = child.kill();
+        panic!("the agent still waits on its config after 20 s: read twice");
+    }
+    writer.join().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("unknown field `bogus`"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn config_file_log_format_json() {
     let server = ScriptedServer::start(Arc::new(|_, _| Reply::json(503, r#"{"error":"x"}"#))).await;

@@ -8,7 +8,52 @@ use lmperf::cli::{Cli, Command};
 use lmperf::config::{self, ProcessEnv};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    // A config given as a pipe (`--config <(…)`) can be read only once, and it is read twice
+    // (the log format first, then the whole file): copied once to a private file both read.
+    let mut piped_copy = None;
+    if let Command::Agent(a) = &mut cli.command
+        && let Some(path) = a.config.as_ref().filter(|p| !p.is_file() && p.exists())
+    {
+        match copy_piped_config(path) {
+            Ok(copy) => {
+                a.config = Some(copy.clone());
+                piped_copy = Some(copy);
+            }
+            Err(e) => {
+                eprintln!("lmperf: config error: {}: {e}", path.display());
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let code = run(cli);
+    if let Some(copy) = piped_copy {
+        let _ = std::fs::remove_file(copy);
+    }
+    code
+}
+
+/// Reads the config at `path` (a pipe or other non-regular file) once into a file of this
+/// process in the temp directory (mode 0600) and returns that file's path.
+///
+/// # Errors
+/// The config cannot be read or the copy cannot be written.
+fn copy_piped_config(path: &std::path::Path) -> std::io::Result<std::path::PathBuf> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let text = std::fs::read(path)?;
+    let copy = std::env::temp_dir().join(format!("lmperf-config-{}.toml", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&copy)?;
+    f.write_all(&text)?;
+    Ok(copy)
+}
+
+fn run(cli: Cli) -> ExitCode {
     // Logging starts first (the configuration logs its own warnings): the flag, else the
     // agent's config file, else LMPERF_LOG_FORMAT.
     let config_file = match &cli.command {
