@@ -8,7 +8,7 @@
 //! that the mismatch counter catches. A scripted vLLM-style server checks `/tokenize` with
 //! `messages`.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -143,53 +143,18 @@ impl Proxy {
 
     fn serve(conn: TcpStream, upstream: u16, seen: &Mutex<Vec<String>>) {
         let _ = conn.set_read_timeout(Some(Duration::from_secs(60)));
-        let mut reader = BufReader::new(conn.try_clone().unwrap());
-        let mut head = Vec::new();
-        let mut content_length = 0usize;
-        loop {
-            let mut line = String::new();
-            if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                return;
-            }
-            if line == "\r\n" {
-                break;
-            }
-            let lower = line.to_ascii_lowercase();
-            if let Some(v) = lower.strip_prefix("content-length:") {
-                content_length = v.trim().parse().unwrap_or(0);
-            }
-            if !lower.starts_with("connection:") {
-                head.push(line);
-            }
-        }
-        let mut body = vec![0; content_length];
-        if reader.read_exact(&mut body).is_err() {
+        let Some(req) = lmperf_e2e::proxy::read_request(&conn) else {
             return;
-        }
-        let path = head
-            .first()
-            .and_then(|l| l.split(' ').nth(1))
-            .unwrap_or("")
-            .to_owned();
-        seen.lock().unwrap().push(path.clone());
+        };
+        seen.lock().unwrap().push(req.path.clone());
         let mut client = conn;
-        if !path.starts_with("/v1/") {
+        if !req.path.starts_with("/v1/") {
             let _ = client.write_all(
                 b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
             );
             return;
         }
-        let Ok(mut up) = TcpStream::connect(("127.0.0.1", upstream)) else {
-            return;
-        };
-        let request = head.concat() + "Connection: close\r\n\r\n";
-        if up
-            .write_all(request.as_bytes())
-            .and_then(|()| up.write_all(&body))
-            .is_ok()
-        {
-            let _ = std::io::copy(&mut up, &mut client);
-        }
+        lmperf_e2e::proxy::forward(&req, upstream, &mut client);
     }
 
     fn url(&self) -> String {

@@ -34,7 +34,7 @@
 //! cgroups removed) when they end, also on a panic.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -753,37 +753,11 @@ fn serve(
     chats: &AtomicUsize,
 ) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(120)));
-    let Ok(clone) = conn.try_clone() else { return };
-    let mut reader = BufReader::new(clone);
-    let mut head = Vec::new();
-    let mut content_length = 0usize;
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        if line == "\r\n" {
-            break;
-        }
-        let lower = line.to_ascii_lowercase();
-        if let Some(v) = lower.strip_prefix("content-length:") {
-            content_length = v.trim().parse().unwrap_or(0);
-        }
-        if !lower.starts_with("connection:") {
-            head.push(line);
-        }
-    }
-    let mut body = vec![0; content_length];
-    if reader.read_exact(&mut body).is_err() {
+    let Some(req) = lmperf_e2e::proxy::read_request(&conn) else {
         return;
-    }
-    let path = head
-        .first()
-        .and_then(|l| l.split(' ').nth(1))
-        .unwrap_or("")
-        .to_owned();
+    };
     let mut client = conn;
-    if path.ends_with("/chat/completions") {
+    if req.path.ends_with("/chat/completions") {
         let n = chats.fetch_add(1, Ordering::Relaxed);
         if failing.load(Ordering::Relaxed) && n % 5 < 3 {
             refused.fetch_add(1, Ordering::Relaxed);
@@ -798,17 +772,7 @@ fn serve(
             return;
         }
     }
-    let Ok(mut up) = TcpStream::connect(("127.0.0.1", upstream)) else {
-        return;
-    };
-    let request = head.concat() + "Connection: close\r\n\r\n";
-    if up
-        .write_all(request.as_bytes())
-        .and_then(|()| up.write_all(&body))
-        .is_ok()
-    {
-        let _ = std::io::copy(&mut up, &mut client);
-    }
+    lmperf_e2e::proxy::forward(&req, upstream, &mut client);
 }
 
 /// The surge's clients and the proxy's 503s, switched on `SECOND_FAULT_S` after them; both end

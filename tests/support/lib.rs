@@ -16,6 +16,7 @@ pub mod pod_resources;
 pub mod prom_text;
 pub mod prometheus;
 pub mod promql;
+pub mod proxy;
 pub mod scripted;
 pub mod serial;
 pub mod slot_server;
