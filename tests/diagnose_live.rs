@@ -819,6 +819,8 @@ async fn live_control_is_never_diagnosed() {
 
 // The episodes on real peers (llama.cpp load and long prompts, DelayLink network) and the calm
 // run: `tests/diagnose_live/real.rs`.
+#[path = "diagnose_live/background.rs"]
+mod background;
 #[path = "diagnose_live/real.rs"]
 mod real;
 

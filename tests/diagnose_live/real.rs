@@ -639,9 +639,11 @@ fn network(one_way_ms: u64, name: &'static str) {
     }
 }
 
-/// The calm run: Poisson canaries (1/s, 4 tokens) on the idle real server for `LMPERF_DIAGNOSE_CALM_S`
-/// seconds (`cargo xtask diagnose-eval --calm 30m`); prints the evaluations and diagnoses
-/// (WARN lines `Diagnosis:`) and fails on any diagnosis. Skipped without the variable.
+/// The calm run: Poisson canaries (1/s, 4 tokens) on the real server for `LMPERF_DIAGNOSE_CALM_S`
+/// seconds (`cargo xtask diagnose-eval --calm 10m`), kept about half busy by a second client
+/// (`LMPERF_DIAGNOSE_CALM_CLIENTS` closed loops, default 2, 0 for an idle server:
+/// [`super::background`]); prints the server's measured busy share, the evaluations and
+/// diagnoses (WARN lines `Diagnosis:`) and fails on any diagnosis. Skipped without the variable.
 #[test]
 fn live_calm_real_server_is_never_diagnosed() {
     let Some(secs) = std::env::var("LMPERF_DIAGNOSE_CALM_S")
@@ -663,12 +665,25 @@ fn live_calm_real_server_is_never_diagnosed() {
         false,
     );
     let agent = Agent::spawn(&["--config", &cfg, "--no-otlp"], &[]);
+    let clients = std::env::var("LMPERF_DIAGNOSE_CALM_CLIENTS")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .unwrap_or(2);
+    // Each client holds a slot about 1 / (1 + 1.5) = 40 % of the time: with the canaries'
+    // own ~0.3 s a second, the 2 slots are about half busy.
+    let background = super::background::Background::start(
+        server.port,
+        clients,
+        1.5,
+        Duration::from_secs(secs + 30),
+    );
     let start = unix_now().floor();
     let mut seen = Seen::default();
     let mut was = false;
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(secs) {
         std::thread::sleep(Duration::from_secs(1));
+        seen.server_sample(&agent.status());
         let (_, body) = agent.get("/api/v1/diagnosis?target=t0");
         let Ok(v) = serde_json::from_str::<Value>(&body) else {
             continue;
@@ -691,6 +706,31 @@ fn live_calm_real_server_is_never_diagnosed() {
         }
         was = c;
     }
+    let (answered, mean_service_s) = background.answered();
+    drop(background);
+    // The server's busy share: requests running (of its 2 slots) and the share of scrapes
+    // with requests waiting, from the agent's own scrapes.
+    let running: Vec<f64> = seen
+        .server
+        .values()
+        .filter_map(|v| v.iter().find(|(n, _)| *n == "server_requests_running"))
+        .map(|(_, x)| *x)
+        .collect();
+    let waiting = seen
+        .server
+        .values()
+        .filter(|v| {
+            v.iter()
+                .any(|(n, x)| *n == "server_requests_waiting" && *x > 0.0)
+        })
+        .count();
+    let busy = running.iter().sum::<f64>() / (2.0 * running.len().max(1) as f64);
+    println!(
+        "diagnose-calm: second client: {clients} closed loops, {answered} requests answered (mean {mean_service_s:.2} s); the server's 2 slots {:.0} % busy on average over {} scrapes, requests waiting in {:.0} % of them",
+        busy * 100.0,
+        running.len(),
+        100.0 * waiting as f64 / running.len().max(1) as f64
+    );
     let canaries = recorded(&agent, "t0", start).get("e2e").map_or(0, Vec::len);
     let warn_lines = agent
         .stderr_text()

@@ -9,8 +9,8 @@
 //! runs the live harness (`tests/diagnose_live.rs`: the real agent against injected faults,
 //! about 3 min per episode), which records its episodes into `tests/fixtures/episodes/`.
 //! `--calm DURATION` (`30m`, `90s`, seconds) runs only the calm run instead: the agent's
-//! Poisson canaries on the idle real llama.cpp server for DURATION, printing the evaluations
-//! and the diagnoses (must be 0).
+//! Poisson canaries on the real llama.cpp server, kept about half busy by a second client, for
+//! DURATION, printing the server's busy share, the evaluations and the diagnoses (must be 0).
 
 use anyhow::Result;
 

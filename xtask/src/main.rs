@@ -57,7 +57,8 @@ tasks:
                               tests/fixtures/episodes/): AC@1, AC@3, time to diagnosis per
                               cause, control diagnoses; --live first runs the live harness
                               (real agent, injected faults) and records its episodes;
-                              --calm 30m: only the calm run on the real server (0 diagnoses)
+                              --calm 10m: only the calm run on the real server, half busy
+                              with a second client (0 diagnoses)
   diagnose-live [--episode NAME]... [--record]
                               the agent against the real llama.cpp server under contention
                               (about 4 min each): cpu_quota (CFS quota cut to 20 % of a
