@@ -819,6 +819,10 @@ async fn live_control_is_never_diagnosed() {
 
 // The episodes on real peers (llama.cpp load and long prompts, DelayLink network) and the calm
 // run: `tests/diagnose_live/real.rs`.
+// The calm run on scripted busy servers: `tests/diagnose_live/calm_busy.rs`.
+#[path = "diagnose_live/calm_busy.rs"]
+mod calm_busy;
+
 #[path = "diagnose_live/background.rs"]
 mod background;
 #[path = "diagnose_live/real.rs"]

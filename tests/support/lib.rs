@@ -3,6 +3,7 @@
 //! dirs, Prometheus text, and the lock of the tests that must not overlap ([`serial`]).
 
 pub mod agent;
+pub mod busy_server;
 pub mod chromium;
 pub mod fake_nvml;
 pub mod kube_api;

@@ -9,8 +9,10 @@
 //! runs the live harness (`tests/diagnose_live.rs`: the real agent against injected faults,
 //! about 3 min per episode), which records its episodes into `tests/fixtures/episodes/`.
 //! `--calm DURATION` (`30m`, `90s`, seconds) runs only the calm run instead: the agent's
-//! Poisson canaries on the real llama.cpp server, kept about half busy by a second client, for
-//! DURATION, printing the server's busy share, the evaluations and the diagnoses (must be 0).
+//! Poisson canaries on the real llama.cpp server, kept about half busy by a second client, and
+//! at the same time on 5 scripted vLLM-style servers kept 40–60 % busy by background traffic
+//! (`tests/diagnose_live/calm_busy.rs`), for DURATION, printing the servers' busy shares, the
+//! evaluations and the diagnoses (must be 0).
 
 use anyhow::Result;
 
@@ -58,7 +60,8 @@ pub fn run(args: &[String]) -> Result<()> {
     crate::step("diagnose-eval: the engine over the episode corpus", cmd)
 }
 
-/// `--calm DURATION`: `tests/diagnose_live/real.rs`'s calm run for DURATION.
+/// `--calm DURATION`: the calm runs of `tests/diagnose_live/real.rs` and
+/// `tests/diagnose_live/calm_busy.rs` for DURATION.
 fn calm(args: &[String]) -> Result<()> {
     let value = args
         .iter()
@@ -71,9 +74,13 @@ fn calm(args: &[String]) -> Result<()> {
         "diagnose_live",
         "real::live_calm_real_server_is_never_diagnosed",
     );
+    // The scripted busy servers' calm run beside it (another filter; both at once).
+    test.arg("diagnose_live::calm_busy::live_calm_busy_scripted_servers_are_never_diagnosed");
     test.env("LMPERF_DIAGNOSE_CALM_S", secs.to_string());
     crate::step(
-        &format!("[3/3] {secs} s calm run on the real llama.cpp server"),
+        &format!(
+            "[3/3] {secs} s calm runs: the real llama.cpp server with a second client, and 5 scripted busy servers"
+        ),
         test,
     )
 }

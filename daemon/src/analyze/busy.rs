@@ -115,15 +115,24 @@ const CANARY_OUTPUT: f64 = 32.0;
 /// KV capacity in tokens (the batch's tokens ÷ this is the usage).
 const KV_TOKENS: f64 = 16_000.0;
 
+/// One request through the slot model: its times (s from the episode's or server's start),
+/// its lengths (tokens) and whether it is a canary.
 #[derive(Debug, Clone, Copy)]
-struct Req {
-    arrive: f64,
-    start: f64,
-    first_token: f64,
-    end: f64,
-    prompt: f64,
-    output: f64,
-    canary: bool,
+pub struct Req {
+    pub arrive: f64,
+    pub start: f64,
+    pub first_token: f64,
+    pub end: f64,
+    pub prompt: f64,
+    pub output: f64,
+    pub canary: bool,
+}
+
+impl Req {
+    /// Seconds between output tokens (the decode step while it ran).
+    pub fn tpot_s(&self) -> f64 {
+        (self.end - self.first_token) / (self.output - 1.0).max(1.0)
+    }
 }
 
 /// A slot's free time in the min-heap (reversed order).
@@ -141,27 +150,108 @@ impl Ord for Free {
     }
 }
 
+/// The server of a busy episode as a queue: `slots` sequences at a time, FCFS; a request holds
+/// its slot for its prefill ([`PREFILL_S_PER_TOKEN`] a prompt token) and its decode (10 ms a
+/// token, 3 % slower per running sequence). Requests must be admitted in arrival order; the
+/// whole schedule is known at admission. The synthetic controls replay it; the live calm run
+/// (`tests/support/busy_server.rs`) serves it.
+#[derive(Debug, Clone)]
+pub struct SlotQueue {
+    free: BinaryHeap<Free>,
+}
+
+impl SlotQueue {
+    /// An idle server of `slots` slots (at least 1).
+    pub fn new(slots: usize) -> Self {
+        Self {
+            free: (0..slots.max(1)).map(|_| Free(0.0)).collect(),
+        }
+    }
+
+    /// Admits a request arriving at `arrive` (s) of `prompt` and `output` tokens; `jitter` in
+    /// 0..1 varies its prefill by ±10 %. Returns its schedule.
+    pub fn admit(
+        &mut self,
+        arrive: f64,
+        prompt: f64,
+        output: f64,
+        jitter: f64,
+        canary: bool,
+    ) -> Req {
+        let slot_free = self.free.pop().map_or(0.0, |f| f.0);
+        let start = arrive.max(slot_free);
+        let running = self.free.iter().filter(|f| f.0 > start).count() as f64 + 1.0;
+        let prefill = prompt * PREFILL_S_PER_TOKEN * (0.9 + 0.2 * jitter);
+        let tpot = DECODE_S * (1.0 + DECODE_PER_RUNNING * running);
+        let first_token = start + prefill + tpot;
+        let end = first_token + (output - 1.0) * tpot;
+        self.free.push(Free(end));
+        Req {
+            arrive,
+            start,
+            first_token,
+            end,
+            prompt,
+            output,
+            canary,
+        }
+    }
+}
+
+/// The background traffic's arrival times of `cfg` from `rng` (s, Poisson at
+/// `cfg.background_rps`, until `cfg.duration_s`).
+fn background_times(cfg: &BusyConfig, rng: &mut StdRng) -> Vec<f64> {
+    let bg = Exp::new(cfg.background_rps.max(1e-9)).unwrap_or_else(|_| unreachable!());
+    let mut out = Vec::new();
+    let mut t = bg.sample(rng);
+    while t < cfg.duration_s {
+        out.push(t);
+        t += bg.sample(rng);
+    }
+    out
+}
+
+/// One background request's prompt and output tokens: log-normal (σ 0.8) around `cfg`'s
+/// medians, clamped to 8..8192 and 4..2048.
+fn background_lengths(cfg: &BusyConfig, rng: &mut StdRng) -> (f64, f64) {
+    let len = LogNormal::new(0.0, 0.8).unwrap_or_else(|_| unreachable!());
+    (
+        (cfg.prompt_tokens * len.sample(rng)).clamp(8.0, 8192.0),
+        (cfg.output_tokens * len.sample(rng)).clamp(4.0, 2048.0),
+    )
+}
+
+/// The background traffic of `cfg` for a live server (`tests/support/busy_server.rs`):
+/// (arrival s, prompt tokens, output tokens) in arrival order, reproducible from `seed`.
+pub fn background_requests(cfg: &BusyConfig, seed: u64) -> Vec<(f64, f64, f64)> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let times = background_times(cfg, &mut rng);
+    times
+        .into_iter()
+        .map(|t| {
+            let (p, o) = background_lengths(cfg, &mut rng);
+            (t, p, o)
+        })
+        .collect()
+}
+
 /// The requests of one episode, FCFS over `slots` slots; canaries beyond the cap in flight are
 /// skipped (returned as their arrival times).
 fn simulate(cfg: &BusyConfig, seed: u64) -> (Vec<Req>, Vec<f64>) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let len = LogNormal::new(0.0, 0.8).unwrap_or_else(|_| unreachable!());
-    let bg = Exp::new(cfg.background_rps.max(1e-9)).unwrap_or_else(|_| unreachable!());
     let can = Exp::new(cfg.canary_rps.max(1e-9)).unwrap_or_else(|_| unreachable!());
     // Arrivals of both streams, in time order.
-    let mut arrivals: Vec<(f64, bool)> = Vec::new();
-    let mut t = bg.sample(&mut rng);
-    while t < cfg.duration_s {
-        arrivals.push((t, false));
-        t += bg.sample(&mut rng);
-    }
+    let mut arrivals: Vec<(f64, bool)> = background_times(cfg, &mut rng)
+        .into_iter()
+        .map(|t| (t, false))
+        .collect();
     let mut t = can.sample(&mut rng);
     while t < cfg.duration_s {
         arrivals.push((t, true));
         t += can.sample(&mut rng);
     }
     arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let mut free: BinaryHeap<Free> = (0..cfg.slots.max(1)).map(|_| Free(0.0)).collect();
+    let mut queue = SlotQueue::new(cfg.slots);
     let mut reqs: Vec<Req> = Vec::with_capacity(arrivals.len());
     let mut skipped = Vec::new();
     for (arrive, canary) in arrivals {
@@ -180,32 +270,25 @@ fn simulate(cfg: &BusyConfig, seed: u64) -> (Vec<Req>, Vec<f64>) {
         let (prompt, output) = if canary {
             (CANARY_PROMPT, CANARY_OUTPUT)
         } else {
-            (
-                (cfg.prompt_tokens * len.sample(&mut rng)).clamp(8.0, 8192.0),
-                (cfg.output_tokens * len.sample(&mut rng)).clamp(4.0, 2048.0),
-            )
+            background_lengths(cfg, &mut rng)
         };
-        let Some(Free(slot_free)) = free.pop() else {
-            continue;
-        };
-        let start = arrive.max(slot_free);
-        let running = free.iter().filter(|f| f.0 > start).count() as f64 + 1.0;
-        let prefill = prompt * PREFILL_S_PER_TOKEN * (0.9 + 0.2 * rng.random::<f64>());
-        let tpot = DECODE_S * (1.0 + DECODE_PER_RUNNING * running);
-        let first_token = start + prefill + tpot;
-        let end = first_token + (output - 1.0) * tpot;
-        free.push(Free(end));
-        reqs.push(Req {
-            arrive,
-            start,
-            first_token,
-            end,
-            prompt,
-            output,
-            canary,
-        });
+        reqs.push(queue.admit(arrive, prompt, output, rng.random::<f64>(), canary));
     }
     (reqs, skipped)
+}
+
+/// The server's gauges at `t` (s): requests waiting, requests running, and the KV cache's
+/// usage (0..1: the running requests' prompt and generated tokens ÷ its capacity), as a scrape
+/// of vLLM's `num_requests_waiting`, `num_requests_running` and `kv_cache_usage_perc` reads them.
+pub fn gauges(reqs: &[Req], t: f64) -> (usize, usize, f64) {
+    let waiting = reqs.iter().filter(|r| r.arrive <= t && t < r.start).count();
+    let running: Vec<&Req> = reqs.iter().filter(|r| r.start <= t && t < r.end).collect();
+    let kv: f64 = running
+        .iter()
+        .map(|r| r.prompt + r.output * ((t - r.start) / (r.end - r.start)).clamp(0.0, 1.0))
+        .sum::<f64>()
+        / KV_TOKENS;
+    (waiting, running.len(), kv.min(1.0))
 }
 
 /// A no-fault control episode of a busy server (`control-busy-<variant>`): canary TTFT, TPOT,
@@ -233,7 +316,7 @@ fn episode_named(cfg: &BusyConfig, variant: u64, name: &str) -> Episode {
     };
     for r in reqs.iter().filter(|r| r.canary) {
         let ttft = r.first_token - r.arrive + CLIENT_S;
-        let tpot = (r.end - r.first_token) / (r.output - 1.0).max(1.0);
+        let tpot = r.tpot_s();
         // A canary's samples are recorded when it ends (the agent's record).
         push(Signal::Error, r.end, 0.0);
         push(Signal::Error5xx, r.end, 0.0);
@@ -255,13 +338,7 @@ fn episode_named(cfg: &BusyConfig, variant: u64, name: &str) -> Episode {
     let mut t = cfg.scrape_s;
     while t < cfg.duration_s {
         let from = t - cfg.scrape_s;
-        let waiting = reqs.iter().filter(|r| r.arrive <= t && t < r.start).count();
-        let running: Vec<&Req> = reqs.iter().filter(|r| r.start <= t && t < r.end).collect();
-        let kv: f64 = running
-            .iter()
-            .map(|r| r.prompt + r.output * ((t - r.start) / (r.end - r.start)).clamp(0.0, 1.0))
-            .sum::<f64>()
-            / KV_TOKENS;
+        let (waiting, running, kv) = gauges(&reqs, t);
         let started: Vec<&Req> = reqs
             .iter()
             .filter(|r| from <= r.start && r.start < t)
@@ -278,8 +355,8 @@ fn episode_named(cfg: &BusyConfig, variant: u64, name: &str) -> Episode {
             })
             .sum();
         push(Signal::ServerRequestsWaiting, t, waiting as f64);
-        push(Signal::ServerRequestsRunning, t, running.len() as f64);
-        push(Signal::ServerKvUsage, t, kv.min(1.0));
+        push(Signal::ServerRequestsRunning, t, running as f64);
+        push(Signal::ServerKvUsage, t, kv);
         push(Signal::ServerPreemptions, t, 0.0);
         push(Signal::ServerRequestRate, t, finished as f64 / cfg.scrape_s);
         push(
