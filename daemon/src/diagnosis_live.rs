@@ -218,6 +218,8 @@ pub fn node_signals(s: &crate::node::NodeSample) -> (Signals, Vec<(String, Signa
                 (Signal::CgroupCpuThrottled, c.cpu_throttled_share),
                 (Signal::CgroupMemoryUsage, c.memory_usage_ratio),
                 (Signal::CgroupOomKill, c.oom_kills.map(|k| k as f64)),
+                (Signal::ServerCpuWait, c.cpu_wait_s_per_s),
+                (Signal::ServerCpu, c.cpu_cores),
             ]
             .into_iter()
             .filter_map(|(sig, x)| x.map(|x| (sig, x)))

@@ -27,7 +27,9 @@
 //! injection), the expected cause's time and evidence line, the top three. With
 //! `LMPERF_EPISODE_DIR` set the episode is recorded (`tests/fixtures/episodes/README.md`): the
 //! canaries the agent kept, the server samples of its status, and the node and cgroup values the
-//! test read each second from the same files the agent reads (`lmperf::node`).
+//! test read each second from the same files the agent reads (`lmperf::node`), with the server's
+//! own CPU wait and CPU use (`server_cpu_wait`, `server_cpu`: its threads' schedstat,
+//! `lmperf::node::cpu_wait`).
 //!
 //! The cgroup episodes need root and cgroup v1 (this machine's `cpu` and `memory` hierarchies
 //! under `/sys/fs/cgroup`); they restore what they changed (the pids moved back, the child
@@ -42,7 +44,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use lmperf::node::{cgroup, psi};
+use lmperf::node::{cgroup, cpu_wait, psi};
 use lmperf_e2e::agent::{Agent, workspace_root};
 use lmperf_e2e::peers::{ModelServer, free_port};
 use lmperf_e2e::temp;
@@ -76,6 +78,8 @@ struct Spec {
 /// the agent reads (`lmperf::node`), as episode series.
 struct NodeProbe {
     cgroup: cgroup::CgroupDirs,
+    /// The server's process: its threads' CPU wait (as the agent reads it on a plain host).
+    server: Option<(u32, cpu_wait::CpuWaitMeter)>,
     prev_cpu: Option<cgroup::CpuStat>,
     prev_oom: Option<u64>,
     agent_pid: u32,
@@ -84,9 +88,10 @@ struct NodeProbe {
 }
 
 impl NodeProbe {
-    fn new(cgroup: cgroup::CgroupDirs, agent_pid: u32) -> Self {
+    fn new(cgroup: cgroup::CgroupDirs, server_pid: Option<u32>, agent_pid: u32) -> Self {
         Self {
             cgroup,
+            server: server_pid.map(|p| (p, cpu_wait::CpuWaitMeter::default())),
             prev_cpu: None,
             prev_oom: None,
             agent_pid,
@@ -132,6 +137,11 @@ impl NodeProbe {
             }
             self.prev_agent = Some((now, cpu_s));
         }
+        if let Some((pid, meter)) = &mut self.server {
+            let w = meter.sample(Path::new("/proc"), &cpu_wait::Source::Pids(vec![*pid]), now);
+            push("server_cpu_wait", w.map(|w| w.wait_s_per_s));
+            push("server_cpu", w.and_then(|w| w.cpu_cores));
+        }
         if self.cgroup.is_empty() {
             return;
         }
@@ -169,11 +179,12 @@ struct Outcome {
 /// The agent on `url` (its production config: canaries 1/s, 1 s scrape, the diagnosis on), calm
 /// for `CALM_S`, then `inject()` (its guard ends the fault when dropped); polls each second until
 /// `done` holds after `HOLD_S`, at most `WATCH_S`. Records the episode when `LMPERF_EPISODE_DIR`
-/// is set. `cgroup`: the server's cgroup the probe reads.
+/// is set. `cgroup`: the server's cgroup the probe reads; `server_pid`: its process.
 fn run<G>(
     spec: &Spec,
     url: &str,
     cgroup: cgroup::CgroupDirs,
+    server_pid: Option<u32>,
     inject: impl FnOnce() -> G,
     done: impl Fn(&[(f64, Value)]) -> bool,
 ) -> Outcome {
@@ -189,7 +200,7 @@ fn run<G>(
     let agent = Agent::spawn(&["--config", &cfg, "--no-otlp"], &[]);
     let start = unix_now().floor();
     let mut seen = Seen::default();
-    let mut probe = NodeProbe::new(cgroup, agent.pid());
+    let mut probe = NodeProbe::new(cgroup, server_pid, agent.pid());
     let poll = |seen: &mut Seen, probe: &mut NodeProbe| -> Value {
         let (_, body) = agent.get("/api/v1/diagnosis?target=t0");
         seen.server_sample(&agent.status());
@@ -536,6 +547,7 @@ fn live_cpu_quota_on_llamacpp() {
         &spec,
         &server.url(),
         dirs,
+        Some(pid),
         || cg.set("cpu.cfs_quota_us", "20000").unwrap(),
         |p| p.iter().any(|(_, t)| confirms(t, "cpu_throttling")),
     );
@@ -599,7 +611,7 @@ fn live_cpu_hog_on_llamacpp() {
         second: None,
         magnitude: format!("{cores} busy-loop processes (every core)"),
         notes: format!(
-            "tests/diagnose_live/contention.rs: the agent's canaries (1/s, 4 tokens) and its 1 s scrape of the real llama.cpp server (Gemma 3 270M, --parallel 2, --threads 1); from the onset a neighbour spins every core ({cores} `sh` busy loops) (node_* series: /proc/pressure read by the test each second, as the agent reads it)"
+            "tests/diagnose_live/contention.rs: the agent's canaries (1/s, 4 tokens) and its 1 s scrape of the real llama.cpp server (Gemma 3 270M, --parallel 2, --threads 1); from the onset a neighbour spins every core ({cores} `sh` busy loops) (node_* series: /proc/pressure, server_cpu_wait and server_cpu: the server's threads' /proc/PID/task/*/schedstat, read by the test each second, as the agent reads them)"
         ),
     };
     let pid = server_pid(server.port);
@@ -608,6 +620,7 @@ fn live_cpu_hog_on_llamacpp() {
         &spec,
         &server.url(),
         dirs,
+        Some(pid),
         || Spinners::start(cores),
         |p| p.iter().any(|(_, t)| confirms(t, "node_cpu_pressure")),
     );
@@ -658,6 +671,7 @@ fn live_memory_limit_on_llamacpp() {
         &spec,
         &server.url(),
         dirs,
+        Some(pid),
         || {
             let rss = cg.stat("total_rss").or_else(|| cg.stat("rss")).unwrap_or(0);
             let cache = cg
@@ -816,6 +830,7 @@ fn live_surge_then_503_on_llamacpp() {
         &spec,
         &proxy.url(),
         cgroup::CgroupDirs::default(),
+        Some(server_pid(server.port)),
         || {
             let load = Load::start(port, 4, story);
             let (f, s) = (failing.clone(), stop.clone());

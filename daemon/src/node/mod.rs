@@ -5,6 +5,9 @@
 //! - [`cgroup`]: per model server, its cgroup's CFS throttling and memory (v2 and v1), found
 //!   from the target's process (plain host: the process listening on the target's port) or its
 //!   pod uid (Kubernetes: `TargetConfig.k8s`, a read-only hostPath `/sys/fs/cgroup`).
+//! - [`cpu_wait`]: per model server, the seconds per second its threads waited for a CPU and
+//!   its own CPU use (its threads' `schedstat`, or its cgroup's `cpu.pressure`): the server's
+//!   view of a busy node, which the node's PSI loses once other work keeps it near 100 %.
 //! - [`NodeSampler`]: one [`NodeSample`] a call (the agent: every second), with the agent's own
 //!   CPU use so the diagnosis never blames the node for the agent.
 //!
@@ -12,6 +15,7 @@
 //! file the agent may not read.
 
 pub mod cgroup;
+pub mod cpu_wait;
 pub mod psi;
 
 use std::path::{Path, PathBuf};
@@ -64,6 +68,11 @@ pub struct TargetContention {
     pub memory_usage_ratio: Option<f64>,
     /// OOM kills since the previous sample.
     pub oom_kills: Option<u64>,
+    /// Seconds per second the server's threads waited for a CPU since the previous sample
+    /// ([`cpu_wait`]).
+    pub cpu_wait_s_per_s: Option<f64>,
+    /// The server's CPU use since the previous sample, cores ([`cpu_wait`]).
+    pub cpu_cores: Option<f64>,
 }
 
 /// One sample of the node.
@@ -92,6 +101,7 @@ struct Tracked {
     /// process moved to another cgroup (`systemd-run`, `cgclassify`, a runtime's update) is
     /// followed at the next sample.
     pid: Option<(u32, String)>,
+    cpu_wait: cpu_wait::CpuWaitMeter,
 }
 
 /// Samples the node and the targets' cgroups; keeps the previous readings for the deltas.
@@ -120,6 +130,7 @@ impl NodeSampler {
                     looked_up: None,
                     prev: None,
                     pid: None,
+                    cpu_wait: cpu_wait::CpuWaitMeter::default(),
                 })
                 .collect(),
             prev_self: None,
@@ -188,11 +199,25 @@ impl NodeSampler {
                         .unwrap_or_default(),
                 };
             }
+            let wait =
+                wait_source(t, &proc_root).and_then(|src| t.cpu_wait.sample(&proc_root, &src, now));
             if t.dirs.is_empty() {
+                if wait.is_some() {
+                    out.targets.push((
+                        t.target.name.clone(),
+                        TargetContention {
+                            cpu_wait_s_per_s: wait.map(|w| w.wait_s_per_s),
+                            cpu_cores: wait.and_then(|w| w.cpu_cores),
+                            ..TargetContention::default()
+                        },
+                    ));
+                }
                 continue;
             }
             let cur = cgroup::read(&t.dirs);
             let c = TargetContention {
+                cpu_wait_s_per_s: wait.map(|w| w.wait_s_per_s),
+                cpu_cores: wait.and_then(|w| w.cpu_cores),
                 cpu_throttled_share: match (t.prev.and_then(|p| p.cpu), cur.cpu) {
                     (Some(a), Some(b)) => cgroup::throttled_share(&a, &b),
                     _ => None,
@@ -216,6 +241,27 @@ impl NodeSampler {
         }
         out
     }
+}
+
+/// Where the CPU wait of a target is read ([`cpu_wait::Source`]): a plain host's known server
+/// process (its threads and its children's), else its cgroup v2 directory (`cpu.pressure`),
+/// else its cgroup v1 `cpu` directory (a pod's threads); `None` without any.
+fn wait_source(t: &Tracked, proc_root: &Path) -> Option<cpu_wait::Source> {
+    if let Some((pid, _)) = &t.pid
+        && proc_root.join(pid.to_string()).is_dir()
+    {
+        return Some(cpu_wait::Source::Pids(vec![*pid]));
+    }
+    if t.target.pod_uid.as_deref().is_none_or(str::is_empty) {
+        // A plain host's cgroup without its process may hold the neighbour too.
+        return None;
+    }
+    if let Some(d) = &t.dirs.unified
+        && d.join("cpu.pressure").is_file()
+    {
+        return Some(cpu_wait::Source::CgroupV2(d.clone()));
+    }
+    t.dirs.cpu_v1.clone().map(cpu_wait::Source::CgroupV1)
 }
 
 /// A plain host's server process: when its `/proc/PID/cgroup` changed since the cgroup was
@@ -344,6 +390,7 @@ mod tests {
             looked_up: Some(Instant::now()),
             prev: Some(cgroup::CgroupReading::default()),
             pid: Some((77, at_root.to_owned())),
+            cpu_wait: cpu_wait::CpuWaitMeter::default(),
         };
         assert_eq!(t.dirs.cpu_v1.as_deref(), Some(cg.join("cpu").as_path()));
         // Moved: the new cgroup, its counters from a fresh start.
@@ -360,17 +407,26 @@ mod tests {
         assert!(t.prev.is_some());
         // Seeded by pid (found while the agent held its capabilities): the cgroup's share of
         // throttled periods from the second sample on.
+        // Its one thread's schedstat (time on a CPU, run_delay, ns): the CPU wait as a rate.
+        let schedstat = proc_root.join("77/task/77/schedstat");
+        std::fs::create_dir_all(schedstat.parent().unwrap()).unwrap();
+        std::fs::write(&schedstat, "1000000000 2000000000 10\n").unwrap();
         let mut s = NodeSampler::new(&proc_root, &cg, vec![t.target.clone()])
             .with_pids(&[("t0".to_owned(), 77)]);
         let t1 = Instant::now();
-        assert_eq!(s.sample(t1).targets[0].1.cpu_throttled_share, None);
+        let a = s.sample(t1);
+        assert_eq!(a.targets[0].1.cpu_throttled_share, None);
+        assert_eq!(a.targets[0].1.cpu_wait_s_per_s, None);
         std::fs::write(
             cg.join("cpu/capped/cpu.stat"),
             "nr_periods 110\nnr_throttled 45\nthrottled_time 0\n",
         )
         .unwrap();
+        std::fs::write(&schedstat, "1250000000 2750000000 20\n").unwrap();
         let b = s.sample(t1 + Duration::from_secs(1));
         assert_eq!(b.targets[0].1.cpu_throttled_share, Some(0.5));
+        assert_eq!(b.targets[0].1.cpu_wait_s_per_s, Some(0.75));
+        assert_eq!(b.targets[0].1.cpu_cores, Some(0.25));
         // Gone: looked up again by its port at the next sample.
         std::fs::remove_dir_all(proc_root.join("77")).unwrap();
         follow_process(&mut t, &proc_root, &cg);

@@ -14,7 +14,7 @@ use super::report::{
 };
 use super::signal::{Harm, Signal};
 use super::store::{EvidenceStore, SecondSeries};
-use super::{contradict, pressure, queueing, roots, warning};
+use super::{contradict, cpu_wait, pressure, queueing, roots, warning};
 
 /// Engine settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -342,7 +342,9 @@ const CAUSES: &[CauseDef] = &[
     },
     CauseDef {
         cause: Cause::NodeCpuPressure,
-        signals: &[Signal::NodeCpuPressure],
+        // The node's PSI, and the server's own threads waiting for a CPU ([`cpu_wait`]): the
+        // PSI cannot rise on a node already near 100 % with other work.
+        signals: &[Signal::NodeCpuPressure, Signal::ServerCpuWait],
         part: Part::Any,
     },
     CauseDef {
@@ -1029,6 +1031,11 @@ fn score(
                 continue;
             }
             let Some(mv) = m(s) else { continue };
+            // CFS-throttled time is run delay too: a wait that rose with the server cgroup's
+            // throttling is its quota's (cpu_throttling), not a neighbour's.
+            if s == Signal::ServerCpuWait && cpu_wait::quota_explains(store, onset, now).is_some() {
+                continue;
+            }
             let mut rule = hard_rule(s, &mv, store, onset, now);
             let strength = if mv.material { squash(mv.z) } else { 0.0 };
             let mut value = strength;
@@ -1040,17 +1047,27 @@ fn score(
             }
             // A node pressure stretches a step at most 1 ÷ (1 − share): far more inflation
             // without a queue to amplify it is another cause's.
-            let short = matches!(s, Signal::NodeCpuPressure | Signal::NodeMemoryPressure)
-                .then(|| pressure::insufficient(mv.before, mv.after, inflation, store, onset, now))
-                .flatten();
-            if let Some(i) = short {
+            // The server's CPU wait, at most (c + w) ÷ c ([`cpu_wait::insufficient`]).
+            let short = match s {
+                Signal::NodeCpuPressure | Signal::NodeMemoryPressure => pressure::insufficient(
+                    mv.before, mv.after, inflation, store, onset, now,
+                )
+                .map(|i| {
+                    let words = i.words(&format!(
+                        "{} {:.0} % → {:.0} %",
+                        s.words(),
+                        mv.before * 100.0,
+                        mv.after * 100.0
+                    ));
+                    (i, words)
+                }),
+                Signal::ServerCpuWait => {
+                    cpu_wait::insufficient(mv.before, mv.after, inflation, store, onset, now)
+                }
+                _ => None,
+            };
+            if let Some((i, words)) = short {
                 value = (value * i.explained).min(pressure::INSUFFICIENT_CAP);
-                let words = i.words(&format!(
-                    "{} {:.0} % → {:.0} %",
-                    s.words(),
-                    mv.before * 100.0,
-                    mv.after * 100.0
-                ));
                 rule = Some(match rule {
                     Some(r) => format!("{r}; but {words}"),
                     None => words,
@@ -1311,6 +1328,7 @@ fn hard_rule(s: Signal, mv: &Moved, store: &EvidenceStore, onset: u32, now: u32)
                 mv.after * 100.0
             ))
         }
+        Signal::ServerCpuWait => cpu_wait::rule(mv.before, mv.after, store, onset, now),
         Signal::NodeMemoryPressure if mv.after >= 0.1 && mv.after - mv.before >= 0.05 => {
             Some(format!(
                 "node PSI memory some avg10 {:.0} % → {:.0} %: tasks stall on memory reclaim",

@@ -8,6 +8,9 @@
 //!   queue for queueing).
 //! - [`pressure`]: how much a node pressure (PSI) can explain: at most 1 ÷ (1 − share) of a
 //!   step, unless the server's queue amplifies it.
+//! - [`cpu_wait`]: the model server's own threads waiting for a CPU as `node_cpu_pressure`
+//!   evidence (the node's PSI cannot rise once other work keeps it near 100 %), unless its
+//!   cgroup's throttling rose with it; at most (c + w) ÷ c of a step.
 //! - [`queueing`]: whether the server's own queue explains a jump (ordinary queueing).
 //! - [`engine`]: [`Engine`]: symptom → onset → cause scores → state, per target.
 //! - [`warning`]: early warnings (a cause's hard rule holds, the latency moved less than a
@@ -122,6 +125,7 @@
 
 pub mod announce;
 pub mod contradict;
+pub mod cpu_wait;
 pub mod detector;
 pub mod engine;
 pub mod inputs;

@@ -75,7 +75,21 @@ pub fn insufficient(
     onset: u32,
     now: u32,
 ) -> Option<Insufficient> {
-    let bound = max_stretch(before, after);
+    beyond(max_stretch(before, after), observed, store, onset, now)
+}
+
+/// Whether a latency that rose `observed` times is beyond what a contention that stretches a
+/// step at most `bound` times can explain: `observed` beyond [`SLACK`] × `bound`, and the
+/// server's own queue did not rise since `onset` without more arrivals ([`queue_amplifies`]).
+/// `None` when it can. Shared by the node's PSI and the server's own CPU wait
+/// ([`crate::cpu_wait`]).
+pub fn beyond(
+    bound: f64,
+    observed: f64,
+    store: &EvidenceStore,
+    onset: u32,
+    now: u32,
+) -> Option<Insufficient> {
     if !observed.is_finite() || observed <= SLACK * bound || queue_amplifies(store, onset, now) {
         return None;
     }

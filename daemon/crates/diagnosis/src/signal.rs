@@ -106,10 +106,19 @@ pub enum Signal {
     /// 1 for a scheduled canary skipped because `max_in_flight` canaries still ran, 0 for one
     /// sent: the share of the spike the canaries did not see.
     CanarySkipped,
+    /// Seconds per second the model server's threads spent runnable but not running (waiting
+    /// for a CPU), s/s: the sum over its threads of `/proc/PID/task/TID/schedstat` run_delay
+    /// (plain host), or its cgroup's `cpu.pressure` `some` total (cgroup v2) or its cgroup's
+    /// threads' run_delay (cgroup v1), as a rate (`node::cpu_wait`). CFS-throttled time counts
+    /// too. May exceed 1 (several threads waiting at once).
+    ServerCpuWait,
+    /// The model server's own CPU use, cores (its threads' time on a CPU, the same source as
+    /// [`Signal::ServerCpuWait`]).
+    ServerCpu,
 }
 
 impl Signal {
-    pub const ALL: [Signal; 37] = [
+    pub const ALL: [Signal; 39] = [
         Signal::Ttft,
         Signal::Tpot,
         Signal::E2e,
@@ -147,6 +156,8 @@ impl Signal {
         Signal::CgroupOomKill,
         Signal::AgentCpu,
         Signal::CanarySkipped,
+        Signal::ServerCpuWait,
+        Signal::ServerCpu,
     ];
 
     pub fn index(self) -> usize {
@@ -193,6 +204,8 @@ impl Signal {
             Signal::CgroupOomKill => "cgroup_oom_kill",
             Signal::AgentCpu => "agent_cpu",
             Signal::CanarySkipped => "canary_skipped",
+            Signal::ServerCpuWait => "server_cpu_wait",
+            Signal::ServerCpu => "server_cpu",
         }
     }
 
@@ -241,6 +254,8 @@ impl Signal {
             Signal::CgroupOomKill => "OOM kills",
             Signal::AgentCpu => "agent CPU (cores)",
             Signal::CanarySkipped => "canaries skipped at max_in_flight",
+            Signal::ServerCpuWait => "model server CPU wait (s/s)",
+            Signal::ServerCpu => "model server CPU (cores)",
         }
     }
 
@@ -261,7 +276,8 @@ impl Signal {
             Signal::ServerPromptTokensRate | Signal::ServerGenerationTokensRate => "{token}/s",
             Signal::ServerRequestRate | Signal::ServerPreemptions => "1/s",
             Signal::ServerRequestsWaiting | Signal::ServerRequestsRunning => "{request}",
-            Signal::AgentCpu => "{cpu}",
+            Signal::AgentCpu | Signal::ServerCpu => "{cpu}",
+            Signal::ServerCpuWait => "s/s",
             _ => "1",
         }
     }
@@ -344,6 +360,8 @@ impl Signal {
             Signal::CgroupOomKill => 0.5,
             Signal::AgentCpu => 0.2,
             Signal::CanarySkipped => 0.05,
+            Signal::ServerCpuWait => 0.05,
+            Signal::ServerCpu => 0.1,
         }
     }
 }
