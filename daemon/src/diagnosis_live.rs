@@ -815,12 +815,20 @@ pub async fn run(
                 node = Some(n);
             }
         }
-        let cpu0 = thread_cpu_ns();
-        let tick = live.step(now, Some(&gpu));
-        live.loop_cpu_ns.fetch_add(
-            cpu_feed + thread_cpu_ns().saturating_sub(cpu0),
-            Ordering::Relaxed,
-        );
+        // The engine's step off the runtime's worker: a canary's frames are timed as they
+        // arrive, never behind an evaluation.
+        let (l, g) = (live.clone(), gpu.clone());
+        let Ok((tick, step_ns)) = tokio::task::spawn_blocking(move || {
+            let cpu0 = thread_cpu_ns();
+            let tick = l.step(now, Some(&g));
+            (tick, thread_cpu_ns().saturating_sub(cpu0))
+        })
+        .await
+        else {
+            continue;
+        };
+        live.loop_cpu_ns
+            .fetch_add(cpu_feed + step_ns, Ordering::Relaxed);
         for a in tick.announce {
             let d = match a {
                 Announcement::Target(d) => *d,

@@ -149,7 +149,7 @@ fn run(cli: Cli) -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            let rt = match runtime() {
+            let rt = match agent_runtime() {
                 Ok(rt) => rt,
                 Err(code) => return code,
             };
@@ -245,10 +245,24 @@ fn compare(args: lmperf::cli::CompareArgs) -> ExitCode {
     }
 }
 
-/// The tokio runtime: two workers (the agent's work is IO, and nodes lend it little CPU).
+/// The tokio runtime of the one-shot commands: two workers (the work is IO, and a benchmark's
+/// client must not wait behind its own bookkeeping).
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    runtime_with(2)
+}
+
+/// The agent's runtime: one worker. Its steady work is a few canaries, scrapes and exports a
+/// second, all IO; two workers woke each other for every stream frame (parking, stealing:
+/// ~700 context switches a second for 8 targets, most of the agent's CPU). What computes
+/// (the diagnosis step, the node's files, page parsing) runs on the blocking pool, so a
+/// canary's frames are still read the moment they arrive.
+fn agent_runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    runtime_with(1)
+}
+
+fn runtime_with(workers: usize) -> Result<tokio::runtime::Runtime, ExitCode> {
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .enable_all()
         .build()
         .map_err(|e| {
