@@ -8,6 +8,8 @@
 //!   queue for queueing).
 //! - [`pressure`]: how much a node pressure (PSI) can explain: at most 1 ÷ (1 − share) of a
 //!   step, unless the server's queue amplifies it.
+//! - [`onset`]: the incident's onset from its first cause's own signal change (an XID, the
+//!   kernel RTT) when the latency's change point is late or early.
 //! - [`queueing`]: whether the server's own queue explains a jump (ordinary queueing).
 //! - [`engine`]: [`Engine`]: symptom → onset → cause scores → state, per target.
 //! - [`warning`]: early warnings (a cause's hard rule holds, the latency moved less than a
@@ -126,6 +128,7 @@ pub mod detector;
 pub mod engine;
 pub mod inputs;
 pub mod node_scope;
+pub mod onset;
 pub mod pressure;
 pub mod queueing;
 pub mod report;
