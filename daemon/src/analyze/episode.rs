@@ -171,8 +171,9 @@ pub struct Outcome {
     pub onset_error_s: Option<f64>,
     /// The first confirmed cause of any target (a control's false alarm names it).
     pub first_confirmed: Option<(String, Cause, f64)>,
-    /// The lead (s) of the ranking's first cause's first evidence over the onset (negative: it
-    /// changed after the onset): what the on-call's sentence says.
+    /// The lead (s) over the onset of the evidence the sentence names for the ranking's first
+    /// cause ([`crate::diagnosis::TargetDiagnosis::headline_evidence`]; negative: it changed
+    /// after the onset): what the on-call's sentence says.
     #[serde(default)]
     pub top_lead_s: Option<f64>,
     /// The held-back checks of issue 28 over every evaluation.
@@ -284,11 +285,7 @@ pub fn replay(ep: &Episode, config: EngineConfig) -> Outcome {
                 continue;
             }
             let onset_error = t.onset_unix_s.map(|o| o - on);
-            let top_lead = t
-                .causes
-                .first()
-                .and_then(|c| c.evidence.first())
-                .and_then(|e| e.lead_s);
+            let top_lead = t.headline_evidence().and_then(|e| e.lead_s);
             if t.state == State::RootConfirmed && now >= on - 30.0 {
                 out.ranking = t.causes.iter().map(|c| c.cause).collect();
                 out.time_to_confirmed_s = Some(now - on);

@@ -262,7 +262,7 @@ pub fn onset_lines(outs: &[Outcome]) -> String {
         if let Some(l) = o.top_lead_s.filter(|l| *l < -held_back::ONSET_TOLERANCE_S) {
             let _ = writeln!(
                 s,
-                "  cause after the spike: {} first evidence changed {:.0} s after the onset",
+                "  cause after the spike: {} the sentence's evidence changed {:.0} s after the onset",
                 o.name, -l
             );
         }
