@@ -142,6 +142,35 @@ fn run() -> anyhow::Result<()> {
     print!("{}", eval::table(&hold_report));
     println!("\n== whole corpus: {} episodes ==", outcomes.len());
     print!("{}", eval::table(&report));
+    // Issue 28's held-back checks.
+    println!("\n== held-back checks ==");
+    for (name, h) in [("development", &dev), ("holdout", &hold)] {
+        print!("{name}: {}", eval::onset_lines(h));
+    }
+    let delayed: Vec<&Outcome> = outcomes
+        .iter()
+        .filter(|o| o.cause == Some(lmperf::diagnosis::Cause::Network))
+        .filter(|o| o.name.starts_with("network-40ms-"))
+        .collect();
+    for o in &delayed {
+        let half = outcomes
+            .iter()
+            .zip(&halves)
+            .find(|(x, _)| x.name == o.name)
+            .map_or("-", |(_, h)| match h {
+                eval::Half::Development => "development",
+                eval::Half::Holdout => "holdout",
+            });
+        println!(
+            "+40 ms network ({half}): {} rank {} confirmed after {} {}",
+            o.name,
+            o.rank().map_or("-".to_owned(), |r| r.to_string()),
+            o.time_to_confirmed_s
+                .map_or("never".to_owned(), |t| format!("{t:.0} s")),
+            verdict(o.rank() == Some(1) && o.time_to_confirmed_s.is_some_and(|t| t <= 30.0))
+        );
+    }
+    print!("{}", eval::held_back_summary(&outcomes));
     let warned: Vec<&Outcome> = outcomes
         .iter()
         .filter(|o| o.warning_evaluations > 0)

@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
+use super::held_back::HeldBack;
 use crate::diagnosis::node_scope::Placement;
 use crate::diagnosis::report::State;
 use crate::diagnosis::{Cause, Diagnosis, Engine, EngineConfig, Signal};
@@ -170,6 +171,14 @@ pub struct Outcome {
     pub onset_error_s: Option<f64>,
     /// The first confirmed cause of any target (a control's false alarm names it).
     pub first_confirmed: Option<(String, Cause, f64)>,
+    /// The lead (s) over the onset of the evidence the sentence names for the ranking's first
+    /// cause ([`crate::diagnosis::TargetDiagnosis::headline_evidence`]; negative: it changed
+    /// after the onset): what the on-call's sentence says.
+    #[serde(default)]
+    pub top_lead_s: Option<f64>,
+    /// The held-back checks of issue 28 over every evaluation.
+    #[serde(default)]
+    pub held_back: HeldBack,
 }
 
 impl Outcome {
@@ -245,10 +254,13 @@ pub fn replay(ep: &Episode, config: EngineConfig) -> Outcome {
         time_to_warning_s: None,
         onset_error_s: None,
         first_confirmed: None,
+        top_lead_s: None,
+        held_back: HeldBack::default(),
     };
     replay_with(ep, config, |now_off, d| {
         let now = ep.start_unix_s + now_off;
         for t in &d.targets {
+            out.held_back.observe(t, now_off);
             match t.state {
                 State::Idle => {}
                 State::Warning => out.warning_evaluations += 1,
@@ -273,13 +285,16 @@ pub fn replay(ep: &Episode, config: EngineConfig) -> Outcome {
                 continue;
             }
             let onset_error = t.onset_unix_s.map(|o| o - on);
+            let top_lead = t.headline_evidence().and_then(|e| e.lead_s);
             if t.state == State::RootConfirmed && now >= on - 30.0 {
                 out.ranking = t.causes.iter().map(|c| c.cause).collect();
                 out.time_to_confirmed_s = Some(now - on);
                 out.onset_error_s = onset_error;
+                out.top_lead_s = top_lead;
             } else if !matches!(t.state, State::Idle | State::Warning) && now >= on {
                 out.ranking = t.causes.iter().map(|c| c.cause).collect();
                 out.onset_error_s = onset_error;
+                out.top_lead_s = top_lead;
             }
         }
     });

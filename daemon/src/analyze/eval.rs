@@ -10,6 +10,7 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use super::episode::Outcome;
+use super::held_back;
 use crate::diagnosis::Cause;
 use crate::diagnosis::detector::median;
 
@@ -225,4 +226,90 @@ pub fn split<T>(items: &[T], key: impl Fn(&T) -> (&str, Option<Cause>)) -> Vec<H
         }
     }
     out
+}
+
+/// The onset lines of one half: the share of fault episodes with an onset within the
+/// tolerance, and every episode outside it (or without an onset) with its error.
+pub fn onset_lines(outs: &[Outcome]) -> String {
+    let faults: Vec<&Outcome> = outs.iter().filter(|o| o.cause.is_some()).collect();
+    let within = faults
+        .iter()
+        .filter(|o| {
+            o.onset_error_s
+                .is_some_and(|e| e.abs() <= held_back::ONSET_TOLERANCE_S)
+        })
+        .count();
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "onset within {:.0} s of the injected fault: {within} of {} fault episodes ({:.2})",
+        held_back::ONSET_TOLERANCE_S,
+        faults.len(),
+        within as f64 / faults.len().max(1) as f64
+    );
+    for o in &faults {
+        match o.onset_error_s {
+            Some(e) if e.abs() <= held_back::ONSET_TOLERANCE_S => {}
+            Some(e) => {
+                let _ = writeln!(s, "  outside: {} onset error {e:+.0} s", o.name);
+            }
+            None => {
+                let _ = writeln!(s, "  outside: {} no onset (never left idle)", o.name);
+            }
+        }
+    }
+    for o in &faults {
+        if let Some(l) = o.top_lead_s.filter(|l| *l < -held_back::ONSET_TOLERANCE_S) {
+            let _ = writeln!(
+                s,
+                "  cause after the spike: {} the sentence's evidence changed {:.0} s after the onset",
+                o.name, -l
+            );
+        }
+    }
+    s
+}
+
+/// The contradiction and decomposition lines over the whole corpus.
+pub fn held_back_summary(outs: &[Outcome]) -> String {
+    let mut s = String::new();
+    let worst = outs
+        .iter()
+        .filter_map(|o| o.held_back.contradicted_max.map(|c| (o.name.as_str(), c)))
+        .max_by(|a, b| a.1.0.total_cmp(&b.1.0));
+    match worst {
+        Some((name, (score, cause, off))) => {
+            let _ = writeln!(
+                s,
+                "contradicted causes: max score {score:.2} ({} in {name} at +{off:.0} s) {}",
+                cause.as_str(),
+                if score < 0.5 {
+                    "< 0.5 met"
+                } else {
+                    "≥ 0.5 MISSED"
+                }
+            );
+        }
+        None => {
+            let _ = writeln!(s, "contradicted causes: none scored");
+        }
+    }
+    let n: usize = outs.iter().map(|o| o.held_back.decompositions).sum();
+    let over: usize = outs.iter().map(|o| o.held_back.over_explained).sum();
+    let unsaid: usize = outs.iter().map(|o| o.held_back.over_explained_unsaid).sum();
+    let min = outs
+        .iter()
+        .filter_map(|o| o.held_back.unexplained_min_s)
+        .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.min(v))));
+    let _ = writeln!(
+        s,
+        "TTFT decompositions: {n}, min unexplained_s {}, parts > extra TTFT in {over} (clamped to 0, {unsaid} without a note) {}",
+        min.map_or("-".to_owned(), |m| format!("{:.0} ms", m * 1e3)),
+        if min.is_none_or(|m| m >= 0.0) && unsaid == 0 {
+            "met"
+        } else {
+            "MISSED"
+        }
+    );
+    s
 }

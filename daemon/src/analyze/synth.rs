@@ -88,6 +88,9 @@ struct World {
     decode_s: f64,
     client_s: f64,
     srtt_s: f64,
+    /// Round trips in a canary's TTFT: 2 (a connection opened per request: the handshake and
+    /// the request), 1 on a kept-alive connection (the request and the first chunk).
+    ttft_round_trips: f64,
     retransmit_p: f64,
     error_p: f64,
     /// An error is a 429 (else a 5xx) with this probability.
@@ -124,6 +127,7 @@ impl World {
             decode_s: 0.011,
             client_s: 0.012,
             srtt_s: 0.0003,
+            ttft_round_trips: 2.0,
             retransmit_p: 0.0,
             error_p: 0.0,
             error_429_p: 0.0,
@@ -340,7 +344,7 @@ fn generate(
         } else {
             let mut ttft = (w.queue_s + w.prefill_s + w.decode_s) * lat.sample(&mut rng)
                 + w.client_s
-                + 2.0 * w.srtt_s;
+                + w.ttft_round_trips * w.srtt_s;
             if outliers && rng.random_bool(1.0 / 40.0) {
                 ttft *= 5.0;
             }
@@ -554,6 +558,60 @@ pub fn fault(cause: Cause, magnitude: Magnitude, variant: u64) -> Episode {
     }
 }
 
+/// The link delay of [`network_delay`] episodes (s): +40 ms on the round trip, a canary TTFT
+/// +40 ms on its kept-alive connection, under the 50 ms TTFT floor (issue 28).
+pub const NETWORK_DELAY_40MS_S: f64 = 0.04;
+
+/// The variants of `network-40ms-N` in [`corpus`]. Their names were chosen so that, in the
+/// `network` group of [`super::eval::split`] (ordered by the FNV-1a of the names), they come
+/// in adjacent pairs: every episode already in the corpus keeps its half and each pair puts
+/// one in each half (`network-40ms-1`/`-2` sort between `network-strong-1` and
+/// `live-network-delaylink-60ms-1`, `-3`/`-4` between `live-network-delaylink-80ms-1` and
+/// `network-strong-2`).
+pub const NETWORK_DELAY_VARIANTS: [u64; 4] = [1, 2, 3, 4];
+
+/// A network episode of `delay_s` more round-trip time on a kept-alive connection (the delay
+/// enters the canary's TTFT once), the server's own timings flat: `network-{ms}ms-{variant}`,
+/// magnitude `"{ms}ms"`.
+pub fn network_delay(delay_s: f64, variant: u64) -> Episode {
+    let ms = (delay_s * 1e3).round();
+    let name = format!("network-{ms:.0}ms-{variant}");
+    let seed = 0x6e65_7464_656c ^ (ms as u64) << 8 ^ variant;
+    let world_at = |t: f64| {
+        let mut w = World::calm();
+        w.ttft_round_trips = 1.0;
+        if t >= CALM_S {
+            let f = ((t - CALM_S) / 2.0).clamp(0.0, 1.0);
+            w.srtt_s = lerp(w.srtt_s, w.srtt_s + delay_s, f);
+        }
+        w
+    };
+    let sources = Sources {
+        server: true,
+        gpu: true,
+        net: true,
+    };
+    let mut series = generate(name.clone(), seed, sources, &world_at, false);
+    sort(&mut series);
+    Episode {
+        format: FORMAT.to_owned(),
+        name,
+        source: "synthetic".to_owned(),
+        cause: Some(Cause::Network),
+        magnitude: Some(format!("{ms:.0}ms")),
+        target: TARGET.to_owned(),
+        start_unix_s: START_UNIX_S,
+        duration_s: CALM_S + FAULT_S,
+        onset_offset_s: Some(CALM_S),
+        notes: format!(
+            "synthetic: {} min calm, then the round trip +{ms:.0} ms on a kept-alive connection (TTFT +{ms:.0} ms, under the 50 ms floor) for {} min",
+            CALM_S / 60.0,
+            FAULT_S / 60.0
+        ),
+        series: BTreeMap::from([(TARGET.to_owned(), named(series))]),
+    }
+}
+
 /// One no-fault control episode.
 pub fn control(kind: Control, variant: u64) -> Episode {
     let name = format!("control-{}-{}", kind.as_str(), variant);
@@ -608,7 +666,8 @@ pub fn control(kind: Control, variant: u64) -> Episode {
     }
 }
 
-/// The synthetic corpus: every cause at both magnitudes, `per_magnitude` variants each, every
+/// The synthetic corpus: every cause at both magnitudes, `per_magnitude` variants each, the
+/// `network-40ms-N` episodes ([`network_delay`]), every
 /// control kind `controls` times, `controls` calm busy servers ([`super::busy`]) and `4 ×
 /// controls` heavier ones ([`super::busy::BusyConfig::heavy`]).
 pub fn corpus(per_magnitude: u64, controls: u64) -> Vec<Episode> {
@@ -619,6 +678,10 @@ pub fn corpus(per_magnitude: u64, controls: u64) -> Vec<Episode> {
                 out.push(fault(cause, m, v));
             }
         }
+    }
+    // A +40 ms round trip (issue 28: confirmed within 30 s).
+    for v in NETWORK_DELAY_VARIANTS {
+        out.push(network_delay(NETWORK_DELAY_40MS_S, v));
     }
     for kind in Control::ALL {
         for v in 1..=controls {

@@ -56,6 +56,8 @@ fn outcome(name: &str, cause: Option<Cause>, ranking: &[Cause], ttd: Option<f64>
         time_to_warning_s: None,
         onset_error_s: None,
         first_confirmed: None,
+        top_lead_s: None,
+        held_back: Default::default(),
     }
 }
 
@@ -611,5 +613,53 @@ fn analyze_names_a_fault_on_most_of_a_nodes_targets_once_at_node_scope() {
         text.starts_with("node n1  root_confirmed  node_cpu_pressure 0.")
             && text.contains("on 2 of 3 targets (n1/a, n1/b)"),
         "{text}"
+    );
+}
+
+#[test]
+fn the_40ms_network_episodes_leave_every_other_episode_in_its_half() {
+    use super::eval::{Half, split};
+    // The network group of the corpus (2 variants per magnitude) and its recorded episodes.
+    let existing = [
+        "network-mild-1",
+        "network-mild-2",
+        "network-strong-1",
+        "network-strong-2",
+        "live-network-delaylink-60ms-1",
+        "live-network-delaylink-80ms-1",
+    ];
+    let added: Vec<String> = synth::NETWORK_DELAY_VARIANTS
+        .iter()
+        .map(|v| synth::network_delay(synth::NETWORK_DELAY_40MS_S, *v).name)
+        .collect();
+    let before = split(&existing, |n| (*n, Some(Cause::Network)));
+    let all: Vec<&str> = existing
+        .iter()
+        .copied()
+        .chain(added.iter().map(String::as_str))
+        .collect();
+    let after = split(&all, |n| (*n, Some(Cause::Network)));
+    assert_eq!(&after[..existing.len()], &before[..], "{all:?}");
+    let holdout = after[existing.len()..]
+        .iter()
+        .filter(|h| **h == Half::Holdout)
+        .count();
+    assert_eq!(holdout, added.len() / 2, "{added:?}: {after:?}");
+}
+
+#[test]
+fn a_40ms_round_trip_is_confirmed_as_network_within_30_s() {
+    // The kernel RTT +40 ms on a kept-alive connection: the canary TTFT +40 ms, under the 50 ms
+    // floor and under 1.5 × its p99 (issue 28's held-back kind).
+    let ep = synth::network_delay(synth::NETWORK_DELAY_40MS_S, 1);
+    let o = replay(&ep, EngineConfig::default());
+    assert_eq!(o.rank(), Some(1), "{o:?}");
+    let ttd = o.time_to_confirmed_s.expect("confirmed");
+    assert!(ttd <= 30.0, "confirmed {ttd} s after the delay");
+    let err = o.onset_error_s.expect("onset");
+    assert!(err.abs() <= 5.0, "onset error {err} s");
+    assert!(
+        o.held_back.contradicted_max.is_none_or(|c| c.0 < 0.5),
+        "{o:?}"
     );
 }

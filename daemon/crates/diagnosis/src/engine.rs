@@ -14,7 +14,7 @@ use super::report::{
 };
 use super::signal::{Harm, Signal};
 use super::store::{EvidenceStore, SecondSeries};
-use super::{contradict, cpu_wait, pressure, queueing, roots, warning};
+use super::{contradict, cpu_wait, onset as cause_onset, pressure, queueing, roots, warning};
 
 /// Engine settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -115,6 +115,8 @@ struct TargetEngine {
     state: State,
     since: Option<SystemTime>,
     onset: Option<u32>,
+    /// The signal of the symptom whose onset `onset` is.
+    onset_signal: Option<Signal>,
     /// The second the symptom was first detected (the state left idle).
     triggered: Option<u32>,
     last_symptom: Option<SystemTime>,
@@ -650,6 +652,7 @@ impl TargetEngine {
             state: State::Idle,
             since: None,
             onset: None,
+            onset_signal: None,
             triggered: None,
             last_symptom: None,
             last: None,
@@ -667,6 +670,9 @@ impl TargetEngine {
         } else {
             1.0
         };
+        // A kernel RTT that doubled is carried whole by TTFT and E2E: their ratio relaxes too
+        // (not under an early warning's rule: a mild KV squeeze stays a warning).
+        let rtt_rose = warning::rtt_rose(&self.store, sec(now));
         let bounds: &[(Duration, f64)] =
             if sec(now).saturating_sub(self.in_flight.0) <= IN_FLIGHT_FRESH_S {
                 &self.in_flight.1
@@ -686,11 +692,14 @@ impl TargetEngine {
             } else {
                 signal.floor() * floor_factor
             };
-            let rule = JumpRule {
+            let mut rule = JumpRule {
                 floor,
                 ..cfg.symptom
             }
             .relaxed(factor);
+            if rtt_rose && matches!(signal, Signal::Ttft | Signal::E2e) {
+                rule.ratio = 1.0 + (rule.ratio - 1.0) * warning::CORROBORATED_FLOOR;
+            }
             // Canaries in flight bound the E2E from below (their TTFT may have come).
             let lower = if signal == Signal::E2e { bounds } else { &[] };
             if let Some(a) = b.assess_with(at, &rule, lower)
@@ -823,22 +832,49 @@ impl TargetEngine {
             (State::Idle | State::Warning, Some(sym)) => {
                 self.set_state(State::Triggered, now);
                 self.onset = Some(self.onset_of(sym.signal, now_sec, cfg));
+                self.onset_signal = Some(sym.signal);
                 self.triggered = Some(now_sec);
             }
             (_, None) if cleared => {
                 self.set_state(State::Idle, now);
                 self.onset = None;
+                self.onset_signal = None;
                 self.triggered = None;
                 return self.quiet(name, now, cfg);
             }
             (State::Triggered, Some(_)) => self.set_state(State::Propagating, now),
             _ => {}
         }
-        let onset = self.onset.unwrap_or(now_sec);
+        let mut onset = self.onset.unwrap_or(now_sec);
         let history_s = cfg.detector.history.as_secs() as u32;
-        let (mut causes, decomposition) = score(&self.store, onset, now_sec, history_s);
-        let best = causes.first().map_or(0.0, |c| c.score);
         let triggered = self.triggered.unwrap_or(now_sec);
+        let (mut causes, mut decomposition) = score(&self.store, onset, now_sec, history_s);
+        // The incident began when the first cause's own signal changed, if it is well supported
+        // and the same cause ranks first from there ([`cause_onset`]).
+        // Before the symptom's onset, only where the symptom's own series had already moved
+        // between the two ([`cause_onset::moved_early`]) (a restart a minute before a later slowdown is its
+        // precursor, not its onset; a mild fault's error ratio paged a minute late); after it
+        // (an ordinary blip found first), at the cause's change.
+        let refined = cause_onset::cause_onset(&causes, onset, triggered).and_then(|at| {
+            if at > onset {
+                return Some(at);
+            }
+            let signal = self.onset_signal?;
+            let series = self.store.series(signal)?;
+            // Half way to its level since, or a material move on its own (a mild error ratio's
+            // detection waited for a cluster of errors that its level since reads).
+            (cause_onset::moved_early(signal, series, at, onset, now_sec)
+                || moved(signal, series, at, onset.saturating_sub(1), history_s)
+                    .is_some_and(|m| m.material))
+            .then_some(at)
+        });
+        if let Some(at) = refined {
+            let (again, dec) = score(&self.store, at, now_sec, history_s);
+            if again.first().map(|c| c.cause) == causes.first().map(|c| c.cause) {
+                (causes, decomposition, onset) = (again, dec, at);
+            }
+        }
+        let best = causes.first().map_or(0.0, |c| c.score);
         let waited = Duration::from_secs(u64::from(now_sec.saturating_sub(triggered)));
         // The seconds of the symptom: its recent buckets before the detection, and since.
         let recent_s =
@@ -948,23 +984,25 @@ impl TargetEngine {
         let recent_s = (cfg.detector.bucket.as_secs() as u32).max(1)
             * (cfg.detector.recent_buckets as u32 + 1);
         let fallback = now_sec.saturating_sub(recent_s);
-        let Some(series) = self.store.series(signal) else {
-            return fallback;
-        };
-        let history_s = cfg.detector.history.as_secs() as u32;
-        let mut before: Vec<f64> = series
-            .range(fallback.saturating_sub(history_s), fallback)
-            .map(|(_, v)| v)
-            .collect();
-        let Some(b) = Baseline::of(&mut before) else {
-            return fallback;
-        };
-        let s = scale(&b, signal.floor());
         // From one bucket before the recent buckets: the symptom is theirs, and a search a
         // minute earlier found the drift of a busy neighbour instead.
+        self.change_from(signal, fallback, cfg).unwrap_or(fallback)
+    }
+
+    /// The first change point of the 1 s values of `signal` from second `from` on, against the
+    /// history before `from` (CUSUM, the last second its statistic was 0 before the alarm).
+    fn change_from(&self, signal: Signal, from: u32, cfg: &EngineConfig) -> Option<u32> {
+        let series = self.store.series(signal)?;
+        let history_s = cfg.detector.history.as_secs() as u32;
+        let mut before: Vec<f64> = series
+            .range(from.saturating_sub(history_s), from)
+            .map(|(_, v)| v)
+            .collect();
+        let b = Baseline::of(&mut before)?;
+        let s = scale(&b, signal.floor());
         cusum(
             series,
-            fallback,
+            from,
             (b.median, s),
             1.0,
             // A ratio's seconds are 0/1 flags: k = 1 would let a 12 % burst's zeros cancel its
@@ -976,7 +1014,6 @@ impl TargetEngine {
             },
             ChangePoint::FirstAlarm,
         )
-        .unwrap_or(fallback)
     }
 }
 

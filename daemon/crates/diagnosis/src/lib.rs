@@ -11,6 +11,8 @@
 //! - [`cpu_wait`]: the model server's own threads waiting for a CPU as `node_cpu_pressure`
 //!   evidence (the node's PSI cannot rise once other work keeps it near 100 %), unless its
 //!   cgroup's throttling rose with it; at most (c + w) ÷ c of a step.
+//! - [`onset`]: the incident's onset from its first cause's own signal change (an XID, the
+//!   kernel RTT) when the latency's change point is late or early.
 //! - [`queueing`]: whether the server's own queue explains a jump (ordinary queueing).
 //! - [`engine`]: [`Engine`]: symptom → onset → cause scores → state, per target.
 //! - [`warning`]: early warnings (a cause's hard rule holds, the latency moved less than a
@@ -130,6 +132,7 @@ pub mod detector;
 pub mod engine;
 pub mod inputs;
 pub mod node_scope;
+pub mod onset;
 pub mod pressure;
 pub mod queueing;
 pub mod report;

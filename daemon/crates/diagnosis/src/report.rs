@@ -330,10 +330,31 @@ pub fn fmt_value(signal: Signal, v: f64) -> String {
 impl TargetDiagnosis {
     /// The WARN line of a confirmed cause, e.g. `load_surge 0.91: requests waiting 0 → 37 from
     /// 03:02:04, 6 s before TTFT p99 38 → 412 ms; GPU, network, errors flat`.
+    /// The evidence the sentence names for the first cause: its strongest, unless that changed
+    /// more than 5 s after the onset while another of its signals changed by then (a KV cache
+    /// that filled before it preempted: the sentence does not put the cause after the spike).
+    pub fn headline_evidence(&self) -> Option<&Evidence> {
+        let top = self.causes.first()?;
+        let first = top.evidence.first()?;
+        if first.lead_s.is_some_and(|l| l < -5.0) {
+            let earlier = top.evidence.iter().find(|e| {
+                e.lead_s.is_some_and(|l| l >= -5.0)
+                    && !e
+                        .rule
+                        .as_deref()
+                        .is_some_and(|r| r.starts_with("contradicted"))
+            });
+            if earlier.is_some() {
+                return earlier;
+            }
+        }
+        Some(first)
+    }
+
     pub fn line(&self) -> Option<String> {
         let top = self.causes.first()?;
         let mut s = format!("{} {:.2}", top.cause.as_str(), top.score);
-        if let Some(e) = top.evidence.first() {
+        if let Some(e) = self.headline_evidence() {
             s.push_str(&format!(
                 ": {} {} → {}",
                 e.signal.words(),

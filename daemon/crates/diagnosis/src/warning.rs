@@ -301,9 +301,14 @@ pub const CORROBORATED_FLOOR: f64 = 0.5;
 /// warning's hard rule, or the kernel RTT's median ≥ 2 × and +5 ms above its median over the
 /// 5 min before the window.
 pub fn corroborated(store: &EvidenceStore, now: u32) -> bool {
-    if !early_warnings(store, now).is_empty() {
-        return true;
-    }
+    !early_warnings(store, now).is_empty() || rtt_rose(store, now)
+}
+
+/// Whether the kernel RTT's median over the [`WINDOW_S`] seconds before `now` is ≥ 2 × and
+/// +5 ms above its median over the 5 min before the window: a delay the canary's TTFT carries
+/// whole, so the symptom's ratio relaxes as its floor does (a +40 ms round trip on a 70 ms
+/// TTFT is a 1.5 × median and under 1.5 × at the p99).
+pub fn rtt_rose(store: &EvidenceStore, now: u32) -> bool {
     let from = now.saturating_sub(WINDOW_S);
     let recent: Vec<f64> = values(store, Signal::NetSrtt, from, now.saturating_add(1))
         .iter()
