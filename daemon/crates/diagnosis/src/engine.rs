@@ -14,7 +14,7 @@ use super::report::{
 };
 use super::signal::{Harm, Signal};
 use super::store::{EvidenceStore, SecondSeries};
-use super::{contradict, pressure, queueing, roots, warning};
+use super::{backlog, contradict, pressure, queueing, roots, warning};
 
 /// Engine settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -934,6 +934,7 @@ impl TargetEngine {
                     d.summary.clone().unwrap_or_default()
                 ));
                 d.roots = roots.into_iter().map(|(c, _)| c).collect();
+                roots::rank_first(&mut d.causes, &d.roots);
             }
         }
         self.last = Some(d.clone());
@@ -1060,15 +1061,18 @@ fn score(
             }
             // Time order: moved before the symptom gains, well after loses.
             let lead = mv.changed_at.map(|c| f64::from(onset) - f64::from(c));
-            value *= match lead {
-                Some(l) if l >= 2.0 => 1.05,
-                Some(l) if l >= -5.0 => 1.0,
-                Some(l) if l >= -30.0 => 1.0 - 0.3 * ((-l - 5.0) / 25.0),
-                Some(_) => 0.6,
-                None => 0.9,
-            };
+            value *= time_order(lead);
             best = best.max(value);
             ev.push((value, evidence(s, &mv, rule)));
+        }
+        // A server without a request counter: arrivals read from its queue ([`backlog`]).
+        if def.cause == Cause::LoadSurge
+            && let Some(b) = backlog::outgrows_service(store, onset, now)
+        {
+            let e = b.evidence(onset);
+            let value = BACKLOG_SCORE * time_order(e.lead_s);
+            best = best.max(value);
+            ev.push((value, e));
         }
         if best <= 0.0 {
             continue;
@@ -1169,6 +1173,21 @@ fn score(
     }
     let decomposition = ttft.filter(|t| t.material).map(|t| decompose(&t, &m));
     (out, decomposition)
+}
+
+/// The score of a load surge read from the queue ([`backlog`]): a hard rule's.
+const BACKLOG_SCORE: f64 = 0.85;
+
+/// Time order: a signal that moved before the symptom (its lead, s) gains, one well after it
+/// loses; one without a change point × 0.9.
+fn time_order(lead: Option<f64>) -> f64 {
+    match lead {
+        Some(l) if l >= 2.0 => 1.05,
+        Some(l) if l >= -5.0 => 1.0,
+        Some(l) if l >= -30.0 => 1.0 - 0.3 * ((-l - 5.0) / 25.0),
+        Some(_) => 0.6,
+        None => 0.9,
+    }
 }
 
 /// Event signals (GPU faults, server changes): the hard rule over their window before the

@@ -6,6 +6,8 @@
 //! - [`store`]: the evidence store of a target (1 s resolution, 30 min, bounded).
 //! - [`contradict`]: what the server says against a cause (arrivals for a load surge, the
 //!   queue for queueing).
+//! - [`backlog`]: arrivals read from the queue on a server without a request counter (a queue
+//!   that grew while its throughput held: more work than it serves).
 //! - [`pressure`]: how much a node pressure (PSI) can explain: at most 1 ÷ (1 − share) of a
 //!   step, unless the server's queue amplifies it.
 //! - [`queueing`]: whether the server's own queue explains a jump (ordinary queueing).
@@ -121,6 +123,7 @@
 //! are only added in version 1; a rename or removal bumps [`report::SCHEMA_VERSION`].
 
 pub mod announce;
+pub mod backlog;
 pub mod contradict;
 pub mod detector;
 pub mod engine;
