@@ -27,6 +27,8 @@ pub const MIN_GROWTH: f64 = 2.0;
 /// generated) since the queue rose are at least this share of their level over the 5 min
 /// before (a server that got slower serves less).
 pub const THROUGHPUT_HELD: f64 = 0.95;
+/// Batches (requests running) the queue must hold over the window, at least.
+pub const BATCHES_WAITING: f64 = 2.0;
 /// The recent seconds whose median is the queue's present level.
 const RECENT_S: u32 = 10;
 /// Baseline seconds.
@@ -183,7 +185,19 @@ pub fn outgrows_service(store: &EvidenceStore, onset: u32, now: u32) -> Option<B
         .filter(|p| p.0 >= to.saturating_sub(RECENT_S))
         .collect();
     let (level, now_level) = (median_of(&during)?, median_of(&recent)?);
-    if level < before + 1.0 || now_level < high + MIN_GROWTH || now_level < before + MIN_GROWTH {
+    // Both the whole window's level and the recent one beyond the ordinary high: a Poisson
+    // burst of a busy server's ordinary traffic fills its queue for a block, not for the
+    // window.
+    if level < high + MIN_GROWTH || now_level < high + MIN_GROWTH {
+        return None;
+    }
+    // And beyond what the batch turns over: at least [`BATCHES_WAITING`] full batches wait
+    // (every request waits two service times). A busy server's burst fills a queue about as
+    // deep as its batch for a few seconds; a surge piles up batches.
+    let running = values(store, Signal::ServerRequestsRunning, since, to);
+    if let Some(batch) = median_of(&running)
+        && level < BATCHES_WAITING * batch
+    {
         return None;
     }
     let peak = during.iter().map(|p| p.1).fold(0.0, f64::max);

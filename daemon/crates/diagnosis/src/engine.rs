@@ -1066,11 +1066,17 @@ fn score(
             ev.push((value, evidence(s, &mv, rule)));
         }
         // A server without a request counter: arrivals read from its queue ([`backlog`]).
+        let mut part = def.part;
         if def.cause == Cause::LoadSurge
             && let Some(b) = backlog::outgrows_service(store, onset, now)
         {
             let e = b.evidence(onset);
             let value = BACKLOG_SCORE * time_order(e.lead_s);
+            if value >= best {
+                // More work than the batch serves waits: it shows in the TTFT first, whether
+                // or not the full batch decodes slower.
+                part = Part::Ttft;
+            }
             best = best.max(value);
             ev.push((value, e));
         }
@@ -1081,13 +1087,13 @@ fn score(
             insufficient.push(def.cause);
         }
         // Which part of the latency moved.
-        let fits = match def.part {
+        let fits = match part {
             Part::Ttft => ttft_moved,
             Part::Tpot => tpot_moved,
             Part::Both => ttft_moved && tpot_moved,
             Part::Any => true,
         };
-        let part_factor = match (def.part, fits) {
+        let part_factor = match (part, fits) {
             (_, true) => 1.0,
             (Part::Both, false) => 0.8,
             _ => 0.75,
