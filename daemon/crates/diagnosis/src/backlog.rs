@@ -345,6 +345,17 @@ mod tests {
         // The throughput held but the queue reached only 1.
         let s = store(ONSET + 40, 4, |_| (1.0, 4.0, 5.0));
         assert_eq!(outgrows_service(&s, ONSET, ONSET + 35), None);
+        // A queue no deeper than its batch (4 running, 5 waiting): a burst the batch absorbs.
+        let mut s = store(ONSET + 40, 4, |_| (5.0, 6.0, 5.0));
+        for t in T0..ONSET + 40 {
+            s.observe(
+                Signal::ServerRequestsRunning,
+                std::time::Duration::from_secs(u64::from(t)),
+                4.0,
+            );
+            s.roll(t + 1);
+        }
+        assert_eq!(outgrows_service(&s, ONSET, ONSET + 35), None);
         // A server with a request counter reports its arrivals itself.
         let mut s = store(ONSET + 40, 4, |t| {
             (f64::from((t - ONSET).min(16)), 6.0, 5.0)
