@@ -3,8 +3,11 @@
 //! table per cause (AC@1, AC@3, Avg@5, median time to `root_confirmed`, control diagnoses).
 //!
 //! Arguments: `[--per-magnitude N] [--controls N] [--no-synthetic] [--write-synthetic DIR]
-//! [--json FILE] [--explain NAME] [-v] [DIR...]`. `--explain NAME` prints the episode's first
-//! `root_confirmed` evaluation (else its last one that left idle) as JSON.
+//! [--json FILE] [--explain NAME] [--timeline NAME] [-v] [DIR...]`. `--explain NAME` prints the
+//! episode's first `root_confirmed` evaluation (else its last one that left idle) as JSON;
+//! `--timeline NAME` its target's state and top three causes at every evaluation where they
+//! changed, seconds from the injection; `--max-score CAUSE` the highest score CAUSE reached in
+//! each episode (at any evaluation, any target) and the episode's own cause.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -32,6 +35,8 @@ fn run() -> anyhow::Result<()> {
     let mut json: Option<PathBuf> = None;
     let mut verbose = false;
     let mut explain: Option<String> = None;
+    let mut timeline: Option<String> = None;
+    let mut max_score: Option<String> = None;
     let mut dirs = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -50,6 +55,8 @@ fn run() -> anyhow::Result<()> {
             "--json" => json = args.next().map(PathBuf::from),
             "-v" | "--verbose" => verbose = true,
             "--explain" => explain = args.next(),
+            "--timeline" => timeline = args.next(),
+            "--max-score" => max_score = args.next(),
             d if !d.starts_with('-') => dirs.push(PathBuf::from(d)),
             other => anyhow::bail!("unknown argument {other:?}"),
         }
@@ -69,6 +76,59 @@ fn run() -> anyhow::Result<()> {
         let found = Episode::load_dir(d)?;
         println!("{}: {} recorded episodes", d.display(), found.len());
         episodes.extend(found);
+    }
+    if let Some(cause) = &max_score {
+        for e in &episodes {
+            let mut best = 0.0_f64;
+            lmperf::analyze::episode::replay_with(e, EngineConfig::default(), |_, d| {
+                for t in &d.targets {
+                    for c in t.causes.iter().filter(|c| c.cause.as_str() == cause) {
+                        best = best.max(c.score);
+                    }
+                }
+            });
+            println!(
+                "{:<48} {:<20} {cause} max {best:.2}",
+                e.name,
+                e.cause.map_or("control", |c| c.as_str())
+            );
+        }
+        return Ok(());
+    }
+    if let Some(name) = &timeline {
+        let e = episodes
+            .iter()
+            .find(|e| &e.name == name)
+            .ok_or_else(|| anyhow::anyhow!("--timeline {name:?}: no such episode"))?;
+        let onset = e.onset_unix_s().unwrap_or(e.start_unix_s);
+        let mut last = String::new();
+        println!("{name}: seconds from the injection, state, top three (roots)");
+        lmperf::analyze::episode::replay_with(e, EngineConfig::default(), |off, d| {
+            for t in d.targets.iter().filter(|t| t.target == e.target) {
+                let top: Vec<String> = t
+                    .causes
+                    .iter()
+                    .take(3)
+                    .map(|c| format!("{} {:.2}", c.cause.as_str(), c.score))
+                    .collect();
+                let roots: Vec<&str> = t.roots.iter().map(|c| c.as_str()).collect();
+                let line = format!(
+                    "{:<15} {}{}",
+                    t.state.as_str(),
+                    top.join(", "),
+                    if roots.is_empty() {
+                        String::new()
+                    } else {
+                        format!("  (roots: {})", roots.join(" → "))
+                    }
+                );
+                if line != last {
+                    println!("{:+5.0} s  {line}", e.start_unix_s + off - onset);
+                    last = line;
+                }
+            }
+        });
+        return Ok(());
     }
     if let Some(name) = &explain {
         let e = episodes

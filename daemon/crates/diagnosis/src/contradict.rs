@@ -89,6 +89,11 @@ pub enum Arrivals {
 /// tokens when it ends, so its seconds are bursts and zeros). `None` when the server exports none of them (the canary alone cannot
 /// tell).
 pub fn arrivals(store: &EvidenceStore, onset: u32, now: u32) -> Option<Arrivals> {
+    // Without a request counter a saturated server admits no more than before: its queue
+    // says what arrived ([`super::backlog`]).
+    if super::backlog::outgrows_service(store, onset, now).is_some() {
+        return Some(Arrivals::Rose);
+    }
     let mut seen = false;
     let mut flat = true;
     for s in ARRIVALS {

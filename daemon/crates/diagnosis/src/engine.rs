@@ -14,7 +14,9 @@ use super::report::{
 };
 use super::signal::{Harm, Signal};
 use super::store::{EvidenceStore, SecondSeries};
-use super::{contradict, cpu_wait, onset as cause_onset, pressure, queueing, roots, warning};
+use super::{
+    backlog, contradict, cpu_wait, onset as cause_onset, pressure, queueing, roots, warning,
+};
 
 /// Engine settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -972,6 +974,7 @@ impl TargetEngine {
                     d.summary.clone().unwrap_or_default()
                 ));
                 d.roots = roots.into_iter().map(|(c, _)| c).collect();
+                roots::rank_first(&mut d.causes, &d.roots);
             }
         }
         self.last = Some(d.clone());
@@ -1114,15 +1117,24 @@ fn score(
             }
             // Time order: moved before the symptom gains, well after loses.
             let lead = mv.changed_at.map(|c| f64::from(onset) - f64::from(c));
-            value *= match lead {
-                Some(l) if l >= 2.0 => 1.05,
-                Some(l) if l >= -5.0 => 1.0,
-                Some(l) if l >= -30.0 => 1.0 - 0.3 * ((-l - 5.0) / 25.0),
-                Some(_) => 0.6,
-                None => 0.9,
-            };
+            value *= time_order(lead);
             best = best.max(value);
             ev.push((value, evidence(s, &mv, rule)));
+        }
+        // A server without a request counter: arrivals read from its queue ([`backlog`]).
+        let mut part = def.part;
+        if def.cause == Cause::LoadSurge
+            && let Some(b) = backlog::outgrows_service(store, onset, now)
+        {
+            let e = b.evidence(onset);
+            let value = BACKLOG_SCORE * time_order(e.lead_s);
+            if value >= best {
+                // More work than the batch serves waits: it shows in the TTFT first, whether
+                // or not the full batch decodes slower.
+                part = Part::Ttft;
+            }
+            best = best.max(value);
+            ev.push((value, e));
         }
         if best <= 0.0 {
             continue;
@@ -1131,13 +1143,13 @@ fn score(
             insufficient.push(def.cause);
         }
         // Which part of the latency moved.
-        let fits = match def.part {
+        let fits = match part {
             Part::Ttft => ttft_moved,
             Part::Tpot => tpot_moved,
             Part::Both => ttft_moved && tpot_moved,
             Part::Any => true,
         };
-        let part_factor = match (def.part, fits) {
+        let part_factor = match (part, fits) {
             (_, true) => 1.0,
             (Part::Both, false) => 0.8,
             _ => 0.75,
@@ -1223,6 +1235,21 @@ fn score(
     }
     let decomposition = ttft.filter(|t| t.material).map(|t| decompose(&t, &m));
     (out, decomposition)
+}
+
+/// The score of a load surge read from the queue ([`backlog`]): a hard rule's.
+const BACKLOG_SCORE: f64 = 0.85;
+
+/// Time order: a signal that moved before the symptom (its lead, s) gains, one well after it
+/// loses; one without a change point × 0.9.
+fn time_order(lead: Option<f64>) -> f64 {
+    match lead {
+        Some(l) if l >= 2.0 => 1.05,
+        Some(l) if l >= -5.0 => 1.0,
+        Some(l) if l >= -30.0 => 1.0 - 0.3 * ((-l - 5.0) / 25.0),
+        Some(_) => 0.6,
+        None => 0.9,
+    }
 }
 
 /// Event signals (GPU faults, server changes): the hard rule over their window before the

@@ -6,6 +6,8 @@
 //! - [`store`]: the evidence store of a target (1 s resolution, 30 min, bounded).
 //! - [`contradict`]: what the server says against a cause (arrivals for a load surge, the
 //!   queue for queueing).
+//! - [`backlog`]: arrivals read from the queue on a server without a request counter (a queue
+//!   that grew while its throughput held: more work than it serves).
 //! - [`pressure`]: how much a node pressure (PSI) can explain: at most 1 ÷ (1 − share) of a
 //!   step, unless the server's queue amplifies it.
 //! - [`cpu_wait`]: the model server's own threads waiting for a CPU as `node_cpu_pressure`
@@ -17,7 +19,8 @@
 //! - [`engine`]: [`Engine`]: symptom → onset → cause scores → state, per target.
 //! - [`warning`]: early warnings (a cause's hard rule holds, the latency moved less than a
 //!   symptom): the `warning` state, never a page.
-//! - [`roots`]: concurrent faults: more than one confirmed root, in causal order.
+//! - [`roots`]: concurrent faults: more than one confirmed root, in causal order, leading the
+//!   ranking.
 //! - [`node_scope`]: node-wide vs target: one fault on most of a node's targets through a
 //!   signal they share is one node-level diagnosis (`scope: node`); [`announce`]: what is said
 //!   once per incident (a node's fault once, not per target).
@@ -71,7 +74,9 @@
 //!    lost event, kernel RTT ≥ 2 × and +5 ms, error ratio ≥ 1 %, a server change in the 15 min
 //!    before onset, requests running ≥ 2 × and +1 and beyond its ordinary full batch
 //!    (95th percentile) with arrivals up while generated tokens/s did not fall: more work, not a
-//!    slower server); a node pressure (PSI) that cannot stretch a step as far as the latency
+//!    slower server; on a server without a request counter, requests waiting up ≥ 2 while its
+//!    generated and total token throughput held ([`backlog`]: arrivals ≈ admissions + queue
+//!    growth) is `load_surge`'s own rule and counts as arrivals up); a node pressure (PSI) that cannot stretch a step as far as the latency
 //!    moved (at most 1 ÷ (1 − share), [`pressure`]) without a queue to amplify it stays below
 //!    0.5; `long_prompts` also reads the prompt tokens per generated token
 //!    over 10 s (`server_prompt_ratio`, derived by the store from the two token rates: llama.cpp
@@ -126,6 +131,7 @@
 //! are only added in version 1; a rename or removal bumps [`report::SCHEMA_VERSION`].
 
 pub mod announce;
+pub mod backlog;
 pub mod contradict;
 pub mod cpu_wait;
 pub mod detector;

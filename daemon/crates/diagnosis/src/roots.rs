@@ -2,7 +2,7 @@
 //! that fills the KV cache is one root and its child; a network delay on a node whose GPU also
 //! throttles is two roots. Roots are the causes at or above the confirmation score, none a
 //! child of another in the cause graph, ranked by when their own signals changed (causal
-//! order). Pure.
+//! order); they lead the target's ranking in that order ([`rank_first`]). Pure.
 
 use super::report::{Cause, CauseScore, clock};
 
@@ -37,6 +37,18 @@ pub fn concurrent_roots(
         (None, None) => std::cmp::Ordering::Equal,
     });
     roots
+}
+
+/// Puts the confirmed `roots` first in `causes`, in their causal order (the order of
+/// `roots`), the other causes after them as ranked: with two faults the on-call reads the one
+/// that began first first, whichever scores higher now.
+pub fn rank_first(causes: &mut [CauseScore], roots: &[Cause]) {
+    causes.sort_by_key(|c| {
+        roots
+            .iter()
+            .position(|r| *r == c.cause)
+            .unwrap_or(roots.len())
+    });
 }
 
 /// "two causes: network (from 03:02:04), then gpu_throttling (from 03:02:30)".
@@ -103,5 +115,18 @@ mod tests {
         );
         // One strong cause: a single root.
         assert_eq!(concurrent_roots(&causes[..1], 0.75, graph).len(), 1);
+        // The roots lead the ranking in causal order; the rest keep theirs (a stable sort).
+        let mut ranked = causes.clone();
+        rank_first(&mut ranked, &[Cause::Network, Cause::GpuThrottling]);
+        let order: Vec<Cause> = ranked.iter().map(|c| c.cause).collect();
+        assert_eq!(
+            order,
+            vec![
+                Cause::Network,
+                Cause::GpuThrottling,
+                Cause::ServerQueueing,
+                Cause::LoadSurge
+            ]
+        );
     }
 }
