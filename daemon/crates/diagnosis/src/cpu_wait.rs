@@ -144,13 +144,10 @@ pub fn insufficient(
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, SystemTime};
-
     use super::*;
     use crate::report::{Cause, State, TargetDiagnosis};
-    use crate::{Engine, EngineConfig};
 
-    /// A canary-only target (4 canaries a second, ±10 % wobble) on a node whose PSI cpu sits at
+    /// A canary-only target ([`crate::tests::canary_episode`]) on a node whose PSI cpu sits at
     /// 0.97 throughout (other work), its server's CPU use and wait and its cgroup's throttled
     /// share per second, 600 s calm then the fault; the first confirmed diagnosis (its second
     /// from the fault), else the last.
@@ -158,20 +155,9 @@ mod tests {
         calm: (f64, f64, f64, f64, f64),
         fault: (f64, f64, f64, f64, f64),
     ) -> (u32, TargetDiagnosis) {
-        let t0 = 1_700_000_000.0;
-        let at = |s: f64| SystemTime::UNIX_EPOCH + Duration::from_secs_f64(t0 + s);
-        let mut e = Engine::new(EngineConfig::default());
-        let mut last = None;
-        for s in 0..720_u32 {
-            let (ttft, tpot, cpu, wait, throttled) = if s < 600 { calm } else { fault };
-            for q in 0..4 {
-                let wobble = 1.0 + 0.1 * (f64::from((s * 4 + q) % 7) - 3.0) / 3.0;
-                let t = f64::from(s) + f64::from(q) / 4.0;
-                e.observe("t", Signal::Ttft, at(t), ttft * wobble);
-                e.observe("t", Signal::Tpot, at(t), tpot * wobble);
-                e.observe("t", Signal::E2e, at(t), (ttft + 19.0 * tpot) * wobble);
-                e.observe("t", Signal::Error, at(t), 0.0);
-            }
+        let split = |(ttft, tpot, cpu, wait, throttled)| (ttft, tpot, (cpu, wait, throttled));
+        crate::tests::canary_episode(split(calm), split(fault), |e, s, at, p| {
+            let (cpu, wait, throttled): (f64, f64, f64) = p;
             let x = at(f64::from(s) + 0.5);
             let wobble = 1.0 + 0.1 * (f64::from(s % 5) - 2.0) / 2.0;
             e.observe("t", Signal::NodeCpuPressure, x, 0.97);
@@ -179,14 +165,7 @@ mod tests {
             e.observe("t", Signal::ServerCpu, x, cpu * wobble);
             e.observe("t", Signal::ServerCpuWait, x, wait * wobble);
             e.observe("t", Signal::CgroupCpuThrottled, x, throttled);
-            let d = e.evaluate(at(f64::from(s) + 1.0));
-            let t = d.targets[0].clone();
-            if t.state == State::RootConfirmed {
-                return (s.saturating_sub(600), t);
-            }
-            last = Some((s.saturating_sub(600), t));
-        }
-        last.unwrap()
+        })
     }
 
     #[test]

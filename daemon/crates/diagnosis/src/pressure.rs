@@ -138,40 +138,18 @@ pub fn queue_amplifies(store: &EvidenceStore, onset: u32, now: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, SystemTime};
-
     use super::*;
+    use crate::Signal;
     use crate::report::{Cause, State, TargetDiagnosis};
-    use crate::{Engine, EngineConfig, Signal};
 
-    /// A canary-only target (no server `/metrics`: 4 canaries a second, TTFT and TPOT with a
-    /// ±10 % wobble) and the node PSI cpu, 600 s calm then the fault; the first confirmed
-    /// diagnosis (with its second from the fault), else the last.
+    /// A canary-only target ([`crate::tests::canary_episode`]) and the node PSI cpu, 600 s calm
+    /// then the fault; the first confirmed diagnosis (with its second from the fault), else the
+    /// last.
     fn episode(calm: (f64, f64, f64), fault: (f64, f64, f64)) -> (u32, TargetDiagnosis) {
-        let t0 = 1_700_000_000.0;
-        let at = |s: f64| SystemTime::UNIX_EPOCH + Duration::from_secs_f64(t0 + s);
-        let mut e = Engine::new(EngineConfig::default());
-        let mut last = None;
-        for s in 0..720_u32 {
-            let (ttft, tpot, psi) = if s < 600 { calm } else { fault };
-            for q in 0..4 {
-                let wobble = 1.0 + 0.1 * (f64::from((s * 4 + q) % 7) - 3.0) / 3.0;
-                let t = f64::from(s) + f64::from(q) / 4.0;
-                e.observe("t", Signal::Ttft, at(t), ttft * wobble);
-                e.observe("t", Signal::Tpot, at(t), tpot * wobble);
-                e.observe("t", Signal::E2e, at(t), (ttft + 19.0 * tpot) * wobble);
-                e.observe("t", Signal::Error, at(t), 0.0);
-            }
+        crate::tests::canary_episode(calm, fault, |e, s, at, psi| {
             e.observe("t", Signal::NodeCpuPressure, at(f64::from(s) + 0.5), psi);
             e.observe("t", Signal::AgentCpu, at(f64::from(s) + 0.5), 0.01);
-            let d = e.evaluate(at(f64::from(s) + 1.0));
-            let t = d.targets[0].clone();
-            if t.state == State::RootConfirmed {
-                return (s.saturating_sub(600), t);
-            }
-            last = Some((s.saturating_sub(600), t));
-        }
-        last.unwrap()
+        })
     }
 
     #[test]

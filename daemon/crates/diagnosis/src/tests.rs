@@ -15,6 +15,39 @@ fn at(s: f64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs_f64(T0 as f64 + s)
 }
 
+/// A canary-only target (no server `/metrics`: 4 canaries a second, TTFT and TPOT with a
+/// ±10 % wobble), 600 s calm then the fault, evaluated every second; `per_second(engine,
+/// second, at, params)` adds the node and server signals of that second (`params`: the calm's
+/// or the fault's). The first confirmed diagnosis with its second from the fault, else the
+/// last. The contention checks' harness (`pressure.rs`, `cpu_wait.rs`).
+pub(crate) fn canary_episode<P: Copy>(
+    calm: (f64, f64, P),
+    fault: (f64, f64, P),
+    per_second: impl Fn(&mut Engine, u32, &dyn Fn(f64) -> SystemTime, P),
+) -> (u32, TargetDiagnosis) {
+    let mut e = Engine::new(EngineConfig::default());
+    let mut last = None;
+    for s in 0..720_u32 {
+        let (ttft, tpot, params) = if s < 600 { calm } else { fault };
+        for q in 0..4 {
+            let wobble = 1.0 + 0.1 * (f64::from((s * 4 + q) % 7) - 3.0) / 3.0;
+            let t = f64::from(s) + f64::from(q) / 4.0;
+            e.observe("t", Signal::Ttft, at(t), ttft * wobble);
+            e.observe("t", Signal::Tpot, at(t), tpot * wobble);
+            e.observe("t", Signal::E2e, at(t), (ttft + 19.0 * tpot) * wobble);
+            e.observe("t", Signal::Error, at(t), 0.0);
+        }
+        per_second(&mut e, s, &at, params);
+        let d = e.evaluate(at(f64::from(s) + 1.0));
+        let t = d.targets[0].clone();
+        if t.state == State::RootConfirmed {
+            return (s.saturating_sub(600), t);
+        }
+        last = Some((s.saturating_sub(600), t));
+    }
+    last.unwrap()
+}
+
 /// xorshift64*, uniform in [0, 1).
 struct Rng(u64);
 impl Rng {
