@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 
 /// Where a process's (or pod's) cgroup lives, per controller; absolute paths.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct CgroupDirs {
     /// The cgroup v2 directory (unified hierarchy).
     pub unified: Option<PathBuf>,

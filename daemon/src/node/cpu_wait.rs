@@ -20,13 +20,20 @@
 //! CFS-throttled time counts as run delay too (a throttled cgroup's threads stay runnable): the
 //! diagnosis tells the two apart by the cgroup's throttling. Counters are per thread: a thread
 //! that ended drops out, one that started counts from 0. Unreadable is absent (`None`), never 0.
+//!
+//! Cost (issue 28's agent budget): a thread's counters are one file each, so a server of many
+//! threads is read less often: every [`read_interval`] (1 s up to [`THREADS_PER_S`] threads, at
+//! most [`MAX_READ_INTERVAL`]), and the rate of the last read is repeated in between (it is the
+//! mean over that interval). A process tree is walked again every [`TREE_INTERVAL`]; threads of
+//! a process the walk adds count from their first reading (their past wait is not this
+//! interval's).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Where a server's CPU wait is read.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Source {
     /// The server's process (and its descendants), by pid.
     Pids(Vec<u32>),
@@ -52,75 +59,178 @@ const MAX_PROCS: usize = 256;
 const MAX_THREADS: usize = 8192;
 /// Levels of a cgroup v1 tree below the pod's directory walked for `tasks` (pod → container).
 const MAX_V1_DEPTH: usize = 3;
+/// Threads whose counters are read each second at most, per source: a server of more threads
+/// is read every [`read_interval`].
+pub const THREADS_PER_S: usize = 128;
+/// The longest interval between two reads of a source of many threads.
+pub const MAX_READ_INTERVAL: Duration = Duration::from_secs(5);
+/// How often a process tree is walked again for new descendants.
+pub const TREE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// A sampler's tick may come this much early: a read is due when this close to its interval.
+const TICK_SLACK: Duration = Duration::from_millis(250);
+
+/// How often a source of `threads` threads is read: 1 s up to [`THREADS_PER_S`] threads, one
+/// second more for each further [`THREADS_PER_S`], at most [`MAX_READ_INTERVAL`]. A cgroup v2
+/// source (two files) is read every second.
+pub fn read_interval(threads: usize) -> Duration {
+    let secs = threads.div_ceil(THREADS_PER_S).max(1) as u64;
+    Duration::from_secs(secs).min(MAX_READ_INTERVAL)
+}
+
+/// One thread's counters, ns, and the process it was read under (0 for a cgroup's threads).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Thread {
+    pid: u32,
+    run_ns: u64,
+    wait_ns: u64,
+}
 
 /// One reading of a source.
 #[derive(Debug, Clone, PartialEq)]
 enum Reading {
-    /// Per thread id: (time on a CPU ns, run_delay ns).
-    Threads(HashMap<u32, (u64, u64)>),
+    /// Per thread id; with the processes read (a `Pids` source's tree, empty for a cgroup's).
+    Threads {
+        threads: HashMap<u32, Thread>,
+        procs: Vec<u32>,
+    },
     /// A cgroup's `some` total and its CPU usage, µs.
     Cgroup { wait_us: u64, usage_us: Option<u64> },
+}
+
+impl Reading {
+    fn threads(&self) -> usize {
+        match self {
+            Reading::Threads { threads, .. } => threads.len(),
+            Reading::Cgroup { .. } => 0,
+        }
+    }
+}
+
+/// A `Pids` source's process tree as last walked.
+#[derive(Debug)]
+struct Tree {
+    at: Instant,
+    roots: Vec<u32>,
+    procs: Vec<u32>,
 }
 
 /// Keeps the previous reading of one server for the rates.
 #[derive(Debug, Default)]
 pub struct CpuWaitMeter {
     prev: Option<(Instant, Source, Reading)>,
+    tree: Option<Tree>,
+    /// The rate of the last read, repeated until the next.
+    last: Option<CpuWait>,
 }
 
 impl CpuWaitMeter {
-    /// The rate since the previous sample of the same source at monotonic `now`; `None` at the
-    /// first sample, after a change of source, or when nothing could be read.
+    /// The rate since the previous read of the same source at monotonic `now`; between reads
+    /// (a source of many threads, [`read_interval`]) the last read's rate. `None` at the first
+    /// sample, after a change of source, or when nothing could be read.
     pub fn sample(&mut self, proc_root: &Path, source: &Source, now: Instant) -> Option<CpuWait> {
-        let Some(cur) = read(proc_root, source) else {
+        if let Some((at, was, before)) = &self.prev
+            && was == source
+            && now.saturating_duration_since(*at) + TICK_SLACK < read_interval(before.threads())
+        {
+            return self.last;
+        }
+        let cur = match source {
+            Source::Pids(roots) => {
+                let fresh = self.tree.as_ref().is_some_and(|t| {
+                    t.roots == *roots && now.saturating_duration_since(t.at) < TREE_INTERVAL
+                });
+                if !fresh {
+                    self.tree = Some(Tree {
+                        at: now,
+                        roots: roots.clone(),
+                        procs: tree(proc_root, roots),
+                    });
+                }
+                self.tree
+                    .as_ref()
+                    .and_then(|t| read_procs(proc_root, &t.procs))
+            }
+            other => read(proc_root, other),
+        };
+        let Some(cur) = cur else {
             self.prev = None;
+            self.tree = None;
+            self.last = None;
             return None;
         };
-        let prev = self.prev.replace((now, source.clone(), cur.clone()));
-        let (at, was, before) = prev?;
-        if was != *source {
-            return None;
-        }
-        let dt = now.checked_duration_since(at)?.as_secs_f64();
-        if dt <= 0.0 {
-            return None;
-        }
-        match (&before, &cur) {
-            (Reading::Threads(b), Reading::Threads(c)) => {
-                let (mut run_ns, mut wait_ns) = (0u64, 0u64);
-                for (tid, &(run, wait)) in c {
-                    let (r0, w0) = b.get(tid).copied().unwrap_or((0, 0));
-                    // A counter that went back is a new thread with a reused id: from 0.
-                    run_ns += if run >= r0 { run - r0 } else { run };
-                    wait_ns += if wait >= w0 { wait - w0 } else { wait };
-                }
-                Some(CpuWait {
-                    wait_s_per_s: wait_ns as f64 / 1e9 / dt,
-                    cpu_cores: Some(run_ns as f64 / 1e9 / dt),
-                })
-            }
-            (
-                Reading::Cgroup {
-                    wait_us: w0,
-                    usage_us: u0,
-                },
-                Reading::Cgroup {
-                    wait_us: w1,
-                    usage_us: u1,
-                },
-            ) => {
-                // A counter that went back: a new cgroup of the same path.
-                let wait = w1.checked_sub(*w0)?;
-                Some(CpuWait {
-                    wait_s_per_s: wait as f64 / 1e6 / dt,
-                    cpu_cores: match (u0, u1) {
-                        (Some(a), Some(b)) => b.checked_sub(*a).map(|u| u as f64 / 1e6 / dt),
-                        _ => None,
-                    },
-                })
+        let prev = self.prev.replace((now, source.clone(), cur));
+        self.last = match (&prev, &self.prev) {
+            (Some((at, was, before)), Some((_, _, cur))) if was == source => {
+                rate(before, cur, now.checked_duration_since(*at))
             }
             _ => None,
+        };
+        self.last
+    }
+}
+
+/// The rate between two readings of one source `dt` apart.
+fn rate(before: &Reading, cur: &Reading, dt: Option<Duration>) -> Option<CpuWait> {
+    let dt = dt?.as_secs_f64();
+    if dt <= 0.0 {
+        return None;
+    }
+    match (before, cur) {
+        (
+            Reading::Threads {
+                threads: b,
+                procs: p0,
+            },
+            Reading::Threads { threads: c, .. },
+        ) => {
+            let (mut run_ns, mut wait_ns) = (0u64, 0u64);
+            for (tid, t) in c {
+                let (r0, w0) = match b.get(tid) {
+                    Some(p) => (p.run_ns, p.wait_ns),
+                    // A process the tree walk added since: its past is not this interval's.
+                    None if t.pid != 0 && !p0.contains(&t.pid) => (t.run_ns, t.wait_ns),
+                    // A thread that started since.
+                    None => (0, 0),
+                };
+                // A counter that went back is a new thread with a reused id: from 0.
+                run_ns += if t.run_ns >= r0 {
+                    t.run_ns - r0
+                } else {
+                    t.run_ns
+                };
+                wait_ns += if t.wait_ns >= w0 {
+                    t.wait_ns - w0
+                } else {
+                    t.wait_ns
+                };
+            }
+            Some(CpuWait {
+                wait_s_per_s: wait_ns as f64 / 1e9 / dt,
+                cpu_cores: Some(run_ns as f64 / 1e9 / dt),
+            })
         }
+        (
+            Reading::Cgroup {
+                wait_us: w0,
+                usage_us: u0,
+            },
+            Reading::Cgroup {
+                wait_us: w1,
+                usage_us: u1,
+            },
+        ) => {
+            // A counter that went back: a new cgroup of the same path.
+            let wait = w1.checked_sub(*w0)?;
+            Some(CpuWait {
+                wait_s_per_s: wait as f64 / 1e6 / dt,
+                cpu_cores: match (u0, u1) {
+                    (Some(a), Some(b)) => b.checked_sub(*a).map(|u| u as f64 / 1e6 / dt),
+                    _ => None,
+                },
+            })
+        }
+        _ => None,
     }
 }
 
@@ -132,32 +242,45 @@ pub fn parse_schedstat(text: &str) -> Option<(u64, u64)> {
     Some((run, wait))
 }
 
+/// The threads of processes `procs` (`/proc/PID/task/TID/schedstat`), at most [`MAX_THREADS`].
+fn read_procs(proc_root: &Path, procs: &[u32]) -> Option<Reading> {
+    let mut threads = HashMap::new();
+    for &pid in procs {
+        let Ok(rd) = std::fs::read_dir(proc_root.join(pid.to_string()).join("task")) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            if threads.len() >= MAX_THREADS {
+                break;
+            }
+            let Some(tid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            if let Some((run_ns, wait_ns)) = std::fs::read_to_string(e.path().join("schedstat"))
+                .ok()
+                .and_then(|t| parse_schedstat(&t))
+            {
+                threads.insert(
+                    tid,
+                    Thread {
+                        pid,
+                        run_ns,
+                        wait_ns,
+                    },
+                );
+            }
+        }
+    }
+    (!threads.is_empty()).then(|| Reading::Threads {
+        threads,
+        procs: procs.to_vec(),
+    })
+}
+
+/// A cgroup source's reading.
 fn read(proc_root: &Path, source: &Source) -> Option<Reading> {
     match source {
-        Source::Pids(pids) => {
-            let mut threads = HashMap::new();
-            for pid in tree(proc_root, pids) {
-                let Ok(rd) = std::fs::read_dir(proc_root.join(pid.to_string()).join("task")) else {
-                    continue;
-                };
-                for e in rd.flatten() {
-                    if threads.len() >= MAX_THREADS {
-                        break;
-                    }
-                    let Some(tid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok())
-                    else {
-                        continue;
-                    };
-                    if let Some(v) = std::fs::read_to_string(e.path().join("schedstat"))
-                        .ok()
-                        .and_then(|t| parse_schedstat(&t))
-                    {
-                        threads.insert(tid, v);
-                    }
-                }
-            }
-            (!threads.is_empty()).then_some(Reading::Threads(threads))
-        }
+        Source::Pids(pids) => read_procs(proc_root, &tree(proc_root, pids)),
         Source::CgroupV2(dir) => {
             let wait_us = std::fs::read_to_string(dir.join("cpu.pressure"))
                 .ok()
@@ -178,13 +301,20 @@ fn read(proc_root: &Path, source: &Source) -> Option<Reading> {
                         if threads.len() >= MAX_THREADS {
                             break;
                         }
-                        if let Some(v) = std::fs::read_to_string(
+                        if let Some((run_ns, wait_ns)) = std::fs::read_to_string(
                             proc_root.join(tid.to_string()).join("schedstat"),
                         )
                         .ok()
                         .and_then(|t| parse_schedstat(&t))
                         {
-                            threads.insert(tid, v);
+                            threads.insert(
+                                tid,
+                                Thread {
+                                    pid: 0,
+                                    run_ns,
+                                    wait_ns,
+                                },
+                            );
                         }
                     }
                 }
@@ -198,7 +328,10 @@ fn read(proc_root: &Path, source: &Source) -> Option<Reading> {
                     );
                 }
             }
-            (!threads.is_empty()).then_some(Reading::Threads(threads))
+            (!threads.is_empty()).then_some(Reading::Threads {
+                threads,
+                procs: Vec::new(),
+            })
         }
     }
 }
@@ -337,6 +470,77 @@ mod tests {
             .sample(&proc_root, &src, t0 + Duration::from_secs(1))
             .unwrap();
         assert!((w.wait_s_per_s - 2.0).abs() < 1e-9 && (w.cpu_cores.unwrap() - 0.5).abs() < 1e-9);
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+
+    #[test]
+    fn a_server_of_many_threads_is_read_less_often_and_its_rate_held_between() {
+        assert_eq!(read_interval(0), Duration::from_secs(1));
+        assert_eq!(read_interval(THREADS_PER_S), Duration::from_secs(1));
+        assert_eq!(read_interval(THREADS_PER_S + 1), Duration::from_secs(2));
+        assert_eq!(read_interval(100 * THREADS_PER_S), MAX_READ_INTERVAL);
+        let tmp = std::env::temp_dir().join(format!("lmperf-cpuwait-many-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let proc_root = tmp.join("proc");
+        // 300 threads: read every 3 s.
+        let n = 300u32;
+        let all = |run_ns: u64, wait_ns: u64| {
+            for tid in 0..n {
+                thread(&proc_root, 10, 10 + tid, run_ns, wait_ns);
+            }
+        };
+        all(0, 0);
+        let (src, t0) = (Source::Pids(vec![10]), Instant::now());
+        let mut m = CpuWaitMeter::default();
+        assert_eq!(m.sample(&proc_root, &src, t0), None);
+        // Each thread has waited 30 ms and run 3 ms.
+        all(3_000_000, 30_000_000);
+        for s in [1, 2] {
+            assert_eq!(
+                m.sample(&proc_root, &src, t0 + Duration::from_secs(s)),
+                None,
+                "not read before its interval"
+            );
+        }
+        // A tick a little early still reads.
+        let w = m
+            .sample(&proc_root, &src, t0 + Duration::from_millis(2_900))
+            .unwrap();
+        // 300 threads × 30 ms over 2.9 s.
+        assert!((w.wait_s_per_s - 9.0 / 2.9).abs() < 1e-9, "{w:?}");
+        assert!((w.cpu_cores.unwrap() - 0.9 / 2.9).abs() < 1e-9, "{w:?}");
+        // Between reads: the last rate, unchanged by what the files say now.
+        all(4_000_000, 90_000_000);
+        assert_eq!(
+            m.sample(&proc_root, &src, t0 + Duration::from_millis(3_900)),
+            Some(w)
+        );
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+
+    #[test]
+    fn a_child_the_tree_walk_finds_later_counts_from_its_first_reading() {
+        let tmp = std::env::temp_dir().join(format!("lmperf-cpuwait-child-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let proc_root = tmp.join("proc");
+        thread(&proc_root, 10, 10, 0, 0);
+        let (src, t0) = (Source::Pids(vec![10]), Instant::now());
+        let mut m = CpuWaitMeter::default();
+        assert_eq!(m.sample(&proc_root, &src, t0), None);
+        // A child with 50 s of past wait appears; the walk finds it at the next tree interval.
+        thread(&proc_root, 20, 20, 1_000_000_000, 50_000_000_000);
+        std::fs::write(proc_root.join("10/task/10/children"), "20\n").unwrap();
+        let at = t0 + TREE_INTERVAL;
+        thread(&proc_root, 10, 10, 0, 1_000_000_000);
+        let w = m.sample(&proc_root, &src, at).unwrap();
+        let dt = TREE_INTERVAL.as_secs_f64();
+        assert!((w.wait_s_per_s - 1.0 / dt).abs() < 1e-9, "{w:?}");
+        // From then on its wait counts.
+        thread(&proc_root, 20, 20, 1_000_000_000, 52_000_000_000);
+        let w = m
+            .sample(&proc_root, &src, at + Duration::from_secs(1))
+            .unwrap();
+        assert!((w.wait_s_per_s - 2.0).abs() < 1e-9, "{w:?}");
         let _ = std::fs::remove_dir_all(&tmp);
     }
 

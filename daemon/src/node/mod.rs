@@ -18,6 +18,7 @@ pub mod cgroup;
 pub mod cpu_wait;
 pub mod psi;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -101,7 +102,6 @@ struct Tracked {
     /// process moved to another cgroup (`systemd-run`, `cgclassify`, a runtime's update) is
     /// followed at the next sample.
     pid: Option<(u32, String)>,
-    cpu_wait: cpu_wait::CpuWaitMeter,
 }
 
 /// Samples the node and the targets' cgroups; keeps the previous readings for the deltas.
@@ -112,6 +112,8 @@ pub struct NodeSampler {
     targets: Vec<Tracked>,
     prev_self: Option<(Instant, f64)>,
     clk_tck: f64,
+    /// One meter per source: targets served by one process or cgroup read it once a sample.
+    meters: HashMap<cpu_wait::Source, cpu_wait::CpuWaitMeter>,
 }
 
 impl NodeSampler {
@@ -130,11 +132,11 @@ impl NodeSampler {
                     looked_up: None,
                     prev: None,
                     pid: None,
-                    cpu_wait: cpu_wait::CpuWaitMeter::default(),
                 })
                 .collect(),
             prev_self: None,
             clk_tck: if tck > 0 { tck as f64 } else { 100.0 },
+            meters: HashMap::new(),
         }
     }
 
@@ -180,6 +182,9 @@ impl NodeSampler {
             self.prev_self = Some((now, cpu_s));
         }
         let (proc_root, cgroup_root) = (self.proc_root.clone(), self.cgroup_root.clone());
+        // Per sample, each source and each cgroup is read once, however many targets share it.
+        let mut waits: HashMap<cpu_wait::Source, Option<cpu_wait::CpuWait>> = HashMap::new();
+        let mut cgroups: HashMap<cgroup::CgroupDirs, cgroup::CgroupReading> = HashMap::new();
         for t in &mut self.targets {
             follow_process(t, &proc_root, &cgroup_root);
             if t.dirs.is_empty() && t.looked_up.is_none_or(|at| now.duration_since(at) >= RETRY) {
@@ -199,8 +204,14 @@ impl NodeSampler {
                         .unwrap_or_default(),
                 };
             }
-            let wait =
-                wait_source(t, &proc_root).and_then(|src| t.cpu_wait.sample(&proc_root, &src, now));
+            let wait = wait_source(t, &proc_root).and_then(|src| {
+                *waits.entry(src.clone()).or_insert_with(|| {
+                    self.meters
+                        .entry(src.clone())
+                        .or_default()
+                        .sample(&proc_root, &src, now)
+                })
+            });
             if t.dirs.is_empty() {
                 if wait.is_some() {
                     out.targets.push((
@@ -214,7 +225,9 @@ impl NodeSampler {
                 }
                 continue;
             }
-            let cur = cgroup::read(&t.dirs);
+            let cur = *cgroups
+                .entry(t.dirs.clone())
+                .or_insert_with(|| cgroup::read(&t.dirs));
             let c = TargetContention {
                 cpu_wait_s_per_s: wait.map(|w| w.wait_s_per_s),
                 cpu_cores: wait.and_then(|w| w.cpu_cores),
@@ -239,6 +252,8 @@ impl NodeSampler {
             t.prev = Some(cur);
             out.targets.push((t.target.name.clone(), c));
         }
+        // A source no target reads any more (a restart, a removed target) is forgotten.
+        self.meters.retain(|src, _| waits.contains_key(src));
         out
     }
 }
@@ -390,7 +405,6 @@ mod tests {
             looked_up: Some(Instant::now()),
             prev: Some(cgroup::CgroupReading::default()),
             pid: Some((77, at_root.to_owned())),
-            cpu_wait: cpu_wait::CpuWaitMeter::default(),
         };
         assert_eq!(t.dirs.cpu_v1.as_deref(), Some(cg.join("cpu").as_path()));
         // Moved: the new cgroup, its counters from a fresh start.
@@ -431,6 +445,35 @@ mod tests {
         std::fs::remove_dir_all(proc_root.join("77")).unwrap();
         follow_process(&mut t, &proc_root, &cg);
         assert!(t.dirs.is_empty() && t.pid.is_none() && t.looked_up.is_none());
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+
+    #[test]
+    fn targets_served_by_one_process_share_one_meter() {
+        let tmp = std::env::temp_dir().join(format!("lmperf-node-shared-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let (proc_root, cg) = (tmp.join("proc"), tmp.join("cgroup"));
+        let schedstat = proc_root.join("55/task/55/schedstat");
+        std::fs::create_dir_all(schedstat.parent().unwrap()).unwrap();
+        std::fs::create_dir_all(&cg).unwrap();
+        std::fs::write(proc_root.join("55/cgroup"), "0::/\n").unwrap();
+        std::fs::write(&schedstat, "0 0 1\n").unwrap();
+        let targets: Vec<NodeTarget> = (0..3)
+            .map(|i| NodeTarget {
+                name: format!("m{i}"),
+                port: 8000,
+                pod_uid: None,
+            })
+            .collect();
+        let pids: Vec<(String, u32)> = targets.iter().map(|t| (t.name.clone(), 55)).collect();
+        let mut s = NodeSampler::new(&proc_root, &cg, targets).with_pids(&pids);
+        let t0 = Instant::now();
+        s.sample(t0);
+        std::fs::write(&schedstat, "500000000 1500000000 9\n").unwrap();
+        let b = s.sample(t0 + Duration::from_secs(1));
+        let waits: Vec<Option<f64>> = b.targets.iter().map(|(_, c)| c.cpu_wait_s_per_s).collect();
+        assert_eq!(waits, vec![Some(1.5); 3]);
+        assert_eq!(s.meters.len(), 1);
         let _ = std::fs::remove_dir_all(&tmp);
     }
 
