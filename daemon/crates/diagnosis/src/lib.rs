@@ -137,6 +137,7 @@ pub mod cpu_wait;
 pub mod detector;
 pub mod engine;
 pub mod inputs;
+pub mod localize;
 pub mod node_scope;
 pub mod onset;
 pub mod pressure;
