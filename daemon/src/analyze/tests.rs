@@ -57,6 +57,9 @@ fn outcome(name: &str, cause: Option<Cause>, ranking: &[Cause], ttd: Option<f64>
         onset_error_s: None,
         first_confirmed: None,
         top_lead_s: None,
+        root_onset_errors_s: Vec::new(),
+        first_evidence: None,
+        canary_gap_s: None,
         held_back: Default::default(),
     }
 }

@@ -758,6 +758,7 @@ impl TargetEngine {
             ttft_decomposition: None,
             baseline_wait: None,
             roots: Vec::new(),
+            root_onsets_unix_s: Vec::new(),
             canaries_skipped_share: None,
             scope: Default::default(),
             node: None,
@@ -779,6 +780,7 @@ impl TargetEngine {
             summary: None,
             baseline_wait: self.baseline_wait(),
             roots: Vec::new(),
+            root_onsets_unix_s: Vec::new(),
             canaries_skipped_share: None,
             scope: Default::default(),
             node: None,
@@ -944,6 +946,7 @@ impl TargetEngine {
             summary: None,
             baseline_wait: None,
             roots: Vec::new(),
+            root_onsets_unix_s: Vec::new(),
             canaries_skipped_share: None,
             scope: Default::default(),
             node: None,
@@ -974,6 +977,12 @@ impl TargetEngine {
                     roots::words(&roots),
                     d.summary.clone().unwrap_or_default()
                 ));
+                // Each root began when its own signal changed; the incident, when the first
+                // did (a surge's queue 38 s before the 503s it hid paged on the error ratio).
+                if let Some(first) = roots::first_onset(&roots, onset, now_sec) {
+                    d.onset_unix_s = Some(first);
+                }
+                d.root_onsets_unix_s = roots.iter().map(|r| r.1).collect();
                 d.roots = roots.into_iter().map(|(c, _)| c).collect();
                 roots::rank_first(&mut d.causes, &d.roots);
             }
