@@ -753,6 +753,7 @@ fn idle(target: &str) -> TargetDiagnosis {
         summary: None,
         baseline_wait: None,
         roots: Vec::new(),
+        root_onsets_unix_s: Vec::new(),
         canaries_skipped_share: None,
         scope: Default::default(),
         node: None,

@@ -140,6 +140,48 @@ impl Episode {
     pub fn onset_unix_s(&self) -> Option<f64> {
         self.onset_offset_s.map(|o| self.start_unix_s + o)
     }
+
+    /// The first sample of the target at or after the injection whose value lies outside its
+    /// signal's range (min..max) over the 5 min before it: the signal and the seconds from the
+    /// injection. `None` for a control or when no sample left its range.
+    pub fn first_evidence(&self) -> Option<(String, f64)> {
+        let on = self.onset_offset_s?;
+        let sigs = self.series.get(&self.target)?;
+        let mut best: Option<(String, f64)> = None;
+        for (name, pts) in sigs {
+            let calm = pts.iter().filter(|p| p[0] >= on - 300.0 && p[0] < on);
+            let (lo, hi) = calm.fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), p| {
+                (l.min(p[1]), h.max(p[1]))
+            });
+            if lo > hi {
+                continue;
+            }
+            if let Some(p) = pts.iter().find(|p| p[0] >= on && (p[1] < lo || p[1] > hi))
+                && best.as_ref().is_none_or(|b| p[0] - on < b.1)
+            {
+                best = Some((name.clone(), p[0] - on));
+            }
+        }
+        best
+    }
+
+    /// The longest span within 2 min after the injection in which no canary of the target
+    /// ended (its `error` flags, one per canary; else its E2E), from the last canary that
+    /// ended before it: `(from, to)` in seconds from the injection, when at least 5 s.
+    pub fn canary_gap(&self) -> Option<(f64, f64)> {
+        let on = self.onset_offset_s?;
+        let sigs = self.series.get(&self.target)?;
+        let ends = sigs.get("error").or_else(|| sigs.get("e2e"))?;
+        let mut prev = ends.iter().rev().find(|p| p[0] < on)?[0];
+        let mut gap: Option<(f64, f64)> = None;
+        for p in ends.iter().filter(|p| p[0] >= on && p[0] <= on + 120.0) {
+            if p[0] - prev >= 5.0 && gap.is_none_or(|g| p[0] - prev > g.1 - g.0) {
+                gap = Some((prev - on, p[0] - on));
+            }
+            prev = p[0];
+        }
+        gap
+    }
 }
 
 /// What the engine concluded on one episode.
@@ -179,6 +221,20 @@ pub struct Outcome {
     /// The held-back checks of issue 28 over every evaluation.
     #[serde(default)]
     pub held_back: HeldBack,
+    /// With several roots confirmed: each root and its onset − the injected onset (s), at the
+    /// ranking's evaluation.
+    #[serde(default)]
+    pub root_onset_errors_s: Vec<(Cause, Option<f64>)>,
+    /// The first sample of the target after the injection outside its signal's range over
+    /// the 5 min before (the signal, seconds from the injection): no onset can be dated before
+    /// the fault showed in a sample ([`Episode::first_evidence`]).
+    #[serde(default)]
+    pub first_evidence: Option<(String, f64)>,
+    /// The longest span after the injection (within 2 min) in which no canary of the target
+    /// ended, from and to (s from the injection), when at least 5 s: what happened in it was
+    /// seen only when its canaries ended ([`Episode::canary_gap`]).
+    #[serde(default)]
+    pub canary_gap_s: Option<(f64, f64)>,
 }
 
 impl Outcome {
@@ -256,6 +312,9 @@ pub fn replay(ep: &Episode, config: EngineConfig) -> Outcome {
         first_confirmed: None,
         top_lead_s: None,
         held_back: HeldBack::default(),
+        root_onset_errors_s: Vec::new(),
+        first_evidence: ep.first_evidence(),
+        canary_gap_s: ep.canary_gap(),
     };
     replay_with(ep, config, |now_off, d| {
         let now = ep.start_unix_s + now_off;
@@ -285,15 +344,23 @@ pub fn replay(ep: &Episode, config: EngineConfig) -> Outcome {
                 continue;
             }
             let onset_error = t.onset_unix_s.map(|o| o - on);
+            let root_errors: Vec<(Cause, Option<f64>)> = t
+                .roots
+                .iter()
+                .zip(&t.root_onsets_unix_s)
+                .map(|(c, o)| (*c, o.map(|o| o - on)))
+                .collect();
             let top_lead = t.headline_evidence().and_then(|e| e.lead_s);
             if t.state == State::RootConfirmed && now >= on - 30.0 {
                 out.ranking = t.causes.iter().map(|c| c.cause).collect();
                 out.time_to_confirmed_s = Some(now - on);
                 out.onset_error_s = onset_error;
+                out.root_onset_errors_s = root_errors.clone();
                 out.top_lead_s = top_lead;
             } else if !matches!(t.state, State::Idle | State::Warning) && now >= on {
                 out.ranking = t.causes.iter().map(|c| c.cause).collect();
                 out.onset_error_s = onset_error;
+                out.root_onset_errors_s = root_errors.clone();
                 out.top_lead_s = top_lead;
             }
         }

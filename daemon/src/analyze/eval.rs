@@ -251,12 +251,38 @@ pub fn onset_lines(outs: &[Outcome]) -> String {
         match o.onset_error_s {
             Some(e) if e.abs() <= held_back::ONSET_TOLERANCE_S => {}
             Some(e) => {
-                let _ = writeln!(s, "  outside: {} onset error {e:+.0} s", o.name);
+                let _ = writeln!(
+                    s,
+                    "  outside: {} onset error {e:+.0} s{}",
+                    o.name,
+                    why_outside(o, e)
+                );
             }
             None => {
                 let _ = writeln!(s, "  outside: {} no onset (never left idle)", o.name);
             }
         }
+    }
+    for o in faults.iter().filter(|o| o.root_onset_errors_s.len() >= 2) {
+        let roots: Vec<String> = o
+            .root_onset_errors_s
+            .iter()
+            .map(|(c, e)| match e {
+                Some(e) => format!("{} {e:+.0} s", c.as_str()),
+                None => format!("{} (no change time)", c.as_str()),
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "  roots: {} onsets from the injection: {}{}",
+            o.name,
+            roots.join(", "),
+            o.canary_gap_s
+                .map(|(a, b)| format!(
+                    " (no canary ended between {a:+.1} s and {b:+.1} s: a later fault in it shows when they end)"
+                ))
+                .unwrap_or_default()
+        );
     }
     for o in &faults {
         if let Some(l) = o.top_lead_s.filter(|l| *l < -held_back::ONSET_TOLERANCE_S) {
@@ -268,6 +294,32 @@ pub fn onset_lines(outs: &[Outcome]) -> String {
         }
     }
     s
+}
+
+/// Why an onset lies outside the tolerance, when the episode says: the fault showed in no
+/// sample before its first evidence ([`Outcome::first_evidence`]: the onset's error from it),
+/// or no canary ended for a while after the injection.
+fn why_outside(o: &Outcome, err: f64) -> String {
+    let mut why = Vec::new();
+    if let Some((signal, at)) = &o.first_evidence
+        && err > 0.0
+        && *at > held_back::ONSET_TOLERANCE_S
+    {
+        why.push(format!(
+            "the first sample outside its calm range: {signal} at {at:+.1} s (onset {:+.0} s from it)",
+            (err - at).round() + 0.0
+        ));
+    }
+    if let Some((a, b)) = o.canary_gap_s
+        && err > 0.0
+    {
+        why.push(format!("no canary ended between {a:+.1} s and {b:+.1} s"));
+    }
+    if why.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", why.join("; "))
+    }
 }
 
 /// The contradiction and decomposition lines over the whole corpus.

@@ -57,6 +57,9 @@ fn outcome(name: &str, cause: Option<Cause>, ranking: &[Cause], ttd: Option<f64>
         onset_error_s: None,
         first_confirmed: None,
         top_lead_s: None,
+        root_onset_errors_s: Vec::new(),
+        first_evidence: None,
+        canary_gap_s: None,
         held_back: Default::default(),
     }
 }
@@ -744,5 +747,51 @@ fn a_40ms_round_trip_is_confirmed_as_network_within_30_s() {
     assert!(
         o.held_back.contradicted_max.is_none_or(|c| c.0 < 0.5),
         "{o:?}"
+    );
+}
+
+/// The eval's reasons next to an onset outside 5 s: the first sample outside its calm range
+/// (a mild error burst's first error came 7 s after the injection) and the span in which no
+/// canary ended (every slot held by canaries queued behind a surge).
+#[test]
+fn an_onset_outside_the_tolerance_says_when_the_fault_first_showed() {
+    let mut ep = synth::fault(Cause::ErrorBurst, Magnitude::Mild, 1);
+    let on = ep.onset_offset_s.expect("a fault");
+    let s = ep.series.get_mut(synth::TARGET).expect("target");
+    // Keep only the canaries' error flags: 0 before, one error 7.2 s after, 0 after it; no
+    // canary ends between +0.5 and +7.2.
+    s.retain(|k, _| k == "error");
+    let flags = s.get_mut("error").expect("error");
+    flags.retain(|p| p[0] < on + 0.5 || p[0] >= on + 7.2);
+    for p in flags.iter_mut() {
+        p[1] = if (p[0] - (on + 7.2)).abs() < 0.6 {
+            1.0
+        } else {
+            0.0
+        };
+    }
+    flags.push([on + 7.2, 1.0]);
+    flags.sort_by(|a, b| a[0].total_cmp(&b[0]));
+    let (signal, at) = ep.first_evidence().expect("the first error");
+    assert_eq!(signal, "error");
+    assert!((7.0..7.8).contains(&at), "{at}");
+    let (from, to) = ep.canary_gap().expect("a gap");
+    assert!(from < 0.5 && (7.0..7.8).contains(&to), "{from} {to}");
+    // A control has neither.
+    let c = synth::control(Control::Calm, 1);
+    assert_eq!((c.first_evidence(), c.canary_gap()), (None, None));
+    // Printed next to the onset error.
+    let mut o = outcome(
+        "error_burst-mild-1",
+        Some(Cause::ErrorBurst),
+        &[Cause::ErrorBurst],
+        Some(17.0),
+    );
+    o.onset_error_s = Some(7.0);
+    o.first_evidence = Some((signal, at));
+    let lines = super::eval::onset_lines(&[o]);
+    assert!(
+        lines.contains("outside: error_burst-mild-1 onset error +7 s (the first sample outside its calm range: error at +7."),
+        "{lines}"
     );
 }

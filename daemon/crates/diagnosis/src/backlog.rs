@@ -155,12 +155,15 @@ pub fn outgrows_service(store: &EvidenceStore, onset: u32, now: u32) -> Option<B
         .collect();
     let before = median_of(&baseline)?;
     let risen = |v: f64| v >= before + MIN_GROWTH;
-    // The queue's rise: from the onset back through the seconds it was already up.
-    let mut since = onset;
+    // The queue's rise: the first second from the onset on that it was up (a queue that
+    // rose 15 s after a latency blip's onset did not rise at the onset), back through the
+    // seconds it was already up.
+    let first = waiting.iter().find(|p| p.0 >= onset && risen(p.1))?.0;
+    let mut since = first;
     for &(t, v) in waiting
         .iter()
         .rev()
-        .filter(|p| p.0 < onset && p.0 >= onset.saturating_sub(LOOKBACK_S))
+        .filter(|p| p.0 < first && p.0 >= onset.saturating_sub(LOOKBACK_S))
     {
         if !risen(v) {
             break;
@@ -311,19 +314,24 @@ mod tests {
             (f64::from((t - ONSET).min(16)), 6.0, 5.0)
         });
         let b = outgrows_service(&s, ONSET, ONSET + 35).expect("more arrivals");
-        assert_eq!(b.since, ONSET);
+        // Dated where the queue rose (by 2 over its baseline), not at the onset passed.
+        assert_eq!(b.since, ONSET + 2);
         assert_eq!(b.waiting_before, 0.0);
         assert!(b.waiting_now >= 14.0, "{b:?}");
         let (gb, ga) = b.generation.unwrap();
         assert!((3.9..4.1).contains(&gb) && ga >= 5.0, "{b:?}");
         let e = b.evidence(ONSET + 20);
-        assert_eq!(e.lead_s, Some(20.0));
+        assert_eq!(e.lead_s, Some(18.0));
         assert!(e.rule.unwrap().contains("throughput held"));
         // Too soon: the token counters have not counted a completion of the window yet.
         assert_eq!(outgrows_service(&s, ONSET, ONSET + 10), None);
         // The symptom found 30 s later (another fault's): the rise is looked for before it.
         let late = outgrows_service(&s, ONSET + 30, ONSET + 39).expect("rise found before");
         assert_eq!(late.since, ONSET + 2);
+        // A latency blip's onset 15 s before the surge: the rise is where the queue rose, not
+        // the onset passed (it read "changed 15 s before the fault").
+        let early = outgrows_service(&s, ONSET - 15, ONSET + 35).expect("rise found after");
+        assert_eq!(early.since, ONSET + 2);
     }
 
     #[test]

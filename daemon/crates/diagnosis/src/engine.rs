@@ -15,7 +15,8 @@ use super::report::{
 use super::signal::{Harm, Signal};
 use super::store::{EvidenceStore, SecondSeries};
 use super::{
-    backlog, contradict, cpu_wait, onset as cause_onset, pressure, queueing, roots, warning,
+    backlog, contradict, cpu_wait, localize, onset as cause_onset, pressure, queueing, roots,
+    warning,
 };
 
 /// Engine settings.
@@ -757,6 +758,7 @@ impl TargetEngine {
             ttft_decomposition: None,
             baseline_wait: None,
             roots: Vec::new(),
+            root_onsets_unix_s: Vec::new(),
             canaries_skipped_share: None,
             scope: Default::default(),
             node: None,
@@ -778,6 +780,7 @@ impl TargetEngine {
             summary: None,
             baseline_wait: self.baseline_wait(),
             roots: Vec::new(),
+            root_onsets_unix_s: Vec::new(),
             canaries_skipped_share: None,
             scope: Default::default(),
             node: None,
@@ -833,7 +836,7 @@ impl TargetEngine {
             (State::Idle | State::Warning, None) => return self.quiet(name, now, cfg),
             (State::Idle | State::Warning, Some(sym)) => {
                 self.set_state(State::Triggered, now);
-                self.onset = Some(self.onset_of(sym.signal, now_sec, cfg));
+                self.onset = Some(self.onset_of(sym.signal, sym.value, now_sec, cfg));
                 self.onset_signal = Some(sym.signal);
                 self.triggered = Some(now_sec);
             }
@@ -943,6 +946,7 @@ impl TargetEngine {
             summary: None,
             baseline_wait: None,
             roots: Vec::new(),
+            root_onsets_unix_s: Vec::new(),
             canaries_skipped_share: None,
             scope: Default::default(),
             node: None,
@@ -973,6 +977,12 @@ impl TargetEngine {
                     roots::words(&roots),
                     d.summary.clone().unwrap_or_default()
                 ));
+                // Each root began when its own signal changed; the incident, when the first
+                // did (a surge's queue 38 s before the 503s it hid paged on the error ratio).
+                if let Some(first) = roots::first_onset(&roots, onset, now_sec) {
+                    d.onset_unix_s = Some(first);
+                }
+                d.root_onsets_unix_s = roots.iter().map(|r| r.1).collect();
                 d.roots = roots.into_iter().map(|(c, _)| c).collect();
                 roots::rank_first(&mut d.causes, &d.roots);
             }
@@ -981,15 +991,49 @@ impl TargetEngine {
         d
     }
 
-    /// The onset of the symptom on `signal`: the CUSUM change point of its 1 s values against
-    /// the history before the recent buckets; the start of the recent buckets without one.
-    fn onset_of(&self, signal: Signal, now_sec: u32, cfg: &EngineConfig) -> u32 {
+    /// The onset of the symptom on `signal` (its bucket value `value` jumped): the CUSUM change
+    /// point of its 1 s values against the history before the recent buckets, dated where the
+    /// rise began ([`localize`]); the start of the recent buckets without one.
+    fn onset_of(&self, signal: Signal, value: f64, now_sec: u32, cfg: &EngineConfig) -> u32 {
         let recent_s = (cfg.detector.bucket.as_secs() as u32).max(1)
             * (cfg.detector.recent_buckets as u32 + 1);
         let fallback = now_sec.saturating_sub(recent_s);
         // From one bucket before the recent buckets: the symptom is theirs, and a search a
         // minute earlier found the drift of a busy neighbour instead.
-        self.change_from(signal, fallback, cfg).unwrap_or(fallback)
+        let Some(change) = self.change_from(signal, fallback, cfg) else {
+            return fallback;
+        };
+        // Dated where it began ([`localize`]): a latency's rise where it left the baseline's
+        // noise, and slow canaries at their send (they report at their end).
+        if signal.mean_over_window() {
+            return change;
+        }
+        let (Some(series), Some(b)) = (
+            self.store.series(signal),
+            self.baseline_before(signal, fallback, cfg),
+        ) else {
+            return change;
+        };
+        let sigma = (1.4826 * b.mad).max(0.02 * b.median.abs());
+        let mut at = localize::start_of_rise(series, change, b.median, sigma, value);
+        if matches!(signal, Signal::Ttft | Signal::E2e) {
+            let slow = (cfg.symptom.ratio * b.median).max(b.median + signal.floor());
+            if let Some(sent) = localize::sent_by(series, change, b.median, slow) {
+                at = at.min(sent);
+            }
+        }
+        at
+    }
+
+    /// The baseline of `signal`'s 1 s values over the history before second `from`.
+    fn baseline_before(&self, signal: Signal, from: u32, cfg: &EngineConfig) -> Option<Baseline> {
+        let series = self.store.series(signal)?;
+        let history_s = cfg.detector.history.as_secs() as u32;
+        let mut before: Vec<f64> = series
+            .range(from.saturating_sub(history_s), from)
+            .map(|(_, v)| v)
+            .collect();
+        Baseline::of(&mut before)
     }
 
     /// The first change point of the 1 s values of `signal` from second `from` on, against the

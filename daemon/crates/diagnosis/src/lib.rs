@@ -15,6 +15,8 @@
 //!   cgroup's throttling rose with it; at most (c + w) ÷ c of a step.
 //! - [`onset`]: the incident's onset from its first cause's own signal change (an XID, the
 //!   kernel RTT) when the latency's change point is late or early.
+//! - [`localize`]: where a detected latency change began (the rise out of the baseline's
+//!   noise; slow canaries dated at their send, since they report at their end).
 //! - [`queueing`]: whether the server's own queue explains a jump (ordinary queueing).
 //! - [`engine`]: [`Engine`]: symptom → onset → cause scores → state, per target.
 //! - [`warning`]: early warnings (a cause's hard rule holds, the latency moved less than a
@@ -53,7 +55,11 @@
 //!    shift a symptom is, 0.5 σ for the error ratio's 0/1 seconds; h = 5 σ) over the symptom signal's 1 s values (each step clipped to ±3 σ)
 //!    against their pre-symptom median and robust scale; searched from one bucket before the
 //!    symptom's recent buckets (a search a minute earlier found a busy neighbour's drift); the
-//!    onset is the last second the statistic was 0 before the alarm.
+//!    onset is the last second the statistic was 0 before the alarm, then, for a latency,
+//!    dated where the rise left the baseline's noise (a backward CUSUM in the baseline's own
+//!    scale with an allowance of a tenth of the jump) and no later than the send of the first
+//!    slow canaries (end − latency + the baseline; not before the last ordinary canary's end).
+//!    With two roots, the first root's own change ([`roots`]).
 //! 3. **States**: `idle → triggered → propagating → root_confirmed → idle` (Grafana Sift /
 //!    seed-style): triggered on the symptom, propagating while causes are scored,
 //!    root_confirmed when a cause scores ≥ 0.75, or is unambiguous (≥ 0.6 and 0.3 ahead of the
@@ -105,7 +111,7 @@
 //!   "targets": [ { "target": str,
 //!     "state": "idle" | "triggered" | "propagating" | "root_confirmed" | "warning",
 //!     "since_unix_s": f64 | null,            // last state change
-//!     "onset_unix_s": f64 | null,            // CUSUM change point of the symptom
+//!     "onset_unix_s": f64 | null,            // the symptom's change point (or its cause's)
 //!     "symptom": null | { "signal": "ttft" | "tpot" | "e2e" | "error", "value": f64,
 //!                         "peak": f64, "baseline": f64, "ratio": f64, "z": f64,
 //!                         "jumped_buckets": int, "recent_buckets": int },
@@ -121,6 +127,8 @@
 //!                                    "server_prefill_s": f64 | null, "network_s": f64 | null,
 //!                                    "unexplained_s": f64 },
 //!     "summary": str | null,                // the WARN line in words
+//!     "roots": [str]?, "root_onsets_unix_s": [f64 | null]?,  // two roots or more: each one's
+//!                                           // onset (its own signal's change)
 //!     "scope": "target" | "node",           // node: part of a node-level diagnosis
 //!     "node": str? } ],                     // that diagnosis's node (scope node only)
 //!   "nodes": [ { "node": str, "scope": "node", "state": str, "cause": str, "score": f64,
@@ -137,6 +145,7 @@ pub mod cpu_wait;
 pub mod detector;
 pub mod engine;
 pub mod inputs;
+pub mod localize;
 pub mod node_scope;
 pub mod onset;
 pub mod pressure;

@@ -454,6 +454,7 @@ mod tests {
             summary: None,
             baseline_wait: None,
             roots: Vec::new(),
+            root_onsets_unix_s: Vec::new(),
             canaries_skipped_share: None,
             scope: Scope::Target,
             node: None,

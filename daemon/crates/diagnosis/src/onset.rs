@@ -33,7 +33,7 @@ pub const MIN_SCORE: f64 = 0.6;
 
 /// Whether `e` is the cause's own signal (not the canary latency that some causes read as
 /// evidence, nor a contradiction) with a change point.
-fn own_change(e: &Evidence) -> Option<f64> {
+pub fn own_change(e: &Evidence) -> Option<f64> {
     if matches!(e.signal, Signal::Ttft | Signal::Tpot | Signal::E2e)
         || e.rule
             .as_deref()

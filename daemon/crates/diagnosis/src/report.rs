@@ -201,6 +201,11 @@ pub struct TargetDiagnosis {
     /// Empty for a single root.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub roots: Vec<Cause>,
+    /// With [`TargetDiagnosis::roots`]: each root's onset (Unix s), when its own signal
+    /// changed (not the symptom's onset, which is the first root's; `None`: no change time).
+    /// The target's [`TargetDiagnosis::onset_unix_s`] is the first root's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub root_onsets_unix_s: Vec<Option<f64>>,
     /// The share of scheduled canaries skipped since the onset because `max_in_flight`
     /// canaries still ran (0..1): how much of the spike the canaries did not sample. `None`
     /// when idle or not fed.

@@ -7,8 +7,10 @@
 use super::report::{Cause, CauseScore, clock};
 
 /// The roots among `causes` (ranked, highest first): each ≥ `confirm`, not `unknown`, not a
-/// child of another root (`is_child(parent, child)`), in the order their earliest evidence
-/// changed (those without a change time last, by score). Empty or one: a single root.
+/// child of another root (`is_child(parent, child)`), each with its onset: when the earliest of
+/// its own signals changed ([`crate::onset::own_change`]: not the canary latency a cause reads
+/// as evidence, which moved at the symptom's onset, the first root's), in that order (those
+/// without a change time last, by score). Empty or one: a single root.
 pub fn concurrent_roots(
     causes: &[CauseScore],
     confirm: f64,
@@ -25,7 +27,7 @@ pub fn concurrent_roots(
             let first = c
                 .evidence
                 .iter()
-                .filter_map(|e| e.changed_at_unix_s)
+                .filter_map(super::onset::own_change)
                 .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.min(t))));
             (c.cause, first)
         })
@@ -37,6 +39,20 @@ pub fn concurrent_roots(
         (None, None) => std::cmp::Ordering::Equal,
     });
     roots
+}
+
+/// The incident's onset with several roots (Unix s): the first root's onset (whole seconds),
+/// when it lies within [`crate::onset::MAX_EARLIER_S`] before the symptom's `onset` and not
+/// after `now`; `None` otherwise (the symptom's onset stands).
+pub fn first_onset(roots: &[(Cause, Option<f64>)], onset: u32, now: u32) -> Option<f64> {
+    let first = roots
+        .iter()
+        .filter_map(|r| r.1)
+        .filter(|t| t.is_finite())
+        .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.min(t))))?
+        .floor();
+    (first >= f64::from(onset) - f64::from(super::onset::MAX_EARLIER_S) && first <= f64::from(now))
+        .then_some(first)
 }
 
 /// Puts the confirmed `roots` first in `causes`, in their causal order (the order of
@@ -75,11 +91,15 @@ mod tests {
     use crate::signal::Signal;
 
     fn cause(c: Cause, score: f64, at: Option<f64>) -> CauseScore {
+        with(c, score, Signal::GpuSmClock, at)
+    }
+
+    fn with(c: Cause, score: f64, signal: Signal, at: Option<f64>) -> CauseScore {
         CauseScore {
             cause: c,
             score,
             evidence: vec![Evidence {
-                signal: Signal::Ttft,
+                signal,
                 before: 0.0,
                 after: 0.0,
                 peak: 0.0,
@@ -128,5 +148,42 @@ mod tests {
                 Cause::LoadSurge
             ]
         );
+    }
+
+    /// A load surge whose queue rose at 1000 and a 503 burst the canaries saw at 1038 (the
+    /// error ratio paged; its canary TTFT evidence moved at the symptom's onset, 1038): each
+    /// root's onset is its own signal's change, and the incident's the first root's.
+    #[test]
+    fn each_root_begins_at_its_own_signal_and_the_incident_at_the_first() {
+        let mut surge = with(
+            Cause::LoadSurge,
+            0.89,
+            Signal::ServerRequestsWaiting,
+            Some(1000.4),
+        );
+        surge
+            .evidence
+            .push(with(Cause::LoadSurge, 0.0, Signal::Ttft, Some(1038.0)).evidence[0].clone());
+        let mut burst = with(Cause::ErrorBurst, 1.0, Signal::Error, Some(1038.0));
+        // Latency evidence that moved earlier is not the burst's own change.
+        burst
+            .evidence
+            .push(with(Cause::ErrorBurst, 0.0, Signal::E2e, Some(990.0)).evidence[0].clone());
+        let roots = concurrent_roots(&[burst, surge], 0.75, |_, _| false);
+        assert_eq!(
+            roots,
+            vec![
+                (Cause::LoadSurge, Some(1000.4)),
+                (Cause::ErrorBurst, Some(1038.0))
+            ]
+        );
+        assert_eq!(first_onset(&roots, 1038, 1060), Some(1000.0));
+        // Not more than MAX_EARLIER_S before the symptom's onset, nor after now.
+        assert_eq!(first_onset(&roots, 1200, 1220), None);
+        assert_eq!(
+            first_onset(&[(Cause::LoadSurge, Some(1070.0))], 1038, 1060),
+            None
+        );
+        assert_eq!(first_onset(&[(Cause::LoadSurge, None)], 1038, 1060), None);
     }
 }
