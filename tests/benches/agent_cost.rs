@@ -10,6 +10,11 @@
 //!
 //! `cargo build --release -p lmperf && cargo bench -p lmperf-e2e --bench agent_cost`
 //! (`LMPERF_BENCH_SECS` sets the window, default 60).
+//!
+//! What-ifs, to split the cost further: `LMPERF_BENCH_AGENTS=1` runs only the first agent;
+//! `LMPERF_BENCH_CANARY_INTERVAL=600s` leaves the agent idle but for its scrapes (its floor);
+//! `LMPERF_BENCH_ITL_MS=0` sends each answer in one write (per-request against per-frame cost);
+//! `LMPERF_BENCH_CONFIG='[net]\nenabled = false'` adds TOML to the agent's config.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -105,6 +110,13 @@ async fn main() {
             .unwrap_or(60),
     );
     let mut servers = Vec::new();
+    // The gap between streamed tokens (a what-if: 0 sends the answer in one write).
+    let gap = Duration::from_millis(
+        std::env::var("LMPERF_BENCH_ITL_MS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(5),
+    );
     for _ in 0..TARGETS {
         let served = Arc::new(AtomicU64::new(0));
         servers.push(
@@ -121,12 +133,7 @@ async fn main() {
                 },
                 p if p.ends_with("/completions") => {
                     served.fetch_add(1, Ordering::Relaxed);
-                    Reply::sse(chat_stream(
-                        8,
-                        Duration::from_millis(20),
-                        Duration::from_millis(5),
-                        16,
-                    ))
+                    Reply::sse(chat_stream(8, Duration::from_millis(20), gap, 16))
                 }
                 _ => Reply::json(404, "{}"),
             }))
@@ -140,9 +147,14 @@ async fn main() {
     std::fs::create_dir_all(&dir).expect("dir");
     let config = |scrape: bool| {
         let mut text = format!(
-            "[canary]\nmax_tokens = 8\ninterval = \"1s\"\nmodel = \"m\"\nmetrics_interval = \"1s\"\nserver_metrics = \"{}\"\n",
+            "[canary]\nmax_tokens = 8\ninterval = \"{}\"\nmodel = \"m\"\nmetrics_interval = \"1s\"\nserver_metrics = \"{}\"\n",
+            std::env::var("LMPERF_BENCH_CANARY_INTERVAL").unwrap_or_else(|_| "1s".into()),
             if scrape { "auto" } else { "off" }
         );
+        // Extra TOML for a what-if (e.g. "[net]\nenabled = false"), before the targets.
+        if let Ok(extra) = std::env::var("LMPERF_BENCH_CONFIG") {
+            text.push_str(&format!("\n{}\n", extra.replace("\\n", "\n")));
+        }
         for (i, s) in servers.iter().enumerate() {
             text.push_str(&format!(
                 "\n[[target]]\nurl = \"{}\"\nname = \"vllm-{i}\"\n",
@@ -162,12 +174,23 @@ async fn main() {
         "agent", "CPU % core", "RSS MiB", "diagnosis % core"
     );
     let mut rows = Vec::new();
+    let only: usize = std::env::var("LMPERF_BENCH_AGENTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
     for (label, cfg, otlp) in [
         ("everything on", &with_scrape, true),
         ("scrape off", &without_scrape, true),
         ("export off", &with_scrape, false),
-    ] {
+    ]
+    .into_iter()
+    .take(only)
+    {
         let mut args: Vec<String> = vec!["--config".into(), cfg.clone()];
+        // Extra agent flags for a what-if (e.g. `--net off`), split on spaces.
+        if let Ok(extra) = std::env::var("LMPERF_BENCH_AGENT_ARGS") {
+            args.extend(extra.split_whitespace().map(str::to_owned));
+        }
         if otlp {
             args.extend([
                 "--otlp-protocol".into(),
@@ -204,7 +227,9 @@ async fn main() {
         rows.push((cpu, rss, diag));
         drop(agent);
     }
-    let (full, no_scrape, no_export) = (rows[0], rows[1], rows[2]);
+    let [full, no_scrape, no_export] = rows[..] else {
+        return;
+    };
     let scrape = (full.0 - no_scrape.0).max(0.0);
     let export = (full.0 - no_export.0).max(0.0);
     let diagnosis = full.2;

@@ -223,7 +223,7 @@ impl ServerWatch {
         let url = s.cfg.metrics_url.as_str();
         let read = match crate::server::scrape::fetch(
             &s.client,
-            url,
+            &s.cfg.metrics_url,
             s.api_key.as_ref(),
             s.cfg.timeout.max(Duration::from_secs(2)),
             s.cfg.max_bytes,

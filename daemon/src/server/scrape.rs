@@ -92,7 +92,7 @@ async fn read_capped(
 /// GET `url` within `timeout`, body capped at `max`: the body and its content type.
 pub async fn fetch(
     client: &reqwest::Client,
-    url: &str,
+    url: &url::Url,
     key: Option<&Secret>,
     timeout: Duration,
     max: usize,
@@ -103,17 +103,18 @@ pub async fn fetch(
         .map(|ctype| (body, ctype))
 }
 
-/// [`fetch`] into `body` (cleared first; a scraper reuses one buffer for every page).
+/// [`fetch`] into `body` (cleared first; a scraper reuses one buffer for every page). `url` is
+/// parsed once by the caller (a scrape a second per target parses none).
 pub async fn fetch_into(
     client: &reqwest::Client,
-    url: &str,
+    url: &url::Url,
     key: Option<&Secret>,
     timeout: Duration,
     max: usize,
     body: &mut Vec<u8>,
 ) -> Result<Option<String>, ScrapeFailure> {
     let work = async {
-        let mut req = client.get(url);
+        let mut req = client.get(url.clone());
         if let Some(k) = key {
             req = req.bearer_auth(k.expose());
         }
@@ -144,7 +145,7 @@ pub async fn fetch_into(
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        read_capped(resp, max, url, body).await?;
+        read_capped(resp, max, url.as_str(), body).await?;
         Ok(ctype)
     };
     match tokio::time::timeout(timeout, work).await {
@@ -260,7 +261,7 @@ impl Scraper {
         let mut body = std::mem::take(&mut self.body);
         let fetched = fetch_into(
             &self.client,
-            url,
+            &self.cfg.metrics_url,
             self.api_key.as_ref(),
             self.cfg.timeout,
             self.cfg.max_bytes,
@@ -405,7 +406,7 @@ impl Scraper {
         let url = self.base.join(path.trim_start_matches('/')).ok()?;
         let got = fetch(
             &self.client,
-            url.as_str(),
+            &url,
             self.api_key.as_ref(),
             self.cfg.timeout,
             INFO_MAX_BYTES,
