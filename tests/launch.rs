@@ -31,10 +31,16 @@ fn pid_alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z"))
 }
 
-/// The seed command's flags; `LMPERF_SEED_FULL=1` runs it exactly as written (200 prompts of
-/// 128 output tokens per benchmark, ~30 min on 2 cores), else 2 prompts of 8 tokens (the
-/// prompts' 512 and 1,024 tokens of prefill are most of the time: ~1 min on 2 quiet cores).
+/// The seed command's flags; `LMPERF_SEED_FULL=1` runs it exactly as written (`--seq-lengths
+/// 512 1024`, 200 prompts of 128 output tokens per benchmark, ~30 min on 2 cores), else its
+/// grid (batch sizes 1 4 8 × two sequence lengths: six benchmarks) with 2 prompts of 64 and
+/// 128 tokens, 8 output tokens each. What this test proves is `--launch` (start, readiness,
+/// warm-up, every benchmark, `server.log`, `summary.json`, stop): at 512 and 1,024 tokens the
+/// prefill was 66 of its 83 s (one llama.cpp thread, ~140 prompt tokens/s). Long prompts on
+/// the real server, calibrated to the exact length, are `workload::trace_on_the_real_server`'s
+/// (374–879 tokens).
 fn seed_args(dir: &Path) -> Vec<String> {
+    let full = seed_full();
     let mut a: Vec<String> = [
         "run",
         "--model",
@@ -44,12 +50,11 @@ fn seed_args(dir: &Path) -> Vec<String> {
         "4",
         "8",
         "--seq-lengths",
-        "512",
-        "1024",
     ]
     .map(String::from)
     .to_vec();
-    if std::env::var("LMPERF_SEED_FULL").is_ok_and(|v| v == "1") {
+    a.extend(seed_lengths().map(String::from));
+    if full {
         a.extend(["--num-prompts", "200"].map(String::from));
     } else {
         a.extend(["--num-prompts", "2", "--output-len", "8"].map(String::from));
@@ -82,10 +87,36 @@ fn launch_run(template: &str, dir: &Path, extra: &[&str]) -> Command {
     cmd
 }
 
+/// `LMPERF_SEED_FULL=1`: the seed command exactly as written.
+fn seed_full() -> bool {
+    std::env::var("LMPERF_SEED_FULL").is_ok_and(|v| v == "1")
+}
+
+/// The two `--seq-lengths` of [`seed_args`] (tokens).
+fn seed_lengths() -> [&'static str; 2] {
+    if seed_full() {
+        ["512", "1024"]
+    } else {
+        ["64", "128"]
+    }
+}
+
 fn check_seed_outputs(dir: &Path) {
     let s = summary(dir);
     let benches = s["benchmarks"].as_array().unwrap();
-    assert_eq!(benches.len(), 6, "1 4 8 × 512 1024");
+    assert_eq!(benches.len(), 6, "1 4 8 × two sequence lengths");
+    // The whole grid, each benchmark once: concurrency × sequence length.
+    let mut names: Vec<&str> = benches
+        .iter()
+        .map(|b| b["benchmark"].as_str().unwrap())
+        .collect();
+    names.sort_unstable();
+    let mut want: Vec<String> = seed_lengths()
+        .iter()
+        .flat_map(|l| ["1", "4", "8"].map(|c| format!("c{c}_in{l}")))
+        .collect();
+    want.sort_unstable();
+    assert_eq!(names, want, "the seed's grid");
     for b in benches {
         assert_eq!(b["completed"], b["num_requests"], "{b}");
         assert!(b["num_requests"].as_u64().unwrap() >= 2);
