@@ -26,8 +26,17 @@ pub fn run(args: &[String]) -> Result<()> {
         peers,
     )?;
     let mut build = crate::cargo();
-    build.args(["build", "--release", "-p", "lmperf"]);
-    crate::step("[3/4] cargo build --release -p lmperf", build)?;
+    build.args([
+        "build",
+        "--release",
+        "-p",
+        "lmperf",
+        "--no-default-features",
+    ]);
+    crate::step(
+        "[3/4] cargo build --release -p lmperf --no-default-features",
+        build,
+    )?;
     let mut bench = crate::cargo();
     bench.args(["bench", "-p", "lmperf-e2e", "--bench", "client_peers"]);
     crate::step(

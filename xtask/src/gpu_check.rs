@@ -81,8 +81,17 @@ pub fn run(args: &[String]) -> Result<()> {
         .context("gpu-check needs an NVIDIA GPU and nvidia-smi")?;
     println!("nvidia-smi: {} GPU(s): {:?}", gpus.len(), gpus);
     let mut build = crate::cargo();
-    build.args(["build", "--release", "-p", "lmperf"]);
-    crate::step("cargo build --release -p lmperf", build)?;
+    build.args([
+        "build",
+        "--release",
+        "-p",
+        "lmperf",
+        "--no-default-features",
+    ]);
+    crate::step(
+        "cargo build --release -p lmperf --no-default-features",
+        build,
+    )?;
 
     let torch = Command::new("python3")
         .args(["-c", "import torch; assert torch.cuda.is_available()"])
