@@ -365,8 +365,10 @@ pub const METRIC_SERVER_LATENCY: &str = "lmperf.server.latency";
 /// Counter, unit `{change}`: server change events by `lmperf.server.change.kind`
 /// (version | model | model_revision | restart | kind).
 pub const METRIC_SERVER_CHANGES: &str = "lmperf.server.changes";
-/// Counter, unit `{scrape}`: scrapes by `lmperf.server.scrape.result` (ok | connect | timeout |
-/// http_status | too_large | html | empty | not_metrics | body).
+/// Counter, unit `{scrape}`: scrapes by `lmperf.server.scrape.result` (ok | connect: no
+/// connection (refused, DNS, connect timeout) | timeout | closed: the server closed or reset
+/// the connection mid-response | response: a malformed response head | http_status |
+/// too_large | html | empty | not_metrics | body: the body broke otherwise).
 pub const METRIC_SERVER_SCRAPES: &str = "lmperf.server.scrapes";
 /// Gauge, unit `1`: always 1, carrying `lmperf.server.kind`, `.version`, `.model`.
 pub const METRIC_SERVER_INFO: &str = "lmperf.server.info";
