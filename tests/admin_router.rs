@@ -225,3 +225,79 @@ async fn an_unknown_path_is_404() {
     assert_eq!(get(&s, "/api/v2/status").await.0, StatusCode::NOT_FOUND);
     assert_eq!(get(&s, "/").await.0, StatusCode::NOT_FOUND);
 }
+
+/// The node sample the diagnosis is fed: in the status `node` and on `/metrics` as gauges
+/// (registered as `agent::run` does, with the diagnosis gauges); a value the node lacks has no
+/// field and no series.
+#[tokio::test]
+async fn the_node_sample_is_in_the_status_and_on_metrics() {
+    let s = state();
+    lmperf::diagnosis_live::register_gauges(&s.telemetry.meter(), s.status.diagnosis.clone());
+    let (_, _, body) = get(&s, "/api/v1/status").await;
+    let v: serde_json::Value = serde_json::from_str(&body).expect("status JSON");
+    assert!(v.get("node").is_none(), "no sample yet: {v}");
+    let sample = lmperf::node::NodeSample {
+        cpu_some: Some(0.37),
+        memory_some: Some(0.02),
+        memory_full: None,
+        io_some: None,
+        agent_cpu_cores: Some(0.004),
+        targets: vec![(
+            "127.0.0.1:9".to_owned(),
+            lmperf::node::TargetContention {
+                cpu_throttled_share: Some(0.5),
+                memory_usage_ratio: None,
+                oom_kills: Some(1),
+                cpu_wait_s_per_s: Some(2.25),
+                cpu_cores: Some(1.5),
+            },
+        )],
+    };
+    s.status.diagnosis.feed_node(
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+        &sample,
+    );
+    let (_, _, body) = get(&s, "/api/v1/status").await;
+    let v: serde_json::Value = serde_json::from_str(&body).expect("status JSON");
+    assert_eq!(v["node"]["at_unix_s"], 1_700_000_000.0, "{v}");
+    assert_eq!(
+        v["node"]["psi"],
+        serde_json::json!({"cpu_some": 0.37, "memory_some": 0.02})
+    );
+    assert_eq!(
+        v["node"]["targets"][0],
+        serde_json::json!({"target": "127.0.0.1:9", "cpu_wait_s_per_s": 2.25, "cpu_cores": 1.5,
+            "cpu_throttled_share": 0.5, "oom_kills_total": 1})
+    );
+    let (_, _, body) = get(&s, "/metrics").await;
+    let target = "lmperf_target=\"127.0.0.1:9\"";
+    let cpu = "lmperf_node_pressure_resource=\"cpu\"";
+    assert_eq!(
+        prom_text::first(&body, "lmperf_node_pressure_ratio", &[cpu]),
+        Some(0.37),
+        "{body}"
+    );
+    for (name, want) in [
+        ("lmperf_server_cpu_wait_per_second", Some(2.25)),
+        ("lmperf_server_cpu_usage", Some(1.5)),
+        ("lmperf_server_cpu_throttled_ratio", Some(0.5)),
+        ("lmperf_server_oom_kills_total", Some(1.0)),
+        // No memory limit: no series.
+        ("lmperf_server_memory_limit_utilization_ratio", None),
+    ] {
+        assert_eq!(
+            prom_text::first(&body, name, &[target]),
+            want,
+            "{name}: {body}"
+        );
+    }
+    assert_eq!(
+        prom_text::first(
+            &body,
+            "lmperf_node_pressure_ratio",
+            &["lmperf_node_pressure_resource=\"io\""]
+        ),
+        None,
+        "{body}"
+    );
+}

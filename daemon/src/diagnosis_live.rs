@@ -63,6 +63,8 @@ pub struct LiveDiagnosis {
     gpu_evidence: Mutex<BTreeMap<String, GpuEvidence>>,
     /// Per target: the newest server sample and change event fed.
     server_seen: Mutex<BTreeMap<String, (SystemTime, SystemTime)>>,
+    /// The latest node sample fed, for the status and the gauges ([`crate::contention`]).
+    pub node_latest: std::sync::Arc<crate::contention::LatestNode>,
     /// The agent's targets now (they join and leave at run time: [`LiveDiagnosis::add_target`]).
     targets: Mutex<Vec<String>>,
     /// What was said of each incident (a node's fault once, not per target).
@@ -248,6 +250,7 @@ impl LiveDiagnosis {
             k8s: Mutex::default(),
             gpu_evidence: Mutex::default(),
             server_seen: Mutex::default(),
+            node_latest: Default::default(),
             targets: Mutex::new(targets),
             announcer: Mutex::default(),
             evaluations: AtomicU64::new(0),
@@ -316,6 +319,7 @@ impl LiveDiagnosis {
 
     /// Feeds one node sample taken at `at` (see [`node_signals`]).
     pub fn feed_node(&self, at: SystemTime, sample: &crate::node::NodeSample) {
+        self.node_latest.record(at, sample);
         let (node, targets) = node_signals(sample);
         let names = self.target_names();
         let Ok(mut e) = self.engine.lock() else {
@@ -907,6 +911,7 @@ fn announce_node(
 /// `lmperf.diagnosis.state{lmperf.target}` (unit `{state}`: 0 idle, 1 triggered,
 /// 2 propagating, 3 root_confirmed, 4 warning).
 pub fn register_gauges(meter: &opentelemetry::metrics::Meter, live: std::sync::Arc<LiveDiagnosis>) {
+    crate::contention::register_gauges(meter, live.node_latest.clone());
     let l = live.clone();
     let _score = meter
         .f64_observable_gauge(n::METRIC_DIAGNOSIS_SCORE)

@@ -14,6 +14,7 @@ pub mod canary;
 pub mod caps;
 pub mod cli;
 pub mod config;
+pub mod contention;
 pub mod control;
 pub mod diagnosis_live;
 pub mod discovery;

@@ -64,6 +64,11 @@ pub struct StatusDoc {
     /// What the live diagnosis has cost the agent: evaluations and the CPU time of its
     /// once-a-second loop (feeding server, GPU and node signals, evaluating).
     pub diagnosis_cost: crate::diagnosis_live::DiagnosisCost,
+    /// The latest node sample the diagnosis was fed: PSI avg10 shares, the agent's CPU, each
+    /// target's model server CPU wait and use, cgroup throttling, memory of its limit and OOM
+    /// kills (absent values left out; the whole field absent before the first sample).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<crate::contention::NodeView>,
 }
 
 /// The admin router, for serving or for driving with `oneshot` in tests.
@@ -144,6 +149,7 @@ pub fn status_doc(s: &AdminState) -> StatusDoc {
             .and_then(|d| d.as_ref().map(|d| d.view())),
         config_reload: s.status.reload.view(),
         diagnosis_cost: s.status.diagnosis.cost(),
+        node: s.status.diagnosis.node_latest.view(),
     }
 }
 

@@ -252,3 +252,80 @@ async fn a_counter_going_backwards_is_one_restart_event() {
     );
     assert!(s.target.history().iter().all(|x| x.at <= SystemTime::now()));
 }
+
+/// Serves each connection's request with `replies[i]` written raw (the i-th connection, the
+/// last one after that), then closes the connection.
+async fn serve_raw(replies: Vec<&'static str>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        for i in 0.. {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                return;
+            };
+            let reply = replies[usize::min(i, replies.len() - 1)];
+            let mut buf = vec![0u8; 4096];
+            let mut got = Vec::new();
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                match sock.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = sock.write_all(reply.as_bytes()).await;
+            let _ = sock.flush().await;
+            drop(sock);
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// A connection the server cuts after the headers (mid-body, chunked or with a length), one it
+/// closes before any response, and a port nobody listens on: `closed`, `closed`, `closed`,
+/// then `connect`; never `connect` for a server that answered.
+#[tokio::test]
+async fn a_connection_closed_mid_response_is_closed_not_connect() {
+    let url = serve_raw(vec![
+        // Headers, one chunk, then the connection closes without the last chunk.
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n\
+         10\r\nvllm:num_request\r\n",
+        // A length of 1000, 20 bytes sent.
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 1000\r\n\r\n\
+         vllm:num_requests_wa",
+        // Nothing at all.
+        "",
+    ])
+    .await;
+    let mut s = scraper(&url, Duration::from_secs(5), 1 << 20);
+    let reasons = run(&mut s, 3).await;
+    assert!(
+        reasons[0].contains("closed the connection mid-body, after 16 bytes"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons[1].contains("closed the connection mid-body, after 20 bytes"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons[2].contains("closed the connection before its response"),
+        "{reasons:?}"
+    );
+    let v = s.target.view();
+    assert_eq!(
+        (v.failures.get("closed"), v.failures.get("connect")),
+        (Some(&3), None),
+        "{:?}",
+        v.failures
+    );
+    // Nobody listens: a connect failure.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let mut s = scraper(&format!("http://{dead}"), Duration::from_secs(5), 1 << 20);
+    let reasons = run(&mut s, 1).await;
+    assert!(reasons[0].contains("cannot connect"), "{reasons:?}");
+    let v = s.target.view();
+    assert_eq!(v.failures.get("connect"), Some(&1), "{:?}", v.failures);
+}

@@ -79,10 +79,20 @@ async fn read_capped(
                     format!("{url}: body not read within the timeout"),
                 ));
             }
+            Err(e) if closed(&e) => {
+                return Err(ScrapeFailure::new(
+                    "closed",
+                    format!(
+                        "{url}: the server closed the connection mid-body, after {} bytes: {}",
+                        body.len(),
+                        error_chain(&e)
+                    ),
+                ));
+            }
             Err(e) => {
                 return Err(ScrapeFailure::new(
                     "body",
-                    format!("{url}: reading the body: {e}"),
+                    format!("{url}: reading the body: {}", error_chain(&e)),
                 ));
             }
         }
@@ -118,16 +128,7 @@ pub async fn fetch_into(
         if let Some(k) = key {
             req = req.bearer_auth(k.expose());
         }
-        let resp = req.send().await.map_err(|e| {
-            if e.is_timeout() {
-                ScrapeFailure::new("timeout", format!("{url}: no answer within the timeout"))
-            } else {
-                ScrapeFailure::new(
-                    "connect",
-                    format!("{url}: {}", crate::server::scrape::error_chain(&e)),
-                )
-            }
-        })?;
+        let resp = req.send().await.map_err(|e| send_failure(url, &e))?;
         let status = resp.status();
         if !status.is_success() {
             let hint = if status.as_u16() == 404 {
@@ -158,6 +159,52 @@ pub async fn fetch_into(
             ),
         )),
     }
+}
+
+/// The reason of a request that failed before its response's headers were read: `connect`
+/// (refused, DNS, the connect timeout: no connection), `timeout` (connected, no answer in
+/// time), `closed` (the server closed or reset the connection before a whole response head),
+/// else `response` (a malformed response head, a redirect refused).
+fn send_failure(url: &url::Url, e: &reqwest::Error) -> ScrapeFailure {
+    let chain = error_chain(e);
+    if e.is_connect() {
+        ScrapeFailure::new("connect", format!("{url}: cannot connect: {chain}"))
+    } else if e.is_timeout() {
+        ScrapeFailure::new("timeout", format!("{url}: no answer within the timeout"))
+    } else if closed(e) {
+        ScrapeFailure::new(
+            "closed",
+            format!("{url}: the server closed the connection before its response: {chain}"),
+        )
+    } else {
+        ScrapeFailure::new("response", format!("{url}: bad response: {chain}"))
+    }
+}
+
+/// Whether `e` (or one of its sources) says the peer closed or reset the connection: hyper's
+/// incomplete message or closed channel, or an IO reset, abort, broken pipe or early EOF.
+fn closed(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cur {
+        if let Some(h) = c.downcast_ref::<hyper::Error>()
+            && (h.is_incomplete_message() || h.is_closed() || h.is_canceled())
+        {
+            return true;
+        }
+        if let Some(io) = c.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::UnexpectedEof
+            )
+        {
+            return true;
+        }
+        cur = c.source();
+    }
+    false
 }
 
 /// The error and its sources in one line (reqwest hides the cause, e.g. "connection refused").

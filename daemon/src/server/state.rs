@@ -106,7 +106,8 @@ pub struct TargetServerView {
     /// Seconds since the last page that was read.
     pub last_ok_age_s: Option<f64>,
     pub scrapes_ok: u64,
-    /// Failed scrapes by reason (`http_status`, `timeout`, `too_large`, `connect`, `html`, `not_metrics`, …).
+    /// Failed scrapes by reason (`http_status`, `timeout`, `too_large`, `connect`, `closed`,
+    /// `response`, `body`, `html`, `not_metrics`, …).
     pub failures: BTreeMap<&'static str, u64>,
     /// Lines skipped, duplicate series and NaN/Inf samples seen, summed over all scrapes.
     pub bad_lines: u64,

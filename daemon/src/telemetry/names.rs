@@ -149,6 +149,31 @@ pub const LMPERF_SPIKE_Z: &str = "lmperf.spike.z";
 /// latency_jump: canaries still in flight whose elapsed time counted as a lower bound (e2e).
 pub const LMPERF_SPIKE_IN_FLIGHT: &str = "lmperf.spike.in_flight";
 
+// ---- Node and model-server contention (see `contention`): the latest node sample ----
+/// Gauge, unit `1`: the node's PSI avg10 share (0..1) of the last 10 s some (or all) tasks
+/// stalled, by `lmperf.node.pressure.resource` (cpu | memory | io) and
+/// `lmperf.node.pressure.stall` (some | full). node_exporter's counters of the same files are
+/// `node_pressure_{cpu,memory,io}_waiting_seconds_total` (OTel semconv has no PSI metric).
+pub const METRIC_NODE_PRESSURE: &str = "lmperf.node.pressure";
+pub const LMPERF_NODE_PRESSURE_RESOURCE: &str = "lmperf.node.pressure.resource";
+pub const LMPERF_NODE_PRESSURE_STALL: &str = "lmperf.node.pressure.stall";
+/// Gauge, unit `s/s`: seconds per second the model server's threads waited for a CPU, by
+/// `lmperf.target`.
+pub const METRIC_SERVER_CPU_WAIT: &str = "lmperf.server.cpu.wait";
+/// Gauge, unit `{cpu}`: the model server's CPU use in cores, by `lmperf.target` (the shape of
+/// semconv's `container.cpu.usage`; the server may be a plain process).
+pub const METRIC_SERVER_CPU_USAGE: &str = "lmperf.server.cpu.usage";
+/// Gauge, unit `1`: share of the server cgroup's CFS periods throttled over the sample, by
+/// `lmperf.target` (cAdvisor's counters: `container_cpu_cfs_throttled_periods_total` ÷
+/// `container_cpu_cfs_periods_total`).
+pub const METRIC_SERVER_CPU_THROTTLED: &str = "lmperf.server.cpu.throttled";
+/// Gauge, unit `1`: the server cgroup's memory used of its limit, by `lmperf.target` (the
+/// collector's kubeletstats `k8s.container.memory_limit_utilization`); no series without a limit.
+pub const METRIC_SERVER_MEMORY_LIMIT_UTILIZATION: &str = "lmperf.server.memory.limit_utilization";
+/// Counter, unit `{kill}`: OOM kills in the server's cgroup since the agent started, by
+/// `lmperf.target` (cAdvisor: `container_oom_events_total`).
+pub const METRIC_SERVER_OOM_KILLS: &str = "lmperf.server.oom_kills";
+
 // ---- Diagnosis (see `diagnosis`, `diagnosis_live`); metric names contracted with the alert rules ----
 /// Gauge, unit `1`: score in [0, 1] of a root cause, by `lmperf.target` and `lmperf.diagnosis.cause`.
 pub const METRIC_DIAGNOSIS_SCORE: &str = "lmperf.diagnosis.score";
@@ -365,8 +390,10 @@ pub const METRIC_SERVER_LATENCY: &str = "lmperf.server.latency";
 /// Counter, unit `{change}`: server change events by `lmperf.server.change.kind`
 /// (version | model | model_revision | restart | kind).
 pub const METRIC_SERVER_CHANGES: &str = "lmperf.server.changes";
-/// Counter, unit `{scrape}`: scrapes by `lmperf.server.scrape.result` (ok | connect | timeout |
-/// http_status | too_large | html | empty | not_metrics | body).
+/// Counter, unit `{scrape}`: scrapes by `lmperf.server.scrape.result` (ok | connect: no
+/// connection (refused, DNS, connect timeout) | timeout | closed: the server closed or reset
+/// the connection mid-response | response: a malformed response head | http_status |
+/// too_large | html | empty | not_metrics | body: the body broke otherwise).
 pub const METRIC_SERVER_SCRAPES: &str = "lmperf.server.scrapes";
 /// Gauge, unit `1`: always 1, carrying `lmperf.server.kind`, `.version`, `.model`.
 pub const METRIC_SERVER_INFO: &str = "lmperf.server.info";

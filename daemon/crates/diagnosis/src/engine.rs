@@ -951,6 +951,22 @@ impl TargetEngine {
             scope: Default::default(),
             node: None,
         };
+        // The roots first (they order the sentence: each root in causal order).
+        if d.state == State::RootConfirmed {
+            let roots = roots::concurrent_roots(&d.causes, cfg.confirm_score, |p, c| {
+                GRAPH.contains(&(p, c))
+            });
+            if roots.len() >= 2 {
+                // Each root began when its own signal changed; the incident, when the first
+                // did (a surge's queue 38 s before the 503s it hid paged on the error ratio).
+                if let Some(first) = roots::first_onset(&roots, onset, now_sec) {
+                    d.onset_unix_s = Some(first);
+                }
+                d.root_onsets_unix_s = roots.iter().map(|r| r.1).collect();
+                d.roots = roots.into_iter().map(|(c, _)| c).collect();
+                roots::rank_first(&mut d.causes, &d.roots);
+            }
+        }
         d.summary = d.line();
         d.canaries_skipped_share = self.store.series(Signal::CanarySkipped).and_then(|x| {
             let v: Vec<f64> = x
@@ -966,26 +982,6 @@ impl TargetEngine {
                 " ({:.0} % of canaries skipped at max_in_flight)",
                 share * 100.0
             ));
-        }
-        if d.state == State::RootConfirmed {
-            let roots = roots::concurrent_roots(&d.causes, cfg.confirm_score, |p, c| {
-                GRAPH.contains(&(p, c))
-            });
-            if roots.len() >= 2 {
-                d.summary = Some(format!(
-                    "{}; {}",
-                    roots::words(&roots),
-                    d.summary.clone().unwrap_or_default()
-                ));
-                // Each root began when its own signal changed; the incident, when the first
-                // did (a surge's queue 38 s before the 503s it hid paged on the error ratio).
-                if let Some(first) = roots::first_onset(&roots, onset, now_sec) {
-                    d.onset_unix_s = Some(first);
-                }
-                d.root_onsets_unix_s = roots.iter().map(|r| r.1).collect();
-                d.roots = roots.into_iter().map(|(c, _)| c).collect();
-                roots::rank_first(&mut d.causes, &d.roots);
-            }
         }
         self.last = Some(d.clone());
         d

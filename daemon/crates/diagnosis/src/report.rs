@@ -356,10 +356,18 @@ impl TargetDiagnosis {
         Some(first)
     }
 
+    ///
+    /// With two or more [`TargetDiagnosis::roots`] (after [`crate::roots::rank_first`]), each
+    /// root in causal order, with its score, its onset and the own signal that moved, then the
+    /// symptom they caused together: `two causes: network 0.91 from 03:02:04 (kernel RTT
+    /// 1.00 ms → 50.0 ms), then gpu_throttling 0.88 from 03:02:30 (SM clock 1.98 GHz → 1.10
+    /// GHz); together TTFT p99 38.0 ms → 412 ms; errors flat`.
     pub fn line(&self) -> Option<String> {
         let top = self.causes.first()?;
         let mut s = format!("{} {:.2}", top.cause.as_str(), top.score);
-        if let Some(e) = self.headline_evidence() {
+        if let Some(roots) = self.roots_words() {
+            s = roots;
+        } else if let Some(e) = self.headline_evidence() {
             s.push_str(&format!(
                 ": {} {} → {}",
                 e.signal.words(),
@@ -384,6 +392,9 @@ impl TargetDiagnosis {
             s.push(':');
         }
         if let Some(sym) = &self.symptom {
+            if self.roots.len() >= 2 {
+                s.push_str("; together");
+            }
             let name = if sym.signal == Signal::Error {
                 "error ratio".to_owned()
             } else {
@@ -418,5 +429,152 @@ impl TargetDiagnosis {
             s.push_str(&format!("; {} flat", flat.join(", ")));
         }
         Some(s)
+    }
+
+    /// The roots part of [`TargetDiagnosis::line`]: `two causes: network 0.91 from 03:02:04
+    /// (kernel RTT 1.00 ms → 50.0 ms), then …`, each root in the order of
+    /// [`TargetDiagnosis::roots`] (causal), its onset from
+    /// [`TargetDiagnosis::root_onsets_unix_s`]. `None` with fewer than two roots ranked.
+    fn roots_words(&self) -> Option<String> {
+        if self.roots.len() < 2 {
+            return None;
+        }
+        let parts: Vec<String> = self
+            .roots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| {
+                let c = self.causes.iter().find(|c| c.cause == *r)?;
+                let mut p = format!("{} {:.2}", c.cause.as_str(), c.score);
+                let e = own_evidence(c);
+                let at = self
+                    .root_onsets_unix_s
+                    .get(i)
+                    .copied()
+                    .flatten()
+                    .or_else(|| e.and_then(|e| e.changed_at_unix_s));
+                if let Some(at) = at {
+                    p.push_str(&format!(" from {}", clock(at)));
+                }
+                if let Some(e) = e {
+                    p.push_str(&format!(
+                        " ({} {} → {})",
+                        e.signal.words(),
+                        fmt_value(e.signal, e.before),
+                        fmt_value(e.signal, e.peak.max(e.after))
+                    ));
+                }
+                Some(p)
+            })
+            .collect();
+        if parts.len() < 2 {
+            return None;
+        }
+        let n = match parts.len() {
+            2 => "two".to_owned(),
+            3 => "three".to_owned(),
+            k => k.to_string(),
+        };
+        Some(format!("{n} causes: {}", parts.join(", then ")))
+    }
+}
+
+/// The evidence that says what a root did: its strongest own signal (not the canary latency it
+/// reads, nor a contradiction; [`crate::onset::own_change`]), else its strongest uncontradicted
+/// evidence.
+fn own_evidence(c: &CauseScore) -> Option<&Evidence> {
+    let usable = |e: &&Evidence| {
+        !e.rule
+            .as_deref()
+            .is_some_and(|r| r.starts_with("contradicted"))
+    };
+    c.evidence
+        .iter()
+        .find(|e| crate::onset::own_change(e).is_some())
+        .or_else(|| c.evidence.iter().find(usable))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn evidence(signal: Signal, before: f64, after: f64, at: Option<f64>) -> Evidence {
+        Evidence {
+            signal,
+            before,
+            after,
+            peak: after,
+            z: 9.0,
+            changed_at_unix_s: at,
+            lead_s: None,
+            rule: None,
+            hw_ids: Vec::new(),
+        }
+    }
+
+    /// Two confirmed roots: the sentence says each one (its score, onset and own signal) in
+    /// causal order, whichever scores higher, then the symptom they caused together.
+    #[test]
+    fn two_roots_are_each_said_in_causal_order() {
+        let d = TargetDiagnosis {
+            target: "vllm".to_owned(),
+            state: State::RootConfirmed,
+            since_unix_s: Some(200.0),
+            onset_unix_s: Some(100.0),
+            symptom: Some(Symptom {
+                signal: Signal::Ttft,
+                value: 0.4,
+                peak: 0.412,
+                baseline: 0.038,
+                ratio: 10.8,
+                z: 20.0,
+                jumped_buckets: 3,
+                recent_buckets: 3,
+            }),
+            // As ranked by `roots::rank_first`: the first root first although it scores less.
+            causes: vec![
+                CauseScore {
+                    cause: Cause::Network,
+                    score: 0.81,
+                    evidence: vec![
+                        // Canary latency it reads moved at the symptom: not its own signal.
+                        evidence(Signal::Ttft, 0.038, 0.4, Some(100.0)),
+                        evidence(Signal::NetSrtt, 0.001, 0.05, Some(100.0)),
+                    ],
+                },
+                CauseScore {
+                    cause: Cause::GpuThrottling,
+                    score: 0.93,
+                    evidence: vec![evidence(Signal::GpuSmClock, 1.98e9, 1.1e9, Some(130.0))],
+                },
+                CauseScore {
+                    cause: Cause::ServerQueueing,
+                    score: 0.4,
+                    evidence: vec![],
+                },
+            ],
+            ttft_decomposition: None,
+            summary: None,
+            baseline_wait: None,
+            roots: vec![Cause::Network, Cause::GpuThrottling],
+            root_onsets_unix_s: vec![Some(100.0), Some(130.0)],
+            canaries_skipped_share: None,
+            scope: Scope::Target,
+            node: None,
+        };
+        assert_eq!(
+            d.line().as_deref(),
+            Some(
+                "two causes: network 0.81 from 00:01:40 (kernel RTT 1.00 ms → 50.0 ms), \
+                 then gpu_throttling 0.93 from 00:02:10 (SM clock 1.98 GHz → 1.10 GHz); \
+                 together TTFT p99 38.0 ms → 412 ms; errors flat"
+            )
+        );
+        // One root: the single-cause sentence, unchanged.
+        let mut one = d.clone();
+        one.roots.clear();
+        one.root_onsets_unix_s.clear();
+        let line = one.line().unwrap_or_default();
+        assert!(line.starts_with("network 0.81: TTFT"), "{line}");
     }
 }

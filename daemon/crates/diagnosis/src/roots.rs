@@ -4,7 +4,7 @@
 //! child of another in the cause graph, ranked by when their own signals changed (causal
 //! order); they lead the target's ranking in that order ([`rank_first`]). Pure.
 
-use super::report::{Cause, CauseScore, clock};
+use super::report::{Cause, CauseScore};
 
 /// The roots among `causes` (ranked, highest first): each ≥ `confirm`, not `unknown`, not a
 /// child of another root (`is_child(parent, child)`), each with its onset: when the earliest of
@@ -67,23 +67,6 @@ pub fn rank_first(causes: &mut [CauseScore], roots: &[Cause]) {
     });
 }
 
-/// "two causes: network (from 03:02:04), then gpu_throttling (from 03:02:30)".
-pub fn words(roots: &[(Cause, Option<f64>)]) -> String {
-    let n = match roots.len() {
-        2 => "two".to_owned(),
-        3 => "three".to_owned(),
-        k => k.to_string(),
-    };
-    let parts: Vec<String> = roots
-        .iter()
-        .map(|(c, at)| match at {
-            Some(t) => format!("{} (from {})", c.as_str(), clock(*t)),
-            None => c.as_str().to_owned(),
-        })
-        .collect();
-    format!("{n} causes: {}", parts.join(", then "))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,10 +111,6 @@ mod tests {
                 (Cause::Network, Some(100.0)),
                 (Cause::GpuThrottling, Some(130.0))
             ]
-        );
-        assert_eq!(
-            words(&roots),
-            "two causes: network (from 00:01:40), then gpu_throttling (from 00:02:10)"
         );
         // One strong cause: a single root.
         assert_eq!(concurrent_roots(&causes[..1], 0.75, graph).len(), 1);

@@ -997,6 +997,16 @@ fn a_network_delay_and_a_throttled_gpu_are_two_causes() {
     assert_eq!(d.roots.len(), 2, "{:#?}", d.causes);
     let line = d.summary.clone().unwrap_or_default();
     assert!(line.starts_with("two causes: "), "{line}");
+    // Each root said with what it moved, in causal order, before the symptom they caused.
+    let (a, b) = (d.roots[0].as_str(), d.roots[1].as_str());
+    let (ia, ib) = (line.find(a), line.find(b));
+    assert!(ia.is_some() && ib.is_some() && ia < ib, "{line}");
+    assert!(line.contains("kernel RTT"), "{line}");
+    assert!(
+        line.contains("SM clock") || line.contains("GPU throttled"),
+        "{line}"
+    );
+    assert!(line.contains("; together TTFT p99"), "{line}");
 }
 
 #[test]
