@@ -25,18 +25,7 @@ pub fn run(args: &[String]) -> Result<()> {
         "[2/4] tests/peers/install-bench.sh (GuideLLM, AIPerf, tokenizer)",
         peers,
     )?;
-    let mut build = crate::cargo();
-    build.args([
-        "build",
-        "--release",
-        "-p",
-        "lmperf",
-        "--no-default-features",
-    ]);
-    crate::step(
-        "[3/4] cargo build --release -p lmperf --no-default-features",
-        build,
-    )?;
+    crate::build_release_lmperf("[3/4] ")?;
     let mut bench = crate::cargo();
     bench.args(["bench", "-p", "lmperf-e2e", "--bench", "client_peers"]);
     crate::step(

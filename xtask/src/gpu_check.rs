@@ -80,18 +80,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let gpus = smi("uuid,memory.used,utilization.gpu,name")
         .context("gpu-check needs an NVIDIA GPU and nvidia-smi")?;
     println!("nvidia-smi: {} GPU(s): {:?}", gpus.len(), gpus);
-    let mut build = crate::cargo();
-    build.args([
-        "build",
-        "--release",
-        "-p",
-        "lmperf",
-        "--no-default-features",
-    ]);
-    crate::step(
-        "cargo build --release -p lmperf --no-default-features",
-        build,
-    )?;
+    crate::build_release_lmperf("")?;
 
     let torch = Command::new("python3")
         .args(["-c", "import torch; assert torch.cuda.is_available()"])

@@ -25,18 +25,7 @@ pub fn run(args: &[String]) -> Result<()> {
             ),
         }
     }
-    let mut build = crate::cargo();
-    build.args([
-        "build",
-        "--release",
-        "-p",
-        "lmperf",
-        "--no-default-features",
-    ]);
-    crate::step(
-        "[1/2] cargo build --release -p lmperf --no-default-features",
-        build,
-    )?;
+    crate::build_release_lmperf("[1/2] ")?;
     let mut bench = crate::cargo();
     bench
         .args(["bench", "-p", "lmperf-e2e", "--bench", "k8s_discovery_cost"])

@@ -122,6 +122,23 @@ pub fn cargo() -> Command {
     cmd
 }
 
+/// Builds the agent as it ships (release, without the tests' hooks: `--no-default-features`),
+/// as step `header_prefix` (e.g. `[1/2] `) of a command that measures it.
+pub fn build_release_lmperf(header_prefix: &str) -> Result<()> {
+    let mut build = cargo();
+    build.args([
+        "build",
+        "--release",
+        "-p",
+        "lmperf",
+        "--no-default-features",
+    ]);
+    step(
+        &format!("{header_prefix}cargo build --release -p lmperf --no-default-features"),
+        build,
+    )
+}
+
 /// Prints a step header, runs `cmd` with inherited stdio and fails unless it exits 0.
 pub fn step(header: &str, mut cmd: Command) -> Result<()> {
     println!("\n==> {header}");

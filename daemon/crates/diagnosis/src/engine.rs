@@ -1036,12 +1036,7 @@ impl TargetEngine {
     /// history before `from` (CUSUM, the last second its statistic was 0 before the alarm).
     fn change_from(&self, signal: Signal, from: u32, cfg: &EngineConfig) -> Option<u32> {
         let series = self.store.series(signal)?;
-        let history_s = cfg.detector.history.as_secs() as u32;
-        let mut before: Vec<f64> = series
-            .range(from.saturating_sub(history_s), from)
-            .map(|(_, v)| v)
-            .collect();
-        let b = Baseline::of(&mut before)?;
+        let b = self.baseline_before(signal, from, cfg)?;
         let s = scale(&b, signal.floor());
         cusum(
             series,
