@@ -8,8 +8,9 @@
 //! clock, `/api/v1/status` `diagnosis_cost`), and the breakdown of the full run: scrape and
 //! export by difference, the diagnosis measured, the canaries (and the runtime) the rest.
 //!
-//! `cargo build --release -p lmperf && cargo bench -p lmperf-e2e --bench agent_cost`
-//! (`LMPERF_BENCH_SECS` sets the window, default 60).
+//! `cargo build --release -p lmperf --no-default-features` (the agent as it ships, without the
+//! tests' hooks), then `cargo bench -p lmperf-e2e --bench agent_cost` (`LMPERF_BIN` names the
+//! agent binary; `LMPERF_BENCH_SECS` sets the window, default 60).
 //!
 //! What-ifs, to split the cost further: `LMPERF_BENCH_AGENTS=1` runs only the first agent;
 //! `LMPERF_BENCH_CANARY_INTERVAL=600s` leaves the agent idle but for its scrapes (its floor);
