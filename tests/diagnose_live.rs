@@ -823,6 +823,15 @@ async fn live_control_is_never_diagnosed() {
 #[path = "diagnose_live/calm_busy.rs"]
 mod calm_busy;
 
+/// The agent's WARN `Diagnosis:` lines so far (each one a page).
+fn diagnosis_lines(agent: &Agent) -> usize {
+    agent
+        .stderr_text()
+        .lines()
+        .filter(|l| l.contains("Diagnosis:"))
+        .count()
+}
+
 #[path = "diagnose_live/background.rs"]
 mod background;
 #[path = "diagnose_live/real.rs"]

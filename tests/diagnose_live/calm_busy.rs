@@ -98,11 +98,7 @@ async fn live_calm_busy_scripted_servers_are_never_diagnosed() {
         }
     }
     let status = agent.status();
-    let warn_lines = agent
-        .stderr_text()
-        .lines()
-        .filter(|l| l.contains("Diagnosis:"))
-        .count();
+    let warn_lines = super::diagnosis_lines(&agent);
     drop(agent);
     let _ = std::fs::remove_dir_all(&dir);
     let mut confirmations = 0;

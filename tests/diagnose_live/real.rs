@@ -732,11 +732,7 @@ fn live_calm_real_server_is_never_diagnosed() {
         100.0 * waiting as f64 / running.len().max(1) as f64
     );
     let canaries = recorded(&agent, "t0", start).get("e2e").map_or(0, Vec::len);
-    let warn_lines = agent
-        .stderr_text()
-        .lines()
-        .filter(|l| l.contains("Diagnosis:"))
-        .count();
+    let warn_lines = super::diagnosis_lines(&agent);
     drop(agent);
     let _ = std::fs::remove_dir_all(&dir);
     println!(
