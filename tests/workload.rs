@@ -678,7 +678,7 @@ async fn ramp_linear_from_the_command_line() {
 /// `requests.jsonl` (its `input_tokens`) names the arrival the server recorded for it.
 const SLOW: Duration = Duration::from_millis(50);
 
-type Arrivals = Arc<std::sync::Mutex<Vec<(u64, tokio::time::Instant)>>>;
+type Arrivals = Arc<std::sync::Mutex<Vec<(u64, std::time::Instant)>>>;
 
 async fn slow_server() -> (ScriptedServer, Arrivals) {
     let arrivals: Arrivals = Arc::default();
@@ -689,7 +689,7 @@ async fn slow_server() -> (ScriptedServer, Arrivals) {
             let n = b["content"].as_str().map_or(0, |s| s.split_whitespace().count());
             return Reply::json(200, &serde_json::json!({ "tokens": vec![1; n] }).to_string());
         }
-        log.lock().unwrap().push((n as u64, tokio::time::Instant::now()));
+        log.lock().unwrap().push((n as u64, req.arrived));
         let chunk = serde_json::json!({ "choices": [{ "index": 0, "text": "w " }] });
         let usage = serde_json::json!({ "choices": [], "usage": { "prompt_tokens": n, "completion_tokens": 1 } });
         Reply::sse(vec![Frame { at: SLOW, bytes: format!("data: {chunk}\n\ndata: {usage}\n\ndata: [DONE]\n\n").into_bytes() }])
@@ -700,17 +700,18 @@ async fn slow_server() -> (ScriptedServer, Arrivals) {
 
 /// Per measured row, by send time: (send s, concurrency_limit, requests in flight at the
 /// server when it arrived, the highest concurrency_limit among those). In flight at the
-/// server: arrived at or before it and within `SLOW` − 1 ms of their arrival (the server
-/// writes its reply at `SLOW`; 1 ms allows for its own lag in recording an arrival). The
-/// last-dispatched of those was dispatched with all of them in flight, so a correct limiter
-/// keeps the count ≤ that highest limit, with no tolerance.
+/// server: arrived at or before it and within `SLOW` of their arrival, both on the server's
+/// own clock (`Received::arrived`, the instant its frames count from: it writes the reply no
+/// sooner than `SLOW` after it, however late a loaded machine wakes it, so no client can
+/// have the reply earlier). The last-dispatched of those was dispatched with all of them in
+/// flight, so a correct limiter keeps the count ≤ that highest limit, with no tolerance.
 fn in_flight_at_server(
     rows: &[Value],
-    arrivals: &[(u64, tokio::time::Instant)],
+    arrivals: &[(u64, std::time::Instant)],
 ) -> Vec<(f64, usize, usize, usize)> {
-    let at: std::collections::HashMap<u64, tokio::time::Instant> =
+    let at: std::collections::HashMap<u64, std::time::Instant> =
         arrivals.iter().copied().collect();
-    let window = SLOW - Duration::from_millis(1);
+    let window = SLOW;
     let mut out: Vec<(f64, usize, usize, usize)> = rows
         .iter()
         .map(|r| {
