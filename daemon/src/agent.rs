@@ -69,6 +69,8 @@ pub fn prepare(cfg: &AgentConfig) -> Result<Privileged, AgentError> {
         std::path::Path::new("/proc"),
         &crate::node::targets_of(&cfg.targets),
     );
+    // Loading the probes parsed the kernel's BTF (megabytes, freed): give those pages back.
+    crate::heap::release_freed();
     match crate::caps::drop_all() {
         Ok(before) => {
             tracing::info!(effective_before = %format!("{before:#x}"), "Capabilities dropped: the agent needs none after start.")

@@ -141,7 +141,9 @@ fn run(cli: Cli) -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            // Before the runtime: the process has one thread while it drops its capabilities.
+            // Before the runtime: the process has one thread while it drops its capabilities
+            // (and while it caps the allocator's arenas, which only a lone thread may).
+            lmperf::heap::limit_arenas();
             let privileged = match lmperf::agent::prepare(&cfg) {
                 Ok(p) => p,
                 Err(e) => {

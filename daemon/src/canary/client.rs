@@ -292,11 +292,74 @@ async fn attempt(
 /// measurement falls this far behind).
 const READ_AHEAD_CHUNKS: usize = 64;
 
-/// Reads the body on its own task, which takes each chunk's arrival time as it reads it, and
-/// measures here: the time spent measuring a large event (a 1 MiB chunk takes milliseconds in a
-/// debug build) never delays the timestamps of the bytes that follow it.
+/// A chunk that, with the bytes of the event it continues, reaches this size hands the rest
+/// of the body to a reader task ([`Body::hand_off`]): measuring a token event takes
+/// microseconds, measuring a 1 MiB one milliseconds (in a debug build).
+const HAND_OFF_BYTES: usize = 16 * 1024;
+
+/// One body chunk (or the end, or the error), and when it was read (after the send).
+type Read = (Result<Option<hyper::body::Bytes>, reqwest::Error>, Duration);
+
+/// Where the measuring loop reads the body from: the response itself while events are small
+/// (one task: a chunk is timestamped as it is read, then measured in microseconds), or, once a
+/// large event arrives, a reader task that timestamps each chunk as it arrives while this task
+/// measures (so parsing a large event never delays the timestamps of the bytes after it).
+enum Body {
+    Inline(reqwest::Response),
+    /// The reader task is aborted when this is dropped (cancelled, timed out or done: the
+    /// connection goes with it).
+    Reader {
+        rx: tokio::sync::mpsc::Receiver<Read>,
+        _reader: tokio_util::task::AbortOnDropHandle<()>,
+    },
+    /// Handed off or ended.
+    Gone,
+}
+
+impl Body {
+    /// The next chunk; `None` once the body is gone (the reader ended).
+    async fn next(&mut self, t0: Instant) -> Option<Read> {
+        match self {
+            Body::Inline(response) => {
+                let chunk = response.chunk().await;
+                Some((chunk, t0.elapsed()))
+            }
+            Body::Reader { rx, .. } => rx.recv().await,
+            Body::Gone => None,
+        }
+    }
+
+    /// From now on a reader task reads the body (a no-op if one already does).
+    fn hand_off(&mut self, t0: Instant) {
+        if !matches!(self, Body::Inline(_)) {
+            return;
+        }
+        let Body::Inline(mut response) = std::mem::replace(self, Body::Gone) else {
+            return;
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(READ_AHEAD_CHUNKS);
+        let reader = tokio::spawn(async move {
+            loop {
+                let chunk = response.chunk().await;
+                let at = t0.elapsed();
+                let last = !matches!(chunk, Ok(Some(_)));
+                if tx.send((chunk, at)).await.is_err() || last {
+                    break;
+                }
+            }
+        });
+        *self = Body::Reader {
+            rx,
+            _reader: tokio_util::task::AbortOnDropHandle::new(reader),
+        };
+    }
+}
+
+/// Reads the body and measures it. Small chunks are read and measured on this task; from the
+/// first chunk that makes a large event ([`HAND_OFF_BYTES`]) on, a reader task takes each
+/// chunk's arrival time as it reads it ([`Body`]).
 async fn read_stream(
-    mut response: reqwest::Response,
+    response: reqwest::Response,
     status: u16,
     target: &TargetConfig,
     t0: Instant,
@@ -308,17 +371,7 @@ async fn read_stream(
     if keep_text {
         m = m.keep_text();
     }
-    let (tx, mut rx) = tokio::sync::mpsc::channel(READ_AHEAD_CHUNKS);
-    let reader = tokio::spawn(async move {
-        loop {
-            let chunk = response.chunk().await;
-            let at = t0.elapsed();
-            let last = !matches!(chunk, Ok(Some(_)));
-            if tx.send((chunk, at)).await.is_err() || last {
-                break;
-            }
-        }
-    });
+    let mut body = Body::Inline(response);
     let mut after_done = false;
     let mut ended_at = None;
     // One timer for the whole stream (reset once after [DONE]), not one per chunk.
@@ -331,8 +384,11 @@ async fn read_stream(
             _ = &mut timer => {
                 break if after_done { StreamEnd::Eof } else { StreamEnd::Timeout };
             }
-            read = rx.recv() => match read {
+            read = body.next(t0) => match read {
                 Some((Ok(Some(bytes)), at)) => {
+                    if bytes.len() + m.buffered_bytes() >= HAND_OFF_BYTES {
+                        body.hand_off(t0);
+                    }
                     if !m.on_bytes(at, &bytes) {
                         break StreamEnd::Eof;
                     }
@@ -354,8 +410,7 @@ async fn read_stream(
             },
         }
     };
-    // Cancelled, timed out or done: the reader (and with it the connection) goes now.
-    reader.abort();
+    drop(body);
     m.finish(end, ended_at.unwrap_or_else(|| t0.elapsed()))
 }
 
