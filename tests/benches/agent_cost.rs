@@ -5,7 +5,9 @@
 //! a quiet collector (rotel, blackhole exporter). Three agents in turn for the same window:
 //! everything on, the scrape off, the export off. Printed: each one's CPU (user + system, a
 //! share of one core) and RSS at steady state, the diagnosis loop's own CPU (its thread CPU
-//! clock, `/api/v1/status` `diagnosis_cost`), and the breakdown of the full run: scrape and
+//! clock, `/api/v1/status` `diagnosis_cost`), its wakeups per second and the CPU per wakeup
+//! (the cost is mostly wakeups × their price: each stream frame, reply and timer is one), and
+//! the breakdown of the full run: scrape and
 //! export by difference, the diagnosis measured, the canaries (and the runtime) the rest.
 //!
 //! `cargo build --release -p lmperf --no-default-features` (the agent as it ships, without the
@@ -36,6 +38,24 @@ fn cpu_of(pid: u32) -> Duration {
         })
         .unwrap_or(0);
     Duration::from_millis(ticks * 10)
+}
+
+/// The times the agent's threads went to sleep and were woken (voluntary context switches,
+/// summed over `/proc/PID/task/*/status`): each is a syscall pair and a scheduler round trip,
+/// the floor under the agent's cost (a stream frame, a scrape's reply, a timer: one each).
+fn wakeups_of(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .filter_map(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        })
+        .sum()
 }
 
 /// A vLLM page after `n` requests: gauges, counters and the TTFT and queue histograms (the
@@ -84,22 +104,25 @@ fn vllm_page(n: u64) -> String {
     p
 }
 
-async fn measure(agent: &Agent, window: Duration) -> (f64, f64, f64) {
+/// Over `window` after a warm-up: (CPU share of a core, RSS MiB, the diagnosis's CPU share,
+/// wakeups per second).
+async fn measure(agent: &Agent, window: Duration) -> (f64, f64, f64, f64) {
     // Warm-up: model discovery, the first canaries and scrapes, the eBPF load.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let d0 = agent.status()["diagnosis_cost"]["cpu_s"]
         .as_f64()
         .unwrap_or(0.0);
-    let (c0, t0) = (cpu_of(agent.pid()), Instant::now());
+    let (c0, w0, t0) = (cpu_of(agent.pid()), wakeups_of(agent.pid()), Instant::now());
     tokio::time::sleep(window).await;
-    let (c1, t1) = (cpu_of(agent.pid()), Instant::now());
+    let (c1, w1, t1) = (cpu_of(agent.pid()), wakeups_of(agent.pid()), Instant::now());
     let d1 = agent.status()["diagnosis_cost"]["cpu_s"]
         .as_f64()
         .unwrap_or(0.0);
     let wall = (t1 - t0).as_secs_f64();
     let cpu = (c1 - c0).as_secs_f64() / wall;
     let rss = agent.rss_kib().unwrap_or(0) as f64 / 1024.0;
-    (cpu, rss, (d1 - d0) / wall)
+    let wakeups = w1.saturating_sub(w0) as f64 / wall;
+    (cpu, rss, (d1 - d0) / wall, wakeups)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -171,8 +194,8 @@ async fn main() {
         "agent_cost: {TARGETS} vLLM-style targets, 1 canary/s each, 1 s scrape, diagnosis on; {window:?} per agent (after 10 s warm-up)"
     );
     println!(
-        "  {:<22} {:>12} {:>9} {:>16}",
-        "agent", "CPU % core", "RSS MiB", "diagnosis % core"
+        "  {:<22} {:>12} {:>9} {:>16} {:>10} {:>14}",
+        "agent", "CPU % core", "RSS MiB", "diagnosis % core", "wakeups/s", "µs CPU/wakeup"
     );
     let mut rows = Vec::new();
     let only: usize = std::env::var("LMPERF_BENCH_AGENTS")
@@ -214,15 +237,16 @@ async fn main() {
         })
         .await
         .expect("agent");
-        let (cpu, rss, diag) = measure(&agent, window).await;
+        let (cpu, rss, diag, wakeups) = measure(&agent, window).await;
         let s = agent.status();
         let requests: u64 = s["targets"]
             .as_array()
             .map_or(0, |t| t.iter().filter_map(|t| t["requests"].as_u64()).sum());
         println!(
-            "  {label:<22} {:>12.3} {rss:>9.1} {:>16.3}   (requests {requests}, net {})",
+            "  {label:<22} {:>12.3} {rss:>9.1} {:>16.3} {wakeups:>10.0} {:>14.0}   (requests {requests}, net {})",
             cpu * 100.0,
             diag * 100.0,
+            cpu * 1e6 / wakeups.max(1.0),
             s["net"]["mode"]
         );
         rows.push((cpu, rss, diag));
