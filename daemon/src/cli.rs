@@ -107,8 +107,9 @@ pub enum CtlCommand {
         /// How long to send (e.g. 30s).
         #[arg(long, value_parser = humantime::parse_duration, required_unless_present = "trace_file", conflicts_with = "trace_file")]
         duration: Option<Duration>,
-        /// Requests in flight at most (default 1; a trace replay: the agent's cap,
-        /// control.max_inject_concurrency, so the trace's arrivals decide).
+        /// Requests in flight at most (default 1; a trace replay or a profile: the agent's
+        /// cap, control.max_inject_concurrency, so the trace's arrivals or the profile's own
+        /// concurrency decide).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         concurrency: Option<u32>,
         /// Requests to send at most (default: rate × duration).
