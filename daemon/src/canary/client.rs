@@ -374,13 +374,16 @@ async fn read_stream(
     let mut body = Body::Inline(response);
     let mut after_done = false;
     let mut ended_at = None;
-    // One timer for the whole stream (reset once after [DONE]), not one per chunk.
+    // One timer for the whole stream (reset once after [DONE]), not one per chunk, and one
+    // registration with the cancel token (a new `cancelled()` each chunk locks the token's
+    // tree twice per frame).
     let timer = tokio::time::sleep_until(deadline);
-    tokio::pin!(timer);
+    let cancelled = cancel.cancelled();
+    tokio::pin!(timer, cancelled);
     let end = loop {
         tokio::select! {
             biased;
-            _ = cancel.cancelled(), if !after_done => break StreamEnd::Cancelled,
+            _ = &mut cancelled, if !after_done => break StreamEnd::Cancelled,
             _ = &mut timer => {
                 break if after_done { StreamEnd::Eof } else { StreamEnd::Timeout };
             }

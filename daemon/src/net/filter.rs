@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 
 /// Which end of the connection the reporting socket is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Side {
     Client,
     Server,

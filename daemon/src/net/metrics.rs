@@ -2,6 +2,7 @@
 //! they follow). Histograms and the retransmit counter are recorded as events are drained
 //! (on the probe thread); the probe's own counters are observed from [`NetState`].
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -20,7 +21,38 @@ pub struct NetInstruments {
     rtt: Histogram<f64>,
     connect: Histogram<f64>,
     retransmits: Counter<u64>,
-    addresses: Mutex<AddressCap>,
+    series: Mutex<Series>,
+}
+
+/// The attribute sets recorded so far, built once per connection side and server (an event
+/// arrives for each received segment: hundreds a second).
+#[derive(Debug, Default)]
+struct Series {
+    addresses: AddressCap,
+    attrs: HashMap<(Side, SocketAddr, bool), Arc<[KeyValue]>>,
+}
+
+/// Attribute sets kept at most; past it the cache starts again (the address cap keeps the
+/// labels stable).
+const MAX_SERIES: usize = 4096;
+
+impl Series {
+    fn attrs(&mut self, side: Side, server: SocketAddr, family_v6: bool) -> Arc<[KeyValue]> {
+        if let Some(a) = self.attrs.get(&(side, server, family_v6)) {
+            return a.clone();
+        }
+        if self.attrs.len() >= MAX_SERIES {
+            self.attrs.clear();
+        }
+        let a: Arc<[KeyValue]> = Arc::new([
+            KeyValue::new(names::SERVER_ADDRESS, self.addresses.label(server.ip())),
+            KeyValue::new(names::SERVER_PORT, i64::from(server.port())),
+            KeyValue::new(names::NETWORK_TYPE, if family_v6 { "ipv6" } else { "ipv4" }),
+            KeyValue::new(names::LMPERF_TCP_SIDE, side.as_str()),
+        ]);
+        self.attrs.insert((side, server, family_v6), a.clone());
+        a
+    }
 }
 
 impl NetInstruments {
@@ -57,26 +89,60 @@ impl NetInstruments {
             rtt,
             connect,
             retransmits,
-            addresses: Mutex::new(AddressCap::default()),
+            series: Mutex::new(Series::default()),
         }
     }
 
     /// Records one event of a socket on `side` of a connection to `server`.
     pub fn record(&self, side: Side, server: SocketAddr, family_v6: bool, kind: Kind) {
-        let address = match self.addresses.lock() {
-            Ok(mut cap) => cap.label(server.ip()),
-            Err(_) => AddressCap::OTHER.to_owned(),
+        let attrs = match self.series.lock() {
+            Ok(mut series) => series.attrs(side, server, family_v6),
+            Err(_) => Arc::new([
+                KeyValue::new(names::SERVER_ADDRESS, AddressCap::OTHER),
+                KeyValue::new(names::SERVER_PORT, i64::from(server.port())),
+                KeyValue::new(names::NETWORK_TYPE, if family_v6 { "ipv6" } else { "ipv4" }),
+                KeyValue::new(names::LMPERF_TCP_SIDE, side.as_str()),
+            ]),
         };
-        let attrs = [
-            KeyValue::new(names::SERVER_ADDRESS, address),
-            KeyValue::new(names::SERVER_PORT, i64::from(server.port())),
-            KeyValue::new(names::NETWORK_TYPE, if family_v6 { "ipv6" } else { "ipv4" }),
-            KeyValue::new(names::LMPERF_TCP_SIDE, side.as_str()),
-        ];
         match kind {
             Kind::Rtt { srtt_us } => self.rtt.record(srtt_us as f64 / 1e6, &attrs),
             Kind::Connect { ns } => self.connect.record(ns as f64 / 1e9, &attrs),
             Kind::Retransmit { .. } => self.retransmits.add(1, &attrs),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn address(a: &[KeyValue]) -> String {
+        a.iter()
+            .find(|kv| kv.key.as_str() == names::SERVER_ADDRESS)
+            .map(|kv| kv.value.to_string())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn series_are_built_once_and_addresses_stay_capped() {
+        let mut s = Series::default();
+        let server = |i: u32| SocketAddr::from(([10, 0, (i / 256) as u8, (i % 256) as u8], 8000));
+        let first = s.attrs(Side::Client, server(0), false);
+        assert!(Arc::ptr_eq(&first, &s.attrs(Side::Client, server(0), false)));
+        assert!(!Arc::ptr_eq(&first, &s.attrs(Side::Server, server(0), false)));
+        let labels: Vec<String> = (0..40)
+            .map(|i| address(&s.attrs(Side::Client, server(i), false)))
+            .collect();
+        assert_eq!(labels[0], "10.0.0.0");
+        assert_eq!(labels[31], "10.0.0.31");
+        assert_eq!(labels[32], AddressCap::OTHER);
+        assert_eq!(labels[39], AddressCap::OTHER);
+        // Past the cache's bound it starts again; the labels stay what they were.
+        for port in 0..MAX_SERIES as u16 {
+            s.attrs(Side::Client, SocketAddr::from(([10, 0, 0, 1], port)), false);
+        }
+        assert!(s.attrs.len() <= MAX_SERIES);
+        assert_eq!(address(&s.attrs(Side::Client, server(5), false)), "10.0.0.5");
+        assert_eq!(address(&s.attrs(Side::Client, server(35), false)), AddressCap::OTHER);
     }
 }

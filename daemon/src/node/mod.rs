@@ -185,8 +185,9 @@ impl NodeSampler {
         // Per sample, each source and each cgroup is read once, however many targets share it.
         let mut waits: HashMap<cpu_wait::Source, Option<cpu_wait::CpuWait>> = HashMap::new();
         let mut cgroups: HashMap<cgroup::CgroupDirs, cgroup::CgroupReading> = HashMap::new();
+        let mut pid_cgroups: HashMap<u32, Option<String>> = HashMap::new();
         for t in &mut self.targets {
-            follow_process(t, &proc_root, &cgroup_root);
+            follow_process(t, &proc_root, &cgroup_root, &mut pid_cgroups);
             if t.dirs.is_empty() && t.looked_up.is_none_or(|at| now.duration_since(at) >= RETRY) {
                 t.looked_up = Some(now);
                 t.dirs = match &t.target.pod_uid {
@@ -282,19 +283,31 @@ fn wait_source(t: &Tracked, proc_root: &Path) -> Option<cpu_wait::Source> {
 /// A plain host's server process: when its `/proc/PID/cgroup` changed since the cgroup was
 /// resolved (the process was moved), the cgroup is resolved again and its previous reading
 /// dropped (another cgroup's counters); when the process is gone, the target is looked up again
-/// by its port at the next sample. One small file read a target and sample.
-fn follow_process(t: &mut Tracked, proc_root: &Path, cgroup_root: &Path) {
+/// by its port at the next sample. One small file read a process and sample: `read` holds
+/// this sample's readings (`None`: the process is gone), shared by the targets of a process.
+fn follow_process(
+    t: &mut Tracked,
+    proc_root: &Path,
+    cgroup_root: &Path,
+    read: &mut HashMap<u32, Option<String>>,
+) {
     let Some((pid, text)) = &t.pid else {
         return;
     };
-    match std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup")) {
-        Ok(now) if now == *text => {}
-        Ok(now) => {
+    let now = read
+        .entry(*pid)
+        .or_insert_with(|| {
+            std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup")).ok()
+        })
+        .clone();
+    match now {
+        Some(now) if now == *text => {}
+        Some(now) => {
             t.dirs = cgroup::dirs_of(&now, cgroup_root);
             t.prev = None;
             t.pid = Some((*pid, now));
         }
-        Err(_) => {
+        None => {
             t.pid = None;
             t.dirs = cgroup::CgroupDirs::default();
             t.looked_up = None;
@@ -408,7 +421,7 @@ mod tests {
         };
         assert_eq!(t.dirs.cpu_v1.as_deref(), Some(cg.join("cpu").as_path()));
         // Moved: the new cgroup, its counters from a fresh start.
-        follow_process(&mut t, &proc_root, &cg);
+        follow_process(&mut t, &proc_root, &cg, &mut HashMap::new());
         assert_eq!(
             t.dirs.cpu_v1.as_deref(),
             Some(cg.join("cpu/capped").as_path())
@@ -417,7 +430,7 @@ mod tests {
         assert_eq!(cgroup::read(&t.dirs).cpu.map(|c| c.nr_throttled), Some(40));
         // Unchanged: kept as is.
         t.prev = Some(cgroup::read(&t.dirs));
-        follow_process(&mut t, &proc_root, &cg);
+        follow_process(&mut t, &proc_root, &cg, &mut HashMap::new());
         assert!(t.prev.is_some());
         // Seeded by pid (found while the agent held its capabilities): the cgroup's share of
         // throttled periods from the second sample on.
@@ -443,7 +456,7 @@ mod tests {
         assert_eq!(b.targets[0].1.cpu_cores, Some(0.25));
         // Gone: looked up again by its port at the next sample.
         std::fs::remove_dir_all(proc_root.join("77")).unwrap();
-        follow_process(&mut t, &proc_root, &cg);
+        follow_process(&mut t, &proc_root, &cg, &mut HashMap::new());
         assert!(t.dirs.is_empty() && t.pid.is_none() && t.looked_up.is_none());
         let _ = std::fs::remove_dir_all(&tmp);
     }
@@ -474,6 +487,15 @@ mod tests {
         let waits: Vec<Option<f64>> = b.targets.iter().map(|(_, c)| c.cpu_wait_s_per_s).collect();
         assert_eq!(waits, vec![Some(1.5); 3]);
         assert_eq!(s.meters.len(), 1);
+        // Moved: every target of the process follows it, from one read of /proc/55/cgroup.
+        std::fs::write(proc_root.join("55/cgroup"), "0::/moved\n").unwrap();
+        s.sample(t0 + Duration::from_secs(2));
+        let seen: Vec<Option<&str>> = s
+            .targets
+            .iter()
+            .map(|t| t.pid.as_ref().map(|(_, text)| text.as_str()))
+            .collect();
+        assert_eq!(seen, vec![Some("0::/moved\n"); 3]);
         let _ = std::fs::remove_dir_all(&tmp);
     }
 
