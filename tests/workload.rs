@@ -709,8 +709,7 @@ fn in_flight_at_server(
     rows: &[Value],
     arrivals: &[(u64, std::time::Instant)],
 ) -> Vec<(f64, usize, usize, usize)> {
-    let at: std::collections::HashMap<u64, std::time::Instant> =
-        arrivals.iter().copied().collect();
+    let at: std::collections::HashMap<u64, std::time::Instant> = arrivals.iter().copied().collect();
     let window = SLOW;
     let mut out: Vec<(f64, usize, usize, usize)> = rows
         .iter()

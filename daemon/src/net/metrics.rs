@@ -128,8 +128,14 @@ mod tests {
         let mut s = Series::default();
         let server = |i: u32| SocketAddr::from(([10, 0, (i / 256) as u8, (i % 256) as u8], 8000));
         let first = s.attrs(Side::Client, server(0), false);
-        assert!(Arc::ptr_eq(&first, &s.attrs(Side::Client, server(0), false)));
-        assert!(!Arc::ptr_eq(&first, &s.attrs(Side::Server, server(0), false)));
+        assert!(Arc::ptr_eq(
+            &first,
+            &s.attrs(Side::Client, server(0), false)
+        ));
+        assert!(!Arc::ptr_eq(
+            &first,
+            &s.attrs(Side::Server, server(0), false)
+        ));
         let labels: Vec<String> = (0..40)
             .map(|i| address(&s.attrs(Side::Client, server(i), false)))
             .collect();
@@ -142,7 +148,13 @@ mod tests {
             s.attrs(Side::Client, SocketAddr::from(([10, 0, 0, 1], port)), false);
         }
         assert!(s.attrs.len() <= MAX_SERIES);
-        assert_eq!(address(&s.attrs(Side::Client, server(5), false)), "10.0.0.5");
-        assert_eq!(address(&s.attrs(Side::Client, server(35), false)), AddressCap::OTHER);
+        assert_eq!(
+            address(&s.attrs(Side::Client, server(5), false)),
+            "10.0.0.5"
+        );
+        assert_eq!(
+            address(&s.attrs(Side::Client, server(35), false)),
+            AddressCap::OTHER
+        );
     }
 }
