@@ -112,7 +112,8 @@ pub enum CtlCommand {
         /// concurrency decide).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         concurrency: Option<u32>,
-        /// Requests to send at most (default: rate × duration).
+        /// Requests to send at most (default: rate × duration; a profile: the agent's cap,
+        /// control.max_inject_requests; a trace replay: its first N rows).
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         max_requests: Option<u64>,
         /// Gaps between sends.
@@ -123,14 +124,14 @@ pub enum CtlCommand {
         #[arg(long = "trace", visible_alias = "trace-file", value_name = "FILE")]
         trace_file: Option<String>,
         /// Replay the trace this many times faster (arrival offsets divided by it).
-        #[arg(long, value_name = "X", requires = "trace_file")]
+        #[arg(long, value_name = "X", requires = "trace_file", conflicts_with_all = ["rate", "profile"])]
         trace_speedup: Option<f64>,
         /// Trace format (default: detected from the first line).
-        #[arg(long, value_parser = ["azure", "burstgpt", "mooncake"], requires = "trace_file")]
+        #[arg(long, value_parser = ["azure", "burstgpt", "mooncake"], requires = "trace_file", conflicts_with_all = ["rate", "profile"])]
         trace_format: Option<String>,
         /// Wait for the replay to end, then say whether the p99 alert condition (E2E p99 of a
         /// 30 s window ≥ THRESHOLD) held and print the agent's diagnosis of the replay.
-        #[arg(long, value_name = "THRESHOLD", value_parser = humantime::parse_duration, requires = "trace_file")]
+        #[arg(long, value_name = "THRESHOLD", value_parser = humantime::parse_duration, requires = "trace_file", conflicts_with_all = ["rate", "profile"])]
         p99_threshold: Option<Duration>,
         /// Follow a load profile (`lmperf run --profile`'s YAML; token_rate required) for
         /// --duration; read here and sent to the agent. Change it while it runs with
@@ -143,11 +144,11 @@ pub enum CtlCommand {
         )]
         profile: Option<PathBuf>,
         /// Output tokens per request of a profile load (default: the target's canary.max_tokens).
-        #[arg(long, value_name = "N", requires = "profile", value_parser = clap::value_parser!(u32).range(1..))]
+        #[arg(long, value_name = "N", requires = "profile", conflicts_with_all = ["rate", "trace_file"], value_parser = clap::value_parser!(u32).range(1..))]
         output_tokens: Option<u32>,
         /// Stay until the profile load ends, watching FILE: each saved edit is sent as
         /// `update-load` (a line per revision on stderr); prints the load as it ended.
-        #[arg(long, requires = "profile")]
+        #[arg(long, requires = "profile", conflicts_with_all = ["rate", "trace_file"])]
         watch: bool,
     },
     /// Apply a changed load profile to the running profile load from its next scheduling step
@@ -796,6 +797,28 @@ mod tests {
     use clap::Parser;
 
     use super::Cli;
+
+    /// A flag of a trace replay or a profile load given with `--rate` is refused, not ignored
+    /// (clap leaves out a `requires` whose target conflicts with an arg that is present, so
+    /// each such flag names `--rate` as a conflict itself).
+    #[test]
+    fn ctl_inject_refuses_replay_and_profile_flags_beside_rate() {
+        for extra in [
+            &["--trace-speedup", "10"][..],
+            &["--trace-format", "azure"],
+            &["--p99-threshold", "1s"],
+            &["--output-tokens", "5"],
+            &["--watch"],
+        ] {
+            let args = ["lmperf", "ctl", "inject", "--rate", "2", "--duration", "2s"];
+            let e = Cli::try_parse_from(args.iter().chain(extra)).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{extra:?}");
+            assert!(
+                e.to_string().contains(extra[0]) && e.to_string().contains("--rate"),
+                "{extra:?}: {e}"
+            );
+        }
+    }
 
     /// Values that mean nothing are refused where they are typed (the new-user walk found
     /// them taken silently: an unknown outcome gave 0 rows, `--limit 0` the default 20).

@@ -11,8 +11,12 @@
 //! export by difference, the diagnosis measured, the canaries (and the runtime) the rest.
 //!
 //! `cargo build --release -p lmperf --no-default-features` (the agent as it ships, without the
-//! tests' hooks), then `cargo bench -p lmperf-e2e --bench agent_cost` (`LMPERF_BIN` names the
-//! agent binary; `LMPERF_BENCH_SECS` sets the window, default 60).
+//! tests' hooks), then `LMPERF_BIN=$PWD/target/release/lmperf cargo bench -p lmperf-e2e
+//! --bench agent_cost`, or build it with `cargo test -p lmperf-e2e --bench agent_cost --no-run`
+//! and run the printed binary as the README does (`LMPERF_BIN` names the agent binary;
+//! `LMPERF_BENCH_SECS` sets the window, default 60). Two builds compare only side by side (two
+//! bench processes at once): the same binary's figure moves by a third from one half hour to
+//! the next on a shared VM.
 //!
 //! What-ifs, to split the cost further: `LMPERF_BENCH_AGENTS=1` runs only the first agent;
 //! `LMPERF_BENCH_CANARY_INTERVAL=600s` leaves the agent idle but for its scrapes (its floor);
