@@ -184,7 +184,8 @@ impl TargetRunner {
         let mut ticker = Ticker::staggered(
             Gaps::new(self.target.schedule, seed),
             tokio::time::Instant::now(),
-        );
+        )
+        .coarse();
         let mut spike_tick = tokio::time::interval(SPIKE_TICK);
         spike_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -62,7 +62,13 @@ impl Gaps {
 /// Waits until `at` (returns at once when it has passed): tokio's timer until [`SPIN_BEFORE`]
 /// ahead, then yielding in a loop, so the wake-up is exact to well under a millisecond.
 pub async fn wait_until(at: Instant) {
-    if let Some(coarse) = at.checked_sub(SPIN_BEFORE)
+    wait_until_spinning(at, SPIN_BEFORE).await;
+}
+
+/// [`wait_until`] with `spin` of yielding before `at` instead of [`SPIN_BEFORE`] (zero: the
+/// timer alone, up to one of its 1 ms ticks late).
+async fn wait_until_spinning(at: Instant, spin: Duration) {
+    if let Some(coarse) = at.checked_sub(spin)
         && coarse > Instant::now()
     {
         tokio::time::sleep_until(coarse).await;
@@ -126,6 +132,9 @@ pub struct Ticker {
     gaps: Gaps,
     next: Instant,
     seq: u64,
+    /// How long before each due time the ticker yields in a loop ([`SPIN_BEFORE`], or zero
+    /// for [`coarse`](Self::coarse)).
+    spin: Duration,
 }
 
 impl Ticker {
@@ -135,6 +144,19 @@ impl Ticker {
             gaps,
             next: start,
             seq: 0,
+            spin: SPIN_BEFORE,
+        }
+    }
+
+    /// Wakes on tokio's timer alone: each tick up to one timer tick (1 ms) late, the lag
+    /// reported, and no spinning. For the agent's canaries: a canary's latency is timed from
+    /// its own send, so a millisecond on its due time changes no measurement, while yielding
+    /// for up to [`SPIN_BEFORE`] before each one was 40 % of the agent's CPU (8 targets at 1
+    /// canary/s, `tests/benches/agent_cost.rs`: 1.11 % of a core with it, 0.71 % without).
+    pub fn coarse(self) -> Self {
+        Self {
+            spin: Duration::ZERO,
+            ..self
         }
     }
 
@@ -150,9 +172,9 @@ impl Ticker {
     /// tokio's timer wheel has 1 ms ticks and wakes up to a tick late, so the ticker sleeps
     /// until [`SPIN_BEFORE`] ahead of the due time and yields in a loop for the rest: dispatch
     /// is then exact to well under a millisecond, at the cost of at most that much spinning
-    /// (yielding) per request.
+    /// (yielding) per request. A [`coarse`](Self::coarse) ticker only sleeps.
     pub async fn tick(&mut self) -> Tick {
-        wait_until(self.next).await;
+        wait_until_spinning(self.next, self.spin).await;
         let now = Instant::now();
         let tick = Tick {
             seq: self.seq,
@@ -259,6 +281,83 @@ mod tests {
                     .as_f64()
                     .unwrap(),
             "achieved {achieved} req/s"
+        );
+    }
+
+    /// Counts the wake-ups of the future polled with it.
+    #[derive(Default)]
+    struct Wakes(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Wakes {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Polls `tick` once with a counting waker: whether it finished, and the waker it used.
+    fn poll_tick(
+        tick: &mut std::pin::Pin<Box<impl std::future::Future<Output = Tick>>>,
+        wakes: &std::sync::Arc<Wakes>,
+    ) -> std::task::Poll<Tick> {
+        let waker = std::task::Waker::from(wakes.clone());
+        tick.as_mut()
+            .poll(&mut std::task::Context::from_waker(&waker))
+    }
+
+    /// The agent's ticker (`coarse`) sleeps on the timer alone: 1 ms before a due time nothing
+    /// has woken it (a spinning one is yielding by then, waking itself each turn), at the due
+    /// time it fires once, and the schedule stays absolute (work between ticks never pushes
+    /// the next one back). Paused clock: exact instants.
+    #[tokio::test(start_paused = true)]
+    async fn a_coarse_ticker_sleeps_to_each_due_time_without_spinning() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let gap = Duration::from_millis(100);
+        let t0 = Instant::now();
+        let schedule = Schedule::Rate {
+            per_second: 10.0,
+            arrival: Arrival::Constant,
+        };
+        let mut ticker = Ticker::new(Gaps::new(schedule, 1), t0 + gap).coarse();
+        for i in 1..=3u32 {
+            let wakes = std::sync::Arc::new(Wakes::default());
+            let mut tick = Box::pin(ticker.tick());
+            assert!(poll_tick(&mut tick, &wakes).is_pending());
+            let due = t0 + gap * i;
+            tokio::time::advance(due - Duration::from_millis(1) - Instant::now()).await;
+            assert_eq!(
+                wakes.0.load(Relaxed),
+                0,
+                "tick {i}: woken before its due time"
+            );
+            assert!(poll_tick(&mut tick, &wakes).is_pending());
+            tokio::time::advance(Duration::from_millis(1)).await;
+            assert_eq!(
+                wakes.0.load(Relaxed),
+                1,
+                "tick {i}: the timer's one wake-up"
+            );
+            let std::task::Poll::Ready(t) = poll_tick(&mut tick, &wakes) else {
+                panic!("tick {i} not ready at its due time");
+            };
+            assert_eq!(
+                (t.seq, t.scheduled, t.lag),
+                (u64::from(i - 1), due, Duration::ZERO)
+            );
+            // 30 ms of work after each tick: the next is still due on the absolute schedule.
+            drop(tick);
+            tokio::time::advance(Duration::from_millis(30)).await;
+        }
+        // The precise ticker, for contrast, is yielding (waking itself) 1 ms before its due time.
+        let mut precise = Ticker::new(Gaps::new(schedule, 1), Instant::now() + gap);
+        let wakes = std::sync::Arc::new(Wakes::default());
+        let mut tick = Box::pin(precise.tick());
+        assert!(poll_tick(&mut tick, &wakes).is_pending());
+        tokio::time::advance(gap - Duration::from_millis(1)).await;
+        assert!(poll_tick(&mut tick, &wakes).is_pending());
+        tokio::task::yield_now().await;
+        assert!(
+            wakes.0.load(Relaxed) >= 2,
+            "the precise ticker spins before its due time"
         );
     }
 
