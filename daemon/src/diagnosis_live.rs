@@ -783,8 +783,8 @@ pub async fn run(
     mut node: Option<crate::node::NodeSampler>,
     stop: tokio_util::sync::CancellationToken,
 ) {
-    let mut every = tokio::time::interval(Duration::from_secs(1));
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // On the shared grid with the canaries' spike ticks: one wake-up a second for both.
+    let mut every = crate::grid::interval(Duration::from_secs(1));
     let confirmed = telemetry
         .meter()
         .u64_counter(n::METRIC_DIAGNOSIS_CONFIRMED)

@@ -19,6 +19,7 @@ pub mod control;
 pub mod diagnosis_live;
 pub mod discovery;
 pub mod gpu;
+pub mod grid;
 pub mod heap;
 pub mod live_list;
 pub mod load;
