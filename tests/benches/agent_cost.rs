@@ -2,7 +2,7 @@
 //! not asserted: 8 scripted vLLM-style targets (a streamed chat answer, a vLLM `/metrics` page
 //! whose counters and histograms move), 1 canary/s each, a 1 s scrape, the diagnosis on (its
 //! node and cgroup signals too), eBPF where the machine allows, spans and metrics over OTLP to
-//! a quiet collector (rotel, blackhole exporter). Three agents in turn for the same window:
+//! a quiet collector (rotel, blackhole exporter). Three agents at once, over the same window:
 //! everything on, the scrape off, the export off. Printed: each one's CPU (user + system, a
 //! share of one core) and RSS at steady state, the diagnosis loop's own CPU (its thread CPU
 //! clock, `/api/v1/status` `diagnosis_cost`), its wakeups per second and the CPU per wakeup
@@ -201,11 +201,14 @@ async fn main() {
         "  {:<22} {:>12} {:>9} {:>16} {:>10} {:>14}",
         "agent", "CPU % core", "RSS MiB", "diagnosis % core", "wakeups/s", "µs CPU/wakeup"
     );
-    let mut rows = Vec::new();
     let only: usize = std::env::var("LMPERF_BENCH_AGENTS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
+    // All agents run at once over the same window: a shared VM's speed moves by a third from
+    // one half hour to the next, so only agents measured side by side compare (in turn, the
+    // breakdown's differences were that drift, of either sign).
+    let mut agents = Vec::new();
     for (label, cfg, otlp) in [
         ("everything on", &with_scrape, true),
         ("scrape off", &without_scrape, true),
@@ -241,7 +244,17 @@ async fn main() {
         })
         .await
         .expect("agent");
-        let (cpu, rss, diag, wakeups) = measure(&agent, window).await;
+        agents.push((label, Arc::new(agent)));
+    }
+    let mut measuring = tokio::task::JoinSet::new();
+    for (i, (_, agent)) in agents.iter().enumerate() {
+        let agent = agent.clone();
+        measuring.spawn(async move { (i, measure(&agent, window).await) });
+    }
+    let mut measured = measuring.join_all().await;
+    measured.sort_by_key(|(i, _)| *i);
+    let mut rows = Vec::new();
+    for ((label, agent), (_, (cpu, rss, diag, wakeups))) in agents.iter().zip(measured) {
         let s = agent.status();
         let requests: u64 = s["targets"]
             .as_array()
@@ -254,8 +267,8 @@ async fn main() {
             s["net"]["mode"]
         );
         rows.push((cpu, rss, diag));
-        drop(agent);
     }
+    drop(agents);
     let [full, no_scrape, no_export] = rows[..] else {
         return;
     };
