@@ -791,11 +791,15 @@ pub async fn run(
         .with_unit("{diagnosis}")
         .with_description("Confirmed root causes, by target and cause.")
         .build();
+    // The first evaluation at once (the API lists the targets from the start), then on the grid.
+    let mut first = true;
     loop {
-        tokio::select! {
-            biased;
-            _ = stop.cancelled() => return,
-            _ = every.tick() => {}
+        if !std::mem::take(&mut first) {
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => return,
+                _ = every.tick() => {}
+            }
         }
         let now = SystemTime::now();
         let cpu0 = thread_cpu_ns();
