@@ -1,8 +1,8 @@
 //! The agent's shared tick grid: periodic housekeeping (judging the canaries in flight for
 //! spike mode, the diagnosis step) ticks on multiples of its period from one process-wide
 //! epoch, so the work of every target wakes the runtime once per period instead of once per
-//! target (each wake-up of the runtime's thread costs more than the work it does: 8 targets'
-//! spike ticks were 6 % of the agent's wake-ups).
+//! target (each wake-up of the runtime's thread costs more than the work it does: 8 targets
+//! found at different times would add 8 of the ~130 wake-ups a second of `agent_cost`).
 //!
 //! Not for work whose bursts would delay a canary's timestamps (page scrapes stay spread).
 
@@ -15,7 +15,8 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
 
 /// The first instant after `now` that is a whole number of `period`s after `epoch` (`now`
-/// itself never: a tick is always ahead); the grid extends before the epoch too. A zero `period` is taken as 1 ns.
+/// itself never: a tick is always ahead); the grid extends before the epoch too. A zero
+/// `period` is taken as 1 ns.
 pub fn next_on_grid(epoch: Instant, now: Instant, period: Duration) -> Instant {
     let p = period.as_nanos().max(1);
     // How far `now` is into its period: the grid runs both ways from the epoch (a paused test
