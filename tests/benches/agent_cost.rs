@@ -2,13 +2,14 @@
 //! not asserted: 8 scripted vLLM-style targets (a streamed chat answer, a vLLM `/metrics` page
 //! whose counters and histograms move), 1 canary/s each, a 1 s scrape, the diagnosis on (its
 //! node and cgroup signals too), eBPF where the machine allows, spans and metrics over OTLP to
-//! a quiet collector (rotel, blackhole exporter). Three agents at once, over the same window:
-//! everything on, the scrape off, the export off. Printed: each one's CPU (user + system, a
-//! share of one core) and RSS at steady state, the diagnosis loop's own CPU (its thread CPU
-//! clock, `/api/v1/status` `diagnosis_cost`), its wakeups per second and the CPU per wakeup
-//! (the cost is mostly wakeups × their price: each stream frame, reply and timer is one), and
-//! the breakdown of the full run: scrape and
-//! export by difference, the diagnosis measured, the canaries (and the runtime) the rest.
+//! a quiet collector (rotel, blackhole exporter). First the agent alone for one window (the
+//! budget's figure), then three agents side by side for another (everything on, the scrape
+//! off, the export off: only agents measured at once compare on a shared VM). Printed: each
+//! one's CPU (user + system, a share of one core) and RSS at steady state, the diagnosis
+//! loop's own CPU (its thread CPU clock, `/api/v1/status` `diagnosis_cost`), its wakeups per
+//! second and the CPU per wakeup (the cost is mostly wakeups × their price: each stream frame,
+//! reply and timer is one), and the breakdown of the side-by-side run: scrape and export by
+//! difference, the diagnosis measured, the canaries (and the runtime) the rest.
 //!
 //! `cargo build --release -p lmperf --no-default-features` (the agent as it ships, without the
 //! tests' hooks), then `LMPERF_BIN=$PWD/target/release/lmperf cargo bench -p lmperf-e2e
@@ -18,7 +19,7 @@
 //! bench processes at once): the same binary's figure moves by a third from one half hour to
 //! the next on a shared VM.
 //!
-//! What-ifs, to split the cost further: `LMPERF_BENCH_AGENTS=1` runs only the first agent;
+//! What-ifs, to split the cost further: `LMPERF_BENCH_AGENTS=1` runs only the agent alone;
 //! `LMPERF_BENCH_CANARY_INTERVAL=600s` leaves the agent idle but for its scrapes (its floor);
 //! `LMPERF_BENCH_ITL_MS=0` sends each answer in one write (per-request against per-frame cost);
 //! `LMPERF_BENCH_CONFIG='[net]\nenabled = false'` adds TOML to the agent's config.
@@ -129,6 +130,51 @@ async fn measure(agent: &Agent, window: Duration) -> (f64, f64, f64, f64) {
     (cpu, rss, (d1 - d0) / wall, wakeups)
 }
 
+/// Starts an agent on `cfg`, exporting over OTLP/gRPC to `endpoint` when given.
+async fn spawn_agent(cfg: &str, endpoint: Option<&str>) -> Agent {
+    let mut args: Vec<String> = vec!["--config".into(), cfg.to_owned()];
+    // Extra agent flags for a what-if (e.g. `--net off`), split on spaces.
+    if let Ok(extra) = std::env::var("LMPERF_BENCH_AGENT_ARGS") {
+        args.extend(extra.split_whitespace().map(str::to_owned));
+    }
+    match endpoint {
+        Some(e) => args.extend([
+            "--otlp-protocol".into(),
+            "grpc".into(),
+            "--otlp-endpoint".into(),
+            e.to_owned(),
+        ]),
+        None => args.push("--no-otlp".into()),
+    }
+    tokio::task::spawn_blocking(move || {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        Agent::spawn(
+            &a,
+            &[
+                ("RUST_LOG", "warn,lmperf::agent=info"),
+                ("OTEL_METRIC_EXPORT_INTERVAL", "10000"),
+            ],
+        )
+    })
+    .await
+    .expect("agent")
+}
+
+/// Prints one agent's row of [`measure`]'s figures.
+fn print_row(label: &str, agent: &Agent, (cpu, rss, diag, wakeups): (f64, f64, f64, f64)) {
+    let s = agent.status();
+    let requests: u64 = s["targets"]
+        .as_array()
+        .map_or(0, |t| t.iter().filter_map(|t| t["requests"].as_u64()).sum());
+    println!(
+        "  {label:<22} {:>12.3} {rss:>9.1} {:>16.3} {wakeups:>10.0} {:>14.0}   (requests {requests} since start, net {})",
+        cpu * 100.0,
+        diag * 100.0,
+        cpu * 1e6 / wakeups.max(1.0),
+        s["net"]["mode"]
+    );
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let window = Duration::from_secs(
@@ -194,97 +240,65 @@ async fn main() {
         path.display().to_string()
     };
     let (with_scrape, without_scrape) = (config(true), config(false));
+    let only: usize = std::env::var("LMPERF_BENCH_AGENTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
     println!(
-        "agent_cost: {TARGETS} vLLM-style targets, 1 canary/s each, 1 s scrape, diagnosis on; {window:?} per agent (after 10 s warm-up)"
+        "agent_cost: {TARGETS} vLLM-style targets, 1 canary/s each, 1 s scrape, diagnosis on; a {window:?} window after 10 s of warm-up"
     );
     println!(
         "  {:<22} {:>12} {:>9} {:>16} {:>10} {:>14}",
         "agent", "CPU % core", "RSS MiB", "diagnosis % core", "wakeups/s", "µs CPU/wakeup"
     );
-    let only: usize = std::env::var("LMPERF_BENCH_AGENTS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3);
-    // All agents run at once over the same window: a shared VM's speed moves by a third from
-    // one half hour to the next, so only agents measured side by side compare (in turn, the
-    // breakdown's differences were that drift, of either sign).
-    let mut agents = Vec::new();
-    for (label, cfg, otlp) in [
-        ("everything on", &with_scrape, true),
-        ("scrape off", &without_scrape, true),
-        ("export off", &with_scrape, false),
-    ]
-    .into_iter()
-    .take(only)
-    {
-        let mut args: Vec<String> = vec!["--config".into(), cfg.clone()];
-        // Extra agent flags for a what-if (e.g. `--net off`), split on spaces.
-        if let Ok(extra) = std::env::var("LMPERF_BENCH_AGENT_ARGS") {
-            args.extend(extra.split_whitespace().map(str::to_owned));
+    // The budget's figure: the whole agent alone on the machine, as on a node.
+    let alone = spawn_agent(&with_scrape, Some(&endpoint)).await;
+    let full = measure(&alone, window).await;
+    print_row("everything on (alone)", &alone, full);
+    drop(alone);
+    if only >= 3 {
+        // The breakdown: three agents side by side over one more window (a shared VM's speed
+        // moves by a third from one half hour to the next, so only agents measured at once
+        // compare; in turn, the differences were that drift, of either sign). Three at once
+        // load the machine more, so each reads a little higher than the agent alone.
+        let mut agents = Vec::new();
+        for (label, cfg, otlp) in [
+            ("everything on", &with_scrape, true),
+            ("scrape off", &without_scrape, true),
+            ("export off", &with_scrape, false),
+        ] {
+            let agent = spawn_agent(cfg, otlp.then_some(endpoint.as_str())).await;
+            agents.push((label, Arc::new(agent)));
         }
-        if otlp {
-            args.extend([
-                "--otlp-protocol".into(),
-                "grpc".into(),
-                "--otlp-endpoint".into(),
-                endpoint.clone(),
-            ]);
-        } else {
-            args.push("--no-otlp".into());
+        let mut measuring = tokio::task::JoinSet::new();
+        for (i, (_, agent)) in agents.iter().enumerate() {
+            let agent = agent.clone();
+            measuring.spawn(async move { (i, measure(&agent, window).await) });
         }
-        let agent = tokio::task::spawn_blocking(move || {
-            let a: Vec<&str> = args.iter().map(String::as_str).collect();
-            Agent::spawn(
-                &a,
-                &[
-                    ("RUST_LOG", "warn,lmperf::agent=info"),
-                    ("OTEL_METRIC_EXPORT_INTERVAL", "10000"),
-                ],
-            )
-        })
-        .await
-        .expect("agent");
-        agents.push((label, Arc::new(agent)));
+        let mut measured = measuring.join_all().await;
+        measured.sort_by_key(|(i, _)| *i);
+        let rows: Vec<_> = measured.into_iter().map(|(_, m)| m).collect();
+        for ((label, agent), m) in agents.iter().zip(&rows) {
+            print_row(label, agent, *m);
+        }
+        drop(agents);
+        if let [on, no_scrape, no_export] = rows[..] {
+            let scrape = (on.0 - no_scrape.0).max(0.0);
+            let export = (on.0 - no_export.0).max(0.0);
+            let diagnosis = on.2;
+            let canary = (on.0 - scrape - export - diagnosis).max(0.0);
+            println!(
+                "  breakdown (side by side, of {:.3} %): canary + runtime {:.3} %, scrape {:.3} %, diagnosis {:.3} %, export {:.3} % of a core",
+                on.0 * 100.0,
+                canary * 100.0,
+                scrape * 100.0,
+                diagnosis * 100.0,
+                export * 100.0
+            );
+        }
     }
-    let mut measuring = tokio::task::JoinSet::new();
-    for (i, (_, agent)) in agents.iter().enumerate() {
-        let agent = agent.clone();
-        measuring.spawn(async move { (i, measure(&agent, window).await) });
-    }
-    let mut measured = measuring.join_all().await;
-    measured.sort_by_key(|(i, _)| *i);
-    let mut rows = Vec::new();
-    for ((label, agent), (_, (cpu, rss, diag, wakeups))) in agents.iter().zip(measured) {
-        let s = agent.status();
-        let requests: u64 = s["targets"]
-            .as_array()
-            .map_or(0, |t| t.iter().filter_map(|t| t["requests"].as_u64()).sum());
-        println!(
-            "  {label:<22} {:>12.3} {rss:>9.1} {:>16.3} {wakeups:>10.0} {:>14.0}   (requests {requests}, net {})",
-            cpu * 100.0,
-            diag * 100.0,
-            cpu * 1e6 / wakeups.max(1.0),
-            s["net"]["mode"]
-        );
-        rows.push((cpu, rss, diag));
-    }
-    drop(agents);
-    let [full, no_scrape, no_export] = rows[..] else {
-        return;
-    };
-    let scrape = (full.0 - no_scrape.0).max(0.0);
-    let export = (full.0 - no_export.0).max(0.0);
-    let diagnosis = full.2;
-    let canary = (full.0 - scrape - export - diagnosis).max(0.0);
     println!(
-        "  breakdown (everything on): canary + runtime {:.3} %, scrape {:.3} %, diagnosis {:.3} %, export {:.3} % of a core",
-        canary * 100.0,
-        scrape * 100.0,
-        diagnosis * 100.0,
-        export * 100.0
-    );
-    println!(
-        "  total {:.3} % of a core, RSS {:.1} MiB (issue 28 budget: <= 1 %, <= 40 MiB)",
+        "  total (alone) {:.3} % of a core, RSS {:.1} MiB (issue 28 budget: <= 1 %, <= 40 MiB)",
         full.0 * 100.0,
         full.1
     );
