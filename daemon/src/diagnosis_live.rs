@@ -8,6 +8,7 @@
 //! read from the published snapshot, never from NVML. `cargo bench -p lmperf --bench
 //! diagnosis_cost` prints the CPU share with 8 targets.
 
+use crate::cost::thread_cpu_ns;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -83,20 +84,6 @@ pub struct DiagnosisCost {
     pub evaluations: u64,
     /// CPU time of the diagnosis loop (feeding server, GPU and node signals, evaluating), s.
     pub cpu_s: f64,
-}
-
-/// This thread's CPU time, ns (`CLOCK_THREAD_CPUTIME_ID`; 0 where unreadable).
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; the call only writes it.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return 0;
-    }
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
 }
 
 /// The pure mappers of a canary's record and a server scrape to signals, in the diagnosis

@@ -16,6 +16,7 @@ pub mod cli;
 pub mod config;
 pub mod contention;
 pub mod control;
+pub mod cost;
 pub mod diagnosis_live;
 pub mod discovery;
 pub mod gpu;

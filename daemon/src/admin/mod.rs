@@ -64,11 +64,24 @@ pub struct StatusDoc {
     /// What the live diagnosis has cost the agent: evaluations and the CPU time of its
     /// once-a-second loop (feeding server, GPU and node signals, evaluating).
     pub diagnosis_cost: crate::diagnosis_live::DiagnosisCost,
+    /// The agent's CPU by component so far ([`crate::cost`]): its own tasks' polls, seconds.
+    pub agent_cost: AgentCost,
     /// The latest node sample the diagnosis was fed: PSI avg10 shares, the agent's CPU, each
     /// target's model server CPU wait and use, cgroup throttling, memory of its limit and OOM
     /// kills (absent values left out; the whole field absent before the first sample).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<crate::contention::NodeView>,
+}
+
+/// `/api/v1/status`'s `agent_cost`: the CPU seconds of each component's task polls since the
+/// start (the canaries, the page scrapes, the span export; the diagnosis is `diagnosis_cost`).
+/// The runtime, hyper's connection tasks and the kernel's side of each wake-up are the
+/// process's CPU less these.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct AgentCost {
+    pub canary_cpu_s: f64,
+    pub scrape_cpu_s: f64,
+    pub export_cpu_s: f64,
 }
 
 /// The admin router, for serving or for driving with `oneshot` in tests.
@@ -149,6 +162,11 @@ pub fn status_doc(s: &AdminState) -> StatusDoc {
             .and_then(|d| d.as_ref().map(|d| d.view())),
         config_reload: s.status.reload.view(),
         diagnosis_cost: s.status.diagnosis.cost(),
+        agent_cost: AgentCost {
+            canary_cpu_s: crate::cost::CANARY.cpu_s(),
+            scrape_cpu_s: crate::cost::SCRAPE.cpu_s(),
+            export_cpu_s: crate::cost::EXPORT.cpu_s(),
+        },
         node: s.status.diagnosis.node_latest.view(),
     }
 }

@@ -211,12 +211,12 @@ impl TargetRunner {
             };
             let runner = self.clone();
             let cancel = shutdown.cancel.clone();
-            tracker.spawn(async move {
+            tracker.spawn(crate::cost::metered(&crate::cost::CANARY, async move {
                 runner.state.in_flight.fetch_add(1, Ordering::Relaxed);
                 runner.measure(tick.seq, &cancel, &Source::Canary).await;
                 runner.state.in_flight.fetch_sub(1, Ordering::Relaxed);
                 drop(permit);
-            });
+            }));
         }
     }
 

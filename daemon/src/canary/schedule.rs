@@ -3,7 +3,7 @@
 //! Request `i` is due at `t0 + gap_1 + … + gap_i`. The ticker sleeps until that instant and
 //! never sleeps when behind, so time spent dispatching does not push later requests back (the
 //! drift of `../shared/cases/sse/06_vllm_21104_arrival_drift.json`); how late a tick fired is
-//! reported as its lag.
+//! returned with the tick ([`Tick::lag`]; no metric carries it).
 
 use std::time::Duration;
 
@@ -148,8 +148,8 @@ impl Ticker {
         }
     }
 
-    /// Wakes on tokio's timer alone: each tick up to one timer tick (1 ms) late, the lag
-    /// reported, and no spinning. For the agent's canaries: a canary's latency is timed from
+    /// Wakes on tokio's timer alone: each tick up to one timer tick (1 ms) late ([`Tick::lag`]),
+    /// and no spinning. For the agent's canaries: a canary's latency is timed from
     /// its own send, so a millisecond on its due time changes no measurement, while yielding
     /// for up to [`SPIN_BEFORE`] before each one was 40 % of the agent's CPU (8 targets at 1
     /// canary/s, `tests/benches/agent_cost.rs`: 1.11 % of a core with it, 0.71 % without).

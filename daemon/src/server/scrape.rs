@@ -296,7 +296,7 @@ impl Scraper {
             }
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = self.scrape_once() => {}
+                _ = crate::cost::metered(&crate::cost::SCRAPE, self.scrape_once()) => {}
             }
         }
     }

@@ -177,7 +177,7 @@ impl SpanQueue {
                     export_timeout,
                     stats: stats.clone(),
                 };
-                tokio::spawn(task.run())
+                tokio::spawn(crate::cost::metered(&crate::cost::EXPORT, task.run()))
             })
             .collect();
         Self {
