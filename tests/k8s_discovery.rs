@@ -656,8 +656,15 @@ async fn inference_pools_name_their_pods_as_targets() {
     // Installed: the pool's 2 pods of this node become targets at podIP:targetPort.
     api.install_pool_crd();
     let want = ["llm/annotated-0", "llm/llama-0", "llm/llama-1"];
+    // Each pool target's canary served and recorded: the server counts a request when it
+    // arrives, the agent when its stream ends (its counter first, then its status).
     let (s, took) = wait(&agent, Duration::from_secs(30), |s| {
-        target_names(s) == want && completions(&a) >= 1 && completions(&b) >= 1
+        target_names(s) == want
+            && completions(&a) >= 1
+            && completions(&b) >= 1
+            && ["llm/llama-0", "llm/llama-1"]
+                .iter()
+                .all(|t| target(s, t)["requests"].as_u64() >= Some(1))
     })
     .await;
     println!("pool targets canaried {took:?} after the CRD was installed");
