@@ -208,7 +208,11 @@ async fn slowdown_is_diagnosed_as_load_surge_within_60_s() {
             && tpot["after"].as_f64().unwrap() > 0.025,
         "{tpot}"
     );
-    assert_eq!(t["symptom"]["signal"], "ttft");
+    // Both moved (TTFT 30 x, TPOT 6 x on the script's clock); the symptom is the series whose
+    // bucket p99 rose most against its own baseline, and on a loaded machine a descheduled
+    // client lifts TTFT's baseline p99 (fresh-machine CI read TPOT once): either, never E2E-only.
+    let symptom = t["symptom"]["signal"].as_str().unwrap_or("");
+    assert!(symptom == "ttft" || symptom == "tpot", "{t:#}");
 
     // One WARN line in words.
     let lines: Vec<String> = agent
@@ -232,7 +236,7 @@ async fn slowdown_is_diagnosed_as_load_surge_within_60_s() {
     assert!(
         lines[0].contains("WARN")
             && lines[0].contains("load_surge 0.")
-            && lines[0].contains("TTFT p99")
+            && lines[0].contains(&format!("{} p99", symptom.to_uppercase()))
             && lines[0].contains("GPU, network, errors flat"),
         "{}",
         lines[0]
