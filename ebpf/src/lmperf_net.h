@@ -3,7 +3,8 @@
  * lmperf kernel/user ABI: the events the probes send through the ring buffer.
  *
  * API Boundary: daemon/src/net/event.rs holds the one Rust mirror (`#[repr(C)]`) with
- * const asserts on its size and every offset; change both together.
+ * const asserts on its size and every offset, and the _Static_asserts below check the same here;
+ * change both together.
  */
 #ifndef LMPERF_NET_H
 #define LMPERF_NET_H
@@ -30,5 +31,18 @@ struct lmperf_event {
 	__u8 kind;            /* LMPERF_EV_* */
 	__u8 state;           /* the socket's TCP state when the event fired */
 };
+
+/* The layout that daemon/src/net/event.rs asserts (size and every offset): a change on one side
+ * fails the build of the other. */
+_Static_assert(sizeof(struct lmperf_event) == 56, "lmperf_event: 56 bytes");
+_Static_assert(__builtin_offsetof(struct lmperf_event, ts_ns) == 0, "ts_ns at 0");
+_Static_assert(__builtin_offsetof(struct lmperf_event, value) == 8, "value at 8");
+_Static_assert(__builtin_offsetof(struct lmperf_event, saddr) == 16, "saddr at 16");
+_Static_assert(__builtin_offsetof(struct lmperf_event, daddr) == 32, "daddr at 32");
+_Static_assert(__builtin_offsetof(struct lmperf_event, sport) == 48, "sport at 48");
+_Static_assert(__builtin_offsetof(struct lmperf_event, dport) == 50, "dport at 50");
+_Static_assert(__builtin_offsetof(struct lmperf_event, family) == 52, "family at 52");
+_Static_assert(__builtin_offsetof(struct lmperf_event, kind) == 54, "kind at 54");
+_Static_assert(__builtin_offsetof(struct lmperf_event, state) == 55, "state at 55");
 
 #endif

@@ -31,19 +31,6 @@ pub const MAX_EARLIER_S: u32 = 120;
 /// `confirm_min`: its own signals moved materially).
 pub const MIN_SCORE: f64 = 0.6;
 
-/// Whether `e` is the cause's own signal (not the canary latency that some causes read as
-/// evidence, nor a contradiction) with a change point.
-pub fn own_change(e: &Evidence) -> Option<f64> {
-    if matches!(e.signal, Signal::Ttft | Signal::Tpot | Signal::E2e)
-        || e.rule
-            .as_deref()
-            .is_some_and(|r| r.starts_with("contradicted"))
-    {
-        return None;
-    }
-    e.changed_at_unix_s
-}
-
 /// The second (Unix s) at which the first cause of `causes` (highest first) changed, when it
 /// may stand for the incident's onset: the cause scores ≥ [`MIN_SCORE`] and is not `unknown`,
 /// and the first of its own signals to change (within [`MAX_EARLIER_S`] before the symptom's
@@ -58,7 +45,7 @@ pub fn cause_onset(causes: &[CauseScore], symptom_onset: u32, triggered: u32) ->
     let at = top
         .evidence
         .iter()
-        .filter_map(own_change)
+        .filter_map(Evidence::own_change)
         .filter(|&at| at.is_finite() && f64::from(symptom_onset) - at <= f64::from(MAX_EARLIER_S))
         .fold(None, |m: Option<f64>, at| Some(m.map_or(at, |m| m.min(at))))?;
     if !at.is_finite() || at < 0.0 {

@@ -288,6 +288,22 @@ pub struct Evidence {
     pub hw_ids: Vec<String>,
 }
 
+impl Evidence {
+    /// When this is the cause's own signal (not the canary latency that some causes read as
+    /// evidence, nor a contradiction) with a change point: that change point, Unix seconds.
+    pub fn own_change(&self) -> Option<f64> {
+        if matches!(self.signal, Signal::Ttft | Signal::Tpot | Signal::E2e)
+            || self
+                .rule
+                .as_deref()
+                .is_some_and(|r| r.starts_with("contradicted"))
+        {
+            return None;
+        }
+        self.changed_at_unix_s
+    }
+}
+
 /// Extra client TTFT since the onset, split into parts (seconds; a part is `None` without its
 /// signal).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -490,7 +506,7 @@ fn own_evidence(c: &CauseScore) -> Option<&Evidence> {
     };
     c.evidence
         .iter()
-        .find(|e| crate::onset::own_change(e).is_some())
+        .find(|e| e.own_change().is_some())
         .or_else(|| c.evidence.iter().find(usable))
 }
 

@@ -27,7 +27,7 @@ pub fn concurrent_roots(
             let first = c
                 .evidence
                 .iter()
-                .filter_map(super::onset::own_change)
+                .filter_map(super::report::Evidence::own_change)
                 .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.min(t))));
             (c.cause, first)
         })
