@@ -27,7 +27,10 @@
 //!   Requests cannot be matched one to one across tools, so percentiles are compared; the
 //!   server's TTFT is tight (printed), so this is the client's added latency.
 //!
-//! Settings (environment): `LMPERF_BENCH_TOOLS` (default `lmperf,guidellm,aiperf`),
+//! - **closed loop beside wrk** (`closed_loop.rs`): `lmperf run` at a fixed concurrency and
+//!   wrk on one thread against the same server; the rates and their ratio.
+//!
+//! Settings (environment): `LMPERF_BENCH_CLOSED=0` skips the closed loop; `LMPERF_BENCH_TOOLS` (default `lmperf,guidellm,aiperf`),
 //! `LMPERF_BENCH_STEP_S` (3), `LMPERF_BENCH_RATES` (sweep, req/s, comma separated; default
 //! 100 doubling to 51,200),
 //! `LMPERF_BENCH_FIXED_RATES` (500,5000), `LMPERF_BENCH_TOL_MS` (10), `LMPERF_BENCH_VENV`
@@ -42,6 +45,9 @@ use std::time::{Duration, Instant};
 
 use lmperf_e2e::agent::{lmperf_bin, workspace_root};
 use lmperf_e2e::stream_server::{Kind, Served, StreamConfig, StreamServer};
+
+#[path = "client_peers/closed_loop.rs"]
+mod closed_loop;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Arrival {
@@ -813,6 +819,11 @@ fn main() {
         };
         results.push(bench_tool(&s, &server, tool));
     }
+    let closed = if env_or("LMPERF_BENCH_CLOSED", "1") == "0" {
+        Vec::new()
+    } else {
+        closed_loop::run(&s, &server)
+    };
     println!("\nsummary (load {}):", loadavg());
     println!(
         "  tool     | sustained req/s (<=1 % miss) | max achieved req/s | CPU ms/1k req (marginal; start-up s) | CPU ms/1k @500/s | @5000/s | TTFT err p50/p99 ms @500/s | @5000/s"
@@ -865,6 +876,14 @@ fn main() {
         println!(
             "  lmperf / best peer sustained rate: {:.1}x (target >= 10x)",
             ours / best
+        );
+    }
+    if let [wrk, ours] = closed.as_slice()
+        && let (Some(w), Some(l)) = (wrk.rate, ours.rate)
+    {
+        println!(
+            "  closed loop: lmperf {l:.0} req/s, wrk {w:.0} req/s: {:.2} of wrk (target >= 0.25)",
+            l / w
         );
     }
     println!("  targets: lmperf TTFT error p99 <= 0.3 ms at 500 req/s, <= 1 ms at 5,000 req/s");

@@ -386,7 +386,7 @@ fn wait_logged(header: &str, mut child: std::process::Child, log: &std::path::Pa
 /// report.html and compare.html with.
 const APT_PACKAGES: [&str; 4] = ["clang", "libbpf-dev", "bpftool", "chromium"];
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     std::process::Command::new("id")
         .arg("-u")
         .output()
