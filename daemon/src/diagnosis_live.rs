@@ -748,6 +748,7 @@ fn idle(target: &str) -> TargetDiagnosis {
         canaries_skipped_share: None,
         scope: Default::default(),
         node: None,
+        profile: None,
     }
 }
 

@@ -27,6 +27,7 @@ pub mod load;
 pub mod logging;
 pub mod net;
 pub mod node;
+pub mod profiler;
 pub mod reload;
 pub mod sampler;
 pub mod server;

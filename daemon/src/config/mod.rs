@@ -9,6 +9,7 @@
 pub mod discovery;
 pub mod k8s;
 pub mod log_format;
+pub mod profiling;
 pub mod raw;
 pub mod scrape;
 pub mod selector;
@@ -151,6 +152,8 @@ pub struct TargetConfig {
     /// The pod that serves this target (Kubernetes discovery or `[target.k8s]`); `None` on a
     /// plain host.
     pub k8s: Option<k8s::K8sIdentity>,
+    /// `[target.profiling]`: the server's profiler, called on a TPOT regression; `None`: never.
+    pub profiling: Option<profiling::ProfilingConfig>,
 }
 
 /// OTLP wire protocol.
@@ -925,6 +928,10 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
         server,
         k8s: match t.k8s {
             Some(k) => Some(validate_k8s(field, k)?),
+            None => None,
+        },
+        profiling: match t.profiling {
+            Some(p) => Some(profiling::validate(&format!("{field}.profiling"), p)?),
             None => None,
         },
     })

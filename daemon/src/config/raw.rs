@@ -42,6 +42,8 @@
 //! # namespace = "ml"
 //! # pod = "vllm-0"
 //! # container = "vllm"              # optional; uid = "…" optional
+//! # [target.profiling]              # the server's profiler on a TPOT regression (config/profiling.rs)
+//! # kind = "vllm"                   # vllm | sglang; output_dir, seconds | num_steps, min_interval, on
 //!
 //! [otlp]
 //! endpoint = "http://127.0.0.1:4318"  # default: OTEL_EXPORTER_OTLP_ENDPOINT, else the spec's
@@ -159,6 +161,9 @@ pub struct RawCanary {
     pub server_kind: Option<String>,
     /// `[target.k8s]`: the pod serving a static target (only per target).
     pub k8s: Option<RawK8s>,
+    /// `[target.profiling]`: the server's profiler called when TPOT regresses
+    /// (`super::profiling`); taken whole, `[canary.profiling]` for every target.
+    pub profiling: Option<super::profiling::RawProfiling>,
 }
 
 /// `[target.k8s]`: which pod (and container) serves a static target, for the GPU attribution
@@ -276,6 +281,7 @@ impl RawCanary {
             server_kind: self.server_kind.or(b.server_kind),
             // A pod names one target: `[canary] k8s` is refused before merging.
             k8s: self.k8s.or(b.k8s),
+            profiling: self.profiling.or(b.profiling),
         }
     }
 }

@@ -762,6 +762,7 @@ impl TargetEngine {
             canaries_skipped_share: None,
             scope: Default::default(),
             node: None,
+            profile: None,
         };
         self.last = Some(d.clone());
         d
@@ -784,6 +785,7 @@ impl TargetEngine {
             canaries_skipped_share: None,
             scope: Default::default(),
             node: None,
+            profile: None,
         };
         self.last = Some(d.clone());
         d
@@ -950,6 +952,7 @@ impl TargetEngine {
             canaries_skipped_share: None,
             scope: Default::default(),
             node: None,
+            profile: None,
         };
         // The roots first (they order the sentence: each root in causal order).
         if d.state == State::RootConfirmed {

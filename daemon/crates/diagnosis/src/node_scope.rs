@@ -458,6 +458,7 @@ mod tests {
             canaries_skipped_share: None,
             scope: Scope::Target,
             node: None,
+            profile: None,
         };
         let mut b = a.clone();
         b.target = "b".into();

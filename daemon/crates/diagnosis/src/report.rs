@@ -218,6 +218,34 @@ pub struct TargetDiagnosis {
     /// The node of the node-level diagnosis this target belongs to (`scope: node`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// The model server's profiler, called for this incident (`[target.profiling]`): filled
+    /// by the agent, not the engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<ServerProfile>,
+}
+
+/// One call of a model server's own profiler (vLLM / SGLang `/start_profile`), as the
+/// agent's diagnosis, `lmperf compare`'s `compare.json` and the status record it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServerProfile {
+    /// When it was asked, Unix seconds.
+    pub at_unix_s: f64,
+    /// The server's base URL.
+    pub server: String,
+    /// `vllm` | `sglang`.
+    pub kind: String,
+    /// What asked: `root_confirmed` | `tpot_regression`.
+    pub trigger: String,
+    /// Why, in words (the cause, the gate).
+    pub reason: String,
+    /// Where the server writes the trace (SGLang: as sent; vLLM: its own `torch_profiler_dir`,
+    /// as configured in lmperf); `None`: the server's default.
+    pub output_dir: Option<String>,
+    /// `started` (in progress) | `done` | `unsupported` (404: no profiler endpoint) |
+    /// `failed`.
+    pub outcome: String,
+    /// The outcome in words (e.g. `stopped after 10 s`, `HTTP 404 …`).
+    pub detail: String,
 }
 
 /// How far the history is from a baseline (idle only).
@@ -577,6 +605,7 @@ mod tests {
             canaries_skipped_share: None,
             scope: Scope::Target,
             node: None,
+            profile: None,
         };
         assert_eq!(
             d.line().as_deref(),
