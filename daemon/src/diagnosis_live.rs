@@ -31,7 +31,7 @@ use crate::gpu::state::{GpuState, Snapshot};
 use crate::measure::Measured;
 use crate::net::state::RequestNet;
 use crate::server::interval::ServerSample;
-use crate::server::state::ServerState;
+use crate::server::state::{ServerEvent, ServerState};
 use crate::telemetry::names as n;
 use crate::telemetry::spans::TraceIds;
 
@@ -217,6 +217,20 @@ pub fn node_signals(s: &crate::node::NodeSample) -> (Signals, Vec<(String, Signa
         })
         .collect();
     (node, targets)
+}
+
+/// The termination a restart followed when the container was OOM-killed: `OOMKilled (exit
+/// 137)` of discovery's lifecycle change (`restarts N after OOMKilled (exit 137)`,
+/// `crate::discovery::lifecycle`, from the pod's `lastState.terminated`). `OOMKilled` is the
+/// reason the container runtime reports for a container its cgroup's OOM killer ended
+/// (containerd `internal/cri/server/events.go`, `oomExitReason`; the kubelet passes it on
+/// as `ContainerStateTerminated.Reason`). `None` for any other change.
+pub fn oom_killed(e: &ServerEvent) -> Option<&str> {
+    if e.kind != crate::server::ChangeKind::Restart {
+        return None;
+    }
+    let (_, why) = e.new.as_deref()?.split_once(" after ")?;
+    why.starts_with("OOMKilled").then_some(why)
 }
 
 impl LiveDiagnosis {
@@ -458,11 +472,10 @@ impl LiveDiagnosis {
                 .into_iter()
                 .filter(|s| s.at > last_sample)
                 .collect();
-            let events: Vec<SystemTime> = server
+            let events: Vec<ServerEvent> = server
                 .events(t)
                 .into_iter()
-                .map(|e| e.at)
-                .filter(|&at| at > last_event)
+                .filter(|e| e.at > last_event)
                 .collect();
             if samples.is_empty() && events.is_empty() {
                 continue;
@@ -475,11 +488,18 @@ impl LiveDiagnosis {
                     e.observe(t, sig, s.at, v);
                 }
             }
-            for &at in &events {
-                e.observe(t, Signal::ServerChange, at, 1.0);
+            for ev in &events {
+                e.observe(t, Signal::ServerChange, ev.at, 1.0);
+                // A container the kernel killed for memory (Kubernetes says `OOMKilled`): the
+                // OOM kill is memory_pressure's own event, the restart its consequence.
+                if let Some(why) = oom_killed(ev) {
+                    e.observe(t, Signal::CgroupOomKill, ev.at, 1.0);
+                    e.note(t, Signal::CgroupOomKill, ev.at, why);
+                    e.note(t, Signal::ServerChange, ev.at, why);
+                }
             }
             let newest_sample = samples.iter().map(|s| s.at).max().unwrap_or(last_sample);
-            let newest_event = events.iter().copied().max().unwrap_or(last_event);
+            let newest_event = events.iter().map(|e| e.at).max().unwrap_or(last_event);
             seen.insert(t.clone(), (newest_sample, newest_event));
         }
     }
@@ -1345,6 +1365,85 @@ mod tests {
         assert_eq!(
             change.after, 2.0,
             "one restart and one model change: {change:?}"
+        );
+    }
+
+    /// A container Kubernetes restarted after `OOMKilled` (exit 137), its canaries failing
+    /// while it was down (seen live as `server_change 1.00, error_burst 0.95`, the kill only in
+    /// the status): the kill is memory_pressure's own event, ranked first with the restart as
+    /// its child, and the sentence says `OOMKilled (exit 137)`.
+    #[test]
+    fn an_oom_killed_restart_is_memory_pressure_with_the_restart_as_its_child() {
+        use crate::server::{Change, ChangeKind};
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let target = std::sync::Arc::new(crate::server::TargetServer::new("a", None, None));
+        let state = ServerState {
+            targets: crate::live_list::LiveList::new(vec![target.clone()]),
+        };
+        let oom = |new: &str| ServerEvent {
+            at: t0,
+            kind: ChangeKind::Restart,
+            old: Some("restarts 0".into()),
+            new: Some(new.into()),
+        };
+        assert_eq!(
+            oom_killed(&oom("restarts 1 after OOMKilled (exit 137)")),
+            Some("OOMKilled (exit 137)")
+        );
+        assert_eq!(oom_killed(&oom("restarts 1 after Error (exit 1)")), None);
+        assert_eq!(oom_killed(&oom("1700000200")), None);
+        let live = LiveDiagnosis::new(EngineConfig::default(), vec!["a".into()]);
+        // 200 s calm; the container killed at 200, its canaries refused until it is back at
+        // 214; the pod's restart (with its last termination) seen at 212.
+        let mut confirmed = Vec::new();
+        for s in 0..280u64 {
+            let at = t0 + Duration::from_secs(s);
+            if s == 212 {
+                target.push_event(
+                    at,
+                    Change {
+                        kind: ChangeKind::Restart,
+                        old: Some("restarts 0".into()),
+                        new: Some("restarts 1 after OOMKilled (exit 137)".into()),
+                    },
+                );
+            }
+            live.feed_server(&state);
+            for half in [0u64, 500] {
+                let down = (200..214).contains(&s);
+                let outcome = if down { Outcome::Error } else { Outcome::Ok };
+                let ms = 100 + (s % 5) * 4;
+                live.observe_request(
+                    "a",
+                    &measured(ms, outcome, at + Duration::from_millis(half)),
+                    None,
+                );
+            }
+            confirmed.extend(live.tick(at + Duration::from_secs(1), None));
+        }
+        assert_eq!(confirmed.len(), 1, "{confirmed:#?}");
+        let d = &confirmed[0];
+        let ranked: Vec<Cause> = d.causes.iter().map(|c| c.cause).collect();
+        assert_eq!(ranked[0], Cause::MemoryPressure, "{:#?}", d.causes);
+        assert!(
+            ranked.contains(&Cause::ServerChange) && d.causes[0].score > d.causes[1].score,
+            "{ranked:?}"
+        );
+        assert!(d.roots.is_empty(), "one root: {:?}", d.roots);
+        let line = d.summary.as_deref().unwrap_or("");
+        assert!(
+            line.starts_with("memory_pressure") && line.contains("OOMKilled (exit 137)"),
+            "{line}"
+        );
+        // The restart is the kill's child: its evidence joins memory_pressure's, with the reason.
+        let change = d.causes[0]
+            .evidence
+            .iter()
+            .find(|e| e.signal == Signal::ServerChange)
+            .and_then(|e| e.rule.as_deref());
+        assert!(
+            change.is_some_and(|r| r.starts_with("OOMKilled (exit 137)")),
+            "{change:?}"
         );
     }
 }

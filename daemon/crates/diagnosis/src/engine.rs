@@ -170,6 +170,16 @@ impl Engine {
         }
     }
 
+    /// Notes why an event of `signal` for `target` happened, as its source said: the reason
+    /// and exit code of a container's termination (`OOMKilled (exit 137)`, from the pod's
+    /// `lastState.terminated`). The event's evidence then names it ([`Evidence::rule`]). The
+    /// event itself is still [`Engine::observe`]d. Unknown targets are ignored.
+    pub fn note(&mut self, target: &str, signal: Signal, at: SystemTime, words: &str) {
+        if let Some(t) = self.targets.get_mut(target) {
+            t.store.note(signal, dur(at), words);
+        }
+    }
+
     /// The canaries of `target` in flight at `now`, each by its elapsed time: lower bounds of
     /// their E2E, as spike mode counts them ([`crate::detector::BucketSeries::assess_with`]).
     /// Only those that started before the bucket in progress count (a canary sent a moment
@@ -1301,7 +1311,10 @@ fn event_evidence(
 ) -> Option<(f64, Evidence)> {
     let (window, rule) = match s {
         Signal::GpuFault => (60, "XID / ECC / GPU lost event"),
-        Signal::CgroupOomKill => (60, "OOM kill in the model server's cgroup"),
+        Signal::CgroupOomKill => (
+            60,
+            "OOM kill: the model server's process killed for memory (cgroup oom_kill, or Kubernetes OOMKilled)",
+        ),
         Signal::ServerChange => (
             15 * 60,
             "server change (restart, version, model) in the 15 min before",
@@ -1315,6 +1328,11 @@ fn event_evidence(
         .collect();
     let &(last, _) = events.last()?;
     let count: f64 = events.iter().map(|&(_, v)| v).sum();
+    // What the event's source said of it (a termination's reason): first, it is the news.
+    let rule = match store.note_in(s, onset.saturating_sub(window), now.saturating_add(1)) {
+        Some(note) => format!("{note}: {rule}"),
+        None => rule.to_owned(),
+    };
     let lead = f64::from(onset) - f64::from(last);
     let value = if lead >= 0.0 {
         0.9
@@ -1331,7 +1349,7 @@ fn event_evidence(
         z: 0.0,
         changed_at_unix_s: Some(f64::from(last)),
         lead_s: Some(lead),
-        rule: Some(rule.to_owned()),
+        rule: Some(rule),
         hw_ids: Vec::new(),
     };
     Some((value, e))

@@ -385,6 +385,11 @@ impl TargetDiagnosis {
     pub fn headline_evidence(&self) -> Option<&Evidence> {
         let top = self.causes.first()?;
         let first = top.evidence.first()?;
+        // An OOM kill is seen after the failures it caused (Kubernetes reports the restart
+        // once the container is back): it still leads.
+        if first.signal == Signal::CgroupOomKill {
+            return Some(first);
+        }
         if first.lead_s.is_some_and(|l| l < -5.0) {
             let earlier = top.evidence.iter().find(|e| {
                 e.lead_s.is_some_and(|l| l >= -5.0)
@@ -412,12 +417,17 @@ impl TargetDiagnosis {
         if let Some(roots) = self.roots_words() {
             s = roots;
         } else if let Some(e) = self.headline_evidence() {
-            s.push_str(&format!(
-                ": {} {} → {}",
-                e.signal.words(),
-                fmt_value(e.signal, e.before),
-                fmt_value(e.signal, e.peak.max(e.after))
-            ));
+            match (e.signal, &e.rule) {
+                // A kill is said in its source's words (`OOMKilled (exit 137): …`), not as a
+                // count that went 0 → 1.
+                (Signal::CgroupOomKill, Some(rule)) => s.push_str(&format!(": {rule}")),
+                _ => s.push_str(&format!(
+                    ": {} {} → {}",
+                    e.signal.words(),
+                    fmt_value(e.signal, e.before),
+                    fmt_value(e.signal, e.peak.max(e.after))
+                )),
+            }
             if let Some(at) = e.changed_at_unix_s {
                 s.push_str(&format!(" from {}", clock(at)));
             }

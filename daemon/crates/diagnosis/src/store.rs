@@ -123,7 +123,16 @@ pub struct EvidenceStore {
     rates_pending: Option<(u32, Option<f64>, Option<f64>)>,
     /// The paired rates of the last [`PROMPT_RATIO_WINDOW_S`] seconds.
     rates: VecDeque<(u32, f64, f64)>,
+    /// What the caller said of an event (its second, its signal, the words): the reason
+    /// Kubernetes gave for a kill (`OOMKilled (exit 137)`), newest last, at most [`MAX_NOTES`].
+    notes: VecDeque<(u32, Signal, String)>,
 }
+
+/// Event notes kept per target ([`EvidenceStore::note`]); the oldest is dropped beyond it.
+pub const MAX_NOTES: usize = 16;
+
+/// Characters of a note kept (a longer one is cut: a note is a reason, not a log).
+pub const MAX_NOTE_CHARS: usize = 120;
 
 /// The window of [`Signal::ServerPromptRatio`]: prompt tokens ÷ generated tokens over this many
 /// seconds of scrapes (llama.cpp counts a prompt's tokens when its prefill ends, so one second
@@ -142,7 +151,32 @@ impl EvidenceStore {
             last_sec: 0,
             rates_pending: None,
             rates: VecDeque::new(),
+            notes: VecDeque::new(),
         }
+    }
+
+    /// Notes the words of an event of `signal` at `at` (since the Unix epoch): why it happened,
+    /// as its source said (`OOMKilled (exit 137)`). Cut to [`MAX_NOTE_CHARS`]; at most
+    /// [`MAX_NOTES`] are kept, and none older than the store's 30 min.
+    pub fn note(&mut self, signal: Signal, at: Duration, words: &str) {
+        let sec = u32::try_from(at.as_secs()).unwrap_or(u32::MAX);
+        let words: String = words.chars().take(MAX_NOTE_CHARS).collect();
+        if words.is_empty() {
+            return;
+        }
+        if self.notes.len() == MAX_NOTES {
+            self.notes.pop_front();
+        }
+        self.notes.push_back((sec, signal, words));
+    }
+
+    /// The newest note of `signal` in the seconds `[from, to)`.
+    pub fn note_in(&self, signal: Signal, from: u32, to: u32) -> Option<&str> {
+        self.notes
+            .iter()
+            .rev()
+            .find(|(t, s, _)| *s == signal && (from..to).contains(t))
+            .map(|(_, _, w)| w.as_str())
     }
 
     /// Adds a sample of `signal` at `at` (since the Unix epoch).
@@ -210,6 +244,10 @@ impl EvidenceStore {
         for s in self.seconds.iter_mut().flatten() {
             s.roll(now_sec);
         }
+        let from = now_sec.saturating_sub(SECONDS as u32);
+        while self.notes.front().is_some_and(|n| n.0 < from) {
+            self.notes.pop_front();
+        }
     }
 
     pub fn series(&self, signal: Signal) -> Option<&SecondSeries> {
@@ -230,6 +268,8 @@ impl EvidenceStore {
                 .iter()
                 .map(|b| b.heap_bytes())
                 .sum::<usize>()
+            + self.notes.iter().map(|n| n.2.capacity()).sum::<usize>()
+            + self.notes.capacity() * std::mem::size_of::<(u32, Signal, String)>()
     }
 }
 
@@ -255,5 +295,36 @@ mod tests {
         s.roll(11_000);
         assert_eq!(s.range(0, u32::MAX).count(), SECONDS);
         assert!(s.heap_bytes() <= 2 * SECONDS * 8, "{}", s.heap_bytes());
+    }
+
+    #[test]
+    fn notes_are_bounded_cut_and_found_by_signal_and_time() {
+        let cfg = DetectorConfig::default();
+        let mut st = EvidenceStore::new(cfg, cfg);
+        let at = |s: u64| Duration::from_secs(s);
+        st.note(Signal::CgroupOomKill, at(1000), "OOMKilled (exit 137)");
+        st.note(
+            Signal::ServerChange,
+            at(1001),
+            "restarts 1 after OOMKilled (exit 137)",
+        );
+        st.note(Signal::CgroupOomKill, at(1002), "");
+        assert_eq!(
+            st.note_in(Signal::CgroupOomKill, 990, 1010),
+            Some("OOMKilled (exit 137)")
+        );
+        assert_eq!(st.note_in(Signal::CgroupOomKill, 1001, 1010), None);
+        st.note(Signal::GpuFault, at(1003), &"x".repeat(500));
+        assert_eq!(
+            st.note_in(Signal::GpuFault, 0, u32::MAX).map(str::len),
+            Some(MAX_NOTE_CHARS)
+        );
+        for k in 0..40 {
+            st.note(Signal::GpuFault, at(1100 + k), "XID 79");
+        }
+        assert_eq!(st.notes.len(), MAX_NOTES);
+        // Older than the store's 30 min: forgotten.
+        st.roll(1100 + 39 + SECONDS as u32 + 1);
+        assert!(st.notes.is_empty());
     }
 }
