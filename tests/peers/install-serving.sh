@@ -36,4 +36,14 @@ fi
 
 "$venv/bin/python" -c 'import dynamo.frontend, dynamo.mocker' || die "dynamo.frontend / dynamo.mocker do not import"
 [[ -x "$venv/bin/vllm-router" ]] || die "$venv/bin/vllm-router missing"
-echo "serving peers installed in $venv"
+# The mocker's model directory (config.json from the test model's GGUF metadata, the tokenizer
+# install.sh built, Gemma 3's chat template), made with .venv-peers' gguf package.
+peers="$root/.venv-peers"
+model="$venv/model"
+if [[ ! -s "$model/config.json" ]]; then
+    [[ -s "$peers/tokenizer/tokenizer.json" ]] || die "$peers/tokenizer missing: run tests/peers/install.sh first"
+    "$peers/bin/python" "$here/gguf-model-dir.py" "$peers/models/gemma-3-270m-q4_k_m.gguf" "$peers/tokenizer" \
+        "$root/tests/fixtures/chat_templates/gemma3/tokenizer_config.json" "$model" \
+        || die "could not write the mocker's model directory $model"
+fi
+echo "serving peers installed in $venv (mocker model: $model)"
