@@ -63,6 +63,9 @@ pub struct Chunk<'a> {
     /// Each choice of the chunk, in the order sent (`n > 1` streams interleave choices).
     pub choices: Vec<ChoiceDelta<'a>>,
     pub usage: Option<Usage>,
+    /// Dynamo's `nvext.worker_id` (the workers that served the request), when the chunk
+    /// carries one that reads as `WorkerIdInfo`; a malformed one is ignored, never an error.
+    pub dynamo_workers: Option<crate::worker::DynamoWorkerIds>,
 }
 
 /// What one choice of a chunk carries.
@@ -115,6 +118,9 @@ struct RawChunk<'a> {
     error_type: Option<serde_json::Value>,
     #[serde(default)]
     code: Option<serde_json::Value>,
+    /// Dynamo's response extensions (`NvExtResponse`; `worker_id` when asked for).
+    #[serde(default)]
+    nvext: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -227,6 +233,11 @@ pub fn parse_payload(data: &str) -> Payload<'_> {
                 .and_then(|d| d.cached_tokens)
                 .or_else(|| raw.timings.as_ref().and_then(|t| t.cache_n)),
         }),
+        dynamo_workers: raw
+            .nvext
+            .as_ref()
+            .and_then(|n| n.get("worker_id"))
+            .and_then(|w| crate::worker::DynamoWorkerIds::deserialize(w).ok()),
         ..Chunk::default()
     };
     for choice in raw.choices.into_iter().flatten() {

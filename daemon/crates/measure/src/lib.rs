@@ -27,6 +27,7 @@
 pub mod chunk;
 pub mod measured;
 pub mod sse;
+pub mod worker;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -202,6 +203,10 @@ pub struct RequestRecord {
     pub choices: Vec<ChoiceRecord>,
     /// Whether `[DONE]` arrived.
     pub done_marker_seen: bool,
+    /// The worker(s) a router said served the request ([`worker`]); `None` when the
+    /// target is not a router. The measurer fills it from Dynamo's `nvext.worker_id`; the
+    /// HTTP client from response headers (llm-d) or as unattributed.
+    pub served_by: Option<worker::ServedBy>,
 }
 
 /// One choice of an `n > 1` stream. Its tokens are counted as its token-carrying chunks (the
@@ -262,6 +267,7 @@ impl RequestRecord {
             tool_calls: Vec::new(),
             choices: Vec::new(),
             done_marker_seen: false,
+            served_by: None,
         }
     }
 
@@ -414,6 +420,8 @@ pub struct StreamMeasurer {
     too_large: Option<String>,
     /// Keep the generated text and tool calls.
     keep_text: bool,
+    /// The first `nvext.worker_id` of the stream (Dynamo repeats it on every chunk).
+    dynamo_workers: Option<worker::DynamoWorkerIds>,
 }
 
 /// Choice indexes measured apart; a stream with more keeps the first ones only.
@@ -472,6 +480,7 @@ impl StreamMeasurer {
             invalid: None,
             too_large: None,
             keep_text: false,
+            dynamo_workers: None,
         }
     }
 
@@ -554,6 +563,9 @@ impl StreamMeasurer {
                 }
                 if self.response_model.is_none() {
                     self.response_model = c.model.map(|s| s.into_owned());
+                }
+                if self.dynamo_workers.is_none() {
+                    self.dynamo_workers = c.dynamo_workers;
                 }
                 if let Some(u) = c.usage {
                     self.usage = Some(u);
@@ -710,6 +722,10 @@ impl StreamMeasurer {
             tool_calls,
             choices,
             done_marker_seen: self.done_at.is_some(),
+            served_by: self
+                .dynamo_workers
+                .as_ref()
+                .and_then(worker::ServedBy::from_dynamo),
         }
     }
 
@@ -835,6 +851,44 @@ mod tests {
         }
         let last = frames.last().map_or(0, |f| f.0);
         m.finish(end, ms(last))
+    }
+
+    #[test]
+    fn dynamo_worker_ids_in_chunks_attribute_the_request() {
+        let nv = r#""nvext":{"worker_id":{"prefill_worker_id":11,"prefill_dp_rank":0,"decode_worker_id":22,"decode_dp_rank":0}}"#;
+        let a = format!(
+            "data: {{\"id\":\"x\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"a\"}}}}],{nv}}}\n\n"
+        );
+        let b = format!(
+            "data: {{\"id\":\"x\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"b\"}},\"finish_reason\":\"length\"}}],{nv}}}\n\n"
+        );
+        let r = measure(
+            &[(5, &a), (9, &b), (10, "data: [DONE]\n\n")],
+            StreamEnd::Eof,
+        );
+        assert_eq!(r.outcome, Outcome::Ok);
+        assert_eq!(r.output_tokens, Some(2));
+        let s = r.served_by.unwrap();
+        assert_eq!(s.source, worker::AttributionSource::DynamoNvext);
+        let ids: Vec<_> = s.workers.iter().map(|w| (w.id.as_str(), w.role)).collect();
+        assert_eq!(
+            ids,
+            [
+                ("11", worker::WorkerRole::Prefill),
+                ("22", worker::WorkerRole::Decode)
+            ]
+        );
+        // A malformed nvext is no error and names no worker.
+        let bad = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}],\"nvext\":{\"worker_id\":\"w1\"}}\n\n";
+        let r = measure(&[(5, bad), (6, "data: [DONE]\n\n")], StreamEnd::Eof);
+        assert_eq!(r.outcome, Outcome::Ok);
+        assert_eq!(r.output_tokens, Some(1));
+        assert_eq!(r.served_by, None);
+        // A plain server's stream names none either.
+        let plain = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n";
+        let r = measure(&[(5, plain)], StreamEnd::Eof);
+        assert_eq!(r.output_tokens, Some(1));
+        assert_eq!(r.served_by, None);
     }
 
     #[test]
