@@ -926,14 +926,10 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
         provider: t.provider,
         sampling,
         server,
-        k8s: match t.k8s {
-            Some(k) => Some(validate_k8s(field, k)?),
-            None => None,
-        },
-        profiling: match t.profiling {
-            Some(p) => Some(profiling::validate(&format!("{field}.profiling"), p)?),
-            None => None,
-        },
+        k8s: t.k8s.map(|k| validate_k8s(field, k)).transpose()?,
+        profiling: (t.profiling)
+            .map(|p| profiling::validate(&format!("{field}.profiling"), p))
+            .transpose()?,
     })
 }
 

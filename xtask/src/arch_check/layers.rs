@@ -25,7 +25,10 @@ pub(super) const LAYERS: &[(&str, &[&str])] = &[
             "unix_grpc",
         ],
     ),
-    ("L3 sources", &["discovery", "gpu", "net", "node", "server"]),
+    (
+        "L3 sources",
+        &["discovery", "gpu", "net", "node", "profiler", "server"],
+    ),
     (
         "L4 live engines and their views",
         &["contention", "diagnosis_live", "status"],

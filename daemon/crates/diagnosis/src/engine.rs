@@ -838,9 +838,7 @@ impl TargetEngine {
             0.8
         };
         let symptom = self.symptom(now, cfg, factor);
-        if symptom.is_some() {
-            self.last_symptom = Some(now);
-        }
+        self.last_symptom = symptom.as_ref().map_or(self.last_symptom, |_| Some(now));
         let cleared = self
             .last_symptom
             .is_none_or(|t| now.duration_since(t).unwrap_or_default() >= cfg.clear_after);
