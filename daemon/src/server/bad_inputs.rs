@@ -329,3 +329,64 @@ async fn a_connection_closed_mid_response_is_closed_not_connect() {
     let v = s.target.view();
     assert_eq!(v.failures.get("connect"), Some(&1), "{:?}", v.failures);
 }
+
+/// Serves the first request of each connection with a good page kept alive, and closes the
+/// connection without a response when a second request arrives on it: the race of a server's
+/// keep-alive timeout against the next scrape, made certain. Returns the URL and the count of
+/// connections accepted.
+async fn serve_closing_reused(page: &'static str) -> (String, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let conns = Arc::new(AtomicUsize::new(0));
+    let counted = conns.clone();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                for request in 0.. {
+                    let mut got = Vec::new();
+                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match sock.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    if request > 0 {
+                        return; // closes the reused connection, no response
+                    }
+                    let reply = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n\
+                         Content-Length: {}\r\n\r\n{page}",
+                        page.len()
+                    );
+                    if sock.write_all(reply.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (format!("http://{addr}"), conns)
+}
+
+/// A server that closes a kept-alive connection as the next scrape is written on it: the
+/// scrape is sent once more on a new connection and reads the page; the target never turns
+/// `failing` and no failure is counted (issue 38, item 6).
+#[tokio::test]
+async fn a_reused_connection_the_server_closed_is_retried_not_failing() {
+    let (url, conns) = serve_closing_reused(GOOD).await;
+    let mut s = scraper(&url, Duration::from_secs(5), 1 << 20);
+    let reasons = run(&mut s, 4).await;
+    assert_eq!(reasons, vec!["ok"; 4]);
+    let v = s.target.view();
+    assert_eq!(v.mode, Mode::On);
+    assert_eq!(v.failures.get("closed"), None, "{:?}", v.failures);
+    assert_eq!(v.latest.and_then(|l| l.requests_waiting), Some(4.0));
+    assert!(
+        conns.load(Ordering::SeqCst) >= 4,
+        "each scrape after the first met a closed connection and opened a new one: {}",
+        conns.load(Ordering::SeqCst)
+    );
+}

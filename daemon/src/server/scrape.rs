@@ -124,11 +124,7 @@ pub async fn fetch_into(
     body: &mut Vec<u8>,
 ) -> Result<Option<String>, ScrapeFailure> {
     let work = async {
-        let mut req = client.get(url.clone());
-        if let Some(k) = key {
-            req = req.bearer_auth(k.expose());
-        }
-        let resp = req.send().await.map_err(|e| send_failure(url, &e))?;
+        let resp = send_get(client, url, key).await?;
         let status = resp.status();
         if !status.is_success() {
             let hint = if status.as_u16() == 404 {
@@ -159,6 +155,30 @@ pub async fn fetch_into(
             ),
         )),
     }
+}
+
+/// GETs `url`, and once more when the first attempt fails the way a kept-alive connection the
+/// server closed while idle does (closed or reset before any response byte; not a refused
+/// connect, not a timeout): the race of llama.cpp's `Keep-Alive: timeout=5` against a scrape
+/// period near it. A GET is idempotent; the failed connection has left the pool, so the retry
+/// opens a new one (the canary client does the same: `Clients::send_idempotent`).
+async fn send_get(
+    client: &reqwest::Client,
+    url: &url::Url,
+    key: Option<&Secret>,
+) -> Result<reqwest::Response, ScrapeFailure> {
+    let build = || {
+        let req = client.get(url.clone());
+        match key {
+            Some(k) => req.bearer_auth(k.expose()),
+            None => req,
+        }
+    };
+    match build().send().await {
+        Err(e) if !e.is_connect() && !e.is_timeout() && closed(&e) => build().send().await,
+        other => other,
+    }
+    .map_err(|e| send_failure(url, &e))
 }
 
 /// The reason of a request that failed before its response's headers were read: `connect`
