@@ -169,6 +169,30 @@ async fn real_server_grpc_receiver() {
         assert!((1..=16).contains(&out), "{out}");
         assert!(a["gen_ai.usage.input_tokens"].parse::<u64>().unwrap() > 5);
         output_sum += out;
+        // The server's own clock, from llama.cpp's `timings`: prefill (its TTFT) and decode.
+        // The client sends before the server starts and reads after it sampled, so the gap is
+        // positive and below the client's TTFT (its size is a figure, not a test).
+        assert_eq!(
+            a["lmperf.server.request.timing_source"], "llama_cpp_timings",
+            "{a:?}"
+        );
+        let server_ttft: f64 = a["lmperf.server.request.ttft"].parse().unwrap();
+        assert_eq!(
+            a["lmperf.server.request.prefill"],
+            a["lmperf.server.request.ttft"]
+        );
+        assert!(a["lmperf.server.request.decode"].parse::<f64>().unwrap() >= 0.0);
+        let gap: f64 = a["lmperf.server.request.client_minus_server_ttft"]
+            .parse()
+            .unwrap();
+        assert!(
+            server_ttft > 0.0 && gap > 0.0 && gap < ttft,
+            "server TTFT {server_ttft} s, gap {gap} s, client TTFT {ttft} s"
+        );
+        assert!(
+            !a.contains_key("lmperf.server.request.queue"),
+            "llama.cpp reports no queue"
+        );
     }
     // The server's own count of generated tokens equals the sum of the ok spans' usage (only
     // the agent talks to this server). A canary cancelled at shutdown has no server usage; the

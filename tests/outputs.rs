@@ -127,9 +127,10 @@ fn compare(base: &Path, new: &Path, out: &Path, gates: &[&str]) -> (Option<i32>,
         cmd.arg("--fail-on").args(gates);
     }
     let o = cmd.output().unwrap();
+    // The terminal table goes to stdout, the one-line verdict to stderr: both, in that order.
     (
         o.status.code(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
+        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr),
     )
 }
 
@@ -147,6 +148,13 @@ fn compare_finds_the_ttft_regression() {
         &["ttft_p50:+20%", "error_rate:+0.01"],
     );
     assert_eq!(code, Some(3), "{err}");
+    // The terminal shows each benchmark's headline metrics with their verdicts.
+    let ttft_line = err
+        .lines()
+        .find(|l| l.trim_start().starts_with("ttft_p50 (ms)"))
+        .unwrap_or_else(|| panic!("no ttft_p50 row in {err}"));
+    assert!(ttft_line.ends_with("REGRESSION"), "{ttft_line}");
+    assert!(err.contains("lmperf compare: 4 benchmarks, "), "{err}");
     let c = json(&out.join("compare.json"));
     assert_eq!(c["schema_version"], 1);
     assert_eq!(c["failed_gates"], serde_json::json!(["ttft_p50:+20%"]));

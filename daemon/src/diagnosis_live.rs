@@ -64,6 +64,9 @@ pub struct LiveDiagnosis {
     gpu_evidence: Mutex<BTreeMap<String, GpuEvidence>>,
     /// Per target: the newest server sample and change event fed.
     server_seen: Mutex<BTreeMap<String, (SystemTime, SystemTime)>>,
+    /// Per target: when a canary last carried the server's own timing. While one did within
+    /// [`PER_REQUEST_FRESH`], the scrape's histogram means of the same figures are not fed.
+    per_request_timing: Mutex<BTreeMap<String, SystemTime>>,
     /// The latest node sample fed, for the status and the gauges ([`crate::contention`]).
     pub node_latest: std::sync::Arc<crate::contention::LatestNode>,
     /// The agent's targets now (they join and leave at run time: [`LiveDiagnosis::add_target`]).
@@ -76,6 +79,23 @@ pub struct LiveDiagnosis {
     /// The CPU time of the once-a-second loop's work ([`run`]): feeding and evaluating, ns of
     /// its thread's CPU clock.
     pub loop_cpu_ns: AtomicU64,
+}
+
+/// How long a canary's server timing stands for its target's: within it, the per-request
+/// figures replace the scrape's histogram means (a server restarted without per-request
+/// metrics falls back to its `/metrics` after this).
+pub const PER_REQUEST_FRESH: Duration = Duration::from_secs(60);
+
+/// The evidence `source` of the scrape's server timing.
+const SCRAPE_SOURCE: &str = "/metrics (histogram mean per scrape)";
+
+/// The evidence `source` of a canary's own server timing.
+fn per_request_source(source: crate::measure::server_timing::TimingSource) -> &'static str {
+    use crate::measure::server_timing::TimingSource;
+    match source {
+        TimingSource::VllmMetrics => "vllm_metrics (per request)",
+        TimingSource::LlamaCppTimings => "llama_cpp_timings (per request)",
+    }
 }
 
 /// `/api/v1/status`'s `diagnosis_cost`.
@@ -251,6 +271,7 @@ impl LiveDiagnosis {
             k8s: Mutex::default(),
             gpu_evidence: Mutex::default(),
             server_seen: Mutex::default(),
+            per_request_timing: Mutex::default(),
             node_latest: Default::default(),
             targets: Mutex::new(targets),
             announcer: Mutex::default(),
@@ -304,6 +325,18 @@ impl LiveDiagnosis {
         };
         for (s, v) in request_signals(m) {
             e.observe(target, s, end, v);
+        }
+        if let Some(t) = &m.record.server_timing {
+            let source = per_request_source(t.source);
+            for s in crate::diagnosis::inputs::PER_REQUEST_SIGNALS
+                .into_iter()
+                .chain([Signal::ClientServerTtftGap])
+            {
+                e.set_source(target, s, source);
+            }
+            if let Ok(mut seen) = self.per_request_timing.lock() {
+                seen.insert(target.to_owned(), end);
+            }
         }
         if let Some(net) = net {
             if let Some(rtt) = net.srtt_max {
@@ -483,8 +516,24 @@ impl LiveDiagnosis {
             let Ok(mut e) = self.engine.lock() else {
                 return;
             };
+            let per_request_since = self
+                .per_request_timing
+                .lock()
+                .ok()
+                .and_then(|m| m.get(t).copied());
             for s in &samples {
+                // The canaries' own server timing, fresh, stands for the histogram means.
+                let per_request = per_request_since.is_some_and(|at| {
+                    s.at.duration_since(at).unwrap_or_default() <= PER_REQUEST_FRESH
+                });
                 for (sig, v) in server_signals(s) {
+                    let timed = crate::diagnosis::inputs::PER_REQUEST_SIGNALS.contains(&sig);
+                    if timed && per_request {
+                        continue;
+                    }
+                    if timed {
+                        e.set_source(t, sig, SCRAPE_SOURCE);
+                    }
                     e.observe(t, sig, s.at, v);
                 }
             }
@@ -1066,6 +1115,24 @@ mod tests {
         assert_eq!(snap.targets[0].state, State::RootConfirmed);
     }
 
+    /// Target `a` with a scraped server, its server state, and a diagnosis of it.
+    fn one_scraped_target() -> (
+        std::sync::Arc<crate::server::TargetServer>,
+        ServerState,
+        LiveDiagnosis,
+    ) {
+        let target = std::sync::Arc::new(crate::server::TargetServer::new(
+            "a",
+            Some("http://x/metrics".into()),
+            None,
+        ));
+        let state = ServerState {
+            targets: crate::live_list::LiveList::new(vec![target.clone()]),
+        };
+        let live = LiveDiagnosis::new(EngineConfig::default(), vec!["a".into()]);
+        (target, state, live)
+    }
+
     fn server_sample(at: SystemTime, waiting: f64, rate: f64) -> ServerSample {
         ServerSample {
             at,
@@ -1090,6 +1157,60 @@ mod tests {
         }
     }
 
+    /// Canaries that carry the server's own timing (vLLM's per-request `metrics`) feed its
+    /// queue at canary resolution and say so; the scrape's histogram mean of the same figure is
+    /// not fed while they do (here it says a steady 2 s, which would hide the change).
+    #[test]
+    fn per_request_server_timing_replaces_the_scrapes_histogram_means() {
+        use crate::measure::server_timing::{ServerTiming, TimingSource};
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let (target, state, live) = one_scraped_target();
+        let mut confirmed = Vec::new();
+        for s in 0..300u64 {
+            let at = t0 + Duration::from_secs(s);
+            let slow = s >= 200;
+            for half in [0u64, 500] {
+                let queue_ms = if slow { 1400 } else { 5 + s % 3 };
+                let mut m = measured(
+                    100 + queue_ms + (s % 5) * 4,
+                    Outcome::Ok,
+                    at + Duration::from_millis(half),
+                );
+                m.record.server_timing = Some(ServerTiming {
+                    source: TimingSource::VllmMetrics,
+                    ttft: Some(Duration::from_millis(queue_ms + 90)),
+                    queue: Some(Duration::from_millis(queue_ms)),
+                    prefill: Some(Duration::from_millis(90)),
+                    decode: None,
+                    mean_itl: None,
+                    prompt_tokens_computed: None,
+                    decoded_tokens: None,
+                });
+                live.observe_request("a", &m, None);
+            }
+            // Waiting 20 gives a scraped queue mean of 2 s, throughout.
+            target.record_ok(
+                server_sample(at + Duration::from_millis(600), 20.0, 2.0),
+                crate::server::ServerKind::Vllm,
+                &Default::default(),
+            );
+            live.feed_server(&state);
+            confirmed.extend(live.tick(at + Duration::from_secs(1), None));
+        }
+        let d = confirmed
+            .first()
+            .unwrap_or_else(|| panic!("never confirmed"));
+        let queue = d
+            .causes
+            .iter()
+            .flat_map(|c| &c.evidence)
+            .find(|e| e.signal == Signal::ServerQueueTime)
+            .unwrap_or_else(|| panic!("no queue evidence: {:#?}", d.causes));
+        assert!(queue.before < 0.01 && queue.after > 1.3, "{queue:?}");
+        assert_eq!(queue.source.as_deref(), Some("vllm_metrics (per request)"));
+        assert_eq!(d.causes[0].cause, Cause::ServerQueueing, "{:#?}", d.causes);
+    }
+
     #[test]
     fn server_samples_are_fed_once_and_absent_fields_stay_absent() {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
@@ -1104,15 +1225,7 @@ mod tests {
                 (Signal::ServerQueueTime, 0.30000000000000004),
             ]
         );
-        let target = std::sync::Arc::new(crate::server::TargetServer::new(
-            "a",
-            Some("http://x/metrics".into()),
-            None,
-        ));
-        let state = ServerState {
-            targets: crate::live_list::LiveList::new(vec![target.clone()]),
-        };
-        let live = LiveDiagnosis::new(EngineConfig::default(), vec!["a".into()]);
+        let (target, state, live) = one_scraped_target();
         // 3 min calm at 2 req/s with nothing waiting, then 12 req/s with 20 waiting; canaries
         // show TTFT and TPOT up: load_surge from the server's own signals, the queue as evidence.
         let mut confirmed = Vec::new();
@@ -1311,15 +1424,7 @@ mod tests {
                 .iter()
                 .any(|(s, _)| *s == Signal::ServerChange)
         );
-        let target = std::sync::Arc::new(crate::server::TargetServer::new(
-            "a",
-            Some("http://x/metrics".into()),
-            None,
-        ));
-        let state = ServerState {
-            targets: crate::live_list::LiveList::new(vec![target.clone()]),
-        };
-        let live = LiveDiagnosis::new(EngineConfig::default(), vec!["a".into()]);
+        let (target, state, live) = one_scraped_target();
         // 200 s calm, then the restart (the reset sample, its restart event and the new
         // model) while TTFT 100 → 300 ms.
         let mut confirmed = Vec::new();

@@ -201,10 +201,14 @@ fn compare(args: lmperf::cli::CompareArgs) -> ExitCode {
             } else {
                 format!(" ({})", regressions.join(", "))
             };
+            print!("{}", lmperf::bench::compare_text::table(&c));
+            let plural = |n: usize, one: &str, many: &str| {
+                format!("{n} {}", if n == 1 { one } else { many })
+            };
             eprintln!(
-                "lmperf compare: {} benchmarks, {} regressions{listed}; compare.json and compare.html in {}",
-                c.benchmarks.len(),
-                regressions.len(),
+                "lmperf compare: {}, {}{listed}; compare.json and compare.html in {}",
+                plural(c.benchmarks.len(), "benchmark", "benchmarks"),
+                plural(regressions.len(), "regression", "regressions"),
                 spec.output_dir.display()
             );
             for (side, names) in [("base", &c.only_in_base), ("new", &c.only_in_new)] {

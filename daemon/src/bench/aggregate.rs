@@ -54,6 +54,7 @@ pub struct Summarizer {
     /// Per adapter, per endpoint, probes ([`super::groups`]).
     groups: super::groups::Groups,
     workload: super::workload_stats::WorkloadStats,
+    server_timing: super::server_timing::ServerTimingStats,
 }
 
 /// What [`Summarizer::finish`] needs from the run besides the rows.
@@ -118,6 +119,7 @@ impl Summarizer {
             return;
         }
         self.completed += 1;
+        self.server_timing.push(r);
         self.total_output_tokens += r.output_tokens.unwrap_or(0);
         self.total_input_tokens += r.input_tokens.unwrap_or(0);
         let g = self.goodput;
@@ -229,6 +231,7 @@ impl Summarizer {
             probes: groups.probes,
             prefix_cache: self.workload.prefix_cache(),
             images: self.workload.images(),
+            server_timing: self.server_timing.finish(),
         }
     }
 }

@@ -279,6 +279,15 @@ pub(crate) fn row(
         endpoint: None,
         probe: false,
         cached_input_tokens: r.cached_input_tokens,
+        server_timing_source: r.server_timing.map(|t| t.source.as_str()),
+        server_ttft_ms: r.server_timing.and_then(|t| t.ttft).map(ms),
+        server_queue_ms: r.server_timing.and_then(|t| t.queue).map(ms),
+        server_prefill_ms: r.server_timing.and_then(|t| t.prefill).map(ms),
+        server_decode_ms: r.server_timing.and_then(|t| t.decode).map(ms),
+        client_minus_server_ttft_ms: r
+            .server_timing
+            .zip(r.ttft)
+            .and_then(|(t, c)| t.client_minus_server_ttft_ms(c)),
         ..RequestRow::default()
     }
 }

@@ -93,6 +93,17 @@ const STATS: [&str; 4] = ["mean", "p50", "p90", "p99"];
 /// Latency metrics (`requests.jsonl` fields without `_ms`; `ttfo`: time to first visible
 /// output, `time_to_first_content_ms`, last so the other metrics' resamples stay as they were).
 const LATENCIES: [&str; 5] = ["ttft", "itl", "tpot", "e2el", "ttfo"];
+/// The server's own per-request timing (`requests.jsonl` `server_*_ms`,
+/// `client_minus_server_ttft_ms`; `server_request_*`, apart from the `server_*_p99` of its
+/// `/metrics` histograms): compared only where either run has it, with their own
+/// resampling seed so the metrics above resample as without them.
+const SERVER_LATENCIES: [&str; 5] = [
+    "server_request_ttft",
+    "server_request_queue",
+    "server_request_prefill",
+    "server_request_decode",
+    "client_minus_server_ttft",
+];
 /// Run-level metrics.
 const RATES: [(&str, &str, Better); 3] = [
     ("request_throughput", "req/s", Better::Higher),
@@ -104,6 +115,7 @@ const RATES: [(&str, &str, Better); 3] = [
 pub fn metric_names() -> Vec<String> {
     let mut v: Vec<String> = LATENCIES
         .iter()
+        .chain(SERVER_LATENCIES.iter())
         .flat_map(|m| STATS.iter().map(move |s| format!("{m}_{s}")))
         .collect();
     v.extend(RATES.iter().map(|r| r.0.to_owned()));
@@ -256,6 +268,17 @@ struct Req {
     /// `--probe-rate`: a probe, in `BENCH [probes]` only.
     #[serde(default)]
     probe: bool,
+    /// The server's own timing, where the run's responses carried it.
+    #[serde(default)]
+    server_ttft_ms: Option<f64>,
+    #[serde(default)]
+    server_queue_ms: Option<f64>,
+    #[serde(default)]
+    server_prefill_ms: Option<f64>,
+    #[serde(default)]
+    server_decode_ms: Option<f64>,
+    #[serde(default)]
+    client_minus_server_ttft_ms: Option<f64>,
 }
 
 /// The name of a benchmark's group in compare (`c4_in128 [adapter sql]`, `… [probes]`).
@@ -445,6 +468,11 @@ impl Clustered {
 
     fn requests(&self) -> usize {
         self.starts.len().saturating_sub(1)
+    }
+
+    /// Whether no request has a value.
+    fn is_empty(&self) -> bool {
+        self.values.is_empty()
     }
 
     fn group(&self, i: usize) -> &[f64] {
@@ -690,9 +718,47 @@ fn latency_values(b: &Bench, metric: &str) -> Clustered {
         "ttfo" => ok.map(|r| one(r.time_to_first_content_ms)).collect(),
         "itl" => ok.map(|r| r.itl_ms.clone()).collect(),
         "tpot" => ok.map(|r| one(r.tpot_ms)).collect(),
+        "server_request_ttft" => ok.map(|r| one(r.server_ttft_ms)).collect(),
+        "server_request_queue" => ok.map(|r| one(r.server_queue_ms)).collect(),
+        "server_request_prefill" => ok.map(|r| one(r.server_prefill_ms)).collect(),
+        "server_request_decode" => ok.map(|r| one(r.server_decode_ms)).collect(),
+        "client_minus_server_ttft" => ok.map(|r| one(r.client_minus_server_ttft_ms)).collect(),
         _ => ok.map(|r| vec![r.e2el_ms]).collect(),
     };
     Clustered::new(groups.iter().map(Vec::as_slice))
+}
+
+/// The four statistics of one latency metric, base against new: each with its bootstrap
+/// interval; mean and median also with the rank test's p-value.
+fn latency_deltas(
+    m: &str,
+    b: &Clustered,
+    n: &Clustered,
+    spec: &CompareSpec,
+    rng: &mut SmallRng,
+    metrics: &mut Vec<MetricDelta>,
+) {
+    let (bs, ns) = (stats_of(&sorted_all(b)), stats_of(&sorted_all(n)));
+    let cis = bootstrap_latency(b, n, spec.resamples, spec.confidence, rng);
+    // The rank test compares requests: one value each (a request's mean ITL for ITL).
+    // It tests location, so it stands beside the mean and the median only; a tail (p90, p99)
+    // is judged by its interval alone.
+    let p = mann_whitney_u(&b.per_request_means(), &n.per_request_means()).map(|r| r.1);
+    for (k, stat) in STATS.iter().enumerate() {
+        let p = if k < 2 { p } else { None };
+        metrics.push(
+            delta(
+                format!("{m}_{stat}"),
+                "ms",
+                Better::Lower,
+                bs.map(|s| s[k]),
+                ns.map(|s| s[k]),
+                cis[k],
+                p,
+            )
+            .significant_at(1.0 - spec.confidence),
+        );
+    }
 }
 
 fn compare_bench(name: &str, base: &Bench, new: &Bench, spec: &CompareSpec) -> BenchComparison {
@@ -700,27 +766,7 @@ fn compare_bench(name: &str, base: &Bench, new: &Bench, spec: &CompareSpec) -> B
     let mut metrics = Vec::new();
     for m in LATENCIES {
         let (b, n) = (latency_values(base, m), latency_values(new, m));
-        let (bs, ns) = (stats_of(&sorted_all(&b)), stats_of(&sorted_all(&n)));
-        let cis = bootstrap_latency(&b, &n, spec.resamples, spec.confidence, &mut rng);
-        // The rank test compares requests: one value each (a request's mean ITL for ITL).
-        // It tests location, so it stands beside the mean and the median only; a tail (p90, p99)
-        // is judged by its interval alone.
-        let p = mann_whitney_u(&b.per_request_means(), &n.per_request_means()).map(|r| r.1);
-        for (k, stat) in STATS.iter().enumerate() {
-            let p = if k < 2 { p } else { None };
-            metrics.push(
-                delta(
-                    format!("{m}_{stat}"),
-                    "ms",
-                    Better::Lower,
-                    bs.map(|s| s[k]),
-                    ns.map(|s| s[k]),
-                    cis[k],
-                    p,
-                )
-                .significant_at(1.0 - spec.confidence),
-            );
-        }
+        latency_deltas(m, &b, &n, spec, &mut rng, &mut metrics);
     }
     // Throughput and error rate: a batch-means bootstrap. Each run (each repeat) is cut into
     // WINDOWS equal time windows by request end; windows are resampled, so the interval shows
@@ -776,6 +822,13 @@ fn compare_bench(name: &str, base: &Bench, new: &Bench, spec: &CompareSpec) -> B
             None,
             None,
         ));
+    }
+    let mut server_rng = SmallRng::seed_from_u64(bench_seed(spec.seed ^ 0x5e7e_7141, name));
+    for m in SERVER_LATENCIES {
+        let (b, n) = (latency_values(base, m), latency_values(new, m));
+        if !b.is_empty() || !n.is_empty() {
+            latency_deltas(m, &b, &n, spec, &mut server_rng, &mut metrics);
+        }
     }
     BenchComparison {
         benchmark: name.to_owned(),
@@ -1366,6 +1419,78 @@ mod tests {
             }
         }
         std::fs::write(dir.join("requests.jsonl"), lines).unwrap();
+    }
+
+    /// A run whose requests carry the server's timing: `queue` ms of queue each, a 3 ms gap.
+    fn write_timed_run(dir: &Path, queue: f64) {
+        std::fs::create_dir_all(dir).unwrap();
+        let summary = serde_json::json!({"schema_version": READS_SUMMARY_VERSION, "target": "t", "model": "m", "lmperf_version": "x", "benchmarks": [{"benchmark": "c1", "request_throughput": 1.0, "output_token_throughput": 10.0}]});
+        std::fs::write(dir.join("summary.json"), summary.to_string()).unwrap();
+        let mut lines = String::new();
+        for i in 0..60 {
+            let prefill = 20.0 + f64::from(i % 5);
+            let server = queue + prefill;
+            let r = serde_json::json!({"benchmark": "c1", "outcome": "ok", "send_ms": f64::from(i) * 10.0, "ttft_ms": server + 3.0, "tpot_ms": 1.0, "e2el_ms": server + 30.0, "output_tokens": 5, "server_ttft_ms": server, "server_queue_ms": queue, "server_prefill_ms": prefill, "client_minus_server_ttft_ms": 3.0});
+            lines.push_str(&format!("{r}\n"));
+        }
+        std::fs::write(dir.join("requests.jsonl"), lines).unwrap();
+    }
+
+    /// The server's split is compared where the runs have it: a queue that grew is a
+    /// regression of `server_queue_*` while the gap holds; runs without it have no such rows.
+    #[test]
+    fn server_timing_is_compared_only_where_a_run_has_it() {
+        let tmp =
+            std::env::temp_dir().join(format!("lmperf-compare-server-{}", std::process::id()));
+        write_timed_run(&tmp.join("base"), 1.0);
+        write_timed_run(&tmp.join("new"), 21.0);
+        let spec = |base: &str, new: &str| CompareSpec {
+            base_dir: tmp.join(base),
+            new_dir: tmp.join(new),
+            output_dir: tmp.join("out"),
+            gates: vec![parse_compare_gate("server_request_queue_p99:+10%").unwrap()],
+            resamples: 200,
+            confidence: 0.95,
+            seed: 1,
+        };
+        let c = compare(&spec("base", "new")).unwrap();
+        let m = |name: &str| {
+            c.benchmarks[0]
+                .metrics
+                .iter()
+                .find(|m| m.metric == name)
+                .unwrap_or_else(|| panic!("{name} missing"))
+                .clone()
+        };
+        let queue = m("server_request_queue_mean");
+        assert_eq!((queue.base, queue.new), (Some(1.0), Some(21.0)));
+        assert_eq!(queue.verdict, Verdict::Regression);
+        assert_eq!(
+            m("client_minus_server_ttft_p50").verdict,
+            Verdict::Unchanged
+        );
+        // Neither run's server said decode times: no such rows.
+        assert!(
+            c.benchmarks[0]
+                .metrics
+                .iter()
+                .all(|m| !m.metric.starts_with("server_request_decode"))
+        );
+        assert_eq!(
+            c.failed_gates,
+            vec!["server_request_queue_p99:+10%".to_owned()]
+        );
+        // The TTFT rows are those of a run without server timing (own resampling seed).
+        write_run(&tmp.join("plain"), &[("c1", &[10.0, 11.0, 12.0])]);
+        let plain = compare(&spec("plain", "plain")).unwrap();
+        assert!(
+            plain.benchmarks[0]
+                .metrics
+                .iter()
+                .all(|m| !m.metric.starts_with("server_request_")
+                    && !m.metric.starts_with("client_minus"))
+        );
+        let _ = std::fs::remove_dir_all(&tmp);
     }
 
     #[test]

@@ -85,6 +85,22 @@ pub struct RequestRow {
     /// `prompt_tokens_details.cached_tokens`, llama.cpp's `timings.cache_n`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cached_input_tokens: Option<u64>,
+    /// The server's own timing of the request, ms, where its response carried it (vLLM's
+    /// per-request `metrics`, llama.cpp's `timings`; `server_timing_source` names which).
+    /// `server_ttft_ms` is arrival in the engine → first token; each absent when not said.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_timing_source: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_ttft_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_queue_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_prefill_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_decode_ms: Option<f64>,
+    /// `ttft_ms − server_ttft_ms`: network, client and the server's HTTP front end (signed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_minus_server_ttft_ms: Option<f64>,
     /// `--prefix-groups`: the request's group (0-based).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefix_group: Option<u32>,
@@ -222,6 +238,10 @@ pub struct BenchSummary {
     /// Requests with images, by image size (absent without them).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub images: Option<super::workload_stats::ImageStats>,
+    /// The server's own per-request timing beside the client's TTFT (absent when no
+    /// response carried it; [`super::server_timing`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_timing: Option<super::server_timing::ServerTimingSummary>,
 }
 
 /// `summary.json`.

@@ -410,6 +410,19 @@ pub const LMPERF_SERVER_REQUESTS_RUNNING: &str = "lmperf.server.requests.running
 pub const LMPERF_SERVER_KV_CACHE_USAGE: &str = "lmperf.server.kv_cache.usage";
 /// Seconds from that scrape to the send.
 pub const LMPERF_SERVER_SCRAPE_AGE: &str = "lmperf.server.scrape.age";
+/// Span attributes: the server's own timing of this request, read from its response
+/// (`lmperf_measure::server_timing`: vLLM's per-request `metrics`, llama.cpp's `timings`),
+/// in seconds; each set only where the server said it. `…timing_source` names the field
+/// (`vllm_metrics` | `llama_cpp_timings`).
+pub const LMPERF_SERVER_REQUEST_TTFT: &str = "lmperf.server.request.ttft";
+pub const LMPERF_SERVER_REQUEST_QUEUE: &str = "lmperf.server.request.queue";
+pub const LMPERF_SERVER_REQUEST_PREFILL: &str = "lmperf.server.request.prefill";
+pub const LMPERF_SERVER_REQUEST_DECODE: &str = "lmperf.server.request.decode";
+pub const LMPERF_SERVER_REQUEST_ITL_MEAN: &str = "lmperf.server.request.itl_mean";
+pub const LMPERF_SERVER_REQUEST_TIMING_SOURCE: &str = "lmperf.server.request.timing_source";
+/// Seconds, signed: the client's TTFT minus the server's (network, client, HTTP front end).
+pub const LMPERF_SERVER_REQUEST_CLIENT_MINUS_SERVER_TTFT: &str =
+    "lmperf.server.request.client_minus_server_ttft";
 /// Span event on the next canary span after a server change (attributes
 /// `lmperf.server.change.kind`, `lmperf.server.change.old`, `lmperf.server.change.new`).
 pub const EVENT_SERVER_CHANGE: &str = "lmperf.server.change";

@@ -169,9 +169,7 @@ pub fn build_span(
     if !r.choices.is_empty() {
         a.push(KeyValue::new(n::LMPERF_CHOICES, r.choices.len() as i64));
     }
-    if let Some(s) = r.http_status {
-        a.push(KeyValue::new(n::HTTP_RESPONSE_STATUS_CODE, i64::from(s)));
-    }
+    response_attributes(r, &mut a);
     a.push(KeyValue::new(
         n::LMPERF_SAMPLING_REASON,
         decision.reason.as_str(),
@@ -246,6 +244,39 @@ pub fn build_span(
         links: SpanLinks::default(),
         status,
         instrumentation_scope: scope.clone(),
+    }
+}
+
+/// The HTTP status and the `lmperf.server.request.*` attributes of the server's own timing,
+/// where it sent one.
+fn response_attributes(r: &crate::measure::RequestRecord, a: &mut Vec<KeyValue>) {
+    if let Some(s) = r.http_status {
+        a.push(KeyValue::new(n::HTTP_RESPONSE_STATUS_CODE, i64::from(s)));
+    }
+    let Some(t) = &r.server_timing else {
+        return;
+    };
+    a.push(KeyValue::new(
+        n::LMPERF_SERVER_REQUEST_TIMING_SOURCE,
+        t.source.as_str(),
+    ));
+    let figures = [
+        (n::LMPERF_SERVER_REQUEST_TTFT, t.ttft),
+        (n::LMPERF_SERVER_REQUEST_QUEUE, t.queue),
+        (n::LMPERF_SERVER_REQUEST_PREFILL, t.prefill),
+        (n::LMPERF_SERVER_REQUEST_DECODE, t.decode),
+        (n::LMPERF_SERVER_REQUEST_ITL_MEAN, t.mean_itl),
+    ];
+    for (key, v) in figures {
+        if let Some(v) = v {
+            a.push(KeyValue::new(key, secs(v)));
+        }
+    }
+    if let Some(gap) = r.ttft.and_then(|c| t.client_minus_server_ttft_ms(c)) {
+        a.push(KeyValue::new(
+            n::LMPERF_SERVER_REQUEST_CLIENT_MINUS_SERVER_TTFT,
+            gap / 1e3,
+        ));
     }
 }
 

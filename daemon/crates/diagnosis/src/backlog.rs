@@ -264,6 +264,7 @@ impl Backlog {
                 rate("prompt", self.prompt),
             )),
             hw_ids: Vec::new(),
+            source: None,
         }
     }
 }

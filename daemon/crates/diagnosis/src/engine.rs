@@ -174,6 +174,13 @@ impl Engine {
     /// and exit code of a container's termination (`OOMKilled (exit 137)`, from the pod's
     /// `lastState.terminated`). The event's evidence then names it ([`Evidence::rule`]). The
     /// event itself is still [`Engine::observe`]d. Unknown targets are ignored.
+    /// Says where `signal`'s values of `target` come from now (its evidence's `source`).
+    pub fn set_source(&mut self, target: &str, signal: Signal, source: &'static str) {
+        if let Some(t) = self.targets.get_mut(target) {
+            t.store.set_source(signal, source);
+        }
+    }
+
     pub fn note(&mut self, target: &str, signal: Signal, at: SystemTime, words: &str) {
         if let Some(t) = self.targets.get_mut(target) {
             t.store.note(signal, dur(at), words);
@@ -330,7 +337,12 @@ const CAUSES: &[CauseDef] = &[
     },
     CauseDef {
         cause: Cause::Network,
-        signals: &[Signal::NetSrtt, Signal::NetRetransmits, Signal::NetConnect],
+        signals: &[
+            Signal::ClientServerTtftGap,
+            Signal::NetSrtt,
+            Signal::NetRetransmits,
+            Signal::NetConnect,
+        ],
         part: Part::Ttft,
     },
     CauseDef {
@@ -1066,6 +1078,33 @@ impl TargetEngine {
     }
 }
 
+/// Whether the server's queue (its queue time or the requests waiting) moved since `onset`.
+fn queue_grew(store: &EvidenceStore, onset: u32, now: u32, history_s: u32) -> bool {
+    [Signal::ServerQueueTime, Signal::ServerRequestsWaiting]
+        .into_iter()
+        .filter_map(|s| moved(s, store.series(s)?, onset, now, history_s))
+        .any(|x| x.material)
+}
+
+/// Whether a signal that moved is another cause's, not evidence of its own.
+fn explained_elsewhere(
+    s: Signal,
+    store: &EvidenceStore,
+    onset: u32,
+    now: u32,
+    history_s: u32,
+) -> bool {
+    match s {
+        // The client − server gap holds whatever the server did not time: with a queue that
+        // grew (llama.cpp times no wait for a slot), it is that queue's, not the path's.
+        Signal::ClientServerTtftGap => queue_grew(store, onset, now, history_s),
+        // CFS-throttled time is run delay too: a wait that rose with the server cgroup's
+        // throttling is its quota's (cpu_throttling), not a neighbour's.
+        Signal::ServerCpuWait => cpu_wait::quota_explains(store, onset, now).is_some(),
+        _ => false,
+    }
+}
+
 /// Scores every cause since `onset`; highest first, those above 0 only.
 fn score(
     store: &EvidenceStore,
@@ -1088,6 +1127,7 @@ fn score(
         lead_s: mv.changed_at.map(|c| f64::from(onset) - f64::from(c)),
         rule,
         hw_ids: Vec::new(),
+        source: store.source(s).map(str::to_owned),
     };
     let ttft = m(Signal::Ttft);
     let tpot = m(Signal::Tpot);
@@ -1117,9 +1157,7 @@ fn score(
                 continue;
             }
             let Some(mv) = m(s) else { continue };
-            // CFS-throttled time is run delay too: a wait that rose with the server cgroup's
-            // throttling is its quota's (cpu_throttling), not a neighbour's.
-            if s == Signal::ServerCpuWait && cpu_wait::quota_explains(store, onset, now).is_some() {
+            if explained_elsewhere(s, store, onset, now, history_s) {
                 continue;
             }
             let mut rule = hard_rule(s, &mv, store, onset, now);
@@ -1225,6 +1263,7 @@ fn score(
                     lead_s: None,
                     rule: Some(format!("contradicted: {why}")),
                     hw_ids: Vec::new(),
+                    source: None,
                 },
             ));
         }
@@ -1349,6 +1388,7 @@ fn event_evidence(
         lead_s: Some(lead),
         rule: Some(rule),
         hw_ids: Vec::new(),
+        source: None,
     };
     Some((value, e))
 }
@@ -1488,7 +1528,9 @@ fn decompose(ttft: &Moved, m: &impl Fn(Signal) -> Option<Moved>) -> TtftDecompos
     let part = |s: Signal| m(s).map(|x| (x.after - x.before).max(0.0));
     let queue = part(Signal::ServerQueueTime);
     let prefill = part(Signal::ServerPrefillTime);
-    let network = part(Signal::NetSrtt);
+    // The path's share: the client − server gap where the server timed each canary (all of
+    // the path, front end included), else the kernel's RTT change.
+    let network = part(Signal::ClientServerTtftGap).or_else(|| part(Signal::NetSrtt));
     let explained = queue.unwrap_or(0.0) + prefill.unwrap_or(0.0) + network.unwrap_or(0.0);
     let over = explained - extra;
     TtftDecomposition {

@@ -41,8 +41,53 @@ pub fn request_signals(m: &Measured) -> Vec<(Signal, f64)> {
     if let Some(tokens) = r.input_tokens {
         v.push((Signal::InputTokens, tokens as f64));
     }
+    if !failed {
+        v.extend(server_timing_signals(r));
+    }
     v
 }
+
+/// The server's own figures of one successful request, where its response carried them
+/// (`lmperf_measure::server_timing`): its TTFT, queue and prefill at canary resolution, its
+/// decode time per output token (vLLM's `mean_itl_ms`, else the decode time over the tokens
+/// after the first), and the client − server TTFT gap. A field the server did not send is
+/// absent, never 0.
+pub fn server_timing_signals(r: &lmperf_measure::RequestRecord) -> Vec<(Signal, f64)> {
+    let Some(t) = &r.server_timing else {
+        return Vec::new();
+    };
+    let per_token = t.mean_itl.or_else(|| {
+        let n = t.decoded_tokens.filter(|n| *n > 1)?;
+        Some(t.decode? / u32::try_from(n - 1).ok()?)
+    });
+    let gap = r
+        .ttft
+        .and_then(|c| t.client_minus_server_ttft_ms(c))
+        .map(|ms| ms / 1e3);
+    [
+        (Signal::ServerTtft, t.ttft.map(|d| d.as_secs_f64())),
+        (Signal::ServerQueueTime, t.queue.map(|d| d.as_secs_f64())),
+        (
+            Signal::ServerPrefillTime,
+            t.prefill.map(|d| d.as_secs_f64()),
+        ),
+        (Signal::ServerDecodeTime, per_token.map(|d| d.as_secs_f64())),
+        (Signal::ClientServerTtftGap, gap),
+    ]
+    .into_iter()
+    .filter_map(|(s, v)| v.map(|v| (s, v)))
+    .collect()
+}
+
+/// The scrape's figures that a target's per-request server timing replaces: where its
+/// canaries carry their own, the `/metrics` histogram means of the same quantities are not
+/// fed (they interpolate buckets that start at 0.3 s and cover every user's requests).
+pub const PER_REQUEST_SIGNALS: [Signal; 4] = [
+    Signal::ServerTtft,
+    Signal::ServerQueueTime,
+    Signal::ServerPrefillTime,
+    Signal::ServerDecodeTime,
+];
 
 /// The diagnosis signals of one model server scrape (fields the server lacks are absent). A
 /// counter reset (restart) is not among them: the scraper logs a `restart` change event for

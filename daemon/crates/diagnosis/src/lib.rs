@@ -102,7 +102,8 @@
 //!    sentence follow Coroot's inspections; the evaluation targets (AC@k) are RCAEval's (Pham et
 //!    al., WWW 2025).
 //! 5. **TTFT decomposition**: extra client TTFT (median after − before) = server queue +
-//!    server prefill + network (kernel RTT change × 1 round trip) + unexplained.
+//!    server prefill + network (the change of the per-canary client − server TTFT gap where the
+//!    server timed its canaries, else kernel RTT change × 1 round trip) + unexplained.
 //!
 //! # `Diagnosis` JSON (schema_version 1)
 //!
@@ -122,7 +123,10 @@
 //!                   "evidence": [ { "signal": str (Signal::as_str), "before": f64,
 //!                                   "after": f64, "peak": f64, "z": f64,
 //!                                   "changed_at_unix_s": f64 | null, "lead_s": f64 | null,
-//!                                   "rule": str | null } ] } ],
+//!                                   "rule": str | null,
+//!                                   "hw_ids": [str]?, "source": str? } ] } ],
+//!                                   // source: where the figure came from, e.g.
+//!                                   // "vllm_metrics (per request)", "/metrics (…)"
 //!     "ttft_decomposition": null | { "extra_s": f64, "server_queue_s": f64 | null,
 //!                                    "server_prefill_s": f64 | null, "network_s": f64 | null,
 //!                                    "unexplained_s": f64 },

@@ -120,6 +120,7 @@ mod tests {
             lead_s: None,
             rule: rule.map(str::to_owned),
             hw_ids: Vec::new(),
+            source: None,
         }
     }
 

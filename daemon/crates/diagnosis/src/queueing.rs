@@ -55,6 +55,7 @@ pub fn queue_explains(store: &EvidenceStore, from: u32, now: u32) -> Option<Evid
                 "{w:.0} request(s) waiting at the server's scrapes during the symptom: the canaries queued behind its traffic (ordinary queueing, no change of the queue itself)"
             )),
             hw_ids: Vec::new(),
+            source: None,
         });
     }
     let floor = Signal::ServerQueueTime.floor();
@@ -72,5 +73,6 @@ pub fn queue_explains(store: &EvidenceStore, from: u32, now: u32) -> Option<Evid
             q * 1e3
         )),
         hw_ids: Vec::new(),
+        source: None,
     })
 }

@@ -314,6 +314,11 @@ pub struct Evidence {
     /// pod-resources API tells them). Filled by the agent, not the engine; empty otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hw_ids: Vec<String>,
+    /// Where the signal's values came from, where its feeder said: for the server's timing,
+    /// `vllm_metrics (per request)`, `llama_cpp_timings (per request)` or
+    /// `/metrics (histogram mean per scrape)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 impl Evidence {
@@ -340,7 +345,9 @@ pub struct TtftDecomposition {
     pub extra_s: f64,
     pub server_queue_s: Option<f64>,
     pub server_prefill_s: Option<f64>,
-    /// Kernel RTT change × round trips (1: the request and the first chunk).
+    /// The path's share: the change of the per-canary client − server TTFT gap where the
+    /// server timed its canaries ([`crate::Signal::ClientServerTtftGap`]), else the kernel
+    /// RTT change × round trips (1: the request and the first chunk).
     pub network_s: Option<f64>,
     /// What the parts leave unexplained, ≥ 0: when the parts add up to more than the extra
     /// client TTFT, 0 and [`TtftDecomposition::note`] says by how much and why.
@@ -563,6 +570,7 @@ mod tests {
             lead_s: None,
             rule: None,
             hw_ids: Vec::new(),
+            source: None,
         }
     }
 

@@ -91,6 +91,7 @@ mod tests {
                 lead_s: None,
                 rule: None,
                 hw_ids: Vec::new(),
+                source: None,
             }],
         }
     }

@@ -115,10 +115,16 @@ pub enum Signal {
     /// The model server's own CPU use, cores (its threads' time on a CPU, the same source as
     /// [`Signal::ServerCpuWait`]).
     ServerCpu,
+    // ---- Canary and server together, one sample per request that carried server timing ----
+    /// The client's TTFT minus the server's own for the same request (vLLM's per-request
+    /// `metrics`, llama.cpp's `timings`), s: the network, the client and the server's HTTP
+    /// front end. It grows with a slower path while the server's TTFT holds.
+    #[serde(rename = "client_minus_server_ttft")]
+    ClientServerTtftGap,
 }
 
 impl Signal {
-    pub const ALL: [Signal; 39] = [
+    pub const ALL: [Signal; 40] = [
         Signal::Ttft,
         Signal::Tpot,
         Signal::E2e,
@@ -158,6 +164,7 @@ impl Signal {
         Signal::CanarySkipped,
         Signal::ServerCpuWait,
         Signal::ServerCpu,
+        Signal::ClientServerTtftGap,
     ];
 
     pub fn index(self) -> usize {
@@ -206,6 +213,7 @@ impl Signal {
             Signal::CanarySkipped => "canary_skipped",
             Signal::ServerCpuWait => "server_cpu_wait",
             Signal::ServerCpu => "server_cpu",
+            Signal::ClientServerTtftGap => "client_minus_server_ttft",
         }
     }
 
@@ -256,6 +264,7 @@ impl Signal {
             Signal::CanarySkipped => "canaries skipped at max_in_flight",
             Signal::ServerCpuWait => "model server CPU wait (s/s)",
             Signal::ServerCpu => "model server CPU (cores)",
+            Signal::ClientServerTtftGap => "client − server TTFT (network, front end)",
         }
     }
 
@@ -270,7 +279,8 @@ impl Signal {
             | Signal::ServerTtft
             | Signal::ServerQueueTime
             | Signal::ServerPrefillTime
-            | Signal::ServerDecodeTime => "s",
+            | Signal::ServerDecodeTime
+            | Signal::ClientServerTtftGap => "s",
             Signal::GpuSmClock => "Hz",
             Signal::InputTokens => "{token}",
             Signal::ServerPromptTokensRate | Signal::ServerGenerationTokensRate => "{token}/s",
@@ -337,7 +347,7 @@ impl Signal {
             Signal::Ttft | Signal::E2e => 0.05,
             Signal::Tpot | Signal::ServerDecodeTime => 0.005,
             Signal::ServerTtft | Signal::ServerQueueTime | Signal::ServerPrefillTime => 0.02,
-            Signal::NetSrtt => 0.005,
+            Signal::NetSrtt | Signal::ClientServerTtftGap => 0.005,
             Signal::NetConnect => 0.01,
             Signal::Error | Signal::Error5xx | Signal::Error429 | Signal::ErrorTimeout => 0.01,
             Signal::InputTokens => 64.0,

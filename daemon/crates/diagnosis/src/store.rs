@@ -126,6 +126,9 @@ pub struct EvidenceStore {
     /// What the caller said of an event (its second, its signal, the words): the reason
     /// Kubernetes gave for a kill (`OOMKilled (exit 137)`), newest last, at most [`MAX_NOTES`].
     notes: VecDeque<(u32, Signal, String)>,
+    /// Where each signal's latest values came from, as the caller said ([`Self::set_source`]):
+    /// e.g. `vllm_metrics (per request)` or `/metrics (histogram mean per scrape)`.
+    sources: Vec<Option<&'static str>>,
 }
 
 /// Event notes kept per target ([`EvidenceStore::note`]); the oldest is dropped beyond it.
@@ -152,7 +155,20 @@ impl EvidenceStore {
             rates_pending: None,
             rates: VecDeque::new(),
             notes: VecDeque::new(),
+            sources: vec![None; Signal::ALL.len()],
         }
+    }
+
+    /// Says where `signal`'s values come from now (the evidence names it).
+    pub fn set_source(&mut self, signal: Signal, source: &'static str) {
+        if let Some(slot) = self.sources.get_mut(signal.index()) {
+            *slot = Some(source);
+        }
+    }
+
+    /// Where `signal`'s values came from, where the caller said.
+    pub fn source(&self, signal: Signal) -> Option<&'static str> {
+        self.sources.get(signal.index()).copied().flatten()
     }
 
     /// Notes the words of an event of `signal` at `at` (since the Unix epoch): why it happened,

@@ -86,6 +86,8 @@ struct World {
     gpu_mem: f64,
     foreign: f64,
     srtt: f64,
+    /// Client − server TTFT per canary, where the server times each one (per-request metrics).
+    gap: Option<f64>,
 }
 
 impl World {
@@ -110,6 +112,7 @@ impl World {
             gpu_mem: 0.7,
             foreign: 0.0,
             srtt: 0.0002,
+            gap: None,
         }
     }
 }
@@ -123,12 +126,22 @@ fn episode(
     fault: impl Fn(&mut World),
     events: &[(f64, Signal)],
 ) -> (Option<(f64, TargetDiagnosis)>, Vec<State>) {
+    episode_from(World::calm(server), end, fault, events)
+}
+
+/// [`episode`] from a calm world of the caller's.
+fn episode_from(
+    calm: World,
+    end: u64,
+    fault: impl Fn(&mut World),
+    events: &[(f64, Signal)],
+) -> (Option<(f64, TargetDiagnosis)>, Vec<State>) {
     let mut e = Engine::new(EngineConfig::default());
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut first = None;
     let mut states = Vec::new();
     for s in 0..end {
-        let mut w = World::calm(server);
+        let mut w = calm;
         if s >= ONSET {
             fault(&mut w);
         }
@@ -153,6 +166,19 @@ fn episode(
                 rng.jitter(w.input_tokens, 0.1).round(),
             );
             e.observe("t", Signal::NetSrtt, at(t), rng.jitter(w.srtt, 0.3));
+            if let Some(gap) = w.gap {
+                e.observe(
+                    "t",
+                    Signal::ClientServerTtftGap,
+                    at(t),
+                    rng.jitter(gap, 0.2),
+                );
+                e.set_source(
+                    "t",
+                    Signal::ClientServerTtftGap,
+                    "vllm_metrics (per request)",
+                );
+            }
         }
         let t = s as f64 + 0.25;
         e.observe("t", Signal::GpuSmClock, at(t), rng.jitter(w.sm_clock, 0.01));
@@ -230,7 +256,17 @@ fn confirmed(
     events: &[(f64, Signal)],
     cause: Cause,
 ) -> TargetDiagnosis {
-    let (first, states) = episode(server, ONSET + 120, fault, events);
+    confirmed_from(World::calm(server), fault, events, cause)
+}
+
+/// [`confirmed`] from a calm world of the caller's.
+fn confirmed_from(
+    calm: World,
+    fault: impl Fn(&mut World),
+    events: &[(f64, Signal)],
+    cause: Cause,
+) -> TargetDiagnosis {
+    let (first, states) = episode_from(calm, ONSET + 120, fault, events);
     let (after, d) = first.unwrap_or_else(|| panic!("never confirmed; states {states:?}"));
     assert_eq!(d.causes[0].cause, cause, "after {after} s: {:#?}", d.causes);
     assert!(
@@ -465,6 +501,60 @@ fn network_by_kernel_rtt_with_server_flat() {
     );
     let dec = d.ttft_decomposition.expect("decomposition");
     assert!(dec.network_s.unwrap() > 0.04, "{dec:?}");
+}
+
+/// The server times each canary: a path that slows (a router, a proxy, the kernel RTT
+/// unseen) grows the client − server gap while the server's TTFT holds, so `network` is named
+/// from the gap, its source said, and the TTFT split puts the extra time on the path.
+#[test]
+fn network_by_the_client_server_gap_with_the_server_flat() {
+    let calm = World {
+        gap: Some(0.003),
+        ..World::calm(true)
+    };
+    let d = confirmed_from(
+        calm,
+        |w| {
+            w.gap = Some(0.153);
+            w.ttft = 0.25;
+        },
+        &[],
+        Cause::Network,
+    );
+    let gap = ev(&d, Cause::Network, Signal::ClientServerTtftGap);
+    assert!(gap.before < 0.01 && gap.after > 0.12, "{gap:?}");
+    assert_eq!(gap.source.as_deref(), Some("vllm_metrics (per request)"));
+    let dec = d.ttft_decomposition.expect("decomposition");
+    assert!(dec.network_s.unwrap() > 0.12, "{dec:?}");
+}
+
+/// The same gap with a queue that grew is the queue's (llama.cpp times no wait for a slot):
+/// the gap is no evidence of `network`.
+#[test]
+fn a_gap_that_grows_with_the_queue_is_not_the_network() {
+    let calm = World {
+        gap: Some(0.003),
+        ..World::calm(true)
+    };
+    let (first, states) = episode_from(
+        calm,
+        ONSET + 120,
+        |w| {
+            w.gap = Some(0.153);
+            w.ttft = 0.25;
+            w.waiting = 6.0;
+        },
+        &[],
+    );
+    let (_, d) = first.unwrap_or_else(|| panic!("never confirmed; states {states:?}"));
+    assert_ne!(d.causes[0].cause, Cause::Network, "{:#?}", d.causes);
+    let network_gap = d
+        .causes
+        .iter()
+        .filter(|c| c.cause == Cause::Network)
+        .flat_map(|c| &c.evidence)
+        .any(|e| e.signal == Signal::ClientServerTtftGap);
+    assert!(!network_gap, "{:#?}", d.causes);
 }
 
 #[test]

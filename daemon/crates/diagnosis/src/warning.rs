@@ -59,6 +59,7 @@ fn evidence(store: &EvidenceStore, s: Signal, from: u32, to: u32, rule: String) 
         lead_s: None,
         rule: Some(rule),
         hw_ids: Vec::new(),
+        source: None,
     }
 }
 

@@ -17,6 +17,8 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
+use crate::server_timing::{RawTimings, RawVllmMetrics, ServerTiming};
+
 /// Token usage as the server reports it (`usage` object).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -66,6 +68,9 @@ pub struct Chunk<'a> {
     /// Dynamo's `nvext.worker_id` (the workers that served the request), when the chunk
     /// carries one that reads as `WorkerIdInfo`; a malformed one is ignored, never an error.
     pub dynamo_workers: Option<crate::worker::DynamoWorkerIds>,
+    /// The server's own timing of the request (vLLM `metrics`, else llama.cpp `timings`),
+    /// where the chunk carries it; see [`crate::server_timing`].
+    pub server_timing: Option<ServerTiming>,
 }
 
 /// What one choice of a chunk carries.
@@ -105,9 +110,14 @@ struct RawChunk<'a> {
     choices: Option<Vec<RawChoice<'a>>>,
     #[serde(default)]
     usage: Option<RawUsage>,
-    /// llama.cpp's `timings` (`cache_n`: prompt tokens reused from the slot's cache).
+    /// llama.cpp's `timings` (`cache_n`: prompt tokens reused from the slot's cache; prompt
+    /// and decode times). Read leniently: a shape not expected is ignored, never an error.
     #[serde(default)]
-    timings: Option<RawTimings>,
+    timings: Option<serde_json::Value>,
+    /// vLLM's per-request `metrics` (`--enable-per-request-metrics`); `null` for `n > 1`.
+    /// Read leniently, as `timings`.
+    #[serde(default)]
+    metrics: Option<serde_json::Value>,
     #[serde(default)]
     error: Option<serde_json::Value>,
     #[serde(borrow, default)]
@@ -186,12 +196,6 @@ struct RawPromptDetails {
 }
 
 #[derive(Deserialize)]
-struct RawTimings {
-    #[serde(default)]
-    cache_n: Option<u64>,
-}
-
-#[derive(Deserialize)]
 struct RawCompletionDetails {
     #[serde(default)]
     reasoning_tokens: Option<u64>,
@@ -221,6 +225,10 @@ pub fn parse_payload(data: &str) -> Payload<'_> {
             code: raw.code.as_ref().and_then(value_text),
         });
     }
+    let timings = raw
+        .timings
+        .as_ref()
+        .and_then(|v| RawTimings::deserialize(v).ok());
     let mut chunk = Chunk {
         id: raw.id,
         model: raw.model,
@@ -231,13 +239,19 @@ pub fn parse_payload(data: &str) -> Payload<'_> {
             cached_tokens: u
                 .prompt_tokens_details
                 .and_then(|d| d.cached_tokens)
-                .or_else(|| raw.timings.as_ref().and_then(|t| t.cache_n)),
+                .or_else(|| timings.as_ref().and_then(|t| t.cache_n)),
         }),
         dynamo_workers: raw
             .nvext
             .as_ref()
             .and_then(|n| n.get("worker_id"))
             .and_then(|w| crate::worker::DynamoWorkerIds::deserialize(w).ok()),
+        server_timing: raw
+            .metrics
+            .as_ref()
+            .and_then(|v| RawVllmMetrics::deserialize(v).ok())
+            .and_then(|m| m.read())
+            .or_else(|| timings.as_ref().and_then(RawTimings::read)),
         ..Chunk::default()
     };
     for choice in raw.choices.into_iter().flatten() {

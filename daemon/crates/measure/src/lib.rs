@@ -26,6 +26,7 @@
 
 pub mod chunk;
 pub mod measured;
+pub mod server_timing;
 pub mod sse;
 pub mod worker;
 
@@ -207,6 +208,9 @@ pub struct RequestRecord {
     /// target is not a router. The measurer fills it from Dynamo's `nvext.worker_id`; the
     /// HTTP client from response headers (llm-d) or as unattributed.
     pub served_by: Option<worker::ServedBy>,
+    /// The server's own account of the request (queue, prefill, decode on its clock), from
+    /// the last chunk that carried one ([`server_timing`]); `None` when the server sent none.
+    pub server_timing: Option<server_timing::ServerTiming>,
 }
 
 /// One choice of an `n > 1` stream. Its tokens are counted as its token-carrying chunks (the
@@ -268,6 +272,7 @@ impl RequestRecord {
             choices: Vec::new(),
             done_marker_seen: false,
             served_by: None,
+            server_timing: None,
         }
     }
 
@@ -422,6 +427,7 @@ pub struct StreamMeasurer {
     keep_text: bool,
     /// The first `nvext.worker_id` of the stream (Dynamo repeats it on every chunk).
     dynamo_workers: Option<worker::DynamoWorkerIds>,
+    server_timing: Option<server_timing::ServerTiming>,
 }
 
 /// Choice indexes measured apart; a stream with more keeps the first ones only.
@@ -481,6 +487,7 @@ impl StreamMeasurer {
             too_large: None,
             keep_text: false,
             dynamo_workers: None,
+            server_timing: None,
         }
     }
 
@@ -566,6 +573,9 @@ impl StreamMeasurer {
                 }
                 if self.dynamo_workers.is_none() {
                     self.dynamo_workers = c.dynamo_workers;
+                }
+                if c.server_timing.is_some() {
+                    self.server_timing = c.server_timing;
                 }
                 if let Some(u) = c.usage {
                     self.usage = Some(u);
@@ -726,6 +736,7 @@ impl StreamMeasurer {
                 .dynamo_workers
                 .as_ref()
                 .and_then(worker::ServedBy::from_dynamo),
+            server_timing: self.server_timing,
         }
     }
 
@@ -851,6 +862,41 @@ mod tests {
         }
         let last = frames.last().map_or(0, |f| f.0);
         m.finish(end, ms(last))
+    }
+
+    /// vLLM's `metrics` on the final usage chunk and llama.cpp's `timings` on its last chunk
+    /// become the record's server timing; a malformed `metrics` loses neither it nor the tokens.
+    #[test]
+    fn server_timing_from_the_final_chunk_of_vllm_and_llama_cpp() {
+        let tok = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n";
+        let vllm = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1},\"metrics\":{\"time_to_first_token_ms\":20.0,\"queue_time_ms\":5.0,\"generation_time_ms\":0.0,\"mean_itl_ms\":null}}\n\n";
+        let r = measure(
+            &[(27, tok), (28, vllm), (29, "data: [DONE]\n\n")],
+            StreamEnd::Eof,
+        );
+        let t = r.server_timing.unwrap();
+        assert_eq!(t.source, server_timing::TimingSource::VllmMetrics);
+        assert_eq!(
+            (t.queue, t.prefill, t.ttft),
+            (Some(ms(5)), Some(ms(20)), Some(ms(25)))
+        );
+        assert_eq!(t.client_minus_server_ttft_ms(r.ttft.unwrap()), Some(2.0));
+        let llama = "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"timings\":{\"cache_n\":3,\"prompt_n\":6,\"prompt_ms\":11.5,\"predicted_n\":1,\"predicted_ms\":0.5}}\n\n";
+        let r = measure(&[(12, tok), (13, llama)], StreamEnd::Eof);
+        let t = r.server_timing.unwrap();
+        assert_eq!(t.source, server_timing::TimingSource::LlamaCppTimings);
+        assert_eq!(t.ttft, Some(Duration::from_micros(11_500)));
+        assert_eq!(t.prompt_tokens_computed, Some(6));
+        let bad = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1},\"metrics\":\"on\",\"timings\":[1]}\n\n";
+        let r = measure(
+            &[(5, tok), (6, bad), (7, "data: [DONE]\n\n")],
+            StreamEnd::Eof,
+        );
+        assert_eq!(
+            (r.outcome, r.input_tokens, r.server_timing),
+            (Outcome::Ok, Some(9), None)
+        );
+        assert_eq!(measure(&[(5, tok)], StreamEnd::Eof).server_timing, None);
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod overview;
 pub mod profile;
 pub mod ramp;
 pub mod server;
+pub mod server_timing;
 pub mod timeline;
 pub mod workload;
 
@@ -486,7 +487,7 @@ caption{{white-space:nowrap;text-align:left;font-size:13px}} details{{font-size:
     ] {
         h.push_str(&timeline::plot(summary, rows, name, metric).unwrap_or_default());
     }
-    h.push_str(&server::section(summary));
+    h.push_str(&(server::section(summary) + &server_timing::section(summary)));
     h.push_str(&groups::sections(summary));
     h.push_str("<h2>Throughput</h2>");
     h.push_str(&throughput_chart(summary));
