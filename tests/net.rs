@@ -24,7 +24,7 @@ use lmperf::net::state::{Mode, NetState};
 use lmperf_e2e::agent::{Agent, prom_sum};
 use lmperf_e2e::netns::DelayLink;
 use lmperf_e2e::otlp::attrs;
-use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
+use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream, with_vllm_metrics};
 use lmperf_e2e::serial;
 use lmperf_e2e::temp;
 use opentelemetry::metrics::MeterProvider as _;
@@ -577,7 +577,12 @@ fn canaries_across(
             let s = ScriptedServer::start_at(
                 bind,
                 Arc::new(|_, _| {
-                    Reply::sse(chat_stream(3, Duration::ZERO, Duration::from_millis(2), 4))
+                    // A vLLM-style server: its own TTFT (0.5 ms) rides on the last chunk.
+                    Reply::sse(with_vllm_metrics(
+                        chat_stream(3, Duration::ZERO, Duration::from_millis(2), 4),
+                        0.5,
+                        0.0,
+                    ))
                 }),
                 None,
             )
@@ -715,6 +720,21 @@ fn canary_across_a_20ms_rtt_link_sees_it_in_kernel_rtt_and_ttft() {
     assert!(
         ttft_delayed - ttft_base >= 0.019,
         "TTFT {ttft_delayed} s vs {ttft_base} s without delay"
+    );
+    // The server's own TTFT holds (it says 0.5 ms on both paths); the client − server gap
+    // takes the round trip.
+    for s in base.iter().chain(&delayed) {
+        assert_eq!(secs(s, "lmperf.server.request.ttft"), 0.0005, "{s:?}");
+    }
+    let gap = |v: &[std::collections::BTreeMap<String, String>]| {
+        v.iter()
+            .map(|s| secs(s, "lmperf.server.request.client_minus_server_ttft"))
+            .fold(f64::INFINITY, f64::min)
+    };
+    let (gap_base, gap_delayed) = (gap(&base), gap(&delayed));
+    assert!(
+        gap_delayed - gap_base >= 0.019,
+        "client − server TTFT {gap_delayed} s vs {gap_base} s without delay"
     );
 }
 

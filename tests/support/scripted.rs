@@ -432,6 +432,26 @@ pub async fn case_server(case: &serde_json::Value) -> ScriptedServer {
 }
 
 /// An SSE stream of `n` chat tokens, one every `gap`, then finish `stop`, usage and `[DONE]`.
+/// `frames` (a [`chat_stream`]) with vLLM's per-request `metrics` on its final usage chunk, as
+/// `vllm serve --enable-per-request-metrics` sends them (docs/features/per_request_metrics.md):
+/// the server's own TTFT from scheduled (`ttft_ms`) and queue time (`queue_ms`).
+pub fn with_vllm_metrics(mut frames: Vec<Frame>, ttft_ms: f64, queue_ms: f64) -> Vec<Frame> {
+    if let Some(last) = frames.last_mut() {
+        let text = String::from_utf8_lossy(&last.bytes).into_owned();
+        let metrics = format!(
+            ",\"metrics\":{{\"time_to_first_token_ms\":{ttft_ms},\"generation_time_ms\":4.0,\"queue_time_ms\":{queue_ms},\"mean_itl_ms\":2.0,\"tokens_per_second\":500.0}}"
+        );
+        last.bytes = text
+            .replacen(
+                "}\n\ndata: [DONE]",
+                &format!("{metrics}}}\n\ndata: [DONE]"),
+                1,
+            )
+            .into_bytes();
+    }
+    frames
+}
+
 pub fn chat_stream(n: usize, first: Duration, gap: Duration, prompt_tokens: u64) -> Vec<Frame> {
     let mut frames = vec![Frame {
         at: first,
