@@ -22,7 +22,9 @@ const SLOWEST: usize = 150;
 async fn exemplars_name_kept_traces_and_the_slowest_bucket_is_the_slowest_kept_canary() {
     let sent: Arc<Mutex<Vec<String>>> = Arc::default();
     let answered = Arc::new(AtomicUsize::new(0));
-    let (se, an) = (sent.clone(), answered.clone());
+    // Each request's `traceparent` as the server received it, by its trace id.
+    let traceparents: Arc<Mutex<HashMap<String, String>>> = Arc::default();
+    let (se, an, tps) = (sent.clone(), answered.clone(), traceparents.clone());
     let server = ScriptedServer::start(Arc::new(move |req, _| {
         if req.path == "/v1/models" {
             return Reply::json(
@@ -33,11 +35,9 @@ async fn exemplars_name_kept_traces_and_the_slowest_bucket_is_the_slowest_kept_c
         if req.path != "/v1/chat/completions" {
             return Reply::json(404, r#"{"error":"not found"}"#);
         }
-        let trace_id = req
-            .header("traceparent")
-            .and_then(|tp| tp.split('-').nth(1))
-            .unwrap_or("")
-            .to_owned();
+        let tp = req.header("traceparent").unwrap_or("").to_owned();
+        let trace_id = tp.split('-').nth(1).unwrap_or("").to_owned();
+        tps.lock().unwrap().insert(trace_id.clone(), tp);
         let k = {
             let mut s = se.lock().unwrap();
             s.push(trace_id);
@@ -172,6 +172,19 @@ async fn exemplars_name_kept_traces_and_the_slowest_bucket_is_the_slowest_kept_c
         ex.iter().all(|e| families.contains(&e.metric.as_str())),
         "{ex:#?}"
     );
+    // The server got each kept canary's trace unchanged: `traceparent` names the canary's
+    // trace and its span as the parent, so a server that traces (vLLM `--otlp-traces-endpoint`)
+    // puts its span in the canary's trace.
+    let traceparents = traceparents.lock().unwrap().clone();
+    for sp in received.values() {
+        let tp = &traceparents[&sp.trace_id];
+        assert!(
+            tp.starts_with(&format!("00-{}-{}-", sp.trace_id, sp.span_id)) && tp.len() == 55,
+            "traceparent {tp} for span {} of trace {}",
+            sp.span_id,
+            sp.trace_id
+        );
+    }
     // Every exemplar names a trace the receiver got, with that trace's span id; never a dropped one.
     for e in &ex {
         let sp = received.get(e.trace_id.as_str()).unwrap_or_else(|| {
