@@ -36,6 +36,7 @@ mod launch;
 mod logs_json;
 mod net;
 mod outputs;
+mod profiling;
 mod reasoning_ttfo;
 mod report_view;
 mod run;

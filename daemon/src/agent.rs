@@ -296,7 +296,7 @@ pub async fn run(
         let _ = tokio::time::timeout(Duration::from_millis(500), tracker.wait()).await;
     }
     diagnosis_stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_millis(200), diagnosis_task).await;
+    let _ = tokio::time::timeout(Duration::from_secs(3), diagnosis_task).await;
     pods_stop.cancel();
     if let Some(t) = pods_task {
         let _ = tokio::time::timeout(Duration::from_millis(200), t).await;

@@ -185,6 +185,10 @@ pub struct CompareArgs {
     /// Where compare.json and compare.html go (default: NEW_DIR).
     #[arg(long, value_name = "DIR")]
     pub output_dir: Option<PathBuf>,
+    /// When a --fail-on gate on TPOT trips, call the server's profiler once with FILE's
+    /// [profiling] table (kind = "vllm" | "sglang", on = ["tpot_regression"], …; see README).
+    #[arg(long, value_name = "FILE")]
+    pub profile_on_fail: Option<PathBuf>,
     /// Bootstrap resamples.
     #[arg(long, default_value_t = 2000)]
     pub resamples: usize,
@@ -274,6 +278,10 @@ pub struct RunArgs {
     /// with --probe-rate, the same on the probes alone: probe_ttft_p99_ms>300 probe_error_rate>0.
     #[arg(long, num_args = 1.., help_heading = "SLO and capacity")]
     pub fail_on: Vec<String>,
+    /// When a --fail-on gate on TPOT trips, call the server's profiler once with FILE's
+    /// [profiling] table (kind = "vllm" | "sglang", on = ["tpot_regression"], …; see README).
+    #[arg(long, value_name = "FILE", help_heading = "SLO and capacity")]
+    pub profile_on_fail: Option<PathBuf>,
     /// Do not ask the server to ignore EOS (output lengths then vary).
     #[arg(long, help_heading = "Workload")]
     pub no_ignore_eos: bool,

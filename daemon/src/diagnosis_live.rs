@@ -12,7 +12,7 @@ use crate::cost::thread_cpu_ns;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use opentelemetry::trace::{
     Link, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
@@ -21,9 +21,10 @@ use opentelemetry::{KeyValue, Value};
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 
 use crate::config::k8s::K8sIdentity;
+use crate::config::profiling::Trigger;
 use crate::diagnosis::announce::{Announcement, Announcer};
 use crate::diagnosis::node_scope::Placement;
-use crate::diagnosis::report::{NodeDiagnosis, State, TargetDiagnosis, unix_s};
+use crate::diagnosis::report::{NodeDiagnosis, ServerProfile, State, TargetDiagnosis, unix_s};
 use crate::diagnosis::{Cause, Diagnosis, Engine, EngineConfig, Signal};
 use crate::gpu::backend::throttle;
 use crate::gpu::pods::GpuSelection;
@@ -67,6 +68,9 @@ pub struct LiveDiagnosis {
     /// Per target: when a canary last carried the server's own timing. While one did within
     /// [`PER_REQUEST_FRESH`], the scrape's histogram means of the same figures are not fed.
     per_request_timing: Mutex<BTreeMap<String, SystemTime>>,
+    /// The targets' own profilers (`[target.profiling]`), called once for a confirmed
+    /// server-side cause with TPOT up ([`crate::profiler::wants_profile`]).
+    pub profilers: crate::profiler::live::Registry,
     /// The latest node sample fed, for the status and the gauges ([`crate::contention`]).
     pub node_latest: std::sync::Arc<crate::contention::LatestNode>,
     /// The agent's targets now (they join and leave at run time: [`LiveDiagnosis::add_target`]).
@@ -272,6 +276,7 @@ impl LiveDiagnosis {
             gpu_evidence: Mutex::default(),
             server_seen: Mutex::default(),
             per_request_timing: Mutex::default(),
+            profilers: Default::default(),
             node_latest: Default::default(),
             targets: Mutex::new(targets),
             announcer: Mutex::default(),
@@ -660,7 +665,42 @@ impl LiveDiagnosis {
                 }
             }
         }
+        self.add_profiles(&mut d);
         d
+    }
+
+    /// A confirmed diagnosis's profiler call, as it stands now (`started`, then its outcome):
+    /// the target's latest call made since the diagnosis's onset.
+    fn add_profiles(&self, d: &mut Diagnosis) {
+        let latest = self.profilers.latest();
+        for t in &mut d.targets {
+            if t.state != State::RootConfirmed {
+                continue;
+            }
+            let since = t.onset_unix_s.or(t.since_unix_s).unwrap_or(f64::INFINITY);
+            if let Some(p) = latest.get(&t.target).filter(|p| p.at_unix_s >= since) {
+                t.profile = Some(p.clone());
+            }
+        }
+    }
+
+    /// Calls `d.target`'s profiler for a confirmed diagnosis it can explain (a server-side
+    /// cause with TPOT up) when `[target.profiling]` allows it now; the `started` record is
+    /// put on `d` and returned.
+    pub fn profile_for(&self, d: &mut TargetDiagnosis, now: SystemTime) -> Option<ServerProfile> {
+        if !crate::profiler::wants_profile(d) {
+            return None;
+        }
+        let p = self.profilers.get(&d.target)?;
+        let reason = d
+            .causes
+            .first()
+            .map_or("unknown", |c| c.cause.as_str())
+            .to_owned()
+            + " with TPOT up";
+        let started = p.trigger(Trigger::RootConfirmed, &reason, Instant::now(), now)?;
+        d.profile = Some(started.clone());
+        Some(started)
     }
 
     /// The current score of each cause and the state code of each target (for the gauges).
@@ -854,7 +894,11 @@ pub async fn run(
         if !std::mem::take(&mut first) {
             tokio::select! {
                 biased;
-                _ = stop.cancelled() => return,
+                _ = stop.cancelled() => {
+                    // A vLLM profile in progress is stopped, never left running.
+                    live.profilers.shutdown(Duration::from_secs(2)).await;
+                    return;
+                }
                 _ = every.tick() => {}
             }
         }
@@ -896,14 +940,21 @@ pub async fn run(
         live.loop_cpu_ns
             .fetch_add(cpu_feed + step_ns, Ordering::Relaxed);
         for a in tick.announce {
-            let d = match a {
+            let mut d = match a {
                 Announcement::Target(d) => *d,
                 Announcement::Node(n) => {
                     announce_node(&live, &telemetry, &confirmed, &n, now);
                     continue;
                 }
             };
-            let line = d.summary.clone().unwrap_or_else(|| "unknown".to_owned());
+            let mut line = d.summary.clone().unwrap_or_else(|| "unknown".to_owned());
+            if let Some(p) = live.profile_for(&mut d, now) {
+                let dir = p.output_dir.as_deref().unwrap_or("its default directory");
+                line.push_str(&format!(
+                    " Profiler: {} {} asked {}, trace in {dir} on the server.",
+                    p.kind, p.server, p.detail
+                ));
+            }
             // The line carries its `lmperf.diagnosis` span's ids, so a log line joins its trace.
             let ids = telemetry.new_trace();
             tracing::warn!(target_name = %d.target, cause = d.causes.first().map_or("unknown", |c| c.cause.as_str()), trace_id = %ids.trace_id, span_id = %ids.span_id, "Diagnosis: {line}");
@@ -1113,6 +1164,91 @@ mod tests {
         );
         assert_eq!(snap.targets.len(), 1);
         assert_eq!(snap.targets[0].state, State::RootConfirmed);
+    }
+
+    /// A confirmed server-side cause with TPOT up calls `[target.profiling]`'s vLLM profiler
+    /// once (a second confirmation within `min_interval` does not), a network cause never; the
+    /// agent's shutdown stops the running profile at once (`/stop_profile`), and the record
+    /// says so.
+    #[tokio::test]
+    async fn a_confirmed_server_cause_with_tpot_up_profiles_once_and_shutdown_stops_it() {
+        use crate::config::profiling::{RawProfiling, validate};
+        use crate::diagnosis::report::{CauseScore, Symptom};
+        let calls: std::sync::Arc<Mutex<Vec<String>>> = Default::default();
+        let (c1, c2) = (calls.clone(), calls.clone());
+        let app = axum::Router::new()
+            .route(
+                "/start_profile",
+                axum::routing::post(move || async move {
+                    c1.lock().unwrap().push("start".into());
+                }),
+            )
+            .route(
+                "/stop_profile",
+                axum::routing::post(move || async move {
+                    c2.lock().unwrap().push("stop".into());
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = url::Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let cfg = validate(
+            "target[0].profiling",
+            RawProfiling {
+                kind: Some("vllm".into()),
+                seconds: Some(Duration::from_secs(300)),
+                on: Some(vec!["root_confirmed".into()]),
+                ..RawProfiling::default()
+            },
+        )
+        .unwrap();
+        let live = LiveDiagnosis::new(EngineConfig::default(), vec!["a".into()]);
+        live.profilers.set("a", Some(&cfg), &url);
+        let confirmed = |cause: Cause| TargetDiagnosis {
+            state: State::RootConfirmed,
+            onset_unix_s: Some(1.0),
+            symptom: Some(Symptom {
+                signal: Signal::Tpot,
+                value: 0.04,
+                peak: 0.05,
+                baseline: 0.02,
+                ratio: 2.0,
+                z: 9.0,
+                jumped_buckets: 3,
+                recent_buckets: 3,
+            }),
+            causes: vec![CauseScore {
+                cause,
+                score: 0.9,
+                evidence: Vec::new(),
+            }],
+            ..idle("a")
+        };
+        let now = SystemTime::now();
+        let mut net = confirmed(Cause::Network);
+        assert_eq!(live.profile_for(&mut net, now), None);
+        let mut d = confirmed(Cause::KvCachePressure);
+        let started = live.profile_for(&mut d, now).expect("called");
+        assert_eq!(
+            (started.outcome.as_str(), started.trigger.as_str()),
+            ("started", "root_confirmed")
+        );
+        assert_eq!(d.profile.as_ref(), Some(&started));
+        assert_eq!(
+            live.profile_for(&mut confirmed(Cause::KvCachePressure), now),
+            None
+        );
+        for _ in 0..200 {
+            if !calls.lock().unwrap().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        live.profilers.shutdown(Duration::from_secs(5)).await;
+        assert_eq!(*calls.lock().unwrap(), ["start", "stop"]);
+        let last = &live.profilers.latest()["a"];
+        assert_eq!(last.outcome, "done", "{last:?}");
+        assert_eq!(last.detail, "stopped early: the agent shut down");
     }
 
     /// Target `a` with a scraped server, its server state, and a diagnosis of it.

@@ -76,6 +76,10 @@ fn run(cli: Cli) -> ExitCode {
     };
     match cli.command {
         Command::Run(args) => {
+            let profiling = match profiling_file(args.profile_on_fail.as_ref()) {
+                Ok(p) => p,
+                Err(code) => return code,
+            };
             let spec = match args.into_spec(&ProcessEnv) {
                 Ok(s) => s,
                 Err(e) => {
@@ -88,7 +92,14 @@ fn run(cli: Cli) -> ExitCode {
                 Err(code) => return code,
             };
             let dir = spec.output_dir.clone();
-            let result = rt.block_on(lmperf::bench::run(spec));
+            let url = spec.target.base_url.clone();
+            let result = rt.block_on(async {
+                let mut r = lmperf::bench::run(spec).await;
+                if let (Ok(summary), Some(cfg)) = (&mut r, profiling) {
+                    profile_run(summary, cfg, &url, &dir).await;
+                }
+                r
+            });
             // An interrupted run may leave its dispatcher thread pacing: do not wait for it.
             rt.shutdown_timeout(std::time::Duration::from_millis(500));
             match result {
@@ -175,8 +186,77 @@ fn run(cli: Cli) -> ExitCode {
     }
 }
 
+/// `--profile-on-fail FILE`'s `[profiling]` table; a bad file exits 2 naming it.
+fn profiling_file(
+    path: Option<&std::path::PathBuf>,
+) -> Result<Option<lmperf::config::profiling::ProfilingConfig>, ExitCode> {
+    path.map(lmperf::config::profiling::load_file)
+        .transpose()
+        .map_err(|e| {
+            eprintln!("lmperf: {e}");
+            ExitCode::from(2)
+        })
+}
+
+/// `lmperf run --profile-on-fail`: a tripped TPOT gate calls the server's profiler once; its
+/// record goes into `summary.json` and one line.
+async fn profile_run(
+    summary: &mut lmperf::bench::Summary,
+    cfg: lmperf::config::profiling::ProfilingConfig,
+    url: &url::Url,
+    dir: &std::path::Path,
+) {
+    use lmperf::profiler::on_fail;
+    let Some(gate) = on_fail::tpot_gate(&summary.failed_gates) else {
+        return;
+    };
+    summary.server_profile = on_fail::call(cfg, url, gate).await;
+    if let Some(p) = &summary.server_profile {
+        eprintln!("lmperf run: {}", on_fail::line(p));
+        if let Err(e) = lmperf::bench::runner::rewrite_summary(dir, summary) {
+            eprintln!("lmperf run: {e}");
+        }
+    }
+}
+
+/// `lmperf compare --profile-on-fail`: as [`profile_run`], into `compare.json`; the server is
+/// the new run's target unless the file names a `url`.
+fn profile_compare(
+    c: &mut lmperf::bench::compare::Comparison,
+    cfg: lmperf::config::profiling::ProfilingConfig,
+    dir: &std::path::Path,
+) {
+    use lmperf::profiler::on_fail;
+    let Some(gate) = on_fail::tpot_gate(&c.failed_gates).map(str::to_owned) else {
+        return;
+    };
+    let Some(url) = cfg
+        .url
+        .clone()
+        .or_else(|| url::Url::parse(&c.new.target).ok())
+    else {
+        eprintln!(
+            "lmperf compare: profiler not called: the new run's target {:?} is no URL; set url in [profiling]",
+            c.new.target
+        );
+        return;
+    };
+    let Ok(rt) = runtime() else { return };
+    c.server_profile = rt.block_on(on_fail::call(cfg, &url, &gate));
+    if let Some(p) = &c.server_profile {
+        eprintln!("lmperf compare: {}", on_fail::line(p));
+        if let Err(e) = lmperf::bench::compare::write_json(dir, c) {
+            eprintln!("lmperf compare: {e}");
+        }
+    }
+}
+
 /// `lmperf compare`: 0 done, 1 unreadable input or output, 2 bad flags, 3 a gate tripped.
 fn compare(args: lmperf::cli::CompareArgs) -> ExitCode {
+    let profiling = match profiling_file(args.profile_on_fail.as_ref()) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
     let spec = match args.into_spec() {
         Ok(s) => s,
         Err(e) => {
@@ -185,7 +265,10 @@ fn compare(args: lmperf::cli::CompareArgs) -> ExitCode {
         }
     };
     match lmperf::bench::compare::compare(&spec) {
-        Ok(c) => {
+        Ok(mut c) => {
+            if let Some(cfg) = profiling {
+                profile_compare(&mut c, cfg, &spec.output_dir);
+            }
             let regressions: Vec<String> = c
                 .benchmarks
                 .iter()

@@ -13,6 +13,7 @@
 
 pub mod diagnosis_doc;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -71,6 +72,11 @@ pub struct StatusDoc {
     /// kills (absent values left out; the whole field absent before the first sample).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<crate::contention::NodeView>,
+    /// Per target with `[target.profiling]`, its server profiler's last call: when, which
+    /// server, why, where the trace went, `started` | `done` | `unsupported` | `failed`
+    /// (absent when no profiler was called).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub profiles: BTreeMap<String, crate::diagnosis::report::ServerProfile>,
 }
 
 /// `/api/v1/status`'s `agent_cost`: the CPU seconds of each component's task polls since the
@@ -168,6 +174,7 @@ pub fn status_doc(s: &AdminState) -> StatusDoc {
             export_cpu_s: crate::cost::EXPORT.cpu_s(),
         },
         node: s.status.diagnosis.node_latest.view(),
+        profiles: s.status.diagnosis.profilers.latest(),
     }
 }
 

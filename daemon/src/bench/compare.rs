@@ -240,6 +240,10 @@ pub struct Comparison {
     /// (`c1_in8 [adapter a vs b]`); gates do not apply (absent without adapters).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub adapter_pairs: Vec<BenchComparison>,
+    /// `--profile-on-fail`: the server profiler's call when a TPOT gate tripped (absent
+    /// otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_profile: Option<crate::diagnosis::report::ServerProfile>,
 }
 
 /// The fields of a `requests.jsonl` line that compare uses.
@@ -1023,6 +1027,7 @@ pub fn compare(spec: &CompareSpec) -> Result<Comparison, CompareError> {
         gates,
         failed_gates,
         adapter_pairs,
+        server_profile: None,
     };
     let out = &spec.output_dir;
     let io = |source| CompareError::Io {
@@ -1030,10 +1035,22 @@ pub fn compare(spec: &CompareSpec) -> Result<Comparison, CompareError> {
         source,
     };
     std::fs::create_dir_all(out).map_err(io)?;
-    let json = serde_json::to_string_pretty(&c).map_err(|e| io(std::io::Error::other(e)))?;
-    std::fs::write(out.join("compare.json"), json + "\n").map_err(io)?;
+    write_json(out, &c)?;
     std::fs::write(out.join("compare.html"), render(&c, &base, &new)).map_err(io)?;
     Ok(c)
+}
+
+/// Writes `compare.json` of `c` into `dir` (again, after `--profile-on-fail` added its record).
+///
+/// # Errors
+/// The file cannot be written.
+pub fn write_json(dir: &Path, c: &Comparison) -> Result<(), CompareError> {
+    let io = |source| CompareError::Io {
+        path: dir.join("compare.json"),
+        source,
+    };
+    let json = serde_json::to_string_pretty(c).map_err(|e| io(std::io::Error::other(e)))?;
+    std::fs::write(dir.join("compare.json"), json + "\n").map_err(io)
 }
 
 /// `v` divided by `per` (the shown unit), three significant digits, `title`: the exact value.

@@ -411,12 +411,7 @@ async fn run_on(
                 path: spec.output_dir.join("requests.jsonl"),
                 source,
             })?;
-    let failed_gates = spec
-        .fail_on
-        .iter()
-        .filter(|g| benchmarks.iter().any(|b| gate_trips(g, b)))
-        .map(|g| g.text.clone())
-        .collect();
+    let failed_gates = tripped(&spec.fail_on, &benchmarks);
     let summary = Summary {
         schema_version: SCHEMA_VERSION,
         lmperf_version: env!("CARGO_PKG_VERSION"),
@@ -446,6 +441,7 @@ async fn run_on(
         prompt_tokens_source: tok.source(),
         chat_template: tok.chat.as_ref().map(tokens::ChatCounting::describe),
         prompt_tokens_mismatch: 0,
+        server_profile: None,
     };
     let summary = prompt_tokens::checked(summary, spec.progress);
     write_outputs(&spec.output_dir, &sample, &summary)?;
@@ -532,6 +528,28 @@ pub(crate) fn write_jsonl<T: Serialize>(path: &std::path::Path, rows: &[T]) -> s
 
 /// Writes `summary.json`, `summary.csv` ([`summary_csv`]) and `report.html` (`requests.jsonl` is written as rows finish, see
 /// [`rows`]); `sample`: the report's rows ([`rows::REPORT_SAMPLE`] per benchmark at most).
+/// The `--fail-on` gates that trip on any benchmark, by their text.
+fn tripped(gates: &[super::spec::Gate], benchmarks: &[BenchSummary]) -> Vec<String> {
+    gates
+        .iter()
+        .filter(|g| benchmarks.iter().any(|b| gate_trips(g, b)))
+        .map(|g| g.text.clone())
+        .collect()
+}
+
+/// Writes `summary.json` again (after `--profile-on-fail` added the profiler's record).
+///
+/// # Errors
+/// The file cannot be written.
+pub fn rewrite_summary(dir: &std::path::Path, summary: &Summary) -> Result<(), BenchError> {
+    let io = |source| BenchError::Output {
+        path: dir.join("summary.json"),
+        source,
+    };
+    let text = serde_json::to_string_pretty(summary).map_err(|e| io(std::io::Error::other(e)))?;
+    std::fs::write(dir.join("summary.json"), text + "\n").map_err(io)
+}
+
 fn write_outputs(
     dir: &std::path::Path,
     sample: &[RequestRow],

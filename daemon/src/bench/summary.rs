@@ -287,4 +287,8 @@ pub struct Summary {
     pub chat_template: Option<String>,
     /// Sum of the benchmarks' `prompt_tokens_mismatch`.
     pub prompt_tokens_mismatch: usize,
+    /// `--profile-on-fail`: the server profiler's call when a TPOT gate tripped (absent
+    /// otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_profile: Option<crate::diagnosis::report::ServerProfile>,
 }

@@ -136,12 +136,12 @@ pub async fn profile_once(
     };
     let stop_url = join(base, "/stop_profile");
     let ran = if cut {
-        "cut short by the agent's shutdown".to_owned()
+        "stopped early: the agent shut down".to_owned()
     } else {
-        format!("{} s", seconds.as_secs_f64())
+        format!("stopped after {} s", seconds.as_secs_f64())
     };
     match post(client, stop_url.clone(), None).await {
-        Ok((s, _)) if (200..300).contains(&s) => Outcome::Done(format!("stopped after {ran}")),
+        Ok((s, _)) if (200..300).contains(&s) => Outcome::Done(ran),
         Ok((s, text)) => Outcome::Failed(format!("started; stop: HTTP {s} at {stop_url}: {text}")),
         Err(e) => Outcome::Failed(format!("started; stop: {e}")),
     }

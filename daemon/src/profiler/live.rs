@@ -86,6 +86,7 @@ impl ServerProfiler {
     /// The profiler of `target`'s server (`cfg.url`, else `target_url`).
     pub fn new(target: &str, cfg: ProfilingConfig, target_url: &Url) -> Self {
         let base = cfg.url.clone().unwrap_or_else(|| target_url.clone());
+        crate::install_tls_provider();
         // The builder fails only without a TLS backend; the default client then.
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))

@@ -3,12 +3,14 @@
 //!
 //! `client.rs` (vLLM's and SGLang's `/start_profile` / `/stop_profile`, checked against
 //! upstream), `live.rs` (per server: the policy, once per regression within `min_interval`,
-//! a 404 said once; the agent's registry; stopped on shutdown), `trace.rs` (**pure**: a
+//! a 404 said once; the agent's registry; stopped on shutdown), `on_fail.rs` (`--profile-on-fail`
+//! of `lmperf run` / `compare`: once when a TPOT gate trips), `trace.rs` (**pure**: a
 //! Chrome trace JSON as torch.profiler writes it → time per kernel, op and module),
 //! `trace_diff.rs` (**pure**: two traces → per-step deltas, top regressions first).
 
 pub mod client;
 pub mod live;
+pub mod on_fail;
 pub mod trace;
 pub mod trace_diff;
 

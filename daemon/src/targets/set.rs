@@ -206,6 +206,9 @@ impl TargetSet {
         };
         s.server.targets.push(server);
         s.diagnosis.add_target(&t.name);
+        s.diagnosis
+            .profilers
+            .set(&t.name, t.profiling.as_ref(), &t.base_url);
         s.diagnosis.set_k8s(&t.name, t.k8s.clone());
         s.states.push(state);
         s.runners.push(Arc::new(runner.clone()));
@@ -241,6 +244,7 @@ impl TargetSet {
         s.runners.remove_where(|t| t.target.name == name);
         s.server.targets.remove_where(|t| t.target == name);
         s.diagnosis.remove_target(name);
+        s.diagnosis.profilers.remove(name);
         s.diagnosis.set_k8s(name, None);
         r.scrape_stop.cancel();
         let drain = s.drain;

@@ -133,6 +133,9 @@
 //!     "summary": str | null,                // the WARN line in words
 //!     "roots": [str]?, "root_onsets_unix_s": [f64 | null]?,  // two roots or more: each one's
 //!                                           // onset (its own signal's change)
+//!     "profile": null? | { "at_unix_s", "server", "kind": "vllm" | "sglang", "trigger",
+//!                   "reason", "output_dir", "outcome": "started" | "done" | "unsupported" |
+//!                   "failed", "detail" },  // the server's profiler, when [target.profiling]
 //!     "scope": "target" | "node",           // node: part of a node-level diagnosis
 //!     "node": str? } ],                     // that diagnosis's node (scope node only)
 //!   "nodes": [ { "node": str, "scope": "node", "state": str, "cause": str, "score": f64,
