@@ -222,3 +222,44 @@ fn compare_calls_sglang_with_its_request_body_and_says_404_once() {
     );
     assert_eq!(profiler_calls(&off).len(), 1);
 }
+
+/// `lmperf compare` of two real torch.profiler traces (tests/fixtures/torch_traces): the slowed
+/// layer first on the terminal, in compare.json and compare.html (next to NEW by default);
+/// gates are refused for traces.
+#[test]
+fn compare_of_two_traces_names_the_slowed_module_first() {
+    let root = temp::dir("trace-compare");
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/torch_traces");
+    let (base, slow) = (root.join("base.json.gz"), root.join("slow.json.gz"));
+    std::fs::copy(fixtures.join("base.json.gz"), &base).unwrap();
+    std::fs::copy(fixtures.join("slow.json.gz"), &slow).unwrap();
+    let o = Command::new(lmperf_bin())
+        .args(["compare", base.to_str().unwrap(), slow.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let first = out.lines().nth(2).unwrap_or_default();
+    assert!(
+        first
+            .trim_start()
+            .starts_with("Model_0/DecoderLayer_2/Attention_2 "),
+        "{out}"
+    );
+    let c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("compare.json")).unwrap()).unwrap();
+    assert_eq!(
+        c["top_regression"]["name"],
+        "Model_0/DecoderLayer_2/Attention_2"
+    );
+    assert!(root.join("compare.html").is_file());
+    let o = Command::new(lmperf_bin())
+        .args(["compare", base.to_str().unwrap(), slow.to_str().unwrap()])
+        .args(["--fail-on", "tpot_mean:+5%"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+}

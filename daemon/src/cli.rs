@@ -172,17 +172,18 @@ pub enum CtlCommand {
 /// `lmperf compare` flags.
 #[derive(Debug, Args)]
 pub struct CompareArgs {
-    /// Output directory of the base run (summary.json, requests.jsonl).
+    /// Output directory of the base run (summary.json, requests.jsonl), or a profiling trace
+    /// file (Chrome trace JSON as torch.profiler writes it, .json or .json.gz).
     #[arg(value_name = "BASE_DIR")]
     pub base_dir: PathBuf,
-    /// Output directory of the new run.
+    /// Output directory of the new run, or the new profiling trace file.
     #[arg(value_name = "NEW_DIR")]
     pub new_dir: PathBuf,
     /// Exit 3 when a gate trips: METRIC:+X% (increase over X %), METRIC:-X% (decrease), or
     /// an absolute X in the metric's unit; e.g. ttft_p99:+5% tpot_mean:+5% output_throughput:-5%.
     #[arg(long, num_args = 1..)]
     pub fail_on: Vec<String>,
-    /// Where compare.json and compare.html go (default: NEW_DIR).
+    /// Where compare.json and compare.html go (default: NEW_DIR; for traces, its folder).
     #[arg(long, value_name = "DIR")]
     pub output_dir: Option<PathBuf>,
     /// When a --fail-on gate on TPOT trips, call the server's profiler once with FILE's

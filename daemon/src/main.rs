@@ -251,8 +251,47 @@ fn profile_compare(
     }
 }
 
+/// `lmperf compare BASE_TRACE NEW_TRACE`: 0 done, 1 an unreadable trace or output, 2 a gate
+/// asked of traces.
+fn compare_traces(args: lmperf::cli::CompareArgs) -> ExitCode {
+    use lmperf::bench::compare_trace;
+    if !args.fail_on.is_empty() || args.profile_on_fail.is_some() {
+        eprintln!(
+            "lmperf: --fail-on and --profile-on-fail apply to run directories, not to two traces"
+        );
+        return ExitCode::from(2);
+    }
+    let out = args.output_dir.clone().unwrap_or_else(|| {
+        args.new_dir
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map_or_else(|| ".".into(), std::path::Path::to_path_buf)
+    });
+    match compare_trace::compare_traces(&args.base_dir, &args.new_dir, &out) {
+        Ok(c) => {
+            print!("{}", compare_trace::table(&c));
+            let top = c.top_regression.as_ref().map_or_else(
+                || "nothing takes longer".to_owned(),
+                |r| format!("largest regression {} {:+.1} µs a step", r.name, r.delta_us),
+            );
+            eprintln!(
+                "lmperf compare: traces: {top}; compare.json and compare.html in {}",
+                out.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("lmperf compare: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 /// `lmperf compare`: 0 done, 1 unreadable input or output, 2 bad flags, 3 a gate tripped.
 fn compare(args: lmperf::cli::CompareArgs) -> ExitCode {
+    if lmperf::bench::compare_trace::is_trace_pair(&args.base_dir, &args.new_dir) {
+        return compare_traces(args);
+    }
     let profiling = match profiling_file(args.profile_on_fail.as_ref()) {
         Ok(p) => p,
         Err(code) => return code,

@@ -15,6 +15,7 @@ pub mod buckets;
 pub mod capacity;
 pub mod compare;
 pub mod compare_text;
+pub mod compare_trace;
 pub mod context;
 pub mod export;
 pub mod find_rate;
