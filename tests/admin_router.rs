@@ -76,6 +76,7 @@ fn state() -> AdminState {
             retries: 0,
             load_id: None,
             profile_revision: None,
+            worker: None,
         });
     let names: Vec<String> = cfg.targets.iter().map(|t| t.name.clone()).collect();
     let status = Arc::new(AgentStatus {

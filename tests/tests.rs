@@ -43,6 +43,7 @@ mod run;
 mod run_workloads;
 mod sampling;
 mod server_signals;
+mod serving_path;
 mod spike;
 mod sse_cases;
 mod summary_csv;

@@ -237,6 +237,11 @@ pub struct RunArgs {
     /// API to call.
     #[arg(long, value_parser = ["chat", "completions"], default_value = "completions", help_heading = "Target")]
     pub api: String,
+    /// `router`: the target is a router in front of workers (Dynamo's frontend, llm-d's
+    /// gateway, vllm-router): each request asks it which worker served it, and the results
+    /// break down per worker (`benchmarks[].workers`).
+    #[arg(long, value_parser = ["server", "router"], default_value = "server", help_heading = "Target")]
+    pub target_kind: String,
     /// Concurrency levels: requests in flight at most, one benchmark each.
     /// Default: 1, or 4096 with `--trace` (a replay is open loop: the trace's own arrivals
     /// decide the concurrency, as in `vllm bench serve` without `--max-concurrency`).
@@ -476,21 +481,14 @@ impl RunArgs {
             canary: RawCanary {
                 model: self.model,
                 api: Some(self.api),
+                kind: Some(self.target_kind),
                 timeout: Some(self.timeout),
                 max_tokens: Some(self.output_len),
                 api_key_env: self.api_key_env,
                 api_key_file: self.api_key_file,
                 ..RawCanary::default()
             },
-            // Export only when asked: the flag or an OTLP endpoint variable.
-            no_otlp: self.otlp_endpoint.is_none()
-                && [
-                    "OTEL_EXPORTER_OTLP_ENDPOINT",
-                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-                ]
-                .iter()
-                .all(|v| env.var(v).is_none()),
+            no_otlp: no_otlp_asked(self.otlp_endpoint.as_deref(), env),
             otlp_endpoint: self.otlp_endpoint,
             otlp_protocol: self.otlp_protocol,
             ..Overrides::default()
@@ -729,6 +727,10 @@ pub struct AgentArgs {
     /// API to call.
     #[arg(long, value_parser = ["chat", "completions"])]
     pub api: Option<String>,
+    /// `router`: every --target is a router in front of workers; each canary records the
+    /// worker that served it (`lmperf.worker.*`).
+    #[arg(long, value_parser = ["server", "router"])]
+    pub target_kind: Option<String>,
     /// Mean gap between canaries per target, jittered ±10 % (e.g. 5s, 500ms).
     #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "rate")]
     pub interval: Option<Duration>,
@@ -767,6 +769,18 @@ pub struct AgentArgs {
     pub console: bool,
 }
 
+/// `lmperf run` exports only when asked: `--otlp-endpoint` or an OTLP endpoint variable.
+fn no_otlp_asked(flag: Option<&str>, env: &dyn crate::config::Env) -> bool {
+    flag.is_none()
+        && [
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+        ]
+        .iter()
+        .all(|v| env.var(v).is_none())
+}
+
 /// Parses `2`, `2.5` or `2/s`.
 fn parse_rate(s: &str) -> Result<f64, String> {
     let n = s.strip_suffix("/s").unwrap_or(s);
@@ -783,6 +797,7 @@ impl AgentArgs {
             canary: RawCanary {
                 model: self.model,
                 api: self.api,
+                kind: self.target_kind,
                 interval: self.interval,
                 rate: self.rate,
                 arrival: self.arrival,

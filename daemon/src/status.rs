@@ -63,6 +63,10 @@ pub struct RequestSummary {
     /// The profile revision of an injected profile load's request (0 = as started).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub profile_revision: Option<u32>,
+    /// A router target: the worker that served it (`ServedBy::key`: its id, `PREFILL→DECODE`,
+    /// or `unattributed`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
 }
 
 impl RequestSummary {
@@ -98,9 +102,22 @@ impl RequestSummary {
                 } => *profile_revision,
                 Source::Canary => None,
             },
+            worker: r.served_by.as_ref().map(|b| b.key()),
         }
     }
 }
+
+/// One worker's canaries behind a router target (`/api/v1/status` `targets[].workers`).
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct WorkerTally {
+    pub requests: u64,
+    pub ok: u64,
+    /// The TTFT of its last successful canary, ms.
+    pub last_ttft_ms: Option<f64>,
+}
+
+/// Workers counted per target at most; later ones count under `other`.
+pub const MAX_WORKERS: usize = 256;
 
 /// The last measured requests of every target (canaries and injected), a bounded ring: the
 /// oldest is dropped when it is full.
@@ -174,6 +191,7 @@ struct Inner {
     /// Scheduled and skipped canaries per [`SKIP_BUCKET_S`] bucket (its Unix index), the
     /// newest last, at most [`SKIP_BUCKETS`].
     skip_window: VecDeque<(u64, u32, u32)>,
+    workers: BTreeMap<String, WorkerTally>,
 }
 
 /// The skip share's window: 6 buckets of 10 s (the last minute).
@@ -224,6 +242,10 @@ pub struct TargetSnapshot {
     /// `k8s.pod.uid`, `k8s.container.name`, the owner); absent on a plain host.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub k8s: BTreeMap<String, String>,
+    /// A router target: its canaries per worker the router said served them (at most
+    /// [`MAX_WORKERS`], then `other`); absent otherwise.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub workers: BTreeMap<String, WorkerTally>,
 }
 
 fn unix_secs(t: SystemTime) -> u64 {
@@ -316,21 +338,36 @@ impl TargetState {
     pub fn record(&self, last: &RequestSummary) {
         if let Ok(mut g) = self.inner.lock() {
             *g.counts.entry(last.outcome).or_default() += 1;
+            if let Some(w) = &last.worker {
+                let key = if g.workers.len() < MAX_WORKERS || g.workers.contains_key(w) {
+                    w.clone()
+                } else {
+                    "other".to_owned()
+                };
+                let t = g.workers.entry(key).or_default();
+                t.requests += 1;
+                if last.outcome == "ok" {
+                    t.ok += 1;
+                    t.last_ttft_ms = last.ttft_ms.or(t.last_ttft_ms);
+                }
+            }
             g.last = Some(last.clone());
         }
     }
 
     pub fn snapshot(&self) -> TargetSnapshot {
         let now_idx = unix_secs(SystemTime::now()) / SKIP_BUCKET_S;
-        let (model, by_outcome, last, spike_reason, last_minute) = match self.inner.lock() {
+        let (model, by_outcome, last, spike_reason, last_minute, workers) = match self.inner.lock()
+        {
             Ok(g) => (
                 g.model.clone(),
                 g.counts.clone(),
                 g.last.clone(),
                 g.spike_rule,
                 skip_share(&g.skip_window, now_idx),
+                g.workers.clone(),
             ),
-            Err(_) => (None, BTreeMap::new(), None, None, None),
+            Err(_) => (None, BTreeMap::new(), None, None, None, BTreeMap::new()),
         };
         let scheduled = self.scheduled.load(Ordering::Relaxed);
         let skipped = self.skipped.load(Ordering::Relaxed);
@@ -354,6 +391,7 @@ impl TargetState {
             last,
             spike_reason,
             k8s: self.k8s.clone(),
+            workers,
         }
     }
 }
@@ -432,7 +470,47 @@ mod tests {
             retries: 0,
             load_id: None,
             profile_revision: None,
+            worker: None,
         }
+    }
+
+    /// A router target's canaries are counted per worker, bounded; a server's carry none.
+    #[test]
+    fn a_router_targets_canaries_are_tallied_per_worker_bounded() {
+        let cfg = crate::config::load(
+            crate::config::Overrides {
+                targets: vec!["http://127.0.0.1:9".into()],
+                ..Default::default()
+            },
+            &crate::config::ProcessEnv,
+        )
+        .unwrap();
+        let t = TargetState::new(&cfg.targets[0]);
+        let with = |w: Option<&str>, outcome, ttft| RequestSummary {
+            worker: w.map(str::to_owned),
+            ttft_ms: ttft,
+            ..summary("a", outcome, "canary", 1.0)
+        };
+        t.record(&with(Some("11→22"), "ok", Some(5.0)));
+        t.record(&with(Some("11→22"), "error", None));
+        t.record(&with(Some("unattributed"), "ok", Some(7.0)));
+        t.record(&with(None, "ok", Some(1.0)));
+        let w = t.snapshot().workers;
+        assert_eq!(
+            w["11→22"],
+            WorkerTally {
+                requests: 2,
+                ok: 1,
+                last_ttft_ms: Some(5.0)
+            }
+        );
+        assert_eq!((w.len(), w["unattributed"].ok), (2, 1));
+        for i in 0..MAX_WORKERS + 5 {
+            t.record(&with(Some(&format!("w{i}")), "ok", Some(1.0)));
+        }
+        let w = t.snapshot().workers;
+        assert_eq!(w.len(), MAX_WORKERS + 1);
+        assert_eq!(w["other"].requests, 7);
     }
 
     #[test]

@@ -22,6 +22,8 @@
 //! What-ifs, to split the cost further: `LMPERF_BENCH_AGENTS=1` runs only the agent alone;
 //! `LMPERF_BENCH_CANARY_INTERVAL=600s` leaves the agent idle but for its scrapes (its floor);
 //! `LMPERF_BENCH_ITL_MS=0` sends each answer in one write (per-request against per-frame cost);
+//! `LMPERF_BENCH_SERVER_TIMING=1` puts vLLM's per-request `metrics` on each answer's last chunk
+//! (what parsing the server's own timing costs: run it beside a bench without);
 //! `LMPERF_BENCH_CONFIG='[net]\nenabled = false'` adds TOML to the agent's config.
 
 use std::sync::Arc;
@@ -219,6 +221,7 @@ async fn main() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(5),
     );
+    let server_timing = std::env::var("LMPERF_BENCH_SERVER_TIMING").is_ok_and(|v| v == "1");
     for _ in 0..TARGETS {
         let served = Arc::new(AtomicU64::new(0));
         servers.push(
@@ -235,7 +238,12 @@ async fn main() {
                 },
                 p if p.ends_with("/completions") => {
                     served.fetch_add(1, Ordering::Relaxed);
-                    Reply::sse(chat_stream(8, Duration::from_millis(20), gap, 16))
+                    let frames = chat_stream(8, Duration::from_millis(20), gap, 16);
+                    Reply::sse(if server_timing {
+                        lmperf_e2e::scripted::with_vllm_metrics(frames, 19.5, 0.5)
+                    } else {
+                        frames
+                    })
                 }
                 _ => Reply::json(404, "{}"),
             }))

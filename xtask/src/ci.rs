@@ -3,7 +3,8 @@
 //! 0. `cargo xtask arch-check`: no import cycle in daemon/src, pure crates pure (source text
 //!    only, no build: seconds)
 //! 1. `cargo fmt --all --check`, first because it takes seconds. `tests/peers/install.sh`
-//!    (network and pip, little CPU) starts beside it and runs on through the build.
+//!    then `tests/peers/install-serving.sh` (network and pip, little CPU) start beside it and
+//!    run on through the build.
 //! 2. As root, the apt packages that build the eBPF probes (`clang libbpf-dev bpftool`) and
 //!    render the HTML reports (`chromium`), when missing; and Debian's `prometheus` (server
 //!    and `promtool` for the alert rule tests), with its service kept from starting. Then the
@@ -27,7 +28,8 @@
 //!    (`--report-time`) and the slowest listed. As root on a kernel with BTF, with
 //!    `LMPERF_REQUIRE_EBPF=1` so the probe tests must run; as root, with
 //!    `LMPERF_REQUIRE_CHROMIUM=1` so the report render tests must run, and with
-//!    `LMPERF_REQUIRE_PROMETHEUS=1` so the alerting rule tests must run
+//!    `LMPERF_REQUIRE_PROMETHEUS=1` so the alerting rule tests must run; always with
+//!    `LMPERF_REQUIRE_SERVING=1` so the serving-path tests (real Dynamo) must run
 //! 5. The lane is waited for (its log printed); CI fails if it failed.
 //!
 //! Each step's time is printed as it ends, and all of them at the end. On a fresh checkout (no
@@ -46,6 +48,17 @@ pub const E2E_TEST_THREADS: usize = 6;
 
 /// Tests at a time in the unit test binaries (as before issue 23): some time real sleeps.
 pub const UNIT_TEST_THREADS: usize = 1;
+
+/// The peers CI needs: `tests/peers/install.sh` (the model server, collectors, tokenizer),
+/// then `tests/peers/install-serving.sh` (NVIDIA Dynamo 1.6.1 and vllm-router 0.1.17, which
+/// read the tokenizer install.sh made). Both are network and pip, beside the build.
+fn ci_peers_cmd() -> std::process::Command {
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg("-c")
+        .arg("tests/peers/install.sh && tests/peers/install-serving.sh")
+        .current_dir(crate::root());
+    cmd
+}
 
 pub fn run(args: &[String]) -> Result<()> {
     let test_args: &[String] = match args.split_first() {
@@ -90,8 +103,8 @@ pub fn run(args: &[String]) -> Result<()> {
     // [1/5] Format, with the peers installing beside it and the build.
     let peers_log = crate::root().join("target/ci-peers.log");
     std::fs::create_dir_all(crate::root().join("target"))?;
-    let peers = spawn_logged(crate::install_peers_cmd(), &peers_log)
-        .context("cannot start tests/peers/install.sh")?;
+    let peers =
+        spawn_logged(ci_peers_cmd(), &peers_log).context("cannot start tests/peers/install.sh")?;
     let style = Instant::now();
     let mut fmt = cargo();
     fmt.args(["fmt", "--all", "--check"]);
@@ -145,7 +158,7 @@ pub fn run(args: &[String]) -> Result<()> {
     times.push("build (with clippy)", started);
 
     // [4/5] The tests.
-    let mut env: Vec<(&str, &str)> = Vec::new();
+    let mut env: Vec<(&str, &str)> = vec![("LMPERF_REQUIRE_SERVING", "1")];
     if root {
         env.push(("LMPERF_REQUIRE_CHROMIUM", "1"));
         env.push(("LMPERF_REQUIRE_PROMETHEUS", "1"));

@@ -228,6 +228,7 @@ impl Summarizer {
             warmup_s: 0.0,
             adapters: groups.adapters,
             endpoints: groups.endpoints,
+            workers: groups.workers,
             probes: groups.probes,
             prefix_cache: self.workload.prefix_cache(),
             images: self.workload.images(),

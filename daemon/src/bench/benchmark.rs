@@ -279,6 +279,23 @@ pub(crate) fn row(
         endpoint: None,
         probe: false,
         cached_input_tokens: r.cached_input_tokens,
+        response_id: r.response_id.clone(),
+        worker_id: r
+            .served_by
+            .as_ref()
+            .and_then(|b| b.primary())
+            .map(|w| w.id.clone()),
+        worker_role: r
+            .served_by
+            .as_ref()
+            .and_then(|b| b.primary())
+            .map(|w| w.role.as_str()),
+        prefill_worker_id: r
+            .served_by
+            .as_ref()
+            .and_then(|b| b.prefill())
+            .map(|w| w.id.clone()),
+        worker_attribution: r.served_by.as_ref().map(|b| b.source.as_str()),
         server_timing_source: r.server_timing.map(|t| t.source.as_str()),
         server_ttft_ms: r.server_timing.and_then(|t| t.ttft).map(ms),
         server_queue_ms: r.server_timing.and_then(|t| t.queue).map(ms),

@@ -1,5 +1,5 @@
 //! Per-group blocks of a benchmark's summary: per LoRA adapter (`--lora-modules`), per
-//! endpoint (`--target` repeated) and the canary probes sent alongside the load
+//! endpoint (`--target` repeated), per worker behind a router (`--target-kind router`) and the canary probes sent alongside the load
 //! (`--probe-rate`). Each block is a small [`GroupSummary`] fed one request at a time
 //! ([`GroupAcc`]), bounded like [`super::aggregate::Summarizer`] (one histogram per
 //! distribution whatever the request count). Pure: no clock, no IO.
@@ -138,6 +138,7 @@ impl GroupAcc {
 pub struct Groups {
     adapters: BTreeMap<String, GroupAcc>,
     endpoints: BTreeMap<String, GroupAcc>,
+    workers: BTreeMap<String, GroupAcc>,
     probes: Option<GroupAcc>,
 }
 
@@ -146,6 +147,7 @@ pub struct Groups {
 pub struct GroupBlocks {
     pub adapters: Option<BTreeMap<String, GroupSummary>>,
     pub endpoints: Option<BTreeMap<String, GroupSummary>>,
+    pub workers: Option<BTreeMap<String, GroupSummary>>,
     pub probes: Option<GroupSummary>,
 }
 
@@ -168,6 +170,9 @@ impl Groups {
                 .or_default()
                 .push(r, goodput);
         }
+        if let Some(w) = r.worker_key() {
+            self.workers.entry(w).or_default().push(r, goodput);
+        }
         false
     }
 
@@ -182,6 +187,7 @@ impl Groups {
         GroupBlocks {
             adapters: map(&self.adapters),
             endpoints: map(&self.endpoints),
+            workers: map(&self.workers),
             probes: self.probes.as_ref().map(|p| p.finish(goodput)),
         }
     }

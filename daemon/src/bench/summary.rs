@@ -85,6 +85,22 @@ pub struct RequestRow {
     /// `prompt_tokens_details.cached_tokens`, llama.cpp's `timings.cache_n`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cached_input_tokens: Option<u64>,
+    /// The response's `id` (e.g. `chatcmpl-…`): the key into the server's or router's own
+    /// request log.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response_id: Option<String>,
+    /// A router target (`kind = "router"`): the worker that streamed the answer (Dynamo's
+    /// instance id, llm-d's `namespace/pod`), its role (agg | decode | prefill), a
+    /// disaggregated request's prefill worker, and how it is known (dynamo_nvext |
+    /// llm_d_header | unattributed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefill_worker_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_attribution: Option<&'static str>,
     /// The server's own timing of the request, ms, where its response carried it (vLLM's
     /// per-request `metrics`, llama.cpp's `timings`; `server_timing_source` names which).
     /// `server_ttft_ms` is arrival in the engine → first token; each absent when not said.
@@ -123,6 +139,17 @@ pub struct RequestRow {
 }
 
 impl RequestRow {
+    /// The key of its `benchmarks[].workers` block: the worker id, `PREFILL→DECODE` for a
+    /// disaggregated request, `unattributed` when the router named none; `None` off a router.
+    pub fn worker_key(&self) -> Option<String> {
+        let source = self.worker_attribution?;
+        Some(match (&self.prefill_worker_id, &self.worker_id) {
+            (Some(p), Some(d)) => format!("{p}→{d}"),
+            (None, Some(w)) => w.clone(),
+            _ => source.to_owned(),
+        })
+    }
+
     /// Input tokens the server counted beyond the text of a request with images
     /// (`input_tokens − prompt_tokens`); `None` without images or the server's count.
     pub fn image_tokens(&self) -> Option<u64> {
@@ -228,6 +255,10 @@ pub struct BenchSummary {
     /// `--target` repeated: per endpoint, by base URL (absent with one endpoint).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub endpoints: Option<BTreeMap<String, groups::GroupSummary>>,
+    /// `--target-kind router`: per worker the router said served each request
+    /// ([`RequestRow::worker_key`]; they sum to the benchmark's requests); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workers: Option<BTreeMap<String, groups::GroupSummary>>,
     /// `--probe-rate`: the canary probes sent alongside the load (absent without).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub probes: Option<groups::GroupSummary>,

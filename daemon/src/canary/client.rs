@@ -19,7 +19,8 @@ use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValu
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Api, TargetConfig};
+use crate::config::{Api, TargetConfig, TargetKind};
+use crate::measure::worker::ServedBy;
 use crate::measure::{Outcome, RequestError, RequestRecord, StreamEnd, StreamMeasurer, error_type};
 
 /// Idle pooled connections are dropped after this: shorter than llama.cpp's 5 s keep-alive.
@@ -165,7 +166,11 @@ pub async fn execute_with(
         Ok(h) => h,
         Err(e) => return build_failure(e),
     };
-    let body = match serde_json::to_vec(&request_body(req)) {
+    let mut body = request_body(req);
+    if target.kind == TargetKind::Router {
+        ask_for_worker(&mut body);
+    }
+    let body = match serde_json::to_vec(&body) {
         Ok(b) => b,
         Err(e) => return build_failure(format!("body: {e}")),
     };
@@ -281,11 +286,56 @@ async fn attempt(
         }
         return Attempt::Done(record, wall_start, conn);
     }
-    Attempt::Done(
-        read_stream(response, status, target, t0, deadline, cancel, keep_text).await,
-        wall_start,
-        conn,
-    )
+    let named =
+        (target.kind == TargetKind::Router).then(|| worker_from_headers(response.headers()));
+    let mut record = read_stream(response, status, target, t0, deadline, cancel, keep_text).await;
+    if let Some(named) = named
+        && record.served_by.is_none()
+    {
+        record.served_by = Some(named.unwrap_or_else(ServedBy::unattributed));
+    }
+    Attempt::Done(record, wall_start, conn)
+}
+
+/// Asks a router which worker served the request: Dynamo's `nvext.extra_fields =
+/// ["worker_id"]` (`docs/pages/components/frontend/nvext.md`; other routers pass the field on,
+/// and the workers ignore it), kept with any `nvext` the body already has.
+pub fn ask_for_worker(body: &mut serde_json::Value) {
+    let Some(obj) = body.as_object_mut() else {
+        return;
+    };
+    let nvext = obj.entry("nvext").or_insert_with(|| serde_json::json!({}));
+    if let Some(n) = nvext.as_object_mut() {
+        let fields = n
+            .entry("extra_fields")
+            .or_insert_with(|| serde_json::json!([]));
+        if let Some(list) = fields.as_array_mut()
+            && !list.iter().any(|f| f == "worker_id")
+        {
+            list.push("worker_id".into());
+        }
+    }
+}
+
+/// The worker(s) llm-d's response headers name (`x-session-token`, `x-session-token-prefill`,
+/// else the `llm-d-session` cookie); `None` when they name none. A malformed token names none
+/// (said at debug level): never a guess.
+fn worker_from_headers(h: &HeaderMap) -> Option<ServedBy> {
+    use crate::measure::worker::{LLM_D_PREFILL_TOKEN_HEADER, LLM_D_TOKEN_HEADER, llm_d_cookie};
+    let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
+    let cookie = h
+        .get_all(reqwest::header::SET_COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find_map(llm_d_cookie);
+    let decode = text(LLM_D_TOKEN_HEADER).or(cookie);
+    match ServedBy::from_llm_d(decode, text(LLM_D_PREFILL_TOKEN_HEADER)) {
+        Ok(named) => named,
+        Err(e) => {
+            tracing::debug!(error = %e, "Router's worker token not read.");
+            None
+        }
+    }
 }
 
 /// Chunks read ahead of the measurement at most (bounded memory: the reader waits when the
@@ -597,6 +647,51 @@ pub async fn discover_model(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A router is asked for the worker once, beside whatever `nvext` the body has.
+    #[test]
+    fn a_router_is_asked_which_worker_served_the_request() {
+        let mut body = serde_json::json!({"model": "m", "nvext": {"annotations": ["x"]}});
+        ask_for_worker(&mut body);
+        ask_for_worker(&mut body);
+        assert_eq!(
+            body["nvext"],
+            serde_json::json!({"annotations": ["x"], "extra_fields": ["worker_id"]})
+        );
+    }
+
+    /// llm-d's tokens (base64 `namespace/pod`) name the pods; the cookie stands in for the
+    /// header; a malformed token names none.
+    #[test]
+    fn llm_d_headers_name_the_decode_and_prefill_pods() {
+        use crate::measure::worker::WorkerRole;
+        let h = |pairs: &[(&'static str, &str)]| {
+            let mut m = HeaderMap::new();
+            for (k, v) in pairs {
+                m.append(*k, HeaderValue::from_str(v).unwrap());
+            }
+            m
+        };
+        // base64("ml/decode-0"), base64("ml/prefill-1")
+        let by = worker_from_headers(&h(&[
+            ("x-session-token", "bWwvZGVjb2RlLTA="),
+            ("x-session-token-prefill", "bWwvcHJlZmlsbC0x"),
+        ]))
+        .unwrap();
+        assert_eq!(by.key(), "ml/prefill-1→ml/decode-0");
+        assert_eq!(by.primary().unwrap().role, WorkerRole::Decode);
+        let by = worker_from_headers(&h(&[(
+            "set-cookie",
+            "llm-d-session=bWwvZGVjb2RlLTA=; Path=/",
+        )]))
+        .unwrap();
+        assert_eq!(
+            (by.key(), by.primary().unwrap().role),
+            ("ml/decode-0".into(), WorkerRole::Agg)
+        );
+        assert_eq!(worker_from_headers(&h(&[("x-session-token", "%%%")])), None);
+        assert_eq!(worker_from_headers(&h(&[])), None);
+    }
 
     #[test]
     fn retry_after_in_seconds_milliseconds_and_dates() {

@@ -79,6 +79,28 @@ impl Api {
     }
 }
 
+/// What a target is: a model server, or a router in front of workers (llm-d's gateway,
+/// NVIDIA Dynamo's frontend, vllm-router, SGLang's gateway).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TargetKind {
+    /// A model server: its canaries measure that server.
+    #[default]
+    Server,
+    /// A router: each canary asks it which worker served it (Dynamo's `nvext.extra_fields =
+    /// ["worker_id"]`) and records what it says (`measure::worker`), else `unattributed`.
+    Router,
+}
+
+impl TargetKind {
+    /// `server` | `router`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TargetKind::Server => "server",
+            TargetKind::Router => "router",
+        }
+    }
+}
+
 /// Gaps between request arrivals.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arrival {
@@ -154,6 +176,8 @@ pub struct TargetConfig {
     pub k8s: Option<k8s::K8sIdentity>,
     /// `[target.profiling]`: the server's profiler, called on a TPOT regression; `None`: never.
     pub profiling: Option<profiling::ProfilingConfig>,
+    /// `kind`: a model server (default) or a router in front of workers.
+    pub kind: TargetKind,
 }
 
 /// OTLP wire protocol.
@@ -790,17 +814,7 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
         .to_owned();
     base_url.set_path(&format!("{path}/"));
 
-    let api = match t.api.as_deref() {
-        None | Some("chat") => Api::Chat,
-        Some("completions") => Api::Completions,
-        Some(other) => {
-            return Err(ConfigError::invalid(
-                format!("{field}.api"),
-                other,
-                "expected chat or completions",
-            ));
-        }
-    };
+    let (api, kind) = api_and_kind(field, &t)?;
     let schedule = match (t.interval, t.rate) {
         (Some(_), Some(r)) => {
             return Err(ConfigError::invalid(
@@ -930,7 +944,35 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
         profiling: (t.profiling)
             .map(|p| profiling::validate(&format!("{field}.profiling"), p))
             .transpose()?,
+        kind,
     })
+}
+
+/// `api` (chat | completions) and `kind` (server | router) of a target.
+fn api_and_kind(field: &str, t: &RawCanary) -> Result<(Api, TargetKind), ConfigError> {
+    let api = match t.api.as_deref() {
+        None | Some("chat") => Api::Chat,
+        Some("completions") => Api::Completions,
+        Some(other) => {
+            return Err(ConfigError::invalid(
+                format!("{field}.api"),
+                other,
+                "expected chat or completions",
+            ));
+        }
+    };
+    let kind = match t.kind.as_deref() {
+        None | Some("server") => TargetKind::Server,
+        Some("router") => TargetKind::Router,
+        Some(other) => {
+            return Err(ConfigError::invalid(
+                format!("{field}.kind"),
+                other,
+                "server or router",
+            ));
+        }
+    };
+    Ok((api, kind))
 }
 
 /// `[target.k8s]`: namespace and pod required, Kubernetes name syntax (a namespace and a

@@ -38,6 +38,7 @@
 //! # metrics_url = "http://127.0.0.1:8000/metrics"  # default: <url>/metrics
 //! metrics_interval = "5s"           # 1s to 60s (metrics_timeout, metrics_max_bytes = 8 MiB)
 //! # server_kind = "vllm"            # default: detected from the metric prefixes
+//! # kind = "router"                 # server (default) | router: a router in front of workers
 //! # [target.k8s]                    # the pod serving it: its GPUs only (pod-resources)
 //! # namespace = "ml"
 //! # pod = "vllm-0"
@@ -164,6 +165,9 @@ pub struct RawCanary {
     /// `[target.profiling]`: the server's profiler called when TPOT regresses
     /// (`super::profiling`); taken whole, `[canary.profiling]` for every target.
     pub profiling: Option<super::profiling::RawProfiling>,
+    /// `server` (default) | `router`: a router in front of workers, asked which worker served
+    /// each canary.
+    pub kind: Option<String>,
 }
 
 /// `[target.k8s]`: which pod (and container) serves a static target, for the GPU attribution
@@ -282,6 +286,7 @@ impl RawCanary {
             // A pod names one target: `[canary] k8s` is refused before merging.
             k8s: self.k8s.or(b.k8s),
             profiling: self.profiling.or(b.profiling),
+            kind: self.kind.or(b.kind),
         }
     }
 }

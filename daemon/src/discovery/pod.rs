@@ -5,7 +5,7 @@
 //! or matches the selector (an explicit `"false"` opts out of the selector), is Ready, not
 //! terminating, and has an IP. It is canaried at `podIP:port`, named `namespace/pod`. The
 //! annotations `lmperf.dev/port`, `/api` (chat | completions), `/model`, `/metrics-path` and
-//! `/rate` override the `[canary]` defaults; a bad value is [`PodVerdict::Bad`] with a sentence
+//! `/rate`, `/kind` (server | router) override the `[canary]` defaults; a bad value is [`PodVerdict::Bad`] with a sentence
 //! naming the annotation and the value. Pods that neither names but an `InferencePool` selects
 //! are targets at the pool's target ports ([`pool_targets`]).
 
@@ -24,6 +24,8 @@ pub const ANN_API: &str = "lmperf.dev/api";
 pub const ANN_MODEL: &str = "lmperf.dev/model";
 pub const ANN_METRICS_PATH: &str = "lmperf.dev/metrics-path";
 pub const ANN_RATE: &str = "lmperf.dev/rate";
+/// `server` | `router`: a router pod (llm-d's gateway, Dynamo's frontend, vllm-router).
+pub const ANN_KIND: &str = "lmperf.dev/kind";
 /// The label a LeaderWorkerSet puts on its pods (its StatefulSets own them).
 pub const LWS_NAME_LABEL: &str = "leaderworkerset.sigs.k8s.io/name";
 /// The label a Deployment's ReplicaSet puts on its pods (the ReplicaSet is `<deployment>-<hash>`).
@@ -261,6 +263,13 @@ fn target_at(
             }
         },
     };
+    let kind = match ann.get(ANN_KIND).map(|v| v.trim()) {
+        None => None,
+        Some(v @ ("server" | "router")) => Some(v.to_owned()),
+        Some(v) => {
+            return PodVerdict::Bad(format!("{ANN_KIND} = {v:?}: expected server or router"));
+        }
+    };
     let host = if ip.contains(':') {
         format!("[{ip}]")
     } else {
@@ -295,6 +304,7 @@ fn target_at(
         api,
         rate,
         metrics_url,
+        kind,
         ..RawCanary::default()
     };
     PodVerdict::Target(Box::new(PodTarget { raw, identity }))
@@ -458,6 +468,7 @@ mod tests {
             ("lmperf.dev/port", "http", "lmperf.dev/port = \"http\""),
             ("lmperf.dev/port", "0", "1 to 65535"),
             ("lmperf.dev/api", "embeddings", "chat or completions"),
+            ("lmperf.dev/kind", "gateway", "server or router"),
             ("lmperf.dev/rate", "-2", "lmperf.dev/rate = \"-2\""),
             ("lmperf.dev/metrics-path", "metrics", "starting with /"),
         ] {

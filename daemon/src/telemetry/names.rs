@@ -410,6 +410,15 @@ pub const LMPERF_SERVER_REQUESTS_RUNNING: &str = "lmperf.server.requests.running
 pub const LMPERF_SERVER_KV_CACHE_USAGE: &str = "lmperf.server.kv_cache.usage";
 /// Seconds from that scrape to the send.
 pub const LMPERF_SERVER_SCRAPE_AGE: &str = "lmperf.server.scrape.age";
+/// Span attributes of a canary through a router (`kind = "router"`): the worker that streamed
+/// the answer (`lmperf.worker.id`: Dynamo's instance id in decimal, llm-d's `namespace/pod`;
+/// `lmperf.worker.role` = agg | decode | prefill), a disaggregated request's prefill worker
+/// (`lmperf.worker.prefill.id`), and how that is known (`lmperf.worker.attribution` =
+/// dynamo_nvext | llm_d_header | unattributed: the router named none).
+pub const LMPERF_WORKER_ID: &str = "lmperf.worker.id";
+pub const LMPERF_WORKER_ROLE: &str = "lmperf.worker.role";
+pub const LMPERF_WORKER_PREFILL_ID: &str = "lmperf.worker.prefill.id";
+pub const LMPERF_WORKER_ATTRIBUTION: &str = "lmperf.worker.attribution";
 /// Span attributes: the server's own timing of this request, read from its response
 /// (`lmperf_measure::server_timing`: vLLM's per-request `metrics`, llama.cpp's `timings`),
 /// in seconds; each set only where the server said it. `…timing_source` names the field

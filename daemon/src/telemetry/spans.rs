@@ -247,11 +247,24 @@ pub fn build_span(
     }
 }
 
-/// The HTTP status and the `lmperf.server.request.*` attributes of the server's own timing,
-/// where it sent one.
+/// The HTTP status, the worker a router said served the request (`lmperf.worker.*`), and the
+/// `lmperf.server.request.*` attributes of the server's own timing, where it sent one.
 fn response_attributes(r: &crate::measure::RequestRecord, a: &mut Vec<KeyValue>) {
     if let Some(s) = r.http_status {
         a.push(KeyValue::new(n::HTTP_RESPONSE_STATUS_CODE, i64::from(s)));
+    }
+    if let Some(by) = &r.served_by {
+        a.push(KeyValue::new(
+            n::LMPERF_WORKER_ATTRIBUTION,
+            by.source.as_str(),
+        ));
+        if let Some(w) = by.primary() {
+            a.push(KeyValue::new(n::LMPERF_WORKER_ID, w.id.clone()));
+            a.push(KeyValue::new(n::LMPERF_WORKER_ROLE, w.role.as_str()));
+        }
+        if let Some(p) = by.prefill() {
+            a.push(KeyValue::new(n::LMPERF_WORKER_PREFILL_ID, p.id.clone()));
+        }
     }
     let Some(t) = &r.server_timing else {
         return;

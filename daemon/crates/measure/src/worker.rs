@@ -199,6 +199,16 @@ impl ServedBy {
         }))
     }
 
+    /// One label per path through the router: the worker's id, `PREFILL→DECODE` for a
+    /// disaggregated request, `unattributed` when the router named none (per-worker counts).
+    pub fn key(&self) -> String {
+        match (self.prefill(), self.primary()) {
+            (Some(p), Some(d)) => format!("{}→{}", p.id, d.id),
+            (None, Some(w)) => w.id.clone(),
+            _ => self.source.as_str().to_owned(),
+        }
+    }
+
     /// The worker that streamed the tokens (decode or aggregated), else the only one named.
     pub fn primary(&self) -> Option<&ServedWorker> {
         self.workers

@@ -1,4 +1,5 @@
-//! The report's "LoRA adapters", "Endpoints" and "Probes under load" sections: one table row
+//! The report's "LoRA adapters", "Endpoints", "Workers behind the router" and "Probes under
+//! load" sections: one table row
 //! per benchmark and group, every value one of `summary.json`'s `adapters`, `endpoints` and
 //! `probes` blocks ([`crate::bench::groups`]), with a bar chart of TTFT p99 per adapter and
 //! endpoint.
@@ -8,19 +9,10 @@ use std::fmt::Write as _;
 use crate::bench::Summary;
 use crate::bench::groups::GroupSummary;
 
-/// The three sections; empty when no benchmark has such a block.
+/// The four sections; empty when no benchmark has such a block.
 pub fn sections(summary: &Summary) -> String {
     let mut h = String::new();
-    let adapters: Vec<(&str, &str, &GroupSummary)> = summary
-        .benchmarks
-        .iter()
-        .flat_map(|b| {
-            b.adapters
-                .iter()
-                .flatten()
-                .map(move |(k, g)| (b.benchmark.as_str(), k.as_str(), g))
-        })
-        .collect();
+    let adapters = rows(summary, |b| b.adapters.as_ref());
     table(
         &mut h,
         "LoRA adapters",
@@ -28,22 +20,21 @@ pub fn sections(summary: &Summary) -> String {
         "Requests spread over the adapters (--lora-modules); each request named its adapter as the model.",
         &adapters,
     );
-    let endpoints: Vec<(&str, &str, &GroupSummary)> = summary
-        .benchmarks
-        .iter()
-        .flat_map(|b| {
-            b.endpoints
-                .iter()
-                .flatten()
-                .map(move |(k, g)| (b.benchmark.as_str(), k.as_str(), g))
-        })
-        .collect();
+    let endpoints = rows(summary, |b| b.endpoints.as_ref());
     table(
         &mut h,
         "Endpoints",
         "endpoint",
         "One schedule spread over the endpoints (--target given more than once).",
         &endpoints,
+    );
+    let workers = rows(summary, |b| b.workers.as_ref());
+    table(
+        &mut h,
+        "Workers behind the router",
+        "worker",
+        "The worker the router said served each request (--target-kind router: Dynamo's nvext worker ids, llm-d's session tokens; PREFILL→DECODE for a disaggregated request; unattributed where the router named none). The rows sum to the benchmark.",
+        &workers,
     );
     let probes: Vec<(&str, &str, &GroupSummary)> = summary
         .benchmarks
@@ -62,6 +53,25 @@ pub fn sections(summary: &Summary) -> String {
         &probes,
     );
     h
+}
+
+/// Each benchmark's groups of one kind, as (benchmark, group, figures).
+fn rows<'a>(
+    summary: &'a Summary,
+    groups: impl Fn(
+        &'a crate::bench::BenchSummary,
+    ) -> Option<&'a std::collections::BTreeMap<String, GroupSummary>>,
+) -> Vec<(&'a str, &'a str, &'a GroupSummary)> {
+    summary
+        .benchmarks
+        .iter()
+        .flat_map(|b| {
+            groups(b)
+                .into_iter()
+                .flatten()
+                .map(move |(k, g)| (b.benchmark.as_str(), k.as_str(), g))
+        })
+        .collect()
 }
 
 fn table(h: &mut String, title: &str, key: &str, note: &str, rows: &[(&str, &str, &GroupSummary)]) {
