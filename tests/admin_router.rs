@@ -141,6 +141,25 @@ async fn healthz_and_readyz_follow_the_ready_flag() {
     s.status.ready.store(true, Ordering::Relaxed);
     let (code, _, body) = get(&s, "/readyz").await;
     assert_eq!((code, body.as_str()), (StatusCode::OK, "ready\n"));
+    // Its one target's last canary fails: still ready (the agent works), and it says so.
+    let t = s.status.targets.iter().next().expect("one target");
+    let mut last = t.snapshot().last.expect("a last canary");
+    (last.outcome, last.error_type) = ("error", Some("non_sse_reply".into()));
+    t.record(&last);
+    let (code, _, body) = get(&s, "/readyz").await;
+    assert_eq!(
+        (code, body.as_str()),
+        (StatusCode::OK, "ready; all 1 targets failing\n")
+    );
+    let (_, _, status) = get(&s, "/api/v1/status").await;
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(
+        (
+            v["targets_failing"].as_u64(),
+            v["all_targets_failing"].as_bool()
+        ),
+        (Some(1), Some(true))
+    );
     // /healthz answers whatever the ready flag says.
     assert_eq!(get(&s, "/healthz").await.0, StatusCode::OK);
 }

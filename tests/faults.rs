@@ -434,3 +434,59 @@ async fn collector_down_13_otel_rust_956_collector_down() {
         t.elapsed()
     );
 }
+
+/// A 200 that is an HTML page (a proxy's sign-in form), not a stream: the canary's error is
+/// `non_sse_reply` naming the content type and the page's first bytes, never the whole page;
+/// model discovery says the same of `/v1/models` ("not JSON"). A 200 JSON error document keeps
+/// the server's own type.
+#[tokio::test]
+async fn an_html_200_is_named_as_what_came_back_in_canaries_and_model_discovery() {
+    let page = format!(
+        "<!doctype html>\n<html><head><title>Sign in</title></head><body>{}</body></html>",
+        "<p>corporate proxy</p>".repeat(200)
+    );
+    let html = Reply::Stream {
+        status: 200,
+        content_type: "text/html; charset=utf-8".into(),
+        frames: vec![Frame {
+            at: Duration::ZERO,
+            bytes: page.clone().into_bytes(),
+        }],
+        cut: false,
+    };
+    let server = ScriptedServer::start(Arc::new(move |_, _| html.clone())).await;
+    let t = target(&server.url(), Duration::from_secs(5));
+    let clients = Clients::new(t.connect_timeout).unwrap();
+    let m = one(&clients, &t).await;
+    assert_eq!(
+        (m.record.outcome, error_type(&m)),
+        (Outcome::Error, "non_sse_reply")
+    );
+    let msg = m.record.error.as_ref().unwrap().message.clone().unwrap();
+    assert!(
+        msg.starts_with("HTTP 200 text/html; charset=utf-8, not an event stream: \"<!doctype html> <html><head><title>Sign in"),
+        "{msg}"
+    );
+    assert!(msg.len() < 220 && msg.ends_with("…\""), "{msg}");
+    let d = client::discover_model(&clients, &t).await.unwrap_err();
+    let e = d.error.unwrap();
+    assert_eq!(e.error_type, "non_sse_reply");
+    let msg = e.message.unwrap();
+    assert!(
+        msg.starts_with(
+            "model discovery: HTTP 200 text/html; charset=utf-8, not JSON: \"<!doctype html>"
+        ),
+        "{msg}"
+    );
+    assert!(msg.len() < 240, "{msg}");
+    // A JSON error document with 200 keeps the server's type.
+    let m = measure(
+        Reply::json(
+            200,
+            r#"{"error":{"message":"model overloaded","type":"overloaded_error"}}"#,
+        ),
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_ne!(error_type(&m), "non_sse_reply", "{:?}", m.record.error);
+}

@@ -77,6 +77,11 @@ pub struct StatusDoc {
     /// (absent when no profiler was called).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub profiles: BTreeMap<String, crate::diagnosis::report::ServerProfile>,
+    /// Targets whose last canary failed (`targets[].last.outcome` other than `ok`), and
+    /// whether that is every target: the agent stays ready (`/readyz` is about the agent),
+    /// this says its targets are all down.
+    pub targets_failing: usize,
+    pub all_targets_failing: bool,
 }
 
 /// `/api/v1/status`'s `agent_cost`: the CPU seconds of each component's task polls since the
@@ -103,6 +108,13 @@ pub fn router(state: AdminState) -> Router {
 
 async fn readyz(State(s): State<AdminState>) -> Response {
     if s.status.ready.load(Ordering::Relaxed) {
+        let targets: Vec<TargetSnapshot> = s.status.targets.iter().map(|t| t.snapshot()).collect();
+        let failing = failing(&targets);
+        if failing > 0 && failing == targets.len() {
+            // Ready (the agent works); the body says its targets do not.
+            let body = format!("ready; all {failing} targets failing\n");
+            return (StatusCode::OK, body).into_response();
+        }
         (StatusCode::OK, "ready\n").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
@@ -144,8 +156,18 @@ async fn metrics(State(s): State<AdminState>, headers: axum::http::HeaderMap) ->
     }
 }
 
+/// Targets whose last canary failed.
+fn failing(targets: &[TargetSnapshot]) -> usize {
+    targets
+        .iter()
+        .filter(|t| t.last.as_ref().is_some_and(|l| l.outcome != "ok"))
+        .count()
+}
+
 /// Builds the status document.
 pub fn status_doc(s: &AdminState) -> StatusDoc {
+    let targets: Vec<TargetSnapshot> = s.status.targets.iter().map(|t| t.snapshot()).collect();
+    let failing = failing(&targets);
     StatusDoc {
         version: env!("CARGO_PKG_VERSION"),
         uptime_s: s
@@ -155,7 +177,9 @@ pub fn status_doc(s: &AdminState) -> StatusDoc {
             .map(|d| d.as_secs_f64())
             .unwrap_or(0.0),
         ready: s.status.ready.load(Ordering::Relaxed),
-        targets: s.status.targets.iter().map(|t| t.snapshot()).collect(),
+        targets_failing: failing,
+        all_targets_failing: failing > 0 && failing == targets.len(),
+        targets,
         exporter: s.telemetry.spans.snapshot(),
         gpu: s.status.gpu.status(),
         net: s.status.net.status(),

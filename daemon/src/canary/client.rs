@@ -288,7 +288,14 @@ async fn attempt(
     }
     let named =
         (target.kind == TargetKind::Router).then(|| worker_from_headers(response.headers()));
-    let mut record = read_stream(response, status, target, t0, deadline, cancel, keep_text).await;
+    let content_type = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let (mut record, head) =
+        read_stream(response, status, target, t0, deadline, cancel, keep_text).await;
+    name_a_non_stream(&mut record, content_type.as_deref(), &head);
     if let Some(named) = named
         && record.served_by.is_none()
     {
@@ -416,8 +423,10 @@ async fn read_stream(
     deadline: tokio::time::Instant,
     cancel: &CancellationToken,
     keep_text: bool,
-) -> RequestRecord {
+) -> (RequestRecord, Vec<u8>) {
     let mut m = StreamMeasurer::new(status, target.max_event_bytes);
+    // The body's first bytes, to name a reply that is no event stream.
+    let mut head: Vec<u8> = Vec::new();
     if keep_text {
         m = m.keep_text();
     }
@@ -439,6 +448,10 @@ async fn read_stream(
             }
             read = body.next(t0) => match read {
                 Some((Ok(Some(bytes)), at)) => {
+                    if head.len() < HEAD_BYTES {
+                        let take = (HEAD_BYTES - head.len()).min(bytes.len());
+                        head.extend_from_slice(&bytes[..take]);
+                    }
                     if bytes.len() + m.buffered_bytes() >= HAND_OFF_BYTES {
                         body.hand_off(t0);
                     }
@@ -464,7 +477,34 @@ async fn read_stream(
         }
     };
     drop(body);
-    m.finish(end, ended_at.unwrap_or_else(|| t0.elapsed()))
+    (
+        m.finish(end, ended_at.unwrap_or_else(|| t0.elapsed())),
+        head,
+    )
+}
+
+/// Bytes of a reply's start kept to name it when it is no event stream.
+const HEAD_BYTES: usize = 160;
+
+/// A 2xx reply that carried no token and is not `text/event-stream` (an HTML error page, a
+/// proxy's login form, a JSON document) failed because it is no stream: its error says so
+/// with the content type and the first bytes (`non_sse_reply`), not `stream_truncated`.
+fn name_a_non_stream(record: &mut RequestRecord, content_type: Option<&str>, head: &[u8]) {
+    let is_stream = content_type.is_some_and(|c| c.trim_start().starts_with("text/event-stream"));
+    if is_stream || record.ttft.is_some() || record.outcome != Outcome::Error {
+        return;
+    }
+    // A server's own error document (`{"error": …}`) keeps its type and message.
+    if record
+        .error
+        .as_ref()
+        .is_some_and(|e| e.server_type.is_some() || e.error_type == error_type::STREAM_ERROR)
+    {
+        return;
+    }
+    let status = record.http_status.unwrap_or(200);
+    let message = crate::measure::non_stream_message(status, content_type, head, "an event stream");
+    record.error = Some(RequestError::new(error_type::NON_SSE_REPLY, Some(message)));
 }
 
 /// The server's wait before a retry: `retry-after-ms` (OpenAI, milliseconds), else
@@ -629,10 +669,25 @@ pub async fn discover_model(
         let body = resp.bytes().await.unwrap_or_default();
         return Err(RequestRecord::http_error(status, &body, t0.elapsed()));
     }
-    let list: ModelList = resp
-        .json()
+    let content_type = resp
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let body = resp
+        .bytes()
         .await
-        .map_err(|e| fail(error_type::INVALID_CHUNK, e.to_string()))?;
+        .map_err(|e| transport_failure(e, t0.elapsed()))?;
+    let list: ModelList = serde_json::from_slice(&body).map_err(|e| {
+        if content_type.as_deref().is_some_and(|c| c.contains("json")) {
+            fail(error_type::INVALID_CHUNK, e.to_string())
+        } else {
+            let head = &body[..body.len().min(HEAD_BYTES)];
+            let msg =
+                crate::measure::non_stream_message(status, content_type.as_deref(), head, "JSON");
+            fail(error_type::NON_SSE_REPLY, msg)
+        }
+    })?;
     let first = list
         .data
         .into_iter()

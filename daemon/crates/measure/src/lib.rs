@@ -101,6 +101,36 @@ pub mod error_type {
     pub const UNEXPECTED_FINISH_REASON: &str = "unexpected_finish_reason";
     pub const STREAM_ERROR: &str = "stream_error";
     pub const REQUEST_BUILD: &str = "request_error";
+    /// A 2xx reply that is no event stream (an HTML page, a JSON document) and carried no
+    /// token; the message names its content type and first bytes.
+    pub const NON_SSE_REPLY: &str = "non_sse_reply";
+}
+
+/// Characters of a reply's first bytes quoted in [`non_stream_message`].
+pub const EXCERPT_CHARS: usize = 120;
+
+/// `HTTP 200 text/html; charset=utf-8, not an event stream: "<!doctype html><title>Sign in…"`:
+/// what a reply that is not what was `expected` (`an event stream`, `JSON`) was, from its
+/// status, content type and first bytes (whitespace collapsed, at most [`EXCERPT_CHARS`]
+/// characters, never the whole page).
+pub fn non_stream_message(
+    status: u16,
+    content_type: Option<&str>,
+    head: &[u8],
+    expected: &str,
+) -> String {
+    let text = String::from_utf8_lossy(head);
+    let collapsed = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut excerpt: String = collapsed.chars().take(EXCERPT_CHARS).collect();
+    if collapsed.chars().count() > EXCERPT_CHARS {
+        excerpt.push('…');
+    }
+    let ct = content_type.unwrap_or("no content type");
+    if excerpt.is_empty() {
+        format!("HTTP {status} {ct}, not {expected}: an empty body")
+    } else {
+        format!("HTTP {status} {ct}, not {expected}: {excerpt:?}")
+    }
 }
 
 /// Why a request failed.
