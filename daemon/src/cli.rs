@@ -274,9 +274,11 @@ pub struct RunArgs {
     /// Stop scheduling after this long (e.g. 60s).
     #[arg(long, value_parser = humantime::parse_duration, help_heading = "Workload")]
     pub duration: Option<Duration>,
-    /// Seed of prompts and schedule (same seed, same run).
-    #[arg(long, default_value_t = 0, help_heading = "Workload")]
-    pub seed: u64,
+    /// Seed of prompts and schedule (same seed, same run). Default: a fresh one per run
+    /// (printed and in summary.json), so no run meets the prompts of the last one in the
+    /// server's prefix cache; set it to repeat a run on purpose.
+    #[arg(long, help_heading = "Workload")]
+    pub seed: Option<u64>,
     /// SLOs for goodput: ttft:MS tpot:MS e2el:MS.
     #[arg(long, num_args = 1.., help_heading = "SLO and capacity")]
     pub goodput: Vec<String>,
@@ -662,7 +664,7 @@ impl RunArgs {
             arrival,
             warmup: self.warmup,
             duration: self.duration,
-            seed: self.seed,
+            seed: self.seed.unwrap_or_else(rand::random),
             ignore_eos: !self.no_ignore_eos,
             goodput: parse_goodput(&self.goodput)?,
             fail_on,

@@ -324,6 +324,9 @@ fn compare(args: lmperf::cli::CompareArgs) -> ExitCode {
                 format!(" ({})", regressions.join(", "))
             };
             print!("{}", lmperf::bench::compare_text::table(&c));
+            for w in &c.warnings {
+                eprintln!("lmperf compare: warning: {w}");
+            }
             let plural = |n: usize, one: &str, many: &str| {
                 format!("{n} {}", if n == 1 { one } else { many })
             };

@@ -244,6 +244,9 @@ pub struct Comparison {
     /// otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_profile: Option<crate::diagnosis::report::ServerProfile>,
+    /// What makes the comparison unfair, in words: the server's prefix cache served the two
+    /// runs differently ([`cache_warnings`]); empty when nothing does.
+    pub warnings: Vec<String>,
 }
 
 /// The fields of a `requests.jsonl` line that compare uses.
@@ -283,6 +286,11 @@ struct Req {
     server_decode_ms: Option<f64>,
     #[serde(default)]
     client_minus_server_ttft_ms: Option<f64>,
+    /// The server's usage: input tokens and those it took from its prefix cache.
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    cached_input_tokens: Option<u64>,
 }
 
 /// The name of a benchmark's group in compare (`c4_in128 [adapter sql]`, `… [probes]`).
@@ -322,6 +330,8 @@ struct Bench {
 
 struct Run {
     info: RunInfo,
+    /// `summary.json` `seed` (the prompts' seed).
+    seed: Option<u64>,
     benches: BTreeMap<String, Bench>,
     order: Vec<String>,
 }
@@ -432,9 +442,55 @@ fn read_run(dir: &Path) -> Result<Run, CompareError> {
     }
     Ok(Run {
         info,
+        seed: summary["seed"].as_u64(),
         benches,
         order,
     })
+}
+
+/// The share of a benchmark's prompt tokens the server took from its prefix cache, over its
+/// successful requests whose usage said (`None` when none did).
+fn cached_share(b: &Bench) -> Option<f64> {
+    let (cached, input) = b
+        .requests
+        .iter()
+        .filter(|r| r.outcome == "ok")
+        .filter_map(|r| Some((r.cached_input_tokens?, r.input_tokens?)))
+        .fold((0u64, 0u64), |(c, i), (x, y)| (c + x, i + y));
+    (input > 0).then(|| cached as f64 / input as f64)
+}
+
+/// Points of cached-token share by which two runs may differ before compare warns.
+pub const CACHE_SHARE_POINTS: f64 = 5.0;
+
+/// Warnings for benchmarks whose prompts the server's prefix cache served differently in the
+/// two runs (a TTFT change then is the cache's), and for a new run with the base's seed (the
+/// same prompts) that met a warm cache.
+fn cache_warnings(base: &Run, new: &Run) -> Vec<String> {
+    let mut out = Vec::new();
+    for name in new.order.iter().filter(|n| !n.contains(" [")) {
+        let (Some(b), Some(n)) = (base.benches.get(name), new.benches.get(name)) else {
+            continue;
+        };
+        let (Some(sb), Some(sn)) = (cached_share(b), cached_share(n)) else {
+            continue;
+        };
+        let points = (sn - sb) * 100.0;
+        if points.abs() > CACHE_SHARE_POINTS {
+            out.push(format!(
+                "{name}: the server took {:.0} % of the new run's prompt tokens from its prefix cache against {:.0} % of the base's: TTFT differences are the cache's as much as the build's",
+                sn * 100.0,
+                sb * 100.0
+            ));
+        } else if base.seed.is_some() && base.seed == new.seed && sn * 100.0 > CACHE_SHARE_POINTS {
+            out.push(format!(
+                "{name}: both runs used seed {} (the same prompts) and the server took {:.0} % of the new run's prompt tokens from its cache",
+                new.seed.unwrap_or_default(),
+                sn * 100.0
+            ));
+        }
+    }
+    out
 }
 
 /// Values grouped by request (a request's ITLs stay together when resampled).
@@ -1026,6 +1082,7 @@ pub fn compare(spec: &CompareSpec) -> Result<Comparison, CompareError> {
         only_in_new,
         gates,
         failed_gates,
+        warnings: cache_warnings(&base, &new),
         adapter_pairs,
         server_profile: None,
     };
@@ -1084,6 +1141,13 @@ figure{{display:inline-block;margin:8px}} figcaption{{font-weight:600;font-size:
             h,
             r#"<p id="gates" style="color:#b00"><b>Gates tripped:</b> {}</p>"#,
             esc(&c.failed_gates.join(", "))
+        );
+    }
+    for w in &c.warnings {
+        let _ = write!(
+            h,
+            r#"<p class="warning" style="color:#a60"><b>Warning:</b> {}</p>"#,
+            esc(w)
         );
     }
     for (what, list) in [
@@ -1507,6 +1571,55 @@ mod tests {
                 .all(|m| !m.metric.starts_with("server_request_")
                     && !m.metric.starts_with("client_minus"))
         );
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+
+    /// A run whose requests had `cached` of 100 prompt tokens from the cache, with `seed`.
+    fn write_cached_run(dir: &Path, cached: u64, seed: u64) {
+        std::fs::create_dir_all(dir).unwrap();
+        let summary = serde_json::json!({"schema_version": READS_SUMMARY_VERSION, "target": "t", "model": "m", "lmperf_version": "x", "seed": seed, "benchmarks": [{"benchmark": "c1", "request_throughput": 1.0, "output_token_throughput": 10.0}]});
+        std::fs::write(dir.join("summary.json"), summary.to_string()).unwrap();
+        let lines: String = (0..20)
+            .map(|i| {
+                let r = serde_json::json!({"benchmark": "c1", "outcome": "ok", "send_ms": f64::from(i) * 10.0, "ttft_ms": 10.0, "e2el_ms": 20.0, "output_tokens": 5, "input_tokens": 100, "cached_input_tokens": cached});
+                format!("{r}\n")
+            })
+            .collect();
+        std::fs::write(dir.join("requests.jsonl"), lines).unwrap();
+    }
+
+    /// The issue's A/B repro: the same prompts met a warm cache in the second run; compare
+    /// says so, and says nothing for two cold runs with their own seeds.
+    #[test]
+    fn a_prefix_cache_that_served_the_runs_differently_is_a_warning() {
+        let tmp = std::env::temp_dir().join(format!("lmperf-compare-cache-{}", std::process::id()));
+        let spec = |b: &str, n: &str| CompareSpec {
+            base_dir: tmp.join(b),
+            new_dir: tmp.join(n),
+            output_dir: tmp.join("out"),
+            gates: Vec::new(),
+            resamples: 100,
+            confidence: 0.95,
+            seed: 1,
+        };
+        write_cached_run(&tmp.join("cold"), 1, 0);
+        write_cached_run(&tmp.join("warm"), 96, 0);
+        write_cached_run(&tmp.join("cold2"), 2, 7);
+        write_cached_run(&tmp.join("warm_same_seed"), 4, 0);
+        let c = compare(&spec("cold", "warm")).unwrap();
+        assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+        assert!(c.warnings[0].starts_with("c1: the server took 96 % of the new run's prompt tokens from its prefix cache against 1 %"), "{:?}", c.warnings);
+        let html = std::fs::read_to_string(tmp.join("out/compare.html")).unwrap();
+        assert!(html.contains("<b>Warning:</b> c1: the server took 96 %"));
+        assert!(compare(&spec("cold", "cold2")).unwrap().warnings.is_empty());
+        // 4 % only, but with the base's seed: the same prompts, from the cache.
+        let same = compare(&spec("cold", "warm_same_seed")).unwrap().warnings;
+        assert!(same.is_empty(), "{same:?}");
+        write_cached_run(&tmp.join("warm_same_seed"), 30, 0);
+        let same = compare(&spec("warm_same_seed", "warm_same_seed"))
+            .unwrap()
+            .warnings;
+        assert!(same[0].contains("both runs used seed 0"), "{same:?}");
         let _ = std::fs::remove_dir_all(&tmp);
     }
 

@@ -148,8 +148,8 @@ async fn run_on(
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default();
         eprintln!(
-            "lmperf run: target {} model {model} tokenizer {kind}",
-            spec.target.base_url
+            "lmperf run: target {} model {model} tokenizer {kind} seed {}",
+            spec.target.base_url, spec.seed
         );
     }
     let tok = tokens::setup(
