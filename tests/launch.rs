@@ -424,8 +424,10 @@ fn the_model_server_exits_promptly_on_sigterm_while_it_generates() {
         .terminate(Duration::from_secs(10))
         .expect("exits on SIGTERM within 10 s");
     assert_eq!(status.code(), Some(0));
+    // Far below the 10 s grace the bug waited; 5 s holds with a CPU hog beside the server
+    // (exiting is a few ms of work, but each wake-up may wait for a core).
     assert!(
-        took < Duration::from_secs(2),
+        took < Duration::from_secs(5),
         "exited {took:?} after SIGTERM"
     );
     assert!(client.join().unwrap() > 0, "the stream had started");

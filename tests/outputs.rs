@@ -1,5 +1,5 @@
 //! `report.html` and `compare.html` (issue 3, acceptance 4): two `lmperf run`s against a
-//! scripted server (TTFT 5 ms, then 10 ms), `lmperf compare` of the two (regression found,
+//! scripted server (TTFT 5 ms, then 35 ms), `lmperf compare` of the two (regression found,
 //! gate exits 3), and both pages rendered by headless Chromium (Debian `chromium`): no console
 //! message, a non-blank screenshot of the asked size, and heatmap and SLO matrix cells in the
 //! rendered DOM equal to `summary.json`'s `length_buckets`; a length-distribution run whose
@@ -21,13 +21,21 @@ use lmperf_e2e::np_percentile;
 use lmperf_e2e::scripted::{Frame, Reply, ScriptedServer};
 use lmperf_e2e::temp;
 
+/// The second run's server TTFT: 30 ms above the first's, so that the change stands far above
+/// what a loaded machine adds to a p50 (a client woken a few ms late); with a 5 ms change the
+/// test failed on 2 cores beside a CPU hog.
+const NEW_TTFT_MS: u64 = 35;
+/// The first run's server TTFT.
+const BASE_TTFT_MS: u64 = 5;
+
 struct Fixture {
     base: PathBuf,
     new: PathBuf,
     root: PathBuf,
 }
 
-/// Two runs (server TTFT 5 ms, then 10 ms), 2 concurrencies × 2 input lengths, SLOs set.
+/// Two runs (server TTFT 5 ms, then [`NEW_TTFT_MS`]), 2 concurrencies × 2 input lengths,
+/// SLOs set.
 fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
@@ -37,7 +45,7 @@ fn fixture() -> &'static Fixture {
             .enable_all()
             .build()
             .unwrap();
-        let ttft_ms = Arc::new(AtomicU64::new(5));
+        let ttft_ms = Arc::new(AtomicU64::new(BASE_TTFT_MS));
         let t = ttft_ms.clone();
         let server = rt.block_on(ScriptedServer::start(Arc::new(move |req, _| {
             if req.path != "/v1/completions" {
@@ -102,7 +110,7 @@ fn fixture() -> &'static Fixture {
         };
         let (base, new) = (root.join("base"), root.join("new"));
         run(&base);
-        ttft_ms.store(10, Ordering::Relaxed);
+        ttft_ms.store(NEW_TTFT_MS, Ordering::Relaxed);
         run(&new);
         drop(server);
         Fixture { base, new, root }
@@ -134,8 +142,8 @@ fn compare(base: &Path, new: &Path, out: &Path, gates: &[&str]) -> (Option<i32>,
     )
 }
 
-/// `lmperf compare`: TTFT doubled is a regression of every benchmark with a 95 % interval
-/// around the true +5 ms, a tiny p-value, a gate that exits 3; a run against itself changes
+/// `lmperf compare`: TTFT 7 × is a regression of every benchmark with a 95 % interval
+/// around the true +30 ms, a tiny p-value, a gate that exits 3; a run against itself changes
 /// nothing and the gate passes.
 #[test]
 fn compare_finds_the_ttft_regression() {
@@ -171,12 +179,16 @@ fn compare_finds_the_ttft_regression() {
                 .unwrap_or_else(|| panic!("{name} in {b}"))
                 .clone()
         };
-        // p50 is robust to a loaded machine's tail; every statistic's interval holds its delta.
+        // p50 is robust to a loaded machine's tail: each side's p50 is its server's TTFT plus
+        // what the machine adds (≥ 0), so the delta is the server's change less the base run's
+        // lateness and plus the new run's: within 10 ms below and 20 ms above it (a p50 late
+        // by more than that is a client that waits on something else than the machine).
         let p50 = metric("ttft_p50");
         let d = p50["delta"].as_f64().unwrap();
+        let change = (NEW_TTFT_MS - BASE_TTFT_MS) as f64;
         assert!(
-            (3.0..=10.0).contains(&d),
-            "ttft_p50: delta {d} ms for a 5 ms server change (and a loaded machine)"
+            (change - 10.0..=change + 20.0).contains(&d),
+            "ttft_p50: delta {d} ms for a {change} ms server change (and a loaded machine)"
         );
         assert_eq!(p50["better"], "lower");
         for name in ["ttft_mean", "ttft_p50"] {
@@ -475,7 +487,7 @@ fn reports_render_in_headless_chromium() {
                     assert_eq!(c["slo"][0]["slo"], "ttft");
                     assert_eq!(
                         c["slo"][0]["pass"], false,
-                        "TTFT ≥ 10 ms misses the 7 ms SLO: {c}"
+                        "TTFT ≥ 35 ms misses the 7 ms SLO: {c}"
                     );
                 }
             }

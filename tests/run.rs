@@ -91,70 +91,127 @@ async fn case_07_vllm_54101_client_queueing() {
             .map(|r| r[k].as_f64().unwrap())
             .collect::<Vec<_>>()
     };
-    // A real server's 500 ms is 500 ms plus a millisecond or two of timer and loopback, and
-    // with one slot each send waits for the previous end. On 2 busy cores (CI runs other e2e
-    // tests beside this one) a wake-up can be tens of ms late: allow 40 ms + 10 ms per request,
-    // still far below the 500 ms steps the case is about.
-    let close = |got: &[f64], want: &serde_json::Value, what: &str| {
-        let want: Vec<f64> = want
+    let want_col = |k: &str| -> Vec<f64> {
+        want[k]
             .as_array()
             .unwrap()
             .iter()
             .map(|v| v.as_f64().unwrap())
-            .collect();
-        assert_eq!(got.len(), want.len());
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert!(
-                (g - w).abs() <= 40.0 + 10.0 * i as f64,
-                "{what}: got {got:?}, want {want:?}"
-            );
-        }
+            .collect()
     };
-    // The limiter dispatches each request as soon as the previous one ends.
-    let (send, e2e) = (col("send_ms"), col("e2el_ms"));
-    for i in 1..n {
+    // Load-proof: what the limiter guarantees, checked as relations between the columns and
+    // against the server's own clock; the case's offsets (an ideal machine where each request
+    // takes exactly 500 ms) are lower bounds, since a late wake-up only adds.
+    const ROUNDING_MS: f64 = 1e-3;
+    let (scheduled, send, delay) = (
+        col("scheduled_ms"),
+        col("send_ms"),
+        col("dispatch_delay_ms"),
+    );
+    let (e2e, e2e_sched) = (col("e2el_ms"), col("e2el_from_schedule_ms"));
+    let (first, first_sched) = (col("ttft_ms"), col("ttft_from_schedule_ms"));
+    let interval = input["arrival_interval_ms"].as_f64().unwrap();
+    for i in 0..n {
+        // The schedule is the case's constant arrivals, whatever the machine's load.
         assert!(
-            (send[i] - (send[i - 1] + e2e[i - 1])).abs() <= 40.0,
+            (scheduled[i] - i as f64 * interval).abs() <= ROUNDING_MS,
+            "scheduled {scheduled:?}"
+        );
+        // Each view is the other plus the wait for the slot.
+        assert!(
+            (delay[i] - (send[i] - scheduled[i])).abs() <= ROUNDING_MS,
+            "{:?}",
+            rows[i]
+        );
+        assert!(
+            (e2e_sched[i] - (e2e[i] + delay[i])).abs() <= ROUNDING_MS,
+            "{:?}",
+            rows[i]
+        );
+        assert!(
+            (first_sched[i] - (first[i] + delay[i])).abs() <= ROUNDING_MS,
+            "{:?}",
+            rows[i]
+        );
+        // No request ends before the server's 500 ms (nor its first token before 100 ms).
+        assert!(
+            e2e[i] >= service.as_secs_f64() * 1e3 - ROUNDING_MS,
+            "E2E {e2e:?}"
+        );
+        assert!(
+            first[i] >= ttft.as_secs_f64() * 1e3 - ROUNDING_MS,
+            "TTFT {first:?}"
+        );
+    }
+    // One slot: a send never before the previous end, and as soon as it: within 40 ms, far
+    // below the 500 ms steps (the gaps seen on 2 cores beside a CPU hog: a few ms).
+    let mut worst_gap: f64 = 0.0;
+    for i in 1..n {
+        let gap = send[i] - (send[i - 1] + e2e[i - 1]);
+        worst_gap = worst_gap.max(gap);
+        assert!(
+            (-ROUNDING_MS..=40.0).contains(&gap),
             "send {i} at {} ms, previous ended at {} ms",
             send[i],
             send[i - 1] + e2e[i - 1]
         );
     }
-    close(&col("send_ms"), &want["send_offsets_ms"], "send offsets");
-    close(
-        &col("dispatch_delay_ms"),
-        &want["dispatch_delay_ms"],
-        "dispatch delay",
-    );
-    close(
-        &col("e2el_from_schedule_ms"),
-        &want["e2e_from_schedule_ms"],
+    println!("case 07: the longest wait from a request's end to the next send {worst_gap:.1} ms");
+    // The server's own clock: it never held two requests at once (each arrived after the
+    // previous reply's last write).
+    // (The benchmark's requests are the last n completions: the warm-up comes first.)
+    let got: Vec<_> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/v1/completions")
+        .collect();
+    assert!(got.len() >= n, "{} completions on the server", got.len());
+    let got = &got[got.len() - n..];
+    for w in got.windows(2) {
+        let last_write = w[0].written.lock().unwrap().last().map(|x| x.1).unwrap();
+        assert!(
+            w[1].arrived >= last_write,
+            "two requests at once on the server"
+        );
+    }
+    // The case's values are what an unloaded machine gives: lower bounds here.
+    let at_least = |got: &[f64], want: Vec<f64>, what: &str| {
+        assert_eq!(got.len(), want.len());
+        assert!(
+            got.iter().zip(&want).all(|(g, w)| *g >= w - ROUNDING_MS),
+            "{what}: got {got:?}, want at least {want:?}"
+        );
+    };
+    at_least(&send, want_col("send_offsets_ms"), "send offsets");
+    at_least(&delay, want_col("dispatch_delay_ms"), "dispatch delay");
+    at_least(
+        &e2e_sched,
+        want_col("e2e_from_schedule_ms"),
         "E2E from schedule",
     );
-    let mean = |v: Vec<f64>| v.iter().sum::<f64>() / v.len() as f64;
-    assert!((mean(col("e2el_ms")) - want["e2e_from_send_mean_ms"].as_f64().unwrap()).abs() <= 40.0);
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    assert!(mean(&e2e) >= want["e2e_from_send_mean_ms"].as_f64().unwrap() - ROUNDING_MS);
+    assert!(mean(&e2e_sched) >= want["e2e_from_schedule_mean_ms"].as_f64().unwrap() - ROUNDING_MS);
     assert!(
-        (mean(col("e2el_from_schedule_ms")) - want["e2e_from_schedule_mean_ms"].as_f64().unwrap())
-            .abs()
-            <= 60.0
-    );
-    assert!(
-        (mean(col("ttft_from_schedule_ms")) - want["ttft_from_schedule_mean_ms"].as_f64().unwrap())
-            .abs()
-            <= 60.0
+        mean(&first_sched) >= want["ttft_from_schedule_mean_ms"].as_f64().unwrap() - ROUNDING_MS
     );
     // Both views are in the summary too.
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     let b = &summary["benchmarks"][0];
-    assert!(
-        (b["e2el_from_schedule_ms"]["mean"].as_f64().unwrap() - 1900.0).abs() <= 60.0,
-        "{b}"
-    );
-    assert!(
-        (b["e2el_ms"]["mean"].as_f64().unwrap() - 500.0).abs() <= 40.0,
-        "{b}"
-    );
+    for (key, rows_mean) in [
+        ("e2el_from_schedule_ms", mean(&e2e_sched)),
+        ("e2el_ms", mean(&e2e)),
+        ("ttft_from_schedule_ms", mean(&first_sched)),
+    ] {
+        let got = b[key]["mean"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} in {b}"));
+        assert!(
+            (got - rows_mean).abs() <= 1e-6 * rows_mean,
+            "{key}: {got} vs the rows' {rows_mean}"
+        );
+    }
     assert_eq!(
         summary["tokenizer"], "estimate",
         "no /tokenize on this server"

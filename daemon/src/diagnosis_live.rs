@@ -41,8 +41,58 @@ pub const KEPT_PER_TARGET: usize = 64;
 /// Links on one `lmperf.diagnosis` span at most.
 pub const MAX_LINKS: usize = 32;
 
-/// A kept priority span: its end, trace id and span id.
+/// A kept span: its end, trace id and span id.
 type KeptSpan = (SystemTime, TraceId, SpanId);
+
+/// One target's kept spans that a diagnosis span may link to, oldest first, each list at most
+/// [`KEPT_PER_TARGET`]: those kept for a reason (error, SLO breach, spike) and those kept by
+/// chance (the base rate, head sampling), apart so that a calm stream of chance-kept spans never
+/// pushes out the incident's.
+#[derive(Debug, Default)]
+struct KeptSpans {
+    priority: VecDeque<KeptSpan>,
+    chance: VecDeque<KeptSpan>,
+}
+
+impl KeptSpans {
+    fn push(&mut self, span: KeptSpan, priority: bool) {
+        let q = if priority {
+            &mut self.priority
+        } else {
+            &mut self.chance
+        };
+        if q.len() == KEPT_PER_TARGET {
+            q.pop_front();
+        }
+        q.push_back(span);
+    }
+}
+
+/// The spans a diagnosis with onset `onset` links to, at most [`MAX_LINKS`]: every target's
+/// priority spans that ended since 30 s before the onset, newest first; then, while there is
+/// room, spans kept by chance that ended at or after the onset, newest first. Spike mode's
+/// detector is stricter than the diagnosis's (`DetectorConfig::spike_mode`), so a diagnosis can
+/// confirm before spike mode kept anything: it then still links to the incident's slow
+/// requests that were kept (and exported) by chance.
+fn link_spans(kept: &[&KeptSpans], onset: SystemTime) -> Vec<KeptSpan> {
+    let from = onset.checked_sub(Duration::from_secs(30)).unwrap_or(onset);
+    let newest_first = |mut v: Vec<KeptSpan>| {
+        v.sort_by_key(|k| std::cmp::Reverse(k.0));
+        v
+    };
+    let priority: Vec<KeptSpan> = kept
+        .iter()
+        .flat_map(|k| k.priority.iter().filter(|s| s.0 >= from).copied())
+        .collect();
+    let chance: Vec<KeptSpan> = kept
+        .iter()
+        .flat_map(|k| k.chance.iter().filter(|s| s.0 >= onset).copied())
+        .collect();
+    let mut links = newest_first(priority);
+    links.extend(newest_first(chance));
+    links.truncate(MAX_LINKS);
+    links
+}
 
 /// One target's gauge values: name, state code, score per cause.
 pub type TargetGauges = (String, u8, Vec<(Cause, f64)>);
@@ -54,7 +104,7 @@ pub struct LiveDiagnosis {
     last: Mutex<Diagnosis>,
     /// The last root_confirmed diagnosis of each target, with when it was confirmed.
     confirmed: Mutex<BTreeMap<String, (SystemTime, TargetDiagnosis)>>,
-    kept: Mutex<BTreeMap<String, VecDeque<KeptSpan>>>,
+    kept: Mutex<BTreeMap<String, KeptSpans>>,
     /// The GPU tick last fed, and per target the fault count then (XIDs + lost GPUs +
     /// uncorrected ECC of the GPUs it reads).
     gpu_seen: Mutex<(Option<SystemTime>, BTreeMap<String, u64>)>,
@@ -405,14 +455,13 @@ impl LiveDiagnosis {
         }
     }
 
-    /// Remembers a kept priority span (error, SLO breach, spike) of `target` for the links.
-    pub fn note_kept(&self, target: &str, ids: TraceIds, end: SystemTime) {
+    /// Remembers a kept span of `target` that ended at `end`, for the diagnosis span's links:
+    /// `priority` when it was kept for a reason (error, SLO breach, spike), else by chance.
+    pub fn note_kept(&self, target: &str, ids: TraceIds, end: SystemTime, priority: bool) {
         let Ok(mut k) = self.kept.lock() else { return };
-        let q = k.entry(target.to_owned()).or_default();
-        if q.len() == KEPT_PER_TARGET {
-            q.pop_front();
-        }
-        q.push_back((end, ids.trace_id, ids.span_id));
+        k.entry(target.to_owned())
+            .or_default()
+            .push((end, ids.trace_id, ids.span_id), priority);
     }
 
     /// Sets the pod serving `target` (`None`: not known; it reads every GPU).
@@ -729,7 +778,7 @@ impl LiveDiagnosis {
     }
 
     /// The `lmperf.diagnosis` span of a confirmed diagnosis: INTERNAL, from the onset to `now`,
-    /// linked to the target's kept traces since 30 s before the onset.
+    /// linked to the target's kept traces ([`link_spans`]).
     pub fn span(
         &self,
         d: &TargetDiagnosis,
@@ -774,16 +823,10 @@ impl LiveDiagnosis {
         let onset = d.onset_unix_s.map_or(now, |s| {
             SystemTime::UNIX_EPOCH + Duration::from_secs_f64(s.max(0.0))
         });
-        let from = onset.checked_sub(Duration::from_secs(30)).unwrap_or(onset);
         let mut links = SpanLinks::default();
         if let Ok(k) = self.kept.lock() {
-            let mut kept: Vec<&KeptSpan> = link_targets
-                .iter()
-                .filter_map(|t| k.get(t))
-                .flat_map(|q| q.iter().filter(|(at, _, _)| *at >= from))
-                .collect();
-            kept.sort_by_key(|k| std::cmp::Reverse(k.0));
-            for &&(_, trace_id, span_id) in kept.iter().take(MAX_LINKS) {
+            let kept: Vec<&KeptSpans> = link_targets.iter().filter_map(|t| k.get(t)).collect();
+            for (_, trace_id, span_id) in link_spans(&kept, onset) {
                 let ctx = SpanContext::new(
                     trace_id,
                     span_id,
@@ -1077,6 +1120,58 @@ mod tests {
         }
     }
 
+    /// Priority spans from 30 s before the onset first, then chance-kept spans from the onset
+    /// on, newest first, at most MAX_LINKS; a diagnosis confirmed before spike mode kept
+    /// anything links to the chance-kept slow requests of the incident.
+    #[test]
+    fn links_prefer_the_spike_and_fall_back_on_chance_kept_spans_of_the_incident() {
+        let onset = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_100);
+        let span = |s: i64, id: u64| {
+            let at = if s >= 0 {
+                onset + Duration::from_secs(s.unsigned_abs())
+            } else {
+                onset - Duration::from_secs(s.unsigned_abs())
+            };
+            (at, TraceId::from(u128::from(id)), SpanId::from(id))
+        };
+        let ids = |v: &[KeptSpan]| v.iter().map(|s| s.2).collect::<Vec<_>>();
+        let mut only_chance = KeptSpans::default();
+        for (s, id) in [(-60, 1), (-5, 2), (0, 3), (4, 4), (9, 5)] {
+            only_chance.push(span(s, id), false);
+        }
+        assert_eq!(
+            ids(&link_spans(&[&only_chance], onset)),
+            [SpanId::from(5), SpanId::from(4), SpanId::from(3)],
+            "chance-kept spans from the onset on, newest first"
+        );
+        let mut both = KeptSpans::default();
+        for (s, id) in [(-40, 10), (-20, 11), (2, 12)] {
+            both.push(span(s, id), true);
+        }
+        both.push(span(5, 13), false);
+        assert_eq!(
+            ids(&link_spans(&[&both], onset)),
+            [SpanId::from(12), SpanId::from(11), SpanId::from(13)],
+            "priority since onset − 30 s first, then chance"
+        );
+        let mut many = KeptSpans::default();
+        for id in 0..(KEPT_PER_TARGET as u64 + 10) {
+            many.push(span(id as i64, 100 + id), id % 2 == 0);
+        }
+        assert_eq!(many.priority.len() + many.chance.len(), 74);
+        let links = link_spans(&[&many, &both], onset);
+        assert_eq!(links.len(), MAX_LINKS);
+        assert_eq!(
+            links[0].2,
+            SpanId::from(100 + 72),
+            "the newest priority span first"
+        );
+        assert!(
+            links.iter().all(|l| l.2 != SpanId::from(13)),
+            "no chance span while priority fills it"
+        );
+    }
+
     #[test]
     fn cancelled_requests_feed_nothing_and_errors_feed_ratios() {
         let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
@@ -1114,7 +1209,7 @@ mod tests {
                         span_id: SpanId::from(s + 1),
                         sampled: true,
                     };
-                    live.note_kept("a", ids, at);
+                    live.note_kept("a", ids, at, true);
                 }
             }
             confirmed.extend(live.tick(t0 + Duration::from_secs(s + 1), None));
@@ -1489,6 +1584,7 @@ mod tests {
                 t,
                 ids,
                 SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_650),
+                true,
             );
         }
         let span = live.node_span(

@@ -61,20 +61,11 @@ fn ci_peers_cmd() -> std::process::Command {
 }
 
 pub fn run(args: &[String]) -> Result<()> {
-    let test_args: &[String] = match args.split_first() {
-        None => &[],
-        Some((first, rest)) if first == "--" => rest,
-        Some((first, _)) if first == "-h" || first == "--help" => {
-            println!(
-                "usage: cargo xtask ci [-- <cargo test args>]   e.g. cargo xtask ci -- sse -- --nocapture\n\
-                 (the arguments go to both test runs: the unit tests and the e2e binary)"
-            );
-            return Ok(());
-        }
-        Some((first, _)) => {
-            bail!("unexpected argument {first:?}; pass cargo test arguments after `--`")
-        }
+    let Some(opts) = Options::parse(args)? else {
+        println!("{USAGE}");
+        return Ok(());
     };
+    let test_args = opts.test_args.as_slice();
     let mut times = Times::default();
     // A fresh checkout (nothing built yet): incremental compilation only costs there (its
     // caches are written and not read again in this run; ~10–20 % of the workspace crates'
@@ -129,15 +120,24 @@ pub fn run(args: &[String]) -> Result<()> {
     // idle instead of minutes of its own. Awaited after the tests.
     let lane_log = crate::root().join("target/ci-lane.log");
     let lane = Instant::now();
-    let mut lane_cmd = lane_cmd()?;
-    if fresh {
-        lane_cmd.env("CARGO_INCREMENTAL", "0");
-    }
-    let lane_child = spawn_logged(lane_cmd, &lane_log).context("cannot start the lane")?;
-    println!(
-        "\n==> [5/5] fuzz: started at nice 19 beside the build and the tests (log: {})",
-        lane_log.display()
-    );
+    let start_lane = || -> Result<std::process::Child> {
+        let mut lane_cmd = lane_cmd()?;
+        if fresh {
+            lane_cmd.env("CARGO_INCREMENTAL", "0");
+        }
+        spawn_logged(lane_cmd, &lane_log).context("cannot start the lane")
+    };
+    // Under --stress the lane starts after the hog stops: at nice 19 it would starve behind it.
+    let mut lane_child = if opts.stress_runs == 0 {
+        let child = start_lane()?;
+        println!(
+            "\n==> [5/5] fuzz: started at nice 19 beside the build and the tests (log: {})",
+            lane_log.display()
+        );
+        Some(child)
+    } else {
+        None
+    };
 
     // [3/5] Build what the tests run.
     let started = Instant::now();
@@ -204,52 +204,31 @@ pub fn run(args: &[String]) -> Result<()> {
     times.push("peers (after the unit tests)", started);
 
     let started = Instant::now();
-    let serial_log = crate::root().join("target/ci-serial.log");
-    let _ = std::fs::remove_file(&serial_log);
-    let mut e2e = cargo();
-    // libtest prints each test's time with `--report-time`, an unstable option it accepts
-    // when RUSTC_BOOTSTRAP is set at run time: set through a runner, for the test binary
-    // only (set for cargo, it would rebuild proc-macro2 and everything above it).
-    e2e.args([
-        "--config",
-        r#"target.'cfg(all())'.runner = ["env", "RUSTC_BOOTSTRAP=1"]"#,
-        "test",
-        "--workspace",
-        "--locked",
-        "--no-fail-fast",
-        "--test",
-        "*",
-    ])
-    .args(test_args);
-    if !test_args.iter().any(|a| a == "--") {
-        e2e.arg("--");
-    }
-    e2e.args(["-Z", "unstable-options", "--report-time"])
-        .env("RUST_TEST_THREADS", E2E_TEST_THREADS.to_string())
-        .env("LMPERF_SERIAL_LOG", &serial_log)
-        .envs(env.iter().copied());
-    let header_e2e = format!(
-        "[4/5] cargo test --workspace --locked --no-fail-fast --test '*' {} (the e2e binary and any other integration test, {E2E_TEST_THREADS} tests at a time)",
-        test_args.join(" ")
-    );
-    println!("\n==> {header_e2e}");
-    let e2e_run = run_counting(e2e)?;
+    let e2e_run = e2e_step(&cargo, test_args, &env, opts.stress_runs)?;
     times.push("integration (e2e) tests", started);
+    if lane_child.is_none() {
+        lane_child = Some(start_lane()?);
+        println!(
+            "\n==> [5/5] fuzz: started at nice 19 after the stressed tests (log: {})",
+            lane_log.display()
+        );
+    }
 
     let (passed, failed) = (
         unit_run.passed + e2e_run.passed,
         unit_run.failed + e2e_run.failed,
     );
     unit_run.print_slowest("unit test binaries", 5);
-    e2e_run.print_slowest("e2e tests", 15);
-    print_serial_chain(&serial_log, 12);
     // One plain closing line, so a reader of the log sees the whole suite's count rather than
     // the last test binary's (often the empty doc-test run).
     println!("\nci: {passed} passed, {failed} failed");
 
     // [5/5] The lane: fuzz, waited for.
     let started = Instant::now();
-    let lane_ok = wait_logged("[5/5] fuzz (the nice 19 lane)", lane_child, &lane_log);
+    let lane_ok = match lane_child {
+        Some(child) => wait_logged("[5/5] fuzz (the nice 19 lane)", child, &lane_log),
+        None => bail!("the fuzz lane was never started"),
+    };
     println!(
         "==> the lane ran {:.1} s in all; CI waited {:.1} s for it after the tests",
         lane.elapsed().as_secs_f64(),
@@ -261,6 +240,138 @@ pub fn run(args: &[String]) -> Result<()> {
         bail!("the tests failed");
     }
     lane_ok
+}
+
+/// `cargo xtask ci`'s usage (`-h`).
+const USAGE: &str = "usage: cargo xtask ci [--stress[=N]] [-- <cargo test args>]   e.g. cargo xtask ci -- sse -- --nocapture
+  (the arguments go to both test runs: the unit tests and the e2e binary)
+  --stress[=N]  run the e2e binary N times (1) beside a CPU hog, one spinning process per core
+                at nice 0; the nice-19 fuzz lane starts after it. LMPERF_CI_STRESS=N does the same";
+
+/// What `cargo xtask ci` was asked.
+struct Options {
+    /// How many times the e2e binary runs beside the CPU hog; 0: once, without it.
+    stress_runs: usize,
+    /// The arguments after `--`, for both cargo test runs.
+    test_args: Vec<String>,
+}
+
+impl Options {
+    /// `[--stress[=N]] [-- <cargo test args>]`, then `LMPERF_CI_STRESS=N` when no `--stress`
+    /// was given. `None`: help was asked.
+    fn parse(args: &[String]) -> Result<Option<Options>> {
+        let (flags, test_args) = match args.iter().position(|a| a == "--") {
+            Some(i) => (&args[..i], args[i + 1..].to_vec()),
+            None => (args, Vec::new()),
+        };
+        let mut stress_runs = None;
+        for f in flags {
+            match f.as_str() {
+                "-h" | "--help" => return Ok(None),
+                "--stress" => stress_runs = Some(1),
+                s if s.starts_with("--stress=") => {
+                    stress_runs = Some(parse_runs("--stress", &s["--stress=".len()..])?);
+                }
+                other => bail!(
+                    "unexpected argument {other:?}; pass cargo test arguments after `--`\n{USAGE}"
+                ),
+            }
+        }
+        let stress_runs = match (stress_runs, std::env::var("LMPERF_CI_STRESS")) {
+            (Some(n), _) => n,
+            (None, Ok(v)) if !v.trim().is_empty() => parse_runs("LMPERF_CI_STRESS", &v)?,
+            (None, _) => 0,
+        };
+        Ok(Some(Options {
+            stress_runs,
+            test_args,
+        }))
+    }
+}
+
+/// A stress run count, 1 to 20.
+fn parse_runs(what: &str, v: &str) -> Result<usize> {
+    match v.trim().parse::<usize>() {
+        Ok(n) if (1..=20).contains(&n) => Ok(n),
+        _ => bail!("{what}={v:?}: expected a number of runs from 1 to 20"),
+    }
+}
+
+/// [4/5] The integration tests: the e2e binary once, or under `--stress` `runs` times, each
+/// beside a CPU hog ([`crate::hog`]), each run's summary printed and all of them at the end.
+/// The returned run holds every run's counts (a test failing in any run fails CI).
+fn e2e_step(
+    cargo: &dyn Fn() -> std::process::Command,
+    test_args: &[String],
+    env: &[(&str, &str)],
+    runs: usize,
+) -> Result<TestRun> {
+    let serial_log = crate::root().join("target/ci-serial.log");
+    let mut total: Option<TestRun> = None;
+    let mut summaries = Vec::new();
+    for k in 1..=runs.max(1) {
+        let _ = std::fs::remove_file(&serial_log);
+        let mut e2e = cargo();
+        // libtest prints each test's time with `--report-time`, an unstable option it accepts
+        // when RUSTC_BOOTSTRAP is set at run time: set through a runner, for the test binary
+        // only (set for cargo, it would rebuild proc-macro2 and everything above it).
+        e2e.args([
+            "--config",
+            r#"target.'cfg(all())'.runner = ["env", "RUSTC_BOOTSTRAP=1"]"#,
+            "test",
+            "--workspace",
+            "--locked",
+            "--no-fail-fast",
+            "--test",
+            "*",
+        ])
+        .args(test_args);
+        if !test_args.iter().any(|a| a == "--") {
+            e2e.arg("--");
+        }
+        e2e.args(["-Z", "unstable-options", "--report-time"])
+            .env("RUST_TEST_THREADS", E2E_TEST_THREADS.to_string())
+            .env("LMPERF_SERIAL_LOG", &serial_log)
+            .envs(env.iter().copied());
+        let stress = if runs > 0 {
+            format!(", stress run {k} of {runs} beside a CPU hog")
+        } else {
+            String::new()
+        };
+        println!(
+            "\n==> [4/5] cargo test --workspace --locked --no-fail-fast --test '*' {} (the e2e binary and any other integration test, {E2E_TEST_THREADS} tests at a time{stress})",
+            test_args.join(" ")
+        );
+        let started = Instant::now();
+        let hog = if runs > 0 {
+            Some(crate::hog::Hog::start()?)
+        } else {
+            None
+        };
+        let run = run_counting(e2e)?;
+        drop(hog);
+        let line = format!(
+            "{} passed, {} failed in {:.0} s{stress}",
+            run.passed,
+            run.failed,
+            started.elapsed().as_secs_f64()
+        );
+        println!("==> e2e: {line}");
+        summaries.push(line);
+        run.print_slowest("e2e tests", 15);
+        print_serial_chain(&serial_log, 12);
+        match &mut total {
+            Some(t) => t.add(run),
+            None => total = Some(run),
+        }
+    }
+    if runs > 0 {
+        println!("\nci: the {runs} stress runs of the e2e binary:");
+        for s in &summaries {
+            println!("  {s}");
+        }
+    }
+    total.context("no e2e run")
 }
 
 /// The serial lock's chain from `tests/support/serial.rs`'s log (`test\twaited s\theld s`
@@ -292,7 +403,7 @@ fn print_serial_chain(log: &std::path::Path, n: usize) {
 /// `nice -n 19 <this xtask binary> ci-lane`: the binary itself rather than `cargo xtask`,
 /// which would wait for the build directory's lock that `cargo test` holds.
 fn lane_cmd() -> Result<std::process::Command> {
-    let exe = std::env::current_exe().context("the xtask binary's path")?;
+    let exe = crate::hog::xtask_exe()?;
     let mut cmd = std::process::Command::new("nice");
     cmd.args(["-n", "19"])
         .arg(exe)

@@ -21,6 +21,7 @@ mod diagnose_live;
 mod fake_nvml;
 mod fuzz;
 mod gpu_check;
+mod hog;
 mod k8s_discovery_cost;
 mod spike_calm;
 
@@ -34,8 +35,11 @@ const USAGE: &str = "\
 usage: cargo xtask <task>
 
 tasks:
-  ci [-- <cargo test args>]   fmt and clippy, install the peers, build, run every test
-                              (the e2e binary several tests at a time), fuzz 30 s
+  ci [--stress[=N]] [-- <cargo test args>]
+                              fmt and clippy, install the peers, build, run every test
+                              (the e2e binary several tests at a time), fuzz 30 s;
+                              --stress: the e2e binary N times (1) beside a CPU hog on
+                              every core, the fuzz lane after it (or LMPERF_CI_STRESS=N)
   arch-check                  the architecture from the source text, no build: no import
                               cycle among daemon/src's modules, pure crates (daemon/crates/)
                               with only their allowed dependencies and no IO or clock
@@ -80,6 +84,7 @@ fn main() -> ExitCode {
     let result = match task.as_deref() {
         Some("ci") => ci::run(&rest),
         Some("ci-lane") => ci::lane(&rest),
+        Some("hog-spin") => hog::spin(&rest),
         Some("arch-check") => arch_check::run(&rest),
         Some("demo") => demo::run(&rest),
         Some("gpu-check") => gpu_check::run(&rest),

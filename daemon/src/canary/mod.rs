@@ -609,8 +609,8 @@ impl TargetRunner {
                         .as_ref()
                         .map(|n| n.request(t.port, measured.conn.map(|c| c.local), from, to));
                     d.observe_request(&t.name, &measured, net);
-                    if decision.keep && decision.reason.is_priority() {
-                        d.note_kept(&t.name, ids, to);
+                    if decision.keep {
+                        d.note_kept(&t.name, ids, to, decision.reason.is_priority());
                     }
                 }
             }

@@ -36,7 +36,7 @@ pub(super) const KNOWN_LONG: &[(&str, &str, usize)] = &[
     ("daemon/src/load/trace.rs", "load_capped", 195),
     ("daemon/src/server/metrics.rs", "register", 188),
     ("daemon/src/telemetry/spans.rs", "build_span", 170),
-    ("xtask/src/ci.rs", "run", 202),
+    ("xtask/src/ci.rs", "run", 181),
     ("xtask/src/demo.rs", "run", 158),
 ];
 
