@@ -221,6 +221,7 @@ async fn trace_samples_replay_with_speedup() {
             "{name}: {:?}",
             summary.benchmarks[0].errors
         );
+        let mut lateness_ms = Vec::with_capacity(rows.len());
         for (r, (at, input, output)) in rows.iter().zip(&want) {
             assert_eq!(
                 r["prompt_tokens"].as_u64(),
@@ -239,11 +240,9 @@ async fn trace_samples_replay_with_speedup() {
                 (sched - at / speedup * 1000.0).abs() < 0.01,
                 "{name}: scheduled {sched} ms, trace {at} s / {speedup}"
             );
-            assert!(
-                r["send_ms"].as_f64().unwrap() - sched < 50.0,
-                "{name}: sent on time: {r}"
-            );
+            lateness_ms.push(r["send_ms"].as_f64().unwrap() - sched);
         }
+        sent_on_schedule(&lateness_ms, name);
         // What reached the server: prompts of the trace's lengths, its max_tokens and min_tokens.
         let mut sent: Vec<Value> = srv.requests()[before..]
             .iter()
@@ -666,8 +665,12 @@ async fn ramp_linear_from_the_command_line() {
             "request {i} at {t} s: Λ = {lambda}"
         );
         assert!((r.integral(t) - lambda).abs() < 1e-6);
-        assert!(row["send_ms"].as_f64().unwrap() - row["scheduled_ms"].as_f64().unwrap() < 50.0);
     }
+    let lateness_ms: Vec<f64> = rows
+        .iter()
+        .map(|r| r["send_ms"].as_f64().unwrap() - r["scheduled_ms"].as_f64().unwrap())
+        .collect();
+    sent_on_schedule(&lateness_ms, "linear ramp");
     let s: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     assert_eq!(s["workload"]["ramp"]["kind"], "linear");
@@ -1805,5 +1808,23 @@ async fn closed_loop_dispatch_delay_counts_from_the_free_slot() {
     println!(
         "closed loop, 50 ms replies (c, last send ms, dispatch delay p50/p99/max ms): {figures:?}; test {:.1} s",
         took.as_secs_f64()
+    );
+}
+
+/// Each request sent on its schedule: never before it (exact), and late by what a loaded
+/// machine's wake-ups add, not by a pacing that drifts: the median lateness under 50 ms, the
+/// worst under 250 ms (2 cores beside a CPU hog: the worst seen well under 50 ms).
+fn sent_on_schedule(lateness_ms: &[f64], what: &str) {
+    assert!(!lateness_ms.is_empty(), "{what}: no request");
+    assert!(
+        lateness_ms.iter().all(|l| *l >= -1e-3),
+        "{what}: a request sent before its time: {lateness_ms:?}"
+    );
+    let mut sorted = lateness_ms.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let (median, worst) = (sorted[sorted.len() / 2], sorted[sorted.len() - 1]);
+    assert!(
+        median < 50.0 && worst < 250.0,
+        "{what}: sends late by {median:.1} ms (median), {worst:.1} ms (worst): {lateness_ms:?}"
     );
 }
