@@ -561,6 +561,98 @@ async fn config_file_changes_and_sighup_reload_in_place() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A reload that changes only `canary.interval` (issue 50): the target measures the same
+/// server, so it keeps its request count, its diagnosis history (the baseline it had learned)
+/// and its status entry; `needs_restart` stays empty (nothing read only at start changed);
+/// the new interval is in force (the schedule restarted with it).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_of_the_interval_alone_keeps_the_targets_history() {
+    let a = vllm().await;
+    let dir = std::env::temp_dir().join(format!("lmperf-reload-interval-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("lmperf.toml");
+    let text = |interval: &str| {
+        format!(
+            "[canary]\nmax_tokens = 4\ninterval = \"{interval}\"\n\n[[target]]\nurl = \"{}\"\nname = \"a\"\nmodel = \"m\"\nserver_metrics = \"off\"\n",
+            a.url()
+        )
+    };
+    std::fs::write(&file, text("200ms")).unwrap();
+    let cfg = file.display().to_string();
+    let agent =
+        tokio::task::spawn_blocking(move || Agent::spawn(&["--config", &cfg, "--no-otlp"], &[]))
+            .await
+            .unwrap();
+    let (s, _) = wait(&agent, Duration::from_secs(20), |s| {
+        target(s, "a")["requests"].as_u64() >= Some(10)
+    })
+    .await;
+    let before = target(&s, "a")["requests"].as_u64().unwrap_or(0);
+    assert!(before >= 10, "{s:#}");
+    // The history the diagnosis holds (said once it evaluated the target, on its 1 s grid).
+    let have = |agent: &Agent| {
+        let t = Instant::now();
+        loop {
+            let (code, body) = agent.get("/api/v1/diagnosis");
+            assert_eq!(code, 200, "{body}");
+            let d: Value = serde_json::from_str(&body).unwrap();
+            if let Some(h) = d["targets"][0]["baseline_wait"]["have_s"].as_f64() {
+                return h;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "no baseline_wait: {d}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let have_before = have(&agent);
+    assert!(have_before > 0.0, "the diagnosis holds some history");
+
+    std::fs::write(&file, text("300ms")).unwrap();
+    let (s, _) = wait(&agent, Duration::from_secs(10), |s| {
+        s["config_reload"]["attempts"].as_u64() >= Some(1)
+    })
+    .await;
+    assert_eq!(
+        s["config_reload"]["last_ok"], true,
+        "{}",
+        s["config_reload"]
+    );
+    assert_eq!(
+        s["config_reload"]["needs_restart"],
+        serde_json::json!([]),
+        "only canary.interval changed: {}",
+        s["config_reload"]
+    );
+    let after = target(&s, "a")["requests"].as_u64().unwrap_or(0);
+    assert!(
+        after >= before,
+        "requests {before} before the reload, {after} after: {s:#}"
+    );
+    let have_after = have(&agent);
+    assert!(
+        have_after >= have_before,
+        "the diagnosis kept its history: {have_before} s before the reload, {have_after} s after"
+    );
+    // The new interval is in force: 300 ms apart (on the server's clock), not 200.
+    let n = completions(&a);
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let sent = completions(&a) - n;
+    assert!(
+        (7..=11).contains(&sent),
+        "{sent} canaries in 3 s at one per 300 ms"
+    );
+    assert!(
+        agent.stderr_text().contains("its history kept"),
+        "{}",
+        agent.stderr_text()
+    );
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// InferencePool discovery (`inference_pools = true`): while the CRD is absent the status says
 /// so and the annotated pod is canaried; installed, a pool selecting 2 pods of this node makes
 /// them 2 targets at podIP:targetPort with `k8s.inferencepool.name` (a pod on another node and

@@ -4,7 +4,8 @@
 //! whole; a bad one is refused (the reason in the log and `/api/v1/status` `config_reload`)
 //! and the running config stays. The static targets of a good one are applied through the
 //! agent's `TargetSet` (a new target starts, a removed one drains and stops, a changed one is
-//! restarted with its new settings: its own histories start again, other targets keep theirs);
+//! restarted with its new settings: one whose URL, model, API and pod are the same keeps its
+//! status, counters, diagnosis history and server state, others start again);
 //! a change of a section read only at start (admin, OTLP, GPU, eBPF, control, discovery,
 //! `log_format`, …) is said, and takes effect at the next restart. `needs_restart` compares
 //! the new file with the config the process started with (not with the last reload), so a
@@ -137,8 +138,14 @@ fn restart_sections(started: &AgentConfig, new: &AgentConfig) -> Vec<&'static st
     if started.control != *control {
         restart.push("control");
     }
-    if differs(&started.discovery, discovery) {
+    if differs(&started.discovery.kubernetes, &discovery.kubernetes) {
         restart.push("discovery");
+    }
+    // The `[canary]` defaults: static targets take them at once (through their own settings);
+    // the template discovered targets start from is set at start, so only where discovery runs
+    // does a change wait for a restart.
+    if discovery.kubernetes.enabled && differs(&started.discovery.template, &discovery.template) {
+        restart.push("canary (discovered targets)");
     }
     restart
 }
@@ -282,6 +289,32 @@ mod tests {
         assert_eq!(plan(&a, &gpu), (None, vec!["gpu"]));
         let stop = cfg("shutdown_timeout = \"3s\"\n[[target]]\nurl = \"http://127.0.0.1:8000\"\n");
         assert_eq!(plan(&a, &stop), (None, vec!["shutdown_timeout"]));
+    }
+
+    /// A change of `[canary]` alone (here its interval) re-applies the static targets and
+    /// needs no restart, unless discovery runs (its template is read at start); discovery
+    /// itself is named only when `[discovery]` changed.
+    #[test]
+    fn a_canary_interval_change_names_only_what_changed() {
+        let t = "[[target]]\nurl = \"http://127.0.0.1:8000\"\n";
+        let a = cfg(&format!("[canary]\ninterval = \"2s\"\n{t}"));
+        let b = cfg(&format!("[canary]\ninterval = \"3s\"\n{t}"));
+        let (targets, restart) = plan(&a, &a, &b);
+        assert!(
+            targets.is_some(),
+            "the static target takes the new interval"
+        );
+        assert_eq!(restart, Vec::<&str>::new());
+        let k8s = "[discovery.kubernetes]\nenabled = true\nnode_name = \"n1\"\n";
+        let (a, b) = (
+            cfg(&format!("[canary]\ninterval = \"2s\"\n{t}{k8s}")),
+            cfg(&format!("[canary]\ninterval = \"3s\"\n{t}{k8s}")),
+        );
+        assert_eq!(plan(&a, &a, &b).1, ["canary (discovered targets)"]);
+        let c = cfg(&format!(
+            "[canary]\ninterval = \"2s\"\n{t}{k8s}inference_pools = true\n"
+        ));
+        assert_eq!(plan(&a, &a, &c).1, ["discovery"]);
     }
 
     #[test]

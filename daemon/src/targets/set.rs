@@ -3,7 +3,10 @@
 //! Each target runs its canary schedule (one loop, one task per canary, on the target's own
 //! task tracker), its server scraper, a diagnosis entry and a status entry. [`TargetSet::apply`]
 //! takes the whole desired list (static targets and discovered ones): a new name starts, a name
-//! gone leaves, a name whose configuration changed leaves and starts again. A leaving target
+//! gone leaves, a name whose configuration changed leaves and starts again. A change of its
+//! settings only ([`same_server`]: the same URL, model, API, kind and pod; e.g. a reload that
+//! changes `canary.interval`) restarts its schedule and scraper but keeps what it learned: its
+//! status entry and counters, its diagnosis history and baseline, its server state. A leaving target
 //! is gone from the status, the metrics callbacks, the diagnosis and the control API at once;
 //! its canaries in flight get `drain` to finish (recorded as usual) and are then cancelled
 //! (recorded `cancelled`); its scraper stops. Nothing of it stays referenced after that.
@@ -66,6 +69,9 @@ pub struct Applied {
     pub stopped: Vec<String>,
     /// Configuration changed: stopped, then started again.
     pub restarted: Vec<String>,
+    /// Of `restarted`, those whose server is the same ([`same_server`]): their status,
+    /// counters, diagnosis history and server state carried over.
+    pub kept_history: Vec<String>,
     /// Could not start (the HTTP client could not be built), with the reason.
     pub failed: Vec<(String, String)>,
 }
@@ -75,8 +81,28 @@ impl Applied {
         self.started.is_empty()
             && self.stopped.is_empty()
             && self.restarted.is_empty()
+            && self.kept_history.is_empty()
             && self.failed.is_empty()
     }
+}
+
+/// Whether `a` and `b` measure the same server the same way, so a change between them is one
+/// of settings only (schedule, timeouts, sampling, scrape, profiling, …) and the target's
+/// history still describes it: the same name, URL, model, API, kind and serving pod.
+pub fn same_server(a: &TargetConfig, b: &TargetConfig) -> bool {
+    a.name == b.name
+        && a.base_url == b.base_url
+        && a.model == b.model
+        && a.api == b.api
+        && a.kind == b.kind
+        && a.k8s == b.k8s
+}
+
+/// What a target whose settings only changed carries into its new run: its status entry, and
+/// its server state where the scrape settings are the same (else a new one replaces it).
+struct Kept {
+    state: Arc<TargetState>,
+    server: Option<Arc<TargetServer>>,
 }
 
 /// The running targets. Not shared: one task owns it and applies snapshots in order.
@@ -126,7 +152,21 @@ impl TargetSet {
             .filter(|(name, r)| want.get(name.as_str()).is_none_or(|w| **w != r.cfg))
             .map(|(name, _)| name.clone())
             .collect();
+        let mut kept: BTreeMap<String, Kept> = BTreeMap::new();
         for name in gone {
+            let settings_only = self
+                .running
+                .get(&name)
+                .zip(want.get(name.as_str()))
+                .is_some_and(|(r, w)| same_server(&r.cfg, w));
+            if let (true, Some(w)) = (settings_only, want.get(name.as_str())) {
+                if let Some(k) = self.stop_keeping(&name, w) {
+                    kept.insert(name.clone(), k);
+                }
+                applied.kept_history.push(name.clone());
+                applied.restarted.push(name);
+                continue;
+            }
             self.stop(&name);
             if want.contains_key(name.as_str()) {
                 applied.restarted.push(name);
@@ -142,7 +182,9 @@ impl TargetSet {
             {
                 continue;
             }
-            match self.start(t) {
+            let carried = kept.remove(name);
+            let had_history = carried.is_some();
+            match self.start(t, carried) {
                 Ok(()) => {
                     if !applied.restarted.iter().any(|r| r == name) {
                         applied.started.push(name.to_owned());
@@ -150,7 +192,11 @@ impl TargetSet {
                 }
                 Err(e) => {
                     tracing::warn!(target_name = %name, error = %e, "Target not started.");
+                    if had_history {
+                        self.forget(name);
+                    }
                     applied.restarted.retain(|r| r != name);
+                    applied.kept_history.retain(|r| r != name);
                     applied.failed.push((name.to_owned(), e));
                 }
             }
@@ -167,11 +213,12 @@ impl TargetSet {
         applied
     }
 
-    fn start(&mut self, t: &TargetConfig) -> Result<(), String> {
+    /// Starts `t`: afresh, or with what it `kept` from its previous run (its status entry,
+    /// diagnosis history and server state stay in their lists).
+    fn start(&mut self, t: &TargetConfig, kept: Option<Kept>) -> Result<(), String> {
         let s = &self.shared;
         let clients = Clients::new(t.connect_timeout)
             .map_err(|e| format!("HTTP client for target {}: {e}", t.name))?;
-        let state = Arc::new(TargetState::new(t));
         let off = if !t.server.enabled {
             Some("server_metrics = off".to_owned())
         } else if let Err(e) = &self.scrape_client {
@@ -179,11 +226,19 @@ impl TargetSet {
         } else {
             None
         };
-        let server = Arc::new(TargetServer::new(
-            &t.name,
-            Some(t.server.metrics_url.to_string()),
-            off,
-        ));
+        let carried = kept.is_some();
+        let (state, kept_server) = match kept {
+            Some(k) => (k.state, k.server),
+            None => (Arc::new(TargetState::new(t)), None),
+        };
+        let new_server = kept_server.is_none();
+        let server = kept_server.unwrap_or_else(|| {
+            Arc::new(TargetServer::new(
+                &t.name,
+                Some(t.server.metrics_url.to_string()),
+                off,
+            ))
+        });
         let runner = TargetRunner::new(
             Arc::new(t.clone()),
             clients,
@@ -204,13 +259,17 @@ impl TargetSet {
             )),
             _ => None,
         };
-        s.server.targets.push(server);
-        s.diagnosis.add_target(&t.name);
+        if new_server {
+            s.server.targets.push(server);
+        }
+        if !carried {
+            s.diagnosis.add_target(&t.name);
+            s.states.push(state);
+        }
         s.diagnosis
             .profilers
             .set(&t.name, t.profiling.as_ref(), &t.base_url);
         s.diagnosis.set_k8s(&t.name, t.k8s.clone());
-        s.states.push(state);
         s.runners.push(Arc::new(runner.clone()));
         let stop = Shutdown {
             stop: s.shutdown.stop.child_token(),
@@ -219,7 +278,11 @@ impl TargetSet {
         let tracker = TaskTracker::new();
         let seed = rand::random::<u64>();
         let schedule = tokio::spawn(runner.run(stop.clone(), tracker.clone(), seed));
-        tracing::info!(target_name = %t.name, url = %t.base_url, "Target started.");
+        if carried {
+            tracing::info!(target_name = %t.name, url = %t.base_url, "Target restarted with its new settings; its history kept.");
+        } else {
+            tracing::info!(target_name = %t.name, url = %t.base_url, "Target started.");
+        }
         self.running.insert(
             t.name.clone(),
             Running {
@@ -239,6 +302,39 @@ impl TargetSet {
         let Some(r) = self.running.remove(name) else {
             return;
         };
+        self.forget(name);
+        self.drain(name, r);
+    }
+
+    /// Stops `name`'s schedule and scraper for a restart with the settings `new`: its runner
+    /// leaves the control API's list; its status entry and diagnosis history stay, and its
+    /// server state where the scrape settings are the same (its canaries in flight drain in
+    /// the background and record there as usual).
+    fn stop_keeping(&mut self, name: &str, new: &TargetConfig) -> Option<Kept> {
+        let r = self.running.remove(name)?;
+        let s = &self.shared;
+        s.runners.remove_where(|t| t.target.name == name);
+        let server = if r.cfg.server == new.server {
+            s.server.targets.iter().find(|t| t.target == name)
+        } else {
+            s.server.targets.remove_where(|t| t.target == name);
+            None
+        };
+        let kept = s
+            .states
+            .iter()
+            .find(|t| t.name == name)
+            .map(|state| Kept { state, server });
+        if kept.is_none() {
+            // Not in the lists (never the case for a running target): start afresh.
+            self.forget(name);
+        }
+        self.drain(name, r);
+        kept
+    }
+
+    /// Takes `name` out of the status, the control API, the server state and the diagnosis.
+    fn forget(&self, name: &str) {
         let s = &self.shared;
         s.states.remove_where(|t| t.name == name);
         s.runners.remove_where(|t| t.target.name == name);
@@ -246,8 +342,12 @@ impl TargetSet {
         s.diagnosis.remove_target(name);
         s.diagnosis.profilers.remove(name);
         s.diagnosis.set_k8s(name, None);
+    }
+
+    /// Stops `r`'s scraper and schedule; its canaries in flight get `drain`, then are cancelled.
+    fn drain(&self, name: &str, r: Running) {
         r.scrape_stop.cancel();
-        let drain = s.drain;
+        let drain = self.shared.drain;
         let name = name.to_owned();
         self.leaving.spawn(async move {
             r.stop.stop.cancel();
