@@ -77,6 +77,7 @@ fn state() -> AdminState {
             load_id: None,
             profile_revision: None,
             worker: None,
+            error_message: None,
         });
     let names: Vec<String> = cfg.targets.iter().map(|t| t.name.clone()).collect();
     let status = Arc::new(AgentStatus {

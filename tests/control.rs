@@ -80,6 +80,12 @@ async fn spawn(args: Vec<String>, envs: Vec<(String, String)>) -> Agent {
     .unwrap()
 }
 
+/// The agent on config file `cfg`, without OTLP.
+async fn spawn_config(cfg: &Path) -> Agent {
+    let cfg = cfg.to_str().unwrap_or_default().to_owned();
+    spawn(vec!["--config".into(), cfg, "--no-otlp".into()], vec![]).await
+}
+
 /// The `control=` address of the agent's "Agent started." line (the pump thread may add the
 /// line just after `Agent::spawn` returns).
 fn control_at(agent: &Agent) -> String {
@@ -952,13 +958,7 @@ async fn replayed_prompt_words(server: &ScriptedServer, dir: &Path) -> Vec<(u64,
         traces.display()
     );
     let cfg = write_config(dir, &server.url(), &control);
-    let agent = spawn(
-        ["--config", cfg.to_str().unwrap(), "--no-otlp"]
-            .map(str::to_owned)
-            .to_vec(),
-        vec![],
-    )
-    .await;
+    let agent = spawn_config(&cfg).await;
     assert_eq!(control_at(&agent), addr);
     let azure = trace_fixture("azure_llm_2023_code.head2000.csv");
     ctl_json(
@@ -1717,5 +1717,122 @@ async fn ctrl_c_on_a_watch_says_the_load_goes_on() {
     let (code, _, e) = ctl(&["--addr", &addr, "stop"], &[]).await;
     assert_eq!(code, 0, "{e}");
     drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// On call, `lmperf ctl` shows why a target fails (issue 50): a target answering an HTML page
+/// with 200 and one whose `/v1/models` is a proxy's 404 page. `ctl status` says each one's
+/// last error with its message, `ctl recent` (text and JSON) carries the message, and no log
+/// line carries the page.
+#[tokio::test(flavor = "multi_thread")]
+async fn ctl_says_why_a_target_fails_and_no_log_line_carries_a_page() {
+    let page = format!(
+        "<!doctype html>\n<html><head><title>Sign in</title></head><body>{}</body></html>",
+        "<p>corporate proxy</p>".repeat(200)
+    );
+    let not_found = "<html>\r\n<head><title>404 Not Found</title></head>\r\n<body>\r\n<center><h1>404 Not Found</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n".to_owned();
+    let server = ScriptedServer::start(Arc::new(move |req, _| {
+        let (status, body) = if req.path == "/v1/models" {
+            (404, not_found.clone())
+        } else {
+            (200, page.clone())
+        };
+        Reply::Stream {
+            status,
+            content_type: "text/html".into(),
+            frames: vec![lmperf_e2e::scripted::Frame {
+                at: Duration::ZERO,
+                bytes: body.into_bytes(),
+            }],
+            cut: false,
+        }
+    }))
+    .await;
+    let dir = temp::dir("ctl-why");
+    let sock = format!("unix:{}", dir.join("control.sock").display());
+    let cfg = dir.join("agent.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[canary]\ninterval = \"200ms\"\n\n[[target]]\nurl = \"{u}\"\nname = \"html\"\nmodel = \"m\"\n\n[[target]]\nurl = \"{u}\"\nname = \"nomodel\"\n\n[gpu]\nenabled = false\n\n[net]\nenabled = false\n\n[control]\nlisten = \"{sock}\"\n",
+            u = server.url()
+        ),
+    )
+    .unwrap();
+    let agent = spawn_config(&cfg).await;
+    let t = Instant::now();
+    let status = loop {
+        let s = ctl_json(&sock, &["status"]).await;
+        let failing = |i: usize| s["targets"][i]["last_error"]["error_message"].is_string();
+        if failing(0) && failing(1) {
+            break s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(15), "{s:#}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let by_name = |name: &str| {
+        status["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap_or_else(|| panic!("{name} in {status:#}"))
+            .clone()
+    };
+    let html = by_name("html");
+    assert_eq!(
+        html["last_error"]["error_type"], "non_sse_reply",
+        "{html:#}"
+    );
+    let msg = html["last_error"]["error_message"].as_str().unwrap();
+    assert!(
+        msg.starts_with(
+            "HTTP 200 text/html, not an event stream: \"<!doctype html> <html><head><title>Sign in"
+        ),
+        "{msg}"
+    );
+    assert!(msg.chars().count() <= 121, "one short line: {msg}");
+    let nomodel = by_name("nomodel");
+    assert_eq!(nomodel["last_error"]["error_type"], "404", "{nomodel:#}");
+    assert_eq!(
+        nomodel["last_error"]["error_message"],
+        "model discovery: 404 Not Found 404 Not Found nginx",
+        "the proxy's page as its text: {nomodel:#}"
+    );
+
+    let (code, text, err) = ctl(&["--addr", &sock, "status"], &[]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        text.contains("  last error: ")
+            && text.contains("non_sse_reply: HTTP 200 text/html, not an event stream: ")
+            && text.contains("404: model discovery: 404 Not Found 404 Not Found nginx"),
+        "{text}"
+    );
+    let (code, text, err) = ctl(&["--addr", &sock, "recent", "--limit", "4"], &[]).await;
+    assert_eq!(code, 0, "{err}");
+    let rows: Vec<&str> = text.lines().filter(|l| l.contains(" canary ")).collect();
+    assert!(
+        rows.len() >= 2
+            && rows
+                .iter()
+                .all(|l| l.contains("non_sse_reply: HTTP 200 text/html")
+                    || l.contains("404: model discovery: 404 Not Found")),
+        "{text}"
+    );
+    let recent = ctl_json(&sock, &["recent", "--limit", "4"]).await;
+    assert!(
+        recent["requests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["error_message"].is_string()),
+        "{recent:#}"
+    );
+    let log = agent.stderr_text();
+    assert!(
+        log.lines()
+            .all(|l| !l.contains("<html") && !l.contains("corporate proxy</p><p>")),
+        "a log line carries the page: {log}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

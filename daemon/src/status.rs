@@ -67,6 +67,10 @@ pub struct RequestSummary {
     /// or `unattributed`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub worker: Option<String>,
+    /// A failed request: the server's or the client's reason, one line of at most
+    /// `measure::EXCERPT_CHARS` characters (`measure::excerpt`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_message: Option<String>,
 }
 
 impl RequestSummary {
@@ -103,6 +107,10 @@ impl RequestSummary {
                 Source::Canary => None,
             },
             worker: r.served_by.as_ref().map(|b| b.key()),
+            error_message: r
+                .failure()
+                .and_then(|e| e.message.as_deref())
+                .map(crate::measure::excerpt),
         }
     }
 }
@@ -187,6 +195,8 @@ struct Inner {
     model: Option<String>,
     counts: BTreeMap<&'static str, u64>,
     last: Option<RequestSummary>,
+    /// The last canary that did not end `ok` (nor `cancelled` by the agent).
+    last_error: Option<RequestSummary>,
     spike_rule: Option<crate::sampler::adaptive::SpikeRule>,
     /// Scheduled and skipped canaries per [`SKIP_BUCKET_S`] bucket (its Unix index), the
     /// newest last, at most [`SKIP_BUCKETS`].
@@ -236,6 +246,9 @@ pub struct TargetSnapshot {
     pub skipped_share_last_minute: Option<f64>,
     pub spike: bool,
     pub last: Option<RequestSummary>,
+    /// The last canary that failed (outcome other than `ok` and `cancelled`), with its
+    /// `error_message`: what an on-call reader looks for first when a target fails.
+    pub last_error: Option<RequestSummary>,
     /// While in spike mode: the rule that started it, with its values.
     pub spike_reason: Option<crate::sampler::adaptive::SpikeRule>,
     /// The serving pod, by OTel attribute name (`k8s.namespace.name`, `k8s.pod.name`,
@@ -351,24 +364,34 @@ impl TargetState {
                     t.last_ttft_ms = last.ttft_ms.or(t.last_ttft_ms);
                 }
             }
+            if last.outcome != "ok" && last.outcome != "cancelled" {
+                g.last_error = Some(last.clone());
+            }
             g.last = Some(last.clone());
         }
     }
 
     pub fn snapshot(&self) -> TargetSnapshot {
         let now_idx = unix_secs(SystemTime::now()) / SKIP_BUCKET_S;
-        let (model, by_outcome, last, spike_reason, last_minute, workers) = match self.inner.lock()
-        {
-            Ok(g) => (
-                g.model.clone(),
-                g.counts.clone(),
-                g.last.clone(),
-                g.spike_rule,
-                skip_share(&g.skip_window, now_idx),
-                g.workers.clone(),
-            ),
-            Err(_) => (None, BTreeMap::new(), None, None, None, BTreeMap::new()),
-        };
+        let (model, by_outcome, (last, last_error), spike_reason, last_minute, workers) =
+            match self.inner.lock() {
+                Ok(g) => (
+                    g.model.clone(),
+                    g.counts.clone(),
+                    (g.last.clone(), g.last_error.clone()),
+                    g.spike_rule,
+                    skip_share(&g.skip_window, now_idx),
+                    g.workers.clone(),
+                ),
+                Err(_) => (
+                    None,
+                    BTreeMap::new(),
+                    (None, None),
+                    None,
+                    None,
+                    BTreeMap::new(),
+                ),
+            };
         let scheduled = self.scheduled.load(Ordering::Relaxed);
         let skipped = self.skipped.load(Ordering::Relaxed);
         TargetSnapshot {
@@ -389,6 +412,7 @@ impl TargetState {
             skipped_share_last_minute: last_minute,
             spike: self.spike.load(Ordering::Relaxed),
             last,
+            last_error,
             spike_reason,
             k8s: self.k8s.clone(),
             workers,
@@ -471,12 +495,12 @@ mod tests {
             load_id: None,
             profile_revision: None,
             worker: None,
+            error_message: None,
         }
     }
 
-    /// A router target's canaries are counted per worker, bounded; a server's carry none.
-    #[test]
-    fn a_router_targets_canaries_are_tallied_per_worker_bounded() {
+    /// A target's state, for `http://127.0.0.1:9`.
+    fn target_state() -> TargetState {
         let cfg = crate::config::load(
             crate::config::Overrides {
                 targets: vec!["http://127.0.0.1:9".into()],
@@ -485,7 +509,13 @@ mod tests {
             &crate::config::ProcessEnv,
         )
         .unwrap();
-        let t = TargetState::new(&cfg.targets[0]);
+        TargetState::new(&cfg.targets[0])
+    }
+
+    /// A router target's canaries are counted per worker, bounded; a server's carry none.
+    #[test]
+    fn a_router_targets_canaries_are_tallied_per_worker_bounded() {
+        let t = target_state();
         let with = |w: Option<&str>, outcome, ttft| RequestSummary {
             worker: w.map(str::to_owned),
             ttft_ms: ttft,
@@ -511,6 +541,26 @@ mod tests {
         let w = t.snapshot().workers;
         assert_eq!(w.len(), MAX_WORKERS + 1);
         assert_eq!(w["other"].requests, 7);
+    }
+
+    /// The last failure stays in the snapshot, with its message, after later successes; the
+    /// agent's own cancellations are not failures.
+    #[test]
+    fn the_last_error_outlives_later_successes() {
+        let t = target_state();
+        assert_eq!(t.snapshot().last_error, None);
+        let refused = RequestSummary {
+            error_type: Some("connection_refused".into()),
+            error_message: Some("connection refused".into()),
+            http_status: None,
+            ..summary("a", "error", "canary", 1.0)
+        };
+        t.record(&refused);
+        t.record(&summary("a", "ok", "canary", 2.0));
+        t.record(&summary("a", "cancelled", "canary", 3.0));
+        let s = t.snapshot();
+        assert_eq!(s.last_error, Some(refused));
+        assert_eq!(s.last.map(|l| l.outcome), Some("cancelled"));
     }
 
     #[test]

@@ -667,7 +667,15 @@ pub async fn discover_model(
     let status = resp.status().as_u16();
     if !resp.status().is_success() {
         let body = resp.bytes().await.unwrap_or_default();
-        return Err(RequestRecord::http_error(status, &body, t0.elapsed()));
+        let mut record = RequestRecord::http_error(status, &body, t0.elapsed());
+        // Said as model discovery's, as its other failures are: not a canary's reply.
+        if let Some(e) = record.error.as_mut() {
+            e.message = Some(match e.message.take() {
+                Some(m) => format!("model discovery: {m}"),
+                None => format!("model discovery: HTTP {status}"),
+            });
+        }
+        return Err(record);
     }
     let content_type = resp
         .headers()

@@ -385,13 +385,20 @@ pub fn format_status(s: &proto::GetStatusResponse) -> String {
         if let Some(l) = &t.last {
             let _ = writeln!(
                 o,
-                "  last: {} {} ttft_ms={} e2e_ms={:.1} trace_id={}",
+                "  last: {} {} ttft_ms={} e2e_ms={:.1}{} trace_id={}",
                 ago(l.at_unix_s),
                 l.outcome,
                 opt_ms(l.ttft_ms),
                 l.e2e_ms,
+                l.worker
+                    .as_deref()
+                    .map(|w| format!(" worker={w}"))
+                    .unwrap_or_default(),
                 l.trace_id
             );
+        }
+        if let Some(e) = &t.last_error {
+            let _ = writeln!(o, "  last error: {} {}", ago(e.at_unix_s), error_words(e));
         }
         if let Some(sv) = &t.server {
             o.push_str(&format_server(sv));
@@ -543,12 +550,32 @@ pub fn format_load(l: &proto::LoadStatus) -> String {
     )
 }
 
+/// A failed request in words: `connection_refused: <message>` or `503 HTTP 503: <message>`,
+/// with the worker of a routed target.
+fn error_words(s: &proto::RequestSummary) -> String {
+    let mut w = s.error_type.clone().unwrap_or_else(|| s.outcome.clone());
+    let said = s
+        .error_message
+        .as_deref()
+        .is_some_and(|m| m.starts_with("HTTP "));
+    if let Some(h) = s.http_status.filter(|h| w != h.to_string() && !said) {
+        let _ = write!(w, " HTTP {h}");
+    }
+    if let Some(m) = &s.error_message {
+        let _ = write!(w, ": {m}");
+    }
+    if let Some(k) = &s.worker {
+        let _ = write!(w, " (worker={k})");
+    }
+    w
+}
+
 /// `lmperf ctl recent` as text: one line per request, newest first.
 pub fn format_recent(r: &proto::ListRecentRequestsResponse) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{:<10} {:<7} {:<20} {:<9} {:>9} {:>9} {:>9} {:>6}  {:<32}  error.type",
+        "{:<10} {:<7} {:<20} {:<9} {:>9} {:>9} {:>9} {:>6}  {:<32}  error (type, HTTP status, message) or worker",
         "age", "source", "target", "outcome", "ttft_ms", "tpot_ms", "e2e_ms", "tokens", "trace_id"
     );
     for s in &r.requests {
@@ -564,7 +591,11 @@ pub fn format_recent(r: &proto::ListRecentRequestsResponse) -> String {
             s.e2e_ms,
             opt_u64(s.output_tokens),
             s.trace_id,
-            s.error_type.as_deref().unwrap_or("-")
+            match (&s.error_type, &s.worker) {
+                (Some(_), _) => error_words(s),
+                (None, Some(w)) => format!("worker={w}"),
+                (None, None) => "-".to_owned(),
+            }
         );
     }
     let _ = writeln!(

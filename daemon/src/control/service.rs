@@ -49,6 +49,8 @@ impl From<&RequestSummary> for proto::RequestSummary {
             retries: s.retries,
             load_id: s.load_id.clone(),
             profile_revision: s.profile_revision,
+            worker: s.worker.clone(),
+            error_message: s.error_message.clone(),
         }
     }
 }
@@ -113,6 +115,7 @@ impl ControlService {
                     skipped: t.skipped,
                     spike: t.spike,
                     last: t.last.as_ref().map(Into::into),
+                    last_error: t.last_error.as_ref().map(Into::into),
                     spike_reason: t.spike_reason.map(|r| r.describe()),
                     server: self
                         .admin

@@ -186,6 +186,43 @@ impl RequestError {
 
 const MAX_MESSAGE_BYTES: usize = 512;
 
+/// A plain-text or markup error body as one line: where it is markup (an HTML error page, the
+/// first non-blank byte `<`), its text without the tags; whitespace collapsed. A proxy's
+/// 404 page then reads `404 Not Found nginx`, and no log line or status carries the page.
+pub fn one_line(body: &str) -> String {
+    let text = if body.trim_start().starts_with('<') {
+        let mut out = String::with_capacity(body.len());
+        let mut in_tag = false;
+        for c in body.chars() {
+            match c {
+                '<' => {
+                    in_tag = true;
+                    out.push(' ');
+                }
+                '>' if in_tag => in_tag = false,
+                c if !in_tag => out.push(c),
+                _ => {}
+            }
+        }
+        out
+    } else {
+        body.to_owned()
+    };
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// `message` cut to at most [`EXCERPT_CHARS`] characters on one line (`…` where cut): what a
+/// status line or a table cell shows of a server's error message.
+pub fn excerpt(message: &str) -> String {
+    let line = one_line(message);
+    if line.chars().count() <= EXCERPT_CHARS {
+        return line;
+    }
+    let mut e: String = line.chars().take(EXCERPT_CHARS).collect();
+    e.push('…');
+    e
+}
+
 fn cut_message(mut m: String) -> String {
     if m.len() > MAX_MESSAGE_BYTES {
         let mut end = MAX_MESSAGE_BYTES;
@@ -332,7 +369,7 @@ impl RequestRecord {
                 error.server_type = e.error_type;
             }
             Err(_) if !body.is_empty() => {
-                error.message = Some(cut_message(String::from_utf8_lossy(body).into_owned()));
+                error.message = Some(cut_message(one_line(&String::from_utf8_lossy(body))));
             }
             Err(_) => {}
         }
@@ -1099,6 +1136,18 @@ mod tests {
             ),
             ("429", Some("rate limited"), Some("rate_limit_exceeded"))
         );
+        let page = b"<!DOCTYPE html>\n<html>\n<head><title>404 Not Found</title></head>\n<body>\n<center><h1>404 Not Found</h1></center>\n<hr><center>nginx/1.25.3</center>\n</body>\n</html>\n";
+        let r = RequestRecord::http_error(404, page, ms(5));
+        assert_eq!(
+            r.error.as_ref().and_then(|e| e.message.as_deref()),
+            Some("404 Not Found 404 Not Found nginx/1.25.3"),
+            "an HTML error page as its text on one line"
+        );
+        assert_eq!(
+            excerpt(&"x ".repeat(100)).chars().count(),
+            EXCERPT_CHARS + 1
+        );
+        assert_eq!(excerpt("a\n  b"), "a b");
         let r = RequestRecord::http_error(500, b"Internal Server Error", ms(5));
         assert_eq!(
             r.error.unwrap().message.as_deref(),
