@@ -1754,8 +1754,9 @@ async fn ctl_says_why_a_target_fails_and_no_log_line_carries_a_page() {
     std::fs::write(
         &cfg,
         format!(
-            "[canary]\ninterval = \"200ms\"\n\n[[target]]\nurl = \"{u}\"\nname = \"html\"\nmodel = \"m\"\n\n[[target]]\nurl = \"{u}\"\nname = \"nomodel\"\n\n[gpu]\nenabled = false\n\n[net]\nenabled = false\n\n[control]\nlisten = \"{sock}\"\n",
-            u = server.url()
+            "[canary]\ninterval = \"200ms\"\n\n[[target]]\nurl = \"{u}\"\nname = \"html\"\nmodel = \"m\"\n\n[[target]]\nurl = \"{u}\"\nname = \"nomodel\"\n\n[[target]]\nurl = \"http://127.0.0.1:{dead}\"\nname = \"dead\"\nmodel = \"m\"\n\n[gpu]\nenabled = false\n\n[net]\nenabled = false\n\n[control]\nlisten = \"{sock}\"\n",
+            u = server.url(),
+            dead = lmperf_e2e::peers::free_port()
         ),
     )
     .unwrap();
@@ -1816,7 +1817,8 @@ async fn ctl_says_why_a_target_fails_and_no_log_line_carries_a_page() {
             && rows
                 .iter()
                 .all(|l| l.contains("non_sse_reply: HTTP 200 text/html")
-                    || l.contains("404: model discovery: 404 Not Found")),
+                    || l.contains("404: model discovery: 404 Not Found")
+                    || l.contains("connection_refused: ")),
         "{text}"
     );
     let recent = ctl_json(&sock, &["recent", "--limit", "4"]).await;
@@ -1828,10 +1830,65 @@ async fn ctl_says_why_a_target_fails_and_no_log_line_carries_a_page() {
             .all(|r| r["error_message"].is_string()),
         "{recent:#}"
     );
-    let log = agent.stderr_text();
+    // Failing since the start: diagnosed with the first error, not "nothing to diagnose";
+    // a WARN line for each target going down.
+    let t = Instant::now();
+    let text = loop {
+        let (code, text, err) = ctl(&["--addr", &sock, "diagnose"], &[]).await;
+        assert_eq!(code, 0, "{err}");
+        if text
+            .matches("canaries failed, none ok since the start")
+            .count()
+            == 3
+        {
+            break text;
+        }
+        assert!(t.elapsed() < Duration::from_secs(15), "{text}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
     assert!(
-        log.lines()
-            .all(|l| !l.contains("<html") && !l.contains("corporate proxy</p><p>")),
+        text.contains("unreachable since ")
+            && text.contains("first connection_refused")
+            && text.contains("failing since ")
+            && text.contains("first non_sse_reply: HTTP 200 text/html, not an event stream")
+            && text.contains("first 404: model discovery: 404 Not Found")
+            && !text.contains("nothing to diagnose"),
+        "{text}"
+    );
+    let d = ctl_json(&sock, &["diagnose"]).await;
+    let dead = d["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["target"] == "dead")
+        .unwrap_or_else(|| panic!("{d:#}"))
+        .clone();
+    assert_eq!(
+        (
+            dead["down"]["kind"].as_str(),
+            dead["down"]["since_start"].as_bool(),
+            dead["down"]["first_error"]["error_type"].as_str()
+        ),
+        (Some("unreachable"), Some(true), Some("connection_refused")),
+        "{dead:#}"
+    );
+    let log = agent.stderr_text();
+    for name in ["dead", "html", "nomodel"] {
+        assert_eq!(
+            log.lines()
+                .filter(
+                    |l| l.contains("Target down: ") && l.contains(&format!("target_name={name}"))
+                )
+                .count(),
+            1,
+            "one WARN line as {name} went down: {log}"
+        );
+    }
+    // The page's first bytes are quoted (what came back), never the page.
+    assert!(
+        log.lines().all(|l| l.len() < 1000
+            && !l.contains("corporate proxy</p><p>corporate proxy")
+            && !l.contains("<center>")),
         "a log line carries the page: {log}"
     );
     let _ = std::fs::remove_dir_all(&dir);

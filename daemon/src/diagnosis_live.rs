@@ -24,6 +24,7 @@ use crate::config::k8s::K8sIdentity;
 use crate::config::profiling::Trigger;
 use crate::diagnosis::announce::{Announcement, Announcer};
 use crate::diagnosis::node_scope::Placement;
+use crate::diagnosis::reachability::{Down, ErrorNote, Reachability, Transition};
 use crate::diagnosis::report::{NodeDiagnosis, ServerProfile, State, TargetDiagnosis, unix_s};
 use crate::diagnosis::{Cause, Diagnosis, Engine, EngineConfig, Signal};
 use crate::gpu::backend::throttle;
@@ -105,6 +106,8 @@ pub struct LiveDiagnosis {
     /// The last root_confirmed diagnosis of each target, with when it was confirmed.
     confirmed: Mutex<BTreeMap<String, (SystemTime, TargetDiagnosis)>>,
     kept: Mutex<BTreeMap<String, KeptSpans>>,
+    /// Per target: whether it answers at all (failed canaries in a row, no baseline).
+    reachability: Mutex<BTreeMap<String, Reachability>>,
     /// The GPU tick last fed, and per target the fault count then (XIDs + lost GPUs +
     /// uncorrected ECC of the GPUs it reads).
     gpu_seen: Mutex<(Option<SystemTime>, BTreeMap<String, u64>)>,
@@ -321,6 +324,7 @@ impl LiveDiagnosis {
             last: Mutex::new(last),
             confirmed: Mutex::default(),
             kept: Mutex::default(),
+            reachability: Mutex::default(),
             gpu_seen: Mutex::default(),
             k8s: Mutex::default(),
             gpu_evidence: Mutex::default(),
@@ -367,6 +371,9 @@ impl LiveDiagnosis {
         if let Ok(mut k) = self.kept.lock() {
             k.remove(name);
         }
+        if let Ok(mut r) = self.reachability.lock() {
+            r.remove(name);
+        }
         if let Ok(mut s) = self.server_seen.lock() {
             s.remove(name);
         }
@@ -375,6 +382,7 @@ impl LiveDiagnosis {
     /// Feeds one measured canary of `target` (at its end) and what the kernel saw of it.
     pub fn observe_request(&self, target: &str, m: &Measured, net: Option<RequestNet>) {
         let end = m.wall_start + m.record.e2e;
+        self.observe_reachability(target, m, end);
         let Ok(mut e) = self.engine.lock() else {
             return;
         };
@@ -453,6 +461,48 @@ impl LiveDiagnosis {
             evaluations: self.evaluations.load(Ordering::Relaxed),
             cpu_s: self.loop_cpu_ns.load(Ordering::Relaxed) as f64 / 1e9,
         }
+    }
+
+    /// Feeds `target`'s reachability one canary (the agent's own cancellations left out) and
+    /// says a change in the log: a WARN line when the target goes down (with its first error)
+    /// and when it answers again (how long it was down).
+    fn observe_reachability(&self, target: &str, m: &Measured, end: SystemTime) {
+        let r = &m.record;
+        let at_unix_s = unix_s(end);
+        let outcome = match (r.outcome, r.failure()) {
+            (crate::measure::Outcome::Cancelled, _) => return,
+            (crate::measure::Outcome::Ok, _) => Ok(()),
+            (o, e) => Err(ErrorNote {
+                at_unix_s,
+                error_type: e.map_or_else(|| o.as_str().to_owned(), |e| e.error_type.clone()),
+                message: e
+                    .and_then(|e| e.message.as_deref())
+                    .map(crate::measure::excerpt),
+            }),
+        };
+        let Ok(mut all) = self.reachability.lock() else {
+            return;
+        };
+        match all.entry(target.to_owned()).or_default().observe(outcome) {
+            Some(Transition::Down(d)) => {
+                tracing::warn!(target_name = %target, kind = d.kind.as_str(), since_start = d.since_start, "Target down: {}", d.words());
+            }
+            Some(Transition::Recovered {
+                down,
+                at_unix_s: last_failed,
+            }) => {
+                tracing::warn!(target_name = %target, down_s = format!("{:.1}", at_unix_s - down.since_unix_s), failed = down.failed, "Target answers again after {:.0} s {} ({} canaries failed, last at {} UTC).", at_unix_s - down.since_unix_s, down.kind.as_str(), down.failed, crate::diagnosis::report::clock(last_failed));
+            }
+            None => {}
+        }
+    }
+
+    /// Whether `target` is down now (failed canaries in a row), with its errors.
+    pub fn down(&self, target: &str) -> Option<Down> {
+        self.reachability
+            .lock()
+            .ok()
+            .and_then(|r| r.get(target).and_then(Reachability::current))
     }
 
     /// Remembers a kept span of `target` that ended at `end`, for the diagnosis span's links:
@@ -658,6 +708,7 @@ impl LiveDiagnosis {
                 .cloned()
                 .unwrap_or_else(|| idle(name));
             self.add_gpu_evidence(&mut td);
+            td.down = self.down(name);
             let before = last
                 .targets
                 .iter()
@@ -895,6 +946,7 @@ fn idle(target: &str) -> TargetDiagnosis {
         ttft_decomposition: None,
         summary: None,
         baseline_wait: None,
+        down: None,
         roots: Vec::new(),
         root_onsets_unix_s: Vec::new(),
         canaries_skipped_share: None,

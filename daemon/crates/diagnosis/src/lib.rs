@@ -26,6 +26,8 @@
 //! - [`node_scope`]: node-wide vs target: one fault on most of a node's targets through a
 //!   signal they share is one node-level diagnosis (`scope: node`); [`announce`]: what is said
 //!   once per incident (a node's fault once, not per target).
+//! - [`reachability`]: whether a target answers at all (failed canaries in a row, no
+//!   baseline): a dead port or an outage is said whenever it happens.
 //! - [`report`]: the [`Diagnosis`] document (**API Boundary**); [`scorecard`]: it as text.
 //!
 //! **Architecture Invariant:** pure, like `measure/`: no clock, no socket, no file. Callers
@@ -157,6 +159,7 @@ pub mod node_scope;
 pub mod onset;
 pub mod pressure;
 pub mod queueing;
+pub mod reachability;
 pub mod report;
 pub mod roots;
 pub mod scorecard;

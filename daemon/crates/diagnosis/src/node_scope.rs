@@ -453,6 +453,7 @@ mod tests {
             ttft_decomposition: None,
             summary: None,
             baseline_wait: None,
+            down: None,
             roots: Vec::new(),
             root_onsets_unix_s: Vec::new(),
             canaries_skipped_share: None,

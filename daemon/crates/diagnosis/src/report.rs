@@ -196,6 +196,12 @@ pub struct TargetDiagnosis {
     /// Idle because no symptom series has a baseline yet: seconds held and needed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub baseline_wait: Option<BaselineWait>,
+    /// The target does not answer (or answers only errors): its canaries failed
+    /// [`crate::reachability::DOWN_AFTER`] times or more in a row, whatever the baseline.
+    /// Filled by the caller from its [`crate::reachability::Reachability`]; absent while the
+    /// target answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub down: Option<crate::reachability::Down>,
     /// When confirmed with more than one root (each ≥ the confirmation score, none a child of
     /// another in the cause graph): the roots in causal order (when their signals changed).
     /// Empty for a single root.
@@ -618,6 +624,7 @@ mod tests {
             ttft_decomposition: None,
             summary: None,
             baseline_wait: None,
+            down: None,
             roots: vec![Cause::Network, Cause::GpuThrottling],
             root_onsets_unix_s: vec![Some(100.0), Some(130.0)],
             canaries_skipped_share: None,

@@ -47,7 +47,13 @@ pub fn text(d: &Diagnosis) -> String {
             );
         }
         o.push('\n');
+        if let Some(d) = &t.down {
+            let _ = writeln!(o, "  {}", d.words());
+        }
         if t.state == State::Idle {
+            if t.down.is_some() {
+                continue;
+            }
             match &t.baseline_wait {
                 Some(w) => {
                     let _ = writeln!(o, "  {}: a spike cannot be judged before", w.words());
