@@ -1893,3 +1893,100 @@ async fn ctl_says_why_a_target_fails_and_no_log_line_carries_a_page() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An outage in the middle of a target's life (issue 50): 503s for a while, then answers
+/// again. One WARN line as it goes down (with the first error), `ctl diagnose` says it failing
+/// while it lasts, one WARN line when it answers again with how long it was down.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_target_going_down_and_back_is_said_once_each_way() {
+    let outage = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let o = outage.clone();
+    let server = ScriptedServer::start(Arc::new(move |_, _| {
+        if o.load(std::sync::atomic::Ordering::SeqCst) {
+            Reply::json(
+                503,
+                r#"{"error":{"message":"engine restarting","type":"ServiceUnavailable"}}"#,
+            )
+        } else {
+            Reply::sse(chat_stream(
+                2,
+                Duration::from_millis(2),
+                Duration::from_millis(2),
+                4,
+            ))
+        }
+    }))
+    .await;
+    let dir = temp::dir("ctl-down-up");
+    let sock = format!("unix:{}", dir.join("control.sock").display());
+    let cfg = write_config(&dir, &server.url(), &format!("listen = \"{sock}\"\n"));
+    let agent = spawn_config(&cfg).await;
+    let ok = |s: &Value| s["targets"][0]["by_outcome"]["ok"].as_u64().unwrap_or(0);
+    let t = Instant::now();
+    while ok(&ctl_json(&sock, &["status"]).await) < 3 {
+        assert!(t.elapsed() < Duration::from_secs(15), "no canary ok");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    outage.store(true, std::sync::atomic::Ordering::SeqCst);
+    let t = Instant::now();
+    let text = loop {
+        let (code, text, err) = ctl(&["--addr", &sock, "diagnose"], &[]).await;
+        assert_eq!(code, 0, "{err}");
+        if text.contains("failing since ") {
+            break text;
+        }
+        assert!(t.elapsed() < Duration::from_secs(15), "{text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        text.contains("first 503: engine restarting") && !text.contains("none ok since the start"),
+        "{text}"
+    );
+    outage.store(false, std::sync::atomic::Ordering::SeqCst);
+    let t = Instant::now();
+    while !agent.stderr_text().contains("Target answers again after") {
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "{}",
+            agent.stderr_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = agent.stderr_text();
+    let (down, up): (Vec<&str>, Vec<&str>) = (
+        log.lines()
+            .filter(|l| l.contains("Target down: "))
+            .collect(),
+        log.lines()
+            .filter(|l| l.contains("Target answers again after"))
+            .collect(),
+    );
+    assert_eq!((down.len(), up.len()), (1, 1), "{log}");
+    assert!(
+        down[0].contains("WARN")
+            && down[0].contains("failing since")
+            && down[0].contains("first 503: engine restarting"),
+        "{}",
+        down[0]
+    );
+    assert!(
+        up[0].contains("WARN") && up[0].contains("s failing ("),
+        "{}",
+        up[0]
+    );
+    // The diagnosis says it at its next evaluation (each second).
+    let t = Instant::now();
+    loop {
+        let (code, text, _) = ctl(&["--addr", &sock, "diagnose"], &[]).await;
+        assert_eq!(code, 0);
+        if !text.contains("failing since ") {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "answers again: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -39,6 +39,8 @@ use crate::telemetry::spans::TraceIds;
 
 /// Kept traces remembered per target for the diagnosis span's links.
 pub const KEPT_PER_TARGET: usize = 64;
+/// How long before an open incident's onset an outage that ended still belongs to it.
+pub const DOWN_EPISODE_LOOKBACK: Duration = Duration::from_secs(300);
 /// Links on one `lmperf.diagnosis` span at most.
 pub const MAX_LINKS: usize = 32;
 
@@ -471,7 +473,7 @@ impl LiveDiagnosis {
         let at_unix_s = unix_s(end);
         let outcome = match (r.outcome, r.failure()) {
             (crate::measure::Outcome::Cancelled, _) => return,
-            (crate::measure::Outcome::Ok, _) => Ok(()),
+            (crate::measure::Outcome::Ok, _) => Ok(at_unix_s),
             (o, e) => Err(ErrorNote {
                 at_unix_s,
                 error_type: e.map_or_else(|| o.as_str().to_owned(), |e| e.error_type.clone()),
@@ -497,12 +499,22 @@ impl LiveDiagnosis {
         }
     }
 
-    /// Whether `target` is down now (failed canaries in a row), with its errors.
-    pub fn down(&self, target: &str) -> Option<Down> {
-        self.reachability
-            .lock()
-            .ok()
-            .and_then(|r| r.get(target).and_then(Reachability::current))
+    /// Whether `target` is down now (failed canaries in a row), with its errors; or, while
+    /// an incident is open (`open_since`: its onset, Unix seconds), the episode that ended
+    /// within [`DOWN_EPISODE_LOOKBACK`] before it: a restart after an outage is part of the
+    /// outage's incident, and its errors stay its evidence.
+    pub fn down(&self, target: &str, open_since: Option<f64>) -> Option<Down> {
+        let r = self.reachability.lock().ok()?;
+        let r = r.get(target)?;
+        r.current().or_else(|| {
+            let on = open_since?;
+            r.last_episode()
+                .filter(|d| {
+                    d.recovered_unix_s
+                        .is_some_and(|up| up >= on - DOWN_EPISODE_LOOKBACK.as_secs_f64())
+                })
+                .cloned()
+        })
     }
 
     /// Remembers a kept span of `target` that ended at `end`, for the diagnosis span's links:
@@ -708,7 +720,10 @@ impl LiveDiagnosis {
                 .cloned()
                 .unwrap_or_else(|| idle(name));
             self.add_gpu_evidence(&mut td);
-            td.down = self.down(name);
+            td.down = self.down(name, td.onset_unix_s.filter(|_| td.state != State::Idle));
+            if td.down.is_some() && td.summary.is_some() {
+                td.summary = td.line();
+            }
             let before = last
                 .targets
                 .iter()

@@ -79,6 +79,9 @@ pub struct Down {
     pub since_start: bool,
     pub first_error: ErrorNote,
     pub last_error: ErrorNote,
+    /// When it answered again (Unix seconds): set on a past episode, `None` while down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovered_unix_s: Option<f64>,
 }
 
 impl Down {
@@ -95,10 +98,17 @@ impl Down {
         } else {
             format!("; last {}", self.last_error.words())
         };
+        let span = match self.recovered_unix_s {
+            Some(up) => format!(
+                "from {} to {} UTC",
+                hh_mm_ss(self.since_unix_s),
+                hh_mm_ss(up)
+            ),
+            None => format!("since {} UTC", hh_mm_ss(self.since_unix_s)),
+        };
         format!(
-            "{} since {} UTC ({} canaries failed{start}): first {}{last}",
+            "{} {span} ({} canaries failed{start}): first {}{last}",
             self.kind.as_str(),
-            hh_mm_ss(self.since_unix_s),
             self.failed,
             self.first_error.words()
         )
@@ -116,7 +126,8 @@ fn hh_mm_ss(unix: f64) -> String {
 pub enum Transition {
     /// The target just went down.
     Down(Down),
-    /// The first success after `down`, at `at_unix_s`.
+    /// The first success after `down` (its `recovered_unix_s` set); `at_unix_s`: the last
+    /// failure.
     Recovered { down: Down, at_unix_s: f64 },
 }
 
@@ -127,14 +138,17 @@ pub struct Reachability {
     /// The failures since the last success: the first, the last, how many.
     run: Option<(ErrorNote, ErrorNote, u64)>,
     down: bool,
+    /// The last episode that ended (the target answered again).
+    last_episode: Option<Down>,
 }
 
 impl Reachability {
-    /// A canary that ended at `at_unix_s`: `Ok(())` for a success, `Err(note)` for a failure
-    /// (the caller leaves out the agent's own cancellations). Returns the transition, if any.
-    pub fn observe(&mut self, outcome: Result<(), ErrorNote>) -> Option<Transition> {
+    /// One canary: `Ok(end)` for a success, `Err(note)` for a failure (the caller leaves out
+    /// the agent's own cancellations). Returns the transition, if any.
+    /// A success carries its end time (`Ok(at_unix_s)`), a failure its note.
+    pub fn observe(&mut self, outcome: Result<f64, ErrorNote>) -> Option<Transition> {
         match outcome {
-            Ok(()) => {
+            Ok(up) => {
                 self.ever_ok = true;
                 let run = self.run.take();
                 let was_down = std::mem::replace(&mut self.down, false);
@@ -148,7 +162,9 @@ impl Reachability {
                             since_start: false,
                             first_error: first,
                             last_error: last,
+                            recovered_unix_s: Some(up),
                         };
+                        self.last_episode = Some(down.clone());
                         Some(Transition::Recovered { down, at_unix_s })
                     }
                     _ => None,
@@ -182,7 +198,13 @@ impl Reachability {
             since_start: !self.ever_ok,
             first_error: first,
             last_error: last,
+            recovered_unix_s: None,
         })
+    }
+
+    /// The last episode that ended (`recovered_unix_s` set), if any.
+    pub fn last_episode(&self) -> Option<&Down> {
+        self.last_episode.as_ref()
     }
 }
 
@@ -190,7 +212,7 @@ impl Reachability {
 mod tests {
     use super::*;
 
-    fn fail(at: f64, t: &str) -> Result<(), ErrorNote> {
+    fn fail(at: f64, t: &str) -> Result<f64, ErrorNote> {
         Err(ErrorNote {
             at_unix_s: at,
             error_type: t.to_owned(),
@@ -204,7 +226,7 @@ mod tests {
         // A blip: two failures, then a success: never down.
         assert_eq!(r.observe(fail(1.0, "connection_refused")), None);
         assert_eq!(r.observe(fail(2.0, "connection_refused")), None);
-        assert_eq!(r.observe(Ok(())), None);
+        assert_eq!(r.observe(Ok(3.0)), None);
         assert_eq!(r.current(), None);
         // An outage: down at the third failure, dated from the first.
         r.observe(fail(10.0, "connection_refused"));
@@ -224,11 +246,25 @@ mod tests {
             "said once"
         );
         assert_eq!(r.current().map(|d| d.failed), Some(4));
-        let Some(Transition::Recovered { down, at_unix_s }) = r.observe(Ok(())) else {
+        let Some(Transition::Recovered { down, at_unix_s }) = r.observe(Ok(18.0)) else {
             panic!("recovered at the first success");
         };
-        assert_eq!((down.since_unix_s, down.failed, at_unix_s), (10.0, 4, 16.0));
+        assert_eq!(
+            (
+                down.since_unix_s,
+                down.failed,
+                at_unix_s,
+                down.recovered_unix_s
+            ),
+            (10.0, 4, 16.0, Some(18.0))
+        );
         assert_eq!(r.current(), None);
+        assert_eq!(r.last_episode(), Some(&down));
+        assert!(
+            down.words().starts_with("unreachable from 00:00:10 to 00:00:18 UTC (4 canaries failed): first connection_refused"),
+            "{}",
+            down.words()
+        );
     }
 
     #[test]

@@ -489,11 +489,15 @@ impl TargetDiagnosis {
         if !moved(&[Cause::Network]) {
             flat.push("network");
         }
-        if !moved(&[Cause::ErrorBurst]) {
+        // Failed canaries in a row are no flat errors, whatever the error ratio's baseline.
+        if !moved(&[Cause::ErrorBurst]) && self.down.is_none() {
             flat.push("errors");
         }
         if !flat.is_empty() {
             s.push_str(&format!("; {} flat", flat.join(", ")));
+        }
+        if let Some(d) = &self.down {
+            s.push_str(&format!("; target {}", d.words()));
         }
         Some(s)
     }
@@ -646,5 +650,27 @@ mod tests {
         one.root_onsets_unix_s.clear();
         let line = one.line().unwrap_or_default();
         assert!(line.starts_with("network 0.81: TTFT"), "{line}");
+        // While the target's canaries fail in a row (or the outage ended within the incident),
+        // the errors are not flat: the sentence says the outage instead.
+        let note = |at: f64| crate::reachability::ErrorNote {
+            at_unix_s: at,
+            error_type: "connection_refused".into(),
+            message: None,
+        };
+        one.down = Some(crate::reachability::Down {
+            kind: crate::reachability::DownKind::Unreachable,
+            since_unix_s: 90.0,
+            failed: 12,
+            since_start: false,
+            first_error: note(90.0),
+            last_error: note(112.0),
+            recovered_unix_s: Some(115.0),
+        });
+        let line = one.line().unwrap_or_default();
+        assert!(
+            !line.contains("errors flat")
+                && line.ends_with("TTFT p99 38.0 ms → 412 ms; target unreachable from 00:01:30 to 00:01:55 UTC (12 canaries failed): first connection_refused"),
+            "{line}"
+        );
     }
 }
