@@ -193,6 +193,10 @@ pub struct MetricDelta {
     pub ci_high: Option<f64>,
     pub p_value: Option<f64>,
     pub verdict: Verdict,
+    /// A tail percentile from too few values to call a change: the values each side would
+    /// need (50 for p90, 500 for p99); the verdict is then `unchanged`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub too_few_values: Option<usize>,
 }
 
 /// One matched benchmark.
@@ -749,10 +753,23 @@ fn delta(
         ci_high: ci.map(|c| c.1),
         p_value,
         verdict: verdict(better, ci),
+        too_few_values: None,
     }
 }
 
 impl MetricDelta {
+    /// A tail quantile `q` from `values` values on the smaller side: below
+    /// [`values_for_tail`], no verdict but "unchanged", and `too_few_values` says how many it
+    /// would need (the delta and its interval stay, for the reader).
+    fn with_power(mut self, q: f64, values: usize) -> Self {
+        let need = values_for_tail(q);
+        if values < need {
+            self.verdict = Verdict::Unchanged;
+            self.too_few_values = Some(need);
+        }
+        self
+    }
+
     /// A verdict stands only when the rank test, where there is one, agrees: a p-value at or
     /// above `alpha` makes it "unchanged" (no "regression" beside p = 1).
     fn significant_at(mut self, alpha: f64) -> Self {
@@ -804,21 +821,39 @@ fn latency_deltas(
     // It tests location, so it stands beside the mean and the median only; a tail (p90, p99)
     // is judged by its interval alone.
     let p = mann_whitney_u(&b.per_request_means(), &n.per_request_means()).map(|r| r.1);
+    let fewest = b.values.len().min(n.values.len());
     for (k, stat) in STATS.iter().enumerate() {
         let p = if k < 2 { p } else { None };
-        metrics.push(
-            delta(
-                format!("{m}_{stat}"),
-                "ms",
-                Better::Lower,
-                bs.map(|s| s[k]),
-                ns.map(|s| s[k]),
-                cis[k],
-                p,
-            )
-            .significant_at(1.0 - spec.confidence),
-        );
+        let d = delta(
+            format!("{m}_{stat}"),
+            "ms",
+            Better::Lower,
+            bs.map(|s| s[k]),
+            ns.map(|s| s[k]),
+            cis[k],
+            p,
+        )
+        .significant_at(1.0 - spec.confidence);
+        metrics.push(match TAIL_QUANTILES[k] {
+            Some(q) => d.with_power(q, fewest),
+            None => d,
+        });
     }
+}
+
+/// The quantile of each of [`STATS`] that is a tail (p90, p99); `None` for the mean and the
+/// median, which every sample informs.
+const TAIL_QUANTILES: [Option<f64>; 4] = [None, None, Some(0.90), Some(0.99)];
+
+/// Values beyond a tail quantile each side needs before a change of it is called: with fewer,
+/// the quantile is one of its few largest values and a resampled interval of it says little
+/// (the p99 of 8 requests is their maximum: one slow request reads as a regression).
+pub const MIN_TAIL_VALUES: f64 = 5.0;
+
+/// Values a side needs for a change of the `q` quantile to be called ([`MIN_TAIL_VALUES`]
+/// beyond it): 50 for p90, 500 for p99.
+pub fn values_for_tail(q: f64) -> usize {
+    (MIN_TAIL_VALUES / (1.0 - q)).round() as usize
 }
 
 fn compare_bench(name: &str, base: &Bench, new: &Bench, spec: &CompareSpec) -> BenchComparison {
@@ -1422,6 +1457,75 @@ mod tests {
         );
         assert_eq!(verdict(Better::Lower, Some((0.0, 0.0))), Verdict::Unchanged);
         assert_eq!(verdict(Better::Lower, None), Verdict::Unchanged);
+    }
+
+    /// A tail percentile needs MIN_TAIL_VALUES beyond it on each side before its change is
+    /// called: 50 values for p90, 500 for p99; the median is called from 8.
+    #[test]
+    fn tail_verdicts_need_the_values_for_their_tail() {
+        assert_eq!((values_for_tail(0.90), values_for_tail(0.99)), (50, 500));
+        let regression = || {
+            delta(
+                "ttft_p99".into(),
+                "ms",
+                Better::Lower,
+                Some(10.0),
+                Some(12.0),
+                Some((1.4, 2.2)),
+                None,
+            )
+        };
+        let few = regression().with_power(0.99, 8);
+        assert_eq!(
+            (few.verdict, few.too_few_values),
+            (Verdict::Unchanged, Some(500))
+        );
+        assert_eq!(few.delta, Some(2.0), "the delta stays for the reader");
+        let many = regression().with_power(0.99, 500);
+        assert_eq!(
+            (many.verdict, many.too_few_values),
+            (Verdict::Regression, None)
+        );
+        // Through the whole comparison: 8 requests each, every one 2 ms slower (a shift the
+        // median and the mean call), the tails unchanged with the values they need, and the
+        // same run against itself twice: nothing flagged.
+        let tmp = std::env::temp_dir().join(format!("lmperf-compare-power-{}", std::process::id()));
+        let base: Vec<f64> = (0..8).map(|i| 10.0 + f64::from(i) * 0.1).collect();
+        let slow: Vec<f64> = base.iter().map(|t| t + 2.0).collect();
+        write_run(&tmp.join("base"), &[("c1", &base)]);
+        write_run(&tmp.join("new"), &[("c1", &slow)]);
+        let c = compare(&CompareSpec {
+            base_dir: tmp.join("base"),
+            new_dir: tmp.join("new"),
+            output_dir: tmp.join("out"),
+            gates: Vec::new(),
+            resamples: 200,
+            confidence: 0.95,
+            seed: 1,
+        })
+        .unwrap();
+        let m = |k: &str| {
+            c.benchmarks[0]
+                .metrics
+                .iter()
+                .find(|m| m.metric == k)
+                .cloned()
+                .unwrap_or_else(|| panic!("{k}"))
+        };
+        assert_eq!(m("ttft_p50").verdict, Verdict::Regression);
+        for k in ["ttft_p90", "ttft_p99", "e2el_p99"] {
+            assert_eq!(
+                (m(k).verdict, m(k).too_few_values.is_some()),
+                (Verdict::Unchanged, true),
+                "{k}"
+            );
+        }
+        let table = super::super::compare_text::table(&c);
+        assert!(
+            table.contains("unchanged (too few values: needs 500)"),
+            "{table}"
+        );
+        let _ = std::fs::remove_dir_all(&tmp);
     }
 
     #[test]

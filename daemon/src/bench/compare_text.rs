@@ -1,7 +1,8 @@
 //! `lmperf compare`'s terminal table: per matched benchmark, the headline metrics of
 //! `compare.json` (TTFT, TPOT, ITL, E2EL at p50 and p99, throughput, error rate, and the
 //! server's own timing where the runs carried it) with base, new, the relative change, its
-//! confidence interval, the rank test's p-value and the verdict. A plain function of the
+//! confidence interval, the rank test's p-value and the verdict; then any other metric with a
+//! verdict (every flagged row is shown). A plain function of the
 //! [`Comparison`]: no IO.
 
 use std::fmt::Write as _;
@@ -72,10 +73,16 @@ pub fn table(c: &Comparison) -> String {
             "  {:<34} {:>10} {:>10} {:>9} {:>24} {:>8}  verdict",
             "metric", "base", "new", "change", "delta CI", "p"
         );
-        for name in SHOWN {
-            let Some(m) = b.metrics.iter().find(|m| m.metric == *name) else {
-                continue;
-            };
+        // The headline metrics, then every other metric with a verdict: nothing flagged in
+        // compare.json is missing from the table.
+        let flagged = b
+            .metrics
+            .iter()
+            .filter(|m| m.verdict != Verdict::Unchanged && !SHOWN.contains(&m.metric.as_str()));
+        let shown = SHOWN
+            .iter()
+            .filter_map(|name| b.metrics.iter().find(|m| m.metric == *name));
+        for m in shown.chain(flagged) {
             let _ = writeln!(
                 out,
                 "  {:<34} {:>10} {:>10} {:>9} {:>24} {:>8}  {}",
@@ -86,7 +93,10 @@ pub fn table(c: &Comparison) -> String {
                 interval(m),
                 m.p_value
                     .map_or_else(|| "–".to_owned(), |p| format!("{p:.3}")),
-                verdict(m.verdict),
+                match m.too_few_values {
+                    Some(n) => format!("{} (too few values: needs {n})", verdict(m.verdict)),
+                    None => verdict(m.verdict).to_owned(),
+                },
             );
         }
     }
