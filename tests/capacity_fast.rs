@@ -1,7 +1,7 @@
 //! `lmperf run --find-max-rate` with default flags (no start rate: a throughput probe sets the
 //! bracket) against a server of known capacity: 8 at a time × 100 ms = 80 req/s. The search
-//! answers within the bounds (max rate 70–102.5 %, knee 75–110 % of the capacity as
-//! served) in a few steps, each still as long as the p99 rule asks (473 requests: ~6 s each).
+//! answers within its own rules' bounds (max rate 70 % to cap / 0.95, knee 75–110 % of the
+//! capacity as served) in a few steps, each still as long as the p99 rule asks (473 requests: ~6 s each).
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -60,10 +60,21 @@ async fn default_search_answers_fast_from_a_throughput_probe() {
         steps.len(),
         wall.as_secs_f64()
     );
+    // The search's own rules bound its answer: a step passes only when completions kept up
+    // with the rate sent (within 1 − precision, 5 %), and counts at the rate sent when a
+    // Poisson draw or a loaded sender came short of the offered one; so no answer lies above
+    // cap / 0.95 (1 % beside for the capacity's own estimate from held times).
     assert!(
-        (0.70 * cap..=1.025 * cap).contains(&max),
+        (0.70 * cap..=cap / 0.95 * 1.01).contains(&max),
         "max_rate {max} for a capacity of {cap}: {c}"
     );
+    for step in steps {
+        let tested = step["tested_rate"].as_f64().unwrap();
+        assert!(tested <= step["offered_rate"].as_f64().unwrap(), "{step}");
+        if let Some(sent) = step["sent_rate"].as_f64() {
+            assert!(tested <= sent, "{step}");
+        }
+    }
     assert!(
         (0.75 * cap..=1.10 * cap).contains(&knee),
         "knee {knee} for a capacity of {cap}: {c}"

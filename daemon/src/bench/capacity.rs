@@ -6,7 +6,10 @@
 //! **Search.** Bracketing from the start rate (doubling while the SLOs hold, halving while they
 //! break), then bisection between the highest passing and the lowest failing rate until
 //! `(fail − pass) / pass ≤ precision`. The answer is the highest passing rate, so it is at
-//! most `precision` below the true limit.
+//! most `precision` below the true limit. A step counts at the rate it put to the server
+//! ([`StepObservation::tested_rate`]): the offered rate, or the rate actually sent when fewer
+//! came (a Poisson draw of 473 arrivals is ±4.6 % off its rate; a loaded sender falls
+//! behind), so a pass is never credited to a rate the server was not shown.
 //!
 //! **Throughput probe** ([`Search::probed`], the default without a start rate; as GuideLLM's
 //! sweep sets its bounds with a throughput run first): one short closed-loop run at full
@@ -189,6 +192,16 @@ pub struct StepObservation {
 }
 
 impl StepObservation {
+    /// The rate the step put to the server, req/s: the offered rate, or the realized send
+    /// rate when it came lower (a Poisson schedule's draw, or a sender that fell behind). A
+    /// pass counts for the rate the server was shown, never for one it was not; a send rate
+    /// above the offered one counts as the offered (the conservative side of either verdict).
+    pub fn tested_rate(&self) -> f64 {
+        self.sent_rate
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map_or(self.offered_rate, |s| s.min(self.offered_rate))
+    }
+
     fn values(&self, m: Metric) -> &[f64] {
         match m {
             Metric::Ttft => &self.ttft_ms,
@@ -227,6 +240,9 @@ impl SloCheck {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Step {
     pub offered_rate: f64,
+    /// The rate the verdict counts for the bracket, req/s: the offered rate, or the rate
+    /// actually sent when fewer came (see [`StepObservation::tested_rate`]).
+    pub tested_rate: f64,
     pub achieved_rate: f64,
     /// See [`StepObservation::sent_rate`].
     pub sent_rate: Option<f64>,
@@ -250,9 +266,11 @@ pub struct Capacity {
     /// Requests per step and the rule that set it.
     pub step_requests: usize,
     pub step_rule: String,
-    /// Highest offered rate at which every SLO held (req/s); null when none did.
+    /// Highest rate at which every SLO held (req/s; a step's [`Step::tested_rate`]: offered,
+    /// or as sent when fewer came); null when none did.
     pub max_rate: Option<f64>,
-    /// Lowest offered rate that broke an SLO (the bracket's top), null when none did.
+    /// Lowest rate that broke an SLO (a step's [`Step::tested_rate`], the bracket's top),
+    /// null when none did.
     pub failing_rate: Option<f64>,
     /// Lowest offered rate where queueing started (the over-saturation point), null if none.
     pub knee_rate: Option<f64>,
@@ -456,6 +474,7 @@ impl Search {
         ttft.sort_by(f64::total_cmp);
         let step = Step {
             offered_rate: obs.offered_rate,
+            tested_rate: obs.tested_rate(),
             achieved_rate: obs.achieved_rate,
             sent_rate: obs.sent_rate,
             requests: obs.requests,
@@ -466,7 +485,7 @@ impl Search {
             passed,
             queueing: Vec::new(),
         };
-        let r = obs.offered_rate;
+        let r = step.tested_rate;
         if passed {
             self.pass = Some(self.pass.map_or(r, |p| p.max(r)));
         } else {
@@ -721,6 +740,46 @@ mod tests {
             c.steps.iter().map(|s| s.passed).collect::<Vec<_>>(),
             [true, false]
         );
+    }
+
+    /// A step offered 84 req/s whose Poisson draw sent 80 passes for 80, not 84: the
+    /// answer and the bracket are rates the server was shown. A draw above the offered rate
+    /// counts as the offered one.
+    #[test]
+    fn a_pass_counts_at_the_rate_actually_sent() {
+        let mut s = Search::new(
+            vec![Slo::parse("ttft_p90:100ms").unwrap()],
+            0.05,
+            84.0,
+            1e6,
+            None,
+        );
+        s.feed(StepObservation {
+            achieved_rate: 79.5,
+            sent_rate: Some(80.0),
+            ..observe(84.0, 46, 1000.0)
+        });
+        let c = s.result();
+        assert!(c.steps[0].passed);
+        assert_eq!(c.steps[0].offered_rate, 84.0);
+        assert_eq!(c.steps[0].tested_rate, 80.0);
+        assert_eq!(c.max_rate, Some(80.0));
+        // The next bracketing step doubles from the rate shown, and a failure there with a
+        // higher draw counts at the offered rate.
+        assert_eq!(
+            s.next(),
+            Next::Measure {
+                rate: 160.0,
+                requests: 46
+            }
+        );
+        s.feed(StepObservation {
+            achieved_rate: 100.0,
+            sent_rate: Some(170.0),
+            ..observe(160.0, 46, 100.0)
+        });
+        assert_eq!(s.result().failing_rate, Some(160.0));
+        assert_eq!(s.result().steps[1].tested_rate, 160.0);
     }
 
     #[test]

@@ -21,7 +21,6 @@ pub(super) const KNOWN_LONG: &[(&str, &str, usize)] = &[
     ("daemon/src/analyze/html.rs", "render", 152),
     ("daemon/src/analyze/synth.rs", "generate", 176),
     ("daemon/src/bench/benchmark.rs", "one_benchmark", 169),
-    ("daemon/src/bench/find_rate.rs", "search", 151),
     ("daemon/src/bench/profile/run.rs", "run", 211),
     ("daemon/src/bench/report/chart.rs", "html", 244),
     ("daemon/src/bench/report/mod.rs", "render", 319),
