@@ -193,8 +193,22 @@ async fn every_rpc_end_to_end_over_a_unix_socket() {
     assert!(status["load"].is_null(), "{status}");
     let doc: Value = serde_json::from_str(status["status_json"].as_str().unwrap()).unwrap();
     assert_eq!(doc["targets"][0]["name"], "t0");
+    // Issue 50.2: the last 5 minutes' TTFT per target, in the status document and over gRPC.
+    let latency = &t0["latency"];
+    assert!(latency["requests"].as_u64().unwrap() >= 3, "{status}");
+    assert_eq!(latency["window_s"], 300.0, "{status}");
+    assert!(latency["ttft_p50_ms"].as_f64().unwrap() > 0.0, "{status}");
+    assert!(
+        latency["ttft_p99_ms"].as_f64() >= latency["ttft_p50_ms"].as_f64(),
+        "{status}"
+    );
+    assert!(doc["targets"][0]["latency"]["requests"].as_u64().unwrap() >= 3);
     let (code, text, _) = ctl(&["--addr", &addr, "status"], &[]).await;
     assert_eq!(code, 0);
+    assert!(
+        text.contains("  last 5 min: ") && text.contains(" TTFT p50/p99 "),
+        "{text}"
+    );
     assert!(
         text.contains("target t0")
             && text

@@ -913,3 +913,91 @@ async fn ctrl_c_writes_the_benchmarks_that_completed() {
     assert!(dir.join("report.html").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 50.5: a server whose `/tokenize` answers slowly makes the run pause before its
+/// first send (its prompts are calibrated there). The pause is said on the terminal and in
+/// `summary.json` (`prepare_s`), and `server_samples.jsonl` counts from the first send, as
+/// `requests.jsonl` does: every sample that saw a request at the server lies within the
+/// requests' own span (one slot, back-to-back requests of 1.2 s), not shifted by the pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_samples_share_the_requests_clock_after_a_pause_to_make_prompts() {
+    use lmperf_e2e::slot_server::{SlotExtras, k_slot_server_with};
+    let (url, _held) = k_slot_server_with(
+        1,
+        Duration::from_millis(1200),
+        SlotExtras {
+            tokenize_delay: Duration::from_millis(400),
+            metrics: true,
+        },
+    )
+    .await;
+    let dir = temp::dir("run-prepare-clock");
+    let d = dir.clone();
+    let err = tokio::task::spawn_blocking(move || {
+        let out = Command::new(lmperf_bin())
+            .args(["run", "--output-dir", d.to_str().unwrap()])
+            .args(["--target", &url, "--model", "m", "--batch-sizes", "1"])
+            .args([
+                "--num-prompts",
+                "4",
+                "--seq-lengths",
+                "16",
+                "--output-len",
+                "4",
+            ])
+            .args(["--warmup", "0"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        err
+    })
+    .await
+    .unwrap();
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    let summary: serde_json::Value = serde_json::from_str(&read("summary.json")).unwrap();
+    let b = &summary["benchmarks"][0];
+    let prepare_s = b["prepare_s"].as_f64().unwrap();
+    assert!(prepare_s > 1.0, "prompts made at 400 ms a /tokenize: {b}");
+    assert!(
+        err.contains("s making the first prompts") && err.contains("before the first send"),
+        "{err}"
+    );
+    let rows: Vec<serde_json::Value> = read("requests.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 4);
+    let first_send = rows
+        .iter()
+        .map(|r| r["send_ms"].as_f64().unwrap())
+        .fold(f64::INFINITY, f64::min);
+    let last_end = rows
+        .iter()
+        .map(|r| r["send_ms"].as_f64().unwrap() + r["e2el_ms"].as_f64().unwrap())
+        .fold(0.0, f64::max);
+    let samples: Vec<serde_json::Value> = read("server_samples.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let busy: Vec<f64> = samples
+        .iter()
+        .filter(|s| s["requests_running"].as_f64() == Some(1.0))
+        .map(|s| s["t_ms"].as_f64().unwrap())
+        .collect();
+    println!(
+        "prepare {prepare_s:.2} s; requests {first_send:.0}..{last_end:.0} ms; samples seeing one running at {busy:?} ms"
+    );
+    // 4 × 1.2 s at one scrape a second: several samples saw a request.
+    assert!(busy.len() >= 2, "{samples:?}");
+    // Stamped when the scrape starts: a sample that saw a request is no later than its end
+    // and no earlier than its send less the scrape's own time (bounded here by 250 ms on a
+    // loaded machine; the pause it would be shifted by is over a second).
+    for t in &busy {
+        assert!(
+            (first_send - 250.0..=last_end).contains(t),
+            "sample at {t} ms saw a request; requests ran {first_send}..{last_end} ms (pause {prepare_s} s)"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -464,6 +464,20 @@ fn lmperf_run_against_the_overloaded_server_reports_its_queue() {
         assert!(r["requests_running"].as_f64().unwrap() <= 2.0, "{r}");
     }
     let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    // Issue 50.4: llama.cpp's timings start when a slot takes the request, so with 6 requests
+    // on 2 slots the client − server gap holds their wait for a slot, and says so beside the
+    // server's waiting requests (not "network").
+    let timing = &b["server_timing"];
+    assert_eq!(
+        timing["gap_holds"], "network_client_front_end_and_slot_wait",
+        "{timing}"
+    );
+    assert!(
+        html.contains(r#"data-gap-holds="network_client_front_end_and_slot_wait""#)
+            && html.contains("network, client, front end and the wait for a slot")
+            && html.contains("server waiting (mean / max)"),
+        "server timing section"
+    );
     let ttft = html.find("TTFT over time").expect("client TTFT plot");
     let queue = html
         .find("Server queue over time")

@@ -485,7 +485,14 @@ impl LiveDiagnosis {
         let Ok(mut all) = self.reachability.lock() else {
             return;
         };
-        match all.entry(target.to_owned()).or_default().observe(outcome) {
+        // The target's entry, without a new String per canary once it exists.
+        if !all.contains_key(target) {
+            all.insert(target.to_owned(), Reachability::default());
+        }
+        let Some(r) = all.get_mut(target) else {
+            return;
+        };
+        match r.observe(outcome) {
             Some(Transition::Down(d)) => {
                 tracing::warn!(target_name = %target, kind = d.kind.as_str(), since_start = d.since_start, "Target down: {}", d.words());
             }
@@ -721,8 +728,11 @@ impl LiveDiagnosis {
                 .unwrap_or_else(|| idle(name));
             self.add_gpu_evidence(&mut td);
             td.down = self.down(name, td.onset_unix_s.filter(|_| td.state != State::Idle));
-            if td.down.is_some() && td.summary.is_some() {
-                td.summary = td.line();
+            if td.down.is_some() {
+                // The outage ranks as its own root (a restart seen after it, its child); a
+                // target down now is an incident whatever the baseline.
+                crate::diagnosis::outage::rank(&mut td, unix_s(now));
+                td.summary = crate::diagnosis::outage::line(&td).or_else(|| td.line());
             }
             let before = last
                 .targets
@@ -951,24 +961,7 @@ impl LiveDiagnosis {
 }
 
 fn idle(target: &str) -> TargetDiagnosis {
-    TargetDiagnosis {
-        target: target.to_owned(),
-        state: State::Idle,
-        since_unix_s: None,
-        onset_unix_s: None,
-        symptom: None,
-        causes: Vec::new(),
-        ttft_decomposition: None,
-        summary: None,
-        baseline_wait: None,
-        down: None,
-        roots: Vec::new(),
-        root_onsets_unix_s: Vec::new(),
-        canaries_skipped_share: None,
-        scope: Default::default(),
-        node: None,
-        profile: None,
-    }
+    TargetDiagnosis::idle(target)
 }
 
 /// What one evaluation ([`LiveDiagnosis::step`]) found.
@@ -1800,6 +1793,7 @@ mod tests {
         // 200 s calm; the container killed at 200, its canaries refused until it is back at
         // 214; the pod's restart (with its last termination) seen at 212.
         let mut confirmed = Vec::new();
+        let mut last_confirmed = None;
         for s in 0..280u64 {
             let at = t0 + Duration::from_secs(s);
             if s == 212 {
@@ -1824,9 +1818,27 @@ mod tests {
                 );
             }
             confirmed.extend(live.tick(at + Duration::from_secs(1), None));
+            if let Some(t) = live
+                .snapshot(Some("a"), None, at)
+                .targets
+                .into_iter()
+                .find(|t| t.state == State::RootConfirmed)
+            {
+                last_confirmed = Some(t);
+            }
         }
+        // Confirmed once, as the outage, seconds after the kill (issue 50): its canaries
+        // failing is the evidence, whatever the baseline, before the kill itself is known.
         assert_eq!(confirmed.len(), 1, "{confirmed:#?}");
-        let d = &confirmed[0];
+        let outage = &confirmed[0];
+        assert_eq!(outage.causes[0].cause, Cause::ErrorBurst, "{outage:#?}");
+        assert!(
+            outage.since_unix_s.is_some_and(|t| t < 1_700_000_204.0),
+            "{outage:#?}"
+        );
+        // Once the kill is seen, it leads: memory_pressure first, the outage and the restart
+        // below it.
+        let d = &last_confirmed.expect("root_confirmed while the incident is open");
         let ranked: Vec<Cause> = d.causes.iter().map(|c| c.cause).collect();
         assert_eq!(ranked[0], Cause::MemoryPressure, "{:#?}", d.causes);
         assert!(

@@ -202,6 +202,48 @@ struct Inner {
     /// newest last, at most [`SKIP_BUCKETS`].
     skip_window: VecDeque<(u64, u32, u32)>,
     workers: BTreeMap<String, WorkerTally>,
+    /// Successful canaries of the last [`LATENCY_WINDOW_S`]: `(send Unix s, TTFT ms, TPOT
+    /// ms)`, oldest first, at most [`LATENCY_KEPT`].
+    latency: VecDeque<(f64, Option<f64>, Option<f64>)>,
+}
+
+/// The window of [`TargetSnapshot::latency`]: the last 5 minutes.
+pub const LATENCY_WINDOW_S: f64 = 300.0;
+/// Successful canaries kept for it, at most (the newest; a canary a second fills 300).
+pub const LATENCY_KEPT: usize = 2048;
+
+/// TTFT and TPOT of a target's successful canaries sent in the last [`LATENCY_WINDOW_S`]
+/// (`/api/v1/status` `targets[].latency`, `ctl status`): what "is it slow now" needs without
+/// a dashboard. Nearest-rank percentiles, milliseconds; `None` where no canary had the value.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RecentLatency {
+    pub window_s: f64,
+    /// Successful canaries in the window.
+    pub requests: usize,
+    pub ttft_p50_ms: Option<f64>,
+    pub ttft_p99_ms: Option<f64>,
+    pub tpot_p50_ms: Option<f64>,
+    pub tpot_p99_ms: Option<f64>,
+}
+
+impl RecentLatency {
+    /// Over the canaries of `kept` sent from `now_unix_s − window` on; `None` without one.
+    fn of(kept: &VecDeque<(f64, Option<f64>, Option<f64>)>, now_unix_s: f64) -> Option<Self> {
+        let from = now_unix_s - LATENCY_WINDOW_S;
+        let recent = || kept.iter().filter(|k| k.0 >= from);
+        let mut ttft: Vec<f64> = recent().filter_map(|k| k.1).collect();
+        let mut tpot: Vec<f64> = recent().filter_map(|k| k.2).collect();
+        let requests = recent().count();
+        let q = lmperf_diagnosis::detector::quantile;
+        (requests > 0).then(|| RecentLatency {
+            window_s: LATENCY_WINDOW_S,
+            requests,
+            ttft_p50_ms: q(&mut ttft, 0.5),
+            ttft_p99_ms: q(&mut ttft, 0.99),
+            tpot_p50_ms: q(&mut tpot, 0.5),
+            tpot_p99_ms: q(&mut tpot, 0.99),
+        })
+    }
 }
 
 /// The skip share's window: 6 buckets of 10 s (the last minute).
@@ -259,6 +301,8 @@ pub struct TargetSnapshot {
     /// [`MAX_WORKERS`], then `other`); absent otherwise.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub workers: BTreeMap<String, WorkerTally>,
+    /// TTFT and TPOT p50/p99 of the last 5 minutes' successful canaries; `None` without one.
+    pub latency: Option<RecentLatency>,
 }
 
 fn unix_secs(t: SystemTime) -> u64 {
@@ -367,13 +411,33 @@ impl TargetState {
             if last.outcome != "ok" && last.outcome != "cancelled" {
                 g.last_error = Some(last.clone());
             }
+            if last.outcome == "ok" {
+                let from = last.at_unix_s - LATENCY_WINDOW_S;
+                while g
+                    .latency
+                    .front()
+                    .is_some_and(|k| k.0 < from || g.latency.len() >= LATENCY_KEPT)
+                {
+                    g.latency.pop_front();
+                }
+                g.latency
+                    .push_back((last.at_unix_s, last.ttft_ms, last.tpot_ms));
+            }
             g.last = Some(last.clone());
         }
     }
 
     pub fn snapshot(&self) -> TargetSnapshot {
-        let now_idx = unix_secs(SystemTime::now()) / SKIP_BUCKET_S;
-        let (model, by_outcome, (last, last_error), spike_reason, last_minute, workers) =
+        self.snapshot_at(SystemTime::now())
+    }
+
+    /// The snapshot as of `now` (the skip share's and the latency's windows end there).
+    pub fn snapshot_at(&self, now: SystemTime) -> TargetSnapshot {
+        let now_idx = unix_secs(now) / SKIP_BUCKET_S;
+        let now_s = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let (model, by_outcome, (last, last_error), spike_reason, last_minute, workers, latency) =
             match self.inner.lock() {
                 Ok(g) => (
                     g.model.clone(),
@@ -382,6 +446,7 @@ impl TargetState {
                     g.spike_rule,
                     skip_share(&g.skip_window, now_idx),
                     g.workers.clone(),
+                    RecentLatency::of(&g.latency, now_s),
                 ),
                 Err(_) => (
                     None,
@@ -390,6 +455,7 @@ impl TargetState {
                     None,
                     None,
                     BTreeMap::new(),
+                    None,
                 ),
             };
         let scheduled = self.scheduled.load(Ordering::Relaxed);
@@ -416,6 +482,7 @@ impl TargetState {
             spike_reason,
             k8s: self.k8s.clone(),
             workers,
+            latency,
         }
     }
 }
@@ -541,6 +608,45 @@ mod tests {
         let w = t.snapshot().workers;
         assert_eq!(w.len(), MAX_WORKERS + 1);
         assert_eq!(w["other"].requests, 7);
+    }
+
+    /// `latency`: the last five minutes' successful canaries, as of the snapshot's time.
+    #[test]
+    fn recent_latency_is_the_last_five_minutes_of_successes() {
+        let t = target_state();
+        let at = |s: f64| SystemTime::UNIX_EPOCH + std::time::Duration::from_secs_f64(s);
+        assert_eq!(t.snapshot_at(at(1000.0)).latency, None);
+        // An old slow canary, then 100 of the last minutes (TTFT 1..=100 ms, TPOT 5 ms), a
+        // failure and one without TPOT.
+        t.record(&RequestSummary {
+            ttft_ms: Some(9000.0),
+            ..summary("a", "ok", "canary", 600.0)
+        });
+        for i in 1..=100 {
+            t.record(&RequestSummary {
+                ttft_ms: Some(f64::from(i)),
+                tpot_ms: Some(5.0),
+                ..summary("a", "ok", "canary", 950.0 + f64::from(i) / 10.0)
+            });
+        }
+        t.record(&RequestSummary {
+            ttft_ms: Some(7000.0),
+            ..summary("a", "error", "canary", 990.0)
+        });
+        let l = t.snapshot_at(at(1000.0)).latency.unwrap();
+        assert_eq!(
+            l,
+            RecentLatency {
+                window_s: 300.0,
+                requests: 100,
+                ttft_p50_ms: Some(50.0),
+                ttft_p99_ms: Some(99.0),
+                tpot_p50_ms: Some(5.0),
+                tpot_p99_ms: Some(5.0),
+            }
+        );
+        // Five minutes after the last success: nothing left in the window.
+        assert_eq!(t.snapshot_at(at(1261.0)).latency, None);
     }
 
     /// The last failure stays in the snapshot, with its message, after later successes; the

@@ -226,6 +226,7 @@ impl Summarizer {
             repeat: None,
             warmup_requests: 0,
             warmup_s: 0.0,
+            prepare_s: 0.0,
             adapters: groups.adapters,
             endpoints: groups.endpoints,
             workers: groups.workers,

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -24,11 +24,34 @@ pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// When a benchmark's clock started, for whatever else is put on it (the server's samples).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Started {
+    /// Wall time of the benchmark's zero: `requests.jsonl`'s `send_ms` counts from it.
+    pub t0: SystemTime,
+    /// From the call to that zero: the first items made (prompts calibrated with the
+    /// tokenizer, the server's `/tokenize` for `server_*` tokenizers), before any send.
+    pub prepare: Duration,
+}
+
+/// Makes the first items ([`feed::ItemSource::start`]), then starts the benchmark's clock
+/// 10 ms ahead (its zero, as a monotonic instant and in [`Started`]).
+async fn start_clock(items: feed::ItemSource) -> (feed::Feed, Instant, Started) {
+    let called = Instant::now();
+    let feed = items.start().await;
+    let t0 = Instant::now() + Duration::from_millis(10);
+    let started = Started {
+        t0: SystemTime::now() + Duration::from_millis(10),
+        prepare: t0.saturating_duration_since(called),
+    };
+    (feed, t0, started)
+}
+
 /// Sends one benchmark's `items` on `schedule` (`None`: the warm-up, closed loop) and passes
 /// each finished request's rows to `on_row` in `(index, turn)` order ([`rows::Reorder`]).
 /// Nothing here grows with the item count: items are made as they are due ([`feed`]), and a
 /// row leaves once it is in order. Dropped (Ctrl-C), it stops sending and cancels the
-/// requests in flight.
+/// requests in flight. Returns when its clock started ([`Started`]).
 pub(crate) async fn one_benchmark(
     ctx: &RunContext<'_>,
     name: &str,
@@ -36,7 +59,7 @@ pub(crate) async fn one_benchmark(
     items: feed::ItemSource,
     schedule: Option<feed::Schedule>,
     on_row: &mut dyn FnMut(RequestRow),
-) -> Result<(), BenchError> {
+) -> Result<Started, BenchError> {
     let (spec, clients, model, extra) = (ctx.spec, ctx.clients, ctx.model, ctx.extra);
     let n = items.len();
     // Warm-up (no schedule) runs closed loop and is not exported; measured runs follow the
@@ -46,7 +69,7 @@ pub(crate) async fn one_benchmark(
     let schedule = schedule.unwrap_or_else(|| feed::Schedule::zero(n));
     // Every offset 0 (no rate, no trace): each request waits for a slot (closed loop).
     let closed_loop = schedule.closed_loop();
-    let mut feed = items.start().await;
+    let (mut feed, t0, started) = start_clock(items).await;
     let endpoints = traffic::Endpoints::new(
         &spec.target,
         &spec.traffic.more_endpoints,
@@ -62,7 +85,6 @@ pub(crate) async fn one_benchmark(
     let cancel = CancellationToken::new();
     // Dropped (the benchmark interrupted): no more sends, the requests in flight cancelled.
     let _cancel_on_drop = cancel.clone().drop_guard();
-    let t0 = Instant::now() + Duration::from_millis(10);
     let (bench_name, multi_turn, ignore_eos, max_offset) = (
         name.to_owned(),
         spec.workload.multi_turn,
@@ -196,7 +218,7 @@ pub(crate) async fn one_benchmark(
         p.finish().await.into_iter().for_each(&mut *on_row);
     }
     shown.finish().await;
-    Ok(())
+    Ok(started)
 }
 
 /// Which request a [`RequestRow`] is: its benchmark, index and turn, and the concurrency it

@@ -103,7 +103,7 @@ pub(super) async fn search(
         // runs with the run's context.
         // Ctrl-C: the steps that completed stand (their rows are in `out`), this one's are cut.
         tokio::select! {
-            r = step => r?,
+            r = step => { r?; }
             () = stop.cancelled() => {
                 s.interrupt();
                 return Ok((benchmarks, s.result(), Some(name)));

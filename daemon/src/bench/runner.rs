@@ -3,6 +3,7 @@
 //! `summary.json`, `summary.csv` and `report.html`, the gates, the terminal lines.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -268,7 +269,7 @@ async fn run_on(
                 let mut all = aggregate::Summarizer::new(spec.goodput);
                 let mut per_repeat = Vec::new();
                 let mut summary_input_len = input_len;
-                let (mut warmup_requests, mut warmup_s) = (0usize, 0.0f64);
+                let (mut warmup_requests, mut warmup_s, mut prepare_s) = (0usize, 0.0f64, 0.0f64);
                 for k in 0..spec.repeat.max(1) {
                     // Each repeat: fresh prompts too (the first is the run without --repeat), on
                     // the same schedule.
@@ -343,7 +344,7 @@ async fn run_on(
                         }
                         out.push(r);
                     };
-                    one_benchmark(
+                    let started = one_benchmark(
                         &ctx,
                         &name,
                         concurrency,
@@ -352,6 +353,7 @@ async fn run_on(
                         &mut sink,
                     )
                     .await?;
+                    prepare_s += note_started(&spec, &name, k, started, &mut server_watch);
                     if spec.workload.own_inputs() {
                         summary_input_len =
                             (first_turn_tokens / first_turns.max(1) as f64).round() as u32;
@@ -370,6 +372,7 @@ async fn run_on(
                 let mut summary = all.finish(shape(&spec, &name, concurrency, summary_input_len));
                 summary.repeat = repeat::repeat_stats(&per_repeat);
                 (summary.warmup_requests, summary.warmup_s) = (warmup_requests, warmup_s);
+                summary.prepare_s = prepare_s;
                 summary.vram = watch.take(summary.output_token_throughput);
                 watch.take_samples(&name);
                 summary.server = server_watch.take(&name).await;
@@ -490,6 +493,34 @@ fn result_line(summary: &BenchSummary) -> String {
 /// Dispatch delay p99 above which an open-loop schedule counts as fallen behind: one
 /// inter-arrival gap at `rate`, at least [`BEHIND_FLOOR_MS`].
 pub const BEHIND_FLOOR_MS: f64 = 100.0;
+
+/// A pause before a benchmark's first send longer than this is said on the terminal.
+const PREPARE_SAID_OVER: Duration = Duration::from_secs(1);
+
+/// After a measured run `k` of benchmark `name`: the server's samples count from the first
+/// run's first send ([`server::ServerWatch::rebase`]); the seconds it spent making its first
+/// items before its clock started (prompts calibrated with the tokenizer, a `server_*`
+/// tokenizer's `/tokenize` calls) are returned, and said over [`PREPARE_SAID_OVER`], so a
+/// pause between benchmarks is never unexplained.
+fn note_started(
+    spec: &RunSpec,
+    name: &str,
+    k: usize,
+    started: super::benchmark::Started,
+    server_watch: &mut server::ServerWatch,
+) -> f64 {
+    if k == 0 {
+        server_watch.rebase(started.t0);
+    }
+    let prepare = started.prepare;
+    if spec.progress && prepare > PREPARE_SAID_OVER {
+        eprintln!(
+            "lmperf run: {name}: {:.1} s making the first prompts (each calibrated with the run's tokenizer) before the first send; not measured, the clock starts at the first send",
+            prepare.as_secs_f64()
+        );
+    }
+    prepare.as_secs_f64()
+}
 
 /// The warning when an open-loop benchmark (`rate` req/s) could not send on schedule: its
 /// dispatch delay p99 above the bound (the concurrency limit held requests back).

@@ -257,6 +257,16 @@ impl ServerWatch {
         self.start = Some((r, SystemTime::now()));
     }
 
+    /// Puts the marked benchmark's zero at `t0`, the wall time its requests' clock starts
+    /// (`requests.jsonl`'s `send_ms` 0): its samples' `t_ms` and its timeline count from there,
+    /// not from the mark before its prompts were made. The mark's reading stays its start
+    /// (nothing was sent between).
+    pub fn rebase(&mut self, t0: SystemTime) {
+        if let Some((_, at)) = &mut self.start {
+            *at = t0;
+        }
+    }
+
     /// The block of the benchmark `benchmark` since [`ServerWatch::mark`]; its scrapes are
     /// kept for `server_samples.jsonl` ([`ServerWatch::stop`]).
     pub async fn take(&mut self, benchmark: &str) -> Option<ServerBlock> {

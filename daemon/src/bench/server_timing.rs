@@ -2,7 +2,7 @@
 //! `metrics`, llama.cpp's `timings`; [`crate::measure::server_timing`]) over a benchmark's
 //! successful requests, beside the client's TTFT: where the time went on the server (queue,
 //! prefill, decode) and what it did not see (`client_minus_server_ttft_ms`: network, client,
-//! HTTP front end). Fed row by row beside [`super::aggregate::Summarizer`]; bounded memory.
+//! HTTP front end, and where the server's clock starts at its slot, the wait for one). Fed row by row beside [`super::aggregate::Summarizer`]; bounded memory.
 //! Pure: no clock, no IO.
 
 use std::collections::BTreeMap;
@@ -29,7 +29,18 @@ pub struct ServerTimingSummary {
     /// The client's TTFT minus the server's, per request, ms. A negative gap counts as 0 in the
     /// percentiles (mean and min are exact).
     pub client_minus_server_ttft_ms: Option<Distribution>,
+    /// What the gap holds: `network_client_front_end` where every request's server timing
+    /// counts from its arrival in the engine (a queue figure beside it: vLLM's `metrics`), or
+    /// `network_client_front_end_and_slot_wait` where some counted from when a slot took it
+    /// (no queue figure: llama.cpp's `timings.prompt_ms`), so the wait for a free slot is in
+    /// the gap, not on the server's clock; read it beside the server's waiting requests.
+    pub gap_holds: &'static str,
 }
+
+/// [`ServerTimingSummary::gap_holds`] when every server clock started at arrival.
+pub const GAP_FRONT_END: &str = "network_client_front_end";
+/// [`ServerTimingSummary::gap_holds`] when some server clock started at the slot.
+pub const GAP_WITH_SLOT_WAIT: &str = "network_client_front_end_and_slot_wait";
 
 /// Running figures of one benchmark.
 #[derive(Debug, Clone, Default)]
@@ -41,6 +52,9 @@ pub struct ServerTimingStats {
     prefill: Accumulator,
     decode: Accumulator,
     gap: Accumulator,
+    /// Requests with server timing but no queue figure (their server clock started at the
+    /// slot).
+    from_slot: usize,
 }
 
 impl ServerTimingStats {
@@ -51,6 +65,9 @@ impl ServerTimingStats {
             return;
         };
         *self.by_source.entry(source.to_owned()).or_insert(0) += 1;
+        if r.server_queue_ms.is_none() {
+            self.from_slot += 1;
+        }
         let pairs = [
             (&mut self.ttft, r.server_ttft_ms),
             (&mut self.queue, r.server_queue_ms),
@@ -79,6 +96,11 @@ impl ServerTimingStats {
             prefill_ms: self.prefill.distribution(),
             decode_ms: self.decode.distribution(),
             client_minus_server_ttft_ms: self.gap.distribution(),
+            gap_holds: if self.from_slot > 0 {
+                GAP_WITH_SLOT_WAIT
+            } else {
+                GAP_FRONT_END
+            },
         })
     }
 }
@@ -116,5 +138,13 @@ mod tests {
         let gap = b.client_minus_server_ttft_ms.unwrap();
         assert!((gap.mean - 1.5).abs() < 1e-9 && (gap.p99 - 1.5).abs() < 1e-3);
         assert!(b.queue_ms.is_none() && b.decode_ms.is_none());
+        // llama.cpp's timings have no queue: the gap holds the wait for a slot.
+        assert_eq!(b.gap_holds, GAP_WITH_SLOT_WAIT);
+        let mut v = ServerTimingStats::default();
+        v.push(&RequestRow {
+            server_queue_ms: Some(40.0),
+            ..row(Some("vllm_metrics"), 60.0, Some(55.0))
+        });
+        assert_eq!(v.finish().unwrap().gap_holds, GAP_FRONT_END);
     }
 }

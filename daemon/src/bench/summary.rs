@@ -114,7 +114,9 @@ pub struct RequestRow {
     pub server_prefill_ms: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_decode_ms: Option<f64>,
-    /// `ttft_ms − server_ttft_ms`: network, client and the server's HTTP front end (signed).
+    /// `ttft_ms − server_ttft_ms` (signed): network, client and the server's HTTP front end;
+    /// where the server's timing has no queue figure (llama.cpp's `timings`, which start when
+    /// a slot takes the request), also the wait for a free slot.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_minus_server_ttft_ms: Option<f64>,
     /// `--prefix-groups`: the request's group (0-based).
@@ -249,6 +251,9 @@ pub struct BenchSummary {
     pub warmup_requests: usize,
     /// Wall time of those warm-ups, seconds (all runs together); the report marks it.
     pub warmup_s: f64,
+    /// Wall time before the first measured send spent making the first prompts (calibrated
+    /// with the tokenizer), seconds (all runs together); not measured, the report marks it.
+    pub prepare_s: f64,
     /// `--lora-modules`: per adapter (absent without).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub adapters: Option<BTreeMap<String, groups::GroupSummary>>,

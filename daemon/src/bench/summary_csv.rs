@@ -27,6 +27,7 @@ pub const SCALARS: &[&str] = &[
     "prompt_tokens_mismatch",
     "warmup_requests",
     "warmup_s",
+    "prepare_s",
 ];
 
 /// The distributions ([`super::stats::Distribution`]), in column order.

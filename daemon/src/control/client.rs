@@ -397,6 +397,18 @@ pub fn format_status(s: &proto::GetStatusResponse) -> String {
                 l.trace_id
             );
         }
+        if let Some(l) = &t.latency {
+            let _ = writeln!(
+                o,
+                "  last {:.0} min: {} ok  TTFT p50/p99 {}/{} ms  TPOT p50/p99 {}/{} ms",
+                l.window_s / 60.0,
+                l.requests,
+                opt_ms(l.ttft_p50_ms),
+                opt_ms(l.ttft_p99_ms),
+                opt_ms(l.tpot_p50_ms),
+                opt_ms(l.tpot_p99_ms)
+            );
+        }
         if let Some(e) = &t.last_error {
             let _ = writeln!(o, "  last error: {} {}", ago(e.at_unix_s), error_words(e));
         }
@@ -1262,6 +1274,33 @@ mod tests {
         assert!(text.contains("  SPIKE\n"), "{text}");
         assert!(
             text.contains("  spike: latency_jump: e2e p99 ≥ 4.10 s = 9.8 × baseline 420 ms (z 61.2; 5 canaries still in flight) (entered on these values)\n"),
+            "{text}"
+        );
+    }
+
+    /// Issue 50.2: `ctl status` says how fast a target answered lately, per target.
+    #[test]
+    fn status_text_has_the_last_minutes_latency() {
+        let s = proto::GetStatusResponse {
+            targets: vec![proto::TargetStatus {
+                name: "t0".into(),
+                latency: Some(proto::RecentLatency {
+                    window_s: 300.0,
+                    requests: 150,
+                    ttft_p50_ms: Some(41.25),
+                    ttft_p99_ms: Some(230.0),
+                    tpot_p50_ms: Some(12.0),
+                    tpot_p99_ms: None,
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let text = format_status(&s);
+        assert!(
+            text.contains(
+                "  last 5 min: 150 ok  TTFT p50/p99 41.2/230.0 ms  TPOT p50/p99 12.0/- ms\n"
+            ),
             "{text}"
         );
     }

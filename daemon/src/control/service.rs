@@ -124,6 +124,14 @@ impl ControlService {
                         .target(&t.name)
                         .map(|s| server_status(&s.view())),
                     k8s: t.k8s.clone().into_iter().collect(),
+                    latency: t.latency.as_ref().map(|l| proto::RecentLatency {
+                        window_s: l.window_s,
+                        requests: l.requests as u64,
+                        ttft_p50_ms: l.ttft_p50_ms,
+                        ttft_p99_ms: l.ttft_p99_ms,
+                        tpot_p50_ms: l.tpot_p50_ms,
+                        tpot_p99_ms: l.tpot_p99_ms,
+                    }),
                 })
                 .collect(),
             exporter: Some(proto::ExporterStatus {

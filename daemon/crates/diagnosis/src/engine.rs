@@ -770,22 +770,11 @@ impl TargetEngine {
             }
         }
         let d = TargetDiagnosis {
-            target: name.to_owned(),
             state: State::Warning,
             since_unix_s: self.since.map(unix_s),
-            onset_unix_s: None,
-            symptom: None,
             summary: warning::line(&warnings, &moved, cfg.symptom.ratio),
             causes: warnings,
-            ttft_decomposition: None,
-            baseline_wait: None,
-            down: None,
-            roots: Vec::new(),
-            root_onsets_unix_s: Vec::new(),
-            canaries_skipped_share: None,
-            scope: Default::default(),
-            node: None,
-            profile: None,
+            ..TargetDiagnosis::idle(name)
         };
         self.last = Some(d.clone());
         d
@@ -794,22 +783,9 @@ impl TargetEngine {
     /// The idle diagnosis (kept as the last one).
     fn idle(&mut self, name: &str) -> TargetDiagnosis {
         let d = TargetDiagnosis {
-            target: name.to_owned(),
-            state: State::Idle,
             since_unix_s: self.since.map(unix_s),
-            onset_unix_s: None,
-            symptom: None,
-            causes: Vec::new(),
-            ttft_decomposition: None,
-            summary: None,
             baseline_wait: self.baseline_wait(),
-            down: None,
-            roots: Vec::new(),
-            root_onsets_unix_s: Vec::new(),
-            canaries_skipped_share: None,
-            scope: Default::default(),
-            node: None,
-            profile: None,
+            ..TargetDiagnosis::idle(name)
         };
         self.last = Some(d.clone());
         d
@@ -960,22 +936,13 @@ impl TargetEngine {
             self.set_state(State::RootConfirmed, now);
         }
         let mut d = TargetDiagnosis {
-            target: name.to_owned(),
             state: self.state,
             since_unix_s: self.since.map(unix_s),
             onset_unix_s: Some(f64::from(onset)),
             symptom: symptom.or_else(|| self.last.as_ref().and_then(|l| l.symptom.clone())),
             causes,
             ttft_decomposition: decomposition,
-            summary: None,
-            baseline_wait: None,
-            down: None,
-            roots: Vec::new(),
-            root_onsets_unix_s: Vec::new(),
-            canaries_skipped_share: None,
-            scope: Default::default(),
-            node: None,
-            profile: None,
+            ..TargetDiagnosis::idle(name)
         };
         // The roots first (they order the sentence: each root in causal order).
         if d.state == State::RootConfirmed {

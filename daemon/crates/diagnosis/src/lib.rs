@@ -157,6 +157,7 @@ pub mod inputs;
 pub mod localize;
 pub mod node_scope;
 pub mod onset;
+pub mod outage;
 pub mod pressure;
 pub mod queueing;
 pub mod reachability;

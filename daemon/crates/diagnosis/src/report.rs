@@ -473,6 +473,20 @@ impl TargetDiagnosis {
                 fmt_value(sym.signal, sym.peak)
             ));
         }
+        let flat = self.flat();
+        if !flat.is_empty() {
+            s.push_str(&format!("; {} flat", flat.join(", ")));
+        }
+        if let Some(d) = &self.down {
+            s.push_str(&format!("; target {}", d.words()));
+        }
+        Some(s)
+    }
+
+    /// What did not move, as the sentence ends (`GPU, network, errors flat`): a family is
+    /// flat when none of its causes scored 0.3 or more; failed canaries in a row
+    /// ([`TargetDiagnosis::down`]) are never flat errors, whatever the error ratio's baseline.
+    pub fn flat(&self) -> Vec<&'static str> {
         let moved = |c: &[Cause]| {
             self.causes
                 .iter()
@@ -489,17 +503,32 @@ impl TargetDiagnosis {
         if !moved(&[Cause::Network]) {
             flat.push("network");
         }
-        // Failed canaries in a row are no flat errors, whatever the error ratio's baseline.
         if !moved(&[Cause::ErrorBurst]) && self.down.is_none() {
             flat.push("errors");
         }
-        if !flat.is_empty() {
-            s.push_str(&format!("; {} flat", flat.join(", ")));
+        flat
+    }
+
+    /// An idle diagnosis of `target` (no symptom, no cause), to fill in.
+    pub fn idle(target: &str) -> Self {
+        TargetDiagnosis {
+            target: target.to_owned(),
+            state: State::Idle,
+            since_unix_s: None,
+            onset_unix_s: None,
+            symptom: None,
+            causes: Vec::new(),
+            ttft_decomposition: None,
+            summary: None,
+            baseline_wait: None,
+            down: None,
+            roots: Vec::new(),
+            root_onsets_unix_s: Vec::new(),
+            canaries_skipped_share: None,
+            scope: Default::default(),
+            node: None,
+            profile: None,
         }
-        if let Some(d) = &self.down {
-            s.push_str(&format!("; target {}", d.words()));
-        }
-        Some(s)
     }
 
     /// The roots part of [`TargetDiagnosis::line`]: `two causes: network 0.91 from 03:02:04

@@ -47,8 +47,12 @@ pub fn text(d: &Diagnosis) -> String {
             );
         }
         o.push('\n');
+        // The outage in words, unless the sentence below already says it.
         if let Some(d) = &t.down {
-            let _ = writeln!(o, "  {}", d.words());
+            let words = d.words();
+            if !t.summary.as_deref().is_some_and(|s| s.contains(&words)) {
+                let _ = writeln!(o, "  {words}");
+            }
         }
         if t.state == State::Idle {
             if t.down.is_some() {

@@ -23,8 +23,11 @@ const MAX_PHASES: usize = 50;
 #[derive(Debug)]
 struct Segment<'a> {
     label: String,
-    /// Where its warm-up starts on the plot's axis (it ends at `offset_s`); `None` without one.
+    /// Where its lead-in (warm-up, prompts made before the first send) starts on the plot's
+    /// axis (it ends at `offset_s`); `None` without one.
     warmup_from: Option<f64>,
+    /// What that lead-in was, in words (`warm-up`, `making prompts`, or both).
+    lead_in: &'static str,
     /// Seconds on the plot's axis where it starts and ends (its last request's end).
     offset_s: f64,
     end_s: f64,
@@ -32,12 +35,25 @@ struct Segment<'a> {
     rows: Vec<&'a RequestRow>,
 }
 
-/// The runs of `benchmarks` (names and warm-up seconds of all their runs, in order), placed end
-/// to end, each after its warm-up (the benchmark's warm-up time shared by its runs).
-fn segments<'a>(benchmarks: &[(&str, f64)], rows: &'a [RequestRow]) -> Vec<Segment<'a>> {
+/// A prompt-making pause shorter than this (per run) is no band of its own.
+const PREPARE_SHOWN_S: f64 = 1.0;
+
+/// Seconds per run of a benchmark-wide figure shared by `runs` runs (0 when not finite).
+fn per_run(s: f64, runs: usize) -> f64 {
+    if s.is_finite() {
+        s.max(0.0) / runs.max(1) as f64
+    } else {
+        0.0
+    }
+}
+
+/// The runs of `benchmarks` (names, warm-up and prompt-making seconds of all their runs, in
+/// order), placed end to end, each after its lead-in (the benchmark's warm-up and prompt-making
+/// time shared by its runs; prompt making from [`PREPARE_SHOWN_S`] a run).
+fn segments<'a>(benchmarks: &[(&str, f64, f64)], rows: &'a [RequestRow]) -> Vec<Segment<'a>> {
     let mut out = Vec::new();
     let mut offset_s = 0.0;
-    for &(name, warmup_s) in benchmarks {
+    for &(name, warmup_s, prepare_s) in benchmarks {
         let mine: Vec<&RequestRow> = rows.iter().filter(|r| r.benchmark == name).collect();
         let repeats: BTreeSet<usize> = mine.iter().map(|r| r.repeat).collect();
         for &k in &repeats {
@@ -54,16 +70,21 @@ fn segments<'a>(benchmarks: &[(&str, f64)], rows: &'a [RequestRow]) -> Vec<Segme
             } else {
                 name.to_owned()
             };
-            let warm_s = if warmup_s.is_finite() {
-                warmup_s.max(0.0) / repeats.len() as f64
-            } else {
-                0.0
+            let warm_s = per_run(warmup_s, repeats.len());
+            let prep_s = Some(per_run(prepare_s, repeats.len()))
+                .filter(|p| *p >= PREPARE_SHOWN_S)
+                .unwrap_or(0.0);
+            let lead_in = match (warm_s > 0.0, prep_s > 0.0) {
+                (true, true) => "warm-up and making prompts",
+                (false, true) => "making prompts",
+                _ => "warm-up",
             };
-            let warmup_from = (warm_s > 0.0).then_some(offset_s);
-            offset_s += warm_s;
+            let warmup_from = (warm_s + prep_s > 0.0).then_some(offset_s);
+            offset_s += warm_s + prep_s;
             out.push(Segment {
                 label,
                 warmup_from,
+                lead_in,
                 offset_s,
                 end_s: offset_s + len_s,
                 rows,
@@ -79,7 +100,7 @@ fn warmup_band(seg: &Segment<'_>) -> Option<Band> {
     seg.warmup_from.map(|from| Band {
         from,
         to: seg.offset_s,
-        label: format!("{} warm-up (not measured)", seg.label),
+        label: format!("{} {} (not measured)", seg.label, seg.lead_in),
     })
 }
 
@@ -191,10 +212,10 @@ pub fn plot(
     name: &str,
     metric: fn(&RequestRow) -> Option<f64>,
 ) -> Option<String> {
-    let names: Vec<(&str, f64)> = summary
+    let names: Vec<(&str, f64, f64)> = summary
         .benchmarks
         .iter()
-        .map(|b| (b.benchmark.as_str(), b.warmup_s))
+        .map(|b| (b.benchmark.as_str(), b.warmup_s, b.prepare_s))
         .collect();
     let segs = segments(&names, rows);
     let mut raw: Vec<(f64, f64, String)> = Vec::new();
@@ -343,7 +364,7 @@ mod tests {
             row("b", 1, 100.0, 400.0, 1),
             row("other", 0, 0.0, 1.0, 1),
         ];
-        let segs = segments(&[("a", 0.0), ("b", 0.0)], &rows);
+        let segs = segments(&[("a", 0.0, 0.0), ("b", 0.0, 0.0)], &rows);
         let got: Vec<(&str, f64, f64, usize)> = segs
             .iter()
             .map(|s| (s.label.as_str(), s.offset_s, s.end_s, s.rows.len()))
@@ -368,7 +389,7 @@ mod tests {
             row("b", 0, 0.0, 500.0, 1),
             row("b", 1, 0.0, 500.0, 1),
         ];
-        let segs = segments(&[("a", 2.0), ("b", 1.0)], &rows);
+        let segs = segments(&[("a", 2.0, 0.0), ("b", 1.0, 0.0)], &rows);
         let got: Vec<(Option<f64>, f64, f64)> = segs
             .iter()
             .map(|s| (s.warmup_from, s.offset_s, s.end_s))
@@ -387,9 +408,34 @@ mod tests {
             (3.0, 3.5, "b run 1 warm-up (not measured)")
         );
         assert!(
-            segments(&[("a", 0.0)], &rows)
+            segments(&[("a", 0.0, 0.5)], &rows)
                 .iter()
                 .all(|s| warmup_band(s).is_none())
+        );
+    }
+
+    /// Prompts made before the first send (5 s, a server tokenizer's calls) come before the
+    /// run on the axis, after its warm-up, in the same band named for both.
+    #[test]
+    fn prompt_making_precedes_its_run() {
+        let rows = vec![row("a", 0, 0.0, 1000.0, 1), row("b", 0, 0.0, 500.0, 1)];
+        let segs = segments(&[("a", 0.0, 5.0), ("b", 1.0, 2.0)], &rows);
+        let got: Vec<(Option<f64>, f64, f64)> = segs
+            .iter()
+            .map(|s| (s.warmup_from, s.offset_s, s.end_s))
+            .collect();
+        assert_eq!(got, [(Some(0.0), 5.0, 6.0), (Some(6.0), 9.0, 9.5)]);
+        let labels: Vec<String> = segs
+            .iter()
+            .filter_map(warmup_band)
+            .map(|b| b.label)
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                "a making prompts (not measured)",
+                "b warm-up and making prompts (not measured)"
+            ]
         );
     }
 
@@ -406,6 +452,7 @@ mod tests {
         let seg = Segment {
             label: "c8".into(),
             warmup_from: None,
+            lead_in: "warm-up",
             offset_s: 1.0,
             end_s: 3.0,
             rows: rows.iter().collect(),
