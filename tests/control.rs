@@ -1956,6 +1956,14 @@ async fn a_target_going_down_and_back_is_said_once_each_way() {
         text.contains("first 503: engine restarting") && !text.contains("none ok since the start"),
         "{text}"
     );
+    // Seconds into a fresh agent (no baseline yet), the outage is the incident's root,
+    // never "errors flat" (issue 50).
+    assert!(
+        text.contains("root_confirmed")
+            && text.contains("error_burst 1.00: target failing since ")
+            && !text.contains("errors flat"),
+        "{text}"
+    );
     outage.store(false, std::sync::atomic::Ordering::SeqCst);
     let t = Instant::now();
     while !agent.stderr_text().contains("Target answers again after") {
@@ -1987,6 +1995,14 @@ async fn a_target_going_down_and_back_is_said_once_each_way() {
         up[0].contains("WARN") && up[0].contains("s failing ("),
         "{}",
         up[0]
+    );
+    // The diagnosis announced it once, as the outage with its first error.
+    let said: Vec<&str> = log.lines().filter(|l| l.contains("Diagnosis: ")).collect();
+    assert!(
+        said.len() == 1
+            && said[0].contains("Diagnosis: error_burst 1.00: target failing since ")
+            && said[0].contains("first 503: engine restarting"),
+        "{said:?}"
     );
     // The diagnosis says it at its next evaluation (each second).
     let t = Instant::now();

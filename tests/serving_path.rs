@@ -173,7 +173,7 @@ fn strip_ansi(s: &str) -> String {
     out
 }
 
-fn run(d: &Dynamo, out: &Path) -> Vec<serde_json::Value> {
+fn run(d: &Dynamo, out: &Path) -> (Vec<serde_json::Value>, String) {
     let o = Command::new(lmperf_bin())
         .args([
             "run",
@@ -197,17 +197,70 @@ fn run(d: &Dynamo, out: &Path) -> Vec<serde_json::Value> {
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    std::fs::read_to_string(out.join("requests.jsonl"))
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let rows = std::fs::read_to_string(out.join("requests.jsonl"))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+        .collect();
+    (rows, err)
+}
+
+/// Issue 51: every routed row carries Dynamo's own clock (`dynamo_timing`) and its TTFT split,
+/// the four segments summing to the client's TTFT within 1 ms; each worker (pair) block holds
+/// the split of its requests and the terminal prints it. Returns the rows' mean segments.
+fn check_split(rows: &[serde_json::Value], out: &Path, err: &str) -> [f64; 4] {
+    const SEGMENTS: [&str; 4] = [
+        "ttft_frontend_ms",
+        "ttft_router_queue_ms",
+        "ttft_prefill_ms",
+        "ttft_transfer_and_first_decode_ms",
+    ];
+    let mut sums = [0.0; 4];
+    for r in rows {
+        assert_eq!(r["server_timing_source"], "dynamo_timing", "{r}");
+        let parts: Vec<f64> = SEGMENTS
+            .iter()
+            .map(|k| r[k].as_f64().unwrap_or_else(|| panic!("no {k}: {r}")))
+            .collect();
+        let ttft = r["ttft_ms"].as_f64().unwrap();
+        let total: f64 = parts.iter().sum();
+        assert!(
+            (total - ttft).abs() <= 1.0,
+            "{parts:?} sum {total} vs TTFT {ttft}: {r}"
+        );
+        assert!(
+            parts[1] >= 0.0 && parts[2] >= 0.0 && parts[0] > 0.0,
+            "{parts:?}: {r}"
+        );
+        for (s, v) in sums.iter_mut().zip(&parts) {
+            *s += v / rows.len() as f64;
+        }
+    }
+    let workers = summary(out)["benchmarks"][0]["workers"].clone();
+    let with_split: u64 = workers
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|b| b["ttft_split"]["requests"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(with_split, rows.len() as u64, "{workers}");
+    assert!(
+        err.matches("TTFT split (").count() == workers.as_object().unwrap().len()
+            && err.contains("p50 frontend "),
+        "{err}"
+    );
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert_eq!(
+        html.matches("data-split-requests=").count(),
+        workers.as_object().unwrap().len(),
+        "one split row per worker (pair) in the report"
+    );
+    println!(
+        "mean TTFT split (frontend, router queue, prefill, transfer and first decode): {sums:.3?} ms"
+    );
+    sums
 }
 
 fn summary(out: &Path) -> serde_json::Value {
@@ -226,9 +279,10 @@ fn dynamo_agg_every_request_names_the_worker_that_logged_it() {
         return;
     };
     let out = d.dir.join("run");
-    let rows = run(&d, &out);
+    let (rows, err) = run(&d, &out);
     let log = received(&d);
     assert_eq!(rows.len(), 12);
+    check_split(&rows, &out, &err);
     let mut per_worker: BTreeMap<String, usize> = BTreeMap::new();
     for r in &rows {
         assert_eq!(r["outcome"], "ok", "{r}");
@@ -255,8 +309,9 @@ fn dynamo_disaggregated_names_the_prefill_and_the_decode_worker() {
         return;
     };
     let out = d.dir.join("run");
-    let rows = run(&d, &out);
+    let (rows, err) = run(&d, &out);
     let log = received(&d);
+    check_split(&rows, &out, &err);
     for r in &rows {
         assert_eq!(r["outcome"], "ok", "{r}");
         assert_eq!(r["worker_role"], "decode", "{r}");

@@ -154,6 +154,7 @@ fn per_request_source(source: crate::measure::server_timing::TimingSource) -> &'
     match source {
         TimingSource::VllmMetrics => "vllm_metrics (per request)",
         TimingSource::LlamaCppTimings => "llama_cpp_timings (per request)",
+        TimingSource::DynamoTiming => "dynamo_timing (per request)",
     }
 }
 
@@ -1476,6 +1477,8 @@ mod tests {
                     mean_itl: None,
                     prompt_tokens_computed: None,
                     decoded_tokens: None,
+                    kv_hit_rate: None,
+                    router_queue_depth: None,
                 });
                 live.observe_request("a", &m, None);
             }

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::canary::client::{self, CanaryRequest, Measured};
 use crate::config::Api;
 use crate::measure::Outcome;
+use crate::measure::server_timing::TtftSplit;
 
 use super::context::RunContext;
 use super::prompts::Prompt;
@@ -327,6 +328,22 @@ pub(crate) fn row(
             .server_timing
             .zip(r.ttft)
             .and_then(|(t, c)| t.client_minus_server_ttft_ms(c)),
+        server_kv_hit_rate: r.server_timing.and_then(|t| t.kv_hit_rate),
+        ..split_fields(r)
+    }
+}
+
+/// The TTFT split fields of a row ([`TtftSplit`]), the rest default.
+fn split_fields(r: &crate::measure::RequestRecord) -> RequestRow {
+    let split = r
+        .server_timing
+        .zip(r.ttft)
+        .and_then(|(t, c)| TtftSplit::of(c, &t));
+    RequestRow {
+        ttft_frontend_ms: split.map(|s| s.frontend_ms),
+        ttft_router_queue_ms: split.map(|s| s.router_queue_ms),
+        ttft_prefill_ms: split.map(|s| s.prefill_ms),
+        ttft_transfer_and_first_decode_ms: split.map(|s| s.transfer_and_first_decode_ms),
         ..RequestRow::default()
     }
 }

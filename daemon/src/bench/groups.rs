@@ -31,6 +31,36 @@ pub struct GroupSummary {
     pub itl_ms: Option<Distribution>,
     pub tpot_ms: Option<Distribution>,
     pub e2el_ms: Option<Distribution>,
+    /// Behind NVIDIA Dynamo: the TTFT of its successful requests split along the serving path
+    /// (`requests.jsonl`'s `ttft_*_ms` segments); absent where no request carried a split.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_split: Option<TtftSplitSummary>,
+}
+
+/// The TTFT split of a group's requests that carried one, ms per segment
+/// ([`crate::measure::server_timing::TtftSplit`]): each segment's distribution over those
+/// requests (a segment's p99 need not come from the request with the p99 TTFT).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TtftSplitSummary {
+    /// Requests that carried the split.
+    pub requests: usize,
+    pub frontend_ms: Option<Distribution>,
+    pub router_queue_ms: Option<Distribution>,
+    pub prefill_ms: Option<Distribution>,
+    pub transfer_and_first_decode_ms: Option<Distribution>,
+}
+
+impl TtftSplitSummary {
+    /// The segments' distributions in [`crate::measure::server_timing::TtftSplit::SEGMENTS`]
+    /// order.
+    pub fn segments(&self) -> [Option<&Distribution>; 4] {
+        [
+            self.frontend_ms.as_ref(),
+            self.router_queue_ms.as_ref(),
+            self.prefill_ms.as_ref(),
+            self.transfer_and_first_decode_ms.as_ref(),
+        ]
+    }
 }
 
 impl GroupSummary {
@@ -65,6 +95,9 @@ pub struct GroupAcc {
     itl_ms: Accumulator,
     tpot_ms: Accumulator,
     e2el_ms: Accumulator,
+    /// Requests with a TTFT split, and each segment's values.
+    split_n: usize,
+    split: [Accumulator; 4],
 }
 
 impl GroupAcc {
@@ -100,6 +133,12 @@ impl GroupAcc {
             self.tpot_ms.record(v);
         }
         self.e2el_ms.record(r.e2el_ms);
+        if let Some(parts) = r.ttft_split() {
+            self.split_n += 1;
+            for (acc, v) in self.split.iter_mut().zip(parts) {
+                acc.record(v);
+            }
+        }
     }
 
     /// The block; `goodput`: whether SLOs were set (else `goodput_ratio` is null).
@@ -129,6 +168,16 @@ impl GroupAcc {
             itl_ms: self.itl_ms.distribution(),
             tpot_ms: self.tpot_ms.distribution(),
             e2el_ms: self.e2el_ms.distribution(),
+            ttft_split: (self.split_n > 0).then(|| {
+                let [f, q, p, t] = &self.split;
+                TtftSplitSummary {
+                    requests: self.split_n,
+                    frontend_ms: f.distribution(),
+                    router_queue_ms: q.distribution(),
+                    prefill_ms: p.distribution(),
+                    transfer_and_first_decode_ms: t.distribution(),
+                }
+            }),
         }
     }
 }

@@ -477,7 +477,7 @@ fn result_line(summary: &BenchSummary) -> String {
     let ms = |d: &Option<Distribution>, f: fn(&Distribution) -> f64| {
         crate::fmt::opt_duration_ms(d.as_ref().map(f))
     };
-    format!(
+    let mut line = format!(
         "lmperf run: {}: {} requests, {} ok{errors}, {}, {}, TTFT p50 {} p99 {}, E2EL p99 {}",
         summary.benchmark,
         summary.num_requests,
@@ -487,6 +487,39 @@ fn result_line(summary: &BenchSummary) -> String {
         ms(&summary.ttft_ms, |d| d.p50),
         ms(&summary.ttft_ms, |d| d.p99),
         ms(&summary.e2el_ms, |d| d.p99),
+    );
+    for (worker, g) in summary.workers.iter().flatten() {
+        if let Some(split) = &g.ttft_split {
+            line.push('\n');
+            line.push_str(&split_line(worker, split));
+        }
+    }
+    line
+}
+
+/// One worker (pair) behind a router, its TTFT split along the serving path: `lmperf run:
+///   worker 12→34: TTFT split (8 requests) p50 frontend 1.20 ms + router queue 0.30 ms +
+/// prefill 20.1 ms + transfer and first decode 5.00 ms; p99 …`.
+fn split_line(worker: &str, split: &super::groups::TtftSplitSummary) -> String {
+    let names = [
+        "frontend",
+        "router queue",
+        "prefill",
+        "transfer and first decode",
+    ];
+    let at = |f: fn(&Distribution) -> f64| {
+        names
+            .iter()
+            .zip(split.segments())
+            .map(|(n, d)| format!("{n} {}", crate::fmt::opt_duration_ms(d.map(f))))
+            .collect::<Vec<_>>()
+            .join(" + ")
+    };
+    format!(
+        "lmperf run:   worker {worker}: TTFT split ({} requests) p50 {}; p99 {}",
+        split.requests,
+        at(|d| d.p50),
+        at(|d| d.p99)
     )
 }
 

@@ -119,6 +119,23 @@ pub struct RequestRow {
     /// a slot takes the request), also the wait for a free slot.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_minus_server_ttft_ms: Option<f64>,
+    /// A request routed through NVIDIA Dynamo that said its timing (`nvext.timing`): its
+    /// client TTFT split along the serving path, ms, summing to `ttft_ms`
+    /// ([`crate::measure::server_timing::TtftSplit`]): `ttft_frontend_ms` (what the
+    /// frontend's clock did not see), `ttft_router_queue_ms` (received → prefill start),
+    /// `ttft_prefill_ms`, `ttft_transfer_and_first_decode_ms` (the KV transfer under P/D, the
+    /// first decode step). Absent where the server gave no split.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_frontend_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_router_queue_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_prefill_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_transfer_and_first_decode_ms: Option<f64>,
+    /// Dynamo: the prompt's KV blocks the router found cached ÷ its blocks (0..1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_kv_hit_rate: Option<f64>,
     /// `--prefix-groups`: the request's group (0-based).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefix_group: Option<u32>,
@@ -141,6 +158,17 @@ pub struct RequestRow {
 }
 
 impl RequestRow {
+    /// Its TTFT split in [`crate::measure::server_timing::TtftSplit::SEGMENTS`] order, when
+    /// the server gave one (all four segments).
+    pub fn ttft_split(&self) -> Option<[f64; 4]> {
+        Some([
+            self.ttft_frontend_ms?,
+            self.ttft_router_queue_ms?,
+            self.ttft_prefill_ms?,
+            self.ttft_transfer_and_first_decode_ms?,
+        ])
+    }
+
     /// The key of its `benchmarks[].workers` block: the worker id, `PREFILL→DECODE` for a
     /// disaggregated request, `unattributed` when the router named none; `None` off a router.
     pub fn worker_key(&self) -> Option<String> {

@@ -304,9 +304,10 @@ async fn attempt(
     Attempt::Done(record, wall_start, conn)
 }
 
-/// Asks a router which worker served the request: Dynamo's `nvext.extra_fields =
-/// ["worker_id"]` (`docs/pages/components/frontend/nvext.md`; other routers pass the field on,
-/// and the workers ignore it), kept with any `nvext` the body already has.
+/// Asks a router which worker served the request and how its time went: Dynamo's
+/// `nvext.extra_fields = ["worker_id", "timing"]` (`docs/pages/components/frontend/nvext.md`;
+/// `timing` is `TimingInfo`, [`crate::measure::server_timing`]; other routers pass the field
+/// on, and the workers ignore it), kept with any `nvext` the body already has.
 pub fn ask_for_worker(body: &mut serde_json::Value) {
     let Some(obj) = body.as_object_mut() else {
         return;
@@ -316,10 +317,12 @@ pub fn ask_for_worker(body: &mut serde_json::Value) {
         let fields = n
             .entry("extra_fields")
             .or_insert_with(|| serde_json::json!([]));
-        if let Some(list) = fields.as_array_mut()
-            && !list.iter().any(|f| f == "worker_id")
-        {
-            list.push("worker_id".into());
+        if let Some(list) = fields.as_array_mut() {
+            for want in ["worker_id", "timing"] {
+                if !list.iter().any(|f| f == want) {
+                    list.push(want.into());
+                }
+            }
         }
     }
 }
@@ -711,7 +714,8 @@ pub async fn discover_model(
 mod tests {
     use super::*;
 
-    /// A router is asked for the worker once, beside whatever `nvext` the body has.
+    /// A router is asked for the worker and its timing once, beside whatever `nvext` the body
+    /// has.
     #[test]
     fn a_router_is_asked_which_worker_served_the_request() {
         let mut body = serde_json::json!({"model": "m", "nvext": {"annotations": ["x"]}});
@@ -719,7 +723,7 @@ mod tests {
         ask_for_worker(&mut body);
         assert_eq!(
             body["nvext"],
-            serde_json::json!({"annotations": ["x"], "extra_fields": ["worker_id"]})
+            serde_json::json!({"annotations": ["x"], "extra_fields": ["worker_id", "timing"]})
         );
     }
 

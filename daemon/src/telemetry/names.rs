@@ -422,7 +422,7 @@ pub const LMPERF_WORKER_ATTRIBUTION: &str = "lmperf.worker.attribution";
 /// Span attributes: the server's own timing of this request, read from its response
 /// (`lmperf_measure::server_timing`: vLLM's per-request `metrics`, llama.cpp's `timings`),
 /// in seconds; each set only where the server said it. `…timing_source` names the field
-/// (`vllm_metrics` | `llama_cpp_timings`).
+/// (`vllm_metrics` | `llama_cpp_timings` | `dynamo_timing`).
 pub const LMPERF_SERVER_REQUEST_TTFT: &str = "lmperf.server.request.ttft";
 pub const LMPERF_SERVER_REQUEST_QUEUE: &str = "lmperf.server.request.queue";
 pub const LMPERF_SERVER_REQUEST_PREFILL: &str = "lmperf.server.request.prefill";
@@ -432,6 +432,18 @@ pub const LMPERF_SERVER_REQUEST_TIMING_SOURCE: &str = "lmperf.server.request.tim
 /// Seconds, signed: the client's TTFT minus the server's (network, client, HTTP front end).
 pub const LMPERF_SERVER_REQUEST_CLIENT_MINUS_SERVER_TTFT: &str =
     "lmperf.server.request.client_minus_server_ttft";
+/// Span attributes of a request routed through NVIDIA Dynamo that said its timing: its
+/// client TTFT split along the serving path, milliseconds, the four summing to the TTFT
+/// (`lmperf_measure::server_timing::TtftSplit`), and the router's KV hit rate (0..1) and
+/// queue depth.
+pub const LMPERF_TTFT_FRONTEND_MS: &str = "lmperf.ttft.frontend_ms";
+pub const LMPERF_TTFT_ROUTER_QUEUE_MS: &str = "lmperf.ttft.router_queue_ms";
+pub const LMPERF_TTFT_PREFILL_MS: &str = "lmperf.ttft.prefill_ms";
+pub const LMPERF_TTFT_TRANSFER_AND_FIRST_DECODE_MS: &str =
+    "lmperf.ttft.transfer_and_first_decode_ms";
+pub const LMPERF_SERVER_REQUEST_KV_HIT_RATE: &str = "lmperf.server.request.kv_hit_rate";
+pub const LMPERF_SERVER_REQUEST_ROUTER_QUEUE_DEPTH: &str =
+    "lmperf.server.request.router_queue_depth";
 /// Span event on the next canary span after a server change (attributes
 /// `lmperf.server.change.kind`, `lmperf.server.change.old`, `lmperf.server.change.new`).
 pub const EVENT_SERVER_CHANGE: &str = "lmperf.server.change";

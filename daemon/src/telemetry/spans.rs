@@ -291,6 +291,29 @@ fn response_attributes(r: &crate::measure::RequestRecord, a: &mut Vec<KeyValue>)
             gap / 1e3,
         ));
     }
+    if let Some(rate) = t.kv_hit_rate {
+        a.push(KeyValue::new(n::LMPERF_SERVER_REQUEST_KV_HIT_RATE, rate));
+    }
+    if let Some(depth) = t.router_queue_depth {
+        a.push(KeyValue::new(
+            n::LMPERF_SERVER_REQUEST_ROUTER_QUEUE_DEPTH,
+            i64::try_from(depth).unwrap_or(i64::MAX),
+        ));
+    }
+    let split = r
+        .ttft
+        .and_then(|c| crate::measure::server_timing::TtftSplit::of(c, t));
+    if let Some(s) = split {
+        let keys = [
+            n::LMPERF_TTFT_FRONTEND_MS,
+            n::LMPERF_TTFT_ROUTER_QUEUE_MS,
+            n::LMPERF_TTFT_PREFILL_MS,
+            n::LMPERF_TTFT_TRANSFER_AND_FIRST_DECODE_MS,
+        ];
+        for (key, v) in keys.into_iter().zip(s.values()) {
+            a.push(KeyValue::new(key, v));
+        }
+    }
 }
 
 /// The `lmperf.spike.*` attributes of the rule that started a spike.

@@ -17,7 +17,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
-use crate::server_timing::{RawTimings, RawVllmMetrics, ServerTiming};
+use crate::server_timing::{RawDynamoTiming, RawTimings, RawVllmMetrics, ServerTiming};
 
 /// Token usage as the server reports it (`usage` object).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -68,8 +68,8 @@ pub struct Chunk<'a> {
     /// Dynamo's `nvext.worker_id` (the workers that served the request), when the chunk
     /// carries one that reads as `WorkerIdInfo`; a malformed one is ignored, never an error.
     pub dynamo_workers: Option<crate::worker::DynamoWorkerIds>,
-    /// The server's own timing of the request (vLLM `metrics`, else llama.cpp `timings`),
-    /// where the chunk carries it; see [`crate::server_timing`].
+    /// The server's own timing of the request (vLLM `metrics`, else llama.cpp `timings`, else
+    /// Dynamo's `nvext.timing`), where the chunk carries it; see [`crate::server_timing`].
     pub server_timing: Option<ServerTiming>,
 }
 
@@ -251,7 +251,14 @@ pub fn parse_payload(data: &str) -> Payload<'_> {
             .as_ref()
             .and_then(|v| RawVllmMetrics::deserialize(v).ok())
             .and_then(|m| m.read())
-            .or_else(|| timings.as_ref().and_then(RawTimings::read)),
+            .or_else(|| timings.as_ref().and_then(RawTimings::read))
+            .or_else(|| {
+                raw.nvext
+                    .as_ref()
+                    .and_then(|n| n.get("timing"))
+                    .and_then(|v| RawDynamoTiming::deserialize(v).ok())
+                    .and_then(|t| t.read())
+            }),
         ..Chunk::default()
     };
     for choice in raw.choices.into_iter().flatten() {

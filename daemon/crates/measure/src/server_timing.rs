@@ -12,6 +12,14 @@
 //!   tokenization and any wait for a free slot), `predicted_n` and `predicted_ms` (the first
 //!   token → the last), `cache_n`. llama.cpp reports no wait for a free slot.
 //!
+//! - **NVIDIA Dynamo** (the frontend, asked with `"nvext": {"extra_fields": ["timing"]}`): the
+//!   stream's chunks carry `nvext.timing` (`TimingInfo` of `lib/llm/src/protocols/common/
+//!   timing.rs`; the field names checked in the installed 1.6.1 `_core.abi3.so`):
+//!   `request_received_ms` (epoch), `prefill_wait_time_ms` (received → prefill start: the
+//!   frontend's and router's queue), `prefill_time_ms` (prefill start → its end),
+//!   `ttft_ms` (received → the first token), `total_time_ms`, `kv_hit_rate` (cached ÷ input
+//!   blocks), `router_queue_depth`. The frontend's clock: the whole serving path behind it.
+//!
 //! A field absent (or `null`, negative, not finite) is absent here, never 0. SGLang's and TGI's
 //! OpenAI-compatible streams carry no per-request timing (SGLang's native `/generate`
 //! `meta_info` is not what a canary calls), so they have none.
@@ -28,6 +36,8 @@ pub enum TimingSource {
     VllmMetrics,
     /// llama.cpp's `timings` object.
     LlamaCppTimings,
+    /// NVIDIA Dynamo's `nvext.timing` (the frontend's clock over router and workers).
+    DynamoTiming,
 }
 
 impl TimingSource {
@@ -36,6 +46,7 @@ impl TimingSource {
         match self {
             TimingSource::VllmMetrics => "vllm_metrics",
             TimingSource::LlamaCppTimings => "llama_cpp_timings",
+            TimingSource::DynamoTiming => "dynamo_timing",
         }
     }
 }
@@ -60,6 +71,11 @@ pub struct ServerTiming {
     pub prompt_tokens_computed: Option<u64>,
     /// Tokens the server generated in `decode` (llama.cpp `predicted_n`).
     pub decoded_tokens: Option<u64>,
+    /// Dynamo: the KV blocks of the prompt found cached ÷ its blocks (`kv_hit_rate`), 0..1.
+    pub kv_hit_rate: Option<f64>,
+    /// Dynamo: requests waiting in the router's queue when this one was routed
+    /// (`router_queue_depth`).
+    pub router_queue_depth: Option<u64>,
 }
 
 impl ServerTiming {
@@ -100,6 +116,103 @@ pub(crate) struct RawTimings {
     predicted_ms: Option<f64>,
 }
 
+/// Dynamo's `nvext.timing` object (`TimingInfo`), every field optional here.
+#[derive(Debug, Deserialize)]
+pub(crate) struct RawDynamoTiming {
+    #[serde(default)]
+    prefill_wait_time_ms: Option<f64>,
+    #[serde(default)]
+    prefill_time_ms: Option<f64>,
+    #[serde(default)]
+    ttft_ms: Option<f64>,
+    #[serde(default)]
+    total_time_ms: Option<f64>,
+    #[serde(default)]
+    kv_hit_rate: Option<f64>,
+    #[serde(default)]
+    router_queue_depth: Option<f64>,
+}
+
+impl RawDynamoTiming {
+    /// `None` when it carries no duration (a `request_received_ms`-only object).
+    pub(crate) fn read(&self) -> Option<ServerTiming> {
+        let ttft = millis(self.ttft_ms);
+        let total = millis(self.total_time_ms);
+        let t = ServerTiming {
+            source: TimingSource::DynamoTiming,
+            ttft,
+            queue: millis(self.prefill_wait_time_ms),
+            prefill: millis(self.prefill_time_ms),
+            decode: total.zip(ttft).and_then(|(a, b)| a.checked_sub(b)),
+            mean_itl: None,
+            prompt_tokens_computed: None,
+            decoded_tokens: None,
+            kv_hit_rate: self
+                .kv_hit_rate
+                .filter(|r| r.is_finite() && (0.0..=1.0).contains(r)),
+            router_queue_depth: self
+                .router_queue_depth
+                .filter(|d| d.is_finite() && *d >= 0.0)
+                .map(|d| d as u64),
+        };
+        (t.ttft.is_some() || t.queue.is_some() || t.prefill.is_some() || total.is_some())
+            .then_some(t)
+    }
+}
+
+/// A routed request's TTFT split along the serving path, milliseconds, from the client's TTFT
+/// and Dynamo's own clock ([`TimingSource::DynamoTiming`] with its `ttft_ms`,
+/// `prefill_wait_time_ms` and `prefill_time_ms`). The four segments add up to the client's
+/// TTFT (to the nanosecond, each rounded there): `frontend` is what the frontend's clock did not see (network, HTTP,
+/// tokenization before its timer), `transfer_and_first_decode` what follows the prefill up to
+/// the first token (the KV transfer under prefill/decode disaggregation, the first decode
+/// step). Signed: clocks that disagree show as a negative segment, never hidden.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct TtftSplit {
+    pub frontend_ms: f64,
+    pub router_queue_ms: f64,
+    pub prefill_ms: f64,
+    pub transfer_and_first_decode_ms: f64,
+}
+
+impl TtftSplit {
+    /// The segment names, in path order (`lmperf.ttft.<name>_ms`, `requests.jsonl`).
+    pub const SEGMENTS: [&'static str; 4] = [
+        "frontend",
+        "router_queue",
+        "prefill",
+        "transfer_and_first_decode",
+    ];
+
+    /// The split of `client_ttft` by `t`; `None` unless `t` is Dynamo's and says its TTFT,
+    /// queue and prefill (no split is ever guessed).
+    pub fn of(client_ttft: Duration, t: &ServerTiming) -> Option<TtftSplit> {
+        if t.source != TimingSource::DynamoTiming {
+            return None;
+        }
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        // To the nanosecond: a difference of equal figures is 0, not float noise.
+        let ns = |v: f64| (v * 1e6).round() / 1e6;
+        let (ttft, queue, prefill) = (ms(t.ttft?), ms(t.queue?), ms(t.prefill?));
+        Some(TtftSplit {
+            frontend_ms: ns(ms(client_ttft) - ttft),
+            router_queue_ms: ns(queue),
+            prefill_ms: ns(prefill),
+            transfer_and_first_decode_ms: ns(ttft - queue - prefill),
+        })
+    }
+
+    /// The segments in [`TtftSplit::SEGMENTS`] order.
+    pub fn values(&self) -> [f64; 4] {
+        [
+            self.frontend_ms,
+            self.router_queue_ms,
+            self.prefill_ms,
+            self.transfer_and_first_decode_ms,
+        ]
+    }
+}
+
 /// Milliseconds as the server wrote them → a duration; `None` for negative or not finite.
 fn millis(v: Option<f64>) -> Option<Duration> {
     v.filter(|ms| ms.is_finite() && *ms >= 0.0)
@@ -120,6 +233,8 @@ impl RawVllmMetrics {
             mean_itl: millis(self.mean_itl_ms),
             prompt_tokens_computed: None,
             decoded_tokens: None,
+            kv_hit_rate: None,
+            router_queue_depth: None,
         };
         (t.prefill.is_some() || t.queue.is_some() || t.decode.is_some()).then_some(t)
     }
@@ -139,6 +254,8 @@ impl RawTimings {
             mean_itl: None,
             prompt_tokens_computed: self.prompt_n,
             decoded_tokens: self.predicted_n,
+            kv_hit_rate: None,
+            router_queue_depth: None,
         })
     }
 }
@@ -209,5 +326,55 @@ mod tests {
             (Some(12), Some(8))
         );
         assert_eq!(llama(r#"{"cache_n":23}"#), None);
+    }
+
+    fn dynamo(json: &str) -> Option<ServerTiming> {
+        serde_json::from_str::<RawDynamoTiming>(json)
+            .unwrap()
+            .read()
+    }
+
+    /// Dynamo's `nvext.timing` as the 1.6.1 frontend writes it: the queue, the prefill, the
+    /// TTFT on its clock; the split of a client TTFT adds up to it exactly.
+    #[test]
+    fn dynamo_timing_splits_a_routed_ttft_along_the_path() {
+        let t = dynamo(r#"{"request_received_ms":1765000000000,"prefill_wait_time_ms":1.5,"prefill_time_ms":20.25,"ttft_ms":31.75,"total_time_ms":131.75,"kv_hit_rate":0.5,"router_queue_depth":3}"#).unwrap();
+        assert_eq!(t.source, TimingSource::DynamoTiming);
+        assert_eq!(t.source.as_str(), "dynamo_timing");
+        assert_eq!(t.queue, Some(Duration::from_micros(1_500)));
+        assert_eq!(t.prefill, Some(Duration::from_micros(20_250)));
+        assert_eq!(t.ttft, Some(Duration::from_micros(31_750)));
+        assert_eq!(t.decode, Some(Duration::from_millis(100)));
+        assert_eq!((t.kv_hit_rate, t.router_queue_depth), (Some(0.5), Some(3)));
+        let split = TtftSplit::of(Duration::from_millis(40), &t).unwrap();
+        assert_eq!(
+            split,
+            TtftSplit {
+                frontend_ms: 8.25,
+                router_queue_ms: 1.5,
+                prefill_ms: 20.25,
+                transfer_and_first_decode_ms: 10.0,
+            }
+        );
+        assert!((split.values().iter().sum::<f64>() - 40.0).abs() < 1e-9);
+    }
+
+    /// No split without all three figures, nor from another server's timing; a field Dynamo
+    /// did not send stays absent; an object with no duration is no timing.
+    #[test]
+    fn no_dynamo_split_is_guessed() {
+        let t = dynamo(r#"{"request_received_ms":1,"ttft_ms":30.0,"prefill_wait_time_ms":2.0}"#)
+            .unwrap();
+        assert_eq!((t.prefill, t.decode, t.kv_hit_rate), (None, None, None));
+        assert_eq!(TtftSplit::of(Duration::from_millis(40), &t), None);
+        assert_eq!(dynamo(r#"{"request_received_ms":1}"#), None);
+        assert_eq!(
+            dynamo(r#"{"ttft_ms":5.0,"kv_hit_rate":7.0}"#)
+                .unwrap()
+                .kv_hit_rate,
+            None
+        );
+        let v = vllm(r#"{"time_to_first_token_ms":10.0,"queue_time_ms":1.0}"#).unwrap();
+        assert_eq!(TtftSplit::of(Duration::from_millis(40), &v), None);
     }
 }

@@ -36,6 +36,7 @@ pub fn sections(summary: &Summary) -> String {
         "The worker the router said served each request (--target-kind router: Dynamo's nvext worker ids, llm-d's session tokens; PREFILL→DECODE for a disaggregated request; unattributed where the router named none). The rows sum to the benchmark.",
         &workers,
     );
+    split_section(&mut h, &workers);
     let probes: Vec<(&str, &str, &GroupSummary)> = summary
         .benchmarks
         .iter()
@@ -129,6 +130,67 @@ fn table(h: &mut String, title: &str, key: &str, note: &str, rows: &[(&str, &str
     }
 }
 
+/// "TTFT along the serving path": per benchmark and worker (pair) whose requests carried
+/// Dynamo's timing, the p50 of each segment as one stacked bar (widths ∝ ms) and the p50 /
+/// p99 figures beside it. Nothing when no worker has a split.
+fn split_section(h: &mut String, rows: &[(&str, &str, &GroupSummary)]) {
+    let with: Vec<_> = rows
+        .iter()
+        .filter_map(|(b, w, g)| g.ttft_split.as_ref().map(|s| (*b, *w, s)))
+        .collect();
+    if with.is_empty() {
+        return;
+    }
+    let esc = super::esc;
+    const NAMES: [&str; 4] = [
+        "frontend",
+        "router queue",
+        "prefill",
+        "transfer and first decode",
+    ];
+    const COLORS: [&str; 4] = ["#9aa5b1", "#e0a030", "#3a7bd5", "#c0504d"];
+    h.push_str(r#"<h2>TTFT along the serving path</h2><p>Each request's TTFT on NVIDIA Dynamo's own clock (<code>nvext.timing</code>), split into segments that add up to the client's TTFT: frontend (what the frontend's clock did not see: network, HTTP, tokenization), router queue (received → prefill start), prefill, transfer and first decode (the rest up to the first token: the KV transfer under prefill/decode disaggregation). Bars: each segment's p50, ms; figures p50 / p99.</p><table class="ttft-split"><tr><th>benchmark</th><th>worker</th><th>requests</th><th>p50 split</th>"#);
+    for n in NAMES {
+        let _ = write!(h, "<th>{n}</th>");
+    }
+    h.push_str("</tr>");
+    let ms = |d: Option<&crate::bench::stats::Distribution>,
+              f: fn(&crate::bench::stats::Distribution) -> f64| {
+        d.map_or("–".to_owned(), |d| crate::fmt::number(f(d)))
+    };
+    for (bench, worker, split) in with {
+        let segs = split.segments();
+        let p50: Vec<f64> = segs
+            .iter()
+            .map(|d| d.map_or(0.0, |d| d.p50.max(0.0)))
+            .collect();
+        let total = p50.iter().sum::<f64>().max(1e-9);
+        let mut bar =
+            String::from(r#"<div class="split-bar" style="display:flex;width:240px;height:12px">"#);
+        for ((v, c), n) in p50.iter().zip(COLORS).zip(NAMES) {
+            let _ = write!(
+                bar,
+                r#"<span title="{n} {v:.2} ms" style="width:{:.1}%;background:{c}"></span>"#,
+                v / total * 100.0
+            );
+        }
+        bar.push_str("</div>");
+        let _ = write!(
+            h,
+            r#"<tr data-benchmark="{b}" data-worker="{w}" data-split-requests="{}"><td>{b}</td><td>{w}</td><td>{}</td><td>{bar}</td>"#,
+            split.requests,
+            split.requests,
+            b = esc(bench),
+            w = esc(worker),
+        );
+        for d in segs {
+            let _ = write!(h, "<td>{} / {}</td>", ms(d, |d| d.p50), ms(d, |d| d.p99));
+        }
+        h.push_str("</tr>");
+    }
+    h.push_str("</table>");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,6 +225,43 @@ mod tests {
         assert!(h.contains("<h2>LoRA adapters</h2>"), "{h}");
         let mut none = String::new();
         table(&mut none, "Endpoints", "endpoint", "n", &[]);
+        assert!(none.is_empty());
+    }
+
+    /// A worker pair's requests with Dynamo's split: one row, its bar's widths the p50
+    /// segments' shares; a worker without a split has no row.
+    #[test]
+    fn the_ttft_split_per_worker_pair() {
+        let mut acc = GroupAcc::default();
+        for k in 0..4 {
+            acc.push(
+                &RequestRow {
+                    outcome: "ok",
+                    ttft_ms: Some(50.0),
+                    e2el_ms: 90.0,
+                    ttft_frontend_ms: Some(10.0),
+                    ttft_router_queue_ms: Some(5.0),
+                    ttft_prefill_ms: Some(25.0 + f64::from(k)),
+                    ttft_transfer_and_first_decode_ms: Some(10.0 - f64::from(k)),
+                    ..RequestRow::default()
+                },
+                Goodput::default(),
+            );
+        }
+        let g = acc.finish(Goodput::default());
+        assert_eq!(g.ttft_split.as_ref().map(|s| s.requests), Some(4));
+        let plain = GroupAcc::default().finish(Goodput::default());
+        let mut h = String::new();
+        split_section(&mut h, &[("c1_in16", "7→9", &g), ("c1_in16", "8", &plain)]);
+        assert!(h.contains("<h2>TTFT along the serving path</h2>"), "{h}");
+        assert_eq!(h.matches("data-split-requests=").count(), 1, "{h}");
+        assert!(
+            h.contains(r#"data-worker="7→9" data-split-requests="4""#)
+                && h.contains(r#"title="frontend 10.00 ms" style="width:20.0%"#),
+            "{h}"
+        );
+        let mut none = String::new();
+        split_section(&mut none, &[("c1_in16", "8", &plain)]);
         assert!(none.is_empty());
     }
 }
