@@ -335,3 +335,70 @@ fn dynamo_disaggregated_names_the_prefill_and_the_decode_worker() {
         .sum();
     assert_eq!(total, rows.len() as u64, "{workers}");
 }
+
+/// Issue 51.2 on the live agent: canaries to the real Dynamo frontend (`--target-kind
+/// router`) record each TTFT segment per worker on `/metrics`
+/// (`lmperf_canary_ttft_segment_duration_seconds`, one series per segment and worker): the
+/// four segments counted once per routed canary, for both workers.
+#[test]
+fn dynamo_agent_records_the_ttft_segments_per_worker() {
+    let Some(d) = start("dynamo-agent", &[("agg", 2)]) else {
+        return;
+    };
+    let agent = lmperf_e2e::agent::Agent::spawn(
+        &[
+            "--target",
+            &d.url,
+            "--target-kind",
+            "router",
+            "--api",
+            "chat",
+            "--model",
+            "gemma",
+            "--interval",
+            "200ms",
+            "--max-tokens",
+            "4",
+            "--otlp-endpoint",
+            "http://127.0.0.1:9",
+        ],
+        &[],
+    );
+    let count = |metrics: &str, segment: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with("lmperf_canary_ttft_segment_duration_seconds_count{")
+                    && l.contains(&format!("lmperf_ttft_segment=\"{segment}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let t = Instant::now();
+    let metrics = loop {
+        let (_, m) = agent.get("/metrics");
+        if count(&m, "prefill") >= 6.0 {
+            break m;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "{m}");
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let n = count(&metrics, "frontend");
+    for segment in ["router_queue", "prefill", "transfer_and_first_decode"] {
+        // Read once: the four series of a canary are recorded together.
+        assert!(
+            (count(&metrics, segment) - n).abs() <= 1.0,
+            "{segment}: {metrics}"
+        );
+    }
+    let workers: std::collections::BTreeSet<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("lmperf_canary_ttft_segment_duration_seconds_count{"))
+        .filter_map(|l| l.split("lmperf_worker_id=\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(
+        workers.len(),
+        2,
+        "round-robin over two workers: {workers:?}"
+    );
+}

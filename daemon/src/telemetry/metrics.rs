@@ -19,6 +19,7 @@ pub struct Instruments {
     token_usage: Histogram<u64>,
     time_to_first_chunk: Histogram<f64>,
     time_per_output_chunk: Histogram<f64>,
+    ttft_segment: Histogram<f64>,
     requests: Counter<u64>,
     retries: Counter<u64>,
     skipped: Counter<u64>,
@@ -69,6 +70,14 @@ impl Instruments {
                 )
                 .with_boundaries(n::BUCKETS_TIME_PER_OUTPUT_CHUNK.to_vec())
                 .build(),
+            ttft_segment: meter
+                .f64_histogram(n::METRIC_TTFT_SEGMENT)
+                .with_unit("s")
+                .with_description(
+                    "A routed canary's TTFT split along the serving path (NVIDIA Dynamo's nvext.timing), by segment: frontend, router_queue, prefill, transfer_and_first_decode.",
+                )
+                .with_boundaries(n::BUCKETS_TIME_TO_FIRST_CHUNK.to_vec())
+                .build(),
             requests: meter
                 .u64_counter(n::METRIC_CANARY_REQUESTS)
                 .with_unit("{request}")
@@ -111,6 +120,7 @@ impl Instruments {
             self.time_per_output_chunk
                 .record(w[1].saturating_sub(w[0]).as_secs_f64(), &attrs);
         }
+        self.record_split(c, m);
         // Token usage: only what the server or the stream reported.
         let with_type = |ty: &'static str, v: u64| {
             let mut a = attrs.clone();
@@ -141,6 +151,29 @@ impl Instruments {
                 u64::from(m.retries),
                 &[KeyValue::new(n::LMPERF_TARGET, c.target.to_owned())],
             );
+        }
+    }
+
+    /// A routed canary's TTFT segments ([`crate::measure::server_timing::TtftSplit`]), by
+    /// target, segment and worker; a negative segment (clocks that disagree) counts as 0.
+    fn record_split(&self, c: &MetricContext<'_>, m: &Measured) {
+        let r = &m.record;
+        let Some(split) = r
+            .server_timing
+            .zip(r.ttft)
+            .and_then(|(t, ttft)| crate::measure::server_timing::TtftSplit::of(ttft, &t))
+        else {
+            return;
+        };
+        let mut attrs = vec![KeyValue::new(n::LMPERF_TARGET, c.target.to_owned())];
+        if let Some(w) = r.served_by.as_ref().and_then(|b| b.primary()) {
+            attrs.push(KeyValue::new(n::LMPERF_WORKER_ID, w.id.clone()));
+        }
+        let names = crate::measure::server_timing::TtftSplit::SEGMENTS;
+        for (segment, ms) in names.into_iter().zip(split.values()) {
+            let mut a = attrs.clone();
+            a.push(KeyValue::new(n::LMPERF_TTFT_SEGMENT, segment));
+            self.ttft_segment.record(ms.max(0.0) / 1e3, &a);
         }
     }
 

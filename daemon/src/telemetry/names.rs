@@ -442,6 +442,11 @@ pub const LMPERF_TTFT_PREFILL_MS: &str = "lmperf.ttft.prefill_ms";
 pub const LMPERF_TTFT_TRANSFER_AND_FIRST_DECODE_MS: &str =
     "lmperf.ttft.transfer_and_first_decode_ms";
 pub const LMPERF_SERVER_REQUEST_KV_HIT_RATE: &str = "lmperf.server.request.kv_hit_rate";
+/// Histogram (s) of routed canaries' TTFT segments (Prometheus
+/// `lmperf_canary_ttft_segment_duration_seconds`), by `lmperf.target`, `lmperf.worker.id` and
+/// `lmperf.ttft.segment` (frontend | router_queue | prefill | transfer_and_first_decode).
+pub const METRIC_TTFT_SEGMENT: &str = "lmperf.canary.ttft.segment.duration";
+pub const LMPERF_TTFT_SEGMENT: &str = "lmperf.ttft.segment";
 pub const LMPERF_SERVER_REQUEST_ROUTER_QUEUE_DEPTH: &str =
     "lmperf.server.request.router_queue_depth";
 /// Span event on the next canary span after a server change (attributes
