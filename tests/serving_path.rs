@@ -283,6 +283,31 @@ fn dynamo_agg_every_request_names_the_worker_that_logged_it() {
     let log = received(&d);
     assert_eq!(rows.len(), 12);
     check_split(&rows, &out, &err);
+    // `lmperf compare` compares the split (a run against itself: every segment unchanged).
+    let cmp = d.dir.join("compare");
+    let o = Command::new(lmperf_bin())
+        .arg("compare")
+        .args([&out, &out])
+        .arg("--output-dir")
+        .arg(&cmp)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(cmp.join("compare.json")).unwrap()).unwrap();
+    let metrics = c["benchmarks"][0]["metrics"].as_array().unwrap();
+    for segment in ["ttft_frontend", "ttft_router_queue", "ttft_prefill"] {
+        let m = metrics
+            .iter()
+            .find(|m| m["metric"] == format!("{segment}_p50"))
+            .unwrap_or_else(|| panic!("{segment}_p50 not compared: {c}"));
+        assert_eq!(m["verdict"], "unchanged", "{m}");
+    }
     let mut per_worker: BTreeMap<String, usize> = BTreeMap::new();
     for r in &rows {
         assert_eq!(r["outcome"], "ok", "{r}");

@@ -97,12 +97,18 @@ const LATENCIES: [&str; 5] = ["ttft", "itl", "tpot", "e2el", "ttfo"];
 /// `client_minus_server_ttft_ms`; `server_request_*`, apart from the `server_*_p99` of its
 /// `/metrics` histograms): compared only where either run has it, with their own
 /// resampling seed so the metrics above resample as without them.
-const SERVER_LATENCIES: [&str; 5] = [
+const SERVER_LATENCIES: [&str; 9] = [
     "server_request_ttft",
     "server_request_queue",
     "server_request_prefill",
     "server_request_decode",
     "client_minus_server_ttft",
+    // A routed request's TTFT split along the serving path (NVIDIA Dynamo's `nvext.timing`):
+    // `requests.jsonl` `ttft_*_ms`, last so the rows above resample as without them.
+    "ttft_frontend",
+    "ttft_router_queue",
+    "ttft_prefill",
+    "ttft_transfer_and_first_decode",
 ];
 /// Run-level metrics.
 const RATES: [(&str, &str, Better); 3] = [
@@ -290,6 +296,15 @@ struct Req {
     server_decode_ms: Option<f64>,
     #[serde(default)]
     client_minus_server_ttft_ms: Option<f64>,
+    /// A routed request's TTFT split (Dynamo), where the run has it.
+    #[serde(default)]
+    ttft_frontend_ms: Option<f64>,
+    #[serde(default)]
+    ttft_router_queue_ms: Option<f64>,
+    #[serde(default)]
+    ttft_prefill_ms: Option<f64>,
+    #[serde(default)]
+    ttft_transfer_and_first_decode_ms: Option<f64>,
     /// The server's usage: input tokens and those it took from its prefix cache.
     #[serde(default)]
     input_tokens: Option<u64>,
@@ -800,6 +815,12 @@ fn latency_values(b: &Bench, metric: &str) -> Clustered {
         "server_request_prefill" => ok.map(|r| one(r.server_prefill_ms)).collect(),
         "server_request_decode" => ok.map(|r| one(r.server_decode_ms)).collect(),
         "client_minus_server_ttft" => ok.map(|r| one(r.client_minus_server_ttft_ms)).collect(),
+        "ttft_frontend" => ok.map(|r| one(r.ttft_frontend_ms)).collect(),
+        "ttft_router_queue" => ok.map(|r| one(r.ttft_router_queue_ms)).collect(),
+        "ttft_prefill" => ok.map(|r| one(r.ttft_prefill_ms)).collect(),
+        "ttft_transfer_and_first_decode" => ok
+            .map(|r| one(r.ttft_transfer_and_first_decode_ms))
+            .collect(),
         _ => ok.map(|r| vec![r.e2el_ms]).collect(),
     };
     Clustered::new(groups.iter().map(Vec::as_slice))
@@ -1615,7 +1636,7 @@ mod tests {
         for i in 0..60 {
             let prefill = 20.0 + f64::from(i % 5);
             let server = queue + prefill;
-            let r = serde_json::json!({"benchmark": "c1", "outcome": "ok", "send_ms": f64::from(i) * 10.0, "ttft_ms": server + 3.0, "tpot_ms": 1.0, "e2el_ms": server + 30.0, "output_tokens": 5, "server_ttft_ms": server, "server_queue_ms": queue, "server_prefill_ms": prefill, "client_minus_server_ttft_ms": 3.0});
+            let r = serde_json::json!({"benchmark": "c1", "outcome": "ok", "send_ms": f64::from(i) * 10.0, "ttft_ms": server + 3.0, "tpot_ms": 1.0, "e2el_ms": server + 30.0, "output_tokens": 5, "server_ttft_ms": server, "server_queue_ms": queue, "server_prefill_ms": prefill, "client_minus_server_ttft_ms": 3.0, "ttft_frontend_ms": 3.0, "ttft_router_queue_ms": queue, "ttft_prefill_ms": prefill, "ttft_transfer_and_first_decode_ms": 0.0});
             lines.push_str(&format!("{r}\n"));
         }
         std::fs::write(dir.join("requests.jsonl"), lines).unwrap();
@@ -1654,6 +1675,13 @@ mod tests {
             m("client_minus_server_ttft_p50").verdict,
             Verdict::Unchanged
         );
+        // The serving-path split (issue 51): the router queue grew, the frontend held.
+        let rq = m("ttft_router_queue_mean");
+        assert_eq!(
+            (rq.base, rq.new, rq.verdict),
+            (Some(1.0), Some(21.0), Verdict::Regression)
+        );
+        assert_eq!(m("ttft_frontend_p50").verdict, Verdict::Unchanged);
         // Neither run's server said decode times: no such rows.
         assert!(
             c.benchmarks[0]
