@@ -1633,20 +1633,39 @@ async fn profile_hot_update_on_the_real_server() {
                 "linear ramp 1 → 2 at 4 s: {r}"
             );
         }
-        // The server kept up: no send waited for a slot (a wait would be its delay beyond the
-        // prompt's calibration, a few /tokenize calls).
+        // A send waits only for a free slot (beyond its prompt's calibration, a few /tokenize
+        // calls): every send that waited 300 ms or more was due while its concurrency limit's
+        // requests were all in flight. How long the CPU-bound real server holds a slot depends
+        // on the machine's load (a CPU hog beside it makes it slower), so no count of waits is
+        // asserted: the rule that explains each wait is.
         let delays: Vec<f64> = mine
             .iter()
             .map(|r| r["dispatch_delay_ms"].as_f64().unwrap())
             .collect();
-        // CI runs other e2e tests beside this one on 2 cores, where the CPU-bound real server
-        // may hold a slot a little longer now and then: at most one send waits, and briefly.
-        let waited = delays.iter().filter(|d| **d >= 300.0).count();
-        assert!(
-            waited <= 1 && delays.iter().all(|d| *d < 2000.0),
-            "revision {rev}: dispatch delays {delays:?} ms"
+        for r in mine
+            .iter()
+            .filter(|r| r["dispatch_delay_ms"].as_f64() >= Some(300.0))
+        {
+            let due = r["scheduled_ms"].as_f64().unwrap();
+            let in_flight = rows
+                .iter()
+                .filter(|o| {
+                    let send = o["send_ms"].as_f64().unwrap();
+                    send <= due && due < send + o["e2el_ms"].as_f64().unwrap()
+                })
+                .count() as u64;
+            assert!(
+                in_flight >= r["concurrency_limit"].as_u64().unwrap(),
+                "revision {rev}: waited with a slot free ({in_flight} in flight when due): {r}; dispatch delays {delays:?} ms"
+            );
+        }
+        // The rate the schedule kept (when each send was due): a send that waited for a slot
+        // is explained above; the realized send times follow the server's speed on this
+        // machine.
+        let (first, last) = (
+            at(mine[0], "scheduled_ms"),
+            at(mine[mine.len() - 1], "scheduled_ms"),
         );
-        let (first, last) = (at(mine[0], "send_ms"), at(mine[mine.len() - 1], "send_ms"));
         let tokens: u64 = mine[1..]
             .iter()
             .map(|r| r["output_tokens"].as_u64().unwrap())

@@ -25,7 +25,8 @@ pub fn info_path(kind: ServerKind) -> Option<&'static str> {
         ServerKind::Tgi => Some("/info"),
         ServerKind::LlamaCpp => Some("/props"),
         ServerKind::Sglang => Some("/get_server_info"),
-        ServerKind::Unknown => None,
+        // Dynamo's frontend has no version route; `/v1/models` names the model.
+        ServerKind::Dynamo | ServerKind::Unknown => None,
     }
 }
 
@@ -61,7 +62,7 @@ pub fn read_info(kind: ServerKind, body: &[u8], id: &mut Identity) {
                 .or(id.model.take());
             id.model_revision = string(&v, "model_path").or(id.model_revision.take());
         }
-        ServerKind::Unknown => {}
+        ServerKind::Dynamo | ServerKind::Unknown => {}
     }
 }
 

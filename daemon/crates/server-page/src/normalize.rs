@@ -21,6 +21,8 @@ pub enum ServerKind {
     Tgi,
     #[serde(rename = "llama.cpp")]
     LlamaCpp,
+    /// NVIDIA Dynamo's frontend (its router in front of workers): `dynamo_frontend_*`.
+    Dynamo,
     Unknown,
 }
 
@@ -31,6 +33,7 @@ impl ServerKind {
             Self::Sglang => "sglang",
             Self::Tgi => "tgi",
             Self::LlamaCpp => "llama.cpp",
+            Self::Dynamo => "dynamo",
             Self::Unknown => "unknown",
         }
     }
@@ -42,19 +45,23 @@ impl ServerKind {
             "sglang" => Some(Self::Sglang),
             "tgi" => Some(Self::Tgi),
             "llama.cpp" | "llamacpp" => Some(Self::LlamaCpp),
+            "dynamo" => Some(Self::Dynamo),
             _ => None,
         }
     }
 }
 
-/// The kind whose prefix most sample lines carry (`vllm:`, `sglang:`, `tgi_`, `llamacpp:`;
-/// every well-formed line of the page counts, kept or not).
+/// The kind whose prefix most sample lines carry (`vllm:`, `sglang:`, `tgi_`, `llamacpp:`,
+/// `dynamo_frontend_`; every well-formed line of the page counts, kept or not). A worker
+/// behind Dynamo also exports `dynamo_component_*`, which names no kind: only the frontend
+/// exports `dynamo_frontend_*`.
 pub fn detect(page: &Page) -> ServerKind {
     let kinds = [
         ServerKind::Vllm,
         ServerKind::Sglang,
         ServerKind::Tgi,
         ServerKind::LlamaCpp,
+        ServerKind::Dynamo,
     ];
     match page
         .prefix_lines
@@ -122,6 +129,14 @@ const READ: &[&str] = &[
     "llamacpp:tokens_predicted",
     "llamacpp:prompt_seconds",
     "llamacpp:tokens_predicted_seconds",
+    // NVIDIA Dynamo's frontend (1.6.1: `dynamo.prometheus_names` `frontend_service`)
+    "dynamo_frontend_inflight_requests",
+    "dynamo_frontend_queued_requests",
+    "dynamo_frontend_requests",
+    "dynamo_frontend_output_tokens",
+    "dynamo_frontend_time_to_first_token_seconds",
+    "dynamo_frontend_inter_token_latency_seconds",
+    "dynamo_frontend_request_duration_seconds",
 ];
 
 /// Whether [`normalize`] reads samples named `name`: the filter of
@@ -378,6 +393,24 @@ pub fn normalize(page: &Page, kind: Option<ServerKind>) -> Reading {
                 _ => None,
             };
         }
+        ServerKind::Dynamo => {
+            // The frontend's view of the serving path behind it (names as the installed
+            // 1.6.1 `dynamo/prometheus_names.py` and a live frontend's page have them):
+            // requests in flight to the workers, those waiting for their first response.
+            r.requests_running = sum_first(page, &["dynamo_frontend_inflight_requests"]);
+            r.requests_waiting = sum_first(page, &["dynamo_frontend_queued_requests"]);
+            r.counters = Counters {
+                generation_tokens: counter(page, &["dynamo_frontend_output_tokens_total"]),
+                requests: counter(page, &["dynamo_frontend_requests_total"]),
+                ..Counters::default()
+            };
+            r.histograms = Histograms {
+                ttft: first_histogram(page, &["dynamo_frontend_time_to_first_token_seconds"]),
+                itl: first_histogram(page, &["dynamo_frontend_inter_token_latency_seconds"]),
+                e2e: first_histogram(page, &["dynamo_frontend_request_duration_seconds"]),
+                ..Histograms::default()
+            };
+        }
         ServerKind::Unknown => {}
     }
     r
@@ -437,6 +470,28 @@ mod tests {
         assert!(h.sum.is_nan());
     }
 
+    /// A live Dynamo 1.6.1 frontend's page (1,000 lines, most `dynamo_component_*` that name
+    /// no kind) reads as `dynamo`: its in-flight and queued requests, its request and output
+    /// token counters, its TTFT histogram.
+    #[test]
+    fn a_dynamo_frontend_page_reads_as_dynamo() {
+        let text = include_str!("../../../../tests/fixtures/server/dynamo-frontend.a.prom");
+        let page = parse(text).unwrap();
+        assert_eq!(detect(&page), ServerKind::Dynamo);
+        let r = normalize(&page, None);
+        assert_eq!(r.kind.as_str(), "dynamo");
+        assert_eq!(
+            (r.requests_running, r.requests_waiting),
+            (Some(0.0), Some(0.0))
+        );
+        assert_eq!(
+            (r.counters.requests, r.counters.generation_tokens),
+            (Some(4.0), Some(11.0))
+        );
+        assert_eq!(r.histograms.ttft.map(|h| h.count), Some(4.0));
+        assert_eq!(ServerKind::from_config("dynamo"), Some(ServerKind::Dynamo));
+    }
+
     #[test]
     fn reads_keeps_every_name_normalize_reads() {
         // Each fixture normalized from every sample and from the `reads` samples only: the
@@ -462,7 +517,7 @@ mod tests {
             );
             n += 1;
         }
-        assert_eq!(n, 10);
+        assert_eq!(n, 11);
         assert!(reads("vllm:time_to_first_token_seconds_bucket") && reads("tgi_request_count"));
         assert!(
             !reads("vllm:prompt_tokens_created") && !reads("python_gc_objects_collected_total")

@@ -96,7 +96,7 @@ pub struct Page<'a> {
     pub sample_lines: u64,
     /// Well-formed finite sample lines per server prefix: `vllm:`, `sglang:`, `tgi_`,
     /// `llamacpp:` (kept or not), for the kind detection.
-    pub prefix_lines: [u64; 4],
+    pub prefix_lines: [u64; 5],
     /// Sample name → its slot in `slots`.
     index: HashMap<&'a str, usize, Seeded>,
     /// Indices into `samples`, per name.
@@ -285,7 +285,7 @@ fn lines(text: &str) -> impl Iterator<Item = &str> {
 }
 
 /// The server prefixes [`Page::prefix_lines`] counts, in its order.
-pub const PREFIXES: [&str; 4] = ["vllm:", "sglang:", "tgi_", "llamacpp:"];
+pub const PREFIXES: [&str; 5] = ["vllm:", "sglang:", "tgi_", "llamacpp:", "dynamo_frontend_"];
 
 fn prefix_of(name: &str) -> Option<usize> {
     PREFIXES.iter().position(|p| name.starts_with(p))
@@ -730,7 +730,7 @@ mod tests {
             ),
             (1, 1, 1)
         );
-        assert_eq!((page.sample_lines, page.prefix_lines), (5, [5, 0, 0, 0]));
+        assert_eq!((page.sample_lines, page.prefix_lines), (5, [5, 0, 0, 0, 0]));
         // A page of skipped samples only is still a page.
         let page = parse_with("go_x 1\n", |_| false).unwrap();
         assert_eq!((page.samples.len(), page.sample_lines), (0, 1));
