@@ -894,11 +894,26 @@ fn choice_record(index: u32, c: &ChoiceState, keep_text: bool) -> ChoiceRecord {
     }
 }
 
+/// Tokens the cumulative counts of one stream may claim for its ITL list, at most: beyond
+/// it (a count that jumps by billions) the counts are not believed and each chunk counts as
+/// one token, so a bad server never makes the list grow without bound.
+pub const MAX_COUNTED_TOKENS: u64 = 1 << 18;
+
 /// ITL list from token-carrying chunk arrivals. When every token chunk carried the server's
-/// cumulative `completion_tokens` (continuous usage stats), a chunk that carries `n` tokens
-/// contributes `n` equal gaps; otherwise each chunk counts as one token.
+/// cumulative `completion_tokens` (continuous usage stats) and they claim at most
+/// [`MAX_COUNTED_TOKENS`], a chunk that carries `n` tokens contributes `n` equal gaps;
+/// otherwise each chunk counts as one token.
 fn inter_token_latencies(chunks: &[(Duration, Option<u64>)]) -> Vec<Duration> {
-    let continuous = !chunks.is_empty() && chunks.iter().all(|(_, c)| c.is_some());
+    let claimed = chunks
+        .windows(2)
+        .map(|w| match (w[0].1, w[1].1) {
+            (Some(a), Some(b)) => b.saturating_sub(a).max(1),
+            _ => 1,
+        })
+        .fold(0u64, u64::saturating_add);
+    let continuous = !chunks.is_empty()
+        && chunks.iter().all(|(_, c)| c.is_some())
+        && claimed <= MAX_COUNTED_TOKENS;
     let mut itl = Vec::with_capacity(chunks.len());
     for pair in chunks.windows(2) {
         let [(t0, c0), (t1, c1)] = pair else { continue };
@@ -919,6 +934,21 @@ mod tests {
 
     fn ms(v: u64) -> Duration {
         Duration::from_millis(v)
+    }
+
+    /// Cumulative counts of 3 then 4 billion (the fuzzer's crash: a list of billions of gaps)
+    /// are not believed: each chunk counts as one token; plausible counts still spread a
+    /// chunk's gap over its tokens.
+    #[test]
+    fn counts_that_claim_billions_of_tokens_are_not_believed() {
+        let bogus = [
+            (ms(10), Some(1)),
+            (ms(20), Some(3_000_000_000)),
+            (ms(30), Some(4_000_000_000)),
+        ];
+        assert_eq!(inter_token_latencies(&bogus), vec![ms(10), ms(10)]);
+        let fine = [(ms(10), Some(1)), (ms(20), Some(3)), (ms(30), Some(4))];
+        assert_eq!(inter_token_latencies(&fine), vec![ms(5), ms(5), ms(10)]);
     }
 
     /// Feeds `(t_ms, bytes)` frames and finishes at the last frame's time.
