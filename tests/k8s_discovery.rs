@@ -418,10 +418,11 @@ async fn agent_canaries_exactly_this_nodes_annotated_pods() {
         "discovered targets go on"
     );
     api.set_forbidden(false);
-    let (s, _) = wait(&agent, Duration::from_secs(40), |s| {
+    let (s, took) = wait(&agent, Duration::from_secs(40), |s| {
         s["discovery"]["state"] == "watching"
     })
     .await;
+    println!("watching again {took:?} after the 403s ended");
     assert_eq!(s["discovery"]["state"], "watching", "{s:#}");
     assert_eq!(target_names(&s), now);
 

@@ -328,7 +328,9 @@ impl KubeApi {
     pub fn compact(&self) {
         {
             let mut s = self.state.lock().expect("state");
-            s.compacted = s.rv + 1;
+            // etcd compacts up to its current revision: a watch from an older one is gone,
+            // one from the list that follows (which answers this revision) is not.
+            s.compacted = s.rv;
             s.history.clear();
         }
         let _ = self.live.send(Some(Ev {

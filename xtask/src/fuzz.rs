@@ -64,6 +64,10 @@ pub fn run(args: &[String]) -> Result<()> {
         .env("PATH", path)
         .env_remove("RUSTUP_TOOLCHAIN")
         .env_remove("CARGO")
+        // A stable clippy-driver from the caller's `cargo clippy` environment cannot build
+        // with nightly's sysroot.
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env_remove("CLIPPY_ARGS")
         .args([
             "+nightly",
             "fuzz",

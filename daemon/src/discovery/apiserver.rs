@@ -1,5 +1,6 @@
 //! Pods of this node through the API server: `kube`'s watcher (list + watch with
-//! resourceVersion, bookmarks, a relist on 410 Gone or a dropped watch, backoff on errors) with
+//! resourceVersion, bookmarks, a re-watch on a dropped watch) started over from a fresh list
+//! after any error, 410 Gone and 403 included (`super::relist`, backoff between lists), with
 //! the field selector `spec.nodeName=<node>` applied by the server, so the agent sees only its
 //! node's pods however large the cluster. The API server is found as `kube::Config::infer()`
 //! finds it: `KUBECONFIG` (or `~/.kube/config`), else the in-cluster service account.
@@ -23,7 +24,6 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use futures_util::StreamExt;
-use futures_util::TryStreamExt;
 use futures_util::stream::BoxStream;
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::Pod;
@@ -184,11 +184,7 @@ impl Watch {
         let api: Api<Pod> = Api::all(client);
         let wc =
             watcher::Config::default().fields(&format!("spec.nodeName={}", self.cfg.node_name));
-        let url = self.url.clone();
-        let stream = watcher(api, wc)
-            .default_backoff()
-            .map_err(move |e| format!("{} (API server {url})", watch_error(&e)))
-            .boxed();
+        let stream = super::relist::pod_events(api, wc, self.url.clone(), watch_error);
         self.run(stop, stream).await;
     }
 

@@ -3,6 +3,7 @@
 //! `selector` (label selectors, pure), `pod` (pod → target, pure), `pools` (InferencePools,
 //! pure), `lifecycle` (restarts and rollouts as server changes, pure), `apiserver` (the `kube`
 //! watchers of this node's pods and of the InferencePools, and the mapping both sources feed),
+//! `relist` (the pod watch started over from a list after each error),
 //! `kubelet` (the kubelet's node-local Pods API, KEP-4188), `kubelet_pod` (its messages and
 //! pod bytes decoded, pure), `source` (which source runs and why, the fall-back), `kube_client`
 //! (the API client, found as `kube::Config::infer()` does, errors naming it), `status` (the
@@ -17,6 +18,7 @@ pub mod kubelet_pod;
 pub mod lifecycle;
 pub mod pod;
 pub mod pools;
+mod relist;
 pub use crate::config::selector;
 pub mod source;
 pub mod status;
