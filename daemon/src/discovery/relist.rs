@@ -19,8 +19,6 @@ use kube::Api;
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, DefaultBackoff};
 
-use super::apiserver::PodEvents;
-
 /// What the stream holds between items.
 struct Relist {
     api: Api<Pod>,
@@ -36,13 +34,14 @@ struct Relist {
 
 /// The pod events of `api` under `config`, an error as the sentence the status says (from
 /// `describe`, with the API server `url` appended); after each error the watch is dropped and
-/// a new list starts after the backoff. Never ends.
+/// a new list starts after the backoff. Never ends. (`apiserver::PodEvents`, named here
+/// without importing the module above.)
 pub(super) fn pod_events(
     api: Api<Pod>,
     config: watcher::Config,
     url: String,
     describe: fn(&watcher::Error) -> String,
-) -> PodEvents {
+) -> BoxStream<'static, Result<watcher::Event<Pod>, String>> {
     let state = Relist {
         api,
         config,
