@@ -48,65 +48,84 @@ fn venv() -> Option<PathBuf> {
     None
 }
 
-/// Starts the frontend and one mocker process per `modes` entry (`agg` with `--num-workers`,
-/// `prefill`, `decode`), each logging to its own file, and waits until a chat request passes.
+/// Starts the frontend (round-robin) and one mocker process per `mockers` entry (`agg` with
+/// `--num-workers`, `prefill`, `decode`), each logging to its own file, and waits until a chat
+/// request passes.
 fn start(name: &str, mockers: &[(&str, u32)]) -> Option<Dynamo> {
+    start_with(name, "round-robin", mockers)
+}
+
+/// A Dynamo process's command line: `python -m <args>` with the file discovery under `dir`.
+fn dynamo_cmd(v: &Path, dir: &Path, args: &[&str], log: &str) -> Child {
+    let out = std::fs::File::create(dir.join(log)).unwrap();
+    Command::new(v.join("bin/python"))
+        .args(args)
+        .args(["--discovery-backend", "file", "--request-plane", "tcp"])
+        .env("DYN_FILE_KV", dir.join("kv"))
+        .env("DYN_LOG", "info")
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap()
+}
+
+impl Dynamo {
+    /// Starts one more mocker process (`mode`, `workers` of them) logging to `mocker<N>.log`;
+    /// returns its index in `children`.
+    fn add_mocker(&mut self, mode: &str, workers: u32) -> usize {
+        let v = workspace_root().join(".venv-serving");
+        let model = v.join("model");
+        let n = workers.to_string();
+        let i = self.children.len() - 1;
+        let args = [
+            "-m",
+            "dynamo.mocker",
+            "--model-path",
+            model.to_str().unwrap(),
+            "--model-name",
+            "gemma",
+            "--speedup-ratio",
+            "10",
+            "--disaggregation-mode",
+            mode,
+            "--num-workers",
+            &n,
+        ];
+        let child = dynamo_cmd(&v, &self.dir, &args, &format!("mocker{i}.log"));
+        self.children.push(child);
+        self.children.len() - 1
+    }
+}
+
+/// [`start`] with the frontend's `--router-mode` (`round-robin`, `kv`, …).
+fn start_with(name: &str, router_mode: &str, mockers: &[(&str, u32)]) -> Option<Dynamo> {
     let v = venv()?;
     let dir = temp::dir(name);
     let port = free_port();
-    let py = v.join("bin/python");
-    let spawn = |args: &[&str], log: &str| {
-        let out = std::fs::File::create(dir.join(log)).unwrap();
-        Command::new(&py)
-            .args(args)
-            .env("DYN_FILE_KV", dir.join("kv"))
-            .env("DYN_LOG", "info")
-            .current_dir(&dir)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .unwrap()
-    };
-    let common = ["--discovery-backend", "file", "--request-plane", "tcp"];
     let port_s = port.to_string();
-    let mut children = vec![spawn(
+    let frontend = dynamo_cmd(
+        &v,
+        &dir,
         &[
-            &[
-                "-m",
-                "dynamo.frontend",
-                "--http-port",
-                &port_s,
-                "--router-mode",
-                "round-robin",
-            ][..],
-            &common[..],
-        ]
-        .concat(),
+            "-m",
+            "dynamo.frontend",
+            "--http-port",
+            &port_s,
+            "--router-mode",
+            router_mode,
+        ],
         "frontend.log",
-    )];
-    let model = v.join("model");
-    for (i, (mode, workers)) in mockers.iter().enumerate() {
-        let n = workers.to_string();
-        let args = [
-            &[
-                "-m",
-                "dynamo.mocker",
-                "--model-path",
-                model.to_str().unwrap(),
-            ][..],
-            &["--model-name", "gemma", "--speedup-ratio", "10"],
-            &["--disaggregation-mode", mode, "--num-workers", &n],
-            &common[..],
-        ]
-        .concat();
-        children.push(spawn(&args, &format!("mocker{i}.log")));
-    }
-    let d = Dynamo {
-        children,
+    );
+    let mut d = Dynamo {
+        children: vec![frontend],
         url: format!("http://127.0.0.1:{port}"),
         dir,
     };
+    for (mode, workers) in mockers {
+        d.add_mocker(mode, *workers);
+    }
     let body = r#"{"model":"gemma","messages":[{"role":"user","content":"hi"}],"max_tokens":2}"#;
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
@@ -426,4 +445,142 @@ fn dynamo_agent_records_the_ttft_segments_per_worker() {
         2,
         "round-robin over two workers: {workers:?}"
     );
+}
+
+/// The instance ids mocker process `i` logged receiving requests as (`instance_id=`).
+fn instance_ids(d: &Dynamo, i: usize) -> std::collections::BTreeSet<String> {
+    let text = std::fs::read_to_string(d.dir.join(format!("mocker{i}.log"))).unwrap_or_default();
+    text.lines()
+        .filter(|l| l.contains("request received"))
+        .filter_map(|l| {
+            strip_ansi(l).split_whitespace().find_map(|w| {
+                w.strip_prefix("instance_id=")
+                    .map(|v| v.trim_matches('"').to_owned())
+            })
+        })
+        .collect()
+}
+
+/// The agent's workers of its one target (`targets[0].worker_probes.workers`), by id.
+fn probed(agent: &lmperf_e2e::agent::Agent) -> BTreeMap<String, serde_json::Value> {
+    agent.status()["targets"][0]["worker_probes"]["workers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|w| Some((w["id"].as_str()?.to_owned(), w.clone())))
+        .collect()
+}
+
+/// Issue 51.3 on the real Dynamo (KV router, 2 mocker processes of one worker each): the
+/// agent probes each worker pinned to it (every probe counted `ok` only when the reply named
+/// the pinned worker; the ids are the mockers' own `instance_id`s); a third mocker started
+/// later is probed within 30 s; a killed one is said gone (left the router's page) within
+/// 30 s, no longer probed, while the agent and the other workers' probes go on.
+#[test]
+fn dynamo_every_worker_gets_pinned_probes_and_one_killed_is_said_gone() {
+    let Some(mut d) = start_with("dynamo-probes", "kv", &[("agg", 1), ("agg", 1)]) else {
+        return;
+    };
+    let dir = temp::dir("dynamo-probes-agent");
+    let cfg = dir.join("lmperf.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[canary]\ninterval = \"1s\"\nmax_tokens = 4\n\n[[target]]\nurl = \"{}\"\nname = \"dynamo\"\nmodel = \"gemma\"\nkind = \"router\"\nmetrics_interval = \"1s\"\nworker_probe_interval = \"2s\"\nworker_probe_max_rate = 4.0\n",
+            d.url
+        ),
+    )
+    .unwrap();
+    let agent =
+        lmperf_e2e::agent::Agent::spawn(&["--config", cfg.to_str().unwrap(), "--no-otlp"], &[]);
+    let ok = |w: &serde_json::Value| w["probes_ok"].as_u64().unwrap_or(0);
+    let wait = |what: &str, pred: &dyn Fn(&BTreeMap<String, serde_json::Value>) -> bool| {
+        let t = Instant::now();
+        loop {
+            let w = probed(&agent);
+            if pred(&w) {
+                return (w, t.elapsed());
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "{what}: {w:#?}\n{}",
+                agent.stderr_text()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    };
+    let (w, took) = wait("both workers probed twice", &|w| {
+        w.len() == 2 && w.values().all(|w| ok(w) >= 2)
+    });
+    println!("both workers probed twice after {took:?}");
+    let logged: std::collections::BTreeSet<String> = instance_ids(&d, 0)
+        .union(&instance_ids(&d, 1))
+        .cloned()
+        .collect();
+    let ids: std::collections::BTreeSet<String> = w.keys().cloned().collect();
+    assert_eq!(
+        ids, logged,
+        "the workers probed are the mockers' own instances"
+    );
+    assert!(
+        w.values()
+            .all(|w| w["state"] == "present" && w["registered"] == true),
+        "{w:#?}"
+    );
+
+    // A third worker, started later: probed within 30 s.
+    let third = d.add_mocker("agg", 1);
+    let (w, took) = wait("the third worker probed", &|w| {
+        w.len() == 3 && w.values().all(|w| ok(w) >= 1)
+    });
+    println!("third worker probed {took:?} after its start");
+    let new: Vec<&String> = w.keys().filter(|k| !ids.contains(*k)).collect();
+    let third_ids = instance_ids(&d, third - 1);
+    assert!(
+        new.len() == 1 && third_ids.contains(new[0]),
+        "{new:?} vs {third_ids:?}"
+    );
+
+    // One killed: gone within 30 s, its probes stop, the others' go on.
+    let victim = instance_ids(&d, 0).into_iter().next().unwrap();
+    let _ = d.children[1].kill();
+    let _ = d.children[1].wait();
+    let (w, took) = wait("the killed worker gone", &|w| w[&victim]["state"] == "gone");
+    println!("killed worker said gone {took:?} after the kill");
+    let probes_then = w[&victim]["probes"].as_u64().unwrap_or(0);
+    let others_then: u64 = w
+        .iter()
+        .filter(|(k, _)| **k != victim)
+        .map(|(_, w)| ok(w))
+        .sum();
+    std::thread::sleep(Duration::from_secs(5));
+    let w = probed(&agent);
+    assert_eq!(
+        w[&victim]["probes"].as_u64(),
+        Some(probes_then),
+        "no probe of a gone worker"
+    );
+    let others_now: u64 = w
+        .iter()
+        .filter(|(k, _)| **k != victim)
+        .map(|(_, w)| ok(w))
+        .sum();
+    assert!(
+        others_now >= others_then + 2,
+        "{others_then} → {others_now}: {w:#?}"
+    );
+    assert!(
+        agent
+            .stderr_text()
+            .contains("Worker left the router's view"),
+        "{}",
+        agent.stderr_text()
+    );
+    let (_, metrics) = agent.get("/metrics");
+    assert!(
+        metrics.contains("lmperf_worker_probe_requests_total{")
+            && metrics.contains(&format!("lmperf_worker_id=\"{victim}\"")),
+        "{metrics}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -35,6 +35,7 @@ mod k8s_kubelet;
 mod launch;
 mod logs_json;
 mod net;
+mod outage;
 mod outputs;
 mod profiling;
 mod reasoning_ttfo;

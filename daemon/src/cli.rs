@@ -92,8 +92,9 @@ pub enum CtlCommand {
         /// Only this outcome.
         #[arg(long, value_parser = ["ok", "error", "aborted", "timeout", "cancelled"])]
         outcome: Option<String>,
-        /// Only canaries or only injected requests.
-        #[arg(long, value_parser = ["canary", "inject"])]
+        /// Only canaries, only injected requests, or only the probes pinned to a router's
+        /// workers.
+        #[arg(long, value_parser = ["canary", "inject", "probe"])]
         source: Option<String>,
     },
     /// Start a bounded burst or a trace replay against a target (within the agent's caps).

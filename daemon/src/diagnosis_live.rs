@@ -41,6 +41,8 @@ use crate::telemetry::spans::TraceIds;
 pub const KEPT_PER_TARGET: usize = 64;
 /// How long before an open incident's onset an outage that ended still belongs to it.
 pub const DOWN_EPISODE_LOOKBACK: Duration = Duration::from_secs(300);
+/// Server change events remembered per target for the outage ranking.
+pub const CHANGES_KEPT: usize = 16;
 /// Links on one `lmperf.diagnosis` span at most.
 pub const MAX_LINKS: usize = 32;
 
@@ -120,6 +122,10 @@ pub struct LiveDiagnosis {
     gpu_evidence: Mutex<BTreeMap<String, GpuEvidence>>,
     /// Per target: the newest server sample and change event fed.
     server_seen: Mutex<BTreeMap<String, (SystemTime, SystemTime)>>,
+    /// Per target: the server change events fed (Unix seconds, kind), the last
+    /// [`CHANGES_KEPT`]: an outage's restart is its child even while the engine, without a
+    /// baseline, scores no cause.
+    server_changes: Mutex<BTreeMap<String, VecDeque<(f64, &'static str)>>>,
     /// Per target: when a canary last carried the server's own timing. While one did within
     /// [`PER_REQUEST_FRESH`], the scrape's histogram means of the same figures are not fed.
     per_request_timing: Mutex<BTreeMap<String, SystemTime>>,
@@ -332,6 +338,7 @@ impl LiveDiagnosis {
             k8s: Mutex::default(),
             gpu_evidence: Mutex::default(),
             server_seen: Mutex::default(),
+            server_changes: Mutex::default(),
             per_request_timing: Mutex::default(),
             profilers: Default::default(),
             node_latest: Default::default(),
@@ -511,18 +518,28 @@ impl LiveDiagnosis {
     /// an incident is open (`open_since`: its onset, Unix seconds), the episode that ended
     /// within [`DOWN_EPISODE_LOOKBACK`] before it: a restart after an outage is part of the
     /// outage's incident, and its errors stay its evidence.
-    pub fn down(&self, target: &str, open_since: Option<f64>) -> Option<Down> {
+    pub fn down(&self, target: &str, open_since: Option<f64>, now_unix_s: f64) -> Option<Down> {
         let r = self.reachability.lock().ok()?;
         let r = r.get(target)?;
         r.current().or_else(|| {
-            let on = open_since?;
             r.last_episode()
                 .filter(|d| {
-                    d.recovered_unix_s
-                        .is_some_and(|up| up >= on - DOWN_EPISODE_LOOKBACK.as_secs_f64())
+                    d.recovered_unix_s.is_some_and(|up| {
+                        open_since.is_some_and(|on| up >= on - DOWN_EPISODE_LOOKBACK.as_secs_f64())
+                            || now_unix_s - up < crate::diagnosis::outage::HOLD_AFTER_RECOVERY_S
+                    })
                 })
                 .cloned()
         })
+    }
+
+    /// The server change events of `target` remembered (Unix seconds, kind), oldest first.
+    fn server_changes(&self, target: &str) -> Vec<(f64, &'static str)> {
+        self.server_changes
+            .lock()
+            .ok()
+            .and_then(|k| k.get(target).map(|v| v.iter().copied().collect()))
+            .unwrap_or_default()
     }
 
     /// Remembers a kept span of `target` that ended at `end`, for the diagnosis span's links:
@@ -661,6 +678,15 @@ impl LiveDiagnosis {
                     e.observe(t, sig, s.at, v);
                 }
             }
+            if let Ok(mut kept) = self.server_changes.lock() {
+                let k = kept.entry(t.clone()).or_default();
+                for ev in &events {
+                    k.push_back((unix_s(ev.at), ev.kind.as_str()));
+                    while k.len() > CHANGES_KEPT {
+                        k.pop_front();
+                    }
+                }
+            }
             for ev in &events {
                 e.observe(t, Signal::ServerChange, ev.at, 1.0);
                 // A container the kernel killed for memory (Kubernetes says `OOMKilled`): the
@@ -728,10 +754,16 @@ impl LiveDiagnosis {
                 .cloned()
                 .unwrap_or_else(|| idle(name));
             self.add_gpu_evidence(&mut td);
-            td.down = self.down(name, td.onset_unix_s.filter(|_| td.state != State::Idle));
-            if td.down.is_some() {
+            td.down = self.down(
+                name,
+                td.onset_unix_s.filter(|_| td.state != State::Idle),
+                unix_s(now),
+            );
+            if let Some(down) = td.down.clone() {
                 // The outage ranks as its own root (a restart seen after it, its child); a
-                // target down now is an incident whatever the baseline.
+                // target down now, or back for less than the hold, is an incident whatever
+                // the baseline.
+                crate::diagnosis::outage::add_changes(&mut td, &down, &self.server_changes(name));
                 crate::diagnosis::outage::rank(&mut td, unix_s(now));
                 td.summary = crate::diagnosis::outage::line(&td).or_else(|| td.line());
             }
@@ -1444,6 +1476,8 @@ mod tests {
             },
             prefill: Default::default(),
             decode: Default::default(),
+            router_kv_hit_rate: Default::default(),
+            router_kv_transfer: Default::default(),
             interval_s: Some(1.0),
             reset: false,
         }

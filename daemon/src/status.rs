@@ -13,6 +13,8 @@ use serde::Serialize;
 use crate::config::TargetConfig;
 use crate::measure::Measured;
 
+pub mod workers;
+
 /// Where a measured request came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
@@ -24,14 +26,17 @@ pub enum Source {
         /// The profile revision a profile load sent it under (`None`: not a profile load).
         profile_revision: Option<u32>,
     },
+    /// A router target's probe pinned to one worker (`canary::probes`).
+    Probe(workers::Pin),
 }
 
 impl Source {
-    /// `canary` | `inject`.
+    /// `canary` | `inject` | `probe`.
     pub fn as_str(&self) -> &'static str {
         match self {
             Source::Canary => "canary",
             Source::Inject { .. } => "inject",
+            Source::Probe(_) => "probe",
         }
     }
 }
@@ -40,7 +45,7 @@ impl Source {
 /// `/api/v1/status`, each of [`RecentRequests`]. Times in milliseconds as the names say.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct RequestSummary {
-    /// `canary` | `inject`.
+    /// `canary` | `inject` | `probe`.
     pub source: &'static str,
     pub target: String,
     /// The model asked for (empty when discovery failed).
@@ -98,13 +103,13 @@ impl RequestSummary {
             retries: m.retries,
             load_id: match source {
                 Source::Inject { load_id, .. } => Some(load_id.to_string()),
-                Source::Canary => None,
+                Source::Canary | Source::Probe(_) => None,
             },
             profile_revision: match source {
                 Source::Inject {
                     profile_revision, ..
                 } => *profile_revision,
-                Source::Canary => None,
+                Source::Canary | Source::Probe(_) => None,
             },
             worker: r.served_by.as_ref().map(|b| b.key()),
             error_message: r
@@ -264,7 +269,29 @@ pub struct TargetState {
     pub spike: AtomicBool,
     /// The serving pod's `k8s.*` attributes (empty on a plain host).
     pub k8s: BTreeMap<String, String>,
+    /// A router target's workers and their pinned probes (`canary::probes`); `None` for a
+    /// model server or with `worker_probes = false`.
+    pub worker_probes: Option<WorkerProbes>,
     inner: Mutex<Inner>,
+}
+
+/// A router target's pinned probes: the configuration and the workers known.
+#[derive(Debug)]
+pub struct WorkerProbes {
+    pub interval: std::time::Duration,
+    pub max_rate: f64,
+    pub set: Mutex<workers::WorkerSet>,
+}
+
+/// `/api/v1/status` `targets[].worker_probes`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct WorkerProbesView {
+    /// Each worker is probed once per this, seconds.
+    pub interval_s: f64,
+    /// Probes per second of the target at most.
+    pub max_rate: f64,
+    /// Every worker known (registered on the router's page or named by a reply), by id.
+    pub workers: Vec<workers::WorkerView>,
 }
 
 /// `/api/v1/status` view of a target.
@@ -303,6 +330,9 @@ pub struct TargetSnapshot {
     pub workers: BTreeMap<String, WorkerTally>,
     /// TTFT and TPOT p50/p99 of the last 5 minutes' successful canaries; `None` without one.
     pub latency: Option<RecentLatency>,
+    /// A router target's workers and their pinned probes; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_probes: Option<WorkerProbesView>,
 }
 
 fn unix_secs(t: SystemTime) -> u64 {
@@ -348,6 +378,12 @@ impl TargetState {
                         .collect()
                 })
                 .unwrap_or_default(),
+            worker_probes: (t.kind == crate::config::TargetKind::Router && t.worker_probes.enabled)
+                .then(|| WorkerProbes {
+                    interval: t.worker_probes.interval,
+                    max_rate: t.worker_probes.max_rate,
+                    set: Mutex::default(),
+                }),
             inner: Mutex::new(Inner {
                 model: t.model.clone(),
                 ..Inner::default()
@@ -483,6 +519,11 @@ impl TargetState {
             k8s: self.k8s.clone(),
             workers,
             latency,
+            worker_probes: self.worker_probes.as_ref().map(|p| WorkerProbesView {
+                interval_s: p.interval.as_secs_f64(),
+                max_rate: p.max_rate,
+                workers: p.set.lock().map(|s| s.view()).unwrap_or_default(),
+            }),
         }
     }
 }

@@ -27,6 +27,9 @@ fn venv_ready() {
 }
 
 fn kill_term(child: &mut Child) {
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status();
@@ -97,6 +100,13 @@ impl ModelServer {
             std::thread::sleep(Duration::from_millis(20));
         }
         None
+    }
+
+    /// Kills it with SIGKILL (no graceful exit: as an OOM kill or a crash ends it) and waits
+    /// for the exit.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// The server's own Prometheus counters (`llamacpp:*`).

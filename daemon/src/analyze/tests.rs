@@ -348,6 +348,8 @@ fn write_queued_run(dir: &std::path::Path, with_server: bool) {
                 queue: lat(if late { 0.5 } else { 0.01 }),
                 prefill: lat(0.04),
                 decode: lat(0.012),
+                router_kv_hit_rate: Default::default(),
+                router_kv_transfer: Default::default(),
                 interval_s: Some(1.0),
                 reset: false,
             },

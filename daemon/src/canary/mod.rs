@@ -6,9 +6,11 @@
 //! skipped and counted (`lmperf.canary.skipped`).
 //!
 //! [`TargetRunner::measure`] is also the path of load injected through the control API
-//! (`crate::control`): same client, same measurement, its own span marking and counter.
+//! (`crate::control`): same client, same measurement, its own span marking and counter; and of
+//! the probes pinned to each worker behind a router target (`probes`).
 
 pub mod client;
+pub mod probes;
 pub mod prompts;
 pub mod schedule;
 
@@ -181,6 +183,14 @@ impl TargetRunner {
     /// Runs the schedule until `shutdown.stop`; request tasks are spawned on `tracker`. Every
     /// [`SPIKE_TICK`], the canaries in flight are judged for spike mode.
     pub async fn run(self, shutdown: Shutdown, tracker: TaskTracker, seed: u64) {
+        if self.state.worker_probes.is_some() {
+            tracker.spawn(probes::run(
+                self.clone(),
+                shutdown.stop.clone(),
+                shutdown.cancel.clone(),
+                tracker.clone(),
+            ));
+        }
         let mut ticker = Ticker::staggered(
             Gaps::new(self.target.schedule, seed),
             tokio::time::Instant::now(),
@@ -455,10 +465,141 @@ impl TargetRunner {
         }
     }
 
+    /// The sampling decision for a pinned probe: every span is kept (a probe is rare and
+    /// names its worker), unless `OTEL_TRACES_SAMPLER` decides.
+    fn decide_probe(&self, ids: crate::telemetry::spans::TraceIds) -> Decision {
+        let (keep, reason, probability) = match self.telemetry.head_sampler {
+            Some(head) => (ids.sampled, Reason::Head, head.probability()),
+            None => (true, Reason::Base, 1.0),
+        };
+        Decision {
+            keep,
+            reason,
+            probability,
+            transition: None,
+            spike: None,
+        }
+    }
+
+    /// Records a pinned probe's result on its worker: answered by it, or why not.
+    fn probe_done(&self, pin: crate::status::workers::Pin, m: &Measured) {
+        let Some(p) = self.state.worker_probes.as_ref() else {
+            return;
+        };
+        let r = &m.record;
+        let failure = r.failure().map(|e| match &e.message {
+            Some(msg) => format!("{}: {}", e.error_type, crate::measure::excerpt(msg)),
+            None => e.error_type.clone(),
+        });
+        let error = crate::status::workers::probe_error(pin, failure, r.served_by.as_ref());
+        let ttft_ms = r.ttft.map(|d| d.as_secs_f64() * 1e3);
+        let t = match p.set.lock() {
+            Ok(mut s) => s.probe_done(pin, ttft_ms, error),
+            Err(_) => None,
+        };
+        probes::log_transitions(&self.target.name, t.into_iter().collect());
+    }
+
+    /// Adds the workers a router's reply named to the target's worker set.
+    fn note_workers(&self, m: &Measured) {
+        let (Some(p), Some(by)) = (
+            self.state.worker_probes.as_ref(),
+            m.record.served_by.as_ref(),
+        ) else {
+            return;
+        };
+        let at = m
+            .wall_start
+            .duration_since(std::time::SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let t = match p.set.lock() {
+            Ok(mut s) => s.from_reply(at, by),
+            Err(_) => Vec::new(),
+        };
+        probes::log_transitions(&self.target.name, t);
+    }
+
+    /// The span attributes of a measured request beyond the GenAI ones: the GPUs and the
+    /// kernel's view of its connection during it, where it came from (an injected load, a
+    /// pinned probe), its synthetic shape, the server's state at its send, the serving pod.
+    fn span_extra(
+        &self,
+        source: &Source,
+        shape: Option<&RequestShape<'_>>,
+        measured: &Measured,
+    ) -> Vec<opentelemetry::KeyValue> {
+        let t = &self.target;
+        let (from, to) = (
+            measured.wall_start,
+            measured.wall_start + measured.record.e2e,
+        );
+        let mut extra = self
+            .gpu
+            .as_ref()
+            .map(|g| {
+                // Only the GPUs of the target's pod, where pod-resources tells them.
+                g.request_attributes_of(from, to, &g.selection(t.k8s.as_ref()))
+            })
+            .unwrap_or_default();
+        if let Some(n) = &self.net {
+            extra.extend(n.request_attributes(
+                t.port,
+                measured.conn.map(|c| (c.local, c.remote)),
+                from,
+                to,
+            ));
+        }
+        if let Source::Inject {
+            load_id,
+            profile_revision,
+        } = source
+        {
+            extra.push(opentelemetry::KeyValue::new(
+                crate::telemetry::names::LMPERF_REQUEST_SOURCE,
+                source.as_str(),
+            ));
+            extra.push(opentelemetry::KeyValue::new(
+                crate::telemetry::names::LMPERF_LOAD_ID,
+                load_id.to_string(),
+            ));
+            if let Some(r) = profile_revision {
+                extra.push(opentelemetry::KeyValue::new(
+                    crate::telemetry::names::LMPERF_PROFILE_REVISION,
+                    i64::from(*r),
+                ));
+            }
+        }
+        if let Source::Probe(pin) = source {
+            extra.push(opentelemetry::KeyValue::new(
+                crate::telemetry::names::LMPERF_REQUEST_SOURCE,
+                source.as_str(),
+            ));
+            extra.push(opentelemetry::KeyValue::new(
+                crate::telemetry::names::LMPERF_WORKER_PINNED,
+                pin.id().to_string(),
+            ));
+        }
+        if let Some(s) = shape {
+            extra.push(opentelemetry::KeyValue::new(
+                crate::telemetry::names::LMPERF_REQUEST_INPUT_TOKENS_TARGET,
+                i64::from(s.input_tokens),
+            ));
+        }
+        if let Some(s) = &self.server {
+            extra.extend(crate::server::span_attributes(s, measured.wall_start));
+        }
+        if let Some(k) = &t.k8s {
+            extra.extend(crate::telemetry::k8s::span_attributes(k));
+        }
+        extra
+    }
+
     /// Sends the `seq`-th prompt to the target, measures it, and records it as `source` says:
     /// a canary feeds the GenAI metrics, the target's counts and the adaptive sampler; an
     /// injected request only `lmperf.inject.requests` and a span marked
-    /// `lmperf.request.source=inject`. Both go to the recent-requests ring.
+    /// `lmperf.request.source=inject`; a probe pinned to a worker only its own instruments, its
+    /// span (`lmperf.request.source=probe`) and its worker's entry. All go to the
+    /// recent-requests ring.
     pub async fn measure(
         &self,
         seq: u64,
@@ -496,13 +637,21 @@ impl TargetRunner {
             Ok((model, provider)) => {
                 self.state.set_model(&model);
                 let traceparent = ids.traceparent();
+                let pinned = match source {
+                    Source::Probe(pin) => {
+                        let mut m = serde_json::Map::new();
+                        m.insert("nvext".to_owned(), pin.nvext());
+                        Some(m)
+                    }
+                    _ => None,
+                };
                 let req = CanaryRequest {
                     api: t.api,
                     model: &model,
                     prompt: prompt_text,
                     max_tokens,
                     traceparent: &traceparent,
-                    extra_body: None,
+                    extra_body: pinned.as_ref(),
                 };
                 let m = client::execute(&self.clients, t, &req, cancel).await;
                 if t.model.is_none() && model_not_found(&m.record) {
@@ -525,61 +674,7 @@ impl TargetRunner {
             server_address: &t.host,
             server_port: t.port,
             prompt_id,
-            extra: {
-                let (from, to) = (
-                    measured.wall_start,
-                    measured.wall_start + measured.record.e2e,
-                );
-                let mut extra = self
-                    .gpu
-                    .as_ref()
-                    .map(|g| {
-                        // Only the GPUs of the target's pod, where pod-resources tells them.
-                        g.request_attributes_of(from, to, &g.selection(t.k8s.as_ref()))
-                    })
-                    .unwrap_or_default();
-                if let Some(n) = &self.net {
-                    extra.extend(n.request_attributes(
-                        t.port,
-                        measured.conn.map(|c| (c.local, c.remote)),
-                        from,
-                        to,
-                    ));
-                }
-                if let Source::Inject {
-                    load_id,
-                    profile_revision,
-                } = source
-                {
-                    extra.push(opentelemetry::KeyValue::new(
-                        crate::telemetry::names::LMPERF_REQUEST_SOURCE,
-                        source.as_str(),
-                    ));
-                    extra.push(opentelemetry::KeyValue::new(
-                        crate::telemetry::names::LMPERF_LOAD_ID,
-                        load_id.to_string(),
-                    ));
-                    if let Some(r) = profile_revision {
-                        extra.push(opentelemetry::KeyValue::new(
-                            crate::telemetry::names::LMPERF_PROFILE_REVISION,
-                            i64::from(*r),
-                        ));
-                    }
-                }
-                if let Some(s) = shape {
-                    extra.push(opentelemetry::KeyValue::new(
-                        crate::telemetry::names::LMPERF_REQUEST_INPUT_TOKENS_TARGET,
-                        i64::from(s.input_tokens),
-                    ));
-                }
-                if let Some(s) = &self.server {
-                    extra.extend(crate::server::span_attributes(s, measured.wall_start));
-                }
-                if let Some(k) = &t.k8s {
-                    extra.extend(crate::telemetry::k8s::span_attributes(k));
-                }
-                extra
-            },
+            extra: self.span_extra(source, shape.as_ref(), &measured),
             events: match (&self.server, source) {
                 (Some(s), Source::Canary) => crate::server::span_events(s),
                 _ => Vec::new(),
@@ -619,7 +714,19 @@ impl TargetRunner {
                 self.telemetry.instruments.record_inject(&t.name, &measured);
                 self.telemetry.record_span(&info, ids, &measured, &decision);
             }
+            Source::Probe(pin) => {
+                let decision = self.decide_probe(ids);
+                self.telemetry.instruments.record_probe(
+                    &t.name,
+                    &pin.id().to_string(),
+                    pin.role(),
+                    &measured,
+                );
+                self.telemetry.record_span(&info, ids, &measured, &decision);
+                self.probe_done(*pin, &measured);
+            }
         }
+        self.note_workers(&measured);
         if let Some(recent) = &self.recent {
             recent.push(summary.clone());
         }

@@ -13,6 +13,7 @@ pub mod profiling;
 pub mod raw;
 pub mod scrape;
 pub mod selector;
+pub mod worker_probes;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -178,6 +179,8 @@ pub struct TargetConfig {
     pub profiling: Option<profiling::ProfilingConfig>,
     /// `kind`: a model server (default) or a router in front of workers.
     pub kind: TargetKind,
+    /// A router target's pinned probes of each worker (`worker_probes`).
+    pub worker_probes: worker_probes::WorkerProbes,
 }
 
 /// OTLP wire protocol.
@@ -923,6 +926,7 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
     let api_key = read_api_key(field, &t, env)?;
     let name = t.name.clone().unwrap_or_else(|| format!("{host}:{port}"));
     let server = scrape::validate(field, &t, &base_url)?;
+    let worker_probes = worker_probes::validate(field, &t)?;
     Ok(TargetConfig {
         name,
         base_url,
@@ -945,6 +949,7 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
             .map(|p| profiling::validate(&format!("{field}.profiling"), p))
             .transpose()?,
         kind,
+        worker_probes,
     })
 }
 

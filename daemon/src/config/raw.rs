@@ -39,6 +39,8 @@
 //! metrics_interval = "5s"           # 1s to 60s (metrics_timeout, metrics_max_bytes = 8 MiB)
 //! # server_kind = "vllm"            # default: detected from the metric prefixes
 //! # kind = "router"                 # server (default) | router: a router in front of workers
+//! # worker_probes = true            # router (Dynamo): a canary pinned to each worker (default on)
+//! # worker_probe_interval = "10s"   # each worker once per this; worker_probe_max_rate = 1.0 (per s)
 //! # [target.k8s]                    # the pod serving it: its GPUs only (pod-resources)
 //! # namespace = "ml"
 //! # pod = "vllm-0"
@@ -168,6 +170,11 @@ pub struct RawCanary {
     /// `server` (default) | `router`: a router in front of workers, asked which worker served
     /// each canary.
     pub kind: Option<String>,
+    /// A router target's pinned probes of each worker (`super::worker_probes`).
+    pub worker_probes: Option<bool>,
+    #[serde(default, with = "humantime_serde")]
+    pub worker_probe_interval: Option<Duration>,
+    pub worker_probe_max_rate: Option<f64>,
 }
 
 /// `[target.k8s]`: which pod (and container) serves a static target, for the GPU attribution
@@ -287,6 +294,9 @@ impl RawCanary {
             k8s: self.k8s.or(b.k8s),
             profiling: self.profiling.or(b.profiling),
             kind: self.kind.or(b.kind),
+            worker_probes: self.worker_probes.or(b.worker_probes),
+            worker_probe_interval: self.worker_probe_interval.or(b.worker_probe_interval),
+            worker_probe_max_rate: self.worker_probe_max_rate.or(b.worker_probe_max_rate),
         }
     }
 }

@@ -234,10 +234,10 @@ impl proto::agent_control_server::AgentControl for ControlService {
         if let Some(s) = filter
             .source
             .as_deref()
-            .filter(|s| !matches!(*s, "canary" | "inject"))
+            .filter(|s| !matches!(*s, "canary" | "inject" | "probe"))
         {
             return Err(Status::invalid_argument(format!(
-                "source = {s:?}: canary or inject"
+                "source = {s:?}: canary, inject or probe"
             )));
         }
         let requests = self.recent.list(&filter).iter().map(Into::into).collect();

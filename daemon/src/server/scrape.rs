@@ -403,6 +403,8 @@ impl Scraper {
         let reset = sample.reset;
         let kind = reading.kind;
         let reconnect = self.target.record_ok(sample, kind, stats);
+        self.target
+            .set_router_workers(at, reading.router_workers.clone());
         if let Some(old) = prev_kind
             && old != kind
         {

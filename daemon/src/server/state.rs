@@ -14,6 +14,7 @@ use serde::Serialize;
 use super::identity::{Change, ChangeKind, Identity};
 use super::interval::ServerSample;
 use super::normalize::ServerKind;
+use lmperf_server_page::workers::RouterWorker;
 
 /// Samples kept per target: an hour at the default 5 s, 12 minutes at 1 s.
 pub const HISTORY: usize = 720;
@@ -80,6 +81,8 @@ struct Inner {
     pending: Vec<ServerEvent>,
     changes: BTreeMap<&'static str, u64>,
     totals: Totals,
+    /// A router's registered workers on its last page read, and that page's time.
+    router_workers: Option<(SystemTime, Vec<RouterWorker>)>,
 }
 
 /// One target's server.
@@ -144,6 +147,7 @@ impl TargetServer {
                 pending: Vec::new(),
                 changes: BTreeMap::new(),
                 totals: Totals::default(),
+                router_workers: None,
             }),
         }
     }
@@ -242,6 +246,16 @@ impl TargetServer {
     }
 
     /// The kind of the last page read.
+    /// Keeps the workers a router's page registered at `at` (`None`: the page does not say).
+    pub fn set_router_workers(&self, at: SystemTime, workers: Option<Vec<RouterWorker>>) {
+        self.lock().router_workers = workers.map(|w| (at, w));
+    }
+
+    /// The workers the last page read registered, with its time; `None` when it did not say.
+    pub fn router_workers(&self) -> Option<(SystemTime, Vec<RouterWorker>)> {
+        self.lock().router_workers.clone()
+    }
+
     pub fn kind(&self) -> Option<ServerKind> {
         self.lock().kind
     }

@@ -24,6 +24,8 @@ pub struct Instruments {
     retries: Counter<u64>,
     skipped: Counter<u64>,
     injected: Counter<u64>,
+    probes: Counter<u64>,
+    probe_ttft: Histogram<f64>,
 }
 
 /// Attributes of one request's metric points.
@@ -104,7 +106,40 @@ impl Instruments {
                     "Requests injected through the control API, by outcome and error type.",
                 )
                 .build(),
+            probes: meter
+                .u64_counter(n::METRIC_WORKER_PROBE_REQUESTS)
+                .with_unit("{request}")
+                .with_description(
+                    "Probes pinned to one worker behind a router, by worker, role, outcome and error type.",
+                )
+                .build(),
+            probe_ttft: meter
+                .f64_histogram(n::METRIC_WORKER_PROBE_TTFT)
+                .with_unit("s")
+                .with_description("Time to first chunk of the probes pinned to one worker.")
+                .with_boundaries(n::BUCKETS_TIME_TO_FIRST_CHUNK.to_vec())
+                .build(),
         }
+    }
+
+    /// Counts one probe pinned to worker `worker_id` in `role` (decode | prefill), and its
+    /// TTFT when it had one: its own instruments, never the canary counters nor the GenAI
+    /// histograms.
+    pub fn record_probe(&self, target: &str, worker_id: &str, role: &'static str, m: &Measured) {
+        let base = vec![
+            KeyValue::new(n::LMPERF_TARGET, target.to_owned()),
+            KeyValue::new(n::LMPERF_WORKER_ID, worker_id.to_owned()),
+            KeyValue::new(n::LMPERF_WORKER_ROLE, role),
+        ];
+        if let Some(t) = m.record.ttft {
+            self.probe_ttft.record(t.as_secs_f64(), &base);
+        }
+        let mut attrs = base;
+        attrs.push(KeyValue::new(n::LMPERF_OUTCOME, m.record.outcome.as_str()));
+        if let Some(e) = m.record.failure() {
+            attrs.push(KeyValue::new(n::ERROR_TYPE, e.error_type.clone()));
+        }
+        self.probes.add(1, &attrs);
     }
 
     /// Records one measured request.

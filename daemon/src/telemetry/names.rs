@@ -62,7 +62,8 @@ pub const LMPERF_ERROR_RETRY_AFTER: &str = "lmperf.error.retry_after";
 pub const LMPERF_CHOICES: &str = "lmperf.choices";
 pub const LMPERF_PROMPT_ID: &str = "lmperf.prompt.id";
 /// Where a request came from: `inject` for load injected through the control API, `bench` for
-/// `lmperf run` (on spans and, for `bench`, metric points); canary spans carry none.
+/// `lmperf run` (on spans and, for `bench`, metric points), `probe` for a probe pinned to one
+/// worker behind a router; canary spans carry none.
 pub const LMPERF_REQUEST_SOURCE: &str = "lmperf.request.source";
 pub const REQUEST_SOURCE_BENCH: &str = "bench";
 /// The id of the injected load a request belongs to.
@@ -89,6 +90,12 @@ pub const METRIC_CANARY_RETRIES: &str = "lmperf.canary.retries";
 /// Counter of requests injected through the control API, by `lmperf.target`, `lmperf.outcome`
 /// and `error.type` (they stay out of the canary counters and the GenAI histograms).
 pub const METRIC_INJECT_REQUESTS: &str = "lmperf.inject.requests";
+/// Counter of the probes pinned to one worker behind a router target (`canary::probes`), by
+/// `lmperf.target`, `lmperf.worker.id`, `lmperf.worker.role` (the role it was pinned in:
+/// decode | prefill), `lmperf.outcome` and `error.type`.
+pub const METRIC_WORKER_PROBE_REQUESTS: &str = "lmperf.worker.probe.requests";
+/// Histogram of those probes' time to first chunk (s), by target, worker and role.
+pub const METRIC_WORKER_PROBE_TTFT: &str = "lmperf.worker.probe.time_to_first_chunk";
 /// Counter of spans by export result (`lmperf.export.result` = exported | dropped_queue_full | failed).
 pub const METRIC_EXPORT_SPANS: &str = "lmperf.export.spans";
 pub const LMPERF_EXPORT_RESULT: &str = "lmperf.export.result";
@@ -419,6 +426,9 @@ pub const LMPERF_WORKER_ID: &str = "lmperf.worker.id";
 pub const LMPERF_WORKER_ROLE: &str = "lmperf.worker.role";
 pub const LMPERF_WORKER_PREFILL_ID: &str = "lmperf.worker.prefill.id";
 pub const LMPERF_WORKER_ATTRIBUTION: &str = "lmperf.worker.attribution";
+/// Span attribute of a probe pinned to one worker (`lmperf.request.source` = probe): the
+/// worker's id it was pinned to (`lmperf.worker.id` says who served it).
+pub const LMPERF_WORKER_PINNED: &str = "lmperf.worker.pinned";
 /// Span attributes: the server's own timing of this request, read from its response
 /// (`lmperf_measure::server_timing`: vLLM's per-request `metrics`, llama.cpp's `timings`),
 /// in seconds; each set only where the server said it. `…timing_source` names the field

@@ -26,7 +26,6 @@ pub(super) const KNOWN_LONG: &[(&str, &str, usize)] = &[
     ("daemon/src/bench/report/mod.rs", "render", 319),
     ("daemon/src/bench/report/overview.rs", "paragraph", 152),
     ("daemon/src/bench/runner.rs", "run_on", 368),
-    ("daemon/src/canary/mod.rs", "measure_with", 164),
     ("daemon/src/cli.rs", "into_spec", 232),
     ("daemon/src/config/mod.rs", "validate_target", 173),
     ("daemon/src/control/client.rs", "run", 161),

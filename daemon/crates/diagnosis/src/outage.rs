@@ -20,6 +20,13 @@ pub const OUTAGE_SCORE: f64 = 1.0;
 pub const CHILD_TOLERANCE_S: f64 = 5.0;
 /// A change earlier than that is not the outage's cause: its score is capped here.
 pub const EARLIER_CHANGE_CAP: f64 = 0.3;
+/// An outage stays the open incident this long after the target answers again (as the
+/// engine's `clear_after`): the restart read on the server's page once it answers is its
+/// child, and the incident closes as any other does, not at the first answer.
+pub const HOLD_AFTER_RECOVERY_S: f64 = 60.0;
+/// The score of a server change seen during or right after an outage when the engine scored
+/// none (without a baseline it scores no cause): an observed event, the outage's child.
+pub const OBSERVED_CHANGE_SCORE: f64 = 0.9;
 
 /// Causes that may cause an outage and stay above it when they moved (as the cause graph's
 /// parents of `error_burst`): a GPU fault, an OOM kill.
@@ -62,10 +69,26 @@ pub fn rank(td: &mut TargetDiagnosis, now_unix_s: f64) {
     for c in &mut td.causes {
         if PARENTS.contains(&c.cause) && c.score >= 0.5 {
             c.score = OUTAGE_SCORE;
+        } else if c.cause != Cause::ErrorBurst {
+            // While a target does not answer, nothing else is measured of it: any other
+            // cause (a prompt mix that moved minutes before, a restart's empty cache) ranks
+            // below the outage, listed with its evidence.
+            c.score = c.score.min(own - 0.05).max(0.0);
         }
     }
     demote_changes(td, &down, own);
-    td.roots.retain(|r| *r != Cause::ServerChange);
+    let kept = |r: &Cause| *r == Cause::ErrorBurst || PARENTS.contains(r);
+    if !td.roots.iter().all(kept) {
+        let (roots, onsets): (Vec<Cause>, Vec<Option<f64>>) = td
+            .roots
+            .iter()
+            .zip(td.root_onsets_unix_s.iter().chain(std::iter::repeat(&None)))
+            .filter(|(r, _)| kept(r))
+            .map(|(r, o)| (*r, *o))
+            .unzip();
+        td.roots = roots;
+        td.root_onsets_unix_s = onsets;
+    }
     if td.roots.len() < 2 {
         td.roots.clear();
         td.root_onsets_unix_s.clear();
@@ -74,7 +97,10 @@ pub fn rank(td: &mut TargetDiagnosis, now_unix_s: f64) {
         td.causes
             .sort_by(|a, b| b.score.total_cmp(&a.score).then(a.cause.cmp(&b.cause)));
     }
-    if down.recovered_unix_s.is_none() && td.state != State::RootConfirmed {
+    let open = down
+        .recovered_unix_s
+        .is_none_or(|up| now_unix_s - up < HOLD_AFTER_RECOVERY_S);
+    if open && td.state != State::RootConfirmed {
         // Since the outage began: the same at every evaluation while it lasts.
         td.state = State::RootConfirmed;
         td.since_unix_s = Some(down.since_unix_s.min(now_unix_s));
@@ -83,6 +109,56 @@ pub fn rank(td: &mut TargetDiagnosis, now_unix_s: f64) {
         td.onset_unix_s
             .map_or(down.since_unix_s, |o| o.min(down.since_unix_s)),
     );
+}
+
+/// Adds the server changes `changes` (Unix seconds, kind; oldest first) from
+/// [`CHILD_TOLERANCE_S`] before `down` on as evidence of the `server_change` cause: the count
+/// of changes (0 → n) from the first, its rule their kinds (`restart`). Where the engine
+/// scored no such cause (without a baseline it scores none) the cause is added at
+/// [`OBSERVED_CHANGE_SCORE`]; where its evidence dates the changes from an earlier one (its
+/// window holds an earlier outage's restart too), this evidence goes first. [`rank`] then
+/// makes it the outage's child. Nothing when no change came in that window or the cause
+/// already dates one there.
+pub fn add_changes(td: &mut TargetDiagnosis, down: &Down, changes: &[(f64, &str)]) {
+    let from = down.since_unix_s - CHILD_TOLERANCE_S;
+    let within: Vec<&(f64, &str)> = changes.iter().filter(|(at, _)| *at >= from).collect();
+    let Some(first) = within.first() else {
+        return;
+    };
+    let mut kinds: Vec<&str> = within.iter().map(|(_, k)| *k).collect();
+    kinds.dedup();
+    let n = within.len() as f64;
+    let evidence = Evidence {
+        signal: Signal::ServerChange,
+        before: 0.0,
+        after: n,
+        peak: n,
+        z: 0.0,
+        changed_at_unix_s: Some(first.0),
+        lead_s: None,
+        rule: Some(kinds.join(", ")),
+        hw_ids: Vec::new(),
+        source: None,
+    };
+    match td
+        .causes
+        .iter_mut()
+        .find(|c| c.cause == Cause::ServerChange)
+    {
+        Some(c) => {
+            let dated = c.evidence.iter().any(|e| {
+                e.signal == Signal::ServerChange && e.changed_at_unix_s.is_some_and(|t| t >= from)
+            });
+            if !dated {
+                c.evidence.insert(0, evidence);
+            }
+        }
+        None => td.causes.push(CauseScore {
+            cause: Cause::ServerChange,
+            score: OBSERVED_CHANGE_SCORE,
+            evidence: vec![evidence],
+        }),
+    }
 }
 
 /// The failed canaries as evidence of the outage: the error ratio 0 → 1 from its first
@@ -119,11 +195,17 @@ fn demote_changes(td: &mut TargetDiagnosis, down: &Down, outage: f64) {
     else {
         return;
     };
-    let changed = td.causes[i]
-        .evidence
-        .iter()
-        .filter_map(|e| e.changed_at_unix_s)
-        .fold(None, |a: Option<f64>, t| Some(a.map_or(t, |a| a.max(t))));
+    // When the server changed: its own evidence's dates (the engine also files the error
+    // ratio under it, dated at the outage, which says nothing of when the server changed).
+    let dates = |only_changes: bool| {
+        td.causes[i]
+            .evidence
+            .iter()
+            .filter(|e| !only_changes || e.signal == Signal::ServerChange)
+            .filter_map(|e| e.changed_at_unix_s)
+            .fold(None, |a: Option<f64>, t| Some(a.map_or(t, |a| a.max(t))))
+    };
+    let changed = dates(true).or_else(|| dates(false));
     let child = changed.is_none_or(|t| t >= down.since_unix_s - CHILD_TOLERANCE_S);
     if child {
         let c = &mut td.causes[i];
@@ -353,6 +435,95 @@ mod tests {
         let order: Vec<(Cause, f64)> = td.causes.iter().map(|c| (c.cause, c.score)).collect();
         assert_eq!(order, [(Cause::GpuFault, 1.0), (Cause::ErrorBurst, 0.95)]);
         assert_eq!(line(&td), None);
+    }
+
+    /// Inside the baseline the engine scores no cause: the restart read on the page after the
+    /// outage is still its child (from the change events), and the incident stays open for
+    /// the hold after the target answers again, then closes.
+    #[test]
+    fn without_a_baseline_the_observed_restart_is_the_outages_child_for_the_hold() {
+        let up = T1 + 25.0;
+        let mut td = diagnosis(State::Idle, Vec::new(), down(Some(up)));
+        add_changes(
+            &mut td,
+            &down(Some(up)),
+            &[(T1 - 90.0, "model"), (T1 + 26.0, "restart")],
+        );
+        rank(&mut td, up + 10.0);
+        assert_eq!(td.state, State::RootConfirmed);
+        let order: Vec<(Cause, f64)> = td.causes.iter().map(|c| (c.cause, c.score)).collect();
+        assert_eq!(
+            order,
+            [
+                (Cause::ErrorBurst, 1.0),
+                (Cause::ServerChange, OBSERVED_CHANGE_SCORE)
+            ]
+        );
+        let l = line(&td).unwrap();
+        assert!(
+            l.contains(&format!(
+                "; then server_change 0.90 (server changes 0 → 1 from {})",
+                clock(T1 + 26.0)
+            )) && !l.contains("errors flat"),
+            "{l}"
+        );
+        // After the hold the outage no longer opens an incident.
+        let mut late = diagnosis(State::Idle, Vec::new(), down(Some(up)));
+        rank(&mut late, up + HOLD_AFTER_RECOVERY_S + 1.0);
+        assert_eq!(late.state, State::Idle);
+        // After the baseline the engine's cause may date the changes from an earlier
+        // outage's restart: the one in this outage goes first, so it is the child.
+        let mut engine = diagnosis(
+            State::RootConfirmed,
+            vec![change(T1 - 120.0, 0.95)],
+            down(Some(up)),
+        );
+        add_changes(
+            &mut engine,
+            &down(Some(up)),
+            &[(T1 - 120.0, "restart"), (T1 + 26.0, "restart")],
+        );
+        rank(&mut engine, up + 5.0);
+        let l = line(&engine).unwrap();
+        assert!(
+            l.contains(&format!(
+                "then server_change 0.95 (server changes 0 → 1 from {})",
+                clock(T1 + 26.0)
+            )),
+            "{l}"
+        );
+        // A change only before the outage (beyond the tolerance) adds nothing.
+        let mut before = diagnosis(State::Idle, Vec::new(), down(None));
+        add_changes(&mut before, &down(None), &[(T1 - 90.0, "restart")]);
+        assert!(before.causes.is_empty());
+    }
+
+    /// Seen live after the baseline: the engine confirmed `long_prompts` (the restart's empty
+    /// prompt cache moved the prompt ratio) beside the outage as two roots at 1.0. The outage
+    /// ranks first; the other cause stays listed below it.
+    #[test]
+    fn another_engine_root_ranks_below_the_outage() {
+        let prompts = CauseScore {
+            cause: Cause::LongPrompts,
+            score: 1.0,
+            evidence: Vec::new(),
+        };
+        let burst = CauseScore {
+            cause: Cause::ErrorBurst,
+            score: 1.0,
+            evidence: Vec::new(),
+        };
+        let mut td = diagnosis(State::RootConfirmed, vec![prompts, burst], down(None));
+        td.roots = vec![Cause::LongPrompts, Cause::ErrorBurst];
+        td.root_onsets_unix_s = vec![Some(T1 - 110.0), Some(T1)];
+        rank(&mut td, T1 + 30.0);
+        let order: Vec<(Cause, f64)> = td.causes.iter().map(|c| (c.cause, c.score)).collect();
+        assert_eq!(
+            order,
+            [(Cause::ErrorBurst, 1.0), (Cause::LongPrompts, 0.95)]
+        );
+        assert!(td.roots.is_empty(), "{:?}", td.roots);
+        assert!(line(&td).is_some_and(|l| l.starts_with("error_burst 1.00: target unreachable")));
     }
 
     /// Without an outage nothing changes.

@@ -10,6 +10,13 @@ use serde::{Deserialize, Serialize};
 use super::normalize::{Histogram, Reading};
 use super::quantile::{below_first_bucket, histogram_quantile};
 
+impl LatencyStats {
+    /// Nothing observed: no observation and no mean.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0.0 && self.mean.is_none()
+    }
+}
+
 /// Mean, p50 and p99 of one server-side latency over an interval, seconds; `None` when no
 /// request finished in it, or when the quantile lies in a wide first bucket: then
 /// `p50_below` / `p99_below` say "below the first bucket" with its bound.
@@ -58,6 +65,15 @@ pub struct ServerSample {
     pub queue: LatencyStats,
     pub prefill: LatencyStats,
     pub decode: LatencyStats,
+    /// A router's KV-cache hit rate of the requests it routed in the interval, 0..1 (NVIDIA
+    /// Dynamo's `dynamo_component_router_kv_hit_rate`); absent when not exposed or none.
+    #[serde(default, skip_serializing_if = "LatencyStats::is_empty")]
+    pub router_kv_hit_rate: LatencyStats,
+    /// A router's estimate of the KV transfer from prefill to decode worker, seconds
+    /// (`dynamo_component_router_kv_transfer_estimated_latency_seconds`); absent when not
+    /// exposed or none in the interval.
+    #[serde(default, skip_serializing_if = "LatencyStats::is_empty")]
+    pub router_kv_transfer: LatencyStats,
     /// Seconds since the previous scrape (`None` on the first).
     pub interval_s: Option<f64>,
     /// A counter went backwards or the start time moved: the server restarted in the interval.
@@ -174,6 +190,8 @@ pub fn sample(prev: Option<(&Reading, SystemTime)>, cur: &Reading, at: SystemTim
         queue: LatencyStats::default(),
         prefill: LatencyStats::default(),
         decode: LatencyStats::default(),
+        router_kv_hit_rate: LatencyStats::default(),
+        router_kv_transfer: LatencyStats::default(),
         interval_s: None,
         reset: false,
     };
@@ -211,6 +229,19 @@ pub fn sample(prev: Option<(&Reading, SystemTime)>, cur: &Reading, at: SystemTim
     s.queue = stats(ph.queue.as_ref(), ch.queue.as_ref(), &mut reset);
     s.prefill = stats(ph.prefill.as_ref(), ch.prefill.as_ref(), &mut reset);
     s.decode = stats(ph.decode.as_ref(), ch.decode.as_ref(), &mut reset);
+    // The router's own histograms restart with the frontend, not with a worker: they say
+    // nothing of a restart.
+    let mut router_reset = false;
+    s.router_kv_hit_rate = stats(
+        ph.router_kv_hit_rate.as_ref(),
+        ch.router_kv_hit_rate.as_ref(),
+        &mut router_reset,
+    );
+    s.router_kv_transfer = stats(
+        ph.router_kv_transfer.as_ref(),
+        ch.router_kv_transfer.as_ref(),
+        &mut router_reset,
+    );
     s.reset = reset;
     s.finite()
 }
@@ -241,6 +272,8 @@ impl ServerSample {
             &mut self.queue,
             &mut self.prefill,
             &mut self.decode,
+            &mut self.router_kv_hit_rate,
+            &mut self.router_kv_transfer,
         ] {
             f(&mut l.mean);
             f(&mut l.p50);

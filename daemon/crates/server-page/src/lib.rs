@@ -2,7 +2,8 @@
 //! line is skipped and counted, never the page), the families normalized per server kind
 //! (`normalize`: vLLM old and new, SGLang, TGI, llama.cpp → `Reading`), two readings into a
 //! sample (`interval`: counter rates with reset detection, histogram deltas, `quantile`), and
-//! the info routes' JSON (`identity`). No IO and no clock: the scraper (`lmperf::server::scrape`)
+//! the info routes' JSON (`identity`), a router's registered workers (`workers`). No IO and
+//! no clock: the scraper (`lmperf::server::scrape`)
 //! fetches and passes the times.
 
 pub mod identity;
@@ -10,6 +11,7 @@ pub mod interval;
 pub mod normalize;
 pub mod parse;
 pub mod quantile;
+pub mod workers;
 
 pub use identity::{Change, ChangeKind, Identity};
 pub use interval::{LatencyStats, ServerSample};

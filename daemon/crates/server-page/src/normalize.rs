@@ -137,6 +137,8 @@ const READ: &[&str] = &[
     "dynamo_frontend_time_to_first_token_seconds",
     "dynamo_frontend_inter_token_latency_seconds",
     "dynamo_frontend_request_duration_seconds",
+    "dynamo_component_router_kv_hit_rate",
+    "dynamo_component_router_kv_transfer_estimated_latency_seconds",
 ];
 
 /// Whether [`normalize`] reads samples named `name`: the filter of
@@ -144,10 +146,12 @@ const READ: &[&str] = &[
 /// comes from (`_created`, request-size histograms, Python GC, HTTP handlers) are checked
 /// but never stored.
 pub fn reads(name: &str) -> bool {
-    if name == "process_start_time_seconds" {
+    if name == "process_start_time_seconds" || name == super::workers::WORKER_REGISTERED {
         return true;
     }
-    if !super::parse::PREFIXES.iter().any(|p| name.starts_with(p)) {
+    if !super::parse::PREFIXES.iter().any(|p| name.starts_with(p))
+        && !name.starts_with("dynamo_component_router_")
+    {
         return false;
     }
     READ.contains(&name)
@@ -190,6 +194,10 @@ pub struct Histograms {
     pub prefill: Option<Histogram>,
     pub decode: Option<Histogram>,
     pub e2e: Option<Histogram>,
+    /// A router's KV hit rate of its routing decisions (0..1 buckets).
+    pub router_kv_hit_rate: Option<Histogram>,
+    /// A router's estimated KV transfer latency, seconds.
+    pub router_kv_transfer: Option<Histogram>,
 }
 
 /// One page in the common vocabulary.
@@ -206,6 +214,9 @@ pub struct Reading {
     pub histograms: Histograms,
     /// `process_start_time_seconds` (Unix seconds).
     pub process_start_time_s: Option<f64>,
+    /// A router's registered workers ([`super::workers::router_workers`]); `None` when the
+    /// page does not say.
+    pub router_workers: Option<Vec<super::workers::RouterWorker>>,
 }
 
 fn sum_of<'p, 'a: 'p>(it: impl Iterator<Item = &'p Sample<'a>>) -> Option<f64> {
@@ -293,6 +304,7 @@ pub fn normalize(page: &Page, kind: Option<ServerKind>) -> Reading {
         counters: Counters::default(),
         histograms: Histograms::default(),
         process_start_time_s,
+        router_workers: super::workers::router_workers(page),
     };
     match kind {
         ServerKind::Vllm => {
@@ -334,6 +346,7 @@ pub fn normalize(page: &Page, kind: Option<ServerKind>) -> Reading {
                 prefill: first_histogram(page, &["vllm:request_prefill_time_seconds"]),
                 decode: first_histogram(page, &["vllm:request_decode_time_seconds"]),
                 e2e: first_histogram(page, &["vllm:e2e_request_latency_seconds"]),
+                ..Histograms::default()
             };
         }
         ServerKind::Sglang => {
@@ -408,6 +421,13 @@ pub fn normalize(page: &Page, kind: Option<ServerKind>) -> Reading {
                 ttft: first_histogram(page, &["dynamo_frontend_time_to_first_token_seconds"]),
                 itl: first_histogram(page, &["dynamo_frontend_inter_token_latency_seconds"]),
                 e2e: first_histogram(page, &["dynamo_frontend_request_duration_seconds"]),
+                // Its KV router's own view (1.6.1 `prometheus_names.py` `router`, summed
+                // over the frontend's routers): what the cache saved, what a transfer costs.
+                router_kv_hit_rate: first_histogram(page, &["dynamo_component_router_kv_hit_rate"]),
+                router_kv_transfer: first_histogram(
+                    page,
+                    &["dynamo_component_router_kv_transfer_estimated_latency_seconds"],
+                ),
                 ..Histograms::default()
             };
         }
@@ -489,6 +509,19 @@ mod tests {
             (Some(4.0), Some(11.0))
         );
         assert_eq!(r.histograms.ttft.map(|h| h.count), Some(4.0));
+        // Its KV router: 4 routing decisions, no transfer estimated (aggregated workers).
+        assert_eq!(
+            r.histograms.router_kv_hit_rate.as_ref().map(|h| h.count),
+            Some(4.0)
+        );
+        assert_eq!(r.histograms.router_kv_transfer.map(|h| h.count), Some(0.0));
+        let ids: Vec<String> = r
+            .router_workers
+            .unwrap_or_default()
+            .into_iter()
+            .map(|w| w.id)
+            .collect();
+        assert_eq!(ids, ["11590297227033109259", "15250009274595424523"]);
         assert_eq!(ServerKind::from_config("dynamo"), Some(ServerKind::Dynamo));
     }
 

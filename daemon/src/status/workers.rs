@@ -1,0 +1,432 @@
+//! The workers behind one router target as lmperf knows them, for the pinned probes
+//! (`canary::probes`) and `/api/v1/status` (`targets[].worker_probes`): from the router's own
+//! page (the workers it registers, `server::workers`) and from the replies (the workers Dynamo
+//! said served a request), each with its pinned probes' results. A worker the page registered
+//! and no longer does has left the router's view: it is said (`gone`, with since when) and no
+//! longer probed, never dropped silently; a worker that comes back is present again. Only
+//! Dynamo's workers are held: its instance ids are what a request can be pinned to.
+//!
+//! Pure: every method takes the time (Unix seconds); nothing here reads a clock.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::measure::worker::{AttributionSource, ServedBy, WorkerRole};
+use lmperf_server_page::workers::RouterWorker;
+
+/// Workers held per target at most; later ones are not probed (a router in front of more is
+/// probed by its first 256 ids).
+pub const MAX_WORKERS: usize = 256;
+/// Failed probes in a row that make a present worker `failing`.
+pub const FAILING_AFTER: u32 = 3;
+
+/// Where a worker stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerState {
+    /// Registered or serving, its probes answering.
+    Present,
+    /// Its last [`FAILING_AFTER`] probes or more failed.
+    Failing,
+    /// The router's page no longer registers it.
+    Gone,
+}
+
+/// How a request is pinned to a worker: Dynamo's `nvext` fields, as its frontend maps the
+/// `x-worker-instance-id` and `x-prefill-instance-id` headers onto them
+/// (`apply_header_routing_overrides` in ai-dynamo/dynamo `lib/llm/src/protocols/openai/nvext.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pin {
+    /// An aggregated or decode worker: `backend_instance_id` and `decode_worker_id`.
+    Decode(u64),
+    /// A prefill worker: `prefill_worker_id` (the router picks the decode worker).
+    Prefill(u64),
+}
+
+impl Pin {
+    /// The `nvext` object that pins a request.
+    pub fn nvext(self) -> serde_json::Value {
+        match self {
+            Pin::Decode(id) => {
+                serde_json::json!({"backend_instance_id": id, "decode_worker_id": id})
+            }
+            Pin::Prefill(id) => serde_json::json!({"prefill_worker_id": id}),
+        }
+    }
+
+    /// The worker's instance id.
+    pub fn id(self) -> u64 {
+        match self {
+            Pin::Decode(id) | Pin::Prefill(id) => id,
+        }
+    }
+
+    /// The role it is pinned in: `decode` (an aggregated worker too) or `prefill`.
+    pub fn role(self) -> &'static str {
+        match self {
+            Pin::Decode(_) => "decode",
+            Pin::Prefill(_) => "prefill",
+        }
+    }
+}
+
+/// One worker (`/api/v1/status` `targets[].worker_probes.workers[]`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkerView {
+    /// Dynamo's instance id, decimal.
+    pub id: String,
+    /// `agg`, `decode` or `prefill`: from the replies where one named it, else the page's
+    /// `worker_type`.
+    pub role: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dp_rank: Option<u32>,
+    pub state: WorkerState,
+    /// Registered on the router's last page read.
+    pub registered: bool,
+    pub first_seen_unix_s: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gone_since_unix_s: Option<f64>,
+    /// Pinned probes sent and answered with a stream of tokens by this worker.
+    pub probes: u64,
+    pub probes_ok: u64,
+    pub failed_in_a_row: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_probe_unix_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_ttft_ms: Option<f64>,
+    /// The last failed probe's reason, one line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// A change worth a log line.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Transition {
+    Found { id: String, role: &'static str },
+    Gone { id: String },
+    Back { id: String },
+    Failing { id: String, error: String },
+}
+
+/// One worker held, with whether a probe of it is in flight.
+#[derive(Debug, Clone)]
+struct Entry {
+    view: WorkerView,
+    /// The role its replies named (beats the page's `worker_type`).
+    replied_role: Option<WorkerRole>,
+    in_flight: bool,
+}
+
+/// The workers of one router target.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerSet {
+    workers: BTreeMap<u64, Entry>,
+}
+
+fn role_of_type(worker_type: Option<&str>) -> &'static str {
+    match worker_type {
+        Some("prefill") => "prefill",
+        Some("decode") => "decode",
+        _ => "unknown",
+    }
+}
+
+impl WorkerSet {
+    /// Whether any worker is held (the target is a Dynamo router lmperf can pin).
+    pub fn is_empty(&self) -> bool {
+        self.workers.is_empty()
+    }
+
+    fn insert(&mut self, id: u64, role: &'static str, at: f64) -> Option<Transition> {
+        if self.workers.contains_key(&id) || self.workers.len() >= MAX_WORKERS {
+            return None;
+        }
+        self.workers.insert(
+            id,
+            Entry {
+                view: WorkerView {
+                    id: id.to_string(),
+                    role,
+                    dp_rank: None,
+                    state: WorkerState::Present,
+                    registered: false,
+                    first_seen_unix_s: at,
+                    gone_since_unix_s: None,
+                    probes: 0,
+                    probes_ok: 0,
+                    failed_in_a_row: 0,
+                    last_probe_unix_s: None,
+                    last_ttft_ms: None,
+                    last_error: None,
+                },
+                replied_role: None,
+                in_flight: false,
+            },
+        );
+        Some(Transition::Found {
+            id: id.to_string(),
+            role,
+        })
+    }
+
+    /// The router's page read at `at` registers `workers`: new ones are found, a gone one is
+    /// back, and one registered on an earlier page but not on this one is gone.
+    pub fn from_page(&mut self, at: f64, workers: &[RouterWorker]) -> Vec<Transition> {
+        let mut out = Vec::new();
+        let listed: BTreeMap<u64, &RouterWorker> = workers
+            .iter()
+            .filter_map(|w| Some((w.id.parse::<u64>().ok()?, w)))
+            .collect();
+        for (id, w) in &listed {
+            out.extend(self.insert(*id, role_of_type(w.worker_type.as_deref()), at));
+            if let Some(e) = self.workers.get_mut(id) {
+                e.view.registered = true;
+                e.view.dp_rank = w.dp_rank.or(e.view.dp_rank);
+                if e.replied_role.is_none() {
+                    e.view.role = role_of_type(w.worker_type.as_deref());
+                }
+                if e.view.state == WorkerState::Gone {
+                    e.view.state = WorkerState::Present;
+                    e.view.gone_since_unix_s = None;
+                    e.view.failed_in_a_row = 0;
+                    out.push(Transition::Back { id: id.to_string() });
+                }
+            }
+        }
+        for (id, e) in &mut self.workers {
+            if e.view.registered && !listed.contains_key(id) {
+                e.view.registered = false;
+                if e.view.state != WorkerState::Gone {
+                    e.view.state = WorkerState::Gone;
+                    e.view.gone_since_unix_s = Some(at);
+                    out.push(Transition::Gone { id: id.to_string() });
+                }
+            }
+        }
+        out
+    }
+
+    /// A reply at `at` named the workers that served it (Dynamo's `nvext.worker_id` only).
+    pub fn from_reply(&mut self, at: f64, served: &ServedBy) -> Vec<Transition> {
+        if served.source != AttributionSource::DynamoNvext {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for w in &served.workers {
+            let Ok(id) = w.id.parse::<u64>() else {
+                continue;
+            };
+            out.extend(self.insert(id, w.role.as_str(), at));
+            if let Some(e) = self.workers.get_mut(&id) {
+                e.replied_role = Some(w.role);
+                e.view.role = w.role.as_str();
+                e.view.dp_rank = w.dp_rank.or(e.view.dp_rank);
+            }
+        }
+        out
+    }
+
+    /// The worker to probe now: of those not gone and with no probe in flight, the one whose
+    /// last probe is oldest (never probed first), once `interval_s` has passed since it.
+    pub fn next_due(&self, now: f64, interval_s: f64) -> Option<Pin> {
+        self.workers
+            .iter()
+            .filter(|(_, e)| e.view.state != WorkerState::Gone && !e.in_flight)
+            .filter(|(_, e)| {
+                e.view
+                    .last_probe_unix_s
+                    .is_none_or(|t| now - t >= interval_s)
+            })
+            .min_by(|a, b| {
+                let t = |e: &Entry| e.view.last_probe_unix_s.unwrap_or(f64::NEG_INFINITY);
+                t(a.1).total_cmp(&t(b.1)).then(a.0.cmp(b.0))
+            })
+            .map(|(id, e)| match e.view.role {
+                "prefill" => Pin::Prefill(*id),
+                _ => Pin::Decode(*id),
+            })
+    }
+
+    /// A probe of `pin` starts at `at`.
+    pub fn probe_started(&mut self, pin: Pin, at: f64) {
+        if let Some(e) = self.workers.get_mut(&pin.id()) {
+            e.in_flight = true;
+            e.view.last_probe_unix_s = Some(at);
+            e.view.probes += 1;
+        }
+    }
+
+    /// A probe of `pin` ended: `error` is `None` when the worker answered with tokens (and,
+    /// where the reply named its worker, it was the pinned one), else the reason. Returns
+    /// [`Transition::Failing`] at the [`FAILING_AFTER`]-th failure in a row.
+    pub fn probe_done(
+        &mut self,
+        pin: Pin,
+        ttft_ms: Option<f64>,
+        error: Option<String>,
+    ) -> Option<Transition> {
+        let e = self.workers.get_mut(&pin.id())?;
+        e.in_flight = false;
+        match error {
+            None => {
+                e.view.probes_ok += 1;
+                e.view.failed_in_a_row = 0;
+                e.view.last_ttft_ms = ttft_ms;
+                if e.view.state == WorkerState::Failing {
+                    e.view.state = WorkerState::Present;
+                }
+                None
+            }
+            Some(reason) => {
+                e.view.failed_in_a_row += 1;
+                e.view.last_error = Some(reason.clone());
+                if e.view.failed_in_a_row == FAILING_AFTER && e.view.state == WorkerState::Present {
+                    e.view.state = WorkerState::Failing;
+                    return Some(Transition::Failing {
+                        id: e.view.id.clone(),
+                        error: reason,
+                    });
+                }
+                None
+            }
+        }
+    }
+
+    /// Every worker held, by id.
+    pub fn view(&self) -> Vec<WorkerView> {
+        self.workers.values().map(|e| e.view.clone()).collect()
+    }
+}
+
+/// Why a probe pinned to `pin` does not count as the worker's answer: the request failed
+/// (`failure`), or the reply named another worker in the pinned role (the pin was not
+/// honoured). `None`: it answered.
+pub fn probe_error(pin: Pin, failure: Option<String>, served: Option<&ServedBy>) -> Option<String> {
+    if let Some(f) = failure {
+        return Some(f);
+    }
+    let served = served.filter(|s| s.source == AttributionSource::DynamoNvext)?;
+    let want = pin.id().to_string();
+    let named = match pin {
+        Pin::Decode(_) => served.primary(),
+        Pin::Prefill(_) => served.prefill().or_else(|| served.primary()),
+    }?;
+    (named.id != want).then(|| {
+        format!(
+            "pinned to worker {want}, the router says {} served it",
+            named.id
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::worker::{DynamoWorkerIds, ServedBy};
+
+    fn page(ids: &[(&str, &str)]) -> Vec<RouterWorker> {
+        ids.iter()
+            .map(|(id, t)| RouterWorker {
+                id: (*id).to_owned(),
+                worker_type: Some((*t).to_owned()),
+                dp_rank: Some(0),
+            })
+            .collect()
+    }
+
+    /// Two workers from the page, a third from a reply; one leaves the page (gone, no longer
+    /// due), comes back (present again).
+    #[test]
+    fn page_and_replies_make_the_set_and_a_worker_that_leaves_is_said() {
+        let mut s = WorkerSet::default();
+        let t = s.from_page(100.0, &page(&[("1", "decode"), ("2", "decode")]));
+        assert_eq!(t.len(), 2);
+        let agg = ServedBy::from_dynamo(&DynamoWorkerIds {
+            prefill_worker_id: Some(3),
+            prefill_dp_rank: Some(0),
+            decode_worker_id: Some(3),
+            decode_dp_rank: Some(0),
+        })
+        .unwrap();
+        assert_eq!(
+            s.from_reply(101.0, &agg),
+            [Transition::Found {
+                id: "3".into(),
+                role: "agg"
+            }]
+        );
+        assert_eq!(
+            s.from_page(102.0, &page(&[("1", "decode")])),
+            [Transition::Gone { id: "2".into() }]
+        );
+        let v = s.view();
+        assert_eq!(v[1].state, WorkerState::Gone);
+        assert_eq!(v[1].gone_since_unix_s, Some(102.0));
+        // Worker 3 was never registered: the page does not make it gone.
+        assert_eq!(v[2].state, WorkerState::Present);
+        // Due: never probed first, by id; the gone one never.
+        assert_eq!(s.next_due(103.0, 10.0), Some(Pin::Decode(1)));
+        s.probe_started(Pin::Decode(1), 103.0);
+        assert_eq!(s.next_due(103.0, 10.0), Some(Pin::Decode(3)));
+        s.probe_started(Pin::Decode(3), 103.5);
+        assert_eq!(s.next_due(104.0, 10.0), None, "in flight or not due");
+        s.probe_done(Pin::Decode(1), Some(12.0), None);
+        assert_eq!(s.next_due(112.9, 10.0), None);
+        assert_eq!(s.next_due(113.0, 10.0), Some(Pin::Decode(1)));
+        assert_eq!(
+            s.from_page(120.0, &page(&[("1", "decode"), ("2", "decode")])),
+            [Transition::Back { id: "2".into() }]
+        );
+        assert_eq!(s.view()[1].state, WorkerState::Present);
+    }
+
+    #[test]
+    fn failing_after_three_and_back_on_an_answer() {
+        let mut s = WorkerSet::default();
+        s.from_page(0.0, &page(&[("9", "prefill")]));
+        let pin = s.next_due(0.0, 5.0).unwrap();
+        assert_eq!(pin, Pin::Prefill(9));
+        assert_eq!(pin.nvext(), serde_json::json!({"prefill_worker_id": 9}));
+        for k in 1..=3 {
+            s.probe_started(pin, f64::from(k));
+            let t = s.probe_done(
+                pin,
+                None,
+                Some("503: Service temporarily unavailable".into()),
+            );
+            assert_eq!(t.is_some(), k == 3, "{k}");
+        }
+        assert_eq!(s.view()[0].state, WorkerState::Failing);
+        s.probe_started(pin, 4.0);
+        s.probe_done(pin, Some(8.0), None);
+        let v = &s.view()[0];
+        assert_eq!(
+            (v.state, v.probes, v.probes_ok),
+            (WorkerState::Present, 4, 1)
+        );
+    }
+
+    #[test]
+    fn a_pin_the_router_did_not_honour_is_an_error() {
+        let by = |p: u64, d: u64| {
+            ServedBy::from_dynamo(&DynamoWorkerIds {
+                prefill_worker_id: Some(p),
+                prefill_dp_rank: None,
+                decode_worker_id: Some(d),
+                decode_dp_rank: None,
+            })
+        };
+        assert_eq!(probe_error(Pin::Decode(5), None, by(5, 5).as_ref()), None);
+        let e = probe_error(Pin::Decode(5), None, by(6, 6).as_ref()).unwrap();
+        assert!(
+            e.contains("pinned to worker 5") && e.contains("6 served it"),
+            "{e}"
+        );
+        assert_eq!(probe_error(Pin::Prefill(7), None, by(7, 8).as_ref()), None);
+        assert_eq!(
+            probe_error(Pin::Decode(5), Some("connection_refused".into()), None).as_deref(),
+            Some("connection_refused")
+        );
+    }
+}
