@@ -482,8 +482,11 @@ fn not_supported_gpu_lost_and_back_and_an_xid() {
         - t0.duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_secs_f64();
+    // The agent stamps a GPU sample with its tick's start, the calls follow within
+    // milliseconds (a fresh CI run saw 1.999 s for a loss scripted at 2 s): 100 ms early is
+    // that, not a loss seen before it happened.
     assert!(
-        (2.0..3.0).contains(&lost_at),
+        (1.9..3.0).contains(&lost_at),
         "lost seen at t={lost_at:.3} s, scripted at 2 s"
     );
     assert_eq!(st["gpu"]["devices"][1]["lost"], true);
