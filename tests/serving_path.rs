@@ -75,6 +75,11 @@ impl Dynamo {
     /// Starts one more mocker process (`mode`, `workers` of them) logging to `mocker<N>.log`;
     /// returns its index in `children`.
     fn add_mocker(&mut self, mode: &str, workers: u32) -> usize {
+        self.add_mocker_with(mode, workers, &[])
+    }
+
+    /// [`Dynamo::add_mocker`] with more mocker arguments (`--kv-transfer-bandwidth 0.1`).
+    fn add_mocker_with(&mut self, mode: &str, workers: u32, extra: &[&str]) -> usize {
         let v = workspace_root().join(".venv-serving");
         let model = v.join("model");
         let n = workers.to_string();
@@ -93,6 +98,7 @@ impl Dynamo {
             "--num-workers",
             &n,
         ];
+        let args = [&args[..], extra].concat();
         let child = dynamo_cmd(&v, &self.dir, &args, &format!("mocker{i}.log"));
         self.children.push(child);
         self.children.len() - 1
@@ -126,6 +132,14 @@ fn start_with(name: &str, router_mode: &str, mockers: &[(&str, u32)]) -> Option<
     for (mode, workers) in mockers {
         d.add_mocker(mode, *workers);
     }
+    if !mockers.is_empty() {
+        wait_serving(&d);
+    }
+    Some(d)
+}
+
+/// Waits until a chat request through `d`'s frontend passes (at most 120 s).
+fn wait_serving(d: &Dynamo) {
     let body = r#"{"model":"gemma","messages":[{"role":"user","content":"hi"}],"max_tokens":2}"#;
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
@@ -145,7 +159,7 @@ fn start_with(name: &str, router_mode: &str, mockers: &[(&str, u32)]) -> Option<
             .status()
             .is_ok_and(|s| s.success());
         if ok {
-            return Some(d);
+            return;
         }
         std::thread::sleep(Duration::from_millis(500));
     }
@@ -193,6 +207,12 @@ fn strip_ansi(s: &str) -> String {
 }
 
 fn run(d: &Dynamo, out: &Path) -> (Vec<serde_json::Value>, String) {
+    run_with(d, out, 16)
+}
+
+/// [`run`] with prompts of `seq_len` tokens.
+fn run_with(d: &Dynamo, out: &Path, seq_len: u32) -> (Vec<serde_json::Value>, String) {
+    let seq = seq_len.to_string();
     let o = Command::new(lmperf_bin())
         .args([
             "run",
@@ -209,7 +229,7 @@ fn run(d: &Dynamo, out: &Path) -> (Vec<serde_json::Value>, String) {
             "--batch-sizes",
             "1",
             "--seq-lengths",
-            "16",
+            &seq,
         ])
         .args(["--output-len", "4", "--num-prompts", "12", "--output-dir"])
         .arg(out)
@@ -378,6 +398,43 @@ fn dynamo_disaggregated_names_the_prefill_and_the_decode_worker() {
         .map(|b| b["num_requests"].as_u64().unwrap())
         .sum();
     assert_eq!(total, rows.len() as u64, "{workers}");
+}
+
+/// Issue 51 acceptance on the real Dynamo P/D (1 prefill + 1 decode mocker): with a 10×
+/// lower `--kv-transfer-bandwidth` (given to both mockers; `nvext.timing` says the transfer as
+/// the router's `kv_transfer_estimated_latency_ms`, after 1.6.1's `ttft_ms`) only
+/// `transfer_and_first_decode` grows; the frontend, router queue and prefill segments do not.
+/// Every request's segments sum to its TTFT within 1 ms (`check_split`).
+#[test]
+fn dynamo_pd_a_slower_kv_transfer_grows_only_its_segment() {
+    let mut means = Vec::new();
+    for bw in ["1.0", "0.1"] {
+        let Some(mut d) = start_with(&format!("dynamo-bw-{bw}"), "round-robin", &[]) else {
+            return;
+        };
+        d.add_mocker_with("prefill", 1, &["--kv-transfer-bandwidth", bw]);
+        d.add_mocker_with("decode", 1, &["--kv-transfer-bandwidth", bw]);
+        wait_serving(&d);
+        let out = d.dir.join("run");
+        let (rows, err) = run_with(&d, &out, 1024);
+        assert!(rows.iter().all(|r| r["outcome"] == "ok"), "{err}");
+        let m = check_split(&rows, &out, &err);
+        println!("--kv-transfer-bandwidth {bw} GB/s: mean segments {m:.2?} ms");
+        means.push(m);
+    }
+    let (a, b) = (means[0], means[1]);
+    let grew = b[3] - a[3];
+    assert!(
+        grew > 30.0 && b[3] > 4.0 * a[3],
+        "transfer and first decode {a:?} → {b:?}"
+    );
+    for (i, name) in ["frontend", "router queue", "prefill"].iter().enumerate() {
+        assert!(
+            (b[i] - a[i]).abs() < grew / 5.0,
+            "{name} moved {:.2} ms with the transfer's {grew:.2} ms: {a:?} → {b:?}",
+            b[i] - a[i]
+        );
+    }
 }
 
 /// Issue 51.2 on the live agent: canaries to the real Dynamo frontend (`--target-kind

@@ -1513,6 +1513,7 @@ mod tests {
                     decoded_tokens: None,
                     kv_hit_rate: None,
                     router_queue_depth: None,
+                    kv_transfer_estimate: None,
                 });
                 live.observe_request("a", &m, None);
             }

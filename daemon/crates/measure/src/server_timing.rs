@@ -76,6 +76,10 @@ pub struct ServerTiming {
     /// Dynamo: requests waiting in the router's queue when this one was routed
     /// (`router_queue_depth`).
     pub router_queue_depth: Option<u64>,
+    /// Dynamo under prefill/decode disaggregation: the router's estimate of the prompt's KV
+    /// transfer from the prefill to the decode worker (`kv_transfer_estimated_latency_ms`),
+    /// which 1.6.1's `ttft_ms` (it ends at the prefill worker's first token) does not hold.
+    pub kv_transfer_estimate: Option<Duration>,
 }
 
 impl ServerTiming {
@@ -131,6 +135,8 @@ pub(crate) struct RawDynamoTiming {
     kv_hit_rate: Option<f64>,
     #[serde(default)]
     router_queue_depth: Option<f64>,
+    #[serde(default)]
+    kv_transfer_estimated_latency_ms: Option<f64>,
 }
 
 impl RawDynamoTiming {
@@ -154,6 +160,7 @@ impl RawDynamoTiming {
                 .router_queue_depth
                 .filter(|d| d.is_finite() && *d >= 0.0)
                 .map(|d| d as u64),
+            kv_transfer_estimate: millis(self.kv_transfer_estimated_latency_ms),
         };
         (t.ttft.is_some() || t.queue.is_some() || t.prefill.is_some() || total.is_some())
             .then_some(t)
@@ -162,11 +169,17 @@ impl RawDynamoTiming {
 
 /// A routed request's TTFT split along the serving path, milliseconds, from the client's TTFT
 /// and Dynamo's own clock ([`TimingSource::DynamoTiming`] with its `ttft_ms`,
-/// `prefill_wait_time_ms` and `prefill_time_ms`). The four segments add up to the client's
-/// TTFT (to the nanosecond, each rounded there): `frontend` is what the frontend's clock did not see (network, HTTP,
-/// tokenization before its timer), `transfer_and_first_decode` what follows the prefill up to
-/// the first token (the KV transfer under prefill/decode disaggregation, the first decode
-/// step). Signed: clocks that disagree show as a negative segment, never hidden.
+/// `prefill_wait_time_ms`, `prefill_time_ms` and, disaggregated,
+/// `kv_transfer_estimated_latency_ms`). The four segments add up to the client's TTFT (to the
+/// nanosecond, each rounded there): `frontend` is what the frontend's clock did not see
+/// (network, HTTP, tokenization before its timer), `transfer_and_first_decode` what follows the
+/// prefill up to the first token: the rest of `ttft_ms`, plus, under prefill/decode
+/// disaggregation, the KV transfer. Dynamo 1.6.1's `ttft_ms` ends at the prefill worker's
+/// first token, before the transfer (measured: `ttft_ms` 8.2 ms, the client's TTFT 124.8 ms,
+/// `kv_transfer_estimated_latency_ms` 108.5 ms at 0.1 GB/s); the transfer is the router's
+/// estimate, the one figure of it 1.6.1 gives, so an estimate that is off moves the
+/// difference into `frontend`. Signed: clocks that disagree show as a negative segment, never
+/// hidden.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct TtftSplit {
     pub frontend_ms: f64,
@@ -194,11 +207,12 @@ impl TtftSplit {
         // To the nanosecond: a difference of equal figures is 0, not float noise.
         let ns = |v: f64| (v * 1e6).round() / 1e6;
         let (ttft, queue, prefill) = (ms(t.ttft?), ms(t.queue?), ms(t.prefill?));
+        let transfer = t.kv_transfer_estimate.map_or(0.0, ms);
         Some(TtftSplit {
-            frontend_ms: ns(ms(client_ttft) - ttft),
+            frontend_ms: ns(ms(client_ttft) - ttft - transfer),
             router_queue_ms: ns(queue),
             prefill_ms: ns(prefill),
-            transfer_and_first_decode_ms: ns(ttft - queue - prefill),
+            transfer_and_first_decode_ms: ns(ttft - queue - prefill + transfer),
         })
     }
 
@@ -235,6 +249,7 @@ impl RawVllmMetrics {
             decoded_tokens: None,
             kv_hit_rate: None,
             router_queue_depth: None,
+            kv_transfer_estimate: None,
         };
         (t.prefill.is_some() || t.queue.is_some() || t.decode.is_some()).then_some(t)
     }
@@ -256,6 +271,7 @@ impl RawTimings {
             decoded_tokens: self.predicted_n,
             kv_hit_rate: None,
             router_queue_depth: None,
+            kv_transfer_estimate: None,
         })
     }
 }
@@ -332,6 +348,26 @@ mod tests {
         serde_json::from_str::<RawDynamoTiming>(json)
             .unwrap()
             .read()
+    }
+
+    /// Disaggregated, 1.6.1's `ttft_ms` ends at the prefill worker's first token and the KV
+    /// transfer follows it (a live P/D reply at 0.1 GB/s): the transfer goes to
+    /// `transfer_and_first_decode`, not to `frontend`; the split still adds up.
+    #[test]
+    fn a_disaggregated_ttft_holds_the_kv_transfer_after_dynamos_ttft() {
+        let t = dynamo(r#"{"request_received_ms":1796640737419,"prefill_wait_time_ms":3.477828,"prefill_time_ms":4.711715,"ttft_ms":8.189543,"total_time_ms":118.597991,"kv_transfer_estimated_latency_ms":108.533123}"#).unwrap();
+        assert_eq!(
+            t.kv_transfer_estimate,
+            Some(Duration::from_nanos(108_533_123))
+        );
+        let client = Duration::from_micros(124_768);
+        let s = TtftSplit::of(client, &t).unwrap();
+        assert_eq!(s.router_queue_ms, 3.477828);
+        assert_eq!(s.prefill_ms, 4.711715);
+        assert_eq!(s.transfer_and_first_decode_ms, 108.533123);
+        assert_eq!(s.frontend_ms, 8.045334);
+        let sum: f64 = s.values().iter().sum();
+        assert!((sum - 124.768).abs() < 1e-6, "{sum}");
     }
 
     /// Dynamo's `nvext.timing` as the 1.6.1 frontend writes it: the queue, the prefill, the
