@@ -367,16 +367,11 @@ fn dynamo_agg_every_request_names_the_worker_that_logged_it() {
     }
 }
 
-#[test]
-fn dynamo_disaggregated_names_the_prefill_and_the_decode_worker() {
-    let Some(d) = start("dynamo-pd", &[("prefill", 1), ("decode", 1)]) else {
-        return;
-    };
-    let out = d.dir.join("run");
-    let (rows, err) = run(&d, &out);
-    let log = received(&d);
-    check_split(&rows, &out, &err);
-    for r in &rows {
+/// The disaggregated run's rows: each names its prefill and its decode worker, as the workers'
+/// own request logs received it, and the per-worker-pair blocks sum to the benchmark.
+fn check_pd_workers(d: &Dynamo, rows: &[serde_json::Value], out: &Path) {
+    let log = received(d);
+    for r in rows {
         assert_eq!(r["outcome"], "ok", "{r}");
         assert_eq!(r["worker_role"], "decode", "{r}");
         let (p, w) = (
@@ -390,7 +385,7 @@ fn dynamo_disaggregated_names_the_prefill_and_the_decode_worker() {
         want.sort();
         assert_eq!(got, want, "{r}");
     }
-    let workers = summary(&out)["benchmarks"][0]["workers"].clone();
+    let workers = summary(out)["benchmarks"][0]["workers"].clone();
     let total: u64 = workers
         .as_object()
         .unwrap()
@@ -400,7 +395,8 @@ fn dynamo_disaggregated_names_the_prefill_and_the_decode_worker() {
     assert_eq!(total, rows.len() as u64, "{workers}");
 }
 
-/// Issue 51 acceptance on the real Dynamo P/D (1 prefill + 1 decode mocker): with a 10×
+/// The real Dynamo P/D (1 prefill + 1 decode mocker): every request names its prefill and its
+/// decode worker as their own logs received it (issue 36.1), and (issue 51) with a 10×
 /// lower `--kv-transfer-bandwidth` (given to both mockers; `nvext.timing` says the transfer as
 /// the router's `kv_transfer_estimated_latency_ms`, after 1.6.1's `ttft_ms`) only
 /// `transfer_and_first_decode` grows; the frontend, router queue and prefill segments do not.
@@ -418,6 +414,7 @@ fn dynamo_pd_a_slower_kv_transfer_grows_only_its_segment() {
         let out = d.dir.join("run");
         let (rows, err) = run_with(&d, &out, 1024);
         assert!(rows.iter().all(|r| r["outcome"] == "ok"), "{err}");
+        check_pd_workers(&d, &rows, &out);
         let m = check_split(&rows, &out, &err);
         println!("--kv-transfer-bandwidth {bw} GB/s: mean segments {m:.2?} ms");
         means.push(m);
