@@ -638,3 +638,88 @@ fn dynamo_every_worker_gets_pinned_probes_and_one_killed_is_said_gone() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 52.4 (first part): SGLang's model gateway names the worker that served each request in
+/// its `x-smg-routed-worker-id` response header (lightseekorg/smg, `docs/reference/api`
+/// "Response Headers": the worker's URL, `@<rank>` for a data-parallel worker). A scripted
+/// gateway that alternates two workers: every row of `lmperf run --target-kind router` names
+/// the worker its reply's header said (attribution `smg_header`), and the per-worker blocks
+/// of `summary.json` split the benchmark between them.
+#[tokio::test(flavor = "multi_thread")]
+async fn smg_gateway_header_attributes_each_request() {
+    use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const WORKERS: [&str; 2] = ["http://10.0.0.7:8000", "http://10.0.0.8:8000@1"];
+    let n = Arc::new(AtomicUsize::new(0));
+    let server = ScriptedServer::start(Arc::new(move |req, _| {
+        if req.path == "/v1/models" {
+            return Reply::json(
+                200,
+                r#"{"object":"list","data":[{"id":"m","owned_by":"sglang"}]}"#,
+            );
+        }
+        if !req.path.ends_with("/chat/completions") {
+            return Reply::json(404, r#"{"error":"not found"}"#);
+        }
+        let w = WORKERS[n.fetch_add(1, Ordering::SeqCst) % 2];
+        Reply::WithHeaders {
+            status: 200,
+            headers: vec![
+                ("Content-Type".into(), "text/event-stream".into()),
+                ("x-smg-routed-worker-id".into(), w.into()),
+            ],
+            frames: chat_stream(3, Duration::from_millis(5), Duration::from_millis(2), 16),
+        }
+    }))
+    .await;
+    let url = server.url();
+    let out = temp::dir("smg-gateway");
+    let o2 = out.clone();
+    let o = tokio::task::spawn_blocking(move || {
+        Command::new(lmperf_bin())
+            .args([
+                "run",
+                "--target",
+                &url,
+                "--target-kind",
+                "router",
+                "--api",
+                "chat",
+            ])
+            .args(["--model", "m", "--batch-sizes", "1", "--seq-lengths", "16"])
+            .args(["--output-len", "3", "--num-prompts", "8", "--output-dir"])
+            .arg(&o2)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(out.join("requests.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 8);
+    let mut per: BTreeMap<String, u64> = BTreeMap::new();
+    for r in &rows {
+        assert_eq!(r["worker_attribution"], "smg_header", "{r}");
+        assert_eq!(r["worker_role"], "agg", "{r}");
+        *per.entry(r["worker_id"].as_str().unwrap().to_owned())
+            .or_default() += 1;
+    }
+    // The rank suffix is the worker's data-parallel rank, not part of its id.
+    let want: BTreeMap<String, u64> = [
+        ("http://10.0.0.7:8000".to_owned(), 4),
+        ("http://10.0.0.8:8000".to_owned(), 4),
+    ]
+    .into();
+    assert_eq!(per, want);
+    let workers = &summary(&out)["benchmarks"][0]["workers"];
+    for (w, n) in &want {
+        assert_eq!(workers[w]["num_requests"], *n, "{workers}");
+    }
+}

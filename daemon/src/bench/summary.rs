@@ -90,9 +90,9 @@ pub struct RequestRow {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub response_id: Option<String>,
     /// A router target (`kind = "router"`): the worker that streamed the answer (Dynamo's
-    /// instance id, llm-d's `namespace/pod`), its role (agg | decode | prefill), a
-    /// disaggregated request's prefill worker, and how it is known (dynamo_nvext |
-    /// llm_d_header | unattributed).
+    /// instance id, llm-d's `namespace/pod`, SGLang's gateway's worker URL), its role (agg |
+    /// decode | prefill), a disaggregated request's prefill worker, and how it is known
+    /// (dynamo_nvext | llm_d_header | smg_header | unattributed).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub worker_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -327,12 +327,18 @@ pub fn ask_for_worker(body: &mut serde_json::Value) {
     }
 }
 
-/// The worker(s) llm-d's response headers name (`x-session-token`, `x-session-token-prefill`,
-/// else the `llm-d-session` cookie); `None` when they name none. A malformed token names none
+/// The worker(s) the router's response headers name: SGLang's model gateway's
+/// `x-smg-routed-worker-id`, else llm-d's (`x-session-token`, `x-session-token-prefill`, else
+/// the `llm-d-session` cookie); `None` when they name none. A malformed token names none
 /// (said at debug level): never a guess.
 fn worker_from_headers(h: &HeaderMap) -> Option<ServedBy> {
-    use crate::measure::worker::{LLM_D_PREFILL_TOKEN_HEADER, LLM_D_TOKEN_HEADER, llm_d_cookie};
+    use crate::measure::worker::{
+        LLM_D_PREFILL_TOKEN_HEADER, LLM_D_TOKEN_HEADER, SMG_ROUTED_WORKER_HEADER, llm_d_cookie,
+    };
     let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
+    if let Some(by) = text(SMG_ROUTED_WORKER_HEADER).and_then(ServedBy::from_smg) {
+        return Some(by);
+    }
     let cookie = h
         .get_all(reqwest::header::SET_COOKIE)
         .iter()
@@ -757,6 +763,12 @@ mod tests {
             ("ml/decode-0".into(), WorkerRole::Agg)
         );
         assert_eq!(worker_from_headers(&h(&[("x-session-token", "%%%")])), None);
+        let smg = worker_from_headers(&h(&[("x-smg-routed-worker-id", "http://10.0.0.9:30000")]))
+            .unwrap();
+        assert_eq!(
+            (smg.source.as_str(), smg.key()),
+            ("smg_header", "http://10.0.0.9:30000".to_owned())
+        );
         assert_eq!(worker_from_headers(&h(&[])), None);
     }
 

@@ -421,7 +421,7 @@ pub const LMPERF_SERVER_SCRAPE_AGE: &str = "lmperf.server.scrape.age";
 /// the answer (`lmperf.worker.id`: Dynamo's instance id in decimal, llm-d's `namespace/pod`;
 /// `lmperf.worker.role` = agg | decode | prefill), a disaggregated request's prefill worker
 /// (`lmperf.worker.prefill.id`), and how that is known (`lmperf.worker.attribution` =
-/// dynamo_nvext | llm_d_header | unattributed: the router named none).
+/// dynamo_nvext | llm_d_header | smg_header | unattributed: the router named none).
 pub const LMPERF_WORKER_ID: &str = "lmperf.worker.id";
 pub const LMPERF_WORKER_ROLE: &str = "lmperf.worker.role";
 pub const LMPERF_WORKER_PREFILL_ID: &str = "lmperf.worker.prefill.id";

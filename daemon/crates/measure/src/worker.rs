@@ -20,6 +20,12 @@
 //!   versions whose scorer sets the `llm-d-session` cookie instead
 //!   (`pkg/plugins/scorer/session_affinity.go`: `SessionCookieName`) carry the same value in
 //!   `Set-Cookie`. Go's `base64.StdEncoding`: standard alphabet, padded.
+//! - **SGLang's model gateway** (lightseekorg/smg, HTTP workers): the response header
+//!   `x-smg-routed-worker-id` holds the URL of the worker that served the request, with an
+//!   `@<rank>` suffix for a data-parallel worker; for a prefill/decode pair it names the decode
+//!   worker (`docs/reference/api` "Response Headers", `docs/concepts/routing/sticky-sessions.md`
+//!   "Routed worker header"). The header alone cannot tell an aggregated worker from a decode
+//!   worker: it is recorded as [`WorkerRole::Agg`].
 //! - **vllm-router** (vllm-project/router): forwards the worker's own response headers
 //!   (`src/routers/header_utils.rs`, `preserve_response_headers`) and adds `x-request-id`;
 //!   nothing names the worker, so its requests are unattributed.
@@ -57,6 +63,8 @@ pub enum AttributionSource {
     DynamoNvext,
     /// llm-d's `x-session-token` / `x-session-token-prefill` headers or `llm-d-session` cookie.
     LlmDHeader,
+    /// SGLang's model gateway's `x-smg-routed-worker-id` header.
+    SmgHeader,
     /// The router's response named no worker.
     Unattributed,
 }
@@ -67,6 +75,7 @@ impl AttributionSource {
         match self {
             AttributionSource::DynamoNvext => "dynamo_nvext",
             AttributionSource::LlmDHeader => "llm_d_header",
+            AttributionSource::SmgHeader => "smg_header",
             AttributionSource::Unattributed => "unattributed",
         }
     }
@@ -123,6 +132,8 @@ pub enum WorkerTokenError {
 pub const LLM_D_TOKEN_HEADER: &str = "x-session-token";
 /// llm-d's header naming the prefill pod of a disaggregated request.
 pub const LLM_D_PREFILL_TOKEN_HEADER: &str = "x-session-token-prefill";
+/// SGLang's model gateway's routed-worker response header.
+pub const SMG_ROUTED_WORKER_HEADER: &str = "x-smg-routed-worker-id";
 /// llm-d's session cookie (the scorer versions that set a cookie rather than a header).
 pub const LLM_D_SESSION_COOKIE: &str = "llm-d-session";
 
@@ -197,6 +208,24 @@ impl ServedBy {
             source: AttributionSource::LlmDHeader,
             workers,
         }))
+    }
+
+    /// From SGLang's model gateway's `x-smg-routed-worker-id` value: the worker's URL, its
+    /// data-parallel rank from an `@<rank>` suffix. `None` for an empty value.
+    pub fn from_smg(value: &str) -> Option<Self> {
+        let value = value.trim();
+        let (url, dp_rank) = match value.rsplit_once('@') {
+            Some((u, r)) if !u.is_empty() && r.parse::<u32>().is_ok() => (u, r.parse().ok()),
+            _ => (value, None),
+        };
+        (!url.is_empty()).then(|| Self {
+            source: AttributionSource::SmgHeader,
+            workers: vec![ServedWorker {
+                id: url.to_owned(),
+                role: WorkerRole::Agg,
+                dp_rank,
+            }],
+        })
     }
 
     /// One label per path through the router: the worker's id, `PREFILL→DECODE` for a
@@ -363,6 +392,30 @@ mod tests {
         let same = ServedBy::from_llm_d(Some(d), Some(d)).unwrap().unwrap();
         assert_eq!(same.workers[0].role, WorkerRole::Agg);
         assert_eq!(ServedBy::from_llm_d(None, None), Ok(None));
+    }
+
+    #[test]
+    fn smg_header_names_the_worker_url_and_its_rank() {
+        let by = ServedBy::from_smg("http://10.0.0.7:8000@3").unwrap();
+        assert_eq!(by.source.as_str(), "smg_header");
+        assert_eq!(
+            by.workers,
+            [ServedWorker {
+                id: "http://10.0.0.7:8000".into(),
+                role: WorkerRole::Agg,
+                dp_rank: Some(3),
+            }]
+        );
+        assert_eq!(by.key(), "http://10.0.0.7:8000");
+        // No rank suffix; an `@` that is not a rank stays in the id; nothing named.
+        let plain = ServedBy::from_smg(" http://w:1 ").unwrap();
+        assert_eq!(
+            (plain.workers[0].id.as_str(), plain.workers[0].dp_rank),
+            ("http://w:1", None)
+        );
+        let odd = ServedBy::from_smg("http://user@w:1").unwrap();
+        assert_eq!(odd.workers[0].id, "http://user@w:1");
+        assert_eq!(ServedBy::from_smg("  "), None);
     }
 
     #[test]
