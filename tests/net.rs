@@ -191,8 +191,9 @@ fn loopback_flows_report_rtt_connect_latency_and_a_forced_retransmit() {
             .any(
                 |s| s.local == late_local && matches!(s.kind, Kind::Retransmit { .. })
             )),
-        "retransmit seen for {late_local}: {:?}",
-        state.recent()
+        "retransmit seen for {late_local}: {:?}; status {:?}",
+        state.recent(),
+        state.status()
     );
     let connect = state.recent().iter().find_map(|s| match s.kind {
         Kind::Connect { ns } if s.local == late_local => Some(ns),

@@ -49,6 +49,12 @@ impl Drop for Guard {
 static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn guard(inner: tokio::sync::MutexGuard<'static, ()>, asked: Instant) -> Guard {
+    // `cargo xtask ci` runs its long lock-free tests in a second process (xtask/src/e2e_early.rs),
+    // whose lock would guard nothing against the first process's serial tests.
+    assert!(
+        std::env::var_os("LMPERF_E2E_EARLY").is_none(),
+        "this test takes the serial lock, so it cannot be in xtask/src/e2e_early.rs EARLY (LMPERF_E2E_EARLY is set)"
+    );
     Guard {
         _inner: inner,
         test: std::thread::current().name().unwrap_or("?").to_owned(),

@@ -22,7 +22,10 @@
 //!    [`UNIT_TEST_THREADS`]; they need no peer), then the peers' install is waited for.
 //! 4. The integration tests, `--no-fail-fast` (`cargo test --workspace --test '*'`, the
 //!    build's packages and features: the one e2e binary, `tests/tests.rs`) with
-//!    [`E2E_TEST_THREADS`] tests at a time, those that
+//!    [`E2E_TEST_THREADS`] tests at a time and, in a plain run, the few long tests that take
+//!    no serial lock started at once in a second process of the binary ([`crate::e2e_early`]:
+//!    libtest starts tests in name order, so a long one late in the alphabet ended the run
+//!    alone), those that
 //!    start the real model server or time CPU work one after another (`tests/support/serial.rs`,
 //!    whose chain is printed from `LMPERF_SERIAL_LOG`), each test's time printed by libtest
 //!    (`--report-time`) and the slowest listed. As root on a kernel with BTF, with
@@ -307,6 +310,13 @@ fn e2e_step(
     runs: usize,
 ) -> Result<TestRun> {
     let serial_log = crate::root().join("target/ci-serial.log");
+    // A plain run starts the long lock-free tests at once in a second process; a run given
+    // test arguments (a filter) runs as asked.
+    let early = if test_args.is_empty() {
+        Some(crate::e2e_early::find(cargo)?)
+    } else {
+        None
+    };
     let mut total: Option<TestRun> = None;
     let mut summaries = Vec::new();
     for k in 1..=runs.max(1) {
@@ -329,6 +339,9 @@ fn e2e_step(
         if !test_args.iter().any(|a| a == "--") {
             e2e.arg("--");
         }
+        if early.is_some() {
+            e2e.args(crate::e2e_early::skip_args());
+        }
         e2e.args(["-Z", "unstable-options", "--report-time"])
             .env("RUST_TEST_THREADS", E2E_TEST_THREADS.to_string())
             .env("LMPERF_SERIAL_LOG", &serial_log)
@@ -348,7 +361,27 @@ fn e2e_step(
         } else {
             None
         };
-        let run = run_counting(e2e)?;
+        let early_run = match &early {
+            Some(bin) => {
+                let mut cmd = crate::e2e_early::command(bin);
+                cmd.env("LMPERF_SERIAL_LOG", &serial_log)
+                    .envs(env.iter().copied());
+                println!(
+                    "==> and at once beside it, the long tests without the serial lock (xtask/src/e2e_early.rs): {}",
+                    crate::e2e_early::EARLY.join(" ")
+                );
+                Some(std::thread::spawn(move || run_counting(cmd)))
+            }
+            None => None,
+        };
+        let mut run = run_counting(e2e)?;
+        if let Some(handle) = early_run {
+            let er = handle
+                .join()
+                .map_err(|_| anyhow::anyhow!("the early e2e process's reader panicked"))??;
+            crate::e2e_early::check_ran(er.passed + er.failed)?;
+            run.add(er);
+        }
         drop(hog);
         let line = format!(
             "{} passed, {} failed in {:.0} s{stress}",

@@ -18,6 +18,7 @@ mod ci;
 mod demo;
 mod diagnose_eval;
 mod diagnose_live;
+mod e2e_early;
 mod fake_nvml;
 mod fuzz;
 mod gpu_check;
