@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use lmperf_e2e::agent::{lmperf_bin, workspace_root};
@@ -103,6 +104,29 @@ impl Dynamo {
         self.children.push(child);
         self.children.len() - 1
     }
+}
+
+/// The aggregated Dynamo (round-robin, 2 mockers) that the tests which only send to it share,
+/// and the turn each takes on it: started by the first that asks, killed when the last drops
+/// it (issue 51: one Dynamo start for the two tests, which libtest starts side by side). A
+/// test holds its turn for its whole run, so neither test's requests land between the
+/// other's (round-robin pairs them with the workers).
+fn shared_agg() -> Option<(Arc<Dynamo>, std::sync::MutexGuard<'static, ()>)> {
+    static SHARED: Mutex<Weak<Dynamo>> = Mutex::new(Weak::new());
+    static TURN: Mutex<()> = Mutex::new(());
+    let d = {
+        let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        match shared.upgrade() {
+            Some(d) => d,
+            None => {
+                let d = Arc::new(start("dynamo-agg", &[("agg", 2)])?);
+                *shared = Arc::downgrade(&d);
+                d
+            }
+        }
+    };
+    let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    Some((d, turn))
 }
 
 /// [`start`] with the frontend's `--router-mode` (`round-robin`, `kv`, …).
@@ -314,16 +338,16 @@ fn request_id(row: &serde_json::Value) -> String {
 
 #[test]
 fn dynamo_agg_every_request_names_the_worker_that_logged_it() {
-    let Some(d) = start("dynamo-agg", &[("agg", 2)]) else {
+    let Some((d, _turn)) = shared_agg() else {
         return;
     };
-    let out = d.dir.join("run");
+    let out = temp::dir("dynamo-agg-run").join("run");
     let (rows, err) = run(&d, &out);
     let log = received(&d);
     assert_eq!(rows.len(), 12);
     check_split(&rows, &out, &err);
     // `lmperf compare` compares the split (a run against itself: every segment unchanged).
-    let cmp = d.dir.join("compare");
+    let cmp = out.with_file_name("compare");
     let o = Command::new(lmperf_bin())
         .arg("compare")
         .args([&out, &out])
@@ -440,7 +464,7 @@ fn dynamo_pd_a_slower_kv_transfer_grows_only_its_segment() {
 /// four segments counted once per routed canary, for both workers.
 #[test]
 fn dynamo_agent_records_the_ttft_segments_per_worker() {
-    let Some(d) = start("dynamo-agent", &[("agg", 2)]) else {
+    let Some((d, _turn)) = shared_agg() else {
         return;
     };
     let agent = lmperf_e2e::agent::Agent::spawn(
