@@ -50,4 +50,5 @@ mod sse_cases;
 mod summary_csv;
 mod support_checks;
 mod traffic;
+mod vllm_router;
 mod workload;

@@ -1478,6 +1478,7 @@ mod tests {
             decode: Default::default(),
             router_kv_hit_rate: Default::default(),
             router_kv_transfer: Default::default(),
+            router_picks: Vec::new(),
             interval_s: Some(1.0),
             reset: false,
         }

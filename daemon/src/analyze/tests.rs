@@ -350,6 +350,7 @@ fn write_queued_run(dir: &std::path::Path, with_server: bool) {
                 decode: lat(0.012),
                 router_kv_hit_rate: Default::default(),
                 router_kv_transfer: Default::default(),
+                router_picks: Vec::new(),
                 interval_s: Some(1.0),
                 reset: false,
             },

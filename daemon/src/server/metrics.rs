@@ -10,6 +10,7 @@ use opentelemetry::metrics::Meter;
 use super::interval::{LatencyStats, ServerSample};
 use super::state::ServerState;
 use crate::telemetry::names as n;
+use lmperf_server_page::router_picks::RouterPick;
 
 fn latest_each(state: &ServerState, mut f: impl FnMut(&ServerSample, &[KeyValue])) {
     for t in &state.targets {
@@ -207,4 +208,50 @@ pub fn register(meter: &Meter, state: Arc<ServerState>) {
             }
         })
         .build();
+}
+
+/// One per-worker router gauge: its name, description and the value read from a pick.
+type PickGauge = (&'static str, &'static str, fn(&RouterPick) -> Option<f64>);
+
+/// A router's picks per worker (issue 52.5): share, share were the workers equal, pickable.
+pub fn register_router_picks(meter: &Meter, state: &Arc<ServerState>) {
+    let shares: [PickGauge; 3] = [
+        (
+            n::METRIC_ROUTER_PICK_SHARE,
+            "Share of the router's picks that went to the worker over the last scrape interval, from the router's own metrics.",
+            |p| p.share,
+        ),
+        (
+            n::METRIC_ROUTER_FAIR_SHARE,
+            "The worker's share of the router's picks were its workers equal: 1 / the workers it may pick (healthy, circuit not open), 0 when this one is not among them.",
+            |p| Some(p.fair_share),
+        ),
+        (
+            n::METRIC_ROUTER_WORKER_PICKABLE,
+            "1 when the router says the worker is healthy and its circuit breaker is not open, else 0.",
+            |p| {
+                (p.healthy.is_some() || p.breaker.is_some())
+                    .then(|| f64::from(u8::from(p.fair_share > 0.0)))
+            },
+        ),
+    ];
+    for (name, desc, read) in shares {
+        let st = state.clone();
+        let _g = meter
+            .f64_observable_gauge(name)
+            .with_unit("1")
+            .with_description(desc)
+            .with_callback(move |o| {
+                latest_each(&st, |s, a| {
+                    for p in &s.router_picks {
+                        if let Some(v) = read(p) {
+                            let mut kv = a.to_vec();
+                            kv.push(KeyValue::new(n::LMPERF_WORKER_ID, p.worker.clone()));
+                            o.observe(v, &kv);
+                        }
+                    }
+                })
+            })
+            .build();
+    }
 }

@@ -73,6 +73,7 @@ pub fn start(
     let state = Arc::new(state);
     if let Some(m) = meter {
         metrics::register(m, state.clone());
+        metrics::register_router_picks(m, &state);
     }
     let stop = tokio_util::sync::CancellationToken::new();
     let mut tasks = Vec::new();

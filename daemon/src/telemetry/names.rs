@@ -385,6 +385,17 @@ pub const METRIC_SERVER_REQUESTS_WAITING: &str = "lmperf.server.requests.waiting
 pub const METRIC_SERVER_KV_CACHE_USAGE: &str = "lmperf.server.kv_cache.usage";
 /// Gauge, unit `1`: prefix-cache hits ÷ queries over the last scrape interval.
 pub const METRIC_SERVER_PREFIX_CACHE_HIT_RATIO: &str = "lmperf.server.prefix_cache.hit_ratio";
+/// Gauges, unit `1`, by `lmperf.target` and `lmperf.worker.id` (the worker's URL as the router
+/// names it): a router's share of its picks that went to the worker over the last scrape
+/// interval (vllm-router's `vllm_router_processed_requests_total{worker}`), and its share were
+/// the workers equal (1 ÷ the workers the router may pick: healthy, circuit not open; 0 when
+/// this one is not among them). Issue 52.5: a router sending 85 % to one of four workers shows
+/// as 0.85 against 0.25.
+pub const METRIC_ROUTER_PICK_SHARE: &str = "lmperf.router.worker.pick_share";
+pub const METRIC_ROUTER_FAIR_SHARE: &str = "lmperf.router.worker.fair_share";
+/// Gauge, unit `1`, by `lmperf.target` and `lmperf.worker.id`: 1 when the router says the
+/// worker is healthy and its circuit breaker is not open, else 0 (absent when it says neither).
+pub const METRIC_ROUTER_WORKER_PICKABLE: &str = "lmperf.router.worker.pickable";
 /// Counters (restart-safe sums of the server's own counters' increases).
 pub const METRIC_SERVER_PROMPT_TOKENS: &str = "lmperf.server.prompt_tokens";
 pub const METRIC_SERVER_GENERATION_TOKENS: &str = "lmperf.server.generation_tokens";

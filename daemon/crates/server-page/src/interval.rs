@@ -74,6 +74,10 @@ pub struct ServerSample {
     /// exposed or none in the interval.
     #[serde(default, skip_serializing_if = "LatencyStats::is_empty")]
     pub router_kv_transfer: LatencyStats,
+    /// A router's picks per worker in the interval and what it says of each worker (issue
+    /// 52.5, [`crate::router_picks`]); empty when its page does not say.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub router_picks: Vec<crate::router_picks::RouterPick>,
     /// Seconds since the previous scrape (`None` on the first).
     pub interval_s: Option<f64>,
     /// A counter went backwards or the start time moved: the server restarted in the interval.
@@ -192,6 +196,14 @@ pub fn sample(prev: Option<(&Reading, SystemTime)>, cur: &Reading, at: SystemTim
         decode: LatencyStats::default(),
         router_kv_hit_rate: LatencyStats::default(),
         router_kv_transfer: LatencyStats::default(),
+        router_picks: cur
+            .router_worker_readings
+            .as_deref()
+            .map(|c| {
+                let p = prev.and_then(|(p, _)| p.router_worker_readings.as_deref());
+                crate::router_picks::router_picks(p, c)
+            })
+            .unwrap_or_default(),
         interval_s: None,
         reset: false,
     };

@@ -2,7 +2,8 @@
 //! line is skipped and counted, never the page), the families normalized per server kind
 //! (`normalize`: vLLM old and new, SGLang, TGI, llama.cpp → `Reading`), two readings into a
 //! sample (`interval`: counter rates with reset detection, histogram deltas, `quantile`), and
-//! the info routes' JSON (`identity`), a router's registered workers (`workers`). No IO and
+//! the info routes' JSON (`identity`), a router's registered workers (`workers`) and its
+//! picks per worker (`router_picks`). No IO and
 //! no clock: the scraper (`lmperf::server::scrape`)
 //! fetches and passes the times.
 
@@ -11,6 +12,7 @@ pub mod interval;
 pub mod normalize;
 pub mod parse;
 pub mod quantile;
+pub mod router_picks;
 pub mod workers;
 
 pub use identity::{Change, ChangeKind, Identity};

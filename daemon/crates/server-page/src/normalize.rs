@@ -146,7 +146,10 @@ const READ: &[&str] = &[
 /// comes from (`_created`, request-size histograms, Python GC, HTTP handlers) are checked
 /// but never stored.
 pub fn reads(name: &str) -> bool {
-    if name == "process_start_time_seconds" || name == super::workers::WORKER_REGISTERED {
+    if name == "process_start_time_seconds"
+        || name == super::workers::WORKER_REGISTERED
+        || super::router_picks::NAMES.contains(&name)
+    {
         return true;
     }
     if !super::parse::PREFIXES.iter().any(|p| name.starts_with(p))
@@ -217,6 +220,9 @@ pub struct Reading {
     /// A router's registered workers ([`super::workers::router_workers`]); `None` when the
     /// page does not say.
     pub router_workers: Option<Vec<super::workers::RouterWorker>>,
+    /// What a router's page says of each worker it picks from
+    /// ([`super::router_picks::router_worker_readings`]); `None` when the page does not say.
+    pub router_worker_readings: Option<Vec<super::router_picks::RouterWorkerReading>>,
 }
 
 fn sum_of<'p, 'a: 'p>(it: impl Iterator<Item = &'p Sample<'a>>) -> Option<f64> {
@@ -305,6 +311,7 @@ pub fn normalize(page: &Page, kind: Option<ServerKind>) -> Reading {
         histograms: Histograms::default(),
         process_start_time_s,
         router_workers: super::workers::router_workers(page),
+        router_worker_readings: super::router_picks::router_worker_readings(page),
     };
     match kind {
         ServerKind::Vllm => {
@@ -550,7 +557,7 @@ mod tests {
             );
             n += 1;
         }
-        assert_eq!(n, 11);
+        assert_eq!(n, 13);
         assert!(reads("vllm:time_to_first_token_seconds_bucket") && reads("tgi_request_count"));
         assert!(
             !reads("vllm:prompt_tokens_created") && !reads("python_gc_objects_collected_total")

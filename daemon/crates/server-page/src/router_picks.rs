@@ -1,0 +1,232 @@
+//! What a router says about each of its workers, and each worker's share of its picks (issue
+//! 52.3, 52.5): a router that sends 85 % of its traffic to one of four pods (llm-d-autoscaling
+//! #1171) shows here before anything is slow.
+//!
+//! vllm-router 0.1.17 (PyPI, Rust; names and meanings as the installed binary describes them,
+//! pages in `tests/fixtures/server/vllm-router.*.prom`), each series labelled `worker` with the
+//! worker's URL:
+//! - `vllm_router_processed_requests_total` "Total requests processed by each worker": every
+//!   pick, a failed one included (a pick the router then retried elsewhere counts on both);
+//! - `vllm_router_worker_health` "Worker health status (1=healthy, 0=unhealthy)";
+//! - `vllm_router_cb_state` "Circuit breaker state per worker (0=closed, 1=open, 2=half_open)";
+//! - `vllm_router_worker_load` "Current load on each worker" (absent from a page until the
+//!   router has a load to say).
+//!
+//! A worker's share of capacity is taken as equal among the workers the router may pick
+//! (healthy, circuit not open): a router's page says nothing of a worker's size.
+
+use super::parse::Page;
+
+/// The per-worker counter of picks.
+pub const PROCESSED: &str = "vllm_router_processed_requests_total";
+/// The per-worker health gauge.
+pub const HEALTH: &str = "vllm_router_worker_health";
+/// The per-worker circuit breaker state gauge.
+pub const CB_STATE: &str = "vllm_router_cb_state";
+/// The per-worker load gauge.
+pub const LOAD: &str = "vllm_router_worker_load";
+/// Every per-worker family read here.
+pub const NAMES: [&str; 4] = [PROCESSED, HEALTH, CB_STATE, LOAD];
+
+/// A worker's circuit breaker as the router says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Breaker {
+    /// 0: requests flow.
+    Closed,
+    /// 1: the router sends the worker nothing.
+    Open,
+    /// 2: the router lets a probe request through.
+    HalfOpen,
+}
+
+impl Breaker {
+    fn from_gauge(v: f64) -> Option<Breaker> {
+        match v.round() as i64 {
+            0 => Some(Breaker::Closed),
+            1 => Some(Breaker::Open),
+            2 => Some(Breaker::HalfOpen),
+            _ => None,
+        }
+    }
+}
+
+/// One worker on one router page; each field `None` when the page does not say it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouterWorkerReading {
+    /// The `worker` label: the worker's URL as the router was given it.
+    pub worker: String,
+    /// Picks since the router started (cumulative).
+    pub picks_total: Option<f64>,
+    pub healthy: Option<bool>,
+    pub breaker: Option<Breaker>,
+    pub load: Option<f64>,
+}
+
+/// Every worker any of [`NAMES`] names on `page`, sorted by worker; `None` when the page has
+/// none of them (not a vllm-router page).
+pub fn router_worker_readings(page: &Page) -> Option<Vec<RouterWorkerReading>> {
+    let mut out: Vec<RouterWorkerReading> = Vec::new();
+    for name in NAMES {
+        for s in page.named(name) {
+            let Some(worker) = page.label(s, "worker") else {
+                continue;
+            };
+            let i = match out.iter().position(|r| r.worker == worker) {
+                Some(i) => i,
+                None => {
+                    out.push(RouterWorkerReading {
+                        worker: worker.into_owned(),
+                        picks_total: None,
+                        healthy: None,
+                        breaker: None,
+                        load: None,
+                    });
+                    out.len() - 1
+                }
+            };
+            let r = &mut out[i];
+            match name {
+                PROCESSED => r.picks_total = Some(r.picks_total.unwrap_or(0.0) + s.value),
+                HEALTH => r.healthy = Some(s.value >= 0.5),
+                CB_STATE => r.breaker = Breaker::from_gauge(s.value),
+                _ => r.load = Some(s.value),
+            }
+        }
+    }
+    out.sort_by(|a, b| a.worker.cmp(&b.worker));
+    (!out.is_empty()).then_some(out)
+}
+
+/// One worker's picks over a scrape interval, with what the router says of it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RouterPick {
+    /// The worker's URL (the router's `worker` label).
+    pub worker: String,
+    /// Picks in the interval (a counter reset: the picks since the restart); `None` when the
+    /// page has no pick counter for the worker or this is the first page.
+    pub picks: Option<f64>,
+    /// `picks` ÷ all workers' picks in the interval, 0..1; `None` with no pick in it.
+    pub share: Option<f64>,
+    /// 1 ÷ the workers the router may pick (healthy or unsaid, circuit not open) when this one
+    /// is among them, else 0: its share were the workers equal.
+    pub fair_share: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub healthy: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<Breaker>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub load: Option<f64>,
+}
+
+impl RouterWorkerReading {
+    fn pickable(&self) -> bool {
+        self.healthy != Some(false) && self.breaker != Some(Breaker::Open)
+    }
+}
+
+/// Each worker of `cur` with its picks since `prev` (the previous page's readings of the same
+/// router; `None` on the first page) and its share of them.
+pub fn router_picks(
+    prev: Option<&[RouterWorkerReading]>,
+    cur: &[RouterWorkerReading],
+) -> Vec<RouterPick> {
+    let picks: Vec<Option<f64>> = cur
+        .iter()
+        .map(|c| {
+            let p = prev?.iter().find(|p| p.worker == c.worker);
+            // A worker new on this page: its picks since it appeared are its whole counter.
+            let before = p.map_or(Some(0.0), |p| p.picks_total)?;
+            let now = c.picks_total?;
+            // A counter that went back: the router restarted, its picks since are the count.
+            Some(if now < before { now } else { now - before })
+        })
+        .collect();
+    let total: f64 = picks.iter().flatten().sum();
+    let pickable = cur.iter().filter(|c| c.pickable()).count();
+    cur.iter()
+        .zip(picks)
+        .map(|(c, n)| RouterPick {
+            worker: c.worker.clone(),
+            picks: n,
+            share: n.filter(|_| total > 0.0).map(|n| n / total),
+            fair_share: if c.pickable() && pickable > 0 {
+                1.0 / pickable as f64
+            } else {
+                0.0
+            },
+            healthy: c.healthy,
+            breaker: c.breaker,
+            load: c.load,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse::parse;
+
+    fn page(name: &str) -> Vec<RouterWorkerReading> {
+        let text = match name {
+            "a" => include_str!("../../../../tests/fixtures/server/vllm-router.a.prom"),
+            _ => include_str!("../../../../tests/fixtures/server/vllm-router.b.prom"),
+        };
+        router_worker_readings(&parse(text).expect("page")).expect("a router page")
+    }
+
+    /// The live 0.1.17 pages: 3 and 2 picks round-robin, then the killed worker's breaker open
+    /// while it still got half the picks (12 of 22 in the interval, the router retrying them).
+    #[test]
+    fn vllm_router_pages_give_each_workers_picks_and_share() {
+        let (a, b) = (page("a"), page("b"));
+        let first = |r: &RouterWorkerReading| (r.worker.clone(), r.picks_total, r.healthy);
+        assert_eq!(
+            a.iter().map(first).collect::<Vec<_>>(),
+            [
+                ("http://127.0.0.1:18101".to_owned(), Some(3.0), Some(true)),
+                ("http://127.0.0.1:18102".to_owned(), Some(2.0), Some(true)),
+            ]
+        );
+        assert!(
+            a.iter()
+                .all(|r| r.breaker == Some(Breaker::Closed) && r.load.is_none())
+        );
+        let p = router_picks(Some(&a), &b);
+        assert_eq!(p[0].picks, Some(12.0));
+        assert_eq!(p[1].picks, Some(10.0));
+        assert_eq!(p[0].share, Some(12.0 / 22.0));
+        assert_eq!(p[1].share, Some(10.0 / 22.0));
+        assert_eq!(p[1].breaker, Some(Breaker::Open));
+        // The open breaker leaves one worker to pick.
+        assert_eq!((p[0].fair_share, p[1].fair_share), (1.0, 0.0));
+        // The first page: counts but no interval.
+        let first_page = router_picks(None, &a);
+        assert!(
+            first_page
+                .iter()
+                .all(|p| p.picks.is_none() && p.share.is_none())
+        );
+        assert_eq!(first_page[0].fair_share, 0.5);
+    }
+
+    /// A restarted router's counters start over; a worker new on the page counts whole; a
+    /// page from another server says nothing.
+    #[test]
+    fn reset_new_worker_and_absent() {
+        let w = |worker: &str, n: f64| RouterWorkerReading {
+            worker: worker.to_owned(),
+            picks_total: Some(n),
+            healthy: None,
+            breaker: None,
+            load: None,
+        };
+        let p = router_picks(Some(&[w("a", 100.0)]), &[w("a", 3.0), w("b", 1.0)]);
+        assert_eq!((p[0].picks, p[1].picks), (Some(3.0), Some(1.0)));
+        assert_eq!(p[0].share, Some(0.75));
+        let idle = router_picks(Some(&[w("a", 3.0)]), &[w("a", 3.0)]);
+        assert_eq!((idle[0].picks, idle[0].share), (Some(0.0), None));
+        let vllm = parse("vllm:num_requests_running{engine=\"0\"} 1\n").expect("page");
+        assert_eq!(router_worker_readings(&vllm), None);
+    }
+}

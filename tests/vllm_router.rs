@@ -1,0 +1,181 @@
+//! What a router says about its workers (issue 52.3, 52.5), read from the real vllm-router
+//! 0.1.17 (PyPI, Rust; `tests/peers/install-serving.sh` puts it in `.venv-serving`) in front of
+//! two scripted workers: each worker's share of the router's picks over the agent's scrape
+//! interval, and its share were the workers equal, in `/api/v1/status` and on `/metrics`.
+//!
+//! Needs `.venv-serving/bin/vllm-router`; without it the test says so and passes, unless
+//! `LMPERF_REQUIRE_SERVING=1`.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use lmperf_e2e::agent::{Agent, workspace_root};
+use lmperf_e2e::peers::free_port;
+use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
+use lmperf_e2e::temp;
+
+/// The router process; killed when dropped.
+struct Router(Child);
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn router_bin() -> Option<std::path::PathBuf> {
+    let b = workspace_root().join(".venv-serving/bin/vllm-router");
+    if b.is_file() {
+        return Some(b);
+    }
+    assert!(
+        std::env::var("LMPERF_REQUIRE_SERVING").as_deref() != Ok("1"),
+        "LMPERF_REQUIRE_SERVING=1 but {} is missing: run tests/peers/install-serving.sh",
+        b.display()
+    );
+    eprintln!("skipped: no .venv-serving/bin/vllm-router (tests/peers/install-serving.sh)");
+    None
+}
+
+/// A worker that streams a short chat answer, or answers 500 to everything once `broken`.
+async fn worker(broken: Arc<AtomicBool>) -> ScriptedServer {
+    ScriptedServer::start(Arc::new(move |req, _| {
+        if broken.load(Ordering::SeqCst) {
+            return Reply::json(500, r#"{"error":"worker down"}"#);
+        }
+        match req.path.as_str() {
+            "/v1/models" => Reply::json(200, r#"{"object":"list","data":[{"id":"m"}]}"#),
+            p if p.ends_with("/chat/completions") => Reply::sse(chat_stream(
+                2,
+                Duration::from_millis(2),
+                Duration::from_millis(1),
+                8,
+            )),
+            _ => Reply::json(200, "{}"),
+        }
+    }))
+    .await
+}
+
+/// The picks the agent's status says for the router target: worker → its `router_picks` entry.
+fn picks(agent: &Agent) -> Vec<serde_json::Value> {
+    let st = agent.status();
+    st["server"]
+        .as_array()
+        .and_then(|s| s.iter().find(|t| t["target"] == "vr"))
+        .and_then(|t| t["latest"]["router_picks"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// Round-robin: each of two workers gets half the picks of every scrape interval (the agent's
+/// 20 canaries a second are the router's traffic), each's share were the workers equal is
+/// one half; once worker 2 answers 500s the router opens its circuit breaker and the status
+/// says worker 1 is the only one to pick (share were they equal: 1 and 0).
+#[tokio::test(flavor = "multi_thread")]
+async fn vllm_router_share_of_picks_per_worker() {
+    let Some(bin) = router_bin() else {
+        return;
+    };
+    let broken = Arc::new(AtomicBool::new(false));
+    let (w1, w2) = (
+        worker(Arc::new(AtomicBool::new(false))).await,
+        worker(broken.clone()).await,
+    );
+    let (port, prom) = (free_port(), free_port());
+    let dir = temp::dir("vllm-router");
+    let log = std::fs::File::create(dir.join("router.log")).unwrap();
+    let _router = Router(
+        Command::new(bin)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .arg("--worker-urls")
+            .args([w1.url(), w2.url()])
+            .args(["--policy", "round_robin", "--prometheus-host", "127.0.0.1"])
+            .args(["--prometheus-port", &prom.to_string()])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let cfg = dir.join("lmperf.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[canary]\ninterval = \"50ms\"\nmax_tokens = 2\n\n[[target]]\nurl = \"http://127.0.0.1:{port}\"\nname = \"vr\"\nmodel = \"m\"\nkind = \"router\"\nworker_probes = false\nmetrics_url = \"http://127.0.0.1:{prom}/metrics\"\nmetrics_interval = \"2s\"\n"
+        ),
+    )
+    .unwrap();
+    let agent = tokio::task::spawn_blocking(move || {
+        Agent::spawn(&["--config", cfg.to_str().unwrap(), "--no-otlp"], &[])
+    })
+    .await
+    .unwrap();
+    let agent = Arc::new(agent);
+    let wait = |what: &'static str, pred: fn(&[serde_json::Value], &str, &str) -> bool| {
+        let (agent, u1, u2, dir) = (agent.clone(), w1.url(), w2.url(), dir.clone());
+        tokio::task::spawn_blocking(move || {
+            let t = Instant::now();
+            loop {
+                let p = picks(&agent);
+                if pred(&p, &u1, &u2) {
+                    return p;
+                }
+                assert!(
+                    t.elapsed() < Duration::from_secs(60),
+                    "{what}: {p:#?}; router log in {}",
+                    dir.display()
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+    };
+    // Two workers, an interval with at least 20 picks.
+    let calm = wait("both workers' shares over 20 picks", |p, u1, u2| {
+        let n: f64 = p.iter().filter_map(|e| e["picks"].as_f64()).sum();
+        p.len() == 2
+            && n >= 20.0
+            && [u1, u2]
+                .iter()
+                .all(|u| p.iter().any(|e| e["worker"] == *u && e["share"].is_f64()))
+    })
+    .await
+    .unwrap();
+    println!("round robin: {calm:#?}");
+    for e in &calm {
+        let share = e["share"].as_f64().unwrap();
+        let n: f64 = calm.iter().filter_map(|e| e["picks"].as_f64()).sum();
+        // Round robin alternates: the two counts differ by at most one pick.
+        assert!((share - 0.5).abs() <= 1.0 / n + 1e-9, "{e}");
+        assert_eq!(e["fair_share"], 0.5, "{e}");
+        assert_eq!(e["healthy"], true, "{e}");
+        assert_eq!(e["breaker"], "closed", "{e}");
+    }
+    let (_, metrics) = agent.get("/metrics");
+    for u in [w1.url(), w2.url()] {
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("lmperf_router_worker_pick_share")
+                    && l.contains(&format!("lmperf_worker_id=\"{u}\""))),
+            "{metrics}"
+        );
+    }
+    broken.store(true, Ordering::SeqCst);
+    let open = wait("worker 2's breaker open", |p, u1, u2| {
+        let fair = |u: &str| {
+            p.iter()
+                .find(|e| e["worker"] == u)
+                .map(|e| e["fair_share"].clone())
+        };
+        fair(u2) == Some(0.0.into()) && fair(u1) == Some(1.0.into())
+    })
+    .await
+    .unwrap();
+    println!("worker 2 failing: {open:#?}");
+    let w2e = open.iter().find(|e| e["worker"] == w2.url()).unwrap();
+    assert!(w2e["breaker"] == "open" || w2e["healthy"] == false, "{w2e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
