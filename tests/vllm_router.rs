@@ -42,6 +42,11 @@ fn router_bin() -> Option<std::path::PathBuf> {
 
 /// A worker that streams a short chat answer, or answers 500 to everything once `broken`.
 async fn worker(broken: Arc<AtomicBool>) -> ScriptedServer {
+    worker_with(broken, 2).await
+}
+
+/// [`worker`] with its first token `first_ms` after the request.
+async fn worker_with(broken: Arc<AtomicBool>, first_ms: u64) -> ScriptedServer {
     ScriptedServer::start(Arc::new(move |req, _| {
         if broken.load(Ordering::SeqCst) {
             return Reply::json(500, r#"{"error":"worker down"}"#);
@@ -50,7 +55,7 @@ async fn worker(broken: Arc<AtomicBool>) -> ScriptedServer {
             "/v1/models" => Reply::json(200, r#"{"object":"list","data":[{"id":"m"}]}"#),
             p if p.ends_with("/chat/completions") => Reply::sse(chat_stream(
                 2,
-                Duration::from_millis(2),
+                Duration::from_millis(first_ms),
                 Duration::from_millis(1),
                 8,
             )),
@@ -58,6 +63,55 @@ async fn worker(broken: Arc<AtomicBool>) -> ScriptedServer {
         }
     }))
     .await
+}
+
+/// Starts vllm-router (`--policy round_robin`, its page on its own port) in front of
+/// `workers`, logging to `dir/router.log`, and waits until it routes a model list (at most
+/// 60 s). Returns it with its port and its Prometheus port.
+async fn start_router(
+    bin: &std::path::Path,
+    workers: &[String],
+    dir: &std::path::Path,
+) -> (Router, u16, u16) {
+    let (port, prom) = (free_port(), free_port());
+    let log = std::fs::File::create(dir.join("router.log")).unwrap();
+    let router = Router(
+        Command::new(bin)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .arg("--worker-urls")
+            .args(workers)
+            .args(["--policy", "round_robin", "--prometheus-host", "127.0.0.1"])
+            .args(["--prometheus-port", &prom.to_string()])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let t = Instant::now();
+    loop {
+        let ok = tokio::process::Command::new("curl")
+            .args([
+                "-sf",
+                "-m",
+                "5",
+                &format!("http://127.0.0.1:{port}/v1/models"),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .await
+            .is_ok_and(|s| s.success());
+        if ok {
+            return (router, port, prom);
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "vllm-router did not route within 60 s; log in {}",
+            dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// The picks the agent's status says for the router target: worker → its `router_picks` entry.
@@ -84,22 +138,8 @@ async fn vllm_router_share_of_picks_per_worker() {
         worker(Arc::new(AtomicBool::new(false))).await,
         worker(broken.clone()).await,
     );
-    let (port, prom) = (free_port(), free_port());
     let dir = temp::dir("vllm-router");
-    let log = std::fs::File::create(dir.join("router.log")).unwrap();
-    let _router = Router(
-        Command::new(bin)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .arg("--worker-urls")
-            .args([w1.url(), w2.url()])
-            .args(["--policy", "round_robin", "--prometheus-host", "127.0.0.1"])
-            .args(["--prometheus-port", &prom.to_string()])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    );
+    let (_router, port, prom) = start_router(&bin, &[w1.url(), w2.url()], &dir).await;
     let cfg = dir.join("lmperf.toml");
     std::fs::write(
         &cfg,
@@ -177,5 +217,149 @@ async fn vllm_router_share_of_picks_per_worker() {
     println!("worker 2 failing: {open:#?}");
     let w2e = open.iter().find(|e| e["worker"] == w2.url()).unwrap();
     assert!(w2e["breaker"] == "open" || w2e["healthy"] == false, "{w2e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A loopback HTTP/1.1 proxy that holds each request `delay_ms` before forwarding it to
+/// `upstream` (one request per connection): a router that adds a known time.
+fn delaying_proxy(upstream: u16, delay_ms: Arc<std::sync::atomic::AtomicU64>) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().map_while(Result::ok) {
+            let delay_ms = delay_ms.clone();
+            std::thread::spawn(move || {
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(60)));
+                let Some(req) = lmperf_e2e::proxy::read_request(&conn) else {
+                    return;
+                };
+                std::thread::sleep(Duration::from_millis(delay_ms.load(Ordering::SeqCst)));
+                let mut client = conn;
+                lmperf_e2e::proxy::forward(&req, upstream, &mut client);
+            });
+        }
+    });
+    port
+}
+
+/// Issue 52.2: how much the router adds. vllm-router in front of two scripted workers (20 ms to
+/// the first token); the agent's router target finds the workers from the router's own
+/// `/list_workers` and sends each a direct canary of the same shape. At rest the routed TTFT
+/// p50 is within a few ms of the direct one; with 200 ms added in front of the router (a
+/// delaying proxy between the agent and the router) the overhead rises by 200 ms ± 20 % while
+/// the direct p50 stays; the figure says what it compares, in the status and on `/metrics`.
+#[tokio::test(flavor = "multi_thread")]
+async fn vllm_router_path_overhead_routed_minus_direct() {
+    const ADDED_MS: u64 = 200;
+    let Some(bin) = router_bin() else {
+        return;
+    };
+    let ok = Arc::new(AtomicBool::new(false));
+    let (w1, w2) = (worker_with(ok.clone(), 20).await, worker_with(ok, 20).await);
+    let dir = temp::dir("vllm-router-path");
+    let (_router, port, _) = start_router(&bin, &[w1.url(), w2.url()], &dir).await;
+    let delay = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let front = delaying_proxy(port, delay.clone());
+    let cfg = dir.join("lmperf.toml");
+    // The router's own list is read at the router's URL, through the proxy.
+    std::fs::write(
+        &cfg,
+        format!(
+            "[canary]\ninterval = \"200ms\"\nmax_tokens = 2\n\n[[target]]\nurl = \"http://127.0.0.1:{front}\"\nname = \"vr\"\nmodel = \"m\"\nkind = \"router\"\nworker_probes = false\nserver_metrics = \"off\"\ndirect_interval = \"1s\"\n"
+        ),
+    )
+    .unwrap();
+    let agent = Arc::new(
+        tokio::task::spawn_blocking(move || {
+            Agent::spawn(&["--config", cfg.to_str().unwrap(), "--no-otlp"], &[])
+        })
+        .await
+        .unwrap(),
+    );
+    let path = |agent: &Agent| {
+        let st = agent.status();
+        st["targets"]
+            .as_array()
+            .and_then(|t| t.iter().find(|t| t["name"] == "vr"))
+            .map(|t| t["path"].clone())
+            .unwrap_or_default()
+    };
+    let wait = |what: &'static str, pred: Box<dyn Fn(&serde_json::Value) -> bool + Send>| {
+        let (agent, dir) = (agent.clone(), dir.clone());
+        tokio::task::spawn_blocking(move || {
+            let t = Instant::now();
+            loop {
+                let p = path(&agent);
+                if pred(&p) {
+                    return p;
+                }
+                assert!(
+                    t.elapsed() < Duration::from_secs(120),
+                    "{what}: {p:#}; router log in {}",
+                    dir.display()
+                );
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        })
+    };
+    let rest = wait(
+        "a routed minus direct TTFT at rest",
+        Box::new(|p| p["ttft"]["overhead_ms"].is_f64()),
+    )
+    .await
+    .unwrap();
+    println!("at rest: {rest:#}");
+    assert_eq!(rest["workers_from"], "router", "{rest}");
+    let mut urls: Vec<&str> = rest["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|w| w["url"].as_str())
+        .collect();
+    // As the router lists them (in its order).
+    urls.sort_unstable();
+    let mut want = [w1.url(), w2.url()];
+    want.sort();
+    assert_eq!(urls, want);
+    let at_rest = rest["ttft"]["overhead_ms"].as_f64().unwrap();
+    let direct_rest = rest["ttft"]["direct"]["p50_ms"].as_f64().unwrap();
+    assert!(
+        at_rest.abs() < 25.0,
+        "the router adds {at_rest} ms at rest: {rest}"
+    );
+    assert!(
+        rest["ttft"]["says"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("routed TTFT p50 − direct p50 over the last 60 s, n = ")),
+        "{rest}"
+    );
+    delay.store(ADDED_MS, Ordering::SeqCst);
+    let lo = at_rest + 0.8 * ADDED_MS as f64;
+    let slow = wait(
+        "the added time in the overhead",
+        Box::new(move |p| p["ttft"]["overhead_ms"].as_f64().is_some_and(|o| o >= lo)),
+    )
+    .await
+    .unwrap();
+    println!("{ADDED_MS} ms added in front of the router: {slow:#}");
+    let o = slow["ttft"]["overhead_ms"].as_f64().unwrap();
+    assert!(
+        o <= at_rest + 1.2 * ADDED_MS as f64,
+        "overhead {o} ms for {ADDED_MS} ms added (at rest {at_rest} ms)"
+    );
+    let direct = slow["ttft"]["direct"]["p50_ms"].as_f64().unwrap();
+    assert!(
+        (direct - direct_rest).abs() < 0.2 * ADDED_MS as f64,
+        "direct p50 {direct_rest} → {direct} ms"
+    );
+    let (_, metrics) = agent.get("/metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("lmperf_path_overhead_seconds{")
+                && l.contains("lmperf_path_metric=\"ttft\"")
+                && l.contains("lmperf_target=\"vr\"")),
+        "{metrics}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

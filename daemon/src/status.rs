@@ -13,6 +13,7 @@ use serde::Serialize;
 use crate::config::TargetConfig;
 use crate::measure::Measured;
 
+pub mod path;
 pub mod workers;
 
 /// Where a measured request came from.
@@ -28,15 +29,19 @@ pub enum Source {
     },
     /// A router target's probe pinned to one worker (`canary::probes`).
     Probe(workers::Pin),
+    /// A router target's canary sent straight to one of its workers, not through the router
+    /// (`canary::direct`), with the worker's base URL.
+    Direct(std::sync::Arc<str>),
 }
 
 impl Source {
-    /// `canary` | `inject` | `probe`.
+    /// `canary` | `inject` | `probe` | `direct`.
     pub fn as_str(&self) -> &'static str {
         match self {
             Source::Canary => "canary",
             Source::Inject { .. } => "inject",
             Source::Probe(_) => "probe",
+            Source::Direct(_) => "direct",
         }
     }
 }
@@ -103,15 +108,18 @@ impl RequestSummary {
             retries: m.retries,
             load_id: match source {
                 Source::Inject { load_id, .. } => Some(load_id.to_string()),
-                Source::Canary | Source::Probe(_) => None,
+                Source::Canary | Source::Probe(_) | Source::Direct(_) => None,
             },
             profile_revision: match source {
                 Source::Inject {
                     profile_revision, ..
                 } => *profile_revision,
-                Source::Canary | Source::Probe(_) => None,
+                Source::Canary | Source::Probe(_) | Source::Direct(_) => None,
             },
-            worker: r.served_by.as_ref().map(|b| b.key()),
+            worker: match source {
+                Source::Direct(w) => Some(w.to_string()),
+                _ => r.served_by.as_ref().map(|b| b.key()),
+            },
             error_message: r
                 .failure()
                 .and_then(|e| e.message.as_deref())
@@ -272,6 +280,9 @@ pub struct TargetState {
     /// A router target's workers and their pinned probes (`canary::probes`); `None` for a
     /// model server or with `worker_probes = false`.
     pub worker_probes: Option<WorkerProbes>,
+    /// A router target's direct canaries to its workers (`canary::direct`); `None` for a
+    /// model server or with `direct_paths = false`.
+    pub path: Option<path::DirectPathState>,
     inner: Mutex<Inner>,
 }
 
@@ -333,6 +344,10 @@ pub struct TargetSnapshot {
     /// A router target's workers and their pinned probes; absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub worker_probes: Option<WorkerProbesView>,
+    /// A router target's direct paths: its workers sent canaries straight, and routed minus
+    /// direct latency; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<path::PathView>,
 }
 
 fn unix_secs(t: SystemTime) -> u64 {
@@ -384,6 +399,8 @@ impl TargetState {
                     max_rate: t.worker_probes.max_rate,
                     set: Mutex::default(),
                 }),
+            path: (t.kind == crate::config::TargetKind::Router && t.direct.enabled)
+                .then(|| path::DirectPathState::new(t.direct.interval)),
             inner: Mutex::new(Inner {
                 model: t.model.clone(),
                 ..Inner::default()
@@ -523,6 +540,12 @@ impl TargetState {
                 interval_s: p.interval.as_secs_f64(),
                 max_rate: p.max_rate,
                 workers: p.set.lock().map(|s| s.view()).unwrap_or_default(),
+            }),
+            path: self.path.as_ref().map(|p| {
+                p.view(
+                    now.duration_since(SystemTime::UNIX_EPOCH)
+                        .map_or(0.0, |d| d.as_secs_f64()),
+                )
             }),
         }
     }

@@ -10,6 +10,7 @@
 //! the probes pinned to each worker behind a router target (`probes`).
 
 pub mod client;
+pub mod direct;
 pub mod probes;
 pub mod prompts;
 pub mod schedule;
@@ -31,7 +32,14 @@ use crate::status::{RecentRequests, RequestSummary, Source, TargetState};
 use crate::telemetry::Telemetry;
 use crate::telemetry::spans::SpanContextInfo;
 use client::{CanaryRequest, Clients, Discovered, Measured};
+use lmperf_measure::path::{PathMetric, PathSample};
 use schedule::{Gaps, Ticker};
+
+/// `t` in Unix seconds (0 before the epoch).
+fn unix_s(t: std::time::SystemTime) -> f64 {
+    t.duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
 
 /// What one target's loop needs.
 #[derive(Debug, Clone)]
@@ -183,6 +191,14 @@ impl TargetRunner {
     /// Runs the schedule until `shutdown.stop`; request tasks are spawned on `tracker`. Every
     /// [`SPIKE_TICK`], the canaries in flight are judged for spike mode.
     pub async fn run(self, shutdown: Shutdown, tracker: TaskTracker, seed: u64) {
+        if self.state.path.is_some() {
+            tracker.spawn(direct::run(
+                self.clone(),
+                shutdown.stop.clone(),
+                shutdown.cancel.clone(),
+                tracker.clone(),
+            ));
+        }
         if self.state.worker_probes.is_some() {
             tracker.spawn(probes::run(
                 self.clone(),
@@ -500,6 +516,62 @@ impl TargetRunner {
         probes::log_transitions(&self.target.name, t.into_iter().collect());
     }
 
+    /// Records a routed canary or a direct one on the target's direct paths, and the routed
+    /// minus direct figures once both sides have enough requests in the window.
+    fn path_done(&self, source: &Source, m: &Measured) {
+        let Some(p) = self.state.path.as_ref() else {
+            return;
+        };
+        let r = &m.record;
+        let sample = PathSample {
+            at_unix_s: unix_s(m.wall_start + r.e2e),
+            ttft_ms: r.ttft.map(|d| d.as_secs_f64() * 1e3),
+            e2e_ms: r.e2e.as_secs_f64() * 1e3,
+        };
+        let error = r.failure().map(|e| e.error_type.as_str());
+        match source {
+            Source::Canary => p.record_routed(r.outcome == Outcome::Ok, sample),
+            Source::Direct(w) => p.record_direct(w, error, sample),
+            _ => return,
+        }
+        for metric in [PathMetric::Ttft, PathMetric::E2e] {
+            if let Some(o) = p.compare(metric, sample.at_unix_s).overhead_ms {
+                (self.telemetry.instruments).record_path_overhead(
+                    &self.target.name,
+                    metric.as_str(),
+                    o / 1e3,
+                );
+            }
+        }
+    }
+
+    /// A direct canary's source and worker; a routed canary's TTFT minus the direct p50 of the
+    /// window, when the direct side has enough requests in it.
+    fn path_attributes(&self, source: &Source, m: &Measured) -> Vec<opentelemetry::KeyValue> {
+        use crate::telemetry::names as n;
+        use opentelemetry::KeyValue;
+        match (source, self.state.path.as_ref()) {
+            (Source::Direct(w), _) => vec![
+                KeyValue::new(n::LMPERF_REQUEST_SOURCE, source.as_str()),
+                KeyValue::new(n::LMPERF_WORKER_ID, w.to_string()),
+            ],
+            (Source::Canary, Some(p)) => {
+                let now = unix_s(m.wall_start + m.record.e2e);
+                let c = p.compare(PathMetric::Ttft, now);
+                match (m.record.ttft, c.direct.p50_ms) {
+                    (Some(t), Some(d)) if c.direct.n >= lmperf_measure::path::MIN_SAMPLES => {
+                        vec![KeyValue::new(
+                            n::LMPERF_PATH_OVERHEAD_MS,
+                            t.as_secs_f64() * 1e3 - d,
+                        )]
+                    }
+                    _ => Vec::new(),
+                }
+            }
+            _ => Vec::new(),
+        }
+    }
+
     /// Adds the workers a router's reply named to the target's worker set.
     fn note_workers(&self, m: &Measured) {
         let (Some(p), Some(by)) = (
@@ -569,6 +641,7 @@ impl TargetRunner {
                 ));
             }
         }
+        extra.extend(self.path_attributes(source, measured));
         if let Source::Probe(pin) = source {
             extra.push(opentelemetry::KeyValue::new(
                 crate::telemetry::names::LMPERF_REQUEST_SOURCE,
@@ -725,7 +798,13 @@ impl TargetRunner {
                 self.telemetry.record_span(&info, ids, &measured, &decision);
                 self.probe_done(*pin, &measured);
             }
+            Source::Direct(worker) => {
+                let decision = self.decide_probe(ids);
+                (self.telemetry.instruments).record_direct(&t.name, worker, &measured);
+                self.telemetry.record_span(&info, ids, &measured, &decision);
+            }
         }
+        self.path_done(source, &measured);
         self.note_workers(&measured);
         if let Some(recent) = &self.recent {
             recent.push(summary.clone());

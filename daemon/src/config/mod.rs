@@ -6,6 +6,7 @@
 //! variables (OpenTelemetry SDK environment variable specification), built-in defaults.
 //! Canary flags on the command line apply to every target.
 
+pub mod direct_paths;
 pub mod discovery;
 pub mod k8s;
 pub mod log_format;
@@ -181,6 +182,8 @@ pub struct TargetConfig {
     pub kind: TargetKind,
     /// A router target's pinned probes of each worker (`worker_probes`).
     pub worker_probes: worker_probes::WorkerProbes,
+    /// A router target's direct canaries to its workers (`direct_paths`).
+    pub direct: direct_paths::DirectPaths,
 }
 
 /// OTLP wire protocol.
@@ -791,7 +794,7 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
         .url
         .clone()
         .ok_or_else(|| ConfigError::invalid(format!("{field}.url"), "", "missing"))?;
-    let mut base_url = Url::parse(&url_text)
+    let base_url = Url::parse(&url_text)
         .map_err(|e| ConfigError::invalid(format!("{field}.url"), &url_text, e.to_string()))?;
     if !matches!(base_url.scheme(), "http" | "https") {
         return Err(ConfigError::invalid(
@@ -810,12 +813,7 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
         .port_or_known_default()
         .ok_or_else(|| ConfigError::invalid(format!("{field}.url"), &url_text, "no port"))?;
     // Accept "http://h:p", "http://h:p/" and "http://h:p/v1": API paths are joined below.
-    let path = base_url
-        .path()
-        .trim_end_matches('/')
-        .trim_end_matches("/v1")
-        .to_owned();
-    base_url.set_path(&format!("{path}/"));
+    let base_url = direct_paths::base_url(base_url);
 
     let (api, kind) = api_and_kind(field, &t)?;
     let schedule = match (t.interval, t.rate) {
@@ -927,6 +925,7 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
     let name = t.name.clone().unwrap_or_else(|| format!("{host}:{port}"));
     let server = scrape::validate(field, &t, &base_url)?;
     let worker_probes = worker_probes::validate(field, &t)?;
+    let direct = direct_paths::validate(field, &t)?;
     Ok(TargetConfig {
         name,
         base_url,
@@ -950,6 +949,7 @@ fn validate_target(field: &str, t: RawCanary, env: &dyn Env) -> Result<TargetCon
             .transpose()?,
         kind,
         worker_probes,
+        direct,
     })
 }
 

@@ -41,6 +41,8 @@
 //! # kind = "router"                 # server (default) | router: a router in front of workers
 //! # worker_probes = true            # router (Dynamo): a canary pinned to each worker (default on)
 //! # worker_probe_interval = "10s"   # each worker once per this; worker_probe_max_rate = 1.0 (per s)
+//! # direct_workers = ["http://w1:8000"]  # router: canaries straight to each (default: its /list_workers)
+//! # direct_interval = "5s"          # each worker once per this; direct_paths = false: none
 //! # [target.k8s]                    # the pod serving it: its GPUs only (pod-resources)
 //! # namespace = "ml"
 //! # pod = "vllm-0"
@@ -175,6 +177,11 @@ pub struct RawCanary {
     #[serde(default, with = "humantime_serde")]
     pub worker_probe_interval: Option<Duration>,
     pub worker_probe_max_rate: Option<f64>,
+    /// A router target's direct canaries to its workers (`super::direct_paths`).
+    pub direct_paths: Option<bool>,
+    pub direct_workers: Option<Vec<String>>,
+    #[serde(default, with = "humantime_serde")]
+    pub direct_interval: Option<Duration>,
 }
 
 /// `[target.k8s]`: which pod (and container) serves a static target, for the GPU attribution
@@ -297,6 +304,9 @@ impl RawCanary {
             worker_probes: self.worker_probes.or(b.worker_probes),
             worker_probe_interval: self.worker_probe_interval.or(b.worker_probe_interval),
             worker_probe_max_rate: self.worker_probe_max_rate.or(b.worker_probe_max_rate),
+            direct_paths: self.direct_paths.or(b.direct_paths),
+            direct_workers: self.direct_workers.or(b.direct_workers),
+            direct_interval: self.direct_interval.or(b.direct_interval),
         }
     }
 }

@@ -7,7 +7,7 @@
 //! `gen_ai.client.operation.time_per_output_chunk` (s, one value per chunk after the first).
 
 use opentelemetry::KeyValue;
-use opentelemetry::metrics::{Counter, Histogram, Meter};
+use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter};
 
 use super::names as n;
 use crate::measure::Measured;
@@ -26,6 +26,8 @@ pub struct Instruments {
     injected: Counter<u64>,
     probes: Counter<u64>,
     probe_ttft: Histogram<f64>,
+    direct: Counter<u64>,
+    path_overhead: Gauge<f64>,
 }
 
 /// Attributes of one request's metric points.
@@ -119,6 +121,16 @@ impl Instruments {
                 .with_description("Time to first chunk of the probes pinned to one worker.")
                 .with_boundaries(n::BUCKETS_TIME_TO_FIRST_CHUNK.to_vec())
                 .build(),
+            direct: meter
+                .u64_counter(n::METRIC_PATH_DIRECT_REQUESTS)
+                .with_unit("{request}")
+                .with_description("Canaries sent straight to a router target's workers.")
+                .build(),
+            path_overhead: meter
+                .f64_gauge(n::METRIC_PATH_OVERHEAD)
+                .with_unit("s")
+                .with_description("Routed p50 minus direct p50 over the last minute: how much the router adds.")
+                .build(),
         }
     }
 
@@ -140,6 +152,30 @@ impl Instruments {
             attrs.push(KeyValue::new(n::ERROR_TYPE, e.error_type.clone()));
         }
         self.probes.add(1, &attrs);
+    }
+
+    /// Counts one canary sent straight to `worker` (its base URL) of router target `target`.
+    pub fn record_direct(&self, target: &str, worker: &str, m: &Measured) {
+        let mut attrs = vec![
+            KeyValue::new(n::LMPERF_TARGET, target.to_owned()),
+            KeyValue::new(n::LMPERF_WORKER_ID, worker.to_owned()),
+            KeyValue::new(n::LMPERF_OUTCOME, m.record.outcome.as_str()),
+        ];
+        if let Some(e) = m.record.failure() {
+            attrs.push(KeyValue::new(n::ERROR_TYPE, e.error_type.clone()));
+        }
+        self.direct.add(1, &attrs);
+    }
+
+    /// Records router target `target`'s routed-minus-direct `metric` (`ttft` | `e2e`), seconds.
+    pub fn record_path_overhead(&self, target: &str, metric: &'static str, seconds: f64) {
+        self.path_overhead.record(
+            seconds,
+            &[
+                KeyValue::new(n::LMPERF_TARGET, target.to_owned()),
+                KeyValue::new(n::LMPERF_PATH_METRIC, metric),
+            ],
+        );
     }
 
     /// Records one measured request.

@@ -396,6 +396,18 @@ pub const METRIC_ROUTER_FAIR_SHARE: &str = "lmperf.router.worker.fair_share";
 /// Gauge, unit `1`, by `lmperf.target` and `lmperf.worker.id`: 1 when the router says the
 /// worker is healthy and its circuit breaker is not open, else 0 (absent when it says neither).
 pub const METRIC_ROUTER_WORKER_PICKABLE: &str = "lmperf.router.worker.pickable";
+/// Gauge, unit `s`, by `lmperf.target` and `lmperf.path.metric` (ttft | e2e): how much a router
+/// adds, the routed canaries' p50 minus the p50 of the canaries sent straight to its workers
+/// over the last minute (issue 52.2); recorded when both sides have 5 requests in it.
+pub const METRIC_PATH_OVERHEAD: &str = "lmperf.path.overhead";
+pub const LMPERF_PATH_METRIC: &str = "lmperf.path.metric";
+/// Counter, by `lmperf.target`, `lmperf.worker.id` (the worker's URL) and `lmperf.outcome`:
+/// canaries sent straight to a router target's workers.
+pub const METRIC_PATH_DIRECT_REQUESTS: &str = "lmperf.path.direct.requests";
+/// Span attributes: a routed canary's TTFT minus the direct p50 of the same window, ms
+/// (`lmperf.path.overhead_ms`); a direct canary's worker is `lmperf.worker.id`, its source
+/// `lmperf.request.source = direct`.
+pub const LMPERF_PATH_OVERHEAD_MS: &str = "lmperf.path.overhead_ms";
 /// Counters (restart-safe sums of the server's own counters' increases).
 pub const METRIC_SERVER_PROMPT_TOKENS: &str = "lmperf.server.prompt_tokens";
 pub const METRIC_SERVER_GENERATION_TOKENS: &str = "lmperf.server.generation_tokens";

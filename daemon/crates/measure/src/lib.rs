@@ -26,6 +26,7 @@
 
 pub mod chunk;
 pub mod measured;
+pub mod path;
 pub mod server_timing;
 pub mod sse;
 pub mod worker;

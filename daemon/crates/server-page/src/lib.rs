@@ -12,6 +12,7 @@ pub mod interval;
 pub mod normalize;
 pub mod parse;
 pub mod quantile;
+pub mod router_list;
 pub mod router_picks;
 pub mod workers;
 

@@ -1,0 +1,170 @@
+//! Direct paths (issue 52.1): a router target's workers each get low-rate canaries of the
+//! target's own shape (api, model, prompts, `max_tokens`) sent straight to them, not through
+//! the router, so that the routed canaries can be compared with them over the same window
+//! (`status::path`, `lmperf_path_overhead_seconds`). The workers are the target's
+//! `direct_workers`, else the router's own list (`GET /list_workers`, read again every
+//! [`LIST_EVERY`]); a list that cannot be read is said in the status and the workers known are
+//! kept. Each worker gets one canary per `direct_interval`, the workers' sends spread evenly
+//! over it. A direct canary goes the canary's path (`TargetRunner::measure` with
+//! `Source::Direct`), is not one of the target's canaries (no canary counts, no diagnosis
+//! sample) and carries its worker on its span.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::TargetRunner;
+use crate::config::TargetKind;
+use crate::config::direct_paths::base_url;
+use crate::status::Source;
+use crate::status::path::WorkersFrom;
+
+/// How often the router's own worker list is read again.
+pub const LIST_EVERY: Duration = Duration::from_secs(30);
+
+/// Why the router's worker list could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ListError {
+    #[error("GET {url}: {source}")]
+    Request { url: String, source: reqwest::Error },
+    #[error("GET {url}: HTTP {status}")]
+    Status { url: String, status: u16 },
+    #[error("GET {url}: {source}")]
+    Body {
+        url: String,
+        source: lmperf_server_page::router_list::ListWorkersError,
+    },
+}
+
+/// The router's own list of its workers (`GET <target>/list_workers`).
+///
+/// # Errors
+/// The request fails, answers other than 2xx, or its body is not a list of http(s) URLs.
+pub async fn list_workers(runner: &TargetRunner) -> Result<Vec<String>, ListError> {
+    let t = &runner.target;
+    let url = t
+        .base_url
+        .join("list_workers")
+        .map_or_else(|_| format!("{}list_workers", t.base_url), |u| u.to_string());
+    let resp = runner
+        .clients
+        .send_idempotent(|c| {
+            let req = c.get(&url).timeout(t.timeout.min(Duration::from_secs(10)));
+            match &t.api_key {
+                Some(key) => req.bearer_auth(key.expose()),
+                None => req,
+            }
+        })
+        .await
+        .map_err(|source| ListError::Request {
+            url: url.clone(),
+            source,
+        })?;
+    let status = resp.status().as_u16();
+    if !resp.status().is_success() {
+        return Err(ListError::Status { url, status });
+    }
+    let body = resp.bytes().await.map_err(|source| ListError::Request {
+        url: url.clone(),
+        source,
+    })?;
+    lmperf_server_page::router_list::list_workers(&body)
+        .map_err(|source| ListError::Body { url, source })
+}
+
+/// `runner` aimed at `worker` (a base URL): the target's shape and name, a plain model server
+/// (no router fields asked, no probes, no direct paths of its own). `None` when the URL does
+/// not parse or has no host or port.
+fn aimed_at(runner: &TargetRunner, worker: &str) -> Option<TargetRunner> {
+    let u = base_url(url::Url::parse(worker).ok()?);
+    let mut t = (*runner.target).clone();
+    t.host = u
+        .host_str()?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    t.port = u.port_or_known_default()?;
+    t.base_url = u;
+    t.kind = TargetKind::Server;
+    t.worker_probes.enabled = false;
+    t.direct.enabled = false;
+    let mut r = runner.clone();
+    r.target = Arc::new(t);
+    Some(r)
+}
+
+/// Runs `runner`'s direct canaries until `stop` (none unless its state holds a
+/// [`crate::status::path::DirectPathState`]); each canary is spawned on `tracker` and cancelled
+/// by `cancel`.
+pub async fn run(
+    runner: TargetRunner,
+    stop: CancellationToken,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+) {
+    let Some(path) = runner.state.path.as_ref() else {
+        return;
+    };
+    let configured: Vec<String> = runner
+        .target
+        .direct
+        .workers
+        .iter()
+        .map(|u| u.to_string())
+        .collect();
+    if !configured.is_empty() {
+        path.set_workers(WorkersFrom::Config, &configured);
+    }
+    let name = runner.target.name.clone();
+    let mut aimed: HashMap<String, TargetRunner> = HashMap::new();
+    let mut listed_at: Option<tokio::time::Instant> = None;
+    let (mut seq, mut turn) = (0u64, 0usize);
+    loop {
+        if configured.is_empty() && listed_at.is_none_or(|t| t.elapsed() >= LIST_EVERY) {
+            listed_at = Some(tokio::time::Instant::now());
+            match list_workers(&runner).await {
+                Ok(urls) => path.set_workers(WorkersFrom::Router, &urls),
+                Err(e) => {
+                    tracing::debug!(target_name = %name, error = %e, "Router's worker list not read; direct canaries keep the workers known.");
+                    path.set_list_error(e.to_string());
+                }
+            }
+        }
+        let workers = path.workers();
+        let gap = match u32::try_from(workers.len()) {
+            Ok(n) if n > 0 => path.interval / n,
+            _ => Duration::from_secs(1),
+        };
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(gap) => {}
+        }
+        let Some(worker) = workers.get(turn % workers.len().max(1)) else {
+            continue;
+        };
+        turn = turn.wrapping_add(1);
+        if !aimed.contains_key(worker) {
+            match aimed_at(&runner, worker) {
+                Some(r) => {
+                    aimed.insert(worker.clone(), r);
+                }
+                None => {
+                    path.set_list_error(format!("worker {worker:?} is not a URL with a host"));
+                    continue;
+                }
+            }
+        }
+        let Some(r) = aimed.get(worker).cloned() else {
+            continue;
+        };
+        seq += 1;
+        let (c, source) = (cancel.clone(), Source::Direct(Arc::from(worker.as_str())));
+        tracker.spawn(crate::cost::metered(&crate::cost::CANARY, async move {
+            r.measure(seq, &c, &source).await;
+        }));
+    }
+}
