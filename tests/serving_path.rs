@@ -747,3 +747,72 @@ async fn smg_gateway_header_attributes_each_request() {
         assert_eq!(workers[w]["num_requests"], *n, "{workers}");
     }
 }
+
+/// Issue 52.4: llm-d's endpoint picker says why it dropped a request in
+/// `x-llm-d-request-dropped-reason` (llm-d/llm-d-router `RequestDroppedReasonHeaderKey`) on
+/// its 429 and 503, with the body `inference error: <code> - <message>`. A scripted picker that
+/// sheds every canary: the agent's last error names the reason before the body's message, and
+/// the error type stays the status.
+#[tokio::test(flavor = "multi_thread")]
+async fn llm_d_dropped_reason_is_named_in_the_canary_error() {
+    use lmperf_e2e::scripted::{Frame, Reply, ScriptedServer};
+    use std::sync::Arc;
+    let picker = ScriptedServer::start(Arc::new(|req, _| {
+        if req.path == "/v1/models" {
+            return Reply::json(200, r#"{"object":"list","data":[{"id":"m"}]}"#);
+        }
+        Reply::WithHeaders {
+            status: 429,
+            headers: vec![
+                ("Content-Type".into(), "text/plain".into()),
+                (
+                    "x-llm-d-request-dropped-reason".into(),
+                    "rejected-saturated".into(),
+                ),
+            ],
+            frames: vec![Frame {
+                at: Duration::ZERO,
+                bytes: b"inference error: ResourceExhausted - pool saturated".to_vec(),
+            }],
+        }
+    }))
+    .await;
+    let url = picker.url();
+    let agent = tokio::task::spawn_blocking(move || {
+        lmperf_e2e::agent::Agent::spawn(
+            &[
+                "--target",
+                &url,
+                "--target-kind",
+                "router",
+                "--interval",
+                "200ms",
+                "--no-otlp",
+            ],
+            &[],
+        )
+    })
+    .await
+    .unwrap();
+    let last = tokio::task::spawn_blocking(move || {
+        let t = Instant::now();
+        loop {
+            let st = agent.status();
+            let e = st["targets"][0]["last_error"].clone();
+            if e.is_object() {
+                return e;
+            }
+            assert!(t.elapsed() < Duration::from_secs(30), "{st}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(last["error_type"], "429", "{last}");
+    assert_eq!(last["http_status"], 429, "{last}");
+    assert_eq!(
+        last["error_message"],
+        "dropped by the router: rejected-saturated; inference error: ResourceExhausted - pool saturated",
+        "{last}"
+    );
+}

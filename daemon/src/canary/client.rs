@@ -279,10 +279,18 @@ async fn attempt(
     let conn = conn_of(&response);
     if !response.status().is_success() {
         let retry_after = retry_after(response.headers(), SystemTime::now());
+        let dropped = response
+            .headers()
+            .get(crate::measure::worker::LLM_D_DROPPED_REASON_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let body = read_error_body(response, deadline).await;
         let mut record = RequestRecord::http_error(status, &body, t0.elapsed());
         if let Some(e) = record.error.as_mut() {
             e.retry_after = retry_after;
+            if let Some(reason) = dropped {
+                crate::measure::worker::name_dropped_reason(e, &reason);
+            }
         }
         return Attempt::Done(record, wall_start, conn);
     }

@@ -136,6 +136,26 @@ pub const LLM_D_PREFILL_TOKEN_HEADER: &str = "x-session-token-prefill";
 pub const SMG_ROUTED_WORKER_HEADER: &str = "x-smg-routed-worker-id";
 /// llm-d's session cookie (the scorer versions that set a cookie rather than a header).
 pub const LLM_D_SESSION_COOKIE: &str = "llm-d-session";
+/// llm-d's endpoint picker's reason for a request it dropped, on its 429 and 503 answers
+/// (llm-d/llm-d-router `RequestDroppedReasonHeaderKey`: `rejected-saturated`,
+/// `rejected-no-endpoints`, `rejected-ttl-expired`, an `evicted-…` reason after dispatch, …).
+pub const LLM_D_DROPPED_REASON_HEADER: &str = "x-llm-d-request-dropped-reason";
+
+/// Names a router's reason for dropping a request (the value of [`LLM_D_DROPPED_REASON_HEADER`])
+/// in its error: the message then starts `dropped by the router: <reason>`, before the body's
+/// own message (the status excerpt keeps a message's first 120 characters). An empty or
+/// over-long reason (more than 64 bytes: not one of the picker's names) is ignored.
+pub fn name_dropped_reason(e: &mut crate::RequestError, reason: &str) {
+    let reason = reason.trim();
+    if reason.is_empty() || reason.len() > 64 {
+        return;
+    }
+    let said = format!("dropped by the router: {reason}");
+    e.message = Some(match e.message.take() {
+        Some(m) => format!("{said}; {m}"),
+        None => said,
+    });
+}
 
 impl ServedBy {
     /// Nothing in the response named a worker.
@@ -316,6 +336,27 @@ fn base64_std(s: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// llm-d's dropped reason leads the error's message; nonsense is not believed.
+    #[test]
+    fn dropped_reason_named_in_the_error() {
+        let mut e =
+            crate::RequestError::new("429", Some("inference error: ResourceExhausted".into()));
+        name_dropped_reason(&mut e, " rejected-saturated ");
+        assert_eq!(
+            e.message.as_deref(),
+            Some("dropped by the router: rejected-saturated; inference error: ResourceExhausted")
+        );
+        assert_eq!(e.error_type, "429");
+        let mut bare = crate::RequestError::new("503", None);
+        name_dropped_reason(&mut bare, &"x".repeat(65));
+        assert_eq!(bare.message, None);
+        name_dropped_reason(&mut bare, "rejected-no-endpoints");
+        assert_eq!(
+            bare.message.as_deref(),
+            Some("dropped by the router: rejected-no-endpoints")
+        );
+    }
 
     fn ids(p: Option<u64>, d: Option<u64>) -> DynamoWorkerIds {
         DynamoWorkerIds {
