@@ -32,20 +32,10 @@ use std::time::{Duration, Instant};
 
 use lmperf_e2e::agent::Agent;
 use lmperf_e2e::peers::{QuietCollector, free_port};
+use lmperf_e2e::proc_cpu::cpu_of;
 use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
 
 const TARGETS: usize = 8;
-
-fn cpu_of(pid: u32) -> Duration {
-    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let rest = s.rsplit_once(')')?.1.split_whitespace().collect::<Vec<_>>();
-            Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
-        })
-        .unwrap_or(0);
-    Duration::from_millis(ticks * 10)
-}
 
 /// The times the agent's threads went to sleep and were woken (voluntary context switches,
 /// summed over `/proc/PID/task/*/status`): each is a syscall pair and a scheduler round trip,

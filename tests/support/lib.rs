@@ -14,6 +14,7 @@ pub mod otlp;
 pub mod own_process;
 pub mod peers;
 pub mod pod_resources;
+pub mod proc_cpu;
 pub mod prom_text;
 pub mod prometheus;
 pub mod promql;
