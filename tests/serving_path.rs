@@ -262,12 +262,7 @@ fn run_with(d: &Dynamo, out: &Path, seq_len: u32) -> (Vec<serde_json::Value>, St
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert_eq!(o.status.code(), Some(0), "{err}");
-    let rows = std::fs::read_to_string(out.join("requests.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    (rows, err)
+    (lmperf_e2e::request_rows(out), err)
 }
 
 /// Issue 51: every routed row carries Dynamo's own clock (`dynamo_timing`) and its TTFT split,
@@ -722,11 +717,7 @@ async fn smg_gateway_header_attributes_each_request() {
     .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(0), "{err}");
-    let rows: Vec<serde_json::Value> = std::fs::read_to_string(out.join("requests.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = lmperf_e2e::request_rows(&out);
     assert_eq!(rows.len(), 8);
     let mut per: BTreeMap<String, u64> = BTreeMap::new();
     for r in &rows {

@@ -73,6 +73,16 @@ async fn start_router(
     workers: &[String],
     dir: &std::path::Path,
 ) -> (Router, u16, u16) {
+    start_router_with(bin, workers, dir, &[]).await
+}
+
+/// [`start_router`] with more environment (`VLLM_ROUTER_STAGES=1`).
+async fn start_router_with(
+    bin: &std::path::Path,
+    workers: &[String],
+    dir: &std::path::Path,
+    env: &[(&str, &str)],
+) -> (Router, u16, u16) {
     let (port, prom) = (free_port(), free_port());
     let log = std::fs::File::create(dir.join("router.log")).unwrap();
     let router = Router(
@@ -82,6 +92,7 @@ async fn start_router(
             .args(workers)
             .args(["--policy", "round_robin", "--prometheus-host", "127.0.0.1"])
             .args(["--prometheus-port", &prom.to_string()])
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -361,5 +372,69 @@ async fn vllm_router_path_overhead_routed_minus_direct() {
                 && l.contains("lmperf_target=\"vr\"")),
         "{metrics}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 52.4: vllm-router's own clock on each request. With `VLLM_ROUTER_STAGES=1` the router
+/// answers `x-router-stages` (its worker leg's timings); every row of `lmperf run --target-kind
+/// router` through it carries the router's first token (at least the workers' scripted 20 ms)
+/// and the client's TTFT minus it, exactly.
+#[tokio::test(flavor = "multi_thread")]
+async fn vllm_router_stages_on_every_row() {
+    let Some(bin) = router_bin() else {
+        return;
+    };
+    let ok = Arc::new(AtomicBool::new(false));
+    let (w1, w2) = (worker_with(ok.clone(), 20).await, worker_with(ok, 20).await);
+    let dir = temp::dir("vllm-router-stages");
+    let (_router, port, _) = start_router_with(
+        &bin,
+        &[w1.url(), w2.url()],
+        &dir,
+        &[("VLLM_ROUTER_STAGES", "1")],
+    )
+    .await;
+    let out = dir.join("run");
+    let o2 = out.clone();
+    let o = tokio::task::spawn_blocking(move || {
+        Command::new(lmperf_e2e::agent::lmperf_bin())
+            .args(["run", "--target", &format!("http://127.0.0.1:{port}")])
+            .args(["--target-kind", "router", "--api", "chat", "--model", "m"])
+            .args([
+                "--batch-sizes",
+                "1",
+                "--seq-lengths",
+                "16",
+                "--output-len",
+                "2",
+            ])
+            .args(["--num-prompts", "6", "--output-dir"])
+            .arg(&o2)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let rows = lmperf_e2e::request_rows(&out);
+    assert_eq!(rows.len(), 6);
+    for r in &rows {
+        assert_eq!(r["outcome"], "ok", "{r}");
+        let (ttft, first, outside) = (
+            r["ttft_ms"].as_f64().unwrap(),
+            r["router_first_token_ms"].as_f64().unwrap_or(-1.0),
+            r["router_outside_ms"].as_f64().unwrap_or(f64::NAN),
+        );
+        assert!(first >= 20.0, "the workers' first token is 20 ms in: {r}");
+        assert!((outside - (ttft - first)).abs() < 1e-6, "{r}");
+        assert!(outside > -0.5, "the client's TTFT holds the router's: {r}");
+    }
+    println!("first row: {}", rows[0]);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -36,6 +36,19 @@ pub fn case(name: &str) -> serde_json::Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// The rows of `out/requests.jsonl` (an `lmperf run` output directory), parsed.
+///
+/// # Panics
+/// When the file is missing or a row is not JSON.
+pub fn request_rows(out: &std::path::Path) -> Vec<serde_json::Value> {
+    let path = out.join("requests.jsonl");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect()
+}
+
 /// numpy's default (linear) percentile of `v` at `q` in [0, 1], written independently of the
 /// daemon's, for recomputing `summary.json` from `requests.jsonl`.
 pub fn np_percentile(v: &[f64], q: f64) -> f64 {

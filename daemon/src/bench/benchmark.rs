@@ -328,6 +328,11 @@ pub(crate) fn row(
             .server_timing
             .zip(r.ttft)
             .and_then(|(t, c)| t.client_minus_server_ttft_ms(c)),
+        router_first_token_ms: r.router_stages.and_then(|s| s.first_token_ms),
+        router_outside_ms: r
+            .router_stages
+            .zip(r.ttft)
+            .and_then(|(s, t)| s.outside_ms(ms(t))),
         server_kv_hit_rate: r.server_timing.and_then(|t| t.kv_hit_rate),
         ..split_fields(r)
     }

@@ -119,6 +119,13 @@ pub struct RequestRow {
     /// a slot takes the request), also the wait for a free slot.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_minus_server_ttft_ms: Option<f64>,
+    /// vllm-router's own clock (`x-router-stages`, with `VLLM_ROUTER_STAGES=1`): its worker's
+    /// first token, ms on the router's clock, and the client's TTFT minus it (the time outside
+    /// the router's clock: the network to the router, the router's work before its timer).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub router_first_token_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub router_outside_ms: Option<f64>,
     /// A request routed through NVIDIA Dynamo that said its timing (`nvext.timing`): its
     /// client TTFT split along the serving path, ms, summing to `ttft_ms`
     /// ([`crate::measure::server_timing::TtftSplit`]): `ttft_frontend_ms` (what the

@@ -296,6 +296,11 @@ async fn attempt(
     }
     let named =
         (target.kind == TargetKind::Router).then(|| worker_from_headers(response.headers()));
+    let stages = response
+        .headers()
+        .get(crate::measure::router_stages::HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(crate::measure::router_stages::RouterStages::parse);
     let content_type = response
         .headers()
         .get(CONTENT_TYPE)
@@ -309,6 +314,8 @@ async fn attempt(
     {
         record.served_by = Some(named.unwrap_or_else(ServedBy::unattributed));
     }
+    // The stream's own comment, sent once the worker's first token came, else the header.
+    record.router_stages = record.router_stages.or(stages);
     Attempt::Done(record, wall_start, conn)
 }
 

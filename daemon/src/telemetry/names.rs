@@ -408,6 +408,14 @@ pub const METRIC_PATH_DIRECT_REQUESTS: &str = "lmperf.path.direct.requests";
 /// (`lmperf.path.overhead_ms`); a direct canary's worker is `lmperf.worker.id`, its source
 /// `lmperf.request.source = direct`.
 pub const LMPERF_PATH_OVERHEAD_MS: &str = "lmperf.path.overhead_ms";
+/// Span attributes of vllm-router's own clock on a request (`x-router-stages`, with
+/// `VLLM_ROUTER_STAGES=1`), ms: the worker's response headers, its first token, the first token
+/// after the first bytes; and the client's TTFT minus the router's first token
+/// (`lmperf.router.outside_ms`: the time outside the router's clock).
+pub const LMPERF_ROUTER_HTTP_TTFB_MS: &str = "lmperf.router.http_ttfb_ms";
+pub const LMPERF_ROUTER_FIRST_TOKEN_MS: &str = "lmperf.router.first_token_ms";
+pub const LMPERF_ROUTER_ENGINE_MS: &str = "lmperf.router.engine_ms";
+pub const LMPERF_ROUTER_OUTSIDE_MS: &str = "lmperf.router.outside_ms";
 /// Counters (restart-safe sums of the server's own counters' increases).
 pub const METRIC_SERVER_PROMPT_TOKENS: &str = "lmperf.server.prompt_tokens";
 pub const METRIC_SERVER_GENERATION_TOKENS: &str = "lmperf.server.generation_tokens";

@@ -247,6 +247,24 @@ pub fn build_span(
     }
 }
 
+/// `lmperf.router.*`: vllm-router's own clock on the request, where it sent one.
+fn router_stage_attributes(r: &crate::measure::RequestRecord, a: &mut Vec<KeyValue>) {
+    let Some(s) = &r.router_stages else {
+        return;
+    };
+    let outside = r.ttft.and_then(|t| s.outside_ms(t.as_secs_f64() * 1e3));
+    for (key, v) in [
+        (n::LMPERF_ROUTER_HTTP_TTFB_MS, s.http_ttfb_ms),
+        (n::LMPERF_ROUTER_FIRST_TOKEN_MS, s.first_token_ms),
+        (n::LMPERF_ROUTER_ENGINE_MS, s.engine_ms),
+        (n::LMPERF_ROUTER_OUTSIDE_MS, outside),
+    ] {
+        if let Some(v) = v {
+            a.push(KeyValue::new(key, v));
+        }
+    }
+}
+
 /// The HTTP status, the worker a router said served the request (`lmperf.worker.*`), and the
 /// `lmperf.server.request.*` attributes of the server's own timing, where it sent one.
 fn response_attributes(r: &crate::measure::RequestRecord, a: &mut Vec<KeyValue>) {
@@ -266,6 +284,7 @@ fn response_attributes(r: &crate::measure::RequestRecord, a: &mut Vec<KeyValue>)
             a.push(KeyValue::new(n::LMPERF_WORKER_PREFILL_ID, p.id.clone()));
         }
     }
+    router_stage_attributes(r, a);
     let Some(t) = &r.server_timing else {
         return;
     };

@@ -27,6 +27,7 @@
 pub mod chunk;
 pub mod measured;
 pub mod path;
+pub mod router_stages;
 pub mod server_timing;
 pub mod sse;
 pub mod worker;
@@ -279,6 +280,10 @@ pub struct RequestRecord {
     /// The server's own account of the request (queue, prefill, decode on its clock), from
     /// the last chunk that carried one ([`server_timing`]); `None` when the server sent none.
     pub server_timing: Option<server_timing::ServerTiming>,
+    /// A router's own clock on the request (vllm-router's `: router-stages` comment on a
+    /// stream, else its `x-router-stages` header, which it sends before the worker's first
+    /// token: [`router_stages`]); `None` when the router sent none.
+    pub router_stages: Option<router_stages::RouterStages>,
 }
 
 /// One choice of an `n > 1` stream. Its tokens are counted as its token-carrying chunks (the
@@ -340,6 +345,7 @@ impl RequestRecord {
             choices: Vec::new(),
             done_marker_seen: false,
             served_by: None,
+            router_stages: None,
             server_timing: None,
         }
     }
@@ -805,6 +811,8 @@ impl StreamMeasurer {
                 .as_ref()
                 .and_then(worker::ServedBy::from_dynamo),
             server_timing: self.server_timing,
+            router_stages: (self.parser.router_stages.as_deref())
+                .and_then(router_stages::RouterStages::parse),
         }
     }
 

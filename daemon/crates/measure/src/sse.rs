@@ -65,6 +65,9 @@ pub struct SseParser {
     max_event_bytes: usize,
     /// Number of comment lines seen (keep-alives), for diagnostics.
     pub comments: u64,
+    /// The text after the last `: router-stages ` comment (vllm-router's own clock on the
+    /// stream, [`crate::router_stages`]), when one came.
+    pub router_stages: Option<String>,
 }
 
 impl SseParser {
@@ -79,6 +82,7 @@ impl SseParser {
             after_cr: false,
             max_event_bytes,
             comments: 0,
+            router_stages: None,
         }
     }
 
@@ -165,6 +169,9 @@ impl SseParser {
         }
         if line[0] == b':' {
             self.comments += 1;
+            if let Some(rest) = line.strip_prefix(b": router-stages ") {
+                self.router_stages = Some(String::from_utf8_lossy(rest).into_owned());
+            }
         } else {
             let (field, value) = match line.iter().position(|&b| b == b':') {
                 Some(i) => {
@@ -336,6 +343,10 @@ mod tests {
         p.push(b": ping\n\n:\n\n", &mut out).unwrap();
         assert!(out.is_empty());
         assert_eq!(p.comments, 2);
+        assert_eq!(p.router_stages, None);
+        p.push(b": router-stages {\"first_token_ms\":6.1}\n\n", &mut out)
+            .unwrap();
+        assert_eq!(p.router_stages.as_deref(), Some("{\"first_token_ms\":6.1}"));
     }
 
     #[test]
