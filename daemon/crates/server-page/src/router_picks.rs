@@ -12,6 +12,12 @@
 //! - `vllm_router_worker_load` "Current load on each worker" (absent from a page until the
 //!   router has a load to say).
 //!
+//! llm-d's endpoint picker (llm-d/llm-d-router, package `metrics`, subsystem `llm_d_epp`):
+//! `llm_d_epp_scheduler_attempts_total{status, target_model_name, endpoint_name, namespace,
+//! port}` "Total number of scheduling attempts", `status="success"` a request dispatched to the
+//! endpoint: its picks, the worker named `namespace/endpoint_name:port` (the pod, as llm-d's
+//! `x-session-token` names it, and its port). It says no health or breaker per endpoint.
+//!
 //! A worker's share of capacity is taken as equal among the workers the router may pick
 //! (healthy, circuit not open): a router's page says nothing of a worker's size.
 
@@ -25,8 +31,23 @@ pub const HEALTH: &str = "vllm_router_worker_health";
 pub const CB_STATE: &str = "vllm_router_cb_state";
 /// The per-worker load gauge.
 pub const LOAD: &str = "vllm_router_worker_load";
+/// llm-d's endpoint picker's scheduling attempts per endpoint.
+pub const EPP_ATTEMPTS: &str = "llm_d_epp_scheduler_attempts_total";
 /// Every per-worker family read here.
-pub const NAMES: [&str; 4] = [PROCESSED, HEALTH, CB_STATE, LOAD];
+pub const NAMES: [&str; 5] = [PROCESSED, HEALTH, CB_STATE, LOAD, EPP_ATTEMPTS];
+
+/// The worker an EPP series names: `namespace/endpoint_name:port`, the parts it has.
+fn epp_endpoint(page: &Page, s: &super::parse::Sample) -> Option<String> {
+    let name = page.label(s, "endpoint_name")?;
+    let mut w = match page.label(s, "namespace") {
+        Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
+        _ => name.into_owned(),
+    };
+    if let Some(port) = page.label(s, "port").filter(|p| !p.is_empty()) {
+        w = format!("{w}:{port}");
+    }
+    Some(w)
+}
 
 /// A worker's circuit breaker as the router says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -69,14 +90,22 @@ pub fn router_worker_readings(page: &Page) -> Option<Vec<RouterWorkerReading>> {
     let mut out: Vec<RouterWorkerReading> = Vec::new();
     for name in NAMES {
         for s in page.named(name) {
-            let Some(worker) = page.label(s, "worker") else {
+            let worker = if name == EPP_ATTEMPTS {
+                if page.label(s, "status").as_deref() != Some("success") {
+                    continue;
+                }
+                epp_endpoint(page, s)
+            } else {
+                page.label(s, "worker").map(std::borrow::Cow::into_owned)
+            };
+            let Some(worker) = worker else {
                 continue;
             };
             let i = match out.iter().position(|r| r.worker == worker) {
                 Some(i) => i,
                 None => {
                     out.push(RouterWorkerReading {
-                        worker: worker.into_owned(),
+                        worker,
                         picks_total: None,
                         healthy: None,
                         breaker: None,
@@ -87,7 +116,9 @@ pub fn router_worker_readings(page: &Page) -> Option<Vec<RouterWorkerReading>> {
             };
             let r = &mut out[i];
             match name {
-                PROCESSED => r.picks_total = Some(r.picks_total.unwrap_or(0.0) + s.value),
+                PROCESSED | EPP_ATTEMPTS => {
+                    r.picks_total = Some(r.picks_total.unwrap_or(0.0) + s.value);
+                }
                 HEALTH => r.healthy = Some(s.value >= 0.5),
                 CB_STATE => r.breaker = Breaker::from_gauge(s.value),
                 _ => r.load = Some(s.value),
@@ -208,6 +239,38 @@ mod tests {
                 .all(|p| p.picks.is_none() && p.share.is_none())
         );
         assert_eq!(first_page[0].fair_share, 0.5);
+    }
+
+    /// llm-d's endpoint picker: the successful scheduling attempts per endpoint, summed over
+    /// its models; failed attempts are no pick.
+    #[test]
+    fn llm_d_epp_attempts_are_picks_per_endpoint() {
+        let text = "llm_d_epp_scheduler_attempts_total{status=\"success\",target_model_name=\"m\",endpoint_name=\"vllm-0\",namespace=\"ml\",port=\"8000\"} 85\n\
+                    llm_d_epp_scheduler_attempts_total{status=\"success\",target_model_name=\"m2\",endpoint_name=\"vllm-0\",namespace=\"ml\",port=\"8000\"} 5\n\
+                    llm_d_epp_scheduler_attempts_total{status=\"failure\",target_model_name=\"m\",endpoint_name=\"vllm-1\",namespace=\"ml\",port=\"8000\"} 7\n\
+                    llm_d_epp_scheduler_attempts_total{status=\"success\",target_model_name=\"m\",endpoint_name=\"vllm-1\",namespace=\"ml\",port=\"8000\"} 10\n";
+        let r = router_worker_readings(&parse(text).expect("page")).expect("an EPP page");
+        let got: Vec<(&str, Option<f64>)> = r
+            .iter()
+            .map(|w| (w.worker.as_str(), w.picks_total))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("ml/vllm-0:8000", Some(90.0)),
+                ("ml/vllm-1:8000", Some(10.0))
+            ]
+        );
+        let zero: Vec<RouterWorkerReading> = r
+            .iter()
+            .map(|w| RouterWorkerReading {
+                picks_total: Some(0.0),
+                ..w.clone()
+            })
+            .collect();
+        let p = router_picks(Some(&zero), &r);
+        assert_eq!((p[0].share, p[1].share), (Some(0.9), Some(0.1)));
+        assert_eq!((p[0].fair_share, p[1].fair_share), (0.5, 0.5));
     }
 
     /// A restarted router's counters start over; a worker new on the page counts whole; a
