@@ -12,6 +12,11 @@
 //! - `vllm_router_worker_load` "Current load on each worker" (absent from a page until the
 //!   router has a load to say).
 //!
+//! SGLang's model gateway (lightseekorg/smg, its metrics module: `Metrics::set_worker_health`,
+//! `set_worker_cb_state`, `set_worker_requests_active`, each labelled `worker`):
+//! `smg_worker_health` (1 healthy, 0 unhealthy), `smg_worker_cb_state` (0 closed, 1 open, 2
+//! half-open), `smg_worker_requests_active` (its running requests: the load); no picks.
+//!
 //! llm-d's endpoint picker (llm-d/llm-d-router, package `metrics`, subsystem `llm_d_epp`):
 //! `llm_d_epp_scheduler_attempts_total{status, target_model_name, endpoint_name, namespace,
 //! port}` "Total number of scheduling attempts", `status="success"` a request dispatched to the
@@ -33,8 +38,23 @@ pub const CB_STATE: &str = "vllm_router_cb_state";
 pub const LOAD: &str = "vllm_router_worker_load";
 /// llm-d's endpoint picker's scheduling attempts per endpoint.
 pub const EPP_ATTEMPTS: &str = "llm_d_epp_scheduler_attempts_total";
+/// SGLang's model gateway's per-worker gauges (`worker` label, the worker's URL):
+/// health (1 healthy, 0 not), circuit breaker (0 closed, 1 open, 2 half-open) and running
+/// requests. It counts no picks per worker (`smg_worker_selection_total` has no worker label).
+pub const SMG_HEALTH: &str = "smg_worker_health";
+pub const SMG_CB_STATE: &str = "smg_worker_cb_state";
+pub const SMG_ACTIVE: &str = "smg_worker_requests_active";
 /// Every per-worker family read here.
-pub const NAMES: [&str; 5] = [PROCESSED, HEALTH, CB_STATE, LOAD, EPP_ATTEMPTS];
+pub const NAMES: [&str; 8] = [
+    PROCESSED,
+    HEALTH,
+    CB_STATE,
+    LOAD,
+    EPP_ATTEMPTS,
+    SMG_HEALTH,
+    SMG_CB_STATE,
+    SMG_ACTIVE,
+];
 
 /// The worker an EPP series names: `namespace/endpoint_name:port`, the parts it has.
 fn epp_endpoint(page: &Page, s: &super::parse::Sample) -> Option<String> {
@@ -85,7 +105,7 @@ pub struct RouterWorkerReading {
 }
 
 /// Every worker any of [`NAMES`] names on `page`, sorted by worker; `None` when the page has
-/// none of them (not a vllm-router page).
+/// none of them (not a router page lmperf reads).
 pub fn router_worker_readings(page: &Page) -> Option<Vec<RouterWorkerReading>> {
     let mut out: Vec<RouterWorkerReading> = Vec::new();
     for name in NAMES {
@@ -119,8 +139,8 @@ pub fn router_worker_readings(page: &Page) -> Option<Vec<RouterWorkerReading>> {
                 PROCESSED | EPP_ATTEMPTS => {
                     r.picks_total = Some(r.picks_total.unwrap_or(0.0) + s.value);
                 }
-                HEALTH => r.healthy = Some(s.value >= 0.5),
-                CB_STATE => r.breaker = Breaker::from_gauge(s.value),
+                HEALTH | SMG_HEALTH => r.healthy = Some(s.value >= 0.5),
+                CB_STATE | SMG_CB_STATE => r.breaker = Breaker::from_gauge(s.value),
                 _ => r.load = Some(s.value),
             }
         }
@@ -271,6 +291,28 @@ mod tests {
         let p = router_picks(Some(&zero), &r);
         assert_eq!((p[0].share, p[1].share), (Some(0.9), Some(0.1)));
         assert_eq!((p[0].fair_share, p[1].fair_share), (0.5, 0.5));
+    }
+
+    /// SGLang's gateway: health, breaker and running requests per worker, no picks (no share),
+    /// the workers the gateway may pick still counted for the fair share.
+    #[test]
+    fn smg_gauges_per_worker() {
+        let text = "smg_worker_health{worker=\"http://w1:8000\"} 1\n\
+                    smg_worker_health{worker=\"http://w2:8000\"} 0\n\
+                    smg_worker_cb_state{worker=\"http://w1:8000\"} 2\n\
+                    smg_worker_requests_active{worker=\"http://w1:8000\"} 3\n";
+        let r = router_worker_readings(&parse(text).expect("page")).expect("an smg page");
+        assert_eq!(r[0].worker, "http://w1:8000");
+        assert_eq!(
+            (r[0].healthy, r[0].breaker, r[0].load, r[0].picks_total),
+            (Some(true), Some(Breaker::HalfOpen), Some(3.0), None)
+        );
+        assert_eq!(r[1].healthy, Some(false));
+        let p = router_picks(Some(&r), &r);
+        assert_eq!(
+            (p[0].share, p[0].fair_share, p[1].fair_share),
+            (None, 1.0, 0.0)
+        );
     }
 
     /// A restarted router's counters start over; a worker new on the page counts whole; a
