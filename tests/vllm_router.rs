@@ -73,14 +73,15 @@ async fn start_router(
     workers: &[String],
     dir: &std::path::Path,
 ) -> (Router, u16, u16) {
-    start_router_with(bin, workers, dir, &[]).await
+    start_router_with(bin, workers, dir, "round_robin", &[]).await
 }
 
-/// [`start_router`] with more environment (`VLLM_ROUTER_STAGES=1`).
+/// [`start_router`] with its `--policy` and more environment (`VLLM_ROUTER_STAGES=1`).
 async fn start_router_with(
     bin: &std::path::Path,
     workers: &[String],
     dir: &std::path::Path,
+    policy: &str,
     env: &[(&str, &str)],
 ) -> (Router, u16, u16) {
     let (port, prom) = (free_port(), free_port());
@@ -90,7 +91,7 @@ async fn start_router_with(
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .arg("--worker-urls")
             .args(workers)
-            .args(["--policy", "round_robin", "--prometheus-host", "127.0.0.1"])
+            .args(["--policy", policy, "--prometheus-host", "127.0.0.1"])
             .args(["--prometheus-port", &prom.to_string()])
             .envs(env.iter().copied())
             .stdin(Stdio::null())
@@ -391,6 +392,7 @@ async fn vllm_router_stages_on_every_row() {
         &bin,
         &[w1.url(), w2.url()],
         &dir,
+        "round_robin",
         &[("VLLM_ROUTER_STAGES", "1")],
     )
     .await;
@@ -436,5 +438,83 @@ async fn vllm_router_stages_on_every_row() {
         assert!(outside > -0.5, "the client's TTFT holds the router's: {r}");
     }
     println!("first row: {}", rows[0]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Consistent hashing with one session key (vllm-router's `x-session-id`): the router sends
+/// every request of the key to one worker, and the agent's shares say so (≥ 0.9 of an
+/// interval's picks on one worker; its own rare canaries carry no key). Printed.
+#[tokio::test(flavor = "multi_thread")]
+async fn vllm_router_consistent_hash_one_session_key_goes_to_one_worker() {
+    let Some(bin) = router_bin() else {
+        return;
+    };
+    let ok = Arc::new(AtomicBool::new(false));
+    let (w1, w2) = (worker(ok.clone()).await, worker(ok).await);
+    let dir = temp::dir("vllm-router-hash");
+    let (_router, port, prom) =
+        start_router_with(&bin, &[w1.url(), w2.url()], &dir, "consistent_hash", &[]).await;
+    let cfg = dir.join("lmperf.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[canary]\ninterval = \"60s\"\nmax_tokens = 2\n\n[[target]]\nurl = \"http://127.0.0.1:{port}\"\nname = \"vr\"\nmodel = \"m\"\nkind = \"router\"\nworker_probes = false\ndirect_paths = false\nmetrics_url = \"http://127.0.0.1:{prom}/metrics\"\nmetrics_interval = \"1s\"\n"
+        ),
+    )
+    .unwrap();
+    let agent = Arc::new(
+        tokio::task::spawn_blocking(move || {
+            Agent::spawn(&["--config", cfg.to_str().unwrap(), "--no-otlp"], &[])
+        })
+        .await
+        .unwrap(),
+    );
+    // One session's requests, 20 a second, until the agent has read an interval of them.
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2}"#;
+    let t = Instant::now();
+    let shares = loop {
+        for _ in 0..5 {
+            let _ = tokio::process::Command::new("curl")
+                .args([
+                    "-sf",
+                    "-m",
+                    "5",
+                    "-o",
+                    "/dev/null",
+                    "-H",
+                    "x-session-id: one",
+                ])
+                .args(["-H", "content-type: application/json", "-d", body])
+                .arg(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+                .status()
+                .await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let a = agent.clone();
+        let p = tokio::task::spawn_blocking(move || picks(&a))
+            .await
+            .unwrap();
+        let n: f64 = p.iter().filter_map(|e| e["picks"].as_f64()).sum();
+        if n >= 10.0 {
+            break p;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no interval of 10 picks: {p:#?}; router log in {}",
+            dir.display()
+        );
+    };
+    println!("consistent hash, one session key: {shares:#?}");
+    let top = shares
+        .iter()
+        .filter_map(|e| e["share"].as_f64())
+        .fold(0.0, f64::max);
+    assert!(top >= 0.9, "one worker takes the session: {shares:#?}");
+    // The other, listed by the router but (nearly) never picked, has its share said too.
+    let low = shares
+        .iter()
+        .filter_map(|e| e["share"].as_f64())
+        .fold(1.0, f64::min);
+    assert!(shares.len() == 2 && low <= 0.1, "{shares:#?}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -182,13 +182,20 @@ pub fn router_picks(
     prev: Option<&[RouterWorkerReading]>,
     cur: &[RouterWorkerReading],
 ) -> Vec<RouterPick> {
+    // A router that counts picks (vllm-router, llm-d) creates a worker's series at its first
+    // pick: a worker it lists without one has had none.
+    let counts = |r: &[RouterWorkerReading]| r.iter().any(|c| c.picks_total.is_some());
+    let total_of = |r: &RouterWorkerReading, page: &[RouterWorkerReading]| {
+        r.picks_total.or(counts(page).then_some(0.0))
+    };
     let picks: Vec<Option<f64>> = cur
         .iter()
         .map(|c| {
-            let p = prev?.iter().find(|p| p.worker == c.worker);
+            let prev = prev?;
+            let p = prev.iter().find(|p| p.worker == c.worker);
             // A worker new on this page: its picks since it appeared are its whole counter.
-            let before = p.map_or(Some(0.0), |p| p.picks_total)?;
-            let now = c.picks_total?;
+            let before = p.map_or(Some(0.0), |p| total_of(p, prev))?;
+            let now = total_of(c, cur)?;
             // A counter that went back: the router restarted, its picks since are the count.
             Some(if now < before { now } else { now - before })
         })
@@ -302,6 +309,7 @@ mod tests {
                     smg_worker_cb_state{worker=\"http://w1:8000\"} 2\n\
                     smg_worker_requests_active{worker=\"http://w1:8000\"} 3\n";
         let r = router_worker_readings(&parse(text).expect("page")).expect("an smg page");
+        // No pick counter on the page: no worker's picks are known.
         assert_eq!(r[0].worker, "http://w1:8000");
         assert_eq!(
             (r[0].healthy, r[0].breaker, r[0].load, r[0].picks_total),
@@ -331,6 +339,15 @@ mod tests {
         assert_eq!(p[0].share, Some(0.75));
         let idle = router_picks(Some(&[w("a", 3.0)]), &[w("a", 3.0)]);
         assert_eq!((idle[0].picks, idle[0].share), (Some(0.0), None));
+        // A worker the router lists (its health) but never picked: no series yet, 0 picks.
+        let never = RouterWorkerReading {
+            picks_total: None,
+            healthy: Some(true),
+            ..w("c", 0.0)
+        };
+        let p = router_picks(Some(&[w("a", 1.0), never.clone()]), &[w("a", 5.0), never]);
+        assert_eq!((p[1].picks, p[1].share), (Some(0.0), Some(0.0)));
+        assert_eq!(p[0].share, Some(1.0));
         let vllm = parse("vllm:num_requests_running{engine=\"0\"} 1\n").expect("page");
         assert_eq!(router_worker_readings(&vllm), None);
     }
