@@ -126,6 +126,19 @@ async fn start_router_with(
     }
 }
 
+/// An agent run from `config` (TOML, written to `dir/lmperf.toml`), without OTLP.
+async fn spawn_agent(dir: &std::path::Path, config: String) -> Arc<Agent> {
+    let cfg = dir.join("lmperf.toml");
+    std::fs::write(&cfg, config).unwrap();
+    Arc::new(
+        tokio::task::spawn_blocking(move || {
+            Agent::spawn(&["--config", cfg.to_str().unwrap(), "--no-otlp"], &[])
+        })
+        .await
+        .unwrap(),
+    )
+}
+
 /// The picks the agent's status says for the router target: worker → its `router_picks` entry.
 fn picks(agent: &Agent) -> Vec<serde_json::Value> {
     let st = agent.status();
@@ -152,20 +165,10 @@ async fn vllm_router_share_of_picks_per_worker() {
     );
     let dir = temp::dir("vllm-router");
     let (_router, port, prom) = start_router(&bin, &[w1.url(), w2.url()], &dir).await;
-    let cfg = dir.join("lmperf.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[canary]\ninterval = \"50ms\"\nmax_tokens = 2\n\n[[target]]\nurl = \"http://127.0.0.1:{port}\"\nname = \"vr\"\nmodel = \"m\"\nkind = \"router\"\nworker_probes = false\nmetrics_url = \"http://127.0.0.1:{prom}/metrics\"\nmetrics_interval = \"2s\"\n"
-        ),
-    )
-    .unwrap();
-    let agent = tokio::task::spawn_blocking(move || {
-        Agent::spawn(&["--config", cfg.to_str().unwrap(), "--no-otlp"], &[])
-    })
-    .await
-    .unwrap();
-    let agent = Arc::new(agent);
+    let agent = spawn_agent(&dir, format!(
+        "[canary]\ninterval = \"50ms\"\nmax_tokens = 2\n\n[[target]]\nurl = \"http://127.0.0.1:{port}\"\nname = \"vr\"\nmodel = \"m\"\nkind = \"router\"\nworker_probes = false\nmetrics_url = \"http://127.0.0.1:{prom}/metrics\"\nmetrics_interval = \"2s\"\n"
+    ))
+    .await;
     let wait = |what: &'static str, pred: fn(&[serde_json::Value], &str, &str) -> bool| {
         let (agent, u1, u2, dir) = (agent.clone(), w1.url(), w2.url(), dir.clone());
         tokio::task::spawn_blocking(move || {
@@ -272,22 +275,11 @@ async fn vllm_router_path_overhead_routed_minus_direct() {
     let (_router, port, _) = start_router(&bin, &[w1.url(), w2.url()], &dir).await;
     let delay = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let front = delaying_proxy(port, delay.clone());
-    let cfg = dir.join("lmperf.toml");
     // The router's own list is read at the router's URL, through the proxy.
-    std::fs::write(
-        &cfg,
-        format!(
-            "[canary]\ninterval = \"200ms\"\nmax_tokens = 2\n\n[[target]]\nurl = \"http://127.0.0.1:{front}\"\nname = \"vr\"\nmodel = \"m\"\nkind = \"router\"\nworker_probes = false\nserver_metrics = \"off\"\ndirect_interval = \"1s\"\n"
-        ),
-    )
-    .unwrap();
-    let agent = Arc::new(
-        tokio::task::spawn_blocking(move || {
-            Agent::spawn(&["--config", cfg.to_str().unwrap(), "--no-otlp"], &[])
-        })
-        .await
-        .unwrap(),
-    );
+    let agent = spawn_agent(&dir, format!(
+        "[canary]\ninterval = \"200ms\"\nmax_tokens = 2\n\n[[target]]\nurl = \"http://127.0.0.1:{front}\"\nname = \"vr\"\nmodel = \"m\"\nkind = \"router\"\nworker_probes = false\nserver_metrics = \"off\"\ndirect_interval = \"1s\"\n"
+    ))
+    .await;
     let path = |agent: &Agent| {
         let st = agent.status();
         st["targets"]
@@ -454,21 +446,10 @@ async fn vllm_router_consistent_hash_one_session_key_goes_to_one_worker() {
     let dir = temp::dir("vllm-router-hash");
     let (_router, port, prom) =
         start_router_with(&bin, &[w1.url(), w2.url()], &dir, "consistent_hash", &[]).await;
-    let cfg = dir.join("lmperf.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[canary]\ninterval = \"60s\"\nmax_tokens = 2\n\n[[target]]\nurl = \"http://127.0.0.1:{port}\"\nname = \"vr\"\nmodel = \"m\"\nkind = \"router\"\nworker_probes = false\ndirect_paths = false\nmetrics_url = \"http://127.0.0.1:{prom}/metrics\"\nmetrics_interval = \"1s\"\n"
-        ),
-    )
-    .unwrap();
-    let agent = Arc::new(
-        tokio::task::spawn_blocking(move || {
-            Agent::spawn(&["--config", cfg.to_str().unwrap(), "--no-otlp"], &[])
-        })
-        .await
-        .unwrap(),
-    );
+    let agent = spawn_agent(&dir, format!(
+        "[canary]\ninterval = \"60s\"\nmax_tokens = 2\n\n[[target]]\nurl = \"http://127.0.0.1:{port}\"\nname = \"vr\"\nmodel = \"m\"\nkind = \"router\"\nworker_probes = false\ndirect_paths = false\nmetrics_url = \"http://127.0.0.1:{prom}/metrics\"\nmetrics_interval = \"1s\"\n"
+    ))
+    .await;
     // One session's requests, 20 a second, until the agent has read an interval of them.
     let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2}"#;
     let t = Instant::now();
