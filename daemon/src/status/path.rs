@@ -11,9 +11,10 @@ use serde::Serialize;
 
 /// The window compared: the routed and direct requests that ended in the last minute.
 pub const WINDOW: Duration = Duration::from_secs(60);
-/// Samples kept per path: 10 minutes, at most this many.
-const KEEP: usize = 4096;
-const KEEP_S: f64 = 600.0;
+/// Samples kept per path: two windows, at most this many (each canary compares them: a
+/// copy and a sort of a minute's requests, not of the agent's life).
+const KEEP: usize = 2048;
+const KEEP_S: f64 = 120.0;
 
 /// Where the direct workers came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
