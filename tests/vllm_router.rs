@@ -368,12 +368,54 @@ async fn vllm_router_path_overhead_routed_minus_direct() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `lmperf run --target-kind router` through vllm-router with `args` more, writing to `out`;
+/// returns its stderr (the run must pass).
+async fn lmperf_run(port: u16, out: &std::path::Path, args: &[String]) -> String {
+    let (o2, args) = (out.to_owned(), args.to_vec());
+    let o = tokio::task::spawn_blocking(move || {
+        Command::new(lmperf_e2e::agent::lmperf_bin())
+            .args(["run", "--target", &format!("http://127.0.0.1:{port}")])
+            .args(["--target-kind", "router", "--api", "chat", "--model", "m"])
+            .args([
+                "--batch-sizes",
+                "1",
+                "--seq-lengths",
+                "16",
+                "--output-len",
+                "2",
+            ])
+            .args(["--num-prompts", "6", "--output-dir"])
+            .arg(&o2)
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    err
+}
+
+/// The first benchmark's `path` block of the run in `out`.
+fn bench_path(out: &std::path::Path) -> serde_json::Value {
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    s["benchmarks"][0]["path"].clone()
+}
+
 /// Issue 52.4: vllm-router's own clock on each request. With `VLLM_ROUTER_STAGES=1` the router
 /// answers `x-router-stages` (its worker leg's timings); every row of `lmperf run --target-kind
 /// router` through it carries the router's first token (at least the workers' scripted 20 ms)
-/// and the client's TTFT minus it, exactly.
+/// and the client's TTFT minus it, exactly. Issue 52.2 in `lmperf run`: the run finds the
+/// workers from the router's own list and sends the benchmark's shape straight to them after
+/// it: routed − direct TTFT p50 within a few ms at rest (`benchmarks[].path`, the terminal, the
+/// report, `direct.jsonl` with each row's worker); through a proxy adding 200 ms in front of
+/// the router, with `--direct-workers` given, the figure is 200 ms more (± 20 %).
 #[tokio::test(flavor = "multi_thread")]
 async fn vllm_router_stages_on_every_row() {
+    const ADDED_MS: u64 = 200;
     let Some(bin) = router_bin() else {
         return;
     };
@@ -389,33 +431,7 @@ async fn vllm_router_stages_on_every_row() {
     )
     .await;
     let out = dir.join("run");
-    let o2 = out.clone();
-    let o = tokio::task::spawn_blocking(move || {
-        Command::new(lmperf_e2e::agent::lmperf_bin())
-            .args(["run", "--target", &format!("http://127.0.0.1:{port}")])
-            .args(["--target-kind", "router", "--api", "chat", "--model", "m"])
-            .args([
-                "--batch-sizes",
-                "1",
-                "--seq-lengths",
-                "16",
-                "--output-len",
-                "2",
-            ])
-            .args(["--num-prompts", "6", "--output-dir"])
-            .arg(&o2)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let err = lmperf_run(port, &out, &[]).await;
     let rows = lmperf_e2e::request_rows(&out);
     assert_eq!(rows.len(), 6);
     for r in &rows {
@@ -430,6 +446,78 @@ async fn vllm_router_stages_on_every_row() {
         assert!(outside > -0.5, "the client's TTFT holds the router's: {r}");
     }
     println!("first row: {}", rows[0]);
+
+    // Routed versus direct, the workers from the router's own list.
+    let rest = bench_path(&out);
+    println!("at rest: {rest:#}");
+    assert_eq!(rest["workers_from"], "router", "{rest}");
+    let mut listed: Vec<&str> = rest["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|w| w.as_str())
+        .collect();
+    listed.sort_unstable();
+    let mut want = [format!("{}/", w1.url()), format!("{}/", w2.url())];
+    want.sort();
+    assert_eq!(listed, want, "{rest}");
+    assert_eq!(
+        (
+            rest["direct_requests"].as_u64(),
+            rest["direct_errors"].as_u64()
+        ),
+        (Some(6), Some(0)),
+        "{rest}"
+    );
+    let at_rest = rest["ttft"]["overhead_ms"].as_f64().unwrap();
+    assert!(at_rest.abs() < 25.0, "the router adds {at_rest} ms at rest");
+    let says = rest["ttft"]["says"].as_str().unwrap();
+    assert!(
+        says.starts_with(
+            "routed TTFT p50 − direct p50 over the benchmark and its direct phase, n = 6 vs 6: "
+        ),
+        "{rest}"
+    );
+    assert!(err.contains(says), "the terminal says it: {err}");
+    let direct = std::fs::read_to_string(out.join("direct.jsonl")).unwrap();
+    let mut per_worker = std::collections::BTreeMap::<String, usize>::new();
+    for l in direct.lines() {
+        let r: serde_json::Value = serde_json::from_str(l).unwrap();
+        assert_eq!(r["outcome"], "ok", "{r}");
+        *per_worker
+            .entry(r["endpoint"].as_str().unwrap_or("none").to_owned())
+            .or_default() += 1;
+    }
+    assert_eq!(
+        per_worker.values().copied().collect::<Vec<_>>(),
+        [3, 3],
+        "in turn over the two workers: {per_worker:?}"
+    );
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(
+        html.contains("<h2>Routed versus direct</h2>")
+            && html.contains("data-path-ttft-overhead=\""),
+        "the report says it"
+    );
+
+    // 200 ms added in front of the router; the workers given.
+    let delay = Arc::new(std::sync::atomic::AtomicU64::new(ADDED_MS));
+    let front = delaying_proxy(port, delay);
+    let slow_out = dir.join("run-slow");
+    let _ = lmperf_run(
+        front,
+        &slow_out,
+        &["--direct-workers".to_owned(), w1.url(), w2.url()],
+    )
+    .await;
+    let slow = bench_path(&slow_out);
+    println!("{ADDED_MS} ms added in front of the router: {slow:#}");
+    assert_eq!(slow["workers_from"], "flag", "{slow}");
+    let added = slow["ttft"]["overhead_ms"].as_f64().unwrap() - at_rest;
+    assert!(
+        (added - ADDED_MS as f64).abs() <= 0.2 * ADDED_MS as f64,
+        "the figure grew {added} ms for {ADDED_MS} ms added: {slow}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -243,6 +243,12 @@ pub struct RunArgs {
     /// break down per worker (`benchmarks[].workers`).
     #[arg(long, value_parser = ["server", "router"], default_value = "server", help_heading = "Target")]
     pub target_kind: String,
+    /// With `--target-kind router`: the workers behind the router (base URLs). After each
+    /// benchmark the same shape goes straight to them, in turn, and the benchmark says routed
+    /// p50 − direct p50 of TTFT and E2E (`benchmarks[].path`; rows in direct.jsonl). Default:
+    /// the router's own list (GET /list_workers, vllm-router and SGLang's router).
+    #[arg(long, value_name = "URL", num_args = 1.., help_heading = "Target")]
+    pub direct_workers: Vec<String>,
     /// Concurrency levels: requests in flight at most, one benchmark each.
     /// Default: 1, or 4096 with `--trace` (a replay is open loop: the trace's own arrivals
     /// decide the concurrency, as in `vllm bench serve` without `--max-concurrency`).
@@ -474,6 +480,12 @@ impl RunArgs {
             }),
             None => None,
         };
+        if !self.direct_workers.is_empty() && self.target_kind != "router" {
+            return Err(format!(
+                "--direct-workers {}: the workers behind a router; it needs --target-kind router",
+                self.direct_workers.join(" ")
+            ));
+        }
         let targets = if self.target.is_empty() {
             vec![default_target(env)]
         } else {
@@ -485,6 +497,7 @@ impl RunArgs {
                 model: self.model,
                 api: Some(self.api),
                 kind: Some(self.target_kind),
+                direct_workers: (!self.direct_workers.is_empty()).then_some(self.direct_workers),
                 timeout: Some(self.timeout),
                 max_tokens: Some(self.output_len),
                 api_key_env: self.api_key_env,

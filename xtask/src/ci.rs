@@ -5,9 +5,11 @@
 //! 1. `cargo fmt --all --check`, first because it takes seconds. `tests/peers/install.sh`
 //!    then `tests/peers/install-serving.sh` (network and pip, little CPU) start beside it and
 //!    run on through the build.
-//! 2. As root, the apt packages that build the eBPF probes (`clang libbpf-dev bpftool`) and
-//!    render the HTML reports (`chromium`), when missing; and Debian's `prometheus` (server
-//!    and `promtool` for the alert rule tests), with its service kept from starting. Then the
+//! 2. As root, the apt packages that build the eBPF probes (`clang libbpf-dev bpftool`), when
+//!    missing; those only the e2e tests need install beside the build (their output printed
+//!    before the e2e tests, which wait for them): `chromium` (renders the HTML reports) and
+//!    Debian's `prometheus` (server and `promtool` for the alert rule tests), with its service
+//!    kept from starting. Then the
 //!    **lane** starts at nice 19 (`cargo xtask ci-lane`, [`lane`]): `cargo xtask fuzz
 //!    --seconds 30` (cargo-fuzz installed once into `$CARGO_HOME/bin`, a nightly build of the
 //!    small fuzz crate; the long run is `cargo xtask fuzz`, 10 minutes). At the lowest
@@ -18,9 +20,11 @@
 //!    are compiled for the tests (the lints the project allows are named in one place,
 //!    `[workspace.lints]` of the root Cargo.toml), so no second, check-only build of every
 //!    dependency; a lint fails the build. The tests run the same way (same fingerprints).
-//!    Then the unit and doc tests (`--lib --bins`, one test at a time per binary,
-//!    [`UNIT_TEST_THREADS`]; they need no peer), then the peers' install is waited for.
-//! 4. The integration tests, `--no-fail-fast` (`cargo test --workspace --test '*'`, the
+//!    Then the peers' install and the tests' packages are waited for.
+//! 4. The unit and doc tests (`--lib --bins`, one test at a time per binary,
+//!    [`UNIT_TEST_THREADS`]; they need no peer) start in the background (cargo holds its build
+//!    lock only while building; their output is printed after the e2e tests'), beside the
+//!    integration tests, `--no-fail-fast` (`cargo test --workspace --test '*'`, the
 //!    build's packages and features: the one e2e binary, `tests/tests.rs`) with
 //!    [`E2E_TEST_THREADS`] tests at a time and, in a plain run, the few long tests that take
 //!    no serial lock started at once in a second process of the binary ([`crate::e2e_early`]:
@@ -108,9 +112,12 @@ pub fn run(args: &[String]) -> Result<()> {
     // installing beside the build and are waited for before the tests.
     let started = Instant::now();
     let root = is_root();
+    // What only the tests need (chromium, prometheus) installs beside the build, after what
+    // the build needs; waited for before the e2e tests.
+    let mut test_packages = None;
     if root {
-        install_apt_packages()?;
-        install_prometheus()?;
+        install_apt_packages(&BUILD_PACKAGES, &mut Say::Echo)?;
+        test_packages = Some(std::thread::spawn(install_test_packages));
     } else {
         println!(
             "==> not root: eBPF build packages and chromium not installed, probe and render tests skip themselves"
@@ -173,42 +180,24 @@ pub fn run(args: &[String]) -> Result<()> {
     // Every run names the whole workspace: the same packages, so the same features as the
     // build step (`--exclude lmperf-e2e` would drop the e2e package's features and rebuild
     // tokio and all above it: 3.5 min of CPU).
-    let mut unit = cargo();
-    unit.args([
-        "test",
-        "--workspace",
-        "--locked",
-        "--no-fail-fast",
-        "--lib",
-        "--bins",
-    ])
-    .args(test_args)
-    .env("RUST_TEST_THREADS", UNIT_TEST_THREADS.to_string())
-    .envs(env.iter().copied());
-    let header = format!(
-        "[4/5] cargo test --workspace --locked --no-fail-fast --lib --bins {}",
-        test_args.join(" ")
-    );
-    println!("\n==> {}", header.trim_end());
-    let mut unit_run = run_counting(unit)?;
-    let mut doc = cargo();
-    doc.args(["test", "--workspace", "--locked", "--no-fail-fast", "--doc"])
-        .args(test_args)
-        .envs(env.iter().copied());
-    let header = format!(
-        "[4/5] cargo test --workspace --locked --no-fail-fast --doc {}",
-        test_args.join(" ")
-    );
-    println!("\n==> {}", header.trim_end());
-    unit_run.add(run_counting(doc)?);
-    times.push("unit and doc tests", started);
-    let started = Instant::now();
+    let (units, header) = spawn_unit_tests(&cargo, test_args, &env);
     wait_logged("[4/5] tests/peers/install.sh", peers, &peers_log)?;
-    times.push("peers (after the unit tests)", started);
-
+    if let Some(t) = test_packages {
+        println!("\n==> [2/5] the tests' packages (installed beside the build)");
+        t.join()
+            .map_err(|_| anyhow::anyhow!("the packages' thread panicked"))??;
+    }
+    times.push("peers and the tests' packages", started);
     let started = Instant::now();
     let e2e_run = e2e_step(&cargo, test_args, &env, opts.stress_runs)?;
     times.push("integration (e2e) tests", started);
+    let started = Instant::now();
+    let (unit_run, unit_log) = units
+        .join()
+        .map_err(|_| anyhow::anyhow!("the unit tests' thread panicked"))??;
+    println!("\n==> {}, run beside the e2e tests", header.trim_end());
+    print!("{unit_log}");
+    times.push("unit and doc tests (after the e2e)", started);
     if lane_child.is_none() {
         lane_child = Some(start_lane()?);
         println!(
@@ -243,6 +232,50 @@ pub fn run(args: &[String]) -> Result<()> {
         bail!("the tests failed");
     }
     lane_ok
+}
+
+/// The unit and doc tests' run, started on a thread (see [`run`] step 4); returns it with its
+/// header. Their output is kept, to be printed after the e2e tests'.
+fn spawn_unit_tests(
+    cargo: &dyn Fn() -> std::process::Command,
+    test_args: &[String],
+    env: &[(&str, &str)],
+) -> (std::thread::JoinHandle<Result<(TestRun, String)>>, String) {
+    // The unit and doc tests run beside the e2e binary (cargo holds its build lock only while
+    // building): they are pure and short, the e2e tests mostly wait on servers and timers and
+    // hold under a CPU hog (`--stress`); their output is printed after the e2e tests'.
+    let mut unit = cargo();
+    unit.args([
+        "test",
+        "--workspace",
+        "--locked",
+        "--no-fail-fast",
+        "--lib",
+        "--bins",
+    ])
+    .args(test_args)
+    .env("RUST_TEST_THREADS", UNIT_TEST_THREADS.to_string())
+    .envs(env.iter().copied());
+    let mut doc = cargo();
+    doc.args(["test", "--workspace", "--locked", "--no-fail-fast", "--doc"])
+        .args(test_args)
+        .envs(env.iter().copied());
+    let header = format!(
+        "[4/5] cargo test --workspace --locked --no-fail-fast --lib --bins (and --doc) {}",
+        test_args.join(" ")
+    );
+    println!(
+        "\n==> {}: started beside the e2e tests (output after them)",
+        header.trim_end()
+    );
+    let units = std::thread::spawn(move || -> Result<(TestRun, String)> {
+        let (mut run, mut log) = run_counting_kept(unit)?;
+        let (doc_run, doc_log) = run_counting_kept(doc)?;
+        run.add(doc_run);
+        log.push_str(&doc_log);
+        Ok((run, log))
+    });
+    (units, header)
 }
 
 /// `cargo xtask ci`'s usage (`-h`).
@@ -539,10 +572,13 @@ fn wait_logged(header: &str, mut child: std::process::Child, log: &std::path::Pa
 }
 
 /// Packages that build `ebpf/` (clang for `-target bpf`, libbpf's headers, bpftool for
-/// inspecting the object), and Debian's `chromium`, which `tests/outputs.rs` renders
-/// report.html and compare.html with.
-const APT_PACKAGES: [&str; 4] = ["clang", "libbpf-dev", "bpftool", "chromium"];
+/// inspecting the object): installed before the build.
+const BUILD_PACKAGES: [&str; 3] = ["clang", "libbpf-dev", "bpftool"];
+/// Debian's `chromium`, which `tests/outputs.rs` renders report.html and compare.html with:
+/// only the e2e tests need it, so it installs beside the build.
+const TEST_PACKAGES: [&str; 1] = ["chromium"];
 
+/// Whether this process runs as root (`id -u` is 0).
 pub(crate) fn is_root() -> bool {
     std::process::Command::new("id")
         .arg("-u")
@@ -550,9 +586,69 @@ pub(crate) fn is_root() -> bool {
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
 
-/// Installs [`APT_PACKAGES`] with apt when `dpkg -s` says one is missing (idempotent).
-fn install_apt_packages() -> Result<()> {
-    let missing: Vec<&str> = APT_PACKAGES
+/// Where an install step's output goes: echoed (before the build), or kept to be printed
+/// later (beside the build, whose output is echoed).
+enum Say {
+    Echo,
+    Keep(String),
+}
+
+impl Say {
+    fn line(&mut self, s: &str) {
+        match self {
+            Say::Echo => println!("{s}"),
+            Say::Keep(log) => {
+                log.push_str(s);
+                log.push('\n');
+            }
+        }
+    }
+
+    /// Runs `cmd` as step `header`: [`crate::step`] when echoed, else its output kept.
+    fn step(&mut self, header: &str, mut cmd: std::process::Command) -> Result<()> {
+        let log = match self {
+            Say::Echo => return crate::step(header, cmd),
+            Say::Keep(log) => log,
+        };
+        let started = Instant::now();
+        let out = cmd
+            .output()
+            .with_context(|| format!("cannot start `{header}`"))?;
+        log.push_str(&format!("==> {header}\n"));
+        log.push_str(&String::from_utf8_lossy(&out.stdout));
+        log.push_str(&String::from_utf8_lossy(&out.stderr));
+        if !out.status.success() {
+            bail!("`{header}` failed ({}):\n{log}", out.status);
+        }
+        log.push_str(&format!(
+            "==> {header}: ok ({:.1} s)\n",
+            started.elapsed().as_secs_f64()
+        ));
+        Ok(())
+    }
+
+    /// What was kept (empty when echoed).
+    fn kept(self) -> String {
+        match self {
+            Say::Echo => String::new(),
+            Say::Keep(log) => log,
+        }
+    }
+}
+
+/// Installs what only the e2e tests need ([`TEST_PACKAGES`], then `prometheus`), its output
+/// kept and printed when done (it runs beside the build).
+fn install_test_packages() -> Result<()> {
+    let mut say = Say::Keep(String::new());
+    let r =
+        install_apt_packages(&TEST_PACKAGES, &mut say).and_then(|()| install_prometheus(&mut say));
+    print!("{}", say.kept());
+    r
+}
+
+/// Installs `packages` with apt when `dpkg -s` says one is missing (idempotent).
+fn install_apt_packages(packages: &[&str], say: &mut Say) -> Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .copied()
         .filter(|p| {
@@ -565,7 +661,10 @@ fn install_apt_packages() -> Result<()> {
         })
         .collect();
     if missing.is_empty() {
-        println!("==> apt packages present ({})", APT_PACKAGES.join(" "));
+        say.line(&format!(
+            "==> apt packages present ({})",
+            packages.join(" ")
+        ));
         return Ok(());
     }
     let mut cmd = std::process::Command::new("sh");
@@ -576,7 +675,7 @@ fn install_apt_packages() -> Result<()> {
             missing.join(" ")
         ),
     ]);
-    crate::step(&format!("apt-get install {}", missing.join(" ")), cmd)
+    say.step(&format!("apt-get install {}", missing.join(" ")), cmd)
 }
 
 /// Installs Debian's `prometheus` (the server and `promtool`; 2.42 on bookworm) when missing,
@@ -584,7 +683,7 @@ fn install_apt_packages() -> Result<()> {
 /// (listening on :9090): a `policy-rc.d` that denies every start is put in place for the
 /// install when none exists (Docker images ship one) and removed after, so nothing stays
 /// running or listening; the tests start their own server on loopback.
-fn install_prometheus() -> Result<()> {
+fn install_prometheus(say: &mut Say) -> Result<()> {
     let present = std::process::Command::new("dpkg")
         .args(["-s", "prometheus"])
         .stdout(std::process::Stdio::null())
@@ -592,7 +691,7 @@ fn install_prometheus() -> Result<()> {
         .status()
         .is_ok_and(|s| s.success());
     if present {
-        println!("==> apt package present (prometheus)");
+        say.line("==> apt package present (prometheus)");
         return Ok(());
     }
     let policy = std::path::Path::new("/usr/sbin/policy-rc.d");
@@ -607,7 +706,7 @@ fn install_prometheus() -> Result<()> {
     let install = "apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
                    apt-get install -y -qq --no-install-recommends prometheus";
     cmd.args(["-c", install]);
-    let result = crate::step("apt-get install prometheus", cmd);
+    let result = say.step("apt-get install prometheus", cmd);
     if ours {
         let _ = std::fs::remove_file(policy);
     }
@@ -656,7 +755,22 @@ impl TestRun {
 
 /// Runs `cmd`, echoing its output, and reads libtest's lines: `test result:` (counts, binary
 /// time) and `test NAME ... ok <1.234s>` (a test's time, with `--report-time`).
-fn run_counting(mut cmd: std::process::Command) -> Result<TestRun> {
+fn run_counting(cmd: std::process::Command) -> Result<TestRun> {
+    run_counting_to(cmd, None)
+}
+
+/// [`run_counting`] with the output kept, not echoed (a run beside another's output).
+fn run_counting_kept(cmd: std::process::Command) -> Result<(TestRun, String)> {
+    let mut log = String::new();
+    let run = run_counting_to(cmd, Some(&mut log))?;
+    Ok((run, log))
+}
+
+/// [`run_counting`], the output into `keep` where given, else echoed.
+fn run_counting_to(
+    mut cmd: std::process::Command,
+    mut keep: Option<&mut String>,
+) -> Result<TestRun> {
     use std::io::{BufRead, BufReader, Read};
     let mut child = cmd
         .stdout(std::process::Stdio::piped())
@@ -695,10 +809,13 @@ fn run_counting(mut cmd: std::process::Command) -> Result<TestRun> {
     };
     let mut binary = String::new();
     for (is_err, line) in rx {
-        if is_err {
-            eprintln!("{line}");
-        } else {
-            println!("{line}");
+        match keep.as_deref_mut() {
+            Some(log) => {
+                log.push_str(&line);
+                log.push('\n');
+            }
+            None if is_err => eprintln!("{line}"),
+            None => println!("{line}"),
         }
         if let Some(rest) = line.trim_start().strip_prefix("Running ") {
             binary = rest.split(" (").next().unwrap_or(rest).to_owned();

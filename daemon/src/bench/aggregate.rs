@@ -234,6 +234,7 @@ impl Summarizer {
             prefix_cache: self.workload.prefix_cache(),
             images: self.workload.images(),
             server_timing: self.server_timing.finish(),
+            path: None,
         }
     }
 }

@@ -17,6 +17,7 @@ pub mod compare;
 pub mod compare_text;
 pub mod compare_trace;
 pub mod context;
+pub mod direct;
 pub mod export;
 pub mod find_rate;
 pub mod gates;

@@ -254,6 +254,7 @@ async fn run_on(
         spec.input_lengths.clone()
     };
     let mut stopped_during = None;
+    let direct_workers = super::direct::workers(&ctx).await;
     if let Some(f) = &spec.find_rate {
         // Ctrl-C: the steps that completed are written with a partial `capacity`.
         let (benches, c, cut) = find_rate::search(&ctx, f, &mut out, stop).await?;
@@ -382,6 +383,9 @@ async fn run_on(
                         eprintln!("{w}");
                     }
                 }
+                if let Some(w) = &direct_workers {
+                    super::direct::phase(&ctx, w, &mut summary, summary_input_len).await?;
+                }
                 Ok::<_, BenchError>(summary)
             };
             let summary = tokio::select! {
@@ -448,16 +452,7 @@ async fn run_on(
     };
     let summary = prompt_tokens::checked(summary, spec.progress);
     write_outputs(&spec.output_dir, &sample, &summary)?;
-    server::write_samples(&spec.output_dir, &server_samples).map_err(|source| {
-        BenchError::Output {
-            path: spec.output_dir.clone(),
-            source,
-        }
-    })?;
-    vram::write_samples(&spec.output_dir, &gpu_samples).map_err(|source| BenchError::Output {
-        path: spec.output_dir.clone(),
-        source,
-    })?;
+    write_samples(&spec.output_dir, &server_samples, &gpu_samples)?;
     if let Some(t) = telemetry {
         t.shutdown().await;
     }
@@ -628,6 +623,20 @@ fn write_outputs(
     let csv = summary_csv::render(&summary.benchmarks).map_err(|e| io(std::io::Error::other(e)))?;
     std::fs::write(dir.join("summary.csv"), csv).map_err(io)?;
     std::fs::write(dir.join("report.html"), report::render(summary, sample)).map_err(io)
+}
+
+/// Writes the server's and the GPU's samples of the run beside its summary.
+fn write_samples(
+    dir: &std::path::Path,
+    server_samples: &[server::ServerSampleRow],
+    gpu_samples: &[vram::GpuSampleRow],
+) -> Result<(), BenchError> {
+    let io = |source| BenchError::Output {
+        path: dir.to_owned(),
+        source,
+    };
+    server::write_samples(dir, server_samples).map_err(io)?;
+    vram::write_samples(dir, gpu_samples).map_err(io)
 }
 
 #[cfg(test)]

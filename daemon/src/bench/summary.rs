@@ -313,6 +313,10 @@ pub struct BenchSummary {
     /// response carried it; [`super::server_timing`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_timing: Option<super::server_timing::ServerTimingSummary>,
+    /// `--target-kind router` with its workers known (`--direct-workers` or the router's
+    /// list): routed p50 − direct p50 of TTFT and E2E ([`super::direct`]); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<super::direct::BenchPath>,
 }
 
 /// `summary.json`.

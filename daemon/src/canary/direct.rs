@@ -44,13 +44,23 @@ pub enum ListError {
 /// # Errors
 /// The request fails, answers other than 2xx, or its body is not a list of http(s) URLs.
 pub async fn list_workers(runner: &TargetRunner) -> Result<Vec<String>, ListError> {
-    let t = &runner.target;
+    list_workers_of(&runner.clients, &runner.target).await
+}
+
+/// [`list_workers`] of router target `t` through `clients` (`lmperf run --target-kind router`
+/// asks it too).
+///
+/// # Errors
+/// As [`list_workers`].
+pub async fn list_workers_of(
+    clients: &crate::canary::client::Clients,
+    t: &crate::config::TargetConfig,
+) -> Result<Vec<String>, ListError> {
     let url = t
         .base_url
         .join("list_workers")
         .map_or_else(|_| format!("{}list_workers", t.base_url), |u| u.to_string());
-    let resp = runner
-        .clients
+    let resp = clients
         .send_idempotent(|c| {
             let req = c.get(&url).timeout(t.timeout.min(Duration::from_secs(10)));
             match &t.api_key {
@@ -79,8 +89,18 @@ pub async fn list_workers(runner: &TargetRunner) -> Result<Vec<String>, ListErro
 /// (no router fields asked, no probes, no direct paths of its own). `None` when the URL does
 /// not parse or has no host or port.
 fn aimed_at(runner: &TargetRunner, worker: &str) -> Option<TargetRunner> {
+    let mut r = runner.clone();
+    r.target = Arc::new(aimed_target(&runner.target, worker)?);
+    Some(r)
+}
+
+/// Router target `target` aimed at `worker` (a base URL), as [`aimed_at`] says.
+pub fn aimed_target(
+    target: &crate::config::TargetConfig,
+    worker: &str,
+) -> Option<crate::config::TargetConfig> {
     let u = base_url(url::Url::parse(worker).ok()?);
-    let mut t = (*runner.target).clone();
+    let mut t = target.clone();
     t.host = u
         .host_str()?
         .trim_start_matches('[')
@@ -91,9 +111,7 @@ fn aimed_at(runner: &TargetRunner, worker: &str) -> Option<TargetRunner> {
     t.kind = TargetKind::Server;
     t.worker_probes.enabled = false;
     t.direct.enabled = false;
-    let mut r = runner.clone();
-    r.target = Arc::new(t);
-    Some(r)
+    Some(t)
 }
 
 /// Runs `runner`'s direct canaries until `stop` (none unless its state holds a

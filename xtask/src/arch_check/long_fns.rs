@@ -25,7 +25,7 @@ pub(super) const KNOWN_LONG: &[(&str, &str, usize)] = &[
     ("daemon/src/bench/report/chart.rs", "html", 244),
     ("daemon/src/bench/report/mod.rs", "render", 319),
     ("daemon/src/bench/report/overview.rs", "paragraph", 152),
-    ("daemon/src/bench/runner.rs", "run_on", 368),
+    ("daemon/src/bench/runner.rs", "run_on", 361),
     ("daemon/src/cli.rs", "into_spec", 232),
     ("daemon/src/config/mod.rs", "validate_target", 173),
     ("daemon/src/control/client.rs", "run", 161),
@@ -34,7 +34,7 @@ pub(super) const KNOWN_LONG: &[(&str, &str, usize)] = &[
     ("daemon/src/load/trace.rs", "load_capped", 195),
     ("daemon/src/server/metrics.rs", "register", 188),
     ("daemon/src/telemetry/spans.rs", "build_span", 170),
-    ("xtask/src/ci.rs", "run", 181),
+    ("xtask/src/ci.rs", "run", 166),
     ("xtask/src/demo.rs", "run", 158),
 ];
 

@@ -106,12 +106,31 @@ pub fn compare(
         side(routed, metric, from, now_unix_s),
         side(direct, metric, from, now_unix_s),
     );
+    compare_sides(
+        metric,
+        window_s,
+        r,
+        d,
+        &format!("over the last {window_s:.0} s"),
+    )
+}
+
+/// Routed against direct given each side's count and median, the sentence saying where they
+/// come from by `scope` ("over the last 60 s"; "over the benchmark" for `lmperf run
+/// --direct-workers`, whose two phases follow each other); `window_s` as the caller measured it.
+pub fn compare_sides(
+    metric: PathMetric,
+    window_s: f64,
+    r: PathSide,
+    d: PathSide,
+    scope: &str,
+) -> PathComparison {
     let name = metric.as_str().to_uppercase();
     let (overhead_ms, says) = match (r.p50_ms, d.p50_ms) {
         (Some(a), Some(b)) if r.n >= MIN_SAMPLES && d.n >= MIN_SAMPLES => (
             Some(a - b),
             format!(
-                "routed {name} p50 − direct p50 over the last {window_s:.0} s, n = {} vs {}: {:+.1} ms",
+                "routed {name} p50 − direct p50 {scope}, n = {} vs {}: {:+.1} ms",
                 r.n,
                 d.n,
                 a - b
@@ -120,7 +139,7 @@ pub fn compare(
         _ => (
             None,
             format!(
-                "too few requests over the last {window_s:.0} s to compare {name} (routed {}, direct {}; {MIN_SAMPLES} each needed)",
+                "too few requests {scope} to compare {name} (routed {}, direct {}; {MIN_SAMPLES} each needed)",
                 r.n, d.n
             ),
         ),
@@ -202,5 +221,38 @@ mod tests {
             1
         );
         assert_eq!(p50(vec![3.0, 1.0, 2.0, 4.0]), Some(2.0));
+    }
+
+    /// Two sides given whole (a benchmark's phases): the sentence says the scope given.
+    #[test]
+    fn sides_given_whole() {
+        let side = |n, p50| PathSide {
+            n,
+            p50_ms: Some(p50),
+        };
+        let c = compare_sides(
+            PathMetric::Ttft,
+            12.5,
+            side(12, 54.0),
+            side(12, 50.0),
+            "over the benchmark",
+        );
+        assert_eq!(c.overhead_ms, Some(4.0));
+        assert_eq!(
+            c.says,
+            "routed TTFT p50 − direct p50 over the benchmark, n = 12 vs 12: +4.0 ms"
+        );
+        let few = compare_sides(
+            PathMetric::E2e,
+            1.0,
+            side(4, 9.0),
+            side(12, 5.0),
+            "over the benchmark",
+        );
+        assert_eq!(few.overhead_ms, None);
+        assert_eq!(
+            few.says,
+            "too few requests over the benchmark to compare E2E (routed 4, direct 12; 5 each needed)"
+        );
     }
 }

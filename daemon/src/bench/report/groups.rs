@@ -1,5 +1,5 @@
-//! The report's "LoRA adapters", "Endpoints", "Workers behind the router" and "Probes under
-//! load" sections: one table row
+//! The report's "LoRA adapters", "Endpoints", "Workers behind the router" (then "Routed versus
+//! direct", [`super::path`]) and "Probes under load" sections: one table row
 //! per benchmark and group, every value one of `summary.json`'s `adapters`, `endpoints` and
 //! `probes` blocks ([`crate::bench::groups`]), with a bar chart of TTFT p99 per adapter and
 //! endpoint.
@@ -37,6 +37,7 @@ pub fn sections(summary: &Summary) -> String {
         &workers,
     );
     split_section(&mut h, &workers);
+    h.push_str(&super::path::section(summary));
     let probes: Vec<(&str, &str, &GroupSummary)> = summary
         .benchmarks
         .iter()

@@ -11,6 +11,7 @@ pub mod chart;
 pub use crate::fmt;
 pub mod groups;
 pub mod overview;
+pub mod path;
 pub mod profile;
 pub mod ramp;
 pub mod server;
