@@ -507,10 +507,12 @@ impl TargetRunner {
             Some(msg) => format!("{}: {}", e.error_type, crate::measure::excerpt(msg)),
             None => e.error_type.clone(),
         });
+        let failed = failure.is_some();
         let error = crate::status::workers::probe_error(pin, failure, r.served_by.as_ref());
+        let refused = crate::status::workers::pin_refused(r.http_status, failed, error.is_some());
         let ttft_ms = r.ttft.map(|d| d.as_secs_f64() * 1e3);
         let t = match p.set.lock() {
-            Ok(mut s) => s.probe_done(pin, ttft_ms, error),
+            Ok(mut s) => s.probe_done(pin, ttft_ms, error, refused),
             Err(_) => None,
         };
         probes::log_transitions(&self.target.name, t.into_iter().collect());

@@ -37,6 +37,9 @@ pub(super) fn log_transitions(target: &str, transitions: Vec<Transition>) {
             Transition::Gone { id } => {
                 tracing::warn!(target_name = %target, worker_id = %id, "Worker left the router's view (no longer registered on its /metrics); no longer probed.");
             }
+            Transition::OtherModel { id } => {
+                tracing::info!(target_name = %target, worker_id = %id, "Worker registered on the frontend serves another model (a probe pinned to it was refused 400); not probed.");
+            }
             Transition::Failing { id, error } => {
                 tracing::warn!(target_name = %target, worker_id = %id, error = %error, "Worker failing its pinned probes.");
             }

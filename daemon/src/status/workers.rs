@@ -6,6 +6,14 @@
 //! longer probed, never dropped silently; a worker that comes back is present again. Only
 //! Dynamo's workers are held: its instance ids are what a request can be pinned to.
 //!
+//! A frontend serving several models registers all their workers in one series, with no model
+//! label (1.6.1, seen live: two models in two namespaces, every series labelled with the
+//! first's namespace), and answers a request pinned to another model's worker with 400
+//! "Invalid request" (or, a prefill pin on a model with no prefill workers, ignores the pin).
+//! A worker known from the page only, never named by this target's replies nor answering its
+//! probe, whose probe is refused so serves another model: it is said (`other_model`) and no
+//! longer probed, never `failing`.
+//!
 //! Pure: every method takes the time (Unix seconds); nothing here reads a clock.
 
 use std::collections::BTreeMap;
@@ -31,6 +39,10 @@ pub enum WorkerState {
     Failing,
     /// The router's page no longer registers it.
     Gone,
+    /// Registered on the frontend's page but not in the router of this target's model: a
+    /// probe pinned to it was refused (400, or the pin ignored) before any reply of this
+    /// target named it.
+    OtherModel,
 }
 
 /// How a request is pinned to a worker: Dynamo's `nvext` fields, as its frontend maps the
@@ -107,6 +119,7 @@ pub enum Transition {
     Gone { id: String },
     Back { id: String },
     Failing { id: String, error: String },
+    OtherModel { id: String },
 }
 
 /// One worker held, with whether a probe of it is in flight.
@@ -115,6 +128,8 @@ struct Entry {
     view: WorkerView,
     /// The role its replies named (beats the page's `worker_type`).
     replied_role: Option<WorkerRole>,
+    /// This target's replies named it or its probe answered: it serves this target's model.
+    confirmed: bool,
     in_flight: bool,
 }
 
@@ -161,6 +176,7 @@ impl WorkerSet {
                     last_error: None,
                 },
                 replied_role: None,
+                confirmed: false,
                 in_flight: false,
             },
         );
@@ -197,7 +213,7 @@ impl WorkerSet {
         for (id, e) in &mut self.workers {
             if e.view.registered && !listed.contains_key(id) {
                 e.view.registered = false;
-                if e.view.state != WorkerState::Gone {
+                if !matches!(e.view.state, WorkerState::Gone | WorkerState::OtherModel) {
                     e.view.state = WorkerState::Gone;
                     e.view.gone_since_unix_s = Some(at);
                     out.push(Transition::Gone { id: id.to_string() });
@@ -219,6 +235,10 @@ impl WorkerSet {
             };
             out.extend(self.insert(id, w.role.as_str(), at));
             if let Some(e) = self.workers.get_mut(&id) {
+                e.confirmed = true;
+                if e.view.state == WorkerState::OtherModel {
+                    e.view.state = WorkerState::Present;
+                }
                 e.replied_role = Some(w.role);
                 e.view.role = w.role.as_str();
                 e.view.dp_rank = w.dp_rank.or(e.view.dp_rank);
@@ -232,7 +252,9 @@ impl WorkerSet {
     pub fn next_due(&self, now: f64, interval_s: f64) -> Option<Pin> {
         self.workers
             .iter()
-            .filter(|(_, e)| e.view.state != WorkerState::Gone && !e.in_flight)
+            .filter(|(_, e)| {
+                !matches!(e.view.state, WorkerState::Gone | WorkerState::OtherModel) && !e.in_flight
+            })
             .filter(|(_, e)| {
                 e.view
                     .last_probe_unix_s
@@ -258,18 +280,33 @@ impl WorkerSet {
     }
 
     /// A probe of `pin` ended: `error` is `None` when the worker answered with tokens (and,
-    /// where the reply named its worker, it was the pinned one), else the reason. Returns
-    /// [`Transition::Failing`] at the [`FAILING_AFTER`]-th failure in a row.
+    /// where the reply named its worker, it was the pinned one), else the reason; `refused`
+    /// when the frontend answered as for a worker outside this model's router (400, or the
+    /// pin ignored: [`pin_refused`]). Returns [`Transition::Failing`] at the
+    /// [`FAILING_AFTER`]-th failure in a row, [`Transition::OtherModel`] when a worker never
+    /// confirmed as this target's is refused.
     pub fn probe_done(
         &mut self,
         pin: Pin,
         ttft_ms: Option<f64>,
         error: Option<String>,
+        refused: bool,
     ) -> Option<Transition> {
         let e = self.workers.get_mut(&pin.id())?;
         e.in_flight = false;
+        if let Some(reason) = &error
+            && refused
+            && !e.confirmed
+        {
+            e.view.state = WorkerState::OtherModel;
+            e.view.last_error = Some(reason.clone());
+            return Some(Transition::OtherModel {
+                id: e.view.id.clone(),
+            });
+        }
         match error {
             None => {
+                e.confirmed = true;
                 e.view.probes_ok += 1;
                 e.view.failed_in_a_row = 0;
                 e.view.last_ttft_ms = ttft_ms;
@@ -297,6 +334,13 @@ impl WorkerSet {
     pub fn view(&self) -> Vec<WorkerView> {
         self.workers.values().map(|e| e.view.clone()).collect()
     }
+}
+
+/// Whether the frontend answered a probe as for a worker outside the model's router: HTTP 400
+/// ("Invalid request": the pinned id is not among the model's workers), or an answer whose
+/// reply named another worker in the pinned role (a `pin_error` without a `failure`).
+pub fn pin_refused(http_status: Option<u16>, failure: bool, pin_error: bool) -> bool {
+    http_status == Some(400) || (!failure && pin_error)
 }
 
 /// Why a probe pinned to `pin` does not count as the worker's answer: the request failed
@@ -371,7 +415,7 @@ mod tests {
         assert_eq!(s.next_due(103.0, 10.0), Some(Pin::Decode(3)));
         s.probe_started(Pin::Decode(3), 103.5);
         assert_eq!(s.next_due(104.0, 10.0), None, "in flight or not due");
-        s.probe_done(Pin::Decode(1), Some(12.0), None);
+        s.probe_done(Pin::Decode(1), Some(12.0), None, false);
         assert_eq!(s.next_due(112.9, 10.0), None);
         assert_eq!(s.next_due(113.0, 10.0), Some(Pin::Decode(1)));
         assert_eq!(
@@ -394,12 +438,13 @@ mod tests {
                 pin,
                 None,
                 Some("503: Service temporarily unavailable".into()),
+                false,
             );
             assert_eq!(t.is_some(), k == 3, "{k}");
         }
         assert_eq!(s.view()[0].state, WorkerState::Failing);
         s.probe_started(pin, 4.0);
-        s.probe_done(pin, Some(8.0), None);
+        s.probe_done(pin, Some(8.0), None, false);
         let v = &s.view()[0];
         assert_eq!(
             (v.state, v.probes, v.probes_ok),
@@ -428,5 +473,48 @@ mod tests {
             probe_error(Pin::Decode(5), Some("connection_refused".into()), None).as_deref(),
             Some("connection_refused")
         );
+    }
+
+    /// A frontend with two models lists both's workers on one page: a page-only worker whose
+    /// probe is refused 400 serves another model (said once, no longer probed, never failing);
+    /// one this target's reply named is its own, and a 400 to it counts as a failure.
+    #[test]
+    fn a_page_worker_refused_400_serves_another_model() {
+        let mut s = WorkerSet::default();
+        s.from_page(0.0, &page(&[("1", "decode"), ("2", "decode")]));
+        let mine = ServedBy::from_dynamo(&DynamoWorkerIds {
+            prefill_worker_id: Some(1),
+            prefill_dp_rank: None,
+            decode_worker_id: Some(1),
+            decode_dp_rank: None,
+        })
+        .unwrap();
+        s.from_reply(0.5, &mine);
+        let refused = || Some("Bad Request: Invalid request".to_owned());
+        s.probe_started(Pin::Decode(2), 1.0);
+        assert_eq!(
+            s.probe_done(
+                Pin::Decode(2),
+                None,
+                refused(),
+                pin_refused(Some(400), true, true)
+            ),
+            Some(Transition::OtherModel { id: "2".into() })
+        );
+        assert_eq!(s.view()[1].state, WorkerState::OtherModel);
+        assert_eq!(s.next_due(100.0, 1.0), Some(Pin::Decode(1)));
+        s.probe_started(Pin::Decode(1), 100.0);
+        assert_eq!(s.next_due(200.0, 1.0), None, "worker 2 is not probed again");
+        // Leaving the page: not said gone (it was never this target's).
+        assert_eq!(s.from_page(201.0, &page(&[("1", "decode")])), []);
+        // This target's own worker refused 400: a failure, not another model's.
+        assert_eq!(s.probe_done(Pin::Decode(1), None, refused(), true), None);
+        let v = &s.view()[0];
+        assert_eq!((v.state, v.failed_in_a_row), (WorkerState::Present, 1));
+        // A prefill pin the frontend ignored (an aggregated model): refused too; a failed
+        // request (5xx, stream cut) is not.
+        assert!(pin_refused(Some(200), false, true));
+        assert!(!pin_refused(Some(503), true, true));
+        assert!(!pin_refused(Some(200), false, false));
     }
 }
