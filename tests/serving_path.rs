@@ -729,14 +729,15 @@ fn dynamo_every_worker_gets_pinned_probes_and_one_killed_is_said_gone() {
         agent.stderr_text()
     );
     // The other tests' workers on the shared frontend (other models) are never failing: a
-    // probe pinned to one is refused, and it is said `other_model`.
-    assert!(
-        !agent
-            .stderr_text()
-            .contains("Worker failing its pinned probes"),
-        "{}",
-        agent.stderr_text()
-    );
+    // probe pinned to one is refused, and it is said `other_model` (the killed one may fail
+    // its probes until it leaves the page).
+    let stderr = agent.stderr_text();
+    let failing: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("Worker failing its pinned probes"))
+        .filter(|l| !l.contains(&format!("worker_id={victim}")))
+        .collect();
+    assert!(failing.is_empty(), "{failing:#?}");
     let (_, metrics) = agent.get("/metrics");
     assert!(
         metrics.contains("lmperf_worker_probe_requests_total{")
