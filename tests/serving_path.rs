@@ -832,7 +832,7 @@ async fn smg_gateway_header_attributes_each_request() {
 /// `x-llm-d-request-dropped-reason` (llm-d/llm-d-router `RequestDroppedReasonHeaderKey`) on
 /// its 429 and 503, with the body `inference error: <code> - <message>`. A scripted picker that
 /// sheds every canary: the agent's last error names the reason before the body's message, and
-/// the error type stays the status.
+/// the error type stays the status. Its page's pool and per-endpoint figures are in the status.
 #[tokio::test(flavor = "multi_thread")]
 async fn llm_d_dropped_reason_is_named_in_the_canary_error() {
     use lmperf_e2e::scripted::{Frame, Reply, ScriptedServer};
@@ -840,6 +840,16 @@ async fn llm_d_dropped_reason_is_named_in_the_canary_error() {
     let picker = ScriptedServer::start(Arc::new(|req, _| {
         if req.path == "/v1/models" {
             return Reply::json(200, r#"{"object":"list","data":[{"id":"m"}]}"#);
+        }
+        if req.path == "/metrics" {
+            return Reply::WithHeaders {
+                status: 200,
+                headers: vec![("Content-Type".into(), "text/plain; version=0.0.4".into())],
+                frames: vec![Frame {
+                    at: Duration::ZERO,
+                    bytes: include_bytes!("fixtures/server/llm-d-epp.a.prom").to_vec(),
+                }],
+            };
         }
         Reply::WithHeaders {
             status: 429,
@@ -874,13 +884,17 @@ async fn llm_d_dropped_reason_is_named_in_the_canary_error() {
     })
     .await
     .unwrap();
-    let last = tokio::task::spawn_blocking(move || {
+    let (last, st, metrics) = tokio::task::spawn_blocking(move || {
         let t = Instant::now();
         loop {
             let st = agent.status();
             let e = st["targets"][0]["last_error"].clone();
-            if e.is_object() {
-                return e;
+            let (_, m) = agent.get("/metrics");
+            if e.is_object()
+                && st["server"][0]["latest"]["picker_pool"].is_object()
+                && m.contains("lmperf_router_pool_saturation")
+            {
+                return (e, st, m);
             }
             assert!(t.elapsed() < Duration::from_secs(30), "{st}");
             std::thread::sleep(Duration::from_millis(100));
@@ -888,6 +902,49 @@ async fn llm_d_dropped_reason_is_named_in_the_canary_error() {
     })
     .await
     .unwrap();
+    // Issue 52.3: what the picker's own page says (`fixtures/server/llm-d-epp.a.prom`): its
+    // flow control queue summed, its pool's saturation, its ready endpoints; each endpoint's
+    // queue on the worker its picks name (the older name beside the new one read once).
+    let latest = &st["server"][0]["latest"];
+    assert_eq!(
+        latest["picker_pool"],
+        serde_json::json!({"flow_control_queue": 7.0, "saturation": 0.95, "ready_endpoints": 2.0}),
+        "{latest}"
+    );
+    let queues: Vec<(String, f64)> = latest["router_picks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| Some((p["worker"].as_str()?.to_owned(), p["queue"].as_f64()?)))
+        .collect();
+    assert_eq!(
+        queues,
+        [
+            ("ml/vllm-0:8000".to_owned(), 6.0),
+            ("ml/vllm-1:8000".to_owned(), 0.0)
+        ],
+        "{latest}"
+    );
+    for (gauge, v) in [
+        ("lmperf_router_flow_control_queue", " 7"),
+        ("lmperf_router_pool_saturation", " 0.95"),
+        ("lmperf_router_ready_endpoints", " 2"),
+    ] {
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with(gauge) && l.ends_with(v)),
+            "{gauge}: {metrics}"
+        );
+    }
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("lmperf_router_worker_queue")
+                && l.contains("ml/vllm-0:8000")
+                && l.ends_with(" 6")),
+        "{metrics}"
+    );
     assert_eq!(last["error_type"], "429", "{last}");
     assert_eq!(last["http_status"], 429, "{last}");
     assert_eq!(

@@ -1479,6 +1479,7 @@ mod tests {
             router_kv_hit_rate: Default::default(),
             router_kv_transfer: Default::default(),
             router_picks: Vec::new(),
+            picker_pool: None,
             interval_s: Some(1.0),
             reset: false,
         }

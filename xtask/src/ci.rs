@@ -22,9 +22,9 @@
 //!    dependency; a lint fails the build. The tests run the same way (same fingerprints).
 //!    Then the peers' install and the tests' packages are waited for.
 //! 4. The unit and doc tests (`--lib --bins`, one test at a time per binary,
-//!    [`UNIT_TEST_THREADS`]; they need no peer) start in the background (cargo holds its build
-//!    lock only while building; their output is printed after the e2e tests'), beside the
-//!    integration tests, `--no-fail-fast` (`cargo test --workspace --test '*'`, the
+//!    [`UNIT_TEST_THREADS`]; they need no peer) start in the background at nice 19 (cargo
+//!    holds its build lock only while building; their output is printed after the e2e
+//!    tests'), beside the integration tests, `--no-fail-fast` (`cargo test --workspace --test '*'`, the
 //!    build's packages and features: the one e2e binary, `tests/tests.rs`) with
 //!    [`E2E_TEST_THREADS`] tests at a time and, in a plain run, the few long tests that take
 //!    no serial lock started at once in a second process of the binary ([`crate::e2e_early`]:
@@ -234,6 +234,24 @@ pub fn run(args: &[String]) -> Result<()> {
     lane_ok
 }
 
+/// `cmd` at nice 19 (`nice -n 19 <program> <args>`, its environment and directory kept).
+fn niced(cmd: &std::process::Command) -> std::process::Command {
+    let mut n = std::process::Command::new("nice");
+    n.args(["-n", "19"])
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => n.env(k, v),
+            None => n.env_remove(k),
+        };
+    }
+    if let Some(d) = cmd.get_current_dir() {
+        n.current_dir(d);
+    }
+    n
+}
+
 /// The unit and doc tests' run, started on a thread (see [`run`] step 4); returns it with its
 /// header. Their output is kept, to be printed after the e2e tests'.
 fn spawn_unit_tests(
@@ -268,6 +286,10 @@ fn spawn_unit_tests(
         "\n==> {}: started beside the e2e tests (output after them)",
         header.trim_end()
     );
+    // At nice 19, as the fuzz lane: the e2e tests' canaries measure latency, and a burst of
+    // unit-test and doc-test compiling beside them at the same priority moved a diagnosis
+    // onset 10 s early once (`diagnosis::slowdown_is_diagnosed_as_load_surge_within_60_s`).
+    let (unit, doc) = (niced(&unit), niced(&doc));
     let units = std::thread::spawn(move || -> Result<(TestRun, String)> {
         let (mut run, mut log) = run_counting_kept(unit)?;
         let (doc_run, doc_log) = run_counting_kept(doc)?;

@@ -351,6 +351,7 @@ fn write_queued_run(dir: &std::path::Path, with_server: bool) {
                 router_kv_hit_rate: Default::default(),
                 router_kv_transfer: Default::default(),
                 router_picks: Vec::new(),
+                picker_pool: None,
                 interval_s: Some(1.0),
                 reset: false,
             },

@@ -210,48 +210,111 @@ pub fn register(meter: &Meter, state: Arc<ServerState>) {
         .build();
 }
 
-/// One per-worker router gauge: its name, description and the value read from a pick.
-type PickGauge = (&'static str, &'static str, fn(&RouterPick) -> Option<f64>);
+/// An endpoint picker's pool gauges (issue 52.3): flow control queue, saturation, ready
+/// endpoints, by target.
+pub fn register_picker_pool(meter: &Meter, state: &Arc<ServerState>) {
+    type PoolGauge = (
+        &'static str,
+        &'static str,
+        &'static str,
+        fn(&lmperf_server_page::picker_pool::PickerPool) -> Option<f64>,
+    );
+    let gauges: [PoolGauge; 3] = [
+        (
+            n::METRIC_ROUTER_FLOW_CONTROL_QUEUE,
+            "{request}",
+            "Requests the endpoint picker's flow control holds in its queue, from its own metrics.",
+            |p| p.flow_control_queue,
+        ),
+        (
+            n::METRIC_ROUTER_POOL_SATURATION,
+            "1",
+            "The endpoint picker's most saturated pool, 0 (empty) to 1 (saturated), from its own metrics.",
+            |p| p.saturation,
+        ),
+        (
+            n::METRIC_ROUTER_READY_ENDPOINTS,
+            "{endpoint}",
+            "Endpoints the endpoint picker finds ready, from its own metrics.",
+            |p| p.ready_endpoints,
+        ),
+    ];
+    for (name, unit, desc, read) in gauges {
+        sample_gauge(meter, state, (name, unit, desc), move |s, a, observe| {
+            if let Some(v) = s.picker_pool.as_ref().and_then(read) {
+                observe(v, a);
+            }
+        });
+    }
+}
+
+/// An observable gauge `(name, unit, description)` whose callback passes each target's latest
+/// sample and its attributes to `each`, which observes what it reads there.
+fn sample_gauge(
+    meter: &Meter,
+    state: &Arc<ServerState>,
+    (name, unit, desc): (&'static str, &'static str, &'static str),
+    each: impl Fn(&ServerSample, &[KeyValue], &mut dyn FnMut(f64, &[KeyValue])) + Send + Sync + 'static,
+) {
+    let st = state.clone();
+    let _g = meter
+        .f64_observable_gauge(name)
+        .with_unit(unit)
+        .with_description(desc)
+        .with_callback(move |o| {
+            latest_each(&st, |s, a| each(s, a, &mut |v, kv| o.observe(v, kv)));
+        })
+        .build();
+}
+
+/// One per-worker router gauge: its name, unit, description and the value read from a pick.
+type PickGauge = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&RouterPick) -> Option<f64>,
+);
 
 /// A router's picks per worker (issue 52.5): share, share were the workers equal, pickable.
 pub fn register_router_picks(meter: &Meter, state: &Arc<ServerState>) {
-    let shares: [PickGauge; 3] = [
+    let shares: [PickGauge; 4] = [
         (
             n::METRIC_ROUTER_PICK_SHARE,
+            "1",
             "Share of the router's picks that went to the worker over the last scrape interval, from the router's own metrics.",
             |p| p.share,
         ),
         (
             n::METRIC_ROUTER_FAIR_SHARE,
+            "1",
             "The worker's share of the router's picks were its workers equal: 1 / the workers it may pick (healthy, circuit not open), 0 when this one is not among them.",
             |p| Some(p.fair_share),
         ),
         (
             n::METRIC_ROUTER_WORKER_PICKABLE,
+            "1",
             "1 when the router says the worker is healthy and its circuit breaker is not open, else 0.",
             |p| {
                 (p.healthy.is_some() || p.breaker.is_some())
                     .then(|| f64::from(u8::from(p.fair_share > 0.0)))
             },
         ),
+        (
+            n::METRIC_ROUTER_WORKER_QUEUE,
+            "{request}",
+            "Requests waiting in the worker's queue as the router sees it (llm-d's endpoint picker), from the router's own metrics.",
+            |p| p.queue,
+        ),
     ];
-    for (name, desc, read) in shares {
-        let st = state.clone();
-        let _g = meter
-            .f64_observable_gauge(name)
-            .with_unit("1")
-            .with_description(desc)
-            .with_callback(move |o| {
-                latest_each(&st, |s, a| {
-                    for p in &s.router_picks {
-                        if let Some(v) = read(p) {
-                            let mut kv = a.to_vec();
-                            kv.push(KeyValue::new(n::LMPERF_WORKER_ID, p.worker.clone()));
-                            o.observe(v, &kv);
-                        }
-                    }
-                })
-            })
-            .build();
+    for (name, unit, desc, read) in shares {
+        sample_gauge(meter, state, (name, unit, desc), move |s, a, observe| {
+            for p in &s.router_picks {
+                if let Some(v) = read(p) {
+                    let mut kv = a.to_vec();
+                    kv.push(KeyValue::new(n::LMPERF_WORKER_ID, p.worker.clone()));
+                    observe(v, &kv);
+                }
+            }
+        });
     }
 }

@@ -74,6 +74,7 @@ pub fn start(
     if let Some(m) = meter {
         metrics::register(m, state.clone());
         metrics::register_router_picks(m, &state);
+        metrics::register_picker_pool(m, &state);
     }
     let stop = tokio_util::sync::CancellationToken::new();
     let mut tasks = Vec::new();

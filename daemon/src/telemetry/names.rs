@@ -396,6 +396,18 @@ pub const METRIC_ROUTER_FAIR_SHARE: &str = "lmperf.router.worker.fair_share";
 /// Gauge, unit `1`, by `lmperf.target` and `lmperf.worker.id`: 1 when the router says the
 /// worker is healthy and its circuit breaker is not open, else 0 (absent when it says neither).
 pub const METRIC_ROUTER_WORKER_PICKABLE: &str = "lmperf.router.worker.pickable";
+/// Gauge, unit `{request}`, by `lmperf.target` and `lmperf.worker.id`: the requests waiting in
+/// the worker's queue as the router sees it (llm-d's endpoint picker:
+/// `llm_d_epp_per_endpoint_queue_size`, `llm_d_router_epp_per_endpoint_queue_size`,
+/// `inference_pool_per_pod_queue_size`); absent when the router does not say.
+pub const METRIC_ROUTER_WORKER_QUEUE: &str = "lmperf.router.worker.queue";
+/// Gauges by `lmperf.target`, from an endpoint picker's page (llm-d's, the Gateway API
+/// Inference Extension's): requests its flow control holds (`{request}`), its most saturated
+/// pool (`1`: 0 empty, 1 saturated), its ready endpoints (`{endpoint}`); absent when it does
+/// not say.
+pub const METRIC_ROUTER_FLOW_CONTROL_QUEUE: &str = "lmperf.router.flow_control.queue";
+pub const METRIC_ROUTER_POOL_SATURATION: &str = "lmperf.router.pool.saturation";
+pub const METRIC_ROUTER_READY_ENDPOINTS: &str = "lmperf.router.ready_endpoints";
 /// Gauge, unit `s`, by `lmperf.target` and `lmperf.path.metric` (ttft | e2e): how much a router
 /// adds, the routed canaries' p50 minus the p50 of the canaries sent straight to its workers
 /// over the last minute (issue 52.2); recorded when both sides have 5 requests in it.

@@ -70,7 +70,8 @@ pub struct ServerSample {
     #[serde(default, skip_serializing_if = "LatencyStats::is_empty")]
     pub router_kv_hit_rate: LatencyStats,
     /// A router's estimate of the KV transfer from prefill to decode worker, seconds
-    /// (`dynamo_component_router_kv_transfer_estimated_latency_seconds`); absent when not
+    /// (`dynamo_component_router_kv_transfer_estimated_latency_seconds`), or SGLang's gateway's
+    /// measured KV transfer window (`smg_pd_kv_transfer_duration_seconds`); absent when not
     /// exposed or none in the interval.
     #[serde(default, skip_serializing_if = "LatencyStats::is_empty")]
     pub router_kv_transfer: LatencyStats,
@@ -78,6 +79,10 @@ pub struct ServerSample {
     /// 52.5, [`crate::router_picks`]); empty when its page does not say.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub router_picks: Vec<crate::router_picks::RouterPick>,
+    /// An endpoint picker's flow control queue, pool saturation and ready endpoints as its
+    /// last page said them (issue 52.3, [`crate::picker_pool`]); absent when it does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub picker_pool: Option<crate::picker_pool::PickerPool>,
     /// Seconds since the previous scrape (`None` on the first).
     pub interval_s: Option<f64>,
     /// A counter went backwards or the start time moved: the server restarted in the interval.
@@ -204,6 +209,7 @@ pub fn sample(prev: Option<(&Reading, SystemTime)>, cur: &Reading, at: SystemTim
                 crate::router_picks::router_picks(p, c)
             })
             .unwrap_or_default(),
+        picker_pool: cur.picker_pool,
         interval_s: None,
         reset: false,
     };

@@ -11,6 +11,7 @@ pub mod identity;
 pub mod interval;
 pub mod normalize;
 pub mod parse;
+pub mod picker_pool;
 pub mod quantile;
 pub mod router_list;
 pub mod router_picks;

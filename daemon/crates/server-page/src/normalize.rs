@@ -141,14 +141,21 @@ const READ: &[&str] = &[
     "dynamo_component_router_kv_transfer_estimated_latency_seconds",
 ];
 
+/// SGLang's model gateway's KV transfer window of a disaggregated request, seconds ("prefill
+/// drain to decode send", lightseekorg/smg `describe_histogram!`; labels `backend_type`,
+/// `model`, `runtime`): read into `router_kv_transfer` wherever a page has it.
+const SMG_KV_TRANSFER: &str = "smg_pd_kv_transfer_duration_seconds";
+
 /// Whether [`normalize`] reads samples named `name`: the filter of
 /// [`parse_with`](super::parse::parse_with) on the scraper's path, so the families no signal
 /// comes from (`_created`, request-size histograms, Python GC, HTTP handlers) are checked
 /// but never stored.
 pub fn reads(name: &str) -> bool {
     if name == "process_start_time_seconds"
+        || name.starts_with(SMG_KV_TRANSFER)
         || name == super::workers::WORKER_REGISTERED
         || super::router_picks::NAMES.contains(&name)
+        || super::picker_pool::reads(name)
     {
         return true;
     }
@@ -223,6 +230,9 @@ pub struct Reading {
     /// What a router's page says of each worker it picks from
     /// ([`super::router_picks::router_worker_readings`]); `None` when the page does not say.
     pub router_worker_readings: Option<Vec<super::router_picks::RouterWorkerReading>>,
+    /// An endpoint picker's pool figures ([`super::picker_pool::picker_pool`]); `None` when the
+    /// page does not say.
+    pub picker_pool: Option<super::picker_pool::PickerPool>,
 }
 
 fn sum_of<'p, 'a: 'p>(it: impl Iterator<Item = &'p Sample<'a>>) -> Option<f64> {
@@ -312,6 +322,7 @@ pub fn normalize(page: &Page, kind: Option<ServerKind>) -> Reading {
         process_start_time_s,
         router_workers: super::workers::router_workers(page),
         router_worker_readings: super::router_picks::router_worker_readings(page),
+        picker_pool: super::picker_pool::picker_pool(page),
     };
     match kind {
         ServerKind::Vllm => {
@@ -440,6 +451,9 @@ pub fn normalize(page: &Page, kind: Option<ServerKind>) -> Reading {
         }
         ServerKind::Unknown => {}
     }
+    if r.histograms.router_kv_transfer.is_none() {
+        r.histograms.router_kv_transfer = first_histogram(page, &[SMG_KV_TRANSFER]);
+    }
     r
 }
 
@@ -533,6 +547,21 @@ mod tests {
     }
 
     #[test]
+    fn smg_kv_transfer_is_the_routers_kv_transfer() {
+        let text = "smg_pd_kv_transfer_duration_seconds_bucket{backend_type=\"grpc\",model=\"m\",runtime=\"vllm\",le=\"0.05\"} 2\n\
+                    smg_pd_kv_transfer_duration_seconds_bucket{backend_type=\"grpc\",model=\"m\",runtime=\"vllm\",le=\"+Inf\"} 3\n\
+                    smg_pd_kv_transfer_duration_seconds_sum{backend_type=\"grpc\",model=\"m\",runtime=\"vllm\"} 0.21\n\
+                    smg_pd_kv_transfer_duration_seconds_count{backend_type=\"grpc\",model=\"m\",runtime=\"vllm\"} 3\n\
+                    smg_worker_requests_active{worker=\"http://w1:8000\"} 1\n";
+        let kept = crate::parse::parse_with(text, reads).unwrap();
+        let h = normalize(&kept, None)
+            .histograms
+            .router_kv_transfer
+            .expect("read");
+        assert_eq!((h.count, h.sum), (3.0, 0.21));
+    }
+
+    #[test]
     fn reads_keeps_every_name_normalize_reads() {
         // Each fixture normalized from every sample and from the `reads` samples only: the
         // same reading (Debug, as a NaN histogram sum is not equal to itself).
@@ -557,7 +586,7 @@ mod tests {
             );
             n += 1;
         }
-        assert_eq!(n, 13);
+        assert_eq!(n, 14);
         assert!(reads("vllm:time_to_first_token_seconds_bucket") && reads("tgi_request_count"));
         assert!(
             !reads("vllm:prompt_tokens_created") && !reads("python_gc_objects_collected_total")

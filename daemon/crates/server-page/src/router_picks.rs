@@ -17,11 +17,16 @@
 //! `smg_worker_health` (1 healthy, 0 unhealthy), `smg_worker_cb_state` (0 closed, 1 open, 2
 //! half-open), `smg_worker_requests_active` (its running requests: the load); no picks.
 //!
-//! llm-d's endpoint picker (llm-d/llm-d-router, package `metrics`, subsystem `llm_d_epp`):
-//! `llm_d_epp_scheduler_attempts_total{status, target_model_name, endpoint_name, namespace,
-//! port}` "Total number of scheduling attempts", `status="success"` a request dispatched to the
+//! llm-d's endpoint picker (llm-d/llm-d-router `pkg/epp/metrics/llm_d_router_metrics.go`,
+//! subsystem `llm_d_epp`, renamed `llm_d_router_epp` in 2026: both read):
+//! `*_scheduler_attempts_total{status, target_model_name, endpoint_name, namespace, port}`
+//! "Total number of scheduling attempts", `status="success"` a request dispatched to the
 //! endpoint: its picks, the worker named `namespace/endpoint_name:port` (the pod, as llm-d's
-//! `x-session-token` names it, and its port). It says no health or breaker per endpoint.
+//! `x-session-token` names it, and its port); `*_per_endpoint_queue_size{name,
+//! model_server_endpoint}` "requests pending in the model server queue for each underlying
+//! endpoint" (and the Gateway API Inference Extension's older
+//! `inference_pool_per_pod_queue_size{name, model_server_pod}`), the endpoint's pod name: the
+//! worker whose `endpoint_name` it is. It says no health or breaker per endpoint.
 //!
 //! A worker's share of capacity is taken as equal among the workers the router may pick
 //! (healthy, circuit not open): a router's page says nothing of a worker's size.
@@ -38,23 +43,61 @@ pub const CB_STATE: &str = "vllm_router_cb_state";
 pub const LOAD: &str = "vllm_router_worker_load";
 /// llm-d's endpoint picker's scheduling attempts per endpoint.
 pub const EPP_ATTEMPTS: &str = "llm_d_epp_scheduler_attempts_total";
+/// [`EPP_ATTEMPTS`] under the picker's newer subsystem (`llm_d_router_epp`).
+pub const EPP_ROUTER_ATTEMPTS: &str = "llm_d_router_epp_scheduler_attempts_total";
+/// The picker's view of each endpoint's queue (`model_server_endpoint`), both subsystems, and
+/// the Gateway API Inference Extension's older name (`model_server_pod`).
+pub const EPP_QUEUE: &str = "llm_d_epp_per_endpoint_queue_size";
+pub const EPP_ROUTER_QUEUE: &str = "llm_d_router_epp_per_endpoint_queue_size";
+pub const GIE_POD_QUEUE: &str = "inference_pool_per_pod_queue_size";
 /// SGLang's model gateway's per-worker gauges (`worker` label, the worker's URL):
 /// health (1 healthy, 0 not), circuit breaker (0 closed, 1 open, 2 half-open) and running
 /// requests. It counts no picks per worker (`smg_worker_selection_total` has no worker label).
 pub const SMG_HEALTH: &str = "smg_worker_health";
 pub const SMG_CB_STATE: &str = "smg_worker_cb_state";
 pub const SMG_ACTIVE: &str = "smg_worker_requests_active";
-/// Every per-worker family read here.
-pub const NAMES: [&str; 8] = [
+/// Every per-worker family read here (the queues after the picks: a queue goes to the worker
+/// the picks named).
+pub const NAMES: [&str; 12] = [
     PROCESSED,
     HEALTH,
     CB_STATE,
     LOAD,
+    EPP_ROUTER_ATTEMPTS,
     EPP_ATTEMPTS,
     SMG_HEALTH,
     SMG_CB_STATE,
     SMG_ACTIVE,
+    EPP_ROUTER_QUEUE,
+    EPP_QUEUE,
+    GIE_POD_QUEUE,
 ];
+
+/// Families that say one thing under the names of several releases, newest first: a picker
+/// exports its older names beside the new ones (llm-d-router's e2e test expects both
+/// `inference_pool_per_pod_queue_size` and `llm_d_epp_per_endpoint_queue_size`), so only the
+/// first on a page is read.
+const ALIASES: [&[&str]; 2] = [
+    &[EPP_ROUTER_ATTEMPTS, EPP_ATTEMPTS],
+    &[EPP_ROUTER_QUEUE, EPP_QUEUE, GIE_POD_QUEUE],
+];
+
+/// Whether `name` is an older alias of a family `page` has under a newer name.
+fn shadowed(page: &Page, name: &str) -> bool {
+    ALIASES.iter().any(|group| {
+        group.iter().position(|n| *n == name).is_some_and(|i| {
+            group[..i]
+                .iter()
+                .any(|newer| page.named(newer).next().is_some())
+        })
+    })
+}
+
+/// The pod an EPP worker key (`namespace/endpoint_name:port`) names.
+fn endpoint_name_of(worker: &str) -> &str {
+    let name = worker.rsplit('/').next().unwrap_or(worker);
+    name.split(':').next().unwrap_or(name)
+}
 
 /// The worker an EPP series names: `namespace/endpoint_name:port`, the parts it has.
 fn epp_endpoint(page: &Page, s: &super::parse::Sample) -> Option<String> {
@@ -102,21 +145,34 @@ pub struct RouterWorkerReading {
     pub healthy: Option<bool>,
     pub breaker: Option<Breaker>,
     pub load: Option<f64>,
+    /// Requests waiting in the worker's queue as the router sees it (llm-d's picker).
+    pub queue: Option<f64>,
 }
 
 /// Every worker any of [`NAMES`] names on `page`, sorted by worker; `None` when the page has
 /// none of them (not a router page lmperf reads).
 pub fn router_worker_readings(page: &Page) -> Option<Vec<RouterWorkerReading>> {
     let mut out: Vec<RouterWorkerReading> = Vec::new();
-    for name in NAMES {
+    for name in NAMES.into_iter().filter(|n| !shadowed(page, n)) {
         for s in page.named(name) {
-            let worker = if name == EPP_ATTEMPTS {
-                if page.label(s, "status").as_deref() != Some("success") {
-                    continue;
+            let queue_of = match name {
+                EPP_QUEUE | EPP_ROUTER_QUEUE => page.label(s, "model_server_endpoint"),
+                GIE_POD_QUEUE => page.label(s, "model_server_pod"),
+                _ => None,
+            };
+            let worker = match name {
+                EPP_ATTEMPTS | EPP_ROUTER_ATTEMPTS => {
+                    if page.label(s, "status").as_deref() != Some("success") {
+                        continue;
+                    }
+                    epp_endpoint(page, s)
                 }
-                epp_endpoint(page, s)
-            } else {
-                page.label(s, "worker").map(std::borrow::Cow::into_owned)
+                EPP_QUEUE | EPP_ROUTER_QUEUE | GIE_POD_QUEUE => queue_of.as_ref().map(|e| {
+                    out.iter()
+                        .find(|r| endpoint_name_of(&r.worker) == e.as_ref())
+                        .map_or_else(|| e.to_string(), |r| r.worker.clone())
+                }),
+                _ => page.label(s, "worker").map(std::borrow::Cow::into_owned),
             };
             let Some(worker) = worker else {
                 continue;
@@ -130,14 +186,18 @@ pub fn router_worker_readings(page: &Page) -> Option<Vec<RouterWorkerReading>> {
                         healthy: None,
                         breaker: None,
                         load: None,
+                        queue: None,
                     });
                     out.len() - 1
                 }
             };
             let r = &mut out[i];
             match name {
-                PROCESSED | EPP_ATTEMPTS => {
+                PROCESSED | EPP_ATTEMPTS | EPP_ROUTER_ATTEMPTS => {
                     r.picks_total = Some(r.picks_total.unwrap_or(0.0) + s.value);
+                }
+                EPP_QUEUE | EPP_ROUTER_QUEUE | GIE_POD_QUEUE => {
+                    r.queue = Some(r.queue.unwrap_or(0.0) + s.value);
                 }
                 HEALTH | SMG_HEALTH => r.healthy = Some(s.value >= 0.5),
                 CB_STATE | SMG_CB_STATE => r.breaker = Breaker::from_gauge(s.value),
@@ -168,6 +228,9 @@ pub struct RouterPick {
     pub breaker: Option<Breaker>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub load: Option<f64>,
+    /// Requests waiting in the worker's queue as the router sees it (llm-d's picker).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<f64>,
 }
 
 impl RouterWorkerReading {
@@ -216,6 +279,7 @@ pub fn router_picks(
             healthy: c.healthy,
             breaker: c.breaker,
             load: c.load,
+            queue: c.queue,
         })
         .collect()
 }
@@ -300,6 +364,42 @@ mod tests {
         assert_eq!((p[0].fair_share, p[1].fair_share), (0.5, 0.5));
     }
 
+    /// The picker's newer subsystem (`llm_d_router_epp`): the same picks; each endpoint's queue
+    /// goes to the worker whose pod it names, in both subsystems and the older Gateway API
+    /// Inference Extension name; an endpoint with a queue but no pick yet is a worker of its own.
+    #[test]
+    fn llm_d_router_epp_picks_and_queues_per_endpoint() {
+        let text = "llm_d_router_epp_scheduler_attempts_total{status=\"success\",target_model_name=\"m\",endpoint_name=\"vllm-0-rank-0\",namespace=\"ml\",port=\"8000\"} 4\n\
+                    llm_d_router_epp_per_endpoint_queue_size{name=\"pool\",model_server_endpoint=\"vllm-0-rank-0\"} 7\n\
+                    llm_d_router_epp_per_endpoint_queue_size{name=\"pool\",model_server_endpoint=\"vllm-1-rank-0\"} 0\n";
+        let r = router_worker_readings(&parse(text).expect("page")).expect("an EPP page");
+        let got: Vec<(&str, Option<f64>, Option<f64>)> = r
+            .iter()
+            .map(|w| (w.worker.as_str(), w.picks_total, w.queue))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("ml/vllm-0-rank-0:8000", Some(4.0), Some(7.0)),
+                ("vllm-1-rank-0", None, Some(0.0))
+            ]
+        );
+        let gie = "llm_d_epp_scheduler_attempts_total{status=\"success\",target_model_name=\"m\",endpoint_name=\"p0\",namespace=\"ml\",port=\"8000\"} 1\n\
+                   inference_pool_per_pod_queue_size{name=\"pool\",model_server_pod=\"p0\"} 3\n";
+        let r = router_worker_readings(&parse(gie).expect("page")).expect("an EPP page");
+        assert_eq!((r.len(), r[0].queue), (1, Some(3.0)));
+        // Old and new names side by side: read once, not summed.
+        let both = format!(
+            "{gie}llm_d_epp_per_endpoint_queue_size{{name=\"pool\",model_server_endpoint=\"p0\"}} 3\n"
+        );
+        let r = router_worker_readings(&parse(&both).expect("page")).expect("an EPP page");
+        assert_eq!(
+            (r.len(), r[0].queue, r[0].picks_total),
+            (1, Some(3.0), Some(1.0))
+        );
+        assert_eq!(router_picks(None, &r)[0].queue, Some(3.0));
+    }
+
     /// SGLang's gateway: health, breaker and running requests per worker, no picks (no share),
     /// the workers the gateway may pick still counted for the fair share.
     #[test]
@@ -333,6 +433,7 @@ mod tests {
             healthy: None,
             breaker: None,
             load: None,
+            queue: None,
         };
         let p = router_picks(Some(&[w("a", 100.0)]), &[w("a", 3.0), w("b", 1.0)]);
         assert_eq!((p[0].picks, p[1].picks), (Some(3.0), Some(1.0)));
