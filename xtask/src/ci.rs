@@ -24,7 +24,7 @@
 //! 4. The unit and doc tests (`--lib --bins`, one test at a time per binary,
 //!    [`UNIT_TEST_THREADS`]; they need no peer) start in the background at nice 19 (cargo
 //!    holds its build lock only while building; their output is printed after the e2e
-//!    tests'), beside the integration tests, `--no-fail-fast` (`cargo test --workspace --test '*'`, the
+//!    tests'; under `--stress` they end before the hog starts), beside the integration tests, `--no-fail-fast` (`cargo test --workspace --test '*'`, the
 //!    build's packages and features: the one e2e binary, `tests/tests.rs`) with
 //!    [`E2E_TEST_THREADS`] tests at a time and, in a plain run, the few long tests that take
 //!    no serial lock started at once in a second process of the binary ([`crate::e2e_early`]:
@@ -180,7 +180,7 @@ pub fn run(args: &[String]) -> Result<()> {
     // Every run names the whole workspace: the same packages, so the same features as the
     // build step (`--exclude lmperf-e2e` would drop the e2e package's features and rebuild
     // tokio and all above it: 3.5 min of CPU).
-    let (units, header) = spawn_unit_tests(&cargo, test_args, &env);
+    let (units, header) = spawn_unit_tests(&cargo, test_args, &env, opts.stress_runs > 0)?;
     wait_logged("[4/5] tests/peers/install.sh", peers, &peers_log)?;
     if let Some(t) = test_packages {
         println!("\n==> [2/5] the tests' packages (installed beside the build)");
@@ -192,9 +192,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let e2e_run = e2e_step(&cargo, test_args, &env, opts.stress_runs)?;
     times.push("integration (e2e) tests", started);
     let started = Instant::now();
-    let (unit_run, unit_log) = units
-        .join()
-        .map_err(|_| anyhow::anyhow!("the unit tests' thread panicked"))??;
+    let (unit_run, unit_log) = units.finish()?;
     println!("\n==> {}, run beside the e2e tests", header.trim_end());
     print!("{unit_log}");
     times.push("unit and doc tests (after the e2e)", started);
@@ -252,13 +250,33 @@ fn niced(cmd: &std::process::Command) -> std::process::Command {
     n
 }
 
+/// The unit and doc tests' run: on its thread, or done.
+enum Units {
+    Running(std::thread::JoinHandle<Result<(TestRun, String)>>),
+    Done((TestRun, String)),
+}
+
+impl Units {
+    /// Its counts and output, once it has ended.
+    fn finish(self) -> Result<(TestRun, String)> {
+        match self {
+            Units::Done(r) => Ok(r),
+            Units::Running(h) => h
+                .join()
+                .map_err(|_| anyhow::anyhow!("the unit tests' thread panicked"))?,
+        }
+    }
+}
+
 /// The unit and doc tests' run, started on a thread (see [`run`] step 4); returns it with its
-/// header. Their output is kept, to be printed after the e2e tests'.
+/// header. Their output is kept, to be printed after the e2e tests'. With `wait` (`--stress`,
+/// whose hog would starve them at nice 19) it has ended when this returns.
 fn spawn_unit_tests(
     cargo: &dyn Fn() -> std::process::Command,
     test_args: &[String],
     env: &[(&str, &str)],
-) -> (std::thread::JoinHandle<Result<(TestRun, String)>>, String) {
+    wait: bool,
+) -> Result<(Units, String)> {
     // The unit and doc tests run beside the e2e binary (cargo holds its build lock only while
     // building): they are pure and short, the e2e tests mostly wait on servers and timers and
     // hold under a CPU hog (`--stress`); their output is printed after the e2e tests'.
@@ -297,7 +315,11 @@ fn spawn_unit_tests(
         log.push_str(&doc_log);
         Ok((run, log))
     });
-    (units, header)
+    let units = Units::Running(units);
+    Ok(match wait {
+        true => (Units::Done(units.finish()?), header),
+        false => (units, header),
+    })
 }
 
 /// `cargo xtask ci`'s usage (`-h`).

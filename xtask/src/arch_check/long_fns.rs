@@ -34,7 +34,7 @@ pub(super) const KNOWN_LONG: &[(&str, &str, usize)] = &[
     ("daemon/src/load/trace.rs", "load_capped", 195),
     ("daemon/src/server/metrics.rs", "register", 188),
     ("daemon/src/telemetry/spans.rs", "build_span", 170),
-    ("xtask/src/ci.rs", "run", 166),
+    ("xtask/src/ci.rs", "run", 164),
     ("xtask/src/demo.rs", "run", 158),
 ];
 
