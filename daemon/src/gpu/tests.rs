@@ -760,7 +760,10 @@ async fn a_slow_driver_delays_no_task_of_the_runtime() {
         Duration::from_secs(5),
     )
     .unwrap();
-    // Meanwhile a one-thread runtime's timers fire on time.
+    // Meanwhile a one-thread runtime's timers fire: a sampler on the runtime's thread would
+    // hold the first 10 ms timer for the whole ~3 s tick. The bound is a third of that, far
+    // above what a busy machine delays a wake-up by (CI runs these tests at nice 19 beside
+    // the e2e tests).
     let mut worst = Duration::ZERO;
     for _ in 0..20 {
         let t = Instant::now();
@@ -768,7 +771,7 @@ async fn a_slow_driver_delays_no_task_of_the_runtime() {
         worst = worst.max(t.elapsed());
     }
     assert!(
-        worst < Duration::from_millis(60),
+        worst < Duration::from_secs(1),
         "a 10 ms timer took {worst:?}"
     );
     assert_eq!(
@@ -778,9 +781,11 @@ async fn a_slow_driver_delays_no_task_of_the_runtime() {
     );
     let t = Instant::now();
     monitor.stop(Duration::from_millis(50));
+    // Waiting for the hung tick would take seconds.
     assert!(
-        t.elapsed() < Duration::from_millis(200),
-        "stop does not wait for a hung call"
+        t.elapsed() < Duration::from_secs(1),
+        "stop does not wait for a hung call: {:?}",
+        t.elapsed()
     );
 }
 
