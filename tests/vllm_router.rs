@@ -12,8 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use lmperf_e2e::agent::{Agent, workspace_root};
-use lmperf_e2e::peers::free_port;
+use lmperf_e2e::peers::{ModelServer, free_port, shared_model_server};
 use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
+use lmperf_e2e::serial;
 use lmperf_e2e::temp;
 
 /// The router process; killed when dropped.
@@ -371,11 +372,28 @@ async fn vllm_router_path_overhead_routed_minus_direct() {
 /// `lmperf run --target-kind router` through vllm-router with `args` more, writing to `out`;
 /// returns its stderr (the run must pass).
 async fn lmperf_run(port: u16, out: &std::path::Path, args: &[String]) -> String {
-    let (o2, args) = (out.to_owned(), args.to_vec());
+    lmperf_run_model(port, "m", out, args).await
+}
+
+/// [`lmperf_run`] of `model`.
+async fn lmperf_run_model(
+    port: u16,
+    model: &str,
+    out: &std::path::Path,
+    args: &[String],
+) -> String {
+    let (o2, args, model) = (out.to_owned(), args.to_vec(), model.to_owned());
     let o = tokio::task::spawn_blocking(move || {
         Command::new(lmperf_e2e::agent::lmperf_bin())
             .args(["run", "--target", &format!("http://127.0.0.1:{port}")])
-            .args(["--target-kind", "router", "--api", "chat", "--model", "m"])
+            .args([
+                "--target-kind",
+                "router",
+                "--api",
+                "chat",
+                "--model",
+                &model,
+            ])
             .args([
                 "--batch-sizes",
                 "1",
@@ -585,5 +603,120 @@ async fn vllm_router_consistent_hash_one_session_key_goes_to_one_worker() {
         .filter_map(|e| e["share"].as_f64())
         .fold(1.0, f64::min);
     assert!(shares.len() == 2 && low <= 0.1, "{shares:#?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 52's real parts: vllm-router 0.1.17 (round robin) in front of two real llama.cpp
+/// servers (Gemma 3 270M, one thread each: the tests' shared one and one of this test's own).
+/// `lmperf run --target-kind router` finds both workers in the router's own list and sends the
+/// benchmark's shape straight to them after it: routed − direct TTFT p50 within a few ms at
+/// rest, the router's picks (its `vllm_router_processed_requests_total` per worker) and the
+/// direct phase's requests split evenly, as round robin does; through a proxy adding 200 ms in
+/// front of the router, the figure is 200 ms more (± 20 %) and the direct p50 stays. Printed.
+#[tokio::test(flavor = "multi_thread")]
+async fn vllm_router_before_two_llama_cpp_servers() {
+    const ADDED_MS: u64 = 200;
+    let Some(bin) = router_bin() else {
+        return;
+    };
+    let _serial = serial::lock().await;
+    let (one, two) =
+        tokio::task::spawn_blocking(|| (shared_model_server().url(), ModelServer::start()))
+            .await
+            .unwrap();
+    let dir = temp::dir("vllm-router-llama");
+    let workers = [one.clone(), two.url()];
+    let (_router, port, prom) = start_router(&bin, &workers, &dir).await;
+    let picks = || {
+        let page = lmperf_e2e::agent::http_get(
+            std::net::SocketAddr::from(([127, 0, 0, 1], prom)),
+            "/metrics",
+        )
+        .1;
+        workers.clone().map(|w| {
+            lmperf_e2e::prom_text::sum(
+                &page,
+                "vllm_router_processed_requests_total",
+                &[&format!("worker=\"{w}\"")],
+            )
+        })
+    };
+    let before = picks();
+    let out = dir.join("run");
+    let err = lmperf_run_model(port, "gemma-3-270m", &out, &[]).await;
+    let after = picks();
+    let routed = [after[0] - before[0], after[1] - before[1]];
+    // Every request the router forwards is a pick: the benchmark's, and the run's calls to the
+    // server's tokenizer (`/tokenize`, `/apply-template`, which size its prompts exactly).
+    println!("the router's picks per worker over the run: {routed:?}");
+    assert!(
+        routed.iter().all(|&n| n >= 3.0) && (routed[0] - routed[1]).abs() <= 1.0,
+        "round robin over {workers:?}: {routed:?}"
+    );
+    let rows = lmperf_e2e::request_rows(&out);
+    assert!(
+        rows.len() == 6 && rows.iter().all(|r| r["outcome"] == "ok"),
+        "{rows:#?}"
+    );
+    let rest = bench_path(&out);
+    println!("at rest: {rest:#}");
+    assert_eq!(rest["workers_from"], "router", "{rest}");
+    let mut listed: Vec<&str> = rest["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|w| w.as_str())
+        .collect();
+    listed.sort_unstable();
+    let mut want = workers.clone().map(|w| format!("{w}/"));
+    want.sort();
+    assert_eq!(listed, want, "{rest}");
+    assert_eq!(
+        (
+            rest["direct_requests"].as_u64(),
+            rest["direct_errors"].as_u64()
+        ),
+        (Some(6), Some(0)),
+        "{rest}"
+    );
+    let direct = std::fs::read_to_string(out.join("direct.jsonl")).unwrap();
+    let mut per_worker = std::collections::BTreeMap::<String, usize>::new();
+    for l in direct.lines() {
+        let r: serde_json::Value = serde_json::from_str(l).unwrap();
+        *per_worker
+            .entry(r["endpoint"].as_str().unwrap_or("none").to_owned())
+            .or_default() += 1;
+    }
+    assert_eq!(
+        per_worker.values().copied().collect::<Vec<_>>(),
+        [3, 3],
+        "{per_worker:?}"
+    );
+    let at_rest = rest["ttft"]["overhead_ms"].as_f64().unwrap();
+    let direct_rest = rest["ttft"]["direct"]["p50_ms"].as_f64().unwrap();
+    assert!(
+        at_rest.abs() < 25.0,
+        "the router adds {at_rest} ms at rest (direct p50 {direct_rest} ms)"
+    );
+    assert!(
+        err.contains(rest["ttft"]["says"].as_str().unwrap()),
+        "{err}"
+    );
+
+    let front = delaying_proxy(port, Arc::new(std::sync::atomic::AtomicU64::new(ADDED_MS)));
+    let slow_out = dir.join("run-slow");
+    let _ = lmperf_run_model(front, "gemma-3-270m", &slow_out, &[]).await;
+    let slow = bench_path(&slow_out);
+    println!("{ADDED_MS} ms added in front of the router: {slow:#}");
+    let added = slow["ttft"]["overhead_ms"].as_f64().unwrap() - at_rest;
+    assert!(
+        (added - ADDED_MS as f64).abs() <= 0.2 * ADDED_MS as f64,
+        "the figure grew {added} ms for {ADDED_MS} ms added: {slow}"
+    );
+    let direct = slow["ttft"]["direct"]["p50_ms"].as_f64().unwrap();
+    assert!(
+        (direct - direct_rest).abs() < 0.2 * ADDED_MS as f64,
+        "direct p50 {direct_rest} → {direct} ms"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
