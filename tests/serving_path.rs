@@ -752,13 +752,29 @@ fn dynamo_every_worker_gets_pinned_probes_and_one_killed_is_said_gone() {
 /// "Response Headers": the worker's URL, `@<rank>` for a data-parallel worker). A scripted
 /// gateway that alternates two workers: every row of `lmperf run --target-kind router` names
 /// the worker its reply's header said (attribution `smg_header`), and the per-worker blocks
-/// of `summary.json` split the benchmark between them.
+/// of `summary.json` split the benchmark between them. Issue 52.1: the gateway serves no
+/// `/list_workers`, so the run's direct phase goes to the workers the replies named.
 #[tokio::test(flavor = "multi_thread")]
 async fn smg_gateway_header_attributes_each_request() {
     use lmperf_e2e::scripted::{Reply, ScriptedServer, chat_stream};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    const WORKERS: [&str; 2] = ["http://10.0.0.7:8000", "http://10.0.0.8:8000@1"];
+    let worker = || {
+        ScriptedServer::start(Arc::new(|req, _| {
+            if req.path.ends_with("/chat/completions") {
+                Reply::sse(chat_stream(
+                    3,
+                    Duration::from_millis(5),
+                    Duration::from_millis(2),
+                    16,
+                ))
+            } else {
+                Reply::json(200, r#"{"object":"list","data":[{"id":"m"}]}"#)
+            }
+        }))
+    };
+    let (w1, w2) = (worker().await, worker().await);
+    let names = [w1.url(), format!("{}@1", w2.url())];
     let n = Arc::new(AtomicUsize::new(0));
     let server = ScriptedServer::start(Arc::new(move |req, _| {
         if req.path == "/v1/models" {
@@ -770,12 +786,12 @@ async fn smg_gateway_header_attributes_each_request() {
         if !req.path.ends_with("/chat/completions") {
             return Reply::json(404, r#"{"error":"not found"}"#);
         }
-        let w = WORKERS[n.fetch_add(1, Ordering::SeqCst) % 2];
+        let w = &names[n.fetch_add(1, Ordering::SeqCst) % 2];
         Reply::WithHeaders {
             status: 200,
             headers: vec![
                 ("Content-Type".into(), "text/event-stream".into()),
-                ("x-smg-routed-worker-id".into(), w.into()),
+                ("x-smg-routed-worker-id".into(), w.clone()),
             ],
             frames: chat_stream(3, Duration::from_millis(5), Duration::from_millis(2), 16),
         }
@@ -816,16 +832,87 @@ async fn smg_gateway_header_attributes_each_request() {
             .or_default() += 1;
     }
     // The rank suffix is the worker's data-parallel rank, not part of its id.
-    let want: BTreeMap<String, u64> = [
-        ("http://10.0.0.7:8000".to_owned(), 4),
-        ("http://10.0.0.8:8000".to_owned(), 4),
-    ]
-    .into();
+    let want: BTreeMap<String, u64> = [(w1.url(), 4), (w2.url(), 4)].into();
     assert_eq!(per, want);
     let workers = &summary(&out)["benchmarks"][0]["workers"];
     for (w, n) in &want {
         assert_eq!(workers[w]["num_requests"], *n, "{workers}");
     }
+    // The gateway lists no worker (404): the direct workers are those its replies named.
+    let path = &summary(&out)["benchmarks"][0]["path"];
+    println!("routed versus direct: {path:#}");
+    assert_eq!(path["workers_from"], "replies", "{path}");
+    let listed: Vec<&str> = path["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|w| w.as_str())
+        .collect();
+    let mut urls = [format!("{}/", w1.url()), format!("{}/", w2.url())];
+    urls.sort();
+    assert_eq!(listed, urls, "{path}");
+    assert_eq!(
+        (
+            path["direct_requests"].as_u64(),
+            path["direct_errors"].as_u64()
+        ),
+        (Some(8), Some(0)),
+        "{path}"
+    );
+    assert!(path["ttft"]["overhead_ms"].is_f64(), "{path}");
+    assert!(
+        err.contains("the router's worker list not read"),
+        "said why: {err}"
+    );
+
+    // The agent alike: its router target's direct canaries go to the workers the routed
+    // canaries' replies named, the list's 404 said beside them.
+    let dir = temp::dir("smg-gateway-agent");
+    let cfg = dir.join("lmperf.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[canary]\ninterval = \"200ms\"\nmax_tokens = 3\n\n[[target]]\nurl = \"{}\"\nname = \"smg\"\nmodel = \"m\"\nkind = \"router\"\nworker_probes = false\nserver_metrics = \"off\"\ndirect_interval = \"1s\"\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let path = tokio::task::spawn_blocking(move || {
+        let agent =
+            lmperf_e2e::agent::Agent::spawn(&["--config", cfg.to_str().unwrap(), "--no-otlp"], &[]);
+        let t = Instant::now();
+        loop {
+            let p = agent.status()["targets"][0]["path"].clone();
+            if p["ttft"]["overhead_ms"].is_f64() {
+                return p;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "{p:#}\n{}",
+                agent.stderr_text()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    })
+    .await
+    .unwrap();
+    println!("the agent's routed versus direct: {path:#}");
+    assert_eq!(path["workers_from"], "replies", "{path}");
+    let mut listed: Vec<&str> = path["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|w| w["url"].as_str())
+        .collect();
+    listed.sort_unstable();
+    assert_eq!(listed, urls, "{path}");
+    assert!(
+        path["list_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("HTTP 404")),
+        "{path}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Issue 52.4: llm-d's endpoint picker says why it dropped a request in

@@ -33,7 +33,8 @@ const SCOPE: &str = "over the benchmark and its direct phase";
 pub struct DirectWorkers {
     /// Base URLs, in the order given or listed.
     pub urls: Vec<String>,
-    /// `flag` (`--direct-workers`) or `router` (its `GET /list_workers`).
+    /// `flag` (`--direct-workers`), `router` (its `GET /list_workers`) or `replies` (the
+    /// workers the benchmark's replies named by URL).
     pub from: &'static str,
 }
 
@@ -43,7 +44,7 @@ pub struct BenchPath {
     /// The workers sent to directly (those that answered a TCP connect), base URLs as
     /// `http://host:port/`.
     pub workers: Vec<String>,
-    /// `flag` or `router`, as [`DirectWorkers::from`].
+    /// `flag`, `router` or `replies`, as [`DirectWorkers::from`].
     pub workers_from: &'static str,
     /// Direct requests sent, and those that failed (by `error.type` in `direct.jsonl`).
     pub direct_requests: usize,
@@ -55,8 +56,9 @@ pub struct BenchPath {
 }
 
 /// The run's direct workers: `--direct-workers` as configured, else (a router target) the
-/// router's own list. `None` for a plain server, or when the router lists none or its list
-/// cannot be read (said on stderr with `progress`: the run goes on without the figure).
+/// router's own list, else (the router lists none, or its list cannot be read: said on stderr
+/// with `progress`) those each benchmark's replies name by URL (`from` `replies`, `urls` empty:
+/// [`phase`] takes them from the benchmark's per-worker blocks). `None` for a plain server.
 pub(crate) async fn workers(ctx: &RunContext<'_>) -> Option<DirectWorkers> {
     let t = &ctx.spec.target;
     if t.kind != TargetKind::Router || !t.direct.enabled {
@@ -68,28 +70,35 @@ pub(crate) async fn workers(ctx: &RunContext<'_>) -> Option<DirectWorkers> {
             from: "flag",
         });
     }
-    match list_workers_of(ctx.clients, t).await {
-        Ok(urls) if !urls.is_empty() => Some(DirectWorkers {
-            urls,
-            from: "router",
-        }),
-        Ok(_) => {
-            if ctx.spec.progress {
-                eprintln!(
-                    "lmperf run: the router lists no worker: no routed-versus-direct figure (give --direct-workers)"
-                );
-            }
-            None
+    let why = match list_workers_of(ctx.clients, t).await {
+        Ok(urls) if !urls.is_empty() => {
+            return Some(DirectWorkers {
+                urls,
+                from: "router",
+            });
         }
-        Err(e) => {
-            if ctx.spec.progress {
-                eprintln!(
-                    "lmperf run: the router's worker list not read ({e}): no routed-versus-direct figure (give --direct-workers)"
-                );
-            }
-            None
-        }
+        Ok(_) => "the router lists no worker".to_owned(),
+        Err(e) => format!("the router's worker list not read ({e})"),
+    };
+    if ctx.spec.progress {
+        eprintln!(
+            "lmperf run: {why}: the direct workers are those the replies name by URL, if any (else give --direct-workers)"
+        );
     }
+    Some(DirectWorkers {
+        urls: Vec::new(),
+        from: "replies",
+    })
+}
+
+/// The workers `routed`'s replies named by URL (its per-worker blocks), as base URLs.
+fn replied(routed: &BenchSummary) -> Vec<String> {
+    routed.workers.as_ref().map_or_else(Vec::new, |w| {
+        w.keys()
+            .filter_map(|id| crate::config::direct_paths::worker_url(id))
+            .map(|u| u.to_string())
+            .collect()
+    })
 }
 
 fn side(d: Option<&Distribution>) -> PathSide {
@@ -143,6 +152,25 @@ pub(crate) async fn phase(
     input_len: u32,
 ) -> Result<(), BenchError> {
     let mut spec = ctx.spec.clone();
+    let named;
+    let workers = if workers.from == "replies" {
+        named = DirectWorkers {
+            urls: replied(routed),
+            from: workers.from,
+        };
+        if named.urls.is_empty() {
+            if ctx.spec.progress {
+                eprintln!(
+                    "lmperf run: {}: no reply named its worker by URL: no routed-versus-direct figure",
+                    routed.benchmark
+                );
+            }
+            return Ok(());
+        }
+        &named
+    } else {
+        workers
+    };
     let (mut aimed, mut reached) = (Vec::new(), Vec::new());
     for w in &workers.urls {
         let Some(t) = aimed_target(&ctx.spec.target, w) else {

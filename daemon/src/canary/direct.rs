@@ -3,8 +3,9 @@
 //! the router, so that the routed canaries can be compared with them over the same window
 //! (`status::path`, `lmperf_path_overhead_seconds`). The workers are the target's
 //! `direct_workers`, else the router's own list (`GET /list_workers`, read again every
-//! [`LIST_EVERY`]); a list that cannot be read is said in the status and the workers known are
-//! kept. Each worker gets one canary per `direct_interval`, the workers' sends spread evenly
+//! [`LIST_EVERY`]), else the workers the routed replies named by URL (SGLang's gateway's
+//! `x-smg-routed-worker-id`); a list that cannot be read is said in the status and the workers
+//! known are kept. Each worker gets one canary per `direct_interval`, the workers' sends spread evenly
 //! over it. A direct canary goes the canary's path (`TargetRunner::measure` with
 //! `Source::Direct`), is not one of the target's canaries (no canary counts, no diagnosis
 //! sample) and carries its worker on its span.
@@ -139,16 +140,32 @@ pub async fn run(
     let name = runner.target.name.clone();
     let mut aimed: HashMap<String, TargetRunner> = HashMap::new();
     let mut listed_at: Option<tokio::time::Instant> = None;
+    // Whether the router's last list named workers; else the replies' workers are used.
+    let mut router_lists = false;
     let (mut seq, mut turn) = (0u64, 0usize);
     loop {
         if configured.is_empty() && listed_at.is_none_or(|t| t.elapsed() >= LIST_EVERY) {
             listed_at = Some(tokio::time::Instant::now());
             match list_workers(&runner).await {
-                Ok(urls) => path.set_workers(WorkersFrom::Router, &urls),
+                Ok(urls) if !urls.is_empty() => {
+                    router_lists = true;
+                    path.set_workers(WorkersFrom::Router, &urls);
+                }
+                Ok(_) => {
+                    router_lists = false;
+                    path.set_list_error("the router lists no worker".to_owned());
+                }
                 Err(e) => {
+                    router_lists = false;
                     tracing::debug!(target_name = %name, error = %e, "Router's worker list not read; direct canaries keep the workers known.");
                     path.set_list_error(e.to_string());
                 }
+            }
+        }
+        if configured.is_empty() && !router_lists {
+            let replied = path.replied_workers();
+            if !replied.is_empty() && replied != path.workers() {
+                path.set_workers_keeping_error(WorkersFrom::Replies, &replied);
             }
         }
         let workers = path.workers();

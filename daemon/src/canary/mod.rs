@@ -532,7 +532,7 @@ impl TargetRunner {
         };
         let error = r.failure().map(|e| e.error_type.as_str());
         match source {
-            Source::Canary => p.record_routed(r.outcome == Outcome::Ok, sample),
+            Source::Canary => p.record_routed(r.outcome == Outcome::Ok, sample, &replied_urls(r)),
             Source::Direct(w) => p.record_direct(w, error, sample),
             _ => return,
         }
@@ -872,6 +872,19 @@ pub fn console_line(target: &str, model: &str, m: &Measured, trace_id: &str) -> 
         },
         m.retries,
     )
+}
+
+/// The aggregated workers `r`'s reply named by URL (SGLang's gateway's
+/// `x-smg-routed-worker-id`), as base URLs: the direct workers of a router that lists none.
+fn replied_urls(r: &lmperf_measure::RequestRecord) -> Vec<String> {
+    r.served_by.as_ref().map_or_else(Vec::new, |by| {
+        by.workers
+            .iter()
+            .filter(|w| w.role == lmperf_measure::worker::WorkerRole::Agg)
+            .filter_map(|w| crate::config::direct_paths::worker_url(&w.id))
+            .map(|u| u.to_string())
+            .collect()
+    })
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! sent low-rate canaries of the target's shape straight, not through the router
 //! (`canary::direct`), so that the routed canaries can be compared with them (how much the
 //! router adds: `lmperf_path_overhead_seconds`). The workers are the list given, else those the
-//! router lists itself (`GET /list_workers`, as vllm-router and SGLang's router serve it). On by
+//! router lists itself (`GET /list_workers`, as vllm-router and SGLang's router serve it), else
+//! those the routed replies name by URL ([`worker_url`]). On by
 //! default for `kind = "router"` targets; `direct_paths = false` turns it off.
 
 use std::time::Duration;
@@ -90,9 +91,41 @@ pub fn base_url(mut u: Url) -> Url {
     u
 }
 
+/// A worker id a router's reply carried, as a direct worker's base URL: `Some` only when it is
+/// an http(s) URL with a host (SGLang's gateway names its workers by URL,
+/// `x-smg-routed-worker-id`; Dynamo's numeric ids and llm-d's `namespace/pod` names are not
+/// addresses).
+pub fn worker_url(id: &str) -> Option<Url> {
+    let u = Url::parse(id).ok()?;
+    (matches!(u.scheme(), "http" | "https") && u.host_str().is_some_and(|h| !h.is_empty()))
+        .then(|| base_url(u))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_http_urls_are_worker_urls() {
+        let got = |id: &str| worker_url(id).map(|u| u.to_string());
+        assert_eq!(
+            got("http://10.0.0.7:8000").as_deref(),
+            Some("http://10.0.0.7:8000/")
+        );
+        assert_eq!(
+            got("https://w.example/v1").as_deref(),
+            Some("https://w.example/")
+        );
+        for id in [
+            "7587888160958628",
+            "ml/decode-0",
+            "10.0.0.7:8000",
+            "unix:/x",
+            "a→b",
+        ] {
+            assert_eq!(got(id), None, "{id}");
+        }
+    }
 
     #[test]
     fn defaults_list_and_bounds() {

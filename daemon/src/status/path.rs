@@ -2,7 +2,7 @@
 //! straight (`canary::direct`), their counts, and the routed and direct requests of the last
 //! minutes that [`lmperf_measure::path::compare`] compares (`/api/v1/status` `targets[].path`).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -15,6 +15,8 @@ pub const WINDOW: Duration = Duration::from_secs(60);
 /// copy and a sort of a minute's requests, not of the agent's life).
 const KEEP: usize = 2048;
 const KEEP_S: f64 = 120.0;
+/// Workers the replies named kept at most (a router naming more is not probed beyond these).
+const MAX_REPLIED: usize = 64;
 
 /// Where the direct workers came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -24,6 +26,9 @@ pub enum WorkersFrom {
     Config,
     /// The router's own list (`GET /list_workers`).
     Router,
+    /// The workers the routed replies named by URL (SGLang's gateway's
+    /// `x-smg-routed-worker-id`), when the router lists none.
+    Replies,
 }
 
 /// One direct worker's canaries so far.
@@ -44,7 +49,7 @@ pub struct DirectWorkerView {
 pub struct PathView {
     /// Each worker gets a direct canary once per this, seconds.
     pub interval_s: f64,
-    /// `config` | `router`; `None` until a list is known.
+    /// `config` | `router` | `replies`; `None` until a list is known.
     pub workers_from: Option<WorkersFrom>,
     /// Why the router's list could not be read (the last try), when it could not.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -62,6 +67,8 @@ struct Inner {
     workers: Vec<DirectWorkerView>,
     routed: VecDeque<PathSample>,
     direct: VecDeque<PathSample>,
+    /// The base URLs the routed replies named (at most [`MAX_REPLIED`]).
+    replied: BTreeSet<String>,
 }
 
 /// One router target's direct paths.
@@ -118,6 +125,13 @@ impl DirectPathState {
             .collect();
     }
 
+    /// [`Self::set_workers`], the last list error kept (the router's list still unread).
+    pub fn set_workers_keeping_error(&self, from: WorkersFrom, urls: &[String]) {
+        let error = self.lock().list_error.clone();
+        self.set_workers(from, urls);
+        self.lock().list_error = error;
+    }
+
     /// The router's list could not be read: said in the status, the workers known kept.
     pub fn set_list_error(&self, error: String) {
         self.lock().list_error = Some(error);
@@ -128,11 +142,23 @@ impl DirectPathState {
         self.lock().workers.iter().map(|w| w.url.clone()).collect()
     }
 
-    /// A routed canary ended: a successful one joins the comparison.
-    pub fn record_routed(&self, ok: bool, sample: PathSample) {
-        if ok {
-            push(&mut self.lock().routed, sample);
+    /// A routed canary ended: a successful one joins the comparison; the workers its reply
+    /// named by URL (`replied`: base URLs) are kept for [`Self::replied_workers`].
+    pub fn record_routed(&self, ok: bool, sample: PathSample, replied: &[String]) {
+        let mut g = self.lock();
+        for u in replied {
+            if g.replied.len() < MAX_REPLIED || g.replied.contains(u) {
+                g.replied.insert(u.clone());
+            }
         }
+        if ok {
+            push(&mut g.routed, sample);
+        }
+    }
+
+    /// The workers the routed replies have named by URL so far, sorted.
+    pub fn replied_workers(&self) -> Vec<String> {
+        self.lock().replied.iter().cloned().collect()
     }
 
     /// A direct canary to `worker` ended (`error_type` when it failed).
@@ -193,6 +219,30 @@ mod tests {
         }
     }
 
+    /// The workers the routed replies named: each once, sorted, bounded; an unread list's
+    /// error stays beside them.
+    #[test]
+    fn replied_workers_are_kept_once_and_bounded() {
+        let p = DirectPathState::new(Duration::from_secs(5));
+        let (b, a) = ("http://b:1/".to_owned(), "http://a:1/".to_owned());
+        p.record_routed(true, s(1.0, 10.0), std::slice::from_ref(&b));
+        p.record_routed(false, s(2.0, 10.0), &[a.clone(), b.clone()]);
+        assert_eq!(p.replied_workers(), [a.clone(), b.clone()]);
+        p.set_list_error("GET http://r/list_workers: HTTP 404".to_owned());
+        p.set_workers_keeping_error(WorkersFrom::Replies, &p.replied_workers());
+        let v = p.view(3.0);
+        assert_eq!(v.workers_from, Some(WorkersFrom::Replies));
+        assert_eq!(
+            v.list_error.as_deref(),
+            Some("GET http://r/list_workers: HTTP 404")
+        );
+        assert_eq!(v.workers.len(), 2);
+        for i in 0..2 * MAX_REPLIED {
+            p.record_routed(true, s(4.0, 10.0), &[format!("http://w{i}:1/")]);
+        }
+        assert_eq!(p.replied_workers().len(), MAX_REPLIED);
+    }
+
     /// Workers counted, failures kept out of the comparison, a kept worker keeps its counts.
     #[test]
     fn counts_and_comparison() {
@@ -203,8 +253,8 @@ mod tests {
         );
         for i in 0..5 {
             let at = 100.0 + f64::from(i);
-            p.record_routed(true, s(at, 120.0));
-            p.record_routed(false, s(at, 9000.0));
+            p.record_routed(true, s(at, 120.0), &[]);
+            p.record_routed(false, s(at, 9000.0), &[]);
             p.record_direct("http://a/", None, s(at, 20.0));
         }
         p.record_direct("http://b/", Some("http_503"), s(104.0, 1.0));
