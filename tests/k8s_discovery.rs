@@ -657,12 +657,17 @@ async fn a_reload_of_the_interval_alone_keeps_the_targets_history() {
 /// InferencePool discovery (`inference_pools = true`): while the CRD is absent the status says
 /// so and the annotated pod is canaried; installed, a pool selecting 2 pods of this node makes
 /// them 2 targets at podIP:targetPort with `k8s.inferencepool.name` (a pod on another node and
-/// one of another namespace are not); the pool deleted, both stop.
+/// one of another namespace are not); the pool deleted, both stop. Issue 52.1: a router target
+/// with `direct_pool` (the pool's gateway) sends its direct canaries to those two pods while
+/// they are the pool's, and to none before or after.
 #[tokio::test(flavor = "multi_thread")]
 async fn inference_pools_name_their_pods_as_targets() {
     let api = KubeApi::start().await;
     api.add_replicaset(NS, "llama-5c6b8d", "llama");
     let annotated = vllm().await;
+    // An llm-d gateway in front of the pool: a router target whose direct workers are the
+    // pool's pods that discovery finds (`direct_pool`).
+    let gateway = vllm().await;
     // Two pod IPs (loopback addresses) on one port: the pool's target port.
     let a = vllm_at("127.0.0.2:0").await;
     let port = a.addr.port();
@@ -709,7 +714,8 @@ async fn inference_pools_name_their_pods_as_targets() {
     std::fs::write(
         &config,
         format!(
-            "[canary]\nmax_tokens = 4\ninterval = \"250ms\"\nmodel = \"m\"\nserver_metrics = \"off\"\n\n[discovery.kubernetes]\nenabled = true\nnode_name = \"{NODE}\"\ninference_pools = true\n"
+            "[canary]\nmax_tokens = 4\ninterval = \"250ms\"\nmodel = \"m\"\nserver_metrics = \"off\"\n\n[[target]]\nurl = \"{}\"\nname = \"gw\"\nkind = \"router\"\nworker_probes = false\ndirect_pool = \"{NS}/llama-pool\"\ndirect_interval = \"1s\"\n\n[discovery.kubernetes]\nenabled = true\nnode_name = \"{NODE}\"\ninference_pools = true\n",
+            gateway.url()
         ),
     )
     .unwrap();
@@ -742,13 +748,33 @@ async fn inference_pools_name_their_pods_as_targets() {
     );
     assert_eq!(pools["state"], "failing", "{pools}");
     assert_eq!(s["discovery"]["state"], "watching", "pods go on: {s:#}");
-    assert_eq!(target_names(&s), ["llm/annotated-0"]);
+    assert_eq!(target_names(&s), ["gw", "llm/annotated-0"]);
+    assert_eq!(
+        target(&s, "gw")["path"]["workers"],
+        serde_json::json!([]),
+        "{s:#}"
+    );
     assert!(completions(&annotated) >= 1);
     assert_eq!(completions(&a) + completions(&b), 0);
 
     // Installed: the pool's 2 pods of this node become targets at podIP:targetPort.
     api.install_pool_crd();
-    let want = ["llm/annotated-0", "llm/llama-0", "llm/llama-1"];
+    let want = ["gw", "llm/annotated-0", "llm/llama-0", "llm/llama-1"];
+    let direct_ok = |s: &serde_json::Value| {
+        target(s, "gw")["path"]["workers"]
+            .as_array()
+            .map(|w| {
+                w.iter()
+                    .map(|w| {
+                        (
+                            w["url"].as_str().unwrap_or("").to_owned(),
+                            w["ok"].as_u64() >= Some(1),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
     // Each pool target's canary served and recorded: the server counts a request when it
     // arrives, the agent when its stream ends (its counter first, then its status).
     let (s, took) = wait(&agent, Duration::from_secs(30), |s| {
@@ -758,6 +784,8 @@ async fn inference_pools_name_their_pods_as_targets() {
             && ["llm/llama-0", "llm/llama-1"]
                 .iter()
                 .all(|t| target(s, t)["requests"].as_u64() >= Some(1))
+            && direct_ok(s).len() == 2
+            && direct_ok(s).iter().all(|(_, ok)| *ok)
     })
     .await;
     println!("pool targets canaried {took:?} after the CRD was installed");
@@ -777,6 +805,16 @@ async fn inference_pools_name_their_pods_as_targets() {
         target(&s, "llm/annotated-0")["k8s"]["k8s.inferencepool.name"].is_null(),
         "no pool selects the annotated pod"
     );
+    // The gateway's direct canaries went to the pool's two pods of this node, each answered.
+    assert_eq!(target(&s, "gw")["path"]["workers_from"], "pool", "{s:#}");
+    assert_eq!(
+        direct_ok(&s),
+        [
+            (format!("http://127.0.0.2:{port}/"), true),
+            (format!("http://127.0.0.3:{port}/"), true)
+        ],
+        "{s:#}"
+    );
     assert!(completions(&a) >= 1 && completions(&b) >= 1);
     let (_, metrics) = agent.get("/metrics");
     let n = prom_sum(
@@ -792,10 +830,14 @@ async fn inference_pools_name_their_pods_as_targets() {
     // The pool deleted: its targets leave, their servers get no canary after that.
     api.delete_pool("llm/llama-pool");
     let (s, _) = wait(&agent, Duration::from_secs(5), |s| {
-        target_names(s) == ["llm/annotated-0"]
+        target_names(s) == ["gw", "llm/annotated-0"] && direct_ok(s).is_empty()
     })
     .await;
-    assert_eq!(target_names(&s), ["llm/annotated-0"], "{s:#}");
+    assert_eq!(target_names(&s), ["gw", "llm/annotated-0"], "{s:#}");
+    assert!(
+        direct_ok(&s).is_empty(),
+        "no direct worker once the pool is gone: {s:#}"
+    );
     assert_eq!(s["discovery"]["inference_pools"]["pools"], 0);
     tokio::time::sleep(Duration::from_millis(400)).await;
     let after = completions(&a) + completions(&b);

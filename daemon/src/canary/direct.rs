@@ -2,7 +2,8 @@
 //! target's own shape (api, model, prompts, `max_tokens`) sent straight to them, not through
 //! the router, so that the routed canaries can be compared with them over the same window
 //! (`status::path`, `lmperf_path_overhead_seconds`). The workers are the target's
-//! `direct_workers`, else the router's own list (`GET /list_workers`, read again every
+//! `direct_workers`, else the discovered pods of its `direct_pool` InferencePool (looked up in
+//! the agent's targets before each send), else the router's own list (`GET /list_workers`, read again every
 //! [`LIST_EVERY`]), else the workers the routed replies named by URL (SGLang's gateway's
 //! `x-smg-routed-worker-id`); a list that cannot be read is said in the status and the workers
 //! known are kept. Each worker gets one canary per `direct_interval`, the workers' sends spread evenly
@@ -115,6 +116,26 @@ pub fn aimed_target(
     Some(t)
 }
 
+/// The base URLs of the targets among `targets` that are pods of `pool` (their
+/// `k8s.inferencepool.name` and `k8s.namespace.name`), sorted.
+pub fn pool_workers(
+    targets: &[Arc<crate::status::TargetState>],
+    pool: &crate::config::direct_paths::PoolRef,
+) -> Vec<String> {
+    use crate::telemetry::names::{K8S_INFERENCEPOOL_NAME, K8S_NAMESPACE_NAME};
+    let mut urls: Vec<String> = targets
+        .iter()
+        .filter(|t| {
+            t.k8s.get(K8S_INFERENCEPOOL_NAME) == Some(&pool.name)
+                && t.k8s.get(K8S_NAMESPACE_NAME) == Some(&pool.namespace)
+        })
+        .map(|t| t.url.clone())
+        .collect();
+    urls.sort();
+    urls.dedup();
+    urls
+}
+
 /// Runs `runner`'s direct canaries until `stop` (none unless its state holds a
 /// [`crate::status::path::DirectPathState`]); each canary is spawned on `tracker` and cancelled
 /// by `cancel`.
@@ -144,7 +165,10 @@ pub async fn run(
     let mut router_lists = false;
     let (mut seq, mut turn) = (0u64, 0usize);
     loop {
-        if configured.is_empty() && listed_at.is_none_or(|t| t.elapsed() >= LIST_EVERY) {
+        if configured.is_empty()
+            && runner.target.direct.pool.is_none()
+            && listed_at.is_none_or(|t| t.elapsed() >= LIST_EVERY)
+        {
             listed_at = Some(tokio::time::Instant::now());
             match list_workers(&runner).await {
                 Ok(urls) if !urls.is_empty() => {
@@ -162,7 +186,16 @@ pub async fn run(
                 }
             }
         }
-        if configured.is_empty() && !router_lists {
+        if let (true, Some(pool), Some(peers)) = (
+            configured.is_empty(),
+            &runner.target.direct.pool,
+            &runner.peers,
+        ) {
+            let pods = pool_workers(&peers.snapshot(), pool);
+            if pods != path.workers() || path.workers_from() != Some(WorkersFrom::Pool) {
+                path.set_workers(WorkersFrom::Pool, &pods);
+            }
+        } else if configured.is_empty() && !router_lists {
             let replied = path.replied_workers();
             if !replied.is_empty() && replied != path.workers() {
                 path.set_workers_keeping_error(WorkersFrom::Replies, &replied);
@@ -201,5 +234,56 @@ pub async fn run(
         tracker.spawn(crate::cost::metered(&crate::cost::CANARY, async move {
             r.measure(seq, &c, &source).await;
         }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::direct_paths::PoolRef;
+    use crate::config::k8s::K8sIdentity;
+    use crate::status::TargetState;
+
+    /// A target at `url`, a pod of `pool` in `namespace` when given.
+    fn state(url: &str, namespace: &str, pool: Option<&str>) -> Arc<TargetState> {
+        let cfg = crate::config::load(
+            crate::config::Overrides {
+                targets: vec![url.into()],
+                ..Default::default()
+            },
+            &crate::config::ProcessEnv,
+        )
+        .unwrap();
+        let mut t = cfg.targets[0].clone();
+        t.k8s = Some(K8sIdentity {
+            namespace: namespace.into(),
+            pod_name: "p".into(),
+            pod_uid: String::new(),
+            container_name: None,
+            owner: None,
+            inference_pool: pool.map(str::to_owned),
+        });
+        Arc::new(TargetState::new(&t))
+    }
+
+    /// The pool's pods in its namespace, sorted; another pool's, another namespace's and a pod
+    /// of none are not its workers.
+    #[test]
+    fn a_pools_workers_are_its_pods_in_its_namespace() {
+        let targets = [
+            state("http://10.0.0.9:8000", "llm-d", Some("pool")),
+            state("http://10.0.0.7:8000", "llm-d", Some("pool")),
+            state("http://10.0.0.8:8000", "llm-d", Some("other")),
+            state("http://10.0.0.6:8000", "team-b", Some("pool")),
+            state("http://10.0.0.5:8000", "llm-d", None),
+        ];
+        let pool = PoolRef {
+            namespace: "llm-d".into(),
+            name: "pool".into(),
+        };
+        assert_eq!(
+            pool_workers(&targets, &pool),
+            ["http://10.0.0.7:8000/", "http://10.0.0.9:8000/"]
+        );
     }
 }

@@ -61,6 +61,9 @@ pub struct TargetRunner {
     /// The target's model server signals, for the `lmperf.server.*` span attributes and the
     /// server change events; `None`: none added.
     pub server: Option<Arc<crate::server::TargetServer>>,
+    /// The agent's targets, for a router target whose direct workers are the discovered pods
+    /// of an InferencePool (`direct_pool`); `None`: not known.
+    pub peers: Option<Arc<crate::live_list::LiveList<TargetState>>>,
     /// Discovered model and provider, once known.
     discovered: Arc<Mutex<Discovery>>,
     in_flight: Arc<Semaphore>,
@@ -148,11 +151,18 @@ impl TargetRunner {
             recent: None,
             diagnosis: None,
             server: None,
+            peers: None,
             discovered: Arc::default(),
             in_flight,
             discovery_failing: Arc::default(),
             sampler: Arc::new(std::sync::Mutex::new(TargetSampler::new(sampling))),
         }
+    }
+
+    /// Lets a router target find its `direct_pool`'s pods among the agent's `targets`.
+    pub fn with_peers(mut self, targets: Arc<crate::live_list::LiveList<TargetState>>) -> Self {
+        self.peers = Some(targets);
+        self
     }
 
     /// Adds the node's GPU state during each request to its span (`lmperf.gpu.*`).

@@ -1,8 +1,10 @@
-//! `direct_workers`, `direct_interval`, `direct_paths`: the workers behind a router target, each
-//! sent low-rate canaries of the target's shape straight, not through the router
-//! (`canary::direct`), so that the routed canaries can be compared with them (how much the
-//! router adds: `lmperf_path_overhead_seconds`). The workers are the list given, else those the
-//! router lists itself (`GET /list_workers`, as vllm-router and SGLang's router serve it), else
+//! `direct_workers`, `direct_pool`, `direct_interval`, `direct_paths`: the workers behind a
+//! router target, each sent low-rate canaries of the target's shape straight, not through the
+//! router (`canary::direct`), so that the routed canaries can be compared with them (how much
+//! the router adds: `lmperf_path_overhead_seconds`). The workers are the list given, else the
+//! pods of the `direct_pool` InferencePool that discovery found (`namespace/name`: an llm-d
+//! gateway's pool; this node's pods, as the agent discovers them), else those the router lists
+//! itself (`GET /list_workers`, as vllm-router and SGLang's router serve it), else
 //! those the routed replies name by URL ([`worker_url`]). On by
 //! default for `kind = "router"` targets; `direct_paths = false` turns it off.
 
@@ -25,8 +27,11 @@ const MAX_WORKERS: usize = 64;
 pub struct DirectPaths {
     /// `direct_paths` (default true; acts on router targets only).
     pub enabled: bool,
-    /// `direct_workers`: each worker's base URL; empty: ask the router (`/list_workers`).
+    /// `direct_workers`: each worker's base URL; empty: the pool's pods, else ask the router
+    /// (`/list_workers`).
     pub workers: Vec<Url>,
+    /// `direct_pool`: the InferencePool whose discovered pods are the workers.
+    pub pool: Option<PoolRef>,
     /// Each worker gets one direct canary per this (1 s to 10 min; default 5 s).
     pub interval: Duration,
 }
@@ -36,16 +41,46 @@ impl Default for DirectPaths {
         Self {
             enabled: true,
             workers: Vec::new(),
+            pool: None,
             interval: DEFAULT_INTERVAL,
         }
+    }
+}
+
+/// An InferencePool by namespace and name (`direct_pool = "namespace/name"`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// `direct_pool`'s `namespace/name`, each part a Kubernetes name (lowercase letters, digits,
+/// `-` and `.`, 1 to 253 characters).
+fn pool_ref(field: &str, v: &str) -> Result<PoolRef, ConfigError> {
+    let name_ok = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 253
+            && s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+    };
+    match v.split_once('/') {
+        Some((ns, name)) if name_ok(ns) && name_ok(name) => Ok(PoolRef {
+            namespace: ns.to_owned(),
+            name: name.to_owned(),
+        }),
+        _ => Err(ConfigError::invalid(
+            format!("{field}.direct_pool"),
+            v,
+            "namespace/name of an InferencePool (lowercase names)",
+        )),
     }
 }
 
 /// The direct paths of target `field` as written.
 ///
 /// # Errors
-/// A worker URL that does not parse or is not http(s), more than 64 workers, an interval
-/// outside 1 s to 10 min, each naming the field and value.
+/// A worker URL that does not parse or is not http(s), more than 64 workers, a pool that is
+/// not `namespace/name`, an interval outside 1 s to 10 min, each naming the field and value.
 pub fn validate(field: &str, t: &RawCanary) -> Result<DirectPaths, ConfigError> {
     let interval = t.direct_interval.unwrap_or(DEFAULT_INTERVAL);
     if interval < INTERVAL_RANGE.0 || interval > INTERVAL_RANGE.1 {
@@ -72,9 +107,14 @@ pub fn validate(field: &str, t: &RawCanary) -> Result<DirectPaths, ConfigError> 
         }
         workers.push(base_url(u));
     }
+    let pool = match &t.direct_pool {
+        Some(p) => Some(pool_ref(field, p)?),
+        None => None,
+    };
     Ok(DirectPaths {
         enabled: t.direct_paths.unwrap_or(true),
         workers,
+        pool,
         interval,
     })
 }
@@ -104,6 +144,29 @@ pub fn worker_url(id: &str) -> Option<Url> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pool_is_namespace_and_name() {
+        let mut t = RawCanary {
+            direct_pool: Some("llm-d/gaie-pool".to_owned()),
+            ..RawCanary::default()
+        };
+        assert_eq!(
+            validate("target[1]", &t).map(|d| d.pool).ok().flatten(),
+            Some(PoolRef {
+                namespace: "llm-d".into(),
+                name: "gaie-pool".into()
+            })
+        );
+        for bad in ["gaie-pool", "/p", "ns/", "NS/p", "a/b/c"] {
+            t.direct_pool = Some(bad.to_owned());
+            let e = validate("target[1]", &t).unwrap_err().to_string();
+            assert!(
+                e.contains("target[1].direct_pool") && e.contains(bad),
+                "{e}"
+            );
+        }
+    }
 
     #[test]
     fn only_http_urls_are_worker_urls() {

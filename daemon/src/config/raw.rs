@@ -42,6 +42,7 @@
 //! # worker_probes = true            # router (Dynamo): a canary pinned to each worker (default on)
 //! # worker_probe_interval = "10s"   # each worker once per this; worker_probe_max_rate = 1.0 (per s)
 //! # direct_workers = ["http://w1:8000"]  # router: canaries straight to each (default: its /list_workers)
+//! # direct_pool = "ns/pool"         # router: its workers are the discovered pods of this InferencePool
 //! # direct_interval = "5s"          # each worker once per this; direct_paths = false: none
 //! # [target.k8s]                    # the pod serving it: its GPUs only (pod-resources)
 //! # namespace = "ml"
@@ -180,6 +181,7 @@ pub struct RawCanary {
     /// A router target's direct canaries to its workers (`super::direct_paths`).
     pub direct_paths: Option<bool>,
     pub direct_workers: Option<Vec<String>>,
+    pub direct_pool: Option<String>,
     #[serde(default, with = "humantime_serde")]
     pub direct_interval: Option<Duration>,
 }
@@ -306,6 +308,7 @@ impl RawCanary {
             worker_probe_max_rate: self.worker_probe_max_rate.or(b.worker_probe_max_rate),
             direct_paths: self.direct_paths.or(b.direct_paths),
             direct_workers: self.direct_workers.or(b.direct_workers),
+            direct_pool: self.direct_pool.or(b.direct_pool),
             direct_interval: self.direct_interval.or(b.direct_interval),
         }
     }

@@ -26,6 +26,8 @@ pub enum WorkersFrom {
     Config,
     /// The router's own list (`GET /list_workers`).
     Router,
+    /// The pods of the target's `direct_pool` InferencePool that discovery found.
+    Pool,
     /// The workers the routed replies named by URL (SGLang's gateway's
     /// `x-smg-routed-worker-id`), when the router lists none.
     Replies,
@@ -49,7 +51,7 @@ pub struct DirectWorkerView {
 pub struct PathView {
     /// Each worker gets a direct canary once per this, seconds.
     pub interval_s: f64,
-    /// `config` | `router` | `replies`; `None` until a list is known.
+    /// `config` | `pool` | `router` | `replies`; `None` until a list is known.
     pub workers_from: Option<WorkersFrom>,
     /// Why the router's list could not be read (the last try), when it could not.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -135,6 +137,11 @@ impl DirectPathState {
     /// The router's list could not be read: said in the status, the workers known kept.
     pub fn set_list_error(&self, error: String) {
         self.lock().list_error = Some(error);
+    }
+
+    /// Where the workers came from, once known.
+    pub fn workers_from(&self) -> Option<WorkersFrom> {
+        self.lock().workers_from
     }
 
     /// The workers' base URLs now.

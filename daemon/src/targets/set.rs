@@ -250,7 +250,8 @@ impl TargetSet {
         .with_net(s.net.clone())
         .with_recent(s.recent.clone())
         .with_diagnosis(s.diagnosis.clone())
-        .with_server(server.clone());
+        .with_server(server.clone())
+        .with_peers(s.states.clone());
         let scrape_stop = s.shutdown.stop.child_token();
         let scraper = match &self.scrape_client {
             Ok(client) if t.server.enabled => Some(tokio::spawn(
