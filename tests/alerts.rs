@@ -279,19 +279,7 @@ fn every_alert_has_severity_summary_description_and_a_runbook_section() {
     }
     // The runbook says what every diagnosis cause means (the names are an API boundary of the
     // diagnosis).
-    for cause in [
-        "load_surge",
-        "server_queueing",
-        "kv_cache_pressure",
-        "long_prompts",
-        "gpu_throttling",
-        "gpu_memory_pressure",
-        "gpu_fault",
-        "network",
-        "error_burst",
-        "server_change",
-        "unknown",
-    ] {
+    for cause in lmperf::diagnosis::Cause::ALL.map(|c| c.as_str()) {
         assert!(
             anchors.contains(cause),
             "docs/runbook.md has no section for the cause {cause}"

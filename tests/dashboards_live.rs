@@ -360,6 +360,7 @@ async fn every_panel_and_variable_returns_data_and_exemplars_resolve() {
         format!(
             "[canary]\ninterval = \"200ms\"\nmodel = \"m\"\nsampling_ratio = 0.2\n\
              [[target]]\nname = \"ok\"\nurl = \"{}\"\n[[target]]\nname = \"failing\"\nurl = \"{}\"\n[[target]]\nname = \"cut\"\nurl = \"{}\"\n\
+             [[target]]\nname = \"router\"\nurl = \"{0}\"\nkind = \"router\"\nworker_probes = false\nserver_metrics = \"off\"\ndirect_workers = [\"{0}\"]\ndirect_interval = \"1s\"\n\
              [gpu]\ninterval = \"500ms\"\nnvml_library = \"{}\"\npod_resources_socket = \"{}\"\n{}",
             ok.url(),
             failing.url(),

@@ -424,6 +424,22 @@ impl LiveDiagnosis {
         }
     }
 
+    /// Feeds a router target's routed canary that ended at `at`: its TTFT minus the direct
+    /// canaries' p50 of the window, s ([`Signal::PathOverhead`]).
+    pub fn observe_path_overhead(&self, target: &str, at: SystemTime, seconds: f64) {
+        if let Ok(mut e) = self.engine.lock() {
+            e.observe(target, Signal::PathOverhead, at, seconds);
+        }
+    }
+
+    /// Feeds a router target's direct canary to one of its workers that ended at `at` with a
+    /// first token after `ttft_s` ([`Signal::DirectTtft`]).
+    pub fn observe_direct_ttft(&self, target: &str, at: SystemTime, ttft_s: f64) {
+        if let Ok(mut e) = self.engine.lock() {
+            e.observe(target, Signal::DirectTtft, at, ttft_s);
+        }
+    }
+
     /// Feeds one node sample taken at `at` (see [`node_signals`]).
     pub fn feed_node(&self, at: SystemTime, sample: &crate::node::NodeSample) {
         self.node_latest.record(at, sample);

@@ -15,7 +15,8 @@ pub const SCRAPE_LABELS: &[&str] = &["instance", "job", "node"];
 
 /// A real agent's `/metrics` once every series the dashboards and rules name has samples: the
 /// agent probes three static scripted servers (streaming; 503; a stream cut after its first
-/// tokens, a failed request with a TTFT, so the latency histograms carry `error_type` too) and
+/// tokens, a failed request with a TTFT, so the latency histograms carry `error_type` too), a
+/// router target in front of the streaming one with a direct path to it (the serving path), and
 /// one pod it discovers through the scripted Kubernetes API server ([`K8S_POD`], at the
 /// streaming server), so the `k8s_*` labels of discovered targets are in the scrape.
 pub async fn agent_metrics() -> String {
@@ -64,10 +65,21 @@ pub async fn agent_metrics() -> String {
         }
     }))
     .await;
-    let urls = [ok.url(), failing.url(), cut.url()];
     let (api, config, kubeconfig) = k8s_discovery("dashboards-k8s", ok.addr.port()).await;
+    // The static targets in the file beside the discovery (flags would replace the file's),
+    // and a router target in front of the streaming server with a direct path to it, so the
+    // serving-path series (routed − direct) are in the scrape.
+    let mut file = std::fs::read_to_string(&config).expect("discovery config");
+    for u in [ok.url(), failing.url(), cut.url()] {
+        file.push_str(&format!("\n[[target]]\nurl = \"{u}\"\n"));
+    }
+    file.push_str(&format!(
+        "\n[[target]]\nurl = \"{0}\"\nname = \"router\"\nkind = \"router\"\nworker_probes = false\nserver_metrics = \"off\"\ndirect_workers = [\"{0}\"]\ndirect_interval = \"1s\"\n",
+        ok.url()
+    ));
+    std::fs::write(&config, file).expect("write config");
     let scrape = tokio::task::spawn_blocking(move || {
-        let mut args: Vec<&str> = urls.iter().flat_map(|u| ["--target", u.as_str()]).collect();
+        let mut args: Vec<&str> = Vec::new();
         let config = config.display().to_string();
         args.extend(["--config", &config]);
         args.extend(["--model", "m", "--interval", "200ms", "--no-otlp"]);
@@ -85,6 +97,8 @@ pub async fn agent_metrics() -> String {
             "lmperf_server_latency_seconds",
             "lmperf_server_preemptions_total",
             "lmperf_server_changes_total",
+            "lmperf_path_overhead_seconds",
+            "lmperf_path_direct_requests_total",
         ];
         let t = Instant::now();
         loop {

@@ -117,6 +117,9 @@ struct World {
     cgroup_mem: f64,
     /// OOM kills at the onset (an event).
     oom_kill: bool,
+    /// A router target: the time the router adds before the first token (its queue, its CPU),
+    /// s; the direct canaries to its workers do not pay it.
+    router_s: f64,
 }
 
 impl World {
@@ -149,6 +152,7 @@ impl World {
             throttled: 0.01,
             cgroup_mem: 0.6,
             oom_kill: false,
+            router_s: 0.002,
         }
     }
 }
@@ -276,6 +280,11 @@ fn faulted(cause: Cause, m: Magnitude, since: f64, variant: u64) -> World {
             w.prefill_s = lerp(c.prefill_s, c.prefill_s * m.pick(1.6, 2.5), f);
             w.decode_s = lerp(c.decode_s, c.decode_s * m.pick(1.5, 2.2), f);
         }
+        Cause::RouterOverhead => {
+            // The router itself slower (its CPU quota, its queue, flow control): every routed
+            // request waits in it before a worker sees it; the workers are as fast as ever.
+            w.router_s = lerp(c.router_s, m.pick(0.08, 0.4), f);
+        }
         Cause::Unknown => {}
     }
     w
@@ -305,6 +314,45 @@ struct Sources {
     server: bool,
     gpu: bool,
     net: bool,
+    /// The target is a router: its canaries pay [`World::router_s`], and direct canaries to
+    /// its workers (every 2.5 s: two workers, one each per 5 s) give their TTFT and each
+    /// routed canary's TTFT minus their p50 over the last minute, as the agent computes it.
+    router: bool,
+}
+
+/// The direct canaries of a router target so far: (time, TTFT) of the last minute.
+#[derive(Debug, Default)]
+struct DirectWindow {
+    next_s: f64,
+    recent: std::collections::VecDeque<(f64, f64)>,
+}
+
+impl DirectWindow {
+    /// The direct canaries' gap: two workers, each once per 5 s.
+    const GAP_S: f64 = 2.5;
+
+    /// Sends the direct canaries due by `t` (recording their TTFT) and returns their TTFT
+    /// p50 over the minute before `t`, with at least 5 in it.
+    fn p50_at(
+        &mut self,
+        t: f64,
+        mut ttft_at: impl FnMut(f64) -> f64,
+        r: &mut Recorder,
+    ) -> Option<f64> {
+        while self.next_s <= t {
+            let v = ttft_at(self.next_s);
+            r.push(Signal::DirectTtft, self.next_s, v);
+            self.recent.push_back((self.next_s, v));
+            self.next_s += Self::GAP_S;
+        }
+        while self.recent.front().is_some_and(|&(at, _)| at < t - 60.0) {
+            self.recent.pop_front();
+        }
+        let mut v: Vec<f64> = self.recent.iter().map(|&(_, v)| v).collect();
+        (v.len() >= 5)
+            .then(|| crate::diagnosis::detector::median(&mut v))
+            .flatten()
+    }
 }
 
 fn generate(
@@ -326,6 +374,9 @@ fn generate(
     let _ = name;
     let total = CALM_S + FAULT_S;
     let mut t = rng.random_range(0.0..1.0);
+    let mut direct = DirectWindow::default();
+    // The router's own draws: a router in front leaves the workers' noise as it was.
+    let mut router_rng = StdRng::seed_from_u64(seed ^ 0x726f_7574_6572);
     // Canary requests, one per second with jitter.
     while t < total {
         let w = world_at(t);
@@ -347,6 +398,19 @@ fn generate(
                 + w.ttft_round_trips * w.srtt_s;
             if outliers && rng.random_bool(1.0 / 40.0) {
                 ttft *= 5.0;
+            }
+            if sources.router {
+                // The direct canaries see the workers as they are at their own send.
+                let worker = |rng: &mut StdRng, at: f64| {
+                    let w = world_at(at);
+                    (w.queue_s + w.prefill_s + w.decode_s) * lat.sample(rng)
+                        + w.client_s
+                        + w.ttft_round_trips * w.srtt_s
+                };
+                ttft += w.router_s * lat.sample(&mut router_rng);
+                if let Some(p50) = direct.p50_at(t, |at| worker(&mut router_rng, at), &mut r) {
+                    r.push(Signal::PathOverhead, t, ttft - p50);
+                }
             }
             let tpot = (w.decode_s + 0.001) * lat.sample(&mut rng);
             let out_tokens = 32.0;
@@ -509,10 +573,13 @@ pub fn fault(cause: Cause, magnitude: Magnitude, variant: u64) -> Episode {
             faulted(cause, magnitude, t - CALM_S, variant)
         }
     };
+    // The second variant of each cause is a router target's (its workers faulted, or the
+    // router itself): a worker's fault slows the direct canaries as much as the routed ones.
     let sources = Sources {
         server: true,
         gpu: true,
         net: true,
+        router: cause == Cause::RouterOverhead || variant == 2,
     };
     let mut series = generate(name.clone(), seed, sources, &world_at, false);
     // Events: an XID at the onset; a server change (restart with another model).
@@ -590,6 +657,7 @@ pub fn network_delay(delay_s: f64, variant: u64) -> Episode {
         server: true,
         gpu: true,
         net: true,
+        router: false,
     };
     let mut series = generate(name.clone(), seed, sources, &world_at, false);
     sort(&mut series);
@@ -635,12 +703,15 @@ pub fn control(kind: Control, variant: u64) -> Episode {
             server: false,
             gpu: false,
             net: false,
+            router: false,
         }
     } else {
+        // The second of each kind is calm through a router.
         Sources {
             server: true,
             gpu: true,
             net: true,
+            router: variant == 2,
         }
     };
     let mut series = generate(

@@ -541,6 +541,16 @@ impl TargetRunner {
             e2e_ms: r.e2e.as_secs_f64() * 1e3,
         };
         let error = r.failure().map(|e| e.error_type.as_str());
+        if *source == Source::Canary
+            && let (Some(d), Some(o)) = (&self.diagnosis, self.routed_overhead_ms(m))
+        {
+            d.observe_path_overhead(&self.target.name, m.wall_start + r.e2e, o / 1e3);
+        }
+        if let (Source::Direct(_), Some(d), Some(ttft), None) =
+            (source, &self.diagnosis, r.ttft, error)
+        {
+            d.observe_direct_ttft(&self.target.name, m.wall_start + r.e2e, ttft.as_secs_f64());
+        }
         match source {
             Source::Canary => p.record_routed(r.outcome == Outcome::Ok, sample, &replied_urls(r)),
             Source::Direct(w) => p.record_direct(w, error, sample),
@@ -567,20 +577,24 @@ impl TargetRunner {
                 KeyValue::new(n::LMPERF_REQUEST_SOURCE, source.as_str()),
                 KeyValue::new(n::LMPERF_WORKER_ID, w.to_string()),
             ],
-            (Source::Canary, Some(p)) => {
-                let now = unix_s(m.wall_start + m.record.e2e);
-                let c = p.compare(PathMetric::Ttft, now);
-                match (m.record.ttft, c.direct.p50_ms) {
-                    (Some(t), Some(d)) if c.direct.n >= lmperf_measure::path::MIN_SAMPLES => {
-                        vec![KeyValue::new(
-                            n::LMPERF_PATH_OVERHEAD_MS,
-                            t.as_secs_f64() * 1e3 - d,
-                        )]
-                    }
-                    _ => Vec::new(),
-                }
-            }
+            (Source::Canary, Some(_)) => self
+                .routed_overhead_ms(m)
+                .map(|o| vec![KeyValue::new(n::LMPERF_PATH_OVERHEAD_MS, o)])
+                .unwrap_or_default(),
             _ => Vec::new(),
+        }
+    }
+
+    /// A routed canary's TTFT minus the direct canaries' TTFT p50 over the window it ended
+    /// in, ms; `None` without direct paths, a TTFT, or enough direct canaries in the window.
+    fn routed_overhead_ms(&self, m: &Measured) -> Option<f64> {
+        let p = self.state.path.as_ref()?;
+        let c = p.compare(PathMetric::Ttft, unix_s(m.wall_start + m.record.e2e));
+        match (m.record.ttft, c.direct.p50_ms) {
+            (Some(t), Some(d)) if c.direct.n >= lmperf_measure::path::MIN_SAMPLES => {
+                Some(t.as_secs_f64() * 1e3 - d)
+            }
+            _ => None,
         }
     }
 

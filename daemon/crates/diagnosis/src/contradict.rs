@@ -13,6 +13,10 @@
 //!   behind the server's ordinary full batch at its ordinary decode speed ([`full_batch`]: a
 //!   busy server with few slots queues whenever they are all held), it is contradicted.
 //!
+//! - `router_overhead` is the router's own time: when the direct canaries to its workers
+//!   slowed as well, the workers did, and the routed − direct difference only lagged
+//!   ([`workers_slowed`]).
+//!
 //! Pure: the caller passes the seconds.
 
 use super::report::Cause;
@@ -214,8 +218,32 @@ pub fn contradiction(cause: Cause, store: &EvidenceStore, onset: u32, now: u32) 
                 )
             })
         }
+        Cause::RouterOverhead => workers_slowed(store, onset, now),
         _ => None,
     }
+}
+
+/// `router_overhead` against the direct canaries: when they slowed too (median since the
+/// onset ≥ 1.2 × and + the TTFT floor over the 5 min before), the workers slowed, and the
+/// routed − direct difference rose only while the direct window (a minute) caught up.
+fn workers_slowed(store: &EvidenceStore, onset: u32, now: u32) -> Option<String> {
+    let median_in = |from: u32, to: u32| {
+        let mut v: Vec<f64> = store
+            .series(Signal::DirectTtft)?
+            .range(from, to)
+            .map(|(_, v)| v)
+            .collect();
+        super::detector::median(&mut v)
+    };
+    let before = median_in(onset.saturating_sub(300), onset)?;
+    let after = median_in(onset, now.saturating_add(1))?;
+    (after >= 1.2 * before && after - before >= Signal::DirectTtft.floor()).then(|| {
+        format!(
+            "the direct canaries to the workers slowed too ({:.0} → {:.0} ms TTFT): the workers, not the router (the routed − direct difference lags the direct window)",
+            before * 1e3,
+            after * 1e3
+        )
+    })
 }
 
 /// The share of the baseline's scrapes a batch as large as the one requests waited behind must

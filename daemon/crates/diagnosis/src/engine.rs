@@ -374,6 +374,12 @@ const CAUSES: &[CauseDef] = &[
         signals: &[Signal::NodeCpuPressure, Signal::ServerCpuWait],
         part: Part::Any,
     },
+    // The router's own time: only the first token waits for it (the stream is relayed after).
+    CauseDef {
+        cause: Cause::RouterOverhead,
+        signals: &[Signal::PathOverhead],
+        part: Part::Ttft,
+    },
     CauseDef {
         cause: Cause::MemoryPressure,
         signals: &[
@@ -412,6 +418,8 @@ const GRAPH: &[(Cause, Cause)] = &[
     // An OOM kill restarts the server (and fails its requests).
     (Cause::MemoryPressure, Cause::ServerChange),
     (Cause::MemoryPressure, Cause::ErrorBurst),
+    // A router that holds requests shows its own queue (a frontend's waiting requests).
+    (Cause::RouterOverhead, Cause::ServerQueueing),
 ];
 
 /// Robust z (harmful direction) → strength in [0, 1): 1 − e^(−z/8) (z 3.5 → 0.35, 10 → 0.71,
@@ -1265,6 +1273,7 @@ fn score(
                         | Cause::CpuThrottling
                         | Cause::NodeCpuPressure
                         | Cause::MemoryPressure
+                        | Cause::RouterOverhead
                 )
             })
             .map(|c| c.score)
@@ -1422,6 +1431,14 @@ fn hard_rule(s: Signal, mv: &Moved, store: &EvidenceStore, onset: u32, now: u32)
                 mv.before, mv.after
             ))
         }
+        // The router adds at least the TTFT floor more than before: the direct canaries to its
+        // workers, in the same minute, did not see it.
+        Signal::PathOverhead if mv.after - mv.before >= Signal::Ttft.floor() => Some(format!(
+            "routed − direct TTFT {:+.0} → {:+.0} ms (≥ +{:.0} ms): the router adds it, its workers answer direct canaries as before",
+            mv.before * 1e3,
+            mv.after * 1e3,
+            Signal::Ttft.floor() * 1e3
+        )),
         Signal::GpuThrottle if mv.before == 0.0 && mv.peak >= 0.5 => {
             Some("throttle reasons set (thermal / power / HW slowdown)".to_owned())
         }

@@ -79,7 +79,9 @@
 //!    reached (a busy server's queue is empty most seconds and full now and then: its ordinary
 //!    tail, not a change), squashed as 1 − e^(−z/8); hard rules raise a signal to ≥ 0.85 (KV ≥ 0.95 with preemptions,
 //!    any preemption, throttle reasons set, GPU memory ≥ 95 % or a new process, an XID / ECC /
-//!    lost event, kernel RTT ≥ 2 × and +5 ms, error ratio ≥ 1 %, a server change in the 15 min
+//!    lost event, kernel RTT ≥ 2 × and +5 ms, error ratio ≥ 1 %, a router target's routed − direct
+//!    TTFT up by the TTFT floor (50 ms: `router_overhead`, its workers answering direct canaries
+//!    as before), a server change in the 15 min
 //!    before onset, requests running ≥ 2 × and +1 and beyond its ordinary full batch
 //!    (95th percentile) with arrivals up while generated tokens/s did not fall: more work, not a
 //!    slower server; on a server without a request counter, requests waiting up ≥ 2 while its
@@ -97,7 +99,8 @@
 //!    (load_surge → server_queueing, long_prompts → server_queueing, kv_cache_pressure →
 //!    server_queueing, load_surge → kv_cache_pressure, gpu_memory_pressure → kv_cache_pressure,
 //!    gpu_fault → error_burst, server_change → error_burst, gpu_fault → gpu_throttling,
-//!    long_prompts → load_surge) ranks a
+//!    long_prompts → load_surge, router_overhead → server_queueing, and the CPU and memory
+//!    causes' edges in `engine::GRAPH`) ranks a
 //!    parent above its child when both score ≥ 0.5, the child's evidence joining the parent's
 //!    (CIRCA: Li et al., "Causal Inference-Based Root Cause Analysis for Online Service Systems
 //!    with Intervention Recognition", KDD 2022). Named checks with a threshold, evidence and a
@@ -120,7 +123,8 @@
 //!                         "jumped_buckets": int, "recent_buckets": int },
 //!     "causes": [ { "cause": "load_surge" | "server_queueing" | "kv_cache_pressure" |
 //!                   "long_prompts" | "gpu_throttling" | "gpu_memory_pressure" | "gpu_fault" |
-//!                   "network" | "error_burst" | "server_change" | "unknown",
+//!                   "network" | "error_burst" | "server_change" | "cpu_throttling" |
+//!                   "node_cpu_pressure" | "memory_pressure" | "router_overhead" | "unknown",
 //!                   "score": f64 in [0, 1],      // ranked, highest first
 //!                   "evidence": [ { "signal": str (Signal::as_str), "before": f64,
 //!                                   "after": f64, "peak": f64, "z": f64,

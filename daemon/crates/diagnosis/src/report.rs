@@ -41,12 +41,15 @@ pub enum Cause {
     NodeCpuPressure,
     /// Memory: PSI memory, the cgroup near its limit, an OOM kill.
     MemoryPressure,
+    /// A router target: its routed canaries slower than the direct canaries to its workers
+    /// by more than before (the router's queue, CPU or flow control), the workers fine.
+    RouterOverhead,
     /// The symptom is real and nothing explains it.
     Unknown,
 }
 
 impl Cause {
-    pub const ALL: [Cause; 14] = [
+    pub const ALL: [Cause; 15] = [
         Cause::LoadSurge,
         Cause::ServerQueueing,
         Cause::KvCachePressure,
@@ -60,6 +63,7 @@ impl Cause {
         Cause::CpuThrottling,
         Cause::NodeCpuPressure,
         Cause::MemoryPressure,
+        Cause::RouterOverhead,
         Cause::Unknown,
     ];
 
@@ -78,6 +82,7 @@ impl Cause {
             Cause::CpuThrottling => "cpu_throttling",
             Cause::NodeCpuPressure => "node_cpu_pressure",
             Cause::MemoryPressure => "memory_pressure",
+            Cause::RouterOverhead => "router_overhead",
             Cause::Unknown => "unknown",
         }
     }

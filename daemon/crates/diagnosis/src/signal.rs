@@ -121,10 +121,20 @@ pub enum Signal {
     /// front end. It grows with a slower path while the server's TTFT holds.
     #[serde(rename = "client_minus_server_ttft")]
     ClientServerTtftGap,
+    // ---- A router target: its routed canaries against its direct ones ----
+    /// A routed canary's TTFT minus the TTFT p50 of the direct canaries to the router's
+    /// workers over the last minute (`lmperf.path.overhead_ms`), s: the time the router adds
+    /// (its queue, its CPU, its flow control, the extra hop). A slower worker slows the direct
+    /// canaries as much, so it holds while the workers are fine.
+    PathOverhead,
+    /// The TTFT of a direct canary to one of a router's workers, s: whether the workers
+    /// slowed (then a routed − direct difference that rose lags the direct window: not the
+    /// router).
+    DirectTtft,
 }
 
 impl Signal {
-    pub const ALL: [Signal; 40] = [
+    pub const ALL: [Signal; 42] = [
         Signal::Ttft,
         Signal::Tpot,
         Signal::E2e,
@@ -165,6 +175,8 @@ impl Signal {
         Signal::ServerCpuWait,
         Signal::ServerCpu,
         Signal::ClientServerTtftGap,
+        Signal::PathOverhead,
+        Signal::DirectTtft,
     ];
 
     pub fn index(self) -> usize {
@@ -214,6 +226,8 @@ impl Signal {
             Signal::ServerCpuWait => "server_cpu_wait",
             Signal::ServerCpu => "server_cpu",
             Signal::ClientServerTtftGap => "client_minus_server_ttft",
+            Signal::PathOverhead => "path_overhead",
+            Signal::DirectTtft => "direct_ttft",
         }
     }
 
@@ -265,6 +279,8 @@ impl Signal {
             Signal::ServerCpuWait => "model server CPU wait (s/s)",
             Signal::ServerCpu => "model server CPU (cores)",
             Signal::ClientServerTtftGap => "client − server TTFT (network, front end)",
+            Signal::PathOverhead => "routed − direct TTFT (the router's time)",
+            Signal::DirectTtft => "direct canaries' TTFT (the workers)",
         }
     }
 
@@ -280,7 +296,9 @@ impl Signal {
             | Signal::ServerQueueTime
             | Signal::ServerPrefillTime
             | Signal::ServerDecodeTime
-            | Signal::ClientServerTtftGap => "s",
+            | Signal::ClientServerTtftGap
+            | Signal::PathOverhead
+            | Signal::DirectTtft => "s",
             Signal::GpuSmClock => "Hz",
             Signal::InputTokens => "{token}",
             Signal::ServerPromptTokensRate | Signal::ServerGenerationTokensRate => "{token}/s",
@@ -344,10 +362,11 @@ impl Signal {
     /// The smallest change (in the harmful direction, in the unit) that counts as material.
     pub fn floor(self) -> f64 {
         match self {
-            Signal::Ttft | Signal::E2e => 0.05,
+            Signal::Ttft | Signal::E2e | Signal::DirectTtft => 0.05,
             Signal::Tpot | Signal::ServerDecodeTime => 0.005,
             Signal::ServerTtft | Signal::ServerQueueTime | Signal::ServerPrefillTime => 0.02,
             Signal::NetSrtt | Signal::ClientServerTtftGap => 0.005,
+            Signal::PathOverhead => 0.02,
             Signal::NetConnect => 0.01,
             Signal::Error | Signal::Error5xx | Signal::Error429 | Signal::ErrorTimeout => 0.01,
             Signal::InputTokens => 64.0,

@@ -1147,3 +1147,72 @@ fn the_share_of_skipped_canaries_is_said_with_the_diagnosis() {
     };
     assert!(super::scorecard::text(&doc).contains("scheduled canaries skipped since the onset"));
 }
+
+/// A router target's signals of one second: each routed canary's TTFT minus the direct p50
+/// (`overhead`, s) and a direct canary's TTFT every 2 s (`direct`, s), each ± 5 %.
+fn router_second(e: &mut Engine, s: u32, at: &dyn Fn(f64) -> SystemTime, p: (f64, f64)) {
+    let (overhead, direct) = p;
+    let wobble = 1.0 + 0.05 * (f64::from(s % 5) - 2.0) / 2.0;
+    e.observe(
+        "t",
+        Signal::PathOverhead,
+        at(f64::from(s) + 0.5),
+        overhead * wobble,
+    );
+    if s.is_multiple_of(2) {
+        e.observe(
+            "t",
+            Signal::DirectTtft,
+            at(f64::from(s) + 0.7),
+            direct * wobble,
+        );
+    }
+}
+
+/// The router adds 200 ms (its CPU quota, its queue) while its workers answer direct canaries
+/// as fast as before: `router_overhead`, confirmed within a minute, with its rule.
+#[test]
+fn a_slower_router_with_its_workers_fine_is_router_overhead() {
+    let (after, t) = canary_episode(
+        (0.100, 0.010, (0.002, 0.098)),
+        (0.300, 0.010, (0.202, 0.098)),
+        router_second,
+    );
+    assert_eq!(t.state, State::RootConfirmed, "{t:#?}");
+    assert!(after <= 60, "confirmed {after} s after the fault");
+    assert_eq!(t.causes[0].cause, Cause::RouterOverhead, "{t:#?}");
+    let e = ev(&t, Cause::RouterOverhead, Signal::PathOverhead);
+    assert!((e.after - 0.202).abs() < 0.02, "{e:?}");
+    assert!(
+        e.rule
+            .as_deref()
+            .is_some_and(|r| r.contains("the router adds it")),
+        "{e:?}"
+    );
+}
+
+/// The workers slow by 200 ms: the direct canaries slow as much, and the routed − direct
+/// difference rises only while the direct minute catches up (30 s). Not the router: its cause
+/// is contradicted, never confirmed.
+#[test]
+fn slower_workers_behind_a_router_are_not_router_overhead() {
+    let (_, t) = canary_episode(
+        (0.100, 0.010, (0.002, 0.098)),
+        (0.300, 0.010, (0.002, 0.298)),
+        |e, s, at, (o, d)| {
+            // The lag: a routed canary against a direct p50 still half calm.
+            let lagging = (600..630).contains(&s);
+            router_second(e, s, at, (if lagging { 0.2 } else { o }, d));
+        },
+    );
+    let router = t.causes.iter().find(|c| c.cause == Cause::RouterOverhead);
+    assert!(
+        router.is_none_or(|c| c.score <= super::contradict::CONTRADICTED_CAP),
+        "{t:#?}"
+    );
+    assert_ne!(
+        t.causes.first().map(|c| c.cause),
+        Some(Cause::RouterOverhead),
+        "{t:#?}"
+    );
+}
