@@ -720,3 +720,107 @@ async fn vllm_router_before_two_llama_cpp_servers() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The agent's diagnosis of `target` in `/api/v1/diagnosis`.
+fn diagnosis_of(agent: &Agent, target: &str) -> serde_json::Value {
+    let (code, body) = agent.get("/api/v1/diagnosis");
+    assert_eq!(code, 200, "{body}");
+    let d: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    d["targets"]
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["target"] == target))
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Issue 53: the diagnosis names the router. The real vllm-router in front of two scripted
+/// workers (20 ms to the first token), the agent's router target through a proxy in front of
+/// the router, direct canaries to the workers from the router's list. After a calm baseline
+/// (the engine's 100 s of history) the proxy holds every request 300 ms: within 60 s the agent
+/// confirms `router_overhead` first, on the routed − direct TTFT (≈ 0 before, ≈ 300 ms after),
+/// its workers' direct TTFT as before; the calm phase confirms nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn vllm_router_a_slower_router_is_diagnosed_router_overhead() {
+    const ADDED_MS: u64 = 300;
+    const CALM_HISTORY_S: f64 = 100.0;
+    let Some(bin) = router_bin() else {
+        return;
+    };
+    let ok = Arc::new(AtomicBool::new(false));
+    let (w1, w2) = (worker_with(ok.clone(), 20).await, worker_with(ok, 20).await);
+    let dir = temp::dir("vllm-router-diagnosis");
+    let (_router, port, _) = start_router(&bin, &[w1.url(), w2.url()], &dir).await;
+    let delay = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let front = delaying_proxy(port, delay.clone());
+    let agent = spawn_agent(&dir, format!(
+        "[canary]\ninterval = \"250ms\"\nmax_tokens = 2\nmax_in_flight = 16\n\n[[target]]\nurl = \"http://127.0.0.1:{front}\"\nname = \"vr\"\nmodel = \"m\"\nkind = \"router\"\nworker_probes = false\nserver_metrics = \"off\"\ndirect_interval = \"1s\"\n"
+    ))
+    .await;
+    let a2 = agent.clone();
+    let calm_s = tokio::task::spawn_blocking(move || {
+        let t0 = Instant::now();
+        loop {
+            let t = diagnosis_of(&a2, "vr");
+            let state = t["state"].as_str().unwrap_or("");
+            assert!(
+                state == "idle" || state == "warning" || state.is_empty(),
+                "calm phase at {:?}: {t:#}",
+                t0.elapsed()
+            );
+            let ready = match t["baseline_wait"]["have_s"].as_f64() {
+                Some(have) => have >= CALM_HISTORY_S,
+                None => t0.elapsed().as_secs_f64() >= CALM_HISTORY_S + 10.0,
+            };
+            if ready {
+                return t0.elapsed();
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(150),
+                "no baseline: {t:#}"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    })
+    .await
+    .unwrap();
+    println!("calm phase: {calm_s:?}");
+    delay.store(ADDED_MS, Ordering::SeqCst);
+    let a2 = agent.clone();
+    let (after, t) = tokio::task::spawn_blocking(move || {
+        let t1 = Instant::now();
+        loop {
+            let t = diagnosis_of(&a2, "vr");
+            if t["state"] == "root_confirmed" {
+                return (t1.elapsed(), t);
+            }
+            assert!(
+                t1.elapsed() < Duration::from_secs(60),
+                "not confirmed within 60 s: {t:#}\n{}",
+                a2.stderr_text()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    })
+    .await
+    .unwrap();
+    println!("confirmed {after:?} after the router slowed: {t:#}");
+    let top = &t["causes"][0];
+    assert_eq!(top["cause"], "router_overhead", "{t:#}");
+    assert!(top["score"].as_f64() >= Some(0.75), "{t:#}");
+    let e = top["evidence"]
+        .as_array()
+        .and_then(|e| e.iter().find(|e| e["signal"] == "path_overhead"))
+        .cloned()
+        .unwrap_or_default();
+    let (before, moved) = (
+        e["before"].as_f64().unwrap_or(f64::NAN),
+        e["after"].as_f64().unwrap_or(f64::NAN),
+    );
+    assert!(before.abs() < 0.025, "routed − direct before: {e}");
+    let added = ADDED_MS as f64 / 1e3;
+    assert!(
+        (moved - before - added).abs() <= 0.2 * added,
+        "routed − direct after: {e}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -23,6 +23,8 @@ pub const EARLY: &[&str] = &[
     // The real llama.cpp killed twice and restarted, ~155 s; its checks hold on a loaded
     // machine (tests/outage.rs says why it is not serial).
     "outage::a_killed_server_is_an_outage_and_its_restart_the_outages_child",
+    // The real vllm-router, ~110 s calm then up to 60 s slowed, scripted workers.
+    "vllm_router::vllm_router_a_slower_router_is_diagnosed_router_overhead",
 ];
 
 /// The e2e test binary as cargo built it.

@@ -120,6 +120,9 @@ struct World {
     /// A router target: the time the router adds before the first token (its queue, its CPU),
     /// s; the direct canaries to its workers do not pay it.
     router_s: f64,
+    /// Prefill/decode disaggregation: the KV transfer from the prefill worker to the decode
+    /// worker before the first token, s.
+    transfer_s: f64,
 }
 
 impl World {
@@ -153,6 +156,7 @@ impl World {
             cgroup_mem: 0.6,
             oom_kill: false,
             router_s: 0.002,
+            transfer_s: 0.013,
         }
     }
 }
@@ -285,6 +289,11 @@ fn faulted(cause: Cause, m: Magnitude, since: f64, variant: u64) -> World {
             // request waits in it before a worker sees it; the workers are as fast as ever.
             w.router_s = lerp(c.router_s, m.pick(0.08, 0.4), f);
         }
+        Cause::KvTransfer => {
+            // The decode worker restarted with a slower KV link (bandwidth 10 × lower): every
+            // disaggregated request waits for its KV; prefill and decode as fast as before.
+            w.transfer_s = lerp(c.transfer_s, m.pick(0.08, 0.25), f);
+        }
         Cause::Unknown => {}
     }
     w
@@ -318,6 +327,9 @@ struct Sources {
     /// its workers (every 2.5 s: two workers, one each per 5 s) give their TTFT and each
     /// routed canary's TTFT minus their p50 over the last minute, as the agent computes it.
     router: bool,
+    /// Prefill/decode disaggregated: each canary's TTFT holds [`World::transfer_s`], and its
+    /// transfer segment (the transfer and the first decode step) is recorded.
+    pd: bool,
 }
 
 /// The direct canaries of a router target so far: (time, TTFT) of the last minute.
@@ -355,8 +367,73 @@ impl DirectWindow {
     }
 }
 
+/// What a router target and a disaggregated server add to each canary, drawn apart from the
+/// workers' own noise (a router in front leaves it as it was; the transfer likewise).
+struct Paths {
+    direct: DirectWindow,
+    router_rng: StdRng,
+    pd_rng: StdRng,
+    lat: LogNormal<f64>,
+}
+
+impl Paths {
+    fn new(seed: u64, lat: LogNormal<f64>) -> Self {
+        Paths {
+            direct: DirectWindow::default(),
+            router_rng: StdRng::seed_from_u64(seed ^ 0x726f_7574_6572),
+            pd_rng: StdRng::seed_from_u64(seed ^ 0x7064_7864_6672),
+            lat,
+        }
+    }
+
+    /// A canary at `t` in world `w` whose workers took `ttft`, s, with the KV transfer and
+    /// the router's time added (the TTFT the client sees); the transfer segment, the direct
+    /// canaries and the routed − direct difference recorded.
+    fn routed_ttft(
+        &mut self,
+        sources: Sources,
+        (w, t): (&World, f64),
+        world_at: &dyn Fn(f64) -> World,
+        mut ttft: f64,
+        r: &mut Recorder,
+    ) -> f64 {
+        let lat = self.lat;
+        if sources.pd {
+            let transfer = w.transfer_s * lat.sample(&mut self.pd_rng);
+            ttft += transfer;
+            let first_decode = w.decode_s * lat.sample(&mut self.pd_rng);
+            r.push(Signal::KvTransfer, t, transfer + first_decode);
+        }
+        if sources.router {
+            // The direct canaries see the workers as they are at their own send; disaggregated,
+            // the path past the router holds the KV transfer too.
+            let worker = |rng: &mut StdRng, at: f64| {
+                let w = world_at(at);
+                let transfer = if sources.pd { w.transfer_s } else { 0.0 };
+                (w.queue_s + w.prefill_s + w.decode_s) * lat.sample(rng)
+                    + transfer
+                    + w.client_s
+                    + w.ttft_round_trips * w.srtt_s
+            };
+            ttft += w.router_s * lat.sample(&mut self.router_rng);
+            let rng = &mut self.router_rng;
+            if let Some(p50) = self.direct.p50_at(t, |at| worker(rng, at), r) {
+                r.push(Signal::PathOverhead, t, ttft - p50);
+            }
+        }
+        ttft
+    }
+}
+
+/// A canary's error signals, each 0 for a success.
+const ERRORS: [Signal; 4] = [
+    Signal::Error,
+    Signal::Error5xx,
+    Signal::Error429,
+    Signal::ErrorTimeout,
+];
+
 fn generate(
-    name: String,
     seed: u64,
     sources: Sources,
     world_at: &dyn Fn(f64) -> World,
@@ -371,12 +448,9 @@ fn generate(
     let mut r = Recorder {
         series: BTreeMap::new(),
     };
-    let _ = name;
     let total = CALM_S + FAULT_S;
     let mut t = rng.random_range(0.0..1.0);
-    let mut direct = DirectWindow::default();
-    // The router's own draws: a router in front leaves the workers' noise as it was.
-    let mut router_rng = StdRng::seed_from_u64(seed ^ 0x726f_7574_6572);
+    let mut paths = Paths::new(seed, lat);
     // Canary requests, one per second with jitter.
     while t < total {
         let w = world_at(t);
@@ -399,25 +473,12 @@ fn generate(
             if outliers && rng.random_bool(1.0 / 40.0) {
                 ttft *= 5.0;
             }
-            if sources.router {
-                // The direct canaries see the workers as they are at their own send.
-                let worker = |rng: &mut StdRng, at: f64| {
-                    let w = world_at(at);
-                    (w.queue_s + w.prefill_s + w.decode_s) * lat.sample(rng)
-                        + w.client_s
-                        + w.ttft_round_trips * w.srtt_s
-                };
-                ttft += w.router_s * lat.sample(&mut router_rng);
-                if let Some(p50) = direct.p50_at(t, |at| worker(&mut router_rng, at), &mut r) {
-                    r.push(Signal::PathOverhead, t, ttft - p50);
-                }
-            }
+            ttft = paths.routed_ttft(sources, (&w, t), world_at, ttft, &mut r);
             let tpot = (w.decode_s + 0.001) * lat.sample(&mut rng);
             let out_tokens = 32.0;
-            r.push(Signal::Error, t, 0.0);
-            r.push(Signal::Error5xx, t, 0.0);
-            r.push(Signal::Error429, t, 0.0);
-            r.push(Signal::ErrorTimeout, t, 0.0);
+            for s in ERRORS {
+                r.push(s, t, 0.0);
+            }
             r.push(Signal::Ttft, t, ttft);
             r.push(Signal::Tpot, t, tpot);
             r.push(Signal::E2e, t, ttft + tpot * (out_tokens - 1.0) + w.srtt_s);
@@ -580,8 +641,10 @@ pub fn fault(cause: Cause, magnitude: Magnitude, variant: u64) -> Episode {
         gpu: true,
         net: true,
         router: cause == Cause::RouterOverhead || variant == 2,
+        // The first variant of each cause is disaggregated (its transfer recorded).
+        pd: cause == Cause::KvTransfer || variant == 1,
     };
-    let mut series = generate(name.clone(), seed, sources, &world_at, false);
+    let mut series = generate(seed, sources, &world_at, false);
     // Events: an XID at the onset; a server change (restart with another model).
     let event = match cause {
         Cause::GpuFault => Some(Signal::GpuFault),
@@ -658,8 +721,9 @@ pub fn network_delay(delay_s: f64, variant: u64) -> Episode {
         gpu: true,
         net: true,
         router: false,
+        pd: false,
     };
-    let mut series = generate(name.clone(), seed, sources, &world_at, false);
+    let mut series = generate(seed, sources, &world_at, false);
     sort(&mut series);
     Episode {
         format: FORMAT.to_owned(),
@@ -704,6 +768,7 @@ pub fn control(kind: Control, variant: u64) -> Episode {
             gpu: false,
             net: false,
             router: false,
+            pd: false,
         }
     } else {
         // The second of each kind is calm through a router.
@@ -712,15 +777,10 @@ pub fn control(kind: Control, variant: u64) -> Episode {
             gpu: true,
             net: true,
             router: variant == 2,
+            pd: variant == 1,
         }
     };
-    let mut series = generate(
-        name.clone(),
-        seed,
-        sources,
-        &world_at,
-        kind == Control::Outliers,
-    );
+    let mut series = generate(seed, sources, &world_at, kind == Control::Outliers);
     sort(&mut series);
     Episode {
         format: FORMAT.to_owned(),

@@ -380,6 +380,12 @@ const CAUSES: &[CauseDef] = &[
         signals: &[Signal::PathOverhead],
         part: Part::Ttft,
     },
+    // The transfer sits between the prefill and the first token: only the TTFT pays it.
+    CauseDef {
+        cause: Cause::KvTransfer,
+        signals: &[Signal::KvTransfer],
+        part: Part::Ttft,
+    },
     CauseDef {
         cause: Cause::MemoryPressure,
         signals: &[
@@ -1262,20 +1268,7 @@ fn score(
         let hw = out
             .iter()
             .filter(|c| !insufficient.contains(&c.cause))
-            .filter(|c| {
-                matches!(
-                    c.cause,
-                    Cause::GpuThrottling
-                        | Cause::GpuMemoryPressure
-                        | Cause::GpuFault
-                        | Cause::Network
-                        | Cause::ErrorBurst
-                        | Cause::CpuThrottling
-                        | Cause::NodeCpuPressure
-                        | Cause::MemoryPressure
-                        | Cause::RouterOverhead
-                )
-            })
+            .filter(|c| slows_without_load(c.cause))
             .map(|c| c.score)
             .fold(0.0, f64::max);
         let sc = ((0.5 + 0.4 * squash(a.z.min(b.z))) - hw).max(0.0);
@@ -1299,6 +1292,25 @@ fn score(
     }
     let decomposition = ttft.filter(|t| t.material).map(|t| decompose(&t, &m));
     (out, decomposition)
+}
+
+/// Whether `cause` slows a server's answers without more work at it (hardware, network,
+/// errors, CPU or memory, the router, the KV transfer): against a load read from the canary
+/// alone.
+fn slows_without_load(cause: Cause) -> bool {
+    matches!(
+        cause,
+        Cause::GpuThrottling
+            | Cause::GpuMemoryPressure
+            | Cause::GpuFault
+            | Cause::Network
+            | Cause::ErrorBurst
+            | Cause::CpuThrottling
+            | Cause::NodeCpuPressure
+            | Cause::MemoryPressure
+            | Cause::RouterOverhead
+            | Cause::KvTransfer
+    )
 }
 
 /// The score of a load surge read from the queue ([`backlog`]): a hard rule's.
@@ -1439,6 +1451,19 @@ fn hard_rule(s: Signal, mv: &Moved, store: &EvidenceStore, onset: u32, now: u32)
             mv.after * 1e3,
             Signal::Ttft.floor() * 1e3
         )),
+        // The transfer doubled and took the TTFT floor's worth more (a link or bandwidth 10 ×
+        // slower multiplies it; a busier decode worker's first step adds milliseconds).
+        Signal::KvTransfer
+            if mv.after >= 2.0 * mv.before
+                && mv.after - mv.before >= Signal::PathOverhead.floor() =>
+        {
+            Some(format!(
+                "KV transfer and first decode {:.0} → {:.0} ms (≥ 2 × and +{:.0} ms): the prefill-to-decode transfer got slower",
+                mv.before * 1e3,
+                mv.after * 1e3,
+                Signal::PathOverhead.floor() * 1e3
+            ))
+        }
         Signal::GpuThrottle if mv.before == 0.0 && mv.peak >= 0.5 => {
             Some("throttle reasons set (thermal / power / HW slowdown)".to_owned())
         }

@@ -73,20 +73,34 @@ pub fn server_timing_signals(r: &lmperf_measure::RequestRecord) -> Vec<(Signal, 
         ),
         (Signal::ServerDecodeTime, per_token.map(|d| d.as_secs_f64())),
         (Signal::ClientServerTtftGap, gap),
+        (Signal::KvTransfer, kv_transfer_s(r, t)),
     ]
     .into_iter()
     .filter_map(|(s, v)| v.map(|v| (s, v)))
     .collect()
 }
 
+/// A disaggregated request's transfer segment, s: what followed its prefill up to its first
+/// token (`TtftSplit::transfer_and_first_decode_ms`); `None` unless its timing carried a KV
+/// transfer (an aggregated request has none to slow).
+fn kv_transfer_s(
+    r: &lmperf_measure::RequestRecord,
+    t: &lmperf_measure::server_timing::ServerTiming,
+) -> Option<f64> {
+    t.kv_transfer_estimate?;
+    let split = lmperf_measure::server_timing::TtftSplit::of(r.ttft?, t)?;
+    Some(split.transfer_and_first_decode_ms / 1e3)
+}
+
 /// The scrape's figures that a target's per-request server timing replaces: where its
 /// canaries carry their own, the `/metrics` histogram means of the same quantities are not
 /// fed (they interpolate buckets that start at 0.3 s and cover every user's requests).
-pub const PER_REQUEST_SIGNALS: [Signal; 4] = [
+pub const PER_REQUEST_SIGNALS: [Signal; 5] = [
     Signal::ServerTtft,
     Signal::ServerQueueTime,
     Signal::ServerPrefillTime,
     Signal::ServerDecodeTime,
+    Signal::KvTransfer,
 ];
 
 /// The diagnosis signals of one model server scrape (fields the server lacks are absent). A
@@ -108,6 +122,7 @@ pub fn server_signals(s: &ServerSample) -> Vec<(Signal, f64)> {
         (Signal::ServerQueueTime, s.queue.mean),
         (Signal::ServerPrefillTime, s.prefill.mean),
         (Signal::ServerDecodeTime, s.decode.mean),
+        (Signal::KvTransfer, s.router_kv_transfer.mean),
     ];
     pairs
         .into_iter()

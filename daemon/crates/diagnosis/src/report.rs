@@ -44,12 +44,15 @@ pub enum Cause {
     /// A router target: its routed canaries slower than the direct canaries to its workers
     /// by more than before (the router's queue, CPU or flow control), the workers fine.
     RouterOverhead,
+    /// Prefill/decode disaggregation: the KV transfer from the prefill to the decode worker
+    /// got slower (its link, its bandwidth, failed transfers), the prefill itself as fast.
+    KvTransfer,
     /// The symptom is real and nothing explains it.
     Unknown,
 }
 
 impl Cause {
-    pub const ALL: [Cause; 15] = [
+    pub const ALL: [Cause; 16] = [
         Cause::LoadSurge,
         Cause::ServerQueueing,
         Cause::KvCachePressure,
@@ -64,6 +67,7 @@ impl Cause {
         Cause::NodeCpuPressure,
         Cause::MemoryPressure,
         Cause::RouterOverhead,
+        Cause::KvTransfer,
         Cause::Unknown,
     ];
 
@@ -83,6 +87,7 @@ impl Cause {
             Cause::NodeCpuPressure => "node_cpu_pressure",
             Cause::MemoryPressure => "memory_pressure",
             Cause::RouterOverhead => "router_overhead",
+            Cause::KvTransfer => "kv_transfer",
             Cause::Unknown => "unknown",
         }
     }

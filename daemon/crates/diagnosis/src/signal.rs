@@ -131,10 +131,17 @@ pub enum Signal {
     /// slowed (then a routed − direct difference that rose lags the direct window: not the
     /// router).
     DirectTtft,
+    // ---- Disaggregated serving (prefill / decode workers) ----
+    /// A routed canary's time from the end of its prefill to its first token under
+    /// prefill/decode disaggregation, s: the KV transfer to the decode worker and its first
+    /// decode step (Dynamo's `transfer_and_first_decode` segment, only for a request whose
+    /// timing carried a transfer), or the router's own KV transfer duration per scrape
+    /// (SGLang's gateway's `smg_pd_kv_transfer_duration_seconds` mean).
+    KvTransfer,
 }
 
 impl Signal {
-    pub const ALL: [Signal; 42] = [
+    pub const ALL: [Signal; 43] = [
         Signal::Ttft,
         Signal::Tpot,
         Signal::E2e,
@@ -177,6 +184,7 @@ impl Signal {
         Signal::ClientServerTtftGap,
         Signal::PathOverhead,
         Signal::DirectTtft,
+        Signal::KvTransfer,
     ];
 
     pub fn index(self) -> usize {
@@ -228,6 +236,7 @@ impl Signal {
             Signal::ClientServerTtftGap => "client_minus_server_ttft",
             Signal::PathOverhead => "path_overhead",
             Signal::DirectTtft => "direct_ttft",
+            Signal::KvTransfer => "kv_transfer",
         }
     }
 
@@ -281,6 +290,7 @@ impl Signal {
             Signal::ClientServerTtftGap => "client − server TTFT (network, front end)",
             Signal::PathOverhead => "routed − direct TTFT (the router's time)",
             Signal::DirectTtft => "direct canaries' TTFT (the workers)",
+            Signal::KvTransfer => "KV transfer and first decode (P/D)",
         }
     }
 
@@ -298,7 +308,8 @@ impl Signal {
             | Signal::ServerDecodeTime
             | Signal::ClientServerTtftGap
             | Signal::PathOverhead
-            | Signal::DirectTtft => "s",
+            | Signal::DirectTtft
+            | Signal::KvTransfer => "s",
             Signal::GpuSmClock => "Hz",
             Signal::InputTokens => "{token}",
             Signal::ServerPromptTokensRate | Signal::ServerGenerationTokensRate => "{token}/s",
@@ -366,7 +377,7 @@ impl Signal {
             Signal::Tpot | Signal::ServerDecodeTime => 0.005,
             Signal::ServerTtft | Signal::ServerQueueTime | Signal::ServerPrefillTime => 0.02,
             Signal::NetSrtt | Signal::ClientServerTtftGap => 0.005,
-            Signal::PathOverhead => 0.02,
+            Signal::PathOverhead | Signal::KvTransfer => 0.02,
             Signal::NetConnect => 0.01,
             Signal::Error | Signal::Error5xx | Signal::Error429 | Signal::ErrorTimeout => 0.01,
             Signal::InputTokens => 64.0,

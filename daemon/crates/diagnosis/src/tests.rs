@@ -1216,3 +1216,47 @@ fn slower_workers_behind_a_router_are_not_router_overhead() {
         "{t:#?}"
     );
 }
+
+/// A disaggregated target's transfer segment each second (`transfer`, s, ± 5 %) beside its
+/// prefill (45 ms).
+fn pd_second(e: &mut Engine, s: u32, at: &dyn Fn(f64) -> SystemTime, transfer: f64) {
+    let wobble = 1.0 + 0.05 * (f64::from(s % 5) - 2.0) / 2.0;
+    e.observe(
+        "t",
+        Signal::KvTransfer,
+        at(f64::from(s) + 0.5),
+        transfer * wobble,
+    );
+    e.observe(
+        "t",
+        Signal::ServerPrefillTime,
+        at(f64::from(s) + 0.5),
+        0.045 * wobble,
+    );
+}
+
+/// The decode worker's KV link 10 × slower (Dynamo's mocker with a tenth of the bandwidth: the
+/// transfer segment 13 → 95 ms), the prefill as fast: `kv_transfer`, confirmed within a minute.
+#[test]
+fn a_slower_kv_transfer_is_kv_transfer() {
+    let (after, t) = canary_episode((0.080, 0.010, 0.013), (0.162, 0.010, 0.095), pd_second);
+    assert_eq!(t.state, State::RootConfirmed, "{t:#?}");
+    assert!(after <= 60, "confirmed {after} s after the fault");
+    assert_eq!(t.causes[0].cause, Cause::KvTransfer, "{t:#?}");
+    let e = ev(&t, Cause::KvTransfer, Signal::KvTransfer);
+    assert!((e.after - 0.095).abs() < 0.01, "{e:?}");
+    assert!(e.rule.is_some(), "{e:?}");
+}
+
+/// A busier decode worker's first step adds a few milliseconds to the segment (13 → 22 ms)
+/// while the TTFT doubles for another reason: under the floor, never `kv_transfer`.
+#[test]
+fn a_few_more_milliseconds_of_first_decode_are_not_kv_transfer() {
+    let (_, t) = canary_episode((0.080, 0.010, 0.013), (0.400, 0.010, 0.022), pd_second);
+    assert!(
+        t.causes
+            .iter()
+            .all(|c| c.cause != Cause::KvTransfer || c.score < 0.5),
+        "{t:#?}"
+    );
+}
