@@ -693,6 +693,10 @@ impl LiveDiagnosis {
                     }
                     e.observe(t, sig, s.at, v);
                 }
+                // Which worker the router favours: named in the imbalance's evidence.
+                if let Some(w) = crate::diagnosis::inputs::most_picked(&s.router_picks) {
+                    e.note(t, Signal::PickImbalance, s.at, &w);
+                }
             }
             if let Ok(mut kept) = self.server_changes.lock() {
                 let k = kept.entry(t.clone()).or_default();

@@ -123,6 +123,8 @@ struct World {
     /// Prefill/decode disaggregation: the KV transfer from the prefill worker to the decode
     /// worker before the first token, s.
     transfer_s: f64,
+    /// A router's most-picked worker's share of its picks ÷ its fair share (1: even).
+    pick_ratio: f64,
 }
 
 impl World {
@@ -157,6 +159,7 @@ impl World {
             oom_kill: false,
             router_s: 0.002,
             transfer_s: 0.013,
+            pick_ratio: 1.0,
         }
     }
 }
@@ -294,6 +297,14 @@ fn faulted(cause: Cause, m: Magnitude, since: f64, variant: u64) -> World {
             // disaggregated request waits for its KV; prefill and decode as fast as before.
             w.transfer_s = lerp(c.transfer_s, m.pick(0.08, 0.25), f);
         }
+        Cause::RoutingImbalance => {
+            // The router sends one worker the others' requests (one hot session key under
+            // consistent hashing): its queue grows, its fuller batch decodes slower.
+            w.pick_ratio = lerp(c.pick_ratio, m.pick(2.0, 3.5), f);
+            w.waiting = lerp(0.0, m.pick(2.0, 8.0), f);
+            w.queue_s = lerp(c.queue_s, m.pick(0.1, 0.35), f);
+            w.decode_s = lerp(c.decode_s, c.decode_s * m.pick(1.3, 1.6), f);
+        }
         Cause::Unknown => {}
     }
     w
@@ -383,6 +394,14 @@ impl Paths {
             router_rng: StdRng::seed_from_u64(seed ^ 0x726f_7574_6572),
             pd_rng: StdRng::seed_from_u64(seed ^ 0x7064_7864_6672),
             lat,
+        }
+    }
+
+    /// A router target's page scraped at `t`: its picks' imbalance (round robin's ± a tenth).
+    fn scrape(&mut self, sources: Sources, w: &World, t: f64, r: &mut Recorder) {
+        if sources.router {
+            let spread = 1.0 + 0.1 * (self.lat.sample(&mut self.router_rng) - 1.0).abs();
+            r.push(Signal::PickImbalance, t, w.pick_ratio * spread);
         }
     }
 
@@ -603,6 +622,7 @@ fn generate(
             );
             r.push(Signal::ServerTtft, t, q + p + w.decode_s);
             r.push(Signal::ServerChange, t, 0.0);
+            paths.scrape(sources, &w, t, &mut r);
             t += 5.0;
         }
     }
@@ -640,7 +660,7 @@ pub fn fault(cause: Cause, magnitude: Magnitude, variant: u64) -> Episode {
         server: true,
         gpu: true,
         net: true,
-        router: cause == Cause::RouterOverhead || variant == 2,
+        router: matches!(cause, Cause::RouterOverhead | Cause::RoutingImbalance) || variant == 2,
         // The first variant of each cause is disaggregated (its transfer recorded).
         pd: cause == Cause::KvTransfer || variant == 1,
     };

@@ -386,6 +386,13 @@ const CAUSES: &[CauseDef] = &[
         signals: &[Signal::KvTransfer],
         part: Part::Ttft,
     },
+    // One worker's queue grows with the requests it alone gets: its first tokens wait, its
+    // fuller batch decodes slower.
+    CauseDef {
+        cause: Cause::RoutingImbalance,
+        signals: &[Signal::PickImbalance],
+        part: Part::Any,
+    },
     CauseDef {
         cause: Cause::MemoryPressure,
         signals: &[
@@ -426,6 +433,8 @@ const GRAPH: &[(Cause, Cause)] = &[
     (Cause::MemoryPressure, Cause::ErrorBurst),
     // A router that holds requests shows its own queue (a frontend's waiting requests).
     (Cause::RouterOverhead, Cause::ServerQueueing),
+    // The requests one worker alone gets wait in its queue.
+    (Cause::RoutingImbalance, Cause::ServerQueueing),
 ];
 
 /// Robust z (harmful direction) → strength in [0, 1): 1 − e^(−z/8) (z 3.5 → 0.35, 10 → 0.71,
@@ -1464,6 +1473,17 @@ fn hard_rule(s: Signal, mv: &Moved, store: &EvidenceStore, onset: u32, now: u32)
                 Signal::PathOverhead.floor() * 1e3
             ))
         }
+        // One worker gets at least twice its fair share of the picks (with two workers: all
+        // of them), from a spread within half of it.
+        Signal::PickImbalance if mv.after >= 2.0 && mv.before <= 1.5 => Some(format!(
+            "the most-picked worker got {:.1} × its fair share of the router's picks (from {:.1} ×): the router sends it the others' requests{}",
+            mv.after,
+            mv.before,
+            store
+                .note_in(s, onset, now.saturating_add(1))
+                .map(|w| format!("; last: {w}"))
+                .unwrap_or_default()
+        )),
         Signal::GpuThrottle if mv.before == 0.0 && mv.peak >= 0.5 => {
             Some("throttle reasons set (thermal / power / HW slowdown)".to_owned())
         }

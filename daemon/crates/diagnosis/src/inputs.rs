@@ -126,6 +126,94 @@ pub fn server_signals(s: &ServerSample) -> Vec<(Signal, f64)> {
     ];
     pairs
         .into_iter()
+        .chain([(Signal::PickImbalance, pick_imbalance(&s.router_picks))])
         .filter_map(|(sig, x)| x.map(|x| (sig, x)))
         .collect()
+}
+
+/// The most-picked pickable worker of an interval with an imbalance ([`pick_imbalance`]) in
+/// words: "http://w1:8000 (75 % of 40 picks, fair share 25 %)".
+pub fn most_picked(picks: &[lmperf_server_page::router_picks::RouterPick]) -> Option<String> {
+    pick_imbalance(picks)?;
+    let total: f64 = picks.iter().filter_map(|p| p.picks).sum();
+    let top = picks
+        .iter()
+        .filter(|p| p.fair_share > 0.0)
+        .filter_map(|p| Some((p, p.share? / p.fair_share)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))?
+        .0;
+    Some(format!(
+        "{} ({:.0} % of {total:.0} picks, fair share {:.0} %)",
+        top.worker,
+        top.share.unwrap_or(0.0) * 100.0,
+        top.fair_share * 100.0
+    ))
+}
+
+/// Picks a scrape interval must hold for its imbalance to count: with fewer, one pick more
+/// or less moves a share by a tenth or more.
+pub const MIN_PICKS: f64 = 10.0;
+
+/// The most-picked pickable worker's share of an interval's picks ÷ its fair share
+/// ([`Signal::PickImbalance`]); `None` without pick counts, with fewer than [`MIN_PICKS`]
+/// picks, or with fewer than 2 workers to pick from.
+pub fn pick_imbalance(picks: &[lmperf_server_page::router_picks::RouterPick]) -> Option<f64> {
+    let total: f64 = picks.iter().filter_map(|p| p.picks).sum();
+    let pickable = picks.iter().filter(|p| p.fair_share > 0.0).count();
+    if total < MIN_PICKS || pickable < 2 {
+        return None;
+    }
+    picks
+        .iter()
+        .filter(|p| p.fair_share > 0.0)
+        .filter_map(|p| Some(p.share? / p.fair_share))
+        .reduce(f64::max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lmperf_server_page::router_picks::RouterPick;
+
+    fn pick(worker: &str, picks: f64, total: f64, fair_share: f64) -> RouterPick {
+        RouterPick {
+            worker: worker.to_owned(),
+            picks: Some(picks),
+            share: Some(picks / total),
+            fair_share,
+            healthy: None,
+            breaker: None,
+            load: None,
+            queue: None,
+        }
+    }
+
+    /// 30 of 40 picks on one of four workers: 3 × its fair share, named; a worker out of
+    /// rotation (fair share 0) is not among those weighed; too few picks say nothing.
+    #[test]
+    fn the_imbalance_is_the_most_picked_workers_share_over_its_fair_share() {
+        let four = [
+            pick("http://w1:8000", 30.0, 40.0, 0.25),
+            pick("http://w2:8000", 5.0, 40.0, 0.25),
+            pick("http://w3:8000", 5.0, 40.0, 0.25),
+            pick("http://w4:8000", 0.0, 40.0, 0.25),
+        ];
+        assert_eq!(pick_imbalance(&four), Some(3.0));
+        assert_eq!(
+            most_picked(&four).as_deref(),
+            Some("http://w1:8000 (75 % of 40 picks, fair share 25 %)")
+        );
+        let even = [
+            pick("http://w1:8000", 10.0, 20.0, 0.5),
+            pick("http://w2:8000", 10.0, 20.0, 0.5),
+            pick("http://dead:8000", 0.0, 20.0, 0.0),
+        ];
+        assert_eq!(pick_imbalance(&even), Some(1.0));
+        let few = [
+            pick("http://w1:8000", 4.0, 5.0, 0.5),
+            pick("http://w2:8000", 1.0, 5.0, 0.5),
+        ];
+        assert_eq!(pick_imbalance(&few), None);
+        assert_eq!(most_picked(&few), None);
+    }
 }

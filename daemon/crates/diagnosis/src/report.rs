@@ -47,12 +47,15 @@ pub enum Cause {
     /// Prefill/decode disaggregation: the KV transfer from the prefill to the decode worker
     /// got slower (its link, its bandwidth, failed transfers), the prefill itself as fast.
     KvTransfer,
+    /// A router sending one worker far more than its share of the requests while others idle
+    /// (a hot session key under consistent hashing, a stale load view, a sticky policy).
+    RoutingImbalance,
     /// The symptom is real and nothing explains it.
     Unknown,
 }
 
 impl Cause {
-    pub const ALL: [Cause; 16] = [
+    pub const ALL: [Cause; 17] = [
         Cause::LoadSurge,
         Cause::ServerQueueing,
         Cause::KvCachePressure,
@@ -68,6 +71,7 @@ impl Cause {
         Cause::MemoryPressure,
         Cause::RouterOverhead,
         Cause::KvTransfer,
+        Cause::RoutingImbalance,
         Cause::Unknown,
     ];
 
@@ -88,6 +92,7 @@ impl Cause {
             Cause::MemoryPressure => "memory_pressure",
             Cause::RouterOverhead => "router_overhead",
             Cause::KvTransfer => "kv_transfer",
+            Cause::RoutingImbalance => "routing_imbalance",
             Cause::Unknown => "unknown",
         }
     }

@@ -138,10 +138,15 @@ pub enum Signal {
     /// timing carried a transfer), or the router's own KV transfer duration per scrape
     /// (SGLang's gateway's `smg_pd_kv_transfer_duration_seconds` mean).
     KvTransfer,
+    /// A router's most-picked worker's share of its picks over a scrape interval ÷ its share
+    /// were the pickable workers equal (vllm-router's and llm-d's pick counters): 1 when the
+    /// router spreads evenly, N when one of N workers gets everything. Only from an interval
+    /// with at least [`crate::inputs::MIN_PICKS`] picks.
+    PickImbalance,
 }
 
 impl Signal {
-    pub const ALL: [Signal; 43] = [
+    pub const ALL: [Signal; 44] = [
         Signal::Ttft,
         Signal::Tpot,
         Signal::E2e,
@@ -185,6 +190,7 @@ impl Signal {
         Signal::PathOverhead,
         Signal::DirectTtft,
         Signal::KvTransfer,
+        Signal::PickImbalance,
     ];
 
     pub fn index(self) -> usize {
@@ -237,6 +243,7 @@ impl Signal {
             Signal::PathOverhead => "path_overhead",
             Signal::DirectTtft => "direct_ttft",
             Signal::KvTransfer => "kv_transfer",
+            Signal::PickImbalance => "pick_imbalance",
         }
     }
 
@@ -291,6 +298,7 @@ impl Signal {
             Signal::PathOverhead => "routed − direct TTFT (the router's time)",
             Signal::DirectTtft => "direct canaries' TTFT (the workers)",
             Signal::KvTransfer => "KV transfer and first decode (P/D)",
+            Signal::PickImbalance => "the most-picked worker's share of picks ÷ its fair share",
         }
     }
 
@@ -378,6 +386,7 @@ impl Signal {
             Signal::ServerTtft | Signal::ServerQueueTime | Signal::ServerPrefillTime => 0.02,
             Signal::NetSrtt | Signal::ClientServerTtftGap => 0.005,
             Signal::PathOverhead | Signal::KvTransfer => 0.02,
+            Signal::PickImbalance => 0.5,
             Signal::NetConnect => 0.01,
             Signal::Error | Signal::Error5xx | Signal::Error429 | Signal::ErrorTimeout => 0.01,
             Signal::InputTokens => 64.0,

@@ -1260,3 +1260,42 @@ fn a_few_more_milliseconds_of_first_decode_are_not_kv_transfer() {
         "{t:#?}"
     );
 }
+
+/// A router's page every 5 s: its most-picked worker's share ÷ fair share (`ratio`, ± 5 %).
+fn picks_second(e: &mut Engine, s: u32, at: &dyn Fn(f64) -> SystemTime, ratio: f64) {
+    if s.is_multiple_of(5) {
+        let wobble = 1.0 + 0.05 * (f64::from(s / 5 % 5) - 2.0) / 2.0;
+        e.observe(
+            "t",
+            Signal::PickImbalance,
+            at(f64::from(s) + 0.2),
+            ratio * wobble,
+        );
+    }
+}
+
+/// One session key under consistent hashing: the router sends one of four workers 3 × its
+/// share (75 % of the picks) and its queue slows every first token: `routing_imbalance`.
+#[test]
+fn one_worker_getting_the_others_picks_is_routing_imbalance() {
+    let (after, t) = canary_episode((0.100, 0.010, 1.05), (0.300, 0.014, 3.0), picks_second);
+    assert_eq!(t.state, State::RootConfirmed, "{t:#?}");
+    assert!(after <= 60, "confirmed {after} s after the fault");
+    assert_eq!(t.causes[0].cause, Cause::RoutingImbalance, "{t:#?}");
+    let e = ev(&t, Cause::RoutingImbalance, Signal::PickImbalance);
+    assert!((e.after - 3.0).abs() < 0.2, "{e:?}");
+    assert!(e.rule.is_some(), "{e:?}");
+}
+
+/// A router that always spread its picks unevenly (2 × on one worker, a few keys hashed) and
+/// still does: the latency jumped for another reason, never `routing_imbalance`.
+#[test]
+fn an_imbalance_that_did_not_move_is_not_routing_imbalance() {
+    let (_, t) = canary_episode((0.100, 0.010, 2.0), (0.300, 0.014, 2.05), picks_second);
+    assert!(
+        t.causes
+            .iter()
+            .all(|c| c.cause != Cause::RoutingImbalance || c.score < 0.5),
+        "{t:#?}"
+    );
+}
