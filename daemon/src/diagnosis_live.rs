@@ -697,6 +697,11 @@ impl LiveDiagnosis {
                 if let Some(w) = crate::diagnosis::inputs::most_picked(&s.router_picks) {
                     e.note(t, Signal::PickImbalance, s.at, &w);
                 }
+                if let Some(w) = crate::diagnosis::inputs::starved(&s.router_picks)
+                    && !w.is_empty()
+                {
+                    e.note(t, Signal::StarvedWorkers, s.at, &w.join(", "));
+                }
             }
             if let Ok(mut kept) = self.server_changes.lock() {
                 let k = kept.entry(t.clone()).or_default();

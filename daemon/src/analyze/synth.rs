@@ -125,6 +125,8 @@ struct World {
     transfer_s: f64,
     /// A router's most-picked worker's share of its picks ÷ its fair share (1: even).
     pick_ratio: f64,
+    /// Workers the router calls fine that get none of its picks.
+    starved: f64,
 }
 
 impl World {
@@ -160,6 +162,7 @@ impl World {
             router_s: 0.002,
             transfer_s: 0.013,
             pick_ratio: 1.0,
+            starved: 0.0,
         }
     }
 }
@@ -305,6 +308,15 @@ fn faulted(cause: Cause, m: Magnitude, since: f64, variant: u64) -> World {
             w.queue_s = lerp(c.queue_s, m.pick(0.1, 0.35), f);
             w.decode_s = lerp(c.decode_s, c.decode_s * m.pick(1.3, 1.6), f);
         }
+        Cause::WorkerOutOfRotation => {
+            // One of four workers, healthy by the router's word, gets no request (a stale
+            // registration, a weight of 0): the other three share its traffic evenly.
+            w.starved = if f >= 0.5 { 1.0 } else { 0.0 };
+            w.pick_ratio = lerp(c.pick_ratio, 4.0 / 3.0, f);
+            w.waiting = lerp(0.0, m.pick(1.0, 4.0), f);
+            w.queue_s = lerp(c.queue_s, m.pick(0.08, 0.25), f);
+            w.decode_s = lerp(c.decode_s, c.decode_s * m.pick(1.2, 1.4), f);
+        }
         Cause::Unknown => {}
     }
     w
@@ -402,6 +414,7 @@ impl Paths {
         if sources.router {
             let spread = 1.0 + 0.1 * (self.lat.sample(&mut self.router_rng) - 1.0).abs();
             r.push(Signal::PickImbalance, t, w.pick_ratio * spread);
+            r.push(Signal::StarvedWorkers, t, w.starved);
         }
     }
 
@@ -660,7 +673,10 @@ pub fn fault(cause: Cause, magnitude: Magnitude, variant: u64) -> Episode {
         server: true,
         gpu: true,
         net: true,
-        router: matches!(cause, Cause::RouterOverhead | Cause::RoutingImbalance) || variant == 2,
+        router: matches!(
+            cause,
+            Cause::RouterOverhead | Cause::RoutingImbalance | Cause::WorkerOutOfRotation
+        ) || variant == 2,
         // The first variant of each cause is disaggregated (its transfer recorded).
         pd: cause == Cause::KvTransfer || variant == 1,
     };

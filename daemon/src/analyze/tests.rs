@@ -103,7 +103,7 @@ fn ac_at_k_counts_the_rank_of_the_injected_cause() {
     );
     let t = table(&r);
     assert!(
-        t.contains("network                     3   0.33   0.67"),
+        t.contains("network                       3   0.33   0.67"),
         "{t}"
     );
     assert!(t.contains("controls: 2 episodes, 1 diagnosed"), "{t}");

@@ -393,6 +393,12 @@ const CAUSES: &[CauseDef] = &[
         signals: &[Signal::PickImbalance],
         part: Part::Any,
     },
+    // The workers left in rotation serve everything: their queues and batches grow.
+    CauseDef {
+        cause: Cause::WorkerOutOfRotation,
+        signals: &[Signal::StarvedWorkers],
+        part: Part::Any,
+    },
     CauseDef {
         cause: Cause::MemoryPressure,
         signals: &[
@@ -435,6 +441,9 @@ const GRAPH: &[(Cause, Cause)] = &[
     (Cause::RouterOverhead, Cause::ServerQueueing),
     // The requests one worker alone gets wait in its queue.
     (Cause::RoutingImbalance, Cause::ServerQueueing),
+    // A worker out of rotation is the more specific imbalance (two workers: one gets all).
+    (Cause::WorkerOutOfRotation, Cause::RoutingImbalance),
+    (Cause::WorkerOutOfRotation, Cause::ServerQueueing),
 ];
 
 /// Robust z (harmful direction) → strength in [0, 1): 1 − e^(−z/8) (z 3.5 → 0.35, 10 → 0.71,
@@ -1482,6 +1491,14 @@ fn hard_rule(s: Signal, mv: &Moved, store: &EvidenceStore, onset: u32, now: u32)
             store
                 .note_in(s, onset, now.saturating_add(1))
                 .map(|w| format!("; last: {w}"))
+                .unwrap_or_default()
+        )),
+        Signal::StarvedWorkers if mv.before == 0.0 && mv.after >= 1.0 => Some(format!(
+            "{:.0} worker(s) the router calls fine got none of its picks{}",
+            mv.after,
+            store
+                .note_in(s, onset, now.saturating_add(1))
+                .map(|w| format!(": {w}"))
                 .unwrap_or_default()
         )),
         Signal::GpuThrottle if mv.before == 0.0 && mv.peak >= 0.5 => {

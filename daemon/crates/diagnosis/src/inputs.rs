@@ -126,7 +126,13 @@ pub fn server_signals(s: &ServerSample) -> Vec<(Signal, f64)> {
     ];
     pairs
         .into_iter()
-        .chain([(Signal::PickImbalance, pick_imbalance(&s.router_picks))])
+        .chain([
+            (Signal::PickImbalance, pick_imbalance(&s.router_picks)),
+            (
+                Signal::StarvedWorkers,
+                starved(&s.router_picks).map(|w| w.len() as f64),
+            ),
+        ])
         .filter_map(|(sig, x)| x.map(|x| (sig, x)))
         .collect()
 }
@@ -148,6 +154,19 @@ pub fn most_picked(picks: &[lmperf_server_page::router_picks::RouterPick]) -> Op
         top.share.unwrap_or(0.0) * 100.0,
         top.fair_share * 100.0
     ))
+}
+
+/// The workers the router may pick that got no pick in an interval of at least
+/// [`MIN_PICKS`] picks ([`Signal::StarvedWorkers`]); `None` as for [`pick_imbalance`].
+pub fn starved(picks: &[lmperf_server_page::router_picks::RouterPick]) -> Option<Vec<&str>> {
+    pick_imbalance(picks)?;
+    Some(
+        picks
+            .iter()
+            .filter(|p| p.fair_share > 0.0 && p.picks == Some(0.0))
+            .map(|p| p.worker.as_str())
+            .collect(),
+    )
 }
 
 /// Picks a scrape interval must hold for its imbalance to count: with fewer, one pick more
@@ -215,5 +234,9 @@ mod tests {
         ];
         assert_eq!(pick_imbalance(&few), None);
         assert_eq!(most_picked(&few), None);
+        // w4 is pickable and got none of the 40; the dead worker is out by the router's word.
+        assert_eq!(starved(&four), Some(vec!["http://w4:8000"]));
+        assert_eq!(starved(&even), Some(vec![]));
+        assert_eq!(starved(&few), None);
     }
 }

@@ -50,12 +50,15 @@ pub enum Cause {
     /// A router sending one worker far more than its share of the requests while others idle
     /// (a hot session key under consistent hashing, a stale load view, a sticky policy).
     RoutingImbalance,
+    /// A worker the router calls fine (healthy, circuit closed) gets none of its requests:
+    /// the others serve them all with less capacity.
+    WorkerOutOfRotation,
     /// The symptom is real and nothing explains it.
     Unknown,
 }
 
 impl Cause {
-    pub const ALL: [Cause; 17] = [
+    pub const ALL: [Cause; 18] = [
         Cause::LoadSurge,
         Cause::ServerQueueing,
         Cause::KvCachePressure,
@@ -72,6 +75,7 @@ impl Cause {
         Cause::RouterOverhead,
         Cause::KvTransfer,
         Cause::RoutingImbalance,
+        Cause::WorkerOutOfRotation,
         Cause::Unknown,
     ];
 
@@ -93,6 +97,7 @@ impl Cause {
             Cause::RouterOverhead => "router_overhead",
             Cause::KvTransfer => "kv_transfer",
             Cause::RoutingImbalance => "routing_imbalance",
+            Cause::WorkerOutOfRotation => "worker_out_of_rotation",
             Cause::Unknown => "unknown",
         }
     }

@@ -143,10 +143,14 @@ pub enum Signal {
     /// router spreads evenly, N when one of N workers gets everything. Only from an interval
     /// with at least [`crate::inputs::MIN_PICKS`] picks.
     PickImbalance,
+    /// The workers a router may pick (healthy or unsaid, circuit not open) that got no pick
+    /// in a scrape interval with at least [`crate::inputs::MIN_PICKS`] picks: out of its
+    /// rotation though it calls them fine.
+    StarvedWorkers,
 }
 
 impl Signal {
-    pub const ALL: [Signal; 44] = [
+    pub const ALL: [Signal; 45] = [
         Signal::Ttft,
         Signal::Tpot,
         Signal::E2e,
@@ -191,6 +195,7 @@ impl Signal {
         Signal::DirectTtft,
         Signal::KvTransfer,
         Signal::PickImbalance,
+        Signal::StarvedWorkers,
     ];
 
     pub fn index(self) -> usize {
@@ -244,6 +249,7 @@ impl Signal {
             Signal::DirectTtft => "direct_ttft",
             Signal::KvTransfer => "kv_transfer",
             Signal::PickImbalance => "pick_imbalance",
+            Signal::StarvedWorkers => "starved_workers",
         }
     }
 
@@ -299,6 +305,7 @@ impl Signal {
             Signal::DirectTtft => "direct canaries' TTFT (the workers)",
             Signal::KvTransfer => "KV transfer and first decode (P/D)",
             Signal::PickImbalance => "the most-picked worker's share of picks ÷ its fair share",
+            Signal::StarvedWorkers => "pickable workers with no pick",
         }
     }
 
@@ -386,7 +393,7 @@ impl Signal {
             Signal::ServerTtft | Signal::ServerQueueTime | Signal::ServerPrefillTime => 0.02,
             Signal::NetSrtt | Signal::ClientServerTtftGap => 0.005,
             Signal::PathOverhead | Signal::KvTransfer => 0.02,
-            Signal::PickImbalance => 0.5,
+            Signal::PickImbalance | Signal::StarvedWorkers => 0.5,
             Signal::NetConnect => 0.01,
             Signal::Error | Signal::Error5xx | Signal::Error429 | Signal::ErrorTimeout => 0.01,
             Signal::InputTokens => 64.0,

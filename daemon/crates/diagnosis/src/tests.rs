@@ -1299,3 +1299,27 @@ fn an_imbalance_that_did_not_move_is_not_routing_imbalance() {
         "{t:#?}"
     );
 }
+
+/// A router's page every 5 s: its pickable workers with no pick (`starved`) beside an even
+/// spread over the others (4 ÷ 3 with one of four out).
+fn rotation_second(e: &mut Engine, s: u32, at: &dyn Fn(f64) -> SystemTime, starved: f64) {
+    if s.is_multiple_of(5) {
+        let at = at(f64::from(s) + 0.2);
+        e.observe("t", Signal::StarvedWorkers, at, starved);
+        let ratio = if starved > 0.0 { 4.0 / 3.0 } else { 1.0 };
+        e.observe("t", Signal::PickImbalance, at, ratio);
+    }
+}
+
+/// One of four workers the router calls healthy gets none of its picks, the other three its
+/// traffic: `worker_out_of_rotation` first (the uneven spread is its consequence).
+#[test]
+fn a_healthy_worker_without_picks_is_out_of_rotation() {
+    let (after, t) = canary_episode((0.100, 0.010, 0.0), (0.250, 0.013, 1.0), rotation_second);
+    assert_eq!(t.state, State::RootConfirmed, "{t:#?}");
+    assert!(after <= 60, "confirmed {after} s after the fault");
+    assert_eq!(t.causes[0].cause, Cause::WorkerOutOfRotation, "{t:#?}");
+    let e = ev(&t, Cause::WorkerOutOfRotation, Signal::StarvedWorkers);
+    assert_eq!(e.after, 1.0, "{e:?}");
+    assert!(e.rule.is_some(), "{e:?}");
+}
