@@ -19,6 +19,40 @@ pub const SCRAPE_LABELS: &[&str] = &["instance", "job", "node"];
 /// router target in front of the streaming one with a direct path to it (the serving path), and
 /// one pod it discovers through the scripted Kubernetes API server ([`K8S_POD`], at the
 /// streaming server), so the `k8s_*` labels of discovered targets are in the scrape.
+/// A router's `/metrics`: vllm-router 0.1.17's page (`tests/fixtures/server/vllm-router.a.prom`,
+/// both workers healthy), its pick counters grown by the page's own counts at each scrape, so
+/// every interval has picks (2 and 3: shares 0.4 and 0.6) and each worker's share exists.
+pub async fn router_page() -> ScriptedServer {
+    let page = std::fs::read_to_string(
+        crate::agent::workspace_root().join("tests/fixtures/server/vllm-router.a.prom"),
+    )
+    .expect("fixture page");
+    let scrapes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    ScriptedServer::start(Arc::new(move |_, _| {
+        let n = scrapes.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        let text: String = page
+            .lines()
+            .map(|l| match l.rsplit_once(' ') {
+                Some((series, v)) if series.starts_with("vllm_router_processed_requests_total") => {
+                    let v: f64 = v.parse().unwrap_or(0.0);
+                    format!("{series} {}\n", v * n as f64)
+                }
+                _ => format!("{l}\n"),
+            })
+            .collect();
+        Reply::Stream {
+            status: 200,
+            content_type: "text/plain; version=0.0.4".into(),
+            frames: vec![crate::scripted::Frame {
+                at: Duration::ZERO,
+                bytes: text.into_bytes(),
+            }],
+            cut: false,
+        }
+    }))
+    .await
+}
+
 pub async fn agent_metrics() -> String {
     // Its /metrics is a vLLM page (tests/fixtures/server): a, b, then a again (a restart), so
     // the lmperf.server.* gauges, counters, latencies and a change event all have samples.
@@ -65,6 +99,7 @@ pub async fn agent_metrics() -> String {
         }
     }))
     .await;
+    let router_page = router_page().await;
     let (api, config, kubeconfig) = k8s_discovery("dashboards-k8s", ok.addr.port()).await;
     // The static targets in the file beside the discovery (flags would replace the file's),
     // and a router target in front of the streaming server with a direct path to it, so the
@@ -74,8 +109,9 @@ pub async fn agent_metrics() -> String {
         file.push_str(&format!("\n[[target]]\nurl = \"{u}\"\n"));
     }
     file.push_str(&format!(
-        "\n[[target]]\nurl = \"{0}\"\nname = \"router\"\nkind = \"router\"\nworker_probes = false\nserver_metrics = \"off\"\ndirect_workers = [\"{0}\"]\ndirect_interval = \"1s\"\n",
-        ok.url()
+        "\n[[target]]\nurl = \"{0}\"\nname = \"router\"\nkind = \"router\"\nworker_probes = false\nmetrics_url = \"{1}/metrics\"\nmetrics_interval = \"1s\"\ndirect_workers = [\"{0}\"]\ndirect_interval = \"1s\"\n",
+        ok.url(),
+        router_page.url()
     ));
     std::fs::write(&config, file).expect("write config");
     let scrape = tokio::task::spawn_blocking(move || {
@@ -99,6 +135,7 @@ pub async fn agent_metrics() -> String {
             "lmperf_server_changes_total",
             "lmperf_path_overhead_seconds",
             "lmperf_path_direct_requests_total",
+            "lmperf_router_worker_pick_share",
         ];
         let t = Instant::now();
         loop {
