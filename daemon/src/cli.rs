@@ -486,6 +486,13 @@ impl RunArgs {
                 self.direct_workers.join(" ")
             ));
         }
+        if let Some(w) = (self.direct_workers.iter())
+            .find(|w| crate::config::direct_paths::worker_url(w).is_none())
+        {
+            return Err(format!(
+                "--direct-workers {w}: not an http(s) URL with a host (a worker's base URL, e.g. http://10.0.0.7:8000)"
+            ));
+        }
         let targets = if self.target.is_empty() {
             vec![default_target(env)]
         } else {
@@ -1041,6 +1048,39 @@ mod tests {
             .is_ok()
         );
         let _ = std::fs::remove_file(&tpl);
+    }
+
+    /// `--direct-workers` needs a router target and base URLs; a bad one is named by the flag.
+    #[test]
+    fn run_direct_workers_are_urls_behind_a_router() {
+        struct NoEnv;
+        impl crate::config::Env for NoEnv {
+            fn var(&self, _: &str) -> Option<String> {
+                None
+            }
+        }
+        let spec = |extra: &[&str]| {
+            let mut args = vec!["lmperf", "run", "--target", "http://127.0.0.1:9"];
+            args.extend_from_slice(&["--output-dir", "/tmp/lmperf-unused"]);
+            args.extend_from_slice(extra);
+            match Cli::try_parse_from(args).unwrap().command {
+                super::Command::Run(r) => r.into_spec(&NoEnv).map(|_| ()),
+                _ => unreachable!(),
+            }
+        };
+        let router = ["--target-kind", "router", "--direct-workers"];
+        assert_eq!(
+            spec(&[&router[..], &["http://10.0.0.7:8000"]].concat()),
+            Ok(())
+        );
+        let e =
+            spec(&[&router[..], &["http://10.0.0.7:8000", "10.0.0.8:8000"]].concat()).unwrap_err();
+        assert!(
+            e.starts_with("--direct-workers 10.0.0.8:8000: not an http(s) URL with a host"),
+            "{e}"
+        );
+        let e = spec(&["--direct-workers", "http://10.0.0.7:8000"]).unwrap_err();
+        assert!(e.contains("it needs --target-kind router"), "{e}");
     }
 
     /// `--lora-modules`, `--target` repeated, `--endpoint-policy`, `--probe-rate` into the
