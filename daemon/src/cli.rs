@@ -424,6 +424,29 @@ fn find_rate_of(
     })
 }
 
+/// `--direct-workers`: the workers behind a router (`--target-kind router`), each a base URL.
+///
+/// # Errors
+/// The flag without a router target, or a value that is not an http(s) URL with a host, each
+/// naming the flag and the value.
+fn check_direct_workers(workers: &[String], target_kind: &str) -> Result<(), String> {
+    if !workers.is_empty() && target_kind != "router" {
+        return Err(format!(
+            "--direct-workers {}: the workers behind a router; it needs --target-kind router",
+            workers.join(" ")
+        ));
+    }
+    match workers
+        .iter()
+        .find(|w| crate::config::direct_paths::worker_url(w).is_none())
+    {
+        Some(w) => Err(format!(
+            "--direct-workers {w}: not an http(s) URL with a host (a worker's base URL, e.g. http://10.0.0.7:8000)"
+        )),
+        None => Ok(()),
+    }
+}
+
 /// `lmperf run`'s target without `--target`: `OPENAI_BASE_URL` (the OpenAI SDKs' variable),
 /// else vLLM's default `http://127.0.0.1:8000`. With `--launch`, a placeholder the launcher
 /// replaces with the server's port.
@@ -480,19 +503,7 @@ impl RunArgs {
             }),
             None => None,
         };
-        if !self.direct_workers.is_empty() && self.target_kind != "router" {
-            return Err(format!(
-                "--direct-workers {}: the workers behind a router; it needs --target-kind router",
-                self.direct_workers.join(" ")
-            ));
-        }
-        if let Some(w) = (self.direct_workers.iter())
-            .find(|w| crate::config::direct_paths::worker_url(w).is_none())
-        {
-            return Err(format!(
-                "--direct-workers {w}: not an http(s) URL with a host (a worker's base URL, e.g. http://10.0.0.7:8000)"
-            ));
-        }
+        check_direct_workers(&self.direct_workers, &self.target_kind)?;
         let targets = if self.target.is_empty() {
             vec![default_target(env)]
         } else {
