@@ -53,6 +53,27 @@ pub async fn router_page() -> ScriptedServer {
     .await
 }
 
+/// A Dynamo frontend in front of prefill/decode workers, as its replies look: a short chat
+/// stream whose last chunk before the usage carries `nvext.timing` with a KV transfer
+/// (`kv_transfer_estimated_latency_ms`), so a router target's TTFT split (and its
+/// `transfer_and_first_decode` segment) exists.
+pub async fn dynamo_pd_frontend() -> ScriptedServer {
+    ScriptedServer::start(Arc::new(|_, _| {
+        let mut frames = chat_stream(3, Duration::from_millis(20), Duration::from_millis(2), 4);
+        let timing = crate::scripted::Frame {
+            at: Duration::from_millis(24),
+            bytes: br#"data: {"id":"chatcmpl-s","model":"scripted","choices":[],"nvext":{"timing":{"prefill_wait_time_ms":2.0,"prefill_time_ms":4.0,"ttft_ms":8.0,"total_time_ms":30.0,"kv_transfer_estimated_latency_ms":9.0}}}
+
+"#
+            .to_vec(),
+        };
+        let last = frames.len() - 1;
+        frames.insert(last, timing);
+        Reply::sse(frames)
+    }))
+    .await
+}
+
 pub async fn agent_metrics() -> String {
     // Its /metrics is a vLLM page (tests/fixtures/server): a, b, then a again (a restart), so
     // the lmperf.server.* gauges, counters, latencies and a change event all have samples.
@@ -100,6 +121,7 @@ pub async fn agent_metrics() -> String {
     }))
     .await;
     let router_page = router_page().await;
+    let frontend = dynamo_pd_frontend().await;
     let (api, config, kubeconfig) = k8s_discovery("dashboards-k8s", ok.addr.port()).await;
     // The static targets in the file beside the discovery (flags would replace the file's),
     // and a router target in front of the streaming server with a direct path to it, so the
@@ -109,9 +131,10 @@ pub async fn agent_metrics() -> String {
         file.push_str(&format!("\n[[target]]\nurl = \"{u}\"\n"));
     }
     file.push_str(&format!(
-        "\n[[target]]\nurl = \"{0}\"\nname = \"router\"\nkind = \"router\"\nworker_probes = false\nmetrics_url = \"{1}/metrics\"\nmetrics_interval = \"1s\"\ndirect_workers = [\"{0}\"]\ndirect_interval = \"1s\"\n",
+        "\n[[target]]\nurl = \"{2}\"\nname = \"router\"\nkind = \"router\"\nworker_probes = false\nmetrics_url = \"{1}/metrics\"\nmetrics_interval = \"1s\"\ndirect_workers = [\"{0}\"]\ndirect_interval = \"1s\"\n",
         ok.url(),
-        router_page.url()
+        router_page.url(),
+        frontend.url()
     ));
     std::fs::write(&config, file).expect("write config");
     let scrape = tokio::task::spawn_blocking(move || {
@@ -136,6 +159,7 @@ pub async fn agent_metrics() -> String {
             "lmperf_path_overhead_seconds",
             "lmperf_path_direct_requests_total",
             "lmperf_router_worker_pick_share",
+            "lmperf_canary_ttft_segment_duration_seconds_bucket",
         ];
         let t = Instant::now();
         loop {
