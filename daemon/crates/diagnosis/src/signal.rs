@@ -136,7 +136,8 @@ pub enum Signal {
     /// prefill/decode disaggregation, s: the KV transfer to the decode worker and its first
     /// decode step (Dynamo's `transfer_and_first_decode` segment, only for a request whose
     /// timing carried a transfer), or the router's own KV transfer duration per scrape
-    /// (SGLang's gateway's `smg_pd_kv_transfer_duration_seconds` mean).
+    /// (SGLang's gateway's `smg_pd_kv_transfer_duration_seconds` mean, or a vLLM worker's own
+    /// `vllm:nixl_xfer_time_seconds` mean).
     KvTransfer,
     /// A router's most-picked worker's share of its picks over a scrape interval ÷ its share
     /// were the pickable workers equal (vllm-router's and llm-d's pick counters): 1 when the

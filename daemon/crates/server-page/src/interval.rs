@@ -71,8 +71,9 @@ pub struct ServerSample {
     pub router_kv_hit_rate: LatencyStats,
     /// A router's estimate of the KV transfer from prefill to decode worker, seconds
     /// (`dynamo_component_router_kv_transfer_estimated_latency_seconds`), or SGLang's gateway's
-    /// measured KV transfer window (`smg_pd_kv_transfer_duration_seconds`); absent when not
-    /// exposed or none in the interval.
+    /// measured KV transfer window (`smg_pd_kv_transfer_duration_seconds`), or a vLLM worker's
+    /// own NIXL transfers (`vllm:nixl_xfer_time_seconds`); absent when not exposed or none in
+    /// the interval.
     #[serde(default, skip_serializing_if = "LatencyStats::is_empty")]
     pub router_kv_transfer: LatencyStats,
     /// A router's picks per worker in the interval and what it says of each worker (issue

@@ -139,7 +139,15 @@ const READ: &[&str] = &[
     "dynamo_frontend_request_duration_seconds",
     "dynamo_component_router_kv_hit_rate",
     "dynamo_component_router_kv_transfer_estimated_latency_seconds",
+    // vLLM's NIXL KV connector (prefill/decode disaggregation): its transfers' duration
+    // (`vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py`, `NixlPromMetrics`).
+    VLLM_NIXL_XFER,
 ];
+
+/// vLLM's NIXL connector's histogram of each KV transfer's duration, seconds ("Histogram of
+/// transfer duration for NIXL KV Cache transfers."): the worker's own view of the transfer,
+/// read into `router_kv_transfer` where no router's figure is on the page.
+const VLLM_NIXL_XFER: &str = "vllm:nixl_xfer_time_seconds";
 
 /// SGLang's model gateway's KV transfer window of a disaggregated request, seconds ("prefill
 /// drain to decode send", lightseekorg/smg `describe_histogram!`; labels `backend_type`,
@@ -452,7 +460,7 @@ pub fn normalize(page: &Page, kind: Option<ServerKind>) -> Reading {
         ServerKind::Unknown => {}
     }
     if r.histograms.router_kv_transfer.is_none() {
-        r.histograms.router_kv_transfer = first_histogram(page, &[SMG_KV_TRANSFER]);
+        r.histograms.router_kv_transfer = first_histogram(page, &[SMG_KV_TRANSFER, VLLM_NIXL_XFER]);
     }
     r
 }
@@ -559,6 +567,21 @@ mod tests {
             .router_kv_transfer
             .expect("read");
         assert_eq!((h.count, h.sum), (3.0, 0.21));
+    }
+
+    #[test]
+    fn vllms_nixl_transfer_time_is_the_kv_transfer() {
+        let text = "vllm:nixl_xfer_time_seconds_bucket{engine=\"0\",model_name=\"m\",le=\"0.05\"} 4\n\
+                    vllm:nixl_xfer_time_seconds_bucket{engine=\"0\",model_name=\"m\",le=\"+Inf\"} 5\n\
+                    vllm:nixl_xfer_time_seconds_sum{engine=\"0\",model_name=\"m\"} 0.12\n\
+                    vllm:nixl_xfer_time_seconds_count{engine=\"0\",model_name=\"m\"} 5\n\
+                    vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 1\n";
+        let kept = crate::parse::parse_with(text, reads).unwrap();
+        let h = normalize(&kept, None)
+            .histograms
+            .router_kv_transfer
+            .expect("read");
+        assert_eq!((h.count, h.sum), (5.0, 0.12));
     }
 
     #[test]
