@@ -9,7 +9,7 @@ use super::detector::{
 };
 use super::node_scope::{self, Placement};
 use super::report::{
-    BaselineWait, Cause, CauseScore, Diagnosis, Evidence, SCHEMA_VERSION, State, Symptom,
+    BaselineWait, Cause, CauseScore, Diagnosis, Evidence, SCHEMA_VERSION, Scope, State, Symptom,
     TargetDiagnosis, TtftDecomposition, unix_s,
 };
 use super::signal::{Harm, Signal};
@@ -779,6 +779,20 @@ impl TargetEngine {
     }
 
     /// Without a symptom: `warning` while a cause's hard rule holds ([`warning`]), else idle.
+    /// The worker behind a router that `cause` is on (`routing_imbalance`: the most-picked;
+    /// `worker_out_of_rotation`: the first left out), from the router's newest page since
+    /// `onset`; `None` for other causes or when no page named one.
+    fn worker_of(&self, cause: Option<Cause>, onset: u32, now: u32) -> Option<String> {
+        let signal = match cause? {
+            Cause::RoutingImbalance => Signal::PickImbalance,
+            Cause::WorkerOutOfRotation => Signal::StarvedWorkers,
+            _ => return None,
+        };
+        let note = self.store.note_in(signal, onset, now.saturating_add(1))?;
+        let w = note.split([' ', ',']).next()?;
+        (!w.is_empty()).then(|| w.to_owned())
+    }
+
     fn quiet(&mut self, name: &str, now: SystemTime, cfg: &EngineConfig) -> TargetDiagnosis {
         let warnings = warning::early_warnings(&self.store, sec(now));
         if warnings.is_empty() {
@@ -991,6 +1005,10 @@ impl TargetEngine {
                 d.roots = roots.into_iter().map(|(c, _)| c).collect();
                 roots::rank_first(&mut d.causes, &d.roots);
             }
+        }
+        if let Some(w) = self.worker_of(d.causes.first().map(|c| c.cause), onset, now_sec) {
+            d.scope = Scope::Worker;
+            d.worker = Some(w);
         }
         d.summary = d.line();
         d.canaries_skipped_share = self.store.series(Signal::CanarySkipped).and_then(|x| {

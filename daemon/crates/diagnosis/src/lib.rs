@@ -142,8 +142,10 @@
 //!     "profile": null? | { "at_unix_s", "server", "kind": "vllm" | "sglang", "trigger",
 //!                   "reason", "output_dir", "outcome": "started" | "done" | "unsupported" |
 //!                   "failed", "detail" },  // the server's profiler, when [target.profiling]
-//!     "scope": "target" | "node",           // node: part of a node-level diagnosis
-//!     "node": str? } ],                     // that diagnosis's node (scope node only)
+//!     "scope": "target" | "node" | "worker", // node: part of a node-level diagnosis;
+//!                                           // worker: on one worker behind the router
+//!     "node": str?,                         // that diagnosis's node (scope node only)
+//!     "worker": str? } ],                   // that worker, as the router names it
 //!   "nodes": [ { "node": str, "scope": "node", "state": str, "cause": str, "score": f64,
 //!                "onset_unix_s": f64 | null, "targets": [str], "node_targets": int,
 //!                "evidence": [ … ], "summary": str } ]? }   // absent when empty

@@ -459,6 +459,7 @@ mod tests {
             canaries_skipped_share: None,
             scope: Scope::Target,
             node: None,
+            worker: None,
             profile: None,
         };
         let mut b = a.clone();

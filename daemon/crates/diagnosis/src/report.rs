@@ -153,14 +153,17 @@ pub struct Diagnosis {
     pub nodes: Vec<NodeDiagnosis>,
 }
 
-/// Whose fault a diagnosis names: the target's own (its GPU, its queue) or the node's (node
-/// CPU or memory pressure, the node's network, a GPU its targets share).
+/// Whose fault a diagnosis names: the target's own (its GPU, its queue), the node's (node
+/// CPU or memory pressure, the node's network, a GPU its targets share), or, on a router
+/// target, one worker's behind it (the one the router favours or left out, named in
+/// [`TargetDiagnosis::worker`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Scope {
     #[default]
     Target,
     Node,
+    Worker,
 }
 
 impl Scope {
@@ -168,6 +171,7 @@ impl Scope {
         match self {
             Scope::Target => "target",
             Scope::Node => "node",
+            Scope::Worker => "worker",
         }
     }
 }
@@ -244,6 +248,11 @@ pub struct TargetDiagnosis {
     /// The node of the node-level diagnosis this target belongs to (`scope: node`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// A router target's worker the top cause is on (`scope: worker`): the worker the router
+    /// favours (`routing_imbalance`) or leaves out (`worker_out_of_rotation`), as the router
+    /// names it (its URL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
     /// The model server's profiler, called for this incident (`[target.profiling]`): filled
     /// by the agent, not the engine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -547,6 +556,7 @@ impl TargetDiagnosis {
             canaries_skipped_share: None,
             scope: Default::default(),
             node: None,
+            worker: None,
             profile: None,
         }
     }
@@ -683,6 +693,7 @@ mod tests {
             canaries_skipped_share: None,
             scope: Scope::Target,
             node: None,
+            worker: None,
             profile: None,
         };
         assert_eq!(

@@ -1271,6 +1271,10 @@ fn picks_second(e: &mut Engine, s: u32, at: &dyn Fn(f64) -> SystemTime, ratio: f
             at(f64::from(s) + 0.2),
             ratio * wobble,
         );
+        if ratio >= 2.0 {
+            let words = "http://w1:8000 (75 % of 40 picks, fair share 25 %)";
+            e.note("t", Signal::PickImbalance, at(f64::from(s) + 0.2), words);
+        }
     }
 }
 
@@ -1284,7 +1288,16 @@ fn one_worker_getting_the_others_picks_is_routing_imbalance() {
     assert_eq!(t.causes[0].cause, Cause::RoutingImbalance, "{t:#?}");
     let e = ev(&t, Cause::RoutingImbalance, Signal::PickImbalance);
     assert!((e.after - 3.0).abs() < 0.2, "{e:?}");
-    assert!(e.rule.is_some(), "{e:?}");
+    let named = "; last: http://w1:8000 (75 % of 40 picks, fair share 25 %)";
+    assert!(
+        e.rule.as_deref().is_some_and(|r| r.ends_with(named)),
+        "{e:?}"
+    );
+    // On the worker the router favours, the router's entry pointing at it.
+    assert_eq!(
+        (t.scope, t.worker.as_deref()),
+        (super::Scope::Worker, Some("http://w1:8000"))
+    );
 }
 
 /// A router that always spread its picks unevenly (2 × on one worker, a few keys hashed) and
@@ -1308,6 +1321,9 @@ fn rotation_second(e: &mut Engine, s: u32, at: &dyn Fn(f64) -> SystemTime, starv
         e.observe("t", Signal::StarvedWorkers, at, starved);
         let ratio = if starved > 0.0 { 4.0 / 3.0 } else { 1.0 };
         e.observe("t", Signal::PickImbalance, at, ratio);
+        if starved > 0.0 {
+            e.note("t", Signal::StarvedWorkers, at, "http://w4:8000");
+        }
     }
 }
 
@@ -1322,4 +1338,8 @@ fn a_healthy_worker_without_picks_is_out_of_rotation() {
     let e = ev(&t, Cause::WorkerOutOfRotation, Signal::StarvedWorkers);
     assert_eq!(e.after, 1.0, "{e:?}");
     assert!(e.rule.is_some(), "{e:?}");
+    assert_eq!(
+        (t.scope, t.worker.as_deref()),
+        (super::Scope::Worker, Some("http://w4:8000"))
+    );
 }
