@@ -541,11 +541,6 @@ impl TargetRunner {
             e2e_ms: r.e2e.as_secs_f64() * 1e3,
         };
         let error = r.failure().map(|e| e.error_type.as_str());
-        if *source == Source::Canary
-            && let (Some(d), Some(o)) = (&self.diagnosis, self.routed_overhead_ms(m))
-        {
-            d.observe_path_overhead(&self.target.name, m.wall_start + r.e2e, o / 1e3);
-        }
         if let (Source::Direct(_), Some(d), Some(ttft), None) =
             (source, &self.diagnosis, r.ttft, error)
         {
@@ -557,7 +552,22 @@ impl TargetRunner {
             _ => return,
         }
         for metric in [PathMetric::Ttft, PathMetric::E2e] {
-            if let Some(o) = p.compare(metric, sample.at_unix_s).overhead_ms {
+            let c = p.compare(metric, sample.at_unix_s);
+            // This routed canary's TTFT against the direct p50 of its window, for the
+            // diagnosis (the direct side is the span's: this canary joined the routed side).
+            if let (Source::Canary, PathMetric::Ttft, Some(d), Some(t), Some(direct)) = (
+                source,
+                metric,
+                &self.diagnosis,
+                r.ttft,
+                c.direct
+                    .p50_ms
+                    .filter(|_| c.direct.n >= lmperf_measure::path::MIN_SAMPLES),
+            ) {
+                let o = t.as_secs_f64() - direct / 1e3;
+                d.observe_path_overhead(&self.target.name, m.wall_start + r.e2e, o);
+            }
+            if let Some(o) = c.overhead_ms {
                 (self.telemetry.instruments).record_path_overhead(
                     &self.target.name,
                     metric.as_str(),
