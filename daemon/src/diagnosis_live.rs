@@ -440,6 +440,25 @@ impl LiveDiagnosis {
         }
     }
 
+    /// Feeds a router target's workers apart from the others after a direct canary ended at
+    /// `at` ([`crate::diagnosis::inputs::apart_signals`]: the slowest's ratio, the failing
+    /// count), each with the worker it names.
+    pub fn observe_workers_apart(
+        &self,
+        target: &str,
+        at: SystemTime,
+        apart: &lmperf_measure::workers_apart::WorkersApart,
+    ) {
+        if let Ok(mut e) = self.engine.lock() {
+            for (signal, value, words) in crate::diagnosis::inputs::apart_signals(apart) {
+                e.observe(target, signal, at, value);
+                if let Some(w) = words {
+                    e.note(target, signal, at, &w);
+                }
+            }
+        }
+    }
+
     /// Feeds one node sample taken at `at` (see [`node_signals`]).
     pub fn feed_node(&self, at: SystemTime, sample: &crate::node::NodeSample) {
         self.node_latest.record(at, sample);
@@ -1505,6 +1524,7 @@ mod tests {
             router_kv_transfer: Default::default(),
             router_picks: Vec::new(),
             picker_pool: None,
+            pool_load: None,
             interval_s: Some(1.0),
             reset: false,
         }

@@ -21,7 +21,9 @@ pub const SCRAPE_LABELS: &[&str] = &["instance", "job", "node"];
 /// streaming server), so the `k8s_*` labels of discovered targets are in the scrape.
 /// A router's `/metrics`: vllm-router 0.1.17's page (`tests/fixtures/server/vllm-router.a.prom`,
 /// both workers healthy), its pick counters grown by the page's own counts at each scrape, so
-/// every interval has picks (2 and 3: shares 0.4 and 0.6) and each worker's share exists.
+/// every interval has picks (2 and 3: shares 0.4 and 0.6) and each worker's share exists; and
+/// Dynamo's two pool gauges of a disaggregated frontend (a prefill and a decode worker), so the
+/// pools' load is exported too.
 pub async fn router_page() -> ScriptedServer {
     let page = std::fs::read_to_string(
         crate::agent::workspace_root().join("tests/fixtures/server/vllm-router.a.prom"),
@@ -39,6 +41,11 @@ pub async fn router_page() -> ScriptedServer {
                 }
                 _ => format!("{l}\n"),
             })
+            .chain([
+                // A disaggregated router's pools, as Dynamo's frontend says them.
+                "dynamo_frontend_worker_active_prefill_tokens{dp_rank=\"0\",worker_id=\"1\",worker_type=\"prefill\"} 120\n".to_owned(),
+                "dynamo_frontend_worker_active_decode_blocks{dp_rank=\"0\",worker_id=\"2\",worker_type=\"decode\"} 40\n".to_owned(),
+            ])
             .collect();
         Reply::Stream {
             status: 200,

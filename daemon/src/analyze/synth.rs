@@ -127,6 +127,14 @@ struct World {
     pick_ratio: f64,
     /// Workers the router calls fine that get none of its picks.
     starved: f64,
+    /// Prefill/decode disaggregation, as the router's page says it: prompt tokens queued on
+    /// the prefill workers, and KV blocks the decode workers' sequences hold.
+    prefill_pool: f64,
+    decode_pool: f64,
+    /// A router target's worker 0 takes this × the time of the others (1: alike).
+    slow_worker: f64,
+    /// A router target's worker 0 fails every request (a dead pod the router still sends to).
+    dead_worker: bool,
 }
 
 impl World {
@@ -163,12 +171,26 @@ impl World {
             transfer_s: 0.013,
             pick_ratio: 1.0,
             starved: 0.0,
+            prefill_pool: 60.0,
+            decode_pool: 36.0,
+            slow_worker: 1.0,
+            dead_worker: false,
         }
     }
 }
 
 fn lerp(a: f64, b: f64, f: f64) -> f64 {
     a + (b - a) * f
+}
+
+impl World {
+    /// The pools' loads `prefill` × and `decode` × the calm ones at full fault (`f` = 1):
+    /// work that takes longer, or more of it, holds more of each pool (Little's law).
+    fn pools(&mut self, prefill: f64, decode: f64, f: f64) {
+        let c = World::calm();
+        self.prefill_pool = lerp(c.prefill_pool, c.prefill_pool * prefill, f);
+        self.decode_pool = lerp(c.decode_pool, c.decode_pool * decode, f);
+    }
 }
 
 /// The world `since` seconds after the injection of `cause` (ramped in over `ramp` seconds).
@@ -197,8 +219,10 @@ fn faulted(cause: Cause, m: Magnitude, since: f64, variant: u64) -> World {
             w.queue_s = lerp(c.queue_s, m.pick(0.09, 0.45), f);
             w.prefill_s = lerp(c.prefill_s, c.prefill_s * 1.3, f);
             w.decode_s = lerp(c.decode_s, c.decode_s * m.pick(1.4, 2.0), f);
+            w.pools(k, w.running / c.running, f);
         }
         Cause::ServerQueueing => {
+            // Disaggregated, requests wait in the frontend's queue: the pools see no more.
             // The scheduler got slower (a stuck batch, a slow tokenizer): requests wait.
             w.waiting = lerp(0.0, m.pick(4.0, 12.0), f);
             w.queue_s = lerp(c.queue_s, m.pick(0.15, 0.5), f);
@@ -213,6 +237,7 @@ fn faulted(cause: Cause, m: Magnitude, since: f64, variant: u64) -> World {
             w.waiting = lerp(0.0, m.pick(1.0, 4.0), f);
             w.running = lerp(c.running, 3.0, f);
             w.generation_rate = lerp(c.generation_rate, c.generation_rate * 0.8, f);
+            w.pools(1.2, m.pick(2.2, 2.7), f);
         }
         Cause::LongPrompts => {
             // A second client sends long prompts: the canary's own prompts do not change.
@@ -223,6 +248,7 @@ fn faulted(cause: Cause, m: Magnitude, since: f64, variant: u64) -> World {
             w.running = lerp(c.running, c.running + 1.0, f);
             w.request_rate = lerp(c.request_rate, c.request_rate + 0.5, f);
             w.decode_s = lerp(c.decode_s, c.decode_s * m.pick(1.1, 1.3), f);
+            w.pools(m.pick(3.0, 8.0), 1.1, f);
         }
         Cause::GpuThrottling => {
             w.throttle = 1.0;
@@ -230,6 +256,7 @@ fn faulted(cause: Cause, m: Magnitude, since: f64, variant: u64) -> World {
             let k = c.sm_clock_hz / w.sm_clock_hz;
             w.decode_s = c.decode_s * k;
             w.prefill_s = c.prefill_s * k;
+            w.pools(k, k, f);
         }
         Cause::GpuMemoryPressure => {
             // Another process on the GPU: its memory, and its kernels beside the server's.
@@ -237,12 +264,14 @@ fn faulted(cause: Cause, m: Magnitude, since: f64, variant: u64) -> World {
             w.gpu_mem = lerp(c.gpu_mem, m.pick(0.97, 0.995), f);
             w.decode_s = lerp(c.decode_s, c.decode_s * m.pick(1.7, 2.5), f);
             w.prefill_s = lerp(c.prefill_s, c.prefill_s * m.pick(1.4, 1.8), f);
+            w.pools(m.pick(1.4, 1.8), m.pick(1.7, 2.5), f);
         }
         Cause::GpuFault => {
             // An XID at the onset; the server fails part of its requests and the rest slow down.
             w.error_p = m.pick(0.25, 0.7) * f;
             w.decode_s = lerp(c.decode_s, c.decode_s * m.pick(1.4, 2.0), f);
             w.prefill_s = lerp(c.prefill_s, c.prefill_s * m.pick(1.4, 2.0), f);
+            w.pools(m.pick(1.4, 2.0), m.pick(1.4, 2.0), f);
         }
         Cause::Network => {
             // Delay on the link (DelayLink: each packet held), retransmits when strong.
@@ -272,6 +301,7 @@ fn faulted(cause: Cause, m: Magnitude, since: f64, variant: u64) -> World {
             w.waiting = lerp(0.0, m.pick(1.0, 4.0), f);
             w.decode_s = lerp(c.decode_s, c.decode_s * m.pick(1.4, 2.0), f);
             w.client_s = lerp(c.client_s, c.client_s * 1.5, f);
+            w.pools(1.5, m.pick(1.4, 2.0), f);
         }
         Cause::NodeCpuPressure => {
             // A neighbour spinning the node's cores: the server's threads wait for a CPU (its
@@ -280,6 +310,7 @@ fn faulted(cause: Cause, m: Magnitude, since: f64, variant: u64) -> World {
             w.queue_s = lerp(c.queue_s, m.pick(0.05, 0.2), f);
             w.decode_s = lerp(c.decode_s, c.decode_s * m.pick(1.4, 1.9), f);
             w.client_s = lerp(c.client_s, c.client_s * 2.0, f);
+            w.pools(1.5, m.pick(1.4, 1.9), f);
         }
         Cause::MemoryPressure => {
             // A memory hog: reclaim stalls the server (PSI memory), its cgroup near its limit;
@@ -289,7 +320,24 @@ fn faulted(cause: Cause, m: Magnitude, since: f64, variant: u64) -> World {
             w.oom_kill = m == Magnitude::Strong;
             w.prefill_s = lerp(c.prefill_s, c.prefill_s * m.pick(1.6, 2.5), f);
             w.decode_s = lerp(c.decode_s, c.decode_s * m.pick(1.5, 2.2), f);
+            w.pools(m.pick(1.6, 2.5), m.pick(1.5, 2.2), f);
         }
+        Cause::RouterOverhead
+        | Cause::KvTransfer
+        | Cause::RoutingImbalance
+        | Cause::WorkerOutOfRotation
+        | Cause::PrefillSaturation
+        | Cause::DecodeSaturation => serving_path(&mut w, cause, m, f, variant),
+        Cause::Unknown => {}
+    }
+    w
+}
+
+/// The serving path's faults (a router target's, a disaggregated deployment's): `w` as
+/// `cause` at `m` makes it, `f` of the way in.
+fn serving_path(w: &mut World, cause: Cause, m: Magnitude, f: f64, variant: u64) {
+    let c = World::calm();
+    match cause {
         Cause::RouterOverhead => {
             // The router itself slower (its CPU quota, its queue, flow control): every routed
             // request waits in it before a worker sees it; the workers are as fast as ever.
@@ -307,6 +355,17 @@ fn faulted(cause: Cause, m: Magnitude, since: f64, variant: u64) -> World {
             w.waiting = lerp(0.0, m.pick(2.0, 8.0), f);
             w.queue_s = lerp(c.queue_s, m.pick(0.1, 0.35), f);
             w.decode_s = lerp(c.decode_s, c.decode_s * m.pick(1.3, 1.6), f);
+            w.pools(m.pick(1.8, 3.0), 1.2, f);
+        }
+        Cause::WorkerOutOfRotation if variant == 2 => {
+            // One of two workers slow (mild: a CPU quota, its own slow GPU) or dead (strong:
+            // its pod killed), and the router still sends it half its requests.
+            if m == Magnitude::Strong {
+                w.dead_worker = f >= 0.5;
+                w.error_p = if f >= 0.5 { 0.5 } else { 0.0 };
+            } else {
+                w.slow_worker = lerp(1.0, 3.5, f);
+            }
         }
         Cause::WorkerOutOfRotation => {
             // One of four workers, healthy by the router's word, gets no request (a stale
@@ -316,10 +375,24 @@ fn faulted(cause: Cause, m: Magnitude, since: f64, variant: u64) -> World {
             w.waiting = lerp(0.0, m.pick(1.0, 4.0), f);
             w.queue_s = lerp(c.queue_s, m.pick(0.08, 0.25), f);
             w.decode_s = lerp(c.decode_s, c.decode_s * m.pick(1.2, 1.4), f);
+            w.pools(1.5, 1.2, f);
         }
-        Cause::Unknown => {}
+        Cause::PrefillSaturation => {
+            // A prefill worker slower (or one of them gone): prompts queue on the prefill
+            // workers and wait for their prefill; the decode pool gets what it got before.
+            w.pools(m.pick(3.0, 8.0), 1.0, f);
+            w.queue_s = lerp(c.queue_s, m.pick(0.08, 0.3), f);
+        }
+        Cause::DecodeSaturation => {
+            // A decode worker slower (or one of them gone): sequences stay longer and pile up
+            // on the decode workers, the first decode step after the transfer waits for a
+            // slot; the prefill pool is as busy as before.
+            w.pools(1.0, m.pick(1.8, 3.0), f);
+            w.decode_s = lerp(c.decode_s, c.decode_s * m.pick(1.6, 2.5), f);
+            w.transfer_s = lerp(c.transfer_s, c.transfer_s + m.pick(0.03, 0.1), f);
+        }
+        _ => {}
     }
-    w
 }
 
 struct Recorder {
@@ -351,7 +424,8 @@ struct Sources {
     /// routed canary's TTFT minus their p50 over the last minute, as the agent computes it.
     router: bool,
     /// Prefill/decode disaggregated: each canary's TTFT holds [`World::transfer_s`], and its
-    /// transfer segment (the transfer and the first decode step) is recorded.
+    /// transfer segment (the transfer and the first decode step) is recorded; the router's
+    /// page gives both pools' loads.
     pd: bool,
 }
 
@@ -360,24 +434,44 @@ struct Sources {
 struct DirectWindow {
     next_s: f64,
     recent: std::collections::VecDeque<(f64, f64)>,
+    /// Each worker's results (`None`: failed), as the agent keeps them per worker.
+    results: [Vec<lmperf_measure::workers_apart::DirectResult>; 2],
+    sent: usize,
 }
 
 impl DirectWindow {
     /// The direct canaries' gap: two workers, each once per 5 s.
     const GAP_S: f64 = 2.5;
 
-    /// Sends the direct canaries due by `t` (recording their TTFT) and returns their TTFT
-    /// p50 over the minute before `t`, with at least 5 in it.
+    /// Sends the direct canaries due by `t` (worker 0 and 1 in turn; `ttft_at(at, worker)`:
+    /// its TTFT, `None` when it fails), recording their TTFT and the workers apart as the
+    /// agent does, and returns their TTFT p50 over the minute before `t`, with at least 5.
     fn p50_at(
         &mut self,
         t: f64,
-        mut ttft_at: impl FnMut(f64) -> f64,
+        mut ttft_at: impl FnMut(f64, usize) -> Option<f64>,
         r: &mut Recorder,
     ) -> Option<f64> {
         while self.next_s <= t {
-            let v = ttft_at(self.next_s);
-            r.push(Signal::DirectTtft, self.next_s, v);
-            self.recent.push_back((self.next_s, v));
+            let (at, worker) = (self.next_s, self.sent % 2);
+            let v = ttft_at(at, worker);
+            self.results[worker].push(lmperf_measure::workers_apart::DirectResult {
+                at_unix_s: at,
+                ttft_ms: v.map(|v| v * 1e3),
+            });
+            let apart = lmperf_measure::workers_apart::workers_apart(
+                [("w0", &self.results[0][..]), ("w1", &self.results[1][..])],
+                at,
+                lmperf_measure::workers_apart::WINDOW_S,
+            );
+            for (signal, value, _) in crate::diagnosis::inputs::apart_signals(&apart) {
+                r.push(signal, at, value);
+            }
+            if let Some(v) = v {
+                r.push(Signal::DirectTtft, at, v);
+                self.recent.push_back((at, v));
+            }
+            self.sent += 1;
             self.next_s += Self::GAP_S;
         }
         while self.recent.front().is_some_and(|&(at, _)| at < t - 60.0) {
@@ -397,6 +491,8 @@ struct Paths {
     router_rng: StdRng,
     pd_rng: StdRng,
     lat: LogNormal<f64>,
+    /// The prefill pool's queued tokens: a few prompts in flight, so wider than a latency.
+    pool_noise: LogNormal<f64>,
 }
 
 impl Paths {
@@ -406,11 +502,18 @@ impl Paths {
             router_rng: StdRng::seed_from_u64(seed ^ 0x726f_7574_6572),
             pd_rng: StdRng::seed_from_u64(seed ^ 0x7064_7864_6672),
             lat,
+            pool_noise: LogNormal::new(0.0, 0.3).unwrap_or_else(|_| unreachable!()),
         }
     }
 
     /// A router target's page scraped at `t`: its picks' imbalance (round robin's ± a tenth).
     fn scrape(&mut self, sources: Sources, w: &World, t: f64, r: &mut Recorder) {
+        if sources.pd {
+            let queued = w.prefill_pool * self.pool_noise.sample(&mut self.pd_rng);
+            r.push(Signal::PrefillPoolLoad, t, queued.round());
+            let blocks = w.decode_pool * self.lat.sample(&mut self.pd_rng);
+            r.push(Signal::DecodePoolLoad, t, blocks.round());
+        }
         if sources.router {
             let spread = 1.0 + 0.1 * (self.lat.sample(&mut self.router_rng) - 1.0).abs();
             r.push(Signal::PickImbalance, t, w.pick_ratio * spread);
@@ -439,17 +542,28 @@ impl Paths {
         if sources.router {
             // The direct canaries see the workers as they are at their own send; disaggregated,
             // the path past the router holds the KV transfer too.
-            let worker = |rng: &mut StdRng, at: f64| {
+            // Worker 0 is the one a fault on one worker hits: slower, or failing.
+            let worker = |rng: &mut StdRng, at: f64, i: usize| {
                 let w = world_at(at);
+                if i == 0 && w.dead_worker {
+                    return None;
+                }
                 let transfer = if sources.pd { w.transfer_s } else { 0.0 };
-                (w.queue_s + w.prefill_s + w.decode_s) * lat.sample(rng)
-                    + transfer
-                    + w.client_s
-                    + w.ttft_round_trips * w.srtt_s
+                let slow = if i == 0 { w.slow_worker } else { 1.0 };
+                Some(
+                    (w.queue_s + w.prefill_s + w.decode_s) * slow * lat.sample(rng)
+                        + transfer
+                        + w.client_s
+                        + w.ttft_round_trips * w.srtt_s,
+                )
             };
+            // The router sends worker 0 half its requests.
+            if w.slow_worker > 1.0 && self.router_rng.random_bool(0.5) {
+                ttft *= w.slow_worker;
+            }
             ttft += w.router_s * lat.sample(&mut self.router_rng);
             let rng = &mut self.router_rng;
-            if let Some(p50) = self.direct.p50_at(t, |at| worker(rng, at), r) {
+            if let Some(p50) = self.direct.p50_at(t, |at, i| worker(rng, at, i), r) {
                 r.push(Signal::PathOverhead, t, ttft - p50);
             }
         }
@@ -678,7 +792,10 @@ pub fn fault(cause: Cause, magnitude: Magnitude, variant: u64) -> Episode {
             Cause::RouterOverhead | Cause::RoutingImbalance | Cause::WorkerOutOfRotation
         ) || variant == 2,
         // The first variant of each cause is disaggregated (its transfer recorded).
-        pd: cause == Cause::KvTransfer || variant == 1,
+        pd: matches!(
+            cause,
+            Cause::KvTransfer | Cause::PrefillSaturation | Cause::DecodeSaturation
+        ) || variant == 1,
     };
     let mut series = generate(seed, sources, &world_at, false);
     // Events: an XID at the onset; a server change (restart with another model).

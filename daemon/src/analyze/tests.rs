@@ -352,6 +352,7 @@ fn write_queued_run(dir: &std::path::Path, with_server: bool) {
                 router_kv_transfer: Default::default(),
                 router_picks: Vec::new(),
                 picker_pool: None,
+                pool_load: None,
                 interval_s: Some(1.0),
                 reset: false,
             },

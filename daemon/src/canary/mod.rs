@@ -548,7 +548,13 @@ impl TargetRunner {
         }
         match source {
             Source::Canary => p.record_routed(r.outcome == Outcome::Ok, sample, &replied_urls(r)),
-            Source::Direct(w) => p.record_direct(w, error, sample),
+            Source::Direct(w) => {
+                p.record_direct(w, error, sample);
+                if let Some(d) = &self.diagnosis {
+                    let apart = p.apart(sample.at_unix_s);
+                    d.observe_workers_apart(&self.target.name, m.wall_start + r.e2e, &apart);
+                }
+            }
             _ => return,
         }
         for metric in [PathMetric::Ttft, PathMetric::E2e] {

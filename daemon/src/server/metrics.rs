@@ -246,6 +246,39 @@ pub fn register_picker_pool(meter: &Meter, state: &Arc<ServerState>) {
             }
         });
     }
+    register_pool_load(meter, state);
+}
+
+/// A disaggregated deployment's pools as its router says them (issue 53): prompt tokens
+/// queued on the prefill workers, KV blocks held on the decode workers, by target.
+fn register_pool_load(meter: &Meter, state: &Arc<ServerState>) {
+    type LoadGauge = (
+        &'static str,
+        &'static str,
+        &'static str,
+        fn(&lmperf_server_page::pool_load::PoolLoad) -> Option<f64>,
+    );
+    let gauges: [LoadGauge; 2] = [
+        (
+            n::METRIC_ROUTER_PREFILL_POOL_TOKENS,
+            "{token}",
+            "Prompt tokens queued on the prefill workers, from the router's own metrics (prefill/decode disaggregation).",
+            |p| Some(p.prefill_tokens),
+        ),
+        (
+            n::METRIC_ROUTER_DECODE_POOL_BLOCKS,
+            "{block}",
+            "KV blocks the decode workers' active sequences hold, from the router's own metrics (prefill/decode disaggregation).",
+            |p| p.decode_blocks,
+        ),
+    ];
+    for (name, unit, desc, read) in gauges {
+        sample_gauge(meter, state, (name, unit, desc), move |s, a, observe| {
+            if let Some(v) = s.pool_load.as_ref().and_then(read) {
+                observe(v, a);
+            }
+        });
+    }
 }
 
 /// An observable gauge `(name, unit, description)` whose callback passes each target's latest

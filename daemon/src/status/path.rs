@@ -2,11 +2,12 @@
 //! straight (`canary::direct`), their counts, and the routed and direct requests of the last
 //! minutes that [`lmperf_measure::path::compare`] compares (`/api/v1/status` `targets[].path`).
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use lmperf_measure::path::{PathComparison, PathMetric, PathSample, compare};
+use lmperf_measure::workers_apart::{DirectResult, WorkersApart, workers_apart};
 use serde::Serialize;
 
 /// The window compared: the routed and direct requests that ended in the last minute.
@@ -15,6 +16,8 @@ pub const WINDOW: Duration = Duration::from_secs(60);
 /// copy and a sort of a minute's requests, not of the agent's life).
 const KEEP: usize = 2048;
 const KEEP_S: f64 = 120.0;
+/// Direct results kept per worker (a worker gets one per interval: a minute's is a few).
+const KEEP_PER_WORKER: usize = 256;
 /// Workers the replies named kept at most (a router naming more is not probed beyond these).
 const MAX_REPLIED: usize = 64;
 
@@ -71,6 +74,8 @@ struct Inner {
     direct: VecDeque<PathSample>,
     /// The base URLs the routed replies named (at most [`MAX_REPLIED`]).
     replied: BTreeSet<String>,
+    /// Each direct worker's results of the last [`KEEP_S`] (failures too), by base URL.
+    results: BTreeMap<String, VecDeque<DirectResult>>,
 }
 
 /// One router target's direct paths.
@@ -109,6 +114,7 @@ impl DirectPathState {
         let mut g = self.lock();
         g.workers_from = Some(from);
         g.list_error = None;
+        g.results.retain(|u, _| urls.contains(u));
         let old = std::mem::take(&mut g.workers);
         g.workers = urls
             .iter()
@@ -181,9 +187,42 @@ impl DirectPathState {
                 Some(e) => w.last_error = Some(e.to_owned()),
             }
         }
+        if g.workers.iter().any(|w| w.url == worker) {
+            let r = g.results.entry(worker.to_owned()).or_default();
+            while r.len() >= KEEP_PER_WORKER
+                || r.front()
+                    .is_some_and(|f| f.at_unix_s < sample.at_unix_s - KEEP_S)
+            {
+                r.pop_front();
+            }
+            r.push_back(DirectResult {
+                at_unix_s: sample.at_unix_s,
+                ttft_ms: if error_type.is_none() {
+                    sample.ttft_ms
+                } else {
+                    None
+                },
+            });
+        }
         if error_type.is_none() {
             push(&mut g.direct, sample);
         }
+    }
+
+    /// The workers apart from the others at `now_unix_s`: the
+    /// slowest to its direct canaries and those failing every one ([`workers_apart`]).
+    pub fn apart(&self, now_unix_s: f64) -> WorkersApart {
+        let g = self.lock();
+        let results: Vec<(&str, Vec<DirectResult>)> = g
+            .results
+            .iter()
+            .map(|(u, r)| (u.as_str(), r.iter().copied().collect()))
+            .collect();
+        workers_apart(
+            results.iter().map(|(u, r)| (*u, r.as_slice())),
+            now_unix_s,
+            lmperf_measure::workers_apart::WINDOW_S,
+        )
     }
 
     /// Routed minus direct `metric` over the [`WINDOW`] ending at `now_unix_s`.
@@ -270,8 +309,17 @@ mod tests {
         assert_eq!((v.ttft.routed.n, v.ttft.direct.n), (5, 5));
         assert_eq!((v.workers[0].requests, v.workers[0].ok), (5, 5));
         assert_eq!(v.workers[1].last_error.as_deref(), Some("http_503"));
+        // b failed both its direct canaries while a answered: b is failing; a worker not in
+        // the list is not kept.
+        assert!(p.apart(105.0).failing.is_empty());
+        p.record_direct("http://b/", Some("connect_error"), s(104.5, 1.0));
+        p.record_direct("http://gone/", Some("connect_error"), s(104.5, 1.0));
+        p.record_direct("http://gone/", Some("connect_error"), s(104.6, 1.0));
+        assert_eq!(p.apart(105.0).failing, ["http://b/"]);
         p.set_workers(WorkersFrom::Router, &["http://b/".to_owned()]);
-        assert_eq!(p.view(105.0).workers[0].requests, 1);
+        assert_eq!(p.view(105.0).workers[0].requests, 2);
+        // With a gone from the list, nobody answered: no worker apart.
+        assert!(p.apart(105.0).failing.is_empty());
         p.set_list_error("GET /list_workers: 404".to_owned());
         assert_eq!(p.workers(), ["http://b/"]);
         assert!(p.view(105.0).list_error.is_some());

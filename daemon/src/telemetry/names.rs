@@ -408,6 +408,13 @@ pub const METRIC_ROUTER_WORKER_QUEUE: &str = "lmperf.router.worker.queue";
 pub const METRIC_ROUTER_FLOW_CONTROL_QUEUE: &str = "lmperf.router.flow_control.queue";
 pub const METRIC_ROUTER_POOL_SATURATION: &str = "lmperf.router.pool.saturation";
 pub const METRIC_ROUTER_READY_ENDPOINTS: &str = "lmperf.router.ready_endpoints";
+/// Gauges by `lmperf.target`, from a disaggregated deployment's router page (NVIDIA Dynamo's
+/// frontend: `dynamo_frontend_worker_active_prefill_tokens` over its `prefill` workers,
+/// `dynamo_frontend_worker_active_decode_blocks` over its `decode` workers): the prompt tokens
+/// queued on the prefill pool (`{token}`) and the KV blocks the decode pool's active sequences
+/// hold (`{block}`); absent with one pool (issue 53).
+pub const METRIC_ROUTER_PREFILL_POOL_TOKENS: &str = "lmperf.router.prefill_pool.queued_tokens";
+pub const METRIC_ROUTER_DECODE_POOL_BLOCKS: &str = "lmperf.router.decode_pool.active_blocks";
 /// Gauge, unit `s`, by `lmperf.target` and `lmperf.path.metric` (ttft | e2e): how much a router
 /// adds, the routed canaries' p50 minus the p50 of the canaries sent straight to its workers
 /// over the last minute (issue 52.2); recorded when both sides have 5 requests in it.

@@ -16,6 +16,9 @@
 //! - `router_overhead` is the router's own time: when the direct canaries to its workers
 //!   slowed as well, the workers did, and the routed − direct difference only lagged
 //!   ([`workers_slowed`]).
+//! - `prefill_saturation` and `decode_saturation` are one pool short of capacity: when the
+//!   other pool's load rose as well, more work came to both or both got slower
+//!   ([`other_pool_rose`]).
 //!
 //! Pure: the caller passes the seconds.
 
@@ -219,31 +222,44 @@ pub fn contradiction(cause: Cause, store: &EvidenceStore, onset: u32, now: u32) 
             })
         }
         Cause::RouterOverhead => workers_slowed(store, onset, now),
+        Cause::PrefillSaturation => other_pool_rose(store, Signal::DecodePoolLoad, onset, now),
+        Cause::DecodeSaturation => other_pool_rose(store, Signal::PrefillPoolLoad, onset, now),
         _ => None,
     }
+}
+
+/// The median of `s` over the 5 min before `onset` and since it, when it rose: at least
+/// 1.2 × and by its floor.
+fn rose(store: &EvidenceStore, s: Signal, onset: u32, now: u32) -> Option<(f64, f64)> {
+    let median_in = |from: u32, to: u32| {
+        let mut v: Vec<f64> = store.series(s)?.range(from, to).map(|(_, v)| v).collect();
+        super::detector::median(&mut v)
+    };
+    let before = median_in(onset.saturating_sub(300), onset)?;
+    let after = median_in(onset, now.saturating_add(1))?;
+    (after >= 1.2 * before && after - before >= s.floor()).then_some((before, after))
+}
+
+/// A pool's saturation against the other pool: when its load rose as well, more work came
+/// to both (or both got slower), not one pool short of capacity.
+fn other_pool_rose(store: &EvidenceStore, other: Signal, onset: u32, now: u32) -> Option<String> {
+    let (before, after) = rose(store, other, onset, now)?;
+    Some(format!(
+        "the other pool's load rose too ({} {before:.0} → {after:.0}): both pools, not one short of capacity",
+        other.words()
+    ))
 }
 
 /// `router_overhead` against the direct canaries: when they slowed too (median since the
 /// onset ≥ 1.2 × and + the TTFT floor over the 5 min before), the workers slowed, and the
 /// routed − direct difference rose only while the direct window (a minute) caught up.
 fn workers_slowed(store: &EvidenceStore, onset: u32, now: u32) -> Option<String> {
-    let median_in = |from: u32, to: u32| {
-        let mut v: Vec<f64> = store
-            .series(Signal::DirectTtft)?
-            .range(from, to)
-            .map(|(_, v)| v)
-            .collect();
-        super::detector::median(&mut v)
-    };
-    let before = median_in(onset.saturating_sub(300), onset)?;
-    let after = median_in(onset, now.saturating_add(1))?;
-    (after >= 1.2 * before && after - before >= Signal::DirectTtft.floor()).then(|| {
-        format!(
-            "the direct canaries to the workers slowed too ({:.0} → {:.0} ms TTFT): the workers, not the router (the routed − direct difference lags the direct window)",
-            before * 1e3,
-            after * 1e3
-        )
-    })
+    let (before, after) = rose(store, Signal::DirectTtft, onset, now)?;
+    Some(format!(
+        "the direct canaries to the workers slowed too ({:.0} → {:.0} ms TTFT): the workers, not the router (the routed − direct difference lags the direct window)",
+        before * 1e3,
+        after * 1e3
+    ))
 }
 
 /// The share of the baseline's scrapes a batch as large as the one requests waited behind must

@@ -16,7 +16,7 @@ use super::signal::{Harm, Signal};
 use super::store::{EvidenceStore, SecondSeries};
 use super::{
     backlog, contradict, cpu_wait, localize, onset as cause_onset, pressure, queueing, roots,
-    warning,
+    serving_path, warning,
 };
 
 /// Engine settings.
@@ -393,10 +393,29 @@ const CAUSES: &[CauseDef] = &[
         signals: &[Signal::PickImbalance],
         part: Part::Any,
     },
-    // The workers left in rotation serve everything: their queues and batches grow.
+    // The workers left in rotation serve everything: their queues and batches grow. Or the
+    // other way: a worker slow or failing to its direct canaries keeps getting its share, and
+    // the routed canaries it serves come late or fail.
     CauseDef {
         cause: Cause::WorkerOutOfRotation,
-        signals: &[Signal::StarvedWorkers],
+        signals: &[
+            Signal::StarvedWorkers,
+            Signal::FailingWorkers,
+            Signal::WorkerSlowdown,
+        ],
+        part: Part::Any,
+    },
+    // Prompts wait for a prefill worker: only the first token waits.
+    CauseDef {
+        cause: Cause::PrefillSaturation,
+        signals: &[Signal::PrefillPoolLoad],
+        part: Part::Ttft,
+    },
+    // Sequences wait for a decode slot (the first token after the transfer) and share a
+    // fuller batch (the tokens after it).
+    CauseDef {
+        cause: Cause::DecodeSaturation,
+        signals: &[Signal::DecodePoolLoad],
         part: Part::Any,
     },
     CauseDef {
@@ -413,6 +432,34 @@ const CAUSES: &[CauseDef] = &[
 /// The cause graph (parent → child): when both moved, the parent ranks first and carries the
 /// child's evidence (CIRCA's structural ranking, simplified to one level).
 const GRAPH: &[(Cause, Cause)] = &[
+    // Under prefill/decode disaggregation, requests queued on the prefill workers wait for
+    // their prefill (the server's queue time); a decode pool short of slots delays the first
+    // decode step after the transfer. First: a cause above the pool ranks above both.
+    (Cause::PrefillSaturation, Cause::ServerQueueing),
+    (Cause::DecodeSaturation, Cause::KvTransfer),
+    // More work, longer prompts, a KV cache too small, a router sending one worker the
+    // others' work: each is why a pool fills.
+    (Cause::LoadSurge, Cause::PrefillSaturation),
+    (Cause::LoadSurge, Cause::DecodeSaturation),
+    (Cause::LongPrompts, Cause::PrefillSaturation),
+    (Cause::KvCachePressure, Cause::DecodeSaturation),
+    (Cause::RoutingImbalance, Cause::PrefillSaturation),
+    (Cause::RoutingImbalance, Cause::DecodeSaturation),
+    (Cause::WorkerOutOfRotation, Cause::PrefillSaturation),
+    (Cause::WorkerOutOfRotation, Cause::DecodeSaturation),
+    // What slows a pool's workers (their GPU, their CPU, their memory) is why it fell short.
+    (Cause::GpuThrottling, Cause::PrefillSaturation),
+    (Cause::GpuThrottling, Cause::DecodeSaturation),
+    (Cause::GpuMemoryPressure, Cause::PrefillSaturation),
+    (Cause::GpuMemoryPressure, Cause::DecodeSaturation),
+    (Cause::GpuFault, Cause::PrefillSaturation),
+    (Cause::GpuFault, Cause::DecodeSaturation),
+    (Cause::CpuThrottling, Cause::PrefillSaturation),
+    (Cause::CpuThrottling, Cause::DecodeSaturation),
+    (Cause::NodeCpuPressure, Cause::PrefillSaturation),
+    (Cause::NodeCpuPressure, Cause::DecodeSaturation),
+    (Cause::MemoryPressure, Cause::PrefillSaturation),
+    (Cause::MemoryPressure, Cause::DecodeSaturation),
     (Cause::LoadSurge, Cause::ServerQueueing),
     (Cause::LongPrompts, Cause::ServerQueueing),
     (Cause::KvCachePressure, Cause::ServerQueueing),
@@ -444,6 +491,10 @@ const GRAPH: &[(Cause, Cause)] = &[
     // A worker out of rotation is the more specific imbalance (two workers: one gets all).
     (Cause::WorkerOutOfRotation, Cause::RoutingImbalance),
     (Cause::WorkerOutOfRotation, Cause::ServerQueueing),
+    // A failing worker the router still sends to fails the routed requests it gets; a slow
+    // one makes the routed canaries slower than the direct ones' median.
+    (Cause::WorkerOutOfRotation, Cause::ErrorBurst),
+    (Cause::WorkerOutOfRotation, Cause::RouterOverhead),
 ];
 
 /// Robust z (harmful direction) → strength in [0, 1): 1 − e^(−z/8) (z 3.5 → 0.35, 10 → 0.71,
@@ -782,15 +833,44 @@ impl TargetEngine {
     /// The worker behind a router that `cause` is on (`routing_imbalance`: the most-picked;
     /// `worker_out_of_rotation`: the first left out), from the router's newest page since
     /// `onset`; `None` for other causes or when no page named one.
-    fn worker_of(&self, cause: Option<Cause>, onset: u32, now: u32) -> Option<String> {
-        let signal = match cause? {
-            Cause::RoutingImbalance => Signal::PickImbalance,
-            Cause::WorkerOutOfRotation => Signal::StarvedWorkers,
+    fn worker_of(&self, top: Option<&CauseScore>, onset: u32, now: u32) -> Option<String> {
+        let top = top?;
+        let named: &[Signal] = match top.cause {
+            Cause::RoutingImbalance => &[Signal::PickImbalance],
+            Cause::WorkerOutOfRotation => &[
+                Signal::StarvedWorkers,
+                Signal::FailingWorkers,
+                Signal::WorkerSlowdown,
+            ],
             _ => return None,
         };
-        let note = self.store.note_in(signal, onset, now.saturating_add(1))?;
-        let w = note.split([' ', ',']).next()?;
-        (!w.is_empty()).then(|| w.to_owned())
+        // The strongest evidence that names a worker: the first in the cause's order.
+        top.evidence
+            .iter()
+            .map(|e| e.signal)
+            .filter(|s| named.contains(s))
+            .find_map(|s| {
+                let note = self.store.note_in(s, onset, now.saturating_add(1))?;
+                let w = note.split([' ', ',']).next()?;
+                (!w.is_empty()).then(|| w.to_owned())
+            })
+    }
+
+    /// Whose fault the top cause of `d` is: the router's own, one pool's (which) or one
+    /// worker's (which, [`Self::worker_of`]); else it stays the target's.
+    fn scope(&self, d: &mut TargetDiagnosis, onset: u32, now: u32) {
+        if let Some(w) = self.worker_of(d.causes.first(), onset, now) {
+            d.scope = Scope::Worker;
+            d.worker = Some(w);
+        }
+        match d.causes.first().map(|c| c.cause) {
+            Some(Cause::RouterOverhead) => d.scope = Scope::Router,
+            Some(c @ (Cause::PrefillSaturation | Cause::DecodeSaturation)) => {
+                d.scope = Scope::Pool;
+                d.pool = Some(pool_of(c).to_owned());
+            }
+            _ => {}
+        }
     }
 
     fn quiet(&mut self, name: &str, now: SystemTime, cfg: &EngineConfig) -> TargetDiagnosis {
@@ -1006,10 +1086,7 @@ impl TargetEngine {
                 roots::rank_first(&mut d.causes, &d.roots);
             }
         }
-        if let Some(w) = self.worker_of(d.causes.first().map(|c| c.cause), onset, now_sec) {
-            d.scope = Scope::Worker;
-            d.worker = Some(w);
-        }
+        self.scope(&mut d, onset, now_sec);
         d.summary = d.line();
         d.canaries_skipped_share = self.store.series(Signal::CanarySkipped).and_then(|x| {
             let v: Vec<f64> = x
@@ -1349,6 +1426,15 @@ fn slows_without_load(cause: Cause) -> bool {
     )
 }
 
+/// The pool a pool's cause is on (`prefill` | `decode`), as [`TargetDiagnosis::pool`] says it.
+fn pool_of(cause: Cause) -> &'static str {
+    if cause == Cause::DecodeSaturation {
+        "decode"
+    } else {
+        "prefill"
+    }
+}
+
 /// The score of a load surge read from the queue ([`backlog`]): a hard rule's.
 const BACKLOG_SCORE: f64 = 0.85;
 
@@ -1479,46 +1565,14 @@ fn hard_rule(s: Signal, mv: &Moved, store: &EvidenceStore, onset: u32, now: u32)
                 mv.before, mv.after
             ))
         }
-        // The router adds at least the TTFT floor more than before: the direct canaries to its
-        // workers, in the same minute, did not see it.
-        Signal::PathOverhead if mv.after - mv.before >= Signal::Ttft.floor() => Some(format!(
-            "routed − direct TTFT {:+.0} → {:+.0} ms (≥ +{:.0} ms): the router adds it, its workers answer direct canaries as before",
-            mv.before * 1e3,
-            mv.after * 1e3,
-            Signal::Ttft.floor() * 1e3
-        )),
-        // The transfer doubled and took the TTFT floor's worth more (a link or bandwidth 10 ×
-        // slower multiplies it; a busier decode worker's first step adds milliseconds).
-        Signal::KvTransfer
-            if mv.after >= 2.0 * mv.before
-                && mv.after - mv.before >= Signal::PathOverhead.floor() =>
-        {
-            Some(format!(
-                "KV transfer and first decode {:.0} → {:.0} ms (≥ 2 × and +{:.0} ms): the prefill-to-decode transfer got slower",
-                mv.before * 1e3,
-                mv.after * 1e3,
-                Signal::PathOverhead.floor() * 1e3
-            ))
-        }
-        // One worker gets at least twice its fair share of the picks (with two workers: all
-        // of them), from a spread within half of it.
-        Signal::PickImbalance if mv.after >= 2.0 && mv.before <= 1.5 => Some(format!(
-            "the most-picked worker got {:.1} × its fair share of the router's picks (from {:.1} ×): the router sends it the others' requests{}",
-            mv.after,
-            mv.before,
-            store
-                .note_in(s, onset, now.saturating_add(1))
-                .map(|w| format!("; last: {w}"))
-                .unwrap_or_default()
-        )),
-        Signal::StarvedWorkers if mv.before == 0.0 && mv.after >= 1.0 => Some(format!(
-            "{:.0} worker(s) the router calls fine got none of its picks{}",
-            mv.after,
-            store
-                .note_in(s, onset, now.saturating_add(1))
-                .map(|w| format!(": {w}"))
-                .unwrap_or_default()
-        )),
+        Signal::PathOverhead
+        | Signal::KvTransfer
+        | Signal::PickImbalance
+        | Signal::PrefillPoolLoad
+        | Signal::DecodePoolLoad
+        | Signal::WorkerSlowdown
+        | Signal::FailingWorkers
+        | Signal::StarvedWorkers => serving_path::rule(s, (mv.before, mv.after), store, onset, now),
         Signal::GpuThrottle if mv.before == 0.0 && mv.peak >= 0.5 => {
             Some("throttle reasons set (thermal / power / HW slowdown)".to_owned())
         }

@@ -123,6 +123,14 @@ pub fn server_signals(s: &ServerSample) -> Vec<(Signal, f64)> {
         (Signal::ServerPrefillTime, s.prefill.mean),
         (Signal::ServerDecodeTime, s.decode.mean),
         (Signal::KvTransfer, s.router_kv_transfer.mean),
+        (
+            Signal::PrefillPoolLoad,
+            s.pool_load.map(|p| p.prefill_tokens),
+        ),
+        (
+            Signal::DecodePoolLoad,
+            s.pool_load.and_then(|p| p.decode_blocks),
+        ),
     ];
     pairs
         .into_iter()
@@ -135,6 +143,27 @@ pub fn server_signals(s: &ServerSample) -> Vec<(Signal, f64)> {
         ])
         .filter_map(|(sig, x)| x.map(|x| (sig, x)))
         .collect()
+}
+
+/// A router target's workers apart from the others, from the direct canaries
+/// ([`lmperf_measure::workers_apart`]): the slowest worker's TTFT p50 ÷ the others'
+/// ([`Signal::WorkerSlowdown`]) and the workers failing every direct canary
+/// ([`Signal::FailingWorkers`]), each with the words naming the worker ("http://w1:8000 (3.1 ×
+/// the others' TTFT p50)"; the failing ones by URL, comma-separated), `None` for none.
+pub fn apart_signals(
+    a: &lmperf_measure::workers_apart::WorkersApart,
+) -> Vec<(Signal, f64, Option<String>)> {
+    let mut v = Vec::new();
+    if let Some((w, ratio)) = &a.slowest {
+        v.push((
+            Signal::WorkerSlowdown,
+            *ratio,
+            Some(format!("{w} ({ratio:.1} × the others' TTFT p50)")),
+        ));
+    }
+    let failing = (!a.failing.is_empty()).then(|| a.failing.join(", "));
+    v.push((Signal::FailingWorkers, a.failing.len() as f64, failing));
+    v
 }
 
 /// The most-picked pickable worker of an interval with an imbalance ([`pick_imbalance`]) in

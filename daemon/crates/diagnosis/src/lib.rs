@@ -81,7 +81,10 @@
 //!    any preemption, throttle reasons set, GPU memory ≥ 95 % or a new process, an XID / ECC /
 //!    lost event, kernel RTT ≥ 2 × and +5 ms, error ratio ≥ 1 %, a router target's routed − direct
 //!    TTFT up by the TTFT floor (50 ms: `router_overhead`, its workers answering direct canaries
-//!    as before), a server change in the 15 min
+//!    as before), and the serving path's other rules ([`serving_path`]: the KV transfer
+//!    doubled, a worker given 2 × its fair share of the picks or none, one pool's load doubled
+//!    (decode 1.5 ×) with the other's steady, one worker 2 × slower than the others or failing
+//!    its direct canaries), a server change in the 15 min
 //!    before onset, requests running ≥ 2 × and +1 and beyond its ordinary full batch
 //!    (95th percentile) with arrivals up while generated tokens/s did not fall: more work, not a
 //!    slower server; on a server without a request counter, requests waiting up ≥ 2 while its
@@ -100,7 +103,9 @@
 //!    server_queueing, load_surge → kv_cache_pressure, gpu_memory_pressure → kv_cache_pressure,
 //!    gpu_fault → error_burst, server_change → error_burst, gpu_fault → gpu_throttling,
 //!    long_prompts → load_surge, router_overhead → server_queueing, and the CPU and memory
-//!    causes' edges in `engine::GRAPH`) ranks a
+//!    causes' and the serving path's edges in `engine::GRAPH`: a pool's saturation under what
+//!    fills or slows a pool, the worker a router mishandles above the errors and the path
+//!    difference it causes) ranks a
 //!    parent above its child when both score ≥ 0.5, the child's evidence joining the parent's
 //!    (CIRCA: Li et al., "Causal Inference-Based Root Cause Analysis for Online Service Systems
 //!    with Intervention Recognition", KDD 2022). Named checks with a threshold, evidence and a
@@ -124,7 +129,9 @@
 //!     "causes": [ { "cause": "load_surge" | "server_queueing" | "kv_cache_pressure" |
 //!                   "long_prompts" | "gpu_throttling" | "gpu_memory_pressure" | "gpu_fault" |
 //!                   "network" | "error_burst" | "server_change" | "cpu_throttling" |
-//!                   "node_cpu_pressure" | "memory_pressure" | "router_overhead" | "unknown",
+//!                   "node_cpu_pressure" | "memory_pressure" | "router_overhead" |
+//!                   "kv_transfer" | "routing_imbalance" | "worker_out_of_rotation" |
+//!                   "prefill_saturation" | "decode_saturation" | "unknown",
 //!                   "score": f64 in [0, 1],      // ranked, highest first
 //!                   "evidence": [ { "signal": str (Signal::as_str), "before": f64,
 //!                                   "after": f64, "peak": f64, "z": f64,
@@ -142,10 +149,14 @@
 //!     "profile": null? | { "at_unix_s", "server", "kind": "vllm" | "sglang", "trigger",
 //!                   "reason", "output_dir", "outcome": "started" | "done" | "unsupported" |
 //!                   "failed", "detail" },  // the server's profiler, when [target.profiling]
-//!     "scope": "target" | "node" | "worker", // node: part of a node-level diagnosis;
-//!                                           // worker: on one worker behind the router
+//!     "scope": "target" | "node" | "worker" | "router" | "pool",
+//!                                           // node: part of a node-level diagnosis;
+//!                                           // worker: on one worker behind the router;
+//!                                           // router: the router's own time; pool: one
+//!                                           // pool of a disaggregated deployment
 //!     "node": str?,                         // that diagnosis's node (scope node only)
-//!     "worker": str? } ],                   // that worker, as the router names it
+//!     "worker": str?,                       // that worker, as the router names it
+//!     "pool": "prefill" | "decode"? } ],    // that pool (scope pool only)
 //!   "nodes": [ { "node": str, "scope": "node", "state": str, "cause": str, "score": f64,
 //!                "onset_unix_s": f64 | null, "targets": [str], "node_targets": int,
 //!                "evidence": [ … ], "summary": str } ]? }   // absent when empty
@@ -170,6 +181,7 @@ pub mod reachability;
 pub mod report;
 pub mod roots;
 pub mod scorecard;
+pub mod serving_path;
 pub mod signal;
 pub mod store;
 pub mod warning;

@@ -460,6 +460,7 @@ mod tests {
             scope: Scope::Target,
             node: None,
             worker: None,
+            pool: None,
             profile: None,
         };
         let mut b = a.clone();

@@ -53,12 +53,20 @@ pub enum Cause {
     /// A worker the router calls fine (healthy, circuit closed) gets none of its requests:
     /// the others serve them all with less capacity.
     WorkerOutOfRotation,
+    /// Prefill/decode disaggregation: the prefill pool short of capacity for its work (a
+    /// prefill worker slower or gone): prompt tokens pile up on its workers and requests wait
+    /// for their prefill, while the decode pool is as loaded as before.
+    PrefillSaturation,
+    /// Prefill/decode disaggregation: the decode pool short of capacity for its work (a
+    /// decode worker slower or gone): its active sequences stay longer and pile up, tokens
+    /// come slower, while the prefill pool is as loaded as before.
+    DecodeSaturation,
     /// The symptom is real and nothing explains it.
     Unknown,
 }
 
 impl Cause {
-    pub const ALL: [Cause; 18] = [
+    pub const ALL: [Cause; 20] = [
         Cause::LoadSurge,
         Cause::ServerQueueing,
         Cause::KvCachePressure,
@@ -76,6 +84,8 @@ impl Cause {
         Cause::KvTransfer,
         Cause::RoutingImbalance,
         Cause::WorkerOutOfRotation,
+        Cause::PrefillSaturation,
+        Cause::DecodeSaturation,
         Cause::Unknown,
     ];
 
@@ -98,6 +108,8 @@ impl Cause {
             Cause::KvTransfer => "kv_transfer",
             Cause::RoutingImbalance => "routing_imbalance",
             Cause::WorkerOutOfRotation => "worker_out_of_rotation",
+            Cause::PrefillSaturation => "prefill_saturation",
+            Cause::DecodeSaturation => "decode_saturation",
             Cause::Unknown => "unknown",
         }
     }
@@ -155,8 +167,9 @@ pub struct Diagnosis {
 
 /// Whose fault a diagnosis names: the target's own (its GPU, its queue), the node's (node
 /// CPU or memory pressure, the node's network, a GPU its targets share), or, on a router
-/// target, one worker's behind it (the one the router favours or left out, named in
-/// [`TargetDiagnosis::worker`]).
+/// target, the router's own (`router_overhead`), one pool's behind it (prefill or decode,
+/// named in [`TargetDiagnosis::pool`]) or one worker's (the one the router favours or left
+/// out, named in [`TargetDiagnosis::worker`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Scope {
@@ -164,6 +177,8 @@ pub enum Scope {
     Target,
     Node,
     Worker,
+    Router,
+    Pool,
 }
 
 impl Scope {
@@ -172,6 +187,8 @@ impl Scope {
             Scope::Target => "target",
             Scope::Node => "node",
             Scope::Worker => "worker",
+            Scope::Router => "router",
+            Scope::Pool => "pool",
         }
     }
 }
@@ -253,6 +270,10 @@ pub struct TargetDiagnosis {
     /// names it (its URL).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker: Option<String>,
+    /// A disaggregated router target's pool the top cause is on (`scope: pool`): `prefill`
+    /// (`prefill_saturation`) or `decode` (`decode_saturation`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
     /// The model server's profiler, called for this incident (`[target.profiling]`): filled
     /// by the agent, not the engine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -557,6 +578,7 @@ impl TargetDiagnosis {
             scope: Default::default(),
             node: None,
             worker: None,
+            pool: None,
             profile: None,
         }
     }
@@ -694,6 +716,7 @@ mod tests {
             scope: Scope::Target,
             node: None,
             worker: None,
+            pool: None,
             profile: None,
         };
         assert_eq!(

@@ -148,10 +148,27 @@ pub enum Signal {
     /// in a scrape interval with at least [`crate::inputs::MIN_PICKS`] picks: out of its
     /// rotation though it calls them fine.
     StarvedWorkers,
+    /// Prompt tokens queued on a disaggregated deployment's prefill workers, as its router's
+    /// page says them (Dynamo's `dynamo_frontend_worker_active_prefill_tokens` summed over its
+    /// `prefill` workers): more when the prefill pool is short of capacity for its work.
+    PrefillPoolLoad,
+    /// KV blocks a disaggregated deployment's decode workers' active sequences hold, as its
+    /// router's page says them (Dynamo's `dynamo_frontend_worker_active_decode_blocks` summed
+    /// over its `decode` workers): more sequences in flight when each stays longer (a decode
+    /// pool short of capacity, Little's law).
+    DecodePoolLoad,
+    /// A router target's slowest worker's direct-canary TTFT p50 over the last minute ÷ the
+    /// median of its other workers' (`lmperf_measure::workers_apart`): 1 when they answer
+    /// alike, 3 when one takes three times as long. Only with 2 workers of 3 answers each.
+    WorkerSlowdown,
+    /// A router target's workers whose every direct canary of the last minute failed (at
+    /// least 2) while another worker answered: dead or failing, whether or not the router
+    /// still sends to them.
+    FailingWorkers,
 }
 
 impl Signal {
-    pub const ALL: [Signal; 45] = [
+    pub const ALL: [Signal; 49] = [
         Signal::Ttft,
         Signal::Tpot,
         Signal::E2e,
@@ -197,6 +214,10 @@ impl Signal {
         Signal::KvTransfer,
         Signal::PickImbalance,
         Signal::StarvedWorkers,
+        Signal::PrefillPoolLoad,
+        Signal::DecodePoolLoad,
+        Signal::WorkerSlowdown,
+        Signal::FailingWorkers,
     ];
 
     pub fn index(self) -> usize {
@@ -251,6 +272,10 @@ impl Signal {
             Signal::KvTransfer => "kv_transfer",
             Signal::PickImbalance => "pick_imbalance",
             Signal::StarvedWorkers => "starved_workers",
+            Signal::PrefillPoolLoad => "prefill_pool_load",
+            Signal::DecodePoolLoad => "decode_pool_load",
+            Signal::WorkerSlowdown => "worker_slowdown",
+            Signal::FailingWorkers => "failing_workers",
         }
     }
 
@@ -307,6 +332,10 @@ impl Signal {
             Signal::KvTransfer => "KV transfer and first decode (P/D)",
             Signal::PickImbalance => "the most-picked worker's share of picks ÷ its fair share",
             Signal::StarvedWorkers => "pickable workers with no pick",
+            Signal::PrefillPoolLoad => "prompt tokens queued on the prefill workers",
+            Signal::DecodePoolLoad => "KV blocks held on the decode workers",
+            Signal::WorkerSlowdown => "the slowest worker's direct TTFT ÷ the others'",
+            Signal::FailingWorkers => "workers failing every direct canary",
         }
     }
 
@@ -327,7 +356,8 @@ impl Signal {
             | Signal::DirectTtft
             | Signal::KvTransfer => "s",
             Signal::GpuSmClock => "Hz",
-            Signal::InputTokens => "{token}",
+            Signal::InputTokens | Signal::PrefillPoolLoad => "{token}",
+            Signal::DecodePoolLoad => "{block}",
             Signal::ServerPromptTokensRate | Signal::ServerGenerationTokensRate => "{token}/s",
             Signal::ServerRequestRate | Signal::ServerPreemptions => "1/s",
             Signal::ServerRequestsWaiting | Signal::ServerRequestsRunning => "{request}",
@@ -394,7 +424,13 @@ impl Signal {
             Signal::ServerTtft | Signal::ServerQueueTime | Signal::ServerPrefillTime => 0.02,
             Signal::NetSrtt | Signal::ClientServerTtftGap => 0.005,
             Signal::PathOverhead | Signal::KvTransfer => 0.02,
-            Signal::PickImbalance | Signal::StarvedWorkers => 0.5,
+            Signal::PickImbalance
+            | Signal::StarvedWorkers
+            | Signal::WorkerSlowdown
+            | Signal::FailingWorkers => 0.5,
+            // A prompt of the canary's length; a sequence's few blocks.
+            Signal::PrefillPoolLoad => 64.0,
+            Signal::DecodePoolLoad => 4.0,
             Signal::NetConnect => 0.01,
             Signal::Error | Signal::Error5xx | Signal::Error429 | Signal::ErrorTimeout => 0.01,
             Signal::InputTokens => 64.0,

@@ -1343,3 +1343,153 @@ fn a_healthy_worker_without_picks_is_out_of_rotation() {
         (super::Scope::Worker, Some("http://w4:8000"))
     );
 }
+
+/// A disaggregated router's page every 5 s: prompt tokens queued on its prefill workers and
+/// KV blocks held on its decode workers (`(prefill, decode)`, ± 10 %).
+fn pools_second(e: &mut Engine, s: u32, at: &dyn Fn(f64) -> SystemTime, pools: (f64, f64)) {
+    if s.is_multiple_of(5) {
+        let wobble = 1.0 + 0.1 * (f64::from(s / 5 % 5) - 2.0) / 2.0;
+        let at = at(f64::from(s) + 0.2);
+        e.observe("t", Signal::PrefillPoolLoad, at, (pools.0 * wobble).round());
+        e.observe("t", Signal::DecodePoolLoad, at, (pools.1 * wobble).round());
+    }
+}
+
+/// A prefill worker slowed: prompt tokens queued on the prefill pool 60 → 400, the decode
+/// pool as loaded, the first token 3 × later: `prefill_saturation`, on the prefill pool.
+#[test]
+fn prompts_piling_on_the_prefill_workers_is_prefill_saturation() {
+    let (after, t) = canary_episode(
+        (0.100, 0.010, (60.0, 36.0)),
+        (0.300, 0.010, (400.0, 36.0)),
+        pools_second,
+    );
+    assert_eq!(t.state, State::RootConfirmed, "{t:#?}");
+    assert!(after <= 60, "confirmed {after} s after the fault");
+    assert_eq!(t.causes[0].cause, Cause::PrefillSaturation, "{t:#?}");
+    let e = ev(&t, Cause::PrefillSaturation, Signal::PrefillPoolLoad);
+    assert!((e.after - 400.0).abs() < 40.0, "{e:?}");
+    assert!(e.rule.is_some(), "{e:?}");
+    assert_eq!(
+        (t.scope, t.pool.as_deref()),
+        (super::Scope::Pool, Some("prefill"))
+    );
+}
+
+/// A decode worker slowed: blocks held on the decode pool 36 → 90, tokens 2 × slower, the
+/// prefill pool as loaded: `decode_saturation`, on the decode pool.
+#[test]
+fn sequences_piling_on_the_decode_workers_is_decode_saturation() {
+    let (after, t) = canary_episode(
+        (0.100, 0.010, (60.0, 36.0)),
+        (0.130, 0.022, (60.0, 90.0)),
+        pools_second,
+    );
+    assert_eq!(t.state, State::RootConfirmed, "{t:#?}");
+    assert!(after <= 60, "confirmed {after} s after the fault");
+    assert_eq!(t.causes[0].cause, Cause::DecodeSaturation, "{t:#?}");
+    assert_eq!(
+        (t.scope, t.pool.as_deref()),
+        (super::Scope::Pool, Some("decode"))
+    );
+}
+
+/// Both pools fuller at once (more work for both, or every worker slower): neither pool's
+/// saturation is confirmed, each contradicted by the other.
+#[test]
+fn both_pools_fuller_is_neither_pools_saturation() {
+    let (_, t) = canary_episode(
+        (0.100, 0.010, (60.0, 36.0)),
+        (0.300, 0.022, (400.0, 90.0)),
+        pools_second,
+    );
+    for c in &t.causes {
+        if matches!(c.cause, Cause::PrefillSaturation | Cause::DecodeSaturation) {
+            assert!(c.score <= super::contradict::CONTRADICTED_CAP, "{t:#?}");
+            assert!(
+                c.evidence.iter().any(|e| e
+                    .rule
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with("contradicted: the other pool"))),
+                "{c:?}"
+            );
+        }
+    }
+}
+
+/// The direct canaries every 2.5 s name the slowest worker (`(ratio, failing)`): its TTFT ÷
+/// the others', and the workers failing every one.
+fn apart_second(e: &mut Engine, s: u32, at: &dyn Fn(f64) -> SystemTime, apart: (f64, f64)) {
+    if s.is_multiple_of(5) || s % 5 == 2 {
+        let at = at(f64::from(s) + 0.6);
+        let wobble = 1.0 + 0.08 * (f64::from(s % 7) - 3.0) / 3.0;
+        e.observe("t", Signal::WorkerSlowdown, at, apart.0 * wobble);
+        e.note("t", Signal::WorkerSlowdown, at, "http://w2:8000 (ratio)");
+        e.observe("t", Signal::FailingWorkers, at, apart.1);
+        if apart.1 > 0.0 {
+            e.note("t", Signal::FailingWorkers, at, "http://w1:8000");
+        }
+    }
+}
+
+/// One of two workers killed while the router still sends it half its requests: the routed
+/// canaries fail half the time, its direct canaries all do: `worker_out_of_rotation` on that
+/// worker, above the error burst it explains.
+#[test]
+fn a_dead_worker_the_router_still_sends_to_is_named() {
+    let mut e = Engine::new(EngineConfig::default());
+    let mut confirmed = None;
+    for s in 0..720_u32 {
+        let dead = s >= 600;
+        for q in 0..4 {
+            let t = f64::from(s) + f64::from(q) / 4.0;
+            let wobble = 1.0 + 0.1 * (f64::from((s * 4 + q) % 7) - 3.0) / 3.0;
+            if dead && q % 2 == 0 {
+                e.observe("t", Signal::Error, at(t), 1.0);
+                e.observe("t", Signal::Error5xx, at(t), 1.0);
+            } else {
+                e.observe("t", Signal::Error, at(t), 0.0);
+                e.observe("t", Signal::Error5xx, at(t), 0.0);
+                e.observe("t", Signal::Ttft, at(t), 0.1 * wobble);
+                e.observe("t", Signal::Tpot, at(t), 0.01 * wobble);
+                e.observe("t", Signal::E2e, at(t), 0.29 * wobble);
+            }
+        }
+        apart_second(&mut e, s, &at, (1.0, if dead { 1.0 } else { 0.0 }));
+        let d = e.evaluate(at(f64::from(s) + 1.0));
+        if d.targets[0].state == State::RootConfirmed {
+            confirmed = Some((s - 600, d.targets[0].clone()));
+            break;
+        }
+    }
+    let (after, t) = confirmed.expect("confirmed");
+    assert!(after <= 60, "confirmed {after} s after the kill");
+    assert_eq!(t.causes[0].cause, Cause::WorkerOutOfRotation, "{t:#?}");
+    assert!(
+        ev(&t, Cause::WorkerOutOfRotation, Signal::FailingWorkers)
+            .rule
+            .is_some()
+    );
+    assert_eq!(
+        (t.scope, t.worker.as_deref()),
+        (super::Scope::Worker, Some("http://w1:8000"))
+    );
+}
+
+/// One of two workers 3 × slower to its direct canaries while the router still sends it
+/// half its requests: `worker_out_of_rotation` on the slow worker.
+#[test]
+fn a_slow_worker_the_router_still_sends_to_is_named() {
+    let (after, t) = canary_episode(
+        (0.100, 0.010, (1.0, 0.0)),
+        (0.300, 0.010, (3.0, 0.0)),
+        apart_second,
+    );
+    assert_eq!(t.state, State::RootConfirmed, "{t:#?}");
+    assert!(after <= 60, "confirmed {after} s after the fault");
+    assert_eq!(t.causes[0].cause, Cause::WorkerOutOfRotation, "{t:#?}");
+    assert_eq!(
+        (t.scope, t.worker.as_deref()),
+        (super::Scope::Worker, Some("http://w2:8000"))
+    );
+}

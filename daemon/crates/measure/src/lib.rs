@@ -31,6 +31,7 @@ pub mod router_stages;
 pub mod server_timing;
 pub mod sse;
 pub mod worker;
+pub mod workers_apart;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

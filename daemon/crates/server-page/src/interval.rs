@@ -84,6 +84,10 @@ pub struct ServerSample {
     /// last page said them (issue 52.3, [`crate::picker_pool`]); absent when it does not say.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub picker_pool: Option<crate::picker_pool::PickerPool>,
+    /// A disaggregated deployment's prefill and decode pools as its router's last page said
+    /// them ([`crate::pool_load`]); absent for one pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_load: Option<crate::pool_load::PoolLoad>,
     /// Seconds since the previous scrape (`None` on the first).
     pub interval_s: Option<f64>,
     /// A counter went backwards or the start time moved: the server restarted in the interval.
@@ -211,6 +215,7 @@ pub fn sample(prev: Option<(&Reading, SystemTime)>, cur: &Reading, at: SystemTim
             })
             .unwrap_or_default(),
         picker_pool: cur.picker_pool,
+        pool_load: cur.pool_load,
         interval_s: None,
         reset: false,
     };

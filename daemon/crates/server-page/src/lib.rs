@@ -3,7 +3,8 @@
 //! (`normalize`: vLLM old and new, SGLang, TGI, llama.cpp → `Reading`), two readings into a
 //! sample (`interval`: counter rates with reset detection, histogram deltas, `quantile`), and
 //! the info routes' JSON (`identity`), a router's registered workers (`workers`) and its
-//! picks per worker (`router_picks`). No IO and
+//! picks per worker (`router_picks`), a disaggregated deployment's prefill and decode pools
+//! (`pool_load`). No IO and
 //! no clock: the scraper (`lmperf::server::scrape`)
 //! fetches and passes the times.
 
@@ -12,6 +13,7 @@ pub mod interval;
 pub mod normalize;
 pub mod parse;
 pub mod picker_pool;
+pub mod pool_load;
 pub mod quantile;
 pub mod router_list;
 pub mod router_picks;

@@ -164,6 +164,8 @@ pub fn reads(name: &str) -> bool {
         || name == super::workers::WORKER_REGISTERED
         || super::router_picks::NAMES.contains(&name)
         || super::picker_pool::reads(name)
+        || name == super::pool_load::PREFILL_TOKENS
+        || name == super::pool_load::DECODE_BLOCKS
     {
         return true;
     }
@@ -241,6 +243,9 @@ pub struct Reading {
     /// An endpoint picker's pool figures ([`super::picker_pool::picker_pool`]); `None` when the
     /// page does not say.
     pub picker_pool: Option<super::picker_pool::PickerPool>,
+    /// A disaggregated deployment's pools as its router's page says them
+    /// ([`super::pool_load::pool_load`]); `None` when it does not (one pool).
+    pub pool_load: Option<super::pool_load::PoolLoad>,
 }
 
 fn sum_of<'p, 'a: 'p>(it: impl Iterator<Item = &'p Sample<'a>>) -> Option<f64> {
@@ -331,6 +336,7 @@ pub fn normalize(page: &Page, kind: Option<ServerKind>) -> Reading {
         router_workers: super::workers::router_workers(page),
         router_worker_readings: super::router_picks::router_worker_readings(page),
         picker_pool: super::picker_pool::picker_pool(page),
+        pool_load: super::pool_load::pool_load(page),
     };
     match kind {
         ServerKind::Vllm => {

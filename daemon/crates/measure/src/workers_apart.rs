@@ -1,0 +1,167 @@
+//! One worker behind a router apart from the others (issue 53): from the canaries sent
+//! straight to each worker, the slowest worker's TTFT (the median of its last
+//! [`MIN_ANSWERED`] answers) against the other workers', and the workers whose last
+//! [`MIN_FAILED`] direct canaries failed while another answered. A router that still sends
+//! requests to a slow or failing worker slows or fails its routed canaries; these say which
+//! worker it is, two or three direct canaries after it changed (a minute's median would say it
+//! half a minute later). Times are given (Unix seconds), never read.
+
+use super::path::p50;
+
+/// A worker's last answers (successful direct canaries in the window) whose median is its
+/// TTFT: one slow outlier among them moves nothing.
+pub const MIN_ANSWERED: usize = 3;
+/// A worker's last direct canaries, every one failed, that make it failing.
+pub const MIN_FAILED: usize = 2;
+/// The window the results are read from, seconds: a worker that has not answered in it says
+/// nothing of its speed.
+pub const WINDOW_S: f64 = 60.0;
+
+/// One direct canary's result.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DirectResult {
+    /// When it ended, Unix seconds.
+    pub at_unix_s: f64,
+    /// Its TTFT, ms; `None` when it failed (an error, a refused connection, a timeout).
+    pub ttft_ms: Option<f64>,
+}
+
+/// The workers apart from the others over one window.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WorkersApart {
+    /// The worker with the highest TTFT (its last [`MIN_ANSWERED`] answers' median) and that
+    /// TTFT ÷ the median of the other workers' (1 when all answer alike); `None` with fewer
+    /// than 2 workers of [`MIN_ANSWERED`] answers each in the window.
+    pub slowest: Option<(String, f64)>,
+    /// The workers whose last [`MIN_FAILED`] direct canaries in the window all failed, while
+    /// another worker answered one: not the whole pool down.
+    pub failing: Vec<String>,
+}
+
+/// The workers apart over the `window_s` seconds ending at `now_unix_s`, from each worker's
+/// direct results (`workers`: its name and results, any order).
+pub fn workers_apart<'a>(
+    workers: impl IntoIterator<Item = (&'a str, &'a [DirectResult])>,
+    now_unix_s: f64,
+    window_s: f64,
+) -> WorkersApart {
+    let from = now_unix_s - window_s;
+    let mut p50s: Vec<(&str, f64)> = Vec::new();
+    let mut failing = Vec::new();
+    let mut any_answered = false;
+    for (name, results) in workers {
+        let mut recent: Vec<&DirectResult> = results
+            .iter()
+            .filter(|r| r.at_unix_s > from && r.at_unix_s <= now_unix_s)
+            .collect();
+        recent.sort_by(|a, b| a.at_unix_s.total_cmp(&b.at_unix_s));
+        let answers: Vec<f64> = recent
+            .iter()
+            .filter_map(|r| r.ttft_ms)
+            .filter(|v| v.is_finite())
+            .collect();
+        any_answered |= !answers.is_empty();
+        if recent.len() >= MIN_FAILED
+            && recent[recent.len() - MIN_FAILED..]
+                .iter()
+                .all(|r| r.ttft_ms.is_none())
+        {
+            failing.push(name.to_owned());
+        }
+        if answers.len() >= MIN_ANSWERED
+            && let Some(m) = p50(answers[answers.len() - MIN_ANSWERED..].to_vec())
+        {
+            p50s.push((name, m));
+        }
+    }
+    if !any_answered {
+        failing.clear();
+    }
+    failing.sort();
+    let slowest = (p50s.len() >= 2)
+        .then(|| {
+            let (i, &(name, top)) = p50s
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.1.total_cmp(&b.1.1))?;
+            let others: Vec<f64> = p50s
+                .iter()
+                .enumerate()
+                .filter(|&(j, _)| j != i)
+                .map(|(_, &(_, v))| v)
+                .collect();
+            let mid = p50(others)?;
+            (mid > 0.0).then(|| (name.to_owned(), top / mid))
+        })
+        .flatten();
+    WorkersApart { slowest, failing }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(at: f64, ttft: f64) -> DirectResult {
+        DirectResult {
+            at_unix_s: at,
+            ttft_ms: Some(ttft),
+        }
+    }
+
+    fn failed(at: f64) -> DirectResult {
+        DirectResult {
+            at_unix_s: at,
+            ttft_ms: None,
+        }
+    }
+
+    /// Three workers: one answers at 3 × the others' TTFT; one failed its last two canaries
+    /// (an earlier success is outside the window); the slowest is named with its ratio; a
+    /// worker's answers before its last three count no more.
+    #[test]
+    fn the_slowest_and_the_failing_worker() {
+        let a = [ok(10.0, 40.0), ok(20.0, 42.0), ok(30.0, 38.0)];
+        let b = [ok(10.0, 120.0), ok(20.0, 126.0), ok(30.0, 130.0)];
+        let c = [
+            ok(10.0, 500.0),
+            ok(20.0, 44.0),
+            ok(30.0, 40.0),
+            ok(40.0, 41.0),
+        ];
+        let dead = [ok(-40.0, 40.0), failed(15.0), failed(25.0)];
+        let w = workers_apart(
+            [
+                ("http://a", &a[..]),
+                ("http://b", &b[..]),
+                ("http://c", &c[..]),
+                ("http://dead", &dead[..]),
+            ],
+            40.0,
+            60.0,
+        );
+        let (name, ratio) = w.slowest.expect("three workers answered");
+        assert_eq!(name, "http://b");
+        // b's 126 ÷ the median of a's 40 and c's 41 (its 500 before its last three; nearest
+        // rank: 40).
+        assert!((ratio - 126.0 / 40.0).abs() < 1e-9, "{ratio}");
+        assert_eq!(w.failing, ["http://dead"]);
+    }
+
+    /// Even workers read about 1; a failure followed by an answer is not failing; a whole
+    /// pool failing names no worker (an outage, not one worker); one worker says nothing.
+    #[test]
+    fn even_partial_whole_and_alone() {
+        let a = [ok(1.0, 40.0), ok(2.0, 41.0), failed(3.0), ok(4.0, 40.0)];
+        let b = [ok(1.0, 41.0), ok(2.0, 40.0), ok(3.0, 42.0)];
+        let w = workers_apart([("a", &a[..]), ("b", &b[..])], 5.0, 60.0);
+        let (_, ratio) = w.slowest.expect("two answered");
+        assert!((1.0..1.1).contains(&ratio), "{ratio}");
+        assert!(w.failing.is_empty());
+        let f1 = [failed(1.0), failed(2.0)];
+        let f2 = [failed(1.5), failed(2.5)];
+        let down = workers_apart([("a", &f1[..]), ("b", &f2[..])], 5.0, 60.0);
+        assert_eq!(down, WorkersApart::default());
+        let alone = workers_apart([("a", &a[..])], 5.0, 60.0);
+        assert_eq!(alone.slowest, None);
+    }
+}
