@@ -1280,6 +1280,8 @@ async fn profile_hot_update_while_running() {
         "4",
         "--duration",
         "4s",
+        "--num-prompts",
+        "20",
         "--profile",
         file.to_str().unwrap(),
         "--output-dir",
@@ -1303,8 +1305,18 @@ async fn profile_hot_update_while_running() {
         rows.iter().all(|r| r["outcome"] == "ok"),
         "no request dropped"
     );
-    // --duration bounds the run, not the default --num-prompts 100; the result line is printed.
-    assert!(rows.len() > 100, "{} rows", rows.len());
+    // --duration bounds the run, not --num-prompts 20: every request the schedule planned
+    // before the end is sent (about 10 req/s then 40: 90 or more, however late each went out
+    // on a loaded machine); the result line is printed.
+    assert!(rows.len() > 40, "{} rows", rows.len());
+    let last_ms = rows
+        .iter()
+        .filter_map(|r| r["scheduled_ms"].as_f64())
+        .fold(0.0, f64::max);
+    assert!(
+        (3800.0..4000.0).contains(&last_ms),
+        "the last request planned at {last_ms} ms of 4 s"
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(&format!(
@@ -1321,15 +1333,26 @@ async fn profile_hot_update_while_running() {
         serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
             .unwrap();
     let change = s["profile"]["revisions"][1][0].as_f64().unwrap();
-    // Written 2 s after the process started; its t0 is after start-up (tokenizer detection).
-    assert!((1.0..2.6).contains(&change), "revision 1 at {change} s");
+    // Written 2 s after the process started; its t0 is after start-up (tokenizer detection),
+    // which a loaded machine makes longer, and the watch may see it late: within the run, with
+    // time after it for the new rate to show.
+    assert!((0.0..3.5).contains(&change), "revision 1 at {change} s");
     assert_eq!(s["profile"]["name"], "burst-llm-eval");
-    // Rates before and after: ~10 and ~40 req/s.
+    // Rates before and after: ~10 and ~40 req/s, from the planned gaps (each within the
+    // profile's jitter of its rate, however short the window a slow start left).
     let rate = |rs: &[&Value], from: f64, to: f64| {
-        rs.iter()
-            .filter(|r| (from..to).contains(&(r["scheduled_ms"].as_f64().unwrap() / 1000.0)))
-            .count() as f64
-            / (to - from)
+        let mut at: Vec<f64> = rs
+            .iter()
+            .map(|r| r["scheduled_ms"].as_f64().unwrap() / 1000.0)
+            .filter(|t| (from..to).contains(t))
+            .collect();
+        at.sort_by(f64::total_cmp);
+        assert!(
+            at.len() >= 2,
+            "{} planned in {from:.2}..{to:.2} s",
+            at.len()
+        );
+        (at.len() - 1) as f64 / (at[at.len() - 1] - at[0])
     };
     let before = rate(&r0, 0.0, change - 0.1);
     let after = rate(&r1, change + 0.1, 3.9);
