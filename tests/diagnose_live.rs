@@ -95,10 +95,79 @@ fn recorded(agent: &Agent, target: &str, start: f64) -> BTreeMap<String, Vec<[f6
             push("input_tokens", t, x as f64);
         }
     }
+    for (name, pts) in serving_path_series(&requests, start) {
+        s.entry(name.to_owned()).or_default().extend(pts);
+    }
     for pts in s.values_mut() {
         pts.sort_by(|a, b| a[0].total_cmp(&b[0]));
     }
     s
+}
+
+/// A router target's serving-path signals, as the agent computes them from the same requests
+/// (`canary::path_done`): each direct canary's TTFT (`direct_ttft`) and the workers apart
+/// after it (`worker_slowdown`, `failing_workers`: `lmperf_measure::workers_apart`), and each
+/// routed canary's TTFT minus the direct canaries' p50 of the minute it ended in, with 5 of
+/// them (`path_overhead`). Offsets from `start`; nothing without direct canaries.
+fn serving_path_series(requests: &[Value], start: f64) -> BTreeMap<&'static str, Vec<[f64; 2]>> {
+    use lmperf::measure::path::{MIN_SAMPLES, p50};
+    use lmperf::measure::workers_apart::{DirectResult, WINDOW_S, workers_apart};
+    let end = |r: &Value| {
+        r["at_unix_s"].as_f64().unwrap_or(0.0) + r["e2e_ms"].as_f64().unwrap_or(0.0) / 1000.0
+    };
+    let mut rows: Vec<&Value> = requests
+        .iter()
+        .filter(|r| r["source"] == "canary" || r["source"] == "direct")
+        .filter(|r| r["outcome"] != "cancelled")
+        .collect();
+    rows.sort_by(|a, b| end(a).total_cmp(&end(b)));
+    let mut out: BTreeMap<&'static str, Vec<[f64; 2]>> = BTreeMap::new();
+    let mut per_worker: BTreeMap<String, Vec<DirectResult>> = BTreeMap::new();
+    let mut direct: Vec<(f64, f64)> = Vec::new();
+    for r in rows {
+        let (t, ok) = (end(r), r["outcome"] == "ok");
+        let ttft_ms = r["ttft_ms"].as_f64().filter(|_| ok);
+        if r["source"] == "direct" {
+            let worker = r["worker"].as_str().unwrap_or("").to_owned();
+            per_worker.entry(worker).or_default().push(DirectResult {
+                at_unix_s: t,
+                ttft_ms,
+            });
+            if let Some(ms) = ttft_ms {
+                out.entry("direct_ttft")
+                    .or_default()
+                    .push([t - start, ms / 1e3]);
+                direct.push((t, ms));
+            }
+            let apart = workers_apart(
+                per_worker.iter().map(|(w, r)| (w.as_str(), r.as_slice())),
+                t,
+                WINDOW_S,
+            );
+            if let Some((_, ratio)) = apart.slowest {
+                out.entry("worker_slowdown")
+                    .or_default()
+                    .push([t - start, ratio]);
+            }
+            out.entry("failing_workers")
+                .or_default()
+                .push([t - start, apart.failing.len() as f64]);
+        } else if let Some(ms) = ttft_ms {
+            let window: Vec<f64> = direct
+                .iter()
+                .filter(|&&(at, _)| at > t - 60.0 && at <= t)
+                .map(|&(_, v)| v)
+                .collect();
+            if window.len() >= MIN_SAMPLES
+                && let Some(d) = p50(window)
+            {
+                out.entry("path_overhead")
+                    .or_default()
+                    .push([t - start, (ms - d) / 1e3]);
+            }
+        }
+    }
+    out
 }
 
 /// What one live episode saw.

@@ -88,16 +88,8 @@ async fn start_router_with(
     let (port, prom) = (free_port(), free_port());
     let log = std::fs::File::create(dir.join("router.log")).unwrap();
     let router = Router(
-        Command::new(bin)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .arg("--worker-urls")
-            .args(workers)
-            .args(["--policy", policy, "--prometheus-host", "127.0.0.1"])
-            .args(["--prometheus-port", &prom.to_string()])
+        lmperf_e2e::peers::vllm_router_command(bin, (port, prom), workers, policy, log)
             .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
             .spawn()
             .unwrap(),
     );

@@ -66,7 +66,7 @@ const MEMORY_V1: &str = "/sys/fs/cgroup/memory";
 /// One episode's ground truth and words.
 struct Spec {
     name: String,
-    /// The fault's cause (the episode's `cause`).
+    /// The fault's cause (the episode's `cause`); empty for a control.
     cause: &'static str,
     /// A second fault's cause and its delay after the first (concurrent faults).
     second: Option<(&'static str, u64)>,
@@ -188,15 +188,21 @@ fn run<G>(
     inject: impl FnOnce() -> G,
     done: impl Fn(&[(f64, Value)]) -> bool,
 ) -> Outcome {
+    let target = "metrics_interval = \"1s\"\n";
+    run_with(spec, (url, target), cgroup, server_pid, inject, done)
+}
+
+/// [`run`] with the target's own settings (`target`: TOML under `[[target]]`).
+fn run_with<G>(
+    spec: &Spec,
+    (url, target): (&str, &str),
+    cgroup: cgroup::CgroupDirs,
+    server_pid: Option<u32>,
+    inject: impl FnOnce() -> G,
+    done: impl Fn(&[(f64, Value)]) -> bool,
+) -> Outcome {
     let dir = temp::dir(&format!("diag-contention-{}", spec.cause));
-    let cfg = agent_config(
-        &dir,
-        url,
-        "gemma-3-270m",
-        REAL_CANARY,
-        "metrics_interval = \"1s\"\n",
-        false,
-    );
+    let cfg = agent_config(&dir, url, "gemma-3-270m", REAL_CANARY, target, false);
     let agent = Agent::spawn(&["--config", &cfg, "--no-otlp"], &[]);
     let start = unix_now().floor();
     let mut seen = Seen::default();
@@ -256,7 +262,8 @@ fn run<G>(
         "format": "lmperf-episode/1",
         "name": spec.name,
         "source": "live",
-        "cause": spec.cause,
+        // An empty cause is a control: a fault nothing should page for.
+        "cause": (!spec.cause.is_empty()).then_some(spec.cause),
         "magnitude": spec.magnitude,
         "target": "t0",
         "start_unix_s": start,
@@ -875,3 +882,8 @@ fn live_surge_then_503_on_llamacpp() {
     let roots = &t["roots"];
     println!("  roots: {roots}");
 }
+
+// ---- the serving path (issue 53): vllm-router in front of two real servers -----------------
+
+#[path = "serving_path.rs"]
+mod serving_path;

@@ -51,7 +51,7 @@ struct Spec<'a> {
 
 /// The server signals of the status's `server[0].latest` (the fields of `ServerSample` the
 /// agent feeds, `diagnosis_live::server_signals`), by signal name.
-const SERVER_FIELDS: [(&str, &[&str]); 11] = [
+const SERVER_FIELDS: [(&str, &[&str]); 14] = [
     ("server_requests_waiting", &["requests_waiting"]),
     ("server_requests_running", &["requests_running"]),
     ("server_kv_usage", &["kv_cache_usage"]),
@@ -66,6 +66,9 @@ const SERVER_FIELDS: [(&str, &[&str]); 11] = [
     ("server_queue_time", &["queue", "mean"]),
     ("server_prefill_time", &["prefill", "mean"]),
     ("server_decode_time", &["decode", "mean"]),
+    ("kv_transfer", &["router_kv_transfer", "mean"]),
+    ("prefill_pool_load", &["pool_load", "prefill_tokens"]),
+    ("decode_pool_load", &["pool_load", "decode_blocks"]),
 ];
 
 /// What the poll loop collects besides the verdicts.
@@ -103,6 +106,18 @@ impl Seen {
             }
             if let Some(f) = x.as_f64() {
                 v.push((name, f));
+            }
+        }
+        // A router's picks per worker, as the agent reads them (`inputs::server_signals`).
+        if let Ok(picks) = serde_json::from_value::<Vec<lmperf_server_page::router_picks::RouterPick>>(
+            latest["router_picks"].clone(),
+        ) {
+            use lmperf::diagnosis::inputs::{pick_imbalance, starved};
+            if let Some(x) = pick_imbalance(&picks) {
+                v.push(("pick_imbalance", x));
+            }
+            if let Some(w) = starved(&picks) {
+                v.push(("starved_workers", w.len() as f64));
             }
         }
         self.server.insert(key, v);

@@ -404,3 +404,27 @@ pub fn inner(v: &str) -> &str {
         .map(|(_, r)| r.strip_suffix(')').unwrap_or(r))
         .unwrap_or(v)
 }
+
+/// vllm-router's command line (`.venv-serving/bin/vllm-router`, `bin`): listening on
+/// 127.0.0.1:`port`, routing to `workers` by `policy`, its Prometheus page on 127.0.0.1:`prom`,
+/// its output to `log`.
+pub fn vllm_router_command(
+    bin: &std::path::Path,
+    (port, prom): (u16, u16),
+    workers: &[String],
+    policy: &str,
+    log: std::fs::File,
+) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .arg("--worker-urls")
+        .args(workers)
+        .args(["--policy", policy, "--prometheus-host", "127.0.0.1"])
+        .args(["--prometheus-port", &prom.to_string()])
+        .stdin(Stdio::null());
+    if let Ok(out) = log.try_clone() {
+        cmd.stdout(out);
+    }
+    cmd.stderr(log);
+    cmd
+}

@@ -4,7 +4,10 @@
 //! quota cut to 20 % of a core → `cpu_throttling`), `cpu_hog` (a neighbour spinning every core
 //! → `node_cpu_pressure`), `memory_limit` (the server's memory cgroup cut below its working set
 //! → `memory_pressure`), `surge_then_503` (a load surge and a 503 burst 20 s apart → both in
-//! the top three). Prints per episode the first `root_confirmed`, the expected cause's time from
+//! the top three); and the serving path's (`tests/diagnose_live/serving_path.rs`: vllm-router
+//! in front of two real servers): `router_quota` (the router's quota cut to 1 % of a core →
+//! `router_overhead`), `worker_quota` (one worker's cut to 20 % → `worker_out_of_rotation` on
+//! it), `worker_killed` (one worker killed). Prints per episode the first `root_confirmed`, the expected cause's time from
 //! the injection, its evidence and the top three. `--record` writes each episode into
 //! `tests/fixtures/episodes/` for `cargo xtask diagnose-eval`. Needs root and cgroup v1 for the
 //! cgroup episodes (it restores what it changed).
@@ -12,11 +15,23 @@
 use anyhow::{Result, bail};
 
 /// Episode name → the test that runs it.
-const EPISODES: [(&str, &str); 4] = [
+const EPISODES: [(&str, &str); 7] = [
     ("cpu_quota", "live_cpu_quota_on_llamacpp"),
     ("cpu_hog", "live_cpu_hog_on_llamacpp"),
     ("memory_limit", "live_memory_limit_on_llamacpp"),
     ("surge_then_503", "live_surge_then_503_on_llamacpp"),
+    (
+        "router_quota",
+        "serving_path::live_router_quota_before_llamacpp",
+    ),
+    (
+        "worker_quota",
+        "serving_path::live_worker_quota_behind_vllm_router",
+    ),
+    (
+        "worker_killed",
+        "serving_path::live_worker_killed_behind_vllm_router",
+    ),
 ];
 
 pub fn run(args: &[String]) -> Result<()> {

@@ -521,10 +521,23 @@ impl TargetRunner {
         let error = crate::status::workers::probe_error(pin, failure, r.served_by.as_ref());
         let refused = crate::status::workers::pin_refused(r.http_status, failed, error.is_some());
         let ttft_ms = r.ttft.map(|d| d.as_secs_f64() * 1e3);
-        let t = match p.set.lock() {
-            Ok(mut s) => s.probe_done(pin, ttft_ms, error, refused),
-            Err(_) => None,
+        let end = m.wall_start + r.e2e;
+        let at = unix_s(end);
+        let answered = if error.is_none() { ttft_ms } else { None };
+        let (t, apart) = match p.set.lock() {
+            Ok(mut s) => {
+                let t = s.probe_done(pin, ttft_ms, error, refused);
+                // A probe refused as another model's says nothing of the worker's speed.
+                if !refused {
+                    s.record_result(pin, at, answered);
+                }
+                (t, Some(s.apart(at)))
+            }
+            Err(_) => (None, None),
         };
+        if let (Some(d), Some(a)) = (&self.diagnosis, apart) {
+            d.observe_workers_apart(&self.target.name, end, &a);
+        }
         probes::log_transitions(&self.target.name, t.into_iter().collect());
     }
 

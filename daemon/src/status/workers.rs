@@ -131,7 +131,12 @@ struct Entry {
     /// This target's replies named it or its probe answered: it serves this target's model.
     confirmed: bool,
     in_flight: bool,
+    /// Its probes' results of the last minutes, for the workers apart ([`WorkerSet::apart`]).
+    results: std::collections::VecDeque<lmperf_measure::workers_apart::DirectResult>,
 }
+
+/// Probe results kept per worker (one per probe interval: a minute's is a few).
+const KEEP_RESULTS: usize = 64;
 
 /// The workers of one router target.
 #[derive(Debug, Clone, Default)]
@@ -148,6 +153,50 @@ fn role_of_type(worker_type: Option<&str>) -> &'static str {
 }
 
 impl WorkerSet {
+    /// A pinned probe to `pin` ended at `at_unix_s`: answered after `ttft_ms`, or failed
+    /// (`None`); kept for [`Self::apart`].
+    pub fn record_result(&mut self, pin: Pin, at_unix_s: f64, ttft_ms: Option<f64>) {
+        let Some(e) = self.workers.get_mut(&pin.id()) else {
+            return;
+        };
+        if e.results.len() >= KEEP_RESULTS {
+            e.results.pop_front();
+        }
+        e.results
+            .push_back(lmperf_measure::workers_apart::DirectResult { at_unix_s, ttft_ms });
+    }
+
+    /// The workers apart from the others of their role (a prefill worker's probes against the
+    /// other prefill workers', an aggregated or decode worker's against theirs), from their
+    /// pinned probes of the window ending at `now_unix_s`, among the workers the router's
+    /// page still registers: the slowest of all roles and every failing one.
+    pub fn apart(&self, now_unix_s: f64) -> lmperf_measure::workers_apart::WorkersApart {
+        use lmperf_measure::workers_apart::{WINDOW_S, WorkersApart, workers_apart};
+        let mut out = WorkersApart::default();
+        for role in ["prefill", "other"] {
+            let results: Vec<(&str, Vec<_>)> = self
+                .workers
+                .values()
+                .filter(|e| e.view.registered)
+                .filter(|e| (e.view.role == "prefill") == (role == "prefill"))
+                .map(|e| (e.view.id.as_str(), e.results.iter().copied().collect()))
+                .collect();
+            let a = workers_apart(
+                results
+                    .iter()
+                    .map(|(w, r): &(&str, Vec<_>)| (*w, r.as_slice())),
+                now_unix_s,
+                WINDOW_S,
+            );
+            if a.slowest.as_ref().map(|s| s.1) > out.slowest.as_ref().map(|s| s.1) {
+                out.slowest = a.slowest;
+            }
+            out.failing.extend(a.failing);
+        }
+        out.failing.sort();
+        out
+    }
+
     /// Whether any worker is held (the target is a Dynamo router lmperf can pin).
     pub fn is_empty(&self) -> bool {
         self.workers.is_empty()
@@ -178,6 +227,7 @@ impl WorkerSet {
                 replied_role: None,
                 confirmed: false,
                 in_flight: false,
+                results: std::collections::VecDeque::new(),
             },
         );
         Some(Transition::Found {
@@ -450,6 +500,46 @@ mod tests {
             (v.state, v.probes, v.probes_ok),
             (WorkerState::Present, 4, 1)
         );
+    }
+
+    /// Three decode workers and two prefill workers: decode worker 3 answers its probes at
+    /// 4 × the other decode workers' TTFT, prefill worker 5 fails its last two while 4
+    /// answers; the prefill workers' slower TTFT is not compared with the decode ones'; a
+    /// worker the page no longer registers is left out.
+    #[test]
+    fn workers_apart_within_their_role() {
+        let mut s = WorkerSet::default();
+        s.from_page(
+            0.0,
+            &page(&[
+                ("1", "decode"),
+                ("2", "decode"),
+                ("3", "decode"),
+                ("4", "prefill"),
+                ("5", "prefill"),
+            ]),
+        );
+        for k in 0..3 {
+            let at = 10.0 + f64::from(k);
+            s.record_result(Pin::Decode(1), at, Some(40.0));
+            s.record_result(Pin::Decode(2), at, Some(42.0));
+            s.record_result(Pin::Decode(3), at, Some(164.0));
+            s.record_result(Pin::Prefill(4), at, Some(400.0));
+            s.record_result(Pin::Prefill(5), at, (k == 0).then_some(410.0));
+        }
+        let a = s.apart(20.0);
+        let (w, ratio) = a.slowest.expect("decode workers answered");
+        assert_eq!(w, "3");
+        assert!((ratio - 164.0 / 40.0).abs() < 1e-9, "{ratio}");
+        assert_eq!(a.failing, ["5"]);
+        // Worker 3 leaves the page: the decode workers left answer alike.
+        s.from_page(
+            21.0,
+            &page(&[("1", "decode"), ("2", "decode"), ("4", "prefill")]),
+        );
+        let a = s.apart(22.0);
+        assert!(a.slowest.is_some_and(|(w, r)| w != "3" && r < 1.1));
+        assert!(a.failing.is_empty());
     }
 
     #[test]

@@ -15,7 +15,9 @@
 //!
 //! - `router_overhead` is the router's own time: when the direct canaries to its workers
 //!   slowed as well, the workers did, and the routed − direct difference only lagged
-//!   ([`workers_slowed`]).
+//!   ([`workers_slowed`]); when one worker answered its direct canaries at twice the others'
+//!   time or failed them, the routed canaries it serves make the difference
+//!   ([`one_worker_apart`]).
 //! - `prefill_saturation` and `decode_saturation` are one pool short of capacity: when the
 //!   other pool's load rose as well, more work came to both or both got slower
 //!   ([`other_pool_rose`]).
@@ -221,7 +223,9 @@ pub fn contradiction(cause: Cause, store: &EvidenceStore, onset: u32, now: u32) 
                 )
             })
         }
-        Cause::RouterOverhead => workers_slowed(store, onset, now),
+        Cause::RouterOverhead => {
+            workers_slowed(store, onset, now).or_else(|| one_worker_apart(store, onset, now))
+        }
         Cause::PrefillSaturation => other_pool_rose(store, Signal::DecodePoolLoad, onset, now),
         Cause::DecodeSaturation => other_pool_rose(store, Signal::PrefillPoolLoad, onset, now),
         _ => None,
@@ -260,6 +264,40 @@ fn workers_slowed(store: &EvidenceStore, onset: u32, now: u32) -> Option<String>
         before * 1e3,
         after * 1e3
     ))
+}
+
+/// `router_overhead` against one worker apart: when, since `onset`, one worker answered its
+/// direct canaries at twice the others' TTFT or more (from within 1.5 × before) or failed them,
+/// the routed canaries it serves are late or fail, and their difference from the direct
+/// canaries' median (which the other workers hold down) is that worker's, not the router's.
+fn one_worker_apart(store: &EvidenceStore, onset: u32, now: u32) -> Option<String> {
+    let peak = |s: Signal| {
+        store
+            .series(s)?
+            .range(onset, now.saturating_add(1))
+            .map(|(_, v)| v)
+            .reduce(f64::max)
+    };
+    if let Some(p) = peak(Signal::WorkerSlowdown)
+        && p >= 2.0
+        && mean_in(
+            store,
+            Signal::WorkerSlowdown,
+            onset.saturating_sub(300),
+            onset,
+        )
+        .is_none_or(|b| b <= 1.5)
+    {
+        return Some(format!(
+            "one worker behind the router answered its direct canaries at {p:.1} × the others' TTFT: the routed canaries it serves are late, not the router"
+        ));
+    }
+    let failing = peak(Signal::FailingWorkers)?;
+    (failing >= 1.0).then(|| {
+        format!(
+            "{failing:.0} worker(s) behind the router failed their direct canaries: the routed canaries they serve fail or wait for a retry, not the router"
+        )
+    })
 }
 
 /// The share of the baseline's scrapes a batch as large as the one requests waited behind must

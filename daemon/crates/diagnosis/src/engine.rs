@@ -495,6 +495,9 @@ const GRAPH: &[(Cause, Cause)] = &[
     // one makes the routed canaries slower than the direct ones' median.
     (Cause::WorkerOutOfRotation, Cause::ErrorBurst),
     (Cause::WorkerOutOfRotation, Cause::RouterOverhead),
+    // A router target's own cgroup is the router's: throttled, it is why the router adds time
+    // (the path difference rose with the workers fine); last, over the throttling's own edges.
+    (Cause::RouterOverhead, Cause::CpuThrottling),
 ];
 
 /// Robust z (harmful direction) → strength in [0, 1): 1 − e^(−z/8) (z 3.5 → 0.35, 10 → 0.71,
