@@ -359,13 +359,16 @@ async fn every_panel_and_variable_returns_data_and_exemplars_resolve() {
     let router_page = router.url();
     let frontend = lmperf_e2e::promql::dynamo_pd_frontend().await;
     let frontend_url = frontend.url();
+    // The router's direct workers: the ok server under two names (two workers that answer
+    // alike) and the failing one, so the workers-apart panel has data.
+    let ok_again = ok.url().replace("127.0.0.1", "localhost");
     let cfg = dir.join("agent.toml");
     std::fs::write(
         &cfg,
         format!(
             "[canary]\ninterval = \"200ms\"\nmodel = \"m\"\nsampling_ratio = 0.2\n\
              [[target]]\nname = \"ok\"\nurl = \"{}\"\n[[target]]\nname = \"failing\"\nurl = \"{}\"\n[[target]]\nname = \"cut\"\nurl = \"{}\"\n\
-             [[target]]\nname = \"router\"\nurl = \"{frontend_url}\"\nkind = \"router\"\nworker_probes = false\nmetrics_url = \"{router_page}/metrics\"\nmetrics_interval = \"1s\"\ndirect_workers = [\"{0}\"]\ndirect_interval = \"1s\"\n\
+             [[target]]\nname = \"router\"\nurl = \"{frontend_url}\"\nkind = \"router\"\nworker_probes = false\nmetrics_url = \"{router_page}/metrics\"\nmetrics_interval = \"1s\"\ndirect_workers = [\"{0}\", \"{ok_again}\", \"{1}\"]\ndirect_interval = \"1s\"\n\
              [gpu]\ninterval = \"500ms\"\nnvml_library = \"{}\"\npod_resources_socket = \"{}\"\n{}",
             ok.url(),
             failing.url(),

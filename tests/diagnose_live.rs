@@ -105,10 +105,11 @@ fn recorded(agent: &Agent, target: &str, start: f64) -> BTreeMap<String, Vec<[f6
 }
 
 /// A router target's serving-path signals, as the agent computes them from the same requests
-/// (`canary::path_done`): each direct canary's TTFT (`direct_ttft`) and the workers apart
-/// after it (`worker_slowdown`, `failing_workers`: `lmperf_measure::workers_apart`), and each
-/// routed canary's TTFT minus the direct canaries' p50 of the minute it ended in, with 5 of
-/// them (`path_overhead`). Offsets from `start`; nothing without direct canaries.
+/// (`canary::path_done`, `canary::probe_done`): each direct canary's TTFT (`direct_ttft`) and
+/// the workers apart after it or after a pinned probe (`worker_slowdown`, `failing_workers`:
+/// `lmperf_measure::workers_apart`, by the worker each named), and each routed canary's TTFT
+/// minus the direct canaries' p50 of the minute it ended in, with 5 of them
+/// (`path_overhead`). Offsets from `start`; nothing without direct canaries or probes.
 fn serving_path_series(requests: &[Value], start: f64) -> BTreeMap<&'static str, Vec<[f64; 2]>> {
     use lmperf::measure::path::{MIN_SAMPLES, p50};
     use lmperf::measure::workers_apart::{DirectResult, WINDOW_S, workers_apart};
@@ -117,7 +118,7 @@ fn serving_path_series(requests: &[Value], start: f64) -> BTreeMap<&'static str,
     };
     let mut rows: Vec<&Value> = requests
         .iter()
-        .filter(|r| r["source"] == "canary" || r["source"] == "direct")
+        .filter(|r| ["canary", "direct", "probe"].contains(&r["source"].as_str().unwrap_or("")))
         .filter(|r| r["outcome"] != "cancelled")
         .collect();
     rows.sort_by(|a, b| end(a).total_cmp(&end(b)));
@@ -127,13 +128,13 @@ fn serving_path_series(requests: &[Value], start: f64) -> BTreeMap<&'static str,
     for r in rows {
         let (t, ok) = (end(r), r["outcome"] == "ok");
         let ttft_ms = r["ttft_ms"].as_f64().filter(|_| ok);
-        if r["source"] == "direct" {
+        if r["source"] == "direct" || r["source"] == "probe" {
             let worker = r["worker"].as_str().unwrap_or("").to_owned();
             per_worker.entry(worker).or_default().push(DirectResult {
                 at_unix_s: t,
                 ttft_ms,
             });
-            if let Some(ms) = ttft_ms {
+            if let Some(ms) = ttft_ms.filter(|_| r["source"] == "direct") {
                 out.entry("direct_ttft")
                     .or_default()
                     .push([t - start, ms / 1e3]);

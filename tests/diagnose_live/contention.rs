@@ -887,3 +887,6 @@ fn live_surge_then_503_on_llamacpp() {
 
 #[path = "serving_path.rs"]
 mod serving_path;
+
+#[path = "dynamo.rs"]
+mod dynamo;

@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod busy_server;
 pub mod chromium;
+pub mod dynamo;
 pub mod fake_nvml;
 pub mod kube_api;
 pub mod kubelet_pods;

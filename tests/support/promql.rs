@@ -131,17 +131,22 @@ pub async fn agent_metrics() -> String {
     let frontend = dynamo_pd_frontend().await;
     let (api, config, kubeconfig) = k8s_discovery("dashboards-k8s", ok.addr.port()).await;
     // The static targets in the file beside the discovery (flags would replace the file's),
-    // and a router target in front of the streaming server with a direct path to it, so the
-    // serving-path series (routed − direct) are in the scrape.
+    // and a router target in front of the streaming server with direct paths to it (twice,
+    // by two names) and to the failing one, so the serving-path series (routed − direct, the
+    // workers apart) are in the scrape.
     let mut file = std::fs::read_to_string(&config).expect("discovery config");
     for u in [ok.url(), failing.url(), cut.url()] {
         file.push_str(&format!("\n[[target]]\nurl = \"{u}\"\n"));
     }
     file.push_str(&format!(
-        "\n[[target]]\nurl = \"{2}\"\nname = \"router\"\nkind = \"router\"\nworker_probes = false\nmetrics_url = \"{1}/metrics\"\nmetrics_interval = \"1s\"\ndirect_workers = [\"{0}\"]\ndirect_interval = \"1s\"\n",
+        "\n[[target]]\nurl = \"{2}\"\nname = \"router\"\nkind = \"router\"\nworker_probes = false\nmetrics_url = \"{1}/metrics\"\nmetrics_interval = \"1s\"\ndirect_workers = [\"{0}\", \"{3}\", \"{4}\"]\ndirect_interval = \"1s\"\n",
         ok.url(),
         router_page.url(),
-        frontend.url()
+        frontend.url(),
+        // The streaming server again under another name (two workers that answer alike) and
+        // the one answering 503 (a failing worker): the workers-apart gauges have series.
+        ok.url().replace("127.0.0.1", "localhost"),
+        failing.url()
     ));
     std::fs::write(&config, file).expect("write config");
     let scrape = tokio::task::spawn_blocking(move || {
@@ -166,6 +171,8 @@ pub async fn agent_metrics() -> String {
             "lmperf_path_overhead_seconds",
             "lmperf_path_direct_requests_total",
             "lmperf_router_worker_pick_share",
+            "lmperf_router_worker_slowdown",
+            "lmperf_router_worker_failing",
             "lmperf_canary_ttft_segment_duration_seconds_bucket",
         ];
         let t = Instant::now();

@@ -535,6 +535,9 @@ impl TargetRunner {
             }
             Err(_) => (None, None),
         };
+        if let Some(a) = &apart {
+            (self.telemetry.instruments).record_workers_apart(&self.target.name, a);
+        }
         if let (Some(d), Some(a)) = (&self.diagnosis, apart) {
             d.observe_workers_apart(&self.target.name, end, &a);
         }
@@ -563,8 +566,9 @@ impl TargetRunner {
             Source::Canary => p.record_routed(r.outcome == Outcome::Ok, sample, &replied_urls(r)),
             Source::Direct(w) => {
                 p.record_direct(w, error, sample);
+                let apart = p.apart(sample.at_unix_s);
+                (self.telemetry.instruments).record_workers_apart(&self.target.name, &apart);
                 if let Some(d) = &self.diagnosis {
-                    let apart = p.apart(sample.at_unix_s);
                     d.observe_workers_apart(&self.target.name, m.wall_start + r.e2e, &apart);
                 }
             }

@@ -192,6 +192,7 @@ impl WorkerSet {
                 out.slowest = a.slowest;
             }
             out.failing.extend(a.failing);
+            out.ratios.extend(a.ratios);
         }
         out.failing.sort();
         out

@@ -28,6 +28,8 @@ pub struct Instruments {
     probe_ttft: Histogram<f64>,
     direct: Counter<u64>,
     path_overhead: Gauge<f64>,
+    worker_slowdown: Gauge<f64>,
+    worker_failing: Gauge<f64>,
 }
 
 /// Attributes of one request's metric points.
@@ -131,6 +133,39 @@ impl Instruments {
                 .with_unit("s")
                 .with_description("Routed p50 minus direct p50 over the last minute: how much the router adds.")
                 .build(),
+            worker_slowdown: meter
+                .f64_gauge(n::METRIC_ROUTER_WORKER_SLOWDOWN)
+                .with_unit("1")
+                .with_description("A router's worker's TTFT to its direct canaries or pinned probes (the median of its last 3) over the median of the other workers'.")
+                .build(),
+            worker_failing: meter
+                .f64_gauge(n::METRIC_ROUTER_WORKER_FAILING)
+                .with_unit("1")
+                .with_description("1 while a router's worker failed its last 2 direct canaries or pinned probes as another answered, else 0.")
+                .build(),
+        }
+    }
+
+    /// Records router target `target`'s workers apart from the others: each one's slowdown
+    /// against the others and whether it fails (every worker named by `a`).
+    pub fn record_workers_apart(
+        &self,
+        target: &str,
+        a: &crate::measure::workers_apart::WorkersApart,
+    ) {
+        let attrs = |w: &str| {
+            [
+                KeyValue::new(n::LMPERF_TARGET, target.to_owned()),
+                KeyValue::new(n::LMPERF_WORKER_ID, w.to_owned()),
+            ]
+        };
+        for (w, ratio) in &a.ratios {
+            self.worker_slowdown.record(*ratio, &attrs(w));
+        }
+        let named = a.ratios.iter().map(|(w, _)| w).chain(&a.failing);
+        for w in named {
+            let failing = f64::from(u8::from(a.failing.contains(w)));
+            self.worker_failing.record(failing, &attrs(w));
         }
     }
 

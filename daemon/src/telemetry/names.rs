@@ -415,6 +415,14 @@ pub const METRIC_ROUTER_READY_ENDPOINTS: &str = "lmperf.router.ready_endpoints";
 /// hold (`{block}`); absent with one pool (issue 53).
 pub const METRIC_ROUTER_PREFILL_POOL_TOKENS: &str = "lmperf.router.prefill_pool.queued_tokens";
 pub const METRIC_ROUTER_DECODE_POOL_BLOCKS: &str = "lmperf.router.decode_pool.active_blocks";
+/// Gauges by `lmperf.target` and `lmperf.worker.id` (issue 53, `lmperf_measure::workers_apart`):
+/// a router target's worker against the others, from its direct canaries (or, behind Dynamo,
+/// its pinned probes): its TTFT (the median of its last 3 answers) ÷ the median of the other
+/// workers' (`lmperf.router.worker.slowdown`, unit `1`: 1 alike, 3 when it takes three times
+/// as long), and 1 while its last 2 failed as another answered, else 0
+/// (`lmperf.router.worker.failing`, unit `1`). Recorded at each direct canary or probe.
+pub const METRIC_ROUTER_WORKER_SLOWDOWN: &str = "lmperf.router.worker.slowdown";
+pub const METRIC_ROUTER_WORKER_FAILING: &str = "lmperf.router.worker.failing";
 /// Gauge, unit `s`, by `lmperf.target` and `lmperf.path.metric` (ttft | e2e): how much a router
 /// adds, the routed canaries' p50 minus the p50 of the canaries sent straight to its workers
 /// over the last minute (issue 52.2); recorded when both sides have 5 requests in it.

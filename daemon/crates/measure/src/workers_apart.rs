@@ -36,6 +36,12 @@ pub struct WorkersApart {
     /// The workers whose last [`MIN_FAILED`] direct canaries in the window all failed, while
     /// another worker answered one: not the whole pool down.
     pub failing: Vec<String>,
+    /// Each worker of [`MIN_ANSWERED`] answers, not failing, and its TTFT ÷ the median of the
+    /// other such workers' (the slowest's is [`WorkersApart::slowest`]), by name; empty with
+    /// fewer than 2. A failing worker's answers are from before it failed: compared, they
+    /// would make the one left look slow (seen live: a rolling restart's killed worker, still
+    /// registered for its lease, made the new one 5.8 × "slower").
+    pub ratios: Vec<(String, f64)>,
 }
 
 /// The workers apart over the `window_s` seconds ending at `now_unix_s`, from each worker's
@@ -66,7 +72,9 @@ pub fn workers_apart<'a>(
                 .iter()
                 .all(|r| r.ttft_ms.is_none())
         {
+            // Its answers are from before it failed: no speed of it now to compare.
             failing.push(name.to_owned());
+            continue;
         }
         if answers.len() >= MIN_ANSWERED
             && let Some(m) = p50(answers[answers.len() - MIN_ANSWERED..].to_vec())
@@ -78,23 +86,29 @@ pub fn workers_apart<'a>(
         failing.clear();
     }
     failing.sort();
-    let slowest = (p50s.len() >= 2)
-        .then(|| {
-            let (i, &(name, top)) = p50s
-                .iter()
-                .enumerate()
-                .max_by(|a, b| a.1.1.total_cmp(&b.1.1))?;
-            let others: Vec<f64> = p50s
-                .iter()
-                .enumerate()
-                .filter(|&(j, _)| j != i)
-                .map(|(_, &(_, v))| v)
-                .collect();
-            let mid = p50(others)?;
-            (mid > 0.0).then(|| (name.to_owned(), top / mid))
-        })
-        .flatten();
-    WorkersApart { slowest, failing }
+    let ratios: Vec<(String, f64)> = if p50s.len() >= 2 {
+        p50s.iter()
+            .enumerate()
+            .filter_map(|(i, &(name, mine))| {
+                let others: Vec<f64> = p50s
+                    .iter()
+                    .enumerate()
+                    .filter(|&(j, _)| j != i)
+                    .map(|(_, &(_, v))| v)
+                    .collect();
+                let mid = p50(others).filter(|m| *m > 0.0)?;
+                Some((name.to_owned(), mine / mid))
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let slowest = ratios.iter().max_by(|a, b| a.1.total_cmp(&b.1)).cloned();
+    WorkersApart {
+        slowest,
+        failing,
+        ratios,
+    }
 }
 
 #[cfg(test)]
@@ -145,6 +159,13 @@ mod tests {
         // rank: 40).
         assert!((ratio - 126.0 / 40.0).abs() < 1e-9, "{ratio}");
         assert_eq!(w.failing, ["http://dead"]);
+        // Each answering worker against the others: a 40 ÷ median(41, 126) = 40 ÷ 41.
+        assert_eq!(w.ratios.len(), 3);
+        let a_ratio = w.ratios.iter().find(|r| r.0 == "http://a").map(|r| r.1);
+        assert!(
+            a_ratio.is_some_and(|r| (r - 40.0 / 41.0).abs() < 1e-9),
+            "{a_ratio:?}"
+        );
     }
 
     /// Even workers read about 1; a failure followed by an answer is not failing; a whole
@@ -163,5 +184,16 @@ mod tests {
         assert_eq!(down, WorkersApart::default());
         let alone = workers_apart([("a", &a[..])], 5.0, 60.0);
         assert_eq!(alone.slowest, None);
+        // A worker that answered fast, then failed its last two (killed, still listed): it
+        // is failing, and its old answers do not make the one left look slow.
+        let killed = [
+            ok(1.0, 4.0),
+            ok(1.5, 4.0),
+            ok(2.0, 4.0),
+            failed(3.0),
+            failed(4.0),
+        ];
+        let w = workers_apart([("a", &a[..]), ("killed", &killed[..])], 5.0, 60.0);
+        assert_eq!((w.slowest, w.failing), (None, vec!["killed".to_owned()]));
     }
 }
