@@ -883,6 +883,48 @@ fn live_surge_then_503_on_llamacpp() {
     println!("  roots: {roots}");
 }
 
+/// A calm run of `secs` seconds through a router (issue 53): the agent on `url` with the
+/// target's settings `target`, no fault, polled each second. Returns the `root_confirmed`
+/// transitions the polls saw and the polls not idle; each confirmation is printed.
+fn calm_through(name: &str, (url, target): (&str, &str), secs: u64) -> (usize, usize) {
+    let dir = temp::dir(name);
+    let cfg = agent_config(&dir, url, "gemma-3-270m", REAL_CANARY, target, false);
+    let agent = Agent::spawn(&["--config", &cfg, "--no-otlp"], &[]);
+    let (mut confirmations, mut not_idle, mut was) = (0, 0, false);
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(secs) {
+        std::thread::sleep(Duration::from_secs(1));
+        let (_, body) = agent.get("/api/v1/diagnosis?target=t0");
+        let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        let state = v["targets"][0]["state"].as_str().unwrap_or("");
+        not_idle += usize::from(!state.is_empty() && state != "idle");
+        let confirmed = state == "root_confirmed";
+        if confirmed && !was {
+            confirmations += 1;
+            eprintln!(
+                "{name}: root_confirmed at +{:.0} s: {}",
+                t.elapsed().as_secs_f64(),
+                v["targets"][0]["summary"]
+            );
+        }
+        was = confirmed;
+    }
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+    (confirmations, not_idle)
+}
+
+/// `LMPERF_DIAGNOSE_CALM_S`, the calm runs' length (`cargo xtask diagnose-eval --calm 10m`).
+fn calm_secs() -> Option<u64> {
+    let secs = std::env::var("LMPERF_DIAGNOSE_CALM_S")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok());
+    if secs.is_none() {
+        eprintln!("skipped: set LMPERF_DIAGNOSE_CALM_S=N (cargo xtask diagnose-eval --calm 10m)");
+    }
+    secs
+}
+
 // ---- the serving path (issue 53): vllm-router in front of two real servers -----------------
 
 #[path = "serving_path.rs"]

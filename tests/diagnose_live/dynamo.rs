@@ -139,3 +139,22 @@ fn live_dynamo_agg_slow_worker() {
         "worker_out_of_rotation after {at:.0} s (> 60 s)"
     );
 }
+
+/// A calm run through Dynamo's frontend in front of two aggregated mockers: never diagnosed.
+#[test]
+fn live_calm_through_dynamo_is_never_diagnosed() {
+    let Some(secs) = super::calm_secs() else {
+        return;
+    };
+    let _serial = lmperf_e2e::serial::lock_blocking();
+    let Some(d) = start("live-calm", &[("agg", 1), ("agg", 1)]) else {
+        return;
+    };
+    let (confirmed, not_idle) =
+        super::calm_through("calm-dynamo", (&d.url, &dynamo_target(&d)), secs);
+    drop(d);
+    println!(
+        "diagnose-calm: {secs} s through Dynamo 1.6.1 (two aggregated mockers): {not_idle} polls not idle, {confirmed} root_confirmed"
+    );
+    assert_eq!(confirmed, 0, "a calm run through Dynamo was diagnosed");
+}

@@ -230,6 +230,26 @@ fn live_worker_killed_behind_vllm_router() {
     );
 }
 
+/// A calm run through vllm-router in front of two real servers: never diagnosed.
+#[test]
+fn live_calm_through_vllm_router_is_never_diagnosed() {
+    let Some(secs) = super::calm_secs() else {
+        return;
+    };
+    let _serial = lmperf_e2e::serial::lock_blocking();
+    let (w1, w2) = (model_server(), model_server());
+    let dir = lmperf_e2e::temp::dir("diag-router-calm");
+    let (router, port, prom) = start_router(&[w1.url(), w2.url()], &dir.join("router.log"));
+    let url = format!("http://127.0.0.1:{port}");
+    let (confirmed, not_idle) =
+        super::calm_through("calm-vllm-router", (&url, &router_target(prom)), secs);
+    drop(router);
+    println!(
+        "diagnose-calm: {secs} s through vllm-router (two real llama.cpp servers): {not_idle} polls not idle, {confirmed} root_confirmed"
+    );
+    assert_eq!(confirmed, 0, "a calm run through vllm-router was diagnosed");
+}
+
 /// The last diagnosis polled: its line, scope and worker.
 fn print_last(out: &Outcome) {
     if let Some((_, t)) = out.polls.last() {

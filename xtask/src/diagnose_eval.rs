@@ -12,7 +12,9 @@
 //! Poisson canaries on the real llama.cpp server, kept about half busy by a second client, and
 //! at the same time on 5 scripted vLLM-style servers kept 40–60 % busy by background traffic
 //! (`tests/diagnose_live/calm_busy.rs`), for DURATION, printing the servers' busy shares, the
-//! evaluations and the diagnoses (must be 0).
+//! evaluations and the diagnoses (must be 0); then the agent's canaries through vllm-router
+//! before two real llama.cpp servers and through Dynamo's frontend before two mockers (issue
+//! 53), DURATION each.
 
 use anyhow::Result;
 
@@ -60,8 +62,9 @@ pub fn run(args: &[String]) -> Result<()> {
     crate::step("diagnose-eval: the engine over the episode corpus", cmd)
 }
 
-/// `--calm DURATION`: the calm runs of `tests/diagnose_live/real.rs` and
-/// `tests/diagnose_live/calm_busy.rs` for DURATION.
+/// `--calm DURATION`: the calm runs of `tests/diagnose_live/real.rs`,
+/// `tests/diagnose_live/calm_busy.rs` and, through each router, of
+/// `tests/diagnose_live/serving_path.rs` and `tests/diagnose_live/dynamo.rs`, for DURATION.
 fn calm(args: &[String]) -> Result<()> {
     let value = args
         .iter()
@@ -76,10 +79,14 @@ fn calm(args: &[String]) -> Result<()> {
     );
     // The scripted busy servers' calm run beside it (another filter; both at once).
     test.arg("diagnose_live::calm_busy::live_calm_busy_scripted_servers_are_never_diagnosed");
+    // Through each router (issue 53): vllm-router before two real servers, Dynamo's frontend
+    // before two mockers (one after the other: they share the serial lock).
+    test.arg("contention::serving_path::live_calm_through_vllm_router_is_never_diagnosed");
+    test.arg("contention::dynamo::live_calm_through_dynamo_is_never_diagnosed");
     test.env("LMPERF_DIAGNOSE_CALM_S", secs.to_string());
     crate::step(
         &format!(
-            "[3/3] {secs} s calm runs: the real llama.cpp server with a second client, and 5 scripted busy servers"
+            "[3/3] {secs} s calm runs: the real llama.cpp server with a second client, 5 scripted busy servers, and through vllm-router and Dynamo"
         ),
         test,
     )
