@@ -109,7 +109,9 @@ fn recorded(agent: &Agent, target: &str, start: f64) -> BTreeMap<String, Vec<[f6
 /// the workers apart after it or after a pinned probe (`worker_slowdown`, `failing_workers`:
 /// `lmperf_measure::workers_apart`, by the worker each named), and each routed canary's TTFT
 /// minus the direct canaries' p50 of the minute it ended in, with 5 of them
-/// (`path_overhead`). Offsets from `start`; nothing without direct canaries or probes.
+/// (`path_overhead`); behind Dynamo, each routed canary's time before dispatch and, under P/D,
+/// its transfer segment (`kv_transfer`). Offsets from `start`; nothing without direct
+/// canaries, probes or a TTFT split.
 fn serving_path_series(requests: &[Value], start: f64) -> BTreeMap<&'static str, Vec<[f64; 2]>> {
     use lmperf::measure::path::{MIN_SAMPLES, p50};
     use lmperf::measure::workers_apart::{DirectResult, WINDOW_S, workers_apart};
@@ -127,13 +129,46 @@ fn serving_path_series(requests: &[Value], start: f64) -> BTreeMap<&'static str,
     let mut direct: Vec<(f64, f64)> = Vec::new();
     for r in rows {
         let (t, ok) = (end(r), r["outcome"] == "ok");
+        // A pinned probe's own TTFT leaves out the router's KV transfer estimate
+        // (`status::workers::own_ttft_ms`).
+        let transfer_ms = r["server_kv_transfer_ms"].as_f64().unwrap_or(0.0);
         let ttft_ms = r["ttft_ms"].as_f64().filter(|_| ok);
-        if r["source"] == "direct" || r["source"] == "probe" {
+        if r["source"] == "probe" {
+            let own = ttft_ms.map(|ms| (ms - transfer_ms).max(0.0));
             let worker = r["worker"].as_str().unwrap_or("").to_owned();
             per_worker.entry(worker).or_default().push(DirectResult {
                 at_unix_s: t,
-                ttft_ms,
+                ttft_ms: own,
             });
+        }
+        if r["source"] == "canary"
+            && let (Some(front), Some(queue)) = (
+                r["ttft_frontend_ms"].as_f64(),
+                r["ttft_router_queue_ms"].as_f64(),
+            )
+        {
+            // Dynamo: the frontend's time before dispatch
+            // (`lmperf_diagnosis::inputs::server_timing_signals`), and a disaggregated
+            // request's transfer segment.
+            out.entry("path_overhead")
+                .or_default()
+                .push([t - start, (front + queue) / 1e3]);
+            if r["server_kv_transfer_ms"].is_f64()
+                && let Some(x) = r["ttft_transfer_and_first_decode_ms"].as_f64()
+            {
+                out.entry("kv_transfer")
+                    .or_default()
+                    .push([t - start, x / 1e3]);
+            }
+        }
+        if r["source"] == "direct" || r["source"] == "probe" {
+            if r["source"] == "direct" {
+                let worker = r["worker"].as_str().unwrap_or("").to_owned();
+                per_worker.entry(worker).or_default().push(DirectResult {
+                    at_unix_s: t,
+                    ttft_ms,
+                });
+            }
             if let Some(ms) = ttft_ms.filter(|_| r["source"] == "direct") {
                 out.entry("direct_ttft")
                     .or_default()

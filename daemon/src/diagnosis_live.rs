@@ -117,6 +117,9 @@ pub struct LiveDiagnosis {
     gpu_seen: Mutex<(Option<SystemTime>, BTreeMap<String, u64>)>,
     /// Per target: its pod, whose GPUs alone it reads where pod-resources tells them.
     k8s: Mutex<BTreeMap<String, K8sIdentity>>,
+    /// Per target: its server's address (`host:port`), to name the pod of a worker behind a
+    /// router that is also a target ([`TargetDiagnosis::worker_pod`]).
+    addresses: Mutex<BTreeMap<String, String>>,
     /// Per target: the GPUs behind each GPU signal's latest harmful value (the evidence's
     /// `hw_ids`).
     gpu_evidence: Mutex<BTreeMap<String, GpuEvidence>>,
@@ -162,6 +165,24 @@ fn per_request_source(source: crate::measure::server_timing::TimingSource) -> &'
         TimingSource::LlamaCppTimings => "llama_cpp_timings (per request)",
         TimingSource::DynamoTiming => "dynamo_timing (per request)",
     }
+}
+
+/// `host:port` of a base URL (the scheme's port when none is written).
+fn address_of(u: &url::Url) -> Option<String> {
+    Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?))
+}
+
+/// `host:port` of a worker as a router names it: a URL (vllm-router, llm-d) or `host:port`;
+/// `None` for an id that is not an address (Dynamo's instance ids).
+fn worker_address(worker: &str) -> Option<String> {
+    let url = if worker.contains("://") {
+        url::Url::parse(worker).ok()?
+    } else {
+        url::Url::parse(&format!("http://{worker}")).ok()?
+    };
+    // A bare number parses as a host: it is an instance id, not an address.
+    worker.contains(':').then_some(())?;
+    address_of(&url)
 }
 
 /// `/api/v1/status`'s `diagnosis_cost`.
@@ -336,6 +357,7 @@ impl LiveDiagnosis {
             reachability: Mutex::default(),
             gpu_seen: Mutex::default(),
             k8s: Mutex::default(),
+            addresses: Mutex::default(),
             gpu_evidence: Mutex::default(),
             server_seen: Mutex::default(),
             server_changes: Mutex::default(),
@@ -587,6 +609,17 @@ impl LiveDiagnosis {
     }
 
     /// Sets the pod serving `target` (`None`: not known; it reads every GPU).
+    /// `target`'s server address, from its base URL (`None`: it left).
+    pub fn set_address(&self, target: &str, base_url: Option<&url::Url>) {
+        let Ok(mut a) = self.addresses.lock() else {
+            return;
+        };
+        match base_url.and_then(address_of) {
+            Some(addr) => a.insert(target.to_owned(), addr),
+            None => a.remove(target),
+        };
+    }
+
     pub fn set_k8s(&self, target: &str, identity: Option<K8sIdentity>) {
         let Ok(mut k) = self.k8s.lock() else { return };
         match identity {
@@ -868,7 +901,26 @@ impl LiveDiagnosis {
             }
         }
         self.add_profiles(&mut d);
+        self.add_worker_pods(&mut d);
         d
+    }
+
+    /// The pod of each diagnosis's worker (`scope: worker`) that is a target of this agent
+    /// with a pod: the target at the worker's address.
+    fn add_worker_pods(&self, d: &mut Diagnosis) {
+        let (Ok(addresses), Ok(k8s)) = (self.addresses.lock(), self.k8s.lock()) else {
+            return;
+        };
+        for t in &mut d.targets {
+            let Some(addr) = t.worker.as_deref().and_then(worker_address) else {
+                continue;
+            };
+            t.worker_pod = addresses
+                .iter()
+                .find(|(_, a)| **a == addr)
+                .and_then(|(target, _)| k8s.get(target))
+                .map(K8sIdentity::qualified_name);
+        }
     }
 
     /// A confirmed diagnosis's profiler call, as it stands now (`started`, then its outcome):
@@ -1550,17 +1602,10 @@ mod tests {
                     at + Duration::from_millis(half),
                 );
                 m.record.server_timing = Some(ServerTiming {
-                    source: TimingSource::VllmMetrics,
                     ttft: Some(Duration::from_millis(queue_ms + 90)),
                     queue: Some(Duration::from_millis(queue_ms)),
                     prefill: Some(Duration::from_millis(90)),
-                    decode: None,
-                    mean_itl: None,
-                    prompt_tokens_computed: None,
-                    decoded_tokens: None,
-                    kv_hit_rate: None,
-                    router_queue_depth: None,
-                    kv_transfer_estimate: None,
+                    ..ServerTiming::said_by(TimingSource::VllmMetrics)
                 });
                 live.observe_request("a", &m, None);
             }
@@ -1585,6 +1630,104 @@ mod tests {
         assert!(queue.before < 0.01 && queue.after > 1.3, "{queue:?}");
         assert_eq!(queue.source.as_deref(), Some("vllm_metrics (per request)"));
         assert_eq!(d.causes[0].cause, Cause::ServerQueueing, "{:#?}", d.causes);
+    }
+
+    /// Behind Dynamo's frontend (no direct canary possible), the frontend starved of CPU:
+    /// each routed canary waits in it before dispatch (`prefill_wait_time_ms` 1 → 60–180 ms,
+    /// and its receiving the first token late: `prefill_time_ms` 3 → 100 ms, as measured on
+    /// 1.6.1 with its quota cut to 1 % of a core): router_overhead, on the router, from the
+    /// split's time before dispatch.
+    #[test]
+    fn dynamo_frontend_time_before_dispatch_names_the_router() {
+        use crate::measure::server_timing::{ServerTiming, TimingSource};
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let (_target, _state, live) = one_scraped_target();
+        let mut confirmed = Vec::new();
+        for s in 0..300u64 {
+            let at = t0 + Duration::from_secs(s);
+            let slow = s >= 200;
+            let (queue_ms, prefill_ms) = if slow {
+                (60 + (s % 5) * 30, 100)
+            } else {
+                (1 + s % 2, 3 + s % 3)
+            };
+            let mut m = measured(queue_ms + prefill_ms + 2, Outcome::Ok, at);
+            m.record.input_tokens = Some(24);
+            m.record.server_timing = Some(ServerTiming {
+                ttft: Some(Duration::from_millis(queue_ms + prefill_ms)),
+                queue: Some(Duration::from_millis(queue_ms)),
+                prefill: Some(Duration::from_millis(prefill_ms)),
+                ..ServerTiming::said_by(TimingSource::DynamoTiming)
+            });
+            live.observe_request("a", &m, None);
+            confirmed.extend(live.tick(at + Duration::from_secs(1), None));
+        }
+        let d = confirmed
+            .first()
+            .unwrap_or_else(|| panic!("never confirmed"));
+        assert_eq!(d.causes[0].cause, Cause::RouterOverhead, "{:#?}", d.causes);
+        assert_eq!(d.scope, lmperf_diagnosis::Scope::Router);
+        let e = d.causes[0]
+            .evidence
+            .iter()
+            .find(|e| e.signal == Signal::PathOverhead)
+            .unwrap_or_else(|| panic!("{:#?}", d.causes));
+        assert!(e.before < 0.005 && e.after > 0.06, "{e:?}");
+        // The prefill time the starved frontend inflated is not longer prompts: the canaries'
+        // prompts held.
+        assert!(!d.roots.contains(&Cause::LongPrompts), "{d:#?}");
+        assert!(
+            d.causes
+                .iter()
+                .all(|c| c.cause != Cause::LongPrompts || c.score < 0.5),
+            "{:#?}",
+            d.causes
+        );
+    }
+
+    /// A worker named by its URL or `host:port` is the pod of the target at that address;
+    /// an instance id (Dynamo) or an address no target has names no pod.
+    #[test]
+    fn a_workers_pod_is_the_target_at_its_address() {
+        let (_, _, live) = one_scraped_target();
+        let url = |s: &str| url::Url::parse(s).unwrap();
+        live.set_address("pod-a", Some(&url("http://10.0.0.5:8000/")));
+        live.set_k8s(
+            "pod-a",
+            Some(K8sIdentity {
+                namespace: "ml".into(),
+                pod_name: "vllm-0".into(),
+                ..K8sIdentity::default()
+            }),
+        );
+        live.set_address("no-pod", Some(&url("http://10.0.0.6:8000")));
+        let mut d = Diagnosis {
+            schema_version: 1,
+            evaluated_at_unix_s: 0.0,
+            targets: Vec::new(),
+            nodes: Vec::new(),
+        };
+        for (name, worker) in [
+            ("r1", "http://10.0.0.5:8000"),
+            ("r2", "10.0.0.5:8000"),
+            ("r3", "http://10.0.0.6:8000"),
+            ("r4", "7587888766"),
+            ("r5", "http://10.0.0.5:8001"),
+        ] {
+            let mut t = idle(name);
+            t.worker = Some(worker.into());
+            d.targets.push(t);
+        }
+        live.add_worker_pods(&mut d);
+        let pods: Vec<Option<&str>> = d.targets.iter().map(|t| t.worker_pod.as_deref()).collect();
+        assert_eq!(
+            pods,
+            [Some("ml/vllm-0"), Some("ml/vllm-0"), None, None, None]
+        );
+        // The target left: its pod is no longer named.
+        live.set_address("pod-a", None);
+        live.add_worker_pods(&mut d);
+        assert!(d.targets.iter().all(|t| t.worker_pod.is_none()));
     }
 
     #[test]

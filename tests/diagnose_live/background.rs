@@ -63,32 +63,79 @@ fn body(client: usize, n: usize, words: usize, max_tokens: usize) -> String {
     )
 }
 
+/// What each request of a client is: its prompt's words and answer's tokens (inclusive
+/// ranges), and, for a router that hashes sessions (vllm-router's `consistent_hash`), its
+/// `X-Session-ID`: a new one at every request, or one for every client and request while `hot`
+/// is set (one tenant's traffic, all on the worker its key hashes to).
+pub(super) struct Shape {
+    pub words: (usize, usize),
+    pub tokens: (usize, usize),
+    pub hot: Option<Arc<AtomicBool>>,
+    /// A fixed mean think time, s, instead of `think_ratio` × the client's mean service time:
+    /// the requests keep coming when the server they go to slows (users do not wait for one
+    /// another), so a worker given the others' requests queues them.
+    pub think_s: Option<f64>,
+}
+
+/// The calm run's requests: 8–160 words, 8–48 tokens, no session.
+const CALM: Shape = Shape {
+    words: (8, 160),
+    tokens: (8, 48),
+    hot: None,
+    think_s: None,
+};
+
 impl Background {
     /// `clients` closed loops on `127.0.0.1:port` for at most `max`.
     pub(super) fn start(port: u16, clients: usize, think_ratio: f64, max: Duration) -> Self {
+        Self::start_shaped(port, clients, think_ratio, max, CALM)
+    }
+
+    /// [`Background::start`] with requests of `shape`.
+    pub(super) fn start_shaped(
+        port: u16,
+        clients: usize,
+        think_ratio: f64,
+        max: Duration,
+        shape: Shape,
+    ) -> Self {
+        let shape = Arc::new(shape);
         let stop = Arc::new(AtomicBool::new(false));
         let answered = Arc::new(AtomicU64::new(0));
         let service_us = Arc::new(AtomicU64::new(0));
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let threads = (0..clients)
             .map(|c| {
-                let (stop, answered, service_us) =
-                    (stop.clone(), answered.clone(), service_us.clone());
+                let (stop, answered, service_us, shape) = (
+                    stop.clone(),
+                    answered.clone(),
+                    service_us.clone(),
+                    shape.clone(),
+                );
                 std::thread::spawn(move || {
                     let mut rng = XorShift(0x9E37_79B9_7F4A_7C15 ^ ((c as u64 + 1) * 0x1000_0001));
                     let (start, mut n, mut mean_s) = (Instant::now(), 0usize, 1.0f64);
                     while !stop.load(Ordering::Relaxed) && start.elapsed() < max {
                         n += 1;
-                        let req = body(c, n, rng.between(8, 160), rng.between(8, 48));
+                        let words = rng.between(shape.words.0, shape.words.1);
+                        let tokens = rng.between(shape.tokens.0, shape.tokens.1);
+                        let req = body(c, n, words, tokens);
+                        let session = shape.hot.as_ref().map(|hot| {
+                            if hot.load(Ordering::Relaxed) {
+                                "X-Session-ID: tenant-hot\r\n".to_owned()
+                            } else {
+                                format!("X-Session-ID: session-{c}-{n}\r\n")
+                            }
+                        });
                         let t = Instant::now();
-                        if send(addr, &req) {
+                        if send(addr, &req, session.as_deref().unwrap_or("")) {
                             let s = t.elapsed().as_secs_f64();
                             mean_s = if n == 1 { s } else { 0.9 * mean_s + 0.1 * s };
                             answered.fetch_add(1, Ordering::Relaxed);
                             service_us.fetch_add((s * 1e6) as u64, Ordering::Relaxed);
                         }
-                        let pause =
-                            Duration::from_secs_f64(rng.exp(think_ratio * mean_s).min(30.0));
+                        let mean_pause = shape.think_s.unwrap_or(think_ratio * mean_s);
+                        let pause = Duration::from_secs_f64(rng.exp(mean_pause).min(30.0));
                         let until = Instant::now() + pause;
                         while Instant::now() < until && !stop.load(Ordering::Relaxed) {
                             std::thread::sleep(Duration::from_millis(50));
@@ -120,15 +167,15 @@ impl Background {
     }
 }
 
-/// One request, read to its end; true when answered 200.
-fn send(addr: SocketAddr, body: &str) -> bool {
+/// One request with `headers` (each ending in CRLF), read to its end; true when answered 200.
+fn send(addr: SocketAddr, body: &str, headers: &str) -> bool {
     let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
         std::thread::sleep(Duration::from_millis(200));
         return false;
     };
     let _ = s.set_read_timeout(Some(Duration::from_secs(60)));
     let req = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\n{headers}Content-Length: {}\r\n\r\n{body}",
         body.len()
     );
     if s.write_all(req.as_bytes()).is_err() {

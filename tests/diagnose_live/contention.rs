@@ -902,9 +902,10 @@ fn calm_through(name: &str, (url, target): (&str, &str), secs: u64) -> (usize, u
         if confirmed && !was {
             confirmations += 1;
             eprintln!(
-                "{name}: root_confirmed at +{:.0} s: {}",
+                "{name}: root_confirmed at +{:.0} s: {}\n{:#}",
                 t.elapsed().as_secs_f64(),
-                v["targets"][0]["summary"]
+                v["targets"][0]["summary"],
+                v["targets"][0]
             );
         }
         was = confirmed;

@@ -43,6 +43,11 @@ impl Drop for Router {
 /// vllm-router (round robin) in front of `workers`, its page on its own port; waits until it
 /// routes a model list (at most 60 s). Returns it, its port and its page's port.
 fn start_router(workers: &[String], log: &Path) -> (Router, u16, u16) {
+    start_router_with(workers, "round_robin", log)
+}
+
+/// [`start_router`] with load balancing `policy`.
+fn start_router_with(workers: &[String], policy: &str, log: &Path) -> (Router, u16, u16) {
     let bin = workspace_root().join(".venv-serving/bin/vllm-router");
     assert!(
         bin.is_file(),
@@ -52,7 +57,7 @@ fn start_router(workers: &[String], log: &Path) -> (Router, u16, u16) {
     let (port, prom) = (free_port(), free_port());
     let log = std::fs::File::create(log).unwrap();
     let router = Router(
-        lmperf_e2e::peers::vllm_router_command(&bin, (port, prom), workers, "round_robin", log)
+        lmperf_e2e::peers::vllm_router_command(&bin, (port, prom), workers, policy, log)
             .spawn()
             .unwrap(),
     );
@@ -79,8 +84,13 @@ fn start_router(workers: &[String], log: &Path) -> (Router, u16, u16) {
 /// The router target's settings: its page, scraped each second; direct canaries to each of
 /// its workers every 2 s.
 fn router_target(prom: u16) -> String {
+    router_target_every(prom, 1)
+}
+
+/// [`router_target`] with the page scraped every `scrape_s` seconds.
+fn router_target_every(prom: u16, scrape_s: u32) -> String {
     format!(
-        "kind = \"router\"\nmetrics_url = \"http://127.0.0.1:{prom}/metrics\"\nmetrics_interval = \"1s\"\nworker_probes = false\ndirect_interval = \"2s\"\n"
+        "kind = \"router\"\nmetrics_url = \"http://127.0.0.1:{prom}/metrics\"\nmetrics_interval = \"{scrape_s}s\"\nworker_probes = false\ndirect_interval = \"2s\"\n"
     )
 }
 
@@ -228,6 +238,72 @@ fn live_worker_killed_behind_vllm_router() {
         confirmed.is_none(),
         "a fault the router absorbed was paged: {confirmed:?}"
     );
+}
+
+/// vllm-router's `consistent_hash` policy with background traffic (6 clients, short requests
+/// with a mean 4 s pause between, each with a new `X-Session-ID`: spread over both workers,
+/// about 1.3 requests/s), then every client's requests under one session key: all on the
+/// worker it hashes to, the other idle but for the canaries (each with its own request id).
+/// Seen with clients that paused in proportion to their service time: both workers already
+/// saturated before the onset (1.3 s a request), the canaries' TTFT p99 1.5 → 1.9 s (no
+/// symptom) though the picks went 1.16 → 1.63 × the fair share.
+#[test]
+fn live_session_pinning_behind_vllm_router() {
+    if !super::super::enabled() {
+        return;
+    }
+    let _serial = lmperf_e2e::serial::lock_blocking();
+    let (w1, w2) = (model_server(), model_server());
+    let dir = lmperf_e2e::temp::dir("diag-session-pinning");
+    let (router, port, prom) = start_router_with(
+        &[w1.url(), w2.url()],
+        "consistent_hash",
+        &dir.join("router.log"),
+    );
+    let hot = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let shape = super::super::background::Shape {
+        words: (6, 30),
+        tokens: (4, 12),
+        hot: Some(hot.clone()),
+        think_s: Some(4.0),
+    };
+    let background = super::super::background::Background::start_shaped(
+        port,
+        6,
+        1.0,
+        Duration::from_secs(600),
+        shape,
+    );
+    let spec = Spec {
+        name: "live-routing_imbalance-vllm-router-one-session-1".into(),
+        cause: "routing_imbalance",
+        second: None,
+        magnitude: "6 background clients' requests from a new X-Session-ID each to one for all (consistent_hash)".into(),
+        notes: format!(
+            "{NOTES}; the router's policy consistent_hash, its page scraped every 5 s (10 picks or more an interval); 6 background clients (6-30 words, 4-12 tokens, exponential pauses of mean 4 s), each request with a new X-Session-ID; from the onset all with X-Session-ID tenant-hot"
+        ),
+    };
+    let url = format!("http://127.0.0.1:{port}");
+    let out = run_with(
+        &spec,
+        (&url, &router_target_every(prom, 5)),
+        cgroup::CgroupDirs::default(),
+        None,
+        || hot.store(true, std::sync::atomic::Ordering::Relaxed),
+        |p| p.iter().any(|(_, t)| confirms(t, "routing_imbalance")),
+    );
+    let (answered, mean_s) = background.answered();
+    drop(background);
+    drop(router);
+    println!("  background: {answered} requests answered, {mean_s:.2} s each");
+    print_last(&out);
+    let hit = report(&spec, &out, "routing_imbalance", |t| {
+        confirms(t, "routing_imbalance")
+    });
+    let (at, t) = hit.expect("routing_imbalance not confirmed");
+    assert!(*at <= 60.0, "routing_imbalance after {at:.0} s (> 60 s)");
+    let ev = evidence_line(t, "routing_imbalance");
+    assert!(ev.contains("pick_imbalance"), "{ev}");
 }
 
 /// A calm run through vllm-router in front of two real servers: never diagnosed.

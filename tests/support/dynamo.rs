@@ -23,6 +23,8 @@ use crate::temp;
 pub struct Frontend {
     pub url: String,
     pub dir: PathBuf,
+    /// The frontend process's pid (its CPU quota is an episode's fault).
+    pub pid: u32,
 }
 
 /// One test's model on the shared frontend: its mocker processes, in namespace `name`, serving
@@ -127,16 +129,17 @@ pub fn start_frontend(v: &Path) -> Frontend {
             ],
             &log,
         );
-        let _ = tx.send(());
+        let _ = tx.send(child.id());
         let _held = child;
         loop {
             std::thread::park();
         }
     });
-    let _ = rx.recv();
+    let pid = rx.recv().unwrap_or_default();
     Frontend {
         url: format!("http://127.0.0.1:{port}"),
         dir,
+        pid,
     }
 }
 
@@ -163,6 +166,27 @@ pub fn start(name: &str, mockers: &[(&str, u32)]) -> Option<Dynamo> {
 }
 
 impl Dynamo {
+    /// Stops mocker process `i` as Kubernetes stops a pod: SIGTERM (Dynamo's worker then
+    /// leaves the discovery and drains), SIGKILL after `grace` if it has not exited.
+    pub fn stop_gracefully(&mut self, i: usize, grace: Duration) {
+        let Some(child) = self.children.get_mut(i) else {
+            return;
+        };
+        if let Ok(pid) = i32::try_from(child.id()) {
+            // SAFETY: kill(2) on our own child's pid; no memory is touched.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
     /// Starts one more mocker process (`mode`, `workers` of them) logging to `mocker<N>.log`;
     /// returns its index in `children`.
     pub fn add_mocker(&mut self, mode: &str, workers: u32) -> usize {

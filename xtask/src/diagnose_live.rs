@@ -7,18 +7,21 @@
 //! the top three); and the serving path's (`tests/diagnose_live/serving_path.rs`: vllm-router
 //! in front of two real servers): `router_quota` (the router's quota cut to 1 % of a core →
 //! `router_overhead`), `worker_quota` (one worker's cut to 20 % → `worker_out_of_rotation` on
-//! it), `worker_killed` (one worker killed); and on the real Dynamo
-//! (`tests/diagnose_live/dynamo.rs`): `pd_kv_transfer` (the decode mocker replaced by one with
-//! a 10 × slower KV link → `kv_transfer`), `agg_slow_worker` (one of two mockers replaced by
-//! one 33 × slower → `worker_out_of_rotation` on it). Prints per episode the first `root_confirmed`, the expected cause's time from
-//! the injection, its evidence and the top three. `--record` writes each episode into
+//! it), `worker_killed` (one worker killed), `session_pinning` (`consistent_hash`, background
+//! clients' requests from one session key each to one for all → `routing_imbalance`); and on
+//! the real Dynamo (`tests/diagnose_live/dynamo.rs`): `pd_kv_transfer` (the P/D pair replaced
+//! by one with a 10 × slower KV link → `kv_transfer`), `agg_slow_worker` (one of two mockers
+//! replaced by one 33 × slower → `worker_out_of_rotation` on it), `frontend_quota` (the
+//! frontend's quota cut to 1 % of a core → `router_overhead`). Prints per episode the first
+//! `root_confirmed`, the expected cause's time from the injection, its evidence and the top
+//! three. `--record` writes each episode into
 //! `tests/fixtures/episodes/` for `cargo xtask diagnose-eval`. Needs root and cgroup v1 for the
 //! cgroup episodes (it restores what it changed).
 
 use anyhow::{Result, bail};
 
 /// Episode name → the test that runs it.
-const EPISODES: [(&str, &str); 9] = [
+const EPISODES: [(&str, &str); 11] = [
     ("cpu_quota", "live_cpu_quota_on_llamacpp"),
     ("cpu_hog", "live_cpu_hog_on_llamacpp"),
     ("memory_limit", "live_memory_limit_on_llamacpp"),
@@ -36,10 +39,15 @@ const EPISODES: [(&str, &str); 9] = [
         "serving_path::live_worker_killed_behind_vllm_router",
     ),
     (
+        "session_pinning",
+        "serving_path::live_session_pinning_behind_vllm_router",
+    ),
+    (
         "pd_kv_transfer",
         "dynamo::live_dynamo_pd_slower_kv_transfer",
     ),
     ("agg_slow_worker", "dynamo::live_dynamo_agg_slow_worker"),
+    ("frontend_quota", "dynamo::live_dynamo_frontend_quota"),
 ];
 
 pub fn run(args: &[String]) -> Result<()> {

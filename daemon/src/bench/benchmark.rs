@@ -334,6 +334,7 @@ pub(crate) fn row(
             .zip(r.ttft)
             .and_then(|(s, t)| s.outside_ms(ms(t))),
         server_kv_hit_rate: r.server_timing.and_then(|t| t.kv_hit_rate),
+        server_kv_transfer_ms: r.server_timing.and_then(|t| t.kv_transfer_estimate).map(ms),
         ..split_fields(r)
     }
 }

@@ -143,6 +143,11 @@ pub struct RequestRow {
     /// Dynamo: the prompt's KV blocks the router found cached ÷ its blocks (0..1).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_kv_hit_rate: Option<f64>,
+    /// Dynamo under prefill/decode disaggregation: the router's estimate of the prompt's KV
+    /// transfer, ms (`kv_transfer_estimated_latency_ms`; part of
+    /// `ttft_transfer_and_first_decode_ms`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_kv_transfer_ms: Option<f64>,
     /// `--prefix-groups`: the request's group (0-based).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefix_group: Option<u32>,

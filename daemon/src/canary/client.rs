@@ -121,6 +121,22 @@ pub fn request_body(req: &CanaryRequest<'_>) -> serde_json::Value {
     body
 }
 
+/// The request's `X-Request-ID`: its trace and span ids (`TRACE-SPAN`, from its W3C
+/// `traceparent`), unique per request. A server that logs request ids (vLLM with
+/// `--enable-request-id-headers`, gateways) then logs the canary's trace; a router that hashes
+/// a session key to pick a worker reads it when no session or user id is sent (vllm-router's
+/// `consistent_hash`: `X-Session-ID`, `X-User-ID`, `X-Tenant-ID`, then `X-Request-ID`), so the
+/// canaries spread over its workers as independent requests do, instead of all hashing to the
+/// worker of one body (seen on 0.1.17: every request without a key to one worker). `None` for
+/// a `traceparent` not of four fields.
+fn request_id(traceparent: &str) -> Option<String> {
+    let fields: Vec<&str> = traceparent.split('-').collect();
+    match fields.as_slice() {
+        [_, trace, span, _] => Some(format!("{trace}-{span}")),
+        _ => None,
+    }
+}
+
 fn headers(target: &TargetConfig, traceparent: &str) -> Result<HeaderMap, String> {
     let mut h = HeaderMap::new();
     h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -129,6 +145,12 @@ fn headers(target: &TargetConfig, traceparent: &str) -> Result<HeaderMap, String
         "traceparent",
         HeaderValue::from_str(traceparent).map_err(|e| format!("traceparent: {e}"))?,
     );
+    if let Some(id) = request_id(traceparent) {
+        h.insert(
+            "x-request-id",
+            HeaderValue::from_str(&id).map_err(|e| format!("x-request-id: {e}"))?,
+        );
+    }
     if let Some(key) = &target.api_key {
         let mut v = HeaderValue::from_str(&format!("Bearer {}", key.expose()))
             .map_err(|_| "the API key holds characters not allowed in a header".to_owned())?;
@@ -734,6 +756,17 @@ pub async fn discover_model(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each request's id is its trace and span: unique, and findable by its trace id.
+    #[test]
+    fn the_request_id_is_the_trace_and_span() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert_eq!(
+            request_id(tp).as_deref(),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7")
+        );
+        assert_eq!(request_id("garbage"), None);
+    }
 
     /// A router is asked for the worker and its timing once, beside whatever `nvext` the body
     /// has.

@@ -523,7 +523,11 @@ impl TargetRunner {
         let ttft_ms = r.ttft.map(|d| d.as_secs_f64() * 1e3);
         let end = m.wall_start + r.e2e;
         let at = unix_s(end);
-        let answered = if error.is_none() { ttft_ms } else { None };
+        let answered = if error.is_none() {
+            crate::status::workers::own_ttft_ms(r.ttft, r.server_timing.as_ref())
+        } else {
+            None
+        };
         let (t, apart) = match p.set.lock() {
             Ok(mut s) => {
                 let t = s.probe_done(pin, ttft_ms, error, refused);

@@ -144,6 +144,23 @@ pub struct WorkerSet {
     workers: BTreeMap<u64, Entry>,
 }
 
+/// A pinned probe's TTFT as its worker's own, ms: the client's TTFT less the KV transfer the
+/// router estimated for it (Dynamo's `kv_transfer_estimated_latency_ms`, disaggregated
+/// requests only; never below 0). The link between a prefill and a decode worker is
+/// `kv_transfer`'s to name, from the routed canaries' TTFT split: a worker whose link alone got
+/// slower is not apart from the others in its own work (seen live on Dynamo 1.6.1: a rolling
+/// restart to a 10 × slower link made the new prefill worker's probes 6 × the old one's, nearly
+/// all of it transfer). `None` without a TTFT.
+pub fn own_ttft_ms(
+    ttft: Option<std::time::Duration>,
+    timing: Option<&lmperf_measure::server_timing::ServerTiming>,
+) -> Option<f64> {
+    let transfer = timing
+        .and_then(|t| t.kv_transfer_estimate)
+        .unwrap_or_default();
+    ttft.map(|t| t.saturating_sub(transfer).as_secs_f64() * 1e3)
+}
+
 fn role_of_type(worker_type: Option<&str>) -> &'static str {
     match worker_type {
         Some("prefill") => "prefill",
@@ -501,6 +518,28 @@ mod tests {
             (v.state, v.probes, v.probes_ok),
             (WorkerState::Present, 4, 1)
         );
+    }
+
+    /// A probe's own TTFT leaves out the router's KV transfer estimate, and only it.
+    #[test]
+    fn own_ttft_leaves_out_the_kv_transfer() {
+        use lmperf_measure::server_timing::{ServerTiming, TimingSource};
+        use std::time::Duration;
+        let ms = Duration::from_millis;
+        let timing = |transfer: Option<Duration>| ServerTiming {
+            ttft: Some(ms(8)),
+            queue: Some(ms(1)),
+            prefill: Some(ms(5)),
+            kv_transfer_estimate: transfer,
+            ..ServerTiming::said_by(TimingSource::DynamoTiming)
+        };
+        let own = |t: Option<Duration>, x: Option<Duration>| own_ttft_ms(t, Some(&timing(x)));
+        assert_eq!(own(Some(ms(74)), Some(ms(65))), Some(9.0));
+        assert_eq!(own(Some(ms(74)), None), Some(74.0));
+        assert_eq!(own_ttft_ms(Some(ms(74)), None), Some(74.0));
+        // An estimate above the client's TTFT: 0, never negative.
+        assert_eq!(own(Some(ms(40)), Some(ms(65))), Some(0.0));
+        assert_eq!(own(None, Some(ms(65))), None);
     }
 
     /// Three decode workers and two prefill workers: decode worker 3 answers its probes at

@@ -271,6 +271,7 @@ impl TargetSet {
             .profilers
             .set(&t.name, t.profiling.as_ref(), &t.base_url);
         s.diagnosis.set_k8s(&t.name, t.k8s.clone());
+        s.diagnosis.set_address(&t.name, Some(&t.base_url));
         s.runners.push(Arc::new(runner.clone()));
         let stop = Shutdown {
             stop: s.shutdown.stop.child_token(),
@@ -343,6 +344,7 @@ impl TargetSet {
         s.diagnosis.remove_target(name);
         s.diagnosis.profilers.remove(name);
         s.diagnosis.set_k8s(name, None);
+        s.diagnosis.set_address(name, None);
     }
 
     /// Stops `r`'s scraper and schedule; its canaries in flight get `drain`, then are cancelled.

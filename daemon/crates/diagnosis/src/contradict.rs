@@ -18,6 +18,8 @@
 //!   ([`workers_slowed`]); when one worker answered its direct canaries at twice the others'
 //!   time or failed them, the routed canaries it serves make the difference
 //!   ([`one_worker_apart`]).
+//! - `long_prompts` is more prompt tokens per request: when every measure of the prompts'
+//!   length held, it is contradicted ([`prompts_held`]).
 //! - `prefill_saturation` and `decode_saturation` are one pool short of capacity: when the
 //!   other pool's load rose as well, more work came to both or both got slower
 //!   ([`other_pool_rose`]).
@@ -226,6 +228,7 @@ pub fn contradiction(cause: Cause, store: &EvidenceStore, onset: u32, now: u32) 
         Cause::RouterOverhead => {
             workers_slowed(store, onset, now).or_else(|| one_worker_apart(store, onset, now))
         }
+        Cause::LongPrompts => prompts_held(store, onset, now),
         Cause::PrefillSaturation => other_pool_rose(store, Signal::DecodePoolLoad, onset, now),
         Cause::DecodeSaturation => other_pool_rose(store, Signal::PrefillPoolLoad, onset, now),
         _ => None,
@@ -242,6 +245,42 @@ fn rose(store: &EvidenceStore, s: Signal, onset: u32, now: u32) -> Option<(f64, 
     let before = median_in(onset.saturating_sub(300), onset)?;
     let after = median_in(onset, now.saturating_add(1))?;
     (after >= 1.2 * before && after - before >= s.floor()).then_some((before, after))
+}
+
+/// What measures how long the prompts are: the canaries' own input tokens, the server's
+/// prompt tokens per generated token and per second.
+const PROMPT_LENGTH: [Signal; 3] = [
+    Signal::InputTokens,
+    Signal::ServerPromptRatio,
+    Signal::ServerPromptTokensRate,
+];
+
+/// `long_prompts` against the prompts' length: when every measure of it the target has
+/// ([`PROMPT_LENGTH`], at least one sampled since the onset) held, the prefill got slower, not
+/// the prompts longer (a slower prefill alone is the server's, or its front end's: a
+/// CPU-starved Dynamo frontend times its own wait as `prefill_time_ms`, seen on 1.6.1 at 3 ms →
+/// 2.3 s). `None` when one rose or none is measured (then the prefill time cannot tell).
+fn prompts_held(store: &EvidenceStore, onset: u32, now: u32) -> Option<String> {
+    let measured: Vec<Signal> = PROMPT_LENGTH
+        .into_iter()
+        .filter(|&s| {
+            store
+                .series(s)
+                .is_some_and(|x| x.range(onset, now.saturating_add(1)).next().is_some())
+        })
+        .collect();
+    if measured.is_empty()
+        || measured
+            .iter()
+            .any(|&s| rose(store, s, onset, now).is_some())
+    {
+        return None;
+    }
+    let names: Vec<&str> = measured.iter().map(|s| s.words()).collect();
+    Some(format!(
+        "the prompts are no longer ({} held): the prefill got slower, not the prompts longer",
+        names.join(", ")
+    ))
 }
 
 /// A pool's saturation against the other pool: when its load rose as well, more work came

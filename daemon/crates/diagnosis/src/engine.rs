@@ -486,6 +486,9 @@ const GRAPH: &[(Cause, Cause)] = &[
     (Cause::MemoryPressure, Cause::ErrorBurst),
     // A router that holds requests shows its own queue (a frontend's waiting requests).
     (Cause::RouterOverhead, Cause::ServerQueueing),
+    // More requests than the workers serve wait in the router's queue (Dynamo's frontend holds
+    // them before dispatch): the router's time rose because the load did.
+    (Cause::LoadSurge, Cause::RouterOverhead),
     // The requests one worker alone gets wait in its queue.
     (Cause::RoutingImbalance, Cause::ServerQueueing),
     // A worker out of rotation is the more specific imbalance (two workers: one gets all).

@@ -60,10 +60,17 @@ pub fn server_timing_signals(r: &lmperf_measure::RequestRecord) -> Vec<(Signal, 
         let n = t.decoded_tokens.filter(|n| *n > 1)?;
         Some(t.decode? / u32::try_from(n - 1).ok()?)
     });
-    let gap = r
+    // Behind Dynamo, whose `ttft_ms` ends before the KV transfer, what lies outside the
+    // server is the split's `frontend` segment: the transfer is `kv_transfer`'s (seen on 1.6.1:
+    // a 10 × slower link read as the network).
+    let split = r
         .ttft
-        .and_then(|c| t.client_minus_server_ttft_ms(c))
-        .map(|ms| ms / 1e3);
+        .and_then(|c| lmperf_measure::server_timing::TtftSplit::of(c, t));
+    let gap = match split {
+        Some(s) => Some(s.frontend_ms),
+        None => r.ttft.and_then(|c| t.client_minus_server_ttft_ms(c)),
+    }
+    .map(|ms| ms / 1e3);
     [
         (Signal::ServerTtft, t.ttft.map(|d| d.as_secs_f64())),
         (Signal::ServerQueueTime, t.queue.map(|d| d.as_secs_f64())),
@@ -74,6 +81,7 @@ pub fn server_timing_signals(r: &lmperf_measure::RequestRecord) -> Vec<(Signal, 
         (Signal::ServerDecodeTime, per_token.map(|d| d.as_secs_f64())),
         (Signal::ClientServerTtftGap, gap),
         (Signal::KvTransfer, kv_transfer_s(r, t)),
+        (Signal::PathOverhead, before_dispatch_s(r, t)),
     ]
     .into_iter()
     .filter_map(|(s, v)| v.map(|v| (s, v)))
@@ -90,6 +98,21 @@ fn kv_transfer_s(
     t.kv_transfer_estimate?;
     let split = lmperf_measure::server_timing::TtftSplit::of(r.ttft?, t)?;
     Some(split.transfer_and_first_decode_ms / 1e3)
+}
+
+/// A request's time in Dynamo's frontend before a worker got it, s: the `frontend` and
+/// `router_queue` segments of its TTFT split (HTTP, tokenizer, the router's decision and
+/// queue: Dynamo's `prefill_wait_time_ms`, and what its clock did not see). Its workers speak
+/// Dynamo's request plane, never HTTP, so no direct canary can be subtracted: this is the
+/// router's own time there. Measured on 1.6.1 with the frontend's CFS quota cut to 1 % of a
+/// core: `prefill_wait_time_ms` 0.8 → 0.7–196 ms (the rest of the wait lands in
+/// `prefill_time_ms`, which the worker's time shares). `None` without a split (not Dynamo's).
+fn before_dispatch_s(
+    r: &lmperf_measure::RequestRecord,
+    t: &lmperf_measure::server_timing::ServerTiming,
+) -> Option<f64> {
+    let split = lmperf_measure::server_timing::TtftSplit::of(r.ttft?, t)?;
+    Some((split.frontend_ms + split.router_queue_ms) / 1e3)
 }
 
 /// The scrape's figures that a target's per-request server timing replaces: where its
@@ -202,13 +225,19 @@ pub fn starved(picks: &[lmperf_server_page::router_picks::RouterPick]) -> Option
 /// or less moves a share by a tenth or more.
 pub const MIN_PICKS: f64 = 10.0;
 
+/// Picks per pickable worker an interval must hold besides [`MIN_PICKS`]: with fewer, the
+/// most-picked of many workers is far above its fair share by chance alone (16 picks over
+/// 10 workers: one with 3 is 1.9 ×).
+pub const MIN_PICKS_PER_WORKER: f64 = 5.0;
+
 /// The most-picked pickable worker's share of an interval's picks ÷ its fair share
 /// ([`Signal::PickImbalance`]); `None` without pick counts, with fewer than [`MIN_PICKS`]
-/// picks, or with fewer than 2 workers to pick from.
+/// picks or [`MIN_PICKS_PER_WORKER`] per pickable worker, or with fewer than 2 workers to
+/// pick from.
 pub fn pick_imbalance(picks: &[lmperf_server_page::router_picks::RouterPick]) -> Option<f64> {
     let total: f64 = picks.iter().filter_map(|p| p.picks).sum();
     let pickable = picks.iter().filter(|p| p.fair_share > 0.0).count();
-    if total < MIN_PICKS || pickable < 2 {
+    if total < MIN_PICKS.max(MIN_PICKS_PER_WORKER * pickable as f64) || pickable < 2 {
         return None;
     }
     picks
@@ -263,6 +292,23 @@ mod tests {
         ];
         assert_eq!(pick_imbalance(&few), None);
         assert_eq!(most_picked(&few), None);
+        // 16 picks over 10 workers: 1.6 each, too few to weigh one against its fair share;
+        // 60 are enough.
+        let many = |total: f64| -> Vec<RouterPick> {
+            (0..10)
+                .map(|k| {
+                    pick(
+                        &format!("http://w{k}:8000"),
+                        if k == 0 { 3.0 } else { (total - 3.0) / 9.0 },
+                        total,
+                        0.1,
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(pick_imbalance(&many(16.0)), None);
+        let x = pick_imbalance(&many(60.0)).unwrap_or_default();
+        assert!((x - 57.0 / 9.0 / 60.0 / 0.1).abs() < 1e-9, "{x}");
         // w4 is pickable and got none of the 40; the dead worker is out by the router's word.
         assert_eq!(starved(&four), Some(vec!["http://w4:8000"]));
         assert_eq!(starved(&even), Some(vec![]));

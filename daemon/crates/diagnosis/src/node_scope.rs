@@ -461,6 +461,7 @@ mod tests {
             node: None,
             worker: None,
             pool: None,
+            worker_pod: None,
             profile: None,
         };
         let mut b = a.clone();

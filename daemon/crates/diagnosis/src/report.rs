@@ -270,6 +270,10 @@ pub struct TargetDiagnosis {
     /// names it (its URL).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker: Option<String>,
+    /// That worker's pod (`namespace/pod`), where the agent discovered a model server at the
+    /// worker's address (a pod on its node): filled by the agent, not the engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_pod: Option<String>,
     /// A disaggregated router target's pool the top cause is on (`scope: pool`): `prefill`
     /// (`prefill_saturation`) or `decode` (`decode_saturation`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -579,6 +583,7 @@ impl TargetDiagnosis {
             node: None,
             worker: None,
             pool: None,
+            worker_pod: None,
             profile: None,
         }
     }
@@ -717,6 +722,7 @@ mod tests {
             node: None,
             worker: None,
             pool: None,
+            worker_pod: None,
             profile: None,
         };
         assert_eq!(

@@ -45,9 +45,10 @@ pub fn rule(
                 Signal::PathOverhead.floor() * 1e3
             ))
         }
-        // One worker gets at least twice its fair share of the picks (with two workers: all
-        // of them), from a spread within half of it.
-        Signal::PickImbalance if after >= 2.0 && before <= 1.5 => Some(format!(
+        // One worker gets at least half again its fair share of the picks (with two workers:
+        // three quarters of them; twice the fair share is all of them, which the requests a
+        // hash still spreads never reach), from a spread within a quarter of it.
+        Signal::PickImbalance if after >= 1.5 && before <= 1.25 => Some(format!(
             "the most-picked worker got {:.1} × its fair share of the router's picks (from {:.1} ×): the router sends it the others' requests{}",
             after,
             before,

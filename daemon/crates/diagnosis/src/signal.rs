@@ -125,7 +125,9 @@ pub enum Signal {
     /// A routed canary's TTFT minus the TTFT p50 of the direct canaries to the router's
     /// workers over the last minute (`lmperf.path.overhead_ms`), s: the time the router adds
     /// (its queue, its CPU, its flow control, the extra hop). A slower worker slows the direct
-    /// canaries as much, so it holds while the workers are fine.
+    /// canaries as much, so it holds while the workers are fine. Behind NVIDIA Dynamo (whose
+    /// workers take no direct canary): the routed canary's time in the frontend before a
+    /// worker got it, its TTFT split's `frontend` + `router_queue` segments.
     PathOverhead,
     /// The TTFT of a direct canary to one of a router's workers, s: whether the workers
     /// slowed (then a routed − direct difference that rose lags the direct window: not the

@@ -1271,11 +1271,24 @@ fn picks_second(e: &mut Engine, s: u32, at: &dyn Fn(f64) -> SystemTime, ratio: f
             at(f64::from(s) + 0.2),
             ratio * wobble,
         );
-        if ratio >= 2.0 {
+        if ratio >= 1.5 {
             let words = "http://w1:8000 (75 % of 40 picks, fair share 25 %)";
             e.note("t", Signal::PickImbalance, at(f64::from(s) + 0.2), words);
         }
     }
+}
+
+/// One of two workers gets 85 % of the picks (1.7 × its fair share: the canaries, each with
+/// its own request id, still spread): `routing_imbalance` on it.
+#[test]
+fn one_of_two_workers_getting_most_picks_is_routing_imbalance() {
+    let (after, t) = canary_episode((0.100, 0.010, 1.1), (0.300, 0.014, 1.7), picks_second);
+    assert_eq!(t.state, State::RootConfirmed, "{t:#?}");
+    assert!(after <= 60, "confirmed {after} s after the fault");
+    assert_eq!(t.causes[0].cause, Cause::RoutingImbalance, "{t:#?}");
+    let e = ev(&t, Cause::RoutingImbalance, Signal::PickImbalance);
+    assert!((e.after - 1.7).abs() < 0.15, "{e:?}");
+    assert_eq!(t.worker.as_deref(), Some("http://w1:8000"));
 }
 
 /// One session key under consistent hashing: the router sends one of four workers 3 × its

@@ -83,6 +83,23 @@ pub struct ServerTiming {
 }
 
 impl ServerTiming {
+    /// A timing from `source` that says nothing yet (every figure `None`), to fill in.
+    pub fn said_by(source: TimingSource) -> Self {
+        ServerTiming {
+            source,
+            ttft: None,
+            queue: None,
+            prefill: None,
+            decode: None,
+            mean_itl: None,
+            prompt_tokens_computed: None,
+            decoded_tokens: None,
+            kv_hit_rate: None,
+            router_queue_depth: None,
+            kv_transfer_estimate: None,
+        }
+    }
+
     /// Client TTFT minus the server's, in milliseconds (signed): the network, the client and
     /// the server's HTTP front end (tokenization, routing). `None` without a server TTFT.
     pub fn client_minus_server_ttft_ms(&self, client_ttft: Duration) -> Option<f64> {
