@@ -1141,3 +1141,102 @@ async fn run_exports_spans_and_metrics_over_otlp() {
         "one duration point per request"
     );
 }
+
+/// Issue 54: a server that fails 1 request in 10 with vLLM's CUDA out-of-memory error body
+/// (`{"object": "error", "type": "InternalServerError", "message": "CUDA out of memory. …"}`,
+/// 500): `error_rate` and `oom_rate` 0.1 in `summary.json`, its CSV, the report's table and
+/// `compare`; `--fail-on oom_rate>0` exits 3, the result line says it.
+#[test]
+fn out_of_memory_failures_are_counted_and_gated() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let completions = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let served = completions.clone();
+    let server = rt.block_on(ScriptedServer::start(Arc::new(move |req, _| {
+        if req.path != "/v1/completions" {
+            return Reply::json(404, r#"{"error":{"message":"not found"}}"#);
+        }
+        if served.fetch_add(1, Ordering::Relaxed) % 10 == 9 {
+            return Reply::json(
+                500,
+                r#"{"object":"error","message":"CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which 1.06 GiB is free.","type":"InternalServerError","param":null,"code":500}"#,
+            );
+        }
+        let tok = |ms: u64, fin: &str| Frame {
+            at: Duration::from_millis(ms),
+            bytes: format!("data: {{\"choices\":[{{\"text\":\"a\",\"finish_reason\":{fin}}}]}}\n\n")
+                .into_bytes(),
+        };
+        let mut frames = vec![tok(2, "null"), tok(3, "null"), tok(4, "\"length\"")];
+        frames.push(Frame {
+            at: Duration::from_millis(4),
+            bytes: b"data: [DONE]\n\n".to_vec(),
+        });
+        Reply::sse(frames)
+    })));
+    let dir = temp::dir("oom");
+    let out = Command::new(lmperf_bin())
+        .args(["run", "--target", &server.url(), "--model", "m", "--api"])
+        .args(["completions", "--batch-sizes", "1", "--seq-lengths", "16"])
+        .args(["--num-prompts", "20", "--output-len", "3"])
+        .args(["--fail-on", "oom_rate>0", "--output-dir"])
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    drop(server);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "oom_rate>0 trips: {stderr}");
+    assert!(
+        stderr.contains("error rate 0.100, 2 of them out of memory"),
+        "{stderr}"
+    );
+    let s = json(&dir.join("summary.json"));
+    let b = &s["benchmarks"][0];
+    assert_eq!(b["num_requests"], 20, "{b:#}");
+    assert_eq!(
+        (b["oom"].as_u64(), b["completed"].as_u64()),
+        (Some(2), Some(18))
+    );
+    assert_eq!(b["error_rate"].as_f64(), Some(0.1));
+    assert_eq!(b["oom_rate"].as_f64(), Some(0.1));
+    assert_eq!(s["failed_gates"][0], "oom_rate>0");
+    let csv = std::fs::read_to_string(dir.join("summary.csv")).unwrap();
+    let lines: Vec<&str> = csv.split("\r\n").collect();
+    let header: Vec<&str> = lines[0].split(',').collect();
+    let cells: Vec<&str> = lines[1].split(',').collect();
+    let cell = |name: &str| cells[header.iter().position(|h| *h == name).unwrap()];
+    assert_eq!(
+        (cell("error_rate"), cell("oom"), cell("oom_rate")),
+        ("0.1", "2", "0.1")
+    );
+    let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    assert!(
+        html.contains(r#"data-field="oom_rate" data-unit="ratio" title="0.1""#),
+        "the report's table shows the OOM rate"
+    );
+    assert!(
+        html.contains("2</b> of them for memory"),
+        "the overview says it"
+    );
+    // compare of the run with itself: the OOM rate on both sides, unchanged.
+    let cmp = temp::dir("oom-compare");
+    let (code, text) = compare(&dir, &dir, &cmp, &[]);
+    assert_eq!(code, Some(0), "{text}");
+    let c = json(&cmp.join("compare.json"));
+    let m = c["benchmarks"][0]["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["metric"] == "oom_rate")
+        .cloned()
+        .unwrap_or_else(|| panic!("no oom_rate in {c:#}"));
+    assert_eq!(
+        (m["base"].as_f64(), m["new"].as_f64()),
+        (Some(0.1), Some(0.1))
+    );
+    assert_eq!(m["verdict"], "unchanged");
+}

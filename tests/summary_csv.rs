@@ -47,6 +47,8 @@ fn value_of<'a>(b: &'a Value, col: &str) -> &'a Value {
         ),
         ("images", &["images", "images"]),
         ("image_bytes", &["images", "image_bytes"]),
+        ("vram_peak_used_bytes", &["vram", "peak_used_bytes"]),
+        ("vram_peak_used_pct", &["vram", "peak_used_pct"]),
     ];
     if let Some((_, path)) = nested.iter().find(|(c, _)| *c == col) {
         return path
@@ -101,6 +103,9 @@ async fn csv_cells_equal_the_summary_json_values() {
     for name in [
         "benchmark",
         "completed",
+        "error_rate",
+        "oom_rate",
+        "vram_peak_used_pct",
         "request_throughput",
         "ttft_ms_p99",
         "ttft_ms_p99.9",

@@ -1875,3 +1875,74 @@ fn sent_on_schedule(lateness_ms: &[f64], what: &str) {
         "{what}: sends late by {median:.1} ms (median), {worst:.1} ms (worst): {lateness_ms:?}"
     );
 }
+
+/// Issue 54: a profile asking 20 requests/s of a server that takes 150 ms each, one at a time
+/// (`--batch-sizes 1`, no concurrency in the profile), for 3 s: about 60 due, 20 or fewer
+/// sent, the rest never sent; `summary.json` `offered` says so and the warning names the
+/// concurrency cap. Bounds that hold on a loaded machine: a slower client sends fewer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profile_the_server_cannot_keep_up_with_says_what_was_never_sent() {
+    let srv = ScriptedServer::start(Arc::new(|req, _| {
+        if req.path != "/v1/completions" {
+            return Reply::json(404, r#"{"error":{"message":"not found"}}"#);
+        }
+        let tok = format!(
+            "data: {}\n\ndata: [DONE]\n\n",
+            serde_json::json!({ "choices": [{ "index": 0, "text": "a b c d", "finish_reason": "length" }], "usage": { "prompt_tokens": 8, "completion_tokens": 4 } })
+        );
+        Reply::sse(vec![Frame {
+            at: Duration::from_millis(150),
+            bytes: tok.into_bytes(),
+        }])
+    }))
+    .await;
+    let dir = temp::dir("wl-offered");
+    let file = dir.join("load.yaml");
+    // 80 output tokens/s ÷ 4 per request = 20 req/s.
+    std::fs::write(&file, "profile: too-fast\nprompt_length: {distribution: fixed, value: 8}\ntoken_rate: {mode: constant, target: 80/s}\n").unwrap();
+    let out_dir = dir.join("out");
+    let args: Vec<String> = [
+        "run",
+        "--target",
+        &srv.url(),
+        "--model",
+        "m",
+        "--api",
+        "completions",
+        "--output-len",
+        "4",
+        "--batch-sizes",
+        "1",
+        "--duration",
+        "3s",
+        "--profile",
+        file.to_str().unwrap(),
+        "--output-dir",
+        out_dir.to_str().unwrap(),
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let out = run_cli(args).await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let s: Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
+            .unwrap();
+    let o = &s["benchmarks"][0]["offered"];
+    let n = |k: &str| o[k].as_u64().unwrap_or_else(|| panic!("{k} in {o:#}"));
+    let sent = rows(&out_dir).len() as u64;
+    assert_eq!(n("sent"), sent, "{o:#}");
+    assert_eq!(n("sent") + n("never_sent"), n("due"), "{o:#}");
+    assert!((50..=62).contains(&n("due")), "about 60 due in 3 s: {o:#}");
+    assert!(sent <= 21, "150 ms each, one at a time: {o:#}");
+    assert!(n("never_sent") >= 30, "{o:#}");
+    assert_eq!(o["held_back_by"], "concurrency cap", "{o:#}");
+    assert!(
+        err.contains(&format!(
+            "lmperf run: warning: profile_too-fast: {sent} of {} due requests sent, {} never sent",
+            n("due"),
+            n("never_sent")
+        )) && err.contains("the concurrency cap (1) held them back: raise --batch-sizes"),
+        "{err}"
+    );
+}

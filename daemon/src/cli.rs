@@ -249,16 +249,16 @@ pub struct RunArgs {
     /// the router's own list (GET /list_workers, vllm-router and SGLang's router).
     #[arg(long, value_name = "URL", num_args = 1.., help_heading = "Target")]
     pub direct_workers: Vec<String>,
-    /// Concurrency levels: requests in flight at most, one benchmark each.
-    /// Default: 1, or 4096 with `--trace` (a replay is open loop: the trace's own arrivals
-    /// decide the concurrency, as in `vllm bench serve` without `--max-concurrency`).
-    #[arg(long = "batch-sizes", visible_alias = "concurrency", num_args = 1.., conflicts_with = "max_concurrency", help_heading = "Workload")]
+    /// Concurrency levels: requests in flight at most, one benchmark each (`1 2 4` or
+    /// `1,2,4`). Default: 1, or 4096 with `--trace` (a replay is open loop: the trace's own
+    /// arrivals decide the concurrency, as in `vllm bench serve` without `--max-concurrency`).
+    #[arg(long = "batch-sizes", visible_alias = "concurrency", num_args = 1.., value_delimiter = ',', conflicts_with = "max_concurrency", help_heading = "Workload")]
     pub batch_sizes: Vec<usize>,
     /// One concurrency level (same as a single --batch-sizes value).
     #[arg(long, help_heading = "Workload")]
     pub max_concurrency: Option<usize>,
-    /// Input lengths in tokens, one benchmark each.
-    #[arg(long = "seq-lengths", visible_alias = "input-lengths", num_args = 1.., default_values_t = [128u32], help_heading = "Workload")]
+    /// Input lengths in tokens, one benchmark each (`64 128` or `64,128`).
+    #[arg(long = "seq-lengths", visible_alias = "input-lengths", num_args = 1.., value_delimiter = ',', default_values_t = [128u32], help_heading = "Workload")]
     pub seq_lengths: Vec<u32>,
     /// Output length in tokens (max_tokens; with ignore_eos/min_tokens where the server has them).
     #[arg(long, default_value_t = 128, help_heading = "Workload")]
@@ -289,7 +289,8 @@ pub struct RunArgs {
     /// SLOs for goodput: ttft:MS tpot:MS e2el:MS.
     #[arg(long, num_args = 1.., help_heading = "SLO and capacity")]
     pub goodput: Vec<String>,
-    /// Exit 3 when a gate trips: e.g. ttft_p99_ms>500 e2el_mean_ms>2000 error_rate>0.01;
+    /// Exit 3 when a gate trips: e.g. ttft_p99_ms>500 e2el_mean_ms>2000 error_rate>0.01
+    /// oom_rate>0 (requests the server failed for memory: CUDA out of memory, KV cache full);
     /// with --probe-rate, the same on the probes alone: probe_ttft_p99_ms>300 probe_error_rate>0.
     #[arg(long, num_args = 1.., help_heading = "SLO and capacity")]
     pub fail_on: Vec<String>,
@@ -766,16 +767,16 @@ pub struct AgentArgs {
     #[arg(long, value_parser = ["server", "router"])]
     pub target_kind: Option<String>,
     /// Mean gap between canaries per target, jittered ±10 % (e.g. 5s, 500ms).
-    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "rate")]
+    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "rate", allow_hyphen_values = true)]
     pub interval: Option<Duration>,
-    /// Canaries per second per target (e.g. 2 or 2/s).
-    #[arg(long, value_parser = parse_rate)]
+    /// Canaries per second per target (e.g. 2 or 2/s; above 0).
+    #[arg(long, value_parser = parse_rate, allow_hyphen_values = true)]
     pub rate: Option<f64>,
     /// Arrival process with --rate.
     #[arg(long, value_parser = ["poisson", "constant"], requires = "rate")]
     pub arrival: Option<String>,
-    /// max_tokens of each canary.
-    #[arg(long)]
+    /// max_tokens of each canary (1 to 4096).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096), allow_hyphen_values = true)]
     pub max_tokens: Option<u32>,
     /// Deadline of one canary request (e.g. 60s).
     #[arg(long, value_parser = humantime::parse_duration)]
@@ -818,9 +819,17 @@ fn no_otlp_asked(flag: Option<&str>, env: &dyn crate::config::Env) -> bool {
 /// Parses `2`, `2.5` or `2/s`.
 fn parse_rate(s: &str) -> Result<f64, String> {
     let n = s.strip_suffix("/s").unwrap_or(s);
-    n.trim()
+    let v = n
+        .trim()
         .parse::<f64>()
-        .map_err(|_| format!("expected requests per second such as 2 or 2/s, got {s:?}"))
+        .map_err(|_| format!("expected requests per second such as 2 or 2/s, got {s:?}"))?;
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        Err(format!(
+            "{s:?}: requests per second above 0, such as 2 or 2/s"
+        ))
+    }
 }
 
 impl AgentArgs {
@@ -1062,6 +1071,45 @@ mod tests {
     }
 
     /// `--direct-workers` needs a router target and base URLs; a bad one is named by the flag.
+    /// A negative or zero value is refused by the flag that got it, naming flag, value and
+    /// range (it read "unexpected argument '-5' found", or named the config key).
+    #[test]
+    fn agent_flags_refuse_bad_values_naming_flag_value_and_range() {
+        for (args, flag, words) in [
+            (&["--interval", "-5s"][..], "--interval", "'-5s'"),
+            (&["--rate", "-2/s"][..], "--rate", "above 0"),
+            (&["--rate", "0/s"][..], "--rate", "above 0"),
+            (&["--max-tokens=-1"][..], "--max-tokens", "1..=4096"),
+            (&["--max-tokens", "5000"][..], "--max-tokens", "1..=4096"),
+        ] {
+            let mut all = vec!["lmperf", "agent"];
+            all.extend_from_slice(args);
+            let e = Cli::try_parse_from(all).unwrap_err().to_string();
+            assert!(e.contains(flag) && e.contains(words), "{args:?}: {e}");
+        }
+    }
+
+    /// Lists of numbers take commas as well as spaces (`--batch-sizes 1,2` read "invalid digit
+    /// found in string").
+    #[test]
+    fn run_lists_take_commas_and_spaces() {
+        for args in [
+            &["--batch-sizes", "1,2", "--seq-lengths", "64,128"][..],
+            &["--batch-sizes", "1", "2", "--seq-lengths", "64", "128"][..],
+            &["--batch-sizes", "1,2", "--seq-lengths", "64", "128"][..],
+        ] {
+            let mut all = vec!["lmperf", "run", "--target", "http://127.0.0.1:9"];
+            all.extend_from_slice(&["--output-dir", "/tmp/lmperf-unused"]);
+            all.extend_from_slice(args);
+            match Cli::try_parse_from(all).unwrap().command {
+                super::Command::Run(r) => {
+                    assert_eq!((r.batch_sizes, r.seq_lengths), (vec![1, 2], vec![64, 128]));
+                }
+                _ => unreachable!(),
+            }
+        }
+    }
+
     #[test]
     fn run_direct_workers_are_urls_behind_a_router() {
         struct NoEnv;

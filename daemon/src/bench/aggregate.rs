@@ -33,6 +33,8 @@ pub struct Summarizer {
     errors_by_status: BTreeMap<String, usize>,
     errors_by_status_and_type: BTreeMap<String, BTreeMap<String, usize>>,
     error_messages: BTreeMap<String, String>,
+    /// Failed requests the server failed for memory ([`super::oom`]).
+    oom: usize,
     /// Per repeat: first send, last end (ms).
     spans: BTreeMap<usize, (f64, f64)>,
     total_input_tokens: u64,
@@ -67,6 +69,15 @@ pub struct BenchShape<'a> {
     /// distributions, traces), else the run's `--output-len`.
     pub output_len: Option<u32>,
     pub request_rate: Option<f64>,
+}
+
+/// `part` ÷ `whole`, 0 for none.
+fn share(part: usize, whole: usize) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
 }
 
 impl Summarizer {
@@ -116,6 +127,11 @@ impl Summarizer {
                 .or_insert(0) += 1;
             *self.errors_by_status.entry(status).or_insert(0) += 1;
             *self.errors.entry(error_type).or_insert(0) += 1;
+            self.oom += usize::from(super::oom::out_of_memory(
+                r.error_server_type.as_deref(),
+                r.error_code.as_deref(),
+                r.error_message.as_deref(),
+            ));
             return;
         }
         self.completed += 1;
@@ -202,6 +218,10 @@ impl Summarizer {
             errors_by_status: self.errors_by_status.clone(),
             errors_by_status_and_type: self.errors_by_status_and_type.clone(),
             error_messages: self.error_messages.clone(),
+            error_rate: share(self.num_requests - self.completed, self.num_requests),
+            oom: self.oom,
+            oom_rate: share(self.oom, self.num_requests),
+            offered: None,
             duration_s,
             request_throughput: self.completed as f64 / duration_s,
             output_token_throughput: self.total_output_tokens as f64 / duration_s,

@@ -33,6 +33,8 @@ pub(crate) struct Started {
     /// From the call to that zero: the first items made (prompts calibrated with the
     /// tokenizer, the server's `/tokenize` for `server_*` tokenizers), before any send.
     pub prepare: Duration,
+    /// What the schedule made due against what went out ([`super::offered`]).
+    pub dispatch: super::offered::Dispatch,
 }
 
 /// Makes the first items ([`feed::ItemSource::start`]), then starts the benchmark's clock
@@ -44,6 +46,7 @@ async fn start_clock(items: feed::ItemSource) -> (feed::Feed, Instant, Started) 
     let started = Started {
         t0: SystemTime::now() + Duration::from_millis(10),
         prepare: t0.saturating_duration_since(called),
+        dispatch: Default::default(),
     };
     (feed, t0, started)
 }
@@ -71,11 +74,7 @@ pub(crate) async fn one_benchmark(
     // Every offset 0 (no rate, no trace): each request waits for a slot (closed loop).
     let closed_loop = schedule.closed_loop();
     let (mut feed, t0, started) = start_clock(items).await;
-    let endpoints = traffic::Endpoints::new(
-        &spec.target,
-        &spec.traffic.more_endpoints,
-        spec.traffic.endpoint_policy,
-    );
+    let endpoints = endpoints_of(spec);
     let lora = spec.traffic.lora.clone().map(Arc::new);
     let seed = spec.seed;
     let extra = Arc::new(extra.clone());
@@ -94,19 +93,13 @@ pub(crate) async fn one_benchmark(
     );
     // The dispatcher runs on its own thread: it sleeps until each send (no spinning on the
     // runtime's workers, which do the HTTP), waits for a free slot, and spawns the request.
-    let slots = match spec.workload.ramp {
-        // Measured runs of a concurrency ramp: closed loop, slots follow the ramp.
-        Some(r) if measured && r.over == workload::RampOver::Concurrency => {
-            slots::Slots::ramp(r, t0, spec.duration.map(|d| t0 + d))
-        }
-        _ => slots::Slots::fixed(concurrency),
-    };
+    let slots = slots_of(spec, measured, t0, concurrency);
     // Finished requests' rows, to the collector below (bounded: a full queue holds the
     // requests' tasks, not the dispatcher).
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(usize, Vec<RequestRow>)>(1024);
     // `--probe-rate`: canary probes beside the measured load, until its last request ends.
-    let probes = match spec.traffic.probe_rate {
-        Some(rate) if measured => Some(probe::start(probe::ProbeRun {
+    let probes = spec.traffic.probe_rate.filter(|_| measured).map(|rate| {
+        probe::start(probe::ProbeRun {
             clients: clients.clone(),
             endpoints: endpoints.clone(),
             model: model.clone(),
@@ -115,25 +108,36 @@ pub(crate) async fn one_benchmark(
             rate,
             t0,
             cancel: cancel.clone(),
-        })),
-        _ => None,
-    };
+        })
+    });
     let (handle, clients) = (tokio::runtime::Handle::current(), clients.clone());
+    let late_bound = super::offered::late_bound(closed_loop, spec.request_rate);
     let dispatcher = tokio::task::spawn_blocking(move || {
         crate::canary::schedule::pacer_thread_init();
+        let mut counts = super::offered::Dispatch::default();
+        // `--duration` on the clock: what is still due at its end is never sent.
+        let ended = || measured && max_offset.is_some_and(|d| Instant::now() >= t0 + d);
         for (i, offset) in schedule.enumerate().take(n) {
             if cancel.is_cancelled() || max_offset.is_some_and(|d| offset > d) {
                 break;
             }
-            let scheduled = t0 + offset;
             let Some(item) = feed.next_blocking() else {
                 break;
             };
+            if counts.due_unless_ended(ended()) {
+                continue;
+            }
+            let scheduled = t0 + offset;
             crate::canary::schedule::pace_until(scheduled.into_std());
+            let asked = Instant::now();
             let Some((permit, limit, free_since)) = handle.block_on(slots.acquire_timed()) else {
                 break;
             };
             let dispatched = Instant::now();
+            if counts.unsent_if(ended()) {
+                continue;
+            }
+            counts.sent((scheduled, asked, free_since, dispatched), late_bound);
             // Closed loop: a request is due when its slot became free.
             let scheduled = if closed_loop {
                 scheduled.max(free_since)
@@ -203,14 +207,10 @@ pub(crate) async fn one_benchmark(
             });
         }
         // The dispatcher's sender drops here; the channel closes when every request's has.
+        counts
     });
-    // Rows back in (index, turn) order as they finish; the channel ends with the last request.
-    let mut reorder = rows::Reorder::default();
-    while let Some((i, r)) = rx.recv().await {
-        reorder.push(i, r, on_row);
-    }
-    reorder.finish(on_row);
-    dispatcher
+    collect_rows(&mut rx, on_row).await;
+    let dispatch = dispatcher
         .await
         .map_err(|e| BenchError::Dispatcher(e.to_string()))?;
     // The load has ended: no more probes; those in flight finish, their rows follow the
@@ -219,7 +219,43 @@ pub(crate) async fn one_benchmark(
         p.finish().await.into_iter().for_each(&mut *on_row);
     }
     shown.finish().await;
-    Ok(started)
+    Ok(Started {
+        dispatch,
+        ..started
+    })
+}
+
+/// The endpoints the run's requests go to (`--target` repeated, `--endpoint-policy`).
+fn endpoints_of(spec: &RunSpec) -> Arc<traffic::Endpoints> {
+    traffic::Endpoints::new(
+        &spec.target,
+        &spec.traffic.more_endpoints,
+        spec.traffic.endpoint_policy,
+    )
+}
+
+/// The finished requests' rows to `on_row`, back in (index, turn) order as they finish; the
+/// channel ends with the last request.
+async fn collect_rows(
+    rx: &mut tokio::sync::mpsc::Receiver<(usize, Vec<RequestRow>)>,
+    on_row: &mut dyn FnMut(RequestRow),
+) {
+    let mut reorder = rows::Reorder::default();
+    while let Some((i, r)) = rx.recv().await {
+        reorder.push(i, r, on_row);
+    }
+    reorder.finish(on_row);
+}
+
+/// The benchmark's slots: a measured concurrency ramp's follow the ramp (closed loop), else
+/// `concurrency` of them.
+fn slots_of(spec: &RunSpec, measured: bool, t0: Instant, concurrency: usize) -> slots::Slots {
+    match spec.workload.ramp {
+        Some(r) if measured && r.over == workload::RampOver::Concurrency => {
+            slots::Slots::ramp(r, t0, spec.duration.map(|d| t0 + d))
+        }
+        _ => slots::Slots::fixed(concurrency),
+    }
 }
 
 /// Which request a [`RequestRow`] is: its benchmark, index and turn, and the concurrency it

@@ -2,7 +2,7 @@
 //!
 //! Both runs' `summary.json` and `requests.jsonl` are read; benchmarks are matched by name.
 //! Per matched benchmark and metric (TTFT, ITL, TPOT, E2EL: mean, p50, p90, p99; request and
-//! output-token throughput; error rate) it gives the new − base delta, a percentile bootstrap
+//! output-token throughput; error and OOM rates) it gives the new − base delta, a percentile bootstrap
 //! confidence interval of that delta (requests resampled with replacement, each run on its
 //! own, seeded), and a two-sided Mann-Whitney U p-value (normal approximation with tie and
 //! continuity correction, as `scipy.stats.mannwhitneyu(method="asymptotic")`). Throughput and
@@ -111,10 +111,11 @@ const SERVER_LATENCIES: [&str; 9] = [
     "ttft_transfer_and_first_decode",
 ];
 /// Run-level metrics.
-const RATES: [(&str, &str, Better); 3] = [
+const RATES: [(&str, &str, Better); 4] = [
     ("request_throughput", "req/s", Better::Higher),
     ("output_throughput", "tok/s", Better::Higher),
     ("error_rate", "ratio", Better::Lower),
+    ("oom_rate", "ratio", Better::Lower),
 ];
 
 /// Every metric name a gate may use.
@@ -310,6 +311,25 @@ struct Req {
     input_tokens: Option<u64>,
     #[serde(default)]
     cached_input_tokens: Option<u64>,
+    /// A failed request's server error (for the OOM rate, [`super::oom`]).
+    #[serde(default)]
+    error_server_type: Option<String>,
+    #[serde(default)]
+    error_code: Option<String>,
+    #[serde(default)]
+    error_message: Option<String>,
+}
+
+impl Req {
+    /// Whether the server failed it for memory.
+    fn oom(&self) -> bool {
+        self.outcome != "ok"
+            && super::oom::out_of_memory(
+                self.error_server_type.as_deref(),
+                self.error_code.as_deref(),
+                self.error_message.as_deref(),
+            )
+    }
 }
 
 /// The name of a benchmark's group in compare (`c4_in128 [adapter sql]`, `… [probes]`).
@@ -888,7 +908,7 @@ fn compare_bench(name: &str, base: &Bench, new: &Bench, spec: &CompareSpec) -> B
     // WINDOWS equal time windows by request end; windows are resampled, so the interval shows
     // how steady the rate was over the run, not only how many requests there were.
     let (bw, nw) = (windows(base), windows(new));
-    let mut deltas: [Vec<f64>; 3] = Default::default();
+    let mut deltas: [Vec<f64>; 4] = Default::default();
     if !bw.is_empty() && !nw.is_empty() {
         let (mut bb, mut nb) = (Vec::with_capacity(bw.len()), Vec::with_capacity(nw.len()));
         for _ in 0..spec.resamples {
@@ -897,31 +917,37 @@ fn compare_bench(name: &str, base: &Bench, new: &Bench, spec: &CompareSpec) -> B
             bb.extend((0..bw.len()).map(|_| bw[rng.random_range(0..bw.len())]));
             nb.extend((0..nw.len()).map(|_| nw[rng.random_range(0..nw.len())]));
             let (rb, rn) = (window_rates(&bb), window_rates(&nb));
-            for k in 0..3 {
+            for k in 0..RATES.len() {
                 deltas[k].push(rn[k] - rb[k]);
             }
         }
     }
-    let point = |b: &Bench| -> [Option<f64>; 3] {
+    let point = |b: &Bench| -> [Option<f64>; 4] {
+        let n = b.requests.len() as f64;
         let failed = b.requests.iter().filter(|r| r.outcome != "ok").count() as f64;
+        let oom = b.requests.iter().filter(|r| r.oom()).count() as f64;
         [
             b.request_throughput,
             b.output_throughput,
-            (!b.requests.is_empty()).then(|| failed / b.requests.len() as f64),
+            (n > 0.0).then(|| failed / n),
+            (n > 0.0).then(|| oom / n),
         ]
     };
     let (pb, pn) = (point(base), point(new));
-    let indicator = |b: &Bench| {
+    let indicator = |b: &Bench, oom: bool| {
         b.requests
             .iter()
-            .map(|r| if r.outcome == "ok" { 0.0 } else { 1.0 })
+            .map(|r| f64::from(u8::from(if oom { r.oom() } else { r.outcome != "ok" })))
             .collect::<Vec<f64>>()
     };
     for (k, (metric, unit, better)) in RATES.iter().enumerate() {
         let ci = interval(&mut deltas[k], spec.resamples, spec.confidence);
-        // Error rate: the rank test on failure indicators (with ties, the two-proportion z test).
-        let p = (*metric == "error_rate")
-            .then(|| mann_whitney_u(&indicator(base), &indicator(new)).map(|r| r.1))
+        // Error and OOM rates: the rank test on failure indicators (with ties, the
+        // two-proportion z test).
+        let rate = matches!(*metric, "error_rate" | "oom_rate");
+        let oom = *metric == "oom_rate";
+        let p = rate
+            .then(|| mann_whitney_u(&indicator(base, oom), &indicator(new, oom)).map(|r| r.1))
             .flatten();
         metrics.push(
             delta((*metric).to_owned(), unit, *better, pb[k], pn[k], ci, p)
@@ -963,6 +989,8 @@ struct Window {
     ok: f64,
     tokens: f64,
     failed: f64,
+    /// Failed for memory ([`Req::oom`]).
+    oom: f64,
     total: f64,
     seconds: f64,
 }
@@ -998,6 +1026,7 @@ fn windows(b: &Bench) -> Vec<Window> {
                 w[i].tokens += r.output_tokens.unwrap_or(0) as f64;
             } else {
                 w[i].failed += 1.0;
+                w[i].oom += f64::from(u8::from(r.oom()));
             }
         }
         out.extend(w);
@@ -1005,18 +1034,16 @@ fn windows(b: &Bench) -> Vec<Window> {
     out
 }
 
-/// Request throughput, output-token throughput and error rate of a set of windows.
-fn window_rates(w: &[Window]) -> [f64; 3] {
+/// Request throughput, output-token throughput, error rate and OOM rate of a set of windows.
+fn window_rates(w: &[Window]) -> [f64; 4] {
     let sum = |f: fn(&Window) -> f64| w.iter().map(f).sum::<f64>();
     let (secs, total) = (sum(|w| w.seconds).max(1e-9), sum(|w| w.total));
+    let of_total = |x: f64| if total > 0.0 { x / total } else { 0.0 };
     [
         sum(|w| w.ok) / secs,
         sum(|w| w.tokens) / secs,
-        if total > 0.0 {
-            sum(|w| w.failed) / total
-        } else {
-            0.0
-        },
+        of_total(sum(|w| w.failed)),
+        of_total(sum(|w| w.oom)),
     ]
 }
 

@@ -4,8 +4,9 @@
 use super::stats::Distribution;
 use super::{BenchSummary, Gate};
 
-/// Parses `ttft_p99_ms>500`, `e2el_mean_ms>2000`, `error_rate>0.01`, `vram_pct>92` (peak
-/// used VRAM of any one GPU, percent; a benchmark without GPU figures does not trip it).
+/// Parses `ttft_p99_ms>500`, `e2el_mean_ms>2000`, `error_rate>0.01`, `oom_rate>0` (requests
+/// the server failed for memory ÷ requests sent), `vram_pct>92` (peak used VRAM of any one
+/// GPU, percent; a benchmark without GPU figures does not trip it).
 pub fn parse_gate(text: &str) -> Result<Gate, String> {
     let (name, limit) = text
         .split_once('>')
@@ -29,7 +30,7 @@ pub fn parse_gate(text: &str) -> Result<Gate, String> {
             ..g
         });
     }
-    if name == "error_rate" || name == "vram_pct" {
+    if name == "error_rate" || name == "oom_rate" || name == "vram_pct" {
         return Ok(Gate {
             text: text.to_owned(),
             metric: name.to_owned(),
@@ -68,8 +69,10 @@ pub(crate) fn gate_trips(g: &Gate, b: &BenchSummary) -> bool {
             .is_none_or(|v| v > g.limit);
     }
     if g.metric == "error_rate" {
-        let failed: usize = b.errors.values().sum();
-        return b.num_requests > 0 && failed as f64 / b.num_requests as f64 > g.limit;
+        return b.num_requests > 0 && b.error_rate > g.limit;
+    }
+    if g.metric == "oom_rate" {
+        return b.num_requests > 0 && b.oom_rate > g.limit;
     }
     if g.metric == "vram_pct" {
         return b.vram.as_ref().is_some_and(|v| v.peak_used_pct > g.limit);
@@ -99,6 +102,7 @@ mod tests {
             ("ttft", Some("p99"), 500.0)
         );
         assert!(parse_gate("error_rate>0.01").is_ok());
+        assert_eq!(parse_gate("oom_rate>0").unwrap().metric, "oom_rate");
         assert_eq!(parse_gate("vram_pct>92").unwrap().metric, "vram_pct");
         assert!(parse_gate("ttft_p99>500").is_err());
         assert!(parse_gate("latency_p99_ms>5").is_err());

@@ -23,6 +23,8 @@ pub mod find_rate;
 pub mod gates;
 pub mod groups;
 pub mod launch;
+pub mod offered;
+pub mod oom;
 pub mod probe;
 pub mod profile;
 pub mod progress;

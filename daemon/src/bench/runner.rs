@@ -229,7 +229,7 @@ async fn run_on(
             out.push(r);
         };
         let run = profile::run::run(&ctx, path, p.clone(), &name, &mut sink);
-        let info = tokio::select! {
+        let (info, dispatch) = tokio::select! {
             r = run => r?,
             () = stop.cancelled() => {
                 out.discard();
@@ -240,9 +240,7 @@ async fn run_on(
         let input = spec.input_lengths.first().copied().unwrap_or(128);
         let mut summary = s.finish(shape(&spec, &name, concurrency, input));
         summary.server = server_watch.take(&name).await;
-        if spec.progress {
-            eprintln!("{}", result_line(&summary));
-        }
+        say_done(&spec, &mut summary, dispatch, Some(BEHIND_FLOOR_MS));
         benchmarks.push(summary);
         profile_info = Some(info);
     }
@@ -271,6 +269,7 @@ async fn run_on(
                 let mut per_repeat = Vec::new();
                 let mut summary_input_len = input_len;
                 let (mut warmup_requests, mut warmup_s, mut prepare_s) = (0usize, 0.0f64, 0.0f64);
+                let (mut dispatch, mut closed_loop) = (super::offered::Dispatch::default(), true);
                 for k in 0..spec.repeat.max(1) {
                     // Each repeat: fresh prompts too (the first is the run without --repeat), on
                     // the same schedule.
@@ -324,6 +323,7 @@ async fn run_on(
                         warmup_s += started.elapsed().as_secs_f64();
                     }
                     let schedule = feed::Schedule::new(&spec.feed(), measured.len(), spec.seed)?;
+                    closed_loop = schedule.closed_loop();
                     if k == 0 {
                         watch.reset();
                         server_watch.mark().await;
@@ -354,6 +354,7 @@ async fn run_on(
                         &mut sink,
                     )
                     .await?;
+                    dispatch.add(started.dispatch);
                     prepare_s += note_started(&spec, &name, k, started, &mut server_watch);
                     if spec.workload.own_inputs() {
                         summary_input_len =
@@ -377,12 +378,8 @@ async fn run_on(
                 summary.vram = watch.take(summary.output_token_throughput);
                 watch.take_samples(&name);
                 summary.server = server_watch.take(&name).await;
-                if spec.progress {
-                    eprintln!("{}", result_line(&summary));
-                    if let Some(w) = behind_warning(&summary, spec.request_rate) {
-                        eprintln!("{w}");
-                    }
-                }
+                let bound = super::offered::late_bound_ms(closed_loop, spec.request_rate);
+                say_done(&spec, &mut summary, dispatch, bound);
                 if let Some(w) = &direct_workers {
                     super::direct::phase(&ctx, w, &mut summary, summary_input_len).await?;
                 }
@@ -462,18 +459,56 @@ async fn run_on(
     }
 }
 
+/// A benchmark done: what its schedule offered against what went out into its summary
+/// (`bound`: the lateness bound, ms), its result line and, when the schedule was not kept,
+/// the warning that says why.
+fn say_done(
+    spec: &RunSpec,
+    summary: &mut BenchSummary,
+    dispatch: super::offered::Dispatch,
+    bound: Option<f64>,
+) {
+    let offered = super::offered::Offered::of(dispatch, bound, refused(summary));
+    if spec.progress {
+        eprintln!("{}", result_line(summary));
+        let warning = offered
+            .warning(&summary.benchmark, summary.concurrency)
+            .or_else(|| behind_warning(summary, spec.request_rate));
+        if let Some(w) = warning {
+            eprintln!("{w}");
+        }
+    }
+    summary.offered = Some(offered);
+}
+
+/// Whether the server pushed back during the benchmark: it refused requests with 429 or 503.
+fn refused(summary: &BenchSummary) -> bool {
+    ["429", "503"]
+        .iter()
+        .any(|s| summary.errors_by_status.contains_key(*s))
+}
+
 /// The line printed as a benchmark ends: `lmperf run: c1_in8: 10 requests, 10 ok, …`.
 fn result_line(summary: &BenchSummary) -> String {
     let errors = if summary.errors.is_empty() {
         String::new()
     } else {
-        format!(", failed: {}", summary.error_reasons().join("; "))
+        let oom = if summary.oom == 0 {
+            String::new()
+        } else {
+            format!(", {} of them out of memory", summary.oom)
+        };
+        format!(
+            ", failed: {} (error rate {:.3}{oom})",
+            summary.error_reasons().join("; "),
+            summary.error_rate
+        )
     };
     let ms = |d: &Option<Distribution>, f: fn(&Distribution) -> f64| {
         crate::fmt::opt_duration_ms(d.as_ref().map(f))
     };
     let mut line = format!(
-        "lmperf run: {}: {} requests, {} ok{errors}, {}, {}, TTFT p50 {} p99 {}, E2EL p99 {}",
+        "lmperf run: {}: {} requests, {} ok{errors}, {}, {}, TTFT p50 {} p99 {}, TPOT p50 {} p99 {}, E2EL p99 {}",
         summary.benchmark,
         summary.num_requests,
         summary.completed,
@@ -481,6 +516,8 @@ fn result_line(summary: &BenchSummary) -> String {
         crate::fmt::rate(summary.output_token_throughput, "tok/s"),
         ms(&summary.ttft_ms, |d| d.p50),
         ms(&summary.ttft_ms, |d| d.p99),
+        ms(&summary.tpot_ms, |d| d.p50),
+        ms(&summary.tpot_ms, |d| d.p99),
         ms(&summary.e2el_ms, |d| d.p99),
     );
     for (worker, g) in summary.workers.iter().flatten() {
@@ -520,7 +557,7 @@ fn split_line(worker: &str, split: &super::groups::TtftSplitSummary) -> String {
 
 /// Dispatch delay p99 above which an open-loop schedule counts as fallen behind: one
 /// inter-arrival gap at `rate`, at least [`BEHIND_FLOOR_MS`].
-pub const BEHIND_FLOOR_MS: f64 = 100.0;
+pub const BEHIND_FLOOR_MS: f64 = super::offered::LATE_FLOOR_MS;
 
 /// A pause before a benchmark's first send longer than this is said on the terminal.
 const PREPARE_SAID_OVER: Duration = Duration::from_secs(1);

@@ -251,6 +251,17 @@ pub struct BenchSummary {
     /// reason: `"400 exceed_context_size_error": "request (3001 tokens) exceeds …"`).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub error_messages: BTreeMap<String, String>,
+    /// Failed requests ÷ requests sent (0..1; 0 without a request).
+    pub error_rate: f64,
+    /// Failed requests the server failed for memory: the GPU's (CUDA/HIP out of memory) or
+    /// its KV cache's, in each server's words ([`super::oom`]).
+    pub oom: usize,
+    /// `oom` ÷ requests sent (0..1).
+    pub oom_rate: f64,
+    /// What the schedule (or the profile's steps) made due against what went out
+    /// ([`super::offered`]); absent for a capacity search's steps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offered: Option<super::offered::Offered>,
     /// First send to last end, seconds.
     pub duration_s: f64,
     /// Completed requests per second.

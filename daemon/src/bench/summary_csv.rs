@@ -3,8 +3,8 @@
 //! column names: a scalar field keeps its `summary.json` name (`request_throughput`), a
 //! distribution statistic is `FIELD_STAT` (`ttft_ms_p99`, `e2el_ms_p99.9`). The columns are a
 //! fixed list, so a benchmark without a figure (no TTFT when nothing completed) has an empty
-//! cell, never a missing column. Maps and nested blocks (errors by type, server, VRAM, repeat)
-//! stay in `summary.json` only. RFC 4180: comma separated, quoted when a cell needs it, CRLF.
+//! cell, never a missing column. Maps and nested blocks (errors by type, server, repeat) stay
+//! in `summary.json` only; the error and OOM rates and the VRAM peak are columns. RFC 4180: comma separated, quoted when a cell needs it, CRLF.
 
 use super::BenchSummary;
 
@@ -17,6 +17,9 @@ pub const SCALARS: &[&str] = &[
     "request_rate",
     "num_requests",
     "completed",
+    "error_rate",
+    "oom",
+    "oom_rate",
     "duration_s",
     "request_throughput",
     "output_token_throughput",
@@ -71,6 +74,9 @@ pub const WORKLOAD_SCALARS: &[(&str, &[&str])] = &[
     ),
     ("images", &["images", "images"]),
     ("image_bytes", &["images", "image_bytes"]),
+    // The peak GPU memory (empty: not measured, as `summary.json`'s `gpu` says why).
+    ("vram_peak_used_bytes", &["vram", "peak_used_bytes"]),
+    ("vram_peak_used_pct", &["vram", "peak_used_pct"]),
 ];
 
 /// The header: [`SCALARS`], then `FIELD_STAT` for each of [`DISTRIBUTIONS`] × [`STATS`], then

@@ -548,11 +548,11 @@ pub fn format_load(l: &proto::LoadStatus) -> String {
         )
     };
     format!(
-        "{} {} target={} {shape} duration={}s {concurrency} max_requests={}  elapsed={:.1}s sent={} skipped={} in_flight={} ({})\n",
+        "{} {} target={} {shape} duration={} {concurrency} max_requests={}  elapsed={:.1}s sent={} skipped={} in_flight={} ({})\n",
         l.id,
         l.state,
         l.target,
-        l.duration_s,
+        seconds(l.duration_s),
         l.max_requests,
         l.elapsed_s,
         l.sent,
@@ -560,6 +560,16 @@ pub fn format_load(l: &proto::LoadStatus) -> String {
         l.in_flight,
         outcomes(&l.by_outcome)
     )
+}
+
+/// Seconds as a person reads them: whole ones as such (`30s`), else to a tenth (`26.7s`, not
+/// `26.7248753s`).
+fn seconds(v: f64) -> String {
+    if (v - v.round()).abs() < 0.05 {
+        format!("{:.0}s", v.round())
+    } else {
+        format!("{v:.1}s")
+    }
 }
 
 /// A failed request in words: `connection_refused: <message>` or `503 HTTP 503: <message>`,
@@ -1129,6 +1139,10 @@ mod tests {
             format_load(&plain).contains(" rate=2/s (poisson) duration=0s concurrency=4 "),
             "{}",
             format_load(&plain)
+        );
+        assert_eq!(
+            (seconds(26.7248753), seconds(30.0), seconds(0.0)),
+            ("26.7s".to_owned(), "30s".to_owned(), "0s".to_owned())
         );
     }
 

@@ -189,8 +189,8 @@ pub fn register(meter: &Meter, state: Arc<ServerState>) {
 
     let st = state;
     let _i = meter
+        // No unit: an info metric is `lmperf_server_info`, not `…_info_ratio`.
         .u64_observable_gauge(n::METRIC_SERVER_INFO)
-        .with_unit("1")
         .with_description("1 per scraped model server, with its kind, version and model.")
         .with_callback(move |o| {
             for t in &st.targets {

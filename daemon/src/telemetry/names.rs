@@ -384,7 +384,9 @@ pub const METRIC_SERVER_REQUESTS_WAITING: &str = "lmperf.server.requests.waiting
 /// Gauge, unit `1`: fraction of the KV cache in use, 0..1.
 pub const METRIC_SERVER_KV_CACHE_USAGE: &str = "lmperf.server.kv_cache.usage";
 /// Gauge, unit `1`: prefix-cache hits ÷ queries over the last scrape interval.
-pub const METRIC_SERVER_PREFIX_CACHE_HIT_RATIO: &str = "lmperf.server.prefix_cache.hit_ratio";
+/// Exported to Prometheus as `lmperf_server_prefix_cache_hit_ratio` (unit `1` adds `_ratio`:
+/// named `hit_ratio`, it read `…_hit_ratio_ratio`).
+pub const METRIC_SERVER_PREFIX_CACHE_HIT_RATIO: &str = "lmperf.server.prefix_cache.hit";
 /// Gauges, unit `1`, by `lmperf.target` and `lmperf.worker.id` (the worker's URL as the router
 /// names it): a router's share of its picks that went to the worker over the last scrape
 /// interval (vllm-router's `vllm_router_processed_requests_total{worker}`), and its share were

@@ -24,7 +24,6 @@ pub(super) const KNOWN_LONG: &[(&str, &str, usize)] = &[
     ("daemon/src/bench/profile/run.rs", "run", 211),
     ("daemon/src/bench/report/chart.rs", "html", 244),
     ("daemon/src/bench/report/mod.rs", "render", 319),
-    ("daemon/src/bench/report/overview.rs", "paragraph", 152),
     ("daemon/src/bench/runner.rs", "run_on", 361),
     ("daemon/src/cli.rs", "into_spec", 232),
     ("daemon/src/config/mod.rs", "validate_target", 173),

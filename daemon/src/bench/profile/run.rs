@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use super::watch::ProfileWatch;
 use super::{self as profile, Profile, scheduler::Scheduler};
 use crate::bench::context::RunContext;
+use crate::bench::offered::Dispatch;
 use crate::bench::prompts;
 use crate::bench::rows::Reorder;
 use crate::bench::{BenchError, RequestRow, RowKey, export, row};
@@ -36,7 +37,10 @@ pub struct ProfileInfo {
 }
 
 /// Runs the profile; passes its rows (benchmark `name`) to `on_row` in index order as they
-/// finish ([`crate::bench::rows::Reorder`]) and returns the revision marks.
+/// finish ([`crate::bench::rows::Reorder`]) and returns the revision marks and what its steps
+/// made due against what went out ([`crate::bench::offered`]: late beyond
+/// [`crate::bench::offered::LATE_FLOOR_MS`]; the steps still due when the run ended are never
+/// sent).
 ///
 /// # Errors
 /// None today besides what the caller's setup reports; kept for symmetry with the others.
@@ -46,7 +50,7 @@ pub(crate) async fn run(
     first: Profile,
     name: &str,
     on_row: &mut dyn FnMut(RequestRow),
-) -> Result<ProfileInfo, BenchError> {
+) -> Result<(ProfileInfo, Dispatch), BenchError> {
     let (spec, clients, model, extra, tok) = (ctx.spec, ctx.clients, ctx.model, ctx.extra, ctx.tok);
     let telemetry = ctx.telemetry.clone();
     let mut info = ProfileInfo {
@@ -80,6 +84,8 @@ pub(crate) async fn run(
     } else {
         spec.num_prompts
     };
+    let mut counts = Dispatch::default();
+    let late_bound = Duration::from_secs_f64(crate::bench::offered::LATE_FLOOR_MS / 1000.0);
     for i in 0..requests {
         // Rows of the requests that ended, on in index order: the set holds those in flight.
         while let Some(r) = tasks.try_join_next() {
@@ -88,37 +94,15 @@ pub(crate) async fn run(
             }
         }
         // Hot update: a changed file applies from this step on.
-        let mut reload = |info: &mut ProfileInfo| {
-            if !std::mem::take(&mut pending) && !watch.take_change() {
-                return;
-            }
-            match profile::load(path) {
-                Ok(p) if sched.lock().is_ok_and(|s| *s.profile() == p) => {}
-                Ok(p) => {
-                    let rev = sched
-                        .lock()
-                        .map(|mut s| s.update(p, t0.elapsed()))
-                        .unwrap_or(0);
-                    info.revisions.push((t0.elapsed().as_secs_f64(), rev));
-                    if spec.progress {
-                        eprintln!(
-                            "lmperf run: profile revision {rev} from {} at {:.2} s",
-                            path.display(),
-                            t0.elapsed().as_secs_f64()
-                        );
-                    }
-                }
-                Err(e) => eprintln!(
-                    "lmperf run: profile change ignored, keeping the running revision: {e}"
-                ),
-            }
-        };
-        reload(&mut info);
+        if std::mem::take(&mut pending) || watch.take_change() {
+            reload(path, &sched, t0, spec.progress, &mut info);
+        }
         let planned = sched.lock().ok().and_then(|mut s| s.plan_next());
         let due = planned.map_or_else(Instant::now, |p| t0 + p.at);
         if due >= end {
             break;
         }
+        counts.due += 1;
         // Wait until due, watching the file meanwhile (a change re-plans this step).
         let replanned = tokio::select! {
             biased;
@@ -131,10 +115,12 @@ pub(crate) async fn run(
             if let (Some(p), Ok(mut s)) = (planned, sched.lock()) {
                 s.unplan(p);
             }
+            counts.due -= 1;
             reorder.push(i, Vec::new(), on_row);
             continue;
         }
         // A free slot under the profile's (or the run's) concurrency limit.
+        let (asked, mut free_since) = (Instant::now(), Instant::now());
         let limit = loop {
             let limit = sched
                 .lock()
@@ -148,10 +134,13 @@ pub(crate) async fn run(
                 () = freed.notified() => {}
                 () = tokio::time::sleep(Duration::from_millis(1)) => {}
             }
+            free_since = Instant::now();
         };
         if Instant::now() >= end {
+            counts.never_sent += 1;
             break;
         }
+        counts.sent((due, asked, free_since, Instant::now()), Some(late_bound));
         in_flight.fetch_add(1, Ordering::AcqRel);
         let revision = planned.map_or_else(
             || sched.lock().map(|s| s.revision()).unwrap_or(0),
@@ -249,5 +238,55 @@ pub(crate) async fn run(
     }
     reorder.finish(on_row);
     info.sustained_token_rate = sched.lock().ok().and_then(|s| s.sustained_token_rate());
-    Ok(info)
+    if let Ok(mut s) = sched.lock() {
+        unsent(&mut s, (t0, end), &mut counts);
+    }
+    Ok((info, counts))
+}
+
+/// Reads the profile at `path` again: a valid change becomes `sched`'s next revision (marked in
+/// `info`, said when `progress`), an invalid one is said and the running revision kept.
+fn reload(
+    path: &std::path::Path,
+    sched: &std::sync::Mutex<Scheduler>,
+    t0: Instant,
+    progress: bool,
+    info: &mut ProfileInfo,
+) {
+    match profile::load(path) {
+        Ok(p) if sched.lock().is_ok_and(|s| *s.profile() == p) => {}
+        Ok(p) => {
+            let rev = sched
+                .lock()
+                .map(|mut s| s.update(p, t0.elapsed()))
+                .unwrap_or(0);
+            info.revisions.push((t0.elapsed().as_secs_f64(), rev));
+            if progress {
+                eprintln!(
+                    "lmperf run: profile revision {rev} from {} at {:.2} s",
+                    path.display(),
+                    t0.elapsed().as_secs_f64()
+                );
+            }
+        }
+        Err(e) => {
+            eprintln!("lmperf run: profile change ignored, keeping the running revision: {e}");
+        }
+    }
+}
+
+/// Steps counted at most (a profile of a million requests a run is far beyond any server).
+const MAX_COUNTED: usize = 1_000_000;
+
+/// The steps `sched` still plans before `end` (the run had no slot for them): due, never sent.
+fn unsent(sched: &mut Scheduler, (t0, end): (Instant, Instant), counts: &mut Dispatch) {
+    while counts.due < MAX_COUNTED {
+        match sched.plan_next() {
+            Some(p) if t0 + p.at < end => {
+                counts.due += 1;
+                counts.never_sent += 1;
+            }
+            _ => break,
+        }
+    }
 }

@@ -326,6 +326,8 @@ fn benchmarks_table(summary: &Summary) -> String {
             Some(b.num_requests as f64)
         }),
         plain("ok", "completed", "", |b| Some(b.completed as f64)),
+        plain("error rate", "error_rate", "ratio", |b| Some(b.error_rate)),
+        plain("OOM rate", "oom_rate", "ratio", |b| Some(b.oom_rate)),
         plain("request rate", "request_throughput", "req/s", |b| {
             Some(b.request_throughput)
         }),
@@ -335,6 +337,9 @@ fn benchmarks_table(summary: &Summary) -> String {
         plain("goodput", "goodput", "req/s", |b| b.goodput),
         time_column("TTFT p50", "ttft_ms/p50", bs, |b| {
             b.ttft_ms.as_ref().map(|d| d.p50)
+        }),
+        time_column("TTFT p90", "ttft_ms/p90", bs, |b| {
+            b.ttft_ms.as_ref().map(|d| d.p90)
         }),
         time_column("TTFT p99", "ttft_ms/p99", bs, |b| {
             b.ttft_ms.as_ref().map(|d| d.p99)
@@ -350,6 +355,12 @@ fn benchmarks_table(summary: &Summary) -> String {
         }),
         time_column("TPOT p50", "tpot_ms/p50", bs, |b| {
             b.tpot_ms.as_ref().map(|d| d.p50)
+        }),
+        time_column("TPOT p90", "tpot_ms/p90", bs, |b| {
+            b.tpot_ms.as_ref().map(|d| d.p90)
+        }),
+        time_column("TPOT p99", "tpot_ms/p99", bs, |b| {
+            b.tpot_ms.as_ref().map(|d| d.p99)
         }),
         time_column("E2EL p50", "e2el_ms/p50", bs, |b| {
             b.e2el_ms.as_ref().map(|d| d.p50)

@@ -29,6 +29,33 @@ fn name(b: &BenchSummary) -> String {
     format!("<b>{}</b>", esc(&b.benchmark))
 }
 
+/// `, none failed. ` or how many failed, why (the server's own reason per status and type,
+/// its first message, all benchmarks) and how many of them for memory.
+fn failures(bs: &[BenchSummary], failed: usize) -> String {
+    if failed == 0 {
+        return ", none failed. ".to_owned();
+    }
+    let types: Vec<String> = bs
+        .iter()
+        .flat_map(super::super::BenchSummary::error_reasons)
+        .map(|r| esc(&r))
+        .collect();
+    let oom: usize = bs.iter().map(|b| b.oom).sum();
+    let memory = if oom == 0 {
+        String::new()
+    } else {
+        format!(
+            r#"; <b style="color:#b00">{}</b> of them for memory (CUDA or KV cache out of memory: <code>oom</code>)"#,
+            count(oom as u64)
+        )
+    };
+    format!(
+        r#", <b style="color:#b00">{} failed</b> ({}){memory}. "#,
+        count(failed as u64),
+        types.join(", ")
+    )
+}
+
 /// The paragraph (`<p id="overview">`).
 pub fn paragraph(summary: &Summary) -> String {
     let bs = &summary.benchmarks;
@@ -44,22 +71,7 @@ pub fn paragraph(summary: &Summary) -> String {
         format!("{} benchmarks", bs.len())
     };
     let _ = write!(h, "{what}, {} requests", count(requests as u64));
-    if failed == 0 {
-        h.push_str(", none failed. ");
-    } else {
-        // The server's own reason per status and type (its first message), all benchmarks.
-        let types: Vec<String> = bs
-            .iter()
-            .flat_map(super::super::BenchSummary::error_reasons)
-            .map(|r| esc(&r))
-            .collect();
-        let _ = write!(
-            h,
-            r#", <b style="color:#b00">{} failed</b> ({}). "#,
-            count(failed as u64),
-            types.join(", ")
-        );
-    }
+    h.push_str(&failures(bs, failed));
     let with_e2el: Vec<&BenchSummary> = bs.iter().filter(|b| b.e2el_ms.is_some()).collect();
     let by_e2el = |b: &&BenchSummary| b.e2el_ms.as_ref().map_or(f64::NAN, |d| d.p50);
     match with_e2el[..] {
