@@ -420,12 +420,23 @@ pub fn load(overrides: Overrides, env: &dyn Env) -> Result<AgentConfig, ConfigEr
     validate(raw, overrides, env)
 }
 
-/// Parses TOML text; `path` only names it in errors.
+/// Unknown keys reported at most in one error.
+const MAX_UNKNOWN_REPORTED: usize = 16;
+
+/// Parses TOML text; `path` only names it in errors. Every unknown key is reported, in file
+/// order (the first in `line` and `text`, each in `message`); another error ends the search.
 pub fn parse_str(path: &Path, text: &str) -> Result<RawConfig, ConfigError> {
-    toml::from_str(text).map_err(|e| {
+    let mut work = text.to_owned();
+    let mut found: Vec<(usize, String, String)> = Vec::new();
+    while found.len() < MAX_UNKNOWN_REPORTED {
+        let e = match toml::from_str::<RawConfig>(&work) {
+            Ok(raw) if found.is_empty() => return Ok(raw),
+            Ok(_) => break,
+            Err(e) => e,
+        };
         let (line, line_text) = match e.span() {
             Some(span) => {
-                let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+                let line = work[..span.start.min(work.len())].matches('\n').count() + 1;
                 (
                     line,
                     text.lines().nth(line - 1).unwrap_or("").trim().to_owned(),
@@ -433,12 +444,39 @@ pub fn parse_str(path: &Path, text: &str) -> Result<RawConfig, ConfigError> {
             }
             None => (0, String::new()),
         };
-        ConfigError::Parse {
-            path: path.to_owned(),
-            line,
-            text: line_text,
-            message: in_section(text, line, &e.message().replace('\n', " ")),
+        let message = in_section(text, line, &e.message().replace('\n', " "));
+        let unknown = line > 0 && message.starts_with("unknown field");
+        found.push((line, line_text, message));
+        if !unknown {
+            break;
         }
+        // That line left out (its lines kept, so the next error's line is the file's).
+        work = work
+            .split('\n')
+            .enumerate()
+            .map(|(i, l)| if i + 1 == line { "" } else { l })
+            .collect::<Vec<_>>()
+            .join("\n");
+    }
+    found.sort_by_key(|f| f.0);
+    let message = match found.as_slice() {
+        [(_, _, m)] => m.clone(),
+        all => all
+            .iter()
+            .map(|(l, _, m)| format!("line {l}: {m}"))
+            .collect::<Vec<_>>()
+            .join("; "),
+    };
+    let (line, text) = found
+        .into_iter()
+        .next()
+        .map(|(l, t, _)| (l, t))
+        .unwrap_or_default();
+    Err(ConfigError::Parse {
+        path: path.to_owned(),
+        line,
+        text,
+        message,
     })
 }
 
@@ -1347,6 +1385,22 @@ mod tests {
     ) -> Result<AgentConfig, ConfigError> {
         let raw = parse_str(Path::new("t.toml"), text)?;
         validate(raw, o, &MapEnv(env.iter().copied().collect()))
+    }
+
+    /// Two unknown keys in two tables: both said, in file order, on one line.
+    #[test]
+    fn every_unknown_key_is_reported_in_file_order() {
+        let text = "[canary]\nintervall = \"5s\"\nmax_tokens = 8\n[[target]]\nurl = \"http://x:1\"\nsampling_rati = 0.5\n";
+        let err = from_toml(text, Overrides::default(), &[])
+            .unwrap_err()
+            .to_string();
+        let (a, b) = (
+            err.find("line 2: unknown field `canary.intervall`"),
+            err.find("line 6: unknown field `target.sampling_rati`"),
+        );
+        assert!(a.is_some() && b.is_some() && a < b, "{err}");
+        assert!(err.contains("line 2 (intervall = \"5s\")"), "{err}");
+        assert!(!err.contains('\n'), "one line: {err}");
     }
 
     #[test]

@@ -349,7 +349,7 @@ pub async fn setup(
                 how.describe()
             ),
             _ => eprintln!(
-                "lmperf run: warning: no chat template to count (the server offers none; give --chat-template FILE, or --tokenizer with a tokenizer_config.json beside it): prompt_tokens undercount what the server sees"
+                "lmperf run: warning: no chat template to count (the server offers none; give --chat-template FILE, or --tokenizer with a tokenizer_config.json beside it): prompt_tokens count the messages' text alone, not the template the server wraps them in (the server may count more or fewer: summary.json prompt_tokens_mismatch says how many differ)"
             ),
         }
     }
