@@ -129,12 +129,18 @@ fn serving_path_series(requests: &[Value], start: f64) -> BTreeMap<&'static str,
     let mut direct: Vec<(f64, f64)> = Vec::new();
     for r in rows {
         let (t, ok) = (end(r), r["outcome"] == "ok");
-        // A pinned probe's own TTFT leaves out the router's KV transfer estimate
-        // (`status::workers::own_ttft_ms`).
+        // A pinned probe's own time (`status::workers::own_ms`): Dynamo's time from the
+        // dispatch to the first token, else the TTFT less the router's transfer estimate. The
+        // agent compares a disaggregated decode worker by its time per token and each role
+        // apart: the rows do not say which worker a P/D probe was pinned to, so a P/D episode
+        // recorded here replays otherwise than the agent saw it (not recorded).
         let transfer_ms = r["server_kv_transfer_ms"].as_f64().unwrap_or(0.0);
         let ttft_ms = r["ttft_ms"].as_f64().filter(|_| ok);
         if r["source"] == "probe" {
-            let own = ttft_ms.map(|ms| (ms - transfer_ms).max(0.0));
+            let own = match r["ttft_prefill_ms"].as_f64() {
+                Some(p) => ttft_ms.map(|_| p),
+                None => ttft_ms.map(|ms| (ms - transfer_ms).max(0.0)),
+            };
             let worker = r["worker"].as_str().unwrap_or("").to_owned();
             per_worker.entry(worker).or_default().push(DirectResult {
                 at_unix_s: t,

@@ -227,9 +227,11 @@ fn run_with<G>(
             );
         }
     }
-    let guard = inject();
+    // The fault's start: a rolling restart's injection takes its whole restart (a new worker
+    // started and serving, the old one stopped), counted in the time to the diagnosis.
     let onset = unix_now();
     let t0 = Instant::now();
+    let guard = inject();
     let mut polls = Vec::new();
     while t0.elapsed() < Duration::from_secs(WATCH_S) {
         std::thread::sleep(Duration::from_secs(1));
@@ -367,6 +369,18 @@ fn report<'a>(
     let found = out.polls.iter().find(|(_, t)| hit(t));
     let warning = out.polls.iter().find(|(_, t)| t["state"] == "warning");
     println!("diagnose-live {} ({}):", spec.name, spec.magnitude);
+    // Every poll, for a miss's post-mortem: `LMPERF_DIAGNOSE_POLLS=DIR`.
+    if let Ok(dir) = std::env::var("LMPERF_DIAGNOSE_POLLS") {
+        let polls: Vec<Value> = out
+            .polls
+            .iter()
+            .map(|(at, t)| serde_json::json!({"at_s": at, "target": t}))
+            .collect();
+        let p = Path::new(&dir).join(format!("{}.polls.json", spec.name));
+        if std::fs::write(&p, serde_json::to_vec(&polls).unwrap_or_default()).is_ok() {
+            println!("  polls written to {}", p.display());
+        }
+    }
     if let Some((second, after)) = spec.second {
         println!(
             "  faults: {} at the injection, {second} {after} s later",
@@ -374,10 +388,17 @@ fn report<'a>(
         );
     }
     match first {
-        Some((at, t)) => println!(
-            "  first root_confirmed {at:.0} s after the injection: {}",
-            ranked(t, 1)
-        ),
+        Some((at, t)) => {
+            println!(
+                "  first root_confirmed {at:.0} s after the injection: {} (scope {}, worker {})",
+                ranked(t, 1),
+                t["scope"],
+                t["worker"]
+            );
+            if let Some(top) = t["causes"][0]["cause"].as_str().filter(|c| *c != expected) {
+                println!("  evidence {top}: {}", evidence_line(t, top));
+            }
+        }
         None => println!(
             "  no root_confirmed within {} s of the injection (last state {})",
             out.polls.last().map_or(0.0, |p| p.0).round(),

@@ -12,7 +12,7 @@
 //! the real Dynamo (`tests/diagnose_live/dynamo.rs`): `pd_kv_transfer` (the P/D pair replaced
 //! by one with a 10 × slower KV link → `kv_transfer`), `agg_slow_worker` (one of two mockers
 //! replaced by one 33 × slower → `worker_out_of_rotation` on it), `frontend_quota` (the
-//! frontend's quota cut to 1 % of a core → `router_overhead`). Prints per episode the first
+//! frontend's quota cut to 5 % of a core → `router_overhead`). Prints per episode the first
 //! `root_confirmed`, the expected cause's time from the injection, its evidence and the top
 //! three. `--record` writes each episode into
 //! `tests/fixtures/episodes/` for `cargo xtask diagnose-eval`. Needs root and cgroup v1 for the

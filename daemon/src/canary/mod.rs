@@ -524,7 +524,7 @@ impl TargetRunner {
         let end = m.wall_start + r.e2e;
         let at = unix_s(end);
         let answered = if error.is_none() {
-            crate::status::workers::own_ttft_ms(r.ttft, r.server_timing.as_ref())
+            crate::status::workers::own_ms(pin, r)
         } else {
             None
         };

@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::measure::worker::{AttributionSource, ServedBy, WorkerRole};
+use lmperf_measure::server_timing::TimingSource;
 use lmperf_server_page::workers::RouterWorker;
 
 /// Workers held per target at most; later ones are not probed (a router in front of more is
@@ -50,7 +51,13 @@ pub enum WorkerState {
 /// (`apply_header_routing_overrides` in ai-dynamo/dynamo `lib/llm/src/protocols/openai/nvext.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pin {
-    /// An aggregated or decode worker: `backend_instance_id` and `decode_worker_id`.
+    /// An aggregated worker (or one of no known role): `backend_instance_id` and
+    /// `decode_worker_id`.
+    Agg(u64),
+    /// A decode worker under prefill/decode disaggregation: `decode_worker_id` alone (the
+    /// router picks the prefill worker). Dynamo 1.6.1's prefill router reads
+    /// `backend_instance_id` as the prefill worker: with a decode worker's id there every probe
+    /// was refused (400, "nvext.backend_instance_id=… does not identify a known worker").
     Decode(u64),
     /// A prefill worker: `prefill_worker_id` (the router picks the decode worker).
     Prefill(u64),
@@ -60,9 +67,10 @@ impl Pin {
     /// The `nvext` object that pins a request.
     pub fn nvext(self) -> serde_json::Value {
         match self {
-            Pin::Decode(id) => {
+            Pin::Agg(id) => {
                 serde_json::json!({"backend_instance_id": id, "decode_worker_id": id})
             }
+            Pin::Decode(id) => serde_json::json!({"decode_worker_id": id}),
             Pin::Prefill(id) => serde_json::json!({"prefill_worker_id": id}),
         }
     }
@@ -70,14 +78,14 @@ impl Pin {
     /// The worker's instance id.
     pub fn id(self) -> u64 {
         match self {
-            Pin::Decode(id) | Pin::Prefill(id) => id,
+            Pin::Agg(id) | Pin::Decode(id) | Pin::Prefill(id) => id,
         }
     }
 
     /// The role it is pinned in: `decode` (an aggregated worker too) or `prefill`.
     pub fn role(self) -> &'static str {
         match self {
-            Pin::Decode(_) => "decode",
+            Pin::Agg(_) | Pin::Decode(_) => "decode",
             Pin::Prefill(_) => "prefill",
         }
     }
@@ -144,21 +152,31 @@ pub struct WorkerSet {
     workers: BTreeMap<u64, Entry>,
 }
 
-/// A pinned probe's TTFT as its worker's own, ms: the client's TTFT less the KV transfer the
-/// router estimated for it (Dynamo's `kv_transfer_estimated_latency_ms`, disaggregated
-/// requests only; never below 0). The link between a prefill and a decode worker is
-/// `kv_transfer`'s to name, from the routed canaries' TTFT split: a worker whose link alone got
-/// slower is not apart from the others in its own work (seen live on Dynamo 1.6.1: a rolling
-/// restart to a 10 × slower link made the new prefill worker's probes 6 × the old one's, nearly
-/// all of it transfer). `None` without a TTFT.
-pub fn own_ttft_ms(
-    ttft: Option<std::time::Duration>,
-    timing: Option<&lmperf_measure::server_timing::ServerTiming>,
-) -> Option<f64> {
-    let transfer = timing
-        .and_then(|t| t.kv_transfer_estimate)
-        .unwrap_or_default();
-    ttft.map(|t| t.saturating_sub(transfer).as_secs_f64() * 1e3)
+/// A pinned probe's time as its worker's own, ms, the workers of a role compared by it
+/// ([`WorkerSet::apart`]): by Dynamo's clock, an aggregated or prefill worker's time from the
+/// dispatch to its first token (`prefill_time_ms`: its queue and prefill; the frontend's time
+/// before the dispatch, `prefill_wait_time_ms`, is the router's, and the KV transfer after it
+/// `kv_transfer`'s); a disaggregated decode worker's time per output token (its own work).
+/// Pinned probes pass through the frontend: their client TTFT held the frontend's time (seen
+/// live on Dynamo 1.6.1 with the frontend at 1 % of a core: one worker's probes 112 × the
+/// other's, the starved router read as a slow worker), and less the router's transfer
+/// estimate it held the estimate's error (a rolling restart to a 10 × slower link made the old
+/// decode worker's probes 3.3 × the new one's). Without those figures: the client's TTFT less
+/// the estimate, never below 0. `None` without a TTFT.
+pub fn own_ms(pin: Pin, r: &lmperf_measure::RequestRecord) -> Option<f64> {
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let timing = r.server_timing.as_ref();
+    let dynamo = timing.filter(|t| t.source == TimingSource::DynamoTiming);
+    let own = match pin {
+        Pin::Agg(_) | Pin::Prefill(_) => dynamo.and_then(|t| t.prefill).map(ms),
+        Pin::Decode(_) => r.tpot.map(ms),
+    };
+    own.or_else(|| {
+        let transfer = timing
+            .and_then(|t| t.kv_transfer_estimate)
+            .unwrap_or_default();
+        r.ttft.map(|t| ms(t.saturating_sub(transfer)))
+    })
 }
 
 fn role_of_type(worker_type: Option<&str>) -> &'static str {
@@ -318,6 +336,8 @@ impl WorkerSet {
     /// The worker to probe now: of those not gone and with no probe in flight, the one whose
     /// last probe is oldest (never probed first), once `interval_s` has passed since it.
     pub fn next_due(&self, now: f64, interval_s: f64) -> Option<Pin> {
+        // A prefill worker registered: the decode workers are a disaggregated pool's.
+        let disaggregated = self.workers.values().any(|e| e.view.role == "prefill");
         self.workers
             .iter()
             .filter(|(_, e)| {
@@ -334,7 +354,8 @@ impl WorkerSet {
             })
             .map(|(id, e)| match e.view.role {
                 "prefill" => Pin::Prefill(*id),
-                _ => Pin::Decode(*id),
+                "decode" if disaggregated => Pin::Decode(*id),
+                _ => Pin::Agg(*id),
             })
     }
 
@@ -421,7 +442,7 @@ pub fn probe_error(pin: Pin, failure: Option<String>, served: Option<&ServedBy>)
     let served = served.filter(|s| s.source == AttributionSource::DynamoNvext)?;
     let want = pin.id().to_string();
     let named = match pin {
-        Pin::Decode(_) => served.primary(),
+        Pin::Agg(_) | Pin::Decode(_) => served.primary(),
         Pin::Prefill(_) => served.prefill().or_else(|| served.primary()),
     }?;
     (named.id != want).then(|| {
@@ -478,19 +499,43 @@ mod tests {
         // Worker 3 was never registered: the page does not make it gone.
         assert_eq!(v[2].state, WorkerState::Present);
         // Due: never probed first, by id; the gone one never.
-        assert_eq!(s.next_due(103.0, 10.0), Some(Pin::Decode(1)));
-        s.probe_started(Pin::Decode(1), 103.0);
-        assert_eq!(s.next_due(103.0, 10.0), Some(Pin::Decode(3)));
-        s.probe_started(Pin::Decode(3), 103.5);
+        assert_eq!(s.next_due(103.0, 10.0), Some(Pin::Agg(1)));
+        s.probe_started(Pin::Agg(1), 103.0);
+        assert_eq!(s.next_due(103.0, 10.0), Some(Pin::Agg(3)));
+        s.probe_started(Pin::Agg(3), 103.5);
         assert_eq!(s.next_due(104.0, 10.0), None, "in flight or not due");
-        s.probe_done(Pin::Decode(1), Some(12.0), None, false);
+        s.probe_done(Pin::Agg(1), Some(12.0), None, false);
         assert_eq!(s.next_due(112.9, 10.0), None);
-        assert_eq!(s.next_due(113.0, 10.0), Some(Pin::Decode(1)));
+        assert_eq!(s.next_due(113.0, 10.0), Some(Pin::Agg(1)));
         assert_eq!(
             s.from_page(120.0, &page(&[("1", "decode"), ("2", "decode")])),
             [Transition::Back { id: "2".into() }]
         );
         assert_eq!(s.view()[1].state, WorkerState::Present);
+    }
+
+    /// Beside a prefill worker a decode worker is pinned by `decode_worker_id` alone (Dynamo
+    /// 1.6.1 refused `backend_instance_id` there: its prefill router looks it up among the
+    /// prefill workers); alone, an aggregated one by both fields.
+    #[test]
+    fn a_disaggregated_decode_worker_is_pinned_by_its_decode_id() {
+        let mut s = WorkerSet::default();
+        s.from_page(0.0, &page(&[("7", "decode"), ("9", "prefill")]));
+        let mut pins = Vec::new();
+        while let Some(p) = s.next_due(0.0, 5.0) {
+            s.probe_started(p, 0.0);
+            pins.push(p);
+        }
+        assert_eq!(pins, [Pin::Decode(7), Pin::Prefill(9)]);
+        assert_eq!(pins[0].nvext(), serde_json::json!({"decode_worker_id": 7}));
+        let mut agg = WorkerSet::default();
+        agg.from_page(0.0, &page(&[("7", "decode")]));
+        let pin = agg.next_due(0.0, 5.0);
+        assert_eq!(pin, Some(Pin::Agg(7)));
+        assert_eq!(
+            pin.map(Pin::nvext),
+            Some(serde_json::json!({"backend_instance_id": 7, "decode_worker_id": 7}))
+        );
     }
 
     #[test]
@@ -520,26 +565,46 @@ mod tests {
         );
     }
 
-    /// A probe's own TTFT leaves out the router's KV transfer estimate, and only it.
+    /// A probe's own time: an aggregated or prefill worker's by Dynamo's clock, from the
+    /// dispatch to its first token (not the frontend's wait, not the transfer); a
+    /// disaggregated decode worker's time per token; without those, the client's TTFT less
+    /// the estimate, never below 0.
     #[test]
-    fn own_ttft_leaves_out_the_kv_transfer() {
+    fn own_time_by_role() {
         use lmperf_measure::server_timing::{ServerTiming, TimingSource};
+        use lmperf_measure::{Outcome, RequestError, RequestRecord};
         use std::time::Duration;
         let ms = Duration::from_millis;
-        let timing = |transfer: Option<Duration>| ServerTiming {
-            ttft: Some(ms(8)),
-            queue: Some(ms(1)),
-            prefill: Some(ms(5)),
-            kv_transfer_estimate: transfer,
-            ..ServerTiming::said_by(TimingSource::DynamoTiming)
+        let record = |ttft: Option<Duration>, transfer: Option<Duration>, tpot| {
+            let mut r =
+                RequestRecord::failed(Outcome::Ok, RequestError::new("none", None), None, ms(90));
+            r.error = None;
+            r.ttft = ttft;
+            r.tpot = tpot;
+            r.server_timing = Some(ServerTiming {
+                ttft: Some(ms(8)),
+                queue: Some(ms(1)),
+                prefill: Some(ms(5)),
+                kv_transfer_estimate: transfer,
+                ..ServerTiming::said_by(TimingSource::DynamoTiming)
+            });
+            r
         };
-        let own = |t: Option<Duration>, x: Option<Duration>| own_ttft_ms(t, Some(&timing(x)));
-        assert_eq!(own(Some(ms(74)), Some(ms(65))), Some(9.0));
-        assert_eq!(own(Some(ms(74)), None), Some(74.0));
-        assert_eq!(own_ttft_ms(Some(ms(74)), None), Some(74.0));
-        // An estimate above the client's TTFT: 0, never negative.
-        assert_eq!(own(Some(ms(40)), Some(ms(65))), Some(0.0));
-        assert_eq!(own(None, Some(ms(65))), None);
+        let pd = record(Some(ms(74)), Some(ms(65)), Some(ms(3)));
+        assert_eq!(own_ms(Pin::Prefill(1), &pd), Some(5.0));
+        assert_eq!(own_ms(Pin::Decode(1), &pd), Some(3.0));
+        let agg = record(Some(ms(74)), None, None);
+        assert_eq!(own_ms(Pin::Agg(1), &agg), Some(5.0));
+        // One token (no time per token): the TTFT less the estimate, 0 at the least.
+        assert_eq!(
+            own_ms(Pin::Decode(1), &record(Some(ms(40)), Some(ms(65)), None)),
+            Some(0.0)
+        );
+        let mut plain = agg.clone();
+        plain.server_timing = None;
+        assert_eq!(own_ms(Pin::Prefill(1), &plain), Some(74.0));
+        plain.ttft = None;
+        assert_eq!(own_ms(Pin::Agg(1), &plain), None);
     }
 
     /// Three decode workers and two prefill workers: decode worker 3 answers its probes at
@@ -621,10 +686,10 @@ mod tests {
         .unwrap();
         s.from_reply(0.5, &mine);
         let refused = || Some("Bad Request: Invalid request".to_owned());
-        s.probe_started(Pin::Decode(2), 1.0);
+        s.probe_started(Pin::Agg(2), 1.0);
         assert_eq!(
             s.probe_done(
-                Pin::Decode(2),
+                Pin::Agg(2),
                 None,
                 refused(),
                 pin_refused(Some(400), true, true)
@@ -632,13 +697,13 @@ mod tests {
             Some(Transition::OtherModel { id: "2".into() })
         );
         assert_eq!(s.view()[1].state, WorkerState::OtherModel);
-        assert_eq!(s.next_due(100.0, 1.0), Some(Pin::Decode(1)));
-        s.probe_started(Pin::Decode(1), 100.0);
+        assert_eq!(s.next_due(100.0, 1.0), Some(Pin::Agg(1)));
+        s.probe_started(Pin::Agg(1), 100.0);
         assert_eq!(s.next_due(200.0, 1.0), None, "worker 2 is not probed again");
         // Leaving the page: not said gone (it was never this target's).
         assert_eq!(s.from_page(201.0, &page(&[("1", "decode")])), []);
         // This target's own worker refused 400: a failure, not another model's.
-        assert_eq!(s.probe_done(Pin::Decode(1), None, refused(), true), None);
+        assert_eq!(s.probe_done(Pin::Agg(1), None, refused(), true), None);
         let v = &s.view()[0];
         assert_eq!((v.state, v.failed_in_a_row), (WorkerState::Present, 1));
         // A prefill pin the frontend ignored (an aggregated model): refused too; a failed

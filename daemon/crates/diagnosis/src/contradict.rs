@@ -306,9 +306,12 @@ fn workers_slowed(store: &EvidenceStore, onset: u32, now: u32) -> Option<String>
 }
 
 /// `router_overhead` against one worker apart: when, since `onset`, one worker answered its
-/// direct canaries at twice the others' TTFT or more (from within 1.5 × before) or failed them,
-/// the routed canaries it serves are late or fail, and their difference from the direct
-/// canaries' median (which the other workers hold down) is that worker's, not the router's.
+/// direct canaries at twice the others' TTFT or more (the median of [`MIN_COMPARISONS`]
+/// consecutive comparisons since; from within 1.5 × before) or failed them, the routed canaries it
+/// serves are late or fail, and their difference from the direct canaries' median (which the
+/// other workers hold down) is that worker's, not the router's. A worker apart now and then is
+/// no worker apart: probes pinned through a starved router are late at random (seen on Dynamo
+/// 1.6.1 with the frontend at 5 % of a core: one probe 14 × its peers', the rest alike).
 fn one_worker_apart(store: &EvidenceStore, onset: u32, now: u32) -> Option<String> {
     let peak = |s: Signal| {
         store
@@ -317,7 +320,17 @@ fn one_worker_apart(store: &EvidenceStore, onset: u32, now: u32) -> Option<Strin
             .map(|(_, v)| v)
             .reduce(f64::max)
     };
-    if let Some(p) = peak(Signal::WorkerSlowdown)
+    // The highest level it held: the median of each run of consecutive comparisons.
+    let level = store.series(Signal::WorkerSlowdown).and_then(|x| {
+        let v: Vec<f64> = x
+            .range(onset, now.saturating_add(1))
+            .map(|(_, v)| v)
+            .collect();
+        v.windows(MIN_COMPARISONS)
+            .filter_map(|w| super::detector::median(&mut w.to_vec()))
+            .reduce(f64::max)
+    });
+    if let Some(p) = level
         && p >= 2.0
         && mean_in(
             store,
@@ -338,6 +351,9 @@ fn one_worker_apart(store: &EvidenceStore, onset: u32, now: u32) -> Option<Strin
         )
     })
 }
+
+/// Consecutive comparisons of the workers whose median says one worker is apart.
+const MIN_COMPARISONS: usize = 3;
 
 /// The share of the baseline's scrapes a batch as large as the one requests waited behind must
 /// stay below to count as the server's ordinary full batch (its 95th percentile).

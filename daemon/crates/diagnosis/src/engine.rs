@@ -454,6 +454,9 @@ const GRAPH: &[(Cause, Cause)] = &[
     (Cause::GpuMemoryPressure, Cause::DecodeSaturation),
     (Cause::GpuFault, Cause::PrefillSaturation),
     (Cause::GpuFault, Cause::DecodeSaturation),
+    // A router target's cgroup is the router's (the agent reads the process that listens on
+    // the target's port): its CPU quota is why the router's time before dispatch grew.
+    (Cause::RouterOverhead, Cause::CpuThrottling),
     (Cause::CpuThrottling, Cause::PrefillSaturation),
     (Cause::CpuThrottling, Cause::DecodeSaturation),
     (Cause::NodeCpuPressure, Cause::PrefillSaturation),
@@ -1329,9 +1332,16 @@ fn score(
         if only_insufficient {
             insufficient.push(def.cause);
         }
-        // Which part of the latency moved.
+        // Which part of the latency moved. A segment of the TTFT (the KV transfer, the time
+        // before dispatch) adds to it by construction: its material rise is the TTFT's, below
+        // the TTFT's own floor too (seen on Dynamo 1.6.1: a transfer 10 → 68 ms behind a
+        // 20 ms TTFT).
+        let segment_moved = def
+            .signals
+            .iter()
+            .any(|&s| s.is_ttft_segment() && m(s).is_some_and(|x| x.material));
         let fits = match part {
-            Part::Ttft => ttft_moved,
+            Part::Ttft => ttft_moved || segment_moved,
             Part::Tpot => tpot_moved,
             Part::Both => ttft_moved && tpot_moved,
             Part::Any => true,

@@ -173,16 +173,22 @@ pub fn server_signals(s: &ServerSample) -> Vec<(Signal, f64)> {
 /// ([`Signal::WorkerSlowdown`]) and the workers failing every direct canary
 /// ([`Signal::FailingWorkers`]), each with the words naming the worker ("http://w1:8000 (3.1 ×
 /// the others' TTFT p50)"; the failing ones by URL, comma-separated), `None` for none.
+/// Without two workers to compare (one of its role left, or too few answers yet) no worker
+/// is apart: the slowdown is 1, not absent. Left absent, the last ratio stood for the
+/// incident (seen live on Dynamo 1.6.1: a rolling restart's overlap read 3.3 × for two
+/// probes, then the old worker left and the ratio stood, confirmed for 90 s; before the new
+/// worker, with none to compare, the baseline read 0).
 pub fn apart_signals(
     a: &lmperf_measure::workers_apart::WorkersApart,
 ) -> Vec<(Signal, f64, Option<String>)> {
     let mut v = Vec::new();
-    if let Some((w, ratio)) = &a.slowest {
-        v.push((
+    match &a.slowest {
+        Some((w, ratio)) => v.push((
             Signal::WorkerSlowdown,
             *ratio,
             Some(format!("{w} ({ratio:.1} × the others' TTFT p50)")),
-        ));
+        )),
+        None => v.push((Signal::WorkerSlowdown, 1.0, None)),
     }
     let failing = (!a.failing.is_empty()).then(|| a.failing.join(", "));
     v.push((Signal::FailingWorkers, a.failing.len() as f64, failing));
@@ -313,5 +319,32 @@ mod tests {
         assert_eq!(starved(&four), Some(vec!["http://w4:8000"]));
         assert_eq!(starved(&even), Some(vec![]));
         assert_eq!(starved(&few), None);
+    }
+
+    /// Two workers, one at 3 × the other: its ratio and its name; none to compare (the other
+    /// left): a slowdown of 1, no worker named; the failing count each time.
+    #[test]
+    fn the_slowdown_is_one_without_two_workers_to_compare() {
+        use lmperf_measure::workers_apart::WorkersApart;
+        let two = WorkersApart {
+            slowest: Some(("w1".into(), 3.0)),
+            failing: vec![],
+            ratios: vec![("w0".into(), 1.0 / 3.0), ("w1".into(), 3.0)],
+        };
+        let sigs = apart_signals(&two);
+        assert_eq!(sigs[0].0, Signal::WorkerSlowdown);
+        assert_eq!(sigs[0].1, 3.0);
+        assert_eq!(
+            sigs[0].2.as_deref(),
+            Some("w1 (3.0 × the others' TTFT p50)")
+        );
+        let alone = apart_signals(&WorkersApart::default());
+        assert_eq!(
+            alone,
+            vec![
+                (Signal::WorkerSlowdown, 1.0, None),
+                (Signal::FailingWorkers, 0.0, None)
+            ]
+        );
     }
 }

@@ -418,6 +418,13 @@ impl Signal {
         }
     }
 
+    /// A segment of the client's TTFT, measured per request: the KV transfer
+    /// (`transfer_and_first_decode` of the TTFT split) and the router's time before dispatch
+    /// (routed − direct, or the split's `frontend` + `router_queue`). Its rise is the TTFT's.
+    pub fn is_ttft_segment(self) -> bool {
+        matches!(self, Signal::KvTransfer | Signal::PathOverhead)
+    }
+
     /// The smallest change (in the harmful direction, in the unit) that counts as material.
     pub fn floor(self) -> f64 {
         match self {

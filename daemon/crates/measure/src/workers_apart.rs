@@ -13,6 +13,12 @@ use super::path::p50;
 pub const MIN_ANSWERED: usize = 3;
 /// A worker's last direct canaries, every one failed, that make it failing.
 pub const MIN_FAILED: usize = 2;
+/// The least a worker's time must exceed the other workers' median by, ms, to count as
+/// slower (its ratio otherwise at most 1): below it the ratio of two small times is the
+/// node's scheduling jitter (seen live on Dynamo 1.6.1's mockers: prefills of 3 to 9 ms), not
+/// a worker apart. A worker half as fast as its peers adds its whole prefill (≥ 10 ms of a
+/// short prompt on a GPU).
+pub const MIN_EXCESS_MS: f64 = 10.0;
 /// The window the results are read from, seconds: a worker that has not answered in it says
 /// nothing of its speed.
 pub const WINDOW_S: f64 = 60.0;
@@ -97,7 +103,15 @@ pub fn workers_apart<'a>(
                     .map(|(_, &(_, v))| v)
                     .collect();
                 let mid = p50(others).filter(|m| *m > 0.0)?;
-                Some((name.to_owned(), mine / mid))
+                let ratio = mine / mid;
+                Some((
+                    name.to_owned(),
+                    if mine - mid < MIN_EXCESS_MS {
+                        ratio.min(1.0)
+                    } else {
+                        ratio
+                    },
+                ))
             })
             .collect()
     } else {
@@ -166,6 +180,19 @@ mod tests {
             a_ratio.is_some_and(|r| (r - 40.0 / 41.0).abs() < 1e-9),
             "{a_ratio:?}"
         );
+    }
+
+    /// Two small times apart by less than [`MIN_EXCESS_MS`] are not a worker apart, however
+    /// large their ratio (4 against 9 ms: 2.25 ×, read 1); beyond it the ratio stands.
+    #[test]
+    fn a_small_excess_is_no_slowdown() {
+        let fast = [ok(1.0, 4.0), ok(2.0, 4.0), ok(3.0, 4.0)];
+        let jitter = [ok(1.0, 9.0), ok(2.0, 9.0), ok(3.0, 9.0)];
+        let slow = [ok(1.0, 30.0), ok(2.0, 30.0), ok(3.0, 30.0)];
+        let w = workers_apart([("f", &fast[..]), ("j", &jitter[..])], 3.0, 60.0);
+        assert_eq!(w.slowest, Some(("j".to_owned(), 1.0)));
+        let w = workers_apart([("f", &fast[..]), ("s", &slow[..])], 3.0, 60.0);
+        assert_eq!(w.slowest, Some(("s".to_owned(), 7.5)));
     }
 
     /// Even workers read about 1; a failure followed by an answer is not failing; a whole
