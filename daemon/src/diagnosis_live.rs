@@ -139,6 +139,8 @@ pub struct LiveDiagnosis {
     pub node_latest: std::sync::Arc<crate::contention::LatestNode>,
     /// The agent's targets now (they join and leave at run time: [`LiveDiagnosis::add_target`]).
     targets: Mutex<Vec<String>>,
+    /// The targets that are routers (`kind = "router"`): their cgroup is the router's.
+    routers: Mutex<std::collections::BTreeSet<String>>,
     /// What was said of each incident (a node's fault once, not per target).
     announcer: Mutex<Announcer>,
     /// Evaluations done and their total time, ns (the cost figure).
@@ -294,6 +296,16 @@ pub fn gpu_signals_of(
 /// Signal values of one sample.
 pub type Signals = Vec<(Signal, f64)>;
 
+/// A target's cgroup signal `s` as the engine takes it: on a router target the cgroup is the
+/// router's, its CPU throttling [`Signal::RouterCpuThrottled`] (seen live: Dynamo 1.6.1's
+/// frontend at 5 % of a core named `cpu_throttling`, as if a model server were at its quota).
+pub fn router_own(s: Signal, router: bool) -> Signal {
+    match s {
+        Signal::CgroupCpuThrottled if router => Signal::RouterCpuThrottled,
+        s => s,
+    }
+}
+
 /// The diagnosis signals of one node sample: node-wide ones (PSI, the agent's own CPU) for
 /// every target, and each target's cgroup values for it (absent fields stay absent).
 pub fn node_signals(s: &crate::node::NodeSample) -> (Signals, Vec<(String, Signals)>) {
@@ -365,6 +377,7 @@ impl LiveDiagnosis {
             profilers: Default::default(),
             node_latest: Default::default(),
             targets: Mutex::new(targets),
+            routers: Mutex::default(),
             announcer: Mutex::default(),
             evaluations: AtomicU64::new(0),
             evaluate_ns: AtomicU64::new(0),
@@ -383,6 +396,19 @@ impl LiveDiagnosis {
             && !g.iter().any(|t| t == name)
         {
             g.push(name.to_owned());
+        }
+    }
+
+    /// Whether `name` is a router in front of workers (`kind = "router"`): its cgroup's CPU
+    /// throttling is fed as the router's ([`Signal::RouterCpuThrottled`]), not a model
+    /// server's.
+    pub fn set_router(&self, name: &str, router: bool) {
+        if let Ok(mut g) = self.routers.lock() {
+            if router {
+                g.insert(name.to_owned());
+            } else {
+                g.remove(name);
+            }
         }
     }
 
@@ -486,6 +512,7 @@ impl LiveDiagnosis {
         self.node_latest.record(at, sample);
         let (node, targets) = node_signals(sample);
         let names = self.target_names();
+        let routers = self.routers.lock().map(|g| g.clone()).unwrap_or_default();
         let Ok(mut e) = self.engine.lock() else {
             return;
         };
@@ -495,8 +522,9 @@ impl LiveDiagnosis {
             }
         }
         for (t, values) in targets {
+            let router = routers.contains(&t);
             for (s, v) in values {
-                e.observe(&t, s, at, v);
+                e.observe(&t, router_own(s, router), at, v);
             }
         }
     }
@@ -1824,6 +1852,49 @@ mod tests {
             }
         }
         (said, live)
+    }
+
+    /// A target slowed with its cgroup at its CPU quota: a model server's `cpu_throttling`;
+    /// a router's (`kind = "router"`: its cgroup is the router's) `router_overhead`.
+    #[test]
+    fn a_router_targets_cpu_quota_is_the_routers_time() {
+        let top = |router: bool| {
+            let live = LiveDiagnosis::new(EngineConfig::default(), vec!["a".into()]);
+            live.set_router("a", router);
+            let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+            let mut first = None;
+            for s in 0..720u64 {
+                let at = t0 + Duration::from_secs(s);
+                let bad = s >= 600;
+                let ms = if bad {
+                    400 + (s % 5) * 10
+                } else {
+                    100 + (s % 7) * 3
+                };
+                live.observe_request("a", &measured(ms, Outcome::Ok, at), None);
+                let contention = crate::node::TargetContention {
+                    cpu_throttled_share: Some(if bad { 0.6 } else { 0.0 }),
+                    ..Default::default()
+                };
+                let sample = crate::node::NodeSample {
+                    targets: vec![("a".into(), contention)],
+                    ..Default::default()
+                };
+                live.feed_node(at, &sample);
+                for a in live.step(at + Duration::from_secs(1), None).announce {
+                    if let (None, Announcement::Target(d)) = (&first, a) {
+                        first = d.causes.first().map(|c| c.cause);
+                    }
+                }
+            }
+            first
+        };
+        assert_eq!(top(false), Some(crate::diagnosis::Cause::CpuThrottling));
+        assert_eq!(top(true), Some(crate::diagnosis::Cause::RouterOverhead));
+        assert_eq!(
+            router_own(Signal::CgroupMemoryUsage, true),
+            Signal::CgroupMemoryUsage
+        );
     }
 
     #[test]

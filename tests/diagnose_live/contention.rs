@@ -85,11 +85,15 @@ struct NodeProbe {
     agent_pid: u32,
     prev_agent: Option<(Instant, f64)>,
     series: BTreeMap<String, Vec<[f64; 2]>>,
+    /// The target is a router (`kind = "router"`): its cgroup is the router's, its throttling
+    /// recorded as `router_cpu_throttled`, as the agent feeds it.
+    router: bool,
 }
 
 impl NodeProbe {
     fn new(cgroup: cgroup::CgroupDirs, server_pid: Option<u32>, agent_pid: u32) -> Self {
         Self {
+            router: false,
             cgroup,
             server: server_pid.map(|p| (p, cpu_wait::CpuWaitMeter::default())),
             prev_cpu: None,
@@ -150,7 +154,12 @@ impl NodeProbe {
             (Some(a), Some(b)) => cgroup::throttled_share(&a, &b),
             _ => None,
         };
-        push("cgroup_cpu_throttled", share);
+        let throttled = if self.router {
+            "router_cpu_throttled"
+        } else {
+            "cgroup_cpu_throttled"
+        };
+        push(throttled, share);
         push(
             "cgroup_memory_usage",
             match (r.memory_bytes, r.memory_limit_bytes) {
@@ -207,6 +216,7 @@ fn run_with<G>(
     let start = unix_now().floor();
     let mut seen = Seen::default();
     let mut probe = NodeProbe::new(cgroup, server_pid, agent.pid());
+    probe.router = target.contains("kind = \"router\"");
     let poll = |seen: &mut Seen, probe: &mut NodeProbe| -> Value {
         let (_, body) = agent.get("/api/v1/diagnosis?target=t0");
         seen.server_sample(&agent.status());

@@ -114,6 +114,8 @@ struct World {
     mem_psi: f64,
     /// The model server cgroup's throttled share of CFS periods and memory ÷ limit.
     throttled: f64,
+    /// A router target: its own cgroup's throttled share of CFS periods (the router's quota).
+    router_throttled: f64,
     cgroup_mem: f64,
     /// OOM kills at the onset (an event).
     oom_kill: bool,
@@ -165,6 +167,7 @@ impl World {
             cpu_psi: 0.02,
             mem_psi: 0.0,
             throttled: 0.01,
+            router_throttled: 0.01,
             cgroup_mem: 0.6,
             oom_kill: false,
             router_s: 0.002,
@@ -342,6 +345,10 @@ fn serving_path(w: &mut World, cause: Cause, m: Magnitude, f: f64, variant: u64)
             // The router itself slower (its CPU quota, its queue, flow control): every routed
             // request waits in it before a worker sees it; the workers are as fast as ever.
             w.router_s = lerp(c.router_s, m.pick(0.08, 0.4), f);
+            // Odd variants: its CPU quota (its own cgroup throttled).
+            if !variant.is_multiple_of(2) {
+                w.router_throttled = lerp(c.router_throttled, m.pick(0.4, 0.8), f);
+            }
         }
         Cause::KvTransfer => {
             // The decode worker restarted with a slower KV link (bandwidth 10 × lower): every
@@ -675,28 +682,21 @@ fn generate(
             // The node sampler's signals (PSI, the server's cgroup, the agent's own CPU).
             let jitter =
                 |rng: &mut StdRng, v: f64, sd: f64| (v + sd * unit.sample(rng)).clamp(0.0, 1.0);
-            r.push(
-                Signal::NodeCpuPressure,
-                t,
-                jitter(&mut rng, w.cpu_psi, 0.01),
-            );
-            r.push(
-                Signal::NodeMemoryPressure,
-                t,
-                jitter(&mut rng, w.mem_psi, 0.005),
-            );
-            r.push(Signal::NodeIoPressure, t, jitter(&mut rng, 0.01, 0.005));
-            r.push(
-                Signal::CgroupCpuThrottled,
-                t,
-                jitter(&mut rng, w.throttled, 0.02),
-            );
-            r.push(
-                Signal::CgroupMemoryUsage,
-                t,
-                jitter(&mut rng, w.cgroup_mem, 0.003),
-            );
+            let node = [
+                (Signal::NodeCpuPressure, w.cpu_psi, 0.01),
+                (Signal::NodeMemoryPressure, w.mem_psi, 0.005),
+                (Signal::NodeIoPressure, 0.01, 0.005),
+                (Signal::CgroupCpuThrottled, w.throttled, 0.02),
+                (Signal::CgroupMemoryUsage, w.cgroup_mem, 0.003),
+            ];
+            for (s, v, sd) in node {
+                r.push(s, t, jitter(&mut rng, v, sd));
+            }
             r.push(Signal::CgroupOomKill, t, 0.0);
+            if sources.router {
+                let v = jitter(&mut rng, w.router_throttled, 0.02);
+                r.push(Signal::RouterCpuThrottled, t, v);
+            }
             r.push(Signal::AgentCpu, t, jitter(&mut rng, 0.015, 0.003));
             t += 1.0;
         }

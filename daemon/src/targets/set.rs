@@ -272,6 +272,8 @@ impl TargetSet {
             .set(&t.name, t.profiling.as_ref(), &t.base_url);
         s.diagnosis.set_k8s(&t.name, t.k8s.clone());
         s.diagnosis.set_address(&t.name, Some(&t.base_url));
+        s.diagnosis
+            .set_router(&t.name, t.kind == crate::config::TargetKind::Router);
         s.runners.push(Arc::new(runner.clone()));
         let stop = Shutdown {
             stop: s.shutdown.stop.child_token(),
@@ -345,6 +347,7 @@ impl TargetSet {
         s.diagnosis.profilers.remove(name);
         s.diagnosis.set_k8s(name, None);
         s.diagnosis.set_address(name, None);
+        s.diagnosis.set_router(name, false);
     }
 
     /// Stops `r`'s scraper and schedule; its canaries in flight get `drain`, then are cancelled.

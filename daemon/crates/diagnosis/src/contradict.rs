@@ -225,9 +225,22 @@ pub fn contradiction(cause: Cause, store: &EvidenceStore, onset: u32, now: u32) 
                 )
             })
         }
-        Cause::RouterOverhead => {
-            workers_slowed(store, onset, now).or_else(|| one_worker_apart(store, onset, now))
-        }
+        // Probes pinned through a router at its CPU quota are late at random: one worker apart
+        // then says nothing against the router (seen on Dynamo 1.6.1 with the frontend at 5 % of
+        // a core: one worker's probes 20.9 × the other's for 3 comparisons in a row).
+        Cause::RouterOverhead => workers_slowed(store, onset, now).or_else(|| {
+            if router_quota_rose(store, onset, now) {
+                None
+            } else {
+                one_worker_apart(store, onset, now)
+            }
+        }),
+        // The other way: one worker apart while the router is at its CPU quota is the router's
+        // (its pinned probes pass through the starved router); direct canaries, which do not,
+        // hold every worker alike then.
+        Cause::WorkerOutOfRotation => router_quota_rose(store, onset, now).then(|| {
+            "the router's own cgroup is at its CPU quota: requests through it are late at random, not one worker's".to_owned()
+        }),
         Cause::LongPrompts => prompts_held(store, onset, now),
         Cause::PrefillSaturation => other_pool_rose(store, Signal::DecodePoolLoad, onset, now),
         Cause::DecodeSaturation => other_pool_rose(store, Signal::PrefillPoolLoad, onset, now),
@@ -351,6 +364,26 @@ fn one_worker_apart(store: &EvidenceStore, onset: u32, now: u32) -> Option<Strin
         )
     })
 }
+
+/// Whether a router target's own cgroup's throttled share rose by
+/// [`THROTTLE_RISE`] since `onset` ([`Signal::RouterCpuThrottled`]): the
+/// router at its CPU quota.
+pub fn router_quota_rose(store: &EvidenceStore, onset: u32, now: u32) -> bool {
+    throttle_rose(store, Signal::RouterCpuThrottled, onset, now).is_some()
+}
+
+/// The throttled share `s` (mean of the 5 min before `onset`, mean since), when it rose by
+/// [`THROTTLE_RISE`] or more.
+pub fn throttle_rose(store: &EvidenceStore, s: Signal, onset: u32, now: u32) -> Option<(f64, f64)> {
+    let after = mean_in(store, s, onset, now.saturating_add(1))?;
+    let before =
+        mean_in(store, s, onset.saturating_sub(300), onset.saturating_sub(5)).unwrap_or(0.0);
+    (after - before >= THROTTLE_RISE).then_some((before, after))
+}
+
+/// The rise of a cgroup's throttled share (mean since the onset against the 5 min before) that
+/// makes a CPU wait the quota's (the signal's floor).
+pub const THROTTLE_RISE: f64 = 0.1;
 
 /// Consecutive comparisons of the workers whose median says one worker is apart.
 const MIN_COMPARISONS: usize = 3;

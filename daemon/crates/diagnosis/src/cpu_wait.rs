@@ -32,9 +32,6 @@ pub const MIN_RISE_RATIO: f64 = 1.5;
 pub const MIN_STRETCH: f64 = 1.5;
 /// How much more the CPU work must stretch after the onset than before.
 pub const MIN_STRETCH_GROWTH: f64 = 1.25;
-/// The rise of the throttled share (mean since the onset against the 5 min before) that makes
-/// the wait the quota's (the signal's floor).
-pub const THROTTLE_RISE: f64 = 0.1;
 
 /// `(c + w) ÷ c`: how many times as long the server's CPU work takes as on a free CPU, for a
 /// CPU use of `cpu_cores` and a wait of `wait` s/s; `None` without CPU use.
@@ -45,11 +42,6 @@ pub fn stretch(cpu_cores: f64, wait: f64) -> Option<f64> {
 fn median_in(store: &EvidenceStore, s: Signal, from: u32, to: u32) -> Option<f64> {
     let mut v: Vec<f64> = store.series(s)?.range(from, to).map(|(_, x)| x).collect();
     median(&mut v)
-}
-
-fn mean_in(store: &EvidenceStore, s: Signal, from: u32, to: u32) -> Option<f64> {
-    let v: Vec<f64> = store.series(s)?.range(from, to).map(|(_, x)| x).collect();
-    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
 
 /// The server's CPU use before (the 5 min before `onset`, less the guard) and after (since
@@ -78,19 +70,22 @@ fn stretches(
 }
 
 /// Why the server's wait is its CFS quota's, in words: its cgroup's throttled share (mean since
-/// `onset`) rose by [`THROTTLE_RISE`] against the 5 min before. `None` when it did not, or
-/// without the signal (no quota, no cgroup).
+/// `onset`) rose by [`super::contradict::THROTTLE_RISE`] against the 5 min before, a model server's
+/// (`cpu_throttling`) or, on a router target, the router's (`router_overhead`). `None` when it
+/// did not, or without the signal (no quota, no cgroup).
 pub fn quota_explains(store: &EvidenceStore, onset: u32, now: u32) -> Option<String> {
-    let s = Signal::CgroupCpuThrottled;
-    let after = mean_in(store, s, onset, now.saturating_add(1))?;
-    let before =
-        mean_in(store, s, onset.saturating_sub(300), onset.saturating_sub(5)).unwrap_or(0.0);
-    (after - before >= THROTTLE_RISE).then(|| {
-        format!(
-            "its cgroup's throttled CFS periods rose {:.0} % → {:.0} % with it: the wait is its CPU quota's (cpu_throttling)",
+    [
+        (Signal::CgroupCpuThrottled, "cpu_throttling"),
+        (Signal::RouterCpuThrottled, "router_overhead"),
+    ]
+    .into_iter()
+    .find_map(|(s, cause)| {
+        let (before, after) = super::contradict::throttle_rose(store, s, onset, now)?;
+        Some(format!(
+            "its cgroup's throttled CFS periods rose {:.0} % → {:.0} % with it: the wait is its CPU quota's ({cause})",
             before * 100.0,
             after * 100.0
-        )
+        ))
     })
 }
 

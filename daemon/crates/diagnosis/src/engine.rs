@@ -374,11 +374,12 @@ const CAUSES: &[CauseDef] = &[
         signals: &[Signal::NodeCpuPressure, Signal::ServerCpuWait],
         part: Part::Any,
     },
-    // The router's own time: only the first token waits for it (the stream is relayed after).
+    // The router's own time: its queue and work before the dispatch (the first token waits
+    // for them), and its CPU, which every relayed token waits for too.
     CauseDef {
         cause: Cause::RouterOverhead,
-        signals: &[Signal::PathOverhead],
-        part: Part::Ttft,
+        signals: &[Signal::PathOverhead, Signal::RouterCpuThrottled],
+        part: Part::Any,
     },
     // The transfer sits between the prefill and the first token: only the TTFT pays it.
     CauseDef {
@@ -454,9 +455,6 @@ const GRAPH: &[(Cause, Cause)] = &[
     (Cause::GpuMemoryPressure, Cause::DecodeSaturation),
     (Cause::GpuFault, Cause::PrefillSaturation),
     (Cause::GpuFault, Cause::DecodeSaturation),
-    // A router target's cgroup is the router's (the agent reads the process that listens on
-    // the target's port): its CPU quota is why the router's time before dispatch grew.
-    (Cause::RouterOverhead, Cause::CpuThrottling),
     (Cause::CpuThrottling, Cause::PrefillSaturation),
     (Cause::CpuThrottling, Cause::DecodeSaturation),
     (Cause::NodeCpuPressure, Cause::PrefillSaturation),
@@ -1613,6 +1611,11 @@ fn hard_rule(s: Signal, mv: &Moved, store: &EvidenceStore, onset: u32, now: u32)
         // Grafana Sift's check: throttled periods above 25 % of the CFS periods, and rising.
         Signal::CgroupCpuThrottled if mv.after >= 0.25 && mv.after > mv.before => Some(format!(
             "CPU periods throttled {:.0} % ≥ 25 % (from {:.0} %): the model server's cgroup is at its CPU quota",
+            mv.after * 100.0,
+            mv.before * 100.0
+        )),
+        Signal::RouterCpuThrottled if mv.after >= 0.25 && mv.after > mv.before => Some(format!(
+            "the router's CPU periods throttled {:.0} % ≥ 25 % (from {:.0} %): the router's cgroup is at its CPU quota, every request waits for its CPU",
             mv.after * 100.0,
             mv.before * 100.0
         )),

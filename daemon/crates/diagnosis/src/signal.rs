@@ -167,10 +167,16 @@ pub enum Signal {
     /// least 2) while another worker answered: dead or failing, whether or not the router
     /// still sends to them.
     FailingWorkers,
+    /// Share of a router target's own cgroup's CFS periods throttled, 0..1: the agent reads
+    /// the process listening on a target's port, which behind a `kind = "router"` target is
+    /// the router (vllm-router, Dynamo's frontend), not a worker. Its CPU quota is the
+    /// router's time (`router_overhead`), where [`Signal::CgroupCpuThrottled`] is a model
+    /// server's (`cpu_throttling`).
+    RouterCpuThrottled,
 }
 
 impl Signal {
-    pub const ALL: [Signal; 49] = [
+    pub const ALL: [Signal; 50] = [
         Signal::Ttft,
         Signal::Tpot,
         Signal::E2e,
@@ -220,6 +226,7 @@ impl Signal {
         Signal::DecodePoolLoad,
         Signal::WorkerSlowdown,
         Signal::FailingWorkers,
+        Signal::RouterCpuThrottled,
     ];
 
     pub fn index(self) -> usize {
@@ -278,6 +285,7 @@ impl Signal {
             Signal::DecodePoolLoad => "decode_pool_load",
             Signal::WorkerSlowdown => "worker_slowdown",
             Signal::FailingWorkers => "failing_workers",
+            Signal::RouterCpuThrottled => "router_cpu_throttled",
         }
     }
 
@@ -338,6 +346,7 @@ impl Signal {
             Signal::DecodePoolLoad => "KV blocks held on the decode workers",
             Signal::WorkerSlowdown => "the slowest worker's direct TTFT ÷ the others'",
             Signal::FailingWorkers => "workers failing every direct canary",
+            Signal::RouterCpuThrottled => "the router's CPU periods throttled",
         }
     }
 
@@ -457,7 +466,7 @@ impl Signal {
             Signal::ServerRequestRate => 0.2,
             Signal::ServerPromptRatio => 1.0,
             Signal::NodeCpuPressure | Signal::NodeMemoryPressure | Signal::NodeIoPressure => 0.05,
-            Signal::CgroupCpuThrottled => 0.1,
+            Signal::CgroupCpuThrottled | Signal::RouterCpuThrottled => 0.1,
             Signal::CgroupMemoryUsage => 0.05,
             Signal::CgroupOomKill => 0.5,
             Signal::AgentCpu => 0.2,
